@@ -1,0 +1,77 @@
+"""The IR verifier: structural invariants every pass must keep. Tests run it after every pass.
+
+A failure is a compiler bug, not a user mistake: it raises `InvalidIR` with the annotated IR.
+"""
+
+from __future__ import annotations
+
+from axdsl.ir import nodes as ir
+from axdsl.ir.printer import print_module
+
+
+class InvalidIR(Exception):
+    pass
+
+
+def verify(module: ir.Module) -> None:
+    problems: list[str] = []
+    typed = "infer_shapes" in module.passes_run
+    stacked = "stack_repeats" in module.passes_run
+    for model in module.models:
+        _verify_instance(model.root, "/", problems, typed, stacked, depth_in_repeat=0)
+    if problems:
+        raise InvalidIR("internal error: generated invalid IR\n" + "\n".join(problems)
+                        + "\n--- IR ---\n" + print_module(module))
+
+
+def _verify_instance(inst: ir.Instance, expected_path: str, problems: list[str], typed: bool,
+                     stacked: bool, depth_in_repeat: int) -> None:
+    where = inst.path
+    if inst.path != expected_path:
+        problems.append(f"{where}: path should be {expected_path}")
+    if inst.repeat is not None:
+        depth_in_repeat += 1
+    for kind, names in (("param", [p.name for p in inst.params]), ("child", [c.name for c in inst.children]),
+                        ("hparam", [h.name for h in inst.hparams])):
+        if len(set(names)) != len(names):
+            problems.append(f"{where}: duplicate {kind} names {names}")
+    for p in inst.params:
+        if len(p.axes) != len(p.dims):
+            problems.append(f"{where}: param {p.name} axes/dims rank mismatch")
+        if any(d.size is None for d in p.dims):
+            problems.append(f"{where}: param {p.name} has a free dim")
+        if stacked and len(p.stack) != depth_in_repeat:
+            problems.append(f"{where}: param {p.name} has {len(p.stack)} stack dims, expected {depth_in_repeat}")
+    if inst.forward is not None:
+        _verify_forward(inst, problems, typed)
+    for c in inst.children:
+        base = inst.path if inst.path.endswith("/") else inst.path + "/"
+        _verify_instance(c, base + c.name, problems, typed, stacked, depth_in_repeat)
+
+
+def _verify_forward(inst: ir.Instance, problems: list[str], typed: bool) -> None:
+    defined = {a.name for a in inst.forward.args}
+    body = inst.forward.body
+    if not body or not isinstance(body[-1], ir.Ret):
+        problems.append(f"{inst.path}: forward does not end in a return")
+    for s in body:
+        for ref in _refs(s.value):
+            if isinstance(ref, ir.Ref) and ref.kind == "local" and ref.name not in defined:
+                problems.append(f"{inst.path}: `{ref.name}` used before definition")
+            if isinstance(ref, ir.Ref) and ref.kind == "param" and inst.param(ref.name) is None:
+                problems.append(f"{inst.path}: unknown param `{ref.name}`")
+            if isinstance(ref, ir.CallChild) and inst.child(ref.child) is None:
+                problems.append(f"{inst.path}: unknown child `{ref.child}`")
+            if typed and ref.type is None:
+                problems.append(f"{inst.path}: untyped expression {type(ref).__name__}")
+        if isinstance(s, ir.Let):
+            defined.add(s.name)
+
+
+def _refs(e: ir.TExpr):
+    yield e
+    for child in getattr(e, "args", ()):
+        yield from _refs(child)
+    for attr in ("left", "right", "operand"):
+        if hasattr(e, attr):
+            yield from _refs(getattr(e, attr))

@@ -1,0 +1,75 @@
+"""check: static checks on the resolved tree that do not need shapes.
+
+Logical axes: every parameter names one known axis per dim, none twice, and one logical axis
+always has one size within a model (so a rule can shard it consistently). Names: generated
+identifiers must be valid Python and not keywords or emitted names (no code injection).
+"""
+
+from __future__ import annotations
+
+import keyword
+
+from axdsl.errors import Diagnostics, did_you_mean
+from axdsl.ir import nodes as ir
+
+# Names the generated model module defines itself; spec names may not take them.
+RESERVED = {
+    "cfg", "params", "rng", "jax", "jnp", "np", "optax", "math", "functools", "dataclasses",
+    "zlib", "Config", "CONFIGS", "init_params", "param_axes", "forward", "loss_fn", "checkpoint_name",
+    "scan_body", "self", "None", "True", "False",
+}
+SIZE_FREE_AXES = {"layers", "norm"}
+
+
+def check(module: ir.Module, target=None) -> ir.Module:
+    diags = Diagnostics()
+    for model in module.models:
+        _check_identifier(model.name, model.span, diags, "model")
+        sizes: dict[str, tuple[int, ir.Param]] = {}
+        for inst in model.root.walk():
+            for p in inst.params:
+                _check_param(inst, p, sizes, diags)
+                _check_identifier(p.name, p.span, diags, "parameter")
+            for c in inst.children:
+                _check_identifier(c.name, c.span, diags, "child")
+            for h in inst.hparams:
+                _check_identifier(h.name, h.span, diags, "hyperparameter")
+            if inst.forward:
+                for s in inst.forward.body:
+                    if isinstance(s, ir.Let):
+                        _check_identifier(s.name, s.span, diags, "variable")
+                        if s.point is not None:
+                            _check_identifier(s.point, s.span, diags, "named point")
+    diags.raise_if_any()
+    return module
+
+
+def _check_identifier(name: str, span, diags: Diagnostics, what: str) -> None:
+    if keyword.iskeyword(name) or keyword.issoftkeyword(name) or name in RESERVED or name.startswith("__"):
+        diags.error(span, f"{what} name `{name}` is reserved in generated code", "rename it")
+
+
+def _check_param(inst: ir.Instance, p: ir.Param, sizes: dict, diags: Diagnostics) -> None:
+    if len(p.axes) != len(p.dims):
+        diags.error(p.span, f"parameter `{p.name}` has {len(p.dims)} dims but {len(p.axes)} logical axes",
+                    "name one logical axis per dim in `axes(...)`")
+        return
+    seen = set()
+    for axis, dim in zip(p.axes, p.dims):
+        if axis not in ir.LOGICAL_AXES:
+            diags.error(p.span, f"unknown logical axis `{axis}` on parameter `{p.name}`",
+                        did_you_mean(axis, ir.LOGICAL_AXES) or f"known axes: {', '.join(ir.LOGICAL_AXES)}")
+            continue
+        if axis in seen:
+            diags.error(p.span, f"logical axis `{axis}` is used twice on parameter `{p.name}`",
+                        "a tensor can be sharded along one axis name once")
+        seen.add(axis)
+        if axis in SIZE_FREE_AXES:
+            continue
+        if axis in sizes and sizes[axis][0] != dim.size:
+            other = sizes[axis][1]
+            diags.error(p.span, f"logical axis `{axis}` has size {dim.size} here but {sizes[axis][0]} "
+                        f"on `{other.name}` ({other.span})",
+                        "give dims of different sizes different logical axes")
+        else:
+            sizes.setdefault(axis, (dim.size, p))

@@ -1,0 +1,193 @@
+"""Evaluate hyperparameter expressions at build time, keeping the Python code that recomputes them.
+
+Used by `resolve` for hyperparameter defaults, model settings, shapes, initializer arguments,
+static `if` conditions and the static arguments of forward primitives.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+from axdsl.errors import Diagnostics, did_you_mean
+from axdsl.ir.nodes import DTYPES, DType, HValue, LayerValue, RepeatValue
+from axdsl.syntax import ast
+
+
+class EvalError(Exception):
+    """Raised after a diagnostic was recorded, to abandon the current expression."""
+
+
+Lookup = Callable[[str, ast.Name], HValue | None]
+
+_ARITH = {"+", "-", "*", "/", "//", "%"}
+_COMPARE = {"==", "!=", "<", "<=", ">", ">="}
+_MATH = {"sqrt": math.sqrt, "min": min, "max": max}
+
+
+def literal_code(value) -> str:
+    if isinstance(value, DType):
+        return f"jnp.{value.jnp}"
+    if isinstance(value, float):
+        return repr(value)
+    return repr(value)
+
+
+def _prec(code: str) -> str:
+    """Parenthesize compound code when it becomes an operand."""
+    simple = code.replace(".", "").replace("_", "").isalnum() or code.startswith("(")
+    return code if simple else f"({code})"
+
+
+class Evaluator:
+    """Evaluates `ast.Expr` in a scope given by `lookup(name) -> HValue | None`."""
+
+    def __init__(self, diags: Diagnostics, layers: set[str]):
+        self.diags = diags
+        self.layers = layers
+
+    def eval(self, expr: ast.Expr, lookup: Lookup, visible: Callable[[], list[str]]) -> HValue:
+        method = getattr(self, "_" + type(expr).__name__)
+        return method(expr, lookup, visible)
+
+    def fail(self, span, message: str, hint: str | None = None):
+        self.diags.error(span, message, hint)
+        raise EvalError(message)
+
+    # ---- leaves
+    def _Num(self, e: ast.Num, lookup, visible) -> HValue:
+        return HValue(e.value, literal_code(e.value))
+
+    def _Str(self, e: ast.Str, lookup, visible) -> HValue:
+        return HValue(e.value, literal_code(e.value))
+
+    def _Bool(self, e: ast.Bool, lookup, visible) -> HValue:
+        return HValue(e.value, literal_code(e.value))
+
+    def _Name(self, e: ast.Name, lookup, visible) -> HValue:
+        found = lookup(e.id, e)
+        if found is not None:
+            return found
+        if e.id in DTYPES:
+            return HValue(DType(e.id), literal_code(DType(e.id)))
+        if e.id in self.layers:
+            return HValue(LayerValue(e.id, (), e.span))
+        names = visible() + sorted(self.layers) + sorted(DTYPES)
+        self.fail(e.span, f"unknown name `{e.id}`", did_you_mean(e.id, names))
+
+    def _ListExpr(self, e: ast.ListExpr, lookup, visible) -> HValue:
+        items = [self.eval(i, lookup, visible) for i in e.items]
+        return HValue(tuple(i.value for i in items), "(" + ", ".join(i.code for i in items) + ",)")
+
+    def _EllipsisDim(self, e: ast.EllipsisDim, lookup, visible) -> HValue:
+        self.fail(e.span, "`...` is only allowed in a forward's tensor shapes")
+
+    def _Attr(self, e: ast.Attr, lookup, visible) -> HValue:
+        self.fail(e.span, "`.` is only allowed in a forward, to read a child's parameter")
+
+    # ---- operators
+    def _Unary(self, e: ast.Unary, lookup, visible) -> HValue:
+        v = self.eval(e.operand, lookup, visible)
+        if e.op == "not":
+            if not isinstance(v.value, bool):
+                self.fail(e.span, "`not` needs a bool")
+            return HValue(not v.value, f"not {_prec(v.code)}")
+        if not _is_number(v.value):
+            self.fail(e.span, "`-` needs a number")
+        return HValue(-v.value, f"-{_prec(v.code)}")
+
+    def _BinOp(self, e: ast.BinOp, lookup, visible) -> HValue:
+        if e.op == "@":
+            self.fail(e.span, "`@` is a tensor operator and only allowed in a forward")
+        left = self.eval(e.left, lookup, visible)
+        right = self.eval(e.right, lookup, visible)
+        a, b = left.value, right.value
+        if e.op in ("and", "or"):
+            if not (isinstance(a, bool) and isinstance(b, bool)):
+                self.fail(e.span, f"`{e.op}` needs bools")
+            value = (a and b) if e.op == "and" else (a or b)
+            return HValue(value, f"{_prec(left.code)} {e.op} {_prec(right.code)}")
+        if e.op in _COMPARE:
+            if _is_number(a) != _is_number(b) or type(a) is bool and type(b) is not bool:
+                self.fail(e.span, f"cannot compare {_kind(a)} with {_kind(b)}")
+            value = {"==": a == b, "!=": a != b, "<": a < b, "<=": a <= b, ">": a > b, ">=": a >= b}[e.op]
+            return HValue(value, f"{_prec(left.code)} {e.op} {_prec(right.code)}")
+        if not (_is_number(a) and _is_number(b)):
+            self.fail(e.span, f"`{e.op}` needs numbers, got {_kind(a)} and {_kind(b)}")
+        return self._arith(e, left, right)
+
+    def _arith(self, e: ast.BinOp, left: HValue, right: HValue) -> HValue:
+        a, b, op = left.value, right.value, e.op
+        if op in ("/", "//", "%") and b == 0:
+            self.fail(e.span, "division by zero")
+        lc, rc = _prec(left.code), _prec(right.code)
+        if op == "/":
+            if isinstance(a, int) and isinstance(b, int) and a % b == 0:
+                return HValue(a // b, f"{lc} // {rc}")
+            return HValue(a / b, f"{lc} / {rc}")
+        value = {"+": a + b, "-": a - b, "*": a * b, "//": a // b if b else 0, "%": a % b if b else 0}[op]
+        return HValue(value, f"{lc} {op} {rc}")
+
+    # ---- calls: layer constructors, repeat, math
+    def _Call(self, e: ast.Call, lookup, visible) -> HValue:
+        if not isinstance(e.func, ast.Name):
+            self.fail(e.span, "only layers, `repeat` and math functions can be called here")
+        fname = e.func.id
+        if fname == "repeat":
+            return self._repeat(e, lookup, visible)
+        if fname in _MATH:
+            if e.kwargs or not e.args:
+                self.fail(e.span, f"`{fname}` takes positional numbers")
+            vals = [self.eval(a, lookup, visible) for a in e.args]
+            if not all(_is_number(v.value) for v in vals):
+                self.fail(e.span, f"`{fname}` needs numbers")
+            code = f"math.{fname}" if fname == "sqrt" else fname
+            return HValue(_MATH[fname](*(v.value for v in vals)), f"{code}({', '.join(v.code for v in vals)})")
+        target = lookup(fname, e.func)
+        if target is not None and isinstance(target.value, LayerValue):
+            base = target.value
+        elif fname in self.layers:
+            base = LayerValue(fname, (), e.span)
+        else:
+            self.fail(e.func.span, f"`{fname}` is not a layer", did_you_mean(fname, sorted(self.layers)))
+        if e.args:
+            self.fail(e.args[0].span if hasattr(e.args[0], "span") else e.span,
+                      f"layer `{fname}` takes keyword arguments", f"write `{fname}(name = value)`")
+        args = dict(base.args)
+        for kw in e.kwargs:
+            args[kw.name] = self.eval(kw.value, lookup, visible)
+        return HValue(LayerValue(base.layer, tuple(args.items()), e.span))
+
+    def _repeat(self, e: ast.Call, lookup, visible) -> HValue:
+        if len(e.args) != 2 or e.kwargs:
+            self.fail(e.span, "`repeat` takes a count and a layer", "write `repeat(layers, Block())`")
+        count = self.eval(e.args[0], lookup, visible)
+        layer = self.eval(e.args[1], lookup, visible)
+        if not isinstance(count.value, int) or isinstance(count.value, bool) or count.value < 1:
+            self.fail(e.args[0].span, f"`repeat` count must be a positive int, got {count.value!r}")
+        if not isinstance(layer.value, LayerValue):
+            self.fail(e.args[1].span, "the second argument of `repeat` must be a layer")
+        return HValue(RepeatValue(count, layer.value, e.span))
+
+
+def _is_number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _kind(v) -> str:
+    if isinstance(v, bool):
+        return "bool"
+    if isinstance(v, int):
+        return "int"
+    if isinstance(v, float):
+        return "float"
+    if isinstance(v, str):
+        return "string"
+    if isinstance(v, DType):
+        return "dtype"
+    if isinstance(v, (LayerValue, RepeatValue)):
+        return "Layer"
+    return type(v).__name__
+
+
+kind_of = _kind

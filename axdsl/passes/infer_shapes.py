@@ -1,0 +1,357 @@
+"""infer_shapes: give every forward expression a type and check that shapes agree.
+
+Dims are concrete sizes (from hyperparameters) or free dims (`B`, `S`) bound by a forward's
+arguments; `...` stands for any leading dims. Child calls are checked against the child's declared
+signature, so each forward is checked on its own and errors point at the offending expression.
+
+    y = x @ w_gate            Let y = Bin(@, x: [B, S, dim=64], w_gate: [dim=64, hidden=128])
+                        ->                                   : [B, S, hidden=128]
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from axdsl.errors import Diagnostics
+from axdsl.ir import nodes as ir
+from axdsl.ir.nodes import ELLIPSIS, Dim, ScalarType, TensorType
+
+ONE = Dim("1", 1, "1")
+
+
+class _ShapeError(Exception):
+    pass
+
+
+def infer_shapes(module: ir.Module, target=None) -> ir.Module:
+    diags = Diagnostics()
+    models = tuple(replace(m, root=_instance(m.root, diags)) for m in module.models)
+    diags.raise_if_any()
+    return replace(module, models=models)
+
+
+def _instance(inst: ir.Instance, diags: Diagnostics) -> ir.Instance:
+    children = tuple(_instance(c, diags) for c in inst.children)
+    inst = replace(inst, children=children)
+    if inst.forward is None:
+        return inst
+    return replace(inst, forward=_Typer(inst, diags).forward(inst.forward))
+
+
+def fmt(dims) -> str:
+    return "[" + ", ".join(str(d) for d in dims) + "]"
+
+
+def unify(decl: tuple[Dim, ...], actual: tuple[Dim, ...], binding: dict[str, tuple[Dim, ...]]) -> str | None:
+    """Match actual dims against a declared signature, extending `binding`; return an error or None."""
+    has_ellipsis = bool(decl) and decl[0].is_ellipsis
+    fixed = decl[1:] if has_ellipsis else decl
+    if has_ellipsis:
+        if len(actual) < len(fixed) and not (actual and actual[0].is_ellipsis):
+            return f"expected at least {len(fixed)} dims {fmt(decl)}, got {fmt(actual)}"
+        prefix, rest = actual[: len(actual) - len(fixed)], actual[len(actual) - len(fixed):]
+        if "..." in binding and binding["..."] != prefix:
+            return f"leading dims {fmt(prefix)} differ from {fmt(binding['...'])}"
+        binding["..."] = prefix
+    else:
+        if any(d.is_ellipsis for d in actual):
+            return f"expected exactly {fmt(decl)}, got {fmt(actual)} of unknown rank"
+        if len(actual) != len(decl):
+            return f"expected {len(decl)} dims {fmt(decl)}, got {len(actual)} dims {fmt(actual)}"
+        rest = actual
+    for d, a in zip(fixed, rest):
+        if d.is_free:
+            bound = binding.get(d.name)
+            if bound is None:
+                binding[d.name] = (a,)
+            elif not bound[0].same(a):
+                return f"dim `{d.name}` is {bound[0]} in one place and {a} in another"
+        elif not d.same(a):
+            return f"expected {fmt(decl)}, got {fmt(actual)}: `{d}` does not match `{a}`"
+    return None
+
+
+def substitute(dims: tuple[Dim, ...], binding: dict[str, tuple[Dim, ...]]) -> tuple[Dim, ...]:
+    out: list[Dim] = []
+    for d in dims:
+        if d.is_ellipsis:
+            out.extend(binding.get("...", (ELLIPSIS,)))
+        elif d.is_free and d.name in binding:
+            out.extend(binding[d.name])
+        else:
+            out.append(d)
+    return tuple(out)
+
+
+class _Typer:
+    def __init__(self, inst: ir.Instance, diags: Diagnostics):
+        self.inst = inst
+        self.diags = diags
+        self.env: dict[str, ir.Type] = {}
+
+    def fail(self, span, message: str, hint: str | None = None):
+        self.diags.error(span, message, hint)
+        raise _ShapeError()
+
+    def forward(self, fwd: ir.Forward) -> ir.Forward:
+        for a in fwd.args:
+            self.env[a.name] = TensorType(a.dims)
+        body = []
+        for stmt in fwd.body:
+            try:
+                value = self.expr(stmt.value)
+            except _ShapeError:
+                return fwd
+            if isinstance(stmt, ir.Let):
+                if not isinstance(value.type, TensorType):
+                    # a scalar local is fine (e.g. a scale), it just has no dims
+                    pass
+                self.env[stmt.name] = value.type
+                body.append(replace(stmt, value=value))
+            else:
+                body.append(replace(stmt, value=value))
+                self._check_result(fwd, value, stmt.span)
+        return replace(fwd, body=tuple(body))
+
+    def _check_result(self, fwd: ir.Forward, value: ir.TExpr, span) -> None:
+        if not isinstance(value.type, TensorType):
+            self.diags.error(span, "forward must return a tensor")
+            return
+        binding: dict[str, tuple[Dim, ...]] = {}
+        for a in fwd.args:  # the forward's own free dims stand for themselves
+            for d in a.dims:
+                if d.is_free:
+                    binding[d.name] = (d,)
+        if fwd.args and fwd.args[0].dims and fwd.args[0].dims[0].is_ellipsis:
+            binding["..."] = (ELLIPSIS,)
+        err = unify(fwd.result, value.type.dims, binding)
+        if err:
+            self.diags.error(span, f"`{self.inst.layer}` returns {fmt(value.type.dims)} but declares "
+                             f"{fmt(fwd.result)}: {err}")
+
+    # ---------------------------------------------------------------- expressions
+    def expr(self, e: ir.TExpr) -> ir.TExpr:
+        method = getattr(self, "_" + type(e).__name__)
+        return replace(e, **method(e))
+
+    def _Ref(self, e: ir.Ref) -> dict:
+        if e.kind in ("local", "arg"):
+            return {"type": self.env[e.name]}
+        if e.kind == "param":
+            return {"type": TensorType(self.inst.param(e.name).dims)}
+        if e.kind == "child_param":
+            return {"type": TensorType(self.inst.child(e.owner).param(e.name).dims)}
+        if e.kind == "dim":
+            return {"type": ScalarType("int")}
+        return {"type": ScalarType(_scalar_kind(e.value.value))}
+
+    def _Lit(self, e: ir.Lit) -> dict:
+        return {"type": ScalarType(_scalar_kind(e.value))}
+
+    def _Neg(self, e: ir.Neg) -> dict:
+        operand = self.expr(e.operand)
+        return {"operand": operand, "type": operand.type}
+
+    def _Bin(self, e: ir.Bin) -> dict:
+        left, right = self.expr(e.left), self.expr(e.right)
+        if e.op == "@":
+            t = self._matmul(e, left.type, right.type)
+        else:
+            t = self._broadcast(e, left.type, right.type)
+        return {"left": left, "right": right, "type": t}
+
+    def _matmul(self, e, lt, rt) -> TensorType:
+        if not (isinstance(lt, TensorType) and isinstance(rt, TensorType)):
+            self.fail(e.span, "`@` needs two tensors")
+        if len(rt.dims) < 1 or not lt.dims:
+            self.fail(e.span, "`@` needs tensors with at least one dim")
+        a, b = lt.dims[-1], rt.dims[0]
+        if a.is_ellipsis or b.is_ellipsis or not a.same(b):
+            self.fail(e.span, f"matmul dims do not agree: last dim of the left operand is `{a}` "
+                      f"but first dim of the right operand is `{b}`",
+                      f"left is {fmt(lt.dims)}, right is {fmt(rt.dims)}; `@` contracts left's last dim with right's first")
+        return TensorType(lt.dims[:-1] + rt.dims[1:])
+
+    def _broadcast(self, e, lt, rt) -> ir.Type:
+        if isinstance(lt, ScalarType) and isinstance(rt, ScalarType):
+            return ScalarType("float" if "float" in (lt.kind, rt.kind) else lt.kind)
+        if isinstance(lt, ScalarType):
+            return rt
+        if isinstance(rt, ScalarType):
+            return lt
+        a, b = list(lt.dims), list(rt.dims)
+        out: list[Dim] = []
+        while a and b:
+            x, y = a.pop(), b.pop()
+            if x.is_ellipsis or y.is_ellipsis:
+                if x.is_ellipsis and y.is_ellipsis and not a and not b:
+                    out.append(ELLIPSIS)
+                    break
+                self.fail(e.span, f"cannot broadcast {fmt(lt.dims)} with {fmt(rt.dims)}: ranks are not known")
+            if x.same(y):
+                out.append(x)
+            elif x.size == 1:
+                out.append(y)
+            elif y.size == 1:
+                out.append(x)
+            else:
+                self.fail(e.span, f"shapes do not agree for `{e.op}`: {fmt(lt.dims)} and {fmt(rt.dims)}",
+                          f"`{x}` and `{y}` differ; residual and elementwise operands must match or be 1")
+        rest = a or b
+        return TensorType(tuple(rest) + tuple(reversed(out)))
+
+    def _CallChild(self, e: ir.CallChild) -> dict:
+        args = tuple(self.expr(a) for a in e.args)
+        child = self.inst.child(e.child)
+        fwd = child.forward
+        if fwd is None:
+            self.fail(e.span, f"child `{e.child}` has no forward")
+        if len(args) != len(fwd.args):
+            self.fail(e.span, f"child `{e.child}` takes {len(fwd.args)} argument(s), got {len(args)}")
+        binding: dict[str, tuple[Dim, ...]] = {}
+        for a, decl in zip(args, fwd.args):
+            if not isinstance(a.type, TensorType):
+                self.fail(a.span, f"argument `{decl.name}` of `{e.child}` must be a tensor")
+            err = unify(decl.dims, a.type.dims, binding)
+            if err:
+                self.fail(a.span, f"argument `{decl.name}` of `{e.child}` ({child.layer}): {err}")
+        result = substitute(fwd.result, binding)
+        if child.repeat is not None and args and not _same_dims(result, args[0].type.dims):
+            self.fail(e.span, f"a repeated block must return the shape it takes: {fmt(args[0].type.dims)} "
+                      f"-> {fmt(result)}")
+        return {"args": args, "type": TensorType(result)}
+
+    def _Prim(self, e: ir.Prim) -> dict:
+        args = tuple(self.expr(a) for a in e.args)
+        for a in args:
+            if not isinstance(a.type, TensorType) and e.name not in ("einsum",):
+                self.fail(a.span, f"`{e.name}` needs a tensor, got a {a.type}")
+        rule = getattr(self, "_prim_" + e.name, None)
+        dims = rule(e, args) if rule else args[0].type.dims
+        return {"args": args, "type": TensorType(dims)}
+
+    # ---------------------------------------------------------------- primitive shape rules
+    def _axis_of(self, e, dims: tuple[Dim, ...], over: Dim) -> int:
+        by_name = [i for i, d in enumerate(dims) if d.name == over.name]
+        if len(by_name) == 1:
+            return by_name[0]
+        by_size = [i for i, d in enumerate(dims) if over.size is not None and d.size == over.size]
+        if len(by_size) == 1:
+            return by_size[0]
+        what = "several dims match" if (by_name or by_size) else "no dim matches"
+        self.fail(e.span, f"`{e.name}` over `{over}`: {what} in {fmt(dims)}")
+
+    def _reduce(self, e, args):
+        dims = args[0].type.dims
+        i = self._axis_of(e, dims, e.attr("over"))
+        return dims[:i] + (ONE,) + dims[i + 1:]
+
+    _prim_sum = _prim_mean = _prim_max = _reduce
+
+    def _prim_softmax(self, e, args):
+        dims = args[0].type.dims
+        if e.attr("over") is not None:
+            self._axis_of(e, dims, e.attr("over"))
+        return dims
+
+    def _prim_split_heads(self, e, args):
+        dims = args[0].type.dims
+        heads = e.attr("heads")
+        last = dims[-1]
+        if last.size is None:
+            self.fail(e.span, f"`split_heads` needs a known last dim, got `{last}`")
+        if last.size % heads.value:
+            self.fail(e.span, f"cannot split `{last}` into {heads.value} heads: {heads.value} does not divide {last.size}",
+                      "heads must divide the projected dim")
+        per = last.size // heads.value
+        return dims[:-1] + (Dim(heads.code.removeprefix("cfg."), heads.value, heads.code),
+                            Dim(f"{last.name}/heads", per, f"{last.code} // {heads.code}"))
+
+    def _prim_merge_heads(self, e, args):
+        dims = args[0].type.dims
+        if len(dims) < 2 or dims[-1].size is None or dims[-2].size is None:
+            self.fail(e.span, f"`merge_heads` needs [..., heads, head_dim], got {fmt(dims)}")
+        h, d = dims[-2], dims[-1]
+        return dims[:-2] + (Dim(f"{h.name}*{d.name}", h.size * d.size, f"{h.code} * {d.code}"),)
+
+    def _prim_rope(self, e, args):
+        dims = args[0].type.dims
+        if len(dims) != 4 or any(d.is_ellipsis for d in dims):
+            self.fail(e.span, f"`rope` needs [B, S, heads, head_dim], got {fmt(dims)}")
+        if dims[-1].size is None or dims[-1].size % 2:
+            self.fail(e.span, f"`rope` needs an even head_dim, got `{dims[-1]}`")
+        return dims
+
+    def _prim_attention(self, e, args):
+        q, k, v = (a.type.dims for a in args[:3])
+        for name, dims in (("q", q), ("k", k), ("v", v)):
+            if len(dims) != 4 or any(d.is_ellipsis for d in dims):
+                self.fail(e.span, f"`attention` needs {name} as [B, S, heads, head_dim], got {fmt(dims)}")
+        if not q[0].same(k[0]) or not k[0].same(v[0]):
+            self.fail(e.span, f"`attention` batch dims differ: {q[0]}, {k[0]}, {v[0]}")
+        if not k[1].same(v[1]):
+            self.fail(e.span, f"`attention` k and v sequence dims differ: {k[1]} vs {v[1]}")
+        if not q[3].same(k[3]):
+            self.fail(e.span, f"`attention` q and k head_dim differ: {q[3]} vs {k[3]}")
+        if not k[2].same(v[2]):
+            self.fail(e.span, f"`attention` k and v have different head counts: {k[2]} vs {v[2]}")
+        if q[2].size is not None and k[2].size is not None and q[2].size % k[2].size:
+            self.fail(e.span, f"`attention` query heads `{q[2]}` are not a multiple of kv heads `{k[2]}`",
+                      "kv_heads must divide heads (GQA); MQA is kv_heads = 1")
+        window = e.attr("window")
+        if window.value < 0:
+            self.fail(e.span, "`window` must be >= 0 (0 means no sliding window)")
+        return q[:3] + (v[3],)
+
+    def _prim_embed(self, e, args):
+        table, ids = args[0].type.dims, args[1].type.dims
+        if len(table) != 2:
+            self.fail(e.span, f"`embed` needs a [vocab, dim] table, got {fmt(table)}")
+        return ids + (table[1],)
+
+    def _prim_transpose(self, e, args):
+        dims = args[0].type.dims
+        if len(dims) < 2:
+            self.fail(e.span, "`transpose` needs at least 2 dims")
+        return dims[:-2] + (dims[-1], dims[-2])
+
+    def _prim_prefix(self, e, args):
+        dims = args[0].type.dims
+        return (e.attr("n"),) + dims[1:]
+
+    def _prim_einsum(self, e, args):
+        operands = e.attr("operands")
+        named = dict(e.attr("dims"))
+        for names, a in zip(operands, args):
+            if not isinstance(a.type, TensorType):
+                self.fail(a.span, "einsum operands must be tensors")
+            actual = a.type.dims
+            if len(names) != len(actual):
+                self.fail(a.span, f"einsum operand is {fmt(actual)} but the spec names {len(names)} dims: {' '.join(names)}")
+            for n, d in zip(names, actual):
+                want = named[n]
+                if want.is_free and d.is_free:
+                    continue
+                if not want.same(d) and not (want.is_free and d.size is not None):
+                    self.fail(a.span, f"einsum dim `{n}` is {want} but the operand has `{d}` there")
+        # free names in the output take the operand's actual dim
+        actual_by_name = {}
+        for names, a in zip(operands, args):
+            actual_by_name.update(zip(names, a.type.dims))
+        return tuple(actual_by_name[n] for n in e.attr("out"))
+
+
+def _same_dims(a, b) -> bool:
+    return len(a) == len(b) and all(x.same(y) for x, y in zip(a, b))
+
+
+def _scalar_kind(v) -> str:
+    if isinstance(v, bool):
+        return "bool"
+    if isinstance(v, int):
+        return "int"
+    if isinstance(v, float):
+        return "float"
+    if isinstance(v, str):
+        return "string"
+    return "dtype"

@@ -1,0 +1,235 @@
+"""Lower a layer's `forward` from AST to IR tensor expressions (part of `resolve`).
+
+Names are bound here: locals, arguments, parameters, a child's parameter (`embed.table`),
+hyperparameters (become static values), free dims (`S`), children (calls) and primitives.
+Static `if`s are decided with the instance's hyperparameters; only the taken branch remains.
+"""
+
+from __future__ import annotations
+
+from axdsl.errors import did_you_mean
+from axdsl.ir import nodes as ir
+from axdsl.ir.nodes import DType, HValue
+from axdsl.passes.consteval import EvalError, kind_of
+from axdsl.passes.primitives import PRIMITIVES, lower_primitive
+from axdsl.syntax import ast
+
+
+class _Abort(Exception):
+    pass
+
+
+def lower_forward(resolver, layer: ast.LayerDecl, scope, lookup, params, children) -> ir.Forward | None:
+    lowering = _Lowering(resolver, layer, scope, lookup, params, children)
+    try:
+        return lowering.run()
+    except _Abort:
+        return None
+
+
+class _Lowering:
+    def __init__(self, resolver, layer, scope, lookup, params, children):
+        self.r = resolver
+        self.diags = resolver.diags
+        self.layer = layer
+        self.scope = scope
+        self.lookup = lookup
+        self.params = {p.name: p for p in params}
+        self.children = {c.name: c for c in children}
+        self.declared_params = {p.name for p in layer.params}
+        self.declared_children = {c.name for c in layer.children}
+        self.locals: set[str] = set()
+        self.free: set[str] = set()
+        self.failed = False
+
+    def fail(self, span, message: str, hint: str | None = None):
+        self.diags.error(span, message, hint)
+        raise _Abort()
+
+    # ---------------------------------------------------------------- shapes
+    def shape(self, exprs: tuple[ast.Expr, ...], bind_free: bool) -> tuple[ir.Dim, ...]:
+        dims = []
+        for i, e in enumerate(exprs):
+            if isinstance(e, ast.EllipsisDim):
+                if i != 0:
+                    self.fail(e.span, "`...` may only stand first in a shape")
+                dims.append(ir.ELLIPSIS)
+            elif isinstance(e, ast.Name) and self.scope.find(e.id) is None and e.id[:1].isupper():
+                if bind_free:
+                    self.free.add(e.id)
+                dims.append(ir.Dim(e.id))
+            else:
+                dims.append(self.dim_value(e))
+        return tuple(dims)
+
+    def dim_value(self, e: ast.Expr) -> ir.Dim:
+        if isinstance(e, ast.Name) and self.scope.find(e.id) is None and not e.id[:1].isupper():
+            hint = did_you_mean(e.id, self.scope.names()) or "free dims such as B and S start with a capital letter"
+            self.fail(e.span, f"unknown dim `{e.id}`", hint)
+        v = self.r._eval(e, self.scope, self.lookup)
+        if v is None:
+            raise _Abort()
+        if not isinstance(v.value, int) or isinstance(v.value, bool) or v.value < 1:
+            self.fail(e.span, f"a dimension must be a positive int, got {v.value!r}")
+        from axdsl.passes.resolve import _dim_name
+
+        return ir.Dim(_dim_name(e), v.value, v.code)
+
+    # ---------------------------------------------------------------- body
+    def run(self) -> ir.Forward | None:
+        fwd = self.layer.forward
+        args = []
+        for a in fwd.args:
+            if a.name in self.locals:
+                self.fail(a.span, f"argument `{a.name}` is declared twice")
+            self._check_new_name(a.name, a.span)
+            args.append(ir.Arg(a.name, self.shape(a.shape, bind_free=True), a.span))
+            self.locals.add(a.name)
+        result = self.shape(fwd.result, bind_free=False)
+        body: list[ir.Stmt] = []
+        self.block(fwd.body, body)
+        returns = [i for i, s in enumerate(body) if isinstance(s, ir.Ret)]
+        if not returns:
+            self.fail(fwd.span, f"forward of `{self.layer.name}` does not return a value", "end it with `return ...`")
+        if returns[0] != len(body) - 1:
+            self.fail(body[returns[0] + 1].span, "statement after `return` is never run")
+        return ir.Forward(tuple(args), result, tuple(body), fwd.span)
+
+    def block(self, stmts, out: list) -> None:
+        for s in stmts:
+            try:
+                if isinstance(s, ast.If):
+                    cond = self.static(s.condition, "bool", "condition")
+                    self.block(s.then if cond.value else s.orelse, out)
+                elif isinstance(s, ast.Assign):
+                    value = self.expr(s.value)
+                    self._check_new_name(s.name, s.span)
+                    self.locals.add(s.name)
+                    out.append(ir.Let(s.name, value, s.point, s.span))
+                else:
+                    out.append(ir.Ret(self.expr(s.value), s.span))
+            except _Abort:
+                self.failed = True
+        if self.failed:
+            raise _Abort()
+
+    def _check_new_name(self, name: str, span) -> None:
+        if name in self.declared_params or name in self.declared_children or self.scope.find(name):
+            self.fail(span, f"`{name}` shadows a parameter, child or hyperparameter", "pick another name")
+        if name in PRIMITIVES:
+            self.fail(span, f"`{name}` shadows the primitive `{name}`", "pick another name")
+
+    # ---------------------------------------------------------------- expressions
+    def expr(self, e: ast.Expr) -> ir.TExpr:
+        if self._is_static(e):
+            v = self.static(e, None, None)
+            if isinstance(e, (ast.Num, ast.Bool, ast.Str)):
+                return ir.Lit(v.value, e.span)
+            return ir.Ref(v.code, "hparam", e.span, value=v)
+        if isinstance(e, ast.Name):
+            return self.name(e)
+        if isinstance(e, ast.BinOp):
+            if e.op not in ("+", "-", "*", "/", "@"):
+                self.fail(e.span, f"`{e.op}` on tensors is not supported in a forward",
+                          "static conditions go in `if`, on hyperparameters")
+            return ir.Bin(e.op, self.expr(e.left), self.expr(e.right), e.span)
+        if isinstance(e, ast.Unary):
+            if e.op != "-":
+                self.fail(e.span, "`not` on tensors is not supported")
+            return ir.Neg(self.expr(e.operand), e.span)
+        if isinstance(e, ast.Call):
+            return self.call(e)
+        if isinstance(e, ast.Attr):
+            return self.attr(e)
+        if isinstance(e, ast.ListExpr):
+            self.fail(e.span, "lists are not tensors")
+        self.fail(e.span, "unexpected expression")
+
+    def _is_static(self, e: ast.Expr) -> bool:
+        if isinstance(e, (ast.Num, ast.Bool, ast.Str)):
+            return True
+        if isinstance(e, ast.Name):
+            return (e.id not in self.locals and e.id not in self.params and e.id not in self.children
+                    and e.id not in self.free
+                    and (self.scope.find(e.id) is not None or e.id in ir.DTYPES))
+        if isinstance(e, ast.BinOp):
+            return e.op != "@" and self._is_static(e.left) and self._is_static(e.right)
+        if isinstance(e, ast.Unary):
+            return self._is_static(e.operand)
+        if isinstance(e, ast.Call) and isinstance(e.func, ast.Name) and e.func.id in ("sqrt", "min", "max"):
+            return all(self._is_static(a) for a in e.args)
+        return False
+
+    def name(self, e: ast.Name) -> ir.TExpr:
+        n = e.id
+        if n in self.locals:
+            return ir.Ref(n, "local", e.span)
+        if n in self.params:
+            return ir.Ref(n, "param", e.span)
+        if n in self.free:
+            return ir.Ref(n, "dim", e.span)
+        if n in self.children:
+            self.fail(e.span, f"child `{n}` must be called", f"write `{n}(x)`")
+        if n in self.declared_params:
+            self.fail(e.span, f"parameter `{n}` does not exist for these hyperparameters (its `if` is false)")
+        if n in self.declared_children:
+            self.fail(e.span, f"child `{n}` does not exist for these hyperparameters (its `if` is false)")
+        candidates = sorted(self.locals | set(self.params) | set(self.children) | set(self.scope.names()))
+        self.fail(e.span, f"unknown name `{n}`", did_you_mean(n, candidates))
+
+    def attr(self, e: ast.Attr) -> ir.TExpr:
+        if not isinstance(e.obj, ast.Name) or e.obj.id not in self.children:
+            self.fail(e.span, "only a child's parameter can be read with `.`", "write `child.param`")
+        child = self.children[e.obj.id]
+        if child.param(e.name) is None:
+            self.fail(e.span, f"child `{child.name}` has no parameter `{e.name}`",
+                      did_you_mean(e.name, [p.name for p in child.params]))
+        if child.repeat is not None:
+            self.fail(e.span, "parameters of a repeated child cannot be read directly")
+        return ir.Ref(e.name, "child_param", e.span, owner=child.name)
+
+    def call(self, e: ast.Call) -> ir.TExpr:
+        if not isinstance(e.func, ast.Name):
+            self.fail(e.span, "only children and primitives can be called")
+        fname = e.func.id
+        if fname in self.children:
+            if e.kwargs:
+                self.fail(e.kwargs[0].span, "children take tensors as positional arguments")
+            return ir.CallChild(fname, tuple(self.expr(a) for a in e.args), e.span)
+        if fname in PRIMITIVES:
+            return lower_primitive(self, e, fname)
+        if fname in self.declared_children:
+            self.fail(e.func.span, f"child `{fname}` does not exist for these hyperparameters (its `if` is false)")
+        candidates = sorted(set(self.children) | set(PRIMITIVES))
+        self.fail(e.func.span, f"unknown function `{fname}`", did_you_mean(fname, candidates))
+
+    # ---------------------------------------------------------------- static attributes
+    def static(self, e: ast.Expr, kind: str | None, what: str | None) -> HValue:
+        try:
+            v = self.r.ev.eval(e, self.lookup, self.scope.names)
+        except EvalError:
+            raise _Abort() from None
+        if kind is None:
+            return v
+        ok = {
+            "bool": isinstance(v.value, bool),
+            "int": isinstance(v.value, int) and not isinstance(v.value, bool),
+            "float": isinstance(v.value, (int, float)) and not isinstance(v.value, bool),
+            "string": isinstance(v.value, str),
+            "dtype": isinstance(v.value, DType),
+        }[kind]
+        if not ok:
+            self.fail(getattr(e, "span", None), f"`{what}` must be a static {kind}, got {kind_of(v.value)}")
+        return v
+
+    def dim(self, e: ast.Expr) -> ir.Dim:
+        if isinstance(e, ast.Name) and (e.id in self.free or (e.id[:1].isupper() and self.scope.find(e.id) is None)):
+            if e.id not in self.free:
+                self.fail(e.span, f"unknown dim `{e.id}`", "free dims must appear in the forward's arguments")
+            return ir.Dim(e.id)
+        return self.dim_value(e)
+
+    def dim_by_name(self, name: str, span) -> ir.Dim:
+        if name in self.free or (name[:1].isupper() and self.scope.find(name) is None):
+            return ir.Dim(name)
+        return self.dim_value(ast.Name(name, span))

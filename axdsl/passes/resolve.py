@@ -1,0 +1,424 @@
+"""resolve: AST -> IR. Instantiate every model's layer tree with every hyperparameter resolved.
+
+A hyperparameter's value comes from, in order: set here (constructor argument or model setting),
+inherited (the nearest ancestor with a hyperparameter of the same name: dims are written once),
+its default. Each `HParam` records which, so `axdsl dump` can show it. Static `if`s are decided
+here, so the IR holds only the branch that runs.
+
+    model tiny = DecoderLM { dim = 64 ... }        Instance / : DecoderLM
+    layer Block(dim: int, ...) {          ->         dim = 64          # set here
+      child attn_norm = norm                         Instance /blocks : Block
+                                                       dim = 64        # inherited from /
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+
+from axdsl.errors import Diagnostics, Span, did_you_mean
+from axdsl.ir import nodes as ir
+from axdsl.ir.nodes import DType, HValue, LayerValue, RepeatValue
+from axdsl.passes.consteval import EvalError, Evaluator, kind_of, literal_code
+from axdsl.passes.primitives import PRIMITIVES, lower_primitive
+from axdsl.syntax import ast
+from axdsl.syntax.loader import Program
+
+HPARAM_TYPES = ("int", "float", "bool", "string", "dtype", "Layer", "enum")
+INIT_KINDS = {"normal": 1, "trunc_normal": 1, "uniform": 1, "zeros": 0, "ones": 0}
+MAX_DEPTH = 32
+
+
+@dataclass
+class Scope:
+    """The resolved hyperparameters of one instance, chained to its parent's."""
+
+    path: str
+    values: dict[str, ir.HParam] = field(default_factory=dict)
+    parent: "Scope | None" = None
+
+    def find(self, name: str) -> ir.HParam | None:
+        scope = self
+        while scope is not None:
+            if name in scope.values:
+                return scope.values[name]
+            scope = scope.parent
+        return None
+
+    def names(self) -> list[str]:
+        out, scope = [], self
+        while scope is not None:
+            out.extend(scope.values)
+            scope = scope.parent
+        return out
+
+
+def resolve(program: Program, target: str = "cpu") -> ir.Module:
+    """Build the IR module for the main spec file of `program`."""
+    resolver = _Resolver(program)
+    models = []
+    for decl in program.main.models:
+        model = resolver.model(decl)
+        if model is not None:
+            models.append(model)
+    sections = [resolver.section(s) for s in program.main.sections]
+    trains = [s for s in sections if s.kind == "train"]
+    if len(trains) > 1:
+        resolver.diags.error(trains[1].span, "a spec has at most one `train` block")
+    if not program.main.models:
+        resolver.diags.error(_file_span(program.main.path), "this spec defines no model",
+                             "add `model NAME = DecoderLM { ... }`")
+    resolver.diags.raise_if_any(program.sources)
+    source = program.sources[program.main.path]
+    return ir.Module(
+        spec=program.main.path,
+        sha256=hashlib.sha256(source.encode("utf-8")).hexdigest(),
+        models=tuple(models),
+        train=trains[0] if trains else None,
+        targets=tuple(s for s in sections if s.kind == "target"),
+        target=target,
+    )
+
+
+def _file_span(path: str) -> Span:
+    return Span(path, 1, 1)
+
+
+class _Resolver:
+    def __init__(self, program: Program):
+        self.program = program
+        self.diags = Diagnostics()
+        self.ev = Evaluator(self.diags, set(program.layers))
+
+    # ---------------------------------------------------------------- models
+    def model(self, decl: ast.ModelDecl) -> ir.Model | None:
+        chain = self._model_chain(decl)
+        if chain is None:
+            return None
+        layer_name = chain[0].base
+        if layer_name not in self.program.layers:
+            self.diags.error(chain[0].base_span, f"unknown layer `{layer_name}`",
+                             did_you_mean(layer_name, list(self.program.layers)))
+            return None
+        settings: dict[str, ast.Setting] = {}
+        for m in chain:
+            for s in m.settings:
+                settings[s.name] = s
+        root = self.instantiate(
+            self.program.layers[layer_name], "/", decl.name, decl.span, set_exprs=settings,
+            set_values={}, parent=None, stack=(),
+        )
+        return ir.Model(decl.name, root, decl.span) if root is not None else None
+
+    def _model_chain(self, decl: ast.ModelDecl) -> list[ast.ModelDecl] | None:
+        chain, seen = [decl], {decl.name}
+        while chain[0].extends:
+            base = self.program.models.get(chain[0].base)
+            if base is None:
+                self.diags.error(chain[0].base_span, f"unknown model `{chain[0].base}`",
+                                 did_you_mean(chain[0].base, list(self.program.models)))
+                return None
+            if base.name in seen:
+                self.diags.error(decl.span, f"model `{decl.name}` extends itself through `{base.name}`")
+                return None
+            seen.add(base.name)
+            chain.insert(0, base)
+        return chain
+
+    # ---------------------------------------------------------------- instances
+    def instantiate(self, layer: ast.LayerDecl, path: str, name: str, span: Span, *,
+                    set_exprs: dict[str, ast.Setting], set_values: dict[str, HValue],
+                    parent: Scope | None, stack: tuple[str, ...],
+                    repeat: HValue | None = None, set_span: Span | None = None) -> ir.Instance | None:
+        if layer.name in stack:
+            cycle = " -> ".join(stack + (layer.name,))
+            self.diags.error(span, f"layer recursion: {cycle}", "a layer cannot contain itself")
+            return None
+        if len(stack) > MAX_DEPTH:
+            self.diags.error(span, "layer tree is too deep")
+            return None
+        stack = stack + (layer.name,)
+        self._set_spans = {k: set_span for k in set_values} if set_span else {}
+        declared = {h.name: h for h in layer.hparams}
+        for key, s in set_exprs.items():
+            if key not in declared:
+                self.diags.error(s.span, f"layer `{layer.name}` has no hyperparameter `{key}`",
+                                 did_you_mean(key, list(declared)))
+        for key in set_values:
+            if key not in declared:
+                self.diags.error(span, f"layer `{layer.name}` has no hyperparameter `{key}`",
+                                 did_you_mean(key, list(declared)))
+        scope = Scope(path, {}, parent)
+        self._resolve_hparams(layer, scope, set_exprs, set_values, is_root=parent is None)
+        hparams = tuple(scope.values[h.name] for h in layer.hparams if h.name in scope.values)
+        if len(hparams) != len(layer.hparams):
+            return None  # errors already reported
+        lookup = self._lookup(scope)
+        params = tuple(p for p in (self._param(decl, scope, lookup) for decl in layer.params) if p)
+        children = []
+        for child in layer.children:
+            inst = self._child(child, path, scope, lookup, stack)
+            if inst is not None:
+                children.append(inst)
+        forward = self._forward(layer, scope, lookup, params, children) if layer.forward else None
+        if layer.forward is None:
+            self.diags.error(layer.span, f"layer `{layer.name}` has no forward",
+                             "add `forward(x: [B, S, dim]) -> [B, S, dim] { ... }`")
+        return ir.Instance(path, name, layer.name, hparams, params, tuple(children), forward,
+                           span, layer.span, repeat)
+
+    def _resolve_hparams(self, layer: ast.LayerDecl, scope: Scope, set_exprs, set_values,
+                         is_root: bool) -> None:
+        declared = {h.name: h for h in layer.hparams}
+        busy: set[str] = set()
+
+        def resolve_one(name: str, at: ast.Name | None) -> ir.HParam | None:
+            if name in scope.values:
+                return scope.values[name]
+            decl = declared[name]
+            if name in busy:
+                self.diags.error(decl.span, f"hyperparameter `{name}` depends on itself")
+                return None
+            busy.add(name)
+            try:
+                hp = self._hparam_value(decl, scope, set_exprs, set_values, lookup, is_root)
+            except EvalError:
+                hp = None
+            busy.discard(name)
+            if hp is not None:
+                scope.values[name] = hp
+            return hp
+
+        def lookup(name: str, at: ast.Name) -> HValue | None:
+            if name in declared:
+                hp = resolve_one(name, at)
+                if hp is None:
+                    raise EvalError(name)
+                return hp.value
+            found = scope.parent.find(name) if scope.parent else None
+            return found.value if found else None
+
+        for h in layer.hparams:
+            resolve_one(h.name, None)
+
+    def _hparam_value(self, decl: ast.HParamDecl, scope: Scope, set_exprs, set_values, lookup,
+                      is_root: bool) -> ir.HParam | None:
+        set_spans = self._set_spans
+        type_name = self._type_name(decl.type)
+        if type_name is None:
+            return None
+        visible = lambda: scope.names()  # noqa: E731
+        if decl.name in set_values:
+            value, origin = set_values[decl.name], f"set at {set_spans.get(decl.name, '?')}"
+        elif decl.name in set_exprs:
+            setting = set_exprs[decl.name]
+            value, origin = self.ev.eval(setting.value, lookup, visible), f"set at {setting.span}"
+        elif scope.parent is not None and scope.parent.find(decl.name) is not None:
+            inherited = scope.parent.find(decl.name)
+            owner = self._owner_path(scope.parent, decl.name)
+            value, origin = inherited.value, f"inherited from {owner}"
+        elif decl.default is not None:
+            value, origin = self.ev.eval(decl.default, lookup, visible), "default"
+        else:
+            self.diags.error(
+                decl.span, f"`{decl.name}` of layer at `{scope.path}` needs a value",
+                f"set `{decl.name} = ...` in the model or the parent layer, or give it a default",
+            )
+            return None
+        value = self._check_type(decl, type_name, value, origin, scope)
+        if value is None:
+            return None
+        if is_root and type_name not in ("Layer",):
+            value = HValue(value.value, f"cfg.{decl.name}")
+        return ir.HParam(decl.name, type_name if type_name != "enum" else
+                         "enum(" + ", ".join(decl.type.options) + ")", value, origin, decl.span)
+
+    def _owner_path(self, scope: Scope, name: str) -> str:
+        while scope is not None and name not in scope.values:
+            scope = scope.parent
+        return scope.path if scope else "?"
+
+    def _type_name(self, t: ast.TypeRef) -> str | None:
+        if t.name in HPARAM_TYPES:
+            return t.name
+        self.diags.error(t.span, f"unknown type `{t.name}`",
+                         did_you_mean(t.name, HPARAM_TYPES) or f"types are {', '.join(HPARAM_TYPES)}")
+        return None
+
+    def _check_type(self, decl: ast.HParamDecl, type_name: str, value: HValue, origin: str,
+                    scope: Scope) -> HValue | None:
+        v = value.value
+        ok = {
+            "int": isinstance(v, int) and not isinstance(v, bool),
+            "float": isinstance(v, (int, float)) and not isinstance(v, bool),
+            "bool": isinstance(v, bool),
+            "string": isinstance(v, str),
+            "enum": isinstance(v, str) and v in decl.type.options,
+            "dtype": isinstance(v, DType),
+            "Layer": isinstance(v, (LayerValue, RepeatValue)),
+        }[type_name]
+        if ok:
+            if type_name == "float" and isinstance(v, int):
+                return HValue(float(v), value.code)
+            return value
+        where = f" ({origin})" if origin != "set" else ""
+        if type_name == "int" and isinstance(v, float) and "//" not in value.code and "/" in value.code:
+            msg = f"`{decl.name}` must be an int, but `{value.code}` is {v:g}: the division is not exact"
+            hint = "the divisor must divide the dividend, e.g. heads must divide dim"
+        elif type_name == "enum":
+            msg = f"`{decl.name}` must be one of {', '.join(map(repr, decl.type.options))}, got {v!r}"
+            hint = did_you_mean(str(v), decl.type.options)
+        else:
+            msg = f"`{decl.name}` of layer at `{scope.path}` is {type_name}, but got {kind_of(v)} {_show(v)}{where}"
+            hint = None
+        self.diags.error(decl.span, msg, hint)
+        return None
+
+    # ---------------------------------------------------------------- scopes
+    def _lookup(self, scope: Scope):
+        def lookup(name: str, at: ast.Name) -> HValue | None:
+            found = scope.find(name)
+            return found.value if found else None
+        return lookup
+
+    def _eval(self, expr: ast.Expr, scope: Scope, lookup) -> HValue | None:
+        try:
+            return self.ev.eval(expr, lookup, scope.names)
+        except EvalError:
+            return None
+
+    def _condition(self, expr: ast.Expr | None, scope: Scope, lookup) -> bool | None:
+        if expr is None:
+            return True
+        v = self._eval(expr, scope, lookup)
+        if v is None:
+            return None
+        if not isinstance(v.value, bool):
+            self.diags.error(expr.span, f"a condition must be a bool, got {kind_of(v.value)}")
+            return None
+        return v.value
+
+    # ---------------------------------------------------------------- params and children
+    def _param(self, decl: ast.ParamDecl, scope: Scope, lookup) -> ir.Param | None:
+        if not self._condition(decl.condition, scope, lookup):
+            return None
+        dims = []
+        for d in decl.shape:
+            if isinstance(d, ast.EllipsisDim):
+                self.diags.error(d.span, "a parameter's shape must be fully known; `...` is for forward shapes")
+                return None
+            v = self._eval(d, scope, lookup)
+            if v is None:
+                return None
+            if not isinstance(v.value, int) or isinstance(v.value, bool) or v.value < 1:
+                self.diags.error(d.span, f"a dimension must be a positive int, got {_show(v.value)}")
+                return None
+            dims.append(ir.Dim(_dim_name(d), v.value, v.code))
+        init = self._init(decl, scope, lookup)
+        axes = decl.axes
+        if axes is None:
+            self.diags.error(decl.span, f"parameter `{decl.name}` has no logical axes",
+                             f"add `axes({', '.join(['embed'] * len(dims))})` naming each dimension")
+            return None
+        dtype_name = decl.dtype or self._root_param_dtype(scope)
+        if dtype_name not in ir.DTYPES:
+            self.diags.error(decl.span, f"unknown dtype `{dtype_name}`", did_you_mean(dtype_name, ir.DTYPES))
+            return None
+        if init is None:
+            return None
+        return ir.Param(decl.name, tuple(dims), axes, init, DType(dtype_name), decl.span)
+
+    def _root_param_dtype(self, scope: Scope) -> str:
+        hp = scope.find("param_dtype")
+        return hp.value.value.name if hp and isinstance(hp.value.value, DType) else "f32"
+
+    def _init(self, decl: ast.ParamDecl, scope: Scope, lookup) -> ir.Init | None:
+        spec = decl.init
+        if spec is None:
+            return ir.Init("normal", (HValue(0.02, "0.02"),), decl.span)
+        if spec.kind not in INIT_KINDS:
+            self.diags.error(spec.span, f"unknown initializer `{spec.kind}`",
+                             did_you_mean(spec.kind, list(INIT_KINDS)) or f"use one of {', '.join(INIT_KINDS)}")
+            return None
+        if len(spec.args) != INIT_KINDS[spec.kind]:
+            self.diags.error(spec.span, f"`{spec.kind}` takes {INIT_KINDS[spec.kind]} argument(s)")
+            return None
+        args = []
+        for a in spec.args:
+            v = self._eval(a, scope, lookup)
+            if v is None:
+                return None
+            if not isinstance(v.value, (int, float)) or isinstance(v.value, bool):
+                self.diags.error(a.span, f"initializer arguments are numbers, got {kind_of(v.value)}")
+                return None
+            args.append(HValue(float(v.value), v.code))
+        return ir.Init(spec.kind, tuple(args), spec.span)
+
+    def _child(self, decl: ast.ChildDecl, path: str, scope: Scope, lookup, stack) -> ir.Instance | None:
+        if not self._condition(decl.condition, scope, lookup):
+            return None
+        v = self._eval(decl.value, scope, lookup)
+        if v is None:
+            return None
+        repeat = None
+        value = v.value
+        if isinstance(value, RepeatValue):
+            repeat, value = value.count, value.layer
+        if not isinstance(value, LayerValue):
+            self.diags.error(decl.value.span, f"child `{decl.name}` must be a layer, got {kind_of(value)}",
+                             "write `child name = LayerName(...)` or name a Layer hyperparameter")
+            return None
+        layer = self.program.layers[value.layer]
+        child_path = (path if path.endswith("/") else path + "/") + decl.name
+        return self.instantiate(layer, child_path, decl.name, decl.span, set_exprs={},
+                                set_values=dict(value.args), parent=scope, stack=stack, repeat=repeat,
+                                set_span=value.span)
+
+    # ---------------------------------------------------------------- forward
+    def _forward(self, layer: ast.LayerDecl, scope: Scope, lookup, params, children) -> ir.Forward | None:
+        from axdsl.passes.lower_forward import lower_forward  # local: keeps module import light
+
+        return lower_forward(self, layer, scope, lookup, params, children)
+
+    # ---------------------------------------------------------------- sections
+    def section(self, decl: ast.SectionDecl) -> ir.Section:
+        lookup = lambda name, at: None  # noqa: E731
+        settings, directives = [], []
+        for item in decl.items:
+            if isinstance(item, ast.Setting):
+                settings.append((item.name, self._section_value(item.value), item.span))
+            else:
+                args = tuple(self._section_value(a) for a in item.args)
+                kwargs = tuple((k.name, self._section_value(k.value)) for k in item.kwargs)
+                directives.append((item.name, args, kwargs, item.span))
+        return ir.Section(decl.kind, decl.pattern, tuple(settings), tuple(directives), decl.span)
+
+    def _section_value(self, expr: ast.Expr):
+        """Section values stay close to the syntax: bare names are kept as names for later checks."""
+        if isinstance(expr, ast.Name):
+            return ("name", expr.id)
+        if isinstance(expr, ast.ListExpr):
+            return tuple(self._section_value(i) for i in expr.items)
+        if isinstance(expr, ast.Call) and isinstance(expr.func, ast.Name):
+            return ("call", expr.func.id, tuple(self._section_value(a) for a in expr.args),
+                    tuple((k.name, self._section_value(k.value)) for k in expr.kwargs))
+        v = self._eval(expr, Scope("/"), lambda name, at: None)
+        return v.value if v is not None else None
+
+
+def _dim_name(expr: ast.Expr) -> str:
+    if isinstance(expr, ast.Name):
+        return expr.id
+    if isinstance(expr, ast.Num):
+        return expr.text
+    if isinstance(expr, ast.BinOp):
+        return f"{_dim_name(expr.left)}{expr.op}{_dim_name(expr.right)}"
+    return "?"
+
+
+def _show(v) -> str:
+    if isinstance(v, (LayerValue,)):
+        return f"`{v.layer}(...)`"
+    if isinstance(v, DType):
+        return v.name
+    return repr(v)

@@ -1,0 +1,58 @@
+"""The compiler pipeline in one place: load -> resolve -> PASSES -> codegen.
+
+    spec.axl --lark--> AST --resolve--> IR --check, infer_shapes, stack_repeats--> IR --> model.py
+
+Each pass is `(module, target) -> module`; tests run the IR verifier after every one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+from typing import Callable
+
+from axdsl.errors import CompileError
+from axdsl.ir import nodes as ir
+from axdsl.passes.check import check
+from axdsl.passes.infer_shapes import infer_shapes
+from axdsl.passes.resolve import resolve
+from axdsl.passes.stack_repeats import stack_repeats
+from axdsl.syntax.loader import Program, load
+
+Pass = Callable[[ir.Module, str], ir.Module]
+
+# The ordered pass list. Target passes (sharding, remat, quantization, kernels) join here.
+PASSES: tuple[tuple[str, Pass], ...] = (
+    ("check", check),
+    ("infer_shapes", infer_shapes),
+    ("stack_repeats", stack_repeats),
+)
+PASS_NAMES = ("resolve",) + tuple(name for name, _ in PASSES)
+
+
+def compile_spec(path: Path, target: str = "cpu", after: str | None = None,
+                 on_pass: Callable[[str, ir.Module], None] | None = None) -> ir.Module:
+    """Run the pipeline on `path` for `target`, stopping after pass `after` if given."""
+    program = load(path)
+    return run_passes(program, target, after, on_pass)
+
+
+def run_passes(program: Program, target: str = "cpu", after: str | None = None,
+               on_pass: Callable[[str, ir.Module], None] | None = None) -> ir.Module:
+    try:
+        module = resolve(program, target)
+        module = replace(module, passes_run=("resolve",))
+        if on_pass:
+            on_pass("resolve", module)
+        if after == "resolve":
+            return module
+        for name, fn in PASSES:
+            module = fn(module, target)
+            module = replace(module, passes_run=module.passes_run + (name,))
+            if on_pass:
+                on_pass(name, module)
+            if after == name:
+                return module
+    except CompileError as exc:
+        raise CompileError(exc.diagnostics, program.sources) from None
+    return module

@@ -1,0 +1,103 @@
+"""Load a spec and everything it imports into one `Program`: every file parsed once, in order.
+
+`import "std/..."` reads from the standard library shipped inside the package; any other path
+is relative to the importing file. Import cycles and duplicate layer or model names are errors.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from axdsl import resources
+from axdsl.errors import CompileError, Diagnostic, Diagnostics, Span
+from axdsl.syntax import ast
+from axdsl.syntax.parser import parse
+
+
+@dataclass
+class Program:
+    """The main spec file, every file it reaches, and the texts for error rendering."""
+
+    main: ast.SpecFile
+    files: list[ast.SpecFile] = field(default_factory=list)
+    sources: dict[str, str] = field(default_factory=dict)
+    layers: dict[str, ast.LayerDecl] = field(default_factory=dict)
+    models: dict[str, ast.ModelDecl] = field(default_factory=dict)
+
+
+def display_path(path: Path) -> str:
+    """Paths in messages and headers: relative to the working directory, std/ files by their import name."""
+    path = path.resolve()
+    std = resources.std_dir().resolve()
+    if path.is_relative_to(std):
+        return "std/" + path.relative_to(std).as_posix()
+    try:
+        return path.relative_to(Path.cwd().resolve()).as_posix()
+    except ValueError:
+        return path.as_posix()
+
+
+def load(path: Path) -> Program:
+    """Parse `path` and its imports; raise CompileError with every problem found."""
+    diags = Diagnostics()
+    sources: dict[str, str] = {}
+    files: list[ast.SpecFile] = []
+    seen: dict[Path, ast.SpecFile] = {}
+
+    def visit(p: Path, stack: tuple[Path, ...], at: Span | None) -> None:
+        p = p.resolve()
+        if p in stack:
+            diags.error(at, f"import cycle: {' -> '.join(display_path(x) for x in stack + (p,))}",
+                        "move the shared layers into a file both can import")
+            return
+        if p in seen:
+            return
+        name = display_path(p)
+        try:
+            text = p.read_text(encoding="utf-8")
+        except OSError as exc:
+            if at is None:
+                raise CompileError([Diagnostic(Span(name, 0, 0), f"cannot read spec: {exc.strerror}")])
+            diags.error(at, f"cannot import `{name}`: {exc.strerror}",
+                        "std/ paths come from axdsl's standard library; others are relative to this file")
+            return
+        sources[name] = text
+        try:
+            spec = parse(text, name)
+        except CompileError as exc:
+            diags.items.extend(exc.diagnostics)
+            return
+        seen[p] = spec
+        for imp in spec.imports:
+            visit(_import_target(p, imp.path), stack + (p,), imp.span)
+        files.append(spec)
+
+    root = path.resolve()
+    visit(root, (), None)
+    diags.raise_if_any(sources)
+    program = Program(main=seen[root], files=files, sources=sources)
+    _collect_names(program, diags)
+    diags.raise_if_any(sources)
+    return program
+
+
+def _import_target(importer: Path, spec_path: str) -> Path:
+    if spec_path.startswith("std/"):
+        return resources.std_dir() / spec_path[len("std/"):]
+    return importer.parent / spec_path
+
+
+def _collect_names(program: Program, diags: Diagnostics) -> None:
+    for spec in program.files:
+        for layer in spec.layers:
+            if layer.name in program.layers:
+                first = program.layers[layer.name].span
+                diags.error(layer.span, f"layer `{layer.name}` is defined twice", f"first defined at {first}")
+            else:
+                program.layers[layer.name] = layer
+        for model in spec.models:
+            if model.name in program.models or model.name in program.layers:
+                diags.error(model.span, f"`{model.name}` is defined twice")
+            else:
+                program.models[model.name] = model

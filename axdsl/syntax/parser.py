@@ -1,0 +1,309 @@
+"""Parse one .axl file with lark (LALR, positions kept) into the typed AST of `syntax/ast.py`.
+
+Syntax errors from lark are translated into located diagnostics that say what was expected.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import lark
+from lark import Token, Transformer, v_args
+
+from axdsl import resources
+from axdsl.errors import CompileError, Diagnostic, Span
+from axdsl.syntax import ast
+
+# Friendly names for lark's terminal names in "expected ..." messages.
+_TERMINAL_NAMES = {
+    "NAME": "a name",
+    "NUMBER": "a number",
+    "STRING": "a string",
+    "LPAR": "`(`",
+    "RPAR": "`)`",
+    "LSQB": "`[`",
+    "RSQB": "`]`",
+    "LBRACE": "`{`",
+    "RBRACE": "`}`",
+    "COMMA": "`,`",
+    "COLON": "`:`",
+    "EQUAL": "`=`",
+    "MORETHAN": "`>`",
+    "__ANON_0": "`->`",
+    "$END": "end of file",
+}
+
+
+@functools.cache
+def _parser() -> lark.Lark:
+    return lark.Lark(
+        resources.grammar_path().read_text(encoding="utf-8"),
+        parser="lalr",
+        propagate_positions=True,
+        maybe_placeholders=True,
+    )
+
+
+def parse(source: str, path: str) -> ast.SpecFile:
+    """Parse `source` (the text of `path`) into a SpecFile, or raise CompileError."""
+    try:
+        tree = _parser().parse(source)
+    except lark.exceptions.UnexpectedInput as exc:
+        raise CompileError([_syntax_diagnostic(exc, path)], {path: source}) from None
+    return _ToAst(path).transform(tree)
+
+
+def _describe_expected(expected: set[str]) -> str:
+    names = sorted({_TERMINAL_NAMES.get(t, f"`{t.lower()}`" if t.isupper() else t) for t in expected})
+    named = [n for n in names if not n.startswith("`__")]
+    if len(named) > 8:
+        named = named[:8] + ["..."]
+    return ", ".join(named)
+
+
+def _syntax_diagnostic(exc: lark.exceptions.UnexpectedInput, path: str) -> Diagnostic:
+    line, col = getattr(exc, "line", 0) or 0, getattr(exc, "column", 0) or 0
+    if isinstance(exc, lark.exceptions.UnexpectedToken):
+        tok = exc.token
+        what = "end of file" if tok.type == "$END" else f"`{tok}`"
+        if tok.type == "$END":
+            line, col = tok.line or line, tok.column or col
+        span = Span(path, line, col, line, col + max(1, len(str(tok))))
+        return Diagnostic(
+            span,
+            f"syntax error: unexpected {what}",
+            f"expected {_describe_expected(set(exc.expected))}",
+        )
+    if isinstance(exc, lark.exceptions.UnexpectedCharacters):
+        return Diagnostic(
+            Span(path, line, col, line, col + 1),
+            f"syntax error: unexpected character `{exc.char}`",
+            "names are letters, digits and `_`; strings use double quotes; comments start with `#`",
+        )
+    return Diagnostic(Span(path, line, col), "syntax error: unexpected end of file", "a `}` or `)` may be missing")
+
+
+def _span(path: str, meta_or_token) -> Span:
+    if isinstance(meta_or_token, Token):
+        return Span(path, meta_or_token.line, meta_or_token.column,
+                    meta_or_token.end_line, meta_or_token.end_column)
+    m = meta_or_token
+    if getattr(m, "empty", True):
+        return Span(path, 0, 0)
+    return Span(path, m.line, m.column, m.end_line, m.end_column)
+
+
+def _unquote(token: str) -> str:
+    body = token[1:-1]
+    return body.encode("utf-8").decode("unicode_escape") if "\\" in body else body
+
+
+@v_args(meta=True)
+class _ToAst(Transformer):
+    """Two-liner methods that turn lark trees into AST nodes with spans."""
+
+    def __init__(self, path: str):
+        super().__init__()
+        self.path = path
+
+    def s(self, x) -> Span:
+        return _span(self.path, x)
+
+    # ---- top level
+    def start(self, meta, items):
+        return ast.SpecFile(
+            self.path,
+            tuple(i for i in items if isinstance(i, ast.Import)),
+            tuple(i for i in items if isinstance(i, ast.LayerDecl)),
+            tuple(i for i in items if isinstance(i, ast.ModelDecl)),
+            tuple(i for i in items if isinstance(i, ast.SectionDecl)),
+        )
+
+    def import_stmt(self, meta, children):
+        return ast.Import(_unquote(children[0]), self.s(meta))
+
+    # ---- layers
+    def layer_def(self, meta, children):
+        name, *rest = children
+        hparams = tuple(c for c in rest if isinstance(c, ast.HParamDecl))
+        params = tuple(c for c in rest if isinstance(c, ast.ParamDecl))
+        kids = tuple(c for c in rest if isinstance(c, ast.ChildDecl))
+        forwards = [c for c in rest if isinstance(c, ast.ForwardDecl)]
+        layer = ast.LayerDecl(str(name), hparams, params, kids, forwards[0] if forwards else None, self.s(name))
+        if len(forwards) > 1:
+            raise CompileError([Diagnostic(forwards[1].span, f"layer `{name}` has more than one forward")])
+        return layer
+
+    def hparam(self, meta, children):
+        name, type_ref, default = children
+        return ast.HParamDecl(str(name), type_ref, default, self.s(name))
+
+    def simple_type(self, meta, children):
+        return ast.TypeRef(str(children[0]), (), self.s(meta))
+
+    def enum_type(self, meta, children):
+        kind, *options = children
+        if str(kind) != "enum":
+            raise CompileError([Diagnostic(self.s(kind), f"unknown parameterized type `{kind}`",
+                                           'the only one is `enum("a", "b")`')])
+        return ast.TypeRef("enum", tuple(_unquote(c) for c in options if c is not None), self.s(meta))
+
+    def param_def(self, meta, children):
+        name, shape, *opts = children
+        axes = axes_span = init = dtype = condition = None
+        for kind, value, span in opts:
+            if kind == "axes":
+                axes, axes_span = value, span
+            elif kind == "init":
+                init = value
+            elif kind == "if":
+                condition = value
+            else:
+                dtype = value
+        return ast.ParamDecl(str(name), shape, axes, axes_span, init, dtype, condition, self.s(name))
+
+    def param_if(self, meta, children):
+        return ("if", children[0], self.s(meta))
+
+    def ellipsis(self, meta, children):
+        return ast.EllipsisDim(self.s(meta))
+
+    def param_word(self, meta, children):
+        word, *names = children
+        names = tuple(str(c) for c in names if c is not None)
+        if word == "axes":
+            return ("axes", names, self.s(meta))
+        if word == "dtype" and len(names) == 1:
+            return ("dtype", names[0], self.s(meta))
+        raise CompileError([Diagnostic(self.s(word), f"unknown parameter option `{word}`",
+                                       "options are `axes(...)`, `init kind(...)`, `dtype(name)` and `if cond`")])
+
+    def param_init(self, meta, children):
+        kind, *args = children
+        args = tuple(a for a in args if a is not None)
+        return ("init", ast.InitSpec(str(kind), args, self.s(meta)), self.s(meta))
+
+    def shape(self, meta, children):
+        return tuple(c for c in children if c is not None)
+
+    def child_def(self, meta, children):
+        return ast.ChildDecl(str(children[0]), children[1], children[2], self.s(children[0]))
+
+    def forward_def(self, meta, children):
+        # children: the tensor args, the result shape (a tuple), then the statements.
+        tensor_args = tuple(c for c in children if isinstance(c, ast.TensorArg))
+        shapes = [c for c in children if isinstance(c, tuple) and not isinstance(c, ast.TensorArg)]
+        stmts = tuple(c for c in children if isinstance(c, (ast.Assign, ast.Return, ast.If)))
+        return ast.ForwardDecl(tensor_args, shapes[0], self.s(meta), stmts, self.s(meta))
+
+    def tensor_arg(self, meta, children):
+        return ast.TensorArg(str(children[0]), children[1], self.s(children[0]))
+
+    def assign_stmt(self, meta, children):
+        name, value, point = children
+        return ast.Assign(str(name), value, str(point) if point is not None else None, self.s(name))
+
+    def if_stmt(self, meta, children):
+        cond, then, orelse = children
+        if isinstance(orelse, ast.If):
+            orelse = (orelse,)
+        return ast.If(cond, then, orelse or (), self.s(meta))
+
+    def block(self, meta, children):
+        return tuple(children)
+
+    def return_stmt(self, meta, children):
+        return ast.Return(children[0], self.s(meta))
+
+    # ---- models and sections
+    def model_new(self, meta, children):
+        name, base, *settings = children
+        return ast.ModelDecl(str(name), str(base), False, tuple(settings), self.s(name), self.s(base))
+
+    def model_extends(self, meta, children):
+        name, base, *settings = children
+        return ast.ModelDecl(str(name), str(base), True, tuple(settings), self.s(name), self.s(base))
+
+    def setting(self, meta, children):
+        return ast.Setting(str(children[0]), children[1], self.s(children[0]))
+
+    def train_def(self, meta, children):
+        return ast.SectionDecl("train", None, tuple(children), self.s(meta))
+
+    def target_def(self, meta, children):
+        pattern, *items = children
+        return ast.SectionDecl("target", _unquote(pattern), tuple(items), self.s(pattern))
+
+    def directive(self, meta, children):
+        name, *args = children
+        args = [a for a in args if a is not None]
+        return ast.Directive(
+            str(name),
+            tuple(a for a in args if not isinstance(a, ast.Kwarg)),
+            tuple(a for a in args if isinstance(a, ast.Kwarg)),
+            self.s(name),
+        )
+
+    # ---- expressions
+    def _bin(self, meta, op, left, right):
+        return ast.BinOp(op, left, right, self.s(meta))
+
+    def binop(self, meta, children):
+        return self._bin(meta, str(children[1]), children[0], children[2])
+
+    def compare_op(self, meta, children):
+        return self._bin(meta, str(children[1]), children[0], children[2])
+
+    def matmul_op(self, meta, children):
+        return self._bin(meta, "@", children[0], children[1])
+
+    def or_op(self, meta, children):
+        return self._bin(meta, "or", children[0], children[1])
+
+    def and_op(self, meta, children):
+        return self._bin(meta, "and", children[0], children[1])
+
+    def not_op(self, meta, children):
+        return ast.Unary("not", children[0], self.s(meta))
+
+    def neg(self, meta, children):
+        return ast.Unary("-", children[0], self.s(meta))
+
+    def call(self, meta, children):
+        func, *args = children
+        args = [a for a in args if a is not None]
+        return ast.Call(
+            func,
+            tuple(a for a in args if not isinstance(a, ast.Kwarg)),
+            tuple(a for a in args if isinstance(a, ast.Kwarg)),
+            self.s(meta),
+        )
+
+    def attr(self, meta, children):
+        return ast.Attr(children[0], str(children[1]), self.s(meta))
+
+    def arg(self, meta, children):
+        return children[0]
+
+    def kwarg(self, meta, children):
+        return ast.Kwarg(str(children[0]), children[1], self.s(children[0]))
+
+    def number(self, meta, children):
+        text = str(children[0])
+        is_float = any(c in text for c in ".eE")
+        return ast.Num(float(text) if is_float else int(text), text, self.s(children[0]))
+
+    def string(self, meta, children):
+        return ast.Str(_unquote(children[0]), self.s(children[0]))
+
+    def true(self, meta, children):
+        return ast.Bool(True, self.s(meta))
+
+    def false(self, meta, children):
+        return ast.Bool(False, self.s(meta))
+
+    def name(self, meta, children):
+        return ast.Name(str(children[0]), self.s(children[0]))
+
+    def list(self, meta, children):
+        return ast.ListExpr(tuple(c for c in children if c is not None), self.s(meta))
