@@ -27,6 +27,7 @@ def check(module: ir.Module, target=None) -> ir.Module:
         _check_identifier(model.name, model.span, diags, "model")
         sizes: dict[str, tuple[int, ir.Param]] = {}
         for inst in model.root.walk():
+            _check_identifier(inst.layer, inst.layer_span, diags, "layer")
             for p in inst.params:
                 _check_param(inst, p, sizes, diags)
                 _check_identifier(p.name, p.span, diags, "parameter")
@@ -35,6 +36,11 @@ def check(module: ir.Module, target=None) -> ir.Module:
             for h in inst.hparams:
                 _check_identifier(h.name, h.span, diags, "hyperparameter")
             if inst.forward:
+                for a in inst.forward.args:
+                    _check_identifier(a.name, a.span, diags, "argument")
+                    for d in a.dims:
+                        if d.is_free:
+                            _check_identifier(d.name, a.span, diags, "dim")
                 for s in inst.forward.body:
                     if isinstance(s, ir.Let):
                         _check_identifier(s.name, s.span, diags, "variable")

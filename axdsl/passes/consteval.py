@@ -108,8 +108,10 @@ class Evaluator:
             value = (a and b) if e.op == "and" else (a or b)
             return HValue(value, f"{_prec(left.code)} {e.op} {_prec(right.code)}")
         if e.op in _COMPARE:
-            if _is_number(a) != _is_number(b) or type(a) is bool and type(b) is not bool:
+            if _is_number(a) != _is_number(b) or _kind(a) != _kind(b) and not (_is_number(a) and _is_number(b)):
                 self.fail(e.span, f"cannot compare {_kind(a)} with {_kind(b)}")
+            if e.op not in ("==", "!=") and not (_is_number(a) or isinstance(a, str)):
+                self.fail(e.span, f"`{e.op}` needs numbers or strings, got {_kind(a)}", "use `==` or `!=`")
             value = {"==": a == b, "!=": a != b, "<": a < b, "<=": a <= b, ">": a > b, ">=": a >= b}[e.op]
             return HValue(value, f"{_prec(left.code)} {e.op} {_prec(right.code)}")
         if not (_is_number(a) and _is_number(b)):
@@ -141,6 +143,8 @@ class Evaluator:
             vals = [self.eval(a, lookup, visible) for a in e.args]
             if not all(_is_number(v.value) for v in vals):
                 self.fail(e.span, f"`{fname}` needs numbers")
+            if fname == "sqrt" and (len(vals) != 1 or vals[0].value < 0):
+                self.fail(e.span, "`sqrt` takes one number >= 0")
             code = f"math.{fname}" if fname == "sqrt" else fname
             return HValue(_MATH[fname](*(v.value for v in vals)), f"{code}({', '.join(v.code for v in vals)})")
         target = lookup(fname, e.func)

@@ -90,8 +90,14 @@ class _Typer:
         self.env: dict[str, ir.Type] = {}
 
     def fail(self, span, message: str, hint: str | None = None):
-        self.diags.error(span, message, hint)
+        self.error(span, message, hint)
         raise _ShapeError()
+
+    def error(self, span, message: str, hint: str | None = None) -> None:
+        """Record an error; one inside a library layer also says which instance it is in."""
+        if span is not None and span.file.startswith("std/"):
+            message += f" (in `{self.inst.path}`, a `{self.inst.layer}`)"
+        self.diags.error(span, message, hint)
 
     def forward(self, fwd: ir.Forward) -> ir.Forward:
         for a in fwd.args:
@@ -115,7 +121,7 @@ class _Typer:
 
     def _check_result(self, fwd: ir.Forward, value: ir.TExpr, span) -> None:
         if not isinstance(value.type, TensorType):
-            self.diags.error(span, "forward must return a tensor")
+            self.error(value.span, f"forward of `{self.inst.layer}` must return a tensor, got a {value.type.kind}")
             return
         binding: dict[str, tuple[Dim, ...]] = {}
         for a in fwd.args:  # the forward's own free dims stand for themselves
@@ -126,8 +132,9 @@ class _Typer:
             binding["..."] = (ELLIPSIS,)
         err = unify(fwd.result, value.type.dims, binding)
         if err:
-            self.diags.error(span, f"`{self.inst.layer}` returns {fmt(value.type.dims)} but declares "
-                             f"{fmt(fwd.result)}: {err}")
+            detail = err.split(": ", 1)[1] if err.startswith("expected [") and ": " in err else err
+            self.error(value.span, f"forward of `{self.inst.layer}` returns {fmt(value.type.dims)} but declares "
+                       f"{fmt(fwd.result)}", detail)
 
     # ---------------------------------------------------------------- expressions
     def expr(self, e: ir.TExpr) -> ir.TExpr:
@@ -257,6 +264,8 @@ class _Typer:
     def _prim_split_heads(self, e, args):
         dims = args[0].type.dims
         heads = e.attr("heads")
+        if heads.value < 1:
+            self.fail(e.span, f"`split_heads` needs heads >= 1, got {heads.value}")
         last = dims[-1]
         if last.size is None:
             self.fail(e.span, f"`split_heads` needs a known last dim, got `{last}`")

@@ -39,6 +39,7 @@ class _Lowering:
         self.declared_params = {p.name for p in layer.params}
         self.declared_children = {c.name for c in layer.children}
         self.locals: set[str] = set()
+        self.poisoned: set[str] = set()  # locals whose assignment failed: uses are not errors again
         self.free: set[str] = set()
         self.failed = False
 
@@ -99,8 +100,8 @@ class _Lowering:
         for s in stmts:
             try:
                 if isinstance(s, ast.If):
-                    cond = self.static(s.condition, "bool", "condition")
-                    self.block(s.then if cond.value else s.orelse, out)
+                    cond = self.condition(s.condition)
+                    self.block(s.then if cond else s.orelse, out)
                 elif isinstance(s, ast.Assign):
                     value = self.expr(s.value)
                     self._check_new_name(s.name, s.span)
@@ -110,6 +111,8 @@ class _Lowering:
                     out.append(ir.Ret(self.expr(s.value), s.span))
             except _Abort:
                 self.failed = True
+                if isinstance(s, ast.Assign):
+                    self.poisoned.add(s.name)
         if self.failed:
             raise _Abort()
 
@@ -170,10 +173,12 @@ class _Lowering:
             return ir.Ref(n, "dim", e.span)
         if n in self.children:
             self.fail(e.span, f"child `{n}` must be called", f"write `{n}(x)`")
+        if n in self.poisoned:
+            raise _Abort()  # its assignment already failed with an error
         if n in self.declared_params:
-            self.fail(e.span, f"parameter `{n}` does not exist for these hyperparameters (its `if` is false)")
+            self._missing_member(e.span, "parameter", n, self.layer.params)
         if n in self.declared_children:
-            self.fail(e.span, f"child `{n}` does not exist for these hyperparameters (its `if` is false)")
+            self._missing_member(e.span, "child", n, self.layer.children)
         candidates = sorted(self.locals | set(self.params) | set(self.children) | set(self.scope.names()))
         self.fail(e.span, f"unknown name `{n}`", did_you_mean(n, candidates))
 
@@ -199,9 +204,28 @@ class _Lowering:
         if fname in PRIMITIVES:
             return lower_primitive(self, e, fname)
         if fname in self.declared_children:
-            self.fail(e.func.span, f"child `{fname}` does not exist for these hyperparameters (its `if` is false)")
+            self._missing_member(e.func.span, "child", fname, self.layer.children)
         candidates = sorted(set(self.children) | set(PRIMITIVES))
         self.fail(e.func.span, f"unknown function `{fname}`", did_you_mean(fname, candidates))
+
+    def _missing_member(self, span, what: str, name: str, decls) -> None:
+        """A declared parameter or child that was not built: off by its `if`, or already in error."""
+        decl = next(d for d in decls if d.name == name)
+        if decl.condition is not None and self.r._condition(decl.condition, self.scope, self.lookup) is False:
+            self.fail(span, f"{what} `{name}` does not exist for these hyperparameters (its `if` is false)",
+                      f"use it under the same condition, e.g. `if {self.r._source_text(decl.condition)} {{ ... }}`")
+        raise _Abort()  # building it failed, and that error is already reported
+
+    def condition(self, e: ast.Expr) -> bool:
+        """The value of a static `if` condition: a bool computed from hyperparameters."""
+        try:
+            v = self.r.ev.eval(e, self.lookup, self.scope.names)
+        except EvalError:
+            raise _Abort() from None
+        if not isinstance(v.value, bool):
+            self.fail(e.span, f"an `if` condition must be a bool, got {kind_of(v.value)}",
+                      "conditions are built from hyperparameters, e.g. `if bias` or `if dropout > 0.0`")
+        return v.value
 
     # ---------------------------------------------------------------- static attributes
     def static(self, e: ast.Expr, kind: str | None, what: str | None) -> HValue:

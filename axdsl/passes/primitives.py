@@ -8,6 +8,7 @@ is emitted in `codegen/expressions.py`.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 from axdsl.errors import did_you_mean
@@ -27,6 +28,8 @@ class Signature:
 
 
 _UNARY = ("relu", "gelu", "silu", "sigmoid", "tanh", "exp", "log", "rsqrt", "sqrt", "abs", "square")
+# The kinds `activate(x, kind)` accepts; the string becomes a function name in generated code.
+ACTIVATIONS = ("gelu", "relu", "silu", "sigmoid", "tanh")
 
 PRIMITIVES: dict[str, Signature] = {
     **{name: Signature(("x",), doc=f"elementwise {name}") for name in _UNARY},
@@ -90,9 +93,19 @@ def lower_primitive(ctx, call: ast.Call, name: str) -> ir.Prim:
         else:
             value = HValue(default, repr(default))
         attrs.append((sname, value))
+    if name == "activate":
+        _check_activation(ctx, given["kind"], dict(attrs)["kind"])
     args = tensors + tuple(optional[k] for k in sig.optional_tensors if k in optional)
     attrs.append(("optional", tuple(k for k in sig.optional_tensors if k in optional)))
     return ir.Prim(name, args, tuple(attrs), call.span)
+
+
+def _check_activation(ctx, expr: ast.Expr, kind: HValue) -> None:
+    """Only known activation names may reach generated code (no code injection through strings)."""
+    if kind.value not in ACTIVATIONS:
+        shown = kind.value if len(kind.value) <= 40 else kind.value[:37] + "..."
+        ctx.fail(expr.span, f"unknown activation {json.dumps(shown)} for `activate`",
+                 did_you_mean(kind.value, ACTIVATIONS) or f"activations are {', '.join(ACTIVATIONS)}")
 
 
 def _lower_einsum(ctx, call: ast.Call) -> ir.Prim:

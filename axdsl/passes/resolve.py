@@ -119,7 +119,9 @@ class _Resolver:
                                  did_you_mean(chain[0].base, list(self.program.models)))
                 return None
             if base.name in seen:
-                self.diags.error(decl.span, f"model `{decl.name}` extends itself through `{base.name}`")
+                cycle = " -> ".join([m.name for m in reversed(chain)] + [base.name])
+                self.diags.error(decl.span, f"model `{decl.name}` extends itself: {cycle}",
+                                 "a model extends a different model or `=` a layer")
                 return None
             seen.add(base.name)
             chain.insert(0, base)
@@ -149,7 +151,7 @@ class _Resolver:
                 self.diags.error(span, f"layer `{layer.name}` has no hyperparameter `{key}`",
                                  did_you_mean(key, list(declared)))
         scope = Scope(path, {}, parent)
-        self._resolve_hparams(layer, scope, set_exprs, set_values, is_root=parent is None)
+        self._resolve_hparams(layer, scope, set_exprs, set_values, is_root=parent is None, span=span)
         hparams = tuple(scope.values[h.name] for h in layer.hparams if h.name in scope.values)
         if len(hparams) != len(layer.hparams):
             return None  # errors already reported
@@ -168,7 +170,7 @@ class _Resolver:
                            span, layer.span, repeat)
 
     def _resolve_hparams(self, layer: ast.LayerDecl, scope: Scope, set_exprs, set_values,
-                         is_root: bool) -> None:
+                         is_root: bool, span: Span) -> None:
         declared = {h.name: h for h in layer.hparams}
         busy: set[str] = set()
 
@@ -181,7 +183,7 @@ class _Resolver:
                 return None
             busy.add(name)
             try:
-                hp = self._hparam_value(decl, scope, set_exprs, set_values, lookup, is_root)
+                hp = self._hparam_value(layer, decl, scope, set_exprs, set_values, lookup, is_root, span)
             except EvalError:
                 hp = None
             busy.discard(name)
@@ -201,34 +203,41 @@ class _Resolver:
         for h in layer.hparams:
             resolve_one(h.name, None)
 
-    def _hparam_value(self, decl: ast.HParamDecl, scope: Scope, set_exprs, set_values, lookup,
-                      is_root: bool) -> ir.HParam | None:
+    def _hparam_value(self, layer: ast.LayerDecl, decl: ast.HParamDecl, scope: Scope, set_exprs,
+                      set_values, lookup, is_root: bool, inst_span: Span) -> ir.HParam | None:
+        """Resolve one hyperparameter; type errors point where the user wrote the value."""
         set_spans = self._set_spans
         type_name = self._type_name(decl.type)
         if type_name is None:
             return None
         visible = lambda: scope.names()  # noqa: E731
+        expr: ast.Expr | None = None
+        at = decl.span
         if decl.name in set_values:
             value, origin = set_values[decl.name], f"set at {set_spans.get(decl.name, '?')}"
+            at = set_spans.get(decl.name) or inst_span
         elif decl.name in set_exprs:
             setting = set_exprs[decl.name]
+            expr, at = setting.value, setting.value.span
             value, origin = self.ev.eval(setting.value, lookup, visible), f"set at {setting.span}"
         elif scope.parent is not None and scope.parent.find(decl.name) is not None:
             inherited = scope.parent.find(decl.name)
             owner = self._owner_path(scope.parent, decl.name)
             value, origin = inherited.value, f"inherited from {owner}"
         elif decl.default is not None:
+            expr = decl.default
             value, origin = self.ev.eval(decl.default, lookup, visible), "default"
         else:
             self.diags.error(
-                decl.span, f"`{decl.name}` of layer at `{scope.path}` needs a value",
-                f"set `{decl.name} = ...` in the model or the parent layer, or give it a default",
+                inst_span, f"`{decl.name}` of layer `{layer.name}` at `{scope.path}` needs a value",
+                f"set `{decl.name} = ...` in the model or the parent layer, or give it a default "
+                f"(declared at {decl.span})",
             )
             return None
-        value = self._check_type(decl, type_name, value, origin, scope)
+        value = self._check_type(decl, type_name, value, origin, scope, at, expr)
         if value is None:
             return None
-        if is_root and type_name not in ("Layer",):
+        if is_root and type_name in ("int", "float", "dtype"):
             value = HValue(value.value, f"cfg.{decl.name}")
         return ir.HParam(decl.name, type_name if type_name != "enum" else
                          "enum(" + ", ".join(decl.type.options) + ")", value, origin, decl.span)
@@ -246,7 +255,8 @@ class _Resolver:
         return None
 
     def _check_type(self, decl: ast.HParamDecl, type_name: str, value: HValue, origin: str,
-                    scope: Scope) -> HValue | None:
+                    scope: Scope, at: Span, expr: ast.Expr | None) -> HValue | None:
+        """Check `value` against the declared type; report at `at`, where the value was written."""
         v = value.value
         ok = {
             "int": isinstance(v, int) and not isinstance(v, bool),
@@ -261,18 +271,29 @@ class _Resolver:
             if type_name == "float" and isinstance(v, int):
                 return HValue(float(v), value.code)
             return value
-        where = f" ({origin})" if origin != "set" else ""
+        where = f" ({origin})" if not origin.startswith("set at") else ""
+        declared = f"declared as `{decl.name}: {_show_type(decl.type)}` at {decl.span}"
+        text = self._source_text(expr) if expr is not None else value.code
         if type_name == "int" and isinstance(v, float) and "//" not in value.code and "/" in value.code:
-            msg = f"`{decl.name}` must be an int, but `{value.code}` is {v:g}: the division is not exact"
-            hint = "the divisor must divide the dividend, e.g. heads must divide dim"
-        elif type_name == "enum":
-            msg = f"`{decl.name}` must be one of {', '.join(map(repr, decl.type.options))}, got {v!r}"
-            hint = did_you_mean(str(v), decl.type.options)
+            msg = (f"`{decl.name}` of layer at `{scope.path}` must be an int, but `{text}` is {v:g}: "
+                   f"the division is not exact")
+            hint = f"the divisor must divide the dividend (e.g. heads must divide dim), or set `{decl.name}`"
+        elif type_name == "enum" and isinstance(v, str):
+            msg = f"`{decl.name}` must be one of {', '.join(map(_show, decl.type.options))}, got {_show(v)}"
+            hint = did_you_mean(v, decl.type.options) or declared
         else:
             msg = f"`{decl.name}` of layer at `{scope.path}` is {type_name}, but got {kind_of(v)} {_show(v)}{where}"
-            hint = None
-        self.diags.error(decl.span, msg, hint)
+            hint = declared if at != decl.span else None
+        self.diags.error(at, msg, hint)
         return None
+
+    def _source_text(self, expr: ast.Expr) -> str:
+        """The text of `expr` as written, for messages (falls back to a rebuilt form)."""
+        span = expr.span
+        text = self.program.sources.get(span.file)
+        if text is None or span.line < 1 or span.end_line != span.line:
+            return _dim_name(expr)
+        return text.splitlines()[span.line - 1][span.col - 1: span.end_col - 1]
 
     # ---------------------------------------------------------------- scopes
     def _lookup(self, scope: Scope):
@@ -318,11 +339,13 @@ class _Resolver:
         axes = decl.axes
         if axes is None:
             self.diags.error(decl.span, f"parameter `{decl.name}` has no logical axes",
-                             f"add `axes({', '.join(['embed'] * len(dims))})` naming each dimension")
+                             f"add `axes(...)` with one logical axis per dim ({len(dims)} here); "
+                             f"known axes: {', '.join(ir.LOGICAL_AXES)}")
             return None
         dtype_name = decl.dtype or self._root_param_dtype(scope)
         if dtype_name not in ir.DTYPES:
-            self.diags.error(decl.span, f"unknown dtype `{dtype_name}`", did_you_mean(dtype_name, ir.DTYPES))
+            self.diags.error(decl.dtype_span or decl.span, f"unknown dtype `{dtype_name}`",
+                             did_you_mean(dtype_name, ir.DTYPES) or f"dtypes are {', '.join(ir.DTYPES)}")
             return None
         if init is None:
             return None
@@ -417,8 +440,21 @@ def _dim_name(expr: ast.Expr) -> str:
 
 
 def _show(v) -> str:
-    if isinstance(v, (LayerValue,)):
+    """A value as the spec language writes it: strings in double quotes, `true`, layers by name."""
+    if isinstance(v, LayerValue):
         return f"`{v.layer}(...)`"
+    if isinstance(v, RepeatValue):
+        return f"`repeat({_show(v.count.value)}, {v.layer.layer}(...))`"
     if isinstance(v, DType):
         return v.name
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, str):
+        return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
     return repr(v)
+
+
+def _show_type(t: ast.TypeRef) -> str:
+    if t.name == "enum":
+        return "enum(" + ", ".join(_show(o) for o in t.options) + ")"
+    return t.name

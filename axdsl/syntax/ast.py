@@ -124,6 +124,7 @@ class ParamDecl:
     dtype: str | None
     condition: Expr | None
     span: Span
+    dtype_span: Span | None = None  # the `dtype(...)` option, for error messages
 
 
 @dataclass(frozen=True)

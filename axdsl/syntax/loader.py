@@ -56,10 +56,11 @@ def load(path: Path) -> Program:
         name = display_path(p)
         try:
             text = p.read_text(encoding="utf-8")
-        except OSError as exc:
+        except (OSError, UnicodeDecodeError) as exc:
+            reason = exc.strerror if isinstance(exc, OSError) else "the file is not UTF-8 text"
             if at is None:
-                raise CompileError([Diagnostic(Span(name, 0, 0), f"cannot read spec: {exc.strerror}")])
-            diags.error(at, f"cannot import `{name}`: {exc.strerror}",
+                raise CompileError([Diagnostic(Span(name, 0, 0), f"cannot read spec: {reason}")])
+            diags.error(at, f"cannot import `{name}`: {reason}",
                         "std/ paths come from axdsl's standard library; others are relative to this file")
             return
         sources[name] = text
@@ -91,6 +92,7 @@ def _import_target(importer: Path, spec_path: str) -> Path:
 def _collect_names(program: Program, diags: Diagnostics) -> None:
     for spec in program.files:
         for layer in spec.layers:
+            _check_members(layer, diags)
             if layer.name in program.layers:
                 first = program.layers[layer.name].span
                 diags.error(layer.span, f"layer `{layer.name}` is defined twice", f"first defined at {first}")
@@ -101,3 +103,19 @@ def _collect_names(program: Program, diags: Diagnostics) -> None:
                 diags.error(model.span, f"`{model.name}` is defined twice")
             else:
                 program.models[model.name] = model
+
+
+def _check_members(layer: ast.LayerDecl, diags: Diagnostics) -> None:
+    """Within one layer: hyperparameters are unique, and so are parameters and children together."""
+    hparams: dict[str, Span] = {}
+    for h in layer.hparams:
+        if h.name in hparams:
+            diags.error(h.span, f"hyperparameter `{h.name}` of layer `{layer.name}` is declared twice",
+                        f"first declared at {hparams[h.name]}")
+        hparams.setdefault(h.name, h.span)
+    members: dict[str, Span] = {}
+    for m in (*layer.params, *layer.children):
+        if m.name in members:
+            diags.error(m.span, f"`{m.name}` is declared twice in layer `{layer.name}`",
+                        f"first declared at {members[m.name]}; parameters and children need distinct names")
+        members.setdefault(m.name, m.span)

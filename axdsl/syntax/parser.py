@@ -14,24 +14,18 @@ from axdsl import resources
 from axdsl.errors import CompileError, Diagnostic, Span
 from axdsl.syntax import ast
 
-# Friendly names for lark's terminal names in "expected ..." messages.
+# Friendly names for lark's regex terminals in "expected ..." messages; literal terminals
+# (keywords and punctuation) are shown as their text, e.g. `->`.
 _TERMINAL_NAMES = {
     "NAME": "a name",
     "NUMBER": "a number",
     "STRING": "a string",
-    "LPAR": "`(`",
-    "RPAR": "`)`",
-    "LSQB": "`[`",
-    "RSQB": "`]`",
-    "LBRACE": "`{`",
-    "RBRACE": "`}`",
-    "COMMA": "`,`",
-    "COLON": "`:`",
-    "EQUAL": "`=`",
-    "MORETHAN": "`>`",
-    "__ANON_0": "`->`",
+    "COMPARE_OP": "a comparison",
+    "ADD_OP": "`+`, `-`",
+    "MUL_OP": "`*`, `/`, `//`, `%`",
     "$END": "end of file",
 }
+_BRACKETS = {"(": ")", "[": "]", "{": "}"}
 
 
 @functools.cache
@@ -49,32 +43,99 @@ def parse(source: str, path: str) -> ast.SpecFile:
     try:
         tree = _parser().parse(source)
     except lark.exceptions.UnexpectedInput as exc:
-        raise CompileError([_syntax_diagnostic(exc, path)], {path: source}) from None
-    return _ToAst(path).transform(tree)
+        raise CompileError([_syntax_diagnostic(exc, path, source)], {path: source}) from None
+    to_ast = _ToAst(path)
+    try:
+        spec = to_ast.transform(tree)
+    except lark.exceptions.VisitError as exc:  # a bug in a callback, never a user mistake
+        raise exc.orig_exc from None
+    if to_ast.diags:
+        raise CompileError(to_ast.diags, {path: source})
+    return spec
+
+
+def _terminal_display(name: str) -> str:
+    """How an expected terminal reads in a message: `a name`, `->`, `}`."""
+    if name in _TERMINAL_NAMES:
+        return _TERMINAL_NAMES[name]
+    try:
+        pattern = _parser().get_terminal(name).pattern
+    except KeyError:
+        return f"`{name.lower()}`"
+    if isinstance(pattern, lark.lexer.PatternStr):
+        return f"`{pattern.value}`"
+    return f"`{name.lower()}`"
 
 
 def _describe_expected(expected: set[str]) -> str:
-    names = sorted({_TERMINAL_NAMES.get(t, f"`{t.lower()}`" if t.isupper() else t) for t in expected})
-    named = [n for n in names if not n.startswith("`__")]
+    named = sorted({_terminal_display(t) for t in expected})
     if len(named) > 8:
         named = named[:8] + ["..."]
     return ", ".join(named)
 
 
-def _syntax_diagnostic(exc: lark.exceptions.UnexpectedInput, path: str) -> Diagnostic:
+def _unclosed_bracket(source: str) -> tuple[str, int, int] | None:
+    """The innermost bracket left open at the end of `source`: (char, line, col), skipping strings and comments."""
+    stack: list[tuple[str, int, int]] = []
+    line, col, i = 1, 1, 0
+    in_string = in_comment = False
+    while i < len(source):
+        c = source[i]
+        if c == "\n":
+            in_comment = in_string = False
+            line, col, i = line + 1, 1, i + 1
+            continue
+        if in_string and c == "\\":
+            col, i = col + 2, i + 2
+            continue
+        if in_string:
+            in_string = c != '"'
+        elif not in_comment:
+            if c == '"':
+                in_string = True
+            elif c == "#":
+                in_comment = True
+            elif c in _BRACKETS:
+                stack.append((c, line, col))
+            elif stack and c == _BRACKETS[stack[-1][0]]:
+                stack.pop()
+        col, i = col + 1, i + 1
+    return stack[-1] if stack else None
+
+
+def _end_of_file_diagnostic(exc: lark.exceptions.UnexpectedToken, path: str, source: str) -> Diagnostic:
+    """Unexpected end of file: point just after the last token and name the bracket left open."""
+    tok = exc.token
+    line = tok.end_line or tok.line or 1
+    col = tok.end_column or tok.column or 1
+    expected = f"expected {_describe_expected(set(exc.expected))}"
+    opened = _unclosed_bracket(source)
+    if opened is None:
+        return Diagnostic(Span(path, line, col, line, col + 1), "syntax error: unexpected end of file", expected)
+    char, o_line, o_col = opened
+    return Diagnostic(
+        Span(path, line, col, line, col + 1),
+        f"syntax error: unexpected end of file: `{char}` opened at {path}:{o_line}:{o_col} is never closed",
+        f"add the missing `{_BRACKETS[char]}`",
+    )
+
+
+def _syntax_diagnostic(exc: lark.exceptions.UnexpectedInput, path: str, source: str) -> Diagnostic:
     line, col = getattr(exc, "line", 0) or 0, getattr(exc, "column", 0) or 0
     if isinstance(exc, lark.exceptions.UnexpectedToken):
         tok = exc.token
-        what = "end of file" if tok.type == "$END" else f"`{tok}`"
         if tok.type == "$END":
-            line, col = tok.line or line, tok.column or col
+            return _end_of_file_diagnostic(exc, path, source)
         span = Span(path, line, col, line, col + max(1, len(str(tok))))
         return Diagnostic(
             span,
-            f"syntax error: unexpected {what}",
+            f"syntax error: unexpected `{tok}`",
             f"expected {_describe_expected(set(exc.expected))}",
         )
     if isinstance(exc, lark.exceptions.UnexpectedCharacters):
+        if exc.char == '"':
+            return Diagnostic(Span(path, line, col, line, col + 1), "syntax error: unterminated string",
+                              'a string ends with `"` on the line where it starts')
         return Diagnostic(
             Span(path, line, col, line, col + 1),
             f"syntax error: unexpected character `{exc.char}`",
@@ -105,6 +166,11 @@ class _ToAst(Transformer):
     def __init__(self, path: str):
         super().__init__()
         self.path = path
+        self.diags: list[Diagnostic] = []
+
+    def error(self, span: Span, message: str, hint: str | None = None) -> None:
+        """Record a mistake found while building the AST; `parse` raises them all at the end."""
+        self.diags.append(Diagnostic(span, message, hint))
 
     def s(self, x) -> Span:
         return _span(self.path, x)
@@ -130,8 +196,8 @@ class _ToAst(Transformer):
         kids = tuple(c for c in rest if isinstance(c, ast.ChildDecl))
         forwards = [c for c in rest if isinstance(c, ast.ForwardDecl)]
         layer = ast.LayerDecl(str(name), hparams, params, kids, forwards[0] if forwards else None, self.s(name))
-        if len(forwards) > 1:
-            raise CompileError([Diagnostic(forwards[1].span, f"layer `{name}` has more than one forward")])
+        for extra in forwards[1:]:
+            self.error(extra.span, f"layer `{name}` has more than one forward", "merge them into one")
         return layer
 
     def hparam(self, meta, children):
@@ -144,14 +210,15 @@ class _ToAst(Transformer):
     def enum_type(self, meta, children):
         kind, *options = children
         if str(kind) != "enum":
-            raise CompileError([Diagnostic(self.s(kind), f"unknown parameterized type `{kind}`",
-                                           'the only one is `enum("a", "b")`')])
+            self.error(self.s(kind), f"unknown parameterized type `{kind}`", 'the only one is `enum("a", "b")`')
         return ast.TypeRef("enum", tuple(_unquote(c) for c in options if c is not None), self.s(meta))
 
     def param_def(self, meta, children):
         name, shape, *opts = children
-        axes = axes_span = init = dtype = condition = None
+        axes = axes_span = init = dtype = dtype_span = condition = None
         for kind, value, span in opts:
+            if kind == "bad":
+                continue
             if kind == "axes":
                 axes, axes_span = value, span
             elif kind == "init":
@@ -159,8 +226,8 @@ class _ToAst(Transformer):
             elif kind == "if":
                 condition = value
             else:
-                dtype = value
-        return ast.ParamDecl(str(name), shape, axes, axes_span, init, dtype, condition, self.s(name))
+                dtype, dtype_span = value, span
+        return ast.ParamDecl(str(name), shape, axes, axes_span, init, dtype, condition, self.s(name), dtype_span)
 
     def param_if(self, meta, children):
         return ("if", children[0], self.s(meta))
@@ -175,8 +242,12 @@ class _ToAst(Transformer):
             return ("axes", names, self.s(meta))
         if word == "dtype" and len(names) == 1:
             return ("dtype", names[0], self.s(meta))
-        raise CompileError([Diagnostic(self.s(word), f"unknown parameter option `{word}`",
-                                       "options are `axes(...)`, `init kind(...)`, `dtype(name)` and `if cond`")])
+        if word == "dtype":
+            self.error(self.s(meta), f"`dtype(...)` takes one dtype name, got {len(names)}", "e.g. `dtype(bf16)`")
+        else:
+            self.error(self.s(word), f"unknown parameter option `{word}`",
+                       "options are `axes(...)`, `init kind(...)`, `dtype(name)` and `if cond`")
+        return ("bad", None, self.s(meta))
 
     def param_init(self, meta, children):
         kind, *args = children

@@ -1,0 +1,257 @@
+"""Emit Python/JAX code for forward bodies: one statement per spec statement, shapes in comments.
+
+Child calls are hoisted into their own statements under `jax.named_scope(child)`, so a profile
+shows the spec's layer paths; a repeated child becomes a `jax.lax.scan` over stacked parameters.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from axdsl.codegen.names import einsum_letters, py_str
+from axdsl.ir import nodes as ir
+from axdsl.ir.nodes import DType, TensorType
+
+# Operator precedence for minimal parentheses (higher binds tighter).
+_PREC = {"+": 1, "-": 1, "*": 2, "/": 2, "@": 2}  # Python: @ binds like *
+_ATOM = 10
+
+_JNN = {"relu", "gelu", "silu", "sigmoid"}
+_JNP = {"tanh", "exp", "log", "sqrt", "abs", "square"}
+ACTIVATIONS = ("relu", "gelu", "silu", "sigmoid", "tanh")
+
+
+def code_precedence(code: str) -> int:
+    """How tightly a hyperparameter's code binds: names and numbers are atoms."""
+    try:
+        float(code)
+        return 4 if code.startswith("-") else _ATOM
+    except ValueError:
+        pass
+    if code.replace(".", "").replace("_", "").isalnum():
+        return _ATOM
+    return 0
+
+
+def shape_comment(t) -> str:
+    if isinstance(t, TensorType):
+        return "[" + ", ".join(d.name for d in t.dims) + "]"
+    return ""
+
+
+@dataclass
+class FunctionEmitter:
+    """Emits the body of one layer function. `child_fn` maps a child name to its function name."""
+
+    inst: ir.Instance
+    child_fn: dict[str, str]
+    needs_rng: dict[str, bool]
+    own_rng: bool
+    lines: list[str] = field(default_factory=list)
+    temps: set[str] = field(default_factory=set)
+    rng_uses: int = 0
+
+    def emit_body(self) -> list[str]:
+        fwd = self.inst.forward
+        for stmt in fwd.body:
+            if isinstance(stmt, ir.Let):
+                self._let(stmt)
+            else:
+                if isinstance(stmt.value, ir.CallChild):
+                    self._child_call(stmt.value, "out")
+                    self.lines.append("return out")
+                else:
+                    code, _ = self.expr(stmt.value)
+                    self.lines.append(f"return {code}  # {shape_comment(stmt.value.type)}")
+        return self.lines
+
+    def _let(self, stmt: ir.Let) -> None:
+        if isinstance(stmt.value, ir.CallChild) and stmt.point is None:
+            self._child_call(stmt.value, stmt.name)
+            return
+        code, _ = self.expr(stmt.value)
+        if stmt.point is not None:
+            code = f"checkpoint_name({code}, {py_str(stmt.point)})"
+        self.lines.append(f"{stmt.name} = {code}  # {shape_comment(stmt.value.type)}")
+
+    # ---------------------------------------------------------------- child calls
+    def _child_call(self, call: ir.CallChild, target: str) -> None:
+        args = [self.expr(a)[0] for a in call.args]
+        child = self.inst.child(call.child)
+        fn = self.child_fn[call.child]
+        rng = ""
+        if self.needs_rng.get(call.child):
+            self.rng_uses += 1
+            rng = f", rng=_fold(rng, {self.rng_uses})"
+        comment = shape_comment(call.type)
+        if child.repeat is not None:
+            step = f"{call.child}_step"
+            if rng:
+                self.lines.append(f"def {step}(h, xs):  # one of {child.repeat.code} stacked layers")
+                self.lines.append(f"    layer_params, i = xs")
+                self.lines.append(f"    return {fn}(cfg, layer_params, h{rng.replace(str(self.rng_uses), 'i')}), None")
+                xs = f'(params[{py_str(call.child)}], jnp.arange({child.repeat.code}))'
+            else:
+                self.lines.append(f"def {step}(h, layer_params):  # one of {child.repeat.code} stacked layers")
+                self.lines.append(f"    return {fn}(cfg, layer_params, h), None")
+                xs = f"params[{py_str(call.child)}]"
+            self.lines.append("")
+            self.lines.append(f"with jax.named_scope({py_str(call.child)}):")
+            self.lines.append(f"    {target}, _ = jax.lax.scan({step}, {args[0]}, {xs})  # {comment}")
+            return
+        self.lines.append(f"with jax.named_scope({py_str(call.child)}):")
+        self.lines.append(
+            f"    {target} = {fn}(cfg, params[{py_str(call.child)}], {', '.join(args)}{rng})  # {comment}"
+        )
+
+    def _hoist(self, call: ir.CallChild) -> str:
+        name, n = f"{call.child}_out", 1
+        while name in self.temps:
+            n += 1
+            name = f"{call.child}_out{n}"
+        self.temps.add(name)
+        self._child_call(call, name)
+        return name
+
+    # ---------------------------------------------------------------- expressions
+    def expr(self, e: ir.TExpr) -> tuple[str, int]:
+        return getattr(self, "_" + type(e).__name__)(e)
+
+    def _Ref(self, e: ir.Ref):
+        if e.kind in ("local", "arg"):
+            return e.name, _ATOM
+        if e.kind == "param":
+            return f"params[{py_str(e.name)}]", _ATOM
+        if e.kind == "child_param":
+            return f"params[{py_str(e.owner)}][{py_str(e.name)}]", _ATOM
+        if e.kind == "dim":
+            return self.dim_code(ir.Dim(e.name)), _ATOM
+        return e.value.code, code_precedence(e.value.code)
+
+    def _Lit(self, e: ir.Lit):
+        if isinstance(e.value, DType):
+            return f"jnp.{e.value.jnp}", _ATOM
+        return repr(e.value), _ATOM
+
+    def _Neg(self, e: ir.Neg):
+        code, prec = self.expr(e.operand)
+        return f"-{self._paren(code, prec, 4)}", 4
+
+    def _Bin(self, e: ir.Bin):
+        if e.op == "@":
+            return self._matmul(e)
+        p = _PREC[e.op]
+        left, lp = self.expr(e.left)
+        right, rp = self.expr(e.right)
+        return f"{self._paren(left, lp, p)} {e.op} {self._paren(right, rp, p + 1)}", p
+
+    def _matmul(self, e: ir.Bin):
+        left, lp = self.expr(e.left)
+        right, rp = self.expr(e.right)
+        lt, rt = e.left.type.dims, e.right.type.dims
+        if len(rt) == 2 and len(lt) >= 2:
+            return f"{self._paren(left, lp, 2)} @ {self._paren(right, rp, 3)}", 2
+        lspec, rspec = _operand_letters(lt, rt)
+        out = lspec[:-1] + rspec[1:]
+        return f"jnp.einsum({py_str(f'{lspec},{rspec}->{out}')}, {left}, {right})", _ATOM
+
+    def _CallChild(self, e: ir.CallChild):
+        return self._hoist(e), _ATOM
+
+    def _Prim(self, e: ir.Prim):
+        args = [self.expr(a)[0] for a in e.args]
+        x = args[0] if args else ""
+        n = e.name
+        dims = e.args[0].type.dims if e.args and isinstance(e.args[0].type, TensorType) else ()
+        if n in _JNN:
+            return f"jax.nn.{n}({x})", _ATOM
+        if n in _JNP:
+            return f"jnp.{n}({x})", _ATOM
+        if n == "rsqrt":
+            return f"jax.lax.rsqrt({x})", _ATOM
+        if n == "activate":
+            return f"jax.nn.{e.attr('kind').value}({x})", _ATOM
+        if n in ("sum", "mean", "max"):
+            axis = _axis(dims, e.attr("over"))
+            return f"jnp.{n}({x}, axis={axis}, keepdims=True)", _ATOM
+        if n == "softmax":
+            axis = _axis(dims, e.attr("over")) if e.attr("over") is not None else -1
+            return f"jax.nn.softmax({x}, axis={axis})", _ATOM
+        if n == "split_heads":
+            return f"{x}.reshape(*{x}.shape[:-1], {e.attr('heads').code}, -1)", _ATOM
+        if n == "merge_heads":
+            return f"{x}.reshape(*{x}.shape[:-2], -1)", _ATOM
+        if n == "rope":
+            return f"apply_rope({x}, theta={e.attr('theta').code})", _ATOM
+        if n == "attention":
+            return self._attention(e, args), _ATOM
+        if n == "embed":
+            return f"jnp.take({args[0]}, {args[1]}, axis=0)", _ATOM
+        if n == "cast":
+            return f"{self._paren(x, self.expr(e.args[0])[1], _ATOM)}.astype({e.attr('dtype').code})", _ATOM
+        if n == "dropout":
+            self.rng_uses += 1
+            return f"dropout({x}, {e.attr('rate').code}, _fold(rng, {self.rng_uses}))", _ATOM
+        if n == "transpose":
+            return f"jnp.swapaxes({x}, -1, -2)", _ATOM
+        if n == "prefix":
+            return f"{x}[: {self.dim_code(e.attr('n'))}]", _ATOM
+        if n == "einsum":
+            return self._einsum(e, args), _ATOM
+        raise AssertionError(f"no emitter for primitive {n}")
+
+    def _attention(self, e: ir.Prim, args: list[str]) -> str:
+        q, k, v = args[:3]
+        kwargs = [f"is_causal={e.attr('causal').code}"]
+        if "mask" in e.attr("optional"):
+            kwargs.append(f"mask={args[3]}")
+        window = e.attr("window")
+        if window.value:
+            kwargs.append(f"local_window_size=({window.code} - 1, 0)")
+        kwargs.append('implementation="xla"')
+        return f"jax.nn.dot_product_attention({q}, {k}, {v}, {', '.join(kwargs)})"
+
+    def _einsum(self, e: ir.Prim, args: list[str]) -> str:
+        operands, out = e.attr("operands"), e.attr("out")
+        letters = einsum_letters([n for op in operands for n in op] + list(out))
+        spec = ",".join("".join(letters[n] for n in op) for op in operands) + "->" + "".join(letters[n] for n in out)
+        return f"jnp.einsum({py_str(spec)}, {', '.join(args)})"
+
+    # ---------------------------------------------------------------- helpers
+    def dim_code(self, dim: ir.Dim) -> str:
+        """Runtime size of a free dim: read from the first argument that carries it."""
+        for a in self.inst.forward.args:
+            fixed = [d for d in a.dims if not d.is_ellipsis]
+            for i, d in enumerate(a.dims):
+                if d.is_free and d.name == dim.name:
+                    index = i - len(a.dims) if a.dims and a.dims[0].is_ellipsis else i
+                    return f"{a.name}.shape[{index}]"
+            del fixed
+        return dim.code or str(dim.size)
+
+    @staticmethod
+    def _paren(code: str, prec: int, need: int) -> str:
+        return code if prec >= need else f"({code})"
+
+
+def _axis(dims: tuple[ir.Dim, ...], over: ir.Dim) -> int:
+    by_name = [i for i, d in enumerate(dims) if d.name == over.name]
+    idx = by_name[0] if len(by_name) == 1 else [i for i, d in enumerate(dims) if d.size == over.size][0]
+    return idx - len(dims)  # negative: valid under leading `...`
+
+
+def _operand_letters(lt, rt) -> tuple[str, str]:
+    """Einsum letters for `left @ right` (left's last dim contracts with right's first); `...` kept."""
+    used: set[str] = set()
+
+    def pick(name: str) -> str:
+        for c in (name[0].lower(), *name.lower(), *"abcdefghijklmnopqrstuvwxyz"):
+            if c.isalpha() and c not in used:
+                used.add(c)
+                return c
+        raise AssertionError("ran out of einsum letters")
+
+    left = ["..." if d.is_ellipsis else pick(d.name) for d in lt[:-1]]
+    contract = pick(lt[-1].name)
+    right = [pick(d.name) for d in rt[1:]]
+    return "".join(left) + contract, contract + "".join(right)
