@@ -53,6 +53,9 @@ class FunctionEmitter:
 
     def emit_body(self) -> list[str]:
         fwd = self.inst.forward
+        if self.inst.path == "/" and self.inst.hparam("dtype") and self.inst.hparam("param_dtype"):
+            self.lines.append("# master weights stay in cfg.param_dtype; compute runs in cfg.dtype")
+            self.lines.append("params = jax.tree.map(lambda w: w.astype(cfg.dtype), params)")
         for stmt in fwd.body:
             if isinstance(stmt, ir.Let):
                 self._let(stmt)

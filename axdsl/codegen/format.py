@@ -57,23 +57,25 @@ class _Checker(cst.CSTVisitor):
         elif top not in ALLOWED_THIRD_PARTY and top not in sys.stdlib_module_names and top != "__future__":
             self.problems.append(f"import of `{dotted}` is not allowed")
 
-    def visit_Import(self, node: cst.Import) -> None:
+    def visit_Import(self, node: cst.Import) -> bool:
         for alias in node.names:
             dotted = cst.helpers.get_full_name_for_node(alias.name)
             self._module_ok(dotted)
             bound = alias.asname.name.value if alias.asname else dotted.split(".")[0]
             self.imported.add(bound)
+        return False  # names inside an import statement are not uses
 
-    def visit_ImportFrom(self, node: cst.ImportFrom) -> None:
+    def visit_ImportFrom(self, node: cst.ImportFrom) -> bool:
         dotted = cst.helpers.get_full_name_for_node(node.module) if node.module else ""
         self._module_ok(dotted)
         if dotted == "__future__":
-            return
+            return False
         if isinstance(node.names, cst.ImportStar):
             self.problems.append("star imports are not allowed")
-            return
+            return False
         for alias in node.names:
             self.imported.add(alias.asname.name.value if alias.asname else alias.name.value)
+        return False
 
     def visit_Name(self, node: cst.Name) -> None:
         self.used.add(node.value)

@@ -51,8 +51,10 @@ def check(module: ir.Module, target=None) -> ir.Module:
 
 
 def _check_identifier(name: str, span, diags: Diagnostics, what: str) -> None:
-    if keyword.iskeyword(name) or keyword.issoftkeyword(name) or name in RESERVED or name.startswith("__"):
-        diags.error(span, f"{what} name `{name}` is reserved in generated code", "rename it")
+    if keyword.iskeyword(name) or keyword.issoftkeyword(name):
+        diags.error(span, f"{what} name `{name}` is a Python keyword, reserved in generated code", "rename it")
+    elif name in RESERVED or name.startswith("__"):
+        diags.error(span, f"{what} name `{name}` is reserved: the generated code defines it", "rename it")
 
 
 def _check_param(inst: ir.Instance, p: ir.Param, sizes: dict, diags: Diagnostics) -> None:

@@ -96,7 +96,7 @@ class _Typer:
     def error(self, span, message: str, hint: str | None = None) -> None:
         """Record an error; one inside a library layer also says which instance it is in."""
         if span is not None and span.file.startswith("std/"):
-            message += f" (in `{self.inst.path}`, a `{self.inst.layer}`)"
+            message += f" (in `{self.inst.path}`, layer `{self.inst.layer}`)"
         self.diags.error(span, message, hint)
 
     def forward(self, fwd: ir.Forward) -> ir.Forward:

@@ -275,6 +275,8 @@ def decoder_lm(cfg: Config, params: dict, tokens: jax.Array) -> jax.Array:
 
     Used at /.
     """
+    # master weights stay in cfg.param_dtype; compute runs in cfg.dtype
+    params = jax.tree.map(lambda w: w.astype(cfg.dtype), params)
     with jax.named_scope("embed"):
         x = embedding(cfg, params["embed"], tokens)  # [B, S, dim]
     x = x.astype(cfg.dtype)  # [B, S, dim]

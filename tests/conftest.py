@@ -1,0 +1,19 @@
+"""Shared test setup. Eight fake CPU devices must be requested before jax is imported."""
+
+import os
+
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+from pathlib import Path  # noqa: E402
+
+import pytest  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def in_root(monkeypatch):
+    """Run with the repository root as the working directory (paths in messages are relative)."""
+    monkeypatch.chdir(ROOT)
+    return ROOT
