@@ -43,10 +43,15 @@ def build_files(spec: Path, target: str) -> dict[str, str]:
     return files
 
 
-def write_atomic(out_dir: Path, files: dict[str, str]) -> None:
-    """Replace `out_dir` with exactly `files`, in one rename; package __init__s above it are kept."""
+def write_atomic(out_dir: Path, files: dict[str, str], make_packages: bool = False) -> None:
+    """Replace `out_dir` with exactly `files`, in one rename.
+
+    With `make_packages` (the default generated/ layout) the two directories above it get an
+    `__init__.py`, so `generated.<spec>.<target>.model` imports.
+    """
     out_dir.parent.mkdir(parents=True, exist_ok=True)
-    _ensure_package_inits(out_dir.parent)
+    if make_packages:
+        _ensure_package_inits(out_dir.parent)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
     try:
         for name, text in files.items():

@@ -92,7 +92,7 @@ def _cmd_build(args) -> int:
     start = time.perf_counter()
     files = build.build_files(args.spec, target)
     out = args.out or build.default_out_dir(args.spec, target)
-    build.write_atomic(out, files)
+    build.write_atomic(out, files, make_packages=args.out is None)
     ms = (time.perf_counter() - start) * 1000
     print(f"built {out}/ ({', '.join(sorted(files))}) in {ms:.0f} ms")
     return EXIT_OK

@@ -23,7 +23,7 @@ def test_spec_builds_byte_identical_to_committed_output(spec, in_root):
     out = build.default_out_dir(spec_path, "cpu")
     files = build.build_files(spec_path, "cpu")
     if UPDATE:
-        build.write_atomic(out, files)
+        build.write_atomic(out, files, make_packages=True)
     diff = build.diff_against(out, files)
     assert not diff, f"generated output drifted; run `axdsl build {spec_path} --target cpu`:\n{diff}"
 
