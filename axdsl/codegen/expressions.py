@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from axdsl.codegen.names import einsum_letters, py_str
 from axdsl.ir import nodes as ir
 from axdsl.ir.nodes import DType, TensorType
+from axdsl.passes.primitives import ACTIVATIONS
 
 # Operator precedence for minimal parentheses (higher binds tighter).
 _PREC = {"+": 1, "-": 1, "*": 2, "/": 2, "@": 2}  # Python: @ binds like *
@@ -18,7 +19,6 @@ _ATOM = 10
 
 _JNN = {"relu", "gelu", "silu", "sigmoid"}
 _JNP = {"tanh", "exp", "log", "sqrt", "abs", "square"}
-ACTIVATIONS = ("relu", "gelu", "silu", "sigmoid", "tanh")
 
 
 def code_precedence(code: str) -> int:
@@ -173,7 +173,9 @@ class FunctionEmitter:
         if n == "rsqrt":
             return f"jax.lax.rsqrt({x})", _ATOM
         if n == "activate":
-            return f"jax.nn.{e.attr('kind').value}({x})", _ATOM
+            kind = e.attr("kind").value
+            assert kind in ACTIVATIONS, kind  # checked when lowering; never emit an arbitrary name
+            return f"jax.nn.{kind}({x})", _ATOM
         if n in ("sum", "mean", "max"):
             axis = _axis(dims, e.attr("over"))
             return f"jnp.{n}({x}, axis={axis}, keepdims=True)", _ATOM
