@@ -7,6 +7,7 @@ static `if` conditions and the static arguments of forward primitives.
 from __future__ import annotations
 
 import math
+import operator
 from typing import Callable
 
 from axdsl.errors import Diagnostics, did_you_mean
@@ -21,7 +22,8 @@ class EvalError(Exception):
 Lookup = Callable[[str, ast.Name], HValue | None]
 
 _ARITH = {"+", "-", "*", "/", "//", "%"}
-_COMPARE = {"==", "!=", "<", "<=", ">", ">="}
+_COMPARE = {"==": operator.eq, "!=": operator.ne, "<": operator.lt, "<=": operator.le,
+            ">": operator.gt, ">=": operator.ge}
 _MATH = {"sqrt": math.sqrt, "min": min, "max": max}
 
 
@@ -112,7 +114,7 @@ class Evaluator:
                 self.fail(e.span, f"cannot compare {_kind(a)} with {_kind(b)}")
             if e.op not in ("==", "!=") and not (_is_number(a) or isinstance(a, str)):
                 self.fail(e.span, f"`{e.op}` needs numbers or strings, got {_kind(a)}", "use `==` or `!=`")
-            value = {"==": a == b, "!=": a != b, "<": a < b, "<=": a <= b, ">": a > b, ">=": a >= b}[e.op]
+            value = _COMPARE[e.op](a, b)  # only the chosen operator runs (dtypes have no `<`)
             return HValue(value, f"{_prec(left.code)} {e.op} {_prec(right.code)}")
         if not (_is_number(a) and _is_number(b)):
             self.fail(e.span, f"`{e.op}` needs numbers, got {_kind(a)} and {_kind(b)}")
