@@ -162,7 +162,8 @@ class FunctionEmitter:
         return self._hoist(e), _ATOM
 
     def _Prim(self, e: ir.Prim):
-        args = [self.expr(a)[0] for a in e.args]
+        emitted = [self.expr(a) for a in e.args]  # once: emitting may hoist child calls
+        args = [code for code, _ in emitted]
         x = args[0] if args else ""
         n = e.name
         dims = e.args[0].type.dims if e.args and isinstance(e.args[0].type, TensorType) else ()
@@ -193,7 +194,7 @@ class FunctionEmitter:
         if n == "embed":
             return f"jnp.take({args[0]}, {args[1]}, axis=0)", _ATOM
         if n == "cast":
-            return f"{self._paren(x, self.expr(e.args[0])[1], _ATOM)}.astype({e.attr('dtype').code})", _ATOM
+            return f"{self._paren(x, emitted[0][1], _ATOM)}.astype({e.attr('dtype').code})", _ATOM
         if n == "dropout":
             self.rng_uses += 1
             return f"dropout({x}, {e.attr('rate').code}, _fold(rng, {self.rng_uses}))", _ATOM
