@@ -227,12 +227,10 @@ class FunctionEmitter:
     def dim_code(self, dim: ir.Dim) -> str:
         """Runtime size of a free dim: read from the first argument that carries it."""
         for a in self.inst.forward.args:
-            fixed = [d for d in a.dims if not d.is_ellipsis]
             for i, d in enumerate(a.dims):
                 if d.is_free and d.name == dim.name:
                     index = i - len(a.dims) if a.dims and a.dims[0].is_ellipsis else i
                     return f"{a.name}.shape[{index}]"
-            del fixed
         return dim.code or str(dim.size)
 
     @staticmethod
