@@ -140,7 +140,6 @@ class _Resolver:
             self.diags.error(span, "layer tree is too deep")
             return None
         stack = stack + (layer.name,)
-        self._set_spans = {k: set_span for k in set_values} if set_span else {}
         declared = {h.name: h for h in layer.hparams}
         for key, s in set_exprs.items():
             if key not in declared:
@@ -151,7 +150,8 @@ class _Resolver:
                 self.diags.error(span, f"layer `{layer.name}` has no hyperparameter `{key}`",
                                  did_you_mean(key, list(declared)))
         scope = Scope(path, {}, parent)
-        self._resolve_hparams(layer, scope, set_exprs, set_values, is_root=parent is None, span=span)
+        self._resolve_hparams(layer, scope, set_exprs, set_values, is_root=parent is None, span=span,
+                              set_span=set_span)
         hparams = tuple(scope.values[h.name] for h in layer.hparams if h.name in scope.values)
         if len(hparams) != len(layer.hparams):
             return None  # errors already reported
@@ -170,7 +170,7 @@ class _Resolver:
                            span, layer.span, repeat)
 
     def _resolve_hparams(self, layer: ast.LayerDecl, scope: Scope, set_exprs, set_values,
-                         is_root: bool, span: Span) -> None:
+                         is_root: bool, span: Span, set_span: Span | None) -> None:
         declared = {h.name: h for h in layer.hparams}
         busy: set[str] = set()
 
@@ -183,7 +183,8 @@ class _Resolver:
                 return None
             busy.add(name)
             try:
-                hp = self._hparam_value(layer, decl, scope, set_exprs, set_values, lookup, is_root, span)
+                hp = self._hparam_value(layer, decl, scope, set_exprs, set_values, lookup, is_root, span,
+                                        set_span)
             except EvalError:
                 hp = None
             busy.discard(name)
@@ -204,9 +205,13 @@ class _Resolver:
             resolve_one(h.name, None)
 
     def _hparam_value(self, layer: ast.LayerDecl, decl: ast.HParamDecl, scope: Scope, set_exprs,
-                      set_values, lookup, is_root: bool, inst_span: Span) -> ir.HParam | None:
-        """Resolve one hyperparameter; type errors point where the user wrote the value."""
-        set_spans = self._set_spans
+                      set_values, lookup, is_root: bool, inst_span: Span,
+                      set_span: Span | None) -> ir.HParam | None:
+        """Resolve one hyperparameter; type errors point where the user wrote the value.
+
+        `set_span` is the layer constructor (`RMSNorm(eps = 1e-5)`) that set `set_values`.
+        """
+        set_spans = {k: set_span for k in set_values} if set_span else {}
         type_name = self._type_name(decl.type)
         if type_name is None:
             return None
