@@ -1,6 +1,11 @@
 """The compiler pipeline in one place: load -> resolve -> PASSES -> codegen.
 
-    spec.axl --lark--> AST --resolve--> IR --check, infer_shapes, stack_repeats--> IR --> model.py
+    spec.axl --lark--> AST --resolve--> IR --check, infer_shapes, stack_repeats--> IR
+        --configure_target, annotate_sharding, insert_remat, quantize_matmuls, select_kernels--> IR
+        --codegen--> model.py, train.py
+
+The first passes are the algorithm (target-independent); the target passes are the schedule, and
+none of them may change what is computed except quantize_matmuls, within stated bounds.
 
 Each pass is `(module, target) -> module`; tests run the IR verifier after every one.
 """
@@ -13,19 +18,29 @@ from typing import Callable
 
 from axdsl.errors import CompileError
 from axdsl.ir import nodes as ir
+from axdsl.passes.annotate_sharding import annotate_sharding
 from axdsl.passes.check import check
+from axdsl.passes.configure_target import configure_target
 from axdsl.passes.infer_shapes import infer_shapes
+from axdsl.passes.insert_remat import insert_remat
+from axdsl.passes.quantize_matmuls import quantize_matmuls
 from axdsl.passes.resolve import resolve
+from axdsl.passes.select_kernels import select_kernels
 from axdsl.passes.stack_repeats import stack_repeats
 from axdsl.syntax.loader import Program, load
 
 Pass = Callable[[ir.Module, str], ir.Module]
 
-# The ordered pass list. Target passes (sharding, remat, quantization, kernels) join here.
+# The ordered pass list: algorithm passes, then the target (schedule) passes.
 PASSES: tuple[tuple[str, Pass], ...] = (
     ("check", check),
     ("infer_shapes", infer_shapes),
     ("stack_repeats", stack_repeats),
+    ("configure_target", configure_target),
+    ("annotate_sharding", annotate_sharding),
+    ("insert_remat", insert_remat),
+    ("quantize_matmuls", quantize_matmuls),
+    ("select_kernels", select_kernels),
 )
 PASS_NAMES = ("resolve",) + tuple(name for name, _ in PASSES)
 

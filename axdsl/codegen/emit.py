@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import jinja2
 
 from axdsl import __version__, resources
+from axdsl.codegen import kernels, quant
 from axdsl.codegen.expressions import FunctionEmitter
 from axdsl.codegen.helpers import HELPERS
 from axdsl.codegen.names import py_str, snake
@@ -19,6 +20,7 @@ from axdsl.errors import CompileError, Diagnostic
 from axdsl.ir import nodes as ir
 from axdsl.ir.nodes import DType
 from axdsl.ir.printer import value_text
+from axdsl.passes.annotate_sharding import dim_axes, spec_text
 
 
 @dataclass
@@ -59,7 +61,7 @@ def render_template(name: str, **context) -> str:
 
 def emit_model(module: ir.Module) -> str:
     """The unformatted source of generated/<spec>/<target>/model.py."""
-    per_model = [_functions(m.root) for m in module.models]
+    per_model = [_functions(m.root, module.schedule) for m in module.models]
     first = per_model[0]
     for model, fns in zip(module.models[1:], per_model[1:]):
         if [(f.name, f.body) for f in fns] != [(f.name, f.body) for f in first]:
@@ -71,7 +73,8 @@ def emit_model(module: ir.Module) -> str:
     root = module.models[0].root
     functions = first
     body_text = "\n".join(line for f in functions for line in f.body)
-    helpers = [code for name, code in HELPERS.items() if f"{name}(" in body_text]
+    all_helpers = {**HELPERS, **quant.HELPERS, **kernels.HELPERS}
+    helpers = [code for name, code in all_helpers.items() if f"{name}(" in body_text]
     fields = _config_fields(module.models[0])
     context = dict(
         version=__version__,
@@ -85,6 +88,7 @@ def emit_model(module: ir.Module) -> str:
         configs=[(m.name, _overrides(fields, _config_fields(m))) for m in module.models],
         init_tree=_init_tree(root, root),
         axes_tree=_axes_tree(root),
+        sharding=_sharding_context(module.schedule, root),
         helpers=helpers,
         functions=functions,
         root_fn=functions[-1].name,
@@ -96,27 +100,36 @@ def emit_model(module: ir.Module) -> str:
 
 def imports_for(source: str) -> str:
     """Exactly the imports the body uses, standard library first (isort order)."""
-    std = sorted(m for m in ("dataclasses", "math", "zlib") if f"{m}." in source)
+    std = sorted(m for m in ("dataclasses", "functools", "math", "zlib") if f"{m}." in source)
     third = ["import jax", "import jax.numpy as jnp"]
+    if "np." in source:
+        third.append("import numpy as np")
     if "optax." in source:
         third.append("import optax")
     if "checkpoint_name(" in source:
         third.append("from jax.ad_checkpoint import checkpoint_name")
+    for line in kernels.IMPORTS:
+        if line.split()[-1] + "." in source:
+            third.append(line)
+    if "Mesh(" in source:
+        third.append("from jax.sharding import Mesh")
+    if "P(" in source:
+        third.append("from jax.sharding import PartitionSpec as P")
     return "\n".join([f"import {m}" for m in std] + [""] + third)
 
 
 # ----------------------------------------------------------------------------- functions
-def _functions(root: ir.Instance) -> list[LayerFunction]:
+def _functions(root: ir.Instance, schedule: ir.TargetConfig | None = None) -> list[LayerFunction]:
     """Layer functions in post-order (leaves first), deduplicated by generated body."""
     out: list[LayerFunction] = []
-    needs_rng: dict[str, bool] = {}
+    axes_of_dims = dim_axes(root)
 
     def visit(inst: ir.Instance) -> tuple[str, bool]:
         child_fn, child_rng = {}, {}
         for c in inst.children:
             child_fn[c.name], child_rng[c.name] = visit(c)
         own = _uses_dropout(inst) or any(child_rng.values())
-        emitter = FunctionEmitter(inst, child_fn, child_rng, own)
+        emitter = FunctionEmitter(inst, child_fn, child_rng, own, schedule, axes_of_dims)
         body = emitter.emit_body()
         args = ", ".join(f"{a.name}: jax.Array" for a in inst.forward.args)
         for f in out:
@@ -215,3 +228,50 @@ def _axes_tree(inst: ir.Instance) -> str:
     for c in inst.children:
         items.append(f"{py_str(c.name)}: {_axes_tree(c)}")
     return "{" + ", ".join(items) + ("," if items else "") + "}"
+
+
+def _specs_tree(inst: ir.Instance) -> str:
+    items = [f"{py_str(p.name)}: {spec_text(p.sharding)}" for p in inst.params]
+    items += [f"{py_str(c.name)}: {_specs_tree(c)}" for c in inst.children]
+    return "{" + ", ".join(items) + ("," if items else "") + "}"
+
+
+# ----------------------------------------------------------------------------- schedule
+_REMAT_DOC = {
+    "full": "keep only each layer's input; recompute the rest in the backward pass",
+    "save_dots": "keep matmul outputs without batch dims; recompute the rest",
+    "save": "keep the named points listed; recompute the rest",
+    "offload": "move the offloaded points to host memory, keep the saved ones; recompute the rest",
+}
+
+
+def _remat_policy(r: ir.RematPolicy) -> str:
+    names = lambda xs: "[" + ", ".join(py_str(x) for x in xs) + "]"  # noqa: E731
+    if r.kind == "full":
+        return "jax.checkpoint_policies.nothing_saveable"
+    if r.kind == "save_dots":
+        return "jax.checkpoint_policies.dots_with_no_batch_dims_saveable"
+    if r.kind == "save":
+        return f"jax.checkpoint_policies.save_only_these_names(*{names(r.save)})"
+    return ("jax.checkpoint_policies.save_and_offload_only_these_names(\n"
+            f"    names_which_can_be_saved={names(r.save)},\n"
+            f"    names_which_can_be_offloaded={names(r.offload)},\n"
+            '    offload_src="device",\n    offload_dst="pinned_host",\n)')
+
+
+def _sharding_context(s: ir.TargetConfig | None, root: ir.Instance) -> dict | None:
+    if s is None:
+        return None
+    written = dict(s.mesh.value)
+    mesh = {a: written.get(a, 1) for a, _ in s.mesh_sizes}
+    resolved = ", ".join(f"{a}={n}" for a, n in s.mesh_sizes if n != 1 or mesh[a] == -1)
+    rules = [f"{k} -> {', '.join(c.value)}" for k, c in s.rules if any(written.get(a, 1) != 1 for a in c.value)]
+    r = s.remat.value
+    uses_remat = any(i.remat is not None and i.remat.kind != "none" for i in root.walk())
+    return dict(
+        name=s.name, chips=s.chips, mesh_origin=s.mesh.origin, resolved=resolved,
+        mesh_shape="{" + ", ".join(f"{py_str(a)}: {n}" for a, n in mesh.items()) + "}",
+        rules="; ".join(rules) or "everything replicated but the batch",
+        specs_tree=_specs_tree(root),
+        remat=(r.kind, _REMAT_DOC[r.kind], s.remat.origin, _remat_policy(r)) if uses_remat else None,
+    )

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from axdsl.codegen import kernels, quant
 from axdsl.codegen.names import einsum_letters, py_str
 from axdsl.ir import nodes as ir
 from axdsl.ir.nodes import DType, TensorType
+from axdsl.passes.annotate_sharding import activation_spec, spec_text
 from axdsl.passes.primitives import ACTIVATIONS
 
 # Operator precedence for minimal parentheses (higher binds tighter).
@@ -47,6 +49,8 @@ class FunctionEmitter:
     child_fn: dict[str, str]
     needs_rng: dict[str, bool]
     own_rng: bool
+    schedule: ir.TargetConfig | None = None
+    dim_axes: dict[str, str] = field(default_factory=dict)
     lines: list[str] = field(default_factory=list)
     temps: set[str] = field(default_factory=set)
     rng_uses: int = 0
@@ -89,13 +93,20 @@ class FunctionEmitter:
         comment = shape_comment(call.type)
         if child.repeat is not None:
             step = f"{call.child}_step"
+            if child.remat is not None and child.remat.kind != "none":
+                self.lines.append("@functools.partial(jax.checkpoint, policy=REMAT_POLICY, prevent_cse=False)")
+            constraint = self._constraint(call.args[0].type)
             if rng:
                 self.lines.append(f"def {step}(h, xs):  # one of {child.repeat.code} stacked layers")
                 self.lines.append(f"    layer_params, i = xs")
+                if constraint:
+                    self.lines.append(f"    h = shard(h, {constraint})")
                 self.lines.append(f"    return {fn}(cfg, layer_params, h{rng.replace(str(self.rng_uses), 'i')}), None")
                 xs = f'(params[{py_str(call.child)}], jnp.arange({child.repeat.code}))'
             else:
                 self.lines.append(f"def {step}(h, layer_params):  # one of {child.repeat.code} stacked layers")
+                if constraint:
+                    self.lines.append(f"    h = shard(h, {constraint})")
                 self.lines.append(f"    return {fn}(cfg, layer_params, h), None")
                 xs = f"params[{py_str(call.child)}]"
             self.lines.append("")
@@ -106,6 +117,13 @@ class FunctionEmitter:
         self.lines.append(
             f"    {target} = {fn}(cfg, params[{py_str(call.child)}], {', '.join(args)}{rng})  # {comment}"
         )
+
+    def _constraint(self, t) -> str:
+        """The layout of a layer-boundary activation as `P(...)`, or "" when there is no schedule."""
+        if self.schedule is None or not isinstance(t, TensorType):
+            return ""
+        logical = tuple(self.dim_axes.get(d.name) for d in t.dims)
+        return spec_text(activation_spec(self.schedule, logical))
 
     def _hoist(self, call: ir.CallChild) -> str:
         name, n = f"{call.child}_out", 1
@@ -204,24 +222,37 @@ class FunctionEmitter:
             return f"{x}[: {self.dim_code(e.attr('n'))}]", _ATOM
         if n == "einsum":
             return self._einsum(e, args), _ATOM
+        if n == "quantized":
+            return self._quantized(e), _ATOM
         raise AssertionError(f"no emitter for primitive {n}")
 
     def _attention(self, e: ir.Prim, args: list[str]) -> str:
-        q, k, v = args[:3]
-        kwargs = [f"is_causal={e.attr('causal').code}"]
-        if "mask" in e.attr("optional"):
-            kwargs.append(f"mask={args[3]}")
+        mask = args[3] if "mask" in e.attr("optional") else None
         window = e.attr("window")
-        if window.value:
-            kwargs.append(f"local_window_size=({window.code} - 1, 0)")
-        kwargs.append('implementation="xla"')
-        return f"jax.nn.dot_product_attention({q}, {k}, {v}, {', '.join(kwargs)})"
+        code, note = kernels.emit_attention(
+            kernel=e.attr("kernel") or "xla",
+            q=args[0], k=args[1], v=args[2], mask=mask,
+            causal=e.attr("causal").code, window=window.code if window.value else None,
+            note=e.attr("kernel_note") or "",
+        )
+        if note:
+            self.lines.append(f"# {note}")
+        return code
 
     def _einsum(self, e: ir.Prim, args: list[str]) -> str:
-        operands, out = e.attr("operands"), e.attr("out")
-        letters = einsum_letters([n for op in operands for n in op] + list(out))
-        spec = ",".join("".join(letters[n] for n in op) for op in operands) + "->" + "".join(letters[n] for n in out)
-        return f"jnp.einsum({py_str(spec)}, {', '.join(args)})"
+        return f"jnp.einsum({py_str(_einsum_spec(e))}, {', '.join(args)})"
+
+    def _quantized(self, e: ir.Prim) -> str:
+        """A matmul with a parameter operand, run by the fp8 or int8 helper."""
+        inner = e.args[0]
+        if isinstance(inner, ir.Bin):
+            left, right = self.expr(inner.left)[0], self.expr(inner.right)[0]
+            lspec, rspec = _operand_letters(inner.left.type.dims, inner.right.type.dims)
+            spec = f"{lspec},{rspec}->{lspec[:-1] + rspec[1:]}"
+        else:
+            left, right = (self.expr(a)[0] for a in inner.args)
+            spec = _einsum_spec(inner)
+        return quant.emit_quantized(e.attr("format"), spec, left, right)
 
     # ---------------------------------------------------------------- helpers
     def dim_code(self, dim: ir.Dim) -> str:
@@ -236,6 +267,12 @@ class FunctionEmitter:
     @staticmethod
     def _paren(code: str, prec: int, need: int) -> str:
         return code if prec >= need else f"({code})"
+
+
+def _einsum_spec(e: ir.Prim) -> str:
+    operands, out = e.attr("operands"), e.attr("out")
+    letters = einsum_letters([n for op in operands for n in op] + list(out))
+    return ",".join("".join(letters[n] for n in op) for op in operands) + "->" + "".join(letters[n] for n in out)
 
 
 def _axis(dims: tuple[ir.Dim, ...], over: ir.Dim) -> int:

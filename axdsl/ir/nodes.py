@@ -237,6 +237,8 @@ class Param:
     dtype: DType
     span: Span
     stack: tuple[Dim, ...] = ()  # leading dims added by stack_repeats (one per enclosing repeat)
+    # Mesh axes per full dim, set by annotate_sharding: () means replicated along that dim.
+    sharding: tuple[tuple[str, ...], ...] | None = None
 
     @property
     def full_dims(self) -> tuple[Dim, ...]:
@@ -261,6 +263,7 @@ class Instance:
     span: Span  # where this instance was created (child decl or model)
     layer_span: Span  # where its layer is defined
     repeat: HValue | None = None  # set on a `repeat(n, ...)` child
+    remat: "RematPolicy | None" = None  # set by insert_remat on repeated children
 
     def hparam(self, name: str) -> HParam | None:
         return next((h for h in self.hparams if h.name == name), None)
@@ -278,14 +281,82 @@ class Instance:
 
 
 @dataclass(frozen=True)
+class Directive:
+    """`mesh(data = -1, fsdp = 8)` in a section: positional and keyword values, each with its span."""
+
+    name: str
+    args: tuple[tuple[Any, Span], ...]
+    kwargs: tuple[tuple[str, Any, Span], ...]
+    span: Span
+
+
+@dataclass(frozen=True)
 class Section:
-    """A `train { }` or `target "pattern" { }` block: settings and directives, values resolved."""
+    """A `train { }` or `target "pattern" { }` block: settings and directives, values resolved.
+
+    Values stay close to the syntax: a bare name is ("name", id), a list a tuple, a call
+    ("call", fn, args, kwargs); passes that read a section check its keys and values.
+    """
 
     kind: str
     pattern: str | None
     settings: tuple[tuple[str, Any, Span], ...]
-    directives: tuple[tuple[str, tuple[Any, ...], tuple[tuple[str, Any], ...], Span], ...]
+    directives: tuple[Directive, ...]
     span: Span
+
+
+# ------------------------------------------------------------------ target schedule
+@dataclass(frozen=True)
+class Choice:
+    """One resolved target setting and where it came from (a profile default or a spec line)."""
+
+    value: Any
+    origin: str
+    span: Span | None = None
+
+
+@dataclass(frozen=True)
+class RematPolicy:
+    """How the scanned block is rematerialized: none, full, save_dots, save or offload names."""
+
+    kind: str
+    save: tuple[str, ...] = ()
+    offload: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class QuantPolicy:
+    """Matmuls with a parameter operand under layer paths matching `layers` run in `format`."""
+
+    format: str  # none, fp8, int8
+    layers: tuple[str, ...] = ("*",)
+
+
+@dataclass(frozen=True)
+class TargetConfig:
+    """The schedule for one target: profile defaults overridden by the first matching block."""
+
+    name: str  # as requested, e.g. gpu-h100-8
+    profile: str  # e.g. gpu-h100
+    kind: str  # cpu, gpu, tpu, trn
+    chips: int
+    matched: str | None  # the pattern of the target block that matched, if any
+    matched_span: Span | None
+    mesh: Choice  # value: tuple[(axis, size as written)]; sizes resolved in `mesh_sizes`
+    mesh_sizes: tuple[tuple[str, int], ...]
+    rules: tuple[tuple[str, Choice], ...]  # logical axis -> Choice(tuple of mesh axes)
+    remat: Choice  # value: RematPolicy
+    quantize: Choice  # value: QuantPolicy
+    kernels: tuple[tuple[str, Choice], ...]  # op -> Choice(kernel name or "auto")
+
+    def rule(self, logical: str) -> tuple[str, ...]:
+        return next((c.value for k, c in self.rules if k == logical), ())
+
+    def rule_choice(self, logical: str) -> Choice | None:
+        return next((c for k, c in self.rules if k == logical), None)
+
+    def size(self, mesh_axis: str) -> int:
+        return dict(self.mesh_sizes)[mesh_axis]
 
 
 @dataclass(frozen=True)
@@ -306,3 +377,4 @@ class Module:
     targets: tuple[Section, ...]
     target: str = "cpu"
     passes_run: tuple[str, ...] = field(default=())
+    schedule: TargetConfig | None = None  # set by configure_target

@@ -22,9 +22,31 @@ def print_module(module: ir.Module) -> str:
     for t in module.targets:
         lines.append(f'target "{t.pattern}"')
         lines.extend(_section(t))
-    for key in getattr(module, "extra_sections", ()):
-        lines.append(key)
+    if module.schedule is not None:
+        lines.extend(schedule_lines(module.schedule))
     return "\n".join(lines) + "\n"
+
+
+def schedule_lines(s: ir.TargetConfig) -> list[str]:
+    """The resolved target schedule: every setting with where it came from."""
+    matched = f'target "{s.matched}" at {s.matched_span}' if s.matched else "no target block matched"
+    sizes = ", ".join(f"{a}={n}" for a, n in s.mesh_sizes)
+    written = ", ".join(f"{a} = {n}" for a, n in s.mesh.value)
+    lines = [f"schedule {s.name}: profile {s.profile}, {s.chips} chips; {matched}",
+             f"  mesh({written}) -> {sizes}  # {s.mesh.origin}"]
+    for logical, c in s.rules:
+        axes = "[" + ", ".join(c.value) + "]"
+        lines.append(f"  rule {logical} -> {axes}  # {c.origin}")
+    r = s.remat.value
+    parts = [r.kind] + ([f"save = [{', '.join(r.save)}]"] if r.save else []) \
+        + ([f"offload = [{', '.join(r.offload)}]"] if r.offload else [])
+    lines.append(f"  remat({', '.join(parts)})  # {s.remat.origin}")
+    q = s.quantize.value
+    layers = ", ".join(f'"{p}"' for p in q.layers)
+    lines.append(f"  quantize({q.format}, layers = [{layers}])  # {s.quantize.origin}")
+    for op, c in s.kernels:
+        lines.append(f"  kernels({op} = {c.value})  # {c.origin}")
+    return lines
 
 
 def value_text(v) -> str:
@@ -51,14 +73,19 @@ def _dims(dims) -> str:
 def _instance(inst: ir.Instance, depth: int, lines: list[str]) -> None:
     pad = "  " * depth
     rep = f" x{inst.repeat.value}" if inst.repeat is not None else ""
+    if inst.remat is not None:
+        rep += f" remat({inst.remat.kind})"
     lines.append(f"{pad}{inst.path} : {inst.layer}{rep}")
     for h in inst.hparams:
         lines.append(f"{pad}  {h.name}: {h.type} = {value_text(h.value.value)}  # {h.origin}")
     for p in inst.params:
         stack = _dims(p.stack) + " + " if p.stack else ""
         init = f"{p.init.kind}({', '.join(value_text(a.value) for a in p.init.args)})"
+        shard = ""
+        if p.sharding is not None:
+            shard = " shard(" + ", ".join("+".join(a) if a else "_" for a in p.sharding) + ")"
         lines.append(f"{pad}  param {p.name}: {stack}{_dims(p.dims)} axes({', '.join(p.full_axes)}) "
-                     f"init {init} {p.dtype.name}")
+                     f"init {init} {p.dtype.name}{shard}")
     if inst.forward is not None:
         f = inst.forward
         args = ", ".join(f"{a.name}: {_dims(a.dims)}" for a in f.args)
@@ -90,11 +117,18 @@ def expr_text(e: ir.TExpr) -> str:
         return f"-{expr_text(e.operand)}"
     if isinstance(e, ir.CallChild):
         return f"{e.child}({', '.join(expr_text(a) for a in e.args)})"
+    if e.name == "quantized":
+        return f"{e.attr('format')}({expr_text(e.args[0])})"
     attrs = []
     for k, v in e.attrs:
-        if k in ("optional", "operands", "dims", "out") or v is None:
+        if k in ("optional", "operands", "dims", "out") or v is None or v == "":
             continue
-        attrs.append(f"{k} = {v if isinstance(v, ir.Dim) else value_text(v.value)}")
+        if isinstance(v, ir.Dim):
+            attrs.append(f"{k} = {v}")
+        elif isinstance(v, str):
+            attrs.append(f'{k} = "{v}"')
+        else:
+            attrs.append(f"{k} = {value_text(v.value)}")
     if e.name == "einsum":
         ops = ", ".join(" ".join(o) for o in e.attr("operands"))
         attrs = [f'"{ops} -> {" ".join(e.attr("out"))}"']
@@ -106,9 +140,9 @@ def _section(s: ir.Section) -> list[str]:
     out = []
     for name, value, _ in s.settings:
         out.append(f"  {name} = {_section_value(value)}")
-    for name, args, kwargs, _ in s.directives:
-        parts = [_section_value(a) for a in args] + [f"{k} = {_section_value(v)}" for k, v in kwargs]
-        out.append(f"  {name}({', '.join(parts)})")
+    for d in s.directives:
+        parts = [_section_value(a) for a, _ in d.args] + [f"{k} = {_section_value(v)}" for k, v, _ in d.kwargs]
+        out.append(f"  {d.name}({', '.join(parts)})")
     return out
 
 

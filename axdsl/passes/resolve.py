@@ -416,9 +416,9 @@ class _Resolver:
             if isinstance(item, ast.Setting):
                 settings.append((item.name, self._section_value(item.value), item.span))
             else:
-                args = tuple(self._section_value(a) for a in item.args)
-                kwargs = tuple((k.name, self._section_value(k.value)) for k in item.kwargs)
-                directives.append((item.name, args, kwargs, item.span))
+                args = tuple((self._section_value(a), a.span) for a in item.args)
+                kwargs = tuple((k.name, self._section_value(k.value), k.span) for k in item.kwargs)
+                directives.append(ir.Directive(item.name, args, kwargs, item.span))
         return ir.Section(decl.kind, decl.pattern, tuple(settings), tuple(directives), decl.span)
 
     def _section_value(self, expr: ast.Expr):

@@ -1,27 +1,135 @@
-"""Hardware targets: profiles shipped as data, looked up by name (`cpu`, `gpu-h100-8`, ...)."""
+"""Hardware targets: profiles shipped as data (`profiles.toml`), looked up by name.
+
+A target name is a profile name with an optional chip count: `cpu`, `gpu-h100` (one host's worth of
+chips), `gpu-h100-8`, `tpu-v5e-256`. Profiles are plain data so adding a chip is a table, not code.
+"""
 
 from __future__ import annotations
 
+import math
 import re
+import tomllib
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
 
 from axdsl.errors import did_you_mean
 
-KNOWN_TARGETS = ("cpu",)
+# Mesh axes, least to most communication per step (AXLearn's order): `model` is innermost, so
+# tensor-parallel peers sit on the fastest links.
+MESH_AXES = ("data", "expert", "fsdp", "seq", "model")
+REMAT_KINDS = ("none", "full", "save_dots", "save", "offload")
+QUANT_FORMATS = ("none", "fp8", "int8")
+ATTENTION_KERNELS = ("xla", "cudnn", "splash")
 
 
 class UnknownTarget(ValueError):
     pass
 
 
+@dataclass(frozen=True)
+class Profile:
+    """One chip's facts and its default schedule."""
+
+    name: str
+    kind: str  # cpu, gpu, tpu, trn
+    description: str
+    hbm_gib: float
+    peak_tflops: dict[str, float]
+    chips_per_host: int
+    default_chips: int
+    mesh: dict[str, int]
+    rules: dict[str, tuple[str, ...]]
+    attention: tuple[str, ...]
+    quantize: tuple[str, ...]
+    default_quantize: str
+    remat: str
+
+    @property
+    def hbm_bytes(self) -> int:
+        return int(self.hbm_gib * 2**30)
+
+    def peak_flops(self, fmt: str = "bf16") -> float:
+        """Dense peak FLOP/s per chip for a number format (bf16 when the format has no entry)."""
+        return self.peak_tflops.get(fmt, self.peak_tflops["bf16"]) * 1e12
+
+
+@dataclass(frozen=True)
+class Target:
+    """A parsed target name: its profile and chip count."""
+
+    name: str
+    profile: Profile
+    chips: int
+
+    @property
+    def canonical(self) -> str:
+        return f"{self.profile.name}-{self.chips}"
+
+
+@lru_cache(maxsize=1)
+def profiles() -> dict[str, Profile]:
+    data = tomllib.loads((Path(__file__).parent / "profiles.toml").read_text(encoding="utf-8"))
+    defaults = data.pop("defaults")
+    out = {}
+    for name, t in data.items():
+        rules = {k: tuple(v) for k, v in defaults["rules"].items()}
+        rules.update({k: tuple(v) for k, v in t.get("rules", {}).items()})
+        out[name] = Profile(
+            name=name, kind=t["kind"], description=t["description"], hbm_gib=t["hbm_gib"],
+            peak_tflops=dict(t["peak_tflops"]), chips_per_host=t["chips_per_host"],
+            default_chips=t["default_chips"], mesh=dict(t.get("mesh", defaults["mesh"])), rules=rules,
+            attention=tuple(t["attention"]), quantize=tuple(t["quantize"]),
+            default_quantize=t.get("default_quantize", defaults["default_quantize"]),
+            remat=t.get("remat", defaults["remat"]),
+        )
+    return out
+
+
+def known_targets() -> tuple[str, ...]:
+    return tuple(profiles())
+
+
+KNOWN_TARGETS = known_targets()
+
+
 def parse_target(name: str) -> tuple[str, int | None]:
     """`gpu-h100-8` -> ("gpu-h100", 8); `cpu` -> ("cpu", None). Raise UnknownTarget for others."""
     m = re.fullmatch(r"(.+?)(?:-(\d+))?", name)
     base, count = m.group(1), m.group(2)
-    if base not in KNOWN_TARGETS:
+    if base not in profiles():
         hint = did_you_mean(base, KNOWN_TARGETS)
         raise UnknownTarget(f"unknown target `{name}`; known targets: {', '.join(KNOWN_TARGETS)}"
-                            + (f" ({hint})" if hint else ""))
+                            + (f" ({hint})" if hint else "")
+                            + "; a chip count may follow, as in gpu-h100-8")
+    if count is not None and int(count) < 1:
+        raise UnknownTarget(f"target `{name}` asks for {count} chips; use a positive count")
     return base, int(count) if count else None
+
+
+def get_target(name: str) -> Target:
+    base, count = parse_target(name)
+    profile = profiles()[base]
+    return Target(name, profile, count or profile.default_chips)
+
+
+def resolve_mesh(mesh: dict[str, int], chips: int) -> dict[str, int] | str:
+    """Sizes for every mesh axis with -1 filled in, or an error message."""
+    sizes = {a: int(mesh.get(a, 1)) for a in MESH_AXES}
+    free = [a for a, s in sizes.items() if s == -1]
+    if len(free) > 1:
+        return f"only one mesh axis may be -1, got {', '.join(free)}"
+    bad = [a for a, s in sizes.items() if s == 0 or s < -1]
+    if bad:
+        return f"mesh axis `{bad[0]}` has size {sizes[bad[0]]}; sizes are positive or -1"
+    fixed = math.prod(s for s in sizes.values() if s != -1)
+    if free:
+        if chips % fixed:
+            return f"the fixed mesh axes multiply to {fixed}, which does not divide {chips} chips"
+        sizes[free[0]] = chips // fixed
+    elif fixed != chips:
+        return f"the mesh axes multiply to {fixed}, but the target has {chips} chips"
+    return sizes
 
 
 def target_dir_name(name: str) -> str:

@@ -16,12 +16,16 @@ Fixed when this file was built (change the spec and rebuild):
 """
 
 import dataclasses
+import math
 import zlib
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from jax.ad_checkpoint import checkpoint_name
+from jax.sharding import Mesh
+from jax.sharding import PartitionSpec as P
 
 
 @dataclasses.dataclass(frozen=True)
@@ -183,6 +187,66 @@ def param_axes() -> dict:
     }
 
 
+# ----------------------------------------------------------------------------- sharding
+# Target cpu (1 chip): mesh from profile cpu -> data=1.
+# Rules (logical axis -> mesh axes): batch -> data, fsdp.
+MESH_SHAPE = {
+    "data": -1,
+    "expert": 1,
+    "fsdp": 1,
+    "seq": 1,
+    "model": 1,
+}  # -1 takes the chips the other axes leave
+
+
+def make_mesh(devices=None) -> Mesh:
+    """The device mesh over `devices` (default: all of them), axes in MESH_SHAPE's order."""
+    devices = jax.devices() if devices is None else devices
+    shape = list(MESH_SHAPE.values())
+    if -1 in shape:
+        shape[shape.index(-1)] = len(devices) // math.prod(s for s in shape if s != -1)
+    return Mesh(np.array(devices).reshape(shape), tuple(MESH_SHAPE))
+
+
+def param_specs() -> dict:
+    """Where each parameter lives on the mesh; optimizer moments follow the same specs."""
+    return {
+        "head": P(),
+        "embed": {
+            "table": P(),
+        },
+        "blocks": {
+            "attn_norm": {
+                "scale": P(),
+            },
+            "attn": {
+                "wq": P(),
+                "wk": P(),
+                "wv": P(),
+                "wo": P(),
+            },
+            "mlp_norm": {
+                "scale": P(),
+            },
+            "mlp": {
+                "w_gate": P(),
+                "w_up": P(),
+                "w_down": P(),
+            },
+        },
+        "final_norm": {
+            "scale": P(),
+        },
+    }
+
+
+def shard(x: jax.Array, spec: P) -> jax.Array:
+    """Pin an activation's layout inside `jax.set_mesh(mesh)`; unchanged when no mesh is set."""
+    if jax.sharding.get_abstract_mesh().empty:
+        return x
+    return jax.lax.with_sharding_constraint(x, spec)
+
+
 # ----------------------------------------------------------------------------- helpers
 
 
@@ -282,6 +346,7 @@ def decoder_lm(cfg: Config, params: dict, tokens: jax.Array) -> jax.Array:
     x = x.astype(cfg.dtype)  # [B, S, dim]
 
     def blocks_step(h, layer_params):  # one of cfg.layers stacked layers
+        h = shard(h, P("data"))
         return block(cfg, layer_params, h), None
 
     with jax.named_scope("blocks"):

@@ -1,0 +1,38 @@
+"""Bottom-up rewriting of forward expressions, shared by the passes that transform them."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Callable
+
+from axdsl.ir import nodes as ir
+
+Rewrite = Callable[[ir.TExpr], ir.TExpr]
+
+
+def map_expr(e: ir.TExpr, fn: Rewrite) -> ir.TExpr:
+    """Rewrite children first, then `e` itself; untouched subtrees are returned as they are."""
+    if isinstance(e, ir.Bin):
+        e = replace(e, left=map_expr(e.left, fn), right=map_expr(e.right, fn))
+    elif isinstance(e, ir.Neg):
+        e = replace(e, operand=map_expr(e.operand, fn))
+    elif isinstance(e, (ir.Prim, ir.CallChild)):
+        e = replace(e, args=tuple(map_expr(a, fn) for a in e.args))
+    return fn(e)
+
+
+def map_forward(f: ir.Forward, fn: Rewrite) -> ir.Forward:
+    return replace(f, body=tuple(replace(s, value=map_expr(s.value, fn)) for s in f.body))
+
+
+def walk_expr(e: ir.TExpr):
+    """Every expression node under `e`, `e` first."""
+    yield e
+    if isinstance(e, ir.Bin):
+        yield from walk_expr(e.left)
+        yield from walk_expr(e.right)
+    elif isinstance(e, ir.Neg):
+        yield from walk_expr(e.operand)
+    elif isinstance(e, (ir.Prim, ir.CallChild)):
+        for a in e.args:
+            yield from walk_expr(a)

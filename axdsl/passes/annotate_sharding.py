@@ -1,0 +1,111 @@
+"""annotate_sharding: give every parameter a PartitionSpec from the target's logical-axis rules.
+
+    param wq: [layers, dim, heads, head_dim] axes(layers, embed, heads, head_dim)
+    rules: embed -> fsdp, heads -> model            mesh: fsdp = 4, model = 2
+                                              ->    sharding (None, fsdp, model, None)
+
+Data, FSDP, tensor, sequence and expert parallelism are all just rules. A mesh axis of size 1
+is dropped from specs (it shards nothing); the -1 axis is always kept, since its size follows the
+chip count. A parameter that would use one mesh axis twice, or a dim its mesh axes do not divide,
+is a compile-time error located at the rule (or at the parameter when the rule is a default).
+
+Activations: `activation_spec` maps the dims of a layer-boundary activation to mesh axes with the
+same rules, skipping a mesh axis already used by an earlier dim (batch takes `fsdp` before embed
+can), as MaxText's fallback rules do; FSDP keeps parameters sharded at rest and activations
+sharded over the batch.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+from axdsl.errors import Diagnostics
+from axdsl.ir import nodes as ir
+
+# Free dims of activations by convention: the spec writes [B, S, ...] for batch and sequence.
+FREE_DIM_AXES = {"B": "batch", "S": "seq"}
+
+
+def annotate_sharding(module: ir.Module, target=None) -> ir.Module:
+    sched = module.schedule
+    diags = Diagnostics()
+    models = []
+    for model in module.models:
+        root = _annotate(model.root, sched, diags, model)
+        models.append(replace(model, root=root))
+    diags.raise_if_any()
+    return replace(module, models=tuple(models))
+
+
+def kept_axes(sched: ir.TargetConfig, logical: str) -> tuple[str, ...]:
+    """The mesh axes a logical axis maps to on this target, without size-1 axes."""
+    written = dict(sched.mesh.value)
+    return tuple(a for a in sched.rule(logical) if written.get(a, 1) != 1)
+
+
+def _annotate(inst: ir.Instance, sched: ir.TargetConfig, diags: Diagnostics, model: ir.Model) -> ir.Instance:
+    params = tuple(_shard_param(inst, p, sched, diags, model) for p in inst.params)
+    children = tuple(_annotate(c, sched, diags, model) for c in inst.children)
+    return replace(inst, params=params, children=children)
+
+
+def _shard_param(inst: ir.Instance, p: ir.Param, sched: ir.TargetConfig, diags: Diagnostics,
+                 model: ir.Model) -> ir.Param:
+    spec: list[tuple[str, ...]] = []
+    seen: dict[str, str] = {}
+    path = f"{inst.path.rstrip('/')}/{p.name}"
+    for dim, logical in zip(p.full_dims, p.full_axes):
+        axes = kept_axes(sched, logical)
+        rule = sched.rule_choice(logical)
+        where = rule.span if rule is not None and rule.span is not None else p.span
+        for a in axes:
+            if a in seen:
+                diags.error(where, f"mesh axis `{a}` is used twice by parameter {path}: by its "
+                                   f"`{seen[a]}` and `{logical}` dims ({sched.name})",
+                            f"map `{seen[a]}` and `{logical}` to different mesh axes in rules(...)")
+            seen[a] = logical
+        ways = math.prod(sched.size(a) for a in axes)
+        if dim.size is not None and ways > 1 and dim.size % ways:
+            how = " x ".join(f"{a}={sched.size(a)}" for a in axes)
+            diags.error(where, f"{model.name}: {path} dim `{logical}` has size {dim.size}, which "
+                               f"{how} ({ways} shards on {sched.name}) does not divide",
+                        f"change the mesh, or map `{logical}` to other mesh axes in rules(...)")
+        spec.append(axes)
+    return replace(p, sharding=tuple(spec))
+
+
+def activation_spec(sched: ir.TargetConfig, logical_axes: tuple[str | None, ...]) -> tuple[tuple[str, ...], ...]:
+    """Mesh axes for an activation's dims: rules in dim order, each mesh axis used once."""
+    used: set[str] = set()
+    out = []
+    for logical in logical_axes:
+        axes = tuple(a for a in kept_axes(sched, logical) if a not in used) if logical else ()
+        used.update(axes)
+        out.append(axes)
+    return tuple(out)
+
+
+def dim_axes(root: ir.Instance) -> dict[str, str]:
+    """Logical axis of each named dim, read off the parameters (`dim` -> embed), plus B and S."""
+    out = dict(FREE_DIM_AXES)
+    for inst in root.walk():
+        for p in inst.params:
+            for d, a in zip(p.dims, p.axes):
+                out.setdefault(d.name, a)
+    return out
+
+
+def spec_text(spec: tuple[tuple[str, ...], ...]) -> str:
+    """A PartitionSpec as Python: P(None, "fsdp", ("data", "fsdp"))."""
+    parts = []
+    for axes in spec:
+        if not axes:
+            parts.append("None")
+        elif len(axes) == 1:
+            parts.append(f'"{axes[0]}"')
+        else:
+            parts.append("(" + ", ".join(f'"{a}"' for a in axes) + ")")
+    while parts and parts[-1] == "None":
+        parts.pop()
+    return f"P({', '.join(parts)})"

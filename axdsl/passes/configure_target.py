@@ -1,0 +1,255 @@
+"""configure_target: resolve the schedule for one target from its profile and the spec's blocks.
+
+    target "gpu-h100*" {            the first block whose pattern matches the target name wins
+      mesh(fsdp = -1, model = 2)    (fnmatch, as AXLearn's mesh rules); its directives override
+      rules(mlp = model)            the profile's defaults one by one, and every setting keeps
+      remat(save = [context])       where it came from so `axdsl dump --target` can show it.
+      quantize(fp8, layers = "blocks/*")
+      kernels(attention = cudnn)
+    }
+
+Every block is checked (a typo in a TPU block fails a CPU build too); what a chip supports
+(quantization formats, kernels) is checked for the matched block only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from fnmatch import fnmatchcase
+from typing import Any
+
+from axdsl.errors import Diagnostics, Span, did_you_mean
+from axdsl.ir import nodes as ir
+from axdsl.targets import (ATTENTION_KERNELS, MESH_AXES, QUANT_FORMATS, REMAT_KINDS, Target,
+                           get_target, resolve_mesh)
+
+DIRECTIVES = ("mesh", "rules", "remat", "quantize", "kernels")
+KERNEL_OPS = ("attention",)
+
+
+def configure_target(module: ir.Module, target: str) -> ir.Module:
+    t = get_target(target)
+    diags = Diagnostics()
+    parsed = [_parse_block(block, diags) for block in module.targets]
+    diags.raise_if_any()
+    matched = next((i for i, b in enumerate(module.targets) if _matches(b.pattern, t)), None)
+    block = module.targets[matched] if matched is not None else None
+    overrides = parsed[matched] if matched is not None else {}
+    schedule = _schedule(t, block, overrides, diags)
+    diags.raise_if_any()
+    return replace(module, schedule=schedule)
+
+
+def _matches(pattern: str, t: Target) -> bool:
+    """A pattern matches the name as written or its canonical form with the chip count."""
+    return fnmatchcase(t.name, pattern) or fnmatchcase(t.canonical, pattern)
+
+
+# ---------------------------------------------------------------------------- parsing one block
+def _parse_block(block: ir.Section, diags: Diagnostics) -> dict[str, tuple[Any, Span]]:
+    """Check one target block's shape; return {directive: (parsed value, span)}."""
+    out: dict[str, tuple[Any, Span]] = {}
+    for name, _, span in block.settings:
+        diags.error(span, f"unknown target setting `{name}`",
+                    "target blocks hold directives: " + ", ".join(f"{d}(...)" for d in DIRECTIVES))
+    for d in block.directives:
+        if d.name not in DIRECTIVES:
+            hint = did_you_mean(d.name, DIRECTIVES) or "directives: " + ", ".join(DIRECTIVES)
+            diags.error(d.span, f"unknown target directive `{d.name}`", hint)
+            continue
+        if d.name in out:
+            diags.error(d.span, f"`{d.name}(...)` appears twice in this target block",
+                        "merge them into one directive")
+            continue
+        value = globals()[f"_parse_{d.name}"](d, diags)
+        if value is not None:
+            out[d.name] = (value, d.span)
+    return out
+
+
+def _name(v) -> str | None:
+    return v[1] if isinstance(v, tuple) and len(v) == 2 and v[0] == "name" else None
+
+
+def _names(v, span: Span, what: str, allowed: tuple[str, ...], diags: Diagnostics) -> tuple[str, ...] | None:
+    """A bare name or a list of bare names, each one of `allowed`."""
+    items = (v,) if _name(v) is not None else v if isinstance(v, tuple) and all(_name(i) for i in v) else None
+    if items is None:
+        diags.error(span, f"{what} takes a name or a list of names, as in [data, fsdp]")
+        return None
+    names = tuple(_name(i) for i in items)
+    for n in names:
+        if n not in allowed:
+            diags.error(span, f"unknown {what} `{n}`",
+                        did_you_mean(n, allowed) or f"known: {', '.join(allowed)}")
+            return None
+    return names
+
+
+def _no_positional(d: ir.Directive, diags: Diagnostics) -> bool:
+    if d.args:
+        diags.error(d.args[0][1], f"`{d.name}(...)` takes only `name = value` arguments")
+        return False
+    return True
+
+
+def _parse_mesh(d: ir.Directive, diags: Diagnostics):
+    if not _no_positional(d, diags):
+        return None
+    sizes = {}
+    for key, value, span in d.kwargs:
+        if key not in MESH_AXES:
+            diags.error(span, f"unknown mesh axis `{key}`",
+                        did_you_mean(key, MESH_AXES) or f"mesh axes: {', '.join(MESH_AXES)}")
+        elif not isinstance(value, int) or isinstance(value, bool) or value == 0 or value < -1:
+            diags.error(span, f"mesh axis `{key}` must be a positive integer or -1",
+                        "-1 means: whatever is left of the chip count")
+        else:
+            sizes[key] = value
+    if sum(1 for v in sizes.values() if v == -1) > 1:
+        diags.error(d.span, "only one mesh axis may be -1", "give every other axis a size")
+    return tuple(sizes.items())
+
+
+def _parse_rules(d: ir.Directive, diags: Diagnostics):
+    if not _no_positional(d, diags):
+        return None
+    rules = []
+    for key, value, span in d.kwargs:
+        if key not in ir.LOGICAL_AXES:
+            diags.error(span, f"unknown logical axis `{key}`",
+                        did_you_mean(key, ir.LOGICAL_AXES) or f"logical axes: {', '.join(ir.LOGICAL_AXES)}")
+            continue
+        axes = () if value == () else _names(value, span, "mesh axis", MESH_AXES, diags)
+        if axes is not None:
+            if len(set(axes)) != len(axes):
+                diags.error(span, f"rule for `{key}` names a mesh axis twice")
+                continue
+            rules.append((key, axes, span))
+    return tuple(rules)
+
+
+def _parse_remat(d: ir.Directive, diags: Diagnostics):
+    simple = ("none", "full", "save_dots")
+    if d.args:
+        if len(d.args) != 1 or d.kwargs or _name(d.args[0][0]) not in simple:
+            diags.error(d.span, "remat takes one of none, full, save_dots, or save = [...] and/or offload = [...]",
+                        "for example remat(full) or remat(save = [query_proj, out_proj])")
+            return None
+        return ir.RematPolicy(_name(d.args[0][0]))
+    if not d.kwargs:
+        diags.error(d.span, "remat(...) needs a policy", "for example remat(full)")
+        return None
+    lists = {}
+    for key, value, span in d.kwargs:
+        if key not in ("save", "offload"):
+            diags.error(span, f"unknown remat option `{key}`", did_you_mean(key, ("save", "offload")))
+            continue
+        items = (value,) if _name(value) else value if isinstance(value, tuple) else None
+        if items is None or not all(_name(i) for i in items):
+            diags.error(span, f"`{key}` takes a list of named points, as in [query_proj, context]")
+            continue
+        lists[key] = tuple(_name(i) for i in items)
+    kind = "offload" if "offload" in lists else "save"
+    return ir.RematPolicy(kind, lists.get("save", ()), lists.get("offload", ()))
+
+
+def _parse_quantize(d: ir.Directive, diags: Diagnostics):
+    if len(d.args) != 1 or _name(d.args[0][0]) is None:
+        diags.error(d.span, "quantize takes a format: quantize(fp8), quantize(int8) or quantize(none)",
+                    'optionally with layers = "blocks/*" to pick layer paths')
+        return None
+    fmt = _name(d.args[0][0])
+    if fmt not in QUANT_FORMATS:
+        diags.error(d.args[0][1], f"unknown quantization format `{fmt}`",
+                    did_you_mean(fmt, QUANT_FORMATS) or f"formats: {', '.join(QUANT_FORMATS)}")
+        return None
+    layers: tuple[str, ...] = ("*",)
+    for key, value, span in d.kwargs:
+        if key != "layers":
+            diags.error(span, f"unknown quantize option `{key}`", "the only option is layers = \"pattern\"")
+        elif isinstance(value, str):
+            layers = (value,)
+        elif isinstance(value, tuple) and value and all(isinstance(v, str) for v in value):
+            layers = value
+        else:
+            diags.error(span, "layers takes a path pattern string or a list of them", 'as in layers = "blocks/*"')
+    return ir.QuantPolicy(fmt, layers)
+
+
+def _parse_kernels(d: ir.Directive, diags: Diagnostics):
+    if not _no_positional(d, diags):
+        return None
+    out = []
+    for key, value, span in d.kwargs:
+        if key not in KERNEL_OPS:
+            diags.error(span, f"no kernel choice for `{key}`", f"kernel choices exist for: {', '.join(KERNEL_OPS)}")
+            continue
+        kernel = _name(value)
+        if kernel not in ATTENTION_KERNELS + ("auto",):
+            diags.error(span, f"unknown attention kernel `{kernel or value}`",
+                        did_you_mean(str(kernel), ATTENTION_KERNELS) or f"kernels: {', '.join(ATTENTION_KERNELS)}, auto")
+            continue
+        out.append((key, kernel, span))
+    return tuple(out)
+
+
+# ---------------------------------------------------------------------------- the schedule
+def _schedule(t: Target, block: ir.Section | None, o: dict, diags: Diagnostics) -> ir.TargetConfig:
+    p = t.profile
+    default = f"profile {p.name}"
+
+    def from_spec(span: Span) -> str:
+        return f'target "{block.pattern}" at {span}'
+
+    # Mesh: a spec's mesh() replaces the profile's whole mesh (unnamed axes are 1).
+    if "mesh" in o:
+        mesh_value, span = o["mesh"]
+        mesh = ir.Choice(mesh_value, from_spec(span), span)
+    else:
+        mesh = ir.Choice(tuple(p.mesh.items()), default)
+    sizes = resolve_mesh(dict(mesh.value), t.chips)
+    if isinstance(sizes, str):
+        diags.error(mesh.span or block_span(block), f"mesh does not fit {t.name} ({t.chips} chips): {sizes}",
+                    f"use -1 for one axis to take the rest, or build for {p.name}-N")
+        sizes = {a: 1 for a in MESH_AXES}
+
+    rules = {k: ir.Choice(v, default) for k, v in p.rules.items()}
+    for key, axes, span in o.get("rules", ((), None))[0]:
+        rules[key] = ir.Choice(axes, from_spec(span), span)
+
+    if "remat" in o:
+        remat = ir.Choice(o["remat"][0], from_spec(o["remat"][1]), o["remat"][1])
+    else:
+        remat = ir.Choice(ir.RematPolicy(p.remat), default)
+
+    if "quantize" in o:
+        q, span = o["quantize"]
+        if q.format != "none" and q.format not in p.quantize:
+            have = ", ".join(p.quantize) or "no low-precision formats"
+            diags.error(span, f"{p.name} does not run {q.format} matmuls (it has {have})",
+                        f'use quantize(none) in the block matching "{t.name}"')
+        quantize = ir.Choice(q, from_spec(span), span)
+    else:
+        quantize = ir.Choice(ir.QuantPolicy(p.default_quantize, ("blocks/*",)), default)
+
+    kernels = {"attention": ir.Choice("auto", default)}
+    for key, kernel, span in o.get("kernels", ((), None))[0]:
+        if kernel != "auto" and kernel not in p.attention:
+            diags.error(span, f"{p.name} has no `{kernel}` attention kernel",
+                        f"its kernels: {', '.join(p.attention)} (or auto)")
+        kernels[key] = ir.Choice(kernel, from_spec(span), span)
+
+    return ir.TargetConfig(
+        name=t.name, profile=p.name, kind=p.kind, chips=t.chips,
+        matched=block.pattern if block else None, matched_span=block.span if block else None,
+        mesh=mesh, mesh_sizes=tuple(sizes.items()),
+        rules=tuple((k, rules[k]) for k in ir.LOGICAL_AXES if k in rules),
+        remat=remat, quantize=quantize, kernels=tuple(kernels.items()),
+    )
+
+
+def block_span(block: ir.Section | None) -> Span:
+    from axdsl.errors import UNKNOWN_SPAN
+
+    return block.span if block is not None else UNKNOWN_SPAN

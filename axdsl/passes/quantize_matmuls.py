@@ -1,0 +1,51 @@
+"""quantize_matmuls: run matmuls that have a parameter operand in fp8 or int8, by layer path.
+
+    quantize(fp8, layers = "blocks/*")      /blocks/attn: q = x @ wq   ->   q = fp8(x @ wq)
+
+The matmul is wrapped in a `quantized` primitive carrying the format; codegen emits it through a
+small helper in the generated model (`fp8_einsum` or `int8_einsum`) whose numerics are documented
+there. Matmuls between two activations (attention scores) and layers outside the patterns (by
+default the embedding and the output head) stay in the compute dtype.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from fnmatch import fnmatchcase
+
+from axdsl.ir import nodes as ir
+from axdsl.ir.rewrite import map_forward
+
+
+def quantize_matmuls(module: ir.Module, target=None) -> ir.Module:
+    policy: ir.QuantPolicy = module.schedule.quantize.value
+    if policy.format == "none":
+        return module
+    models = tuple(replace(m, root=_visit(m.root, policy)) for m in module.models)
+    return replace(module, models=models)
+
+
+def selected(path: str, policy: ir.QuantPolicy) -> bool:
+    rel = path.strip("/")
+    return any(fnmatchcase(rel, pat) for pat in policy.layers)
+
+
+def _visit(inst: ir.Instance, policy: ir.QuantPolicy) -> ir.Instance:
+    children = tuple(_visit(c, policy) for c in inst.children)
+    forward = inst.forward
+    if forward is not None and selected(inst.path, policy):
+        forward = map_forward(forward, lambda e: _wrap(e, policy.format))
+    return replace(inst, children=children, forward=forward)
+
+
+def _is_param(e: ir.TExpr) -> bool:
+    return isinstance(e, ir.Ref) and e.kind in ("param", "child_param")
+
+
+def _wrap(e: ir.TExpr, fmt: str) -> ir.TExpr:
+    is_matmul = isinstance(e, ir.Bin) and e.op == "@" and (_is_param(e.left) or _is_param(e.right))
+    is_einsum = (isinstance(e, ir.Prim) and e.name == "einsum" and len(e.args) == 2
+                 and any(_is_param(a) for a in e.args))
+    if is_matmul or is_einsum:
+        return ir.Prim("quantized", (e,), (("format", fmt),), e.span, e.type)
+    return e
