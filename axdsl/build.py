@@ -14,7 +14,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from axdsl.codegen.emit import emit_model
+from axdsl.codegen.emit import emit_model, has_lm_signature
+from axdsl.codegen.emit_train import emit_train, training_flops_per_token
 from axdsl.codegen.format import check_generated, format_code
 from axdsl.pipeline import compile_spec
 from axdsl.targets import parse_target, target_dir_name
@@ -38,6 +39,10 @@ def build_files(spec: Path, target: str) -> dict[str, str]:
     parse_target(target)
     module = compile_spec(spec, target)
     files = {"__init__.py": PACKAGE_INIT, "model.py": format_code(emit_model(module))}
+    if has_lm_signature(module.models[0].root):
+        package = f"generated.{spec.stem}.{target_dir_name(target)}"
+        flops = [(m.name, *training_flops_per_token(m)) for m in module.models]
+        files["train.py"] = format_code(emit_train(module, package, flops))
     for name, text in files.items():
         check_generated(text, name)
     return files

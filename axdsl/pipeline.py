@@ -1,7 +1,7 @@
 """The compiler pipeline in one place: load -> resolve -> PASSES -> codegen.
 
     spec.axl --lark--> AST --resolve--> IR --check, infer_shapes, stack_repeats--> IR
-        --configure_target, annotate_sharding, insert_remat, quantize_matmuls, select_kernels--> IR
+        --configure_target, configure_train, annotate_sharding, insert_remat, quantize_matmuls, select_kernels--> IR
         --codegen--> model.py, train.py
 
 The first passes are the algorithm (target-independent); the target passes are the schedule, and
@@ -21,6 +21,7 @@ from axdsl.ir import nodes as ir
 from axdsl.passes.annotate_sharding import annotate_sharding
 from axdsl.passes.check import check
 from axdsl.passes.configure_target import configure_target
+from axdsl.passes.configure_train import configure_train
 from axdsl.passes.infer_shapes import infer_shapes
 from axdsl.passes.insert_remat import insert_remat
 from axdsl.passes.quantize_matmuls import quantize_matmuls
@@ -37,6 +38,7 @@ PASSES: tuple[tuple[str, Pass], ...] = (
     ("infer_shapes", infer_shapes),
     ("stack_repeats", stack_repeats),
     ("configure_target", configure_target),
+    ("configure_train", configure_train),
     ("annotate_sharding", annotate_sharding),
     ("insert_remat", insert_remat),
     ("quantize_matmuls", quantize_matmuls),

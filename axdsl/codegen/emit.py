@@ -92,7 +92,7 @@ def emit_model(module: ir.Module) -> str:
         helpers=helpers,
         functions=functions,
         root_fn=functions[-1].name,
-        loss=_has_lm_signature(root),
+        loss=has_lm_signature(root),
     )
     draft = render_template("model.py.j2", imports="", **context)
     return render_template("model.py.j2", imports=imports_for(draft), **context)
@@ -161,7 +161,7 @@ def _uses_dropout(inst: ir.Instance) -> bool:
     return any(walk(s.value) for s in inst.forward.body)
 
 
-def _has_lm_signature(root: ir.Instance) -> bool:
+def has_lm_signature(root: ir.Instance) -> bool:
     f = root.forward
     return len(f.args) == 1 and len(f.args[0].dims) == 2 and len(f.result) == 3
 

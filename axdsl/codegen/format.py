@@ -1,7 +1,8 @@
 """Format generated code with black and check it with libcst before anything is written.
 
 The check enforces the allowed shape of generated code: it parses; it imports only jax, numpy,
-optax, orbax, tqdm and the standard library (never axdsl); every import is used; and it calls
+optax, orbax, tqdm, the standard library
+and sibling generated files (never axdsl); every import is used; and it calls
 none of the builtins that run or load arbitrary code. A failure is a compiler bug.
 """
 
@@ -67,7 +68,8 @@ class _Checker(cst.CSTVisitor):
 
     def visit_ImportFrom(self, node: cst.ImportFrom) -> bool:
         dotted = cst.helpers.get_full_name_for_node(node.module) if node.module else ""
-        self._module_ok(dotted)
+        if not node.relative:  # `from .model import ...`: a sibling generated file
+            self._module_ok(dotted)
         if dotted == "__future__":
             return False
         if isinstance(node.names, cst.ImportStar):

@@ -360,6 +360,16 @@ class TargetConfig:
 
 
 @dataclass(frozen=True)
+class TrainSpec:
+    """The resolved `train { }` section: every setting with its value and where it came from."""
+
+    settings: tuple[tuple[str, Choice], ...]
+
+    def get(self, name: str) -> Any:
+        return dict(self.settings)[name].value
+
+
+@dataclass(frozen=True)
 class Model:
     name: str
     root: Instance
@@ -378,3 +388,4 @@ class Module:
     target: str = "cpu"
     passes_run: tuple[str, ...] = field(default=())
     schedule: TargetConfig | None = None  # set by configure_target
+    training: TrainSpec | None = None  # set by configure_train

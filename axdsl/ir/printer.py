@@ -24,6 +24,10 @@ def print_module(module: ir.Module) -> str:
         lines.extend(_section(t))
     if module.schedule is not None:
         lines.extend(schedule_lines(module.schedule))
+    if module.training is not None:
+        lines.append("training")
+        for name, c in module.training.settings:
+            lines.append(f"  {name} = {_train_value(c.value)}  # {c.origin}")
     return "\n".join(lines) + "\n"
 
 
@@ -154,4 +158,13 @@ def _section_value(v) -> str:
         return f"{v[1]}({', '.join(parts)})"
     if isinstance(v, tuple):
         return "[" + ", ".join(_section_value(x) for x in v) + "]"
+    return value_text(v)
+
+
+def _train_value(v) -> str:
+    """A resolved train setting: `adamw(lr = 0.0003, ...)`, `tokens(path = "x.bin")`, a number."""
+    if isinstance(v, tuple) and len(v) == 2 and isinstance(v[0], str) and isinstance(v[1], tuple):
+        return f"{v[0]}({', '.join(f'{k} = {value_text(x)}' for k, x in v[1])})"
+    if isinstance(v, tuple):
+        return "(" + ", ".join(f"{k} = {value_text(x)}" for k, x in v) + ")"
     return value_text(v)

@@ -32,10 +32,27 @@ def annotate_sharding(module: ir.Module, target=None) -> ir.Module:
     diags = Diagnostics()
     models = []
     for model in module.models:
-        root = _annotate(model.root, sched, diags, model)
+        undivided: dict[tuple[str, int], list[str]] = {}
+        root = _annotate(model.root, sched, diags, undivided)
+        _report_undivided(model, sched, undivided, diags)
         models.append(replace(model, root=root))
     diags.raise_if_any()
     return replace(module, models=tuple(models))
+
+
+def _report_undivided(model: ir.Model, sched: ir.TargetConfig, undivided: dict, diags: Diagnostics) -> None:
+    """One error per logical axis and size, at the rule when the spec wrote it, else at the model."""
+    for (logical, size), paths in undivided.items():
+        axes = kept_axes(sched, logical)
+        ways = math.prod(sched.size(a) for a in axes)
+        how = " x ".join(f"{a}={sched.size(a)}" for a in axes)
+        rule = sched.rule_choice(logical)
+        where = rule.span if rule is not None and rule.span is not None else model.span
+        shown = ", ".join(paths[:3]) + (f" and {len(paths) - 3} more" if len(paths) > 3 else "")
+        diags.error(where, f"{model.name}: logical axis `{logical}` has size {size}, which {how} "
+                           f"({ways} shards on {sched.name}) does not divide (parameters {shown})",
+                    f"change the mesh, map `{logical}` to other mesh axes in rules(...), or pick a size "
+                    f"that is a multiple of {ways}")
 
 
 def kept_axes(sched: ir.TargetConfig, logical: str) -> tuple[str, ...]:
@@ -44,14 +61,14 @@ def kept_axes(sched: ir.TargetConfig, logical: str) -> tuple[str, ...]:
     return tuple(a for a in sched.rule(logical) if written.get(a, 1) != 1)
 
 
-def _annotate(inst: ir.Instance, sched: ir.TargetConfig, diags: Diagnostics, model: ir.Model) -> ir.Instance:
-    params = tuple(_shard_param(inst, p, sched, diags, model) for p in inst.params)
-    children = tuple(_annotate(c, sched, diags, model) for c in inst.children)
+def _annotate(inst: ir.Instance, sched: ir.TargetConfig, diags: Diagnostics, undivided: dict) -> ir.Instance:
+    params = tuple(_shard_param(inst, p, sched, diags, undivided) for p in inst.params)
+    children = tuple(_annotate(c, sched, diags, undivided) for c in inst.children)
     return replace(inst, params=params, children=children)
 
 
 def _shard_param(inst: ir.Instance, p: ir.Param, sched: ir.TargetConfig, diags: Diagnostics,
-                 model: ir.Model) -> ir.Param:
+                 undivided: dict) -> ir.Param:
     spec: list[tuple[str, ...]] = []
     seen: dict[str, str] = {}
     path = f"{inst.path.rstrip('/')}/{p.name}"
@@ -67,10 +84,7 @@ def _shard_param(inst: ir.Instance, p: ir.Param, sched: ir.TargetConfig, diags: 
             seen[a] = logical
         ways = math.prod(sched.size(a) for a in axes)
         if dim.size is not None and ways > 1 and dim.size % ways:
-            how = " x ".join(f"{a}={sched.size(a)}" for a in axes)
-            diags.error(where, f"{model.name}: {path} dim `{logical}` has size {dim.size}, which "
-                               f"{how} ({ways} shards on {sched.name}) does not divide",
-                        f"change the mesh, or map `{logical}` to other mesh axes in rules(...)")
+            undivided.setdefault((logical, dim.size), []).append(path)
         spec.append(axes)
     return replace(p, sharding=tuple(spec))
 

@@ -1,0 +1,194 @@
+"""Emit `train.py`: the spec's train block as a `TrainConfig`, its optimizer and schedule as optax.
+
+The template holds the fixed parts (data, state, step, checkpoints, loop); this module renders the
+parts the spec chooses, so the generated file contains only the optimizer and schedule in use.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from axdsl import __version__
+from axdsl.codegen.emit import render_template
+from axdsl.codegen.names import py_str
+from axdsl.ir import nodes as ir
+from axdsl.ir.rewrite import walk_expr
+from axdsl.passes.annotate_sharding import kept_axes, spec_text
+from axdsl.targets import profiles
+
+
+@dataclass
+class Field:
+    name: str
+    type: str
+    default: str
+    comment: str
+
+
+def emit_train(module: ir.Module, package: str, flops: list[tuple[str, int, int]]) -> str:
+    """The unformatted source of generated/<spec>/<target>/train.py."""
+    t = module.training
+    fields = _fields(module)
+    opt_name = t.get("optimizer")[0]
+    sched_name = t.get("schedule")[0]
+    profile = profiles()[module.schedule.profile]
+    batch_axes = kept_axes(module.schedule, "batch")
+    return render_template(
+        "train.py.j2",
+        version=__version__, spec=module.spec, sha256=module.sha256, target=module.target,
+        models=[m.name for m in module.models], package=package,
+        profile=profile.name, peak_flops=f"{profile.peak_flops('bf16'):.4g}",
+        flops=flops, train_fields=fields,
+        schedule_doc=SCHEDULE_DOC[sched_name], schedule_body=SCHEDULES[sched_name],
+        optimizer_doc=OPTIMIZER_DOC[opt_name], optimizer_body=OPTIMIZERS[opt_name],
+        batch_axes=spec_text((batch_axes,))[2:-1] or "None",
+    )
+
+
+def _fields(module: ir.Module) -> list[Field]:
+    t = module.training
+    out = [Field("model", "str", py_str(module.models[0].name), "a name in model.CONFIGS")]
+    origin = dict(t.settings)
+
+    def add(name: str, value, comment: str) -> None:
+        typ = "bool" if isinstance(value, bool) else "int" if isinstance(value, int) else \
+            "float" if isinstance(value, float) else "str"
+        out.append(Field(name, typ, py_str(value) if isinstance(value, str) else repr(value), comment))
+
+    for key in ("batch", "seq", "steps", "microbatches"):
+        add(key, t.get(key), _doc(key, origin[key].origin))
+    opt, opt_args = t.get("optimizer")
+    for k, v in opt_args:
+        add(k, float(v) if k not in ("nesterov",) else v, f"{opt}: {k} ({origin['optimizer'].origin})")
+    sched, sched_args = t.get("schedule")
+    for k, v in sched_args:
+        add(k, int(v) if k == "warmup" else float(v), f"{sched} schedule: {k} ({origin['schedule'].origin})")
+    for key in ("clip", "z_loss", "eval_every", "eval_batches", "log_every", "seed", "max_bad_steps"):
+        add(key, t.get(key), _doc(key, origin[key].origin))
+    kind, data_args = t.get("data")
+    data = dict(data_args)
+    add("data", kind, f"default, tokens or text ({origin['data'].origin})")
+    add("data_path", data.get("path", ""), "token file, or text file or directory")
+    add("data_dtype", data.get("dtype", "u16"), "token file element type: u16 or u32")
+    ckpt = dict(t.get("checkpoint"))
+    add("checkpoint_every", ckpt["every"], f"steps between checkpoints; 0: never ({origin['checkpoint'].origin})")
+    add("checkpoint_keep", ckpt["keep"], "newest checkpoints kept")
+    add("checkpoint_async", ckpt["async"], "save in the background while training continues")
+    add("checkpoint_dir", ckpt["dir"], "inside the run directory")
+    return out
+
+
+_DOCS = {
+    "batch": "global batch, in sequences", "seq": "tokens per sequence", "steps": "optimizer steps",
+    "microbatches": "gradient accumulation: the batch runs in this many pieces",
+    "clip": "clip gradients to this global norm; 0: off", "z_loss": "weight of the z-loss; 0: off",
+    "eval_every": "steps between evaluations; 0: never", "eval_batches": "batches per evaluation",
+    "log_every": "steps between log lines", "seed": "parameters and data order",
+    "max_bad_steps": "non-finite steps in a row before restoring the last checkpoint",
+}
+
+
+def _doc(key: str, origin: str) -> str:
+    return f"{_DOCS[key]} ({origin})"
+
+
+_CLIP = "optax.clip_by_global_norm(tc.clip) if tc.clip else optax.identity(),"
+
+OPTIMIZERS = {
+    "adamw": ["return optax.chain(", f"    {_CLIP}",
+              "    optax.adamw(lr_schedule(tc), b1=tc.b1, b2=tc.b2, eps=tc.eps,",
+              "                weight_decay=tc.weight_decay, mask=decay_mask()),", ")"],
+    "lion": ["return optax.chain(", f"    {_CLIP}",
+             "    optax.lion(lr_schedule(tc), b1=tc.b1, b2=tc.b2, weight_decay=tc.weight_decay, mask=decay_mask()),",
+             ")"],
+    "adafactor": ["return optax.chain(", f"    {_CLIP}",
+                  "    optax.adafactor(lr_schedule(tc), weight_decay_rate=tc.weight_decay or None,",
+                  "                    weight_decay_mask=decay_mask()),", ")"],
+    "sgd": ["return optax.chain(", f"    {_CLIP}",
+            "    optax.add_decayed_weights(tc.weight_decay, mask=decay_mask()),",
+            "    optax.sgd(lr_schedule(tc), momentum=tc.momentum or None, nesterov=tc.nesterov),", ")"],
+}
+OPTIMIZER_DOC = {
+    "adamw": "Clip by global norm, then AdamW with decoupled weight decay on matrices only.",
+    "lion": "Clip by global norm, then Lion (sign momentum) with weight decay on matrices only.",
+    "adafactor": "Clip by global norm, then Adafactor (factored second moments) with decay on matrices.",
+    "sgd": "Clip by global norm, weight decay on matrices, then SGD with (Nesterov) momentum.",
+}
+SCHEDULES = {
+    "cosine": ["return optax.warmup_cosine_decay_schedule(",
+               "    0.0, tc.lr, tc.warmup, max(tc.steps, tc.warmup + 1), end_value=tc.lr * tc.final", ")"],
+    "linear": ["return optax.join_schedules(",
+               "    [optax.linear_schedule(0.0, tc.lr, tc.warmup),",
+               "     optax.linear_schedule(tc.lr, tc.lr * tc.final, max(tc.steps - tc.warmup, 1))],",
+               "    [tc.warmup],", ")"],
+    "constant": ["if not tc.warmup:", "    return optax.constant_schedule(tc.lr)",
+                 "return optax.join_schedules(",
+                 "    [optax.linear_schedule(0.0, tc.lr, tc.warmup), optax.constant_schedule(tc.lr)],",
+                 "    [tc.warmup],", ")"],
+    "wsd": ["decay_start = int(tc.steps * (1 - tc.decay))",
+            "return optax.join_schedules(",
+            "    [optax.linear_schedule(0.0, tc.lr, tc.warmup),",
+            "     optax.constant_schedule(tc.lr),",
+            "     optax.linear_schedule(tc.lr, tc.lr * tc.final, max(tc.steps - decay_start, 1))],",
+            "    [tc.warmup, decay_start],", ")"],
+    "rsqrt": ["warmup = max(tc.warmup, 1)",
+              "return lambda step: tc.lr * jnp.minimum((step + 1) / warmup, jnp.sqrt(warmup / jnp.maximum(step + 1, warmup)))"],
+}
+SCHEDULE_DOC = {
+    "cosine": "linear warmup to lr, then cosine decay to lr * final",
+    "linear": "linear warmup to lr, then linear decay to lr * final",
+    "constant": "linear warmup to lr, then constant",
+    "wsd": "warmup, stable at lr, then linear decay to lr * final over the last `decay` fraction",
+    "rsqrt": "linear warmup, then lr * sqrt(warmup / step)",
+}
+
+
+# TODO(analysis): moves to axdsl/analysis/flops.py
+def training_flops_per_token(model: ir.Model) -> tuple[int, int]:
+    """(matmul FLOPs, attention FLOPs per unit of sequence length) per token, forward + backward.
+
+    MaxText's formula: each matmul with a parameter costs 2 x its elements per token forward;
+    causal attention costs 4 x S x heads x head_dim / 2 per token per layer; training is 3x forward.
+    """
+    dense = attn = 0
+    for inst in model.root.walk():
+        if inst.forward is None:
+            continue
+        layers = _layers(model.root, inst)
+        for s in inst.forward.body:
+            for e in walk_expr(s.value):
+                param = _param_operand(inst, e)
+                if param is not None:
+                    dense += 2 * math.prod(d.size for d in param.dims) * layers
+                if isinstance(e, ir.Prim) and e.name == "attention":
+                    q = e.args[0].type.dims
+                    work = 4 * q[-2].size * q[-1].size
+                    attn += (work // 2 if e.attr("causal").value else work) * layers
+    return 3 * dense, 3 * attn
+
+
+def _layers(root: ir.Instance, inst: ir.Instance) -> int:
+    n, path = 1, ""
+    for part in inst.path.strip("/").split("/") if inst.path != "/" else []:
+        path += "/" + part
+        node = next(i for i in root.walk() if i.path == path)
+        if node.repeat is not None:
+            n *= node.repeat.value
+    return n
+
+
+def _param_operand(inst: ir.Instance, e) -> ir.Param | None:
+    operands = ()
+    if isinstance(e, ir.Bin) and e.op == "@":
+        operands = (e.left, e.right)
+    elif isinstance(e, ir.Prim) and e.name == "einsum":
+        operands = e.args
+    for o in operands:
+        if isinstance(o, ir.Prim) and o.name == "transpose":
+            o = o.args[0]
+        if isinstance(o, ir.Ref) and o.kind == "param":
+            return inst.param(o.name)
+        if isinstance(o, ir.Ref) and o.kind == "child_param":
+            return inst.child(o.owner).param(o.name)
+    return None

@@ -1,0 +1,228 @@
+"""configure_train: check the `train { }` section and resolve every training setting.
+
+    train {
+      batch = 32  seq = 128  steps = 2000  microbatches = 2
+      optimizer = adamw(lr = 3e-4, b1 = 0.9, b2 = 0.95, weight_decay = 0.1)
+      schedule = cosine(warmup = 100, final = 0.1)
+      clip = 1.0  z_loss = 1e-4  eval_every = 200  seed = 0
+      data = tokens("data/train.bin", dtype = "u16")
+      checkpoint(every = 500, keep = 3, async = true, dir = "checkpoints")
+    }
+
+Every key, optimizer, schedule and data source is checked here with a located error; the
+defaults below apply to keys the spec leaves out, and `axdsl dump` shows each value's origin.
+The batch must split evenly into micro-batches and over the mesh axes that shard `batch`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from typing import Any
+
+from axdsl.errors import Diagnostics, Span, did_you_mean
+from axdsl.ir import nodes as ir
+from axdsl.passes.annotate_sharding import kept_axes
+
+# Optimizers and schedules: their arguments and defaults (the spec may set any subset).
+OPTIMIZERS: dict[str, dict[str, float | bool]] = {
+    "adamw": {"lr": 3e-4, "b1": 0.9, "b2": 0.95, "eps": 1e-8, "weight_decay": 0.1},
+    "lion": {"lr": 1e-4, "b1": 0.9, "b2": 0.99, "weight_decay": 0.1},
+    "adafactor": {"lr": 1e-2, "weight_decay": 0.0},
+    "sgd": {"lr": 1e-2, "momentum": 0.9, "nesterov": False, "weight_decay": 0.0},
+}
+SCHEDULES: dict[str, dict[str, float]] = {
+    "cosine": {"warmup": 100, "final": 0.1},  # linear warmup, cosine decay to final * lr
+    "linear": {"warmup": 100, "final": 0.0},  # linear warmup, linear decay to final * lr
+    "constant": {"warmup": 0},
+    "wsd": {"warmup": 100, "decay": 0.2, "final": 0.0},  # warmup, stable, decay over the last `decay` fraction
+    "rsqrt": {"warmup": 100},  # warmup, then lr * sqrt(warmup / step)
+}
+DATA_SOURCES = ("default", "tokens", "text")
+
+INT_KEYS = {"batch": (8, 1), "seq": (128, 2), "steps": (1000, 1), "microbatches": (1, 1),
+            "eval_every": (100, 0), "eval_batches": (4, 1), "log_every": (10, 1), "seed": (0, 0),
+            "max_bad_steps": (3, 1)}
+FLOAT_KEYS = {"clip": (1.0, 0.0), "z_loss": (0.0, 0.0)}
+CHECKPOINT = {"every": 100, "keep": 3, "async": True, "dir": "checkpoints"}
+KEYS = tuple(INT_KEYS) + tuple(FLOAT_KEYS) + ("optimizer", "schedule", "data", "checkpoint")
+
+
+def configure_train(module: ir.Module, target=None) -> ir.Module:
+    diags = Diagnostics()
+    sec = module.train
+    values: dict[str, ir.Choice] = {}
+    if sec is not None:
+        for name, value, span in sec.settings:
+            if name not in KEYS or name == "checkpoint":
+                hint = did_you_mean(name, KEYS) or f"train settings: {', '.join(KEYS)}"
+                diags.error(span, f"unknown train setting `{name}`", hint)
+            elif name in values:
+                diags.error(span, f"`{name}` is set twice in the train block", "keep one")
+            else:
+                checked = _check(name, value, span, diags)
+                if checked is not None:
+                    values[name] = ir.Choice(checked, f"set at {span}", span)
+        for d in sec.directives:
+            if d.name != "checkpoint":
+                hint = did_you_mean(d.name, ("checkpoint",)) or "the train block's directive is checkpoint(...)"
+                diags.error(d.span, f"unknown train directive `{d.name}`", hint)
+                continue
+            ckpt = _checkpoint(d, diags)
+            if ckpt is not None:
+                values["checkpoint"] = ir.Choice(ckpt, f"set at {d.span}", d.span)
+    _defaults(values, module)
+    _cross_checks(values, module, diags)
+    diags.raise_if_any()
+    return replace(module, training=ir.TrainSpec(tuple((k, values[k]) for k in KEYS)))
+
+
+def _defaults(values: dict[str, ir.Choice], module: ir.Module) -> None:
+    for k, (default, _) in INT_KEYS.items():
+        values.setdefault(k, ir.Choice(default, "default"))
+    max_seq = module.models[0].root.hparam("max_seq")
+    if "seq" in values and values["seq"].origin == "default" and max_seq is not None:
+        values["seq"] = ir.Choice(min(128, max_seq.value.value), "default (128, at most max_seq)")
+    for k, (default, _) in FLOAT_KEYS.items():
+        values.setdefault(k, ir.Choice(default, "default"))
+    values.setdefault("optimizer", ir.Choice(("adamw", tuple(OPTIMIZERS["adamw"].items())), "default"))
+    steps = values["steps"].value
+    warm = min(100, max(steps // 10, 0))
+    values.setdefault("schedule", ir.Choice(("cosine", (("warmup", warm), ("final", 0.1))), "default"))
+    values.setdefault("data", ir.Choice(("default", ()), "default"))
+    values.setdefault("checkpoint", ir.Choice(tuple(CHECKPOINT.items()), "default"))
+
+
+def _check(name: str, value: Any, span: Span, diags: Diagnostics) -> Any:
+    if name in INT_KEYS:
+        low = INT_KEYS[name][1]
+        if not isinstance(value, int) or isinstance(value, bool) or value < low:
+            diags.error(span, f"`{name}` must be an integer >= {low}, got {_show(value)}")
+            return None
+        return value
+    if name in FLOAT_KEYS:
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0:
+            diags.error(span, f"`{name}` must be a number >= 0, got {_show(value)}")
+            return None
+        return float(value)
+    if name == "optimizer":
+        return _call(value, span, OPTIMIZERS, "optimizer", diags)
+    if name == "schedule":
+        return _call(value, span, SCHEDULES, "schedule", diags)
+    return _data(value, span, diags)
+
+
+def _call(value: Any, span: Span, table: dict, what: str, diags: Diagnostics):
+    """`adamw(lr = 3e-4)` or a bare `adamw`: the name and every argument, defaults filled in."""
+    if isinstance(value, tuple) and value[:1] == ("name",):
+        value = ("call", value[1], (), ())
+    if not (isinstance(value, tuple) and value[:1] == ("call",)):
+        diags.error(span, f"`{what}` takes one of {', '.join(table)}, as in {next(iter(table))}(...)")
+        return None
+    _, fn, args, kwargs = value
+    if fn not in table:
+        diags.error(span, f"unknown {what} `{fn}`", did_you_mean(fn, table) or f"{what}s: {', '.join(table)}")
+        return None
+    if args:
+        diags.error(span, f"{fn}(...) takes `name = value` arguments", f"for example {fn}(lr = 3e-4)"
+                    if what == "optimizer" else f"for example {fn}(warmup = 100)")
+        return None
+    out = dict(table[fn])
+    for k, v in kwargs:
+        if k not in out:
+            diags.error(span, f"{fn} has no argument `{k}`",
+                        did_you_mean(k, out) or f"its arguments: {', '.join(out)}")
+            continue
+        if isinstance(out[k], bool):
+            ok = isinstance(v, bool)
+        else:
+            ok = isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0
+        if not ok:
+            diags.error(span, f"{fn}({k} = ...) must be {'true or false' if isinstance(out[k], bool) else 'a number >= 0'}, got {_show(v)}")
+            continue
+        out[k] = v
+    if what == "optimizer" and out["lr"] <= 0:
+        diags.error(span, f"{fn}: the learning rate must be positive")
+    if fn == "wsd" and not 0 < out["decay"] <= 1:
+        diags.error(span, "wsd(decay = ...) is the fraction of steps spent decaying, in (0, 1]")
+    return fn, tuple(out.items())
+
+
+def _data(value: Any, span: Span, diags: Diagnostics):
+    """"default", tokens("file.bin", dtype = "u16") or text("file or directory")."""
+    if value == "default" or value == ("name", "default"):
+        return "default", ()
+    if isinstance(value, tuple) and value[:1] == ("call",) and value[1] in ("tokens", "text"):
+        _, fn, args, kwargs = value
+        if len(args) != 1 or not isinstance(args[0], str):
+            diags.error(span, f'{fn}(...) takes one path string, as in {fn}("data/train.bin")')
+            return None
+        opts = dict(kwargs)
+        allowed = {"tokens": {"dtype"}, "text": set()}[fn]
+        for k in opts:
+            if k not in allowed:
+                diags.error(span, f"{fn}(...) has no option `{k}`", "tokens(path, dtype = \"u16\") or text(path)")
+                return None
+        dtype = opts.get("dtype", "u16")
+        if dtype not in ("u16", "u32"):
+            diags.error(span, f'token files hold "u16" or "u32" tokens, not {_show(dtype)}')
+            return None
+        return fn, (("path", args[0]),) + ((("dtype", dtype),) if fn == "tokens" else ())
+    diags.error(span, 'data is "default", tokens("file.bin", dtype = "u16") or text("path")',
+                "the default is the Python standard library's source files, read as bytes")
+    return None
+
+
+def _checkpoint(d: ir.Directive, diags: Diagnostics):
+    if d.args:
+        diags.error(d.args[0][1], "checkpoint(...) takes `name = value` arguments",
+                    "for example checkpoint(every = 500, keep = 3)")
+        return None
+    out = dict(CHECKPOINT)
+    for k, v, span in d.kwargs:
+        if k not in out:
+            diags.error(span, f"checkpoint has no option `{k}`", did_you_mean(k, CHECKPOINT) or
+                        f"options: {', '.join(CHECKPOINT)}")
+        elif k in ("every", "keep") and not (isinstance(v, int) and not isinstance(v, bool) and v >= (0 if k == "every" else 1)):
+            diags.error(span, f"checkpoint({k} = ...) must be an integer >= {0 if k == 'every' else 1}")
+        elif k == "async" and not isinstance(v, bool):
+            diags.error(span, "checkpoint(async = ...) is true or false")
+        elif k == "dir" and not isinstance(v, str):
+            diags.error(span, 'checkpoint(dir = ...) is a path string, relative to the run directory')
+        else:
+            out[k] = v
+    return tuple(out.items())
+
+
+def _cross_checks(values: dict[str, ir.Choice], module: ir.Module, diags: Diagnostics) -> None:
+    batch, micro = values["batch"], values["microbatches"]
+    where = lambda c: c.span or (module.train.span if module.train else None)  # noqa: E731
+    if batch.value % micro.value:
+        diags.error(where(micro), f"microbatches = {micro.value} does not divide batch = {batch.value}",
+                    "pick a divisor of the batch")
+        return
+    s = module.schedule
+    if s is not None:
+        ways = math.prod(s.size(a) for a in kept_axes(s, "batch"))
+        if batch.origin == "default" and batch.value % (ways * micro.value):
+            need = ways * micro.value
+            batch = values["batch"] = ir.Choice(need * math.ceil(batch.value / need),
+                                                f"default (a multiple of the {ways}-way batch sharding)")
+        per_micro = batch.value // micro.value
+        if ways > 1 and per_micro % ways:
+            diags.error(where(batch), f"each micro-batch has {per_micro} sequences, which the {ways}-way "
+                                      f"batch sharding on {s.name} does not divide",
+                        f"use a batch that is a multiple of {ways * micro.value}")
+    seq = values["seq"]
+    for m in module.models:
+        ms = m.root.hparam("max_seq")
+        if ms is not None and seq.value > ms.value.value and seq.span is not None:
+            diags.error(seq.span, f"seq = {seq.value} is longer than {m.name}'s max_seq = {ms.value.value}")
+
+
+def _show(v: Any) -> str:
+    if isinstance(v, str):
+        return f'"{v}"'
+    if isinstance(v, tuple) and v[:1] == ("name",):
+        return v[1]
+    return repr(v)
