@@ -99,6 +99,18 @@ def diff_against(out_dir: Path, files: dict[str, str]) -> str:
     return "".join(chunks)
 
 
+def diff_targets(spec: Path, a: str, b: str) -> str:
+    """The unified diff from target `a`'s generated files to target `b`'s."""
+    fa, fb = build_files(spec, a), build_files(spec, b)
+    chunks = []
+    for name in sorted(set(fa) | set(fb)):
+        old, new = fa.get(name, ""), fb.get(name, "")
+        chunks.extend(difflib.unified_diff(
+            old.splitlines(keepends=True), new.splitlines(keepends=True),
+            fromfile=f"{target_dir_name(a)}/{name}", tofile=f"{target_dir_name(b)}/{name}"))
+    return "".join(chunks)
+
+
 def committed_outputs(root: Path = Path("generated")) -> list[tuple[Path, Path, str]]:
     """Every committed output as (output dir, spec, target), read from model.py headers."""
     out = []

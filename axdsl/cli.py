@@ -3,7 +3,12 @@
     axdsl build SPEC --target T [--out DIR]     generate code (atomically)
     axdsl build --check [SPEC --target T]       fail with a diff if generated/ drifted
     axdsl check SPEC...                         static checks only
-    axdsl dump SPEC [--target T] [--after PASS] print the IR
+    axdsl dump SPEC [--target T] [--after PASS] print the IR (and the target's resolved schedule)
+    axdsl diff SPEC --target A --target B       unified diff between two targets' generated code
+    axdsl aot SPEC --target T                   per-chip memory and FLOPs; exit 3 if it does not fit
+    axdsl train SPEC --target T [--out RUN]     build, then train (rerunning resumes)
+    axdsl plot RUN_DIR                          loss curve PNG
+    axdsl sample RUN_DIR --prompt TEXT          generate text from the latest checkpoint
 """
 
 from __future__ import annotations
@@ -66,6 +71,47 @@ def _parser() -> argparse.ArgumentParser:
     d.add_argument("--target", "-t", default="cpu")
     d.add_argument("--after", default=None, help="stop after this pass")
     d.set_defaults(run=_cmd_dump)
+
+    df = sub.add_parser("diff", help="diff the generated code of two targets",
+                        description="Print the unified diff between two targets' generated code.")
+    df.add_argument("spec", type=Path)
+    df.add_argument("--target", "-t", action="append", required=True, help="give exactly two")
+    df.set_defaults(run=_cmd_diff)
+
+    a = sub.add_parser("aot", help="ahead-of-time fit report for a target",
+                       description="Lower the generated train step for the target on this machine and "
+                                   "report per-chip memory and FLOPs. Exit 0 if it fits, 3 if not.")
+    a.add_argument("spec", type=Path)
+    a.add_argument("--target", "-t", required=True)
+    a.add_argument("--model", default=None, help="model of the spec (default: the first)")
+    a.add_argument("--batch", type=int, default=None, help="global batch (default: the train block's)")
+    a.add_argument("--seq", type=int, default=None, help="sequence length (default: the train block's)")
+    a.add_argument("--compile", action="store_true", help="also compile on this CPU and show XLA's figures")
+    a.set_defaults(run=_cmd_aot)
+
+    tr = sub.add_parser("train", help="build and train (rerunning resumes)",
+                        description="Build generated/<spec>/<target>/ and run its train.py.")
+    tr.add_argument("spec", type=Path)
+    tr.add_argument("--target", "-t", required=True)
+    tr.add_argument("--out", type=Path, default=None, help="run directory (default runs/<spec>-<target>)")
+    tr.add_argument("--steps", type=int, default=None)
+    tr.add_argument("--checkpoint-every", type=int, default=None)
+    tr.set_defaults(run=_cmd_train)
+
+    pl = sub.add_parser("plot", help="write a loss-curve PNG of a run", description="Plot RUN_DIR/metrics.jsonl.")
+    pl.add_argument("run_dir", type=Path)
+    pl.add_argument("--out", type=Path, default=None, help="PNG path (default RUN_DIR/loss.png)")
+    pl.set_defaults(run=_cmd_plot)
+
+    sm = sub.add_parser("sample", help="generate text from a run's latest checkpoint",
+                        description="Generate text from the latest checkpoint of RUN_DIR.")
+    sm.add_argument("run_dir", type=Path)
+    sm.add_argument("--prompt", required=True)
+    sm.add_argument("--max-tokens", type=int, default=200)
+    sm.add_argument("--temperature", type=float, default=0.8, help="0: greedy")
+    sm.add_argument("--top-k", type=int, default=None)
+    sm.add_argument("--seed", type=int, default=0)
+    sm.set_defaults(run=_cmd_sample)
     return p
 
 
@@ -152,6 +198,40 @@ def _cmd_dump(args) -> int:
     module = compile_spec(args.spec, _target(args.target), after=args.after)
     sys.stdout.write(print_module(module))
     return EXIT_OK
+
+
+def _cmd_diff(args) -> int:
+    from axdsl import build
+
+    if len(args.target) != 2:
+        raise _UsageError("diff needs exactly two --target options")
+    a, b = (_target(t) for t in args.target)
+    sys.stdout.write(build.diff_targets(args.spec, a, b))
+    return EXIT_OK
+
+
+def _cmd_aot(args) -> int:
+    from axdsl import aot
+
+    return aot.run(args.spec, _target(args.target), args.model, args.batch, args.seq, compile=args.compile)
+
+
+def _cmd_train(args) -> int:
+    from axdsl import runs
+
+    return runs.train(args.spec, _target(args.target), args.out, args.steps, args.checkpoint_every)
+
+
+def _cmd_plot(args) -> int:
+    from axdsl import runs
+
+    return runs.plot(args.run_dir, args.out)
+
+
+def _cmd_sample(args) -> int:
+    from axdsl import runs
+
+    return runs.sample(args.run_dir, args.prompt, args.max_tokens, args.temperature, args.top_k, args.seed)
 
 
 if __name__ == "__main__":

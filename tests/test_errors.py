@@ -5,6 +5,7 @@ Each fixture starts with comment lines that state what the compiler must say:
     # expect: tests/errors/matmul_dims_disagree.axl:7:12: error: matmul dims do not agree
     # expect-hint: did you mean `kv_heads`?
 
+A `# target: NAME` line compiles the fixture for that target instead of cpu.
 Every `# expect:` line (location included) and every `# expect-hint:` line must appear in the
 rendered `CompileError`. Files under tests/errors/support/ are helpers that fixtures import.
 """
@@ -31,6 +32,8 @@ def _expectations(path: Path) -> tuple[list[str], list[str]]:
     for line in path.read_text(encoding="utf-8").splitlines():
         if not line.startswith("#"):
             break
+        if line.startswith("# target:"):
+            continue
         if line.startswith("# expect:"):
             expects.append(line.removeprefix("# expect:").strip())
         elif line.startswith("# expect-hint:"):
@@ -38,9 +41,17 @@ def _expectations(path: Path) -> tuple[list[str], list[str]]:
     return expects, hints
 
 
+def _target(path: Path) -> str:
+    """A fixture may name its target in a `# target: gpu-h100-8` line; the default is cpu."""
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if line.startswith("# target:"):
+            return line.removeprefix("# target:").strip()
+    return "cpu"
+
+
 def _compile_error(relpath: str) -> CompileError:
     with pytest.raises(CompileError) as info:
-        compile_spec(Path(relpath))
+        compile_spec(Path(relpath), _target(Path(relpath)))
     return info.value
 
 
