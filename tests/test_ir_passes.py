@@ -62,3 +62,14 @@ def test_stacked_params_and_inheritance(in_root):
     mlp = net.child("mlp")
     assert mlp.layer == "MLP" and mlp.hparam("hidden").origin == "inherited from /"
     assert mlp.hparam("act").value.value == "relu"
+
+
+def test_verifier_catches_a_sharding_that_uses_a_mesh_axis_twice(in_root):
+    from dataclasses import replace
+
+    module = compile_spec(Path("tests/ir/schedule.axl"))
+    root = module.models[0].root
+    bad = replace(root, params=tuple(replace(p, sharding=(("fsdp",), ("fsdp",))) for p in root.params))
+    broken = replace(module, models=(replace(module.models[0], root=bad),))
+    with pytest.raises(InvalidIR, match="uses a mesh axis twice"):
+        verify(broken)

@@ -42,8 +42,8 @@ def schedule_lines(s: ir.TargetConfig) -> list[str]:
         axes = "[" + ", ".join(c.value) + "]"
         lines.append(f"  rule {logical} -> {axes}  # {c.origin}")
     r = s.remat.value
-    parts = [r.kind] + ([f"save = [{', '.join(r.save)}]"] if r.save else []) \
-        + ([f"offload = [{', '.join(r.offload)}]"] if r.offload else [])
+    parts = [r.kind] if r.kind in ("none", "full", "save_dots") else \
+        [f"save = [{', '.join(r.save)}]", f"offload = [{', '.join(r.offload)}]"][: 2 if r.offload else 1]
     lines.append(f"  remat({', '.join(parts)})  # {s.remat.origin}")
     q = s.quantize.value
     layers = ", ".join(f'"{p}"' for p in q.layers)

@@ -5,6 +5,8 @@ A failure is a compiler bug, not a user mistake: it raises `InvalidIR` with the 
 
 from __future__ import annotations
 
+import math
+
 from axdsl.ir import nodes as ir
 from axdsl.ir.printer import print_module
 
@@ -19,6 +21,7 @@ def verify(module: ir.Module) -> None:
     stacked = "stack_repeats" in module.passes_run
     for model in module.models:
         _verify_instance(model.root, "/", problems, typed, stacked, depth_in_repeat=0)
+        _verify_schedule(module, model, problems)
     if problems:
         raise InvalidIR("internal error: generated invalid IR\n" + "\n".join(problems)
                         + "\n--- IR ---\n" + print_module(module))
@@ -47,6 +50,40 @@ def _verify_instance(inst: ir.Instance, expected_path: str, problems: list[str],
     for c in inst.children:
         base = inst.path if inst.path.endswith("/") else inst.path + "/"
         _verify_instance(c, base + c.name, problems, typed, stacked, depth_in_repeat)
+
+
+def _verify_schedule(module: ir.Module, model: ir.Model, problems: list[str]) -> None:
+    """Target passes: shardings name mesh axes once per param; remat sits on repeats only; a
+    `quantized` primitive wraps one matmul; every attention has a kernel after select_kernels."""
+    ran = set(module.passes_run)
+    sched = module.schedule
+    if "configure_target" in ran and sched is None:
+        problems.append("configure_target ran but the module has no schedule")
+    if sched is not None and math.prod(n for _, n in sched.mesh_sizes) != sched.chips:
+        problems.append(f"mesh {sched.mesh_sizes} does not multiply to {sched.chips} chips")
+    for inst in model.root.walk():
+        for p in inst.params:
+            if "annotate_sharding" in ran:
+                if p.sharding is None or len(p.sharding) != len(p.full_dims):
+                    problems.append(f"{inst.path}: param {p.name} sharding does not match its rank")
+                else:
+                    used = [a for axes in p.sharding for a in axes]
+                    if len(set(used)) != len(used):
+                        problems.append(f"{inst.path}: param {p.name} uses a mesh axis twice")
+        if inst.remat is not None and inst.repeat is None:
+            problems.append(f"{inst.path}: remat on a child that is not repeated")
+        if inst.forward is None:
+            continue
+        for s in inst.forward.body:
+            for e in _refs(s.value):
+                if isinstance(e, ir.Prim) and e.name == "quantized":
+                    inner = e.args[0] if len(e.args) == 1 else None
+                    if not (isinstance(inner, ir.Bin) and inner.op == "@"
+                            or isinstance(inner, ir.Prim) and inner.name == "einsum"):
+                        problems.append(f"{inst.path}: quantized wraps something other than a matmul")
+                if isinstance(e, ir.Prim) and e.name == "attention" and "select_kernels" in ran \
+                        and e.attr("kernel") is None:
+                    problems.append(f"{inst.path}: attention without a kernel after select_kernels")
 
 
 def _verify_forward(inst: ir.Instance, problems: list[str], typed: bool) -> None:
