@@ -20,6 +20,8 @@ from axdsl.errors import CompileError, Diagnostic
 from axdsl.ir import nodes as ir
 from axdsl.ir.nodes import DType
 from axdsl.ir.printer import value_text
+from axdsl.ir.rewrite import walk_expr
+from axdsl.passes.primitives import AUX_PRIMITIVES
 from axdsl.passes.annotate_sharding import dim_axes, spec_text
 
 
@@ -32,6 +34,7 @@ class LayerFunction:
     body: list[str]
     doc: str
     paths: list[str]
+    aux: bool = False  # returns (y, auxiliary loss)
 
 
 @dataclass
@@ -92,6 +95,7 @@ def emit_model(module: ir.Module) -> str:
         helpers=helpers,
         functions=functions,
         root_fn=functions[-1].name,
+        root_aux=functions[-1].aux,
         loss=has_lm_signature(root),
     )
     draft = render_template("model.py.j2", imports="", **context)
@@ -124,26 +128,28 @@ def _functions(root: ir.Instance, schedule: ir.TargetConfig | None = None) -> li
     out: list[LayerFunction] = []
     axes_of_dims = dim_axes(root)
 
-    def visit(inst: ir.Instance) -> tuple[str, bool]:
-        child_fn, child_rng = {}, {}
+    def visit(inst: ir.Instance) -> tuple[str, bool, bool]:
+        child_fn, child_rng, child_aux = {}, {}, {}
         for c in inst.children:
-            child_fn[c.name], child_rng[c.name] = visit(c)
+            child_fn[c.name], child_rng[c.name], child_aux[c.name] = visit(c)
         own = _uses_dropout(inst) or any(child_rng.values())
-        emitter = FunctionEmitter(inst, child_fn, child_rng, own, schedule, axes_of_dims)
+        aux = _uses(inst, AUX_PRIMITIVES) or any(child_aux.values())
+        emitter = FunctionEmitter(inst, child_fn, child_rng, own, schedule, axes_of_dims,
+                                  child_aux=child_aux, own_aux=aux)
         body = emitter.emit_body()
         args = ", ".join(f"{a.name}: jax.Array" for a in inst.forward.args)
         for f in out:
             if f.layer == inst.layer and f.body == body and f.args == args:
                 f.paths.append(inst.path)
-                return f.name, f.rng
+                return f.name, f.rng, f.aux
         base = snake(inst.layer)
         taken = sum(1 for f in out if f.layer == inst.layer)
         name = base if taken == 0 else f"{base}_{taken + 1}"
         sig = ", ".join(f"{a.name}: [{', '.join(d.name for d in a.dims)}]" for a in inst.forward.args)
         result = "[" + ", ".join(d.name for d in inst.forward.result) + "]"
         doc_head = f"{inst.layer} ({inst.layer_span.file}:{inst.layer_span.line}): {sig} -> {result}."
-        out.append(LayerFunction(name, inst.layer, args, own, body, doc_head, [inst.path]))
-        return name, own
+        out.append(LayerFunction(name, inst.layer, args, own, body, doc_head, [inst.path], aux))
+        return name, own, aux
 
     visit(root)
     for f in out:
@@ -153,12 +159,13 @@ def _functions(root: ir.Instance, schedule: ir.TargetConfig | None = None) -> li
 
 
 def _uses_dropout(inst: ir.Instance) -> bool:
-    def walk(e):
-        if isinstance(e, ir.Prim) and e.name == "dropout":
-            return True
-        kids = list(getattr(e, "args", ())) + [getattr(e, a) for a in ("left", "right", "operand") if hasattr(e, a)]
-        return any(walk(k) for k in kids)
-    return any(walk(s.value) for s in inst.forward.body)
+    return _uses(inst, ("dropout",))
+
+
+def _uses(inst: ir.Instance, prims: tuple[str, ...]) -> bool:
+    """Whether this instance's own forward calls one of `prims`."""
+    return any(isinstance(e, ir.Prim) and e.name in prims
+               for s in inst.forward.body for e in walk_expr(s.value))
 
 
 def has_lm_signature(root: ir.Instance) -> bool:

@@ -51,6 +51,9 @@ class FunctionEmitter:
     own_rng: bool
     schedule: ir.TargetConfig | None = None
     dim_axes: dict[str, str] = field(default_factory=dict)
+    child_aux: dict[str, bool] = field(default_factory=dict)  # children that return (y, aux loss)
+    own_aux: bool = False  # this function returns (y, aux loss)
+    aux_terms: list[str] = field(default_factory=list)
     lines: list[str] = field(default_factory=list)
     temps: set[str] = field(default_factory=set)
     rng_uses: int = 0
@@ -64,12 +67,16 @@ class FunctionEmitter:
             if isinstance(stmt, ir.Let):
                 self._let(stmt)
             else:
+                aux = ""
                 if isinstance(stmt.value, ir.CallChild):
                     self._child_call(stmt.value, "out")
-                    self.lines.append("return out")
+                    code, comment = "out", ""
                 else:
                     code, _ = self.expr(stmt.value)
-                    self.lines.append(f"return {code}  # {shape_comment(stmt.value.type)}")
+                    comment = f"  # {shape_comment(stmt.value.type)}"
+                if self.own_aux:
+                    aux = ", " + (" + ".join(self.aux_terms) or "jnp.zeros((), jnp.float32)")
+                self.lines.append(f"return {code}{aux}{comment}")
         return self.lines
 
     def _let(self, stmt: ir.Let) -> None:
@@ -91,6 +98,17 @@ class FunctionEmitter:
             self.rng_uses += 1
             rng = f", rng=_fold(rng, {self.rng_uses})"
         comment = shape_comment(call.type)
+        aux = self.child_aux.get(call.child, False)
+        if child.repeat is not None and aux:
+            self._scan_with_aux(call, child, fn, args[0], target, rng, comment)
+            return
+        if aux:
+            aux_name = self._fresh(f"{call.child}_aux")
+            self.aux_terms.append(aux_name)
+            self.lines.append(f"with jax.named_scope({py_str(call.child)}):")
+            self.lines.append(f"    {target}, {aux_name} = {fn}(cfg, params[{py_str(call.child)}], "
+                              f"{', '.join(args)}{rng})  # {comment}")
+            return
         if child.repeat is not None:
             step = f"{call.child}_step"
             if child.remat is not None and child.remat.kind != "none":
@@ -117,6 +135,40 @@ class FunctionEmitter:
         self.lines.append(
             f"    {target} = {fn}(cfg, params[{py_str(call.child)}], {', '.join(args)}{rng})  # {comment}"
         )
+
+    def _scan_with_aux(self, call: ir.CallChild, child: ir.Instance, fn: str, x: str, target: str,
+                       rng: str, comment: str) -> None:
+        """A repeated child that returns an auxiliary loss: the scan carries (h, summed aux)."""
+        step = f"{call.child}_step"
+        if child.remat is not None and child.remat.kind != "none":
+            self.lines.append("@functools.partial(jax.checkpoint, policy=REMAT_POLICY, prevent_cse=False)")
+        per_layer = "xs" if rng else "layer_params"
+        self.lines.append(f"def {step}(carry, {per_layer}):  # one of {child.repeat.code} stacked layers")
+        self.lines.append("    h, aux = carry")
+        if rng:
+            self.lines.append("    layer_params, i = xs")
+        constraint = self._constraint(call.args[0].type)
+        if constraint:
+            self.lines.append(f"    h = shard(h, {constraint})")
+        layer_rng = rng.replace(str(self.rng_uses), "i") if rng else ""
+        self.lines.append(f"    h, layer_aux = {fn}(cfg, layer_params, h{layer_rng})")
+        self.lines.append("    return (h, aux + layer_aux), None")
+        xs = (f'(params[{py_str(call.child)}], jnp.arange({child.repeat.code}))' if rng
+              else f"params[{py_str(call.child)}]")
+        aux_name = self._fresh(f"{call.child}_aux")
+        self.aux_terms.append(aux_name)
+        self.lines.append("")
+        self.lines.append(f"with jax.named_scope({py_str(call.child)}):")
+        self.lines.append(f"    ({target}, {aux_name}), _ = jax.lax.scan({step}, ({x}, jnp.zeros((), jnp.float32)), "
+                          f"{xs})  # {comment}")
+
+    def _fresh(self, name: str) -> str:
+        base, n = name, 1
+        while name in self.temps:
+            n += 1
+            name = f"{base}{n}"
+        self.temps.add(name)
+        return name
 
     def _constraint(self, t) -> str:
         """The layout of a layer-boundary activation as `P(...)`, or "" when there is no schedule."""
@@ -224,6 +276,8 @@ class FunctionEmitter:
             return self._einsum(e, args), _ATOM
         if n == "quantized":
             return self._quantized(e), _ATOM
+        if n == "moe":
+            return self._moe(e, args), _ATOM
         raise AssertionError(f"no emitter for primitive {n}")
 
     def _attention(self, e: ir.Prim, args: list[str]) -> str:
@@ -241,6 +295,15 @@ class FunctionEmitter:
 
     def _einsum(self, e: ir.Prim, args: list[str]) -> str:
         return f"jnp.einsum({py_str(_einsum_spec(e))}, {', '.join(args)})"
+
+    def _moe(self, e: ir.Prim, args: list[str]) -> str:
+        """`y, aux = moe_swiglu(...)` as its own statement; aux joins this layer's auxiliary loss."""
+        out, aux = self._fresh("moe_y"), self._fresh("moe_aux")
+        self.aux_terms.append(aux)
+        kwargs = ", ".join(f"{k}={e.attr(k).code}" for k in ("top_k", "capacity_factor", "normalize",
+                                                                "aux_weight", "z_weight"))
+        self.lines.append(f"{out}, {aux} = moe_swiglu({', '.join(args)}, {kwargs})  # {shape_comment(e.type)}")
+        return out
 
     def _quantized(self, e: ir.Prim) -> str:
         """A matmul with a parameter operand, run by the fp8 or int8 helper."""

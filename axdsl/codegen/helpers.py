@@ -25,4 +25,75 @@ def _fold(rng: jax.Array | None, i) -> jax.Array | None:
     """A distinct key per dropout site and layer; None stays None."""
     return None if rng is None else jax.random.fold_in(rng, i)'''
 
-HELPERS = {"apply_rope": APPLY_ROPE, "dropout": DROPOUT}
+MOE = '''def moe_swiglu(
+    x: jax.Array,
+    logits: jax.Array,
+    w_gate: jax.Array,
+    w_up: jax.Array,
+    w_down: jax.Array,
+    top_k: int,
+    capacity_factor: float,
+    normalize: bool,
+    aux_weight: float,
+    z_weight: float,
+) -> tuple[jax.Array, jax.Array]:
+    """Mixture of SwiGLU experts on x [B, S, dim] with router logits [B, S, experts].
+
+    Each token goes to its `top_k` experts, weighted by the router softmax (renormalized over the
+    chosen k when `normalize`, as Mixtral and Qwen3 do). With capacity_factor > 0 an expert takes
+    at most ceil(top_k * S * capacity_factor / experts) tokens of each sequence, first choices
+    first (GShard, Switch); tokens over capacity skip that expert and keep their residual. With
+    capacity_factor <= 0 nothing is dropped: tokens are sorted by expert and run through grouped
+    matmuls. Returns (y [B, S, dim], auxiliary loss): aux_weight x the Switch load-balancing loss
+    plus z_weight x the router z-loss (ST-MoE).
+    """
+    experts = logits.shape[-1]
+    logits = logits.astype(jnp.float32)
+    probs = jax.nn.softmax(logits, axis=-1)  # [B, S, experts]
+    weights, chosen = jax.lax.top_k(probs, top_k)  # [B, S, top_k]
+    if normalize:
+        weights = weights / jnp.sum(weights, axis=-1, keepdims=True)
+    routed = jax.nn.one_hot(chosen, experts, dtype=jnp.float32)  # [B, S, top_k, experts]
+    load = jnp.mean(jnp.sum(routed, axis=2), axis=(0, 1)) / top_k  # share of routed tokens per expert
+    importance = jnp.mean(probs, axis=(0, 1))  # mean router probability per expert
+    aux = aux_weight * experts * jnp.sum(load * importance)
+    aux = aux + z_weight * jnp.mean(jax.nn.logsumexp(logits, axis=-1) ** 2)
+    if capacity_factor > 0:
+        y = _moe_with_capacity(x, weights, routed, w_gate, w_up, w_down, capacity_factor)
+    else:
+        y = _moe_dropless(x, weights, chosen, w_gate, w_up, w_down)
+    return y.astype(x.dtype), aux
+
+
+def _moe_with_capacity(x, weights, routed, w_gate, w_up, w_down, capacity_factor):
+    """Dispatch to [B, experts, capacity] slots with one-hot einsums, run experts, combine."""
+    batch, seq, top_k, experts = routed.shape
+    capacity = max(1, math.ceil(top_k * seq * capacity_factor / experts))
+    # Each choice's place in its expert's queue: all first choices, then all second choices, ...
+    queue = routed.swapaxes(1, 2).reshape(batch, top_k * seq, experts)  # [B, top_k * S, experts]
+    position = ((jnp.cumsum(queue, axis=1) - 1) * queue).astype(jnp.int32)
+    kept = queue * (position < capacity)  # choices that found a slot
+    slots = jax.nn.one_hot(position, capacity, dtype=x.dtype) * kept[..., None].astype(x.dtype)
+    slots = slots.reshape(batch, top_k, seq, experts, capacity)
+    dispatch = jnp.sum(slots, axis=1)  # [B, S, experts, capacity], 0 or 1
+    combine = jnp.einsum("bksec,bsk->bsec", slots, weights.astype(x.dtype))
+    xe = jnp.einsum("bsd,bsec->becd", x, dispatch)  # [B, experts, capacity, dim]
+    h = jax.nn.silu(jnp.einsum("becd,edh->bech", xe, w_gate)) * jnp.einsum("becd,edh->bech", xe, w_up)
+    ye = jnp.einsum("bech,ehd->becd", h, w_down)  # [B, experts, capacity, dim]
+    return jnp.einsum("becd,bsec->bsd", ye, combine)
+
+
+def _moe_dropless(x, weights, chosen, w_gate, w_up, w_down):
+    """Sort the (token, choice) pairs by expert and run grouped matmuls: no token is dropped."""
+    batch, seq, dim = x.shape
+    top_k, experts = chosen.shape[-1], w_gate.shape[0]
+    flat = chosen.reshape(-1)  # [B * S * top_k]
+    order = jnp.argsort(flat, stable=True)
+    tokens = jnp.repeat(x.reshape(-1, dim), top_k, axis=0)[order]  # grouped by expert
+    sizes = jnp.bincount(flat, length=experts).astype(jnp.int32)  # tokens per expert
+    h = jax.nn.silu(jax.lax.ragged_dot(tokens, w_gate, sizes)) * jax.lax.ragged_dot(tokens, w_up, sizes)
+    out = jax.lax.ragged_dot(h, w_down, sizes)  # [B * S * top_k, dim], sorted
+    out = jnp.zeros_like(out).at[order].set(out).reshape(batch, seq, top_k, dim)
+    return jnp.einsum("bskd,bsk->bsd", out, weights.astype(x.dtype))'''
+
+HELPERS = {"apply_rope": APPLY_ROPE, "dropout": DROPOUT, "moe_swiglu": MOE}

@@ -6,10 +6,12 @@ import re
 
 
 def snake(name: str) -> str:
-    """`DecoderLM` -> `decoder_lm`, `RMSNorm` -> `rms_norm`, `SwiGLU` -> `swiglu`."""
+    """`DecoderLM` -> `decoder_lm`, `RMSNorm` -> `rms_norm`, `SwiGLU` -> `swiglu`, `MoE` -> `moe`."""
     s = re.sub(r"([A-Z]+)([A-Z][a-z])", r"\1_\2", name)
-    s = re.sub(r"([a-z0-9])([A-Z])", r"\1_\2", s)
-    return s.lower().replace("swi_glu", "swiglu")
+    s = re.sub(r"([a-z0-9])([A-Z])", r"\1_\2", s).lower()
+    for word in ("swiglu", "moe"):  # names that are words, not camel-case compounds
+        s = re.sub("(^|_)" + "_?".join(word) + "($|_)", lambda m: m.group(1) + word + m.group(2), s)
+    return s
 
 
 def einsum_letters(names: list[str]) -> dict[str, str]:

@@ -1,7 +1,8 @@
 """check: static checks on the resolved tree that do not need shapes.
 
-Logical axes: every parameter names one known axis per dim, none twice, and one logical axis
-always has one size within a model (so a rule can shard it consistently). Names: generated
+Logical axes: every parameter names one known axis per dim, none twice. One logical axis may
+have several sizes (an MoE expert's hidden dim and a shared expert's are both `mlp`):
+annotate_sharding checks that the target's mesh divides each of them. Names: generated
 identifiers must be valid Python and not keywords or emitted names (no code injection).
 """
 
@@ -18,18 +19,16 @@ RESERVED = {
     "zlib", "Config", "CONFIGS", "init_params", "param_axes", "forward", "loss_fn", "checkpoint_name",
     "scan_body", "self", "None", "True", "False",
 }
-SIZE_FREE_AXES = {"layers", "norm"}
 
 
 def check(module: ir.Module, target=None) -> ir.Module:
     diags = Diagnostics()
     for model in module.models:
         _check_identifier(model.name, model.span, diags, "model")
-        sizes: dict[str, tuple[int, ir.Param]] = {}
         for inst in model.root.walk():
             _check_identifier(inst.layer, inst.layer_span, diags, "layer")
             for p in inst.params:
-                _check_param(inst, p, sizes, diags)
+                _check_param(inst, p, diags)
                 _check_identifier(p.name, p.span, diags, "parameter")
             for c in inst.children:
                 _check_identifier(c.name, c.span, diags, "child")
@@ -57,7 +56,7 @@ def _check_identifier(name: str, span, diags: Diagnostics, what: str) -> None:
         diags.error(span, f"{what} name `{name}` is reserved: the generated code defines it", "rename it")
 
 
-def _check_param(inst: ir.Instance, p: ir.Param, sizes: dict, diags: Diagnostics) -> None:
+def _check_param(inst: ir.Instance, p: ir.Param, diags: Diagnostics) -> None:
     if len(p.axes) != len(p.dims):
         diags.error(p.span, f"parameter `{p.name}` has {len(p.dims)} dims but {len(p.axes)} logical axes",
                     "name one logical axis per dim in `axes(...)`")
@@ -72,12 +71,3 @@ def _check_param(inst: ir.Instance, p: ir.Param, sizes: dict, diags: Diagnostics
             diags.error(p.span, f"logical axis `{axis}` is used twice on parameter `{p.name}`",
                         "a tensor can be sharded along one axis name once")
         seen.add(axis)
-        if axis in SIZE_FREE_AXES:
-            continue
-        if axis in sizes and sizes[axis][0] != dim.size:
-            other = sizes[axis][1]
-            diags.error(p.span, f"logical axis `{axis}` has size {dim.size} here but {sizes[axis][0]} "
-                        f"on `{other.name}` ({other.span})",
-                        "give dims of different sizes different logical axes")
-        else:
-            sizes.setdefault(axis, (dim.size, p))

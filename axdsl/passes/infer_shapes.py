@@ -312,6 +312,25 @@ class _Typer:
             self.fail(e.span, "`window` must be >= 0 (0 means no sliding window)")
         return q[:3] + (v[3],)
 
+    def _prim_moe(self, e, args):
+        x, logits, w_gate, w_up, w_down = (a.type.dims for a in args)
+        if len(x) != 3 or any(d.is_ellipsis for d in x):
+            self.fail(e.span, f"`moe` needs x as [B, S, dim], got {fmt(x)}")
+        if len(logits) != 3 or not logits[0].same(x[0]) or not logits[1].same(x[1]):
+            self.fail(e.span, f"`moe` needs router logits as [B, S, experts] for x {fmt(x)}, got {fmt(logits)}")
+        experts = logits[2]
+        for name, w, want in (("w_gate", w_gate, (experts, x[2], None)), ("w_up", w_up, (experts, x[2], None)),
+                              ("w_down", w_down, (experts, None, x[2]))):
+            if len(w) != 3 or not all(d is None or d.same(g) for d, g in zip(want, w)):
+                shape = ", ".join("hidden" if d is None else str(d) for d in want)
+                self.fail(e.span, f"`moe` needs {name} as [{shape}], got {fmt(w)}")
+        if not w_gate[2].same(w_up[2]) or not w_gate[2].same(w_down[1]):
+            self.fail(e.span, f"`moe` expert hidden dims differ: {w_gate[2]}, {w_up[2]}, {w_down[1]}")
+        k = e.attr("top_k")
+        if not 1 <= k.value <= (experts.size or k.value):
+            self.fail(e.span, f"`moe` top_k = {k.value} must be between 1 and the {experts.size} experts")
+        return x
+
     def _prim_embed(self, e, args):
         table, ids = args[0].type.dims, args[1].type.dims
         if len(table) != 2:

@@ -51,7 +51,15 @@ PRIMITIVES: dict[str, Signature] = {
     "transpose": Signature(("x",), doc="swap the last two dims"),
     "prefix": Signature(("x",), (("n", "dim", REQUIRED),), doc="the first n rows of x"),
     "einsum": Signature((), doc='einsum("B S dim, dim mlp -> B S mlp", x, w) over named dims'),
+    "moe": Signature(
+        ("x", "logits", "w_gate", "w_up", "w_down"),
+        (("top_k", "int", 2), ("capacity_factor", "float", 1.25), ("normalize", "bool", True),
+         ("aux_weight", "float", 0.01), ("z_weight", "float", 0.001)),
+        doc="mixture of SwiGLU experts: softmax router, top-k, capacity (<= 0: dropless), aux losses",
+    ),
 }
+# Primitives that add auxiliary losses to the training loss (threaded through generated code).
+AUX_PRIMITIVES = ("moe",)
 
 
 class LowerError(Exception):

@@ -4,8 +4,9 @@
 
 The matmul is wrapped in a `quantized` primitive carrying the format; codegen emits it through a
 small helper in the generated model (`fp8_einsum` or `int8_einsum`) whose numerics are documented
-there. Matmuls between two activations (attention scores) and layers outside the patterns (by
-default the embedding and the output head) stay in the compute dtype.
+there. Matmuls between two activations (attention scores), MoE router projections (a parameter
+with an `experts` axis: routing decisions are sensitive to rounding) and layers outside the
+patterns (by default the embedding and the output head) stay in the compute dtype.
 """
 
 from __future__ import annotations
@@ -34,18 +35,23 @@ def _visit(inst: ir.Instance, policy: ir.QuantPolicy) -> ir.Instance:
     children = tuple(_visit(c, policy) for c in inst.children)
     forward = inst.forward
     if forward is not None and selected(inst.path, policy):
-        forward = map_forward(forward, lambda e: _wrap(e, policy.format))
+        routers = {p.name for p in inst.params if "experts" in p.axes}
+        forward = map_forward(forward, lambda e: _wrap(e, policy.format, routers))
     return replace(inst, children=children, forward=forward)
 
 
-def _is_param(e: ir.TExpr) -> bool:
-    return isinstance(e, ir.Ref) and e.kind in ("param", "child_param")
+def _param_name(e: ir.TExpr) -> str | None:
+    return e.name if isinstance(e, ir.Ref) and e.kind in ("param", "child_param") else None
 
 
-def _wrap(e: ir.TExpr, fmt: str) -> ir.TExpr:
-    is_matmul = isinstance(e, ir.Bin) and e.op == "@" and (_is_param(e.left) or _is_param(e.right))
-    is_einsum = (isinstance(e, ir.Prim) and e.name == "einsum" and len(e.args) == 2
-                 and any(_is_param(a) for a in e.args))
-    if is_matmul or is_einsum:
+def _wrap(e: ir.TExpr, fmt: str, routers: set[str]) -> ir.TExpr:
+    if isinstance(e, ir.Bin) and e.op == "@":
+        operands = (e.left, e.right)
+    elif isinstance(e, ir.Prim) and e.name == "einsum" and len(e.args) == 2:
+        operands = e.args
+    else:
+        return e
+    names = [_param_name(o) for o in operands]
+    if any(names) and not any(n in routers for n in names if n):
         return ir.Prim("quantized", (e,), (("format", fmt),), e.span, e.type)
     return e
