@@ -6,6 +6,9 @@
     axdsl dump SPEC [--target T] [--after PASS] print the IR (and the target's resolved schedule)
     axdsl diff SPEC --target A --target B       unified diff between two targets' generated code
     axdsl aot SPEC --target T                   per-chip memory and FLOPs; exit 3 if it does not fit
+    axdsl stats SPEC [--target T]               parameters (total, active), FLOPs, memory per chip
+    axdsl import-hf SPEC HF_DIR                 Hugging Face safetensors -> orbax params checkpoint
+    axdsl export-hf SPEC CKPT_DIR OUT_DIR       orbax params checkpoint -> Hugging Face safetensors
     axdsl train SPEC --target T [--out RUN]     build, then train (rerunning resumes)
     axdsl plot RUN_DIR                          loss curve PNG
     axdsl sample RUN_DIR --prompt TEXT          generate text from the latest checkpoint
@@ -88,6 +91,31 @@ def _parser() -> argparse.ArgumentParser:
     a.add_argument("--seq", type=int, default=None, help="sequence length (default: the train block's)")
     a.add_argument("--compile", action="store_true", help="also compile on this CPU and show XLA's figures")
     a.set_defaults(run=_cmd_aot)
+
+    st = sub.add_parser("stats", help="parameters, FLOPs and memory per chip",
+                        description="Count parameters (total and active), model FLOPs per token and per "
+                                    "step, and per-chip memory for the target, from the IR alone.")
+    st.add_argument("spec", type=Path)
+    st.add_argument("--target", "-t", default="cpu")
+    st.add_argument("--model", default=None)
+    st.set_defaults(run=_cmd_stats)
+
+    hi = sub.add_parser("import-hf", help="convert Hugging Face weights to an orbax checkpoint",
+                        description="Read config.json and *.safetensors (Llama, Mistral, Mixtral, Qwen3-MoE, "
+                                    "GPT-2 layouts) and write an orbax params checkpoint for the spec's model.")
+    hi.add_argument("spec", type=Path)
+    hi.add_argument("hf_dir", type=Path)
+    hi.add_argument("--model", default=None)
+    hi.add_argument("--out", type=Path, default=None)
+    hi.set_defaults(run=_cmd_import_hf)
+
+    he = sub.add_parser("export-hf", help="convert an orbax checkpoint to Hugging Face weights",
+                        description="Write config.json and model.safetensors from a params checkpoint.")
+    he.add_argument("spec", type=Path)
+    he.add_argument("ckpt_dir", type=Path)
+    he.add_argument("out_dir", type=Path)
+    he.add_argument("--model", default=None)
+    he.set_defaults(run=_cmd_export_hf)
 
     tr = sub.add_parser("train", help="build and train (rerunning resumes)",
                         description="Build generated/<spec>/<target>/ and run its train.py.")
@@ -214,6 +242,24 @@ def _cmd_aot(args) -> int:
     from axdsl import aot
 
     return aot.run(args.spec, _target(args.target), args.model, args.batch, args.seq, compile=args.compile)
+
+
+def _cmd_stats(args) -> int:
+    from axdsl import stats
+
+    return stats.run(args.spec, _target(args.target), args.model)
+
+
+def _cmd_import_hf(args) -> int:
+    from axdsl import hf
+
+    return hf.import_hf(args.spec, args.hf_dir, args.model, args.out)
+
+
+def _cmd_export_hf(args) -> int:
+    from axdsl import hf
+
+    return hf.export_hf(args.spec, args.ckpt_dir, args.out_dir, args.model)
 
 
 def _cmd_train(args) -> int:

@@ -1,0 +1,122 @@
+"""`axdsl stats`: parameter counts, model FLOPs and per-chip memory of a spec's models, from the IR.
+
+Nothing is compiled and jax is not imported, so it answers in well under a second:
+
+    axdsl stats specs/mixtral_8x7b.axl --target tpu-v5e-256
+
+Active parameters are those one token uses: every parameter, less the experts a token is not
+routed to (an MoE layer with E experts and top-k routing uses k / E of its expert weights).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from axdsl.analysis.flops import find_param, layer_count, model_flops, param_count, param_of
+from axdsl.analysis.memory import estimate_memory
+from axdsl.ir import nodes as ir
+from axdsl.ir.rewrite import walk_expr
+from axdsl.pipeline import compile_spec
+from axdsl.targets import profiles
+
+
+@dataclass(frozen=True)
+class ModelStats:
+    name: str
+    total_params: int
+    active_params: int
+    embedding_params: int
+    seq: int
+    flops_per_token: int  # training (3 x forward), at `seq`
+    flops_per_step: int  # training, one global batch
+
+
+def active_params(model: ir.Model) -> int:
+    """Parameters one token uses: expert weights count top_k / experts of their size."""
+    total = param_count(model).total
+    unused = 0
+    for inst in model.root.walk():
+        if inst.forward is None:
+            continue
+        for s in inst.forward.body:
+            for e in walk_expr(s.value):
+                if isinstance(e, ir.Prim) and e.name == "moe":
+                    experts = e.args[1].type.dims[-1].size
+                    k = e.attr("top_k").value
+                    expert_elems = sum(math.prod(d.size for d in p.dims)
+                                       for p in (_param(inst, a) for a in e.args[2:]) if p is not None)
+                    unused += expert_elems * layer_count(model.root, inst) * (experts - k) // experts
+    return total - unused
+
+
+def moe_flops_per_token(model: ir.Model) -> int:
+    """Forward FLOPs per token of the experts a token runs (SwiGLU: three matmuls per expert)."""
+    out = 0
+    for inst in model.root.walk():
+        if inst.forward is None:
+            continue
+        for s in inst.forward.body:
+            for e in walk_expr(s.value):
+                if isinstance(e, ir.Prim) and e.name == "moe":
+                    k = e.attr("top_k").value
+                    w = [_param(inst, a) for a in e.args[2:]]
+                    per_expert = sum(math.prod(d.size for d in p.dims[1:]) for p in w if p is not None)
+                    out += 2 * k * per_expert * layer_count(model.root, inst)
+    return out
+
+
+def _param(inst: ir.Instance, e: ir.TExpr) -> ir.Param | None:
+    key = param_of(inst, e)
+    return find_param(inst, key) if key is not None else None
+
+
+def model_stats(model: ir.Model, seq: int, batch: int) -> ModelStats:
+    pc = param_count(model)
+    f = model_flops(model, seq)
+    forward = f.forward_per_token + moe_flops_per_token(model)
+    return ModelStats(model.name, pc.total, active_params(model), pc.embedding, seq,
+                      3 * forward, 3 * forward * batch * seq)
+
+
+def _fmt(n: float) -> str:
+    for unit, size in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if abs(n) >= size:
+            return f"{n / size:.2f}{unit}"
+    return str(int(n))
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:.2f} GiB"
+
+
+def run(spec: Path, target: str = "cpu", model: str | None = None) -> int:
+    module = compile_spec(spec, target)
+    sched = module.schedule
+    train = module.training
+    batch, seq = train.get("batch"), train.get("seq")
+    profile = profiles()[sched.profile]
+    models = [m for m in module.models if model is None or m.name == model]
+    if not models:
+        names = ", ".join(m.name for m in module.models)
+        print(f"axdsl: error: no model `{model}` in {spec}; models: {names}")
+        return 1
+    mesh = ", ".join(f"{a}={n}" for a, n in sched.mesh_sizes if n != 1) or "one chip"
+    print(f"{spec} on {target}: {sched.chips} x {profile.description} ({mesh}); "
+          f"batch {batch} x seq {seq} from the train block")
+    for m in models:
+        s = model_stats(m, seq, batch)
+        est = estimate_memory(module, m.name, batch=batch, seq=seq)
+        print(f"\n{m.name}")
+        print(f"  parameters        {s.total_params:,} total ({_fmt(s.total_params)}), "
+              f"{s.active_params:,} active per token ({_fmt(s.active_params)}), "
+              f"{s.embedding_params:,} in embeddings")
+        print(f"  model FLOPs       {_fmt(s.flops_per_token)} per token, {_fmt(s.flops_per_step)} per step "
+              f"(training, 3 x forward, MaxText's formula)")
+        step_s = s.flops_per_step / (sched.chips * profile.peak_flops("bf16"))
+        print(f"  at 100% MFU       {step_s * 1e3:.1f} ms per step on {sched.chips} chips (bf16 peak)")
+        print(f"  memory per chip   parameters {_gib(est.params)}, gradients {_gib(est.grads)}, "
+              f"optimizer state {_gib(est.opt_state)}, activations {_gib(est.activations)} "
+              f"(remat {est.remat}); total {_gib(est.total)} of {_gib(profile.hbm_bytes)} HBM")
+    return 0

@@ -1,0 +1,98 @@
+"""The model zoo: published parameter counts, active parameters of the MoE models, model FLOPs,
+`axdsl stats`, and Mixtral as a few-line change of Mistral."""
+
+from __future__ import annotations
+
+import difflib
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from axdsl.analysis.flops import param_count
+from axdsl.pipeline import compile_spec
+from axdsl.stats import active_params, model_stats
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# Published totals (papers, model cards; Hugging Face's num_parameters() for the same configs).
+PUBLISHED = {
+    "gpt2_small": 124_439_808,
+    "gpt2_medium": 354_823_168,
+    "llama2_7b": 6_738_415_616,
+    "llama3_8b": 8_030_261_248,
+    "mistral_7b": 7_241_732_096,
+    "mixtral_8x7b": 46_702_792_704,
+    "qwen3_30b_a3b": 30_532_122_624,
+}
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED))
+def test_parameter_counts_equal_the_published_figures(name, in_root):
+    model = compile_spec(Path(f"specs/{name}.axl")).models[0]
+    assert model.name == name
+    assert param_count(model).total == PUBLISHED[name]
+
+
+def test_every_zoo_spec_has_a_tiny_variant_made_by_extends(in_root):
+    for name in PUBLISHED:
+        models = compile_spec(Path(f"specs/{name}.axl")).models
+        tiny = [m for m in models[1:] if "tiny" in m.name]
+        assert tiny, f"{name} has no tiny variant"
+        assert param_count(tiny[0]).total < 10_000_000
+    assert "extends mixtral_8x7b" in Path("specs/mixtral_8x7b.axl").read_text()
+
+
+def test_active_parameters_of_the_mixture_of_experts_models(in_root):
+    mixtral = compile_spec(Path("specs/mixtral_8x7b.axl")).models[0]
+    # Mistral AI: "12.9B active parameters"; exactly: everything but 6 of 8 experts per layer.
+    experts = 32 * 8 * 3 * 4096 * 14336
+    assert active_params(mixtral) == PUBLISHED["mixtral_8x7b"] - experts * 6 // 8 == 12_879_925_248
+    qwen = compile_spec(Path("specs/qwen3_30b_a3b.axl")).models[0]
+    assert active_params(qwen) == 3_353_032_704  # Qwen: "3.3B activated"
+    dense = compile_spec(Path("specs/mistral_7b.axl")).models[0]
+    assert active_params(dense) == PUBLISHED["mistral_7b"]
+
+
+def test_training_flops_follow_maxtexts_formula_for_a_dense_and_an_moe_model(in_root):
+    m = compile_spec(Path("specs/mistral_7b.axl")).models[0]
+    seq, emb, mlp, hq, hkv, hd, vocab, layers = 4096, 4096, 14336, 32, 8, 128, 32000, 32
+    ffn = 2 * mlp * emb * 2 + 2 * mlp * emb
+    qkv = 2 * emb * (hq + 2 * hkv) * hd
+    out = 2 * emb * hq * hd
+    attn = 4 * min(seq, 4096) * hq * hd / 2  # causal, window 4096 covers the whole sequence
+    per_token = 3 * (layers * (ffn + qkv + out + attn) + 2 * emb * vocab)
+    assert model_stats(m, seq, batch=1).flops_per_token == per_token
+    moe = compile_spec(Path("specs/mixtral_8x7b.axl")).models[0]
+    routed = 3 * layers * (2 * 2 * (3 * emb * mlp) + 2 * emb * 8)  # top-2 SwiGLU experts + router
+    dense_part = 3 * (layers * (qkv + out + attn) + 2 * emb * vocab)
+    assert model_stats(moe, seq, batch=1).flops_per_token == dense_part + routed
+
+
+def _changed_lines(a: str, b: str) -> int:
+    """Lines a reviewer sees changed: a replaced line counts once, an added or removed line once."""
+    sm = difflib.SequenceMatcher(None, a.splitlines(), b.splitlines())
+    return sum(max(i2 - i1, j2 - j1) for tag, i1, i2, j1, j2 in sm.get_opcodes() if tag != "equal")
+
+
+def test_mixtral_is_mistral_with_at_most_ten_changed_lines(in_root):
+    mistral = Path("specs/mistral_7b.axl").read_text()
+    mixtral = Path("specs/mixtral_8x7b.axl").read_text()
+    changed = _changed_lines(mistral, mixtral)
+    assert 0 < changed <= 10, changed
+    assert "MoE(" in mixtral and "MoE(" not in mistral
+
+
+def test_stats_command(in_root):
+    r = subprocess.run([sys.executable, "-m", "axdsl", "stats", "specs/mixtral_8x7b.axl", "-t", "gpu-h100-8",
+                        "--model", "mixtral_8x7b"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "46,702,792,704 total" in r.stdout and "12,879,925,248 active per token" in r.stdout
+    assert "optimizer state" in r.stdout and "of 80.00 GiB HBM" in r.stdout
+    code = ("import sys; from pathlib import Path; from axdsl import stats; "
+            "stats.run(Path('specs/qwen3_30b_a3b.axl'), 'tpu-v5e-256'); assert 'jax' not in sys.modules")
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=120).returncode == 0
+    r = subprocess.run([sys.executable, "-m", "axdsl", "stats", "specs/mixtral_8x7b.axl", "--model", "nope"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1 and "no model `nope`" in r.stdout
