@@ -94,6 +94,7 @@ def _splash_per_device(
 def emit_attention(kernel: str, q: str, k: str, v: str, mask: str | None, causal: str,
                    window: str | None, note: str) -> tuple[str, str]:
     """(expression, comment) for one attention call; the comment says why others were not used."""
+    note = f"attention: {note}" if note else ""
     if kernel == "splash":
         if mask is not None:  # select_kernels never picks splash for an explicit mask
             raise AssertionError("splash attention takes no explicit mask")

@@ -6,6 +6,28 @@ the spec wins (they share one generated function), and the reasons the others we
 kept on the primitive so codegen writes them as a comment. `kernels(attention = K)` in a target
 block forces K, and a forced kernel whose constraints fail is an error, not a silent fallback.
 Generated code holds only the chosen call; nothing branches on the backend at run time.
+
+Constraints, from the installed jax (0.10.2) sources:
+
+    cudnn   jax/_src/nn/functions.py dot_product_attention(implementation="cudnn") and
+            jax/_src/cudnn/fused_attention_stablehlo.py (check_layout, check_is_flash_attention,
+            _check_qkv_bias_mask_spec):
+            - q, k, v in bf16 or f16 (f32 raises NotImplementedError; fp8 is a separate API)
+            - head_dim a multiple of 8, at most 128 (A100), 256 on Hopper and later (H100+)
+            - GQA is native (kv heads may be fewer); causal and a left sliding window run in
+              the kernel (local_window_size=(window - 1, 0) becomes sliding_window_length)
+            - an explicit mask is added as a dense bias, which must span [S_q, S_kv]
+            - sharded only over batch and heads: no sequence (`seq`) or head_dim sharding, and
+              q, k, v sharded alike (the `heads` and `kv_heads` rules agree)
+    splash  jax/experimental/pallas/ops/tpu/splash_attention/ (BlockSizes, make_splash_mha):
+            - bf16 or f32; sequence tiles of 128 (NUM_LANES), so max_seq % 128 == 0 (the helper
+              raises ValueError for another runtime length); head_dim a multiple of 128 (the
+              lane width; the kernel slices smaller head dims, but we keep to the shapes it is
+              tuned and tested for on TPU)
+            - causal, sliding-window or full masks (CausalMask, LocalMask, FullMask); an
+              explicit mask array would need a per-batch dynamic mask, so it is not used
+            - GQA is native (kv head = query head // group); any sharding: the helper runs in
+              jax.shard_map over batch and heads and gathers what else is split
 """
 
 from __future__ import annotations
@@ -15,9 +37,13 @@ from dataclasses import replace
 from axdsl.errors import Diagnostics
 from axdsl.ir import nodes as ir
 from axdsl.ir.rewrite import map_forward, walk_expr
+from axdsl.passes.annotate_sharding import kept_axes
 from axdsl.targets import profiles
 
 SPLASH_BLOCK = 128  # TPU lane width: splash tiles head_dim and the sequence by 128
+# cuDNN flash attention takes head_dim <= 256 on compute capability 9.0+ (Hopper, Blackwell),
+# <= 128 before (check_is_flash_attention); profiles not listed here get the smaller limit.
+CUDNN_HEAD_DIM_256 = ("gpu-h100", "gpu-h200", "gpu-b200")
 
 
 def select_kernels(module: ir.Module, target=None) -> ir.Module:
@@ -35,7 +61,7 @@ def select_kernels(module: ir.Module, target=None) -> ir.Module:
         candidates = preference if choice.value == "auto" else (choice.value,)
         notes = []
         for kernel in candidates:
-            reasons = [r for m, i in zip(module.models, per_model) for r in _violations(kernel, m, i)]
+            reasons = [r for m, i in zip(module.models, per_model) for r in _violations(kernel, m, i, sched)]
             if not reasons:
                 break
             notes.append(f"{kernel} not used: {reasons[0]}")
@@ -64,21 +90,31 @@ def _compute_dtype(model: ir.Model) -> str:
     return h.value.value.name if h is not None and isinstance(h.value.value, ir.DType) else "f32"
 
 
-def _violations(kernel: str, model: ir.Model, inst: ir.Instance) -> list[str]:
+def _violations(kernel: str, model: ir.Model, inst: ir.Instance,
+                sched: ir.TargetConfig | None = None) -> list[str]:
     """Why `kernel` cannot run this instance's attention for `model`; empty when it can."""
     out = []
     dtype = _compute_dtype(model)
     max_seq = model.root.hparam("max_seq")
     for prim in _attention_prims(inst):
-        head_dim = prim.args[0].type.dims[-1].size
+        q_dims, k_dims = prim.args[0].type.dims, prim.args[1].type.dims
+        head_dim = q_dims[-1].size
         has_mask = "mask" in (prim.attr("optional") or ())
         if kernel == "cudnn":
             if dtype not in ("bf16", "f16"):
                 out.append(f"{model.name} computes in {dtype}; cuDNN flash attention needs bf16 or f16")
-            if head_dim is None or head_dim > 128 or head_dim % 8:
-                out.append(f"{model.name} has head_dim {head_dim}; cuDNN needs a multiple of 8 up to 128")
+            limit = 256 if sched is not None and sched.profile in CUDNN_HEAD_DIM_256 else 128
+            if head_dim is None or head_dim > limit or head_dim % 8:
+                chip = f" on {sched.profile}" if sched is not None else ""
+                out.append(f"{model.name} has head_dim {head_dim}; cuDNN needs a multiple of 8 "
+                           f"up to {limit}{chip}")
             if has_mask:
-                out.append("an explicit mask; cuDNN runs causal and sliding-window masks only")
+                m_dims = prim.args[3].type.dims
+                if len(m_dims) < 2 or not (m_dims[-2].same(q_dims[1]) and m_dims[-1].same(k_dims[1])):
+                    out.append("a mask that is not [..., S, S]; jax's cuDNN path adds the mask as a "
+                               "bias, which must span the query and key sequences")
+            if sched is not None:
+                out.extend(_cudnn_sharding_violations(sched))
         elif kernel == "splash":
             if dtype not in ("bf16", "f32"):
                 out.append(f"{model.name} computes in {dtype}; splash attention takes bf16 or f32")
@@ -88,6 +124,25 @@ def _violations(kernel: str, model: ir.Model, inst: ir.Instance) -> list[str]:
                 out.append(f"{model.name} has max_seq {max_seq.value.value}; splash needs a multiple of {SPLASH_BLOCK}")
             if has_mask:
                 out.append("an explicit mask; splash runs causal and sliding-window masks only")
+    return out
+
+
+def _cudnn_sharding_violations(sched: ir.TargetConfig) -> list[str]:
+    """jax partitions cuDNN attention over batch and heads only, with q, k, v sharded alike."""
+    def split(logical: str) -> tuple[str, ...]:
+        return tuple(a for a in kept_axes(sched, logical) if sched.size(a) > 1)
+
+    out = []
+    if split("seq"):
+        out.append(f"the sequence is sharded over {', '.join(split('seq'))} on {sched.name}; "
+                   "jax's cuDNN attention cannot shard the sequence dim")
+    if split("head_dim"):
+        out.append(f"head_dim is sharded over {', '.join(split('head_dim'))} on {sched.name}; "
+                   "jax's cuDNN attention cannot shard head_dim")
+    if split("heads") != split("kv_heads"):
+        out.append(f"heads ({', '.join(split('heads')) or 'replicated'}) and kv_heads "
+                   f"({', '.join(split('kv_heads')) or 'replicated'}) are sharded differently on "
+                   f"{sched.name}; jax's cuDNN attention needs q, k, v sharded alike")
     return out
 
 
