@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from axdsl.codegen.emit import emit_model, has_lm_signature
-from axdsl.codegen.emit_train import emit_train, training_flops_per_token
+from axdsl.analysis.flops import training_flops_per_token
+from axdsl.codegen.emit_train import emit_train
 from axdsl.codegen.format import check_generated, format_code
 from axdsl.pipeline import compile_spec
 from axdsl.targets import parse_target, target_dir_name

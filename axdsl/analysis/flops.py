@@ -1,0 +1,243 @@
+"""Model FLOPs and parameter counts, read off the IR (no jax: the build path may import this).
+
+Model FLOPs are the work the model needs, not what the hardware executes (rematerialization and
+padding are not counted), as MaxText computes them for MFU:
+
+    every matmul or einsum with a parameter operand   2 x (its FLOPs per token)      per layer
+        x @ w  (w: [in, out...])                      = 2 x (elements of w)
+        einsum with a parameter                       = 2 x (product of the sizes of every
+                                                        named dim other than B and S)
+        the tied head  x @ transpose(embed.table)     = 2 x vocab x dim (it is a matmul too)
+    moe(x, logits, w_gate, w_up, w_down, top_k)       top_k x 2 x (elements of one expert's
+                                                      three matrices): only routed experts work;
+                                                      capacity padding is not counted (MaxText)
+    attention(q, k, v)                                4 x S x heads x head_dim      per layer
+                                                      halved when causal; a sliding window
+                                                      of w keys counts min(S, w) keys, not S
+    training                                          3 x forward (backward = 2 x forward)
+
+Everything else (norms, activations, rope, the embedding gather, biases) is not counted, as in
+MaxText. Layers under `repeat(n, ...)` count n times (nested repeats multiply).
+
+    >>> from axdsl.pipeline import compile_spec
+    >>> m = compile_spec(Path("specs/llama3_8b.axl")).models[0]
+    >>> f = model_flops(m, seq=8192)
+    >>> f.train_per_token, f.per_step(batch=1)
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from axdsl.ir import nodes as ir
+from axdsl.ir.rewrite import walk_expr
+
+# Free dims of activations by convention (see annotate_sharding.FREE_DIM_AXES).
+TOKEN_DIMS = ("B", "S")
+# Unary wrappers that do not change which parameter a matmul multiplies by.
+SEE_THROUGH = ("transpose", "cast", "quantized")
+
+
+@dataclass(frozen=True)
+class ParamCount:
+    """Parameter counts of one model: total, per layer type, per instance path, and embeddings."""
+
+    total: int
+    by_layer: dict[str, int] = field(default_factory=dict)  # layer type -> count (Attention: ...)
+    by_path: dict[str, int] = field(default_factory=dict)  # "/blocks/attn/wq" -> count (all layers)
+    embedding: int = 0  # parameters only gathered from (embedding tables, learned positions)
+
+    @property
+    def non_embedding(self) -> int:
+        return self.total - self.embedding
+
+
+@dataclass(frozen=True)
+class FlopCount:
+    """Forward model FLOPs per token of one model at one sequence length, and what follows."""
+
+    model: str
+    seq: int
+    matmul: int  # forward FLOPs per token of matmuls with a parameter (all layers)
+    attention: int  # forward FLOPs per token of attention (all layers), at `seq`
+    by_path: dict[str, int] = field(default_factory=dict)  # instance path -> forward FLOPs per token
+
+    @property
+    def forward_per_token(self) -> int:
+        return self.matmul + self.attention
+
+    @property
+    def train_per_token(self) -> int:
+        """Forward and backward: 3 x forward."""
+        return 3 * self.forward_per_token
+
+    def per_step(self, batch: int) -> int:
+        """Training FLOPs of one step over `batch` sequences of `seq` tokens (all chips together)."""
+        return self.train_per_token * batch * self.seq
+
+
+# ---------------------------------------------------------------------------- parameters
+def param_count(model: ir.Model) -> ParamCount:
+    total = embedding = 0
+    by_layer: dict[str, int] = {}
+    by_path: dict[str, int] = {}
+    gathered = _gathered_params(model.root)
+    for inst in model.root.walk():
+        for p in inst.params:
+            n = math.prod(d.size for d in p.full_dims)
+            total += n
+            by_layer[inst.layer] = by_layer.get(inst.layer, 0) + n
+            path = f"{inst.path.rstrip('/')}/{p.name}"
+            by_path[path] = n
+            if (inst.path, p.name) in gathered:
+                embedding += n
+    return ParamCount(total, by_layer, by_path, embedding)
+
+
+def _gathered_params(root: ir.Instance) -> set[tuple[str, str]]:
+    """Parameters that are indexed (embed, prefix) rather than multiplied: embedding tables."""
+    out = set()
+    for inst in root.walk():
+        if inst.forward is None:
+            continue
+        for s in inst.forward.body:
+            for e in walk_expr(s.value):
+                if isinstance(e, ir.Prim) and e.name in ("embed", "prefix") and e.args:
+                    p = param_of(inst, e.args[0])
+                    if p is not None:
+                        out.add(p)
+    return out
+
+
+# ---------------------------------------------------------------------------- FLOPs
+def model_flops(model: ir.Model, seq: int) -> FlopCount:
+    """Forward model FLOPs per token of `model` at sequence length `seq` (see the module doc)."""
+    matmul = attention = 0
+    by_path: dict[str, int] = {}
+    for inst in model.root.walk():
+        if inst.forward is None:
+            continue
+        layers = layer_count(model.root, inst)
+        here = 0
+        for s in inst.forward.body:
+            for e in walk_expr(s.value):
+                mm = matmul_flops_per_token(inst, e)
+                if mm:
+                    matmul += mm * layers
+                    here += mm * layers
+                at = attention_flops_per_token(e, seq)
+                if at:
+                    attention += at * layers
+                    here += at * layers
+        if here:
+            by_path[inst.path] = here
+    return FlopCount(model.name, seq, matmul, attention, by_path)
+
+
+def training_flops_per_token(model: ir.Model) -> tuple[int, int]:
+    """(matmul FLOPs, attention FLOPs per unit of sequence length) per token, forward + backward.
+
+    Training FLOPs per token at sequence length S are `dense + attn * S` (sliding windows are
+    counted at full length here; `model_flops` caps them).
+    """
+    dense = model_flops(model, seq=1).matmul
+    attn = 0
+    for inst in model.root.walk():
+        if inst.forward is None:
+            continue
+        layers = layer_count(model.root, inst)
+        for s in inst.forward.body:
+            for e in walk_expr(s.value):
+                if isinstance(e, ir.Prim) and e.name == "attention":
+                    attn += _attention_work(e, seq=1, cap=False) * layers
+    return 3 * dense, 3 * attn
+
+
+def layer_count(root: ir.Instance, inst: ir.Instance) -> int:
+    """How many times `inst` runs per forward: the product of the repeat counts above it."""
+    n, path = 1, ""
+    parts = inst.path.strip("/").split("/") if inst.path != "/" else []
+    by_path = {i.path: i for i in root.walk()}
+    for part in parts:
+        path += "/" + part
+        node = by_path[path]
+        if node.repeat is not None:
+            n *= int(node.repeat.value)
+    return n
+
+
+def param_of(inst: ir.Instance, e: ir.TExpr) -> tuple[str, str] | None:
+    """(instance path, param name) when `e` is a parameter, possibly transposed or cast."""
+    while isinstance(e, ir.Prim) and e.name in SEE_THROUGH and e.args:
+        e = e.args[0]
+    if isinstance(e, ir.Ref) and e.kind == "param":
+        return (inst.path, e.name)
+    if isinstance(e, ir.Ref) and e.kind == "child_param":
+        child = inst.child(e.owner)
+        if child is not None:
+            return (child.path, e.name)
+    return None
+
+
+def _param(inst: ir.Instance, e: ir.TExpr) -> ir.Param | None:
+    while isinstance(e, ir.Prim) and e.name in SEE_THROUGH and e.args:
+        e = e.args[0]
+    if isinstance(e, ir.Ref) and e.kind == "param":
+        return inst.param(e.name)
+    if isinstance(e, ir.Ref) and e.kind == "child_param":
+        child = inst.child(e.owner)
+        return child.param(e.name) if child is not None else None
+    return None
+
+
+def matmul_flops_per_token(inst: ir.Instance, e: ir.TExpr) -> int:
+    """Forward FLOPs per token of `e` when it is a matmul or einsum with a parameter operand."""
+    if isinstance(e, ir.Bin) and e.op == "@":
+        for operand in (e.right, e.left):
+            p = _param(inst, operand)
+            if p is not None:
+                return 2 * math.prod(d.size for d in p.dims)
+        return 0
+    if isinstance(e, ir.Prim) and e.name == "moe":
+        top_k = _static(e.attr("top_k"), 1)
+        total = 0
+        for w in e.args[2:5]:
+            p = _param(inst, w)
+            if p is not None:
+                total += math.prod(d.size for d in p.dims) // p.dims[0].size  # one expert
+        return 2 * top_k * total
+    if isinstance(e, ir.Prim) and e.name == "einsum":
+        if not any(_param(inst, a) is not None for a in e.args):
+            return 0
+        sizes: dict[str, int] = {}
+        for names, a in zip(e.attr("operands"), e.args):
+            for n, d in zip(names, a.type.dims):
+                if n not in TOKEN_DIMS and d.size is not None:
+                    sizes[n] = d.size
+        return 2 * math.prod(sizes.values())
+    return 0
+
+
+def attention_flops_per_token(e: ir.TExpr, seq: int) -> int:
+    if isinstance(e, ir.Prim) and e.name == "attention":
+        return _attention_work(e, seq, cap=True)
+    return 0
+
+
+def _attention_work(e: ir.Prim, seq: int, cap: bool) -> int:
+    """4 x keys x heads x head_dim (QK^T and PV), halved when causal (MaxText's convention)."""
+    q = e.args[0].type.dims  # [B, S, heads, head_dim]
+    heads, head_dim = q[-2].size, q[-1].size
+    window = _static(e.attr("window"), 0)
+    causal = _static(e.attr("causal"), False)
+    if cap and window and window < seq:
+        return 4 * window * heads * head_dim  # every query sees (about) `window` keys
+    work = 4 * seq * heads * head_dim
+    return work // 2 if causal else work
+
+
+def _static(v, default):
+    if v is None:
+        return default
+    return v.value if isinstance(v, ir.HValue) else v

@@ -1,0 +1,177 @@
+"""Analytic FLOPs, parameter counts and per-chip memory from the IR (axdsl/analysis)."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from axdsl.analysis import model_flops, param_count, training_flops_per_token
+from axdsl.analysis.memory import estimate_memory
+from axdsl.ir import nodes as ir
+from axdsl.pipeline import compile_spec
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _module(spec: str, target: str = "cpu") -> ir.Module:
+    return compile_spec(ROOT / "specs" / spec, target)
+
+
+def _model(spec: str, name: str, target: str = "cpu") -> ir.Model:
+    return next(m for m in _module(spec, target).models if m.name == name)
+
+
+def maxtext_flops_per_step(*, batch, seq, emb, mlp, n_mlp_inputs, heads, kv_heads, head_dim,
+                           layers, vocab, causal=True):
+    """MaxText's closed formula (maxtext_utils.calculate_tflops_training_per_device), in FLOPs.
+
+    Returns (learnable weight FLOPs, attention FLOPs) for forward + backward of one step.
+    """
+    ffn = 2 * batch * seq * mlp * emb * n_mlp_inputs + 2 * batch * seq * mlp * emb
+    qkv = 2 * batch * seq * emb * (heads + 2 * kv_heads) * head_dim
+    proj = 2 * batch * seq * emb * heads * head_dim
+    attention = 4 * batch * seq**2 * heads * head_dim
+    if causal:
+        attention //= 2
+    unembed = 2 * batch * seq * emb * vocab
+    weights = (ffn + qkv + proj) * layers + unembed
+    return 3 * weights, 3 * attention * layers
+
+
+def test_llama3_8b_flops_equal_maxtext_formula():
+    m = _model("llama3_8b.axl", "llama3_8b")
+    seq, batch = 8192, 4
+    weights, attention = maxtext_flops_per_step(
+        batch=batch, seq=seq, emb=4096, mlp=14336, n_mlp_inputs=2, heads=32, kv_heads=8,
+        head_dim=128, layers=32, vocab=128256)
+    f = model_flops(m, seq)
+    assert 3 * f.matmul * batch * seq == weights
+    assert 3 * f.attention * batch * seq == attention
+    assert f.per_step(batch) == weights + attention
+    # The (dense, attention per unit of seq) pair train.py uses gives the same numbers.
+    dense, attn = training_flops_per_token(m)
+    assert (dense + attn * seq) * batch * seq == weights + attention
+
+
+def test_gpt2_small_flops_equal_maxtext_formula_with_tied_head():
+    m = _model("gpt2_small.axl", "gpt2_small")
+    seq, batch = 1024, 8
+    weights, attention = maxtext_flops_per_step(
+        batch=batch, seq=seq, emb=768, mlp=3072, n_mlp_inputs=1, heads=12, kv_heads=12,
+        head_dim=64, layers=12, vocab=50257)
+    f = model_flops(m, seq)
+    assert f.per_step(batch) == weights + attention
+    # The tied head `x @ transpose(embed.table)` is a matmul: 2 x vocab x dim per token.
+    assert f.by_path["/"] == 2 * 50257 * 768
+
+
+def test_flops_follow_each_models_config():
+    """Models of one spec share code but not sizes: each counts its own (llama3_8b_tiny)."""
+    m = _model("llama3_8b.axl", "llama3_8b_tiny")
+    h = {p.name: p.value.value for p in m.root.hparams}
+    hd = h["dim"] // h["heads"]
+    weights, attention = maxtext_flops_per_step(
+        batch=1, seq=h["max_seq"], emb=h["dim"], mlp=h["ffn"], n_mlp_inputs=2, heads=h["heads"],
+        kv_heads=h["kv_heads"], head_dim=hd, layers=h["layers"], vocab=h["vocab"])
+    assert model_flops(m, h["max_seq"]).per_step(1) == weights + attention
+    assert h["dim"] < 4096  # really the small one
+
+
+def test_moe_counts_only_routed_experts():
+    """Mixtral: MaxText's formula with the FFN x top_k (2 of 8 experts) plus the router matmul."""
+    m = _model("mixtral_8x7b.axl", "mixtral_8x7b")
+    seq, batch, top_k, experts = 4096, 2, 2, 8
+    weights, attention = maxtext_flops_per_step(
+        batch=batch, seq=seq, emb=4096, mlp=14336 * top_k, n_mlp_inputs=2, heads=32, kv_heads=8,
+        head_dim=128, layers=32, vocab=32000)
+    router = 3 * 2 * batch * seq * 4096 * experts * 32
+    assert model_flops(m, seq).per_step(batch) == weights + attention + router
+    # 46.7 B parameters, about 12.9 B active per token (6 x active ~ training FLOPs per token)
+    assert param_count(m).total == 46_702_792_704
+
+
+def test_parameter_counts():
+    llama = param_count(_model("llama3_8b.axl", "llama3_8b"))
+    assert llama.total == 8_030_261_248
+    assert llama.embedding == 128256 * 4096  # the table; the untied head is a matmul
+    assert llama.by_layer["SwiGLU"] == 32 * 3 * 4096 * 14336
+    gpt2 = param_count(_model("gpt2_small.axl", "gpt2_small"))
+    assert gpt2.total == 124_439_808
+    assert gpt2.embedding == 50257 * 768 + 1024 * 768  # token table and learned positions
+    assert sum(gpt2.by_path.values()) == gpt2.total
+
+
+def test_state_per_chip_halves_when_fsdp_doubles():
+    e8 = estimate_memory(_module("llama3_8b.axl", "gpu-h100-8"), "llama3_8b", batch=16, seq=2048)
+    e16 = estimate_memory(_module("llama3_8b.axl", "gpu-h100-16"), "llama3_8b", batch=16, seq=2048)
+    assert e8.mesh["fsdp"] == 8 and e16.mesh["fsdp"] == 16
+    assert e8.params == pytest.approx(8_030_261_248 * 4 / 8, rel=1e-3)  # f32 over 8 chips
+    assert e16.params == pytest.approx(e8.params / 2, rel=1e-3)
+    assert e16.grads == pytest.approx(e8.grads / 2, rel=1e-3)
+    assert e16.opt_state == pytest.approx(e8.opt_state / 2, rel=1e-3)
+    assert e8.opt_state == pytest.approx(2 * e8.params, rel=1e-6)  # adamw: two f32 moments
+    assert e8.weight_copies == pytest.approx(e8.params, rel=1e-3)  # bf16 copy + bf16 grads
+    # Same global batch over twice the chips: half the activations per chip too.
+    assert e16.saved == pytest.approx(e8.saved / 2, rel=0.01)
+    # A mesh given to the estimate gives the same answer as the target's.
+    again = estimate_memory(_module("llama3_8b.axl", "gpu-h100-8"), "llama3_8b", batch=16, seq=2048,
+                            mesh={**e8.mesh, "fsdp": 16})
+    assert again.params == e16.params and again.saved == e16.saved
+
+
+def test_remat_orders_activations():
+    module = _module("llama3_8b.axl", "gpu-h100-8")
+    est = {kind: estimate_memory(module, "llama3_8b", batch=8, seq=4096, remat=ir.RematPolicy(kind))
+           for kind in ("none", "save_dots", "full")}
+    assert est["full"].saved < est["save_dots"].saved < est["none"].saved
+    assert est["full"].activations < est["save_dots"].activations < est["none"].activations
+    # full keeps one [B, S, dim] bf16 tensor per layer: 1 sequence per chip x 4096 x 4096 x 2 bytes
+    assert est["full"].saved_per_layer == 4096 * 4096 * 2
+
+
+def test_xla_attention_keeps_its_scores_flash_does_not():
+    """Without remat, XLA attention keeps [B, heads, S, S] scores (f32 logits and exp, a mask and
+    bf16 probabilities); cuDNN flash attention keeps only q, k, v, the output and log-sum-exp."""
+    seq, kw = 4096, dict(batch=8, seq=4096, remat=ir.RematPolicy("none"))
+    xla = estimate_memory(_module("llama3_8b.axl", "cpu-8"), "llama3_8b", **kw)
+    flash = estimate_memory(_module("llama3_8b.axl", "gpu-h100-8"), "llama3_8b", **kw)
+    scores = 32 * seq * seq  # heads x S x S, one sequence per chip
+
+    def kept(e, what):
+        return sum(v for k, v in e.detail.items() if k.endswith(what))
+
+    assert kept(xla, "attention masked logits") == kept(xla, "attention exp") == 4 * scores
+    assert kept(xla, "attention mask") == scores and kept(xla, "attention probabilities") == 2 * scores
+    assert kept(flash, "attention masked logits") == 0
+    assert kept(flash, "attention logsumexp") == 4 * 32 * seq
+    assert flash.saved_per_layer < xla.saved_per_layer - 10 * scores
+
+
+def test_named_points_saved_or_offloaded():
+    module = _module("llama3_8b.axl", "gpu-h100-8")
+    full = estimate_memory(module, "llama3_8b", remat=ir.RematPolicy("full"))
+    saved = estimate_memory(module, "llama3_8b", remat=ir.RematPolicy("save", ("context", "mlp_hidden")))
+    off = estimate_memory(module, "llama3_8b", remat=ir.RematPolicy("offload", ("context",), ("mlp_hidden",)))
+    assert full.saved < off.saved < saved.saved
+    assert off.offloaded > 0 and saved.offloaded == 0
+    assert saved.saved - off.saved == pytest.approx(off.offloaded, rel=1e-6)
+
+
+def test_activations_scale_with_microbatches_and_batch():
+    module = _module("llama3_8b.axl", "gpu-h100-8")
+    one = estimate_memory(module, "llama3_8b", batch=32, seq=1024)
+    four = estimate_memory(module, "llama3_8b", batch=32, seq=1024, microbatches=4)
+    assert four.saved == pytest.approx(one.saved / 4, rel=0.01)
+    assert four.grads > one.grads  # the float32 accumulator of the micro-batch scan
+    double = estimate_memory(module, "llama3_8b", batch=64, seq=1024)
+    assert double.saved == pytest.approx(2 * one.saved, rel=0.01)
+
+
+def test_analysis_never_imports_jax():
+    code = ("import sys; from pathlib import Path; from axdsl.pipeline import compile_spec; "
+            "from axdsl.analysis import model_flops; from axdsl.analysis.memory import estimate_memory; "
+            "m = compile_spec(Path('specs/gpt2_small.axl'), 'tpu-v5e-8'); "
+            "estimate_memory(m); model_flops(m.models[0], 1024); "
+            "assert 'jax' not in sys.modules, 'the analysis imported jax'")
+    subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True)

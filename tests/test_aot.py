@@ -1,0 +1,88 @@
+"""`axdsl aot`: the fit report, its exit codes, and the analytic memory against XLA's."""
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from axdsl.aot import EXIT_FITS, EXIT_NO_FIT, analyze, run, xla_total
+
+# A llama-shaped model big enough that every term means something on a CPU: 4.2 M parameters
+# (48 MiB of state per chip, replicated over the data axis) and 32 sequences of 256 tokens of
+# activations per step (a few MiB per layer per chip); compiles in about 15 s.
+MID_LLAMA = """
+import "std/transformer.axl"
+model mid_llama = DecoderLM {
+  vocab = 2048  dim = 256  layers = 4  heads = 8  kv_heads = 4  ffn = 768
+  rope_theta = 500000.0  max_seq = 512
+  norm = RMSNorm(eps = 1e-5)
+  dtype = f32  param_dtype = f32
+}
+train { batch = 8  seq = 256 }
+"""
+
+
+def test_llama3_8b_fits_on_8_h100(in_root, capsys):
+    # 8.03 B params x 16 bytes (f32 params, grads, two adamw moments) / 8 chips = 15 GiB per chip,
+    # plus bf16 weight copies and activations: it fits in 80 GiB.
+    code = run(Path("specs/llama3_8b.axl"), "gpu-h100-8", batch=8, seq=2048)
+    out = capsys.readouterr().out
+    assert code == EXIT_FITS, out
+    assert "=> fits" in out and "does NOT fit" not in out
+    assert "parameters            3.74 GiB" in out  # 8.03e9 x 4 bytes / 8 chips
+    assert "optimizer state       7.48 GiB" in out
+    assert "ideal step time" in out and "989 TFLOP/s" in out
+    assert "analytic" in out
+
+
+def test_llama3_8b_does_not_fit_on_v5e_8_and_says_what_would(in_root, capsys):
+    # The state alone is 8.03e9 x 16 bytes / 8 = 15 GiB > 16 GiB x 90% usable.
+    code = run(Path("specs/llama3_8b.axl"), "tpu-v5e-8")
+    out = capsys.readouterr().out
+    assert code == EXIT_NO_FIT, out
+    assert "does NOT fit" in out
+    assert "more FSDP: fsdp = 16 over 16 chips" in out
+    assert "--target tpu-v5e-16" in out
+    # The step was lowered for TPU over 8 fake devices; without libtpu the figures stay analytic.
+    assert "lowered the generated train step for tpu over 8 devices" in out
+    assert "libtpu" in out
+
+
+def test_suggestions_cover_remat_and_microbatches(in_root):
+    # 2 sequences of 8192 tokens per chip: activations dominate; fewer tokens at once fix it.
+    r = analyze(Path("specs/llama3_8b.axl"), "gpu-h100-8", batch=16, seq=8192, lower=False)
+    assert not r.fits
+    text = "\n".join(r.suggestions)
+    assert "microbatches = 2" in text or "microbatches = 4" in text
+
+
+def test_unknown_model_is_an_error(in_root, capsys):
+    assert run(Path("specs/tiny_llama.axl"), "cpu", model="nope") == 1
+    assert "no model `nope`" in capsys.readouterr().err
+
+
+def test_more_chips_than_devices_lowers_in_a_subprocess(in_root):
+    """This process has 8 fake devices; 16 chips need a fresh process with more."""
+    r = analyze(Path("specs/tiny_llama.axl"), "cpu-16", lower=True)
+    assert r.lowering.get("subprocess") is True, r.lowering
+    assert r.lowering["devices"] == 16 and r.lowering["mesh"]["data"] == 16
+    assert "lower_s" in r.lowering and "error" not in r.lowering
+
+
+def test_analytic_memory_within_10_percent_of_xla(tmp_path, capsys):
+    """The analytic per-chip memory against XLA's memory_analysis of the same generated step."""
+    spec = tmp_path / "mid_llama.axl"
+    spec.write_text(MID_LLAMA)
+    r = analyze(spec, "cpu-8", compile=True)
+    xla, e = r.lowering["xla"], r.estimate
+    total = xla_total(xla)
+    figures = (f"XLA argument {xla['argument']:,} temp {xla['temp']:,} total {total:,}; analytic "
+               f"state {e.state:,} temporaries {e.temporaries:,} (saved {e.saved:,}, working "
+               f"{e.working:,}, grads {e.grads:,}) total {e.total:,}")
+    print(figures, file=sys.stderr)
+    # Neither side is negligible: state and activations are each at least a third of the total.
+    assert e.state > total / 3 and e.activations > total / 3, figures
+    assert e.state == pytest.approx(xla["argument"], rel=0.01), figures  # params + adamw + batch
+    assert e.temporaries == pytest.approx(xla["temp"], rel=0.10), figures  # grads + activations
+    assert e.total == pytest.approx(total, rel=0.10), figures
+    print(r.lowering, file=sys.stderr)
