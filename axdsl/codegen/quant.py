@@ -92,7 +92,7 @@ def _fp8_einsum_bwd(spec: str, residuals, g: jax.Array):
 
 fp8_einsum.defvjp(_fp8_einsum_fwd, _fp8_einsum_bwd)'''
 
-INT8_EINSUM = '''def _int8_quantize(x: jax.Array, axes: tuple[int, ...]) -> tuple[jax.Array, jax.Array]:
+INT8_EINSUM = '''def _int8_quantize(x: jax.Array, axes: tuple[int, ...]) -> tuple[jax.Array, ...]:
     """x ~= q * scale: q int8 in [-127, 127], one f32 scale per slice over `axes` (kept, size 1)."""
     x = x.astype(jnp.float32)
     scale = jnp.max(jnp.abs(x), axis=axes, keepdims=True) / 127.0
