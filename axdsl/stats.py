@@ -14,7 +14,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from axdsl.analysis.flops import find_param, layer_count, model_flops, param_count, param_of
+from axdsl.analysis.flops import layer_count, model_flops, param_count, param_of
 from axdsl.analysis.memory import estimate_memory
 from axdsl.ir import nodes as ir
 from axdsl.ir.rewrite import walk_expr
@@ -51,33 +51,19 @@ def active_params(model: ir.Model) -> int:
     return total - unused
 
 
-def moe_flops_per_token(model: ir.Model) -> int:
-    """Forward FLOPs per token of the experts a token runs (SwiGLU: three matmuls per expert)."""
-    out = 0
-    for inst in model.root.walk():
-        if inst.forward is None:
-            continue
-        for s in inst.forward.body:
-            for e in walk_expr(s.value):
-                if isinstance(e, ir.Prim) and e.name == "moe":
-                    k = e.attr("top_k").value
-                    w = [_param(inst, a) for a in e.args[2:]]
-                    per_expert = sum(math.prod(d.size for d in p.dims[1:]) for p in w if p is not None)
-                    out += 2 * k * per_expert * layer_count(model.root, inst)
-    return out
-
-
 def _param(inst: ir.Instance, e: ir.TExpr) -> ir.Param | None:
     key = param_of(inst, e)
-    return find_param(inst, key) if key is not None else None
+    if key is None:
+        return None
+    path, name = key
+    return next(i for i in inst.walk() if i.path == path).param(name)
 
 
 def model_stats(model: ir.Model, seq: int, batch: int) -> ModelStats:
     pc = param_count(model)
     f = model_flops(model, seq)
-    forward = f.forward_per_token + moe_flops_per_token(model)
     return ModelStats(model.name, pc.total, active_params(model), pc.embedding, seq,
-                      3 * forward, 3 * forward * batch * seq)
+                      f.train_per_token, f.per_step(batch))
 
 
 def _fmt(n: float) -> str:
