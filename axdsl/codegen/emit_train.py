@@ -1,7 +1,9 @@
-"""Emit `train.py`: the spec's train block as a `TrainConfig`, its optimizer and schedule as optax.
+"""Emit `train.py`: the spec's train block as a `TrainConfig`, its optimizer and schedule as optax;
+and `slurm.sh`, a batch script that runs train.py on every node of a SLURM allocation.
 
 The template holds the fixed parts (data, state, step, checkpoints, loop); this module renders the
-parts the spec chooses, so the generated file contains only the optimizer and schedule in use.
+parts the spec chooses, so the generated file contains only the optimizer and schedule in use (and
+the dropout key only for models with dropout).
 """
 
 from __future__ import annotations
@@ -25,6 +27,11 @@ class Field:
     default: str
     comment: str
 
+    @property
+    def fits(self) -> bool:
+        """Whether `name: type = default  # comment` fits black's 100 columns (else: comment above)."""
+        return len(f"    {self.name}: {self.type} = {self.default}  # {self.comment}") <= 100
+
 
 def emit_train(module: ir.Module, package: str, flops: list[tuple[str, int, int]]) -> str:
     """The unformatted source of generated/<spec>/<target>/train.py."""
@@ -43,6 +50,29 @@ def emit_train(module: ir.Module, package: str, flops: list[tuple[str, int, int]
         schedule_doc=SCHEDULE_DOC[sched_name], schedule_body=SCHEDULES[sched_name],
         optimizer_doc=OPTIMIZER_DOC[opt_name], optimizer_body=OPTIMIZERS[opt_name],
         batch_axes=spec_text((batch_axes,))[2:-1] or "None",
+        dropout=uses_dropout(module.models[0].root),
+    )
+
+
+def uses_dropout(root: ir.Instance) -> bool:
+    """Whether the model's forward takes a dropout key (`rng`)."""
+    return any(isinstance(e, ir.Prim) and e.name == "dropout"
+               for inst in root.walk() if inst.forward is not None
+               for s in inst.forward.body for e in walk_expr(s.value))
+
+
+def emit_slurm(module: ir.Module, package: str) -> str:
+    """generated/<spec>/<target>/slurm.sh: a SLURM batch script that runs train.py on every node."""
+    schedule = module.schedule
+    profile = profiles()[schedule.profile]
+    per_node = min(schedule.chips, profile.chips_per_host)
+    spec_stem = package.split(".")[-2]
+    return render_template(
+        "slurm.sh.j2",
+        version=__version__, spec=module.spec, sha256=module.sha256, target=module.target,
+        model=module.models[0].name, package=package, path=package.replace(".", "/"),
+        chips=schedule.chips, profile=profile.name, kind=profile.kind,
+        nodes=-(-schedule.chips // per_node), per_node=per_node, run_name=f"{spec_stem}-{module.target}",
     )
 
 
@@ -64,6 +94,9 @@ def _fields(module: ir.Module) -> list[Field]:
     sched, sched_args = t.get("schedule")
     for k, v in sched_args:
         add(k, int(v) if k == "warmup" else float(v), f"{sched} schedule: {k} ({origin['schedule'].origin})")
+    for key, what in (("dtype", "compute dtype"), ("param_dtype", "parameter dtype")):
+        choice = origin.get(key)
+        add(key, choice.value if choice else "", f"{what}; \"\": the model's ({choice.origin if choice else 'default'})")
     for key in ("clip", "z_loss", "eval_every", "eval_batches", "log_every", "seed", "max_bad_steps"):
         add(key, t.get(key), _doc(key, origin[key].origin))
     kind, data_args = t.get("data")
@@ -126,21 +159,27 @@ SCHEDULES = {
                  "return optax.join_schedules(",
                  "    [optax.linear_schedule(0.0, tc.lr, tc.warmup), optax.constant_schedule(tc.lr)],",
                  "    [tc.warmup],", ")"],
-    "wsd": ["decay_start = int(tc.steps * (1 - tc.decay))",
+    "wsd": ["decay_start = max(int(tc.steps * (1 - tc.decay)), tc.warmup)",
             "return optax.join_schedules(",
             "    [optax.linear_schedule(0.0, tc.lr, tc.warmup),",
             "     optax.constant_schedule(tc.lr),",
             "     optax.linear_schedule(tc.lr, tc.lr * tc.final, max(tc.steps - decay_start, 1))],",
             "    [tc.warmup, decay_start],", ")"],
     "rsqrt": ["warmup = max(tc.warmup, 1)",
-              "return lambda step: tc.lr * jnp.minimum((step + 1) / warmup, jnp.sqrt(warmup / jnp.maximum(step + 1, warmup)))"],
+              "",
+              "def schedule(step):",
+              "    step = jnp.asarray(step, jnp.float32)",
+              "    decay = tc.lr * jnp.sqrt(warmup / jnp.maximum(step, warmup))",
+              "    return jnp.where(step < tc.warmup, tc.lr * step / warmup, decay)",
+              "",
+              "return schedule"],
 }
 SCHEDULE_DOC = {
     "cosine": "linear warmup to lr, then cosine decay to lr * final",
     "linear": "linear warmup to lr, then linear decay to lr * final",
     "constant": "linear warmup to lr, then constant",
     "wsd": "warmup, stable at lr, then linear decay to lr * final over the last `decay` fraction",
-    "rsqrt": "linear warmup, then lr * sqrt(warmup / step)",
+    "rsqrt": "linear warmup to lr, then lr * sqrt(warmup / step)",
 }
 
 

@@ -11,7 +11,10 @@
 
 Every key, optimizer, schedule and data source is checked here with a located error; the
 defaults below apply to keys the spec leaves out, and `axdsl dump` shows each value's origin.
-The batch must split evenly into micro-batches and over the mesh axes that shard `batch`.
+The batch must split evenly into micro-batches and over the mesh axes that shard `batch`; seq
+must fit every model's max_seq; a warmup must fit in the run (and, for wsd, before the decay);
+decay rates (b1, b2) lie in [0, 1) and `final` in [0, 1]. A schedule's warmup left out is a tenth
+of the run, at most 100 steps. train.py re-checks what its command-line flags can change.
 """
 
 from __future__ import annotations
@@ -31,12 +34,13 @@ OPTIMIZERS: dict[str, dict[str, float | bool]] = {
     "adafactor": {"lr": 1e-2, "weight_decay": 0.0},
     "sgd": {"lr": 1e-2, "momentum": 0.9, "nesterov": False, "weight_decay": 0.0},
 }
-SCHEDULES: dict[str, dict[str, float]] = {
-    "cosine": {"warmup": 100, "final": 0.1},  # linear warmup, cosine decay to final * lr
-    "linear": {"warmup": 100, "final": 0.0},  # linear warmup, linear decay to final * lr
+# A warmup left out (None) becomes min(100, steps // 10).
+SCHEDULES: dict[str, dict[str, float | None]] = {
+    "cosine": {"warmup": None, "final": 0.1},  # linear warmup, cosine decay to final * lr
+    "linear": {"warmup": None, "final": 0.0},  # linear warmup, linear decay to final * lr
     "constant": {"warmup": 0},
-    "wsd": {"warmup": 100, "decay": 0.2, "final": 0.0},  # warmup, stable, decay over the last `decay` fraction
-    "rsqrt": {"warmup": 100},  # warmup, then lr * sqrt(warmup / step)
+    "wsd": {"warmup": None, "decay": 0.2, "final": 0.0},  # warmup, stable, decay over the last `decay` fraction
+    "rsqrt": {"warmup": None},  # warmup, then lr * sqrt(warmup / step)
 }
 DATA_SOURCES = ("default", "tokens", "text")
 
@@ -45,7 +49,11 @@ INT_KEYS = {"batch": (8, 1), "seq": (128, 2), "steps": (1000, 1), "microbatches"
             "max_bad_steps": (3, 1)}
 FLOAT_KEYS = {"clip": (1.0, 0.0), "z_loss": (0.0, 0.0)}
 CHECKPOINT = {"every": 100, "keep": 3, "async": True, "dir": "checkpoints"}
-KEYS = tuple(INT_KEYS) + tuple(FLOAT_KEYS) + ("optimizer", "schedule", "data", "checkpoint")
+# Mixed precision: the models' `dtype` (compute) and `param_dtype` (storage), overridden for training.
+DTYPE_KEYS = ("dtype", "param_dtype")
+FLOAT_DTYPES = ("f32", "bf16", "f16")
+KEYS = (tuple(INT_KEYS) + tuple(FLOAT_KEYS) + DTYPE_KEYS
+        + ("optimizer", "schedule", "data", "checkpoint"))
 
 
 def configure_train(module: ir.Module, target=None) -> ir.Module:
@@ -54,7 +62,10 @@ def configure_train(module: ir.Module, target=None) -> ir.Module:
     values: dict[str, ir.Choice] = {}
     if sec is not None:
         for name, value, span in sec.settings:
-            if name not in KEYS or name == "checkpoint":
+            if name == "checkpoint":
+                diags.error(span, "`checkpoint` is a directive, not a setting",
+                            "write checkpoint(every = 500, keep = 3, async = true, dir = \"checkpoints\")")
+            elif name not in KEYS:
                 hint = did_you_mean(name, KEYS) or f"train settings: {', '.join(KEYS)}"
                 diags.error(span, f"unknown train setting `{name}`", hint)
             elif name in values:
@@ -74,7 +85,8 @@ def configure_train(module: ir.Module, target=None) -> ir.Module:
     _defaults(values, module)
     _cross_checks(values, module, diags)
     diags.raise_if_any()
-    return replace(module, training=ir.TrainSpec(tuple((k, values[k]) for k in KEYS)))
+    # dtype and param_dtype appear only when set: by default training keeps the models' own.
+    return replace(module, training=ir.TrainSpec(tuple((k, values[k]) for k in KEYS if k in values)))
 
 
 def _defaults(values: dict[str, ir.Choice], module: ir.Module) -> None:
@@ -88,7 +100,11 @@ def _defaults(values: dict[str, ir.Choice], module: ir.Module) -> None:
     values.setdefault("optimizer", ir.Choice(("adamw", tuple(OPTIMIZERS["adamw"].items())), "default"))
     steps = values["steps"].value
     warm = min(100, max(steps // 10, 0))
-    values.setdefault("schedule", ir.Choice(("cosine", (("warmup", warm), ("final", 0.1))), "default"))
+    values.setdefault("schedule", ir.Choice(("cosine", (("warmup", None), ("final", 0.1))), "default"))
+    fn, args = values["schedule"].value
+    if dict(args).get("warmup", 0) is None:  # the warmup left out: a tenth of the run, at most 100
+        args = tuple((k, warm if k == "warmup" else v) for k, v in args)
+        values["schedule"] = replace(values["schedule"], value=(fn, args))
     values.setdefault("data", ir.Choice(("default", ()), "default"))
     values.setdefault("checkpoint", ir.Choice(tuple(CHECKPOINT.items()), "default"))
 
@@ -105,6 +121,12 @@ def _check(name: str, value: Any, span: Span, diags: Diagnostics) -> Any:
             diags.error(span, f"`{name}` must be a number >= 0, got {_show(value)}")
             return None
         return float(value)
+    if name in DTYPE_KEYS:
+        if not (isinstance(value, tuple) and value[:1] == ("name",) and value[1] in FLOAT_DTYPES):
+            diags.error(span, f"`{name}` is one of {', '.join(FLOAT_DTYPES)}, got {_show(value)}",
+                        "for example dtype = bf16")
+            return None
+        return ir.DTYPES[value[1]]
     if name == "optimizer":
         return _call(value, span, OPTIMIZERS, "optimizer", diags)
     if name == "schedule":
@@ -133,16 +155,23 @@ def _call(value: Any, span: Span, table: dict, what: str, diags: Diagnostics):
             diags.error(span, f"{fn} has no argument `{k}`",
                         did_you_mean(k, out) or f"its arguments: {', '.join(out)}")
             continue
-        if isinstance(out[k], bool):
+        if isinstance(table[fn][k], bool):
             ok = isinstance(v, bool)
         else:
             ok = isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0
         if not ok:
-            diags.error(span, f"{fn}({k} = ...) must be {'true or false' if isinstance(out[k], bool) else 'a number >= 0'}, got {_show(v)}")
+            diags.error(span, f"{fn}({k} = ...) must be {'true or false' if isinstance(table[fn][k], bool) else 'a number >= 0'}, got {_show(v)}")
             continue
         out[k] = v
     if what == "optimizer" and out["lr"] <= 0:
         diags.error(span, f"{fn}: the learning rate must be positive")
+    for k in ("b1", "b2"):
+        if k in out and not out[k] < 1:
+            diags.error(span, f"{fn}({k} = {out[k]}) is a decay rate, in [0, 1)")
+    if out.get("warmup") is not None and out["warmup"] != int(out["warmup"]):
+        diags.error(span, f"{fn}(warmup = {out['warmup']}) is a number of steps, an integer")
+    if "final" in out and out["final"] > 1:
+        diags.error(span, f"{fn}(final = {out['final']}) is a fraction of the peak learning rate, in [0, 1]")
     if fn == "wsd" and not 0 < out["decay"] <= 1:
         diags.error(span, "wsd(decay = ...) is the fraction of steps spent decaying, in (0, 1]")
     return fn, tuple(out.items())
@@ -197,12 +226,11 @@ def _checkpoint(d: ir.Directive, diags: Diagnostics):
 def _cross_checks(values: dict[str, ir.Choice], module: ir.Module, diags: Diagnostics) -> None:
     batch, micro = values["batch"], values["microbatches"]
     where = lambda c: c.span or (module.train.span if module.train else None)  # noqa: E731
+    s = module.schedule
     if batch.value % micro.value:
         diags.error(where(micro), f"microbatches = {micro.value} does not divide batch = {batch.value}",
                     "pick a divisor of the batch")
-        return
-    s = module.schedule
-    if s is not None:
+    elif s is not None:
         ways = math.prod(s.size(a) for a in kept_axes(s, "batch"))
         if batch.origin == "default" and batch.value % (ways * micro.value):
             need = ways * micro.value
@@ -213,11 +241,26 @@ def _cross_checks(values: dict[str, ir.Choice], module: ir.Module, diags: Diagno
             diags.error(where(batch), f"each micro-batch has {per_micro} sequences, which the {ways}-way "
                                       f"batch sharding on {s.name} does not divide",
                         f"use a batch that is a multiple of {ways * micro.value}")
+    for k in DTYPE_KEYS:
+        for m in module.models:
+            if k in values and m.root.hparam(k) is None:
+                diags.error(values[k].span, f"model `{m.name}` has no `{k}` to override",
+                            f"its layer `{m.root.layer}` would need a `{k}: dtype` hyperparameter")
     seq = values["seq"]
     for m in module.models:
         ms = m.root.hparam("max_seq")
         if ms is not None and seq.value > ms.value.value and seq.span is not None:
-            diags.error(seq.span, f"seq = {seq.value} is longer than {m.name}'s max_seq = {ms.value.value}")
+            diags.error(seq.span, f"seq = {seq.value} is longer than {m.name}'s max_seq = {ms.value.value}",
+                        f"use seq <= {ms.value.value}, or raise max_seq in the model")
+    sched = values["schedule"]
+    args = dict(sched.value[1])
+    steps = values["steps"].value
+    if sched.span is not None and args.get("warmup", 0) > steps:
+        diags.error(sched.span, f"warmup = {args['warmup']} is longer than the run (steps = {steps})",
+                    "use a warmup shorter than steps")
+    elif sched.span is not None and sched.value[0] == "wsd" and args["warmup"] > int(steps * (1 - args["decay"])):
+        diags.error(sched.span, f"wsd: warmup = {args['warmup']} overlaps the decay, which starts at step "
+                                f"{int(steps * (1 - args['decay']))} of {steps}", "shorten the warmup or the decay")
 
 
 def _show(v: Any) -> str:

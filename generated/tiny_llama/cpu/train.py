@@ -8,13 +8,15 @@ the sharded train state, the jitted train step, checkpoints, and the loop in `ma
 
 Rerunning the same command resumes from the newest complete checkpoint in RUN_DIR, bit for bit:
 the state, the step, and the data position (a pure function of seed and step) are all restored.
-Several hosts: pass --coordinator/--num-processes/--process-id, or nothing under SLURM or on TPU
-VMs, where `jax.distributed.initialize()` reads the cluster's environment.
+Several hosts: pass --coordinator/--num-processes/--process-id, or nothing under SLURM (srun) or
+on multi-host TPU VMs, where `jax.distributed.initialize()` reads the cluster's environment.
+RUN_DIR gets run.json (what ran), metrics.jsonl (one JSON object per line) and checkpoints/.
 """
 
 import argparse
 import dataclasses
 import json
+import math
 import os
 import sys
 import sysconfig
@@ -33,6 +35,7 @@ from tqdm import tqdm
 from .model import CONFIGS, Config, forward, make_mesh, param_axes, param_specs, init_params
 
 TARGET = "cpu"
+SPEC = "specs/tiny_llama.axl"
 PEAK_FLOPS_PER_CHIP = 1.7e11  # dense bf16 FLOP/s of one cpu chip (for MFU)
 # Model FLOPs per token for training (3x forward, MaxText's formula): matmuls + attention * seq.
 MODEL_FLOPS = {
@@ -56,15 +59,16 @@ class TrainConfig:
     weight_decay: float = 0.1  # adamw: weight_decay (default)
     warmup: int = 100  # cosine schedule: warmup (default)
     final: float = 0.1  # cosine schedule: final (default)
+    dtype: str = ""  # compute dtype; "": the model's (default)
+    param_dtype: str = ""  # parameter dtype; "": the model's (default)
     clip: float = 1.0  # clip gradients to this global norm; 0: off (default)
     z_loss: float = 0.0  # weight of the z-loss; 0: off (default)
     eval_every: int = 100  # steps between evaluations; 0: never (default)
     eval_batches: int = 4  # batches per evaluation (default)
     log_every: int = 10  # steps between log lines (default)
     seed: int = 0  # parameters and data order (default)
-    max_bad_steps: int = (
-        3  # non-finite steps in a row before restoring the last checkpoint (default)
-    )
+    # non-finite steps in a row before restoring the last checkpoint (default)
+    max_bad_steps: int = 3
     data: str = "default"  # default, tokens or text (default)
     data_path: str = ""  # token file, or text file or directory
     data_dtype: str = "u16"  # token file element type: u16 or u32
@@ -77,17 +81,33 @@ class TrainConfig:
 TRAIN = TrainConfig()
 
 
+def model_config(tc: TrainConfig) -> Config:
+    """The model's Config with the training precision: compute in tc.dtype, store parameters (and
+    optimizer moments) in tc.param_dtype; an empty setting keeps the model's own."""
+    cfg = CONFIGS[tc.model]
+    if tc.dtype:
+        cfg = dataclasses.replace(cfg, dtype=jnp.dtype(tc.dtype))
+    if tc.param_dtype:
+        cfg = dataclasses.replace(cfg, param_dtype=jnp.dtype(tc.param_dtype))
+    return cfg
+
+
 # ----------------------------------------------------------------------------- data
 
 
 def stdlib_bytes(limit: int = 32 << 20) -> np.ndarray:
-    """The default dataset: this Python's standard-library sources as bytes (no download needed)."""
+    """The default dataset: this Python's standard-library .py files as bytes (no download needed).
+
+    Every .py file under the stdlib directory except the `test` packages and site-packages, in
+    path order, joined by newlines (about 13 MB on CPython 3.11), at most `limit` bytes.
+    """
     root = Path(sysconfig.get_paths()["stdlib"])
-    files = sorted(
-        p for p in root.rglob("*.py") if "site-packages" not in p.parts and "test" not in p.parts
-    )
+    files = []
+    for folder, subdirs, names in os.walk(root):
+        subdirs[:] = [d for d in subdirs if d not in ("site-packages", "dist-packages", "test")]
+        files += [Path(folder) / n for n in names if n.endswith(".py")]
     chunks, size = [], 0
-    for path in files:
+    for path in sorted(files):
         data = path.read_bytes()
         chunks.append(data)
         size += len(data)
@@ -101,7 +121,7 @@ def load_tokens(tc: TrainConfig) -> np.ndarray:
     if tc.data == "default":
         return stdlib_bytes()
     path = Path(tc.data_path)
-    if tc.data == "tokens":
+    if tc.data == "tokens":  # flat uint16/uint32 token ids, as nanoGPT's prepare.py writes them
         return np.memmap(path, dtype=np.uint16 if tc.data_dtype == "u16" else np.uint32, mode="r")
     files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
     return np.frombuffer(b"\n".join(p.read_bytes() for p in files), dtype=np.uint8)
@@ -231,7 +251,10 @@ def loss_terms(
 
 
 def grads_and_loss(cfg: Config, tc: TrainConfig, params: dict, batch: jax.Array):
-    """Gradients averaged over `tc.microbatches` micro-batches, accumulated in float32 with a scan."""
+    """Gradients averaged over `tc.microbatches` micro-batches, accumulated in float32 with a scan.
+
+    Micro-batch i takes rows i, i + k, i + 2k, ...: each device keeps its own rows, no data moves.
+    """
     grad_fn = jax.value_and_grad(lambda p, t: loss_terms(cfg, tc, p, t), has_aux=True)
     if tc.microbatches == 1:
         (_, ce), grads = grad_fn(params, batch)
@@ -250,6 +273,11 @@ def grads_and_loss(cfg: Config, tc: TrainConfig, params: dict, batch: jax.Array)
     return grads, ce / tc.microbatches
 
 
+def global_norm(tree) -> jax.Array:
+    """The L2 norm of all leaves together, in float32."""
+    return jnp.sqrt(sum(jnp.sum(jnp.square(x.astype(jnp.float32))) for x in jax.tree.leaves(tree)))
+
+
 def make_train_step(cfg: Config, tc: TrainConfig, mesh):
     """The jitted step (state, batch) -> (state, metrics); the old state's buffers are donated."""
     optimizer = make_optimizer(tc)
@@ -257,14 +285,15 @@ def make_train_step(cfg: Config, tc: TrainConfig, mesh):
 
     def step(state, batch):
         grads, ce = grads_and_loss(cfg, tc, state["params"], batch)
-        grad_norm = optax.global_norm(grads)
+        grad_norm = global_norm(grads)
         updates, opt_state = optimizer.update(grads, state["opt_state"], state["params"])
         params = optax.apply_updates(state["params"], updates)
         # A non-finite loss or gradient skips the update: parameters are never poisoned.
         ok = jnp.isfinite(ce) & jnp.isfinite(grad_norm)
-        keep = lambda new, old: jax.tree.map(
-            lambda n, o: jnp.where(ok, n, o), new, old
-        )  # noqa: E731
+
+        def keep(new, old):
+            return jax.tree.map(lambda n, o: jnp.where(ok, n, o), new, old)
+
         new_state = {
             "params": keep(params, state["params"]),
             "opt_state": keep(opt_state, state["opt_state"]),
@@ -304,15 +333,33 @@ def make_eval_step(cfg: Config, tc: TrainConfig, mesh):
 def checkpoint_manager(run_dir: Path, tc: TrainConfig) -> ocp.CheckpointManager:
     """Orbax checkpoints under RUN_DIR/{tc.checkpoint_dir}: keep the newest K, save asynchronously.
 
-    Orbax writes each step to a temporary directory and renames it when complete, so a run killed
-    mid-save never restores a partial checkpoint: the previous complete one is used.
+    Orbax writes each step to `<step>.orbax-checkpoint-tmp-*`, writes `commit_success.txt` into it
+    and renames it to `<step>` when complete; leftover temporary directories are removed here.
     """
     options = ocp.CheckpointManagerOptions(
         max_to_keep=tc.checkpoint_keep,
         enable_async_checkpointing=tc.checkpoint_async,
+        cleanup_tmp_directories=True,
         create=True,
     )
     return ocp.CheckpointManager((run_dir / tc.checkpoint_dir).absolute(), options=options)
+
+
+def complete_steps(manager: ocp.CheckpointManager) -> list[int]:
+    """Steps with a complete checkpoint, oldest first; partial ones are deleted.
+
+    On a local disk orbax lists every `<step>` directory, but only one it finished holds
+    `commit_success.txt`: a directory without it (a copy cut short, a crashed writer) is never
+    restored, so the previous complete checkpoint is used instead.
+    """
+    steps = []
+    for step in manager.all_steps():
+        if (Path(manager.directory) / str(step) / "commit_success.txt").exists():
+            steps.append(step)
+        else:
+            print(f"checkpoint {step} is incomplete: deleting it", file=sys.stderr)
+            manager.delete(step)
+    return sorted(steps)
 
 
 def save(
@@ -327,6 +374,7 @@ def save(
 
 
 def restore(manager: ocp.CheckpointManager, abstract: dict, step: int) -> tuple[dict, dict]:
+    """The train state (placed as `abstract` says) and the data position saved at `step`."""
     restored = manager.restore(
         step,
         args=ocp.args.Composite(
@@ -338,22 +386,30 @@ def restore(manager: ocp.CheckpointManager, abstract: dict, step: int) -> tuple[
 
 # ----------------------------------------------------------------------------- main
 
+OVERRIDES = {
+    "steps": int,
+    "batch": int,
+    "seq": int,
+    "microbatches": int,
+    "lr": float,
+    "checkpoint_every": int,
+    "eval_every": int,
+    "log_every": int,
+    "seed": int,
+}
+
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default=TRAIN.model, choices=sorted(CONFIGS))
     p.add_argument("--out", type=Path, default=Path("runs") / TRAIN.model, help="run directory")
-    for name in (
-        "steps",
-        "batch",
-        "seq",
-        "microbatches",
-        "checkpoint_every",
-        "eval_every",
-        "log_every",
-        "seed",
-    ):
-        p.add_argument("--" + name.replace("_", "-"), type=int, default=None)
+    for name, kind in OVERRIDES.items():
+        p.add_argument(
+            "--" + name.replace("_", "-"),
+            type=kind,
+            default=None,
+            help=f"default {getattr(TRAIN, name)}",
+        )
     p.add_argument(
         "--data", default=None, help='"default", a token file (.bin) or a text file/directory'
     )
@@ -362,6 +418,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     )
     p.add_argument("--num-processes", type=int, default=None)
     p.add_argument("--process-id", type=int, default=None)
+    p.add_argument(
+        "--compile-cache",
+        default=None,
+        help="compiled-program cache (default $JAX_COMPILATION_CACHE_DIR, else RUN_DIR/compile_cache; "
+        '"none": off)',
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bar (logs only)")
     return p.parse_args(argv)
 
@@ -369,16 +431,10 @@ def parse_args(argv=None) -> argparse.Namespace:
 def train_config(args: argparse.Namespace) -> TrainConfig:
     """TRAIN with command-line overrides applied."""
     tc = dataclasses.replace(TRAIN, model=args.model)
-    for name in (
-        "steps",
-        "batch",
-        "seq",
-        "microbatches",
-        "checkpoint_every",
-        "eval_every",
-        "log_every",
-        "seed",
-    ):
+    max_seq = getattr(CONFIGS[args.model], "max_seq", tc.seq)
+    if args.seq is None and tc.seq > max_seq:  # another model of the spec, with shorter positions
+        tc = dataclasses.replace(tc, seq=max_seq)
+    for name in OVERRIDES:
         if getattr(args, name) is not None:
             tc = dataclasses.replace(tc, **{name: getattr(args, name)})
     if args.data:
@@ -391,23 +447,121 @@ def train_config(args: argparse.Namespace) -> TrainConfig:
     return tc
 
 
+def check_config(cfg: Config, tc: TrainConfig, mesh) -> None:
+    """Settings that only the command line can break (the spec's own are checked by axdsl)."""
+    axes = batch_sharding(mesh).spec[0] or ()
+    ways = math.prod(mesh.shape[a] for a in ((axes,) if isinstance(axes, str) else axes))
+    problems = []
+    if tc.batch % tc.microbatches or (tc.batch // tc.microbatches) % ways:
+        problems.append(
+            f"batch {tc.batch} must split into {tc.microbatches} micro-batches of a multiple "
+            f"of {ways} sequences (the batch sharding)"
+        )
+    if tc.batch % jax.process_count():
+        problems.append(f"batch {tc.batch} must split evenly over {jax.process_count()} processes")
+    if tc.seq > getattr(cfg, "max_seq", tc.seq):
+        problems.append(f"seq {tc.seq} is longer than the model's max_seq {cfg.max_seq}")
+    if tc.data != "tokens" and getattr(cfg, "vocab", 256) < 256:
+        problems.append(f"byte-level data needs vocab >= 256, the model has {cfg.vocab}")
+    if problems:
+        sys.exit("error: " + "; ".join(problems))
+
+
+def set_compile_cache(args: argparse.Namespace) -> None:
+    """Cache compiled programs on disk, so that a restart loads the train step instead of compiling."""
+    if args.compile_cache == "none" or (
+        not args.compile_cache and os.environ.get("JAX_COMPILATION_CACHE_DIR")
+    ):
+        return
+    cache = Path(args.compile_cache) if args.compile_cache else args.out / "compile_cache"
+    jax.config.update("jax_compilation_cache_dir", str(cache.absolute()))
+
+
+def join_processes(args: argparse.Namespace) -> None:
+    """Join the other processes of a multi-process run, before any other JAX call.
+
+    With --coordinator the flags say where and who; under srun with several tasks or on a
+    multi-host TPU VM, `jax.distributed.initialize()` reads the cluster's environment itself.
+    """
+    cluster = int(os.environ.get("SLURM_NTASKS", "1")) > 1 or "," in os.environ.get(
+        "TPU_WORKER_HOSTNAMES", ""
+    )
+    if args.coordinator or cluster:
+        jax.distributed.initialize(args.coordinator, args.num_processes, args.process_id)
+
+
+def write_run_info(run_dir: Path, tc: TrainConfig) -> None:
+    """RUN_DIR/run.json: what runs here, so `axdsl plot` and `axdsl sample` find code and config."""
+    info = {
+        "package": __package__,
+        "root": str(Path(__file__).resolve().parents[len(__package__.split("."))]),
+        "spec": SPEC,
+        "target": TARGET,
+        "model": tc.model,
+        "train": dataclasses.asdict(tc),
+        "processes": jax.process_count(),
+        "devices": jax.device_count(),
+    }
+    (run_dir / "run.json").write_text(json.dumps(info, indent=2) + "\n")
+
+
+def finite(x) -> float | None:
+    """A metric for JSON: None where it is not finite."""
+    x = float(x)
+    return x if math.isfinite(x) else None
+
+
+class Throughput:
+    """Steps per second between two reports; the first step after a (re)start is compilation."""
+
+    def __init__(self):
+        self.mark = None
+
+    def restart(self) -> None:
+        self.mark = None
+
+    def exclude(self, seconds: float) -> None:
+        """Leave out time spent on something else (an evaluation)."""
+        if self.mark is not None:
+            self.mark = (self.mark[0], self.mark[1] + seconds)
+
+    def rate(self, step: int) -> float | None:
+        now, mark = time.perf_counter(), self.mark
+        self.mark = (step, now)
+        return None if mark is None or step <= mark[0] else (step - mark[0]) / (now - mark[1])
+
+
 def main(argv=None) -> None:
     args = parse_args(argv)
-    if args.coordinator or "SLURM_JOB_ID" in os.environ or "TPU_WORKER_ID" in os.environ:
-        jax.distributed.initialize(args.coordinator, args.num_processes, args.process_id)
+    set_compile_cache(args)
+    join_processes(args)
     tc = train_config(args)
-    cfg = CONFIGS[tc.model]
+    cfg = model_config(tc)
     mesh = make_mesh()
+    check_config(cfg, tc, mesh)
     lead = jax.process_index() == 0
     train_tokens, eval_tokens = split(load_tokens(tc))
     args.out.mkdir(parents=True, exist_ok=True)
+    if lead:
+        write_run_info(args.out, tc)
+    log = open(args.out / "metrics.jsonl", "a") if lead else None
+
+    def write(row: dict) -> None:
+        if log:
+            log.write(json.dumps(row) + "\n")
+            log.flush()
 
     manager = checkpoint_manager(args.out, tc)
     with jax.set_mesh(mesh):
         abstract = abstract_state(cfg, tc, mesh)
-        if manager.latest_step() is not None:
-            state, data = restore(manager, abstract, manager.latest_step())
+        if steps := complete_steps(manager):
+            state, data = restore(manager, abstract, steps[-1])
             start, skipped = data["step"], data["skipped"]
+            if (data["seed"], data["batch"], data["seq"]) != (tc.seed, tc.batch, tc.seq) and lead:
+                print(
+                    "warning: seed, batch or seq differ from the checkpoint's: the data order changes",
+                    file=sys.stderr,
+                )
             if lead:
                 print(f"resumed from step {start} in {args.out}", file=sys.stderr)
         else:
@@ -417,82 +571,105 @@ def main(argv=None) -> None:
         sharding = batch_sharding(mesh)
         dense, attn = MODEL_FLOPS[tc.model]
         flops_per_step = (dense + attn * tc.seq) * tc.batch * tc.seq
-        log = open(args.out / "metrics.jsonl", "a") if lead else None
         bar = tqdm(total=tc.steps, initial=start, disable=not lead or args.no_progress, unit="step")
-        pending, last_time, last_step = None, time.perf_counter(), start
-        step = start
+        meter = Throughput()
+
+        def show(done: int, report: dict, last: bool = False) -> None:
+            """Log step `done`'s metrics: skipped updates always, the rest every log_every steps."""
+            if not report["ok"]:
+                if lead:
+                    print(
+                        f"step {done}: non-finite loss or gradient; update skipped", file=sys.stderr
+                    )
+                write(
+                    {
+                        "step": done,
+                        "loss": finite(report["loss"]),
+                        "grad_norm": finite(report["grad_norm"]),
+                        "skipped_update": True,
+                    }
+                )
+                return
+            rate = meter.rate(done)
+            if done % tc.log_every and not last:
+                return
+            row = {
+                "step": done,
+                "loss": finite(report["loss"]),
+                "grad_norm": finite(report["grad_norm"]),
+                "lr": float(report["lr"]),
+            }
+            if rate is not None:
+                tflops = rate * flops_per_step / jax.device_count() / 1e12
+                row.update(
+                    tokens_per_s=rate * tc.batch * tc.seq,
+                    tflops_per_device=tflops,
+                    mfu=tflops * 1e12 / PEAK_FLOPS_PER_CHIP,
+                )
+                bar.set_postfix(
+                    loss=f"{row['loss']:.3f}",
+                    tok_s=f"{row['tokens_per_s']:.0f}",
+                    tflops=f"{tflops:.3g}",
+                    mfu=f"{row['mfu']:.1%}",
+                )
+            write(row)
+
+        pending, step = None, start
         while step < tc.steps:
             batch = get_batch(train_tokens, tc, step + skipped, sharding)
             state, metrics = train_step(state, batch)
             step += 1
-            # Read the previous step's metrics while this one runs: no stall in the loop.
-            if pending is not None:
+            if pending is not None:  # the previous step's metrics, read while this one runs
                 report = jax.device_get(pending[1])
-                if not report["ok"]:
-                    print(
-                        f"step {pending[0]}: non-finite loss or gradient; update skipped",
-                        file=sys.stderr,
-                    )
-                if report["bad_steps"] >= tc.max_bad_steps and manager.latest_step() is not None:
-                    # Roll back to the last checkpoint and move on to data not seen since.
+                show(pending[0], report)
+                if report["bad_steps"] >= tc.max_bad_steps:
+                    # Roll back to the last checkpoint from before the bad steps began, then go on
+                    # with data not seen since.
                     manager.wait_until_finished()
-                    state, data = restore(manager, abstract, manager.latest_step())
-                    skipped += step - data["step"]
-                    print(
-                        f"{report['bad_steps']} bad steps in a row: restored step {data['step']}",
-                        file=sys.stderr,
-                    )
-                    step, pending = data["step"], None
-                    bar.n = step
-                    continue
-                if pending[0] % tc.log_every == 0 or step >= tc.steps:
-                    now = time.perf_counter()
-                    rate = (pending[0] - last_step) / max(now - last_time, 1e-9)
-                    last_time, last_step = now, pending[0]
-                    tflops = rate * flops_per_step / jax.device_count() / 1e12
-                    row = {
-                        "step": pending[0],
-                        "loss": float(report["loss"]),
-                        "grad_norm": float(report["grad_norm"]),
-                        "lr": float(report["lr"]),
-                        "tokens_per_s": rate * tc.batch * tc.seq,
-                        "tflops_per_device": tflops,
-                        "mfu": tflops * 1e12 / PEAK_FLOPS_PER_CHIP,
-                    }
-                    if log:
-                        log.write(json.dumps(row) + "\n")
-                        log.flush()
-                    bar.set_postfix(
-                        loss=f"{row['loss']:.3f}",
-                        tok_s=f"{row['tokens_per_s']:.0f}",
-                        tflops=f"{tflops:.2f}",
-                        mfu=f"{row['mfu']:.1%}",
-                    )
+                    complete = complete_steps(manager)
+                    before = [s for s in complete if s <= pending[0] - report["bad_steps"]]
+                    if before:
+                        state, data = restore(manager, abstract, before[-1])
+                        for later in (s for s in complete if s > before[-1]):
+                            manager.delete(later)  # from the abandoned stretch; it is redone
+                        skipped += step - data["step"]
+                        if lead:
+                            print(
+                                f"{report['bad_steps']} bad steps in a row: restored step "
+                                f"{data['step']}",
+                                file=sys.stderr,
+                            )
+                        write({"step": pending[0], "restored": data["step"]})
+                        step, pending = data["step"], None
+                        bar.n = step
+                        bar.refresh()
+                        meter.restart()
+                        continue
             pending = (step, metrics)
             bar.update(1)
-            if tc.eval_every and step % tc.eval_every == 0:
-                losses = [
-                    eval_step(state["params"], get_batch(eval_tokens, tc, 10**9 + i, sharding))
-                    for i in range(tc.eval_batches)
-                ]
-                eval_loss = float(np.mean(jax.device_get(losses)))
-                if log:
-                    log.write(json.dumps({"step": step, "eval_loss": eval_loss}) + "\n")
-                    log.flush()
-            if tc.checkpoint_every and (step % tc.checkpoint_every == 0 or step == tc.steps):
-                save(manager, state, step, skipped, tc)
+            evaluate = tc.eval_every and (step % tc.eval_every == 0 or step == tc.steps)
+            checkpoint = tc.checkpoint_every and (
+                step % tc.checkpoint_every == 0 or step == tc.steps
+            )
+            if evaluate or checkpoint:  # their time is left out of the throughput
+                jax.block_until_ready(metrics)
+                began = time.perf_counter()
+                if evaluate:
+                    losses = [
+                        eval_step(state["params"], get_batch(eval_tokens, tc, 10**9 + i, sharding))
+                        for i in range(tc.eval_batches)
+                    ]
+                    write({"step": step, "eval_loss": float(np.mean(jax.device_get(losses)))})
+                if checkpoint:
+                    save(manager, state, step, skipped, tc)
+                meter.exclude(time.perf_counter() - began)
         if pending is not None:
-            report = jax.device_get(pending[1])
-            if log:
-                log.write(
-                    json.dumps({"step": pending[0], "loss": float(report["loss"]), "final": True})
-                    + "\n"
-                )
+            show(pending[0], jax.device_get(pending[1]), last=True)
         manager.wait_until_finished()
         bar.close()
-        if log:
-            log.close()
     manager.close()
+    if log:
+        log.close()
 
 
 if __name__ == "__main__":

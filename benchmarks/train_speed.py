@@ -1,0 +1,95 @@
+"""Training speed of the generated train step on this machine: tokens/s, model TFLOP/s per device, MFU.
+
+    python benchmarks/train_speed.py                       # tiny_llama and llama_50m, their train blocks
+    python benchmarks/train_speed.py --specs llama_50m --batch 4 --seq 512 --steps 10
+
+For each spec it imports the committed generated/<spec>/cpu/train.py (check it is current with
+`axdsl build --check`), creates the sharded train state, and runs the jitted train step exactly as
+train.py's loop does (buffer donation, the global batch sharded over the mesh), on real batches of
+the default data placed on the devices beforehand. The first steps (compilation included) are
+warm-up and not timed; the timed steps are dispatched back to back and waited for once, at the end.
+
+Model FLOPs are train.py's MODEL_FLOPS (MaxText's formula: 6 x matmul parameters per token, plus
+causal attention), not XLA's count; MFU is against the target profile's peak per chip
+(PEAK_FLOPS_PER_CHIP; the cpu profile says 0.17 TFLOP/s, a measured f32 matmul peak of this kind
+of machine). Run it without XLA_FLAGS' fake devices: they split the same cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib
+import math
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+
+def measure(spec: str, steps: int, warmup: int, batch: int | None, seq: int | None) -> dict:
+    import jax
+
+    tm = importlib.import_module(f"generated.{spec}.cpu.train")
+    tc = tm.TRAIN
+    tc = dataclasses.replace(tc, batch=batch or tc.batch, seq=seq or tc.seq, warmup=0)
+    cfg = tm.CONFIGS[tc.model]
+    mesh = tm.make_mesh()
+    tokens, _ = tm.split(tm.stdlib_bytes(8 << 20))
+    with jax.set_mesh(mesh):
+        sharding = tm.batch_sharding(mesh)
+        batches = [tm.get_batch(tokens, tc, i, sharding) for i in range(warmup + steps)]
+        began = time.perf_counter()
+        state = tm.init_state(cfg, tc, mesh, jax.random.key(tc.seed))
+        jax.block_until_ready(state)
+        init_s = time.perf_counter() - began
+        step = tm.make_train_step(cfg, tc, mesh)
+        began = time.perf_counter()
+        for b in batches[:warmup]:
+            state, metrics = step(state, b)
+        jax.block_until_ready(metrics)
+        warmup_s = time.perf_counter() - began
+        began = time.perf_counter()
+        for b in batches[warmup:]:
+            state, metrics = step(state, b)
+        jax.block_until_ready((state, metrics))
+        seconds = time.perf_counter() - began
+    params = sum(math.prod(x.shape) for x in jax.tree.leaves(state["params"]))
+    dense, attn = tm.MODEL_FLOPS[tc.model]
+    flops = (dense + attn * tc.seq) * tc.batch * tc.seq * steps
+    per_device = flops / seconds / jax.device_count()
+    return {
+        "spec": spec, "params_m": params / 1e6, "batch": tc.batch, "seq": tc.seq,
+        "devices": jax.device_count(), "init_s": init_s, "warmup_s": warmup_s,
+        "step_s": seconds / steps, "tokens_per_s": tc.batch * tc.seq * steps / seconds,
+        "tflops_per_device": per_device / 1e12, "mfu": per_device / tm.PEAK_FLOPS_PER_CHIP,
+        "loss": float(metrics["loss"]),
+    }
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--specs", nargs="+", default=["tiny_llama", "llama_50m"])
+    p.add_argument("--steps", type=int, default=None, help="timed steps (default 20 tiny, 5 otherwise)")
+    p.add_argument("--warmup", type=int, default=2, help="untimed steps first (compilation)")
+    p.add_argument("--batch", type=int, default=None, help="default: the spec's train block")
+    p.add_argument("--seq", type=int, default=None, help="default: the spec's train block")
+    args = p.parse_args(argv)
+    import jax
+
+    print(f"jax {jax.__version__}, {jax.device_count()} {jax.devices()[0].platform} device(s)")
+    header = (f"{'spec':<12} {'params':>8} {'batch x seq':>12} {'init s':>7} {'warm-up s':>9} {'step s':>8} "
+              f"{'tokens/s':>10} {'TFLOP/s/dev':>11} {'MFU':>6}")
+    print(header)
+    for spec in args.specs:
+        steps = args.steps or (20 if spec.startswith("tiny") else 5)
+        r = measure(spec, steps, args.warmup, args.batch, args.seq)
+        print(f"{r['spec']:<12} {r['params_m']:>7.1f}M {r['batch']:>5} x {r['seq']:<5} {r['init_s']:>7.1f} "
+              f"{r['warmup_s']:>9.1f} {r['step_s']:>8.3f} {r['tokens_per_s']:>10.0f} "
+              f"{r['tflops_per_device']:>11.4f} {r['mfu']:>6.1%}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
