@@ -14,9 +14,9 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from axdsl.codegen.emit import emit_model, has_lm_signature
 from axdsl.analysis.flops import training_flops_per_token
-from axdsl.codegen.emit_train import emit_train
+from axdsl.codegen.emit import emit_model, has_lm_signature
+from axdsl.codegen.emit_train import emit_slurm, emit_train
 from axdsl.codegen.format import check_generated, format_code
 from axdsl.pipeline import compile_spec
 from axdsl.targets import parse_target, target_dir_name
@@ -44,8 +44,10 @@ def build_files(spec: Path, target: str) -> dict[str, str]:
         package = f"generated.{spec.stem}.{target_dir_name(target)}"
         flops = [(m.name, *training_flops_per_token(m)) for m in module.models]
         files["train.py"] = format_code(emit_train(module, package, flops))
+        files["slurm.sh"] = emit_slurm(module, package)
     for name, text in files.items():
-        check_generated(text, name)
+        if name.endswith(".py"):
+            check_generated(text, name)
     return files
 
 

@@ -8,7 +8,6 @@ the dropout key only for models with dropout).
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from axdsl import __version__
@@ -17,6 +16,7 @@ from axdsl.codegen.names import py_str
 from axdsl.ir import nodes as ir
 from axdsl.ir.rewrite import walk_expr
 from axdsl.passes.annotate_sharding import kept_axes, spec_text
+from axdsl.passes.primitives import AUX_PRIMITIVES
 from axdsl.targets import profiles
 
 
@@ -51,7 +51,14 @@ def emit_train(module: ir.Module, package: str, flops: list[tuple[str, int, int]
         optimizer_doc=OPTIMIZER_DOC[opt_name], optimizer_body=OPTIMIZERS[opt_name],
         batch_axes=spec_text((batch_axes,))[2:-1] or "None",
         dropout=uses_dropout(module.models[0].root),
+        aux=has_aux_loss(module.models[0].root),
     )
+
+
+def has_aux_loss(root: ir.Instance) -> bool:
+    """Whether the model adds auxiliary losses (MoE), so train.py calls forward_with_aux."""
+    return any(isinstance(e, ir.Prim) and e.name in AUX_PRIMITIVES
+               for inst in root.walk() if inst.forward for s in inst.forward.body for e in walk_expr(s.value))
 
 
 def uses_dropout(root: ir.Instance) -> bool:
@@ -181,53 +188,3 @@ SCHEDULE_DOC = {
     "wsd": "warmup, stable at lr, then linear decay to lr * final over the last `decay` fraction",
     "rsqrt": "linear warmup to lr, then lr * sqrt(warmup / step)",
 }
-
-
-# TODO(analysis): moves to axdsl/analysis/flops.py
-def training_flops_per_token(model: ir.Model) -> tuple[int, int]:
-    """(matmul FLOPs, attention FLOPs per unit of sequence length) per token, forward + backward.
-
-    MaxText's formula: each matmul with a parameter costs 2 x its elements per token forward;
-    causal attention costs 4 x S x heads x head_dim / 2 per token per layer; training is 3x forward.
-    """
-    dense = attn = 0
-    for inst in model.root.walk():
-        if inst.forward is None:
-            continue
-        layers = _layers(model.root, inst)
-        for s in inst.forward.body:
-            for e in walk_expr(s.value):
-                param = _param_operand(inst, e)
-                if param is not None:
-                    dense += 2 * math.prod(d.size for d in param.dims) * layers
-                if isinstance(e, ir.Prim) and e.name == "attention":
-                    q = e.args[0].type.dims
-                    work = 4 * q[-2].size * q[-1].size
-                    attn += (work // 2 if e.attr("causal").value else work) * layers
-    return 3 * dense, 3 * attn
-
-
-def _layers(root: ir.Instance, inst: ir.Instance) -> int:
-    n, path = 1, ""
-    for part in inst.path.strip("/").split("/") if inst.path != "/" else []:
-        path += "/" + part
-        node = next(i for i in root.walk() if i.path == path)
-        if node.repeat is not None:
-            n *= node.repeat.value
-    return n
-
-
-def _param_operand(inst: ir.Instance, e) -> ir.Param | None:
-    operands = ()
-    if isinstance(e, ir.Bin) and e.op == "@":
-        operands = (e.left, e.right)
-    elif isinstance(e, ir.Prim) and e.name == "einsum":
-        operands = e.args
-    for o in operands:
-        if isinstance(o, ir.Prim) and o.name == "transpose":
-            o = o.args[0]
-        if isinstance(o, ir.Ref) and o.kind == "param":
-            return inst.param(o.name)
-        if isinstance(o, ir.Ref) and o.kind == "child_param":
-            return inst.child(o.owner).param(o.name)
-    return None
