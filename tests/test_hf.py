@@ -1,0 +1,410 @@
+"""Hugging Face interop (axdsl/hf.py): import-hf and export-hf against real transformers models.
+
+For every family a tiny random transformers model (PyTorch on CPU, float32) is saved with
+save_pretrained, imported into a matching spec, and the generated model's logits are compared with
+HF's (max abs difference < 1e-4). Then export -> import is bitwise lossless and transformers loads
+the export and gives the same logits. transformers, torch and safetensors are optional: these tests
+are skipped without them. The checks of the zoo specs against published configs need neither.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from axdsl import hf as axhf
+
+ROOT = Path(__file__).resolve().parent.parent
+
+HEADER = 'import "std/transformer.axl"\n'
+
+# family -> (spec of one model `m`, transformers config kwargs). Each mirrors its zoo spec's
+# structure at test size; dims differ from dim / heads where the family allows it (qwen3).
+CASES = {
+    "gpt2": (
+        """model m = DecoderLM {
+          vocab = 96  dim = 64  layers = 2  heads = 4  ffn = 256  max_seq = 32
+          positions = "learned"  tied = true  norm = LayerNorm(eps = 1e-5)
+          block = Block(attn = Attention(rope = false, bias = true),
+                        mlp = MLP(hidden = ffn, act = "gelu", bias = true))
+          dtype = f32  param_dtype = f32
+        }""",
+        dict(vocab_size=96, n_embd=64, n_layer=2, n_head=4, n_inner=256, n_positions=32,
+             activation_function="gelu_new", layer_norm_epsilon=1e-5),
+    ),
+    "llama": (  # Llama 3 style (GQA, theta 500k), with attention biases to cover them
+        """model m = DecoderLM {
+          vocab = 96  dim = 64  layers = 2  heads = 4  kv_heads = 2  ffn = 128  max_seq = 64
+          rope_theta = 500000.0  norm = RMSNorm(eps = 1e-5)
+          block = Block(attn = Attention(bias = true))
+          dtype = f32  param_dtype = f32
+        }""",
+        dict(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+             rms_norm_eps=1e-5, rope_parameters={"rope_type": "default", "rope_theta": 500000.0},
+             attention_bias=True),
+    ),
+    "mistral": (  # window 8 < the test's 16 tokens, so the window matters
+        """model m = DecoderLM {
+          vocab = 96  dim = 64  layers = 2  heads = 4  kv_heads = 2  ffn = 128  max_seq = 64
+          norm = RMSNorm(eps = 1e-5)  rope_theta = 10000.0
+          block = Block(attn = Attention(window = 8))
+          dtype = f32  param_dtype = f32
+        }""",
+        dict(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+             rms_norm_eps=1e-5, rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+             sliding_window=8),
+    ),
+    "mixtral": (
+        """model m = DecoderLM {
+          vocab = 96  dim = 64  layers = 2  heads = 4  kv_heads = 2  ffn = 32  max_seq = 64
+          norm = RMSNorm(eps = 1e-5)  rope_theta = 1000000.0
+          block = Block(mlp = MoE(hidden = ffn, experts = 4, top_k = 2, capacity_factor = 0.0))
+          dtype = f32  param_dtype = f32
+        }""",
+        dict(vocab_size=96, hidden_size=64, intermediate_size=32, num_hidden_layers=2,
+             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+             rms_norm_eps=1e-5, rope_parameters={"rope_type": "default", "rope_theta": 1e6},
+             num_local_experts=4, num_experts_per_tok=2, sliding_window=None),
+    ),
+    "qwen3": (  # dense Qwen3, tied like Qwen3-0.6B
+        """model m = DecoderLM {
+          vocab = 96  dim = 64  layers = 2  heads = 4  kv_heads = 2  ffn = 128  max_seq = 64
+          norm = RMSNorm(eps = 1e-6)  rope_theta = 1000000.0  tied = true
+          block = Block(attn = Attention(head_dim = 32, qk_norm = true))
+          dtype = f32  param_dtype = f32
+        }""",
+        dict(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+             num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=64,
+             rms_norm_eps=1e-6, rope_parameters={"rope_type": "default", "rope_theta": 1e6},
+             tie_word_embeddings=True),
+    ),
+    "qwen3_moe": (  # head_dim 32 != dim / heads, qk-norm, 4 experts top-2 renormalized
+        """model m = DecoderLM {
+          vocab = 96  dim = 64  layers = 2  heads = 4  kv_heads = 2  max_seq = 64
+          norm = RMSNorm(eps = 1e-6)  rope_theta = 1000000.0
+          block = Block(attn = Attention(head_dim = 32, qk_norm = true),
+                        mlp = MoE(hidden = 32, experts = 4, top_k = 2, capacity_factor = 0.0))
+          dtype = f32  param_dtype = f32
+        }""",
+        dict(vocab_size=96, hidden_size=64, intermediate_size=128, moe_intermediate_size=32,
+             num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+             max_position_embeddings=64, rms_norm_eps=1e-6,
+             rope_parameters={"rope_type": "default", "rope_theta": 1e6},
+             num_experts=4, num_experts_per_tok=2, norm_topk_prob=True),
+    ),
+}
+
+
+def _write_spec(tmp: Path, family: str) -> Path:
+    spec = tmp / f"hf_{family}.axl"
+    spec.write_text(HEADER + CASES[family][0] + "\n")
+    return spec
+
+
+def _hf_model(family: str, **overrides):
+    transformers = pytest.importorskip("transformers")
+    torch = pytest.importorskip("torch")
+    conf = transformers.AutoConfig.for_model(family, **{**CASES[family][1], **overrides})
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(conf).eval()
+    # HF initializes norms to 1 and biases to 0: randomize everything so each tensor's place shows.
+    gen = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            noise = torch.randn(p.shape, generator=gen)
+            if p.ndim == 1 and ("norm" in name or "ln_" in name) and name.endswith("weight"):
+                p.copy_(1.0 + 0.1 * noise)
+            elif p.ndim == 1:
+                p.copy_(0.1 * noise)
+            else:  # GPT-2's Conv1D is [in, out]; everything else [..., in]
+                fan_in = p.shape[0] if family == "gpt2" and p.ndim == 2 and "wte" not in name \
+                    and "wpe" not in name else p.shape[-1]
+                p.copy_(noise / fan_in ** 0.5)
+    return model
+
+
+def _hf_logits(model, tokens: np.ndarray) -> np.ndarray:
+    import torch
+
+    with torch.no_grad():
+        return model(torch.tensor(tokens)).logits.float().numpy()
+
+
+def _restore(model, cfg, path: Path):
+    import jax
+    import orbax.checkpoint as ocp
+
+    abstract = jax.eval_shape(lambda k: model.init_params(cfg, k), jax.random.key(0))
+    with ocp.StandardCheckpointer() as ckptr:
+        return ckptr.restore(path.absolute(), abstract)
+
+
+def _leaves(tree, prefix=()):
+    for k, v in tree.items():
+        if isinstance(v, dict):
+            yield from _leaves(v, prefix + (k,))
+        else:
+            yield prefix + (k,), v
+
+
+MAX_DIFFS: dict[str, float] = {}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", list(CASES))
+def test_logits_match_transformers_and_roundtrip(family, tmp_path, capsys):
+    pytest.importorskip("transformers")
+    import jax
+    import jax.numpy as jnp
+    import torch
+    import transformers
+
+    from tests.targets_util import import_generated
+
+    spec = _write_spec(tmp_path, family)
+    model, _ = import_generated(spec, "cpu", tmp_path / "gen")
+    cfg = model.CONFIGS["m"]
+    hf = _hf_model(family)
+    hf_dir = tmp_path / "hf"
+    hf.save_pretrained(hf_dir)
+
+    assert axhf.import_hf(spec, hf_dir, None, tmp_path / "ckpt") == 0, capsys.readouterr().err
+    assert "wrote" in capsys.readouterr().out
+    params = _restore(model, cfg, tmp_path / "ckpt")
+    shapes = jax.eval_shape(lambda k: model.init_params(cfg, k), jax.random.key(0))
+    assert jax.tree.structure(params) == jax.tree.structure(shapes)
+
+    tokens = np.random.default_rng(0).integers(0, cfg.vocab, (2, 16))
+    ours = np.asarray(model.forward(cfg, params, jnp.asarray(tokens)))
+    ref = _hf_logits(hf, tokens)
+    diff = float(np.abs(ours - ref).max())
+    MAX_DIFFS[family] = diff
+    print(f"{family}: max |logits - HF logits| = {diff:.2e} (logits std {ref.std():.2f})")
+    assert ours.shape == ref.shape
+    assert diff < 1e-4
+
+    # export -> import is lossless, and transformers loads the export with the same tensors
+    out = tmp_path / "export"
+    assert axhf.export_hf(spec, tmp_path / "ckpt", out, None) == 0, capsys.readouterr().err
+    assert axhf.import_hf(spec, out, "m", tmp_path / "ckpt2") == 0, capsys.readouterr().err
+    again = _restore(model, cfg, tmp_path / "ckpt2")
+    for (path, a), (_, b) in zip(_leaves(params), _leaves(again)):
+        assert a.dtype == b.dtype and np.array_equal(np.asarray(a), np.asarray(b)), path
+    hf2 = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
+    assert type(hf2) is type(hf)
+    sd, sd2 = hf.state_dict(), hf2.state_dict()
+    assert set(sd) == set(sd2)
+    for k in sd:
+        assert torch.equal(sd[k], sd2[k]), k
+    assert np.abs(_hf_logits(hf2, tokens) - ref).max() <= 1e-6
+
+
+def _train_checkpoint(run: Path, params) -> None:
+    """A checkpoint as the generated train.py writes it: Composite(state=..., data=...)."""
+    import jax.numpy as jnp
+    import orbax.checkpoint as ocp
+
+    state = {"params": params, "opt_state": {"mu": params, "count": jnp.int32(3)},
+             "step": jnp.int32(3), "bad_steps": jnp.int32(0)}
+    mngr = ocp.CheckpointManager((run / "checkpoints").absolute(),
+                                 options=ocp.CheckpointManagerOptions(create=True))
+    mngr.save(3, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
+                                         data=ocp.args.JsonSave({"step": 3})))
+    mngr.wait_until_finished()
+    mngr.close()
+
+
+@pytest.mark.slow
+def test_export_from_train_run(tmp_path, capsys):
+    """export-hf reads a train.py run (run dir, checkpoints/ dir or step dir) like a params checkpoint."""
+    pytest.importorskip("transformers")
+    import jax
+    import torch
+    import transformers
+
+    from tests.targets_util import import_generated
+
+    spec = _write_spec(tmp_path, "mixtral")
+    model, _ = import_generated(spec, "cpu", tmp_path / "gen")
+    cfg = model.CONFIGS["m"]
+    params = model.init_params(cfg, jax.random.key(7))
+    run = tmp_path / "run"
+    _train_checkpoint(run, params)
+    outs = []
+    for i, where in enumerate((run, run / "checkpoints", run / "checkpoints" / "3")):
+        out = tmp_path / f"export{i}"
+        assert axhf.export_hf(spec, where, out, None) == 0, capsys.readouterr().err
+        outs.append(out)
+    from safetensors.numpy import load_file
+
+    first = load_file(outs[0] / "model.safetensors")
+    for out in outs[1:]:
+        other = load_file(out / "model.safetensors")
+        assert set(first) == set(other) and all(np.array_equal(first[k], other[k]) for k in first)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(outs[0]).eval()
+    table = np.asarray(params["embed"]["table"])
+    assert torch.equal(hf.model.embed_tokens.weight, torch.from_numpy(table.copy()))
+    w1 = np.asarray(params["blocks"]["mlp"]["w_gate"])[1, 2]  # layer 1, expert 2: [dim, hidden]
+    assert np.array_equal(first["model.layers.1.block_sparse_moe.experts.2.w1.weight"], w1.T)
+    # an existing export is not overwritten
+    assert axhf.export_hf(spec, run, outs[0], None) == 1
+    assert "already holds a model" in capsys.readouterr().err
+
+
+def test_bf16_safetensors_import_exactly(tmp_path, capsys):
+    """bf16 sharded checkpoints (as on the hub) load without torch and widen exactly to f32.
+
+    Only the index's shards are read: a stray copy (as Mistral's consolidated.safetensors) is not.
+    """
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    import orbax.checkpoint as ocp
+    from safetensors.numpy import save_file
+
+    spec = _write_spec(tmp_path, "llama")
+    hf = _hf_model("llama").to(torch.bfloat16)
+    hf.save_pretrained(tmp_path / "hf", max_shard_size="100KB")
+    assert (tmp_path / "hf" / "model.safetensors.index.json").exists()
+    save_file({"tok_embeddings.weight": np.zeros((2, 2), np.float32)},
+              tmp_path / "hf" / "consolidated.safetensors")
+    assert axhf.import_hf(spec, tmp_path / "hf", None, tmp_path / "ckpt") == 0, capsys.readouterr().err
+    with ocp.StandardCheckpointer() as ckptr:
+        params = ckptr.restore((tmp_path / "ckpt").absolute())
+    table = np.asarray(params["embed"]["table"])
+    assert table.dtype == np.float32
+    assert np.array_equal(table, hf.model.embed_tokens.weight.detach().float().numpy())
+    wk = np.asarray(params["blocks"]["attn"]["wk"])[1]  # [dim, kv_heads, head_dim]
+    ref = hf.model.layers[1].self_attn.k_proj.weight.detach().float().numpy()  # [kv_heads * head_dim, dim]
+    assert np.array_equal(wk.reshape(64, -1).T, ref)
+
+
+def test_config_mismatches_are_named(tmp_path, capsys):
+    transformers = pytest.importorskip("transformers")
+    spec = _write_spec(tmp_path, "mistral")
+    conf = transformers.AutoConfig.for_model("mistral", **{
+        **CASES["mistral"][1], "hidden_size": 128, "num_key_value_heads": 4, "sliding_window": 16,
+        "rope_parameters": {"rope_type": "linear", "rope_theta": 10000.0, "factor": 2.0}})
+    conf.save_pretrained(tmp_path / "hf")
+    assert axhf.import_hf(spec, tmp_path / "hf", "m", tmp_path / "ckpt") == 1
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    for needle in ("hidden_size=128", "dim = 64", "num_key_value_heads=4", "kv_heads = 2",
+                   "sliding_window=16", "attention window = 8", "rope_type='linear'"):
+        assert needle in err, (needle, err)
+    assert not (tmp_path / "ckpt").exists()
+    # a family the spec's structure is not: GPT-2 weights into a Mistral spec
+    gpt2 = transformers.AutoConfig.for_model("gpt2", **CASES["gpt2"][1])
+    gpt2.save_pretrained(tmp_path / "hf2")
+    assert axhf.import_hf(spec, tmp_path / "hf2", None, tmp_path / "ckpt") == 1
+    err = capsys.readouterr().err
+    assert "matches no model" in err and "positions" in err and "norm layer" in err
+    # no such model
+    assert axhf.import_hf(spec, tmp_path / "hf", "nope", None) == 1
+    assert "has no model `nope`" in capsys.readouterr().err
+
+
+def test_missing_and_unused_tensors_are_named(tmp_path, capsys):
+    pytest.importorskip("transformers")
+    from safetensors.numpy import load_file, save_file
+
+    spec = _write_spec(tmp_path, "mixtral")
+    hf_dir = tmp_path / "hf"
+    _hf_model("mixtral").save_pretrained(hf_dir)
+    tensors = load_file(hf_dir / "model.safetensors")
+    del tensors["model.layers.1.block_sparse_moe.experts.3.w2.weight"]
+    tensors["model.layers.0.mlp.extra.weight"] = np.zeros((2, 2), np.float32)
+    tensors["model.layers.0.self_attn.rotary_emb.inv_freq"] = np.zeros(8, np.float32)  # a buffer: ignored
+    save_file(tensors, hf_dir / "model.safetensors", metadata={"format": "pt"})
+    assert axhf.import_hf(spec, hf_dir, None, tmp_path / "ckpt") == 1
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    assert "missing tensor model.layers.1.block_sparse_moe.experts.3.w2.weight" in err
+    assert "model.layers.0.mlp.extra.weight [2, 2] maps to no parameter" in err
+    assert "inv_freq" not in err
+    assert not (tmp_path / "ckpt").exists()
+
+
+def test_fused_transformers5_expert_layout_imports(tmp_path, capsys):
+    """transformers 5's in-memory MoE layout (experts.gate_up_proj / down_proj) is read too."""
+    pytest.importorskip("transformers")
+    import orbax.checkpoint as ocp
+    from safetensors.torch import save_file
+
+    spec = _write_spec(tmp_path, "qwen3_moe")
+    hf = _hf_model("qwen3_moe")
+    hf.save_pretrained(tmp_path / "hub")
+    assert axhf.import_hf(spec, tmp_path / "hub", None, tmp_path / "a") == 0, capsys.readouterr().err
+    fused = tmp_path / "fused"
+    hf.config.save_pretrained(fused)
+    sd = {k: v.contiguous() for k, v in hf.state_dict().items()}
+    assert "model.layers.0.mlp.experts.gate_up_proj" in sd
+    save_file(sd, fused / "model.safetensors", metadata={"format": "pt"})
+    assert axhf.import_hf(spec, fused, None, tmp_path / "b") == 0, capsys.readouterr().err
+    with ocp.StandardCheckpointer() as ckptr:
+        a, b = ckptr.restore((tmp_path / "a").absolute()), ckptr.restore((tmp_path / "b").absolute())
+    for (path, x), (_, y) in zip(_leaves(a), _leaves(b)):
+        assert np.array_equal(np.asarray(x), np.asarray(y)), path
+
+
+# Published config.json values of the zoo's real models (the keys that shape the weights).
+PUBLISHED = {
+    ("gpt2_small", "gpt2_small"): {  # openai-community/gpt2
+        "model_type": "gpt2", "vocab_size": 50257, "n_embd": 768, "n_layer": 12, "n_head": 12,
+        "n_positions": 1024, "n_inner": None, "activation_function": "gelu_new",
+        "layer_norm_epsilon": 1e-05},
+    ("gpt2_medium", "gpt2_medium"): {  # openai-community/gpt2-medium
+        "model_type": "gpt2", "vocab_size": 50257, "n_embd": 1024, "n_layer": 24, "n_head": 16,
+        "n_positions": 1024, "activation_function": "gelu_new", "layer_norm_epsilon": 1e-05},
+    ("llama2_7b", "llama2_7b"): {  # meta-llama/Llama-2-7b-hf
+        "model_type": "llama", "vocab_size": 32000, "hidden_size": 4096, "intermediate_size": 11008,
+        "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 32,
+        "rms_norm_eps": 1e-05, "rope_theta": 10000.0, "max_position_embeddings": 4096,
+        "tie_word_embeddings": False, "hidden_act": "silu"},
+    ("llama3_8b", "llama3_8b"): {  # meta-llama/Meta-Llama-3-8B
+        "model_type": "llama", "vocab_size": 128256, "hidden_size": 4096, "intermediate_size": 14336,
+        "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+        "rms_norm_eps": 1e-05, "rope_theta": 500000.0, "max_position_embeddings": 8192,
+        "tie_word_embeddings": False, "hidden_act": "silu"},
+    ("mistral_7b", "mistral_7b"): {  # mistralai/Mistral-7B-v0.1
+        "model_type": "mistral", "vocab_size": 32000, "hidden_size": 4096, "intermediate_size": 14336,
+        "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+        "rms_norm_eps": 1e-05, "rope_theta": 10000.0, "sliding_window": 4096,
+        "max_position_embeddings": 32768, "tie_word_embeddings": False, "hidden_act": "silu"},
+    ("mixtral_8x7b", "mixtral_8x7b"): {  # mistralai/Mixtral-8x7B-v0.1
+        "model_type": "mixtral", "vocab_size": 32000, "hidden_size": 4096, "intermediate_size": 14336,
+        "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+        "num_local_experts": 8, "num_experts_per_tok": 2, "rms_norm_eps": 1e-05,
+        "rope_theta": 1e6, "sliding_window": None, "max_position_embeddings": 32768,
+        "tie_word_embeddings": False, "hidden_act": "silu"},
+    ("qwen3_30b_a3b", "qwen3_30b_a3b"): {  # Qwen/Qwen3-30B-A3B
+        "model_type": "qwen3_moe", "vocab_size": 151936, "hidden_size": 2048,
+        "intermediate_size": 6144, "moe_intermediate_size": 768, "num_hidden_layers": 48,
+        "num_attention_heads": 32, "num_key_value_heads": 4, "head_dim": 128, "num_experts": 128,
+        "num_experts_per_tok": 8, "norm_topk_prob": True, "rms_norm_eps": 1e-06,
+        "rope_theta": 1000000.0, "max_position_embeddings": 40960, "tie_word_embeddings": False,
+        "attention_bias": False, "decoder_sparse_step": 1, "mlp_only_layers": [],
+        "use_sliding_window": False, "hidden_act": "silu"},
+}
+
+
+@pytest.mark.parametrize("spec,model", list(PUBLISHED))
+def test_zoo_specs_match_published_configs(spec, model):
+    """The zoo's real-size specs are the published HF models, field by field (no jax, no torch)."""
+    archs = {a.name: a for a in axhf._load_spec(ROOT / "specs" / f"{spec}.axl")}
+    arch = archs[model]
+    published = PUBLISHED[(spec, model)]
+    family = axhf.family_of_config(published)
+    assert axhf.mismatches(arch, family, published) == []
+    assert axhf.family_of_arch(arch) == family
+    # what export writes describes the same model
+    written = json.loads(json.dumps(axhf.hf_config(arch, family)))
+    assert axhf.mismatches(arch, family, written) == []
+    # and one changed field is caught
+    key = "n_head" if family == "gpt2" else "num_key_value_heads"
+    wrong = {**published, key: 1}
+    assert any(m.startswith(f"config.json has {key}=1,") for m in axhf.mismatches(arch, family, wrong))
