@@ -14,7 +14,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from axdsl.analysis.flops import layer_count, model_flops, param_count, param_of
+from axdsl.analysis.flops import layer_count, model_flops, param_at, param_count
 from axdsl.analysis.memory import estimate_memory
 from axdsl.ir import nodes as ir
 from axdsl.ir.rewrite import walk_expr
@@ -46,17 +46,9 @@ def active_params(model: ir.Model) -> int:
                     experts = e.args[1].type.dims[-1].size
                     k = e.attr("top_k").value
                     expert_elems = sum(math.prod(d.size for d in p.dims)
-                                       for p in (_param(inst, a) for a in e.args[2:]) if p is not None)
+                                       for p in (param_at(inst, a) for a in e.args[2:]) if p is not None)
                     unused += expert_elems * layer_count(model.root, inst) * (experts - k) // experts
     return total - unused
-
-
-def _param(inst: ir.Instance, e: ir.TExpr) -> ir.Param | None:
-    key = param_of(inst, e)
-    if key is None:
-        return None
-    path, name = key
-    return next(i for i in inst.walk() if i.path == path).param(name)
 
 
 def model_stats(model: ir.Model, seq: int, batch: int) -> ModelStats:

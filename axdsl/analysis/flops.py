@@ -180,7 +180,8 @@ def param_of(inst: ir.Instance, e: ir.TExpr) -> tuple[str, str] | None:
     return None
 
 
-def _param(inst: ir.Instance, e: ir.TExpr) -> ir.Param | None:
+def param_at(inst: ir.Instance, e: ir.TExpr) -> ir.Param | None:
+    """The parameter `e` refers to (through transpose/cast/quantized), in `inst` or a child."""
     while isinstance(e, ir.Prim) and e.name in SEE_THROUGH and e.args:
         e = e.args[0]
     if isinstance(e, ir.Ref) and e.kind == "param":
@@ -195,7 +196,7 @@ def matmul_flops_per_token(inst: ir.Instance, e: ir.TExpr) -> int:
     """Forward FLOPs per token of `e` when it is a matmul or einsum with a parameter operand."""
     if isinstance(e, ir.Bin) and e.op == "@":
         for operand in (e.right, e.left):
-            p = _param(inst, operand)
+            p = param_at(inst, operand)
             if p is not None:
                 return 2 * math.prod(d.size for d in p.dims)
         return 0
@@ -203,12 +204,12 @@ def matmul_flops_per_token(inst: ir.Instance, e: ir.TExpr) -> int:
         top_k = _static(e.attr("top_k"), 1)
         total = 0
         for w in e.args[2:5]:
-            p = _param(inst, w)
+            p = param_at(inst, w)
             if p is not None:
                 total += math.prod(d.size for d in p.dims) // p.dims[0].size  # one expert
         return 2 * top_k * total
     if isinstance(e, ir.Prim) and e.name == "einsum":
-        if not any(_param(inst, a) is not None for a in e.args):
+        if not any(param_at(inst, a) is not None for a in e.args):
             return 0
         sizes: dict[str, int] = {}
         for names, a in zip(e.attr("operands"), e.args):

@@ -178,11 +178,7 @@ class FunctionEmitter:
         return spec_text(activation_spec(self.schedule, logical))
 
     def _hoist(self, call: ir.CallChild) -> str:
-        name, n = f"{call.child}_out", 1
-        while name in self.temps:
-            n += 1
-            name = f"{call.child}_out{n}"
-        self.temps.add(name)
+        name = self._fresh(f"{call.child}_out")
         self._child_call(call, name)
         return name
 

@@ -20,8 +20,7 @@ from typing import Any
 
 from axdsl.errors import Diagnostics, Span, did_you_mean
 from axdsl.ir import nodes as ir
-from axdsl.targets import (ATTENTION_KERNELS, MESH_AXES, QUANT_FORMATS, REMAT_KINDS, Target,
-                           get_target, resolve_mesh)
+from axdsl.targets import ATTENTION_KERNELS, MESH_AXES, QUANT_FORMATS, Target, get_target, resolve_mesh
 
 DIRECTIVES = ("mesh", "rules", "remat", "quantize", "kernels")
 KERNEL_OPS = ("attention",)
