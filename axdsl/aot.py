@@ -110,7 +110,7 @@ def analyze(spec: Path, target: str, model: str | None = None, batch: int | None
     model = model or names[0]
     if model not in names:
         raise _AotError(f"no model `{model}` in {spec}; its models: {', '.join(names)}")
-    train = module.training
+    train = module.train_settings
     batch = batch or train.get("batch")
     seq = seq or train.get("seq")
     sched = module.schedule
@@ -540,7 +540,7 @@ def _main(argv: list[str] | None = None) -> int:
     from axdsl.pipeline import compile_spec
 
     module = compile_spec(args.spec, args.target)
-    train = module.training
+    train = module.train_settings
     sched = module.schedule
     _request_devices(sched.chips)
     result = _lower_here(build_files(args.spec, args.target), args.model or module.models[0].name,

@@ -1,13 +1,14 @@
-"""The compiler pipeline in one place: load -> resolve -> PASSES -> codegen.
+"""The compiler pipeline in one place: load -> build the IR -> PASSES -> codegen.
 
-    spec.axl --lark--> AST --resolve--> IR --check, infer_shapes, stack_repeats--> IR
+    spec.axl --lark--> AST --irbuild ("resolve")--> IR --check, infer_shapes, stack_repeats--> IR
         --configure_target, configure_train, annotate_sharding, insert_remat, quantize_matmuls, select_kernels--> IR
         --codegen--> model.py, train.py
 
 The first passes are the algorithm (target-independent); the target passes are the schedule, and
 none of them may change what is computed except quantize_matmuls, within stated bounds.
 
-Each pass is `(module, target) -> module`; tests run the IR verifier after every one.
+Each pass is `module -> module` (the target's name is `module.target_name`); tests run the IR
+verifier after every one.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Callable
 
 from axdsl.errors import CompileError
 from axdsl.ir import nodes as ir
+from axdsl.irbuild import build_module
 from axdsl.passes.annotate_sharding import annotate_sharding
 from axdsl.passes.check import check
 from axdsl.passes.configure_target import configure_target
@@ -25,12 +27,11 @@ from axdsl.passes.configure_train import configure_train
 from axdsl.passes.infer_shapes import infer_shapes
 from axdsl.passes.insert_remat import insert_remat
 from axdsl.passes.quantize_matmuls import quantize_matmuls
-from axdsl.passes.resolve import resolve
 from axdsl.passes.select_kernels import select_kernels
 from axdsl.passes.stack_repeats import stack_repeats
 from axdsl.syntax.loader import Program, load
 
-Pass = Callable[[ir.Module, str], ir.Module]
+Pass = Callable[[ir.Module], ir.Module]
 
 # The ordered pass list: algorithm passes, then the target (schedule) passes.
 PASSES: tuple[tuple[str, Pass], ...] = (
@@ -57,14 +58,14 @@ def compile_spec(path: Path, target: str = "cpu", after: str | None = None,
 def run_passes(program: Program, target: str = "cpu", after: str | None = None,
                on_pass: Callable[[str, ir.Module], None] | None = None) -> ir.Module:
     try:
-        module = resolve(program, target)
+        module = build_module(program, target)
         module = replace(module, passes_run=("resolve",))
         if on_pass:
             on_pass("resolve", module)
         if after == "resolve":
             return module
         for name, fn in PASSES:
-            module = fn(module, target)
+            module = fn(module)
             module = replace(module, passes_run=module.passes_run + (name,))
             if on_pass:
                 on_pass(name, module)

@@ -72,7 +72,7 @@ def _gib(n: int) -> str:
 def run(spec: Path, target: str = "cpu", model: str | None = None) -> int:
     module = compile_spec(spec, target)
     sched = module.schedule
-    train = module.training
+    train = module.train_settings
     batch, seq = train.get("batch"), train.get("seq")
     profile = profiles()[sched.profile]
     models = [m for m in module.models if model is None or m.name == model]

@@ -60,7 +60,8 @@ def test_stacked_params_and_inheritance(in_root):
     assert [d.size for d in w.full_dims] == [3, 4, 4] and w.full_axes == ("layers", "embed", "mlp")
     net = compile_spec(Path("tests/ir/inherit.axl")).models[0].root
     mlp = net.child("mlp")
-    assert mlp.layer == "MLP" and mlp.hparam("hidden").origin == "inherited from /"
+    origin = mlp.hparam("hidden").origin
+    assert mlp.layer == "MLP" and origin.kind.value == "inherited" and str(origin) == "inherited from /"
     assert mlp.hparam("act").value.value == "relu"
 
 

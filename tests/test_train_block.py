@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from axdsl.build import build_files, write_atomic
+from axdsl.ir import nodes as ir
 from axdsl.pipeline import compile_spec
 
 MODEL = """import "std/transformer.axl"
@@ -78,16 +79,16 @@ def test_every_setting_reaches_train_config(tmp_path):
 
 def test_defaults_without_a_train_block(tmp_path):
     module = compile_spec(_write(tmp_path, "plain", spec_text("")), "cpu")
-    t = dict(module.training.settings)
+    t = dict(module.train_settings.settings)
     assert t["batch"].value == 8 and t["seq"].value == 64  # seq: 128, at most max_seq
-    assert t["schedule"].value == ("cosine", (("warmup", 100), ("final", 0.1)))
-    assert t["optimizer"].value[0] == "adamw" and t["data"].value == ("default", ())
+    assert t["schedule"].value == ir.NamedCall("cosine", (("warmup", 100), ("final", 0.1)))
+    assert t["optimizer"].value.name == "adamw" and t["data"].value == ir.DataSource(ir.DataKind.DEFAULT)
 
 
 def test_left_out_warmup_is_a_tenth_of_the_run(tmp_path):
     text = spec_text("train {\n  steps = 50\n  schedule = linear(final = 0.1)\n}\n")
     module = compile_spec(_write(tmp_path, "short", text), "cpu")
-    assert dict(module.training.settings)["schedule"].value == ("linear", (("warmup", 5), ("final", 0.1)))
+    assert dict(module.train_settings.settings)["schedule"].value == ir.NamedCall("linear", (("warmup", 5), ("final", 0.1)))
 
 
 def _write(tmp_path: Path, name: str, text: str) -> Path:

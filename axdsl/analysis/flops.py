@@ -30,13 +30,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from axdsl import primitives
 from axdsl.ir import nodes as ir
-from axdsl.ir.rewrite import walk_expr
-
-# Free dims of activations by convention (see annotate_sharding.FREE_DIM_AXES).
-TOKEN_DIMS = ("B", "S")
-# Unary wrappers that do not change which parameter a matmul multiplies by.
-SEE_THROUGH = ("transpose", "cast", "quantized")
+from axdsl.ir.nodes import RefKind
+from axdsl.ir.rewrite import forward_exprs, prims_of
+from axdsl.primitives import Flops
 
 
 @dataclass(frozen=True)
@@ -99,37 +97,48 @@ def _gathered_params(root: ir.Instance) -> set[tuple[str, str]]:
     """Parameters that are indexed (embed, prefix) rather than multiplied: embedding tables."""
     out = set()
     for inst in root.walk():
-        if inst.forward is None:
-            continue
-        for s in inst.forward.body:
-            for e in walk_expr(s.value):
-                if isinstance(e, ir.Prim) and e.name in ("embed", "prefix") and e.args:
-                    p = param_of(inst, e.args[0])
-                    if p is not None:
-                        out.add(p)
+        for e in prims_of(inst):
+            if primitives.get(e.name).gathers and e.args:
+                p = param_of(inst, e.args[0])
+                if p is not None:
+                    out.add(p)
     return out
 
 
 # ---------------------------------------------------------------------------- FLOPs
+@dataclass(frozen=True)
+class _FlopContext:
+    """What a primitive's FLOP rule may ask: its instance, the sequence length, parameters."""
+
+    inst: ir.Instance
+    seq: int
+    cap_window: bool
+
+    def param_at(self, e: ir.TExpr) -> ir.Param | None:
+        return param_at(self.inst, e)
+
+
+def expr_flops(inst: ir.Instance, e: ir.TExpr, seq: int, cap_window: bool = True) -> Flops:
+    """Forward FLOPs per token of one expression node (not of its operands)."""
+    if isinstance(e, ir.Bin):
+        return Flops(matmul=matmul_flops_per_token(inst, e))
+    if isinstance(e, ir.Prim) and primitives.get(e.name).flops is not None:
+        return primitives.get(e.name).flops(_FlopContext(inst, seq, cap_window), e)
+    return Flops()
+
+
 def model_flops(model: ir.Model, seq: int) -> FlopCount:
     """Forward model FLOPs per token of `model` at sequence length `seq` (see the module doc)."""
     matmul = attention = 0
     by_path: dict[str, int] = {}
     for inst in model.root.walk():
-        if inst.forward is None:
-            continue
         layers = layer_count(model.root, inst)
         here = 0
-        for s in inst.forward.body:
-            for e in walk_expr(s.value):
-                mm = matmul_flops_per_token(inst, e)
-                if mm:
-                    matmul += mm * layers
-                    here += mm * layers
-                at = attention_flops_per_token(e, seq)
-                if at:
-                    attention += at * layers
-                    here += at * layers
+        for e in forward_exprs(inst):
+            f = expr_flops(inst, e, seq)
+            matmul += f.matmul * layers
+            attention += f.attention * layers
+            here += (f.matmul + f.attention) * layers
         if here:
             by_path[inst.path] = here
     return FlopCount(model.name, seq, matmul, attention, by_path)
@@ -142,15 +151,8 @@ def training_flops_per_token(model: ir.Model) -> tuple[int, int]:
     counted at full length here; `model_flops` caps them).
     """
     dense = model_flops(model, seq=1).matmul
-    attn = 0
-    for inst in model.root.walk():
-        if inst.forward is None:
-            continue
-        layers = layer_count(model.root, inst)
-        for s in inst.forward.body:
-            for e in walk_expr(s.value):
-                if isinstance(e, ir.Prim) and e.name == "attention":
-                    attn += _attention_work(e, seq=1, cap=False) * layers
+    attn = sum(expr_flops(inst, e, seq=1, cap_window=False).attention * layer_count(model.root, inst)
+               for inst in model.root.walk() for e in forward_exprs(inst))
     return 3 * dense, 3 * attn
 
 
@@ -167,78 +169,41 @@ def layer_count(root: ir.Instance, inst: ir.Instance) -> int:
     return n
 
 
+def _through(e: ir.TExpr) -> ir.TExpr:
+    """Look through transpose, cast and quantized: they keep which parameter an operand is."""
+    while isinstance(e, ir.Prim) and primitives.get(e.name).see_through and e.args:
+        e = e.args[0]
+    return e
+
+
 def param_of(inst: ir.Instance, e: ir.TExpr) -> tuple[str, str] | None:
     """(instance path, param name) when `e` is a parameter, possibly transposed or cast."""
-    while isinstance(e, ir.Prim) and e.name in SEE_THROUGH and e.args:
-        e = e.args[0]
-    if isinstance(e, ir.Ref) and e.kind == "param":
-        return (inst.path, e.name)
-    if isinstance(e, ir.Ref) and e.kind == "child_param":
-        child = inst.child(e.owner)
-        if child is not None:
-            return (child.path, e.name)
-    return None
+    p = param_at(inst, e)
+    if p is None:
+        return None
+    e = _through(e)
+    return (inst.path if e.kind is RefKind.PARAM else inst.child(e.owner).path, e.name)
 
 
 def param_at(inst: ir.Instance, e: ir.TExpr) -> ir.Param | None:
     """The parameter `e` refers to (through transpose/cast/quantized), in `inst` or a child."""
-    while isinstance(e, ir.Prim) and e.name in SEE_THROUGH and e.args:
-        e = e.args[0]
-    if isinstance(e, ir.Ref) and e.kind == "param":
+    e = _through(e)
+    if isinstance(e, ir.Ref) and e.kind is RefKind.PARAM:
         return inst.param(e.name)
-    if isinstance(e, ir.Ref) and e.kind == "child_param":
+    if isinstance(e, ir.Ref) and e.kind is RefKind.CHILD_PARAM:
         child = inst.child(e.owner)
         return child.param(e.name) if child is not None else None
     return None
 
 
 def matmul_flops_per_token(inst: ir.Instance, e: ir.TExpr) -> int:
-    """Forward FLOPs per token of `e` when it is a matmul or einsum with a parameter operand."""
+    """Forward FLOPs per token of `x @ w` with a parameter operand: 2 x the elements of w."""
     if isinstance(e, ir.Bin) and e.op == "@":
         for operand in (e.right, e.left):
             p = param_at(inst, operand)
             if p is not None:
                 return 2 * math.prod(d.size for d in p.dims)
         return 0
-    if isinstance(e, ir.Prim) and e.name == "moe":
-        top_k = _static(e.attr("top_k"), 1)
-        total = 0
-        for w in e.args[2:5]:
-            p = param_at(inst, w)
-            if p is not None:
-                total += math.prod(d.size for d in p.dims) // p.dims[0].size  # one expert
-        return 2 * top_k * total
-    if isinstance(e, ir.Prim) and e.name == "einsum":
-        if not any(param_at(inst, a) is not None for a in e.args):
-            return 0
-        sizes: dict[str, int] = {}
-        for names, a in zip(e.attr("operands"), e.args):
-            for n, d in zip(names, a.type.dims):
-                if n not in TOKEN_DIMS and d.size is not None:
-                    sizes[n] = d.size
-        return 2 * math.prod(sizes.values())
+    if isinstance(e, ir.Prim):
+        return expr_flops(inst, e, seq=1).matmul
     return 0
-
-
-def attention_flops_per_token(e: ir.TExpr, seq: int) -> int:
-    if isinstance(e, ir.Prim) and e.name == "attention":
-        return _attention_work(e, seq, cap=True)
-    return 0
-
-
-def _attention_work(e: ir.Prim, seq: int, cap: bool) -> int:
-    """4 x keys x heads x head_dim (QK^T and PV), halved when causal (MaxText's convention)."""
-    q = e.args[0].type.dims  # [B, S, heads, head_dim]
-    heads, head_dim = q[-2].size, q[-1].size
-    window = _static(e.attr("window"), 0)
-    causal = _static(e.attr("causal"), False)
-    if cap and window and window < seq:
-        return 4 * window * heads * head_dim  # every query sees (about) `window` keys
-    work = 4 * seq * heads * head_dim
-    return work // 2 if causal else work
-
-
-def _static(v, default):
-    if v is None:
-        return default
-    return v.value if isinstance(v, ir.HValue) else v

@@ -155,19 +155,19 @@ def estimate_memory(module: ir.Module, model: str | None = None, *, batch: int |
                     remat: ir.RematPolicy | None = None, update_select: bool = True) -> MemoryEstimate:
     """Per-chip bytes of a training step of `model` (default: the spec's first model).
 
-    Unset arguments come from the spec's train block (`module.training`) and the target's
+    Unset arguments come from the spec's train block (`module.train_settings`) and the target's
     schedule; `mesh` (axis -> size) and `remat` replace the target's to try another layout.
     `update_select`: the step keeps the old state when the loss is not finite with an
     elementwise select (`jnp.where(ok, new, old)`), which materializes new values first.
     """
     m = _model(module, model)
     sched = module.schedule
-    train = module.training
+    train = module.train_settings
     batch = batch or (train.get("batch") if train else 8)
     seq = seq or (train.get("seq") if train else 128)
     microbatches = microbatches or (train.get("microbatches") if train else 1)
     if optimizer is None:
-        optimizer = train.get("optimizer")[0] if train else "adamw"
+        optimizer = train.get("optimizer").name if train else "adamw"
     sizes = dict(mesh) if mesh is not None else dict(sched.mesh_sizes)
     rules = {k: c.value for k, c in sched.rules}
     layout = Layout(sizes, rules, dim_axes(m.root))
@@ -570,8 +570,8 @@ class _Tracer:
         if name == "embed":
             return self.new(dims, x.dtype, label, (args[1],))
         if name == "einsum":
-            operands = e.attr("operands")
-            out_names = set(e.attr("out"))
+            operands = e.attr("spec").operands
+            out_names = set(e.attr("spec").out)
             batch_dims = set()
             if len(operands) > 1:
                 batch_dims = set.intersection(*(set(o) for o in operands)) & out_names
@@ -618,7 +618,7 @@ class _Tracer:
         out = self.new(dims, q.dtype, label, (q, k, v))
         for t in (q, k, v):
             self.scope.save(t)
-        kernel = e.attr("kernel", "xla")
+        kernel = e.kernel.kernel if e.kernel is not None else "xla"
         if kernel in FLASH_KERNELS:
             self.scope.save(out)
             lse = self.new((q.dims[0], heads, q.dims[1]), "f32", f"{label} logsumexp", (q, k),

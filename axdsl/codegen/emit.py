@@ -20,8 +20,8 @@ from axdsl.errors import CompileError, Diagnostic
 from axdsl.ir import nodes as ir
 from axdsl.ir.nodes import DType
 from axdsl.ir.printer import value_text
-from axdsl.ir.rewrite import walk_expr
-from axdsl.passes.primitives import AUX_PRIMITIVES
+from axdsl.ir.rewrite import prims_of
+from axdsl import primitives
 from axdsl.passes.annotate_sharding import dim_axes, spec_text
 
 
@@ -83,7 +83,7 @@ def emit_model(module: ir.Module) -> str:
         version=__version__,
         spec=module.spec,
         sha256=module.sha256,
-        target=module.target,
+        target=module.target_name,
         models=[m.name for m in module.models],
         root_layer=root.layer,
         build_choices=_build_choices(root),
@@ -123,7 +123,7 @@ def imports_for(source: str) -> str:
 
 
 # ----------------------------------------------------------------------------- functions
-def _functions(root: ir.Instance, schedule: ir.TargetConfig | None = None) -> list[LayerFunction]:
+def _functions(root: ir.Instance, schedule: ir.Schedule | None = None) -> list[LayerFunction]:
     """Layer functions in post-order (leaves first), deduplicated by generated body."""
     out: list[LayerFunction] = []
     axes_of_dims = dim_axes(root)
@@ -132,8 +132,8 @@ def _functions(root: ir.Instance, schedule: ir.TargetConfig | None = None) -> li
         child_fn, child_rng, child_aux = {}, {}, {}
         for c in inst.children:
             child_fn[c.name], child_rng[c.name], child_aux[c.name] = visit(c)
-        own = _uses_dropout(inst) or any(child_rng.values())
-        aux = _uses(inst, AUX_PRIMITIVES) or any(child_aux.values())
+        own = _uses(inst, "uses_rng") or any(child_rng.values())
+        aux = _uses(inst, "aux_loss") or any(child_aux.values())
         emitter = FunctionEmitter(inst, child_fn, child_rng, own, schedule, axes_of_dims,
                                   child_aux=child_aux, own_aux=aux)
         body = emitter.emit_body()
@@ -158,14 +158,9 @@ def _functions(root: ir.Instance, schedule: ir.TargetConfig | None = None) -> li
     return out
 
 
-def _uses_dropout(inst: ir.Instance) -> bool:
-    return _uses(inst, ("dropout",))
-
-
-def _uses(inst: ir.Instance, prims: tuple[str, ...]) -> bool:
-    """Whether this instance's own forward calls one of `prims`."""
-    return any(isinstance(e, ir.Prim) and e.name in prims
-               for s in inst.forward.body for e in walk_expr(s.value))
+def _uses(inst: ir.Instance, flag: str) -> bool:
+    """Whether this instance's own forward calls a primitive with registry flag `flag` set."""
+    return any(getattr(primitives.get(p.name), flag) for p in prims_of(inst))
 
 
 def has_lm_signature(root: ir.Instance) -> bool:
@@ -198,7 +193,7 @@ def _build_choices(root: ir.Instance) -> list[str]:
     for inst in root.walk():
         for h in inst.hparams:
             if h.type in ("bool", "string", "Layer") or h.type.startswith("enum"):
-                if inst is root or h.origin.startswith("set") or h.type == "bool" and h.value.value:
+                if inst is root or h.origin.kind is ir.OriginKind.SET or h.type == "bool" and h.value.value:
                     if h.type == "Layer" and inst is not root:
                         continue
                     prefix = "" if inst is root else inst.path.strip("/") + "."
@@ -266,7 +261,7 @@ def _remat_policy(r: ir.RematPolicy) -> str:
             '    offload_src="device",\n    offload_dst="pinned_host",\n)')
 
 
-def _sharding_context(s: ir.TargetConfig | None, root: ir.Instance) -> dict | None:
+def _sharding_context(s: ir.Schedule | None, root: ir.Instance) -> dict | None:
     if s is None:
         return None
     written = dict(s.mesh.value)

@@ -14,9 +14,9 @@ from axdsl import __version__
 from axdsl.codegen.emit import render_template
 from axdsl.codegen.names import py_str
 from axdsl.ir import nodes as ir
-from axdsl.ir.rewrite import walk_expr
+from axdsl import primitives
+from axdsl.ir.rewrite import tree_has
 from axdsl.passes.annotate_sharding import kept_axes, spec_text
-from axdsl.passes.primitives import AUX_PRIMITIVES
 from axdsl.targets import profiles
 
 
@@ -35,15 +35,15 @@ class Field:
 
 def emit_train(module: ir.Module, package: str, flops: list[tuple[str, int, int]]) -> str:
     """The unformatted source of generated/<spec>/<target>/train.py."""
-    t = module.training
+    t = module.train_settings
     fields = _fields(module)
-    opt_name = t.get("optimizer")[0]
-    sched_name = t.get("schedule")[0]
+    opt_name = t.get("optimizer").name
+    sched_name = t.get("schedule").name
     profile = profiles()[module.schedule.profile]
     batch_axes = kept_axes(module.schedule, "batch")
     return render_template(
         "train.py.j2",
-        version=__version__, spec=module.spec, sha256=module.sha256, target=module.target,
+        version=__version__, spec=module.spec, sha256=module.sha256, target=module.target_name,
         models=[m.name for m in module.models], package=package,
         profile=profile.name, peak_flops=f"{profile.peak_flops('bf16'):.4g}",
         flops=flops, train_fields=fields,
@@ -57,15 +57,12 @@ def emit_train(module: ir.Module, package: str, flops: list[tuple[str, int, int]
 
 def has_aux_loss(root: ir.Instance) -> bool:
     """Whether the model adds auxiliary losses (MoE), so train.py calls forward_with_aux."""
-    return any(isinstance(e, ir.Prim) and e.name in AUX_PRIMITIVES
-               for inst in root.walk() if inst.forward for s in inst.forward.body for e in walk_expr(s.value))
+    return tree_has(root, lambda p: primitives.get(p.name).aux_loss)
 
 
 def uses_dropout(root: ir.Instance) -> bool:
     """Whether the model's forward takes a dropout key (`rng`)."""
-    return any(isinstance(e, ir.Prim) and e.name == "dropout"
-               for inst in root.walk() if inst.forward is not None
-               for s in inst.forward.body for e in walk_expr(s.value))
+    return tree_has(root, lambda p: primitives.get(p.name).uses_rng)
 
 
 def emit_slurm(module: ir.Module, package: str) -> str:
@@ -76,15 +73,15 @@ def emit_slurm(module: ir.Module, package: str) -> str:
     spec_stem = package.split(".")[-2]
     return render_template(
         "slurm.sh.j2",
-        version=__version__, spec=module.spec, sha256=module.sha256, target=module.target,
+        version=__version__, spec=module.spec, sha256=module.sha256, target=module.target_name,
         model=module.models[0].name, package=package, path=package.replace(".", "/"),
         chips=schedule.chips, profile=profile.name, kind=profile.kind,
-        nodes=-(-schedule.chips // per_node), per_node=per_node, run_name=f"{spec_stem}-{module.target}",
+        nodes=-(-schedule.chips // per_node), per_node=per_node, run_name=f"{spec_stem}-{module.target_name}",
     )
 
 
 def _fields(module: ir.Module) -> list[Field]:
-    t = module.training
+    t = module.train_settings
     out = [Field("model", "str", py_str(module.models[0].name), "a name in model.CONFIGS")]
     origin = dict(t.settings)
 
@@ -95,10 +92,10 @@ def _fields(module: ir.Module) -> list[Field]:
 
     for key in ("batch", "seq", "steps", "microbatches"):
         add(key, t.get(key), _doc(key, origin[key].origin))
-    opt, opt_args = t.get("optimizer")
+    opt, opt_args = t.get("optimizer").name, t.get("optimizer").args
     for k, v in opt_args:
         add(k, float(v) if k not in ("nesterov",) else v, f"{opt}: {k} ({origin['optimizer'].origin})")
-    sched, sched_args = t.get("schedule")
+    sched, sched_args = t.get("schedule").name, t.get("schedule").args
     for k, v in sched_args:
         add(k, int(v) if k == "warmup" else float(v), f"{sched} schedule: {k} ({origin['schedule'].origin})")
     for key, what in (("dtype", "compute dtype"), ("param_dtype", "parameter dtype")):
@@ -106,16 +103,15 @@ def _fields(module: ir.Module) -> list[Field]:
         add(key, choice.value if choice else "", f"{what}; \"\": the model's ({choice.origin if choice else 'default'})")
     for key in ("clip", "z_loss", "eval_every", "eval_batches", "log_every", "seed", "max_bad_steps"):
         add(key, t.get(key), _doc(key, origin[key].origin))
-    kind, data_args = t.get("data")
-    data = dict(data_args)
-    add("data", kind, f"default, tokens or text ({origin['data'].origin})")
-    add("data_path", data.get("path", ""), "token file, or text file or directory")
-    add("data_dtype", data.get("dtype", "u16"), "token file element type: u16 or u32")
-    ckpt = dict(t.get("checkpoint"))
-    add("checkpoint_every", ckpt["every"], f"steps between checkpoints; 0: never ({origin['checkpoint'].origin})")
-    add("checkpoint_keep", ckpt["keep"], "newest checkpoints kept")
-    add("checkpoint_async", ckpt["async"], "save in the background while training continues")
-    add("checkpoint_dir", ckpt["dir"], "inside the run directory")
+    data = t.get("data")
+    add("data", str(data.kind), f"default, tokens or text ({origin['data'].origin})")
+    add("data_path", data.path or "", "token file, or text file or directory")
+    add("data_dtype", data.dtype or "u16", "token file element type: u16 or u32")
+    ckpt = t.get("checkpoint")
+    add("checkpoint_every", ckpt.every, f"steps between checkpoints; 0: never ({origin['checkpoint'].origin})")
+    add("checkpoint_keep", ckpt.keep, "newest checkpoints kept")
+    add("checkpoint_async", ckpt.async_save, "save in the background while training continues")
+    add("checkpoint_dir", ckpt.dir, "inside the run directory")
     return out
 
 

@@ -8,19 +8,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from axdsl.codegen import kernels, quant
+from axdsl import primitives
 from axdsl.codegen.names import einsum_letters, py_str
 from axdsl.ir import nodes as ir
-from axdsl.ir.nodes import DType, TensorType
+from axdsl.ir.nodes import DType, RefKind, TensorType
 from axdsl.passes.annotate_sharding import activation_spec, spec_text
-from axdsl.passes.primitives import ACTIVATIONS
 
 # Operator precedence for minimal parentheses (higher binds tighter).
 _PREC = {"+": 1, "-": 1, "*": 2, "/": 2, "@": 2}  # Python: @ binds like *
 _ATOM = 10
-
-_JNN = {"relu", "gelu", "silu", "sigmoid"}
-_JNP = {"tanh", "exp", "log", "sqrt", "abs", "square"}
 
 
 def code_precedence(code: str) -> int:
@@ -49,7 +45,7 @@ class FunctionEmitter:
     child_fn: dict[str, str]
     needs_rng: dict[str, bool]
     own_rng: bool
-    schedule: ir.TargetConfig | None = None
+    schedule: ir.Schedule | None = None
     dim_axes: dict[str, str] = field(default_factory=dict)
     child_aux: dict[str, bool] = field(default_factory=dict)  # children that return (y, aux loss)
     own_aux: bool = False  # this function returns (y, aux loss)
@@ -187,13 +183,13 @@ class FunctionEmitter:
         return getattr(self, "_" + type(e).__name__)(e)
 
     def _Ref(self, e: ir.Ref):
-        if e.kind in ("local", "arg"):
+        if e.kind in (RefKind.LOCAL, RefKind.ARG):
             return e.name, _ATOM
-        if e.kind == "param":
+        if e.kind is RefKind.PARAM:
             return f"params[{py_str(e.name)}]", _ATOM
-        if e.kind == "child_param":
+        if e.kind is RefKind.CHILD_PARAM:
             return f"params[{py_str(e.owner)}][{py_str(e.name)}]", _ATOM
-        if e.kind == "dim":
+        if e.kind is RefKind.DIM:
             return self.dim_code(ir.Dim(e.name)), _ATOM
         return e.value.code, code_precedence(e.value.code)
 
@@ -228,90 +224,43 @@ class FunctionEmitter:
         return self._hoist(e), _ATOM
 
     def _Prim(self, e: ir.Prim):
-        emitted = [self.expr(a) for a in e.args]  # once: emitting may hoist child calls
-        args = [code for code, _ in emitted]
-        x = args[0] if args else ""
-        n = e.name
-        dims = e.args[0].type.dims if e.args and isinstance(e.args[0].type, TensorType) else ()
-        if n in _JNN:
-            return f"jax.nn.{n}({x})", _ATOM
-        if n in _JNP:
-            return f"jnp.{n}({x})", _ATOM
-        if n == "rsqrt":
-            return f"jax.lax.rsqrt({x})", _ATOM
-        if n == "activate":
-            kind = e.attr("kind").value
-            assert kind in ACTIVATIONS, kind  # checked when lowering; never emit an arbitrary name
-            return f"jax.nn.{kind}({x})", _ATOM
-        if n in ("sum", "mean", "max"):
-            axis = _axis(dims, e.attr("over"))
-            return f"jnp.{n}({x}, axis={axis}, keepdims=True)", _ATOM
-        if n == "softmax":
-            axis = _axis(dims, e.attr("over")) if e.attr("over") is not None else -1
-            return f"jax.nn.softmax({x}, axis={axis})", _ATOM
-        if n == "split_heads":
-            return f"{x}.reshape(*{x}.shape[:-1], {e.attr('heads').code}, -1)", _ATOM
-        if n == "merge_heads":
-            return f"{x}.reshape(*{x}.shape[:-2], -1)", _ATOM
-        if n == "rope":
-            return f"apply_rope({x}, theta={e.attr('theta').code})", _ATOM
-        if n == "attention":
-            return self._attention(e, args), _ATOM
-        if n == "embed":
-            return f"jnp.take({args[0]}, {args[1]}, axis=0)", _ATOM
-        if n == "cast":
-            return f"{self._paren(x, emitted[0][1], _ATOM)}.astype({e.attr('dtype').code})", _ATOM
-        if n == "dropout":
-            self.rng_uses += 1
-            return f"dropout({x}, {e.attr('rate').code}, _fold(rng, {self.rng_uses}))", _ATOM
-        if n == "transpose":
-            return f"jnp.swapaxes({x}, -1, -2)", _ATOM
-        if n == "prefix":
-            return f"{x}[: {self.dim_code(e.attr('n'))}]", _ATOM
-        if n == "einsum":
-            return self._einsum(e, args), _ATOM
-        if n == "quantized":
-            return self._quantized(e), _ATOM
-        if n == "moe":
-            return self._moe(e, args), _ATOM
-        raise AssertionError(f"no emitter for primitive {n}")
+        """A primitive's code comes from its registry entry (axdsl/primitives/)."""
+        prim = primitives.get(e.name)
+        emitted = [self.expr(a) for a in e.args] if prim.emits_operands else []  # once: may hoist
+        code = prim.emit(self, e, [c for c, _ in emitted], [p for _, p in emitted])
+        return code, _ATOM
 
-    def _attention(self, e: ir.Prim, args: list[str]) -> str:
-        mask = args[3] if "mask" in e.attr("optional") else None
-        window = e.attr("window")
-        code, note = kernels.emit_attention(
-            kernel=e.attr("kernel") or "xla",
-            q=args[0], k=args[1], v=args[2], mask=mask,
-            causal=e.attr("causal").code, window=window.code if window.value else None,
-            note=e.attr("kernel_note") or "",
-        )
-        if note:
-            self.lines.append(f"# {note}")
-        return code
+    # ---------------------------------------------------------------- for primitive emitters
+    ATOM = _ATOM
+    py_str = staticmethod(py_str)
+    shape_comment = staticmethod(shape_comment)
 
-    def _einsum(self, e: ir.Prim, args: list[str]) -> str:
-        return f"jnp.einsum({py_str(_einsum_spec(e))}, {', '.join(args)})"
+    def fresh(self, name: str) -> str:
+        """A local name not yet used in this function."""
+        return self._fresh(name)
 
-    def _moe(self, e: ir.Prim, args: list[str]) -> str:
-        """`y, aux = moe_swiglu(...)` as its own statement; aux joins this layer's auxiliary loss."""
-        out, aux = self._fresh("moe_y"), self._fresh("moe_aux")
-        self.aux_terms.append(aux)
-        kwargs = ", ".join(f"{k}={e.attr(k).code}" for k in ("top_k", "capacity_factor", "normalize",
-                                                                "aux_weight", "z_weight"))
-        self.lines.append(f"{out}, {aux} = moe_swiglu({', '.join(args)}, {kwargs})  # {shape_comment(e.type)}")
-        return out
+    def line(self, text: str) -> None:
+        """Emit a statement (or comment) before the one being built."""
+        self.lines.append(text)
 
-    def _quantized(self, e: ir.Prim) -> str:
-        """A matmul with a parameter operand, run by the fp8 or int8 helper."""
-        inner = e.args[0]
-        if isinstance(inner, ir.Bin):
-            left, right = self.expr(inner.left)[0], self.expr(inner.right)[0]
-            lspec, rspec = _operand_letters(inner.left.type.dims, inner.right.type.dims)
-            spec = f"{lspec},{rspec}->{lspec[:-1] + rspec[1:]}"
-        else:
-            left, right = (self.expr(a)[0] for a in inner.args)
-            spec = _einsum_spec(inner)
-        return quant.emit_quantized(e.attr("format"), spec, left, right)
+    def next_rng(self) -> str:
+        """A distinct dropout key for the next random site of this function."""
+        self.rng_uses += 1
+        return f"_fold(rng, {self.rng_uses})"
+
+    def add_aux(self, name: str) -> None:
+        """Add a local to this function's auxiliary loss (returned as `(y, aux)`)."""
+        self.aux_terms.append(name)
+
+    def einsum_spec(self, e: ir.Prim) -> str:
+        return _einsum_spec(e)
+
+    def matmul_spec(self, lt, rt) -> str:
+        lspec, rspec = _operand_letters(lt, rt)
+        return f"{lspec},{rspec}->{lspec[:-1] + rspec[1:]}"
+
+    def paren(self, code: str, prec: int, need: int) -> str:
+        return self._paren(code, prec, need)
 
     # ---------------------------------------------------------------- helpers
     def dim_code(self, dim: ir.Dim) -> str:
@@ -329,15 +278,10 @@ class FunctionEmitter:
 
 
 def _einsum_spec(e: ir.Prim) -> str:
-    operands, out = e.attr("operands"), e.attr("out")
+    spec: ir.EinsumSpec = e.attr("spec")
+    operands, out = spec.operands, spec.out
     letters = einsum_letters([n for op in operands for n in op] + list(out))
     return ",".join("".join(letters[n] for n in op) for op in operands) + "->" + "".join(letters[n] for n in out)
-
-
-def _axis(dims: tuple[ir.Dim, ...], over: ir.Dim) -> int:
-    by_name = [i for i, d in enumerate(dims) if d.name == over.name]
-    idx = by_name[0] if len(by_name) == 1 else [i for i, d in enumerate(dims) if d.size == over.size][0]
-    return idx - len(dims)  # negative: valid under leading `...`
 
 
 def _operand_letters(lt, rt) -> tuple[str, str]:

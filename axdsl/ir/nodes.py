@@ -8,6 +8,7 @@ return new trees (`dataclasses.replace`); nothing is mutated in place.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import Enum, StrEnum
 from typing import Any
 
 from axdsl.errors import Span
@@ -24,6 +25,59 @@ DTYPES = {
     "fp8_e4m3": "float8_e4m3fn", "fp8_e5m2": "float8_e5m2",
     "i8": "int8", "i32": "int32", "u8": "uint8", "u16": "uint16", "u32": "uint32",
 }
+
+
+# ------------------------------------------------------------------ origins
+class OriginKind(Enum):
+    """Where a resolved value came from."""
+
+    SET = "set"  # written in the spec (a model setting, a constructor argument, a train key)
+    INHERITED = "inherited"  # taken from the nearest enclosing layer with the same name
+    DEFAULT = "default"  # the declaration's or the compiler's default
+    PROFILE = "profile"  # a hardware profile's default (targets/profiles.toml)
+    TARGET_BLOCK = "target"  # a directive in a matching `target "pattern" { }` block
+
+
+@dataclass(frozen=True)
+class Origin:
+    """Where a value came from, printed by `axdsl dump` and in generated comments.
+
+    `where` is the owner's path (INHERITED), the profile name (PROFILE) or the block's pattern
+    (TARGET_BLOCK); `note` says why a default was adjusted.
+    """
+
+    kind: OriginKind
+    span: Span | None = None
+    where: str = ""
+    note: str = ""
+
+    def __str__(self) -> str:
+        match self.kind:
+            case OriginKind.SET:
+                return f"set at {self.span or '?'}"
+            case OriginKind.INHERITED:
+                return f"inherited from {self.where}"
+            case OriginKind.PROFILE:
+                return f"profile {self.where}"
+            case OriginKind.TARGET_BLOCK:
+                return f'target "{self.where}" at {self.span}'
+        return f"default ({self.note})" if self.note else "default"
+
+    @property
+    def is_default(self) -> bool:
+        return self.kind is OriginKind.DEFAULT
+
+    @property
+    def from_spec(self) -> bool:
+        """Written by the user: a setting or a target block directive."""
+        return self.kind in (OriginKind.SET, OriginKind.TARGET_BLOCK)
+
+
+def set_at(span: Span) -> Origin:
+    return Origin(OriginKind.SET, span)
+
+
+DEFAULT = Origin(OriginKind.DEFAULT)
 
 
 # ------------------------------------------------------------------ values
@@ -119,12 +173,23 @@ Type = TensorType | ScalarType
 
 
 # ------------------------------------------------------------------ forward expressions
+class RefKind(StrEnum):
+    """What a name in a forward refers to."""
+
+    LOCAL = "local"  # a value assigned earlier in the same forward
+    ARG = "arg"  # a forward argument
+    PARAM = "param"  # one of this layer's parameters
+    CHILD_PARAM = "child_param"  # a child's parameter, `embed.table` (owner names the child)
+    HPARAM = "hparam"  # a hyperparameter: a static value
+    DIM = "dim"  # a free dim's runtime size (`S`)
+
+
 @dataclass(frozen=True)
 class Ref:
-    """A name in a forward: kind is local, arg, param, child_param, hparam or dim."""
+    """A name in a forward, bound to what it refers to."""
 
     name: str
-    kind: str
+    kind: RefKind
     span: Span
     type: Type | None = None
     value: HValue | None = None  # for hparams and dims
@@ -155,17 +220,59 @@ class Neg:
 
 
 @dataclass(frozen=True)
+class EinsumSpec:
+    """`einsum("B S dim, dim mlp -> B S mlp", x, w)`: dim names per operand and of the result.
+
+    `dims` gives each name its Dim (a hyperparameter's size, or a free dim such as B).
+    """
+
+    operands: tuple[tuple[str, ...], ...]
+    out: tuple[str, ...]
+    dims: tuple[tuple[str, "Dim"], ...]
+
+    def text(self) -> str:
+        return ", ".join(" ".join(o) for o in self.operands) + " -> " + " ".join(self.out)
+
+
+@dataclass(frozen=True)
+class KernelChoice:
+    """The kernel select_kernels chose for a primitive, and why the ones before it were not."""
+
+    kernel: str  # cudnn, splash, xla
+    rejected: tuple[str, ...] = ()  # "cudnn not used: ..." for each kernel passed over
+    origin: Origin = DEFAULT  # the profile's preference list, or a forcing target block
+
+
+# A primitive's static attribute: a hyperparameter value, a Dim, an einsum spec, a format.
+StaticValue = Any
+
+
+@dataclass(frozen=True)
 class Prim:
-    """A builtin primitive (silu, mean, attention, rope, ...); attrs are static keyword values."""
+    """A builtin primitive call (silu, mean, attention, rope, ...), defined in axdsl/primitives/.
+
+    `attrs` are its static arguments, named by its signature; `optional` lists the keyword
+    tensor operands given (they follow the positional ones in `args`); `kernel` is set by
+    select_kernels on primitives that have kernels.
+    """
 
     name: str
     args: tuple["TExpr", ...]
-    attrs: tuple[tuple[str, Any], ...]
+    attrs: tuple[tuple[str, StaticValue], ...]
     span: Span
     type: Type | None = None
+    optional: tuple[str, ...] = ()
+    kernel: KernelChoice | None = None
 
     def attr(self, key: str, default: Any = None) -> Any:
         return dict(self.attrs).get(key, default)
+
+    def operand(self, name: str) -> "TExpr | None":
+        """An optional tensor operand by name, or None when it was not given."""
+        if name not in self.optional:
+            return None
+        first = len(self.args) - len(self.optional)
+        return self.args[first + self.optional.index(name)]
 
 
 @dataclass(frozen=True)
@@ -217,7 +324,7 @@ class HParam:
     name: str
     type: str  # int, float, bool, string, dtype, Layer, enum(...)
     value: HValue
-    origin: str  # "set", "default", or "inherited from <path>"
+    origin: Origin
     span: Span
 
 
@@ -281,26 +388,69 @@ class Instance:
 
 
 @dataclass(frozen=True)
+class NameValue:
+    """A bare name in a section, kept for the pass that knows what names mean there (`fp8`)."""
+
+    id: str
+
+
+@dataclass(frozen=True)
+class CallValue:
+    """`adamw(lr = 3e-4)` in a section: a function name with positional and keyword values."""
+
+    fn: str
+    args: tuple[Any, ...] = ()
+    kwargs: tuple[tuple[str, Any], ...] = ()
+
+
+# A section value: a literal (int, float, bool, str), a NameValue, a CallValue, or a tuple (a list).
+SectionValue = Any
+
+
+@dataclass(frozen=True)
+class Setting:
+    """`name = value` in a section."""
+
+    name: str
+    value: SectionValue
+    span: Span
+
+
+@dataclass(frozen=True)
+class DirectiveArg:
+    """One argument of a directive: `name` is None for a positional one."""
+
+    name: str | None
+    value: SectionValue
+    span: Span
+
+
+@dataclass(frozen=True)
 class Directive:
     """`mesh(data = -1, fsdp = 8)` in a section: positional and keyword values, each with its span."""
 
     name: str
-    args: tuple[tuple[Any, Span], ...]
-    kwargs: tuple[tuple[str, Any, Span], ...]
+    args: tuple[DirectiveArg, ...]
+    kwargs: tuple[DirectiveArg, ...]
     span: Span
+
+
+class SectionKind(Enum):
+    TRAIN = "train"
+    TARGET = "target"
 
 
 @dataclass(frozen=True)
 class Section:
     """A `train { }` or `target "pattern" { }` block: settings and directives, values resolved.
 
-    Values stay close to the syntax: a bare name is ("name", id), a list a tuple, a call
-    ("call", fn, args, kwargs); passes that read a section check its keys and values.
+    Values stay close to the syntax (see `SectionValue`); the passes that read a section
+    (configure_train, configure_target) check its keys and values.
     """
 
-    kind: str
+    kind: SectionKind
     pattern: str | None
-    settings: tuple[tuple[str, Any, Span], ...]
+    settings: tuple[Setting, ...]
     directives: tuple[Directive, ...]
     span: Span
 
@@ -308,37 +458,54 @@ class Section:
 # ------------------------------------------------------------------ target schedule
 @dataclass(frozen=True)
 class Choice:
-    """One resolved target setting and where it came from (a profile default or a spec line)."""
+    """One resolved setting and where it came from (a default, a profile, a spec line)."""
 
     value: Any
-    origin: str
-    span: Span | None = None
+    origin: Origin = DEFAULT
+
+    @property
+    def span(self) -> Span | None:
+        return self.origin.span
+
+
+class RematKind(StrEnum):
+    NONE = "none"  # keep every activation
+    FULL = "full"  # keep only the block's input
+    SAVE_DOTS = "save_dots"  # keep matmul outputs without batch dims
+    SAVE = "save"  # keep the named points listed
+    OFFLOAD = "offload"  # move some named points to host memory, keep others
 
 
 @dataclass(frozen=True)
 class RematPolicy:
     """How the scanned block is rematerialized: none, full, save_dots, save or offload names."""
 
-    kind: str
+    kind: RematKind
     save: tuple[str, ...] = ()
     offload: tuple[str, ...] = ()
+
+
+class QuantFormat(StrEnum):
+    NONE = "none"
+    FP8 = "fp8"  # e4m3 forward, e5m2 gradients (H100, H200, B200)
+    INT8 = "int8"  # per-channel symmetric, straight-through backward (TPU v5e, v5p)
 
 
 @dataclass(frozen=True)
 class QuantPolicy:
     """Matmuls with a parameter operand under layer paths matching `layers` run in `format`."""
 
-    format: str  # none, fp8, int8
+    format: "QuantFormat"
     layers: tuple[str, ...] = ("*",)
 
 
 @dataclass(frozen=True)
-class TargetConfig:
+class Schedule:
     """The schedule for one target: profile defaults overridden by the first matching block."""
 
     name: str  # as requested, e.g. gpu-h100-8
     profile: str  # e.g. gpu-h100
-    kind: str  # cpu, gpu, tpu, trn
+    kind: str  # the profile's chip family: cpu, gpu, tpu, trn
     chips: int
     matched: str | None  # the pattern of the target block that matched, if any
     matched_span: Span | None
@@ -360,13 +527,52 @@ class TargetConfig:
 
 
 @dataclass(frozen=True)
-class TrainSpec:
-    """The resolved `train { }` section: every setting with its value and where it came from."""
+class NamedCall:
+    """An optimizer or schedule with every argument resolved: adamw(lr = 3e-4, b1 = 0.9, ...)."""
+
+    name: str
+    args: tuple[tuple[str, Any], ...]
+
+    def arg(self, key: str, default: Any = None) -> Any:
+        return dict(self.args).get(key, default)
+
+
+class DataKind(StrEnum):
+    DEFAULT = "default"  # the Python standard library's .py files, read as bytes
+    TOKENS = "tokens"  # a flat binary file of token ids
+    TEXT = "text"  # a text file or a directory of them, read as bytes
+
+
+@dataclass(frozen=True)
+class DataSource:
+    kind: DataKind
+    path: str | None = None
+    dtype: str | None = None  # tokens: "u16" or "u32"
+
+
+@dataclass(frozen=True)
+class CheckpointPolicy:
+    every: int = 100
+    keep: int = 3
+    async_save: bool = True
+    dir: str = "checkpoints"
+
+
+@dataclass(frozen=True)
+class TrainSettings:
+    """The resolved `train { }` section: every setting with its value and where it came from.
+
+    Values are ints and floats, a dtype name (dtype, param_dtype), NamedCall (optimizer,
+    schedule), DataSource (data) and CheckpointPolicy (checkpoint).
+    """
 
     settings: tuple[tuple[str, Choice], ...]
 
     def get(self, name: str) -> Any:
         return dict(self.settings)[name].value
+
+    def choice(self, name: str) -> Choice:
+        return dict(self.settings)[name]
 
 
 @dataclass(frozen=True)
@@ -383,9 +589,9 @@ class Module:
     spec: str  # display path of the main spec file
     sha256: str
     models: tuple[Model, ...]
-    train: Section | None
-    targets: tuple[Section, ...]
-    target: str = "cpu"
+    train_block: Section | None  # the spec's `train { }`, as written
+    target_blocks: tuple[Section, ...]  # the spec's `target "pattern" { }` blocks, as written
+    target_name: str = "cpu"  # the target this module is built for, e.g. gpu-h100-8
     passes_run: tuple[str, ...] = field(default=())
-    schedule: TargetConfig | None = None  # set by configure_target
-    training: TrainSpec | None = None  # set by configure_train
+    schedule: Schedule | None = None  # set by configure_target
+    train_settings: TrainSettings | None = None  # set by configure_train

@@ -11,27 +11,27 @@ from axdsl.ir.nodes import DType, LayerValue, RepeatValue
 
 
 def print_module(module: ir.Module) -> str:
-    lines = [f"# spec {module.spec} sha256={module.sha256[:16]} target={module.target}",
+    lines = [f"# spec {module.spec} sha256={module.sha256[:16]} target={module.target_name}",
              f"# passes: {', '.join(module.passes_run) or '(none)'}"]
     for model in module.models:
         lines.append(f"model {model.name}")
         _instance(model.root, 1, lines)
-    if module.train is not None:
+    if module.train_block is not None:
         lines.append("train")
-        lines.extend(_section(module.train))
-    for t in module.targets:
+        lines.extend(_section(module.train_block))
+    for t in module.target_blocks:
         lines.append(f'target "{t.pattern}"')
         lines.extend(_section(t))
     if module.schedule is not None:
         lines.extend(schedule_lines(module.schedule))
-    if module.training is not None:
+    if module.train_settings is not None:
         lines.append("training")
-        for name, c in module.training.settings:
+        for name, c in module.train_settings.settings:
             lines.append(f"  {name} = {_train_value(c.value)}  # {c.origin}")
     return "\n".join(lines) + "\n"
 
 
-def schedule_lines(s: ir.TargetConfig) -> list[str]:
+def schedule_lines(s: ir.Schedule) -> list[str]:
     """The resolved target schedule: every setting with where it came from."""
     matched = f'target "{s.matched}" at {s.matched_span}' if s.matched else "no target block matched"
     sizes = ", ".join(f"{a}={n}" for a, n in s.mesh_sizes)
@@ -54,12 +54,29 @@ def schedule_lines(s: ir.TargetConfig) -> list[str]:
 
 
 def value_text(v) -> str:
+    """A value as the spec language writes it: `true`, `bf16`, "text", `RMSNorm(eps = 1e-05)`.
+
+    The one printer of values: `axdsl dump`, error messages and generated comments use it.
+    """
     if isinstance(v, bool):
         return "true" if v else "false"
     if isinstance(v, DType):
         return v.name
     if isinstance(v, str):
-        return f'"{v}"'
+        return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(v, ir.NameValue):
+        return v.id
+    if isinstance(v, ir.CallValue):
+        parts = [value_text(a) for a in v.args] + [f"{k} = {value_text(x)}" for k, x in v.kwargs]
+        return f"{v.fn}({', '.join(parts)})"
+    if isinstance(v, ir.NamedCall):
+        return f"{v.name}({', '.join(f'{k} = {value_text(x)}' for k, x in v.args)})"
+    if isinstance(v, ir.DataSource):
+        args = [f"{k} = {value_text(x)}" for k, x in (("path", v.path), ("dtype", v.dtype)) if x is not None]
+        return f"{v.kind}({', '.join(args)})"
+    if isinstance(v, ir.CheckpointPolicy):
+        return (f"(every = {v.every}, keep = {v.keep}, async = {value_text(v.async_save)}, "
+                f"dir = {value_text(v.dir)})")
     if isinstance(v, LayerValue):
         args = ", ".join(f"{k} = {value_text(a.value)}" for k, a in v.args)
         return f"{v.layer}({args})"
@@ -125,46 +142,30 @@ def expr_text(e: ir.TExpr) -> str:
         return f"{e.attr('format')}({expr_text(e.args[0])})"
     attrs = []
     for k, v in e.attrs:
-        if k in ("optional", "operands", "dims", "out") or v is None or v == "":
+        if v is None:
             continue
-        if isinstance(v, ir.Dim):
+        if isinstance(v, ir.EinsumSpec):
+            attrs.append(f'"{v.text()}"')
+        elif isinstance(v, ir.Dim):
             attrs.append(f"{k} = {v}")
-        elif isinstance(v, str):
-            attrs.append(f'{k} = "{v}"')
         else:
             attrs.append(f"{k} = {value_text(v.value)}")
-    if e.name == "einsum":
-        ops = ", ".join(" ".join(o) for o in e.attr("operands"))
-        attrs = [f'"{ops} -> {" ".join(e.attr("out"))}"']
+    if e.kernel is not None:
+        attrs.append(f'kernel = "{e.kernel.kernel}"')
+        if e.kernel.rejected:
+            attrs.append(f'kernel_note = "{"; ".join(e.kernel.rejected)}"')
     args = [expr_text(a) for a in e.args] + attrs
     return f"{e.name}({', '.join(args)})"
 
 
 def _section(s: ir.Section) -> list[str]:
-    out = []
-    for name, value, _ in s.settings:
-        out.append(f"  {name} = {_section_value(value)}")
+    out = [f"  {st.name} = {value_text(st.value)}" for st in s.settings]
     for d in s.directives:
-        parts = [_section_value(a) for a, _ in d.args] + [f"{k} = {_section_value(v)}" for k, v, _ in d.kwargs]
+        parts = [value_text(a.value) for a in d.args] + [f"{a.name} = {value_text(a.value)}" for a in d.kwargs]
         out.append(f"  {d.name}({', '.join(parts)})")
     return out
 
 
-def _section_value(v) -> str:
-    if isinstance(v, tuple) and v and v[0] == "name":
-        return v[1]
-    if isinstance(v, tuple) and v and v[0] == "call":
-        parts = [_section_value(a) for a in v[2]] + [f"{k} = {_section_value(x)}" for k, x in v[3]]
-        return f"{v[1]}({', '.join(parts)})"
-    if isinstance(v, tuple):
-        return "[" + ", ".join(_section_value(x) for x in v) + "]"
-    return value_text(v)
-
-
 def _train_value(v) -> str:
     """A resolved train setting: `adamw(lr = 0.0003, ...)`, `tokens(path = "x.bin")`, a number."""
-    if isinstance(v, tuple) and len(v) == 2 and isinstance(v[0], str) and isinstance(v[1], tuple):
-        return f"{v[0]}({', '.join(f'{k} = {value_text(x)}' for k, x in v[1])})"
-    if isinstance(v, tuple):
-        return "(" + ", ".join(f"{k} = {value_text(x)}" for k, x in v) + ")"
     return value_text(v)

@@ -1,4 +1,4 @@
-"""Bottom-up rewriting of forward expressions, shared by the passes that transform them."""
+"""Walking and rewriting forward expressions: the one walker every pass, analysis and emitter uses."""
 
 from __future__ import annotations
 
@@ -36,3 +36,23 @@ def walk_expr(e: ir.TExpr):
     elif isinstance(e, (ir.Prim, ir.CallChild)):
         for a in e.args:
             yield from walk_expr(a)
+
+
+def forward_exprs(inst: ir.Instance):
+    """Every expression node of `inst`'s own forward (children's forwards are not included)."""
+    if inst.forward is None:
+        return
+    for s in inst.forward.body:
+        yield from walk_expr(s.value)
+
+
+def prims_of(inst: ir.Instance, *names: str):
+    """The primitive calls in `inst`'s own forward, optionally only those named `names`."""
+    for e in forward_exprs(inst):
+        if isinstance(e, ir.Prim) and (not names or e.name in names):
+            yield e
+
+
+def tree_has(root: ir.Instance, predicate) -> bool:
+    """Whether any primitive call anywhere under `root` satisfies `predicate(prim)`."""
+    return any(predicate(p) for inst in root.walk() for p in prims_of(inst))

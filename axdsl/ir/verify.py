@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import math
 
+from axdsl import primitives
 from axdsl.ir import nodes as ir
 from axdsl.ir.printer import print_module
+from axdsl.ir.rewrite import walk_expr
 
 
 class InvalidIR(Exception):
@@ -75,15 +77,15 @@ def _verify_schedule(module: ir.Module, model: ir.Model, problems: list[str]) ->
         if inst.forward is None:
             continue
         for s in inst.forward.body:
-            for e in _refs(s.value):
+            for e in walk_expr(s.value):
                 if isinstance(e, ir.Prim) and e.name == "quantized":
                     inner = e.args[0] if len(e.args) == 1 else None
                     if not (isinstance(inner, ir.Bin) and inner.op == "@"
                             or isinstance(inner, ir.Prim) and inner.name == "einsum"):
                         problems.append(f"{inst.path}: quantized wraps something other than a matmul")
-                if isinstance(e, ir.Prim) and e.name == "attention" and "select_kernels" in ran \
-                        and e.attr("kernel") is None:
-                    problems.append(f"{inst.path}: attention without a kernel after select_kernels")
+                if isinstance(e, ir.Prim) and primitives.get(e.name).has_kernels and "select_kernels" in ran \
+                        and e.kernel is None:
+                    problems.append(f"{inst.path}: {e.name} without a kernel after select_kernels")
 
 
 def _verify_forward(inst: ir.Instance, problems: list[str], typed: bool) -> None:
@@ -92,7 +94,7 @@ def _verify_forward(inst: ir.Instance, problems: list[str], typed: bool) -> None
     if not body or not isinstance(body[-1], ir.Ret):
         problems.append(f"{inst.path}: forward does not end in a return")
     for s in body:
-        for ref in _refs(s.value):
+        for ref in walk_expr(s.value):
             if isinstance(ref, ir.Ref) and ref.kind == "local" and ref.name not in defined:
                 problems.append(f"{inst.path}: `{ref.name}` used before definition")
             if isinstance(ref, ir.Ref) and ref.kind == "param" and inst.param(ref.name) is None:
@@ -104,11 +106,3 @@ def _verify_forward(inst: ir.Instance, problems: list[str], typed: bool) -> None
         if isinstance(s, ir.Let):
             defined.add(s.name)
 
-
-def _refs(e: ir.TExpr):
-    yield e
-    for child in getattr(e, "args", ()):
-        yield from _refs(child)
-    for attr in ("left", "right", "operand"):
-        if hasattr(e, attr):
-            yield from _refs(getattr(e, attr))

@@ -27,7 +27,7 @@ from axdsl.ir import nodes as ir
 FREE_DIM_AXES = {"B": "batch", "S": "seq"}
 
 
-def annotate_sharding(module: ir.Module, target=None) -> ir.Module:
+def annotate_sharding(module: ir.Module) -> ir.Module:
     sched = module.schedule
     diags = Diagnostics()
     models = []
@@ -40,7 +40,7 @@ def annotate_sharding(module: ir.Module, target=None) -> ir.Module:
     return replace(module, models=tuple(models))
 
 
-def _report_undivided(model: ir.Model, sched: ir.TargetConfig, undivided: dict, diags: Diagnostics) -> None:
+def _report_undivided(model: ir.Model, sched: ir.Schedule, undivided: dict, diags: Diagnostics) -> None:
     """One error per logical axis and size, at the rule when the spec wrote it, else at the model."""
     for (logical, size), paths in undivided.items():
         axes = kept_axes(sched, logical)
@@ -55,19 +55,19 @@ def _report_undivided(model: ir.Model, sched: ir.TargetConfig, undivided: dict, 
                     f"that is a multiple of {ways}")
 
 
-def kept_axes(sched: ir.TargetConfig, logical: str) -> tuple[str, ...]:
+def kept_axes(sched: ir.Schedule, logical: str) -> tuple[str, ...]:
     """The mesh axes a logical axis maps to on this target, without size-1 axes."""
     written = dict(sched.mesh.value)
     return tuple(a for a in sched.rule(logical) if written.get(a, 1) != 1)
 
 
-def _annotate(inst: ir.Instance, sched: ir.TargetConfig, diags: Diagnostics, undivided: dict) -> ir.Instance:
+def _annotate(inst: ir.Instance, sched: ir.Schedule, diags: Diagnostics, undivided: dict) -> ir.Instance:
     params = tuple(_shard_param(inst, p, sched, diags, undivided) for p in inst.params)
     children = tuple(_annotate(c, sched, diags, undivided) for c in inst.children)
     return replace(inst, params=params, children=children)
 
 
-def _shard_param(inst: ir.Instance, p: ir.Param, sched: ir.TargetConfig, diags: Diagnostics,
+def _shard_param(inst: ir.Instance, p: ir.Param, sched: ir.Schedule, diags: Diagnostics,
                  undivided: dict) -> ir.Param:
     spec: list[tuple[str, ...]] = []
     seen: dict[str, str] = {}
@@ -89,7 +89,7 @@ def _shard_param(inst: ir.Instance, p: ir.Param, sched: ir.TargetConfig, diags: 
     return replace(p, sharding=tuple(spec))
 
 
-def activation_spec(sched: ir.TargetConfig, logical_axes: tuple[str | None, ...]) -> tuple[tuple[str, ...], ...]:
+def activation_spec(sched: ir.Schedule, logical_axes: tuple[str | None, ...]) -> tuple[tuple[str, ...], ...]:
     """Mesh axes for an activation's dims: rules in dim order, each mesh axis used once."""
     used: set[str] = set()
     out = []

@@ -21,7 +21,7 @@ RESERVED = {
 }
 
 
-def check(module: ir.Module, target=None) -> ir.Module:
+def check(module: ir.Module) -> ir.Module:
     diags = Diagnostics()
     for model in module.models:
         _check_identifier(model.name, model.span, diags, "model")

@@ -26,13 +26,13 @@ DIRECTIVES = ("mesh", "rules", "remat", "quantize", "kernels")
 KERNEL_OPS = ("attention",)
 
 
-def configure_target(module: ir.Module, target: str) -> ir.Module:
-    t = get_target(target)
+def configure_target(module: ir.Module) -> ir.Module:
+    t = get_target(module.target_name)
     diags = Diagnostics()
-    parsed = [_parse_block(block, diags) for block in module.targets]
+    parsed = [_parse_block(block, diags) for block in module.target_blocks]
     diags.raise_if_any()
-    matched = next((i for i, b in enumerate(module.targets) if _matches(b.pattern, t)), None)
-    block = module.targets[matched] if matched is not None else None
+    matched = next((i for i, b in enumerate(module.target_blocks) if _matches(b.pattern, t)), None)
+    block = module.target_blocks[matched] if matched is not None else None
     overrides = parsed[matched] if matched is not None else {}
     schedule = _schedule(t, block, overrides, diags)
     diags.raise_if_any()
@@ -48,8 +48,8 @@ def _matches(pattern: str, t: Target) -> bool:
 def _parse_block(block: ir.Section, diags: Diagnostics) -> dict[str, tuple[Any, Span]]:
     """Check one target block's shape; return {directive: (parsed value, span)}."""
     out: dict[str, tuple[Any, Span]] = {}
-    for name, _, span in block.settings:
-        diags.error(span, f"unknown target setting `{name}`",
+    for setting in block.settings:
+        diags.error(setting.span, f"unknown target setting `{setting.name}`",
                     "target blocks hold directives: " + ", ".join(f"{d}(...)" for d in DIRECTIVES))
     for d in block.directives:
         if d.name not in DIRECTIVES:
@@ -67,7 +67,7 @@ def _parse_block(block: ir.Section, diags: Diagnostics) -> dict[str, tuple[Any, 
 
 
 def _name(v) -> str | None:
-    return v[1] if isinstance(v, tuple) and len(v) == 2 and v[0] == "name" else None
+    return v.id if isinstance(v, ir.NameValue) else None
 
 
 def _names(v, span: Span, what: str, allowed: tuple[str, ...], diags: Diagnostics) -> tuple[str, ...] | None:
@@ -87,7 +87,7 @@ def _names(v, span: Span, what: str, allowed: tuple[str, ...], diags: Diagnostic
 
 def _no_positional(d: ir.Directive, diags: Diagnostics) -> bool:
     if d.args:
-        diags.error(d.args[0][1], f"`{d.name}(...)` takes only `name = value` arguments")
+        diags.error(d.args[0].span, f"`{d.name}(...)` takes only `name = value` arguments")
         return False
     return True
 
@@ -96,7 +96,7 @@ def _parse_mesh(d: ir.Directive, diags: Diagnostics):
     if not _no_positional(d, diags):
         return None
     sizes = {}
-    for key, value, span in d.kwargs:
+    for key, value, span in ((a.name, a.value, a.span) for a in d.kwargs):
         if key not in MESH_AXES:
             diags.error(span, f"unknown mesh axis `{key}`",
                         did_you_mean(key, MESH_AXES) or f"mesh axes: {', '.join(MESH_AXES)}")
@@ -114,7 +114,7 @@ def _parse_rules(d: ir.Directive, diags: Diagnostics):
     if not _no_positional(d, diags):
         return None
     rules = []
-    for key, value, span in d.kwargs:
+    for key, value, span in ((a.name, a.value, a.span) for a in d.kwargs):
         if key not in ir.LOGICAL_AXES:
             diags.error(span, f"unknown logical axis `{key}`",
                         did_you_mean(key, ir.LOGICAL_AXES) or f"logical axes: {', '.join(ir.LOGICAL_AXES)}")
@@ -131,16 +131,16 @@ def _parse_rules(d: ir.Directive, diags: Diagnostics):
 def _parse_remat(d: ir.Directive, diags: Diagnostics):
     simple = ("none", "full", "save_dots")
     if d.args:
-        if len(d.args) != 1 or d.kwargs or _name(d.args[0][0]) not in simple:
+        if len(d.args) != 1 or d.kwargs or _name(d.args[0].value) not in simple:
             diags.error(d.span, "remat takes one of none, full, save_dots, or save = [...] and/or offload = [...]",
                         "for example remat(full) or remat(save = [query_proj, out_proj])")
             return None
-        return ir.RematPolicy(_name(d.args[0][0]))
+        return ir.RematPolicy(ir.RematKind(_name(d.args[0].value)))
     if not d.kwargs:
         diags.error(d.span, "remat(...) needs a policy", "for example remat(full)")
         return None
     lists = {}
-    for key, value, span in d.kwargs:
+    for key, value, span in ((a.name, a.value, a.span) for a in d.kwargs):
         if key not in ("save", "offload"):
             diags.error(span, f"unknown remat option `{key}`", did_you_mean(key, ("save", "offload")))
             continue
@@ -149,22 +149,22 @@ def _parse_remat(d: ir.Directive, diags: Diagnostics):
             diags.error(span, f"`{key}` takes a list of named points, as in [query_proj, context]")
             continue
         lists[key] = tuple(_name(i) for i in items)
-    kind = "offload" if "offload" in lists else "save"
+    kind = ir.RematKind.OFFLOAD if "offload" in lists else ir.RematKind.SAVE
     return ir.RematPolicy(kind, lists.get("save", ()), lists.get("offload", ()))
 
 
 def _parse_quantize(d: ir.Directive, diags: Diagnostics):
-    if len(d.args) != 1 or _name(d.args[0][0]) is None:
+    if len(d.args) != 1 or _name(d.args[0].value) is None:
         diags.error(d.span, "quantize takes a format: quantize(fp8), quantize(int8) or quantize(none)",
                     'optionally with layers = "blocks/*" to pick layer paths')
         return None
-    fmt = _name(d.args[0][0])
+    fmt = _name(d.args[0].value)
     if fmt not in QUANT_FORMATS:
-        diags.error(d.args[0][1], f"unknown quantization format `{fmt}`",
+        diags.error(d.args[0].span, f"unknown quantization format `{fmt}`",
                     did_you_mean(fmt, QUANT_FORMATS) or f"formats: {', '.join(QUANT_FORMATS)}")
         return None
     layers: tuple[str, ...] = ("*",)
-    for key, value, span in d.kwargs:
+    for key, value, span in ((a.name, a.value, a.span) for a in d.kwargs):
         if key != "layers":
             diags.error(span, f"unknown quantize option `{key}`", "the only option is layers = \"pattern\"")
         elif isinstance(value, str):
@@ -173,14 +173,14 @@ def _parse_quantize(d: ir.Directive, diags: Diagnostics):
             layers = value
         else:
             diags.error(span, "layers takes a path pattern string or a list of them", 'as in layers = "blocks/*"')
-    return ir.QuantPolicy(fmt, layers)
+    return ir.QuantPolicy(ir.QuantFormat(fmt), layers)
 
 
 def _parse_kernels(d: ir.Directive, diags: Diagnostics):
     if not _no_positional(d, diags):
         return None
     out = []
-    for key, value, span in d.kwargs:
+    for key, value, span in ((a.name, a.value, a.span) for a in d.kwargs):
         if key not in KERNEL_OPS:
             diags.error(span, f"no kernel choice for `{key}`", f"kernel choices exist for: {', '.join(KERNEL_OPS)}")
             continue
@@ -194,17 +194,17 @@ def _parse_kernels(d: ir.Directive, diags: Diagnostics):
 
 
 # ---------------------------------------------------------------------------- the schedule
-def _schedule(t: Target, block: ir.Section | None, o: dict, diags: Diagnostics) -> ir.TargetConfig:
+def _schedule(t: Target, block: ir.Section | None, o: dict, diags: Diagnostics) -> ir.Schedule:
     p = t.profile
-    default = f"profile {p.name}"
+    default = ir.Origin(ir.OriginKind.PROFILE, where=p.name)
 
-    def from_spec(span: Span) -> str:
-        return f'target "{block.pattern}" at {span}'
+    def from_spec(span: Span) -> ir.Origin:
+        return ir.Origin(ir.OriginKind.TARGET_BLOCK, span, where=block.pattern)
 
     # Mesh: a spec's mesh() replaces the profile's whole mesh (unnamed axes are 1).
     if "mesh" in o:
         mesh_value, span = o["mesh"]
-        mesh = ir.Choice(mesh_value, from_spec(span), span)
+        mesh = ir.Choice(mesh_value, from_spec(span))
     else:
         mesh = ir.Choice(tuple(p.mesh.items()), default)
     sizes = resolve_mesh(dict(mesh.value), t.chips)
@@ -215,12 +215,12 @@ def _schedule(t: Target, block: ir.Section | None, o: dict, diags: Diagnostics) 
 
     rules = {k: ir.Choice(v, default) for k, v in p.rules.items()}
     for key, axes, span in o.get("rules", ((), None))[0]:
-        rules[key] = ir.Choice(axes, from_spec(span), span)
+        rules[key] = ir.Choice(axes, from_spec(span))
 
     if "remat" in o:
-        remat = ir.Choice(o["remat"][0], from_spec(o["remat"][1]), o["remat"][1])
+        remat = ir.Choice(o["remat"][0], from_spec(o["remat"][1]))
     else:
-        remat = ir.Choice(ir.RematPolicy(p.remat), default)
+        remat = ir.Choice(ir.RematPolicy(ir.RematKind(p.remat)), default)
 
     if "quantize" in o:
         q, span = o["quantize"]
@@ -228,18 +228,18 @@ def _schedule(t: Target, block: ir.Section | None, o: dict, diags: Diagnostics) 
             have = ", ".join(p.quantize) or "no low-precision formats"
             diags.error(span, f"{p.name} does not run {q.format} matmuls (it has {have})",
                         f'use quantize(none) in the block matching "{t.name}"')
-        quantize = ir.Choice(q, from_spec(span), span)
+        quantize = ir.Choice(q, from_spec(span))
     else:
-        quantize = ir.Choice(ir.QuantPolicy(p.default_quantize, ("blocks/*",)), default)
+        quantize = ir.Choice(ir.QuantPolicy(ir.QuantFormat(p.default_quantize), ("blocks/*",)), default)
 
     kernels = {"attention": ir.Choice("auto", default)}
     for key, kernel, span in o.get("kernels", ((), None))[0]:
         if kernel != "auto" and kernel not in p.attention:
             diags.error(span, f"{p.name} has no `{kernel}` attention kernel",
                         f"its kernels: {', '.join(p.attention)} (or auto)")
-        kernels[key] = ir.Choice(kernel, from_spec(span), span)
+        kernels[key] = ir.Choice(kernel, from_spec(span))
 
-    return ir.TargetConfig(
+    return ir.Schedule(
         name=t.name, profile=p.name, kind=p.kind, chips=t.chips,
         matched=block.pattern if block else None, matched_span=block.span if block else None,
         mesh=mesh, mesh_sizes=tuple(sizes.items()),

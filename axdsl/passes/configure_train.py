@@ -56,12 +56,12 @@ KEYS = (tuple(INT_KEYS) + tuple(FLOAT_KEYS) + DTYPE_KEYS
         + ("optimizer", "schedule", "data", "checkpoint"))
 
 
-def configure_train(module: ir.Module, target=None) -> ir.Module:
+def configure_train(module: ir.Module) -> ir.Module:
     diags = Diagnostics()
-    sec = module.train
+    sec = module.train_block
     values: dict[str, ir.Choice] = {}
     if sec is not None:
-        for name, value, span in sec.settings:
+        for name, value, span in ((st.name, st.value, st.span) for st in sec.settings):
             if name == "checkpoint":
                 diags.error(span, "`checkpoint` is a directive, not a setting",
                             "write checkpoint(every = 500, keep = 3, async = true, dir = \"checkpoints\")")
@@ -73,7 +73,7 @@ def configure_train(module: ir.Module, target=None) -> ir.Module:
             else:
                 checked = _check(name, value, span, diags)
                 if checked is not None:
-                    values[name] = ir.Choice(checked, f"set at {span}", span)
+                    values[name] = ir.Choice(checked, ir.set_at(span))
         for d in sec.directives:
             if d.name != "checkpoint":
                 hint = did_you_mean(d.name, ("checkpoint",)) or "the train block's directive is checkpoint(...)"
@@ -81,32 +81,36 @@ def configure_train(module: ir.Module, target=None) -> ir.Module:
                 continue
             ckpt = _checkpoint(d, diags)
             if ckpt is not None:
-                values["checkpoint"] = ir.Choice(ckpt, f"set at {d.span}", d.span)
+                values["checkpoint"] = ir.Choice(ckpt, ir.set_at(d.span))
     _defaults(values, module)
     _cross_checks(values, module, diags)
     diags.raise_if_any()
     # dtype and param_dtype appear only when set: by default training keeps the models' own.
-    return replace(module, training=ir.TrainSpec(tuple((k, values[k]) for k in KEYS if k in values)))
+    return replace(module, train_settings=ir.TrainSettings(tuple((k, values[k]) for k in KEYS if k in values)))
 
 
 def _defaults(values: dict[str, ir.Choice], module: ir.Module) -> None:
     for k, (default, _) in INT_KEYS.items():
-        values.setdefault(k, ir.Choice(default, "default"))
+        values.setdefault(k, ir.Choice(default))
     max_seq = module.models[0].root.hparam("max_seq")
-    if "seq" in values and values["seq"].origin == "default" and max_seq is not None:
-        values["seq"] = ir.Choice(min(128, max_seq.value.value), "default (128, at most max_seq)")
+    if "seq" in values and values["seq"].origin.is_default and max_seq is not None:
+        values["seq"] = ir.Choice(min(128, max_seq.value.value), _default("128, at most max_seq"))
     for k, (default, _) in FLOAT_KEYS.items():
-        values.setdefault(k, ir.Choice(default, "default"))
-    values.setdefault("optimizer", ir.Choice(("adamw", tuple(OPTIMIZERS["adamw"].items())), "default"))
+        values.setdefault(k, ir.Choice(default))
+    values.setdefault("optimizer", ir.Choice(ir.NamedCall("adamw", tuple(OPTIMIZERS["adamw"].items()))))
     steps = values["steps"].value
     warm = min(100, max(steps // 10, 0))
-    values.setdefault("schedule", ir.Choice(("cosine", (("warmup", None), ("final", 0.1))), "default"))
-    fn, args = values["schedule"].value
-    if dict(args).get("warmup", 0) is None:  # the warmup left out: a tenth of the run, at most 100
-        args = tuple((k, warm if k == "warmup" else v) for k, v in args)
-        values["schedule"] = replace(values["schedule"], value=(fn, args))
-    values.setdefault("data", ir.Choice(("default", ()), "default"))
-    values.setdefault("checkpoint", ir.Choice(tuple(CHECKPOINT.items()), "default"))
+    values.setdefault("schedule", ir.Choice(ir.NamedCall("cosine", (("warmup", None), ("final", 0.1)))))
+    sched = values["schedule"].value
+    if sched.arg("warmup", 0) is None:  # the warmup left out: a tenth of the run, at most 100
+        args = tuple((k, warm if k == "warmup" else v) for k, v in sched.args)
+        values["schedule"] = replace(values["schedule"], value=ir.NamedCall(sched.name, args))
+    values.setdefault("data", ir.Choice(ir.DataSource(ir.DataKind.DEFAULT)))
+    values.setdefault("checkpoint", ir.Choice(ir.CheckpointPolicy()))
+
+
+def _default(note: str) -> ir.Origin:
+    return ir.Origin(ir.OriginKind.DEFAULT, note=note)
 
 
 def _check(name: str, value: Any, span: Span, diags: Diagnostics) -> Any:
@@ -122,11 +126,11 @@ def _check(name: str, value: Any, span: Span, diags: Diagnostics) -> Any:
             return None
         return float(value)
     if name in DTYPE_KEYS:
-        if not (isinstance(value, tuple) and value[:1] == ("name",) and value[1] in FLOAT_DTYPES):
+        if not (isinstance(value, ir.NameValue) and value.id in FLOAT_DTYPES):
             diags.error(span, f"`{name}` is one of {', '.join(FLOAT_DTYPES)}, got {_show(value)}",
                         "for example dtype = bf16")
             return None
-        return ir.DTYPES[value[1]]
+        return ir.DTYPES[value.id]
     if name == "optimizer":
         return _call(value, span, OPTIMIZERS, "optimizer", diags)
     if name == "schedule":
@@ -136,12 +140,12 @@ def _check(name: str, value: Any, span: Span, diags: Diagnostics) -> Any:
 
 def _call(value: Any, span: Span, table: dict, what: str, diags: Diagnostics):
     """`adamw(lr = 3e-4)` or a bare `adamw`: the name and every argument, defaults filled in."""
-    if isinstance(value, tuple) and value[:1] == ("name",):
-        value = ("call", value[1], (), ())
-    if not (isinstance(value, tuple) and value[:1] == ("call",)):
+    if isinstance(value, ir.NameValue):
+        value = ir.CallValue(value.id)
+    if not isinstance(value, ir.CallValue):
         diags.error(span, f"`{what}` takes one of {', '.join(table)}, as in {next(iter(table))}(...)")
         return None
-    _, fn, args, kwargs = value
+    fn, args, kwargs = value.fn, value.args, value.kwargs
     if fn not in table:
         diags.error(span, f"unknown {what} `{fn}`", did_you_mean(fn, table) or f"{what}s: {', '.join(table)}")
         return None
@@ -174,15 +178,15 @@ def _call(value: Any, span: Span, table: dict, what: str, diags: Diagnostics):
         diags.error(span, f"{fn}(final = {out['final']}) is a fraction of the peak learning rate, in [0, 1]")
     if fn == "wsd" and not 0 < out["decay"] <= 1:
         diags.error(span, "wsd(decay = ...) is the fraction of steps spent decaying, in (0, 1]")
-    return fn, tuple(out.items())
+    return ir.NamedCall(fn, tuple(out.items()))
 
 
 def _data(value: Any, span: Span, diags: Diagnostics):
     """"default", tokens("file.bin", dtype = "u16") or text("file or directory")."""
-    if value == "default" or value == ("name", "default"):
-        return "default", ()
-    if isinstance(value, tuple) and value[:1] == ("call",) and value[1] in ("tokens", "text"):
-        _, fn, args, kwargs = value
+    if value == "default" or value == ir.NameValue("default"):
+        return ir.DataSource(ir.DataKind.DEFAULT)
+    if isinstance(value, ir.CallValue) and value.fn in ("tokens", "text"):
+        fn, args, kwargs = value.fn, value.args, value.kwargs
         if len(args) != 1 or not isinstance(args[0], str):
             diags.error(span, f'{fn}(...) takes one path string, as in {fn}("data/train.bin")')
             return None
@@ -196,7 +200,7 @@ def _data(value: Any, span: Span, diags: Diagnostics):
         if dtype not in ("u16", "u32"):
             diags.error(span, f'token files hold "u16" or "u32" tokens, not {_show(dtype)}')
             return None
-        return fn, (("path", args[0]),) + ((("dtype", dtype),) if fn == "tokens" else ())
+        return ir.DataSource(ir.DataKind(fn), args[0], dtype if fn == "tokens" else None)
     diags.error(span, 'data is "default", tokens("file.bin", dtype = "u16") or text("path")',
                 "the default is the Python standard library's source files, read as bytes")
     return None
@@ -204,11 +208,11 @@ def _data(value: Any, span: Span, diags: Diagnostics):
 
 def _checkpoint(d: ir.Directive, diags: Diagnostics):
     if d.args:
-        diags.error(d.args[0][1], "checkpoint(...) takes `name = value` arguments",
+        diags.error(d.args[0].span, "checkpoint(...) takes `name = value` arguments",
                     "for example checkpoint(every = 500, keep = 3)")
         return None
     out = dict(CHECKPOINT)
-    for k, v, span in d.kwargs:
+    for k, v, span in ((a.name, a.value, a.span) for a in d.kwargs):
         if k not in out:
             diags.error(span, f"checkpoint has no option `{k}`", did_you_mean(k, CHECKPOINT) or
                         f"options: {', '.join(CHECKPOINT)}")
@@ -220,22 +224,22 @@ def _checkpoint(d: ir.Directive, diags: Diagnostics):
             diags.error(span, 'checkpoint(dir = ...) is a path string, relative to the run directory')
         else:
             out[k] = v
-    return tuple(out.items())
+    return ir.CheckpointPolicy(out["every"], out["keep"], out["async"], out["dir"])
 
 
 def _cross_checks(values: dict[str, ir.Choice], module: ir.Module, diags: Diagnostics) -> None:
     batch, micro = values["batch"], values["microbatches"]
-    where = lambda c: c.span or (module.train.span if module.train else None)  # noqa: E731
+    where = lambda c: c.span or (module.train_block.span if module.train_block else None)  # noqa: E731
     s = module.schedule
     if batch.value % micro.value:
         diags.error(where(micro), f"microbatches = {micro.value} does not divide batch = {batch.value}",
                     "pick a divisor of the batch")
     elif s is not None:
         ways = math.prod(s.size(a) for a in kept_axes(s, "batch"))
-        if batch.origin == "default" and batch.value % (ways * micro.value):
+        if batch.origin.is_default and batch.value % (ways * micro.value):
             need = ways * micro.value
             batch = values["batch"] = ir.Choice(need * math.ceil(batch.value / need),
-                                                f"default (a multiple of the {ways}-way batch sharding)")
+                                                _default(f"a multiple of the {ways}-way batch sharding"))
         per_micro = batch.value // micro.value
         if ways > 1 and per_micro % ways:
             diags.error(where(batch), f"each micro-batch has {per_micro} sequences, which the {ways}-way "
@@ -253,12 +257,12 @@ def _cross_checks(values: dict[str, ir.Choice], module: ir.Module, diags: Diagno
             diags.error(seq.span, f"seq = {seq.value} is longer than {m.name}'s max_seq = {ms.value.value}",
                         f"use seq <= {ms.value.value}, or raise max_seq in the model")
     sched = values["schedule"]
-    args = dict(sched.value[1])
+    args = dict(sched.value.args)
     steps = values["steps"].value
     if sched.span is not None and args.get("warmup", 0) > steps:
         diags.error(sched.span, f"warmup = {args['warmup']} is longer than the run (steps = {steps})",
                     "use a warmup shorter than steps")
-    elif sched.span is not None and sched.value[0] == "wsd" and args["warmup"] > int(steps * (1 - args["decay"])):
+    elif sched.span is not None and sched.value.name == "wsd" and args["warmup"] > int(steps * (1 - args["decay"])):
         diags.error(sched.span, f"wsd: warmup = {args['warmup']} overlaps the decay, which starts at step "
                                 f"{int(steps * (1 - args['decay']))} of {steps}", "shorten the warmup or the decay")
 
@@ -266,6 +270,6 @@ def _cross_checks(values: dict[str, ir.Choice], module: ir.Module, diags: Diagno
 def _show(v: Any) -> str:
     if isinstance(v, str):
         return f'"{v}"'
-    if isinstance(v, tuple) and v[:1] == ("name",):
-        return v[1]
+    if isinstance(v, ir.NameValue):
+        return v.id
     return repr(v)

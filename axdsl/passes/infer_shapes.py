@@ -12,18 +12,18 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from axdsl import primitives
 from axdsl.errors import Diagnostics
 from axdsl.ir import nodes as ir
-from axdsl.ir.nodes import ELLIPSIS, Dim, ScalarType, TensorType
-
-ONE = Dim("1", 1, "1")
+from axdsl.ir.nodes import ELLIPSIS, Dim, RefKind, ScalarType, TensorType
 
 
 class _ShapeError(Exception):
     pass
 
 
-def infer_shapes(module: ir.Module, target=None) -> ir.Module:
+def infer_shapes(module: ir.Module) -> ir.Module:
+    """Type every forward expression; shape mismatches are located errors, raised together."""
     diags = Diagnostics()
     models = tuple(replace(m, root=_instance(m.root, diags)) for m in module.models)
     diags.raise_if_any()
@@ -142,13 +142,13 @@ class _Typer:
         return replace(e, **method(e))
 
     def _Ref(self, e: ir.Ref) -> dict:
-        if e.kind in ("local", "arg"):
+        if e.kind in (RefKind.LOCAL, RefKind.ARG):
             return {"type": self.env[e.name]}
-        if e.kind == "param":
+        if e.kind is RefKind.PARAM:
             return {"type": TensorType(self.inst.param(e.name).dims)}
-        if e.kind == "child_param":
+        if e.kind is RefKind.CHILD_PARAM:
             return {"type": TensorType(self.inst.child(e.owner).param(e.name).dims)}
-        if e.kind == "dim":
+        if e.kind is RefKind.DIM:
             return {"type": ScalarType("int")}
         return {"type": ScalarType(_scalar_kind(e.value.value))}
 
@@ -229,144 +229,13 @@ class _Typer:
         return {"args": args, "type": TensorType(result)}
 
     def _Prim(self, e: ir.Prim) -> dict:
+        """Type the operands, then apply the primitive's own shape rule (axdsl/primitives/)."""
         args = tuple(self.expr(a) for a in e.args)
+        prim = primitives.get(e.name)
         for a in args:
-            if not isinstance(a.type, TensorType) and e.name not in ("einsum",):
+            if not isinstance(a.type, TensorType) and not prim.scalar_operands:
                 self.fail(a.span, f"`{e.name}` needs a tensor, got a {a.type}")
-        rule = getattr(self, "_prim_" + e.name, None)
-        dims = rule(e, args) if rule else args[0].type.dims
-        return {"args": args, "type": TensorType(dims)}
-
-    # ---------------------------------------------------------------- primitive shape rules
-    def _axis_of(self, e, dims: tuple[Dim, ...], over: Dim) -> int:
-        by_name = [i for i, d in enumerate(dims) if d.name == over.name]
-        if len(by_name) == 1:
-            return by_name[0]
-        by_size = [i for i, d in enumerate(dims) if over.size is not None and d.size == over.size]
-        if len(by_size) == 1:
-            return by_size[0]
-        what = "several dims match" if (by_name or by_size) else "no dim matches"
-        self.fail(e.span, f"`{e.name}` over `{over}`: {what} in {fmt(dims)}")
-
-    def _reduce(self, e, args):
-        dims = args[0].type.dims
-        i = self._axis_of(e, dims, e.attr("over"))
-        return dims[:i] + (ONE,) + dims[i + 1:]
-
-    _prim_sum = _prim_mean = _prim_max = _reduce
-
-    def _prim_softmax(self, e, args):
-        dims = args[0].type.dims
-        if e.attr("over") is not None:
-            self._axis_of(e, dims, e.attr("over"))
-        return dims
-
-    def _prim_split_heads(self, e, args):
-        dims = args[0].type.dims
-        heads = e.attr("heads")
-        if heads.value < 1:
-            self.fail(e.span, f"`split_heads` needs heads >= 1, got {heads.value}")
-        last = dims[-1]
-        if last.size is None:
-            self.fail(e.span, f"`split_heads` needs a known last dim, got `{last}`")
-        if last.size % heads.value:
-            self.fail(e.span, f"cannot split `{last}` into {heads.value} heads: {heads.value} does not divide {last.size}",
-                      "heads must divide the projected dim")
-        per = last.size // heads.value
-        return dims[:-1] + (Dim(heads.code.removeprefix("cfg."), heads.value, heads.code),
-                            Dim(f"{last.name}/heads", per, f"{last.code} // {heads.code}"))
-
-    def _prim_merge_heads(self, e, args):
-        dims = args[0].type.dims
-        if len(dims) < 2 or dims[-1].size is None or dims[-2].size is None:
-            self.fail(e.span, f"`merge_heads` needs [..., heads, head_dim], got {fmt(dims)}")
-        h, d = dims[-2], dims[-1]
-        return dims[:-2] + (Dim(f"{h.name}*{d.name}", h.size * d.size, f"{h.code} * {d.code}"),)
-
-    def _prim_rope(self, e, args):
-        dims = args[0].type.dims
-        if len(dims) != 4 or any(d.is_ellipsis for d in dims):
-            self.fail(e.span, f"`rope` needs [B, S, heads, head_dim], got {fmt(dims)}")
-        if dims[-1].size is None or dims[-1].size % 2:
-            self.fail(e.span, f"`rope` needs an even head_dim, got `{dims[-1]}`")
-        return dims
-
-    def _prim_attention(self, e, args):
-        q, k, v = (a.type.dims for a in args[:3])
-        for name, dims in (("q", q), ("k", k), ("v", v)):
-            if len(dims) != 4 or any(d.is_ellipsis for d in dims):
-                self.fail(e.span, f"`attention` needs {name} as [B, S, heads, head_dim], got {fmt(dims)}")
-        if not q[0].same(k[0]) or not k[0].same(v[0]):
-            self.fail(e.span, f"`attention` batch dims differ: {q[0]}, {k[0]}, {v[0]}")
-        if not k[1].same(v[1]):
-            self.fail(e.span, f"`attention` k and v sequence dims differ: {k[1]} vs {v[1]}")
-        if not q[3].same(k[3]):
-            self.fail(e.span, f"`attention` q and k head_dim differ: {q[3]} vs {k[3]}")
-        if not k[2].same(v[2]):
-            self.fail(e.span, f"`attention` k and v have different head counts: {k[2]} vs {v[2]}")
-        if q[2].size is not None and k[2].size is not None and q[2].size % k[2].size:
-            self.fail(e.span, f"`attention` query heads `{q[2]}` are not a multiple of kv heads `{k[2]}`",
-                      "kv_heads must divide heads (GQA); MQA is kv_heads = 1")
-        window = e.attr("window")
-        if window.value < 0:
-            self.fail(e.span, "`window` must be >= 0 (0 means no sliding window)")
-        return q[:3] + (v[3],)
-
-    def _prim_moe(self, e, args):
-        x, logits, w_gate, w_up, w_down = (a.type.dims for a in args)
-        if len(x) != 3 or any(d.is_ellipsis for d in x):
-            self.fail(e.span, f"`moe` needs x as [B, S, dim], got {fmt(x)}")
-        if len(logits) != 3 or not logits[0].same(x[0]) or not logits[1].same(x[1]):
-            self.fail(e.span, f"`moe` needs router logits as [B, S, experts] for x {fmt(x)}, got {fmt(logits)}")
-        experts = logits[2]
-        for name, w, want in (("w_gate", w_gate, (experts, x[2], None)), ("w_up", w_up, (experts, x[2], None)),
-                              ("w_down", w_down, (experts, None, x[2]))):
-            if len(w) != 3 or not all(d is None or d.same(g) for d, g in zip(want, w)):
-                shape = ", ".join("hidden" if d is None else str(d) for d in want)
-                self.fail(e.span, f"`moe` needs {name} as [{shape}], got {fmt(w)}")
-        if not w_gate[2].same(w_up[2]) or not w_gate[2].same(w_down[1]):
-            self.fail(e.span, f"`moe` expert hidden dims differ: {w_gate[2]}, {w_up[2]}, {w_down[1]}")
-        k = e.attr("top_k")
-        if not 1 <= k.value <= (experts.size or k.value):
-            self.fail(e.span, f"`moe` top_k = {k.value} must be between 1 and the {experts.size} experts")
-        return x
-
-    def _prim_embed(self, e, args):
-        table, ids = args[0].type.dims, args[1].type.dims
-        if len(table) != 2:
-            self.fail(e.span, f"`embed` needs a [vocab, dim] table, got {fmt(table)}")
-        return ids + (table[1],)
-
-    def _prim_transpose(self, e, args):
-        dims = args[0].type.dims
-        if len(dims) < 2:
-            self.fail(e.span, "`transpose` needs at least 2 dims")
-        return dims[:-2] + (dims[-1], dims[-2])
-
-    def _prim_prefix(self, e, args):
-        dims = args[0].type.dims
-        return (e.attr("n"),) + dims[1:]
-
-    def _prim_einsum(self, e, args):
-        operands = e.attr("operands")
-        named = dict(e.attr("dims"))
-        for names, a in zip(operands, args):
-            if not isinstance(a.type, TensorType):
-                self.fail(a.span, "einsum operands must be tensors")
-            actual = a.type.dims
-            if len(names) != len(actual):
-                self.fail(a.span, f"einsum operand is {fmt(actual)} but the spec names {len(names)} dims: {' '.join(names)}")
-            for n, d in zip(names, actual):
-                want = named[n]
-                if want.is_free and d.is_free:
-                    continue
-                if not want.same(d) and not (want.is_free and d.size is not None):
-                    self.fail(a.span, f"einsum dim `{n}` is {want} but the operand has `{d}` there")
-        # free names in the output take the operand's actual dim
-        actual_by_name = {}
-        for names, a in zip(operands, args):
-            actual_by_name.update(zip(names, a.type.dims))
-        return tuple(actual_by_name[n] for n in e.attr("out"))
+        return {"args": args, "type": TensorType(prim.shape(self, e, args))}
 
 
 def _same_dims(a, b) -> bool:

@@ -18,7 +18,7 @@ from axdsl.errors import Diagnostics, did_you_mean
 from axdsl.ir import nodes as ir
 
 
-def insert_remat(module: ir.Module, target=None) -> ir.Module:
+def insert_remat(module: ir.Module) -> ir.Module:
     choice = module.schedule.remat
     policy: ir.RematPolicy = choice.value
     diags = Diagnostics()

@@ -15,12 +15,14 @@ from dataclasses import replace
 from fnmatch import fnmatchcase
 
 from axdsl.ir import nodes as ir
+from axdsl.ir.nodes import RefKind
 from axdsl.ir.rewrite import map_forward
+from axdsl.primitives.quantized import wrap
 
 
-def quantize_matmuls(module: ir.Module, target=None) -> ir.Module:
+def quantize_matmuls(module: ir.Module) -> ir.Module:
     policy: ir.QuantPolicy = module.schedule.quantize.value
-    if policy.format == "none":
+    if policy.format is ir.QuantFormat.NONE:
         return module
     models = tuple(replace(m, root=_visit(m.root, policy)) for m in module.models)
     return replace(module, models=models)
@@ -41,10 +43,10 @@ def _visit(inst: ir.Instance, policy: ir.QuantPolicy) -> ir.Instance:
 
 
 def _param_name(e: ir.TExpr) -> str | None:
-    return e.name if isinstance(e, ir.Ref) and e.kind in ("param", "child_param") else None
+    return e.name if isinstance(e, ir.Ref) and e.kind in (RefKind.PARAM, RefKind.CHILD_PARAM) else None
 
 
-def _wrap(e: ir.TExpr, fmt: str, routers: set[str]) -> ir.TExpr:
+def _wrap(e: ir.TExpr, fmt: ir.QuantFormat, routers: set[str]) -> ir.TExpr:
     if isinstance(e, ir.Bin) and e.op == "@":
         operands = (e.left, e.right)
     elif isinstance(e, ir.Prim) and e.name == "einsum" and len(e.args) == 2:
@@ -53,5 +55,5 @@ def _wrap(e: ir.TExpr, fmt: str, routers: set[str]) -> ir.TExpr:
         return e
     names = [_param_name(o) for o in operands]
     if any(names) and not any(n in routers for n in names if n):
-        return ir.Prim("quantized", (e,), (("format", fmt),), e.span, e.type)
+        return wrap(e, fmt)
     return e

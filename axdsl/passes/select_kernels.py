@@ -36,26 +36,21 @@ from dataclasses import replace
 
 from axdsl.errors import Diagnostics
 from axdsl.ir import nodes as ir
-from axdsl.ir.rewrite import map_forward, walk_expr
+from axdsl.ir.rewrite import map_forward, prims_of
 from axdsl.passes.annotate_sharding import kept_axes
 from axdsl.targets import profiles
 
 SPLASH_BLOCK = 128  # TPU lane width: splash tiles head_dim and the sequence by 128
-# cuDNN flash attention takes head_dim <= 256 on compute capability 9.0+ (Hopper, Blackwell),
-# <= 128 before (check_is_flash_attention); profiles not listed here get the smaller limit.
-CUDNN_HEAD_DIM_256 = ("gpu-h100", "gpu-h200", "gpu-b200")
 
 
-def select_kernels(module: ir.Module, target=None) -> ir.Module:
+def select_kernels(module: ir.Module) -> ir.Module:
     sched = module.schedule
     choice = dict(sched.kernels)["attention"]
     preference = profiles()[sched.profile].attention
     diags = Diagnostics()
-    decisions: dict[str, tuple[str, str]] = {}
+    decisions: dict[str, ir.KernelChoice] = {}
     for inst in module.models[0].root.walk():
-        if inst.forward is None or not any(
-                isinstance(e, ir.Prim) and e.name == "attention"
-                for s in inst.forward.body for e in walk_expr(s.value)):
+        if not _attention_prims(inst):
             continue
         per_model = [_find(m.root, inst.path) for m in module.models]
         candidates = preference if choice.value == "auto" else (choice.value,)
@@ -70,7 +65,7 @@ def select_kernels(module: ir.Module, target=None) -> ir.Module:
                                          f"attention: {reasons[0]}", "use kernels(attention = auto) to fall back")
         else:
             kernel = "xla"
-        decisions[inst.path] = (kernel, "; ".join(notes))
+        decisions[inst.path] = ir.KernelChoice(kernel, tuple(notes), choice.origin)
     diags.raise_if_any()
     models = tuple(replace(m, root=_apply(m.root, decisions)) for m in module.models)
     return replace(module, models=models)
@@ -81,8 +76,7 @@ def _find(root: ir.Instance, path: str) -> ir.Instance:
 
 
 def _attention_prims(inst: ir.Instance) -> list[ir.Prim]:
-    return [e for s in inst.forward.body for e in walk_expr(s.value)
-            if isinstance(e, ir.Prim) and e.name == "attention"]
+    return list(prims_of(inst, "attention"))
 
 
 def _compute_dtype(model: ir.Model) -> str:
@@ -91,7 +85,7 @@ def _compute_dtype(model: ir.Model) -> str:
 
 
 def _violations(kernel: str, model: ir.Model, inst: ir.Instance,
-                sched: ir.TargetConfig | None = None) -> list[str]:
+                sched: ir.Schedule | None = None) -> list[str]:
     """Why `kernel` cannot run this instance's attention for `model`; empty when it can."""
     out = []
     dtype = _compute_dtype(model)
@@ -99,17 +93,17 @@ def _violations(kernel: str, model: ir.Model, inst: ir.Instance,
     for prim in _attention_prims(inst):
         q_dims, k_dims = prim.args[0].type.dims, prim.args[1].type.dims
         head_dim = q_dims[-1].size
-        has_mask = "mask" in (prim.attr("optional") or ())
+        mask = prim.operand("mask")
         if kernel == "cudnn":
             if dtype not in ("bf16", "f16"):
                 out.append(f"{model.name} computes in {dtype}; cuDNN flash attention needs bf16 or f16")
-            limit = 256 if sched is not None and sched.profile in CUDNN_HEAD_DIM_256 else 128
+            limit = profiles()[sched.profile].cudnn_head_dim_max if sched is not None else 128
             if head_dim is None or head_dim > limit or head_dim % 8:
                 chip = f" on {sched.profile}" if sched is not None else ""
                 out.append(f"{model.name} has head_dim {head_dim}; cuDNN needs a multiple of 8 "
                            f"up to {limit}{chip}")
-            if has_mask:
-                m_dims = prim.args[3].type.dims
+            if mask is not None:
+                m_dims = mask.type.dims
                 if len(m_dims) < 2 or not (m_dims[-2].same(q_dims[1]) and m_dims[-1].same(k_dims[1])):
                     out.append("a mask that is not [..., S, S]; jax's cuDNN path adds the mask as a "
                                "bias, which must span the query and key sequences")
@@ -122,12 +116,12 @@ def _violations(kernel: str, model: ir.Model, inst: ir.Instance,
                 out.append(f"{model.name} has head_dim {head_dim}; splash needs a multiple of {SPLASH_BLOCK}")
             if max_seq is not None and max_seq.value.value % SPLASH_BLOCK:
                 out.append(f"{model.name} has max_seq {max_seq.value.value}; splash needs a multiple of {SPLASH_BLOCK}")
-            if has_mask:
+            if mask is not None:
                 out.append("an explicit mask; splash runs causal and sliding-window masks only")
     return out
 
 
-def _cudnn_sharding_violations(sched: ir.TargetConfig) -> list[str]:
+def _cudnn_sharding_violations(sched: ir.Schedule) -> list[str]:
     """jax partitions cuDNN attention over batch and heads only, with q, k, v sharded alike."""
     def split(logical: str) -> tuple[str, ...]:
         return tuple(a for a in kept_axes(sched, logical) if sched.size(a) > 1)
@@ -146,15 +140,15 @@ def _cudnn_sharding_violations(sched: ir.TargetConfig) -> list[str]:
     return out
 
 
-def _apply(inst: ir.Instance, decisions: dict[str, tuple[str, str]]) -> ir.Instance:
+def _apply(inst: ir.Instance, decisions: dict[str, ir.KernelChoice]) -> ir.Instance:
     children = tuple(_apply(c, decisions) for c in inst.children)
     forward = inst.forward
     if inst.path in decisions:
-        kernel, note = decisions[inst.path]
+        decision = decisions[inst.path]
 
         def mark(e: ir.TExpr) -> ir.TExpr:
             if isinstance(e, ir.Prim) and e.name == "attention":
-                return replace(e, attrs=e.attrs + (("kernel", kernel), ("kernel_note", note)))
+                return replace(e, kernel=decision)
             return e
 
         forward = map_forward(forward, mark)

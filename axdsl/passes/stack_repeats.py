@@ -14,7 +14,7 @@ from dataclasses import replace
 from axdsl.ir import nodes as ir
 
 
-def stack_repeats(module: ir.Module, target=None) -> ir.Module:
+def stack_repeats(module: ir.Module) -> ir.Module:
     models = tuple(replace(m, root=_stack(m.root, ())) for m in module.models)
     return replace(module, models=models)
 

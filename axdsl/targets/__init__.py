@@ -44,6 +44,7 @@ class Profile:
     quantize: tuple[str, ...]
     default_quantize: str
     remat: str
+    cudnn_head_dim_max: int = 128  # the largest head_dim cuDNN flash attention takes (GPUs only)
 
     @property
     def hbm_bytes(self) -> int:
@@ -82,6 +83,7 @@ def profiles() -> dict[str, Profile]:
             attention=tuple(t["attention"]), quantize=tuple(t["quantize"]),
             default_quantize=t.get("default_quantize", defaults["default_quantize"]),
             remat=t.get("remat", defaults["remat"]),
+            cudnn_head_dim_max=t.get("cudnn_head_dim_max", 128),
         )
     return out
 

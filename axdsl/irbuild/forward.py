@@ -1,17 +1,20 @@
-"""Lower a layer's `forward` from AST to IR tensor expressions (part of `resolve`).
+"""Lower a layer's `forward` from AST to IR tensor expressions.
 
 Names are bound here: locals, arguments, parameters, a child's parameter (`embed.table`),
-hyperparameters (become static values), free dims (`S`), children (calls) and primitives.
+hyperparameters (become static values), free dims (`S`), children (calls) and primitives (looked
+up in the registry, axdsl/primitives/, whose signatures check operands and static attributes).
 Static `if`s are decided with the instance's hyperparameters; only the taken branch remains.
 """
 
 from __future__ import annotations
 
+from axdsl import primitives
 from axdsl.errors import did_you_mean
 from axdsl.ir import nodes as ir
-from axdsl.ir.nodes import DType, HValue
-from axdsl.passes.consteval import EvalError, kind_of
-from axdsl.passes.primitives import PRIMITIVES, lower_primitive
+from axdsl.ir.nodes import DType, HValue, RefKind
+from axdsl.irbuild.consteval import EvalError, kind_of
+from axdsl.irbuild.context import BuildContext, Scope, dim_name
+from axdsl.primitives import REQUIRED, StaticKind
 from axdsl.syntax import ast
 
 
@@ -19,8 +22,9 @@ class _Abort(Exception):
     pass
 
 
-def lower_forward(resolver, layer: ast.LayerDecl, scope, lookup, params, children) -> ir.Forward | None:
-    lowering = _Lowering(resolver, layer, scope, lookup, params, children)
+def lower_forward(ctx: BuildContext, layer: ast.LayerDecl, scope: Scope, params, children) -> ir.Forward | None:
+    """The typed-expression forward of one instance; None when it has errors (reported)."""
+    lowering = _Lowering(ctx, layer, scope, params, children)
     try:
         return lowering.run()
     except _Abort:
@@ -28,12 +32,12 @@ def lower_forward(resolver, layer: ast.LayerDecl, scope, lookup, params, childre
 
 
 class _Lowering:
-    def __init__(self, resolver, layer, scope, lookup, params, children):
-        self.r = resolver
-        self.diags = resolver.diags
+    def __init__(self, ctx: BuildContext, layer, scope: Scope, params, children):
+        self.ctx = ctx
+        self.diags = ctx.diags
         self.layer = layer
         self.scope = scope
-        self.lookup = lookup
+        self.lookup = scope.lookup
         self.params = {p.name: p for p in params}
         self.children = {c.name: c for c in children}
         self.declared_params = {p.name for p in layer.params}
@@ -67,14 +71,12 @@ class _Lowering:
         if isinstance(e, ast.Name) and self.scope.find(e.id) is None and not e.id[:1].isupper():
             hint = did_you_mean(e.id, self.scope.names()) or "free dims such as B and S start with a capital letter"
             self.fail(e.span, f"unknown dim `{e.id}`", hint)
-        v = self.r._eval(e, self.scope, self.lookup)
+        v = self.ctx.eval(e, self.scope)
         if v is None:
             raise _Abort()
         if not isinstance(v.value, int) or isinstance(v.value, bool) or v.value < 1:
             self.fail(e.span, f"a dimension must be a positive int, got {v.value!r}")
-        from axdsl.passes.resolve import _dim_name
-
-        return ir.Dim(_dim_name(e), v.value, v.code)
+        return ir.Dim(dim_name(e), v.value, v.code)
 
     # ---------------------------------------------------------------- body
     def run(self) -> ir.Forward | None:
@@ -119,7 +121,7 @@ class _Lowering:
     def _check_new_name(self, name: str, span) -> None:
         if name in self.declared_params or name in self.declared_children or self.scope.find(name):
             self.fail(span, f"`{name}` shadows a parameter, child or hyperparameter", "pick another name")
-        if name in PRIMITIVES:
+        if name in primitives.REGISTRY and not primitives.get(name).internal:
             self.fail(span, f"`{name}` shadows the primitive `{name}`", "pick another name")
 
     # ---------------------------------------------------------------- expressions
@@ -128,7 +130,7 @@ class _Lowering:
             v = self.static(e, None, None)
             if isinstance(e, (ast.Num, ast.Bool, ast.Str)):
                 return ir.Lit(v.value, e.span)
-            return ir.Ref(v.code, "hparam", e.span, value=v)
+            return ir.Ref(v.code, RefKind.HPARAM, e.span, value=v)
         if isinstance(e, ast.Name):
             return self.name(e)
         if isinstance(e, ast.BinOp):
@@ -166,11 +168,11 @@ class _Lowering:
     def name(self, e: ast.Name) -> ir.TExpr:
         n = e.id
         if n in self.locals:
-            return ir.Ref(n, "local", e.span)
+            return ir.Ref(n, RefKind.LOCAL, e.span)
         if n in self.params:
-            return ir.Ref(n, "param", e.span)
+            return ir.Ref(n, RefKind.PARAM, e.span)
         if n in self.free:
-            return ir.Ref(n, "dim", e.span)
+            return ir.Ref(n, RefKind.DIM, e.span)
         if n in self.children:
             self.fail(e.span, f"child `{n}` must be called", f"write `{n}(x)`")
         if n in self.poisoned:
@@ -191,7 +193,7 @@ class _Lowering:
                       did_you_mean(e.name, [p.name for p in child.params]))
         if child.repeat is not None:
             self.fail(e.span, "parameters of a repeated child cannot be read directly")
-        return ir.Ref(e.name, "child_param", e.span, owner=child.name)
+        return ir.Ref(e.name, RefKind.CHILD_PARAM, e.span, owner=child.name)
 
     def call(self, e: ast.Call) -> ir.TExpr:
         if not isinstance(e.func, ast.Name):
@@ -201,25 +203,25 @@ class _Lowering:
             if e.kwargs:
                 self.fail(e.kwargs[0].span, "children take tensors as positional arguments")
             return ir.CallChild(fname, tuple(self.expr(a) for a in e.args), e.span)
-        if fname in PRIMITIVES:
-            return lower_primitive(self, e, fname)
+        if fname in primitives.REGISTRY and not primitives.get(fname).internal:
+            return self.primitive(e, primitives.get(fname))
         if fname in self.declared_children:
             self._missing_member(e.func.span, "child", fname, self.layer.children)
-        candidates = sorted(set(self.children) | set(PRIMITIVES))
+        candidates = sorted(set(self.children) | set(primitives.callable_names()))
         self.fail(e.func.span, f"unknown function `{fname}`", did_you_mean(fname, candidates))
 
     def _missing_member(self, span, what: str, name: str, decls) -> None:
         """A declared parameter or child that was not built: off by its `if`, or already in error."""
         decl = next(d for d in decls if d.name == name)
-        if decl.condition is not None and self.r._condition(decl.condition, self.scope, self.lookup) is False:
+        if decl.condition is not None and self.ctx.condition(decl.condition, self.scope) is False:
             self.fail(span, f"{what} `{name}` does not exist for these hyperparameters (its `if` is false)",
-                      f"use it under the same condition, e.g. `if {self.r._source_text(decl.condition)} {{ ... }}`")
+                      f"use it under the same condition, e.g. `if {self.ctx.source_text(decl.condition)} {{ ... }}`")
         raise _Abort()  # building it failed, and that error is already reported
 
     def condition(self, e: ast.Expr) -> bool:
         """The value of a static `if` condition: a bool computed from hyperparameters."""
         try:
-            v = self.r.ev.eval(e, self.lookup, self.scope.names)
+            v = self.ctx.ev.eval(e, self.lookup, self.scope.names)
         except EvalError:
             raise _Abort() from None
         if not isinstance(v.value, bool):
@@ -228,22 +230,22 @@ class _Lowering:
         return v.value
 
     # ---------------------------------------------------------------- static attributes
-    def static(self, e: ast.Expr, kind: str | None, what: str | None) -> HValue:
+    def static(self, e: ast.Expr, kind: StaticKind | None, what: str | None) -> HValue:
         try:
-            v = self.r.ev.eval(e, self.lookup, self.scope.names)
+            v = self.ctx.ev.eval(e, self.lookup, self.scope.names)
         except EvalError:
             raise _Abort() from None
         if kind is None:
             return v
         ok = {
-            "bool": isinstance(v.value, bool),
-            "int": isinstance(v.value, int) and not isinstance(v.value, bool),
-            "float": isinstance(v.value, (int, float)) and not isinstance(v.value, bool),
-            "string": isinstance(v.value, str),
-            "dtype": isinstance(v.value, DType),
+            StaticKind.BOOL: isinstance(v.value, bool),
+            StaticKind.INT: isinstance(v.value, int) and not isinstance(v.value, bool),
+            StaticKind.FLOAT: isinstance(v.value, (int, float)) and not isinstance(v.value, bool),
+            StaticKind.STRING: isinstance(v.value, str),
+            StaticKind.DTYPE: isinstance(v.value, DType),
         }[kind]
         if not ok:
-            self.fail(getattr(e, "span", None), f"`{what}` must be a static {kind}, got {kind_of(v.value)}")
+            self.fail(getattr(e, "span", None), f"`{what}` must be a static {kind.value}, got {kind_of(v.value)}")
         return v
 
     def dim(self, e: ast.Expr) -> ir.Dim:
@@ -257,3 +259,47 @@ class _Lowering:
         if name in self.free or (name[:1].isupper() and self.scope.find(name) is None):
             return ir.Dim(name)
         return self.dim_value(ast.Name(name, span))
+
+    # ---------------------------------------------------------------- primitive calls
+    def primitive(self, call: ast.Call, prim: primitives.Primitive) -> ir.Prim:
+        """A primitive call checked against its signature: tensors, then static attributes."""
+        if prim.lower is not None:
+            return prim.lower(self, call)
+        sig, name = prim.signature, prim.name
+        if len(call.args) > len(sig.tensors) + len(sig.statics):
+            self.fail(call.span, f"`{name}` takes at most {len(sig.tensors) + len(sig.statics)} positional arguments")
+        if len(call.args) < len(sig.tensors):
+            self.fail(call.span, f"`{name}` needs {len(sig.tensors)} tensor argument(s): {', '.join(sig.tensors)}")
+        tensors = tuple(self.expr(a) for a in call.args[: len(sig.tensors)])
+        given = {s.name: a for s, a in zip(sig.statics, call.args[len(sig.tensors):])}
+        optional = self._keywords(call, prim, given)
+        attrs = {s.name: self._static_attr(call, prim, s, given) for s in sig.statics}
+        if prim.check is not None:
+            prim.check(self, given, attrs)
+        names = tuple(k for k in sig.optional_tensors if k in optional)
+        return ir.Prim(name, tensors + tuple(optional[k] for k in names), tuple(attrs.items()), call.span,
+                       optional=names)
+
+    def _keywords(self, call: ast.Call, prim: primitives.Primitive, given: dict) -> dict[str, ir.TExpr]:
+        """Sort keyword arguments into optional tensors and static attributes (`given`)."""
+        sig, optional = prim.signature, {}
+        statics = [s.name for s in sig.statics]
+        for kw in call.kwargs:
+            if kw.name in sig.optional_tensors:
+                optional[kw.name] = self.expr(kw.value)
+            elif kw.name in statics:
+                if kw.name in given:
+                    self.fail(kw.span, f"`{kw.name}` is given twice")
+                given[kw.name] = kw.value
+            else:
+                self.fail(kw.span, f"`{prim.name}` has no argument `{kw.name}`",
+                          did_you_mean(kw.name, statics + list(sig.optional_tensors)))
+        return optional
+
+    def _static_attr(self, call: ast.Call, prim: primitives.Primitive, s: primitives.Static, given: dict):
+        if s.name in given:
+            expr = given[s.name]
+            return self.dim(expr) if s.kind is StaticKind.DIM else self.static(expr, s.kind, s.name)
+        if s.default is REQUIRED:
+            self.fail(call.span, f"`{prim.name}` needs `{s.name}`")
+        return None if s.default is None else HValue(s.default, repr(s.default))

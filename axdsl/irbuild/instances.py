@@ -1,9 +1,9 @@
-"""resolve: AST -> IR. Instantiate every model's layer tree with every hyperparameter resolved.
+"""Instantiate a model's layer tree with every hyperparameter resolved (AST -> IR instances).
 
 A hyperparameter's value comes from, in order: set here (constructor argument or model setting),
 inherited (the nearest ancestor with a hyperparameter of the same name: dims are written once),
-its default. Each `HParam` records which, so `axdsl dump` can show it. Static `if`s are decided
-here, so the IR holds only the branch that runs.
+its default. Each `HParam` records which (an `ir.Origin`), so `axdsl dump` can show it. Static
+`if`s on params and children are decided here, so the IR holds only what exists.
 
     model tiny = DecoderLM { dim = 64 ... }        Instance / : DecoderLM
     layer Block(dim: int, ...) {          ->         dim = 64          # set here
@@ -13,82 +13,27 @@ here, so the IR holds only the branch that runs.
 
 from __future__ import annotations
 
-import hashlib
-from dataclasses import dataclass, field
-
-from axdsl.errors import Diagnostics, Span, did_you_mean
+from axdsl.errors import Span, did_you_mean
 from axdsl.ir import nodes as ir
-from axdsl.ir.nodes import DType, HValue, LayerValue, RepeatValue
-from axdsl.passes.consteval import EvalError, Evaluator, kind_of, literal_code
-from axdsl.passes.primitives import PRIMITIVES, lower_primitive
+from axdsl.ir.nodes import DType, HValue, LayerValue, Origin, OriginKind, RepeatValue
+from axdsl.irbuild.consteval import EvalError, kind_of
+from axdsl.irbuild.context import BuildContext, Scope, dim_name
+from axdsl.irbuild.forward import lower_forward
 from axdsl.syntax import ast
-from axdsl.syntax.loader import Program
 
 HPARAM_TYPES = ("int", "float", "bool", "string", "dtype", "Layer", "enum")
 INIT_KINDS = {"normal": 1, "trunc_normal": 1, "uniform": 1, "zeros": 0, "ones": 0}
 MAX_DEPTH = 32
 
 
-@dataclass
-class Scope:
-    """The resolved hyperparameters of one instance, chained to its parent's."""
+class InstanceBuilder:
+    """Builds `ir.Model`s from model declarations; errors go to the context's diagnostics."""
 
-    path: str
-    values: dict[str, ir.HParam] = field(default_factory=dict)
-    parent: "Scope | None" = None
-
-    def find(self, name: str) -> ir.HParam | None:
-        scope = self
-        while scope is not None:
-            if name in scope.values:
-                return scope.values[name]
-            scope = scope.parent
-        return None
-
-    def names(self) -> list[str]:
-        out, scope = [], self
-        while scope is not None:
-            out.extend(scope.values)
-            scope = scope.parent
-        return out
-
-
-def resolve(program: Program, target: str = "cpu") -> ir.Module:
-    """Build the IR module for the main spec file of `program`."""
-    resolver = _Resolver(program)
-    models = []
-    for decl in program.main.models:
-        model = resolver.model(decl)
-        if model is not None:
-            models.append(model)
-    sections = [resolver.section(s) for s in program.main.sections]
-    trains = [s for s in sections if s.kind == "train"]
-    if len(trains) > 1:
-        resolver.diags.error(trains[1].span, "a spec has at most one `train` block")
-    if not program.main.models:
-        resolver.diags.error(_file_span(program.main.path), "this spec defines no model",
-                             "add `model NAME = DecoderLM { ... }`")
-    resolver.diags.raise_if_any(program.sources)
-    source = program.sources[program.main.path]
-    return ir.Module(
-        spec=program.main.path,
-        sha256=hashlib.sha256(source.encode("utf-8")).hexdigest(),
-        models=tuple(models),
-        train=trains[0] if trains else None,
-        targets=tuple(s for s in sections if s.kind == "target"),
-        target=target,
-    )
-
-
-def _file_span(path: str) -> Span:
-    return Span(path, 1, 1)
-
-
-class _Resolver:
-    def __init__(self, program: Program):
-        self.program = program
-        self.diags = Diagnostics()
-        self.ev = Evaluator(self.diags, set(program.layers))
+    def __init__(self, ctx: BuildContext):
+        self.ctx = ctx
+        self.program = ctx.program
+        self.diags = ctx.diags
+        self.ev = ctx.ev
 
     # ---------------------------------------------------------------- models
     def model(self, decl: ast.ModelDecl) -> ir.Model | None:
@@ -155,14 +100,13 @@ class _Resolver:
         hparams = tuple(scope.values[h.name] for h in layer.hparams if h.name in scope.values)
         if len(hparams) != len(layer.hparams):
             return None  # errors already reported
-        lookup = self._lookup(scope)
-        params = tuple(p for p in (self._param(decl, scope, lookup) for decl in layer.params) if p)
+        params = tuple(p for p in (self._param(decl, scope) for decl in layer.params) if p)
         children = []
         for child in layer.children:
-            inst = self._child(child, path, scope, lookup, stack)
+            inst = self._child(child, path, scope, stack)
             if inst is not None:
                 children.append(inst)
-        forward = self._forward(layer, scope, lookup, params, children) if layer.forward else None
+        forward = lower_forward(self.ctx, layer, scope, params, children) if layer.forward else None
         if layer.forward is None:
             self.diags.error(layer.span, f"layer `{layer.name}` has no forward",
                              "add `forward(x: [B, S, dim]) -> [B, S, dim] { ... }`")
@@ -219,19 +163,19 @@ class _Resolver:
         expr: ast.Expr | None = None
         at = decl.span
         if decl.name in set_values:
-            value, origin = set_values[decl.name], f"set at {set_spans.get(decl.name, '?')}"
+            value, origin = set_values[decl.name], Origin(OriginKind.SET, set_spans.get(decl.name))
             at = set_spans.get(decl.name) or inst_span
         elif decl.name in set_exprs:
             setting = set_exprs[decl.name]
             expr, at = setting.value, setting.value.span
-            value, origin = self.ev.eval(setting.value, lookup, visible), f"set at {setting.span}"
+            value, origin = self.ev.eval(setting.value, lookup, visible), Origin(OriginKind.SET, setting.span)
         elif scope.parent is not None and scope.parent.find(decl.name) is not None:
             inherited = scope.parent.find(decl.name)
             owner = self._owner_path(scope.parent, decl.name)
-            value, origin = inherited.value, f"inherited from {owner}"
+            value, origin = inherited.value, Origin(OriginKind.INHERITED, where=owner)
         elif decl.default is not None:
             expr = decl.default
-            value, origin = self.ev.eval(decl.default, lookup, visible), "default"
+            value, origin = self.ev.eval(decl.default, lookup, visible), ir.DEFAULT
         else:
             self.diags.error(
                 inst_span, f"`{decl.name}` of layer `{layer.name}` at `{scope.path}` needs a value",
@@ -259,7 +203,7 @@ class _Resolver:
                          did_you_mean(t.name, HPARAM_TYPES) or f"types are {', '.join(HPARAM_TYPES)}")
         return None
 
-    def _check_type(self, decl: ast.HParamDecl, type_name: str, value: HValue, origin: str,
+    def _check_type(self, decl: ast.HParamDecl, type_name: str, value: HValue, origin: Origin,
                     scope: Scope, at: Span, expr: ast.Expr | None) -> HValue | None:
         """Check `value` against the declared type; report at `at`, where the value was written."""
         v = value.value
@@ -276,9 +220,9 @@ class _Resolver:
             if type_name == "float" and isinstance(v, int):
                 return HValue(float(v), value.code)
             return value
-        where = f" ({origin})" if not origin.startswith("set at") else ""
+        where = f" ({origin})" if origin.kind is not OriginKind.SET else ""
         declared = f"declared as `{decl.name}: {_show_type(decl.type)}` at {decl.span}"
-        text = self._source_text(expr) if expr is not None else value.code
+        text = self.ctx.source_text(expr) if expr is not None else value.code
         if type_name == "int" and isinstance(v, float) and "//" not in value.code and "/" in value.code:
             msg = (f"`{decl.name}` of layer at `{scope.path}` must be an int, but `{text}` is {v:g}: "
                    f"the division is not exact")
@@ -292,55 +236,23 @@ class _Resolver:
         self.diags.error(at, msg, hint)
         return None
 
-    def _source_text(self, expr: ast.Expr) -> str:
-        """The text of `expr` as written, for messages (falls back to a rebuilt form)."""
-        span = expr.span
-        text = self.program.sources.get(span.file)
-        if text is None or span.line < 1 or span.end_line != span.line:
-            return _dim_name(expr)
-        return text.splitlines()[span.line - 1][span.col - 1: span.end_col - 1]
-
-    # ---------------------------------------------------------------- scopes
-    def _lookup(self, scope: Scope):
-        def lookup(name: str, at: ast.Name) -> HValue | None:
-            found = scope.find(name)
-            return found.value if found else None
-        return lookup
-
-    def _eval(self, expr: ast.Expr, scope: Scope, lookup) -> HValue | None:
-        try:
-            return self.ev.eval(expr, lookup, scope.names)
-        except EvalError:
-            return None
-
-    def _condition(self, expr: ast.Expr | None, scope: Scope, lookup) -> bool | None:
-        if expr is None:
-            return True
-        v = self._eval(expr, scope, lookup)
-        if v is None:
-            return None
-        if not isinstance(v.value, bool):
-            self.diags.error(expr.span, f"a condition must be a bool, got {kind_of(v.value)}")
-            return None
-        return v.value
-
     # ---------------------------------------------------------------- params and children
-    def _param(self, decl: ast.ParamDecl, scope: Scope, lookup) -> ir.Param | None:
-        if not self._condition(decl.condition, scope, lookup):
+    def _param(self, decl: ast.ParamDecl, scope: Scope) -> ir.Param | None:
+        if not self.ctx.condition(decl.condition, scope):
             return None
         dims = []
         for d in decl.shape:
             if isinstance(d, ast.EllipsisDim):
                 self.diags.error(d.span, "a parameter's shape must be fully known; `...` is for forward shapes")
                 return None
-            v = self._eval(d, scope, lookup)
+            v = self.ctx.eval(d, scope)
             if v is None:
                 return None
             if not isinstance(v.value, int) or isinstance(v.value, bool) or v.value < 1:
                 self.diags.error(d.span, f"a dimension must be a positive int, got {_show(v.value)}")
                 return None
-            dims.append(ir.Dim(_dim_name(d), v.value, v.code))
-        init = self._init(decl, scope, lookup)
+            dims.append(ir.Dim(dim_name(d), v.value, v.code))
+        init = self._init(decl, scope)
         axes = decl.axes
         if axes is None:
             self.diags.error(decl.span, f"parameter `{decl.name}` has no logical axes",
@@ -360,7 +272,7 @@ class _Resolver:
         hp = scope.find("param_dtype")
         return hp.value.value.name if hp and isinstance(hp.value.value, DType) else "f32"
 
-    def _init(self, decl: ast.ParamDecl, scope: Scope, lookup) -> ir.Init | None:
+    def _init(self, decl: ast.ParamDecl, scope: Scope) -> ir.Init | None:
         spec = decl.init
         if spec is None:
             return ir.Init("normal", (HValue(0.02, "0.02"),), decl.span)
@@ -373,7 +285,7 @@ class _Resolver:
             return None
         args = []
         for a in spec.args:
-            v = self._eval(a, scope, lookup)
+            v = self.ctx.eval(a, scope)
             if v is None:
                 return None
             if not isinstance(v.value, (int, float)) or isinstance(v.value, bool):
@@ -382,10 +294,10 @@ class _Resolver:
             args.append(HValue(float(v.value), v.code))
         return ir.Init(spec.kind, tuple(args), spec.span)
 
-    def _child(self, decl: ast.ChildDecl, path: str, scope: Scope, lookup, stack) -> ir.Instance | None:
-        if not self._condition(decl.condition, scope, lookup):
+    def _child(self, decl: ast.ChildDecl, path: str, scope: Scope, stack) -> ir.Instance | None:
+        if not self.ctx.condition(decl.condition, scope):
             return None
-        v = self._eval(decl.value, scope, lookup)
+        v = self.ctx.eval(decl.value, scope)
         if v is None:
             return None
         repeat = None
@@ -401,48 +313,6 @@ class _Resolver:
         return self.instantiate(layer, child_path, decl.name, decl.span, set_exprs={},
                                 set_values=dict(value.args), parent=scope, stack=stack, repeat=repeat,
                                 set_span=value.span)
-
-    # ---------------------------------------------------------------- forward
-    def _forward(self, layer: ast.LayerDecl, scope: Scope, lookup, params, children) -> ir.Forward | None:
-        from axdsl.passes.lower_forward import lower_forward  # local: keeps module import light
-
-        return lower_forward(self, layer, scope, lookup, params, children)
-
-    # ---------------------------------------------------------------- sections
-    def section(self, decl: ast.SectionDecl) -> ir.Section:
-        lookup = lambda name, at: None  # noqa: E731
-        settings, directives = [], []
-        for item in decl.items:
-            if isinstance(item, ast.Setting):
-                settings.append((item.name, self._section_value(item.value), item.span))
-            else:
-                args = tuple((self._section_value(a), a.span) for a in item.args)
-                kwargs = tuple((k.name, self._section_value(k.value), k.span) for k in item.kwargs)
-                directives.append(ir.Directive(item.name, args, kwargs, item.span))
-        return ir.Section(decl.kind, decl.pattern, tuple(settings), tuple(directives), decl.span)
-
-    def _section_value(self, expr: ast.Expr):
-        """Section values stay close to the syntax: bare names are kept as names for later checks."""
-        if isinstance(expr, ast.Name):
-            return ("name", expr.id)
-        if isinstance(expr, ast.ListExpr):
-            return tuple(self._section_value(i) for i in expr.items)
-        if isinstance(expr, ast.Call) and isinstance(expr.func, ast.Name):
-            return ("call", expr.func.id, tuple(self._section_value(a) for a in expr.args),
-                    tuple((k.name, self._section_value(k.value)) for k in expr.kwargs))
-        v = self._eval(expr, Scope("/"), lambda name, at: None)
-        return v.value if v is not None else None
-
-
-def _dim_name(expr: ast.Expr) -> str:
-    if isinstance(expr, ast.Name):
-        return expr.id
-    if isinstance(expr, ast.Num):
-        return expr.text
-    if isinstance(expr, ast.BinOp):
-        return f"{_dim_name(expr.left)}{expr.op}{_dim_name(expr.right)}"
-    return "?"
-
 
 def _show(v) -> str:
     """A value as the spec language writes it: strings in double quotes, `true`, layers by name."""

@@ -1,0 +1,93 @@
+"""The state shared while building the IR from the AST: the program, its diagnostics, scopes.
+
+`BuildContext` is passed explicitly to every builder (instances, forwards, sections), so the
+builders never reach into each other's private state and import nothing from each other but
+their entry functions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from axdsl.errors import Diagnostics
+from axdsl.ir import nodes as ir
+from axdsl.ir.nodes import HValue
+from axdsl.irbuild.consteval import EvalError, Evaluator, kind_of
+from axdsl.syntax import ast
+from axdsl.syntax.loader import Program
+
+
+@dataclass
+class Scope:
+    """The resolved hyperparameters of one instance, chained to its parent's."""
+
+    path: str
+    values: dict[str, ir.HParam] = field(default_factory=dict)
+    parent: "Scope | None" = None
+
+    def find(self, name: str) -> ir.HParam | None:
+        scope = self
+        while scope is not None:
+            if name in scope.values:
+                return scope.values[name]
+            scope = scope.parent
+        return None
+
+    def names(self) -> list[str]:
+        out, scope = [], self
+        while scope is not None:
+            out.extend(scope.values)
+            scope = scope.parent
+        return out
+
+    def lookup(self, name: str, at: ast.Name | None = None) -> HValue | None:
+        """The value of `name` here or in an enclosing scope (the evaluator's lookup function)."""
+        found = self.find(name)
+        return found.value if found else None
+
+
+class BuildContext:
+    """The program being built, its diagnostics and the static evaluator."""
+
+    def __init__(self, program: Program):
+        self.program = program
+        self.diags = Diagnostics()
+        self.ev = Evaluator(self.diags, set(program.layers))
+
+    def eval(self, expr: ast.Expr, scope: Scope, lookup=None) -> HValue | None:
+        """Evaluate a static expression; None when it failed (the error is already reported)."""
+        try:
+            return self.ev.eval(expr, lookup or scope.lookup, scope.names)
+        except EvalError:
+            return None
+
+    def condition(self, expr: ast.Expr | None, scope: Scope, lookup=None) -> bool | None:
+        """A declaration's `if`: True when absent, None when it failed."""
+        if expr is None:
+            return True
+        v = self.eval(expr, scope, lookup)
+        if v is None:
+            return None
+        if not isinstance(v.value, bool):
+            self.diags.error(expr.span, f"a condition must be a bool, got {kind_of(v.value)}")
+            return None
+        return v.value
+
+    def source_text(self, expr: ast.Expr) -> str:
+        """The text of `expr` as written, for messages (falls back to a rebuilt form)."""
+        span = expr.span
+        text = self.program.sources.get(span.file)
+        if text is None or span.line < 1 or span.end_line != span.line:
+            return dim_name(expr)
+        return text.splitlines()[span.line - 1][span.col - 1: span.end_col - 1]
+
+
+def dim_name(expr: ast.Expr) -> str:
+    """A dim's display name from the expression that sized it: `dim`, `64`, `dim/heads`."""
+    if isinstance(expr, ast.Name):
+        return expr.id
+    if isinstance(expr, ast.Num):
+        return expr.text
+    if isinstance(expr, ast.BinOp):
+        return f"{dim_name(expr.left)}{expr.op}{dim_name(expr.right)}"
+    return "?"

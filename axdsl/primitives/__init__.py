@@ -1,0 +1,44 @@
+"""The primitive registry: every builtin a forward can call, each defined in one module here.
+
+    axdsl/primitives/<group>.py   PRIMITIVES = (Primitive("rope", Signature(...), emit=...,
+                                                          shape=..., flops=..., memory=...), ...)
+
+Every module of this package that defines `PRIMITIVES` is registered, so adding a primitive is
+one new or edited module (plus its tests): the forward builder, infer_shapes, codegen and the
+FLOPs and memory analyses look primitives up here and never special-case one by name.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+
+from axdsl.primitives.base import REQUIRED, Flops, Primitive, Signature, Static, StaticKind
+
+__all__ = ["REGISTRY", "REQUIRED", "Flops", "Primitive", "Signature", "Static", "StaticKind", "get",
+           "callable_names"]
+
+
+def _load() -> dict[str, Primitive]:
+    registry: dict[str, Primitive] = {}
+    for info in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
+        if info.name == "base":
+            continue
+        module = importlib.import_module(f"{__name__}.{info.name}")
+        for prim in getattr(module, "PRIMITIVES", ()):
+            if prim.name in registry:
+                raise AssertionError(f"primitive `{prim.name}` is defined twice ({info.name})")
+            registry[prim.name] = prim
+    return registry
+
+
+REGISTRY: dict[str, Primitive] = _load()
+
+
+def get(name: str) -> Primitive:
+    return REGISTRY[name]
+
+
+def callable_names() -> list[str]:
+    """The primitives a spec may call (the ones passes create are excluded)."""
+    return sorted(n for n, p in REGISTRY.items() if not p.internal)

@@ -1,0 +1,59 @@
+"""Elementwise primitives: math functions, activations, cast and dropout (shape unchanged)."""
+
+from __future__ import annotations
+
+import json
+
+from axdsl.errors import did_you_mean
+from axdsl.primitives.base import Primitive, Signature, Static, StaticKind
+
+# The kinds `activate(x, kind)` accepts; the string becomes a function name in generated code.
+ACTIVATIONS = ("gelu", "relu", "silu", "sigmoid", "tanh")
+_JAX_NN = ("relu", "gelu", "silu", "sigmoid")
+_JNP = ("tanh", "exp", "log", "sqrt", "abs", "square")
+
+
+def _call(fn: str):
+    """An emitter for `fn(x)`."""
+    return lambda ctx, prim, args, precs: f"{fn}({args[0]})"
+
+
+def _unary(name: str, fn: str) -> Primitive:
+    return Primitive(name, Signature(("x",), doc=f"elementwise {name}"), emit=_call(fn))
+
+
+def _emit_activate(ctx, prim, args, precs) -> str:
+    kind = prim.attr("kind").value
+    assert kind in ACTIVATIONS, kind  # checked when building; never emit an arbitrary name
+    return f"jax.nn.{kind}({args[0]})"
+
+
+def _check_activate(ctx, given: dict, attrs: dict) -> None:
+    """Only known activation names may reach generated code (no code injection through strings)."""
+    kind = attrs["kind"].value
+    if kind not in ACTIVATIONS:
+        shown = kind if len(kind) <= 40 else kind[:37] + "..."
+        ctx.fail(given["kind"].span, f"unknown activation {json.dumps(shown)} for `activate`",
+                 did_you_mean(kind, ACTIVATIONS) or f"activations are {', '.join(ACTIVATIONS)}")
+
+
+def _emit_cast(ctx, prim, args, precs) -> str:
+    return f"{ctx.paren(args[0], precs[0], ctx.ATOM)}.astype({prim.attr('dtype').code})"
+
+
+def _emit_dropout(ctx, prim, args, precs) -> str:
+    return f"dropout({args[0]}, {prim.attr('rate').code}, {ctx.next_rng()})"
+
+
+PRIMITIVES = (
+    *(_unary(n, f"jax.nn.{n}") for n in _JAX_NN),
+    *(_unary(n, f"jnp.{n}") for n in _JNP),
+    _unary("rsqrt", "jax.lax.rsqrt"),
+    Primitive("activate", Signature(("x",), (Static("kind", StaticKind.STRING),),
+                                    doc="activation chosen by a string"),
+              emit=_emit_activate, check=_check_activate),
+    Primitive("cast", Signature(("x",), (Static("dtype", StaticKind.DTYPE),), doc="convert to a dtype"),
+              emit=_emit_cast, see_through=True),
+    Primitive("dropout", Signature(("x",), (Static("rate", StaticKind.FLOAT),), doc="dropout in training only"),
+              emit=_emit_dropout, helpers=("dropout",), uses_rng=True),
+)

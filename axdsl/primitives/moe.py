@@ -1,0 +1,64 @@
+"""Mixture of SwiGLU experts: softmax router, top-k, capacity (<= 0: dropless), auxiliary losses.
+
+FLOPs: top_k x 2 x (elements of one expert's three matrices): only routed experts work;
+capacity padding is not counted (MaxText).
+"""
+
+from __future__ import annotations
+
+import math
+
+from axdsl.ir import nodes as ir
+from axdsl.primitives.base import Flops, Primitive, Signature, Static, StaticKind
+from axdsl.primitives.reductions import ir_fmt
+
+OPTIONS = ("top_k", "capacity_factor", "normalize", "aux_weight", "z_weight")
+
+
+def _shape(ctx, prim: ir.Prim, args):
+    x, logits, w_gate, w_up, w_down = (a.type.dims for a in args)
+    if len(x) != 3 or any(d.is_ellipsis for d in x):
+        ctx.fail(prim.span, f"`moe` needs x as [B, S, dim], got {ir_fmt(x)}")
+    if len(logits) != 3 or not logits[0].same(x[0]) or not logits[1].same(x[1]):
+        ctx.fail(prim.span, f"`moe` needs router logits as [B, S, experts] for x {ir_fmt(x)}, got {ir_fmt(logits)}")
+    experts = logits[2]
+    for name, w, want in (("w_gate", w_gate, (experts, x[2], None)), ("w_up", w_up, (experts, x[2], None)),
+                          ("w_down", w_down, (experts, None, x[2]))):
+        if len(w) != 3 or not all(d is None or d.same(g) for d, g in zip(want, w)):
+            shape = ", ".join("hidden" if d is None else str(d) for d in want)
+            ctx.fail(prim.span, f"`moe` needs {name} as [{shape}], got {ir_fmt(w)}")
+    if not w_gate[2].same(w_up[2]) or not w_gate[2].same(w_down[1]):
+        ctx.fail(prim.span, f"`moe` expert hidden dims differ: {w_gate[2]}, {w_up[2]}, {w_down[1]}")
+    k = prim.attr("top_k")
+    if not 1 <= k.value <= (experts.size or k.value):
+        ctx.fail(prim.span, f"`moe` top_k = {k.value} must be between 1 and the {experts.size} experts")
+    return x
+
+
+def _emit(ctx, prim: ir.Prim, args: list[str], precs: list[int]) -> str:
+    """`y, aux = moe_swiglu(...)` as its own statement; aux joins this layer's auxiliary loss."""
+    out, aux = ctx.fresh("moe_y"), ctx.fresh("moe_aux")
+    ctx.add_aux(aux)
+    kwargs = ", ".join(f"{k}={prim.attr(k).code}" for k in OPTIONS)
+    ctx.line(f"{out}, {aux} = moe_swiglu({', '.join(args)}, {kwargs})  # {ctx.shape_comment(prim.type)}")
+    return out
+
+
+def _flops(ctx, prim: ir.Prim) -> Flops:
+    total = 0
+    for w in prim.args[2:5]:
+        p = ctx.param_at(w)
+        if p is not None:
+            total += math.prod(d.size for d in p.dims) // p.dims[0].size  # one expert
+    return Flops(matmul=2 * prim.attr("top_k").value * total)
+
+
+PRIMITIVES = (
+    Primitive("moe", Signature(
+        ("x", "logits", "w_gate", "w_up", "w_down"),
+        (Static("top_k", StaticKind.INT, 2), Static("capacity_factor", StaticKind.FLOAT, 1.25),
+         Static("normalize", StaticKind.BOOL, True), Static("aux_weight", StaticKind.FLOAT, 0.01),
+         Static("z_weight", StaticKind.FLOAT, 0.001)),
+        doc="mixture of SwiGLU experts: softmax router, top-k, capacity (<= 0: dropless), aux losses"),
+        emit=_emit, shape=_shape, flops=_flops, helpers=("moe_swiglu",), aux_loss=True),
+)

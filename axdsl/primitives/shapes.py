@@ -1,0 +1,69 @@
+"""Primitives that move dims around: head splitting and merging, transpose, prefix, embedding."""
+
+from __future__ import annotations
+
+from axdsl.ir import nodes as ir
+from axdsl.ir.nodes import Dim
+from axdsl.primitives.base import Primitive, Signature, Static, StaticKind
+from axdsl.primitives.reductions import ir_fmt
+
+
+def _split_heads_shape(ctx, prim, args):
+    dims = args[0].type.dims
+    heads = prim.attr("heads")
+    if heads.value < 1:
+        ctx.fail(prim.span, f"`split_heads` needs heads >= 1, got {heads.value}")
+    last = dims[-1]
+    if last.size is None:
+        ctx.fail(prim.span, f"`split_heads` needs a known last dim, got `{last}`")
+    if last.size % heads.value:
+        ctx.fail(prim.span, f"cannot split `{last}` into {heads.value} heads: {heads.value} does not divide "
+                 f"{last.size}", "heads must divide the projected dim")
+    per = last.size // heads.value
+    return dims[:-1] + (Dim(heads.code.removeprefix("cfg."), heads.value, heads.code),
+                        Dim(f"{last.name}/heads", per, f"{last.code} // {heads.code}"))
+
+
+def _merge_heads_shape(ctx, prim, args):
+    dims = args[0].type.dims
+    if len(dims) < 2 or dims[-1].size is None or dims[-2].size is None:
+        ctx.fail(prim.span, f"`merge_heads` needs [..., heads, head_dim], got {ir_fmt(dims)}")
+    h, d = dims[-2], dims[-1]
+    return dims[:-2] + (Dim(f"{h.name}*{d.name}", h.size * d.size, f"{h.code} * {d.code}"),)
+
+
+def _transpose_shape(ctx, prim, args):
+    dims = args[0].type.dims
+    if len(dims) < 2:
+        ctx.fail(prim.span, "`transpose` needs at least 2 dims")
+    return dims[:-2] + (dims[-1], dims[-2])
+
+
+def _prefix_shape(ctx, prim, args):
+    return (prim.attr("n"),) + args[0].type.dims[1:]
+
+
+def _embed_shape(ctx, prim, args):
+    table, ids = args[0].type.dims, args[1].type.dims
+    if len(table) != 2:
+        ctx.fail(prim.span, f"`embed` needs a [vocab, dim] table, got {ir_fmt(table)}")
+    return ids + (table[1],)
+
+
+PRIMITIVES = (
+    Primitive("split_heads", Signature(("x",), (Static("heads", StaticKind.INT),), doc="[..., h*d] -> [..., h, d]"),
+              emit=lambda ctx, prim, a, p: f"{a[0]}.reshape(*{a[0]}.shape[:-1], {prim.attr('heads').code}, -1)",
+              shape=_split_heads_shape),
+    Primitive("merge_heads", Signature(("x",), doc="[..., h, d] -> [..., h*d]"),
+              emit=lambda ctx, prim, a, p: f"{a[0]}.reshape(*{a[0]}.shape[:-2], -1)",
+              shape=_merge_heads_shape),
+    Primitive("transpose", Signature(("x",), doc="swap the last two dims"),
+              emit=lambda ctx, prim, a, p: f"jnp.swapaxes({a[0]}, -1, -2)",
+              shape=_transpose_shape, see_through=True),
+    Primitive("prefix", Signature(("x",), (Static("n", StaticKind.DIM),), doc="the first n rows of x"),
+              emit=lambda ctx, prim, a, p: f"{a[0]}[: {ctx.dim_code(prim.attr('n'))}]",
+              shape=_prefix_shape, gathers=True),
+    Primitive("embed", Signature(("table", "ids"), doc="embedding lookup: table[ids]"),
+              emit=lambda ctx, prim, a, p: f"jnp.take({a[0]}, {a[1]}, axis=0)",
+              shape=_embed_shape, gathers=True),
+)
