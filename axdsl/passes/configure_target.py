@@ -18,12 +18,14 @@ from dataclasses import replace
 from fnmatch import fnmatchcase
 from typing import Any
 
+from axdsl import primitives
 from axdsl.errors import Diagnostics, Span, did_you_mean
 from axdsl.ir import nodes as ir
 from axdsl.targets import ATTENTION_KERNELS, MESH_AXES, QUANT_FORMATS, Target, get_target, resolve_mesh
 
 DIRECTIVES = ("mesh", "rules", "remat", "quantize", "kernels")
-KERNEL_OPS = ("attention",)
+# Primitives whose kernel a target chooses (their registry entries have a KernelRule).
+KERNEL_OPS = tuple(sorted(name for name, prim in primitives.REGISTRY.items() if prim.has_kernels))
 
 
 def configure_target(module: ir.Module) -> ir.Module:
@@ -186,7 +188,7 @@ def _parse_kernels(d: ir.Directive, diags: Diagnostics):
             continue
         kernel = _name(value)
         if kernel not in ATTENTION_KERNELS + ("auto",):
-            diags.error(span, f"unknown attention kernel `{kernel or value}`",
+            diags.error(span, f"unknown {key} kernel `{kernel or value}`",
                         did_you_mean(str(kernel), ATTENTION_KERNELS) or f"kernels: {', '.join(ATTENTION_KERNELS)}, auto")
             continue
         out.append((key, kernel, span))
@@ -232,11 +234,11 @@ def _schedule(t: Target, block: ir.Section | None, o: dict, diags: Diagnostics) 
     else:
         quantize = ir.Choice(ir.QuantPolicy(ir.QuantFormat(p.default_quantize), ("blocks/*",)), default)
 
-    kernels = {"attention": ir.Choice("auto", default)}
+    kernels = {op: ir.Choice("auto", default) for op in KERNEL_OPS}
     for key, kernel, span in o.get("kernels", ((), None))[0]:
-        if kernel != "auto" and kernel not in p.attention:
-            diags.error(span, f"{p.name} has no `{kernel}` attention kernel",
-                        f"its kernels: {', '.join(p.attention)} (or auto)")
+        has = primitives.get(key).kernels.preference(p)
+        if kernel != "auto" and kernel not in has:
+            diags.error(span, f"{p.name} has no `{kernel}` {key} kernel", f"its kernels: {', '.join(has)} (or auto)")
         kernels[key] = ir.Choice(kernel, from_spec(span))
 
     return ir.Schedule(

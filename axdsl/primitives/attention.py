@@ -2,14 +2,41 @@
 
 FLOPs: 4 x keys x heads x head_dim per token (QK^T and PV), halved when causal (MaxText's
 convention); a sliding window of w keys counts min(S, w) keys when `cap_window` is set.
+
+Kernels: the profile lists them in order of preference (`attention = [...]` in profiles.toml);
+`kernel_violations` says why one cannot run a call, and select_kernels takes the first that can.
+Constraints, from the installed jax (0.10.2) sources:
+
+    cudnn   jax/_src/nn/functions.py dot_product_attention(implementation="cudnn") and
+            jax/_src/cudnn/fused_attention_stablehlo.py (check_layout, check_is_flash_attention,
+            _check_qkv_bias_mask_spec):
+            - q, k, v in bf16 or f16 (f32 raises NotImplementedError; fp8 is a separate API)
+            - head_dim a multiple of 8, at most 128 (A100), 256 on Hopper and later (H100+)
+            - GQA is native (kv heads may be fewer); causal and a left sliding window run in
+              the kernel (local_window_size=(window - 1, 0) becomes sliding_window_length)
+            - an explicit mask is added as a dense bias, which must span [S_q, S_kv]
+            - sharded only over batch and heads: no sequence (`seq`) or head_dim sharding, and
+              q, k, v sharded alike (the `heads` and `kv_heads` rules agree)
+    splash  jax/experimental/pallas/ops/tpu/splash_attention/ (BlockSizes, make_splash_mha):
+            - bf16 or f32; sequence tiles of 128 (NUM_LANES), so max_seq % 128 == 0 (the helper
+              raises ValueError for another runtime length); head_dim a multiple of 128 (the
+              lane width; the kernel slices smaller head dims, but we keep to the shapes it is
+              tuned and tested for on TPU)
+            - causal, sliding-window or full masks (CausalMask, LocalMask, FullMask); an
+              explicit mask array would need a per-batch dynamic mask, so it is not used
+            - GQA is native (kv head = query head // group); any sharding: the helper runs in
+              jax.shard_map over batch and heads and gathers what else is split
 """
 
 from __future__ import annotations
 
 from axdsl.codegen import kernels
 from axdsl.ir import nodes as ir
-from axdsl.primitives.base import Flops, Primitive, Signature, Static, StaticKind
+from axdsl.primitives.base import Flops, KernelRule, Primitive, Signature, Static, StaticKind
 from axdsl.primitives.reductions import ir_fmt
+from axdsl.targets import profiles
+
+SPLASH_BLOCK = 128  # TPU lane width: splash tiles head_dim and the sequence by 128
 
 
 def _shape(ctx, prim, args):
@@ -62,9 +89,76 @@ def _flops(ctx, prim: ir.Prim) -> Flops:
     return Flops(attention=work(prim, ctx.seq, ctx.cap_window))
 
 
+def _compute_dtype(model: ir.Model) -> str:
+    h = model.root.hparam("dtype")
+    return h.value.value.name if h is not None and isinstance(h.value.value, ir.DType) else "f32"
+
+
+def kernel_violations(kernel: str, prim: ir.Prim, model: ir.Model,
+                      sched: ir.Schedule | None = None) -> list[str]:
+    """Why `kernel` cannot run this attention call for `model`; empty when it can."""
+    out = []
+    dtype = _compute_dtype(model)
+    max_seq = model.root.hparam("max_seq")
+    q_dims, k_dims = prim.args[0].type.dims, prim.args[1].type.dims
+    head_dim = q_dims[-1].size
+    mask = prim.operand("mask")
+    if kernel == "cudnn":
+        if dtype not in ("bf16", "f16"):
+            out.append(f"{model.name} computes in {dtype}; cuDNN flash attention needs bf16 or f16")
+        limit = profiles()[sched.profile].cudnn_head_dim_max if sched is not None else 128
+        if head_dim is None or head_dim > limit or head_dim % 8:
+            chip = f" on {sched.profile}" if sched is not None else ""
+            out.append(f"{model.name} has head_dim {head_dim}; cuDNN needs a multiple of 8 "
+                       f"up to {limit}{chip}")
+        if mask is not None:
+            m_dims = mask.type.dims
+            if len(m_dims) < 2 or not (m_dims[-2].same(q_dims[1]) and m_dims[-1].same(k_dims[1])):
+                out.append("a mask that is not [..., S, S]; jax's cuDNN path adds the mask as a "
+                           "bias, which must span the query and key sequences")
+        if sched is not None:
+            out.extend(_cudnn_sharding_violations(sched))
+    elif kernel == "splash":
+        if dtype not in ("bf16", "f32"):
+            out.append(f"{model.name} computes in {dtype}; splash attention takes bf16 or f32")
+        if head_dim is None or head_dim % SPLASH_BLOCK:
+            out.append(f"{model.name} has head_dim {head_dim}; splash needs a multiple of {SPLASH_BLOCK}")
+        if max_seq is not None and max_seq.value.value % SPLASH_BLOCK:
+            out.append(f"{model.name} has max_seq {max_seq.value.value}; splash needs a multiple of {SPLASH_BLOCK}")
+        if mask is not None:
+            out.append("an explicit mask; splash runs causal and sliding-window masks only")
+    return out
+
+
+def _cudnn_sharding_violations(sched: ir.Schedule) -> list[str]:
+    """jax partitions cuDNN attention over batch and heads only, with q, k, v sharded alike."""
+    from axdsl.passes.annotate_sharding import kept_axes  # the target's rules (passes need primitives)
+
+    def split(logical: str) -> tuple[str, ...]:
+        return tuple(a for a in kept_axes(sched, logical) if sched.size(a) > 1)
+
+    out = []
+    if split("seq"):
+        out.append(f"the sequence is sharded over {', '.join(split('seq'))} on {sched.name}; "
+                   "jax's cuDNN attention cannot shard the sequence dim")
+    if split("head_dim"):
+        out.append(f"head_dim is sharded over {', '.join(split('head_dim'))} on {sched.name}; "
+                   "jax's cuDNN attention cannot shard head_dim")
+    if split("heads") != split("kv_heads"):
+        out.append(f"heads ({', '.join(split('heads')) or 'replicated'}) and kv_heads "
+                   f"({', '.join(split('kv_heads')) or 'replicated'}) are sharded differently on "
+                   f"{sched.name}; jax's cuDNN attention needs q, k, v sharded alike")
+    return out
+
+
+def _preference(profile) -> tuple[str, ...]:
+    return profile.attention
+
+
 PRIMITIVES = (
     Primitive("attention", Signature(
         ("q", "k", "v"), (Static("causal", StaticKind.BOOL, False), Static("window", StaticKind.INT, 0)),
         ("mask",), doc="scaled dot-product attention; the kernel is chosen by a target pass"),
-        emit=_emit, shape=_shape, flops=_flops, has_kernels=True),
+        emit=_emit, shape=_shape, flops=_flops,
+        kernels=KernelRule(_preference, kernel_violations)),
 )

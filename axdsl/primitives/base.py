@@ -58,6 +58,17 @@ class Flops:
     attention: int = 0
 
 
+@dataclass(frozen=True)
+class KernelRule:
+    """Kernels for a primitive: the profile's preference order and why one cannot run a call.
+
+    `violations(kernel, prim, model, schedule)` lists the reasons; empty means it can run.
+    """
+
+    preference: Callable[[Any], tuple[str, ...]]
+    violations: Callable[..., list[str]]
+
+
 ShapeRule = Callable[[Any, ir.Prim, tuple[ir.TExpr, ...]], tuple[ir.Dim, ...]]  # typed operands
 Emitter = Callable[[Any, ir.Prim, list[str], list[int]], str]
 FlopRule = Callable[[Any, ir.Prim], Flops]
@@ -87,6 +98,10 @@ class Primitive:
     gathers: bool = False  # indexes its first operand (an embedding table) instead of multiplying
     see_through: bool = False  # keeps which parameter its first operand is (transpose, cast)
     scalar_operands: bool = False  # operands may be scalars (einsum checks its own)
-    has_kernels: bool = False  # select_kernels chooses a kernel for it
+    kernels: KernelRule | None = None  # select_kernels chooses a kernel for it
     internal: bool = False  # made by a pass, not callable from a spec (quantized)
     emits_operands: bool = True  # codegen emits the operands first (quantized emits its own)
+
+    @property
+    def has_kernels(self) -> bool:
+        return self.kernels is not None
