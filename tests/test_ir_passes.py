@@ -115,7 +115,8 @@ def compile_case(case: Case, workdir: Path, pass_name: str):
     path.write_text(case.spec + "\n")
     modules = {}  # pass name -> the module after it
     try:
-        compile_spec(Path(path.name), target=case.target, after=pass_name, on_pass=modules.__setitem__)
+        compile_spec(Path(path.name), target=case.target, after=pass_name,
+                     on_pass=modules.__setitem__)
     except CompileError as exc:
         return {name: print_module(m) for name, m in modules.items()}, exc
     for module in modules.values():
@@ -129,7 +130,7 @@ def pass_output(case: Case, pass_name: str, workdir: Path) -> str:
     previous = PASS_NAMES[PASS_NAMES.index(pass_name) - 1] if pass_name != PASS_NAMES[0] else None
     if error is not None:
         failed_in = PASS_NAMES[len(printed)]
-        assert failed_in == pass_name, f"case {case.name} fails in {failed_in}, before {pass_name}:\n{error}"
+        assert failed_in == pass_name, f"{case.name} fails in {failed_in}, not {pass_name}:\n{error}"
         return str(error)
     if previous is None:
         return printed[pass_name].rstrip("\n")
@@ -212,18 +213,29 @@ def test_pass_fixture(pass_name, case_name, tmp_path, monkeypatch):
         fixture.write_text(render_fixture(preamble, cases))
         return
     diff = "\n".join(difflib.unified_diff(case.out.splitlines(), actual.splitlines(),
-                                          f"{fixture.name} [case {case_name}]", "actual", lineterm=""))
+                                          f"{fixture.name} [case {case_name}]", "actual",
+                                          lineterm=""))
     assert actual == case.out, diff
+
+
+@pytest.mark.parametrize("pass_name, case_name", fixture_cases())
+def test_fixture_spec_verifies_through_every_pass(pass_name, case_name, tmp_path, monkeypatch):
+    """A case is valid input for every later pass too, unless it shows its own pass's errors."""
+    monkeypatch.chdir(tmp_path)
+    printed, error = compile_case(load_case(pass_name, case_name), tmp_path, PASS_NAMES[-1])
+    reached = PASS_NAMES[len(printed)] if error is not None else None
+    assert reached in (None, pass_name), f"fails in {reached}:\n{error}"
 
 
 def test_every_pass_has_fixtures():
     files = {p.stem for p in FIXTURES.glob("*.test")}
-    assert files == set(PASS_NAMES), f"fixture files without a pass or passes without fixtures: {files ^ set(PASS_NAMES)}"
+    unpaired = files ^ set(PASS_NAMES)
+    assert not unpaired, f"a fixture file without a pass, or a pass without one: {unpaired}"
     for name in PASS_NAMES:
         cases = parse_fixture((FIXTURES / f"{name}.test").read_text())[1]
         names = [c.name for c in cases]
         assert len(names) >= 2 and len(set(names)) == len(names), f"{name}.test: {names}"
-        assert all(c.spec and c.out for c in cases), f"{name}.test has a case without a spec or [out]"
+        assert all(c.spec and c.out for c in cases), f"{name}.test: a case lacks a spec or [out]"
 
 
 @pytest.mark.parametrize("pass_name", PASS_NAMES)
@@ -235,13 +247,14 @@ def test_fixture_file_round_trips(pass_name):
 
 def test_changed_lines_names_where_each_change_sits():
     before = "model m\n  / : Net\n    dim: int = 4\n    /mlp : MLP\n      param w: [dim=4]\n"
-    after = ("model m\n  / : Net\n    dim: int = 4\n    /mlp : MLP x2\n      param w: [layers=2] + [dim=4]\n"
-             "schedule cpu\n  mesh(data = -1)\n")
+    after = ("model m\n  / : Net\n    dim: int = 4\n    /mlp : MLP x2\n"
+             "      param w: [layers=2] + [dim=4]\nschedule cpu\n  mesh(data = -1)\n")
     assert changed_lines(before, after) == (
         "@@ model m > / : Net\n-    /mlp : MLP\n-      param w: [dim=4]\n"
         "+    /mlp : MLP x2\n+      param w: [layers=2] + [dim=4]\n"
         "@@ module\n+schedule cpu\n+  mesh(data = -1)")
-    assert changed_lines(before, after.replace(" x2", "")).splitlines()[0] == "@@ model m > /mlp : MLP"
+    only_params = changed_lines(before, after.replace(" x2", ""))
+    assert only_params.splitlines()[0] == "@@ model m > /mlp : MLP"
     assert changed_lines(before, before) == NO_CHANGE
 
 
@@ -274,7 +287,8 @@ def test_stacked_params_and_inheritance(tmp_path):
     module = _compile_fixture_spec("stack_repeats", "repeat_stacks_params", tmp_path)
     w = module.models[0].root.child("steps").param("w")
     assert [d.size for d in w.full_dims] == [3, 4, 4] and w.full_axes == ("layers", "embed", "mlp")
-    net = _compile_fixture_spec("resolve", "layer_valued_hparam_and_inheritance", tmp_path).models[0].root
+    net = _compile_fixture_spec("resolve", "layer_valued_hparam_and_inheritance", tmp_path)
+    net = net.models[0].root
     mlp = net.child("mlp")
     assert mlp.layer == "MLP" and mlp.hparam("hidden").origin == "inherited from /"
     assert mlp.hparam("act").value.value == "relu"
