@@ -130,7 +130,7 @@ def pass_output(case: Case, pass_name: str, workdir: Path) -> str:
     previous = PASS_NAMES[PASS_NAMES.index(pass_name) - 1] if pass_name != PASS_NAMES[0] else None
     if error is not None:
         failed_in = PASS_NAMES[len(printed)]
-        assert failed_in == pass_name, f"{case.name} fails in {failed_in}, not {pass_name}:\n{error}"
+        assert failed_in == pass_name, f"fails in {failed_in}, not {pass_name}:\n{error}"
         return str(error)
     if previous is None:
         return printed[pass_name].rstrip("\n")
