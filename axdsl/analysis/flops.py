@@ -19,10 +19,12 @@ padding are not counted), as MaxText computes them for MFU:
 Everything else (norms, activations, rope, the embedding gather, biases) is not counted, as in
 MaxText. Layers under `repeat(n, ...)` count n times (nested repeats multiply).
 
+    >>> from pathlib import Path
     >>> from axdsl.pipeline import compile_spec
     >>> m = compile_spec(Path("specs/llama3_8b.axl")).models[0]
     >>> f = model_flops(m, seq=8192)
     >>> f.train_per_token, f.per_step(batch=1)
+    (51470401536, 421645529382912)
 """
 
 from __future__ import annotations
