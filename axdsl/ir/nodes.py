@@ -1,5 +1,9 @@
 """IR node types: immutable dataclasses carrying source spans.
 
+This module holds the layer tree and forward expressions; origins, sections and resolved
+settings live in origins.py, sections.py and settings.py and are re-exported here, so every
+pass reads `from axdsl.ir import nodes as ir` and writes `ir.Schedule`, `ir.Origin`, ...
+
 The IR is a tree of layer *instances* (every hyperparameter resolved, with where its value came
 from), each with parameters, children and a forward body of typed tensor expressions. Passes
 return new trees (`dataclasses.replace`); nothing is mutated in place.
@@ -8,10 +12,18 @@ return new trees (`dataclasses.replace`); nothing is mutated in place.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from enum import Enum, StrEnum
+from enum import StrEnum
 from typing import Any
 
 from axdsl.errors import Span
+from axdsl.ir.origins import DEFAULT, Choice, Origin, OriginKind, set_at  # noqa: F401 (part of the IR)
+from axdsl.ir.sections import (  # noqa: F401
+    CallValue, Directive, DirectiveArg, NameValue, Section, SectionKind, SectionValue, Setting,
+)
+from axdsl.ir.settings import (  # noqa: F401
+    CheckpointPolicy, DataKind, DataSource, NamedCall, QuantFormat, QuantPolicy, RematKind,
+    RematPolicy, Schedule, TrainSettings,
+)
 
 # Logical axis names a parameter or activation dim may carry; target rules map them to mesh axes.
 LOGICAL_AXES = (
@@ -25,59 +37,6 @@ DTYPES = {
     "fp8_e4m3": "float8_e4m3fn", "fp8_e5m2": "float8_e5m2",
     "i8": "int8", "i32": "int32", "u8": "uint8", "u16": "uint16", "u32": "uint32",
 }
-
-
-# ------------------------------------------------------------------ origins
-class OriginKind(Enum):
-    """Where a resolved value came from."""
-
-    SET = "set"  # written in the spec (a model setting, a constructor argument, a train key)
-    INHERITED = "inherited"  # taken from the nearest enclosing layer with the same name
-    DEFAULT = "default"  # the declaration's or the compiler's default
-    PROFILE = "profile"  # a hardware profile's default (targets/profiles.toml)
-    TARGET_BLOCK = "target"  # a directive in a matching `target "pattern" { }` block
-
-
-@dataclass(frozen=True)
-class Origin:
-    """Where a value came from, printed by `axdsl dump` and in generated comments.
-
-    `where` is the owner's path (INHERITED), the profile name (PROFILE) or the block's pattern
-    (TARGET_BLOCK); `note` says why a default was adjusted.
-    """
-
-    kind: OriginKind
-    span: Span | None = None
-    where: str = ""
-    note: str = ""
-
-    def __str__(self) -> str:
-        match self.kind:
-            case OriginKind.SET:
-                return f"set at {self.span or '?'}"
-            case OriginKind.INHERITED:
-                return f"inherited from {self.where}"
-            case OriginKind.PROFILE:
-                return f"profile {self.where}"
-            case OriginKind.TARGET_BLOCK:
-                return f'target "{self.where}" at {self.span}'
-        return f"default ({self.note})" if self.note else "default"
-
-    @property
-    def is_default(self) -> bool:
-        return self.kind is OriginKind.DEFAULT
-
-    @property
-    def from_spec(self) -> bool:
-        """Written by the user: a setting or a target block directive."""
-        return self.kind in (OriginKind.SET, OriginKind.TARGET_BLOCK)
-
-
-def set_at(span: Span) -> Origin:
-    return Origin(OriginKind.SET, span)
-
-
-DEFAULT = Origin(OriginKind.DEFAULT)
 
 
 # ------------------------------------------------------------------ values
@@ -385,194 +344,6 @@ class Instance:
         yield self
         for c in self.children:
             yield from c.walk()
-
-
-@dataclass(frozen=True)
-class NameValue:
-    """A bare name in a section, kept for the pass that knows what names mean there (`fp8`)."""
-
-    id: str
-
-
-@dataclass(frozen=True)
-class CallValue:
-    """`adamw(lr = 3e-4)` in a section: a function name with positional and keyword values."""
-
-    fn: str
-    args: tuple[Any, ...] = ()
-    kwargs: tuple[tuple[str, Any], ...] = ()
-
-
-# A section value: a literal (int, float, bool, str), a NameValue, a CallValue, or a tuple (a list).
-SectionValue = Any
-
-
-@dataclass(frozen=True)
-class Setting:
-    """`name = value` in a section."""
-
-    name: str
-    value: SectionValue
-    span: Span
-
-
-@dataclass(frozen=True)
-class DirectiveArg:
-    """One argument of a directive: `name` is None for a positional one."""
-
-    name: str | None
-    value: SectionValue
-    span: Span
-
-
-@dataclass(frozen=True)
-class Directive:
-    """`mesh(data = -1, fsdp = 8)` in a section: positional and keyword values, each with its span."""
-
-    name: str
-    args: tuple[DirectiveArg, ...]
-    kwargs: tuple[DirectiveArg, ...]
-    span: Span
-
-
-class SectionKind(Enum):
-    TRAIN = "train"
-    TARGET = "target"
-
-
-@dataclass(frozen=True)
-class Section:
-    """A `train { }` or `target "pattern" { }` block: settings and directives, values resolved.
-
-    Values stay close to the syntax (see `SectionValue`); the passes that read a section
-    (configure_train, configure_target) check its keys and values.
-    """
-
-    kind: SectionKind
-    pattern: str | None
-    settings: tuple[Setting, ...]
-    directives: tuple[Directive, ...]
-    span: Span
-
-
-# ------------------------------------------------------------------ target schedule
-@dataclass(frozen=True)
-class Choice:
-    """One resolved setting and where it came from (a default, a profile, a spec line)."""
-
-    value: Any
-    origin: Origin = DEFAULT
-
-    @property
-    def span(self) -> Span | None:
-        return self.origin.span
-
-
-class RematKind(StrEnum):
-    NONE = "none"  # keep every activation
-    FULL = "full"  # keep only the block's input
-    SAVE_DOTS = "save_dots"  # keep matmul outputs without batch dims
-    SAVE = "save"  # keep the named points listed
-    OFFLOAD = "offload"  # move some named points to host memory, keep others
-
-
-@dataclass(frozen=True)
-class RematPolicy:
-    """How the scanned block is rematerialized: none, full, save_dots, save or offload names."""
-
-    kind: RematKind
-    save: tuple[str, ...] = ()
-    offload: tuple[str, ...] = ()
-
-
-class QuantFormat(StrEnum):
-    NONE = "none"
-    FP8 = "fp8"  # e4m3 forward, e5m2 gradients (H100, H200, B200)
-    INT8 = "int8"  # per-channel symmetric, straight-through backward (TPU v5e, v5p)
-
-
-@dataclass(frozen=True)
-class QuantPolicy:
-    """Matmuls with a parameter operand under layer paths matching `layers` run in `format`."""
-
-    format: "QuantFormat"
-    layers: tuple[str, ...] = ("*",)
-
-
-@dataclass(frozen=True)
-class Schedule:
-    """The schedule for one target: profile defaults overridden by the first matching block."""
-
-    name: str  # as requested, e.g. gpu-h100-8
-    profile: str  # e.g. gpu-h100
-    kind: str  # the profile's chip family: cpu, gpu, tpu, trn
-    chips: int
-    matched: str | None  # the pattern of the target block that matched, if any
-    matched_span: Span | None
-    mesh: Choice  # value: tuple[(axis, size as written)]; sizes resolved in `mesh_sizes`
-    mesh_sizes: tuple[tuple[str, int], ...]
-    rules: tuple[tuple[str, Choice], ...]  # logical axis -> Choice(tuple of mesh axes)
-    remat: Choice  # value: RematPolicy
-    quantize: Choice  # value: QuantPolicy
-    kernels: tuple[tuple[str, Choice], ...]  # op -> Choice(kernel name or "auto")
-
-    def rule(self, logical: str) -> tuple[str, ...]:
-        return next((c.value for k, c in self.rules if k == logical), ())
-
-    def rule_choice(self, logical: str) -> Choice | None:
-        return next((c for k, c in self.rules if k == logical), None)
-
-    def size(self, mesh_axis: str) -> int:
-        return dict(self.mesh_sizes)[mesh_axis]
-
-
-@dataclass(frozen=True)
-class NamedCall:
-    """An optimizer or schedule with every argument resolved: adamw(lr = 3e-4, b1 = 0.9, ...)."""
-
-    name: str
-    args: tuple[tuple[str, Any], ...]
-
-    def arg(self, key: str, default: Any = None) -> Any:
-        return dict(self.args).get(key, default)
-
-
-class DataKind(StrEnum):
-    DEFAULT = "default"  # the Python standard library's .py files, read as bytes
-    TOKENS = "tokens"  # a flat binary file of token ids
-    TEXT = "text"  # a text file or a directory of them, read as bytes
-
-
-@dataclass(frozen=True)
-class DataSource:
-    kind: DataKind
-    path: str | None = None
-    dtype: str | None = None  # tokens: "u16" or "u32"
-
-
-@dataclass(frozen=True)
-class CheckpointPolicy:
-    every: int = 100
-    keep: int = 3
-    async_save: bool = True
-    dir: str = "checkpoints"
-
-
-@dataclass(frozen=True)
-class TrainSettings:
-    """The resolved `train { }` section: every setting with its value and where it came from.
-
-    Values are ints and floats, a dtype name (dtype, param_dtype), NamedCall (optimizer,
-    schedule), DataSource (data) and CheckpointPolicy (checkpoint).
-    """
-
-    settings: tuple[tuple[str, Choice], ...]
-
-    def get(self, name: str) -> Any:
-        return dict(self.settings)[name].value
-
-    def choice(self, name: str) -> Choice:
-        return dict(self.settings)[name]
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ Every block is checked (a typo in a TPU block fails a CPU build too); what a chi
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from fnmatch import fnmatchcase
 from typing import Any
 
@@ -196,58 +196,84 @@ def _parse_kernels(d: ir.Directive, diags: Diagnostics):
 
 
 # ---------------------------------------------------------------------------- the schedule
+@dataclass(frozen=True)
+class _Overrides:
+    """The matched block's parsed directives, and how to say a setting came from it."""
+
+    target: Target
+    block: ir.Section | None
+    parsed: dict
+
+    @property
+    def default(self) -> ir.Origin:
+        return ir.Origin(ir.OriginKind.PROFILE, where=self.target.profile.name)
+
+    def origin(self, span: Span) -> ir.Origin:
+        return ir.Origin(ir.OriginKind.TARGET_BLOCK, span, where=self.block.pattern)
+
+
 def _schedule(t: Target, block: ir.Section | None, o: dict, diags: Diagnostics) -> ir.Schedule:
-    p = t.profile
-    default = ir.Origin(ir.OriginKind.PROFILE, where=p.name)
+    ov = _Overrides(t, block, o)
+    mesh, sizes = _mesh(ov, diags)
+    return ir.Schedule(
+        name=t.name, profile=t.profile.name, kind=t.profile.kind, chips=t.chips,
+        matched=block.pattern if block else None, matched_span=block.span if block else None,
+        mesh=mesh, mesh_sizes=tuple(sizes.items()), rules=_rules(ov), remat=_remat(ov),
+        quantize=_quantize(ov, diags), kernels=_kernels(ov, diags),
+    )
 
-    def from_spec(span: Span) -> ir.Origin:
-        return ir.Origin(ir.OriginKind.TARGET_BLOCK, span, where=block.pattern)
 
-    # Mesh: a spec's mesh() replaces the profile's whole mesh (unnamed axes are 1).
-    if "mesh" in o:
-        mesh_value, span = o["mesh"]
-        mesh = ir.Choice(mesh_value, from_spec(span))
+def _mesh(ov: _Overrides, diags: Diagnostics) -> tuple[ir.Choice, dict[str, int]]:
+    """A spec's mesh() replaces the profile's whole mesh (unnamed axes are 1)."""
+    t, p = ov.target, ov.target.profile
+    if "mesh" in ov.parsed:
+        value, span = ov.parsed["mesh"]
+        mesh = ir.Choice(value, ov.origin(span))
     else:
-        mesh = ir.Choice(tuple(p.mesh.items()), default)
+        mesh = ir.Choice(tuple(p.mesh.items()), ov.default)
     sizes = resolve_mesh(dict(mesh.value), t.chips)
     if isinstance(sizes, str):
-        diags.error(mesh.span or block_span(block), f"mesh does not fit {t.name} ({t.chips} chips): {sizes}",
+        diags.error(mesh.span or block_span(ov.block), f"mesh does not fit {t.name} ({t.chips} chips): {sizes}",
                     f"use -1 for one axis to take the rest, or build for {p.name}-N")
         sizes = {a: 1 for a in MESH_AXES}
+    return mesh, sizes
 
-    rules = {k: ir.Choice(v, default) for k, v in p.rules.items()}
-    for key, axes, span in o.get("rules", ((), None))[0]:
-        rules[key] = ir.Choice(axes, from_spec(span))
 
-    if "remat" in o:
-        remat = ir.Choice(o["remat"][0], from_spec(o["remat"][1]))
-    else:
-        remat = ir.Choice(ir.RematPolicy(ir.RematKind(p.remat)), default)
+def _rules(ov: _Overrides) -> tuple[tuple[str, ir.Choice], ...]:
+    rules = {k: ir.Choice(v, ov.default) for k, v in ov.target.profile.rules.items()}
+    for key, axes, span in ov.parsed.get("rules", ((), None))[0]:
+        rules[key] = ir.Choice(axes, ov.origin(span))
+    return tuple((k, rules[k]) for k in ir.LOGICAL_AXES if k in rules)
 
-    if "quantize" in o:
-        q, span = o["quantize"]
-        if q.format != "none" and q.format not in p.quantize:
-            have = ", ".join(p.quantize) or "no low-precision formats"
-            diags.error(span, f"{p.name} does not run {q.format} matmuls (it has {have})",
-                        f'use quantize(none) in the block matching "{t.name}"')
-        quantize = ir.Choice(q, from_spec(span))
-    else:
-        quantize = ir.Choice(ir.QuantPolicy(ir.QuantFormat(p.default_quantize), ("blocks/*",)), default)
 
-    kernels = {op: ir.Choice("auto", default) for op in KERNEL_OPS}
-    for key, kernel, span in o.get("kernels", ((), None))[0]:
+def _remat(ov: _Overrides) -> ir.Choice:
+    if "remat" in ov.parsed:
+        policy, span = ov.parsed["remat"]
+        return ir.Choice(policy, ov.origin(span))
+    return ir.Choice(ir.RematPolicy(ir.RematKind(ov.target.profile.remat)), ov.default)
+
+
+def _quantize(ov: _Overrides, diags: Diagnostics) -> ir.Choice:
+    p = ov.target.profile
+    if "quantize" not in ov.parsed:
+        return ir.Choice(ir.QuantPolicy(ir.QuantFormat(p.default_quantize), ("blocks/*",)), ov.default)
+    q, span = ov.parsed["quantize"]
+    if q.format is not ir.QuantFormat.NONE and q.format not in p.quantize:
+        have = ", ".join(p.quantize) or "no low-precision formats"
+        diags.error(span, f"{p.name} does not run {q.format} matmuls (it has {have})",
+                    f'use quantize(none) in the block matching "{ov.target.name}"')
+    return ir.Choice(q, ov.origin(span))
+
+
+def _kernels(ov: _Overrides, diags: Diagnostics) -> tuple[tuple[str, ir.Choice], ...]:
+    p = ov.target.profile
+    kernels = {op: ir.Choice("auto", ov.default) for op in KERNEL_OPS}
+    for key, kernel, span in ov.parsed.get("kernels", ((), None))[0]:
         has = primitives.get(key).kernels.preference(p)
         if kernel != "auto" and kernel not in has:
             diags.error(span, f"{p.name} has no `{kernel}` {key} kernel", f"its kernels: {', '.join(has)} (or auto)")
-        kernels[key] = ir.Choice(kernel, from_spec(span))
-
-    return ir.Schedule(
-        name=t.name, profile=p.name, kind=p.kind, chips=t.chips,
-        matched=block.pattern if block else None, matched_span=block.span if block else None,
-        mesh=mesh, mesh_sizes=tuple(sizes.items()),
-        rules=tuple((k, rules[k]) for k in ir.LOGICAL_AXES if k in rules),
-        remat=remat, quantize=quantize, kernels=tuple(kernels.items()),
-    )
+        kernels[key] = ir.Choice(kernel, ov.origin(span))
+    return tuple(kernels.items())
 
 
 def block_span(block: ir.Section | None) -> Span:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from axdsl.ir import nodes as ir
 from axdsl.ir.nodes import Dim
 from axdsl.primitives.base import Primitive, Signature, Static, StaticKind
 from axdsl.primitives.reductions import ir_fmt

@@ -1,0 +1,118 @@
+"""Resolved settings: the target's schedule (configure_target) and the train settings
+(configure_train), each value with its origin."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from axdsl.errors import Span
+from axdsl.ir.origins import Choice
+
+
+class RematKind(StrEnum):
+    NONE = "none"  # keep every activation
+    FULL = "full"  # keep only the block's input
+    SAVE_DOTS = "save_dots"  # keep matmul outputs without batch dims
+    SAVE = "save"  # keep the named points listed
+    OFFLOAD = "offload"  # move some named points to host memory, keep others
+
+
+@dataclass(frozen=True)
+class RematPolicy:
+    """How the scanned block is rematerialized: none, full, save_dots, save or offload names."""
+
+    kind: RematKind
+    save: tuple[str, ...] = ()
+    offload: tuple[str, ...] = ()
+
+
+class QuantFormat(StrEnum):
+    NONE = "none"
+    FP8 = "fp8"  # e4m3 forward, e5m2 gradients (H100, H200, B200)
+    INT8 = "int8"  # per-channel symmetric, straight-through backward (TPU v5e, v5p)
+
+
+@dataclass(frozen=True)
+class QuantPolicy:
+    """Matmuls with a parameter operand under layer paths matching `layers` run in `format`."""
+
+    format: "QuantFormat"
+    layers: tuple[str, ...] = ("*",)
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """The schedule for one target: profile defaults overridden by the first matching block."""
+
+    name: str  # as requested, e.g. gpu-h100-8
+    profile: str  # e.g. gpu-h100
+    kind: str  # the profile's chip family: cpu, gpu, tpu, trn
+    chips: int
+    matched: str | None  # the pattern of the target block that matched, if any
+    matched_span: Span | None
+    mesh: Choice  # value: tuple[(axis, size as written)]; sizes resolved in `mesh_sizes`
+    mesh_sizes: tuple[tuple[str, int], ...]
+    rules: tuple[tuple[str, Choice], ...]  # logical axis -> Choice(tuple of mesh axes)
+    remat: Choice  # value: RematPolicy
+    quantize: Choice  # value: QuantPolicy
+    kernels: tuple[tuple[str, Choice], ...]  # op -> Choice(kernel name or "auto")
+
+    def rule(self, logical: str) -> tuple[str, ...]:
+        return next((c.value for k, c in self.rules if k == logical), ())
+
+    def rule_choice(self, logical: str) -> Choice | None:
+        return next((c for k, c in self.rules if k == logical), None)
+
+    def size(self, mesh_axis: str) -> int:
+        return dict(self.mesh_sizes)[mesh_axis]
+
+
+@dataclass(frozen=True)
+class NamedCall:
+    """An optimizer or schedule with every argument resolved: adamw(lr = 3e-4, b1 = 0.9, ...)."""
+
+    name: str
+    args: tuple[tuple[str, Any], ...]
+
+    def arg(self, key: str, default: Any = None) -> Any:
+        return dict(self.args).get(key, default)
+
+
+class DataKind(StrEnum):
+    DEFAULT = "default"  # the Python standard library's .py files, read as bytes
+    TOKENS = "tokens"  # a flat binary file of token ids
+    TEXT = "text"  # a text file or a directory of them, read as bytes
+
+
+@dataclass(frozen=True)
+class DataSource:
+    kind: DataKind
+    path: str | None = None
+    dtype: str | None = None  # tokens: "u16" or "u32"
+
+
+@dataclass(frozen=True)
+class CheckpointPolicy:
+    every: int = 100
+    keep: int = 3
+    async_save: bool = True
+    dir: str = "checkpoints"
+
+
+@dataclass(frozen=True)
+class TrainSettings:
+    """The resolved `train { }` section: every setting with its value and where it came from.
+
+    Values are ints and floats, a dtype name (dtype, param_dtype), NamedCall (optimizer,
+    schedule), DataSource (data) and CheckpointPolicy (checkpoint).
+    """
+
+    settings: tuple[tuple[str, Choice], ...]
+
+    def get(self, name: str) -> Any:
+        return dict(self.settings)[name].value
+
+    def choice(self, name: str) -> Choice:
+        return dict(self.settings)[name]
