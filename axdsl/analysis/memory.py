@@ -74,7 +74,7 @@ class UpdateSkip(Enum):
     COND = "cond"  # jax.lax.cond: the update is written in place
 
 
-# The generated train step (templates/train.py.j2, `train_step`'s `keep`) keeps the old state
+# The generated train step (`make_train_step` in train.py, its `keep`) keeps the old state
 # with an elementwise select; `axdsl aot` models its update with this, not by reading train.py.
 GENERATED_UPDATE_SKIP = UpdateSkip.SELECT
 # The optimizer update with a skip-on-non-finite select computes new parameters and moments
