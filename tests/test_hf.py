@@ -1,4 +1,4 @@
-"""Hugging Face interop (axdsl/hf.py): import-hf and export-hf against real transformers models.
+"""Hugging Face interop (axdsl/hf/): import-hf and export-hf against real transformers models.
 
 For every family a tiny random transformers model (PyTorch on CPU, float32) is saved with
 save_pretrained, imported into a matching spec, and the generated model's logits are compared with
@@ -395,7 +395,7 @@ PUBLISHED = {
 @pytest.mark.parametrize("spec,model", list(PUBLISHED))
 def test_zoo_specs_match_published_configs(spec, model):
     """The zoo's real-size specs are the published HF models, field by field (no jax, no torch)."""
-    archs = {a.name: a for a in axhf._load_spec(ROOT / "specs" / f"{spec}.axl")}
+    archs = {a.name: a for a in axhf.load_spec(ROOT / "specs" / f"{spec}.axl")}
     arch = archs[model]
     published = PUBLISHED[(spec, model)]
     family = axhf.family_of_config(published)

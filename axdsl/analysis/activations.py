@@ -1,0 +1,154 @@
+"""Activations of one micro-batch: what the backward keeps (saved) and its largest transient (working).
+
+The scanned block keeps, per layer, what its remat policy keeps (none: every residual; full: the
+layer input; save_dots: the layer input and the matmul outputs the backward needs directly or to
+recompute a residual; save/offload names: the layer input and those points, offloaded ones on the
+host), plus the residuals outside the scan and of the loss (float32 softmax over the vocabulary).
+The working set is the larger of the loss's and one layer's backward transients (both, without
+remat). See `memory.py` for the whole model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from axdsl.analysis.layout import DTYPE_BYTES, Layout
+from axdsl.analysis.trace import Tracer
+from axdsl.analysis.values import Scope, Val
+from axdsl.ir import nodes as ir
+
+
+@dataclass(frozen=True)
+class Activations:
+    """Bytes per chip of one micro-batch's activations."""
+
+    saved: int  # kept for the backward (all layers)
+    working: int  # the largest backward transient
+    offloaded: int  # on host memory
+    saved_per_layer: int
+    layers: int
+    working_kind: str  # "loss" or "layer"
+    detail: dict[str, int] = field(default_factory=dict)  # saved per layer, by value
+
+
+@dataclass
+class _Blocks:
+    """The scanned blocks' totals, summed layer by layer."""
+
+    saved: float = 0.0  # starts with what the layers outside the scan keep
+    offloaded: float = 0.0
+    per_layer: float = 0.0
+    layers: int = 0
+    working: float = 0.0
+    detail: dict[str, int] = field(default_factory=dict)
+
+
+def trace_activations(root: ir.Instance, layout: Layout, batch: int, seq: int,
+                      remat: ir.RematPolicy | None) -> Activations:
+    """Trace the model and its loss; `remat` replaces every scanned block's policy."""
+    t = Tracer(root, layout, batch, seq)
+    args = [Val(a.dims, "i32", "input", f"/{a.name}") for a in root.forward.args]
+    loss_working = loss(t, t.call(root, args))
+    blocks = _Blocks(saved=sum(t.nbytes(v) for v in t.outer.residuals.values()))
+    policies = []
+    for inst, layer, x in t.blocks:
+        policy = remat or inst.remat or ir.RematPolicy("none")
+        policies.append(policy)
+        _add_block(t, blocks, inst, layer, x, policy)
+    if all(p.kind == "none" for p in policies):
+        working = loss_working + blocks.working  # measured: XLA reuses neither for the other
+    else:
+        working = max(loss_working, blocks.working)
+    return Activations(
+        saved=int(blocks.saved), working=int(working), offloaded=int(blocks.offloaded),
+        saved_per_layer=int(blocks.per_layer), layers=blocks.layers, detail=blocks.detail,
+        working_kind="loss" if loss_working >= blocks.working else "layer",
+    )
+
+
+def _add_block(t: Tracer, blocks: _Blocks, inst: ir.Instance, layer: Scope, x: Val,
+               policy: ir.RematPolicy) -> None:
+    """One scanned block: `repeat` layers that each keep what `policy` keeps."""
+    n = int(inst.repeat.value)
+    kept, host = kept_values(layer, x, policy)
+    kept_bytes = sum(t.nbytes(v) for v in kept)
+    blocks.per_layer += kept_bytes
+    blocks.layers += n
+    blocks.saved += n * kept_bytes
+    blocks.offloaded += n * sum(t.nbytes(v) for v in host)
+    for v in kept:
+        key = f"{inst.path}: {v.label}"
+        blocks.detail[key] = blocks.detail.get(key, 0) + int(t.nbytes(v))
+    # Backward of one layer: its residuals again, recomputed where remat dropped them
+    # (XLA frees each as the backward consumes it, and cotangents reuse the space).
+    all_res = sum(t.nbytes(v) for v in layer.residuals.values())
+    recompute = max(all_res - sum(t.nbytes(v) for v in kept if id(v) in layer.residuals), 0.0)
+    if policy.kind == "none":
+        # Nothing to recompute, but the stacked residuals stay allocated until the scan's
+        # backward ends: the layer's cotangents (its two largest) need space of their own.
+        sizes = sorted((t.nbytes(v) for v in layer.values if v.dims), reverse=True)
+        recompute = sum(sizes[:2])
+    blocks.working = max(blocks.working, recompute + gathered_weights(t, inst))
+
+
+def kept_values(layer: Scope, x: Val, policy: ir.RematPolicy) -> tuple[list[Val], list[Val]]:
+    """(on device, on host): what one layer keeps for the backward under `policy`."""
+    residuals = list(layer.residuals.values())
+    if policy.kind == "none":
+        return residuals, []
+    if policy.kind == "full":
+        return [x], []
+    if policy.kind == "save_dots":
+        saveable = {id(v) for v in layer.values if v.dot}
+    else:
+        saveable = {id(v) for v in layer.values if v.point in policy.save + policy.offload}
+    chosen: dict[int, Val] = {id(x): x}
+    seen: set[int] = set()
+
+    def visit(v: Val) -> None:  # walk back from a residual to the values it is recomputed from
+        v = v.base
+        if id(v) in seen:
+            return
+        seen.add(id(v))
+        if v is x or v.kind in ("param", "lit"):
+            return
+        if id(v) in saveable:
+            chosen[id(v)] = v
+            return
+        for u in v.inputs:
+            visit(u)
+
+    for r in residuals:
+        visit(r)
+    host = [v for v in chosen.values() if v.point in policy.offload]
+    device = [v for v in chosen.values() if v.point not in policy.offload]
+    return device, host
+
+
+def gathered_weights(t: Tracer, inst: ir.Instance) -> float:
+    """One layer's weights gathered over the batch (FSDP) axes, in the compute dtype."""
+    fsdp = set(t.layout.batch_axes())
+    if not fsdp:
+        return 0.0
+    total = 0.0
+    for i in inst.walk():
+        for p in i.params:
+            full = t.layout.param_elements(replace(p, stack=()), exclude=tuple(fsdp))
+            sharded = t.layout.param_elements(replace(p, stack=()))
+            if full != sharded:
+                total += full * DTYPE_BYTES[t.compute or p.dtype.name]
+    return total
+
+
+def loss(t: Tracer, logits: Val) -> float:
+    """Cross-entropy over float32 logits (in train.py): saves exp(logits) in float32 (in the
+    outer scope) and returns the working bytes at the loss: the logits in f32, their gradient in
+    f32 and in the compute dtype of the head matmul."""
+    f32 = logits if logits.dtype == "f32" else Val(logits.dims, "f32", "op", "logits (f32)", (logits,))
+    soft = Val(f32.dims, "f32", "internal", "softmax(logits)", (f32,))
+    t.outer.values += [f32, soft]
+    t.outer.save(soft)
+    one = t.nbytes(f32)
+    head = logits.inputs[0] if logits.label.endswith(": cast") and logits.inputs else logits
+    low = t.nbytes(head) if head.dtype != "f32" else 0.0
+    return one + one + low

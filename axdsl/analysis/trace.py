@@ -1,0 +1,148 @@
+"""Trace a model's forward over the IR, recording every value and what the backward keeps.
+
+The tracer walks each forward's statements; each operation asks its rule in `residuals` what it
+saves. A repeated (scanned) child is traced once, in a scope of its own, so that the remat policy
+can be applied per layer (`activations`).
+"""
+
+from __future__ import annotations
+
+from axdsl.analysis import residuals
+from axdsl.analysis.layout import DTYPE_BYTES, Layout
+from axdsl.analysis.values import Scope, Val
+from axdsl.ir import nodes as ir
+from axdsl.passes.annotate_sharding import FREE_DIM_AXES
+
+
+def compute_dtype(root: ir.Instance) -> str | None:
+    """The dtype every parameter is cast to at the model entry, when the model says so."""
+    d, pd = root.hparam("dtype"), root.hparam("param_dtype")
+    if d is None or pd is None:
+        return None
+    return d.value.value.name
+
+
+class Tracer:
+    """Evaluates forwards symbolically: values with dims and dtypes, residuals per scope."""
+
+    def __init__(self, root: ir.Instance, layout: Layout, batch: int, seq: int) -> None:
+        self.root, self.layout, self.batch, self.seq = root, layout, batch, seq
+        self.compute = compute_dtype(root)
+        self.outer = Scope()
+        self.scope = self.outer
+        self.blocks: list[tuple[ir.Instance, Scope, Val]] = []  # (scanned child, its layer, its input)
+
+    def nbytes(self, v: Val) -> float:
+        """Bytes of `v` on one chip."""
+        return self.layout.elements(v.dims, self.batch, self.seq, v.weight) * DTYPE_BYTES[v.dtype]
+
+    def new(self, dims, dtype, label, inputs=(), kind="op", **kw) -> Val:
+        """A value computed in the current scope."""
+        v = Val(tuple(dims), dtype, kind, label, tuple(inputs), **kw)
+        self.scope.values.append(v)
+        return v
+
+    def save(self, v: Val) -> None:
+        """Keep `v` for the backward (in the current scope)."""
+        self.scope.save(v)
+
+    # ------------------------------------------------------------- evaluation
+    def call(self, inst: ir.Instance, args: list[Val]) -> Val:
+        fwd = inst.forward
+        bind = bind_dims(fwd.args, args)
+        env = {a.name: v for a, v in zip(fwd.args, args)}
+        for stmt in fwd.body:
+            v = self.ev(stmt.value, inst, env, bind)
+            if isinstance(stmt, ir.Ret):
+                return v
+            if stmt.point:
+                v.point = stmt.point
+                if v.kind == "view":
+                    v.base.point = stmt.point
+            env[stmt.name] = v
+        raise ValueError(f"{inst.path}: forward without return")
+
+    def dims(self, e: ir.TExpr, bind: dict) -> tuple[ir.Dim, ...]:
+        t = e.type
+        if not isinstance(t, ir.TensorType):
+            return ()
+        out: list[ir.Dim] = []
+        for d in t.dims:
+            if d.is_ellipsis or (d.size is None and d.name in bind):
+                out.extend(bind.get(d.name, ()))
+            else:
+                out.append(d)
+        return tuple(out)
+
+    def param_val(self, p: ir.Param, label: str) -> Val:
+        dtype = self.compute or p.dtype.name
+        return Val(p.dims, dtype, "param", label)
+
+    def ref(self, e: ir.Ref, inst: ir.Instance, env: dict) -> Val:
+        if e.kind in ("local", "arg"):
+            return env[e.name]
+        if e.kind == "param":
+            return self.param_val(inst.param(e.name), f"{inst.path}/{e.name}")
+        if e.kind == "child_param":
+            child = inst.child(e.owner)
+            return self.param_val(child.param(e.name), f"{child.path}/{e.name}")
+        return Val((), "f32", "lit", e.name)
+
+    def ev(self, e: ir.TExpr, inst: ir.Instance, env: dict, bind: dict) -> Val:
+        if isinstance(e, ir.Ref):
+            return self.ref(e, inst, env)
+        if isinstance(e, ir.Lit):
+            return Val((), "f32", "lit", repr(e.value))
+        if isinstance(e, ir.Neg):
+            x = self.ev(e.operand, inst, env, bind)
+            return self.new(x.dims, x.dtype, "neg", (x,))
+        if isinstance(e, ir.Bin):
+            a = self.ev(e.left, inst, env, bind)
+            b = self.ev(e.right, inst, env, bind)
+            return residuals.binary(self, e.op, a, b, self.dims(e, bind), inst.path)
+        if isinstance(e, ir.CallChild):
+            args = [self.ev(a, inst, env, bind) for a in e.args]
+            child = inst.child(e.child)
+            if child.repeat is not None:
+                return self.scanned(child, args[0])
+            return self.call(child, args)
+        return self.prim(e, inst, env, bind)
+
+    def scanned(self, child: ir.Instance, x: Val) -> Val:
+        """A repeated child: trace one layer in its own scope; the scan output is a new value."""
+        outer = self.scope
+        layer = Scope()
+        self.scope = layer
+        x_in = Val(x.dims, x.dtype, "input", f"{child.path} input")
+        self.call(child, [x_in])
+        self.scope = outer
+        self.blocks.append((child, layer, x_in))
+        return self.new(x.dims, x.dtype, f"{child.path} output", (x,))
+
+    def prim(self, e: ir.Prim, inst: ir.Instance, env: dict, bind: dict) -> Val:
+        if e.name == "quantized":  # evaluate the wrapped matmul's operands, not the matmul
+            inner = e.args[0]
+            operands = (inner.left, inner.right) if isinstance(inner, ir.Bin) else inner.args
+            vals = [self.ev(o, inst, env, bind) for o in operands]
+            return residuals.quantized(self, e, vals, self.dims(e, bind), inst.path)
+        args = [self.ev(a, inst, env, bind) for a in e.args]
+        rule = residuals.residuals_rule(e.name)
+        return rule(self, e, args, self.dims(e, bind), f"{inst.path}: {e.name}")
+
+
+def bind_dims(decl: tuple[ir.Arg, ...], actual: list[Val]) -> dict[str, tuple[ir.Dim, ...]]:
+    """Free dims and `...` of a forward's arguments, bound to the caller's actual dims."""
+    out: dict[str, tuple[ir.Dim, ...]] = {}
+    for a, v in zip(decl, actual):
+        dims = a.dims
+        if any(d.is_ellipsis for d in dims):
+            i = next(j for j, d in enumerate(dims) if d.is_ellipsis)
+            tail = len(dims) - i - 1
+            out["..."] = tuple(v.dims[i:len(v.dims) - tail])
+            pairs = list(zip(dims[:i], v.dims[:i])) + list(zip(dims[i + 1:], v.dims[len(v.dims) - tail:]))
+        else:
+            pairs = list(zip(dims, v.dims))
+        for d, got in pairs:
+            if d.size is None and not d.is_ellipsis and d.name not in FREE_DIM_AXES:
+                out[d.name] = (got,)
+    return out

@@ -1,0 +1,73 @@
+"""The values of a traced forward (for the memory model): tensors, scopes and dtype promotion."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from axdsl.ir import nodes as ir
+
+_FLOAT_RANK = {"fp8_e4m3": 1, "fp8_e5m2": 1, "bf16": 2, "f16": 2, "f32": 3, "f64": 4}
+
+
+@dataclass(eq=False)
+class Val:
+    """A tensor value of the traced forward (compared by identity)."""
+
+    dims: tuple[ir.Dim, ...]
+    dtype: str
+    kind: str  # input, param, lit, op, internal, view
+    label: str
+    inputs: tuple["Val", ...] = ()
+    point: str | None = None
+    dot: bool = False  # a matmul output without batch dims (save_dots keeps these)
+    weight: bool = False  # a gathered weight (sized without the batch mesh axes)
+
+    @property
+    def base(self) -> "Val":
+        v = self
+        while v.kind == "view":
+            v = v.inputs[0]
+        return v
+
+    @property
+    def differentiable(self) -> bool:
+        return self.kind != "lit"
+
+    @property
+    def activation(self) -> bool:
+        return self.base.kind not in ("param", "lit")
+
+
+class Scope:
+    """Values and residuals of one scope (the whole model outside the scan, or one layer)."""
+
+    def __init__(self) -> None:
+        self.values: list[Val] = []
+        self.residuals: dict[int, Val] = {}
+
+    def save(self, v: Val) -> None:
+        v = v.base
+        if v.kind in ("param", "lit") or not v.dims:
+            return
+        self.residuals.setdefault(id(v), v)
+
+
+def promote(*vals: Val) -> str:
+    """jnp type promotion for the dtypes here: scalars (literals) are weak."""
+    tensors = [v.dtype for v in vals if v.kind != "lit" and v.dims]
+    if not tensors:
+        return vals[0].dtype if vals else "f32"
+    floats = [d for d in tensors if d in _FLOAT_RANK]
+    if not floats:
+        return tensors[0]
+    best = max(floats, key=lambda d: _FLOAT_RANK[d])
+    if {"bf16", "f16"} <= set(floats) and _FLOAT_RANK[best] == 2:
+        return "f32"
+    return best
+
+
+def attr_value(v, default=None):
+    """A primitive attribute's plain value (an HValue unwrapped), or `default` when unset."""
+    if v is None:
+        return default
+    return v.value if isinstance(v, ir.HValue) else v

@@ -1,0 +1,97 @@
+"""`axdsl aot SPEC --target T`: will the training step fit on the target, and how fast can it go?
+
+Before anything is launched on real hardware:
+
+1. build the spec for the target in memory (`axdsl.build.build_files`), as `axdsl build` would;
+2. estimate per-chip memory (parameters, gradients, optimizer state, weight copies, activations
+   under the target's remat policy) and model FLOPs from the IR (`axdsl.analysis`, no jax);
+3. lower THE generated train step (`train.make_train_step`) with jax on abstract inputs
+   (`train.abstract_state`, `train.batch_sharding`) over as many fake CPU devices as the target
+   has chips, laid out by the generated `make_mesh`: nothing is allocated. GPU and TPU targets are
+   lowered for their own platform (`lowering_platforms`), so the StableHLO is the target's;
+4. with libtpu installed, TPU targets are also compiled for the real topology
+   (`jax.experimental.topologies`) and XLA's exact per-chip memory is printed; with `--compile`,
+   CPU targets are compiled on this machine and XLA's `memory_analysis()` is printed beside the
+   analytic figures (a GPU or TPU step is never compiled for the CPU and reported as the target's).
+
+Exit codes: 0 fits, 3 does not fit (with concrete suggestions), 1 the generated step failed to
+lower. Compile errors in the spec raise CompileError, which the CLI prints (exit 1).
+
+jax is imported only here, lazily, after XLA_FLAGS asks for enough host devices. When jax is
+already imported with fewer devices (a test process, a notebook), the lowering runs in a
+subprocess, `python -m axdsl.aot --lower ...`, which prints its result as one JSON line.
+
+The package: `report.py` (Report, exit codes), `lower.py` (lowering and compiling),
+`suggest.py` (the search for a layout that fits), `render.py` (the text), `__main__.py`
+(the subprocess side).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from axdsl.analysis.flops import model_flops, param_count
+from axdsl.analysis.memory import GENERATED_UPDATE_SKIP, UpdateSkip, estimate_memory
+from axdsl.aot.lower import lower_step, xla_total
+from axdsl.aot.render import render
+from axdsl.aot.report import EXIT_ERROR, EXIT_FITS, EXIT_NO_FIT, USABLE_FRACTION, Report
+from axdsl.aot.suggest import suggest
+from axdsl.targets import profiles
+
+__all__ = ["EXIT_ERROR", "EXIT_FITS", "EXIT_NO_FIT", "USABLE_FRACTION", "Report", "analyze",
+           "lower_step", "render", "run", "suggest", "xla_total"]
+
+
+class AotError(Exception):
+    """A user mistake on the command line (an unknown model): printed, exit 1."""
+
+
+def run(spec: Path, target: str, model: str | None = None, batch: int | None = None,
+        seq: int | None = None, compile: bool = False) -> int:
+    """Print the fit report of `spec`'s training step on `target`; return the exit code."""
+    try:
+        report = analyze(spec, target, model, batch, seq, compile=compile, lower=True)
+    except AotError as exc:
+        print(f"axdsl aot: error: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    print(render(report))
+    if report.lowering.get("error"):
+        return EXIT_ERROR
+    return EXIT_FITS if report.fits else EXIT_NO_FIT
+
+
+def analyze(spec: Path, target: str, model: str | None = None, batch: int | None = None,
+            seq: int | None = None, compile: bool = False, lower: bool = True) -> Report:
+    """Build, estimate and (with `lower`) lower the step; the data behind `run`'s report."""
+    from axdsl.build import build_files
+    from axdsl.pipeline import compile_spec
+
+    spec = Path(spec)
+    module = compile_spec(spec, target)
+    names = [m.name for m in module.models]
+    model = model or names[0]
+    if model not in names:
+        raise AotError(f"no model `{model}` in {spec}; its models: {', '.join(names)}")
+    batch = batch or module.train_settings.get("batch")
+    seq = seq or module.train_settings.get("seq")
+    sched = module.schedule
+    profile = profiles()[sched.profile]
+    m = next(x for x in module.models if x.name == model)
+    files = build_files(spec, target)
+    # The generated step's skip-on-non-finite select costs memory at the update (see memory.py).
+    select = "train.py" in files and GENERATED_UPDATE_SKIP is UpdateSkip.SELECT
+    est = estimate_memory(module, model, batch=batch, seq=seq, update_select=select)
+    pc = param_count(m)
+    report = Report(spec=spec, target=target, profile=profile, model=model, estimate=est,
+                    flops=model_flops(m, seq), params_total=pc.total, params_embedding=pc.embedding,
+                    hbm=profile.hbm_bytes)
+    if not report.fits:
+        report.suggestions = suggest(module, model, est, report.usable, target, select)
+    if lower:
+        if "train.py" not in files:
+            report.lowering = {"skipped": "the spec's first model is not a language model: no train.py"}
+        else:
+            report.lowering = lower_step(files, spec, target, model, batch, seq, sched.chips,
+                                         sched.kind, compile)
+    return report

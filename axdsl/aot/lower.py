@@ -1,0 +1,214 @@
+"""Lowering THE generated train step with jax, on abstract inputs, over fake CPU devices.
+
+`lower_step` lowers here when jax can have as many host devices as the target has chips (jax not
+yet imported, or imported with enough), else in a subprocess, `python -m axdsl.aot --lower ...`,
+which prints its result as one JSON line. GPU and TPU targets are lowered for their own platform;
+with libtpu installed, TPU targets are also compiled for the real topology.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+RESULT_TAG = "AXDSL_AOT_RESULT "
+PLATFORMS = {"cpu": "cpu", "gpu": "cuda", "tpu": "tpu"}
+# TPU topologies by chip count for jax.experimental.topologies (2-D tori for v5e/v6e, 3-D for v4/v5p).
+TPU_TOPOLOGY_2D = {1: "1x1", 4: "2x2", 8: "2x4", 16: "4x4", 32: "4x8", 64: "8x8", 128: "8x16", 256: "16x16"}
+TPU_TOPOLOGY_3D = {4: "2x2x1", 8: "2x2x2", 16: "2x2x4", 32: "2x4x4", 64: "4x4x4", 128: "4x4x8", 256: "4x8x8"}
+
+
+# ---------------------------------------------------------------------------- lowering
+def lower_step(files: dict[str, str], spec: Path, target: str, model: str, batch: int, seq: int,
+               chips: int, kind: str, compile: bool) -> dict:
+    """Lower the generated step here when jax can have `chips` devices, else in a subprocess."""
+    if _can_run_here(chips):
+        return lower_here(files, model, batch, seq, chips, kind, compile)
+    return _lower_in_subprocess(spec, target, model, batch, seq, chips, compile)
+
+
+def _can_run_here(chips: int) -> bool:
+    if "jax" not in sys.modules:
+        request_devices(chips)
+        return True
+    import jax
+
+    try:
+        return len(jax.devices("cpu")) >= chips
+    except RuntimeError:
+        return False
+
+
+def request_devices(chips: int) -> None:
+    """Ask XLA for `chips` host devices; must run before jax is imported."""
+    flags = os.environ.get("XLA_FLAGS", "")
+    m = re.search(r"--xla_force_host_platform_device_count=(\d+)", flags)
+    if m and int(m.group(1)) >= chips:
+        return
+    flags = re.sub(r"--xla_force_host_platform_device_count=\d+", "", flags).strip()
+    os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={chips}".strip()
+
+
+def _lower_in_subprocess(spec: Path, target: str, model: str, batch: int, seq: int, chips: int,
+                         compile: bool) -> dict:
+    env = dict(os.environ)
+    flags = re.sub(r"--xla_force_host_platform_device_count=\d+", "", env.get("XLA_FLAGS", "")).strip()
+    env["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={chips}".strip()
+    root = str(Path(__file__).resolve().parents[2])  # the directory holding axdsl/
+    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    cmd = [sys.executable, "-m", "axdsl.aot", "--lower", str(spec), "--target", target,
+           "--model", model, "--batch", str(batch), "--seq", str(seq)] + (["--compile"] if compile else [])
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    for line in reversed(proc.stdout.splitlines()):
+        if line.startswith(RESULT_TAG):
+            result = json.loads(line[len(RESULT_TAG):])
+            result["subprocess"] = True
+            return result
+    tail = (proc.stderr or proc.stdout).strip().splitlines()[-5:]
+    return {"error": f"lowering subprocess exited {proc.returncode}: " + " | ".join(tail)}
+
+def lower_here(files: dict[str, str], model: str, batch: int, seq: int, chips: int, kind: str,
+               compile: bool) -> dict:
+    """Import the generated files as a throwaway package and lower (maybe compile) its step."""
+    tmp = Path(tempfile.mkdtemp(prefix="axdsl_aot_"))
+    package = f"_axdsl_aot_{os.getpid()}_{abs(hash(files['model.py'])) % 10**8}"
+    (tmp / package).mkdir()
+    for name, text in files.items():
+        (tmp / package / name).write_text(text, encoding="utf-8")
+    sys.path.insert(0, str(tmp))
+    result: dict = {"devices": chips, "platform": PLATFORMS.get(kind, "cpu")}
+    try:
+        train = importlib.import_module(f"{package}.train")
+        mod = importlib.import_module(f"{package}.model")
+        _lower_generated(train, mod, result, model, batch, seq, chips, kind, compile)
+    except Exception as exc:  # noqa: BLE001 - the generated code failed: say so, exit 1
+        msg = _short(exc)
+        if "cuDNN" in msg or "cudnn" in msg:
+            result["skipped"] = ("the step uses cuDNN attention, which jax traces only on a machine "
+                                 "with an NVIDIA GPU; the figures are analytic only")
+        else:
+            result["error"] = f"lowering the generated train step failed: {type(exc).__name__}: {msg}"
+    finally:
+        sys.path.remove(str(tmp))
+        for name in [n for n in sys.modules if n == package or n.startswith(package + ".")]:
+            del sys.modules[name]
+        shutil.rmtree(tmp, ignore_errors=True)
+    return result
+
+
+def _lower_generated(train, mod, result: dict, model: str, batch: int, seq: int, chips: int,
+                     kind: str, compile: bool) -> None:
+    """Check the configuration, lower the step on the mesh, then compile where it means something."""
+    import jax
+    import jax.numpy as jnp
+
+    tc = dataclasses.replace(train.TRAIN, model=model, batch=batch, seq=seq)
+    cfg = mod.CONFIGS[model]
+    mesh = mod.make_mesh(jax.devices("cpu")[:chips])
+    result["mesh"] = {k: int(v) for k, v in mesh.shape.items()}
+    if hasattr(train, "check_config"):
+        try:
+            train.check_config(cfg, tc, mesh)
+        except SystemExit as exc:
+            result["error"] = f"the generated train.py rejects this configuration: {exc}"
+            return
+    t0 = time.perf_counter()
+    # abstract_state and make_train_step make a PRNG key eagerly (for eval_shape): outside
+    # the mesh, on the default device, which also works for a TPU topology without chips.
+    state = train.abstract_state(cfg, tc, mesh)
+    tokens = jax.ShapeDtypeStruct((tc.batch, tc.seq + 1), jnp.int32, sharding=train.batch_sharding(mesh))
+    step = train.make_train_step(cfg, tc, mesh)
+    with jax.set_mesh(mesh):  # the model pins activation layouts only inside a mesh context
+        lowered = _lower_for_platform(step, state, tokens, result)
+        result["lower_s"] = round(time.perf_counter() - t0, 2)
+        result["hlo_chars"] = len(lowered.as_text())
+        if compile and result["platform"] == "cpu" and kind == "cpu":
+            t0 = time.perf_counter()
+            compiled = lowered.compile()
+            result["compile_s"] = round(time.perf_counter() - t0, 2)
+            result["xla"] = _memory_stats(compiled.memory_analysis())
+        elif compile:
+            result["compile_note"] = (f"not compiled: a {kind} step compiled for this CPU would not "
+                                      f"give the {kind}'s memory")
+    if kind == "tpu":
+        result.update(_tpu_compile(train, mod, cfg, tc, chips))
+
+
+def _lower_for_platform(step, state, tokens, result: dict):
+    """Lower for the target's platform; if that fails (not cpu), say why and lower for the CPU."""
+    platform = result["platform"]
+    try:
+        return step.trace(state, tokens).lower(lowering_platforms=(platform,))
+    except Exception as exc:  # noqa: BLE001 - report why, then fall back to the CPU lowering
+        if platform == "cpu":
+            raise
+        result["note"] = f"lowering for {platform} failed ({_short(exc)}); lowered for cpu instead"
+        result["platform"] = "cpu"
+        return step.trace(state, tokens).lower(lowering_platforms=("cpu",))
+
+
+def _tpu_compile(train, mod, cfg, tc, chips: int) -> dict:
+    """Compile for the real TPU topology when libtpu is installed (exact per-chip memory)."""
+    import importlib.util
+
+    if importlib.util.find_spec("libtpu") is None:
+        return {"tpu": "libtpu is not installed: figures are analytic. For XLA's exact per-chip "
+                       "memory of this TPU, `pip install libtpu` (the version jax[tpu] pins) and rerun"}
+    import jax
+    import jax.numpy as jnp
+    from jax.experimental import topologies
+
+    name = _tpu_topology_name(train.TARGET, chips)
+    if name is None:
+        return {"tpu": f"no known TPU topology for {chips} chips of {train.TARGET}"}
+    try:
+        topo = topologies.get_topology_desc(name, "tpu")
+        mesh = mod.make_mesh(list(topo.devices))
+        state = train.abstract_state(cfg, tc, mesh)  # (its PRNG key cannot run on a topology)
+        tokens = jax.ShapeDtypeStruct((tc.batch, tc.seq + 1), jnp.int32, sharding=train.batch_sharding(mesh))
+        t0 = time.perf_counter()
+        step = train.make_train_step(cfg, tc, mesh)
+        with jax.set_mesh(mesh):
+            compiled = step.lower(state, tokens).compile()
+        seconds = round(time.perf_counter() - t0, 2)
+        return {"tpu_topology": name, "xla": _memory_stats(compiled.memory_analysis()), "compile_s": seconds}
+    except Exception as exc:  # noqa: BLE001
+        return {"tpu": f"compiling for TPU topology {name} failed: {_short(exc)}"}
+
+
+def _tpu_topology_name(target: str, chips: int) -> str | None:
+    m = re.match(r"tpu-(v\d+[a-z]*)", target)
+    if not m:
+        return None
+    gen = m.group(1)
+    table = TPU_TOPOLOGY_2D if gen in ("v5e", "v6e") else TPU_TOPOLOGY_3D
+    shape = table.get(chips)
+    return f"{gen}:{shape}" if shape else None
+
+
+def _memory_stats(ma) -> dict:
+    if ma is None:
+        return {}
+    keys = ("argument_size_in_bytes", "output_size_in_bytes", "alias_size_in_bytes",
+            "temp_size_in_bytes", "generated_code_size_in_bytes")
+    return {k.replace("_size_in_bytes", ""): int(getattr(ma, k, 0) or 0) for k in keys}
+
+
+def xla_total(xla: dict) -> int:
+    """Peak bytes per device by XLA's accounting: arguments + temporaries + non-donated outputs."""
+    return xla["argument"] + xla["temp"] + max(xla["output"] - xla["alias"], 0)
+
+
+def _short(exc: Exception) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0][:300] if text else type(exc).__name__
+

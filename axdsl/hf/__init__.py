@@ -1,0 +1,83 @@
+"""Hugging Face interop: `axdsl import-hf` and `axdsl export-hf`.
+
+    axdsl import-hf SPEC HF_DIR [--model NAME] [--out DIR]    safetensors -> orbax params checkpoint
+    axdsl export-hf SPEC CKPT_DIR OUT_DIR [--model NAME]      orbax checkpoint -> config.json + model.safetensors
+
+Families (detected from config.json's `model_type`, or chosen from the spec's structure on export):
+
+| family    | transformers class   | axdsl structure (std/transformer.axl)                              |
+|-----------|----------------------|--------------------------------------------------------------------|
+| gpt2      | GPT2LMHeadModel      | learned positions, LayerNorm, biased attention, MLP(act = "gelu")  |
+| llama     | LlamaForCausalLM     | RoPE, RMSNorm, SwiGLU                                              |
+| mistral   | MistralForCausalLM   | llama with Attention(window = W)                                   |
+| mixtral   | MixtralForCausalLM   | llama with MoE (normalize = true), optional window                 |
+| qwen3     | Qwen3ForCausalLM     | llama with Attention(qk_norm = true)                               |
+| qwen3_moe | Qwen3MoeForCausalLM  | qk_norm and MoE (normalize = norm_topk_prob)                       |
+
+**The checkpoint** that `import-hf` writes (default `runs/<spec-stem>-hf/params`) is a params-only
+orbax checkpoint, written with `ocp.StandardCheckpointer`, whose tree is exactly the tree of the
+generated `init_params(cfg, key)` (nested dicts; the repeated blocks' parameters stacked with a
+leading `layers` dim), each array in the model's `param_dtype`. Restore it with
+
+    abstract = jax.eval_shape(lambda k: model.init_params(cfg, k), jax.random.key(0))
+    params = ocp.StandardCheckpointer().restore(path, abstract)
+
+`export-hf` reads such a params checkpoint, or a `train.py` run: the run directory, its
+`checkpoints/` directory (newest step) or one step directory, whose orbax Composite holds a
+"state" item with `state["params"]` (only the params are read).
+
+**The layout mapping** (HF nn.Linear weights are [out, in]; axdsl's are [in, ...]):
+
+    embed_tokens / wte                 [vocab, dim]          embed/table
+    lm_head                            [vocab, dim]          head [dim, vocab] (absent when tied)
+    q_proj                             [heads*hd, dim]       attn/wq [dim, heads, hd]
+    k_proj, v_proj                     [kv*hd, dim]          attn/wk, wv [dim, kv_heads, hd]
+    o_proj                             [dim, heads*hd]       attn/wo [heads, hd, dim]
+    q_norm, k_norm                     [hd]                  attn/q_norm/scale, k_norm/scale
+    gate_proj, up_proj / down_proj     [ffn, dim] / [dim, ffn]  mlp/w_gate, w_up [dim, ffn] / w_down [ffn, dim]
+    router gate                        [experts, dim]        mlp/router [dim, experts]
+    experts.E.w1 (gate_proj), w3 (up_proj)  [ffn, dim]       mlp/w_gate, w_up [experts, dim, ffn]
+    experts.E.w2 (down_proj)           [dim, ffn]            mlp/w_down [experts, ffn, dim]
+    GPT-2 c_attn (Conv1D [in, out])    [dim, 3*dim]          split into wq, wk, wv; c_attn.bias into bq, bk, bv
+    GPT-2 c_proj, c_fc, mlp.c_proj     [in, out]             wo (reshaped), w_in, w_out as they are
+    ln_1/ln_2/ln_f weight, bias        [dim]                 attn_norm, mlp_norm, final_norm scale, shift
+
+Layer i of HF is index i of the stacked `blocks` arrays. Rotary embeddings need no permutation:
+HF checkpoints use the half-split (rotate_half) layout, as axdsl's `rope` does. Mixtral and
+Qwen3-MoE experts are read from per-expert tensors (the hub layout, also what transformers 5 writes)
+or from transformers 5's fused `experts.gate_up_proj` / `experts.down_proj`; export writes the
+per-expert layout.
+
+Before any tensor is read, config.json is checked against the spec's model (dims, heads, head_dim,
+norm kind and eps, rope theta, window, tied head, feed-forward kind and width, experts, top-k,
+...) and every difference is reported. Every axdsl parameter must be filled and every HF tensor
+used (a tied `lm_head` equal to the embedding and HF's non-parameter buffers excepted). Needs the
+`safetensors` package (numpy only; torch is not needed).
+
+**The package**, one module per concern:
+
+    errors.py          HFError, exit codes
+    arch.py            Arch: the spec's model read from its IR
+    fields.py          config.json -> Arch fields: one table row per field and family (`hf_values`)
+    config.py          families, `mismatches` (import) and `hf_config` (export)
+    layout.py          tensor names and layouts: one `Rule` per parameter group
+    safetensors_io.py  the safetensors files of a directory, read lazily
+    checkpoint.py      orbax params checkpoints: write, find, read
+    importer.py        `import_hf`
+    exporter.py        `export_hf`
+
+"""
+
+from axdsl.hf.arch import FIELDS, Arch, arch_of, load_spec, pick
+from axdsl.hf.config import FAMILIES, family_of_arch, family_of_config, hf_config, mismatches
+from axdsl.hf.errors import HFError
+from axdsl.hf.exporter import export_hf
+from axdsl.hf.fields import hf_values
+from axdsl.hf.importer import convert_from_hf, import_hf
+from axdsl.hf.layout import Rule, rules
+
+__all__ = [
+    "FAMILIES", "FIELDS", "Arch", "HFError", "Rule", "arch_of", "convert_from_hf", "export_hf",
+    "family_of_arch", "family_of_config", "hf_config", "hf_values", "import_hf", "load_spec",
+    "mismatches", "pick", "rules",
+]

@@ -1,0 +1,138 @@
+"""The spec's side of Hugging Face interop: what a spec's model is, read from its IR.
+
+An `Arch` holds the facts a Hugging Face config.json states (dims, heads, norm, rope, window,
+feed-forward kind, experts, ...) under the field names of `FIELDS`, plus every parameter's path,
+shape and dtype, and the structure no HF family has (`problems`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from axdsl.hf.errors import HFError
+
+
+@dataclass
+class Arch:
+    """What a spec's model is, read from its IR: the facts a Hugging Face config states."""
+
+    name: str
+    values: dict[str, Any]  # field -> value (see FIELDS)
+    params: dict[tuple[str, ...], tuple[tuple[int, ...], str]]  # path -> (shape, dtype name)
+    problems: list[str] = field(default_factory=list)  # structure no HF family has
+
+    def __getitem__(self, key: str) -> Any:
+        return self.values.get(key)
+
+
+# field -> how the spec states it (for messages)
+FIELDS = {
+    "vocab": "vocab", "dim": "dim", "layers": "layers", "heads": "heads", "kv_heads": "kv_heads",
+    "head_dim": "attention head_dim", "max_seq": "max_seq", "positions": "positions",
+    "tied": "tied", "norm": "norm layer", "norm_eps": "norm eps", "norm_bias": "LayerNorm bias",
+    "causal": "attention causal", "rope": "attention rope", "rope_theta": "rope_theta",
+    "window": "attention window", "attn_bias": "attention bias", "qk_norm": "attention qk_norm",
+    "qk_norm_eps": "q_norm/k_norm eps", "mlp": "feed-forward layer", "hidden": "feed-forward hidden",
+    "act": "MLP act", "mlp_bias": "MLP bias", "experts": "MoE experts", "top_k": "MoE top_k",
+    "normalize": "MoE normalize", "shared": "MoE shared experts",
+}
+
+
+def _hv(inst, name: str, default: Any = None) -> Any:
+    h = inst.hparam(name) if inst is not None else None
+    return default if h is None else h.value.value
+
+
+def _param_tree(root) -> dict[tuple[str, ...], tuple[tuple[int, ...], str]]:
+    """Every parameter as path -> (full shape, dtype), in the nesting of `init_params`."""
+    out = {}
+    for inst in root.walk():
+        base = tuple(p for p in inst.path.split("/") if p)
+        for p in inst.params:
+            out[base + (p.name,)] = (tuple(d.size for d in p.full_dims), p.dtype.jnp)
+    return out
+
+
+def arch_of(model) -> Arch:
+    """The Arch of one IR model (an `ir.Model` after stack_repeats)."""
+    root = model.root
+    arch = Arch(model.name, {}, _param_tree(root))
+    if root.layer != "DecoderLM":
+        arch.problems.append(f"the model is a {root.layer}; Hugging Face interop needs std's DecoderLM")
+        return arch
+    for k in ("vocab", "dim", "layers", "heads", "kv_heads", "max_seq", "positions", "tied"):
+        arch.values[k] = _hv(root, k)
+    blocks = root.child("blocks")
+    if blocks is None or blocks.layer != "Block":
+        arch.problems.append("the repeated block is not std's Block")
+        return arch
+    _read_norms(arch, [blocks.child("attn_norm"), blocks.child("mlp_norm"), root.child("final_norm")])
+    _read_attention(arch, blocks.child("attn"))
+    _read_feed_forward(arch, blocks.child("mlp"))
+    return arch
+
+
+def _read_norms(arch: Arch, norms: list) -> None:
+    """The norm layer: attn_norm, mlp_norm and final_norm must be one kind (HF has one)."""
+    v, problems = arch.values, arch.problems
+    kinds = {(n.layer, _hv(n, "eps"), _hv(n, "bias")) for n in norms}
+    if len(kinds) != 1:
+        problems.append("attn_norm, mlp_norm and final_norm differ: " + ", ".join(
+            f"{n.path} = {n.layer}(eps = {_hv(n, 'eps')})" for n in norms))
+    norm = norms[0]
+    v["norm"], v["norm_eps"] = norm.layer, _hv(norm, "eps")
+    if norm.layer == "LayerNorm":
+        v["norm_bias"] = _hv(norm, "bias")
+    elif norm.layer != "RMSNorm":
+        problems.append(f"norm is {norm.layer}; only RMSNorm and LayerNorm have HF counterparts")
+
+
+def _read_attention(arch: Arch, attn) -> None:
+    v = arch.values
+    if attn is None or attn.layer != "Attention":
+        arch.problems.append("the block's attention is not std's Attention")
+        return
+    for k in ("head_dim", "kv_heads", "causal", "rope"):
+        v[k] = _hv(attn, k)
+    if v["rope"]:
+        v["rope_theta"] = float(_hv(attn, "rope_theta"))
+    v["window"] = _hv(attn, "window")
+    v["attn_bias"] = _hv(attn, "bias")
+    v["qk_norm"] = _hv(attn, "qk_norm")
+    if v["qk_norm"]:
+        eps = {_hv(attn.child(c), "eps") for c in ("q_norm", "k_norm")}
+        v["qk_norm_eps"] = eps.pop() if len(eps) == 1 else None
+
+
+def _read_feed_forward(arch: Arch, mlp) -> None:
+    v = arch.values
+    v["mlp"] = mlp.layer if mlp is not None else None
+    if v["mlp"] == "SwiGLU":
+        v["hidden"] = _hv(mlp, "hidden")
+    elif v["mlp"] == "MLP":
+        v["hidden"], v["act"], v["mlp_bias"] = _hv(mlp, "hidden"), _hv(mlp, "act"), _hv(mlp, "bias")
+    elif v["mlp"] == "MoE":
+        for k in ("hidden", "experts", "top_k", "normalize", "shared"):
+            v[k] = _hv(mlp, k)
+        v["capacity_factor"] = float(_hv(mlp, "capacity_factor"))
+    else:
+        arch.problems.append(f"the feed-forward layer is {v['mlp']}; HF families have SwiGLU, MLP or MoE")
+
+
+def load_spec(spec: Path) -> list[Arch]:
+    """The Arch of every model of a spec (compiled for cpu, up to stack_repeats)."""
+    from axdsl.pipeline import compile_spec
+
+    module = compile_spec(Path(spec), "cpu", after="stack_repeats")
+    return [arch_of(m) for m in module.models]
+
+
+def pick(archs: list[Arch], name: str | None, spec: Path) -> Arch:
+    """The model called `name`; HFError naming the spec's models when there is none."""
+    names = [a.name for a in archs]
+    for a in archs:
+        if a.name == name:
+            return a
+    raise HFError(f"{spec} has no model `{name}`", [f"its models: {', '.join(names)}"])

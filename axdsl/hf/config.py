@@ -1,0 +1,131 @@
+"""Hugging Face families and config.json <-> Arch: detect, compare (import) and write (export)."""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+from axdsl.hf.arch import FIELDS, Arch
+from axdsl.hf.errors import HFError
+from axdsl.hf.fields import hf_values
+
+FAMILIES = {
+    "gpt2": "GPT2LMHeadModel",
+    "llama": "LlamaForCausalLM",
+    "mistral": "MistralForCausalLM",
+    "mixtral": "MixtralForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+    "qwen3_moe": "Qwen3MoeForCausalLM",
+}
+_ARCH_TO_FAMILY = {v: k for k, v in FAMILIES.items()}
+
+
+def family_of_config(cfg: dict) -> str:
+    """The family of a config.json: its `model_type`, else its `architectures`."""
+    mt = cfg.get("model_type")
+    if mt in FAMILIES:
+        return mt
+    for a in cfg.get("architectures") or []:
+        if a in _ARCH_TO_FAMILY:
+            return _ARCH_TO_FAMILY[a]
+    raise HFError(f"unsupported model_type {mt!r} (architectures {cfg.get('architectures')})",
+                  [f"supported: {', '.join(f'{k} ({c})' for k, c in FAMILIES.items())}"])
+
+
+def family_of_arch(arch: Arch) -> str:
+    """The HF family a spec's model exports to, from its structure."""
+    if arch["positions"] == "learned" or arch["norm"] == "LayerNorm":
+        return "gpt2"
+    if arch["mlp"] == "MoE":
+        return "qwen3_moe" if arch["qk_norm"] else "mixtral"
+    if arch["qk_norm"]:
+        return "qwen3"
+    return "mistral" if arch["window"] else "llama"
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, float) or isinstance(b, float):
+        return a is not None and b is not None and math.isclose(float(a), float(b), rel_tol=1e-9)
+    return a == b
+
+
+def _skipped(arch: Arch, vals: dict) -> set[str]:
+    """Fields that do not apply when the two sides already differ in a field above them."""
+    skip = set()
+    if arch["mlp"] != vals.get("mlp"):
+        skip |= {"hidden", "act", "mlp_bias", "experts", "top_k", "normalize", "shared"}
+    if arch["norm"] != vals.get("norm"):
+        skip.add("norm_bias")
+    if not (arch["rope"] and vals.get("rope")):
+        skip.add("rope_theta")
+    if not (arch["qk_norm"] and vals.get("qk_norm")):
+        skip.add("qk_norm_eps")
+    if arch["positions"] != "learned" or vals.get("positions") != "learned":
+        skip.add("max_seq")  # only the learned position table depends on it
+    return skip
+
+
+def mismatches(arch: Arch, family: str, cfg: dict) -> list[str]:
+    """Every way config.json and the spec's model disagree (empty: the weights map)."""
+    vals, src, unsupported = hf_values(family, cfg)
+    out = [f"config.json: {u} is not supported" for u in unsupported] + list(arch.problems)
+    skip = _skipped(arch, vals)
+    for fld, value in vals.items():
+        if fld in skip or _same(arch[fld], value):
+            continue
+        out.append(f"config.json has {src[fld]}, the spec has {FIELDS[fld]} = {json.dumps(arch[fld])}")
+    return out
+
+
+def _gpt2_config(v: dict, dtype: str) -> dict:
+    acts = {"gelu": "gelu_new", "relu": "relu", "silu": "silu"}
+    return {
+        "architectures": [FAMILIES["gpt2"]], "model_type": "gpt2", "vocab_size": v["vocab"],
+        "n_embd": v["dim"], "n_layer": v["layers"], "n_head": v["heads"], "n_inner": v["hidden"],
+        "n_positions": v["max_seq"], "n_ctx": v["max_seq"],
+        "activation_function": acts.get(v["act"], v["act"]), "layer_norm_epsilon": v["norm_eps"],
+        "tie_word_embeddings": v["tied"], "scale_attn_weights": True,
+        "scale_attn_by_inverse_layer_idx": False, "reorder_and_upcast_attn": False,
+        "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0, "initializer_range": 0.02,
+        "use_cache": True, "dtype": dtype,
+    }
+
+
+def _decoder_config(v: dict, family: str, dtype: str) -> dict:
+    theta = v["rope_theta"] if v["rope_theta"] is not None else 10000.0
+    out = {
+        "architectures": [FAMILIES[family]], "model_type": family, "vocab_size": v["vocab"],
+        "hidden_size": v["dim"], "intermediate_size": v["hidden"], "num_hidden_layers": v["layers"],
+        "num_attention_heads": v["heads"], "num_key_value_heads": v["kv_heads"],
+        "head_dim": v["head_dim"], "hidden_act": "silu", "max_position_embeddings": v["max_seq"],
+        "rms_norm_eps": v["norm_eps"], "rope_theta": theta,
+        "rope_parameters": {"rope_type": "default", "rope_theta": theta},
+        "tie_word_embeddings": v["tied"], "attention_dropout": 0.0, "initializer_range": 0.02,
+        "use_cache": True, "dtype": dtype,
+    }
+    if family in ("llama", "qwen3", "qwen3_moe"):
+        out["attention_bias"] = v["attn_bias"]
+    if family == "llama":
+        out["mlp_bias"] = False
+    if family in ("mistral", "mixtral"):
+        out["sliding_window"] = v["window"] or None
+    if family in ("qwen3", "qwen3_moe"):
+        out.update(use_sliding_window=False, sliding_window=None, max_window_layers=v["layers"])
+    if family == "mixtral":
+        out.update(num_local_experts=v["experts"], num_experts_per_tok=v["top_k"],
+                   router_jitter_noise=0.0, output_router_logits=False)
+    if family == "qwen3_moe":
+        out.update(num_experts=v["experts"], num_experts_per_tok=v["top_k"],
+                   moe_intermediate_size=v["hidden"], norm_topk_prob=v["normalize"],
+                   decoder_sparse_step=1, mlp_only_layers=[], output_router_logits=False)
+    return out
+
+
+def hf_config(arch: Arch, family: str) -> dict:
+    """The config.json of `arch` as a `family` model (export)."""
+    dtypes = {a[1] for a in arch.params.values()}
+    dtype = dtypes.pop() if len(dtypes) == 1 else "float32"
+    if family == "gpt2":
+        return _gpt2_config(arch.values, dtype)
+    return _decoder_config(arch.values, family, dtype)

@@ -1,0 +1,103 @@
+"""`axdsl export-hf SPEC CKPT_DIR OUT_DIR`: an orbax checkpoint -> config.json + model.safetensors.
+
+The family comes from the spec's structure (`family_of_arch`); the experts are written in the
+per-expert (hub) layout.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from axdsl.hf.arch import Arch, load_spec, pick
+from axdsl.hf.checkpoint import find_checkpoint, flatten, metadata_tree, restore_params
+from axdsl.hf.config import FAMILIES, family_of_arch, hf_config, mismatches
+from axdsl.hf.errors import HFError, exit_code, warn_capacity
+from axdsl.hf.layout import rules
+from axdsl.hf.safetensors_io import need_safetensors
+
+
+def export_hf(spec: Path, ckpt_dir: Path, out: Path, model: str | None = None) -> int:
+    """`axdsl export-hf`: an orbax checkpoint -> config.json + model.safetensors. Returns the exit code."""
+    return exit_code(_export_hf, Path(spec), Path(ckpt_dir), Path(out), model)
+
+
+def _shape_problems(arch: Arch, stored: dict[tuple[str, ...], Any]) -> list[str]:
+    out = []
+    for p, (shape, _) in arch.params.items():
+        if p not in stored:
+            out.append(f"the checkpoint has no {'/'.join(p)}")
+        elif tuple(stored[p].shape) != shape:
+            out.append(f"{'/'.join(p)}: checkpoint shape {tuple(stored[p].shape)}, spec shape {shape}")
+    out += [f"the checkpoint's {'/'.join(p)} is not a parameter of the spec" for p in stored
+            if p not in arch.params]
+    return out
+
+
+def _checkpointed_model(archs: list[Arch], model: str | None, spec: Path, path: Path,
+                        stored: dict) -> Arch:
+    """The model `model`, whose shapes the checkpoint must have; by default the first that has them."""
+    if model is not None:
+        arch = pick(archs, model, spec)
+        problems = _shape_problems(arch, stored)
+        if problems:
+            raise HFError(f"{path} is not a checkpoint of model `{arch.name}` of {spec}", problems)
+        return arch
+    found = [(a, _shape_problems(a, stored)) for a in archs]
+    ok = [a for a, problems in found if not problems]
+    if not ok:
+        raise HFError(f"{path} matches no model of {spec}",
+                      [f"{a.name}: {p}" for a, problems in found for p in problems[:5]])
+    return ok[0]
+
+
+def _check_out_dir(out: Path) -> None:
+    taken = [p.name for p in out.glob("*.safetensors")] + [
+        p.name for p in (out / "config.json", out / "model.safetensors.index.json") if p.exists()]
+    if taken:
+        raise HFError(f"{out} already holds a model", [f"remove {', '.join(sorted(taken))} first"])
+
+
+def _hf_tensors(family: str, arch: Arch, flat: dict[tuple[str, ...], np.ndarray]) -> dict[str, np.ndarray]:
+    """Every parameter as HF tensors (layer i of a stacked parameter as HF's layer i)."""
+    tensors: dict[str, np.ndarray] = {}
+    for r in rules(family, arch, None):
+        if r.layered:
+            for i in range(arch["layers"]):
+                tensors.update(r.save(tuple(flat[p][i] for p in r.paths), i))
+        else:
+            tensors.update(r.save(tuple(flat[p] for p in r.paths), 0))
+    return {k: np.ascontiguousarray(a) for k, a in tensors.items()}
+
+
+def _export_hf(spec: Path, ckpt_dir: Path, out: Path, model: str | None) -> None:
+    need_safetensors()
+    from safetensors.numpy import save_file
+
+    archs = load_spec(spec)
+    path, run_model = find_checkpoint(ckpt_dir)
+    meta = metadata_tree(path.absolute())
+    state = isinstance(meta.get("params"), dict) and ("opt_state" in meta or "step" in meta)
+    stored = flatten(meta["params"] if state else meta)
+    arch = _checkpointed_model(archs, model or run_model, spec, path, stored)
+    family = family_of_arch(arch)
+    cfg = hf_config(arch, family)
+    problems = mismatches(arch, family, cfg)  # what the family cannot express
+    if problems:
+        raise HFError(f"model `{arch.name}` cannot be written as a {FAMILIES[family]}", problems)
+    warn_capacity(arch, family)
+    _check_out_dir(out)
+    try:
+        params = restore_params(path.absolute(), arch, stored, state)
+    except (ValueError, OSError, KeyError) as exc:
+        raise HFError(f"cannot read the orbax checkpoint {path}: {exc}") from None
+    tensors = _hf_tensors(family, arch, {p: np.asarray(a) for p, a in flatten(params).items()})
+    out.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    (out / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    n = sum(int(a.size) for a in tensors.values())
+    print(f"wrote {out / 'config.json'} and {out / 'model.safetensors'}: {n:,} parameters of "
+          f"`{arch.name}` as {FAMILIES[family]}")

@@ -1,0 +1,201 @@
+"""config.json -> the facts an `Arch` states: one table row per field and family.
+
+`hf_values` walks the family's table (`GPT2_FIELDS` or `DECODER_FIELDS`) and the config keys
+axdsl cannot express (`GPT2_UNSUPPORTED`, `DECODER_UNSUPPORTED`). Missing keys take the defaults
+of transformers' config classes. Each row names the config.json key a mismatch message quotes
+(`model_type` for a fact of the family itself, such as GPT-2's LayerNorm).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Callable
+
+# GELU variants that equal jax.nn.gelu's default (the tanh approximation).
+TANH_GELU = ("gelu_new", "gelu_pytorch_tanh", "gelu_fast")
+_GPT2_ACTS = {**{a: "gelu" for a in TANH_GELU}, "relu": "relu", "silu": "silu", "swish": "silu"}
+# family -> (rms_norm_eps, rope_theta) defaults
+_DECODER_DEFAULTS = {"llama": (1e-6, 10000.0), "mistral": (1e-6, 10000.0), "mixtral": (1e-5, 1e6),
+                     "qwen3": (1e-6, 10000.0), "qwen3_moe": (1e-6, 10000.0)}
+
+
+@dataclass(frozen=True)
+class Config:
+    """One config.json and its family, as the rows read them."""
+
+    family: str
+    cfg: dict
+
+    def get(self, key: str, default: Any = None) -> Any:
+        """`cfg[key]`, or `default` when the key is missing or null."""
+        return self.cfg[key] if self.cfg.get(key) is not None else default
+
+    def flag(self, key: str, default: bool) -> bool:
+        return bool(self.cfg.get(key, default))
+
+    @property
+    def rms_eps(self) -> float:
+        return float(self.get("rms_norm_eps", _DECODER_DEFAULTS[self.family][0]))
+
+    @property
+    def rope(self) -> tuple[float, str]:
+        """(theta, rope_type) from rope_parameters, rope_scaling or the top level."""
+        rp = self.cfg.get("rope_parameters") or self.cfg.get("rope_scaling") or {}
+        theta = rp.get("rope_theta", self.cfg.get("rope_theta"))
+        kind = rp.get("rope_type", rp.get("type", "default"))
+        return float(_DECODER_DEFAULTS[self.family][1] if theta is None else theta), kind
+
+
+@dataclass(frozen=True)
+class Row:
+    """One Arch field read from config.json, for the families named (None: every one)."""
+
+    field: str
+    key: str | Callable[[Config], str]  # what a mismatch message quotes
+    value: Callable[[Config], Any]
+    raw: Callable[[Config], Any] | None = None  # the quoted value, when not `value`
+    families: tuple[str, ...] | None = None
+
+
+def _key(key: str, default: Any, field: str) -> Row:
+    """A field that is one config key, with transformers' default."""
+    return Row(field, key, lambda c: c.get(key, default))
+
+
+def _fact(field: str, value: Any, families: tuple[str, ...] | None = None) -> Row:
+    """A field the family fixes (quoted as `model_type=<family>`)."""
+    return Row(field, "model_type", lambda c: value, lambda c: c.family, families)
+
+
+def _experts_key(c: Config) -> str:
+    return "num_experts" if "num_experts" in c.cfg else "num_local_experts"
+
+
+def _head_dim(c: Config) -> int:
+    dim, heads = c.get("hidden_size", 4096), c.get("num_attention_heads", 32)
+    return c.get("head_dim", 128 if c.family == "qwen3" and "head_dim" not in c.cfg else dim // heads)
+
+
+def _window(c: Config) -> int:
+    return c.get("sliding_window", 4096 if c.family == "mistral" and "sliding_window" not in c.cfg else 0)
+
+
+_WINDOWED = ("mistral", "mixtral")
+_UNWINDOWED = ("llama", "qwen3", "qwen3_moe")
+_QWEN3 = ("qwen3", "qwen3_moe")
+_MOE = ("mixtral", "qwen3_moe")
+_SWIGLU = ("llama", "mistral", "qwen3")
+
+GPT2_FIELDS = (
+    _key("vocab_size", 50257, "vocab"),
+    _key("n_embd", 768, "dim"),
+    _key("n_layer", 12, "layers"),
+    _key("n_head", 12, "heads"),
+    _key("n_head", 12, "kv_heads"),
+    Row("head_dim", "n_embd/n_head", lambda c: c.get("n_embd", 768) // c.get("n_head", 12)),
+    _key("n_positions", 1024, "max_seq"),
+    _fact("positions", "learned"),
+    Row("tied", "tie_word_embeddings", lambda c: c.flag("tie_word_embeddings", True)),
+    _fact("norm", "LayerNorm"),
+    Row("norm_eps", "layer_norm_epsilon", lambda c: float(c.get("layer_norm_epsilon", 1e-5))),
+    _fact("norm_bias", True),
+    _fact("causal", True),
+    _fact("rope", False),
+    _fact("window", 0),
+    _fact("attn_bias", True),
+    _fact("qk_norm", False),
+    _fact("mlp", "MLP"),
+    Row("hidden", "n_inner", lambda c: c.get("n_inner", 4 * c.get("n_embd", 768))),
+    Row("act", "activation_function",
+        lambda c: _GPT2_ACTS.get(c.get("activation_function", "gelu_new"),
+                                 c.get("activation_function", "gelu_new")),
+        lambda c: c.get("activation_function", "gelu_new")),
+    _fact("mlp_bias", True),
+)
+
+DECODER_FIELDS = (  # llama, mistral, mixtral, qwen3, qwen3_moe
+    _key("vocab_size", 32000, "vocab"),
+    _key("hidden_size", 4096, "dim"),
+    _key("num_hidden_layers", 32, "layers"),
+    _key("num_attention_heads", 32, "heads"),
+    Row("kv_heads", "num_key_value_heads",
+        lambda c: c.get("num_key_value_heads", c.get("num_attention_heads", 32))),
+    Row("head_dim", "head_dim", _head_dim),
+    _fact("positions", "rope"),
+    Row("tied", "tie_word_embeddings", lambda c: c.flag("tie_word_embeddings", False)),
+    _fact("norm", "RMSNorm"),
+    Row("norm_eps", "rms_norm_eps", lambda c: c.rms_eps),
+    _fact("causal", True),
+    _fact("rope", True),
+    Row("rope_theta", "rope_theta", lambda c: c.rope[0]),
+    Row("window", "sliding_window", _window, lambda c: c.cfg.get("sliding_window"), _WINDOWED),
+    Row("window", "use_sliding_window", lambda c: 0, lambda c: c.flag("use_sliding_window", False),
+        _UNWINDOWED),
+    Row("attn_bias", "attention_bias", lambda c: c.flag("attention_bias", False)),
+    _fact("qk_norm", True, _QWEN3),
+    _fact("qk_norm", False, ("llama", "mistral", "mixtral")),
+    Row("qk_norm_eps", "rms_norm_eps", lambda c: c.rms_eps, families=_QWEN3),
+    _fact("mlp", "MoE", _MOE),
+    _fact("mlp", "SwiGLU", _SWIGLU),
+    Row("experts", _experts_key, lambda c: c.get(_experts_key(c), 8 if c.family == "mixtral" else 128),
+        families=_MOE),
+    Row("top_k", "num_experts_per_tok",
+        lambda c: c.get("num_experts_per_tok", 2 if c.family == "mixtral" else 8), families=_MOE),
+    _fact("shared", 0, _MOE),
+    Row("hidden", "intermediate_size", lambda c: c.get("intermediate_size", 14336), families=("mixtral",)),
+    Row("hidden", "moe_intermediate_size", lambda c: c.get("moe_intermediate_size", 768),
+        families=("qwen3_moe",)),
+    Row("hidden", "intermediate_size", lambda c: c.get("intermediate_size", 11008), families=_SWIGLU),
+    _fact("normalize", True, ("mixtral",)),
+    Row("normalize", "norm_topk_prob", lambda c: c.flag("norm_topk_prob", False), families=("qwen3_moe",)),
+)
+
+
+def _when(cond: bool, message: str) -> str | None:
+    return message if cond else None
+
+
+# config keys axdsl cannot express: (families or None, config -> message or None), in report order
+Unsupported = tuple[tuple[str, ...] | None, Callable[[Config], str | None]]
+GPT2_UNSUPPORTED: tuple[Unsupported, ...] = (
+    (None, lambda c: _when(not c.cfg.get("scale_attn_weights", True),
+                           "scale_attn_weights=false (axdsl scales by 1/sqrt(head_dim))")),
+    (None, lambda c: _when(c.cfg.get("scale_attn_by_inverse_layer_idx", False),
+                           "scale_attn_by_inverse_layer_idx=true")),
+    (None, lambda c: _when(c.cfg.get("add_cross_attention", False), "add_cross_attention=true")),
+)
+DECODER_UNSUPPORTED: tuple[Unsupported, ...] = (
+    (None, lambda c: _when(c.rope[1] != "default", f"rope_type={c.rope[1]!r} (axdsl's rope has no scaling)")),
+    (_UNWINDOWED, lambda c: _when(c.cfg.get("use_sliding_window", False),
+                                  "use_sliding_window=true (per-layer windows are not mapped)")),
+    (None, lambda c: _when(c.get("hidden_act", "silu") != "silu",
+                           f"hidden_act={c.cfg.get('hidden_act')!r} (SwiGLU and MoE experts use silu)")),
+    (None, lambda c: _when(c.cfg.get("mlp_bias", False), "mlp_bias=true (SwiGLU has no biases)")),
+    (("qwen3_moe",), lambda c: _when(c.cfg.get("mlp_only_layers"),
+                                     f"mlp_only_layers={c.cfg.get('mlp_only_layers')} "
+                                     "(every axdsl block is MoE)")),
+    (("qwen3_moe",), lambda c: _when(c.get("decoder_sparse_step", 1) != 1,
+                                     f"decoder_sparse_step={c.cfg.get('decoder_sparse_step')} "
+                                     "(every axdsl block is MoE)")),
+)
+
+
+def hf_values(family: str, cfg: dict) -> tuple[dict, dict, list[str]]:
+    """config.json -> (field values as an Arch states them, field -> "key=value", unsupported)."""
+    c = Config(family, cfg)
+    fields, checks = ((GPT2_FIELDS, GPT2_UNSUPPORTED) if family == "gpt2"
+                      else (DECODER_FIELDS, DECODER_UNSUPPORTED))
+    vals: dict[str, Any] = {}
+    src: dict[str, str] = {}
+    for row in fields:
+        if row.families is not None and family not in row.families:
+            continue
+        value = row.value(c)
+        raw = None if row.raw is None else row.raw(c)
+        key = row.key(c) if callable(row.key) else row.key
+        vals[row.field] = value
+        src[row.field] = f"{key}={json.dumps(value if raw is None else raw)}"
+    unsupported = [m for families, check in checks
+                   if (families is None or family in families) and (m := check(c)) is not None]
+    return vals, src, unsupported

@@ -1,0 +1,184 @@
+"""Tensor names and layouts: which HF tensors each axdsl parameter comes from and goes to.
+
+A `Rule` maps some axdsl parameters to some HF tensors, both ways, for the whole model or for
+block layer i (HF's layer i is index i of the stacked `blocks` arrays). HF nn.Linear weights are
+[out, in]; axdsl's are [in, ...]. `rules(family, arch, keys)` lists the rules of every parameter
+an Arch has; on import `keys` (the checkpoint's tensor names) picks among equivalent layouts.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from axdsl.hf.arch import Arch
+
+# tensors HF checkpoints may hold that are not parameters
+BUFFERS = re.compile(r"(^|\.)attn\.(masked_)?bias$|rotary_emb\.inv_freq$")
+
+
+@dataclass
+class Rule:
+    """Some axdsl parameters <-> some HF tensors, for the whole model or for block layer i."""
+
+    paths: tuple[tuple[str, ...], ...]
+    layered: bool
+    load: Callable[..., tuple[np.ndarray, ...]]  # (get, i) -> one array per path (layer i's slice)
+    save: Callable[..., dict[str, np.ndarray]]  # (arrays, i) -> HF tensors
+
+
+def _T(a: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(np.swapaxes(a, -1, -2))
+
+
+@dataclass
+class _Rules:
+    """The rules being listed, and the one-parameter rule shapes (kept only for parameters `arch` has)."""
+
+    arch: Arch
+    keys: set[str] | None
+    out: list[Rule] = field(default_factory=list)
+
+    @property
+    def dims(self) -> tuple[int, int, int, int]:
+        v = self.arch.values
+        return v["dim"], v["heads"], v["kv_heads"], v["head_dim"]
+
+    def prefix(self, pre: str) -> str:
+        """`pre`, unless the checkpoint's tensors have no such prefix (the hub's bare models)."""
+        if self.keys is not None and not any(k.startswith(pre) for k in self.keys):
+            return ""
+        return pre
+
+    def rule(self, path: str, layered: bool, load, save) -> None:
+        p = tuple(path.split("/"))
+        if p in self.arch.params:
+            self.out.append(Rule((p,), layered, lambda g, i: (load(g, i),), lambda a, i: save(a[0], i)))
+
+    def same(self, path: str, key: str, layered: bool = True) -> None:  # stored as it is
+        self.rule(path, layered, lambda g, i: g(key.format(i=i)), lambda a, i: {key.format(i=i): a})
+
+    def linear_in(self, path: str, key: str) -> None:  # nn.Linear [out, in] -> [in, out]
+        self.rule(path, True, lambda g, i: _T(g(key.format(i=i))), lambda a, i: {key.format(i=i): _T(a)})
+
+    def heads_in(self, path: str, key: str, n: int) -> None:  # [n*hd, dim] -> [dim, n, hd]
+        dim, _, _, hd = self.dims
+        self.rule(path, True, lambda g, i: _T(g(key.format(i=i))).reshape(dim, n, hd),
+                  lambda a, i: {key.format(i=i): _T(a.reshape(dim, n * hd))})
+
+    def heads_bias(self, path: str, key: str, n: int) -> None:  # [n*hd] -> [n, hd]
+        hd = self.dims[3]
+        self.rule(path, True, lambda g, i: g(key.format(i=i)).reshape(n, hd),
+                  lambda a, i: {key.format(i=i): a.reshape(n * hd)})
+
+
+def rules(family: str, arch: Arch, keys: set[str] | None) -> list[Rule]:
+    """The mapping of every parameter `arch` has. `keys` (import) picks among equivalent layouts."""
+    r = _Rules(arch, keys)
+    if family == "gpt2":
+        _gpt2_rules(r)
+    else:
+        _decoder_rules(r, family)
+    r.rule("head", False, lambda g, i: _T(g("lm_head.weight")), lambda w, i: {"lm_head.weight": _T(w)})
+    return r.out
+
+
+def _gpt2_rules(r: _Rules) -> None:
+    """GPT-2: Conv1D weights are [in, out] already; c_attn holds q, k and v side by side."""
+    dim, heads, _, hd = r.dims
+    pre = r.prefix("transformer.")  # the hub's gpt2 checkpoints name GPT2Model's tensors bare
+    h = pre + "h.{i}."
+    r.same("embed/table", pre + "wte.weight", False)
+    r.same("pos_embed", pre + "wpe.weight", False)
+    for ours, theirs in (("attn_norm", "ln_1"), ("mlp_norm", "ln_2")):
+        r.same(f"blocks/{ours}/scale", h + theirs + ".weight")
+        r.same(f"blocks/{ours}/shift", h + theirs + ".bias")
+    r.same("final_norm/scale", pre + "ln_f.weight", False)
+    r.same("final_norm/shift", pre + "ln_f.bias", False)
+    r.out.append(Rule(
+        tuple(("blocks", "attn", n) for n in ("wq", "wk", "wv")), True,
+        lambda g, i: tuple(w.reshape(dim, heads, hd)
+                           for w in np.split(g(h.format(i=i) + "attn.c_attn.weight"), 3, axis=1)),
+        lambda a, i: {h.format(i=i) + "attn.c_attn.weight": np.ascontiguousarray(
+            np.concatenate([w.reshape(dim, heads * hd) for w in a], axis=1))}))
+    r.out.append(Rule(
+        tuple(("blocks", "attn", n) for n in ("bq", "bk", "bv")), True,
+        lambda g, i: tuple(b.reshape(heads, hd) for b in np.split(g(h.format(i=i) + "attn.c_attn.bias"), 3)),
+        lambda a, i: {h.format(i=i) + "attn.c_attn.bias": np.concatenate([b.reshape(-1) for b in a])}))
+    r.rule("blocks/attn/wo", True, lambda g, i: g(h.format(i=i) + "attn.c_proj.weight").reshape(heads, hd, dim),
+           lambda a, i: {h.format(i=i) + "attn.c_proj.weight": a.reshape(heads * hd, dim)})
+    r.same("blocks/attn/bo", h + "attn.c_proj.bias")
+    r.same("blocks/mlp/w_in", h + "mlp.c_fc.weight")
+    r.same("blocks/mlp/b_in", h + "mlp.c_fc.bias")
+    r.same("blocks/mlp/w_out", h + "mlp.c_proj.weight")
+    r.same("blocks/mlp/b_out", h + "mlp.c_proj.bias")
+
+
+def _decoder_rules(r: _Rules, family: str) -> None:
+    """Llama and its relatives: q/k/v/o projections, optional biases and qk norms, SwiGLU or MoE."""
+    dim, heads, kv, hd = r.dims
+    pre = r.prefix("model.")
+    L = pre + "layers.{i}."
+    r.same("embed/table", pre + "embed_tokens.weight", False)
+    r.same("final_norm/scale", pre + "norm.weight", False)
+    r.same("blocks/attn_norm/scale", L + "input_layernorm.weight")
+    r.same("blocks/mlp_norm/scale", L + "post_attention_layernorm.weight")
+    a = L + "self_attn."
+    r.heads_in("blocks/attn/wq", a + "q_proj.weight", heads)
+    r.heads_in("blocks/attn/wk", a + "k_proj.weight", kv)
+    r.heads_in("blocks/attn/wv", a + "v_proj.weight", kv)
+    r.rule("blocks/attn/wo", True, lambda g, i: _T(g(a.format(i=i) + "o_proj.weight")).reshape(heads, hd, dim),
+           lambda w, i: {a.format(i=i) + "o_proj.weight": _T(w.reshape(heads * hd, dim))})
+    r.heads_bias("blocks/attn/bq", a + "q_proj.bias", heads)
+    r.heads_bias("blocks/attn/bk", a + "k_proj.bias", kv)
+    r.heads_bias("blocks/attn/bv", a + "v_proj.bias", kv)
+    r.same("blocks/attn/bo", a + "o_proj.bias")
+    r.same("blocks/attn/q_norm/scale", a + "q_norm.weight")
+    r.same("blocks/attn/k_norm/scale", a + "k_norm.weight")
+    if r.arch["mlp"] == "MoE":
+        r.out += _moe_rules(family, r.arch["experts"], r.arch["hidden"], L, r.keys)
+    else:
+        r.linear_in("blocks/mlp/w_gate", L + "mlp.gate_proj.weight")
+        r.linear_in("blocks/mlp/w_up", L + "mlp.up_proj.weight")
+        r.linear_in("blocks/mlp/w_down", L + "mlp.down_proj.weight")
+
+
+def _moe_block(family: str, keys: set[str] | None) -> tuple[str, tuple[str, str, str]]:
+    """The MoE module's name and its experts' (gate, up, down) tensor names."""
+    if family != "mixtral":
+        return "mlp.", ("gate_proj", "up_proj", "down_proj")
+    if keys is not None and not any(".block_sparse_moe." in k or k.startswith("block_sparse_moe.")
+                                    for k in keys):
+        return "mlp.", ("w1", "w3", "w2")  # renamed by transformers 5
+    return "block_sparse_moe.", ("w1", "w3", "w2")
+
+
+def _moe_rules(family: str, experts: int, hidden: int, L: str, keys: set[str] | None) -> list[Rule]:
+    """Router and experts: per-expert tensors (hub layout) or transformers 5's fused ones."""
+    block, names = _moe_block(family, keys)
+    m = L + block
+    fused = keys is not None and any(k.endswith("experts.gate_up_proj") for k in keys)
+
+    def expert_key(i: int, e: int, n: str) -> str:
+        return f"{m.format(i=i)}experts.{e}.{n}.weight"
+
+    router = Rule((("blocks", "mlp", "router"),), True,
+                  lambda g, i: (_T(g(m.format(i=i) + "gate.weight")),),
+                  lambda a, i: {m.format(i=i) + "gate.weight": _T(a[0])})
+    paths = tuple(("blocks", "mlp", n) for n in ("w_gate", "w_up", "w_down"))
+    if fused:
+        def load(g, i):
+            gate_up = g(m.format(i=i) + "experts.gate_up_proj")  # [E, 2 * hidden, dim]
+            down = g(m.format(i=i) + "experts.down_proj")  # [E, dim, hidden]
+            return _T(gate_up[:, :hidden]), _T(gate_up[:, hidden:]), _T(down)
+    else:
+        def load(g, i):
+            return tuple(np.stack([_T(g(expert_key(i, e, n))) for e in range(experts)]) for n in names)
+
+    def save(a, i):
+        return {expert_key(i, e, n): _T(w[e]) for n, w in zip(names, a) for e in range(experts)}
+
+    return [router, Rule(paths, True, load, save)]
