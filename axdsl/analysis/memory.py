@@ -42,8 +42,8 @@ Step temporaries
     temporaries = gradients + max(weight copies + activations, update)
 
 The package splits by concern: `layout.py` (per-chip sizes on the mesh), `values.py` and
-`trace.py` (the traced forward), `residuals.py` (what each primitive saves: one rule per
-primitive), `activations.py` (remat policies, saved and working bytes), this module (state,
+`trace.py` (the traced forward; each primitive's memory rule sits in its registry entry,
+axdsl/primitives/), `residuals.py` (what each binary operator saves), `activations.py` (remat policies, saved and working bytes), this module (state,
 gradients, the update and the total).
 
 This is an analytic model: XLA's buffer assignment fuses, reorders and reuses buffers, so

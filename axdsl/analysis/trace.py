@@ -1,15 +1,17 @@
 """Trace a model's forward over the IR, recording every value and what the backward keeps.
 
-The tracer walks each forward's statements; each operation asks its rule in `residuals` what it
-saves. A repeated (scanned) child is traced once, in a scope of its own, so that the remat policy
+The tracer walks each forward's statements; each primitive asks its own memory rule (its registry
+entry in axdsl/primitives/) what it saves, each binary operator its rule in `residuals`. A repeated (scanned) child is traced once, in a scope of its own, so that the remat policy
 can be applied per layer (`activations`).
 """
 
 from __future__ import annotations
 
+from axdsl import primitives
 from axdsl.analysis import residuals
 from axdsl.analysis.layout import DTYPE_BYTES, Layout
-from axdsl.analysis.values import Scope, Val
+from axdsl.analysis.values import Scope, Val, attr_value, promote
+from axdsl.primitives.base import elementwise_memory
 from axdsl.ir import nodes as ir
 from axdsl.passes.annotate_sharding import FREE_DIM_AXES
 
@@ -45,6 +47,22 @@ class Tracer:
     def save(self, v: Val) -> None:
         """Keep `v` for the backward (in the current scope)."""
         self.scope.save(v)
+
+    # What primitives' memory rules use besides `new` and `save`.
+    def view(self, dims, x: Val, label: str) -> Val:
+        """`x`'s buffer seen with other dims (a reshape or transpose)."""
+        return self.new(dims, x.dtype, label, (x,), kind="view")
+
+    def internal(self, dims, dtype: str, label: str, inputs=(), **kw) -> Val:
+        """A temporary of the operation itself (a mask, a softmax, logits)."""
+        return self.new(dims, dtype, label, inputs, kind="internal", **kw)
+
+    def param_like(self, dims, x: Val, label: str) -> Val:
+        """A part of a parameter (a slice of a table), which is a parameter too."""
+        return Val(tuple(dims), x.dtype, "param", label)
+
+    promote = staticmethod(promote)
+    static = staticmethod(attr_value)
 
     # ------------------------------------------------------------- evaluation
     def call(self, inst: ir.Instance, args: list[Val]) -> Val:
@@ -120,14 +138,14 @@ class Tracer:
         return self.new(x.dims, x.dtype, f"{child.path} output", (x,))
 
     def prim(self, e: ir.Prim, inst: ir.Instance, env: dict, bind: dict) -> Val:
-        if e.name == "quantized":  # evaluate the wrapped matmul's operands, not the matmul
-            inner = e.args[0]
-            operands = (inner.left, inner.right) if isinstance(inner, ir.Bin) else inner.args
-            vals = [self.ev(o, inst, env, bind) for o in operands]
-            return residuals.quantized(self, e, vals, self.dims(e, bind), inst.path)
-        args = [self.ev(a, inst, env, bind) for a in e.args]
-        rule = residuals.residuals_rule(e.name)
-        return rule(self, e, args, self.dims(e, bind), f"{inst.path}: {e.name}")
+        """A primitive, by its registry entry's memory rule (none: it keeps its input)."""
+        spec = primitives.get(e.name)
+        operands = spec.operands(e) if spec.operands is not None else e.args
+        args = [self.ev(a, inst, env, bind) for a in operands]
+        dims, label = self.dims(e, bind), f"{inst.path}: {e.name}"
+        if spec.memory is None:
+            return elementwise_memory(self, args[0], dims, label, None)
+        return spec.memory(self, e, args, dims, label)
 
 
 def bind_dims(decl: tuple[ir.Arg, ...], actual: list[Val]) -> dict[str, tuple[ir.Dim, ...]]:

@@ -30,6 +30,14 @@ class Val:
         return v
 
     @property
+    def is_param(self) -> bool:
+        return self.kind == "param"
+
+    @property
+    def is_literal(self) -> bool:
+        return self.kind == "lit"
+
+    @property
     def differentiable(self) -> bool:
         return self.kind != "lit"
 

@@ -151,6 +151,32 @@ def _cudnn_sharding_violations(sched: ir.Schedule) -> list[str]:
     return out
 
 
+FLASH_KERNELS = ("cudnn", "splash")
+
+
+def _memory(t, prim: ir.Prim, args, dims, label: str):
+    """q, k, v; then flash kernels the output and log-sum-exp, XLA the [B, heads, S, S] internals:
+    the masked logits and exp in float32, the mask, the probabilities in the compute dtype."""
+    q, k, v = args[:3]
+    heads = q.dims[-2]
+    out = t.new(dims, q.dtype, label, (q, k, v))
+    for x in (q, k, v):
+        t.save(x)
+    if (prim.kernel.kernel if prim.kernel is not None else "xla") in FLASH_KERNELS:
+        t.save(out)
+        t.save(t.internal((q.dims[0], heads, q.dims[1]), "f32", f"{label} logsumexp", (q, k)))
+        return out
+    scores = (q.dims[0], heads, q.dims[1], ir.Dim("S_kv", t.seq))  # keys: the full sequence
+    internals = [("f32", "masked logits"), ("f32", "exp")]
+    if t.static(prim.attr("causal")) or t.static(prim.attr("window")) or len(args) > 3:
+        internals.append(("bool", "mask"))
+    if q.dtype != "f32":
+        internals.append((q.dtype, "probabilities"))
+    for dtype, what in internals:
+        t.save(t.internal(scores, dtype, f"{label} {what}", (q, k)))
+    return out
+
+
 def _preference(profile) -> tuple[str, ...]:
     return profile.attention
 
@@ -159,6 +185,6 @@ PRIMITIVES = (
     Primitive("attention", Signature(
         ("q", "k", "v"), (Static("causal", StaticKind.BOOL, False), Static("window", StaticKind.INT, 0)),
         ("mask",), doc="scaled dot-product attention; the kernel is chosen by a target pass"),
-        emit=_emit, shape=_shape, flops=_flops,
+        emit=_emit, shape=_shape, flops=_flops, memory=_memory,
         kernels=KernelRule(_preference, kernel_violations)),
 )

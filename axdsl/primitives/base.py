@@ -101,7 +101,58 @@ class Primitive:
     kernels: KernelRule | None = None  # select_kernels chooses a kernel for it
     internal: bool = False  # made by a pass, not callable from a spec (quantized)
     emits_operands: bool = True  # codegen emits the operands first (quantized emits its own)
+    operands: Callable[[ir.Prim], tuple] | None = None  # what analyses evaluate (default: args)
 
     @property
     def has_kernels(self) -> bool:
         return self.kernels is not None
+
+
+# ---------------------------------------------------------------------------- memory rules
+# A memory rule is `rule(t, prim, args, dims, label) -> value`: `t` is the memory tracer
+# (axdsl/analysis/trace.py: t.new(dims, dtype, label, inputs), t.view(...), t.internal(...),
+# t.save(v) keeps v for the backward, t.promote(*vals), t.static(attr), t.seq), `args` the
+# evaluated operands, `dims` the result dims. Residuals are modelled as jax 0.10 saves them
+# (`jax.ad_checkpoint.print_saved_residuals`).
+
+
+@dataclass(frozen=True)
+class Saves:
+    """What an elementwise function's backward reads (jax 0.10.2, measured with
+    print_saved_residuals): its input, extra same-dtype tensors, extra bool tensors, its output."""
+
+    input: bool = True
+    same: int = 0
+    bools: int = 0
+    output: bool = False
+
+
+def elementwise_memory(t, x, dims, label: str, saves: Saves | None, fn: str = ""):
+    """The result of an elementwise function of `x`, saving what `saves` says (None: its input)."""
+    out = t.new(dims, x.dtype, f"{label} {fn}" if fn else label, (x,))
+    saves = saves or Saves()
+    if saves.input:
+        t.save(x)
+    name = fn or label.rsplit(": ", 1)[-1]
+    for _ in range(saves.same):
+        t.save(t.internal(dims, x.dtype, f"{label} {name} residual", (x,)))
+    for _ in range(saves.bools):
+        t.save(t.internal(dims, "bool", f"{label} {name} mask", (x,)))
+    if saves.output:
+        t.save(out)
+    return out
+
+
+def saves_memory(saves: Saves) -> MemoryRule:
+    """A memory rule for an elementwise primitive that saves `saves`."""
+    return lambda t, prim, args, dims, label: elementwise_memory(t, args[0], dims, label, saves)
+
+
+def linear_memory(t, prim, args, dims, label: str):
+    """Sums, means, casts, rope: the backward needs none of the inputs."""
+    return t.new(dims, args[0].dtype, label, (args[0],))
+
+
+def view_memory(t, prim, args, dims, label: str):
+    """A reshape or transpose: the same buffer, seen with other dims."""
+    return t.view(dims, args[0], label)

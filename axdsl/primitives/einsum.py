@@ -74,7 +74,20 @@ def _flops(ctx, prim: ir.Prim) -> Flops:
     return Flops(matmul=2 * math.prod(sizes.values()))
 
 
+def _memory(t, prim: ir.Prim, args, dims, label: str):
+    """Keeps every operand; a dot (for save_dots) when it has no batch dims and a weight operand."""
+    spec: ir.EinsumSpec = prim.attr("spec")
+    batch_dims = set()
+    if len(spec.operands) > 1:
+        batch_dims = set.intersection(*(set(o) for o in spec.operands)) & set(spec.out)
+    out = t.new(dims, t.promote(*args), label, args, dot=not batch_dims and any(not a.activation for a in args))
+    for a in args:
+        t.save(a)
+    return out
+
+
 PRIMITIVES = (
     Primitive("einsum", Signature((), doc='einsum("B S dim, dim mlp -> B S mlp", x, w) over named dims'),
-              emit=_emit, shape=_shape, flops=_flops, lower=_lower, scalar_operands=True),
+              emit=_emit, shape=_shape, flops=_flops, lower=_lower, scalar_operands=True,
+              memory=_memory),
 )

@@ -5,12 +5,26 @@ from __future__ import annotations
 import json
 
 from axdsl.errors import did_you_mean
-from axdsl.primitives.base import Primitive, Signature, Static, StaticKind
+from axdsl.primitives.base import Primitive, Saves, Signature, Static, StaticKind, elementwise_memory, saves_memory
 
 # The kinds `activate(x, kind)` accepts; the string becomes a function name in generated code.
 ACTIVATIONS = ("gelu", "relu", "silu", "sigmoid", "tanh")
 _JAX_NN = ("relu", "gelu", "silu", "sigmoid")
 _JNP = ("tanh", "exp", "log", "sqrt", "abs", "square")
+# What each function's backward keeps (jax 0.10.2, measured with print_saved_residuals).
+SAVES = {
+    "silu": Saves(input=True, same=2),
+    "gelu": Saves(input=True, same=4),  # tanh approximation (jax.nn.gelu's default)
+    "relu": Saves(input=False, same=1, bools=1),
+    "sigmoid": Saves(input=False, same=1),
+    "tanh": Saves(input=False, same=1),
+    "exp": Saves(input=False, output=True),
+    "log": Saves(input=True),
+    "rsqrt": Saves(input=False, same=1),
+    "sqrt": Saves(input=False, same=1),
+    "abs": Saves(input=False, bools=1),
+    "square": Saves(input=False, same=1),
+}
 
 
 def _call(fn: str):
@@ -19,7 +33,28 @@ def _call(fn: str):
 
 
 def _unary(name: str, fn: str) -> Primitive:
-    return Primitive(name, Signature(("x",), doc=f"elementwise {name}"), emit=_call(fn))
+    return Primitive(name, Signature(("x",), doc=f"elementwise {name}"), emit=_call(fn),
+                     memory=saves_memory(SAVES[name]))
+
+
+def _activate_memory(t, prim, args, dims, label: str):
+    kind = t.static(prim.attr("kind"))
+    return elementwise_memory(t, args[0], dims, label, SAVES.get(kind), fn=kind)
+
+
+def _cast_memory(t, prim, args, dims, label: str):
+    target = t.static(prim.attr("dtype"))
+    target = target.name if hasattr(target, "name") else str(target)
+    if target == args[0].dtype:
+        return args[0]
+    return t.new(dims, target, label, (args[0],))
+
+
+def _dropout_memory(t, prim, args, dims, label: str):
+    """Keeps its boolean mask."""
+    out = t.new(dims, args[0].dtype, label, (args[0],))
+    t.save(t.internal(dims, "bool", f"{label} mask", (args[0],)))
+    return out
 
 
 def _emit_activate(ctx, prim, args, precs) -> str:
@@ -51,9 +86,9 @@ PRIMITIVES = (
     _unary("rsqrt", "jax.lax.rsqrt"),
     Primitive("activate", Signature(("x",), (Static("kind", StaticKind.STRING),),
                                     doc="activation chosen by a string"),
-              emit=_emit_activate, check=_check_activate),
+              emit=_emit_activate, check=_check_activate, memory=_activate_memory),
     Primitive("cast", Signature(("x",), (Static("dtype", StaticKind.DTYPE),), doc="convert to a dtype"),
-              emit=_emit_cast, see_through=True),
+              emit=_emit_cast, see_through=True, memory=_cast_memory),
     Primitive("dropout", Signature(("x",), (Static("rate", StaticKind.FLOAT),), doc="dropout in training only"),
-              emit=_emit_dropout, helpers=("dropout",), uses_rng=True),
+              emit=_emit_dropout, helpers=("dropout",), uses_rng=True, memory=_dropout_memory),
 )

@@ -53,6 +53,34 @@ def _flops(ctx, prim: ir.Prim) -> Flops:
     return Flops(matmul=2 * prim.attr("top_k").value * total)
 
 
+def _memory(t, prim: ir.Prim, args, dims, label: str):
+    """The generated `moe_swiglu`: router softmax, then either one-hot dispatch to [B, experts,
+    capacity] slots (capacity_factor > 0) or tokens sorted by expert and grouped matmuls
+    (dropless); each expert runs a SwiGLU on its tokens. Expert matmuls are batched over experts,
+    so save_dots keeps none of them."""
+    x, logits, w_gate = args[0], args[1], args[2]
+    top_k = int(t.static(prim.attr("top_k"), 1))
+    cf = float(t.static(prim.attr("capacity_factor"), 0.0))
+    experts, hidden, model_dim = w_gate.dims[0], w_gate.dims[-1], x.dims[-1]
+    b, s = x.dims[0], x.dims[1]
+    out = t.new(dims, x.dtype, label, tuple(args))
+    t.save(t.internal((b, s, experts), "f32", f"{label} router softmax", (logits,)))
+    k = ir.Dim("top_k", top_k)
+    if cf > 0:
+        cap = ir.Dim("capacity", max(1, math.ceil(top_k * t.seq * cf / experts.size)))
+        slot = (b, experts, cap)
+        for what, d in (("slots", (b, k, s, experts, cap)), ("dispatch", (b, s, experts, cap)),
+                        ("combine", (b, s, experts, cap))):
+            t.save(t.internal(d, x.dtype, f"{label} {what}", (logits,)))
+    else:
+        slot = (b, s, k)
+    inner = [("expert inputs", model_dim), ("gate", hidden), ("silu residual", hidden),
+             ("silu residual", hidden), ("up", hidden), ("hidden", hidden), ("expert outputs", model_dim)]
+    for what, d in inner:
+        t.save(t.internal(slot + (d,), x.dtype, f"{label} {what}", (x, logits)))
+    return out
+
+
 PRIMITIVES = (
     Primitive("moe", Signature(
         ("x", "logits", "w_gate", "w_up", "w_down"),
@@ -60,5 +88,5 @@ PRIMITIVES = (
          Static("normalize", StaticKind.BOOL, True), Static("aux_weight", StaticKind.FLOAT, 0.01),
          Static("z_weight", StaticKind.FLOAT, 0.001)),
         doc="mixture of SwiGLU experts: softmax router, top-k, capacity (<= 0: dropless), aux losses"),
-        emit=_emit, shape=_shape, flops=_flops, helpers=("moe_swiglu",), aux_loss=True),
+        emit=_emit, shape=_shape, flops=_flops, memory=_memory, helpers=("moe_swiglu",), aux_loss=True),
 )

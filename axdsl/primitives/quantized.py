@@ -28,8 +28,28 @@ def _emit(ctx, prim: ir.Prim, args: list[str], precs: list[int]) -> str:
     return quant.emit_quantized(prim.attr("format"), spec, left, right)
 
 
+def operands(prim: ir.Prim) -> tuple[ir.TExpr, ...]:
+    """The wrapped matmul's operands: what the memory tracer evaluates in place of `prim.args`."""
+    inner = prim.args[0]
+    return (inner.left, inner.right) if isinstance(inner, ir.Bin) else inner.args
+
+
+def _memory(t, prim: ir.Prim, args, dims, label: str):
+    """A custom VJP: keeps both operands in one byte each (the weight gathered). `args` are the
+    wrapped matmul's operands (see `operands`)."""
+    fmt, where = prim.attr("format"), label.rsplit(": ", 1)[0]
+    out = t.new(dims, t.promote(*args), f"{where}: {fmt} matmul", args, dot=True)
+    for v in args:
+        b = v.base
+        if b.is_literal:
+            continue
+        t.save(t.internal(b.dims, "i8", f"{where}: {b.label} in {fmt}", (b,), weight=b.is_param))
+    return out
+
+
 PRIMITIVES = (
     Primitive("quantized", Signature(("matmul",), (Static("format", StaticKind.STRING),),
                                      doc="a matmul in fp8 or int8 (made by quantize_matmuls)"),
-              emit=_emit, see_through=True, internal=True, emits_operands=False),
+              emit=_emit, see_through=True, internal=True, emits_operands=False, memory=_memory,
+              operands=operands),
 )

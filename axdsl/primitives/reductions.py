@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from axdsl.ir import nodes as ir
-from axdsl.primitives.base import Primitive, Signature, Static, StaticKind
+from axdsl.primitives.base import Primitive, Saves, Signature, Static, StaticKind, linear_memory, saves_memory
 
 ONE = ir.Dim("1", 1, "1")
 
@@ -49,7 +49,8 @@ def _reduction(name: str) -> Primitive:
 
     return Primitive(name, Signature(("x",), (Static("over", StaticKind.DIM),),
                                      doc=f"{name} over a named dim, kept as size 1"),
-                     emit=emit, shape=_reduce_shape)
+                     emit=emit, shape=_reduce_shape,
+                     memory=None if name == "max" else linear_memory)  # max: keeps its input
 
 
 def _softmax_shape(ctx, prim, args):
@@ -69,5 +70,5 @@ PRIMITIVES = (
     *(_reduction(n) for n in ("sum", "mean", "max")),
     Primitive("softmax", Signature(("x",), (Static("over", StaticKind.DIM, None),),
                                    doc="softmax over a named dim (default last)"),
-              emit=_emit_softmax, shape=_softmax_shape),
+              emit=_emit_softmax, shape=_softmax_shape, memory=saves_memory(Saves(input=False, same=1, output=True))),
 )

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from axdsl.primitives.base import Primitive, Signature, Static, StaticKind
+from axdsl.primitives.base import Primitive, Signature, Static, StaticKind, linear_memory
 from axdsl.primitives.reductions import ir_fmt
 
 
@@ -19,5 +19,5 @@ PRIMITIVES = (
     Primitive("rope", Signature(("x",), (Static("theta", StaticKind.FLOAT, 10000.0),),
                                 doc="rotary embedding on [B, S, H, D]"),
               emit=lambda ctx, prim, a, p: f"apply_rope({a[0]}, theta={prim.attr('theta').code})",
-              shape=_rope_shape, helpers=("apply_rope",)),
+              shape=_rope_shape, helpers=("apply_rope",), memory=linear_memory),
 )

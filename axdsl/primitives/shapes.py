@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from axdsl.ir.nodes import Dim
-from axdsl.primitives.base import Primitive, Signature, Static, StaticKind
+from axdsl.primitives.base import Primitive, Signature, Static, StaticKind, linear_memory, view_memory
 from axdsl.primitives.reductions import ir_fmt
 
 
@@ -49,20 +49,32 @@ def _embed_shape(ctx, prim, args):
     return ids + (table[1],)
 
 
+def _prefix_memory(t, prim, args, dims, label: str):
+    """A slice of a parameter is a parameter (a learned position table); else linear."""
+    if args[0].is_param:
+        return t.param_like(dims, args[0], label)
+    return linear_memory(t, prim, args, dims, label)
+
+
+def _embed_memory(t, prim, args, dims, label: str):
+    """A table lookup: depends on the ids, keeps nothing."""
+    return t.new(dims, args[0].dtype, label, (args[1],))
+
+
 PRIMITIVES = (
     Primitive("split_heads", Signature(("x",), (Static("heads", StaticKind.INT),), doc="[..., h*d] -> [..., h, d]"),
               emit=lambda ctx, prim, a, p: f"{a[0]}.reshape(*{a[0]}.shape[:-1], {prim.attr('heads').code}, -1)",
-              shape=_split_heads_shape),
+              shape=_split_heads_shape, memory=view_memory),
     Primitive("merge_heads", Signature(("x",), doc="[..., h, d] -> [..., h*d]"),
               emit=lambda ctx, prim, a, p: f"{a[0]}.reshape(*{a[0]}.shape[:-2], -1)",
-              shape=_merge_heads_shape),
+              shape=_merge_heads_shape, memory=view_memory),
     Primitive("transpose", Signature(("x",), doc="swap the last two dims"),
               emit=lambda ctx, prim, a, p: f"jnp.swapaxes({a[0]}, -1, -2)",
-              shape=_transpose_shape, see_through=True),
+              shape=_transpose_shape, see_through=True, memory=view_memory),
     Primitive("prefix", Signature(("x",), (Static("n", StaticKind.DIM),), doc="the first n rows of x"),
               emit=lambda ctx, prim, a, p: f"{a[0]}[: {ctx.dim_code(prim.attr('n'))}]",
-              shape=_prefix_shape, gathers=True),
+              shape=_prefix_shape, gathers=True, memory=_prefix_memory),
     Primitive("embed", Signature(("table", "ids"), doc="embedding lookup: table[ids]"),
               emit=lambda ctx, prim, a, p: f"jnp.take({a[0]}, {a[1]}, axis=0)",
-              shape=_embed_shape, gathers=True),
+              shape=_embed_shape, gathers=True, memory=_embed_memory),
 )
