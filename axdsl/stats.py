@@ -10,14 +10,14 @@ routed to (an MoE layer with E experts and top-k routing uses k / E of its exper
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from axdsl.analysis.flops import layer_count, model_flops, param_at, param_count
+from axdsl import primitives
+from axdsl.analysis.flops import RuleContext, layer_count, model_flops, param_count
 from axdsl.analysis.memory import estimate_memory
 from axdsl.ir import nodes as ir
-from axdsl.ir.rewrite import walk_expr
+from axdsl.ir.rewrite import prims_of
 from axdsl.pipeline import compile_spec
 from axdsl.targets import profiles
 
@@ -34,21 +34,14 @@ class ModelStats:
 
 
 def active_params(model: ir.Model) -> int:
-    """Parameters one token uses: expert weights count top_k / experts of their size."""
-    total = param_count(model).total
+    """Parameters one token uses: the total less what primitives leave idle (routed experts)."""
     unused = 0
     for inst in model.root.walk():
-        if inst.forward is None:
-            continue
-        for s in inst.forward.body:
-            for e in walk_expr(s.value):
-                if isinstance(e, ir.Prim) and e.name == "moe":
-                    experts = e.args[1].type.dims[-1].size
-                    k = e.attr("top_k").value
-                    expert_elems = sum(math.prod(d.size for d in p.dims)
-                                       for p in (param_at(inst, a) for a in e.args[2:]) if p is not None)
-                    unused += expert_elems * layer_count(model.root, inst) * (experts - k) // experts
-    return total - unused
+        for e in prims_of(inst):
+            rule = primitives.get(e.name).unused_params
+            if rule is not None:
+                unused += rule(RuleContext(inst), e) * layer_count(model.root, inst)
+    return param_count(model).total - unused
 
 
 def model_stats(model: ir.Model, seq: int, batch: int) -> ModelStats:

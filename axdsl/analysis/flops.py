@@ -109,12 +109,13 @@ def _gathered_params(root: ir.Instance) -> set[tuple[str, str]]:
 
 # ---------------------------------------------------------------------------- FLOPs
 @dataclass(frozen=True)
-class _FlopContext:
-    """What a primitive's FLOP rule may ask: its instance, the sequence length, parameters."""
+class RuleContext:
+    """What a primitive's FLOP or parameter rule may ask: its instance, the sequence length,
+    and which parameter an operand is."""
 
     inst: ir.Instance
-    seq: int
-    cap_window: bool
+    seq: int = 1
+    cap_window: bool = True
 
     def param_at(self, e: ir.TExpr) -> ir.Param | None:
         return param_at(self.inst, e)
@@ -125,7 +126,7 @@ def expr_flops(inst: ir.Instance, e: ir.TExpr, seq: int, cap_window: bool = True
     if isinstance(e, ir.Bin):
         return Flops(matmul=matmul_flops_per_token(inst, e))
     if isinstance(e, ir.Prim) and primitives.get(e.name).flops is not None:
-        return primitives.get(e.name).flops(_FlopContext(inst, seq, cap_window), e)
+        return primitives.get(e.name).flops(RuleContext(inst, seq, cap_window), e)
     return Flops()
 
 

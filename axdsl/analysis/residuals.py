@@ -7,37 +7,12 @@ keeps the divisor and the quotient; adds and subtractions keep nothing.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 from axdsl.analysis.values import Val, promote
-from axdsl.ir import nodes as ir
 
 if TYPE_CHECKING:
     from axdsl.analysis.trace import Tracer
-
-# What each elementwise function's backward reads (jax 0.10.2, measured with
-# print_saved_residuals): (keeps its input, extra same-dtype tensors, extra bool tensors,
-# keeps its output).
-UNARY = {
-    "silu": (True, 2, 0, False),
-    "gelu": (True, 4, 0, False),  # tanh approximation (jax.nn.gelu's default)
-    "relu": (False, 1, 1, False),
-    "sigmoid": (False, 1, 0, False),
-    "tanh": (False, 1, 0, False),
-    "exp": (False, 0, 0, True),
-    "log": (True, 0, 0, False),
-    "rsqrt": (False, 1, 0, False),
-    "sqrt": (False, 1, 0, False),
-    "abs": (False, 0, 1, False),
-    "square": (False, 1, 0, False),
-    "softmax": (False, 1, 0, True),
-}
-LINEAR = ("cast", "mean", "sum", "rope", "prefix", "transpose", "split_heads", "merge_heads", "embed")
-VIEWS = ("transpose", "split_heads", "merge_heads")
-FLASH_KERNELS = ("cudnn", "splash")
-
-Rule = Callable[["Tracer", ir.Prim, list[Val], tuple[ir.Dim, ...], str], Val]
-
 
 # ---------------------------------------------------------------------------- binary operators
 def matmul(t: Tracer, a: Val, b: Val, dims, dtype: str, where: str) -> Val:

@@ -149,7 +149,7 @@ def expr_text(e: ir.TExpr) -> str:
         elif isinstance(v, ir.Dim):
             attrs.append(f"{k} = {v}")
         else:
-            attrs.append(f"{k} = {value_text(v.value)}")
+            attrs.append(f"{k} = {value_text(v.value if isinstance(v, ir.HValue) else v)}")
     if e.kernel is not None:
         attrs.append(f'kernel = "{e.kernel.kernel}"')
         if e.kernel.rejected:

@@ -81,7 +81,7 @@ def _verify_schedule(module: ir.Module, model: ir.Model, problems: list[str]) ->
                 if isinstance(e, ir.Prim) and e.name == "quantized":
                     inner = e.args[0] if len(e.args) == 1 else None
                     if not (isinstance(inner, ir.Bin) and inner.op == "@"
-                            or isinstance(inner, ir.Prim) and inner.name == "einsum"):
+                            or isinstance(inner, ir.Prim) and primitives.get(inner.name).contraction):
                         problems.append(f"{inst.path}: quantized wraps something other than a matmul")
                 if isinstance(e, ir.Prim) and primitives.get(e.name).has_kernels and "select_kernels" in ran \
                         and e.kernel is None:
@@ -101,8 +101,25 @@ def _verify_forward(inst: ir.Instance, problems: list[str], typed: bool) -> None
                 problems.append(f"{inst.path}: unknown param `{ref.name}`")
             if isinstance(ref, ir.CallChild) and inst.child(ref.child) is None:
                 problems.append(f"{inst.path}: unknown child `{ref.child}`")
+            if isinstance(ref, ir.Prim):
+                _verify_prim(inst, ref, problems)
             if typed and ref.type is None:
                 problems.append(f"{inst.path}: untyped expression {type(ref).__name__}")
         if isinstance(s, ir.Let):
             defined.add(s.name)
 
+
+
+def _verify_prim(inst: ir.Instance, e: ir.Prim, problems: list[str]) -> None:
+    """A primitive call matches its registry entry: known name, its attributes, its operands."""
+    if e.name not in primitives.REGISTRY:
+        problems.append(f"{inst.path}: unknown primitive `{e.name}`")
+        return
+    sig = primitives.get(e.name).signature
+    if tuple(k for k, _ in e.attrs) != tuple(s.name for s in sig.statics):
+        problems.append(f"{inst.path}: `{e.name}` has attributes {[k for k, _ in e.attrs]}, its signature "
+                        f"{[s.name for s in sig.statics]}")
+    if not set(e.optional) <= set(sig.optional_tensors):
+        problems.append(f"{inst.path}: `{e.name}` has unknown optional operands {e.optional}")
+    if sig.tensors and len(e.args) != len(sig.tensors) + len(e.optional):
+        problems.append(f"{inst.path}: `{e.name}` has {len(e.args)} operands")

@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import replace
 from fnmatch import fnmatchcase
 
+from axdsl import primitives
 from axdsl.ir import nodes as ir
 from axdsl.ir.nodes import RefKind
 from axdsl.ir.rewrite import map_forward
@@ -49,7 +50,7 @@ def _param_name(e: ir.TExpr) -> str | None:
 def _wrap(e: ir.TExpr, fmt: ir.QuantFormat, routers: set[str]) -> ir.TExpr:
     if isinstance(e, ir.Bin) and e.op == "@":
         operands = (e.left, e.right)
-    elif isinstance(e, ir.Prim) and e.name == "einsum" and len(e.args) == 2:
+    elif isinstance(e, ir.Prim) and primitives.get(e.name).contraction and len(e.args) == 2:
         operands = e.args
     else:
         return e

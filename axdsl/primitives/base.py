@@ -33,6 +33,8 @@ class StaticKind(Enum):
     STRING = "string"
     DTYPE = "dtype"
     DIM = "dim"  # a named dim: a hyperparameter size or a free dim of the forward
+    EINSUM = "einsum"  # an einsum spec (ir.EinsumSpec), parsed by the einsum primitive's lowering
+    FORMAT = "format"  # a quantization format (ir.QuantFormat), set by quantize_matmuls
 
 
 @dataclass(frozen=True)
@@ -90,6 +92,7 @@ class Primitive:
     shape: ShapeRule = same_shape
     flops: FlopRule | None = None  # None: no model FLOPs (norms, activations, gathers)
     memory: MemoryRule | None = None  # None: elementwise (the result is like its first operand)
+    unused_params: Callable[[Any, ir.Prim], int] | None = None  # per token idle (routed experts)
     lower: Callable | None = None  # a custom AST -> IR lowering (einsum's spec string)
     check: Callable | None = None  # an extra build-time check of the static attributes
     helpers: tuple[str, ...] = ()  # helper functions the generated model needs for it
@@ -97,6 +100,7 @@ class Primitive:
     uses_rng: bool = False  # needs a PRNG key (dropout)
     gathers: bool = False  # indexes its first operand (an embedding table) instead of multiplying
     see_through: bool = False  # keeps which parameter its first operand is (transpose, cast)
+    contraction: bool = False  # a matmul-like contraction quantize_matmuls may run in fp8/int8
     scalar_operands: bool = False  # operands may be scalars (einsum checks its own)
     kernels: KernelRule | None = None  # select_kernels chooses a kernel for it
     internal: bool = False  # made by a pass, not callable from a spec (quantized)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 
 from axdsl.ir import nodes as ir
-from axdsl.primitives.base import Flops, Primitive, Signature
+from axdsl.primitives.base import Flops, Primitive, Signature, Static, StaticKind
 from axdsl.primitives.reductions import ir_fmt
 from axdsl.syntax import ast
 
@@ -87,7 +87,7 @@ def _memory(t, prim: ir.Prim, args, dims, label: str):
 
 
 PRIMITIVES = (
-    Primitive("einsum", Signature((), doc='einsum("B S dim, dim mlp -> B S mlp", x, w) over named dims'),
-              emit=_emit, shape=_shape, flops=_flops, lower=_lower, scalar_operands=True,
+    Primitive("einsum", Signature((), (Static("spec", StaticKind.EINSUM),), doc='einsum("B S dim, dim mlp -> B S mlp", x, w) over named dims'),
+              emit=_emit, shape=_shape, flops=_flops, lower=_lower, scalar_operands=True, contraction=True,
               memory=_memory),
 )

@@ -81,6 +81,15 @@ def _memory(t, prim: ir.Prim, args, dims, label: str):
     return out
 
 
+def _unused_params(ctx, prim: ir.Prim) -> int:
+    """Expert weights a token does not use: (experts - top_k) / experts of them."""
+    experts = prim.args[1].type.dims[-1].size
+    k = prim.attr("top_k").value
+    weights = (ctx.param_at(a) for a in prim.args[2:])
+    elems = sum(math.prod(d.size for d in p.dims) for p in weights if p is not None)
+    return elems * (experts - k) // experts
+
+
 PRIMITIVES = (
     Primitive("moe", Signature(
         ("x", "logits", "w_gate", "w_up", "w_down"),
@@ -88,5 +97,6 @@ PRIMITIVES = (
          Static("normalize", StaticKind.BOOL, True), Static("aux_weight", StaticKind.FLOAT, 0.01),
          Static("z_weight", StaticKind.FLOAT, 0.001)),
         doc="mixture of SwiGLU experts: softmax router, top-k, capacity (<= 0: dropless), aux losses"),
-        emit=_emit, shape=_shape, flops=_flops, memory=_memory, helpers=("moe_swiglu",), aux_loss=True),
+        emit=_emit, shape=_shape, flops=_flops, memory=_memory, unused_params=_unused_params,
+        helpers=("moe_swiglu",), aux_loss=True),
 )

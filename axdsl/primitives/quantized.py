@@ -48,7 +48,7 @@ def _memory(t, prim: ir.Prim, args, dims, label: str):
 
 
 PRIMITIVES = (
-    Primitive("quantized", Signature(("matmul",), (Static("format", StaticKind.STRING),),
+    Primitive("quantized", Signature(("matmul",), (Static("format", StaticKind.FORMAT),),
                                      doc="a matmul in fp8 or int8 (made by quantize_matmuls)"),
               emit=_emit, see_through=True, internal=True, emits_operands=False, memory=_memory,
               operands=operands),
