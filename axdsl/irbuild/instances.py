@@ -16,6 +16,7 @@ from __future__ import annotations
 from axdsl.errors import Span, did_you_mean
 from axdsl.ir import nodes as ir
 from axdsl.ir.nodes import DType, HValue, LayerValue, Origin, OriginKind, RepeatValue
+from axdsl.ir.printer import value_text
 from axdsl.irbuild.consteval import EvalError, kind_of
 from axdsl.irbuild.context import BuildContext, Scope, dim_name
 from axdsl.irbuild.forward import lower_forward
@@ -315,18 +316,12 @@ class InstanceBuilder:
                                 set_span=value.span)
 
 def _show(v) -> str:
-    """A value as the spec language writes it: strings in double quotes, `true`, layers by name."""
+    """A value for a message: as the spec writes it (`value_text`), layers by name only."""
     if isinstance(v, LayerValue):
         return f"`{v.layer}(...)`"
     if isinstance(v, RepeatValue):
         return f"`repeat({_show(v.count.value)}, {v.layer.layer}(...))`"
-    if isinstance(v, DType):
-        return v.name
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, str):
-        return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
-    return repr(v)
+    return value_text(v)
 
 
 def _show_type(t: ast.TypeRef) -> str:

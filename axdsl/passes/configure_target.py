@@ -21,6 +21,7 @@ from typing import Any
 from axdsl import primitives
 from axdsl.errors import Diagnostics, Span, did_you_mean
 from axdsl.ir import nodes as ir
+from axdsl.ir.printer import value_text
 from axdsl.targets import ATTENTION_KERNELS, MESH_AXES, QUANT_FORMATS, Target, get_target, resolve_mesh
 
 DIRECTIVES = ("mesh", "rules", "remat", "quantize", "kernels")
@@ -188,7 +189,7 @@ def _parse_kernels(d: ir.Directive, diags: Diagnostics):
             continue
         kernel = _name(value)
         if kernel not in ATTENTION_KERNELS + ("auto",):
-            diags.error(span, f"unknown {key} kernel `{kernel or value}`",
+            diags.error(span, f"unknown {key} kernel `{kernel or value_text(value)}`",
                         did_you_mean(str(kernel), ATTENTION_KERNELS) or f"kernels: {', '.join(ATTENTION_KERNELS)}, auto")
             continue
         out.append((key, kernel, span))

@@ -25,6 +25,7 @@ from typing import Any
 
 from axdsl.errors import Diagnostics, Span, did_you_mean
 from axdsl.ir import nodes as ir
+from axdsl.ir.printer import value_text
 from axdsl.passes.annotate_sharding import kept_axes
 
 # Optimizers and schedules: their arguments and defaults (the spec may set any subset).
@@ -268,8 +269,4 @@ def _cross_checks(values: dict[str, ir.Choice], module: ir.Module, diags: Diagno
 
 
 def _show(v: Any) -> str:
-    if isinstance(v, str):
-        return f'"{v}"'
-    if isinstance(v, ir.NameValue):
-        return v.id
-    return repr(v)
+    return value_text(v)
