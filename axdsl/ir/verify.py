@@ -10,7 +10,7 @@ import math
 from axdsl import primitives
 from axdsl.ir import nodes as ir
 from axdsl.ir.printer import print_module
-from axdsl.ir.rewrite import walk_expr
+from axdsl.ir.rewrite import prims_of, walk_expr
 
 
 class InvalidIR(Exception):
@@ -74,18 +74,14 @@ def _verify_schedule(module: ir.Module, model: ir.Model, problems: list[str]) ->
                         problems.append(f"{inst.path}: param {p.name} uses a mesh axis twice")
         if inst.remat is not None and inst.repeat is None:
             problems.append(f"{inst.path}: remat on a child that is not repeated")
-        if inst.forward is None:
-            continue
-        for s in inst.forward.body:
-            for e in walk_expr(s.value):
-                if isinstance(e, ir.Prim) and e.name == "quantized":
-                    inner = e.args[0] if len(e.args) == 1 else None
-                    if not (isinstance(inner, ir.Bin) and inner.op == "@"
-                            or isinstance(inner, ir.Prim) and primitives.get(inner.name).contraction):
-                        problems.append(f"{inst.path}: quantized wraps something other than a matmul")
-                if isinstance(e, ir.Prim) and primitives.get(e.name).has_kernels and "select_kernels" in ran \
-                        and e.kernel is None:
-                    problems.append(f"{inst.path}: {e.name} without a kernel after select_kernels")
+        for e in prims_of(inst):
+            if e.name == "quantized":
+                inner = e.args[0] if len(e.args) == 1 else None
+                if not (isinstance(inner, ir.Bin) and inner.op == "@"
+                        or isinstance(inner, ir.Prim) and primitives.get(inner.name).contraction):
+                    problems.append(f"{inst.path}: quantized wraps something other than a matmul")
+            if primitives.get(e.name).has_kernels and "select_kernels" in ran and e.kernel is None:
+                problems.append(f"{inst.path}: {e.name} without a kernel after select_kernels")
 
 
 def _verify_forward(inst: ir.Instance, problems: list[str], typed: bool) -> None:
