@@ -22,11 +22,12 @@ def run_cli(*args, cwd=ROOT):
 
 def test_build_never_imports_jax(tmp_path):
     code = ("import sys; from axdsl.cli import main; "
-            f"rc = main(['build', 'specs/llama3_8b.axl', '--target', 'cpu', '--out', '{tmp_path / 'o'}']); "
+            f"rc = main(['build', 'specs/llama3_8b.axl', '--target', 'cpu', '--out', '{tmp_path / 'g' / 's' / 'o'}']); "
             "assert 'jax' not in sys.modules, 'build imported jax'; sys.exit(rc)")
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
-    assert (tmp_path / "o" / "model.py").exists()
+    assert (tmp_path / "g" / "s" / "o" / "model.py").exists()
+    assert (tmp_path / "g" / "runtime.py").exists()  # --out DIR: the runtime goes to DIR/../../
 
 
 def test_version_and_help():

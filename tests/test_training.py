@@ -275,3 +275,23 @@ def test_default_data_is_the_standard_library_sources():
     expect = b"\n".join(p.read_bytes() for p in files)[: 32 << 20]
     assert data.dtype == np.uint8 and data.tobytes() == expect
     assert len(files) > 500 and len(data) > 5_000_000
+
+
+def test_loss_fn_returns_the_loss_and_the_cross_entropy():
+    """model.loss_fn(cfg, params, tokens, z_loss=...) -> (ce + z_loss * mean(logsumexp ** 2), ce)."""
+    import jax
+    import jax.numpy as jnp
+    import optax
+
+    from generated.tiny_llama.cpu import model
+
+    cfg = model.Config()
+    params = model.init_params(cfg, jax.random.key(0))
+    tokens = jnp.asarray(np.random.default_rng(0).integers(0, cfg.vocab, (2, 17)), jnp.int32)
+    logits = model.forward(cfg, params, tokens[:, :-1])
+    ce = optax.softmax_cross_entropy_with_integer_labels(logits, tokens[:, 1:]).mean()
+    loss, got_ce = model.loss_fn(cfg, params, tokens)
+    assert float(loss) == float(got_ce) == float(ce)
+    loss, got_ce = model.loss_fn(cfg, params, tokens, z_loss=1e-2)
+    z = 1e-2 * jnp.mean(jax.nn.logsumexp(logits, axis=-1) ** 2)
+    assert float(got_ce) == float(ce) and float(loss) == float(ce + z) and float(z) > 0
