@@ -62,6 +62,7 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--target", "-t", default=None, help="target name, e.g. cpu or gpu-h100-8")
     b.add_argument("--out", type=Path, default=None, help="output dir (default generated/<spec>/<target>)")
     b.add_argument("--check", action="store_true", help="check committed output instead of writing")
+    b.add_argument("--force", action="store_true", help="replace a train.py you have edited (else kept)")
     b.set_defaults(run=_cmd_build)
 
     c = sub.add_parser("check", help="run the static checks on specs", description="Parse and check specs; write nothing.")
@@ -166,7 +167,14 @@ def _cmd_build(args) -> int:
     start = time.perf_counter()
     files = build.build_files(args.spec, target)
     out = args.out or build.default_out_dir(args.spec, target)
+    edits = ""
+    if not args.force:  # a train.py the user edited is never overwritten unasked
+        files, edits = build.keep_edits(out, files)
     build.write_atomic(out, files, make_packages=args.out is None)
+    if edits:
+        sys.stdout.write(edits)
+        print(f"kept your edited {out}/train.py; the diff above goes from it to a fresh build: merge "
+              "what you want by hand, or rebuild with --force to replace it", file=sys.stderr)
     ms = (time.perf_counter() - start) * 1000
     print(f"built {out}/ ({', '.join(sorted(files))}) in {ms:.0f} ms")
     return EXIT_OK
@@ -183,12 +191,23 @@ def _check_drift(args) -> int:
         if not jobs:
             raise _UsageError("no committed output found under generated/")
     drift = 0
+    runtimes = set()
     for out, spec, target in jobs:
-        diff = build.diff_against(out, build.build_files(spec, target))
+        files = build.build_files(spec, target)
+        diff = build.diff_against(out, files, runtime=False)
         if diff:
             drift += 1
             sys.stdout.write(diff)
             print(f"{out}: out of date with {spec}; run `axdsl build {spec} --target {target}`", file=sys.stderr)
+        if "train.py" in files:
+            runtimes.add(build.runtime_path(out))
+    for path in sorted(runtimes):  # one runtime.py serves every output under its root
+        diff = build.diff_runtime(path)
+        if diff:
+            drift += 1
+            sys.stdout.write(diff)
+            print(f"{path}: out of date with axdsl; run `axdsl build` for any spec with a train block",
+                  file=sys.stderr)
     if not args.spec:
         for spec in sorted(Path("specs").glob("*.axl")):
             if not any(s == spec for _, s, _ in jobs):

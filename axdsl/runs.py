@@ -1,7 +1,9 @@
 """`axdsl train`, `axdsl plot` and `axdsl sample`: run a spec's training program and look at the run.
 
     train   build generated/<spec>/<target>/ (left alone when unchanged) and run its train.py as a
-            subprocess from the directory that holds generated/; rerunning the command resumes
+            subprocess from the directory that holds generated/; rerunning the command resumes.
+            A train.py you edited is run as it is, and never rebuilt over: when the spec or
+            axdsl changed the other files too, it stops and says what to do
     plot    draw RUN_DIR/metrics.jsonl (train and eval loss against step) as a PNG, with a small
             rasterizer and PNG encoder of its own (zlib + struct; no plotting library)
     sample  restore the newest complete checkpoint of RUN_DIR and generate text from a prompt
@@ -44,6 +46,8 @@ def train(spec: Path, target: str, out: Path | None = None, steps: int | None = 
 
     The command runs in the current directory (the one holding generated/), with its output
     streamed; the run directory defaults to runs/<spec>-<target>, and rerunning resumes there.
+    A train.py the user edited (see `build.edited_files`) is kept and run as it is; if the rest of
+    the output is out of date as well, nothing is rebuilt and the exit code is 1.
     """
     from axdsl import build
 
@@ -52,10 +56,19 @@ def train(spec: Path, target: str, out: Path | None = None, steps: int | None = 
     if "train.py" not in files:
         return _error(f"{spec}: its first model is not a language model (tokens [B, S] -> logits "
                       "[B, S, vocab]), so there is no train.py to run")
+    files, edits = build.keep_edits(out_dir, files)
     inits = [out_dir.parent.parent / "__init__.py", out_dir.parent / "__init__.py"]
-    if build.diff_against(out_dir, files) or not all(p.exists() for p in inits):
+    stale = build.diff_against(out_dir, files) or not all(p.exists() for p in inits)
+    if stale and edits:
+        return _error(f"{out_dir}/train.py has your edits and the rest of the output is out of date "
+                      f"with {spec} or axdsl: not rebuilding. Run `axdsl build {spec} --target {target}` "
+                      "(it keeps your train.py and shows what a fresh one would change), or add --force "
+                      "to replace your train.py; then train again")
+    if stale:
         build.write_atomic(out_dir, files, make_packages=True)
         print(f"built {out_dir}/", file=sys.stderr)
+    if edits:
+        print(f"running your edited {out_dir}/train.py", file=sys.stderr)
     run_dir = out if out is not None else default_run_dir(spec, target)
     cmd = [sys.executable, "-m", ".".join(out_dir.parts) + ".train", "--out", str(run_dir)]
     if steps is not None:
@@ -251,19 +264,21 @@ def encode_png(width: int, height: int, rgb: bytes) -> bytes:
 def load_run(run_dir: Path):
     """(run.json as a dict, the run's generated train module), imported from where it was built.
 
-    The package is imported under a private name, so runs built in different directories (or a
-    `generated` package already imported) never shadow each other.
+    The top package (generated/, which holds runtime.py) is imported under a private name, so
+    runs built in different directories (or a `generated` package already imported) never shadow
+    each other.
     """
     info = json.loads((run_dir / "run.json").read_text(encoding="utf-8"))
-    pkg_dir = Path(info["root"]).joinpath(*info["package"].split("."))
-    alias = "_axdsl_run_" + hashlib.sha256(str(pkg_dir.resolve()).encode()).hexdigest()[:16]
+    top, *rest = info["package"].split(".")
+    top_dir = Path(info["root"]) / top
+    alias = "_axdsl_run_" + hashlib.sha256(str(top_dir.resolve()).encode()).hexdigest()[:16]
     if alias not in sys.modules:
         spec = importlib.util.spec_from_file_location(
-            alias, pkg_dir / "__init__.py", submodule_search_locations=[str(pkg_dir)])
+            alias, top_dir / "__init__.py", submodule_search_locations=[str(top_dir)])
         package = importlib.util.module_from_spec(spec)
         sys.modules[alias] = package
         spec.loader.exec_module(package)
-    return info, importlib.import_module(alias + ".train")
+    return info, importlib.import_module(".".join([alias, *rest, "train"]))
 
 
 def latest_complete_step(checkpoints: Path) -> int | None:
@@ -292,6 +307,7 @@ def sample(run_dir: Path, prompt: str, max_tokens: int = 200, temperature: float
     import orbax.checkpoint as ocp
 
     info, tm = load_run(run_dir)
+    model = importlib.import_module(tm.__package__ + ".model")
     known = {f.name for f in dataclasses.fields(tm.TrainConfig)}
     tc = tm.TrainConfig(**{k: v for k, v in info["train"].items() if k in known})
     cfg = tm.model_config(tc)
@@ -325,7 +341,7 @@ def sample(run_dir: Path, prompt: str, max_tokens: int = 200, temperature: float
     @jax.jit
     def logits_at(params, tokens, pos):
         # Causal attention: the padding after `pos` does not change position `pos`.
-        return tm.forward(cfg, params, tokens[None])[0, pos].astype(jax.numpy.float32)
+        return model.forward(cfg, params, tokens[None])[0, pos].astype(jax.numpy.float32)
 
     rng = np.random.default_rng(seed)
     out = sys.stdout

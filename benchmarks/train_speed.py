@@ -36,10 +36,10 @@ def measure(spec: str, steps: int, warmup: int, batch: int | None, seq: int | No
     tc = dataclasses.replace(tc, batch=batch or tc.batch, seq=seq or tc.seq, warmup=0)
     cfg = tm.CONFIGS[tc.model]
     mesh = tm.make_mesh()
-    tokens, _ = tm.split(tm.stdlib_bytes(8 << 20))
+    tokens, _ = tm.runtime.split(tm.runtime.stdlib_bytes(8 << 20))
     with jax.set_mesh(mesh):
         sharding = tm.batch_sharding(mesh)
-        batches = [tm.get_batch(tokens, tc, i, sharding) for i in range(warmup + steps)]
+        batches = [tm.runtime.get_batch(tokens, tc, i, sharding) for i in range(warmup + steps)]
         began = time.perf_counter()
         state = tm.init_state(cfg, tc, mesh, jax.random.key(tc.seed))
         jax.block_until_ready(state)

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from axdsl import build
 from axdsl.cli import main
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -21,11 +22,12 @@ def run_cli(*args, cwd=ROOT):
 
 def test_build_never_imports_jax(tmp_path):
     code = ("import sys; from axdsl.cli import main; "
-            f"rc = main(['build', 'specs/llama3_8b.axl', '--target', 'cpu', '--out', '{tmp_path / 'o'}']); "
+            f"rc = main(['build', 'specs/llama3_8b.axl', '--target', 'cpu', '--out', '{tmp_path / 'g' / 's' / 'o'}']); "
             "assert 'jax' not in sys.modules, 'build imported jax'; sys.exit(rc)")
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
-    assert (tmp_path / "o" / "model.py").exists()
+    assert (tmp_path / "g" / "s" / "o" / "model.py").exists()
+    assert (tmp_path / "g" / "runtime.py").exists()  # --out DIR: the runtime goes to DIR/../../
 
 
 def test_version_and_help():
@@ -54,14 +56,99 @@ def test_build_check_reports_drift_with_a_unified_diff(tmp_path):
 
 
 def test_failed_build_leaves_existing_output_untouched(tmp_path, in_root):
-    out = tmp_path / "out"
+    out = tmp_path / "gen" / "spec" / "out"  # <root>/<spec>/<target>: runtime.py goes to gen/
     assert main(["build", "specs/tiny_llama.axl", "--target", "cpu", "--out", str(out)]) == 0
     before = (out / "model.py").read_bytes()
     bad = tmp_path / "bad.axl"
     bad.write_text('import "std/transformer.axl"\nmodel m = DecoderLM { vocab = 256 dim = 64 layers = 2 heads = 3 }\n')
     assert main(["build", str(bad), "--target", "cpu", "--out", str(out)]) == 1
     assert (out / "model.py").read_bytes() == before
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.axl", "out"]  # no temp dirs left
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.axl", "gen"]
+    assert sorted(p.name for p in out.parent.iterdir()) == ["__init__.py", "out"]  # no temp dirs left
+    assert sorted(p.name for p in out.parent.parent.iterdir()) == ["__init__.py", "runtime.py", "spec"]
+
+
+def _edit(path: Path) -> str:
+    text = path.read_text().replace("def main(argv=None) -> None:\n", "def main(argv=None) -> None:\n    # mine\n")
+    assert "# mine" in text
+    path.write_text(text)
+    return text
+
+
+def _project(tmp_path: Path) -> Path:
+    """A copy of specs/ in tmp_path, with tiny_llama built into tmp_path/generated/."""
+    shutil.copytree(ROOT / "specs", tmp_path / "specs")
+    r = run_cli("build", "specs/tiny_llama.axl", "--target", "cpu", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    return tmp_path / "generated" / "tiny_llama" / "cpu"
+
+
+def test_build_keeps_an_edited_train_py_unless_forced(tmp_path):
+    out = _project(tmp_path)
+    assert build.edited_files(out) == []
+    assert "DO NOT EDIT" not in (out / "train.py").read_text() and "DO NOT EDIT" in (out / "model.py").read_text()
+    mine = _edit(out / "train.py")
+    spec = tmp_path / "specs" / "tiny_llama.axl"
+    spec.write_text(spec.read_text().replace("ffn = 128", "ffn = 192"))
+    r = run_cli("build", "specs/tiny_llama.axl", "--target", "cpu", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert (out / "train.py").read_text() == mine  # kept
+    assert "ffn: int = 192" in (out / "model.py").read_text()  # the rest was rebuilt
+    assert "train.py (yours, kept)" in r.stdout and "-    # mine" in r.stdout  # the diff to a fresh one
+    assert "kept your edited" in r.stderr and "--force" in r.stderr
+    r = run_cli("build", "specs/tiny_llama.axl", "--target", "cpu", cwd=tmp_path)  # still recognised
+    assert r.returncode == 0 and (out / "train.py").read_text() == mine and "kept your edited" in r.stderr
+    r = run_cli("build", "specs/tiny_llama.axl", "--target", "cpu", "--force", cwd=tmp_path)
+    assert r.returncode == 0 and "# mine" not in (out / "train.py").read_text()
+    assert build.edited_files(out) == []  # replaced by the fresh build, recorded in manifest.json
+    r = run_cli("build", "specs/tiny_llama.axl", "--target", "cpu", cwd=tmp_path)
+    assert "kept" not in r.stderr and r.stdout.startswith("built ")
+
+
+def test_axdsl_train_never_rebuilds_over_an_edited_train_py(tmp_path):
+    out = _project(tmp_path)
+    mine = _edit(out / "train.py")
+    model = (out / "model.py").read_text()
+    spec = tmp_path / "specs" / "tiny_llama.axl"
+    spec.write_text(spec.read_text().replace("ffn = 128", "ffn = 192"))
+    r = run_cli("train", "specs/tiny_llama.axl", "--target", "cpu", "--steps", "1", cwd=tmp_path)
+    assert r.returncode == 1
+    assert "train.py has your edits" in r.stderr and "--force" in r.stderr and "Traceback" not in r.stderr
+    assert (out / "train.py").read_text() == mine and (out / "model.py").read_text() == model
+    assert not (tmp_path / "runs").exists()  # nothing ran
+
+
+def test_axdsl_train_runs_an_edited_train_py_as_it_is(tmp_path, monkeypatch, capfd):
+    from axdsl import runs
+
+    out = _project(tmp_path)
+    mine = _edit(out / "train.py")
+    monkeypatch.chdir(tmp_path)
+    ran = []
+
+    class Proc:
+        def __init__(self, cmd):
+            ran.append(cmd)
+
+        def wait(self):
+            return 0
+
+    monkeypatch.setattr(runs.subprocess, "Popen", Proc)
+    assert runs.train(Path("specs/tiny_llama.axl"), "cpu", None, 1) == 0
+    assert ran and ran[0][1:3] == ["-m", "generated.tiny_llama.cpu.train"]
+    assert "running your edited" in capfd.readouterr().err and (out / "train.py").read_text() == mine
+
+
+def test_build_check_reports_runtime_drift(tmp_path):
+    shutil.copytree(ROOT / "specs", tmp_path / "specs")
+    shutil.copytree(ROOT / "generated", tmp_path / "generated")
+    runtime = tmp_path / "generated" / "runtime.py"
+    runtime.write_text(runtime.read_text().replace("def split(", "def split_tokens("))
+    r = run_cli("build", "--check", cwd=tmp_path)
+    assert r.returncode == 1
+    assert "--- generated/runtime.py (committed)" in r.stdout and "+def split(" in r.stdout
+    assert r.stdout.count("generated/runtime.py (committed)") == 1  # once, not once per output
+    assert "generated/runtime.py: out of date" in r.stderr
 
 
 def test_user_errors_exit_1_without_traceback(tmp_path):

@@ -252,7 +252,7 @@ def test_tpu_lowering_contains_the_splash_kernel(models, mesh):
     cfg = tpu.Config()
     params = jax.eval_shape(lambda: tpu.init_params(cfg, jax.random.key(0)))
     tokens = jax.ShapeDtypeStruct((8, cfg.max_seq + 1), jnp.int32)
-    step = jax.jit(jax.value_and_grad(tpu.loss_fn, argnums=1), static_argnums=0)
+    step = jax.jit(jax.value_and_grad(tpu.loss_fn, argnums=1, has_aux=True), static_argnums=0)
 
     def lower():
         return step.trace(cfg, params, tokens).lower(lowering_platforms=("tpu",)).as_text()

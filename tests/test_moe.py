@@ -110,7 +110,7 @@ def test_moe_is_a_drop_in_feed_forward_and_trains(dropless):
     tokens = jnp.tile(jnp.arange(17, dtype=jnp.int32) % 5, (8, 1))
     logits, aux = model.forward_with_aux(cfg, params, tokens[:, :-1])
     assert logits.shape == (8, 16, 256) and float(aux) > 0
-    ce = float(model.loss_fn(cfg, params, tokens)) - float(aux)
+    ce = float(model.loss_fn(cfg, params, tokens)[0]) - float(aux)
     assert np.isfinite(ce)
     mesh = model.make_mesh(jax.devices()[:1])
     with jax.set_mesh(mesh):
@@ -136,14 +136,14 @@ def test_experts_shard_over_the_expert_axis_with_unchanged_results(tmp_path, cap
     assert dict(mesh.shape)["expert"] == 4
     params = model.init_params(cfg, jax.random.key(0))
     tokens = jax.random.randint(jax.random.key(1), (8, 17), 0, 256)
-    want = jax.jit(jax.value_and_grad(lambda p: model.loss_fn(cfg, p, tokens)))(params)
+    want = jax.jit(jax.value_and_grad(lambda p: model.loss_fn(cfg, p, tokens)[0]))(params)
     with jax.set_mesh(mesh):
         specs = model.param_specs()
         sharded = jax.tree.map(lambda a, s: jax.device_put(a, jax.NamedSharding(mesh, s)), params, specs)
         assert sharded["blocks"]["mlp"]["w_gate"].sharding.spec == jax.P(None, "expert")
         assert len(sharded["blocks"]["mlp"]["w_gate"].addressable_shards[0].data.shape) == 4
         assert sharded["blocks"]["mlp"]["w_gate"].addressable_shards[0].data.shape[1] == 1  # 4 experts / 4
-        got = jax.jit(jax.value_and_grad(lambda p: model.loss_fn(cfg, p, tokens)))(sharded)
+        got = jax.jit(jax.value_and_grad(lambda p: model.loss_fn(cfg, p, tokens)[0]))(sharded)
     np.testing.assert_allclose(float(got[0]), float(want[0]), rtol=1e-6)
     for g, w in zip(jax.tree.leaves(got[1]), jax.tree.leaves(want[1])):
         np.testing.assert_allclose(np.asarray(g), np.asarray(w), atol=1e-5, rtol=1e-4)

@@ -91,7 +91,7 @@ def test_a_few_optax_steps_lower_the_loss(model):
 
     @jax.jit
     def step(params, state):
-        loss, grads = jax.value_and_grad(lambda p: model.loss_fn(cfg, p, tokens))(params)
+        loss, grads = jax.value_and_grad(lambda p: model.loss_fn(cfg, p, tokens)[0])(params)
         updates, state = opt.update(grads, state, params)
         return optax.apply_updates(params, updates), state, loss
 

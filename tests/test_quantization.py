@@ -230,7 +230,7 @@ def test_quantized_model_matches_and_trains(models, unquantized_logits, fmt):
 
     @jax.jit
     def step(params, state):
-        loss, grads = jax.value_and_grad(lambda p: model.loss_fn(cfg, p, tokens))(params)
+        loss, grads = jax.value_and_grad(lambda p: model.loss_fn(cfg, p, tokens)[0])(params)
         updates, state = opt.update(grads, state, params)
         grad_norm = jnp.sqrt(sum(jnp.sum(g * g) for g in jax.tree.leaves(grads)))
         return optax.apply_updates(params, updates), state, loss, grad_norm
@@ -252,7 +252,7 @@ def _grad_stablehlo(model, platform: str) -> str:
     cfg = model.Config()
     params = jax.eval_shape(lambda: model.init_params(cfg, jax.random.key(0)))
     tokens = jax.ShapeDtypeStruct((2, 17), jnp.int32)
-    grad = jax.grad(lambda p, t: model.loss_fn(cfg, p, t))
+    grad = jax.grad(lambda p, t: model.loss_fn(cfg, p, t)[0])
     return jax.jit(grad).trace(params, tokens).lower(lowering_platforms=(platform,)).as_text()
 
 

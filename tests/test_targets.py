@@ -163,7 +163,7 @@ def test_data_fsdp_and_tensor_parallel_at_once(spec, tmp_path):
 
 # ----------------------------------------------------------------------------- numerics
 def _loss_and_grads(model, params, tokens, cfg, mesh=None):
-    fn = jax.jit(jax.value_and_grad(lambda p: model.loss_fn(cfg, p, tokens)))
+    fn = jax.jit(jax.value_and_grad(lambda p: model.loss_fn(cfg, p, tokens)[0]))
     if mesh is None:
         return fn(params)
     with jax.set_mesh(mesh):
@@ -224,7 +224,7 @@ target "gpu-*" { remat(offload = [mlp_hidden], save = [context])  quantize(none)
     cfg = m.CONFIGS["lm"]
     params = jax.eval_shape(lambda k: m.init_params(cfg, k), jax.random.key(0))
     tokens = jax.ShapeDtypeStruct((2, 17), jnp.int32)
-    grad = jax.jit(jax.grad(lambda p, t: m.loss_fn(cfg, p, t)))
+    grad = jax.jit(jax.grad(lambda p, t: m.loss_fn(cfg, p, t)[0]))
     hlo = grad.trace(params, tokens).lower(lowering_platforms=("cuda",)).as_text()
     assert "pinned_host" in hlo
 

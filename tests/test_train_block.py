@@ -39,12 +39,13 @@ def build_package(tmp_path: Path, name: str, text: str):
     spec.write_text(text, encoding="utf-8")
     out = tmp_path / "generated" / name / "cpu"
     write_atomic(out, build_files(spec, "cpu"), make_packages=True)
+    top = tmp_path / "generated"  # holds runtime.py, which train.py imports as `from ... import runtime`
     alias = "_axdsl_test_" + hashlib.sha256(str(out).encode()).hexdigest()[:12]
-    pkg = importlib.util.spec_from_file_location(alias, out / "__init__.py", submodule_search_locations=[str(out)])
+    pkg = importlib.util.spec_from_file_location(alias, top / "__init__.py", submodule_search_locations=[str(top)])
     module = importlib.util.module_from_spec(pkg)
     sys.modules[alias] = module
     pkg.loader.exec_module(module)
-    return importlib.import_module(alias + ".train")
+    return importlib.import_module(f"{alias}.{name}.cpu.train")
 
 
 FULL = """

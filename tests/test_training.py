@@ -31,12 +31,13 @@ def build_package(tmp_path: Path, name: str, text: str):
     spec.write_text(text, encoding="utf-8")
     out = tmp_path / "generated" / name / "cpu"
     write_atomic(out, build_files(spec, "cpu"), make_packages=True)
+    top = tmp_path / "generated"  # holds runtime.py, which train.py imports as `from ... import runtime`
     alias = "_axdsl_test_" + hashlib.sha256(str(out).encode()).hexdigest()[:12]
-    pkg = importlib.util.spec_from_file_location(alias, out / "__init__.py", submodule_search_locations=[str(out)])
+    pkg = importlib.util.spec_from_file_location(alias, top / "__init__.py", submodule_search_locations=[str(top)])
     module = importlib.util.module_from_spec(pkg)
     sys.modules[alias] = module
     pkg.loader.exec_module(module)
-    return importlib.import_module(alias + ".train")
+    return importlib.import_module(f"{alias}.{name}.cpu.train")
 
 
 def run_train(args: list[str], devices: int, cwd: Path = ROOT, timeout: float = 300) -> subprocess.CompletedProcess:
@@ -130,9 +131,9 @@ def tiny():
     mesh = tm.make_mesh()
     assert mesh.size == 8
     tc = dataclasses.replace(tm.TRAIN, batch=32, warmup=0, eps=1e-4)
-    tokens, _ = tm.split(tm.stdlib_bytes(1 << 20))
+    tokens, _ = tm.runtime.split(tm.runtime.stdlib_bytes(1 << 20))
     with jax.set_mesh(mesh):
-        batch = tm.get_batch(tokens, tc, 0, tm.batch_sharding(mesh))
+        batch = tm.runtime.get_batch(tokens, tc, 0, tm.batch_sharding(mesh))
         state = tm.init_state(tm.CONFIGS[tc.model], tc, mesh, jax.random.key(0))
     return tm, mesh, tc, batch, state, tm.make_train_step(tm.CONFIGS[tc.model], tc, mesh)
 
@@ -211,9 +212,9 @@ def test_bad_steps_in_a_row_restore_the_last_checkpoint(tmp_path):
     from generated.tiny_llama.cpu import train as tm
 
     seq, batch, steps = 32, 8, 30
-    tokens = tm.stdlib_bytes(400_000).astype(np.uint16)
+    tokens = tm.runtime.stdlib_bytes(400_000).astype(np.uint16)
     tc = dataclasses.replace(tm.TRAIN, batch=batch, seq=seq)
-    train_part, _ = tm.split(tokens)
+    train_part, _ = tm.runtime.split(tokens)
     starts = {i: np.random.default_rng([tc.seed, i]).integers(0, len(train_part) - seq - 1, size=batch)
               for i in range(80)}
     poisoned = [12, 13, 14]  # data indices of updates 13, 14, 15
@@ -245,7 +246,7 @@ def test_learns_below_unigram_entropy_of_default_data(tmp_path):
     entropy of the bytes' unigram distribution (what a model without context could reach)."""
     from generated.tiny_llama.cpu import train as tm
 
-    train_part, _ = tm.split(tm.stdlib_bytes())
+    train_part, _ = tm.runtime.split(tm.runtime.stdlib_bytes())
     p = np.bincount(train_part, minlength=256) / len(train_part)
     entropy = float(-(p[p > 0] * np.log(p[p > 0])).sum())  # nats, like the loss
     run = tmp_path / "run"
@@ -270,7 +271,27 @@ def test_default_data_is_the_standard_library_sources():
     root = Path(sysconfig.get_paths()["stdlib"])
     files = sorted(p for p in root.rglob("*.py")
                    if not {"test", "site-packages", "dist-packages"} & set(p.relative_to(root).parts))
-    data = tm.stdlib_bytes()
+    data = tm.runtime.stdlib_bytes()
     expect = b"\n".join(p.read_bytes() for p in files)[: 32 << 20]
     assert data.dtype == np.uint8 and data.tobytes() == expect
     assert len(files) > 500 and len(data) > 5_000_000
+
+
+def test_loss_fn_returns_the_loss_and_the_cross_entropy():
+    """model.loss_fn(cfg, params, tokens, z_loss=...) -> (ce + z_loss * mean(logsumexp ** 2), ce)."""
+    import jax
+    import jax.numpy as jnp
+    import optax
+
+    from generated.tiny_llama.cpu import model
+
+    cfg = model.Config()
+    params = model.init_params(cfg, jax.random.key(0))
+    tokens = jnp.asarray(np.random.default_rng(0).integers(0, cfg.vocab, (2, 17)), jnp.int32)
+    logits = model.forward(cfg, params, tokens[:, :-1])
+    ce = optax.softmax_cross_entropy_with_integer_labels(logits, tokens[:, 1:]).mean()
+    loss, got_ce = model.loss_fn(cfg, params, tokens)
+    assert float(loss) == float(got_ce) == float(ce)
+    loss, got_ce = model.loss_fn(cfg, params, tokens, z_loss=1e-2)
+    z = 1e-2 * jnp.mean(jax.nn.logsumexp(logits, axis=-1) ** 2)
+    assert float(got_ce) == float(ce) and float(loss) == float(ce + z) and float(z) > 0

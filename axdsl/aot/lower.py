@@ -81,14 +81,14 @@ def lower_here(files: dict[str, str], model: str, batch: int, seq: int, chips: i
     """Import the generated files as a throwaway package and lower (maybe compile) its step."""
     tmp = Path(tempfile.mkdtemp(prefix="axdsl_aot_"))
     package = f"_axdsl_aot_{os.getpid()}_{abs(hash(files['model.py'])) % 10**8}"
-    (tmp / package).mkdir()
-    for name, text in files.items():
-        (tmp / package / name).write_text(text, encoding="utf-8")
+    from axdsl.build import write_atomic  # the <root>/<spec>/<target>/ layout, with <root>/runtime.py
+
+    write_atomic(tmp / package / "spec" / "target", files, make_packages=True)
     sys.path.insert(0, str(tmp))
     result: dict = {"devices": chips, "platform": PLATFORMS.get(kind, "cpu")}
     try:
-        train = importlib.import_module(f"{package}.train")
-        mod = importlib.import_module(f"{package}.model")
+        train = importlib.import_module(f"{package}.spec.target.train")
+        mod = importlib.import_module(f"{package}.spec.target.model")
         _lower_generated(train, mod, result, model, batch, seq, chips, kind, compile)
     except Exception as exc:  # noqa: BLE001 - the generated code failed: say so, exit 1
         msg = _short(exc)

@@ -96,6 +96,7 @@ def emit_model(module: ir.Module) -> str:
         functions=functions,
         root_fn=functions[-1].name,
         root_aux=functions[-1].aux,
+        root_rng=functions[-1].rng,
         loss=has_lm_signature(root),
     )
     draft = render_template("model.py.j2", imports="", **context)

@@ -1,9 +1,10 @@
 """Emit `train.py`: the spec's train block as a `TrainConfig`, its optimizer and schedule as optax;
-and `slurm.sh`, a batch script that runs train.py on every node of a SLURM allocation.
+`runtime.py`, the support module every train.py imports (data, flags, checkpoints, metrics); and
+`slurm.sh`, a batch script that runs train.py on every node of a SLURM allocation.
 
-The template holds the fixed parts (data, state, step, checkpoints, loop); this module renders the
-parts the spec chooses, so the generated file contains only the optimizer and schedule in use (and
-the dropout key only for models with dropout).
+The train.py template holds the fixed parts (state, step, loop); this module renders the parts the
+spec chooses, so the generated file contains only the optimizer and schedule in use (and the
+dropout key only for models with dropout). runtime.py depends on no spec: one copy serves all.
 """
 
 from __future__ import annotations
@@ -13,8 +14,8 @@ from dataclasses import dataclass
 from axdsl import __version__
 from axdsl.codegen.emit import render_template
 from axdsl.codegen.names import py_str
-from axdsl.ir import nodes as ir
 from axdsl import primitives
+from axdsl.ir import nodes as ir
 from axdsl.ir.rewrite import tree_has
 from axdsl.passes.annotate_sharding import kept_axes, spec_text
 from axdsl.targets import profiles
@@ -51,13 +52,12 @@ def emit_train(module: ir.Module, package: str, flops: list[tuple[str, int, int]
         optimizer_doc=OPTIMIZER_DOC[opt_name], optimizer_body=OPTIMIZERS[opt_name],
         batch_axes=spec_text((batch_axes,))[2:-1] or "None",
         dropout=uses_dropout(module.models[0].root),
-        aux=has_aux_loss(module.models[0].root),
     )
 
 
-def has_aux_loss(root: ir.Instance) -> bool:
-    """Whether the model adds auxiliary losses (MoE), so train.py calls forward_with_aux."""
-    return tree_has(root, lambda p: primitives.get(p.name).aux_loss)
+def emit_runtime() -> str:
+    """The unformatted source of <root>/runtime.py (the same for every spec and target)."""
+    return render_template("runtime.py.j2", version=__version__)
 
 
 def uses_dropout(root: ir.Instance) -> bool:
@@ -132,15 +132,17 @@ def _doc(key: str, origin: str) -> str:
 _CLIP = "optax.clip_by_global_norm(tc.clip) if tc.clip else optax.identity(),"
 
 OPTIMIZERS = {
-    "adamw": ["return optax.chain(", f"    {_CLIP}",
-              "    optax.adamw(lr_schedule(tc), b1=tc.b1, b2=tc.b2, eps=tc.eps,",
-              "                weight_decay=tc.weight_decay, mask=decay_mask()),", ")"],
-    "lion": ["return optax.chain(", f"    {_CLIP}",
-             "    optax.lion(lr_schedule(tc), b1=tc.b1, b2=tc.b2, weight_decay=tc.weight_decay, mask=decay_mask()),",
-             ")"],
-    "adafactor": ["return optax.chain(", f"    {_CLIP}",
-                  "    optax.adafactor(lr_schedule(tc), weight_decay_rate=tc.weight_decay or None,",
-                  "                    weight_decay_mask=decay_mask()),", ")"],
+    "adamw": ["lr, mask = lr_schedule(tc), decay_mask()",
+              "return optax.chain(", f"    {_CLIP}",
+              "    optax.adamw(lr, b1=tc.b1, b2=tc.b2, eps=tc.eps, weight_decay=tc.weight_decay, mask=mask),",
+              ")"],
+    "lion": ["lr, mask = lr_schedule(tc), decay_mask()",
+             "return optax.chain(", f"    {_CLIP}",
+             "    optax.lion(lr, b1=tc.b1, b2=tc.b2, weight_decay=tc.weight_decay, mask=mask),", ")"],
+    "adafactor": ["lr, mask = lr_schedule(tc), decay_mask()",
+                  "return optax.chain(", f"    {_CLIP}",
+                  "    optax.adafactor(lr, weight_decay_rate=tc.weight_decay or None, weight_decay_mask=mask),",
+                  ")"],
     "sgd": ["return optax.chain(", f"    {_CLIP}",
             "    optax.add_decayed_weights(tc.weight_decay, mask=decay_mask()),",
             "    optax.sgd(lr_schedule(tc), momentum=tc.momentum or None, nesterov=tc.nesterov),", ")"],

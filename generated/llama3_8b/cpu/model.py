@@ -363,7 +363,15 @@ def decoder_lm(cfg: Config, params: dict, tokens: jax.Array) -> jax.Array:
 forward = decoder_lm  # the model's entry point: forward(cfg, params, tokens) -> logits
 
 
-def loss_fn(cfg: Config, params: dict, tokens: jax.Array) -> jax.Array:
-    """Mean next-token cross-entropy: predict tokens[:, 1:] [B, S] from tokens[:, :-1]."""
+def loss_fn(
+    cfg: Config, params: dict, tokens: jax.Array, z_loss: float = 0.0
+) -> tuple[jax.Array, jax.Array]:
+    """(loss to minimize, mean cross-entropy) of predicting tokens[:, 1:] from tokens[:, :-1] [B, S].
+
+    loss = cross-entropy + z_loss * mean(logsumexp(logits) ** 2) (z-loss)."""
     logits = forward(cfg, params, tokens[:, :-1])  # [B, S, vocab]
-    return optax.softmax_cross_entropy_with_integer_labels(logits, tokens[:, 1:]).mean()
+    ce = optax.softmax_cross_entropy_with_integer_labels(logits, tokens[:, 1:]).mean()
+    loss = ce
+    if z_loss:  # keeps the softmax normalizer near 1
+        loss = loss + z_loss * jnp.mean(jax.nn.logsumexp(logits, axis=-1) ** 2)
+    return loss, ce

@@ -639,7 +639,15 @@ def forward(cfg: Config, params: dict, tokens: jax.Array) -> jax.Array:
     return forward_with_aux(cfg, params, tokens)[0]
 
 
-def loss_fn(cfg: Config, params: dict, tokens: jax.Array) -> jax.Array:
-    """Mean next-token cross-entropy: predict tokens[:, 1:] [B, S] from tokens[:, :-1], plus the auxiliary losses."""
+def loss_fn(
+    cfg: Config, params: dict, tokens: jax.Array, z_loss: float = 0.0
+) -> tuple[jax.Array, jax.Array]:
+    """(loss to minimize, mean cross-entropy) of predicting tokens[:, 1:] from tokens[:, :-1] [B, S].
+
+    loss = cross-entropy + MoE auxiliary losses + z_loss * mean(logsumexp(logits) ** 2) (z-loss)."""
     logits, aux = forward_with_aux(cfg, params, tokens[:, :-1])  # [B, S, vocab], []
-    return optax.softmax_cross_entropy_with_integer_labels(logits, tokens[:, 1:]).mean() + aux
+    ce = optax.softmax_cross_entropy_with_integer_labels(logits, tokens[:, 1:]).mean()
+    loss = ce + aux
+    if z_loss:  # keeps the softmax normalizer near 1
+        loss = loss + z_loss * jnp.mean(jax.nn.logsumexp(logits, axis=-1) ** 2)
+    return loss, ce
