@@ -48,13 +48,19 @@ class _UsageError(Exception):
 
 
 def _parser() -> argparse.ArgumentParser:
+    """The command line: one `_add_<command>` per subcommand."""
     p = argparse.ArgumentParser(
         prog="axdsl",
         description="Compile .axl model specs into readable JAX model and training code.",
     )
     p.add_argument("--version", action="version", version=f"axdsl {__version__}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
+    for add in (_add_build, _add_check, _add_dump, _add_diff, _add_aot, _add_stats, _add_import_hf, _add_export_hf, _add_train, _add_plot, _add_sample):
+        add(sub)
+    return p
 
+
+def _add_build(sub) -> None:
     b = sub.add_parser("build", help="generate code for a spec and target",
                        description="Generate generated/<spec>/<target>/ from a spec. With --check, "
                                    "compare instead of writing and exit 1 with a diff on drift.")
@@ -65,23 +71,31 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--force", action="store_true", help="replace a train.py you have edited (else kept)")
     b.set_defaults(run=_cmd_build)
 
+
+def _add_check(sub) -> None:
     c = sub.add_parser("check", help="run the static checks on specs", description="Parse and check specs; write nothing.")
     c.add_argument("specs", nargs="+", type=Path)
     c.add_argument("--target", "-t", default="cpu")
     c.set_defaults(run=_cmd_check)
 
+
+def _add_dump(sub) -> None:
     d = sub.add_parser("dump", help="print the IR of a spec", description="Print the canonical IR text.")
     d.add_argument("spec", type=Path)
     d.add_argument("--target", "-t", default="cpu")
     d.add_argument("--after", default=None, help="stop after this pass")
     d.set_defaults(run=_cmd_dump)
 
+
+def _add_diff(sub) -> None:
     df = sub.add_parser("diff", help="diff the generated code of two targets",
                         description="Print the unified diff between two targets' generated code.")
     df.add_argument("spec", type=Path)
     df.add_argument("--target", "-t", action="append", required=True, help="give exactly two")
     df.set_defaults(run=_cmd_diff)
 
+
+def _add_aot(sub) -> None:
     a = sub.add_parser("aot", help="ahead-of-time fit report for a target",
                        description="Lower the generated train step for the target on this machine and "
                                    "report per-chip memory and FLOPs. Exit 0 if it fits, 3 if not.")
@@ -93,6 +107,8 @@ def _parser() -> argparse.ArgumentParser:
     a.add_argument("--compile", action="store_true", help="also compile on this CPU and show XLA's figures")
     a.set_defaults(run=_cmd_aot)
 
+
+def _add_stats(sub) -> None:
     st = sub.add_parser("stats", help="parameters, FLOPs and memory per chip",
                         description="Count parameters (total and active), model FLOPs per token and per "
                                     "step, and per-chip memory for the target, from the IR alone.")
@@ -101,6 +117,8 @@ def _parser() -> argparse.ArgumentParser:
     st.add_argument("--model", default=None)
     st.set_defaults(run=_cmd_stats)
 
+
+def _add_import_hf(sub) -> None:
     hi = sub.add_parser("import-hf", help="convert Hugging Face weights to an orbax checkpoint",
                         description="Read config.json and *.safetensors (Llama, Mistral, Mixtral, Qwen3-MoE, "
                                     "GPT-2 layouts) and write an orbax params checkpoint for the spec's model.")
@@ -110,6 +128,8 @@ def _parser() -> argparse.ArgumentParser:
     hi.add_argument("--out", type=Path, default=None)
     hi.set_defaults(run=_cmd_import_hf)
 
+
+def _add_export_hf(sub) -> None:
     he = sub.add_parser("export-hf", help="convert an orbax checkpoint to Hugging Face weights",
                         description="Write config.json and model.safetensors from a params checkpoint.")
     he.add_argument("spec", type=Path)
@@ -118,6 +138,8 @@ def _parser() -> argparse.ArgumentParser:
     he.add_argument("--model", default=None)
     he.set_defaults(run=_cmd_export_hf)
 
+
+def _add_train(sub) -> None:
     tr = sub.add_parser("train", help="build and train (rerunning resumes)",
                         description="Build generated/<spec>/<target>/ and run its train.py.")
     tr.add_argument("spec", type=Path)
@@ -127,11 +149,15 @@ def _parser() -> argparse.ArgumentParser:
     tr.add_argument("--checkpoint-every", type=int, default=None)
     tr.set_defaults(run=_cmd_train)
 
+
+def _add_plot(sub) -> None:
     pl = sub.add_parser("plot", help="write a loss-curve PNG of a run", description="Plot RUN_DIR/metrics.jsonl.")
     pl.add_argument("run_dir", type=Path)
     pl.add_argument("--out", type=Path, default=None, help="PNG path (default RUN_DIR/loss.png)")
     pl.set_defaults(run=_cmd_plot)
 
+
+def _add_sample(sub) -> None:
     sm = sub.add_parser("sample", help="generate text from a run's latest checkpoint",
                         description="Generate text from the latest checkpoint of RUN_DIR.")
     sm.add_argument("run_dir", type=Path)
@@ -141,7 +167,6 @@ def _parser() -> argparse.ArgumentParser:
     sm.add_argument("--top-k", type=int, default=None)
     sm.add_argument("--seed", type=int, default=0)
     sm.set_defaults(run=_cmd_sample)
-    return p
 
 
 def _target(name: str | None) -> str:

@@ -304,7 +304,6 @@ def sample(run_dir: Path, prompt: str, max_tokens: int = 200, temperature: float
 
     import jax
     import numpy as np
-    import orbax.checkpoint as ocp
 
     info, tm = load_run(run_dir)
     model = importlib.import_module(tm.__package__ + ".model")
@@ -315,19 +314,11 @@ def sample(run_dir: Path, prompt: str, max_tokens: int = 200, temperature: float
     step = latest_complete_step(checkpoints)
     if step is None:
         return _error(f"no complete checkpoint in {checkpoints}")
-
-    # Everything on one device: the checkpoint is resharded as it is read.
-    one = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-    shapes = jax.eval_shape(lambda k: tm.new_state(cfg, tc, k), jax.random.key(0))
-    abstract = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=one), shapes)
-    with ocp.StandardCheckpointer() as checkpointer:  # read-only: a running training is not disturbed
-        state = checkpointer.restore(checkpoints / str(step) / "state", abstract)
-    params = state["params"]
+    params = _restore_params(tm, cfg, tc, checkpoints / str(step) / "state")
 
     byte_level = tc.data != "tokens"
     if byte_level:
         ids = list(prompt.encode("utf-8"))
-        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
     else:
         try:
             ids = [int(t) for t in prompt.split()]
@@ -343,7 +334,42 @@ def sample(run_dir: Path, prompt: str, max_tokens: int = 200, temperature: float
         # Causal attention: the padding after `pos` does not change position `pos`.
         return model.forward(cfg, params, tokens[None])[0, pos].astype(jax.numpy.float32)
 
-    rng = np.random.default_rng(seed)
+    _generate(lambda tokens, pos: np.asarray(logits_at(params, tokens, pos), np.float64), ids, prompt,
+              byte_level, window, max_tokens, temperature, top_k, np.random.default_rng(seed))
+    return 0
+
+
+def _restore_params(tm, cfg, tc, state_dir: Path):
+    """The parameters of one checkpoint, all on one device (resharded as they are read)."""
+    import jax
+    import orbax.checkpoint as ocp
+
+    one = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    shapes = jax.eval_shape(lambda k: tm.new_state(cfg, tc, k), jax.random.key(0))
+    abstract = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=one), shapes)
+    with ocp.StandardCheckpointer() as checkpointer:  # read-only: a running training is not disturbed
+        return checkpointer.restore(state_dir, abstract)["params"]
+
+
+def _pick(logits, temperature: float, top_k: int | None, rng) -> int:
+    """The next token: argmax at temperature 0, else a sample of the tempered, top-k cut softmax."""
+    import numpy as np
+
+    if temperature == 0:
+        return int(np.argmax(logits))
+    logits = logits / temperature
+    if top_k is not None and top_k < len(logits):
+        logits[logits < np.sort(logits)[-top_k]] = -np.inf
+    p = np.exp(logits - logits.max())
+    return int(rng.choice(len(p), p=p / p.sum()))
+
+
+def _generate(logits_at, ids: list[int], prompt: str, byte_level: bool, window: int, max_tokens: int,
+              temperature: float, top_k: int | None, rng) -> None:
+    """Stream the prompt and `max_tokens` generated tokens to stdout (a full forward per token)."""
+    import numpy as np
+
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
     out = sys.stdout
     out.write(prompt if byte_level else " ".join(map(str, ids)))
     out.flush()
@@ -351,21 +377,12 @@ def sample(run_dir: Path, prompt: str, max_tokens: int = 200, temperature: float
         context = ids[-window:]
         tokens = np.zeros(window, np.int32)
         tokens[: len(context)] = context
-        logits = np.asarray(logits_at(params, tokens, len(context) - 1), np.float64)
+        logits = logits_at(tokens, len(context) - 1)
         if byte_level:
             logits = logits[:256]  # a larger vocabulary trained on bytes never uses the rest
-        if temperature == 0:
-            token = int(np.argmax(logits))
-        else:
-            logits = logits / temperature
-            if top_k is not None and top_k < len(logits):
-                logits[logits < np.sort(logits)[-top_k]] = -np.inf
-            p = np.exp(logits - logits.max())
-            token = int(rng.choice(len(p), p=p / p.sum()))
+        token = _pick(logits, temperature, top_k, rng)
         ids.append(token)
         out.write(decoder.decode(bytes([token])) if byte_level else f" {token}")
         out.flush()
     out.write((decoder.decode(b"", final=True) if byte_level else "") + "\n")
     out.flush()
-    return 0
-
