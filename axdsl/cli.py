@@ -25,6 +25,8 @@ from axdsl import __version__
 from axdsl.errors import CompileError
 
 EXIT_OK, EXIT_ERROR, EXIT_DRIFT = 0, 1, 1
+EXIT_INTERNAL = 70  # EX_SOFTWARE: a bug in axdsl, not a user mistake
+EXIT_INTERRUPTED = 130  # Ctrl-C
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -41,6 +43,25 @@ def main(argv: list[str] | None = None) -> int:
     except _UsageError as exc:
         print(f"axdsl: error: {exc}", file=sys.stderr)
         return EXIT_ERROR
+    except KeyboardInterrupt:
+        print("axdsl: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except Exception as exc:  # noqa: BLE001 - every user mistake is handled above: this is a bug
+        return _internal_error(exc)
+
+
+def _internal_error(exc: Exception) -> int:
+    """One line that says it is a bug and where the full traceback was written; exit 70."""
+    import tempfile
+    import traceback
+
+    text = "".join(traceback.format_exception(exc))
+    with tempfile.NamedTemporaryFile("w", prefix="axdsl-bug-", suffix=".txt", delete=False) as f:
+        f.write(f"axdsl {__version__}\nargv: {sys.argv}\n\n{text}")
+    message = str(exc).splitlines()[0][:200] if str(exc) else ""
+    print(f"axdsl: internal error (a bug in axdsl, please report it): {type(exc).__name__}: {message}\n"
+          f"  the traceback is in {f.name}", file=sys.stderr)
+    return EXIT_INTERNAL
 
 
 class _UsageError(Exception):

@@ -42,15 +42,31 @@ class Diagnostic:
         if text is not None and self.span.line > 0:
             src_lines = text.splitlines()
             if self.span.line <= len(src_lines):
-                src = src_lines[self.span.line - 1]
                 width = 1
                 if self.span.end_line == self.span.line and self.span.end_col > self.span.col:
                     width = self.span.end_col - self.span.col
+                src, col, width = clip(src_lines[self.span.line - 1], self.span.col, width)
                 lines.append(f"  {src}")
-                lines.append("  " + " " * (self.span.col - 1) + "^" * max(1, width))
+                lines.append("  " + " " * (col - 1) + "^" * max(1, width))
         if self.hint:
             lines.append(f"  hint: {self.hint}")
         return "\n".join(lines)
+
+
+SHOWN_COLUMNS = 100  # a source line longer than this is shown clipped around the caret
+
+
+def clip(line: str, col: int, width: int, limit: int = SHOWN_COLUMNS) -> tuple[str, int, int]:
+    """`line` cut to about `limit` columns around the caret at `col` (1-based), with `...` where
+    text was left out; returns the shown text and the caret's column and width in it."""
+    if len(line) <= limit:
+        return line, col, width
+    width = min(width, limit // 2)
+    start = max(0, min(col - 1 - limit // 3, len(line) - limit))
+    shown = line[start:start + limit]
+    prefix = "..." if start > 0 else ""
+    suffix = "..." if start + limit < len(line) else ""
+    return prefix + shown + suffix, col - start + len(prefix), width
 
 
 class CompileError(Exception):

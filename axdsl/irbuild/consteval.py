@@ -13,6 +13,7 @@ from typing import Callable
 from axdsl.errors import Diagnostics, did_you_mean
 from axdsl.ir.nodes import DTYPES, DType, HValue, LayerValue, RepeatValue
 from axdsl.syntax import ast
+from axdsl.syntax.ast import INT64_MAX
 
 
 class EvalError(Exception):
@@ -130,6 +131,9 @@ class Evaluator:
                 return HValue(a // b, f"{lc} // {rc}")
             return HValue(a / b, f"{lc} / {rc}")
         value = {"+": a + b, "-": a - b, "*": a * b, "//": a // b if b else 0, "%": a % b if b else 0}[op]
+        if isinstance(value, int) and abs(value) > INT64_MAX or isinstance(value, float) and not math.isfinite(value):
+            self.fail(e.span, f"{_short(a)} {op} {_short(b)} does not fit in 64 bits",
+                      f"integers are at most {INT64_MAX}, floats about 1.8e308")
         return HValue(value, f"{lc} {op} {rc}")
 
     # ---- calls: layer constructors, repeat, math
@@ -174,6 +178,11 @@ class Evaluator:
         if not isinstance(layer.value, LayerValue):
             self.fail(e.args[1].span, "the second argument of `repeat` must be a layer")
         return HValue(RepeatValue(count, layer.value, e.span))
+
+
+def _short(v) -> str:
+    text = repr(v)
+    return text if len(text) <= 24 else text[:21] + "..."
 
 
 def _is_number(v) -> bool:

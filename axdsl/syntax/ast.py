@@ -11,6 +11,9 @@ from axdsl.errors import Span
 
 
 # ------------------------------------------------------------------ expressions
+
+INT64_MAX = 2**63 - 1  # the largest integer a spec may write or compute: dims must fit int64
+
 @dataclass(frozen=True)
 class Num:
     value: int | float

@@ -6,6 +6,7 @@ Syntax errors from lark are translated into located diagnostics that say what wa
 from __future__ import annotations
 
 import functools
+import math
 
 import lark
 from lark import Token, Transformer, v_args
@@ -13,6 +14,7 @@ from lark import Token, Transformer, v_args
 from axdsl import resources
 from axdsl.errors import CompileError, Diagnostic, Span
 from axdsl.syntax import ast
+from axdsl.syntax.ast import INT64_MAX
 
 # Friendly names for lark's regex terminals in "expected ..." messages; literal terminals
 # (keywords and punctuation) are shown as their text, e.g. `->`.
@@ -360,9 +362,18 @@ class _ToAst(Transformer):
         return ast.Kwarg(str(children[0]), children[1], self.s(children[0]))
 
     def number(self, meta, children):
-        text = str(children[0])
-        is_float = any(c in text for c in ".eE")
-        return ast.Num(float(text) if is_float else int(text), text, self.s(children[0]))
+        text, span = str(children[0]), self.s(children[0])
+        shown = text if len(text) <= 24 else text[:21] + "..."
+        if any(c in text for c in ".eE"):
+            value = float(text)
+            if not math.isfinite(value):
+                self.error(span, f"number {shown} is too large for a float", "floats are 64-bit: at most about 1.8e308")
+                value = 0.0
+            return ast.Num(value, text, span)
+        if len(text) > 19 or int(text) > INT64_MAX:
+            self.error(span, f"number {shown} does not fit in 64 bits", f"integers are at most {INT64_MAX}")
+            return ast.Num(0, text, span)
+        return ast.Num(int(text), text, span)
 
     def string(self, meta, children):
         return ast.Str(_unquote(children[0]), self.s(children[0]))

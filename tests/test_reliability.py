@@ -1,0 +1,78 @@
+"""Bad input never gives a Python traceback: numbers out of range, huge lines, internal bugs.
+
+Each test runs the real command line (in-process through `axdsl.cli.main`, or as a subprocess
+where the process exit matters) and asserts the outcome: a located error and exit 1, or for a
+genuine bug one line, a traceback file and exit 70.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from axdsl import cli
+
+HEAD = 'import "std/transformer.axl"\nmodel m = DecoderLM { vocab = 256 dim = 64 layers = 2 heads = 4 kv_heads = 2 ffn = 128 max_seq = 64 '
+
+
+def _spec(tmp_path: Path, tail: str, name: str = "m.axl") -> Path:
+    path = tmp_path / name
+    path.write_text(HEAD + tail + " }\n")
+    return path
+
+
+def _run(capsys, *argv: str) -> tuple[int, str]:
+    rc = cli.main(list(argv))
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    return rc, err
+
+
+@pytest.mark.parametrize("command", ["check", "stats", "aot"])
+def test_an_int_past_64_bits_is_a_located_error(tmp_path, capsys, command):
+    spec = _spec(tmp_path, "rope_theta = 1.0").read_text().replace("dim = 64", "dim = " + "9" * 400)
+    (tmp_path / "m.axl").write_text(spec)
+    argv = [command, str(tmp_path / "m.axl")] + (["--target", "cpu"] if command == "aot" else [])
+    rc, err = _run(capsys, *argv)
+    assert rc == 1 and "m.axl:2:41: error: number 999" in err and "does not fit in 64 bits" in err
+    assert len(err) < 1000  # the 400 digits are shortened in the message
+
+
+def test_an_infinite_float_and_an_overflowing_product_are_located_errors(tmp_path, capsys):
+    rc, err = _run(capsys, "check", str(_spec(tmp_path, "rope_theta = 1e999")))
+    assert rc == 1 and "number 1e999 is too large for a float" in err
+    rc, err = _run(capsys, "stats", str(_spec(tmp_path, "ffn = 4294967296 * 4294967296", "p.axl")))
+    assert rc == 1 and "4294967296 * 4294967296 does not fit in 64 bits" in err and "p.axl:2:" in err
+
+
+def test_a_5_mb_line_is_shown_clipped_around_the_caret(tmp_path, capsys):
+    spec = _spec(tmp_path, "zzz = 1" + " " * 5_000_000 + "qqq = 2")
+    rc, err = _run(capsys, "check", str(spec))
+    assert rc == 1 and "no hyperparameter `zzz`" in err and "no hyperparameter `qqq`" in err
+    assert len(err) < 2000
+    lines = err.splitlines()
+    shown = lines[lines.index(next(x for x in lines if "`qqq`" in x)) + 1]
+    caret = lines[lines.index(shown) + 1]
+    assert shown.startswith("  ...") and shown[caret.index("^"):].startswith("qqq")
+
+
+def test_an_internal_bug_prints_one_line_writes_the_traceback_and_exits_70(tmp_path, capsys, monkeypatch):
+    def broken(args):
+        raise ZeroDivisionError("an axdsl bug")
+
+    monkeypatch.setattr(cli, "_cmd_stats", broken)
+    rc, err = _run(capsys, "stats", str(_spec(tmp_path, "")))
+    assert rc == 70
+    first, second = err.strip().splitlines()
+    assert "internal error (a bug in axdsl" in first and "ZeroDivisionError: an axdsl bug" in first
+    report = Path(second.split("the traceback is in ")[1])
+    assert "Traceback" in report.read_text() and "broken" in report.read_text()
+    report.unlink()
+
+
+def test_no_command_prints_help_and_a_missing_argument_exits_2():
+    run = subprocess.run([sys.executable, "-m", "axdsl", "stats"], capture_output=True, text=True)
+    assert run.returncode == 2 and "Traceback" not in run.stderr and "usage:" in run.stderr
