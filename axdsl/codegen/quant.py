@@ -143,5 +143,3 @@ def _int8_einsum_bwd(spec: str, residuals, g: jax.Array):
 
 
 int8_einsum.defvjp(_int8_einsum_fwd, _int8_einsum_bwd)'''
-
-HELPERS: dict[str, str] = {"fp8_einsum": FP8_EINSUM, "int8_einsum": INT8_EINSUM}
