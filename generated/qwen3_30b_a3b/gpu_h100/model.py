@@ -57,7 +57,7 @@ CONFIGS = {
 
 
 # ----------------------------------------------------------------------------- layers
-# Einsum letters, one per dim for the whole file: b=B s=S d=dim h=heads e=head_dim k=kv_heads
+# Einsum letters, one per dim in every layer function: b=B s=S d=dim h=heads e=head_dim k=kv_heads
 
 
 def embedding(cfg: Config, params: dict, ids: jax.Array) -> jax.Array:
@@ -403,10 +403,9 @@ def moe_swiglu(
     if normalize:
         weights = weights / jnp.sum(weights, axis=-1, keepdims=True)
     routed = jax.nn.one_hot(chosen, experts, dtype=jnp.float32)  # [B, S, top_k, experts]
-    load = (
-        jnp.mean(jnp.sum(routed, axis=2), axis=(0, 1)) / top_k
-    )  # share of routed tokens per expert
-    importance = jnp.mean(probs, axis=(0, 1))  # mean router probability per expert
+    # Per expert: its share of the routed tokens, and its mean router probability.
+    load = jnp.mean(jnp.sum(routed, axis=2), axis=(0, 1)) / top_k
+    importance = jnp.mean(probs, axis=(0, 1))
     aux = aux_weight * experts * jnp.sum(load * importance)
     aux = aux + z_weight * jnp.mean(jax.nn.logsumexp(logits, axis=-1) ** 2)
     y = _moe_dropless(x, weights, chosen, w_gate, w_up, w_down)
@@ -421,9 +420,8 @@ def _moe_dropless(x, weights, chosen, w_gate, w_up, w_down):
     order = jnp.argsort(flat, stable=True)
     tokens = jnp.repeat(x.reshape(-1, dim), top_k, axis=0)[order]  # grouped by expert
     sizes = jnp.bincount(flat, length=experts).astype(jnp.int32)  # tokens per expert
-    h = jax.nn.silu(jax.lax.ragged_dot(tokens, w_gate, sizes)) * jax.lax.ragged_dot(
-        tokens, w_up, sizes
-    )
+    gate = jax.lax.ragged_dot(tokens, w_gate, sizes)
+    h = jax.nn.silu(gate) * jax.lax.ragged_dot(tokens, w_up, sizes)
     out = jax.lax.ragged_dot(h, w_down, sizes)  # [B * S * top_k, dim], sorted
     out = jnp.zeros_like(out).at[order].set(out).reshape(batch, seq, top_k, dim)
     return jnp.einsum("bskd,bsk->bsd", out, weights.astype(x.dtype))
