@@ -180,7 +180,7 @@ class FunctionEmitter:
             self._remat_decorator(child)
             if rng:
                 self.lines.append(f"def {step}(h, xs):  # one of {child.repeat.code} stacked layers")
-                self.lines.append(f"    layer_params, i = xs")
+                self.lines.append("    layer_params, i = xs")
                 self._shard_carry(call.args[0].type)
                 self.lines.append(f"    return {fn}(cfg, layer_params, h{layer_rng}), None")
                 xs = f'(params[{py_str(call.child)}], jnp.arange({child.repeat.code}))'
