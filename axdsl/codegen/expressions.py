@@ -348,14 +348,14 @@ class FunctionEmitter:
     def _attention(self, e: ir.Prim, args: list[str]) -> str:
         mask = args[3] if "mask" in e.attr("optional") else None
         window = e.attr("window")
-        kernel, note = kernel_of(e)
+        kernel, rejected = kernel_of(e)
         code, note = kernels.emit_attention(
             kernel=kernel,
             q=args[0], k=args[1], v=args[2], mask=mask,
             causal=e.attr("causal").code, window=window.code if window.value else None,
-            note=note,
+            note=rejected,
         )
-        self.lines.append(f"# {kernel_why(self.schedule, kernel, e.attr('kernel_note') or '')}")
+        self.lines.append(f"# {kernel_why(self.schedule, kernel, rejected)}")
         if note:
             self.lines.append(f"# {note}")
         if kernel == "splash":
@@ -391,13 +391,12 @@ class FunctionEmitter:
             left, right = (self.expr(a)[0] for a in inner.args)
             spec = self._einsum_spec(inner)
         fmt = e.attr("format")
-        code = quant.emit_quantized(fmt, spec, left, right)
-        if code.startswith(f"{fmt}_einsum("):
+        if quant.helper_can_run(spec):
             self.helpers.add(f"{fmt}_einsum")
             if not self.quant_noted:
                 self.lines.append(f"# {quant_why(self.schedule, fmt)}")
                 self.quant_noted = True
-        return code
+        return quant.emit_quantized(fmt, spec, left, right)
 
     # ---------------------------------------------------------------- einsum letters
     def _matmul_spec(self, lt, rt) -> str:
