@@ -261,7 +261,7 @@ def _param_table(root: ir.Instance) -> tuple[list[str], list[ParamRow]]:
     A shape names its dims by local variables bound from cfg (`head_dim = cfg.dim // cfg.heads`),
     so each row stays one line; a literal size is written as the number.
     """
-    names: dict[str, str] = {}  # dim code -> local name
+    names: dict[tuple[str, str], str] = {}  # (dim name or "", code) -> local name
     rows = []
     root_pdtype = root.hparam("param_dtype")
     for inst in root.walk():
@@ -276,9 +276,9 @@ def _param_table(root: ir.Instance) -> tuple[list[str], list[ParamRow]]:
                 spec=spec_text(p.sharding) if p.sharding is not None else "None",
                 dtype="" if default else f"jnp.{p.dtype.jnp}",
             ))
-    fields = [(n, c) for c, n in names.items() if c == f"cfg.{n}"]
+    fields = [(n, c) for (_, c), n in names.items() if c == f"cfg.{n}"]
     locals_ = [f"{', '.join(n for n, _ in fields)} = {', '.join(c for _, c in fields)}"] if fields else []
-    locals_ += [f"{n} = {c}" for c, n in names.items() if c != f"cfg.{n}"]
+    locals_ += [f"{n} = {c}" for (_, c), n in names.items() if c != f"cfg.{n}"]
     return locals_, _aligned(rows)
 
 
@@ -305,18 +305,25 @@ def _dq(s: str) -> str:
 
 
 def _local(d: ir.Dim, names: dict[str, str]) -> str:
-    """The local variable for a dim's size, bound once per distinct code; a literal stays literal."""
+    """The local variable for a dim's size, bound once per size expression that reads cfg (a
+    layer's `hidden` that is cfg.ffn is `ffn`) and once per dim name otherwise (`experts = 128`
+    and `head_dim = 128` stay two names, but a name already bound to another size reuses a local
+    of its own size); a dim without code is written as its number."""
     if not d.code:
         return str(d.size)
-    if d.code not in names:
+    key = ("" if "cfg." in d.code else d.name, d.code)
+    same_size = [n for (_, c), n in names.items() if c == d.code]
+    if key not in names and same_size and dim_label(d.name, d.code) in names.values():
+        return same_size[0]  # RMSNorm's `dim` that is head_dim = 128 reads head_dim, not dim_2
+    if key not in names:
         name = base = dim_label(d.name, d.code)
         n = 1
         while (name in names.values() or name in _TAKEN or keyword.iskeyword(name)
                or not name.isidentifier()):
             n += 1
             name = f"{base}_{n}" if base.isidentifier() else f"dim_{n}"
-        names[d.code] = name
-    return names[d.code]
+        names[key] = name
+    return names[key]
 
 
 def _tuple(items: list[str]) -> str:

@@ -211,6 +211,7 @@ def param_table(cfg: Config) -> dict[str, Param]:
     # fmt: off
     dim, vocab, layers, heads, kv_heads, ffn = cfg.dim, cfg.vocab, cfg.layers, cfg.heads, cfg.kv_heads, cfg.ffn
     head_dim = 128
+    experts = 128
     return {
         # path                            shape                              logical axes                                 init      scale mesh
         "head":                     Param((dim, vocab),                      ("embed", "vocab"),                          "normal", 0.02, P("fsdp")),
@@ -223,10 +224,10 @@ def param_table(cfg: Config) -> dict[str, Param]:
         "blocks/attn/q_norm/scale": Param((layers, head_dim),                ("layers", "norm"),                          "ones",   1.0,  P()),
         "blocks/attn/k_norm/scale": Param((layers, head_dim),                ("layers", "norm"),                          "ones",   1.0,  P()),
         "blocks/mlp_norm/scale":    Param((layers, dim),                     ("layers", "norm"),                          "ones",   1.0,  P()),
-        "blocks/mlp/router":        Param((layers, dim, head_dim),           ("layers", "embed", "experts"),              "normal", 0.02, P(None, "fsdp")),
-        "blocks/mlp/w_gate":        Param((layers, head_dim, dim, ffn),      ("layers", "experts", "embed", "mlp"),       "normal", 0.02, P(None, None, "fsdp")),
-        "blocks/mlp/w_up":          Param((layers, head_dim, dim, ffn),      ("layers", "experts", "embed", "mlp"),       "normal", 0.02, P(None, None, "fsdp")),
-        "blocks/mlp/w_down":        Param((layers, head_dim, ffn, dim),      ("layers", "experts", "mlp", "embed"),       "normal", 0.02, P(None, None, None, "fsdp")),
+        "blocks/mlp/router":        Param((layers, dim, experts),            ("layers", "embed", "experts"),              "normal", 0.02, P(None, "fsdp")),
+        "blocks/mlp/w_gate":        Param((layers, experts, dim, ffn),       ("layers", "experts", "embed", "mlp"),       "normal", 0.02, P(None, None, "fsdp")),
+        "blocks/mlp/w_up":          Param((layers, experts, dim, ffn),       ("layers", "experts", "embed", "mlp"),       "normal", 0.02, P(None, None, "fsdp")),
+        "blocks/mlp/w_down":        Param((layers, experts, ffn, dim),       ("layers", "experts", "mlp", "embed"),       "normal", 0.02, P(None, None, None, "fsdp")),
         "final_norm/scale":         Param((dim,),                            ("norm",),                                   "ones",   1.0,  P()),
     }
     # fmt: on
