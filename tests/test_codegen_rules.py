@@ -1,8 +1,15 @@
-"""The libcst check rejects anything outside the allowed shape of generated code."""
+"""The libcst check rejects anything outside the allowed shape of generated code; model.py puts
+the layers right after Config and names each dim with one einsum letter."""
+
+import re
+from pathlib import Path
 
 import pytest
 
+from axdsl.build import committed_outputs
+from axdsl.codegen.emit import import_block
 from axdsl.codegen.format import GeneratedCodeError, check_generated
+from axdsl.codegen.names import EinsumLetters, dim_label
 
 
 @pytest.mark.parametrize(
@@ -24,3 +31,44 @@ def test_check_generated_rejects(source, problem):
 
 def test_check_generated_accepts_plain_jax():
     check_generated("import jax\nimport jax.numpy as jnp\nx = jnp.ones(3) + jax.numpy.zeros(3)\n", "m.py")
+
+
+# ----------------------------------------------------------------------------- structure of model.py
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_einsum_letters_are_one_per_dim_for_the_whole_model():
+    letters = EinsumLetters()
+    assert [letters[k] for k in ("B", "S", "dim", "heads", "head_dim", "kv_heads")] == list("bsdhek")
+    assert letters["heads"] == "h" and letters["head_dim"] == "e"  # the same letter on every later use
+    assert letters["dim'"] not in "bsdhek"  # a second dim of one einsum gets its own letter
+    assert letters.legend().startswith("b=B s=S d=dim h=heads e=head_dim k=kv_heads")
+
+
+def test_dims_are_named_as_config_names_them():
+    assert dim_label("hidden", "cfg.ffn") == "ffn"
+    assert dim_label("head_dim", "cfg.dim // cfg.heads") == "head_dim"
+    assert dim_label("B") == "B"
+
+
+def test_imports_come_in_isort_order_and_unknown_ones_fail():
+    assert import_block({"import jax", "import zlib", "import dataclasses"}) == (
+        "import dataclasses\nimport zlib\n\nimport jax")
+    with pytest.raises(AssertionError, match="no place"):
+        import_block({"import os"})
+
+
+@pytest.mark.parametrize("out", [o for o, _, _ in committed_outputs()], ids=str)
+def test_model_reads_config_then_layers_with_one_letter_per_dim(out):
+    text = (ROOT / out / "model.py").read_text()
+    lines = text.splitlines()
+    config = next(i for i, line in enumerate(lines) if line.startswith("class Config"))
+    first_def = next(i for i, line in enumerate(lines) if line.startswith("def "))
+    assert first_def - config < 40, "the first layer follows Config (and CONFIGS) directly"
+    assert first_def < text.index("def param_table")
+    layers = text[text.index("# ---") : text.index("def param_table")]
+    legend = re.search(r"# Einsum letters, one per dim in every layer function: (.*)", layers)
+    meaning = dict(pair.split("=") for pair in legend.group(1).split()) if legend else {}
+    assert len(set(meaning.values())) == len(meaning), "one letter per dim"
+    for spec in re.findall(r'einsum\("([a-z.,>-]+)"', layers):
+        assert set(spec) - set(".,->") <= set(meaning), spec

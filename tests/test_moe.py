@@ -40,6 +40,13 @@ def dropless(tmp_path_factory):
     return import_generated(_spec(tmp, "dropless", 0.0), "cpu", tmp)
 
 
+@pytest.fixture(scope="module")
+def capped(tmp_path_factory):
+    """A build whose experts have a capacity: only it ships the capacity dispatch."""
+    tmp = tmp_path_factory.mktemp("moe_capped")
+    return import_generated(_spec(tmp, "capped", 4.0), "cpu", tmp)
+
+
 def _reference_moe(x, logits, w_gate, w_up, w_down, top_k):
     """Every token through its top-k experts, one at a time, in float64."""
     x, logits = np.asarray(x, np.float64), np.asarray(logits, np.float64)
@@ -68,11 +75,13 @@ def _random_moe_inputs(experts=4, dim=16, hidden=8, batch=2, seq=12):
 
 
 @pytest.mark.parametrize("capacity_factor", [0.0, 4.0])
-def test_dropless_and_ample_capacity_equal_the_per_token_reference(dropless, capacity_factor):
-    model, _ = dropless
+def test_dropless_and_ample_capacity_equal_the_per_token_reference(dropless, capped, capacity_factor):
     args = _random_moe_inputs()
-    y, aux = model.moe_swiglu(*args, top_k=2, capacity_factor=capacity_factor, normalize=True,
-                              aux_weight=0.01, z_weight=0.001)
+    kwargs = dict(top_k=2, normalize=True, aux_weight=0.01, z_weight=0.001)
+    if capacity_factor > 0:
+        y, aux = capped[0].moe_swiglu(*args, capacity_factor=capacity_factor, **kwargs)
+    else:  # a dropless build's moe_swiglu has no capacity path and no capacity_factor argument
+        y, aux = dropless[0].moe_swiglu(*args, **kwargs)
     np.testing.assert_allclose(np.asarray(y), _reference_moe(*args, top_k=2), atol=1e-5, rtol=1e-5)
     # The auxiliary loss, recomputed from its definition.
     logits = np.asarray(args[1], np.float64)
@@ -84,8 +93,8 @@ def test_dropless_and_ample_capacity_equal_the_per_token_reference(dropless, cap
     np.testing.assert_allclose(float(aux), 0.01 * lb + 0.001 * z, rtol=1e-5)
 
 
-def test_capacity_drops_tokens_beyond_each_experts_slots(dropless):
-    model, _ = dropless
+def test_capacity_drops_tokens_beyond_each_experts_slots(capped):
+    model, _ = capped
     x, logits, w_gate, w_up, w_down = _random_moe_inputs(seq=16)
     logits = logits.at[..., 0].add(10.0)  # every token's first choice is expert 0
     cf = 0.5
@@ -102,6 +111,7 @@ def test_capacity_drops_tokens_beyond_each_experts_slots(dropless):
 def test_moe_is_a_drop_in_feed_forward_and_trains(dropless):
     model, train = dropless
     source = Path(model.__file__).read_text()
+    assert "_moe_with_capacity" not in source and "capacity_factor: float" not in source  # dropless only
     assert "def moe(cfg: Config, params: dict, x: jax.Array) -> tuple[jax.Array, jax.Array]:" in source
     assert "(x, blocks_aux), _ = jax.lax.scan(" in source
     cfg, tc = model.CONFIGS["moe"], train.TRAIN

@@ -1,4 +1,4 @@
-"""Emit `model.py` for one module: collect layer functions, the config, init and axes trees.
+"""Emit `model.py` for one module: collect layer functions, the config and the parameter table.
 
 Each layer type becomes one function; instances whose resolved code differs (say two RMSNorms
 with different eps literals) get numbered variants. Every model of a spec must share one
@@ -7,21 +7,23 @@ structure, since they share the functions and differ only in `Config` values.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+import json
+import keyword
 
 import jinja2
 
 from axdsl import __version__, resources
-from axdsl.codegen import kernels, quant
-from axdsl.codegen.expressions import FunctionEmitter
-from axdsl.codegen.helpers import HELPERS
-from axdsl.codegen.names import py_str, snake
+from axdsl.codegen import helpers
+from axdsl.codegen.expressions import FunctionEmitter, dims_text
+from axdsl.codegen.names import EinsumLetters, dim_label, py_str, snake
 from axdsl.errors import CompileError, Diagnostic
 from axdsl.ir import nodes as ir
 from axdsl.ir.nodes import DType
 from axdsl.ir.printer import value_text
-from axdsl.ir.rewrite import prims_of
 from axdsl import primitives
+from axdsl.ir.rewrite import prims_of
 from axdsl.passes.annotate_sharding import dim_axes, spec_text
 
 
@@ -35,6 +37,21 @@ class LayerFunction:
     doc: str
     paths: list[str]
     aux: bool = False  # returns (y, auxiliary loss)
+    imports: set[str] = field(default_factory=set)  # what its body needs
+    helpers: set[str] = field(default_factory=set)  # helpers its body calls
+
+
+@dataclass
+class ParamRow:
+    """One row of the generated `param_table`: the code of each column."""
+
+    path: str
+    shape: str
+    axes: str
+    init: str
+    scale: str
+    spec: str
+    dtype: str  # "" when it is cfg.param_dtype, the table's default
 
 
 @dataclass
@@ -64,7 +81,8 @@ def render_template(name: str, **context) -> str:
 
 def emit_model(module: ir.Module) -> str:
     """The unformatted source of generated/<spec>/<target>/model.py."""
-    per_model = [_functions(m.root, module.schedule) for m in module.models]
+    letters = EinsumLetters()  # one table for every model: they share the layer functions
+    per_model = [_functions(m.root, module.schedule, letters) for m in module.models]
     first = per_model[0]
     for model, fns in zip(module.models[1:], per_model[1:]):
         if [(f.name, f.body) for f in fns] != [(f.name, f.body) for f in first]:
@@ -75,10 +93,13 @@ def emit_model(module: ir.Module) -> str:
             )])
     root = module.models[0].root
     functions = first
-    body_text = "\n".join(line for f in functions for line in f.body)
-    all_helpers = {**HELPERS, **quant.HELPERS, **kernels.HELPERS}
-    helpers = [code for name, code in all_helpers.items() if f"{name}(" in body_text]
+    helper_code, imports = helpers.select({h for fns in per_model for f in fns for h in f.helpers})
+    imports |= {line for f in functions for line in f.imports}
     fields = _config_fields(module.models[0])
+    sharding = _sharding_context(module.schedule, root)
+    loss = has_lm_signature(root)
+    imports |= _template_imports(sharding is not None, loss)
+    locals_, rows = _param_table(root)
     context = dict(
         version=__version__,
         spec=module.spec,
@@ -89,42 +110,63 @@ def emit_model(module: ir.Module) -> str:
         build_choices=_build_choices(root),
         fields=fields,
         configs=[(m.name, _overrides(fields, _config_fields(m))) for m in module.models],
-        init_tree=_init_tree(root, root),
-        axes_tree=_axes_tree(root),
-        sharding=_sharding_context(module.schedule, root),
-        helpers=helpers,
+        param_locals=locals_,
+        param_rows=rows,
+        empty_layers=[py_str(i.path.strip("/")) for i in root.walk()
+                      if i is not root and not i.params and not i.children],
+        param_dtype=root.hparam("param_dtype") is not None,
+        letters=letters.legend(),
+        sharding=sharding,
+        helpers=helper_code,
         functions=functions,
         root_fn=functions[-1].name,
         root_aux=functions[-1].aux,
         root_rng=functions[-1].rng,
-        loss=has_lm_signature(root),
+        loss=loss,
     )
-    draft = render_template("model.py.j2", imports="", **context)
-    return render_template("model.py.j2", imports=imports_for(draft), **context)
+    return render_template("model.py.j2", imports=import_block(imports), **context)
 
 
-def imports_for(source: str) -> str:
-    """Exactly the imports the body uses, standard library first (isort order)."""
-    std = sorted(m for m in ("dataclasses", "functools", "math", "zlib") if f"{m}." in source)
-    third = ["import jax", "import jax.numpy as jnp"]
-    if "np." in source:
-        third.append("import numpy as np")
-    if "optax." in source:
-        third.append("import optax")
-    if "checkpoint_name(" in source:
-        third.append("from jax.ad_checkpoint import checkpoint_name")
-    for line in kernels.IMPORTS:
-        if line.split()[-1] + "." in source:
-            third.append(line)
-    if "Mesh(" in source:
-        third.append("from jax.sharding import Mesh")
-    if "P(" in source:
-        third.append("from jax.sharding import PartitionSpec as P")
-    return "\n".join([f"import {m}" for m in std] + [""] + third)
+# Every import line generated code may have, in isort order (standard library first).
+_IMPORT_ORDER = (
+    "import dataclasses",
+    "import functools",
+    "import math",
+    "import zlib",
+    "",
+    "import jax",
+    "import jax.numpy as jnp",
+    "import numpy as np",
+    "import optax",
+    "from jax.ad_checkpoint import checkpoint_name",
+    "from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel",
+    "from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask",
+    "from jax.sharding import Mesh",
+    "from jax.sharding import PartitionSpec as P",
+)
+
+
+def import_block(needed: set[str]) -> str:
+    """The import lines in `needed`, in isort order; every line must be a known one."""
+    unknown = needed - set(_IMPORT_ORDER)
+    assert not unknown, f"no place in _IMPORT_ORDER for {sorted(unknown)}"
+    return "\n".join(line for line in _IMPORT_ORDER if line in needed or line == "")
+
+
+def _template_imports(sharding: bool, loss: bool) -> set[str]:
+    """What the template's own code uses: Config, the parameter table, the mesh, the loss."""
+    out = {"import dataclasses", "import zlib", "import jax", "import jax.numpy as jnp"}
+    if sharding:
+        out |= {"import math", "import numpy as np", "from jax.sharding import Mesh",
+                "from jax.sharding import PartitionSpec as P"}
+    if loss:
+        out.add("import optax")
+    return out
 
 
 # ----------------------------------------------------------------------------- functions
-def _functions(root: ir.Instance, schedule: ir.Schedule | None = None) -> list[LayerFunction]:
+def _functions(root: ir.Instance, schedule: ir.Schedule | None,
+               letters: EinsumLetters) -> list[LayerFunction]:
     """Layer functions in post-order (leaves first), deduplicated by generated body."""
     out: list[LayerFunction] = []
     axes_of_dims = dim_axes(root)
@@ -136,20 +178,23 @@ def _functions(root: ir.Instance, schedule: ir.Schedule | None = None) -> list[L
         own = _uses(inst, "uses_rng") or any(child_rng.values())
         aux = _uses(inst, "aux_loss") or any(child_aux.values())
         emitter = FunctionEmitter(inst, child_fn, child_rng, own, schedule, axes_of_dims,
-                                  child_aux=child_aux, own_aux=aux)
+                                  letters=letters, child_aux=child_aux, own_aux=aux)
         body = emitter.emit_body()
         args = ", ".join(f"{a.name}: jax.Array" for a in inst.forward.args)
         for f in out:
             if f.layer == inst.layer and f.body == body and f.args == args:
                 f.paths.append(inst.path)
+                f.helpers |= emitter.helpers
                 return f.name, f.rng, f.aux
         base = snake(inst.layer)
         taken = sum(1 for f in out if f.layer == inst.layer)
         name = base if taken == 0 else f"{base}_{taken + 1}"
-        sig = ", ".join(f"{a.name}: [{', '.join(d.name for d in a.dims)}]" for a in inst.forward.args)
-        result = "[" + ", ".join(d.name for d in inst.forward.result) + "]"
+        sig = ", ".join(f"{a.name}: {dims_text(a.dims)}" for a in inst.forward.args)
+        result = dims_text(inst.forward.result)
+        result = f"({result}, auxiliary loss [])" if aux else result
         doc_head = f"{inst.layer} ({inst.layer_span.file}:{inst.layer_span.line}): {sig} -> {result}."
-        out.append(LayerFunction(name, inst.layer, args, own, body, doc_head, [inst.path], aux))
+        out.append(LayerFunction(name, inst.layer, args, own, body, doc_head, [inst.path], aux,
+                                 emitter.imports, emitter.helpers))
         return name, own, aux
 
     visit(root)
@@ -202,41 +247,83 @@ def _build_choices(root: ir.Instance) -> list[str]:
     return lines
 
 
-# ----------------------------------------------------------------------------- trees
-def _init_tree(inst: ir.Instance, root: ir.Instance) -> str:
-    items = []
+# ----------------------------------------------------------------------------- parameter table
+_TAKEN = {"cfg", "key", "jax", "jnp", "np", "P", "Param", "math", "zlib"}
+
+
+def _param_table(root: ir.Instance) -> tuple[list[str], list[ParamRow]]:
+    """(local assignments, rows) of `param_table(cfg)`: one row per parameter, in tree order.
+
+    A shape names its dims by local variables bound from cfg (`head_dim = cfg.dim // cfg.heads`),
+    so each row stays one line; a literal size is written as the number.
+    """
+    names: dict[tuple[str, str], str] = {}  # (dim name or "", code) -> local name
+    rows = []
     root_pdtype = root.hparam("param_dtype")
-    for p in inst.params:
-        dims = [d.code or str(d.size) for d in p.full_dims]
-        shape = "(" + ", ".join(dims) + ("," if len(dims) == 1 else "") + ")"
-        if root_pdtype is not None and root_pdtype.value.value == p.dtype:
-            dtype = "cfg.param_dtype"
-        else:
-            dtype = f"jnp.{p.dtype.jnp}"
-        path = (inst.path.rstrip("/") + "/" + p.name).lstrip("/")
-        args = [f"key", py_str(path), shape, dtype, py_str(p.init.kind)]
-        if p.init.args:
-            args.append(p.init.args[0].code)
-        items.append(f"{py_str(p.name)}: _param({', '.join(args)})")
-    for c in inst.children:
-        items.append(f"{py_str(c.name)}: {_init_tree(c, root)}")
-    return "{" + ", ".join(items) + ("," if items else "") + "}"
+    for inst in root.walk():
+        for p in inst.params:
+            dims = [_local(d, names) for d in p.full_dims]
+            axes = [_dq(a) for a in p.full_axes]
+            default = root_pdtype is not None and root_pdtype.value.value == p.dtype
+            rows.append(ParamRow(
+                path=_dq((inst.path.rstrip("/") + "/" + p.name).lstrip("/")) + ":",
+                shape=_tuple(dims), axes=_tuple(axes), init=_dq(p.init.kind),
+                scale=p.init.args[0].code if p.init.args else "1.0",
+                spec=spec_text(p.sharding) if p.sharding is not None else "None",
+                dtype="" if default else f"jnp.{p.dtype.jnp}",
+            ))
+    fields = [(n, c) for (_, c), n in names.items() if c == f"cfg.{n}"]
+    locals_ = [f"{', '.join(n for n, _ in fields)} = {', '.join(c for _, c in fields)}"] if fields else []
+    locals_ += [f"{n} = {c}" for (_, c), n in names.items() if c != f"cfg.{n}"]
+    return locals_, _aligned(rows)
 
 
-def _axes_tree(inst: ir.Instance) -> str:
-    items = []
-    for p in inst.params:
-        axes = ", ".join(py_str(a) for a in p.full_axes) + ("," if len(p.full_axes) == 1 else "")
-        items.append(f"{py_str(p.name)}: ({axes})")
-    for c in inst.children:
-        items.append(f"{py_str(c.name)}: {_axes_tree(c)}")
-    return "{" + ", ".join(items) + ("," if items else "") + "}"
+def _aligned(rows: list[ParamRow]) -> list[str]:
+    """The table's header comment and rows, each column padded to its widest cell."""
+    cols = ["shape", "axes", "init", "scale"] + (["spec"] if rows[0].spec != "None" else [])
+    titles = {"shape": "shape", "axes": "logical axes", "init": "init", "scale": "scale", "spec": "mesh"}
+    cells = [[r.path] + [getattr(r, c) + ("," if i < len(cols) - 1 else "") for i, c in enumerate(cols)]
+             for r in rows]
+    width = [max(len(row[i]) for row in cells) for i in range(len(cols) + 1)]
+    header = "# path".ljust(width[0]) + "       " + " ".join(
+        titles[c].ljust(w) for c, w in zip(cols, width[1:]))
+    lines = [header.rstrip()]
+    for r, row in zip(rows, cells):
+        padded = [cell.ljust(w) for cell, w in zip(row[:-1], width)] + [row[-1]]
+        text = padded[0] + " Param(" + " ".join(padded[1:])
+        lines.append(text + (f", dtype={r.dtype}" if r.dtype else "") + "),")
+    return lines
 
 
-def _specs_tree(inst: ir.Instance) -> str:
-    items = [f"{py_str(p.name)}: {spec_text(p.sharding)}" for p in inst.params]
-    items += [f"{py_str(c.name)}: {_specs_tree(c)}" for c in inst.children]
-    return "{" + ", ".join(items) + ("," if items else "") + "}"
+def _dq(s: str) -> str:
+    """A double-quoted Python literal (the table is outside black, which would normalize quotes)."""
+    return json.dumps(str(s))
+
+
+def _local(d: ir.Dim, names: dict[str, str]) -> str:
+    """The local variable for a dim's size, bound once per size expression that reads cfg (a
+    layer's `hidden` that is cfg.ffn is `ffn`) and once per dim name otherwise (`experts = 128`
+    and `head_dim = 128` stay two names, but a name already bound to another size reuses a local
+    of its own size); a dim without code is written as its number."""
+    if not d.code:
+        return str(d.size)
+    key = ("" if "cfg." in d.code else d.name, d.code)
+    same_size = [n for (_, c), n in names.items() if c == d.code]
+    if key not in names and same_size and dim_label(d.name, d.code) in names.values():
+        return same_size[0]  # RMSNorm's `dim` that is head_dim = 128 reads head_dim, not dim_2
+    if key not in names:
+        name = base = dim_label(d.name, d.code)
+        n = 1
+        while (name in names.values() or name in _TAKEN or keyword.iskeyword(name)
+               or not name.isidentifier()):
+            n += 1
+            name = f"{base}_{n}" if base.isidentifier() else f"dim_{n}"
+        names[key] = name
+    return names[key]
+
+
+def _tuple(items: list[str]) -> str:
+    return "(" + ", ".join(items) + ("," if len(items) == 1 else "") + ")"
 
 
 # ----------------------------------------------------------------------------- schedule
@@ -250,11 +337,11 @@ _REMAT_DOC = {
 
 def _remat_policy(r: ir.RematPolicy) -> str:
     names = lambda xs: "[" + ", ".join(py_str(x) for x in xs) + "]"  # noqa: E731
-    if r.kind == "full":
+    if r.kind is ir.RematKind.FULL:
         return "jax.checkpoint_policies.nothing_saveable"
-    if r.kind == "save_dots":
+    if r.kind is ir.RematKind.SAVE_DOTS:
         return "jax.checkpoint_policies.dots_with_no_batch_dims_saveable"
-    if r.kind == "save":
+    if r.kind is ir.RematKind.SAVE:
         return f"jax.checkpoint_policies.save_only_these_names(*{names(r.save)})"
     return ("jax.checkpoint_policies.save_and_offload_only_these_names(\n"
             f"    names_which_can_be_saved={names(r.save)},\n"
@@ -268,13 +355,15 @@ def _sharding_context(s: ir.Schedule | None, root: ir.Instance) -> dict | None:
     written = dict(s.mesh.value)
     mesh = {a: written.get(a, 1) for a, _ in s.mesh_sizes}
     resolved = ", ".join(f"{a}={n}" for a, n in s.mesh_sizes if n != 1 or mesh[a] == -1)
-    rules = [f"{k} -> {', '.join(c.value)}" for k, c in s.rules if any(written.get(a, 1) != 1 for a in c.value)]
+    used = [(k, c) for k, c in s.rules if any(written.get(a, 1) != 1 for a in c.value)]
+    origins = {c.origin for _, c in used}
+    rules = [f"{k} -> {', '.join(c.value)}" + ("" if len(origins) == 1 else f" ({c.origin})") for k, c in used]
     r = s.remat.value
-    uses_remat = any(i.remat is not None and i.remat.kind != "none" for i in root.walk())
+    uses_remat = any(i.remat is not None and i.remat.kind is not ir.RematKind.NONE for i in root.walk())
     return dict(
         name=s.name, chips=s.chips, mesh_origin=s.mesh.origin, resolved=resolved,
         mesh_shape="{" + ", ".join(f"{py_str(a)}: {n}" for a, n in mesh.items()) + "}",
         rules="; ".join(rules) or "everything replicated but the batch",
-        specs_tree=_specs_tree(root),
+        rules_origin=f", from {origins.pop()}" if len(origins) == 1 else "",
         remat=(r.kind, _REMAT_DOC[r.kind], s.remat.origin, _remat_policy(r)) if uses_remat else None,
     )

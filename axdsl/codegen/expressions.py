@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from axdsl import primitives
-from axdsl.codegen.names import einsum_letters, py_str
+from axdsl.codegen.names import EinsumLetters, dim_label, py_str
 from axdsl.ir import nodes as ir
 from axdsl.ir.nodes import DType, RefKind, TensorType
 from axdsl.passes.annotate_sharding import activation_spec, spec_text
@@ -31,10 +31,62 @@ def code_precedence(code: str) -> int:
     return 0
 
 
+def dims_text(dims) -> str:
+    """`[B, S, ffn]`: dims named as Config names them (see `dim_label`)."""
+    return "[" + ", ".join(dim_label(d.name, d.code) for d in dims) + "]"
+
+
 def shape_comment(t) -> str:
-    if isinstance(t, TensorType):
-        return "[" + ", ".join(d.name for d in t.dims) + "]"
-    return ""
+    return dims_text(t.dims) if isinstance(t, TensorType) else ""
+
+
+def rng_arg(index: str) -> str:
+    """The `rng=` argument of a child call: a key folded for the `index`-th random site or layer."""
+    return f", rng=_fold(rng, {index})"
+
+
+# ---------------------------------------------------------------- schedule decisions
+# Every read of a target pass's result lives here, so an IR change touches these few lines.
+def kernel_why(schedule: ir.Schedule | None, e: ir.Prim) -> str:
+    """`select_kernels: cudnn, the first of gpu-h100's attention kernels that fits`."""
+    choice = e.kernel or ir.KernelChoice("xla")
+    if schedule is None:
+        return f"select_kernels: {choice.kernel} (no target schedule)"
+    if choice.origin.from_spec:
+        return f"select_kernels: {choice.kernel}, kernels({e.name} = {choice.kernel}) from {choice.origin}"
+    why = f"select_kernels: {choice.kernel}, the first of {schedule.profile}'s {e.name} kernels that fits"
+    return why + ("; the ones before it:" if choice.rejected else "")
+
+
+def quant_why(schedule: ir.Schedule | None, fmt: str) -> str:
+    """`quantize_matmuls: fp8 on blocks/* (profile gpu-h100)`."""
+    if schedule is None:
+        return f"quantize_matmuls: {fmt}"
+    q = schedule.quantize
+    return f"quantize_matmuls: {fmt} on {', '.join(q.value.layers)} ({q.origin})"
+
+
+def remat_why(schedule: ir.Schedule | None, child: ir.Instance) -> str:
+    """`insert_remat: save_dots (profile gpu-h100)`."""
+    origin = f" ({schedule.remat.origin})" if schedule is not None else ""
+    return f"insert_remat: {child.remat.kind}{origin}"
+
+
+def remat_kind(child: ir.Instance) -> str | None:
+    """The remat policy insert_remat set on a repeated child, or None when nothing is recomputed."""
+    return child.remat.kind if child.remat is not None and child.remat.kind is not ir.RematKind.NONE else None
+
+
+def sharding_why(schedule: ir.Schedule, logical: tuple[str | None, ...],
+                 spec: tuple[tuple[str, ...], ...]) -> str:
+    """`annotate_sharding: batch -> fsdp (rule batch -> data, fsdp from profile gpu-h100)`."""
+    parts = []
+    for axis, mesh in zip(logical, spec):
+        choice = schedule.rule_choice(axis) if axis else None
+        if mesh and choice is not None:
+            parts.append(f"{axis} -> {', '.join(mesh)} (rule {axis} -> {', '.join(choice.value)} "
+                         f"from {choice.origin})")
+    return "annotate_sharding: " + ("; ".join(parts) or "replicated")
 
 
 @dataclass
@@ -47,18 +99,23 @@ class FunctionEmitter:
     own_rng: bool
     schedule: ir.Schedule | None = None
     dim_axes: dict[str, str] = field(default_factory=dict)
+    letters: EinsumLetters = field(default_factory=EinsumLetters)  # shared by the whole model
     child_aux: dict[str, bool] = field(default_factory=dict)  # children that return (y, aux loss)
     own_aux: bool = False  # this function returns (y, aux loss)
     aux_terms: list[str] = field(default_factory=list)
     lines: list[str] = field(default_factory=list)
     temps: set[str] = field(default_factory=set)
     rng_uses: int = 0
+    imports: set[str] = field(default_factory=set)  # import lines the emitted body needs
+    helpers: set[str] = field(default_factory=set)  # helper functions (helpers.py) it calls
+    quant_noted: bool = False  # the quantize_matmuls comment is written once per function
 
     def emit_body(self) -> list[str]:
         fwd = self.inst.forward
         if self.inst.path == "/" and self.inst.hparam("dtype") and self.inst.hparam("param_dtype"):
             self.lines.append("# master weights stay in cfg.param_dtype; compute runs in cfg.dtype")
             self.lines.append("params = jax.tree.map(lambda w: w.astype(cfg.dtype), params)")
+        self.imports.update(("import jax", "import jax.numpy as jnp"))
         for stmt in fwd.body:
             if isinstance(stmt, ir.Let):
                 self._let(stmt)
@@ -72,6 +129,7 @@ class FunctionEmitter:
                     comment = f"  # {shape_comment(stmt.value.type)}"
                 if self.own_aux:
                     aux = ", " + (" + ".join(self.aux_terms) or "jnp.zeros((), jnp.float32)")
+                    comment = f"  # {shape_comment(stmt.value.type)}, []"
                 self.lines.append(f"return {code}{aux}{comment}")
         return self.lines
 
@@ -82,6 +140,7 @@ class FunctionEmitter:
         code, _ = self.expr(stmt.value)
         if stmt.point is not None:
             code = f"checkpoint_name({code}, {py_str(stmt.point)})"
+            self.imports.add("from jax.ad_checkpoint import checkpoint_name")
         self.lines.append(f"{stmt.name} = {code}  # {shape_comment(stmt.value.type)}")
 
     # ---------------------------------------------------------------- child calls
@@ -92,35 +151,32 @@ class FunctionEmitter:
         rng = ""
         if self.needs_rng.get(call.child):
             self.rng_uses += 1
-            rng = f", rng=_fold(rng, {self.rng_uses})"
+            rng = rng_arg(str(self.rng_uses))
+        layer_rng = rng_arg("i") if rng else ""  # a scanned child folds in its layer index
         comment = shape_comment(call.type)
         aux = self.child_aux.get(call.child, False)
         if child.repeat is not None and aux:
-            self._scan_with_aux(call, child, fn, args[0], target, rng, comment)
+            self._scan_with_aux(call, child, fn, args[0], target, layer_rng, comment)
             return
         if aux:
             aux_name = self._fresh(f"{call.child}_aux")
             self.aux_terms.append(aux_name)
             self.lines.append(f"with jax.named_scope({py_str(call.child)}):")
             self.lines.append(f"    {target}, {aux_name} = {fn}(cfg, params[{py_str(call.child)}], "
-                              f"{', '.join(args)}{rng})  # {comment}")
+                              f"{', '.join(args)}{rng})  # {comment}, []")
             return
         if child.repeat is not None:
             step = f"{call.child}_step"
-            if child.remat is not None and child.remat.kind != "none":
-                self.lines.append("@functools.partial(jax.checkpoint, policy=REMAT_POLICY, prevent_cse=False)")
-            constraint = self._constraint(call.args[0].type)
+            self._remat_decorator(child)
             if rng:
                 self.lines.append(f"def {step}(h, xs):  # one of {child.repeat.code} stacked layers")
-                self.lines.append(f"    layer_params, i = xs")
-                if constraint:
-                    self.lines.append(f"    h = shard(h, {constraint})")
-                self.lines.append(f"    return {fn}(cfg, layer_params, h{rng.replace(str(self.rng_uses), 'i')}), None")
+                self.lines.append("    layer_params, i = xs")
+                self._shard_carry(call.args[0].type)
+                self.lines.append(f"    return {fn}(cfg, layer_params, h{layer_rng}), None")
                 xs = f'(params[{py_str(call.child)}], jnp.arange({child.repeat.code}))'
             else:
                 self.lines.append(f"def {step}(h, layer_params):  # one of {child.repeat.code} stacked layers")
-                if constraint:
-                    self.lines.append(f"    h = shard(h, {constraint})")
+                self._shard_carry(call.args[0].type)
                 self.lines.append(f"    return {fn}(cfg, layer_params, h), None")
                 xs = f"params[{py_str(call.child)}]"
             self.lines.append("")
@@ -133,20 +189,17 @@ class FunctionEmitter:
         )
 
     def _scan_with_aux(self, call: ir.CallChild, child: ir.Instance, fn: str, x: str, target: str,
-                       rng: str, comment: str) -> None:
+                       layer_rng: str, comment: str) -> None:
         """A repeated child that returns an auxiliary loss: the scan carries (h, summed aux)."""
         step = f"{call.child}_step"
-        if child.remat is not None and child.remat.kind != "none":
-            self.lines.append("@functools.partial(jax.checkpoint, policy=REMAT_POLICY, prevent_cse=False)")
+        self._remat_decorator(child)
+        rng = layer_rng
         per_layer = "xs" if rng else "layer_params"
         self.lines.append(f"def {step}(carry, {per_layer}):  # one of {child.repeat.code} stacked layers")
         self.lines.append("    h, aux = carry")
         if rng:
             self.lines.append("    layer_params, i = xs")
-        constraint = self._constraint(call.args[0].type)
-        if constraint:
-            self.lines.append(f"    h = shard(h, {constraint})")
-        layer_rng = rng.replace(str(self.rng_uses), "i") if rng else ""
+        self._shard_carry(call.args[0].type)
         self.lines.append(f"    h, layer_aux = {fn}(cfg, layer_params, h{layer_rng})")
         self.lines.append("    return (h, aux + layer_aux), None")
         xs = (f'(params[{py_str(call.child)}], jnp.arange({child.repeat.code}))' if rng
@@ -156,7 +209,7 @@ class FunctionEmitter:
         self.lines.append("")
         self.lines.append(f"with jax.named_scope({py_str(call.child)}):")
         self.lines.append(f"    ({target}, {aux_name}), _ = jax.lax.scan({step}, ({x}, jnp.zeros((), jnp.float32)), "
-                          f"{xs})  # {comment}")
+                          f"{xs})  # {comment}, []")
 
     def _fresh(self, name: str) -> str:
         base, n = name, 1
@@ -166,12 +219,22 @@ class FunctionEmitter:
         self.temps.add(name)
         return name
 
-    def _constraint(self, t) -> str:
-        """The layout of a layer-boundary activation as `P(...)`, or "" when there is no schedule."""
+    def _remat_decorator(self, child: ir.Instance) -> None:
+        """`@jax.checkpoint` on a scanned step when insert_remat chose a policy, with why."""
+        if remat_kind(child) is None:
+            return
+        self.imports.add("import functools")
+        self.lines.append(f"# {remat_why(self.schedule, child)}")
+        self.lines.append("@functools.partial(jax.checkpoint, policy=REMAT_POLICY, prevent_cse=False)")
+
+    def _shard_carry(self, t) -> None:
+        """`h = shard(h, P(...))`: pin a layer-boundary activation, with the rule that decided it."""
         if self.schedule is None or not isinstance(t, TensorType):
-            return ""
+            return
         logical = tuple(self.dim_axes.get(d.name) for d in t.dims)
-        return spec_text(activation_spec(self.schedule, logical))
+        spec = activation_spec(self.schedule, logical)
+        self.lines.append(f"    # {sharding_why(self.schedule, logical, spec)}")
+        self.lines.append(f"    h = shard(h, {spec_text(spec)})")
 
     def _hoist(self, call: ir.CallChild) -> str:
         name = self._fresh(f"{call.child}_out")
@@ -216,9 +279,7 @@ class FunctionEmitter:
         lt, rt = e.left.type.dims, e.right.type.dims
         if len(rt) == 2 and len(lt) >= 2:
             return f"{self._paren(left, lp, 2)} @ {self._paren(right, rp, 3)}", 2
-        lspec, rspec = _operand_letters(lt, rt)
-        out = lspec[:-1] + rspec[1:]
-        return f"jnp.einsum({py_str(f'{lspec},{rspec}->{out}')}, {left}, {right})", _ATOM
+        return f"jnp.einsum({py_str(self._matmul_spec(lt, rt))}, {left}, {right})", _ATOM
 
     def _CallChild(self, e: ir.CallChild):
         return self._hoist(e), _ATOM
@@ -226,6 +287,7 @@ class FunctionEmitter:
     def _Prim(self, e: ir.Prim):
         """A primitive's code comes from its registry entry (axdsl/primitives/)."""
         prim = primitives.get(e.name)
+        self.helpers.update(prim.helpers)
         emitted = [self.expr(a) for a in e.args] if prim.emits_operands else []  # once: may hoist
         code = prim.emit(self, e, [c for c, _ in emitted], [p for _, p in emitted])
         return code, _ATOM
@@ -243,6 +305,10 @@ class FunctionEmitter:
         """Emit a statement (or comment) before the one being built."""
         self.lines.append(text)
 
+    def use_helper(self, name: str) -> None:
+        """The generated model needs helper `name` (axdsl/codegen/helpers.py)."""
+        self.helpers.add(name)
+
     def next_rng(self) -> str:
         """A distinct dropout key for the next random site of this function."""
         self.rng_uses += 1
@@ -252,15 +318,45 @@ class FunctionEmitter:
         """Add a local to this function's auxiliary loss (returned as `(y, aux)`)."""
         self.aux_terms.append(name)
 
+    def kernel_comment(self, e: ir.Prim) -> None:
+        """`# select_kernels: ...`: which kernel the pass chose for `e`, and why."""
+        self.lines.append(f"# {kernel_why(self.schedule, e)}")
+
+    def quant_comment(self, fmt: str) -> None:
+        """`# quantize_matmuls: ...`, once per function."""
+        if not self.quant_noted:
+            self.lines.append(f"# {quant_why(self.schedule, fmt)}")
+            self.quant_noted = True
+
     def einsum_spec(self, e: ir.Prim) -> str:
-        return _einsum_spec(e)
+        return self._einsum_spec(e)
 
     def matmul_spec(self, lt, rt) -> str:
-        lspec, rspec = _operand_letters(lt, rt)
-        return f"{lspec},{rspec}->{lspec[:-1] + rspec[1:]}"
+        return self._matmul_spec(lt, rt)
 
     def paren(self, code: str, prec: int, need: int) -> str:
         return self._paren(code, prec, need)
+
+    # ---------------------------------------------------------------- einsum letters
+    def _matmul_spec(self, lt, rt) -> str:
+        """`left @ right` as an einsum: left's last dim contracts with right's first; `...` kept."""
+        keys = _distinct([_key(d) for d in lt if not d.is_ellipsis] + [_key(d) for d in rt[1:]])
+        n_left = len([d for d in lt if not d.is_ellipsis])
+        left = "..." * any(d.is_ellipsis for d in lt) + "".join(self.letters[k] for k in keys[:n_left])
+        right = left[-1] + "".join(self.letters[k] for k in keys[n_left:])
+        return f"{left},{right}->{left[:-1] + right[1:]}"
+
+    def _einsum_spec(self, e: ir.Prim) -> str:
+        """An einsum primitive's spec in the model's letters: its names mapped to dim labels."""
+        spec: ir.EinsumSpec = e.attr("spec")
+        operands, out = spec.operands, spec.out
+        label: dict[str, str] = {}
+        for names, t in [*zip(operands, (a.type for a in e.args)), (out, e.type)]:
+            for n, d in zip(names, t.dims):
+                label.setdefault(n, _key(d))
+        keys = dict(zip(label, _distinct(list(label.values()))))
+        term = lambda names: "".join(self.letters[keys[n]] for n in names)  # noqa: E731
+        return ",".join(term(op) for op in operands) + "->" + term(out)
 
     # ---------------------------------------------------------------- helpers
     def dim_code(self, dim: ir.Dim) -> str:
@@ -277,25 +373,15 @@ class FunctionEmitter:
         return code if prec >= need else f"({code})"
 
 
-def _einsum_spec(e: ir.Prim) -> str:
-    spec: ir.EinsumSpec = e.attr("spec")
-    operands, out = spec.operands, spec.out
-    letters = einsum_letters([n for op in operands for n in op] + list(out))
-    return ",".join("".join(letters[n] for n in op) for op in operands) + "->" + "".join(letters[n] for n in out)
+def _key(d: ir.Dim) -> str:
+    return dim_label(d.name, d.code)
 
 
-def _operand_letters(lt, rt) -> tuple[str, str]:
-    """Einsum letters for `left @ right` (left's last dim contracts with right's first); `...` kept."""
-    used: set[str] = set()
-
-    def pick(name: str) -> str:
-        for c in (name[0].lower(), *name.lower(), *"abcdefghijklmnopqrstuvwxyz"):
-            if c.isalpha() and c not in used:
-                used.add(c)
-                return c
-        raise AssertionError("ran out of einsum letters")
-
-    left = ["..." if d.is_ellipsis else pick(d.name) for d in lt[:-1]]
-    contract = pick(lt[-1].name)
-    right = [pick(d.name) for d in rt[1:]]
-    return "".join(left) + contract, contract + "".join(right)
+def _distinct(keys: list[str]) -> list[str]:
+    """Prime repeated keys (dim, dim -> dim, dim') so two dims of one einsum never share a letter."""
+    out: list[str] = []
+    for k in keys:
+        while k in out:
+            k += "'"
+        out.append(k)
+    return out

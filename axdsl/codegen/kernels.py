@@ -107,9 +107,7 @@ def emit_attention(kernel: str, q: str, k: str, v: str, mask: str | None, causal
     kwargs.append(f'implementation="{kernel}"')
     return f"jax.nn.dot_product_attention({q}, {k}, {v}, {', '.join(kwargs)})", note
 
-
-HELPERS: dict[str, str] = {"splash_attention": SPLASH_ATTENTION}
-# Import lines a helper needs, added when the module alias they bind (last word) is used.
+# The import lines the splash helper needs (helpers.py adds them with its source).
 IMPORTS: tuple[str, ...] = (
     "from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel",
     "from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask",

@@ -14,21 +14,44 @@ def snake(name: str) -> str:
     return s
 
 
-def einsum_letters(names: list[str]) -> dict[str, str]:
-    """Give each dim name a distinct letter, preferring its own first letter (`heads` -> h)."""
-    letters: dict[str, str] = {}
-    used: set[str] = set()
-    for n in names:
-        if n in letters:
-            continue
-        for c in (n[0].lower(), *n[1:].lower(), *"abcdefghijklmnopqrstuvwxyz"):
-            if c.isalpha() and c not in used:
-                letters[n] = c
-                used.add(c)
-                break
-    return letters
-
-
 def py_str(s: str) -> str:
     """A Python string literal for `s` that cannot break out of its quotes."""
     return repr(str(s))
+
+
+_CFG_FIELD = re.compile(r"cfg\.([A-Za-z_][A-Za-z0-9_]*)")
+
+
+def dim_label(name: str, code: str = "") -> str:
+    """How generated comments name a dim: its Config field when its size is exactly `cfg.<field>`
+    (a layer's `hidden` that is `cfg.ffn` at the root reads `ffn`), else its own name (head_dim)."""
+    m = _CFG_FIELD.fullmatch(code)
+    return m.group(1) if m else name
+
+
+class EinsumLetters:
+    """One einsum letter per dim label for a whole model, assigned on first use and never reused.
+
+    A label prefers its own first letter (`heads` -> h), then its other letters, then the
+    alphabet; `head_dim` after `heads` gets e. Two different dims with one label in one
+    expression (x [B, S, dim] @ w [dim, dim]) take the label and the label with a prime.
+    """
+
+    def __init__(self) -> None:
+        self.letters: dict[str, str] = {}
+
+    def __getitem__(self, key: str) -> str:
+        if key not in self.letters:
+            used = set(self.letters.values())
+            base = key.rstrip("'")
+            for c in (base[0].lower(), *base[1:].lower(), *"abcdefghijklmnopqrstuvwxyz"):
+                if c.isalpha() and c.islower() and c not in used:
+                    self.letters[key] = c
+                    break
+            else:
+                raise AssertionError("ran out of einsum letters")
+        return self.letters[key]
+
+    def legend(self) -> str:
+        """`b=B s=S d=dim ...` in the order the letters were assigned."""
+        return " ".join(f"{c}={k}" for k, c in self.letters.items())

@@ -19,12 +19,13 @@ def emit_quantized(fmt: str, spec: str, left: str, right: str) -> str:
     Every matmul satisfies that; an einsum that also sums a dim of one operand alone does not, and
     is left unquantized rather than failing when the generated code runs.
     """
-    if not _helper_can_run(spec):
+    if not helper_can_run(spec):
         return f"jnp.einsum({py_str(spec)}, {left}, {right})"
     return f"{fmt}_einsum({py_str(spec)}, {left}, {right})"
 
 
-def _helper_can_run(spec: str) -> bool:
+def helper_can_run(spec: str) -> bool:
+    """Whether the fp8/int8 helpers can run this two-operand einsum spec (see emit_quantized)."""
     if spec.count("->") != 1:
         return False
     inputs, out = spec.split("->")
@@ -143,5 +144,3 @@ def _int8_einsum_bwd(spec: str, residuals, g: jax.Array):
 
 
 int8_einsum.defvjp(_int8_einsum_fwd, _int8_einsum_bwd)'''
-
-HELPERS: dict[str, str] = {"fp8_einsum": FP8_EINSUM, "int8_einsum": INT8_EINSUM}

@@ -17,7 +17,8 @@ from axdsl.ir import nodes as ir
 RESERVED = {
     "cfg", "params", "rng", "jax", "jnp", "np", "optax", "math", "functools", "dataclasses",
     "zlib", "Config", "CONFIGS", "init_params", "param_axes", "forward", "loss_fn", "checkpoint_name",
-    "scan_body", "self", "None", "True", "False",
+    "scan_body", "self", "None", "True", "False", "Param", "param_table", "_nest", "shard", "make_mesh",
+    "param_specs", "forward_with_aux",
 }
 
 

@@ -69,8 +69,11 @@ def _emit(ctx, prim: ir.Prim, args: list[str], precs: list[int]) -> str:
         causal=prim.attr("causal").code, window=window.code if window.value else None,
         note="; ".join(choice.rejected),
     )
+    ctx.kernel_comment(prim)
     if note:
         ctx.line(f"# {note}")
+    if choice.kernel == "splash":
+        ctx.use_helper("splash_attention")
     return code
 
 

@@ -36,11 +36,22 @@ def _shape(ctx, prim: ir.Prim, args):
 
 
 def _emit(ctx, prim: ir.Prim, args: list[str], precs: list[int]) -> str:
-    """`y, aux = moe_swiglu(...)` as its own statement; aux joins this layer's auxiliary loss."""
+    """`y, aux = moe_swiglu(...)` as its own statement; aux joins this layer's auxiliary loss.
+
+    The generated helper holds only the routing the spec uses: a capacity written in the spec
+    picks the capacity or the dropless path; one read from Config keeps both."""
     out, aux = ctx.fresh("moe_y"), ctx.fresh("moe_aux")
     ctx.add_aux(aux)
-    kwargs = ", ".join(f"{k}={prim.attr(k).code}" for k in OPTIONS)
-    ctx.line(f"{out}, {aux} = moe_swiglu({', '.join(args)}, {kwargs})  # {ctx.shape_comment(prim.type)}")
+    cf = prim.attr("capacity_factor")
+    if "cfg." in cf.code:  # a Config value decides at run time: both paths
+        paths = ("moe_capacity", "moe_dropless")
+    else:
+        paths = ("moe_capacity",) if cf.value > 0 else ("moe_dropless",)
+    for helper in paths:
+        ctx.use_helper(helper)
+    names = OPTIONS if "moe_capacity" in paths else tuple(k for k in OPTIONS if k != "capacity_factor")
+    kwargs = ", ".join(f"{k}={prim.attr(k).code}" for k in names)
+    ctx.line(f"{out}, {aux} = moe_swiglu({', '.join(args)}, {kwargs})  # {ctx.shape_comment(prim.type)}, []")
     return out
 
 
@@ -98,5 +109,5 @@ PRIMITIVES = (
          Static("z_weight", StaticKind.FLOAT, 0.001)),
         doc="mixture of SwiGLU experts: softmax router, top-k, capacity (<= 0: dropless), aux losses"),
         emit=_emit, shape=_shape, flops=_flops, memory=_memory, unused_params=_unused_params,
-        helpers=("moe_swiglu",), aux_loss=True),
+        aux_loss=True),
 )

@@ -25,7 +25,11 @@ def _emit(ctx, prim: ir.Prim, args: list[str], precs: list[int]) -> str:
     else:
         left, right = (ctx.expr(a)[0] for a in inner.args)
         spec = ctx.einsum_spec(inner)
-    return quant.emit_quantized(prim.attr("format"), spec, left, right)
+    fmt = prim.attr("format")
+    if quant.helper_can_run(spec):
+        ctx.use_helper(f"{fmt}_einsum")
+        ctx.quant_comment(fmt)
+    return quant.emit_quantized(fmt, spec, left, right)
 
 
 def operands(prim: ir.Prim) -> tuple[ir.TExpr, ...]:

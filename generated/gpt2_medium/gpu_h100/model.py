@@ -3,8 +3,9 @@
 # DO NOT EDIT: change the spec and run `axdsl build specs/gpt2_medium.axl --target gpu-h100`.
 """gpt2_medium, gpt2_medium_tiny: a DecoderLM written in specs/gpt2_medium.axl, as plain JAX.
 
-Read top to bottom: the config, parameter initialization, one function per layer (leaves
-first), the model's entry point `forward`, and the next-token loss `loss_fn`.
+Read top to bottom: the config, one function per layer (leaves first), the model's entry point
+`forward` and the next-token loss `loss_fn`; then the parameter table with `init_params`, the
+mesh and `param_specs`, and the helpers the layers call.
 
 Fixed when this file was built (change the spec and rebuild):
     positions = "learned"
@@ -59,186 +60,224 @@ CONFIGS = {
 }
 
 
+# ----------------------------------------------------------------------------- layers
+# Einsum letters, one per dim in every layer function: b=B s=S d=dim h=heads e=head_dim k=kv_heads f=ffn
+
+
+def embedding(cfg: Config, params: dict, ids: jax.Array) -> jax.Array:
+    """Embedding (std/layers.axl:16): ids: [B, S] -> [B, S, dim].
+
+    Used at /embed.
+    """
+    return jnp.take(params["table"], ids, axis=0)  # [B, S, dim]
+
+
+def layer_norm(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
+    """LayerNorm (std/layers.axl:33): x: [..., dim] -> [..., dim].
+
+    Used at /blocks/attn_norm, /blocks/mlp_norm, /final_norm.
+    """
+    h = x.astype(jnp.float32)  # [..., dim]
+    mu = jnp.mean(h, axis=-1, keepdims=True)  # [..., 1]
+    h = h - mu  # [..., dim]
+    h = h * jax.lax.rsqrt(jnp.mean(h * h, axis=-1, keepdims=True) + 1e-05)  # [..., dim]
+    y = h.astype(cfg.dtype) * params["scale"]  # [..., dim]
+    y = y + params["shift"]  # [..., dim]
+    return y  # [..., dim]
+
+
+def attention(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
+    """Attention (std/transformer.axl:7): x: [B, S, dim] -> [B, S, dim].
+
+    Used at /blocks/attn.
+    """
+    # quantize_matmuls: fp8 on blocks/* (profile gpu-h100)
+    q = checkpoint_name(
+        fp8_einsum("bsd,dhe->bshe", x, params["wq"]), "query_proj"
+    )  # [B, S, heads, head_dim]
+    k = checkpoint_name(
+        fp8_einsum("bsd,dke->bske", x, params["wk"]), "key_proj"
+    )  # [B, S, kv_heads, head_dim]
+    v = checkpoint_name(
+        fp8_einsum("bsd,dke->bske", x, params["wv"]), "value_proj"
+    )  # [B, S, kv_heads, head_dim]
+    q = q + params["bq"]  # [B, S, heads, head_dim]
+    k = k + params["bk"]  # [B, S, kv_heads, head_dim]
+    v = v + params["bv"]  # [B, S, kv_heads, head_dim]
+    # select_kernels: cudnn, the first of gpu-h100's attention kernels that fits
+    o = checkpoint_name(
+        jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation="cudnn"), "context"
+    )  # [B, S, heads, head_dim]
+    y = checkpoint_name(fp8_einsum("bshe,hed->bsd", o, params["wo"]), "out_proj")  # [B, S, dim]
+    y = y + params["bo"]  # [B, S, dim]
+    return y  # [B, S, dim]
+
+
+def mlp(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
+    """MLP (std/layers.axl:55): x: [B, S, dim] -> [B, S, dim].
+
+    Used at /blocks/mlp.
+    """
+    # quantize_matmuls: fp8 on blocks/* (profile gpu-h100)
+    h = fp8_einsum("bsd,df->bsf", x, params["w_in"])  # [B, S, ffn]
+    h = h + params["b_in"]  # [B, S, ffn]
+    h = checkpoint_name(jax.nn.gelu(h), "mlp_hidden")  # [B, S, ffn]
+    y = fp8_einsum("bsf,fd->bsd", h, params["w_out"])  # [B, S, dim]
+    y = y + params["b_out"]  # [B, S, dim]
+    return y  # [B, S, dim]
+
+
+def block(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
+    """Block (std/transformer.axl:45): x: [B, S, dim] -> [B, S, dim].
+
+    Used at /blocks.
+    """
+    with jax.named_scope("attn_norm"):
+        attn_norm_out = layer_norm(cfg, params["attn_norm"], x)  # [B, S, dim]
+    with jax.named_scope("attn"):
+        h = attention(cfg, params["attn"], attn_norm_out)  # [B, S, dim]
+    x = x + h  # [B, S, dim]
+    with jax.named_scope("mlp_norm"):
+        mlp_norm_out = layer_norm(cfg, params["mlp_norm"], x)  # [B, S, dim]
+    with jax.named_scope("mlp"):
+        h = mlp(cfg, params["mlp"], mlp_norm_out)  # [B, S, dim]
+    return x + h  # [B, S, dim]
+
+
+def decoder_lm(cfg: Config, params: dict, tokens: jax.Array) -> jax.Array:
+    """DecoderLM (std/transformer.axl:64): tokens: [B, S] -> [B, S, vocab].
+
+    Used at /.
+    """
+    # master weights stay in cfg.param_dtype; compute runs in cfg.dtype
+    params = jax.tree.map(lambda w: w.astype(cfg.dtype), params)
+    with jax.named_scope("embed"):
+        x = embedding(cfg, params["embed"], tokens)  # [B, S, dim]
+    x = x + params["pos_embed"][: tokens.shape[1]]  # [B, S, dim]
+    x = x.astype(cfg.dtype)  # [B, S, dim]
+
+    # insert_remat: save_dots (profile gpu-h100)
+    @functools.partial(jax.checkpoint, policy=REMAT_POLICY, prevent_cse=False)
+    def blocks_step(h, layer_params):  # one of cfg.layers stacked layers
+        # annotate_sharding: batch -> fsdp (rule batch -> data, fsdp from profile gpu-h100)
+        h = shard(h, P("fsdp"))
+        return block(cfg, layer_params, h), None
+
+    with jax.named_scope("blocks"):
+        x, _ = jax.lax.scan(blocks_step, x, params["blocks"])  # [B, S, dim]
+    with jax.named_scope("final_norm"):
+        x = layer_norm(cfg, params["final_norm"], x)  # [B, S, dim]
+    logits = x @ jnp.swapaxes(params["embed"]["table"], -1, -2)  # [B, S, vocab]
+    return logits.astype(jnp.float32)  # [B, S, vocab]
+
+
+forward = decoder_lm  # the model's entry point: forward(cfg, params, tokens) -> logits
+
+
+def loss_fn(
+    cfg: Config, params: dict, tokens: jax.Array, z_loss: float = 0.0
+) -> tuple[jax.Array, jax.Array]:
+    """(loss to minimize, mean cross-entropy) of predicting tokens[:, 1:] from tokens[:, :-1] [B, S].
+
+    loss = cross-entropy + z_loss * mean(logsumexp(logits) ** 2) (z-loss)."""
+    logits = forward(cfg, params, tokens[:, :-1])  # [B, S, vocab]
+    ce = optax.softmax_cross_entropy_with_integer_labels(logits, tokens[:, 1:]).mean()
+    loss = ce
+    if z_loss:  # keeps the softmax normalizer near 1
+        loss = loss + z_loss * jnp.mean(jax.nn.logsumexp(logits, axis=-1) ** 2)
+    return loss, ce
+
+
 # ----------------------------------------------------------------------------- parameters
 
 
-def _param(key, path, shape, dtype, init, scale=1.0):
-    """One parameter. Its PRNG key is folded from its path, so keys never depend on order."""
-    key = jax.random.fold_in(key, zlib.crc32(path.encode()))
-    if init == "normal":
-        return (scale * jax.random.normal(key, shape, jnp.float32)).astype(dtype)
-    if init == "trunc_normal":
-        return (scale * jax.random.truncated_normal(key, -2.0, 2.0, shape, jnp.float32)).astype(
-            dtype
-        )
-    if init == "uniform":
-        return jax.random.uniform(key, shape, dtype, -scale, scale)
-    if init == "zeros":
-        return jnp.zeros(shape, dtype)
-    return jnp.ones(shape, dtype)
+@dataclasses.dataclass(frozen=True)
+class Param:
+    """One parameter: shape, logical axes, initializer (kind, scale), mesh placement and dtype."""
+
+    shape: tuple[int, ...]
+    axes: tuple[str, ...]  # logical axes, mapped to mesh axes by the target's rules
+    init: str  # normal, trunc_normal, uniform, zeros or ones
+    scale: float  # the std of normal and trunc_normal, the bound of uniform
+    spec: P  # where it lives on the mesh (annotate_sharding); optimizer moments follow it
+    dtype: jax.typing.DTypeLike | None = None  # None: cfg.param_dtype
+
+
+def param_table(cfg: Config) -> dict[str, Param]:
+    """Every parameter by its path in the params tree. Only shapes read cfg."""
+    # fmt: off
+    max_seq, dim, vocab, layers, heads, kv_heads, ffn = cfg.max_seq, cfg.dim, cfg.vocab, cfg.layers, cfg.heads, cfg.kv_heads, cfg.ffn
+    head_dim = cfg.dim // cfg.heads
+    return {
+        # path                          shape                              logical axes                                 init      scale mesh
+        "pos_embed":              Param((max_seq, dim),                    ("seq", "embed"),                            "normal", 0.01, P(None, "fsdp")),
+        "embed/table":            Param((vocab, dim),                      ("vocab", "embed"),                          "normal", 0.02, P(None, "fsdp")),
+        "blocks/attn_norm/scale": Param((layers, dim),                     ("layers", "norm"),                          "ones",   1.0,  P()),
+        "blocks/attn_norm/shift": Param((layers, dim),                     ("layers", "norm"),                          "zeros",  1.0,  P()),
+        "blocks/attn/wq":         Param((layers, dim, heads, head_dim),    ("layers", "embed", "heads", "head_dim"),    "normal", 0.02, P(None, "fsdp")),
+        "blocks/attn/wk":         Param((layers, dim, kv_heads, head_dim), ("layers", "embed", "kv_heads", "head_dim"), "normal", 0.02, P(None, "fsdp")),
+        "blocks/attn/wv":         Param((layers, dim, kv_heads, head_dim), ("layers", "embed", "kv_heads", "head_dim"), "normal", 0.02, P(None, "fsdp")),
+        "blocks/attn/wo":         Param((layers, heads, head_dim, dim),    ("layers", "heads", "head_dim", "embed"),    "normal", 0.02, P(None, None, None, "fsdp")),
+        "blocks/attn/bq":         Param((layers, heads, head_dim),         ("layers", "heads", "head_dim"),             "zeros",  1.0,  P()),
+        "blocks/attn/bk":         Param((layers, kv_heads, head_dim),      ("layers", "kv_heads", "head_dim"),          "zeros",  1.0,  P()),
+        "blocks/attn/bv":         Param((layers, kv_heads, head_dim),      ("layers", "kv_heads", "head_dim"),          "zeros",  1.0,  P()),
+        "blocks/attn/bo":         Param((layers, dim),                     ("layers", "embed"),                         "zeros",  1.0,  P(None, "fsdp")),
+        "blocks/mlp_norm/scale":  Param((layers, dim),                     ("layers", "norm"),                          "ones",   1.0,  P()),
+        "blocks/mlp_norm/shift":  Param((layers, dim),                     ("layers", "norm"),                          "zeros",  1.0,  P()),
+        "blocks/mlp/w_in":        Param((layers, dim, ffn),                ("layers", "embed", "mlp"),                  "normal", 0.02, P(None, "fsdp")),
+        "blocks/mlp/b_in":        Param((layers, ffn),                     ("layers", "mlp"),                           "zeros",  1.0,  P()),
+        "blocks/mlp/w_out":       Param((layers, ffn, dim),                ("layers", "mlp", "embed"),                  "normal", 0.02, P(None, None, "fsdp")),
+        "blocks/mlp/b_out":       Param((layers, dim),                     ("layers", "embed"),                         "zeros",  1.0,  P(None, "fsdp")),
+        "final_norm/scale":       Param((dim,),                            ("norm",),                                   "ones",   1.0,  P()),
+        "final_norm/shift":       Param((dim,),                            ("norm",),                                   "zeros",  1.0,  P()),
+    }
+    # fmt: on
 
 
 def init_params(cfg: Config, key: jax.Array) -> dict:
     """All parameters as a nested dict; stacked layers carry a leading `layers` dim."""
-    return {
-        "pos_embed": _param(
-            key, "pos_embed", (cfg.max_seq, cfg.dim), cfg.param_dtype, "normal", 0.01
-        ),
-        "embed": {
-            "table": _param(
-                key, "embed/table", (cfg.vocab, cfg.dim), cfg.param_dtype, "normal", 0.02
-            ),
-        },
-        "blocks": {
-            "attn_norm": {
-                "scale": _param(
-                    key, "blocks/attn_norm/scale", (cfg.layers, cfg.dim), cfg.param_dtype, "ones"
-                ),
-                "shift": _param(
-                    key, "blocks/attn_norm/shift", (cfg.layers, cfg.dim), cfg.param_dtype, "zeros"
-                ),
-            },
-            "attn": {
-                "wq": _param(
-                    key,
-                    "blocks/attn/wq",
-                    (cfg.layers, cfg.dim, cfg.heads, cfg.dim // cfg.heads),
-                    cfg.param_dtype,
-                    "normal",
-                    0.02,
-                ),
-                "wk": _param(
-                    key,
-                    "blocks/attn/wk",
-                    (cfg.layers, cfg.dim, cfg.kv_heads, cfg.dim // cfg.heads),
-                    cfg.param_dtype,
-                    "normal",
-                    0.02,
-                ),
-                "wv": _param(
-                    key,
-                    "blocks/attn/wv",
-                    (cfg.layers, cfg.dim, cfg.kv_heads, cfg.dim // cfg.heads),
-                    cfg.param_dtype,
-                    "normal",
-                    0.02,
-                ),
-                "wo": _param(
-                    key,
-                    "blocks/attn/wo",
-                    (cfg.layers, cfg.heads, cfg.dim // cfg.heads, cfg.dim),
-                    cfg.param_dtype,
-                    "normal",
-                    0.02,
-                ),
-                "bq": _param(
-                    key,
-                    "blocks/attn/bq",
-                    (cfg.layers, cfg.heads, cfg.dim // cfg.heads),
-                    cfg.param_dtype,
-                    "zeros",
-                ),
-                "bk": _param(
-                    key,
-                    "blocks/attn/bk",
-                    (cfg.layers, cfg.kv_heads, cfg.dim // cfg.heads),
-                    cfg.param_dtype,
-                    "zeros",
-                ),
-                "bv": _param(
-                    key,
-                    "blocks/attn/bv",
-                    (cfg.layers, cfg.kv_heads, cfg.dim // cfg.heads),
-                    cfg.param_dtype,
-                    "zeros",
-                ),
-                "bo": _param(
-                    key, "blocks/attn/bo", (cfg.layers, cfg.dim), cfg.param_dtype, "zeros"
-                ),
-            },
-            "mlp_norm": {
-                "scale": _param(
-                    key, "blocks/mlp_norm/scale", (cfg.layers, cfg.dim), cfg.param_dtype, "ones"
-                ),
-                "shift": _param(
-                    key, "blocks/mlp_norm/shift", (cfg.layers, cfg.dim), cfg.param_dtype, "zeros"
-                ),
-            },
-            "mlp": {
-                "w_in": _param(
-                    key,
-                    "blocks/mlp/w_in",
-                    (cfg.layers, cfg.dim, cfg.ffn),
-                    cfg.param_dtype,
-                    "normal",
-                    0.02,
-                ),
-                "b_in": _param(
-                    key, "blocks/mlp/b_in", (cfg.layers, cfg.ffn), cfg.param_dtype, "zeros"
-                ),
-                "w_out": _param(
-                    key,
-                    "blocks/mlp/w_out",
-                    (cfg.layers, cfg.ffn, cfg.dim),
-                    cfg.param_dtype,
-                    "normal",
-                    0.02,
-                ),
-                "b_out": _param(
-                    key, "blocks/mlp/b_out", (cfg.layers, cfg.dim), cfg.param_dtype, "zeros"
-                ),
-            },
-        },
-        "final_norm": {
-            "scale": _param(key, "final_norm/scale", (cfg.dim,), cfg.param_dtype, "ones"),
-            "shift": _param(key, "final_norm/shift", (cfg.dim,), cfg.param_dtype, "zeros"),
-        },
-    }
+    return _nest(
+        {path: _param(key, path, p, cfg.param_dtype) for path, p in param_table(cfg).items()}
+    )
 
 
 def param_axes() -> dict:
     """The logical axes of every parameter, in the same tree as `init_params`."""
-    return {
-        "pos_embed": ("seq", "embed"),
-        "embed": {
-            "table": ("vocab", "embed"),
-        },
-        "blocks": {
-            "attn_norm": {
-                "scale": ("layers", "norm"),
-                "shift": ("layers", "norm"),
-            },
-            "attn": {
-                "wq": ("layers", "embed", "heads", "head_dim"),
-                "wk": ("layers", "embed", "kv_heads", "head_dim"),
-                "wv": ("layers", "embed", "kv_heads", "head_dim"),
-                "wo": ("layers", "heads", "head_dim", "embed"),
-                "bq": ("layers", "heads", "head_dim"),
-                "bk": ("layers", "kv_heads", "head_dim"),
-                "bv": ("layers", "kv_heads", "head_dim"),
-                "bo": ("layers", "embed"),
-            },
-            "mlp_norm": {
-                "scale": ("layers", "norm"),
-                "shift": ("layers", "norm"),
-            },
-            "mlp": {
-                "w_in": ("layers", "embed", "mlp"),
-                "b_in": ("layers", "mlp"),
-                "w_out": ("layers", "mlp", "embed"),
-                "b_out": ("layers", "embed"),
-            },
-        },
-        "final_norm": {
-            "scale": ("norm",),
-            "shift": ("norm",),
-        },
-    }
+    return _nest({path: p.axes for path, p in param_table(Config()).items()})  # no shape is read
+
+
+def _param(key: jax.Array, path: str, p: Param, default_dtype) -> jax.Array:
+    """One parameter. Its PRNG key is folded from its path, so keys never depend on order."""
+    key = jax.random.fold_in(key, zlib.crc32(path.encode()))
+    shape, dtype, scale = p.shape, default_dtype if p.dtype is None else p.dtype, p.scale
+    if p.init == "normal":
+        return (scale * jax.random.normal(key, shape, jnp.float32)).astype(dtype)
+    if p.init == "trunc_normal":
+        return (scale * jax.random.truncated_normal(key, -2.0, 2.0, shape, jnp.float32)).astype(
+            dtype
+        )
+    if p.init == "uniform":
+        return jax.random.uniform(key, shape, dtype, -scale, scale)
+    if p.init == "zeros":
+        return jnp.zeros(shape, dtype)
+    return jnp.ones(shape, dtype)
+
+
+def _nest(leaves: dict) -> dict:
+    """{"blocks/attn/wq": x} -> {"blocks": {"attn": {"wq": x}}}, in the table's order."""
+    tree: dict = {}
+    for path, leaf in leaves.items():
+        *parents, name = path.split("/")
+        node = tree
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[name] = leaf
+    return tree
 
 
 # ----------------------------------------------------------------------------- sharding
 # Target gpu-h100 (8 chips): mesh from profile gpu-h100 -> fsdp=8.
-# Rules (logical axis -> mesh axes): batch -> data, fsdp; embed -> fsdp.
+# annotate_sharding rules (logical axis -> mesh axes, from profile gpu-h100): batch -> data, fsdp; embed -> fsdp.
 MESH_SHAPE = {
     "data": 1,
     "expert": 1,
@@ -262,42 +301,7 @@ def make_mesh(devices=None) -> Mesh:
 
 def param_specs() -> dict:
     """Where each parameter lives on the mesh; optimizer moments follow the same specs."""
-    return {
-        "pos_embed": P(None, "fsdp"),
-        "embed": {
-            "table": P(None, "fsdp"),
-        },
-        "blocks": {
-            "attn_norm": {
-                "scale": P(),
-                "shift": P(),
-            },
-            "attn": {
-                "wq": P(None, "fsdp"),
-                "wk": P(None, "fsdp"),
-                "wv": P(None, "fsdp"),
-                "wo": P(None, None, None, "fsdp"),
-                "bq": P(),
-                "bk": P(),
-                "bv": P(),
-                "bo": P(None, "fsdp"),
-            },
-            "mlp_norm": {
-                "scale": P(),
-                "shift": P(),
-            },
-            "mlp": {
-                "w_in": P(None, "fsdp"),
-                "b_in": P(),
-                "w_out": P(None, None, "fsdp"),
-                "b_out": P(None, "fsdp"),
-            },
-        },
-        "final_norm": {
-            "scale": P(),
-            "shift": P(),
-        },
-    }
+    return _nest({path: p.spec for path, p in param_table(Config()).items()})  # no shape is read
 
 
 def shard(x: jax.Array, spec: P) -> jax.Array:
@@ -363,125 +367,3 @@ def _fp8_einsum_bwd(spec: str, residuals, g: jax.Array):
 
 
 fp8_einsum.defvjp(_fp8_einsum_fwd, _fp8_einsum_bwd)
-
-
-# ----------------------------------------------------------------------------- layers
-
-
-def embedding(cfg: Config, params: dict, ids: jax.Array) -> jax.Array:
-    """Embedding (std/layers.axl:16): ids: [B, S] -> [B, S, dim].
-
-    Used at /embed.
-    """
-    return jnp.take(params["table"], ids, axis=0)  # [B, S, dim]
-
-
-def layer_norm(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
-    """LayerNorm (std/layers.axl:33): x: [..., dim] -> [..., dim].
-
-    Used at /blocks/attn_norm, /blocks/mlp_norm, /final_norm.
-    """
-    h = x.astype(jnp.float32)  # [..., dim]
-    mu = jnp.mean(h, axis=-1, keepdims=True)  # [..., 1]
-    h = h - mu  # [..., dim]
-    h = h * jax.lax.rsqrt(jnp.mean(h * h, axis=-1, keepdims=True) + 1e-05)  # [..., dim]
-    y = h.astype(cfg.dtype) * params["scale"]  # [..., dim]
-    y = y + params["shift"]  # [..., dim]
-    return y  # [..., dim]
-
-
-def attention(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
-    """Attention (std/transformer.axl:7): x: [B, S, dim] -> [B, S, dim].
-
-    Used at /blocks/attn.
-    """
-    q = checkpoint_name(
-        fp8_einsum("bsd,dhe->bshe", x, params["wq"]), "query_proj"
-    )  # [B, S, heads, head_dim]
-    k = checkpoint_name(
-        fp8_einsum("bsd,dkh->bskh", x, params["wk"]), "key_proj"
-    )  # [B, S, kv_heads, head_dim]
-    v = checkpoint_name(
-        fp8_einsum("bsd,dkh->bskh", x, params["wv"]), "value_proj"
-    )  # [B, S, kv_heads, head_dim]
-    q = q + params["bq"]  # [B, S, heads, head_dim]
-    k = k + params["bk"]  # [B, S, kv_heads, head_dim]
-    v = v + params["bv"]  # [B, S, kv_heads, head_dim]
-    o = checkpoint_name(
-        jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation="cudnn"), "context"
-    )  # [B, S, heads, head_dim]
-    y = checkpoint_name(fp8_einsum("bshe,hed->bsd", o, params["wo"]), "out_proj")  # [B, S, dim]
-    y = y + params["bo"]  # [B, S, dim]
-    return y  # [B, S, dim]
-
-
-def mlp(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
-    """MLP (std/layers.axl:55): x: [B, S, dim] -> [B, S, dim].
-
-    Used at /blocks/mlp.
-    """
-    h = fp8_einsum("bsd,dh->bsh", x, params["w_in"])  # [B, S, hidden]
-    h = h + params["b_in"]  # [B, S, hidden]
-    h = checkpoint_name(jax.nn.gelu(h), "mlp_hidden")  # [B, S, hidden]
-    y = fp8_einsum("bsh,hd->bsd", h, params["w_out"])  # [B, S, dim]
-    y = y + params["b_out"]  # [B, S, dim]
-    return y  # [B, S, dim]
-
-
-def block(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
-    """Block (std/transformer.axl:45): x: [B, S, dim] -> [B, S, dim].
-
-    Used at /blocks.
-    """
-    with jax.named_scope("attn_norm"):
-        attn_norm_out = layer_norm(cfg, params["attn_norm"], x)  # [B, S, dim]
-    with jax.named_scope("attn"):
-        h = attention(cfg, params["attn"], attn_norm_out)  # [B, S, dim]
-    x = x + h  # [B, S, dim]
-    with jax.named_scope("mlp_norm"):
-        mlp_norm_out = layer_norm(cfg, params["mlp_norm"], x)  # [B, S, dim]
-    with jax.named_scope("mlp"):
-        h = mlp(cfg, params["mlp"], mlp_norm_out)  # [B, S, dim]
-    return x + h  # [B, S, dim]
-
-
-def decoder_lm(cfg: Config, params: dict, tokens: jax.Array) -> jax.Array:
-    """DecoderLM (std/transformer.axl:64): tokens: [B, S] -> [B, S, vocab].
-
-    Used at /.
-    """
-    # master weights stay in cfg.param_dtype; compute runs in cfg.dtype
-    params = jax.tree.map(lambda w: w.astype(cfg.dtype), params)
-    with jax.named_scope("embed"):
-        x = embedding(cfg, params["embed"], tokens)  # [B, S, dim]
-    x = x + params["pos_embed"][: tokens.shape[1]]  # [B, S, dim]
-    x = x.astype(cfg.dtype)  # [B, S, dim]
-
-    @functools.partial(jax.checkpoint, policy=REMAT_POLICY, prevent_cse=False)
-    def blocks_step(h, layer_params):  # one of cfg.layers stacked layers
-        h = shard(h, P("fsdp"))
-        return block(cfg, layer_params, h), None
-
-    with jax.named_scope("blocks"):
-        x, _ = jax.lax.scan(blocks_step, x, params["blocks"])  # [B, S, dim]
-    with jax.named_scope("final_norm"):
-        x = layer_norm(cfg, params["final_norm"], x)  # [B, S, dim]
-    logits = x @ jnp.swapaxes(params["embed"]["table"], -1, -2)  # [B, S, vocab]
-    return logits.astype(jnp.float32)  # [B, S, vocab]
-
-
-forward = decoder_lm  # the model's entry point: forward(cfg, params, tokens) -> logits
-
-
-def loss_fn(
-    cfg: Config, params: dict, tokens: jax.Array, z_loss: float = 0.0
-) -> tuple[jax.Array, jax.Array]:
-    """(loss to minimize, mean cross-entropy) of predicting tokens[:, 1:] from tokens[:, :-1] [B, S].
-
-    loss = cross-entropy + z_loss * mean(logsumexp(logits) ** 2) (z-loss)."""
-    logits = forward(cfg, params, tokens[:, :-1])  # [B, S, vocab]
-    ce = optax.softmax_cross_entropy_with_integer_labels(logits, tokens[:, 1:]).mean()
-    loss = ce
-    if z_loss:  # keeps the softmax normalizer near 1
-        loss = loss + z_loss * jnp.mean(jax.nn.logsumexp(logits, axis=-1) ** 2)
-    return loss, ce

@@ -3,8 +3,9 @@
 # DO NOT EDIT: change the spec and run `axdsl build specs/llama2_7b.axl --target cpu`.
 """llama2_7b, llama2_7b_tiny: a DecoderLM written in specs/llama2_7b.axl, as plain JAX.
 
-Read top to bottom: the config, parameter initialization, one function per layer (leaves
-first), the model's entry point `forward`, and the next-token loss `loss_fn`.
+Read top to bottom: the config, one function per layer (leaves first), the model's entry point
+`forward` and the next-token loss `loss_fn`; then the parameter table with `init_params`, the
+mesh and `param_specs`, and the helpers the layers call.
 
 Fixed when this file was built (change the spec and rebuild):
     positions = "rope"
@@ -52,220 +53,8 @@ CONFIGS = {
 }
 
 
-# ----------------------------------------------------------------------------- parameters
-
-
-def _param(key, path, shape, dtype, init, scale=1.0):
-    """One parameter. Its PRNG key is folded from its path, so keys never depend on order."""
-    key = jax.random.fold_in(key, zlib.crc32(path.encode()))
-    if init == "normal":
-        return (scale * jax.random.normal(key, shape, jnp.float32)).astype(dtype)
-    if init == "trunc_normal":
-        return (scale * jax.random.truncated_normal(key, -2.0, 2.0, shape, jnp.float32)).astype(
-            dtype
-        )
-    if init == "uniform":
-        return jax.random.uniform(key, shape, dtype, -scale, scale)
-    if init == "zeros":
-        return jnp.zeros(shape, dtype)
-    return jnp.ones(shape, dtype)
-
-
-def init_params(cfg: Config, key: jax.Array) -> dict:
-    """All parameters as a nested dict; stacked layers carry a leading `layers` dim."""
-    return {
-        "head": _param(key, "head", (cfg.dim, cfg.vocab), cfg.param_dtype, "normal", 0.02),
-        "embed": {
-            "table": _param(
-                key, "embed/table", (cfg.vocab, cfg.dim), cfg.param_dtype, "normal", 0.02
-            ),
-        },
-        "blocks": {
-            "attn_norm": {
-                "scale": _param(
-                    key, "blocks/attn_norm/scale", (cfg.layers, cfg.dim), cfg.param_dtype, "ones"
-                ),
-            },
-            "attn": {
-                "wq": _param(
-                    key,
-                    "blocks/attn/wq",
-                    (cfg.layers, cfg.dim, cfg.heads, cfg.dim // cfg.heads),
-                    cfg.param_dtype,
-                    "normal",
-                    0.02,
-                ),
-                "wk": _param(
-                    key,
-                    "blocks/attn/wk",
-                    (cfg.layers, cfg.dim, cfg.kv_heads, cfg.dim // cfg.heads),
-                    cfg.param_dtype,
-                    "normal",
-                    0.02,
-                ),
-                "wv": _param(
-                    key,
-                    "blocks/attn/wv",
-                    (cfg.layers, cfg.dim, cfg.kv_heads, cfg.dim // cfg.heads),
-                    cfg.param_dtype,
-                    "normal",
-                    0.02,
-                ),
-                "wo": _param(
-                    key,
-                    "blocks/attn/wo",
-                    (cfg.layers, cfg.heads, cfg.dim // cfg.heads, cfg.dim),
-                    cfg.param_dtype,
-                    "normal",
-                    0.02,
-                ),
-            },
-            "mlp_norm": {
-                "scale": _param(
-                    key, "blocks/mlp_norm/scale", (cfg.layers, cfg.dim), cfg.param_dtype, "ones"
-                ),
-            },
-            "mlp": {
-                "w_gate": _param(
-                    key,
-                    "blocks/mlp/w_gate",
-                    (cfg.layers, cfg.dim, cfg.ffn),
-                    cfg.param_dtype,
-                    "normal",
-                    0.02,
-                ),
-                "w_up": _param(
-                    key,
-                    "blocks/mlp/w_up",
-                    (cfg.layers, cfg.dim, cfg.ffn),
-                    cfg.param_dtype,
-                    "normal",
-                    0.02,
-                ),
-                "w_down": _param(
-                    key,
-                    "blocks/mlp/w_down",
-                    (cfg.layers, cfg.ffn, cfg.dim),
-                    cfg.param_dtype,
-                    "normal",
-                    0.02,
-                ),
-            },
-        },
-        "final_norm": {
-            "scale": _param(key, "final_norm/scale", (cfg.dim,), cfg.param_dtype, "ones"),
-        },
-    }
-
-
-def param_axes() -> dict:
-    """The logical axes of every parameter, in the same tree as `init_params`."""
-    return {
-        "head": ("embed", "vocab"),
-        "embed": {
-            "table": ("vocab", "embed"),
-        },
-        "blocks": {
-            "attn_norm": {
-                "scale": ("layers", "norm"),
-            },
-            "attn": {
-                "wq": ("layers", "embed", "heads", "head_dim"),
-                "wk": ("layers", "embed", "kv_heads", "head_dim"),
-                "wv": ("layers", "embed", "kv_heads", "head_dim"),
-                "wo": ("layers", "heads", "head_dim", "embed"),
-            },
-            "mlp_norm": {
-                "scale": ("layers", "norm"),
-            },
-            "mlp": {
-                "w_gate": ("layers", "embed", "mlp"),
-                "w_up": ("layers", "embed", "mlp"),
-                "w_down": ("layers", "mlp", "embed"),
-            },
-        },
-        "final_norm": {
-            "scale": ("norm",),
-        },
-    }
-
-
-# ----------------------------------------------------------------------------- sharding
-# Target cpu (1 chip): mesh from profile cpu -> data=1.
-# Rules (logical axis -> mesh axes): batch -> data, fsdp.
-MESH_SHAPE = {
-    "data": -1,
-    "expert": 1,
-    "fsdp": 1,
-    "seq": 1,
-    "model": 1,
-}  # -1 takes the chips the other axes leave
-
-
-def make_mesh(devices=None) -> Mesh:
-    """The device mesh over `devices` (default: all of them), axes in MESH_SHAPE's order."""
-    devices = jax.devices() if devices is None else devices
-    shape = list(MESH_SHAPE.values())
-    if -1 in shape:
-        shape[shape.index(-1)] = len(devices) // math.prod(s for s in shape if s != -1)
-    return Mesh(np.array(devices).reshape(shape), tuple(MESH_SHAPE))
-
-
-def param_specs() -> dict:
-    """Where each parameter lives on the mesh; optimizer moments follow the same specs."""
-    return {
-        "head": P(),
-        "embed": {
-            "table": P(),
-        },
-        "blocks": {
-            "attn_norm": {
-                "scale": P(),
-            },
-            "attn": {
-                "wq": P(),
-                "wk": P(),
-                "wv": P(),
-                "wo": P(),
-            },
-            "mlp_norm": {
-                "scale": P(),
-            },
-            "mlp": {
-                "w_gate": P(),
-                "w_up": P(),
-                "w_down": P(),
-            },
-        },
-        "final_norm": {
-            "scale": P(),
-        },
-    }
-
-
-def shard(x: jax.Array, spec: P) -> jax.Array:
-    """Pin an activation's layout inside `jax.set_mesh(mesh)`; unchanged when no mesh is set."""
-    if jax.sharding.get_abstract_mesh().empty:
-        return x
-    return jax.lax.with_sharding_constraint(x, spec)
-
-
-# ----------------------------------------------------------------------------- helpers
-
-
-def apply_rope(x: jax.Array, theta: float) -> jax.Array:
-    """Rotary position embedding on x [B, S, heads, head_dim] (Llama's half-split layout)."""
-    half = x.shape[-1] // 2
-    freqs = 1.0 / (theta ** (jnp.arange(half, dtype=jnp.float32) / half))  # [head_dim / 2]
-    angles = jnp.arange(x.shape[1], dtype=jnp.float32)[:, None] * freqs  # [S, head_dim / 2]
-    cos = jnp.cos(angles)[None, :, None, :]
-    sin = jnp.sin(angles)[None, :, None, :]
-    x1, x2 = x[..., :half].astype(jnp.float32), x[..., half:].astype(jnp.float32)
-    out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
-    return out.astype(x.dtype)
-
-
 # ----------------------------------------------------------------------------- layers
+# Einsum letters, one per dim in every layer function: b=B s=S d=dim h=heads e=head_dim k=kv_heads
 
 
 def embedding(cfg: Config, params: dict, ids: jax.Array) -> jax.Array:
@@ -295,13 +84,14 @@ def attention(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
         jnp.einsum("bsd,dhe->bshe", x, params["wq"]), "query_proj"
     )  # [B, S, heads, head_dim]
     k = checkpoint_name(
-        jnp.einsum("bsd,dkh->bskh", x, params["wk"]), "key_proj"
+        jnp.einsum("bsd,dke->bske", x, params["wk"]), "key_proj"
     )  # [B, S, kv_heads, head_dim]
     v = checkpoint_name(
-        jnp.einsum("bsd,dkh->bskh", x, params["wv"]), "value_proj"
+        jnp.einsum("bsd,dke->bske", x, params["wv"]), "value_proj"
     )  # [B, S, kv_heads, head_dim]
     q = apply_rope(q, theta=cfg.rope_theta)  # [B, S, heads, head_dim]
     k = apply_rope(k, theta=cfg.rope_theta)  # [B, S, kv_heads, head_dim]
+    # select_kernels: xla, the first of cpu's attention kernels that fits
     o = checkpoint_name(
         jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation="xla"), "context"
     )  # [B, S, heads, head_dim]
@@ -316,7 +106,7 @@ def swiglu(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
     """
     h = checkpoint_name(
         jax.nn.silu(x @ params["w_gate"]) * (x @ params["w_up"]), "mlp_hidden"
-    )  # [B, S, hidden]
+    )  # [B, S, ffn]
     return h @ params["w_down"]  # [B, S, dim]
 
 
@@ -349,6 +139,7 @@ def decoder_lm(cfg: Config, params: dict, tokens: jax.Array) -> jax.Array:
     x = x.astype(cfg.dtype)  # [B, S, dim]
 
     def blocks_step(h, layer_params):  # one of cfg.layers stacked layers
+        # annotate_sharding: batch -> data (rule batch -> data, fsdp from profile cpu)
         h = shard(h, P("data"))
         return block(cfg, layer_params, h), None
 
@@ -375,3 +166,130 @@ def loss_fn(
     if z_loss:  # keeps the softmax normalizer near 1
         loss = loss + z_loss * jnp.mean(jax.nn.logsumexp(logits, axis=-1) ** 2)
     return loss, ce
+
+
+# ----------------------------------------------------------------------------- parameters
+
+
+@dataclasses.dataclass(frozen=True)
+class Param:
+    """One parameter: shape, logical axes, initializer (kind, scale), mesh placement and dtype."""
+
+    shape: tuple[int, ...]
+    axes: tuple[str, ...]  # logical axes, mapped to mesh axes by the target's rules
+    init: str  # normal, trunc_normal, uniform, zeros or ones
+    scale: float  # the std of normal and trunc_normal, the bound of uniform
+    spec: P  # where it lives on the mesh (annotate_sharding); optimizer moments follow it
+    dtype: jax.typing.DTypeLike | None = None  # None: cfg.param_dtype
+
+
+def param_table(cfg: Config) -> dict[str, Param]:
+    """Every parameter by its path in the params tree. Only shapes read cfg."""
+    # fmt: off
+    dim, vocab, layers, heads, kv_heads, ffn = cfg.dim, cfg.vocab, cfg.layers, cfg.heads, cfg.kv_heads, cfg.ffn
+    head_dim = cfg.dim // cfg.heads
+    return {
+        # path                          shape                              logical axes                                 init      scale mesh
+        "head":                   Param((dim, vocab),                      ("embed", "vocab"),                          "normal", 0.02, P()),
+        "embed/table":            Param((vocab, dim),                      ("vocab", "embed"),                          "normal", 0.02, P()),
+        "blocks/attn_norm/scale": Param((layers, dim),                     ("layers", "norm"),                          "ones",   1.0,  P()),
+        "blocks/attn/wq":         Param((layers, dim, heads, head_dim),    ("layers", "embed", "heads", "head_dim"),    "normal", 0.02, P()),
+        "blocks/attn/wk":         Param((layers, dim, kv_heads, head_dim), ("layers", "embed", "kv_heads", "head_dim"), "normal", 0.02, P()),
+        "blocks/attn/wv":         Param((layers, dim, kv_heads, head_dim), ("layers", "embed", "kv_heads", "head_dim"), "normal", 0.02, P()),
+        "blocks/attn/wo":         Param((layers, heads, head_dim, dim),    ("layers", "heads", "head_dim", "embed"),    "normal", 0.02, P()),
+        "blocks/mlp_norm/scale":  Param((layers, dim),                     ("layers", "norm"),                          "ones",   1.0,  P()),
+        "blocks/mlp/w_gate":      Param((layers, dim, ffn),                ("layers", "embed", "mlp"),                  "normal", 0.02, P()),
+        "blocks/mlp/w_up":        Param((layers, dim, ffn),                ("layers", "embed", "mlp"),                  "normal", 0.02, P()),
+        "blocks/mlp/w_down":      Param((layers, ffn, dim),                ("layers", "mlp", "embed"),                  "normal", 0.02, P()),
+        "final_norm/scale":       Param((dim,),                            ("norm",),                                   "ones",   1.0,  P()),
+    }
+    # fmt: on
+
+
+def init_params(cfg: Config, key: jax.Array) -> dict:
+    """All parameters as a nested dict; stacked layers carry a leading `layers` dim."""
+    return _nest(
+        {path: _param(key, path, p, cfg.param_dtype) for path, p in param_table(cfg).items()}
+    )
+
+
+def param_axes() -> dict:
+    """The logical axes of every parameter, in the same tree as `init_params`."""
+    return _nest({path: p.axes for path, p in param_table(Config()).items()})  # no shape is read
+
+
+def _param(key: jax.Array, path: str, p: Param, default_dtype) -> jax.Array:
+    """One parameter. Its PRNG key is folded from its path, so keys never depend on order."""
+    key = jax.random.fold_in(key, zlib.crc32(path.encode()))
+    shape, dtype, scale = p.shape, default_dtype if p.dtype is None else p.dtype, p.scale
+    if p.init == "normal":
+        return (scale * jax.random.normal(key, shape, jnp.float32)).astype(dtype)
+    if p.init == "trunc_normal":
+        return (scale * jax.random.truncated_normal(key, -2.0, 2.0, shape, jnp.float32)).astype(
+            dtype
+        )
+    if p.init == "uniform":
+        return jax.random.uniform(key, shape, dtype, -scale, scale)
+    if p.init == "zeros":
+        return jnp.zeros(shape, dtype)
+    return jnp.ones(shape, dtype)
+
+
+def _nest(leaves: dict) -> dict:
+    """{"blocks/attn/wq": x} -> {"blocks": {"attn": {"wq": x}}}, in the table's order."""
+    tree: dict = {}
+    for path, leaf in leaves.items():
+        *parents, name = path.split("/")
+        node = tree
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[name] = leaf
+    return tree
+
+
+# ----------------------------------------------------------------------------- sharding
+# Target cpu (1 chip): mesh from profile cpu -> data=1.
+# annotate_sharding rules (logical axis -> mesh axes, from profile cpu): batch -> data, fsdp.
+MESH_SHAPE = {
+    "data": -1,
+    "expert": 1,
+    "fsdp": 1,
+    "seq": 1,
+    "model": 1,
+}  # -1 takes the chips the other axes leave
+
+
+def make_mesh(devices=None) -> Mesh:
+    """The device mesh over `devices` (default: all of them), axes in MESH_SHAPE's order."""
+    devices = jax.devices() if devices is None else devices
+    shape = list(MESH_SHAPE.values())
+    if -1 in shape:
+        shape[shape.index(-1)] = len(devices) // math.prod(s for s in shape if s != -1)
+    return Mesh(np.array(devices).reshape(shape), tuple(MESH_SHAPE))
+
+
+def param_specs() -> dict:
+    """Where each parameter lives on the mesh; optimizer moments follow the same specs."""
+    return _nest({path: p.spec for path, p in param_table(Config()).items()})  # no shape is read
+
+
+def shard(x: jax.Array, spec: P) -> jax.Array:
+    """Pin an activation's layout inside `jax.set_mesh(mesh)`; unchanged when no mesh is set."""
+    if jax.sharding.get_abstract_mesh().empty:
+        return x
+    return jax.lax.with_sharding_constraint(x, spec)
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def apply_rope(x: jax.Array, theta: float) -> jax.Array:
+    """Rotary position embedding on x [B, S, heads, head_dim] (Llama's half-split layout)."""
+    half = x.shape[-1] // 2
+    freqs = 1.0 / (theta ** (jnp.arange(half, dtype=jnp.float32) / half))  # [head_dim / 2]
+    angles = jnp.arange(x.shape[1], dtype=jnp.float32)[:, None] * freqs  # [S, head_dim / 2]
+    cos = jnp.cos(angles)[None, :, None, :]
+    sin = jnp.sin(angles)[None, :, None, :]
+    x1, x2 = x[..., :half].astype(jnp.float32), x[..., half:].astype(jnp.float32)
+    out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+    return out.astype(x.dtype)

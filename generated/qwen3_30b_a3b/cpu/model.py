@@ -3,8 +3,9 @@
 # DO NOT EDIT: change the spec and run `axdsl build specs/qwen3_30b_a3b.axl --target cpu`.
 """qwen3_30b_a3b, qwen3_30b_a3b_tiny: a DecoderLM written in specs/qwen3_30b_a3b.axl, as plain JAX.
 
-Read top to bottom: the config, parameter initialization, one function per layer (leaves
-first), the model's entry point `forward`, and the next-token loss `loss_fn`.
+Read top to bottom: the config, one function per layer (leaves first), the model's entry point
+`forward` and the next-token loss `loss_fn`; then the parameter table with `init_params`, the
+mesh and `param_specs`, and the helpers the layers call.
 
 Fixed when this file was built (change the spec and rebuild):
     positions = "rope"
@@ -54,172 +55,230 @@ CONFIGS = {
 }
 
 
+# ----------------------------------------------------------------------------- layers
+# Einsum letters, one per dim in every layer function: b=B s=S d=dim h=heads e=head_dim k=kv_heads
+
+
+def embedding(cfg: Config, params: dict, ids: jax.Array) -> jax.Array:
+    """Embedding (std/layers.axl:16): ids: [B, S] -> [B, S, dim].
+
+    Used at /embed.
+    """
+    return jnp.take(params["table"], ids, axis=0)  # [B, S, dim]
+
+
+def rms_norm(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
+    """RMSNorm (std/layers.axl:24): x: [..., dim] -> [..., dim].
+
+    Used at /blocks/attn_norm, /blocks/attn/q_norm, /blocks/attn/k_norm, /blocks/mlp_norm, /final_norm.
+    """
+    h = x.astype(jnp.float32)  # [..., dim]
+    h = h * jax.lax.rsqrt(jnp.mean(h * h, axis=-1, keepdims=True) + 1e-06)  # [..., dim]
+    return h.astype(cfg.dtype) * params["scale"]  # [..., dim]
+
+
+def attention(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
+    """Attention (std/transformer.axl:7): x: [B, S, dim] -> [B, S, dim].
+
+    Used at /blocks/attn.
+    """
+    q = checkpoint_name(
+        jnp.einsum("bsd,dhe->bshe", x, params["wq"]), "query_proj"
+    )  # [B, S, heads, head_dim]
+    k = checkpoint_name(
+        jnp.einsum("bsd,dke->bske", x, params["wk"]), "key_proj"
+    )  # [B, S, kv_heads, head_dim]
+    v = checkpoint_name(
+        jnp.einsum("bsd,dke->bske", x, params["wv"]), "value_proj"
+    )  # [B, S, kv_heads, head_dim]
+    with jax.named_scope("q_norm"):
+        q = rms_norm(cfg, params["q_norm"], q)  # [B, S, heads, dim]
+    with jax.named_scope("k_norm"):
+        k = rms_norm(cfg, params["k_norm"], k)  # [B, S, kv_heads, dim]
+    q = apply_rope(q, theta=cfg.rope_theta)  # [B, S, heads, dim]
+    k = apply_rope(k, theta=cfg.rope_theta)  # [B, S, kv_heads, dim]
+    # select_kernels: xla, the first of cpu's attention kernels that fits
+    o = checkpoint_name(
+        jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation="xla"), "context"
+    )  # [B, S, heads, head_dim]
+    y = checkpoint_name(jnp.einsum("bshe,hed->bsd", o, params["wo"]), "out_proj")  # [B, S, dim]
+    return y  # [B, S, dim]
+
+
+def moe(cfg: Config, params: dict, x: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """MoE (std/layers.axl:87): x: [B, S, dim] -> ([B, S, dim], auxiliary loss []).
+
+    Used at /blocks/mlp.
+    """
+    logits = checkpoint_name(x @ params["router"], "router_logits")  # [B, S, experts]
+    moe_y, moe_aux = moe_swiglu(
+        x,
+        logits,
+        params["w_gate"],
+        params["w_up"],
+        params["w_down"],
+        top_k=8,
+        normalize=True,
+        aux_weight=0.01,
+        z_weight=0.001,
+    )  # [B, S, dim], []
+    y = checkpoint_name(moe_y, "moe_out")  # [B, S, dim]
+    return y, moe_aux  # [B, S, dim], []
+
+
+def block(cfg: Config, params: dict, x: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Block (std/transformer.axl:45): x: [B, S, dim] -> ([B, S, dim], auxiliary loss []).
+
+    Used at /blocks.
+    """
+    with jax.named_scope("attn_norm"):
+        attn_norm_out = rms_norm(cfg, params["attn_norm"], x)  # [B, S, dim]
+    with jax.named_scope("attn"):
+        h = attention(cfg, params["attn"], attn_norm_out)  # [B, S, dim]
+    x = x + h  # [B, S, dim]
+    with jax.named_scope("mlp_norm"):
+        mlp_norm_out = rms_norm(cfg, params["mlp_norm"], x)  # [B, S, dim]
+    with jax.named_scope("mlp"):
+        h, mlp_aux = moe(cfg, params["mlp"], mlp_norm_out)  # [B, S, dim], []
+    return x + h, mlp_aux  # [B, S, dim], []
+
+
+def decoder_lm(cfg: Config, params: dict, tokens: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """DecoderLM (std/transformer.axl:64): tokens: [B, S] -> ([B, S, vocab], auxiliary loss []).
+
+    Used at /.
+    """
+    # master weights stay in cfg.param_dtype; compute runs in cfg.dtype
+    params = jax.tree.map(lambda w: w.astype(cfg.dtype), params)
+    with jax.named_scope("embed"):
+        x = embedding(cfg, params["embed"], tokens)  # [B, S, dim]
+    x = x.astype(cfg.dtype)  # [B, S, dim]
+
+    def blocks_step(carry, layer_params):  # one of cfg.layers stacked layers
+        h, aux = carry
+        # annotate_sharding: batch -> data (rule batch -> data, fsdp from profile cpu)
+        h = shard(h, P("data"))
+        h, layer_aux = block(cfg, layer_params, h)
+        return (h, aux + layer_aux), None
+
+    with jax.named_scope("blocks"):
+        (x, blocks_aux), _ = jax.lax.scan(
+            blocks_step, (x, jnp.zeros((), jnp.float32)), params["blocks"]
+        )  # [B, S, dim], []
+    with jax.named_scope("final_norm"):
+        x = rms_norm(cfg, params["final_norm"], x)  # [B, S, dim]
+    logits = x @ params["head"]  # [B, S, vocab]
+    return logits.astype(jnp.float32), blocks_aux  # [B, S, vocab], []
+
+
+forward_with_aux = decoder_lm  # forward_with_aux(cfg, params, tokens) -> (logits, auxiliary loss)
+
+
+def forward(cfg: Config, params: dict, tokens: jax.Array) -> jax.Array:
+    """The model's entry point: logits [B, S, vocab] (the auxiliary loss is dropped)."""
+    return forward_with_aux(cfg, params, tokens)[0]
+
+
+def loss_fn(
+    cfg: Config, params: dict, tokens: jax.Array, z_loss: float = 0.0
+) -> tuple[jax.Array, jax.Array]:
+    """(loss to minimize, mean cross-entropy) of predicting tokens[:, 1:] from tokens[:, :-1] [B, S].
+
+    loss = cross-entropy + MoE auxiliary losses + z_loss * mean(logsumexp(logits) ** 2) (z-loss)."""
+    logits, aux = forward_with_aux(cfg, params, tokens[:, :-1])  # [B, S, vocab], []
+    ce = optax.softmax_cross_entropy_with_integer_labels(logits, tokens[:, 1:]).mean()
+    loss = ce + aux
+    if z_loss:  # keeps the softmax normalizer near 1
+        loss = loss + z_loss * jnp.mean(jax.nn.logsumexp(logits, axis=-1) ** 2)
+    return loss, ce
+
+
 # ----------------------------------------------------------------------------- parameters
 
 
-def _param(key, path, shape, dtype, init, scale=1.0):
-    """One parameter. Its PRNG key is folded from its path, so keys never depend on order."""
-    key = jax.random.fold_in(key, zlib.crc32(path.encode()))
-    if init == "normal":
-        return (scale * jax.random.normal(key, shape, jnp.float32)).astype(dtype)
-    if init == "trunc_normal":
-        return (scale * jax.random.truncated_normal(key, -2.0, 2.0, shape, jnp.float32)).astype(
-            dtype
-        )
-    if init == "uniform":
-        return jax.random.uniform(key, shape, dtype, -scale, scale)
-    if init == "zeros":
-        return jnp.zeros(shape, dtype)
-    return jnp.ones(shape, dtype)
+@dataclasses.dataclass(frozen=True)
+class Param:
+    """One parameter: shape, logical axes, initializer (kind, scale), mesh placement and dtype."""
+
+    shape: tuple[int, ...]
+    axes: tuple[str, ...]  # logical axes, mapped to mesh axes by the target's rules
+    init: str  # normal, trunc_normal, uniform, zeros or ones
+    scale: float  # the std of normal and trunc_normal, the bound of uniform
+    spec: P  # where it lives on the mesh (annotate_sharding); optimizer moments follow it
+    dtype: jax.typing.DTypeLike | None = None  # None: cfg.param_dtype
+
+
+def param_table(cfg: Config) -> dict[str, Param]:
+    """Every parameter by its path in the params tree. Only shapes read cfg."""
+    # fmt: off
+    dim, vocab, layers, heads, kv_heads, ffn = cfg.dim, cfg.vocab, cfg.layers, cfg.heads, cfg.kv_heads, cfg.ffn
+    head_dim = 128
+    experts = 128
+    return {
+        # path                            shape                              logical axes                                 init      scale mesh
+        "head":                     Param((dim, vocab),                      ("embed", "vocab"),                          "normal", 0.02, P()),
+        "embed/table":              Param((vocab, dim),                      ("vocab", "embed"),                          "normal", 0.02, P()),
+        "blocks/attn_norm/scale":   Param((layers, dim),                     ("layers", "norm"),                          "ones",   1.0,  P()),
+        "blocks/attn/wq":           Param((layers, dim, heads, head_dim),    ("layers", "embed", "heads", "head_dim"),    "normal", 0.02, P()),
+        "blocks/attn/wk":           Param((layers, dim, kv_heads, head_dim), ("layers", "embed", "kv_heads", "head_dim"), "normal", 0.02, P()),
+        "blocks/attn/wv":           Param((layers, dim, kv_heads, head_dim), ("layers", "embed", "kv_heads", "head_dim"), "normal", 0.02, P()),
+        "blocks/attn/wo":           Param((layers, heads, head_dim, dim),    ("layers", "heads", "head_dim", "embed"),    "normal", 0.02, P()),
+        "blocks/attn/q_norm/scale": Param((layers, head_dim),                ("layers", "norm"),                          "ones",   1.0,  P()),
+        "blocks/attn/k_norm/scale": Param((layers, head_dim),                ("layers", "norm"),                          "ones",   1.0,  P()),
+        "blocks/mlp_norm/scale":    Param((layers, dim),                     ("layers", "norm"),                          "ones",   1.0,  P()),
+        "blocks/mlp/router":        Param((layers, dim, experts),            ("layers", "embed", "experts"),              "normal", 0.02, P()),
+        "blocks/mlp/w_gate":        Param((layers, experts, dim, ffn),       ("layers", "experts", "embed", "mlp"),       "normal", 0.02, P()),
+        "blocks/mlp/w_up":          Param((layers, experts, dim, ffn),       ("layers", "experts", "embed", "mlp"),       "normal", 0.02, P()),
+        "blocks/mlp/w_down":        Param((layers, experts, ffn, dim),       ("layers", "experts", "mlp", "embed"),       "normal", 0.02, P()),
+        "final_norm/scale":         Param((dim,),                            ("norm",),                                   "ones",   1.0,  P()),
+    }
+    # fmt: on
 
 
 def init_params(cfg: Config, key: jax.Array) -> dict:
     """All parameters as a nested dict; stacked layers carry a leading `layers` dim."""
-    return {
-        "head": _param(key, "head", (cfg.dim, cfg.vocab), cfg.param_dtype, "normal", 0.02),
-        "embed": {
-            "table": _param(
-                key, "embed/table", (cfg.vocab, cfg.dim), cfg.param_dtype, "normal", 0.02
-            ),
-        },
-        "blocks": {
-            "attn_norm": {
-                "scale": _param(
-                    key, "blocks/attn_norm/scale", (cfg.layers, cfg.dim), cfg.param_dtype, "ones"
-                ),
-            },
-            "attn": {
-                "wq": _param(
-                    key,
-                    "blocks/attn/wq",
-                    (cfg.layers, cfg.dim, cfg.heads, 128),
-                    cfg.param_dtype,
-                    "normal",
-                    0.02,
-                ),
-                "wk": _param(
-                    key,
-                    "blocks/attn/wk",
-                    (cfg.layers, cfg.dim, cfg.kv_heads, 128),
-                    cfg.param_dtype,
-                    "normal",
-                    0.02,
-                ),
-                "wv": _param(
-                    key,
-                    "blocks/attn/wv",
-                    (cfg.layers, cfg.dim, cfg.kv_heads, 128),
-                    cfg.param_dtype,
-                    "normal",
-                    0.02,
-                ),
-                "wo": _param(
-                    key,
-                    "blocks/attn/wo",
-                    (cfg.layers, cfg.heads, 128, cfg.dim),
-                    cfg.param_dtype,
-                    "normal",
-                    0.02,
-                ),
-                "q_norm": {
-                    "scale": _param(
-                        key, "blocks/attn/q_norm/scale", (cfg.layers, 128), cfg.param_dtype, "ones"
-                    ),
-                },
-                "k_norm": {
-                    "scale": _param(
-                        key, "blocks/attn/k_norm/scale", (cfg.layers, 128), cfg.param_dtype, "ones"
-                    ),
-                },
-            },
-            "mlp_norm": {
-                "scale": _param(
-                    key, "blocks/mlp_norm/scale", (cfg.layers, cfg.dim), cfg.param_dtype, "ones"
-                ),
-            },
-            "mlp": {
-                "router": _param(
-                    key,
-                    "blocks/mlp/router",
-                    (cfg.layers, cfg.dim, 128),
-                    cfg.param_dtype,
-                    "normal",
-                    0.02,
-                ),
-                "w_gate": _param(
-                    key,
-                    "blocks/mlp/w_gate",
-                    (cfg.layers, 128, cfg.dim, cfg.ffn),
-                    cfg.param_dtype,
-                    "normal",
-                    0.02,
-                ),
-                "w_up": _param(
-                    key,
-                    "blocks/mlp/w_up",
-                    (cfg.layers, 128, cfg.dim, cfg.ffn),
-                    cfg.param_dtype,
-                    "normal",
-                    0.02,
-                ),
-                "w_down": _param(
-                    key,
-                    "blocks/mlp/w_down",
-                    (cfg.layers, 128, cfg.ffn, cfg.dim),
-                    cfg.param_dtype,
-                    "normal",
-                    0.02,
-                ),
-            },
-        },
-        "final_norm": {
-            "scale": _param(key, "final_norm/scale", (cfg.dim,), cfg.param_dtype, "ones"),
-        },
-    }
+    return _nest(
+        {path: _param(key, path, p, cfg.param_dtype) for path, p in param_table(cfg).items()}
+    )
 
 
 def param_axes() -> dict:
     """The logical axes of every parameter, in the same tree as `init_params`."""
-    return {
-        "head": ("embed", "vocab"),
-        "embed": {
-            "table": ("vocab", "embed"),
-        },
-        "blocks": {
-            "attn_norm": {
-                "scale": ("layers", "norm"),
-            },
-            "attn": {
-                "wq": ("layers", "embed", "heads", "head_dim"),
-                "wk": ("layers", "embed", "kv_heads", "head_dim"),
-                "wv": ("layers", "embed", "kv_heads", "head_dim"),
-                "wo": ("layers", "heads", "head_dim", "embed"),
-                "q_norm": {
-                    "scale": ("layers", "norm"),
-                },
-                "k_norm": {
-                    "scale": ("layers", "norm"),
-                },
-            },
-            "mlp_norm": {
-                "scale": ("layers", "norm"),
-            },
-            "mlp": {
-                "router": ("layers", "embed", "experts"),
-                "w_gate": ("layers", "experts", "embed", "mlp"),
-                "w_up": ("layers", "experts", "embed", "mlp"),
-                "w_down": ("layers", "experts", "mlp", "embed"),
-            },
-        },
-        "final_norm": {
-            "scale": ("norm",),
-        },
-    }
+    return _nest({path: p.axes for path, p in param_table(Config()).items()})  # no shape is read
+
+
+def _param(key: jax.Array, path: str, p: Param, default_dtype) -> jax.Array:
+    """One parameter. Its PRNG key is folded from its path, so keys never depend on order."""
+    key = jax.random.fold_in(key, zlib.crc32(path.encode()))
+    shape, dtype, scale = p.shape, default_dtype if p.dtype is None else p.dtype, p.scale
+    if p.init == "normal":
+        return (scale * jax.random.normal(key, shape, jnp.float32)).astype(dtype)
+    if p.init == "trunc_normal":
+        return (scale * jax.random.truncated_normal(key, -2.0, 2.0, shape, jnp.float32)).astype(
+            dtype
+        )
+    if p.init == "uniform":
+        return jax.random.uniform(key, shape, dtype, -scale, scale)
+    if p.init == "zeros":
+        return jnp.zeros(shape, dtype)
+    return jnp.ones(shape, dtype)
+
+
+def _nest(leaves: dict) -> dict:
+    """{"blocks/attn/wq": x} -> {"blocks": {"attn": {"wq": x}}}, in the table's order."""
+    tree: dict = {}
+    for path, leaf in leaves.items():
+        *parents, name = path.split("/")
+        node = tree
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[name] = leaf
+    return tree
 
 
 # ----------------------------------------------------------------------------- sharding
 # Target cpu (1 chip): mesh from profile cpu -> data=1.
-# Rules (logical axis -> mesh axes): batch -> data, fsdp.
+# annotate_sharding rules (logical axis -> mesh axes, from profile cpu): batch -> data, fsdp.
 MESH_SHAPE = {
     "data": -1,
     "expert": 1,
@@ -240,41 +299,7 @@ def make_mesh(devices=None) -> Mesh:
 
 def param_specs() -> dict:
     """Where each parameter lives on the mesh; optimizer moments follow the same specs."""
-    return {
-        "head": P(),
-        "embed": {
-            "table": P(),
-        },
-        "blocks": {
-            "attn_norm": {
-                "scale": P(),
-            },
-            "attn": {
-                "wq": P(),
-                "wk": P(),
-                "wv": P(),
-                "wo": P(),
-                "q_norm": {
-                    "scale": P(),
-                },
-                "k_norm": {
-                    "scale": P(),
-                },
-            },
-            "mlp_norm": {
-                "scale": P(),
-            },
-            "mlp": {
-                "router": P(),
-                "w_gate": P(),
-                "w_up": P(),
-                "w_down": P(),
-            },
-        },
-        "final_norm": {
-            "scale": P(),
-        },
-    }
+    return _nest({path: p.spec for path, p in param_table(Config()).items()})  # no shape is read
 
 
 def shard(x: jax.Array, spec: P) -> jax.Array:
@@ -306,7 +331,6 @@ def moe_swiglu(
     w_up: jax.Array,
     w_down: jax.Array,
     top_k: int,
-    capacity_factor: float,
     normalize: bool,
     aux_weight: float,
     z_weight: float,
@@ -314,12 +338,10 @@ def moe_swiglu(
     """Mixture of SwiGLU experts on x [B, S, dim] with router logits [B, S, experts].
 
     Each token goes to its `top_k` experts, weighted by the router softmax (renormalized over the
-    chosen k when `normalize`, as Mixtral and Qwen3 do). With capacity_factor > 0 an expert takes
-    at most ceil(top_k * S * capacity_factor / experts) tokens of each sequence, first choices
-    first (GShard, Switch); tokens over capacity skip that expert and keep their residual. With
-    capacity_factor <= 0 nothing is dropped: tokens are sorted by expert and run through grouped
-    matmuls. Returns (y [B, S, dim], auxiliary loss): aux_weight x the Switch load-balancing loss
-    plus z_weight x the router z-loss (ST-MoE).
+    chosen k when `normalize`, as Mixtral and Qwen3 do). Nothing is dropped (the spec's
+    capacity_factor <= 0): tokens are sorted by expert and run through grouped matmuls.
+    Returns (y [B, S, dim], auxiliary loss []): aux_weight x the Switch load-balancing loss plus
+    z_weight x the router z-loss (ST-MoE).
     """
     experts = logits.shape[-1]
     logits = logits.astype(jnp.float32)
@@ -328,37 +350,13 @@ def moe_swiglu(
     if normalize:
         weights = weights / jnp.sum(weights, axis=-1, keepdims=True)
     routed = jax.nn.one_hot(chosen, experts, dtype=jnp.float32)  # [B, S, top_k, experts]
-    load = (
-        jnp.mean(jnp.sum(routed, axis=2), axis=(0, 1)) / top_k
-    )  # share of routed tokens per expert
-    importance = jnp.mean(probs, axis=(0, 1))  # mean router probability per expert
+    # Per expert: its share of the routed tokens, and its mean router probability.
+    load = jnp.mean(jnp.sum(routed, axis=2), axis=(0, 1)) / top_k
+    importance = jnp.mean(probs, axis=(0, 1))
     aux = aux_weight * experts * jnp.sum(load * importance)
     aux = aux + z_weight * jnp.mean(jax.nn.logsumexp(logits, axis=-1) ** 2)
-    if capacity_factor > 0:
-        y = _moe_with_capacity(x, weights, routed, w_gate, w_up, w_down, capacity_factor)
-    else:
-        y = _moe_dropless(x, weights, chosen, w_gate, w_up, w_down)
+    y = _moe_dropless(x, weights, chosen, w_gate, w_up, w_down)
     return y.astype(x.dtype), aux
-
-
-def _moe_with_capacity(x, weights, routed, w_gate, w_up, w_down, capacity_factor):
-    """Dispatch to [B, experts, capacity] slots with one-hot einsums, run experts, combine."""
-    batch, seq, top_k, experts = routed.shape
-    capacity = max(1, math.ceil(top_k * seq * capacity_factor / experts))
-    # Each choice's place in its expert's queue: all first choices, then all second choices, ...
-    queue = routed.swapaxes(1, 2).reshape(batch, top_k * seq, experts)  # [B, top_k * S, experts]
-    position = ((jnp.cumsum(queue, axis=1) - 1) * queue).astype(jnp.int32)
-    kept = queue * (position < capacity)  # choices that found a slot
-    slots = jax.nn.one_hot(position, capacity, dtype=x.dtype) * kept[..., None].astype(x.dtype)
-    slots = slots.reshape(batch, top_k, seq, experts, capacity)
-    dispatch = jnp.sum(slots, axis=1)  # [B, S, experts, capacity], 0 or 1
-    combine = jnp.einsum("bksec,bsk->bsec", slots, weights.astype(x.dtype))
-    xe = jnp.einsum("bsd,bsec->becd", x, dispatch)  # [B, experts, capacity, dim]
-    h = jax.nn.silu(jnp.einsum("becd,edh->bech", xe, w_gate)) * jnp.einsum(
-        "becd,edh->bech", xe, w_up
-    )
-    ye = jnp.einsum("bech,ehd->becd", h, w_down)  # [B, experts, capacity, dim]
-    return jnp.einsum("becd,bsec->bsd", ye, combine)
 
 
 def _moe_dropless(x, weights, chosen, w_gate, w_up, w_down):
@@ -369,145 +367,8 @@ def _moe_dropless(x, weights, chosen, w_gate, w_up, w_down):
     order = jnp.argsort(flat, stable=True)
     tokens = jnp.repeat(x.reshape(-1, dim), top_k, axis=0)[order]  # grouped by expert
     sizes = jnp.bincount(flat, length=experts).astype(jnp.int32)  # tokens per expert
-    h = jax.nn.silu(jax.lax.ragged_dot(tokens, w_gate, sizes)) * jax.lax.ragged_dot(
-        tokens, w_up, sizes
-    )
+    gate = jax.lax.ragged_dot(tokens, w_gate, sizes)
+    h = jax.nn.silu(gate) * jax.lax.ragged_dot(tokens, w_up, sizes)
     out = jax.lax.ragged_dot(h, w_down, sizes)  # [B * S * top_k, dim], sorted
     out = jnp.zeros_like(out).at[order].set(out).reshape(batch, seq, top_k, dim)
     return jnp.einsum("bskd,bsk->bsd", out, weights.astype(x.dtype))
-
-
-# ----------------------------------------------------------------------------- layers
-
-
-def embedding(cfg: Config, params: dict, ids: jax.Array) -> jax.Array:
-    """Embedding (std/layers.axl:16): ids: [B, S] -> [B, S, dim].
-
-    Used at /embed.
-    """
-    return jnp.take(params["table"], ids, axis=0)  # [B, S, dim]
-
-
-def rms_norm(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
-    """RMSNorm (std/layers.axl:24): x: [..., dim] -> [..., dim].
-
-    Used at /blocks/attn_norm, /blocks/attn/q_norm, /blocks/attn/k_norm, /blocks/mlp_norm, /final_norm.
-    """
-    h = x.astype(jnp.float32)  # [..., dim]
-    h = h * jax.lax.rsqrt(jnp.mean(h * h, axis=-1, keepdims=True) + 1e-06)  # [..., dim]
-    return h.astype(cfg.dtype) * params["scale"]  # [..., dim]
-
-
-def attention(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
-    """Attention (std/transformer.axl:7): x: [B, S, dim] -> [B, S, dim].
-
-    Used at /blocks/attn.
-    """
-    q = checkpoint_name(
-        jnp.einsum("bsd,dhe->bshe", x, params["wq"]), "query_proj"
-    )  # [B, S, heads, head_dim]
-    k = checkpoint_name(
-        jnp.einsum("bsd,dkh->bskh", x, params["wk"]), "key_proj"
-    )  # [B, S, kv_heads, head_dim]
-    v = checkpoint_name(
-        jnp.einsum("bsd,dkh->bskh", x, params["wv"]), "value_proj"
-    )  # [B, S, kv_heads, head_dim]
-    with jax.named_scope("q_norm"):
-        q = rms_norm(cfg, params["q_norm"], q)  # [B, S, heads, dim]
-    with jax.named_scope("k_norm"):
-        k = rms_norm(cfg, params["k_norm"], k)  # [B, S, kv_heads, dim]
-    q = apply_rope(q, theta=cfg.rope_theta)  # [B, S, heads, dim]
-    k = apply_rope(k, theta=cfg.rope_theta)  # [B, S, kv_heads, dim]
-    o = checkpoint_name(
-        jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation="xla"), "context"
-    )  # [B, S, heads, head_dim]
-    y = checkpoint_name(jnp.einsum("bshe,hed->bsd", o, params["wo"]), "out_proj")  # [B, S, dim]
-    return y  # [B, S, dim]
-
-
-def moe(cfg: Config, params: dict, x: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """MoE (std/layers.axl:87): x: [B, S, dim] -> [B, S, dim].
-
-    Used at /blocks/mlp.
-    """
-    logits = checkpoint_name(x @ params["router"], "router_logits")  # [B, S, experts]
-    moe_y, moe_aux = moe_swiglu(
-        x,
-        logits,
-        params["w_gate"],
-        params["w_up"],
-        params["w_down"],
-        top_k=8,
-        capacity_factor=0.0,
-        normalize=True,
-        aux_weight=0.01,
-        z_weight=0.001,
-    )  # [B, S, dim]
-    y = checkpoint_name(moe_y, "moe_out")  # [B, S, dim]
-    return y, moe_aux  # [B, S, dim]
-
-
-def block(cfg: Config, params: dict, x: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """Block (std/transformer.axl:45): x: [B, S, dim] -> [B, S, dim].
-
-    Used at /blocks.
-    """
-    with jax.named_scope("attn_norm"):
-        attn_norm_out = rms_norm(cfg, params["attn_norm"], x)  # [B, S, dim]
-    with jax.named_scope("attn"):
-        h = attention(cfg, params["attn"], attn_norm_out)  # [B, S, dim]
-    x = x + h  # [B, S, dim]
-    with jax.named_scope("mlp_norm"):
-        mlp_norm_out = rms_norm(cfg, params["mlp_norm"], x)  # [B, S, dim]
-    with jax.named_scope("mlp"):
-        h, mlp_aux = moe(cfg, params["mlp"], mlp_norm_out)  # [B, S, dim]
-    return x + h, mlp_aux  # [B, S, dim]
-
-
-def decoder_lm(cfg: Config, params: dict, tokens: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """DecoderLM (std/transformer.axl:64): tokens: [B, S] -> [B, S, vocab].
-
-    Used at /.
-    """
-    # master weights stay in cfg.param_dtype; compute runs in cfg.dtype
-    params = jax.tree.map(lambda w: w.astype(cfg.dtype), params)
-    with jax.named_scope("embed"):
-        x = embedding(cfg, params["embed"], tokens)  # [B, S, dim]
-    x = x.astype(cfg.dtype)  # [B, S, dim]
-
-    def blocks_step(carry, layer_params):  # one of cfg.layers stacked layers
-        h, aux = carry
-        h = shard(h, P("data"))
-        h, layer_aux = block(cfg, layer_params, h)
-        return (h, aux + layer_aux), None
-
-    with jax.named_scope("blocks"):
-        (x, blocks_aux), _ = jax.lax.scan(
-            blocks_step, (x, jnp.zeros((), jnp.float32)), params["blocks"]
-        )  # [B, S, dim]
-    with jax.named_scope("final_norm"):
-        x = rms_norm(cfg, params["final_norm"], x)  # [B, S, dim]
-    logits = x @ params["head"]  # [B, S, vocab]
-    return logits.astype(jnp.float32), blocks_aux  # [B, S, vocab]
-
-
-forward_with_aux = decoder_lm  # forward_with_aux(cfg, params, tokens) -> (logits, auxiliary loss)
-
-
-def forward(cfg: Config, params: dict, tokens: jax.Array) -> jax.Array:
-    """The model's entry point: logits [B, S, vocab] (the auxiliary loss is dropped)."""
-    return forward_with_aux(cfg, params, tokens)[0]
-
-
-def loss_fn(
-    cfg: Config, params: dict, tokens: jax.Array, z_loss: float = 0.0
-) -> tuple[jax.Array, jax.Array]:
-    """(loss to minimize, mean cross-entropy) of predicting tokens[:, 1:] from tokens[:, :-1] [B, S].
-
-    loss = cross-entropy + MoE auxiliary losses + z_loss * mean(logsumexp(logits) ** 2) (z-loss)."""
-    logits, aux = forward_with_aux(cfg, params, tokens[:, :-1])  # [B, S, vocab], []
-    ce = optax.softmax_cross_entropy_with_integer_labels(logits, tokens[:, 1:]).mean()
-    loss = ce + aux
-    if z_loss:  # keeps the softmax normalizer near 1
-        loss = loss + z_loss * jnp.mean(jax.nn.logsumexp(logits, axis=-1) ** 2)
-    return loss, ce
