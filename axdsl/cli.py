@@ -40,14 +40,28 @@ def main(argv: list[str] | None = None) -> int:
     except CompileError as exc:
         print(exc.render(), file=sys.stderr)
         return EXIT_ERROR
+    except _user_errors() as exc:
+        print(f"axdsl: error: {exc}", file=sys.stderr)
+        return EXIT_ERROR
     except _UsageError as exc:
         print(f"axdsl: error: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    except OSError as exc:  # a path the user gave: missing, unreadable, read-only
+        where = f"{exc.filename}: " if getattr(exc, "filename", None) else ""
+        print(f"axdsl: error: {where}{exc.strerror or exc}", file=sys.stderr)
         return EXIT_ERROR
     except KeyboardInterrupt:
         print("axdsl: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
     except Exception as exc:  # noqa: BLE001 - every user mistake is handled above: this is a bug
         return _internal_error(exc)
+
+
+def _user_errors() -> tuple[type[Exception], ...]:
+    """Exceptions the library raises for user mistakes, printed as `axdsl: error: ...`."""
+    from axdsl.build import OutputError
+
+    return (OutputError,)
 
 
 def _internal_error(exc: Exception) -> int:
@@ -216,7 +230,7 @@ def _cmd_build(args) -> int:
     edits = ""
     if not args.force:  # a train.py the user edited is never overwritten unasked
         files, edits = build.keep_edits(out, files)
-    build.write_atomic(out, files, make_packages=args.out is None)
+    build.write_atomic(out, files, make_packages=args.out is None, force=args.force)
     if edits:
         sys.stdout.write(edits)
         print(f"kept your edited {out}/train.py; the diff above goes from it to a fresh build: merge "

@@ -7,6 +7,7 @@ per-expert (hub) layout.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -97,7 +98,14 @@ def _export_hf(spec: Path, ckpt_dir: Path, out: Path, model: str | None) -> None
     tensors = _hf_tensors(family, arch, {p: np.asarray(a) for p, a in flatten(params).items()})
     out.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    (out / "model.safetensors").chmod(0o666 & ~_umask())  # safetensors writes 0600; others read it
     (out / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     n = sum(int(a.size) for a in tensors.values())
     print(f"wrote {out / 'config.json'} and {out / 'model.safetensors'}: {n:,} parameters of "
           f"`{arch.name}` as {FAMILIES[family]}")
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
