@@ -13,6 +13,7 @@ without `--force` (`keep_edits`).
 from __future__ import annotations
 
 import difflib
+import keyword
 import functools
 import hashlib
 import json
@@ -45,16 +46,30 @@ class BuildResult:
 
 
 def default_out_dir(spec: Path, target: str, root: Path = Path("generated")) -> Path:
+    """<root>/<spec>/<target>: an output's place under its root (generated/ by default)."""
     return root / spec.stem / target_dir_name(target)
 
 
-def build_files(spec: Path, target: str) -> dict[str, str]:
-    """Render every generated file of `spec` for `target`, formatted and checked, in memory."""
+def root_package(root: Path) -> str:
+    """The package name of an output root: its directory name, which must be an identifier."""
+    name = root.resolve().name
+    if not name.isidentifier() or keyword.iskeyword(name):
+        raise OutputError(f"the output root {root} must have a name that is a Python identifier: "
+                          f"train.py runs as `python -m {name}.<spec>.<target>.train`")
+    return name
+
+
+def build_files(spec: Path, target: str, root: str = "generated") -> dict[str, str]:
+    """Render every generated file of `spec` for `target`, formatted and checked, in memory.
+
+    `root` is the name of the output root (the package train.py is run from:
+    `python -m <root>.<spec>.<target>.train`).
+    """
     parse_target(target)
     module = compile_spec(spec, target)
     files = {"__init__.py": PACKAGE_INIT, "model.py": format_code(emit_model(module))}
     if has_lm_signature(module.models[0].root):
-        package = f"generated.{spec.stem}.{target_dir_name(target)}"
+        package = f"{root}.{spec.stem}.{target_dir_name(target)}"
         flops = [(m.name, *training_flops_per_token(m)) for m in module.models]
         files["train.py"] = format_code(emit_train(module, package, flops))
         files["slurm.sh"] = emit_slurm(module, package)

@@ -101,7 +101,8 @@ def _add_build(sub) -> None:
                                    "compare instead of writing and exit 1 with a diff on drift.")
     b.add_argument("spec", nargs="?", type=Path, help="the .axl spec (optional with --check)")
     b.add_argument("--target", "-t", default=None, help="target name, e.g. cpu or gpu-h100-8")
-    b.add_argument("--out", type=Path, default=None, help="output dir (default generated/<spec>/<target>)")
+    b.add_argument("--out", type=Path, default=None, metavar="ROOT",
+                   help="output root: writes ROOT/<spec>/<target>/ and ROOT/runtime.py (default generated)")
     b.add_argument("--check", action="store_true", help="check committed output instead of writing")
     b.add_argument("--force", action="store_true", help="replace a train.py you have edited (else kept)")
     b.set_defaults(run=_cmd_build)
@@ -225,12 +226,13 @@ def _cmd_build(args) -> int:
         raise _UsageError("build needs a SPEC (or --check)")
     target = _target(args.target)
     start = time.perf_counter()
-    files = build.build_files(args.spec, target)
-    out = args.out or build.default_out_dir(args.spec, target)
+    root = args.out or Path("generated")
+    files = build.build_files(args.spec, target, build.root_package(root))
+    out = build.default_out_dir(args.spec, target, root)
     edits = ""
     if not args.force:  # a train.py the user edited is never overwritten unasked
         files, edits = build.keep_edits(out, files)
-    build.write_atomic(out, files, make_packages=args.out is None, force=args.force)
+    build.write_atomic(out, files, make_packages=True, force=args.force)
     if edits:
         sys.stdout.write(edits)
         print(f"kept your edited {out}/train.py; the diff above goes from it to a fresh build: merge "
@@ -245,7 +247,7 @@ def _check_drift(args) -> int:
 
     if args.spec is not None:
         target = _target(args.target)
-        jobs = [(args.out or build.default_out_dir(args.spec, target), args.spec, target)]
+        jobs = [(build.default_out_dir(args.spec, target, args.out or Path("generated")), args.spec, target)]
     else:
         jobs = build.committed_outputs()
         if not jobs:
@@ -253,7 +255,7 @@ def _check_drift(args) -> int:
     drift = 0
     runtimes = set()
     for out, spec, target in jobs:
-        files = build.build_files(spec, target)
+        files = build.build_files(spec, target, out.parent.parent.resolve().name)
         diff = build.diff_against(out, files, runtime=False)
         if diff:
             drift += 1

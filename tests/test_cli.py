@@ -22,12 +22,12 @@ def run_cli(*args, cwd=ROOT):
 
 def test_build_never_imports_jax(tmp_path):
     code = ("import sys; from axdsl.cli import main; "
-            f"rc = main(['build', 'specs/llama3_8b.axl', '--target', 'cpu', '--out', '{tmp_path / 'g' / 's' / 'o'}']); "
+            f"rc = main(['build', 'specs/llama3_8b.axl', '--target', 'cpu', '--out', '{tmp_path / 'g'}']); "
             "assert 'jax' not in sys.modules, 'build imported jax'; sys.exit(rc)")
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
-    assert (tmp_path / "g" / "s" / "o" / "model.py").exists()
-    assert (tmp_path / "g" / "runtime.py").exists()  # --out DIR: the runtime goes to DIR/../../
+    assert (tmp_path / "g" / "llama3_8b" / "cpu" / "model.py").exists()
+    assert (tmp_path / "g" / "runtime.py").exists()  # --out ROOT: the runtime goes to ROOT/
 
 
 def test_version_and_help():
@@ -56,16 +56,28 @@ def test_build_check_reports_drift_with_a_unified_diff(tmp_path):
 
 
 def test_failed_build_leaves_existing_output_untouched(tmp_path, in_root):
-    out = tmp_path / "gen" / "spec" / "out"  # <root>/<spec>/<target>: runtime.py goes to gen/
-    assert main(["build", "specs/tiny_llama.axl", "--target", "cpu", "--out", str(out)]) == 0
+    root = tmp_path / "gen"  # --out names the root: gen/<spec>/<target>/ and gen/runtime.py
+    assert main(["build", "specs/tiny_llama.axl", "--target", "cpu", "--out", str(root)]) == 0
+    out = root / "tiny_llama" / "cpu"
     before = (out / "model.py").read_bytes()
-    bad = tmp_path / "bad.axl"
+    bad = tmp_path / "bad" / "tiny_llama.axl"  # the same stem, so the same output directory
+    bad.parent.mkdir()
     bad.write_text('import "std/transformer.axl"\nmodel m = DecoderLM { vocab = 256 dim = 64 layers = 2 heads = 3 }\n')
-    assert main(["build", str(bad), "--target", "cpu", "--out", str(out)]) == 1
+    assert main(["build", str(bad), "--target", "cpu", "--out", str(root)]) == 1
     assert (out / "model.py").read_bytes() == before
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.axl", "gen"]
-    assert sorted(p.name for p in out.parent.iterdir()) == ["__init__.py", "out"]  # no temp dirs left
-    assert sorted(p.name for p in out.parent.parent.iterdir()) == ["__init__.py", "runtime.py", "spec"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad", "gen"]
+    assert sorted(p.name for p in out.parent.iterdir()) == ["__init__.py", "cpu"]  # no temp dirs left
+    assert sorted(p.name for p in root.iterdir()) == ["__init__.py", "runtime.py", "tiny_llama"]
+
+
+def test_out_names_the_root_and_the_package(tmp_path, in_root):
+    root = tmp_path / "mine"
+    assert main(["build", "specs/tiny_llama.axl", "--target", "cpu", "--out", str(root)]) == 0
+    train = (root / "tiny_llama" / "cpu" / "train.py").read_text()
+    assert "python -m mine.tiny_llama.cpu.train" in train
+    assert "-m mine.tiny_llama.cpu.train" in (root / "tiny_llama" / "cpu" / "slurm.sh").read_text()
+    assert main(["build", "--check", "specs/tiny_llama.axl", "--target", "cpu", "--out", str(root)]) == 0
+    assert main(["build", "specs/tiny_llama.axl", "--target", "cpu", "--out", str(tmp_path / "my-out")]) == 1
 
 
 def _edit(path: Path) -> str:

@@ -83,24 +83,24 @@ SPEC = Path(__file__).resolve().parent.parent / "specs" / "tiny_llama.axl"
 
 
 def test_build_refuses_a_directory_it_did_not_write_and_loses_nothing(tmp_path, capsys):
-    out = tmp_path / "out"
+    out = tmp_path / "gen" / "tiny_llama" / "cpu"  # where `--out gen` writes this spec
     (out / "src").mkdir(parents=True)
     (out / "notes.txt").write_text("mine")
     (out / "src" / "a.py").write_text("x = 1")
-    rc, err = _run(capsys, "build", str(SPEC), "--target", "cpu", "--out", str(out))
+    rc, err = _run(capsys, "build", str(SPEC), "--target", "cpu", "--out", str(tmp_path / "gen"))
     assert rc == 1 and "holds files axdsl did not write (notes.txt, src)" in err and "--force" in err
     assert (out / "notes.txt").read_text() == "mine" and (out / "src" / "a.py").read_text() == "x = 1"
     assert sorted(p.name for p in out.iterdir()) == ["notes.txt", "src"]
-    assert not list(tmp_path.glob(".*"))  # no half-written or renamed-away directories left behind
+    assert not list(out.parent.glob(".*"))  # no half-written or renamed-away directories left behind
 
 
 def test_build_replaces_its_own_output_and_force_replaces_a_foreign_one(tmp_path, capsys):
-    out = tmp_path / "a" / "b"
-    assert _run(capsys, "build", str(SPEC), "--target", "cpu", "--out", str(out))[0] == 0
-    assert _run(capsys, "build", str(SPEC), "--target", "cpu", "--out", str(out))[0] == 0  # its own
+    root, out = tmp_path / "gen", tmp_path / "gen" / "tiny_llama" / "cpu"
+    assert _run(capsys, "build", str(SPEC), "--target", "cpu", "--out", str(root))[0] == 0
+    assert _run(capsys, "build", str(SPEC), "--target", "cpu", "--out", str(root))[0] == 0  # its own
     (out / "notes.txt").write_text("mine")
-    assert _run(capsys, "build", str(SPEC), "--target", "cpu", "--out", str(out))[0] == 1
-    assert _run(capsys, "build", str(SPEC), "--target", "cpu", "--out", str(out), "--force")[0] == 0
+    assert _run(capsys, "build", str(SPEC), "--target", "cpu", "--out", str(root))[0] == 1
+    assert _run(capsys, "build", str(SPEC), "--target", "cpu", "--out", str(root), "--force")[0] == 0
     assert not (out / "notes.txt").exists()
 
 
@@ -108,8 +108,8 @@ def test_build_output_has_normal_permissions(tmp_path, capsys):
     import os
     import stat
 
-    out = tmp_path / "a" / "b"
-    assert _run(capsys, "build", str(SPEC), "--target", "cpu", "--out", str(out))[0] == 0
+    out = tmp_path / "gen" / "tiny_llama" / "cpu"
+    assert _run(capsys, "build", str(SPEC), "--target", "cpu", "--out", str(tmp_path / "gen"))[0] == 0
     umask = os.umask(0)
     os.umask(umask)
     assert stat.S_IMODE(out.stat().st_mode) == 0o777 & ~umask
@@ -119,28 +119,35 @@ def test_build_output_has_normal_permissions(tmp_path, capsys):
 @pytest.mark.parametrize("case", ["file", "cwd", "mount", "unwritable"])
 def test_build_into_a_file_the_cwd_a_mount_point_or_an_unwritable_place_is_a_clean_error(
         tmp_path, capsys, monkeypatch, case):
+    root = tmp_path / "gen"
     if case == "file":
-        target = tmp_path / "afile"
+        target = root / "tiny_llama" / "cpu"
+        target.parent.mkdir(parents=True)
         target.write_text("keep me")
         want = "is a file, not a directory"
     elif case == "cwd":
-        monkeypatch.chdir(tmp_path)
-        (tmp_path / "keep.txt").write_text("keep me")
-        target, want = Path("."), "it is the current directory"
+        (root / "tiny_llama" / "cpu").mkdir(parents=True)
+        monkeypatch.chdir(root / "tiny_llama" / "cpu")
+        (root / "tiny_llama" / "cpu" / "keep.txt").write_text("keep me")
+        want = "it is the current directory"
     elif case == "mount":
-        target, want = Path("/proc"), "mount point"
+        import os
+
+        real, out = os.path.ismount, (root / "tiny_llama" / "cpu").resolve()
+        monkeypatch.setattr("os.path.ismount", lambda p: Path(p) == out or real(p))  # a mounted volume
+        want = "mount point"
     else:
-        target, want = Path("/proc/axdsl-test/a/b"), "cannot write /proc/axdsl-test/a/b"
-    rc, err = _run(capsys, "build", str(SPEC), "--target", "cpu", "--out", str(target))
+        root, want = Path("/proc/axdsl_test"), "cannot write /proc/axdsl_test/tiny_llama/cpu"
+    rc, err = _run(capsys, "build", str(SPEC), "--target", "cpu", "--out", str(root))
     assert rc == 1 and want in err, err
     if case == "file":
-        assert target.read_text() == "keep me" and not list(tmp_path.glob(".afile*"))
+        assert target.read_text() == "keep me" and not list(target.parent.glob(".cpu*"))
     if case == "cwd":
-        assert (tmp_path / "keep.txt").read_text() == "keep me"
+        assert (root / "tiny_llama" / "cpu" / "keep.txt").read_text() == "keep me"
 
 
 def test_build_never_overwrites_a_runtime_py_it_did_not_write(tmp_path, capsys):
     (tmp_path / "runtime.py").write_text("# my own runtime\n")
-    rc, err = _run(capsys, "build", str(SPEC), "--target", "cpu", "--out", str(tmp_path / "a" / "b"))
+    rc, err = _run(capsys, "build", str(SPEC), "--target", "cpu", "--out", str(tmp_path))
     assert rc == 1 and "runtime.py exists and was not written by axdsl" in err
     assert (tmp_path / "runtime.py").read_text() == "# my own runtime\n"
