@@ -154,7 +154,6 @@ def decoder_lm(cfg: Config, params: dict, tokens: jax.Array) -> jax.Array:
     with jax.named_scope("embed"):
         x = embedding(cfg, params["embed"], tokens)  # [B, S, dim]
     x = x + params["pos_embed"][: tokens.shape[1]]  # [B, S, dim]
-    x = x.astype(cfg.dtype)  # [B, S, dim]
 
     # insert_remat: save_dots (profile gpu-h100)
     @functools.partial(jax.checkpoint, policy=REMAT_POLICY, prevent_cse=False)

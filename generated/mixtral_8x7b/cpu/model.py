@@ -147,7 +147,6 @@ def decoder_lm(cfg: Config, params: dict, tokens: jax.Array) -> tuple[jax.Array,
     params = jax.tree.map(lambda w: w.astype(cfg.dtype), params)
     with jax.named_scope("embed"):
         x = embedding(cfg, params["embed"], tokens)  # [B, S, dim]
-    x = x.astype(cfg.dtype)  # [B, S, dim]
 
     def blocks_step(carry, layer_params):  # one of cfg.layers stacked layers
         h, aux = carry

@@ -133,7 +133,6 @@ def decoder_lm(cfg: Config, params: dict, tokens: jax.Array) -> jax.Array:
     params = jax.tree.map(lambda w: w.astype(cfg.dtype), params)
     with jax.named_scope("embed"):
         x = embedding(cfg, params["embed"], tokens)  # [B, S, dim]
-    x = x.astype(cfg.dtype)  # [B, S, dim]
 
     def blocks_step(h, layer_params):  # one of cfg.layers stacked layers
         # annotate_sharding: batch -> data (rule batch -> data, fsdp from profile cpu)

@@ -139,7 +139,6 @@ def decoder_lm(cfg: Config, params: dict, tokens: jax.Array) -> jax.Array:
     params = jax.tree.map(lambda w: w.astype(cfg.dtype), params)
     with jax.named_scope("embed"):
         x = embedding(cfg, params["embed"], tokens)  # [B, S, dim]
-    x = x.astype(cfg.dtype)  # [B, S, dim]
 
     # insert_remat: save_dots (profile gpu-h100)
     @functools.partial(jax.checkpoint, policy=REMAT_POLICY, prevent_cse=False)
