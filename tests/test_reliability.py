@@ -151,3 +151,33 @@ def test_build_never_overwrites_a_runtime_py_it_did_not_write(tmp_path, capsys):
     rc, err = _run(capsys, "build", str(SPEC), "--target", "cpu", "--out", str(tmp_path))
     assert rc == 1 and "runtime.py exists and was not written by axdsl" in err
     assert (tmp_path / "runtime.py").read_text() == "# my own runtime\n"
+
+
+# ---------------------------------------------------------------------------- edited train.py
+def test_a_train_py_and_runtime_of_different_apis_stop_with_a_message(tmp_path, capsys):
+    root = tmp_path / "gen"
+    assert _run(capsys, "build", str(SPEC), "--target", "cpu", "--out", str(root))[0] == 0
+    runtime = root / "runtime.py"
+    runtime.write_text(runtime.read_text().replace("\nAPI = 1\n", "\nAPI = 2\n"))
+    run = subprocess.run([sys.executable, "-m", "gen.tiny_llama.cpu.train", "--steps", "1"], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 1 and "Traceback" not in run.stderr
+    assert "train.py was written for runtime API 1" in run.stderr and "API 2" in run.stderr
+
+
+def test_aot_says_when_it_is_not_reporting_your_edited_train_py(tmp_path, monkeypatch):
+    import shutil
+
+    from axdsl.aot import analyze
+    from axdsl.aot.render import render
+
+    monkeypatch.chdir(tmp_path)
+    shutil.copy(SPEC, tmp_path / "tiny_llama.axl")
+    shutil.copy(SPEC.parent / "llama3_8b.axl", tmp_path / "llama3_8b.axl")
+    assert cli.main(["build", "tiny_llama.axl", "--target", "cpu"]) == 0
+    report = analyze(Path("tiny_llama.axl"), "cpu", lower=False)
+    assert not report.notes
+    train = tmp_path / "generated" / "tiny_llama" / "cpu" / "train.py"
+    train.write_text(train.read_text() + "\n# mine\n")
+    report = analyze(Path("tiny_llama.axl"), "cpu", lower=False)
+    assert "you edited generated/tiny_llama/cpu/train.py" in render(report)

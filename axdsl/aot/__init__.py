@@ -64,7 +64,7 @@ def run(spec: Path, target: str, model: str | None = None, batch: int | None = N
 def analyze(spec: Path, target: str, model: str | None = None, batch: int | None = None,
             seq: int | None = None, compile: bool = False, lower: bool = True) -> Report:
     """Build, estimate and (with `lower`) lower the step; the data behind `run`'s report."""
-    from axdsl.build import build_files
+    from axdsl.build import build_files, default_out_dir, edited_files
     from axdsl.pipeline import compile_spec
 
     spec = Path(spec)
@@ -88,6 +88,10 @@ def analyze(spec: Path, target: str, model: str | None = None, batch: int | None
                     hbm=profile.hbm_bytes)
     if not report.fits:
         report.suggestions = suggest(module, model, est, report.usable, target, select)
+    edited = edited_files(default_out_dir(spec, target))
+    if edited:
+        report.notes.append(f"you edited {default_out_dir(spec, target)}/{edited[0]}: this report is for "
+                            "the train step a fresh build generates, not for your edits")
     if lower:
         if "train.py" not in files:
             report.lowering = {"skipped": "the spec's first model is not a language model: no train.py"}

@@ -21,7 +21,7 @@ def _pct(analytic: float, xla: float) -> str:
 
 def render(r: Report) -> str:
     """The whole report, as `axdsl aot` prints it."""
-    lines = _header(r) + [""] + _memory(r) + [""] + _compute(r)
+    lines = _header(r) + [f"  note: {n}" for n in r.notes] + [""] + _memory(r) + [""] + _compute(r)
     lines += ["", "XLA"] + _render_lowering(r)
     lines += ["", "Memory and FLOPs above are analytic (from the IR); XLA's own figures are shown "
                   "only where it compiled for the target."]

@@ -30,6 +30,7 @@ class Report:
     hbm: int
     lowering: dict = dataclasses.field(default_factory=dict)
     suggestions: list[str] = dataclasses.field(default_factory=list)
+    notes: list[str] = dataclasses.field(default_factory=list)  # caveats printed with the header
 
     @property
     def usable(self) -> int:

@@ -94,10 +94,10 @@ def _fields(module: ir.Module) -> list[Field]:
         add(key, t.get(key), _doc(key, origin[key].origin))
     opt, opt_args = t.get("optimizer").name, t.get("optimizer").args
     for k, v in opt_args:
-        add(k, float(v) if k not in ("nesterov",) else v, f"{opt}: {k} ({origin['optimizer'].origin})")
+        add(k, float(v) if k not in ("nesterov",) else v, f"{opt}: {k}; {origin['optimizer'].origin}")
     sched, sched_args = t.get("schedule").name, t.get("schedule").args
     for k, v in sched_args:
-        add(k, int(v) if k == "warmup" else float(v), f"{sched} schedule: {k} ({origin['schedule'].origin})")
+        add(k, int(v) if k == "warmup" else float(v), f"{sched} schedule: {k}; {origin['schedule'].origin}")
     for key, what in (("dtype", "compute dtype"), ("param_dtype", "parameter dtype")):
         choice = origin.get(key)
         add(key, choice.value if choice else "", f"{what}; \"\": the model's ({choice.origin if choice else 'default'})")
@@ -121,12 +121,12 @@ _DOCS = {
     "clip": "clip gradients to this global norm; 0: off", "z_loss": "weight of the z-loss; 0: off",
     "eval_every": "steps between evaluations; 0: never", "eval_batches": "batches per evaluation",
     "log_every": "steps between log lines", "seed": "parameters and data order",
-    "max_bad_steps": "non-finite steps in a row before restoring the last checkpoint",
+    "max_bad_steps": "non-finite steps in a row before rolling back",
 }
 
 
-def _doc(key: str, origin: str) -> str:
-    return f"{_DOCS[key]} ({origin})"
+def _doc(key: str, origin) -> str:
+    return f"{_DOCS[key]}; {origin}"
 
 
 _CLIP = "optax.clip_by_global_norm(tc.clip) if tc.clip else optax.identity(),"

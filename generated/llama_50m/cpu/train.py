@@ -21,8 +21,9 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from ... import runtime
-from .model import CONFIGS, Config, loss_fn, make_mesh, param_axes, param_specs, init_params
+from .model import CONFIGS, Config, init_params, loss_fn, make_mesh, param_axes, param_specs
 
+RUNTIME_API = 1  # the runtime.py interface this file is written for
 TARGET = "cpu"
 SPEC = "specs/llama_50m.axl"
 PEAK_FLOPS_PER_CHIP = 1.7e11  # dense bf16 FLOP/s of one cpu chip (for MFU)
@@ -35,28 +36,26 @@ class TrainConfig:
     """Training settings; defaults come from the spec's train block (flags override them)."""
 
     model: str = "llama_50m"  # a name in model.CONFIGS
-    batch: int = 8  # global batch, in sequences (set at specs/llama_50m.axl:14:3)
-    seq: int = 256  # tokens per sequence (set at specs/llama_50m.axl:14:14)
-    steps: int = 2000  # optimizer steps (set at specs/llama_50m.axl:14:25)
-    microbatches: int = 1  # gradient accumulation: the batch runs in this many pieces (default)
-    lr: float = 0.0006  # adamw: lr (set at specs/llama_50m.axl:15:3)
-    b1: float = 0.9  # adamw: b1 (set at specs/llama_50m.axl:15:3)
-    b2: float = 0.95  # adamw: b2 (set at specs/llama_50m.axl:15:3)
-    eps: float = 1e-08  # adamw: eps (set at specs/llama_50m.axl:15:3)
-    weight_decay: float = 0.1  # adamw: weight_decay (set at specs/llama_50m.axl:15:3)
-    warmup: int = 100  # cosine schedule: warmup (set at specs/llama_50m.axl:16:3)
-    final: float = 0.1  # cosine schedule: final (set at specs/llama_50m.axl:16:3)
+    batch: int = 8  # global batch, in sequences; set at specs/llama_50m.axl:14:3
+    seq: int = 256  # tokens per sequence; set at specs/llama_50m.axl:14:14
+    steps: int = 2000  # optimizer steps; set at specs/llama_50m.axl:14:25
+    microbatches: int = 1  # gradient accumulation: the batch runs in this many pieces; default
+    lr: float = 0.0006  # adamw: lr; set at specs/llama_50m.axl:15:3
+    b1: float = 0.9  # adamw: b1; set at specs/llama_50m.axl:15:3
+    b2: float = 0.95  # adamw: b2; set at specs/llama_50m.axl:15:3
+    eps: float = 1e-08  # adamw: eps; set at specs/llama_50m.axl:15:3
+    weight_decay: float = 0.1  # adamw: weight_decay; set at specs/llama_50m.axl:15:3
+    warmup: int = 100  # cosine schedule: warmup; set at specs/llama_50m.axl:16:3
+    final: float = 0.1  # cosine schedule: final; set at specs/llama_50m.axl:16:3
     dtype: str = ""  # compute dtype; "": the model's (default)
     param_dtype: str = ""  # parameter dtype; "": the model's (default)
-    # clip gradients to this global norm; 0: off (set at specs/llama_50m.axl:17:3)
-    clip: float = 1.0
-    z_loss: float = 0.0  # weight of the z-loss; 0: off (default)
-    eval_every: int = 200  # steps between evaluations; 0: never (set at specs/llama_50m.axl:17:15)
-    eval_batches: int = 4  # batches per evaluation (default)
-    log_every: int = 10  # steps between log lines (set at specs/llama_50m.axl:17:33)
-    seed: int = 0  # parameters and data order (default)
-    # non-finite steps in a row before restoring the last checkpoint (default)
-    max_bad_steps: int = 3
+    clip: float = 1.0  # clip gradients to this global norm; 0: off; set at specs/llama_50m.axl:17:3
+    z_loss: float = 0.0  # weight of the z-loss; 0: off; default
+    eval_every: int = 200  # steps between evaluations; 0: never; set at specs/llama_50m.axl:17:15
+    eval_batches: int = 4  # batches per evaluation; default
+    log_every: int = 10  # steps between log lines; set at specs/llama_50m.axl:17:33
+    seed: int = 0  # parameters and data order; default
+    max_bad_steps: int = 3  # non-finite steps in a row before rolling back; default
     data: str = "default"  # default, tokens or text (default)
     data_path: str = ""  # token file, or text file or directory
     data_dtype: str = "u16"  # token file element type: u16 or u32
@@ -200,6 +199,7 @@ def make_eval_step(cfg: Config, tc: TrainConfig, mesh):
 
 
 def main(argv=None) -> None:
+    runtime.check_api(RUNTIME_API)
     args = runtime.parse_args(__doc__, TRAIN, CONFIGS, argv)
     runtime.set_compile_cache(args)
     runtime.join_processes(args)  # before any other JAX call

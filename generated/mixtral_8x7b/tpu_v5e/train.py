@@ -21,8 +21,9 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from ... import runtime
-from .model import CONFIGS, Config, loss_fn, make_mesh, param_axes, param_specs, init_params
+from .model import CONFIGS, Config, init_params, loss_fn, make_mesh, param_axes, param_specs
 
+RUNTIME_API = 1  # the runtime.py interface this file is written for
 TARGET = "tpu-v5e"
 SPEC = "specs/mixtral_8x7b.axl"
 PEAK_FLOPS_PER_CHIP = 1.97e14  # dense bf16 FLOP/s of one tpu-v5e chip (for MFU)
@@ -35,27 +36,26 @@ class TrainConfig:
     """Training settings; defaults come from the spec's train block (flags override them)."""
 
     model: str = "mixtral_8x7b"  # a name in model.CONFIGS
-    batch: int = 8  # global batch, in sequences (default)
-    seq: int = 128  # tokens per sequence (default (128, at most max_seq))
-    steps: int = 1000  # optimizer steps (default)
-    microbatches: int = 1  # gradient accumulation: the batch runs in this many pieces (default)
-    lr: float = 0.0003  # adamw: lr (default)
-    b1: float = 0.9  # adamw: b1 (default)
-    b2: float = 0.95  # adamw: b2 (default)
-    eps: float = 1e-08  # adamw: eps (default)
-    weight_decay: float = 0.1  # adamw: weight_decay (default)
-    warmup: int = 100  # cosine schedule: warmup (default)
-    final: float = 0.1  # cosine schedule: final (default)
+    batch: int = 8  # global batch, in sequences; default
+    seq: int = 128  # tokens per sequence; default (128, at most max_seq)
+    steps: int = 1000  # optimizer steps; default
+    microbatches: int = 1  # gradient accumulation: the batch runs in this many pieces; default
+    lr: float = 0.0003  # adamw: lr; default
+    b1: float = 0.9  # adamw: b1; default
+    b2: float = 0.95  # adamw: b2; default
+    eps: float = 1e-08  # adamw: eps; default
+    weight_decay: float = 0.1  # adamw: weight_decay; default
+    warmup: int = 100  # cosine schedule: warmup; default
+    final: float = 0.1  # cosine schedule: final; default
     dtype: str = ""  # compute dtype; "": the model's (default)
     param_dtype: str = ""  # parameter dtype; "": the model's (default)
-    clip: float = 1.0  # clip gradients to this global norm; 0: off (default)
-    z_loss: float = 0.0  # weight of the z-loss; 0: off (default)
-    eval_every: int = 100  # steps between evaluations; 0: never (default)
-    eval_batches: int = 4  # batches per evaluation (default)
-    log_every: int = 10  # steps between log lines (default)
-    seed: int = 0  # parameters and data order (default)
-    # non-finite steps in a row before restoring the last checkpoint (default)
-    max_bad_steps: int = 3
+    clip: float = 1.0  # clip gradients to this global norm; 0: off; default
+    z_loss: float = 0.0  # weight of the z-loss; 0: off; default
+    eval_every: int = 100  # steps between evaluations; 0: never; default
+    eval_batches: int = 4  # batches per evaluation; default
+    log_every: int = 10  # steps between log lines; default
+    seed: int = 0  # parameters and data order; default
+    max_bad_steps: int = 3  # non-finite steps in a row before rolling back; default
     data: str = "default"  # default, tokens or text (default)
     data_path: str = ""  # token file, or text file or directory
     data_dtype: str = "u16"  # token file element type: u16 or u32
@@ -198,6 +198,7 @@ def make_eval_step(cfg: Config, tc: TrainConfig, mesh):
 
 
 def main(argv=None) -> None:
+    runtime.check_api(RUNTIME_API)
     args = runtime.parse_args(__doc__, TRAIN, CONFIGS, argv)
     runtime.set_compile_cache(args)
     runtime.join_processes(args)  # before any other JAX call
