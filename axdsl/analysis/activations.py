@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 
 from axdsl.analysis.layout import DTYPE_BYTES, Layout
 from axdsl.analysis.trace import Tracer
-from axdsl.analysis.values import Scope, Val
+from axdsl.analysis.values import Scope, Val, ValKind
 from axdsl.ir import nodes as ir
 
 
@@ -47,15 +47,15 @@ def trace_activations(root: ir.Instance, layout: Layout, batch: int, seq: int,
                       remat: ir.RematPolicy | None) -> Activations:
     """Trace the model and its loss; `remat` replaces every scanned block's policy."""
     t = Tracer(root, layout, batch, seq)
-    args = [Val(a.dims, "i32", "input", f"/{a.name}") for a in root.forward.args]
+    args = [Val(a.dims, "i32", ValKind.INPUT, f"/{a.name}") for a in root.forward.args]
     loss_working = loss(t, t.call(root, args))
     blocks = _Blocks(saved=sum(t.nbytes(v) for v in t.outer.residuals.values()))
     policies = []
     for inst, layer, x in t.blocks:
-        policy = remat or inst.remat or ir.RematPolicy("none")
+        policy = remat or inst.remat or ir.RematPolicy(ir.RematKind.NONE)
         policies.append(policy)
         _add_block(t, blocks, inst, layer, x, policy)
-    if all(p.kind == "none" for p in policies):
+    if all(p.kind is ir.RematKind.NONE for p in policies):
         working = loss_working + blocks.working  # measured: XLA reuses neither for the other
     else:
         working = max(loss_working, blocks.working)
@@ -83,7 +83,7 @@ def _add_block(t: Tracer, blocks: _Blocks, inst: ir.Instance, layer: Scope, x: V
     # (XLA frees each as the backward consumes it, and cotangents reuse the space).
     all_res = sum(t.nbytes(v) for v in layer.residuals.values())
     recompute = max(all_res - sum(t.nbytes(v) for v in kept if id(v) in layer.residuals), 0.0)
-    if policy.kind == "none":
+    if policy.kind is ir.RematKind.NONE:
         # Nothing to recompute, but the stacked residuals stay allocated until the scan's
         # backward ends: the layer's cotangents (its two largest) need space of their own.
         sizes = sorted((t.nbytes(v) for v in layer.values if v.dims), reverse=True)
@@ -94,11 +94,11 @@ def _add_block(t: Tracer, blocks: _Blocks, inst: ir.Instance, layer: Scope, x: V
 def kept_values(layer: Scope, x: Val, policy: ir.RematPolicy) -> tuple[list[Val], list[Val]]:
     """(on device, on host): what one layer keeps for the backward under `policy`."""
     residuals = list(layer.residuals.values())
-    if policy.kind == "none":
+    if policy.kind is ir.RematKind.NONE:
         return residuals, []
-    if policy.kind == "full":
+    if policy.kind is ir.RematKind.FULL:
         return [x], []
-    if policy.kind == "save_dots":
+    if policy.kind is ir.RematKind.SAVE_DOTS:
         saveable = {id(v) for v in layer.values if v.dot}
     else:
         saveable = {id(v) for v in layer.values if v.point in policy.save + policy.offload}
@@ -110,7 +110,7 @@ def kept_values(layer: Scope, x: Val, policy: ir.RematPolicy) -> tuple[list[Val]
         if id(v) in seen:
             return
         seen.add(id(v))
-        if v is x or v.kind in ("param", "lit"):
+        if v is x or v.kind in (ValKind.PARAM, ValKind.LIT):
             return
         if id(v) in saveable:
             chosen[id(v)] = v
@@ -144,8 +144,8 @@ def loss(t: Tracer, logits: Val) -> float:
     """Cross-entropy over float32 logits (in train.py): saves exp(logits) in float32 (in the
     outer scope) and returns the working bytes at the loss: the logits in f32, their gradient in
     f32 and in the compute dtype of the head matmul."""
-    f32 = logits if logits.dtype == "f32" else Val(logits.dims, "f32", "op", "logits (f32)", (logits,))
-    soft = Val(f32.dims, "f32", "internal", "softmax(logits)", (f32,))
+    f32 = logits if logits.dtype == "f32" else Val(logits.dims, "f32", ValKind.OP, "logits (f32)", (logits,))
+    soft = Val(f32.dims, "f32", ValKind.INTERNAL, "softmax(logits)", (f32,))
     t.outer.values += [f32, soft]
     t.outer.save(soft)
     one = t.nbytes(f32)

@@ -212,8 +212,8 @@ def _model(module: ir.Module, name: str | None) -> ir.Model:
 def _block_remat(root: ir.Instance) -> ir.RematPolicy:
     for inst in root.walk():
         if inst.repeat is not None:
-            return inst.remat or ir.RematPolicy("none")
-    return ir.RematPolicy("none")
+            return inst.remat or ir.RematPolicy(ir.RematKind.NONE)
+    return ir.RematPolicy(ir.RematKind.NONE)
 
 
 def _opt_bytes(optimizer: str, p: ir.Param, n: int) -> int:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from axdsl import primitives
 from axdsl.analysis import residuals
 from axdsl.analysis.layout import DTYPE_BYTES, Layout
-from axdsl.analysis.values import Scope, Val, attr_value, promote
+from axdsl.analysis.values import Scope, Val, ValKind, attr_value, promote
 from axdsl.primitives.base import elementwise_memory
 from axdsl.ir import nodes as ir
 from axdsl.passes.annotate_sharding import FREE_DIM_AXES
@@ -38,7 +38,7 @@ class Tracer:
         """Bytes of `v` on one chip."""
         return self.layout.elements(v.dims, self.batch, self.seq, v.weight) * DTYPE_BYTES[v.dtype]
 
-    def new(self, dims, dtype, label, inputs=(), kind="op", **kw) -> Val:
+    def new(self, dims, dtype, label, inputs=(), kind=ValKind.OP, **kw) -> Val:
         """A value computed in the current scope."""
         v = Val(tuple(dims), dtype, kind, label, tuple(inputs), **kw)
         self.scope.values.append(v)
@@ -51,15 +51,15 @@ class Tracer:
     # What primitives' memory rules use besides `new` and `save`.
     def view(self, dims, x: Val, label: str) -> Val:
         """`x`'s buffer seen with other dims (a reshape or transpose)."""
-        return self.new(dims, x.dtype, label, (x,), kind="view")
+        return self.new(dims, x.dtype, label, (x,), kind=ValKind.VIEW)
 
     def internal(self, dims, dtype: str, label: str, inputs=(), **kw) -> Val:
         """A temporary of the operation itself (a mask, a softmax, logits)."""
-        return self.new(dims, dtype, label, inputs, kind="internal", **kw)
+        return self.new(dims, dtype, label, inputs, kind=ValKind.INTERNAL, **kw)
 
     def param_like(self, dims, x: Val, label: str) -> Val:
         """A part of a parameter (a slice of a table), which is a parameter too."""
-        return Val(tuple(dims), x.dtype, "param", label)
+        return Val(tuple(dims), x.dtype, ValKind.PARAM, label)
 
     promote = staticmethod(promote)
     static = staticmethod(attr_value)
@@ -75,7 +75,7 @@ class Tracer:
                 return v
             if stmt.point:
                 v.point = stmt.point
-                if v.kind == "view":
+                if v.kind is ValKind.VIEW:
                     v.base.point = stmt.point
             env[stmt.name] = v
         raise ValueError(f"{inst.path}: forward without return")
@@ -94,23 +94,23 @@ class Tracer:
 
     def param_val(self, p: ir.Param, label: str) -> Val:
         dtype = self.compute or p.dtype.name
-        return Val(p.dims, dtype, "param", label)
+        return Val(p.dims, dtype, ValKind.PARAM, label)
 
     def ref(self, e: ir.Ref, inst: ir.Instance, env: dict) -> Val:
-        if e.kind in ("local", "arg"):
+        if e.kind in (ir.RefKind.LOCAL, ir.RefKind.ARG):
             return env[e.name]
-        if e.kind == "param":
+        if e.kind is ir.RefKind.PARAM:
             return self.param_val(inst.param(e.name), f"{inst.path}/{e.name}")
-        if e.kind == "child_param":
+        if e.kind is ir.RefKind.CHILD_PARAM:
             child = inst.child(e.owner)
             return self.param_val(child.param(e.name), f"{child.path}/{e.name}")
-        return Val((), "f32", "lit", e.name)
+        return Val((), "f32", ValKind.LIT, e.name)
 
     def ev(self, e: ir.TExpr, inst: ir.Instance, env: dict, bind: dict) -> Val:
         if isinstance(e, ir.Ref):
             return self.ref(e, inst, env)
         if isinstance(e, ir.Lit):
-            return Val((), "f32", "lit", repr(e.value))
+            return Val((), "f32", ValKind.LIT, repr(e.value))
         if isinstance(e, ir.Neg):
             x = self.ev(e.operand, inst, env, bind)
             return self.new(x.dims, x.dtype, "neg", (x,))
@@ -131,7 +131,7 @@ class Tracer:
         outer = self.scope
         layer = Scope()
         self.scope = layer
-        x_in = Val(x.dims, x.dtype, "input", f"{child.path} input")
+        x_in = Val(x.dims, x.dtype, ValKind.INPUT, f"{child.path} input")
         self.call(child, [x_in])
         self.scope = outer
         self.blocks.append((child, layer, x_in))

@@ -3,10 +3,22 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import StrEnum
 
 from axdsl.ir import nodes as ir
 
 _FLOAT_RANK = {"fp8_e4m3": 1, "fp8_e5m2": 1, "bf16": 2, "f16": 2, "f32": 3, "f64": 4}
+
+
+class ValKind(StrEnum):
+    """What a traced value is."""
+
+    INPUT = "input"  # a forward's (or a scanned layer's) argument
+    PARAM = "param"  # a parameter, or part of one
+    LIT = "lit"  # a literal or hyperparameter: no memory
+    OP = "op"  # an operation's result
+    INTERNAL = "internal"  # a temporary inside one operation (a mask, softmax, logits)
+    VIEW = "view"  # a reshape or transpose of another value: its buffer
 
 
 @dataclass(eq=False)
@@ -15,7 +27,7 @@ class Val:
 
     dims: tuple[ir.Dim, ...]
     dtype: str
-    kind: str  # input, param, lit, op, internal, view
+    kind: ValKind
     label: str
     inputs: tuple["Val", ...] = ()
     point: str | None = None
@@ -25,25 +37,25 @@ class Val:
     @property
     def base(self) -> "Val":
         v = self
-        while v.kind == "view":
+        while v.kind is ValKind.VIEW:
             v = v.inputs[0]
         return v
 
     @property
     def is_param(self) -> bool:
-        return self.kind == "param"
+        return self.kind is ValKind.PARAM
 
     @property
     def is_literal(self) -> bool:
-        return self.kind == "lit"
+        return self.kind is ValKind.LIT
 
     @property
     def differentiable(self) -> bool:
-        return self.kind != "lit"
+        return self.kind is not ValKind.LIT
 
     @property
     def activation(self) -> bool:
-        return self.base.kind not in ("param", "lit")
+        return self.base.kind not in (ValKind.PARAM, ValKind.LIT)
 
 
 class Scope:
@@ -55,14 +67,14 @@ class Scope:
 
     def save(self, v: Val) -> None:
         v = v.base
-        if v.kind in ("param", "lit") or not v.dims:
+        if v.kind in (ValKind.PARAM, ValKind.LIT) or not v.dims:
             return
         self.residuals.setdefault(id(v), v)
 
 
 def promote(*vals: Val) -> str:
     """jnp type promotion for the dtypes here: scalars (literals) are weak."""
-    tensors = [v.dtype for v in vals if v.kind != "lit" and v.dims]
+    tensors = [v.dtype for v in vals if v.kind is not ValKind.LIT and v.dims]
     if not tensors:
         return vals[0].dtype if vals else "f32"
     floats = [d for d in tensors if d in _FLOAT_RANK]

@@ -42,7 +42,7 @@ def schedule_lines(s: ir.Schedule) -> list[str]:
         axes = "[" + ", ".join(c.value) + "]"
         lines.append(f"  rule {logical} -> {axes}  # {c.origin}")
     r = s.remat.value
-    parts = [r.kind] if r.kind in ("none", "full", "save_dots") else \
+    parts = [r.kind] if r.kind in (ir.RematKind.NONE, ir.RematKind.FULL, ir.RematKind.SAVE_DOTS) else \
         [f"save = [{', '.join(r.save)}]", f"offload = [{', '.join(r.offload)}]"][: 2 if r.offload else 1]
     lines.append(f"  remat({', '.join(parts)})  # {s.remat.origin}")
     q = s.quantize.value
@@ -125,9 +125,9 @@ def _instance(inst: ir.Instance, depth: int, lines: list[str]) -> None:
 
 def expr_text(e: ir.TExpr) -> str:
     if isinstance(e, ir.Ref):
-        if e.kind == "child_param":
+        if e.kind is ir.RefKind.CHILD_PARAM:
             return f"{e.owner}.{e.name}"
-        if e.kind == "hparam":
+        if e.kind is ir.RefKind.HPARAM:
             return value_text(e.value.value)
         return e.name
     if isinstance(e, ir.Lit):

@@ -91,9 +91,9 @@ def _verify_forward(inst: ir.Instance, problems: list[str], typed: bool) -> None
         problems.append(f"{inst.path}: forward does not end in a return")
     for s in body:
         for ref in walk_expr(s.value):
-            if isinstance(ref, ir.Ref) and ref.kind == "local" and ref.name not in defined:
+            if isinstance(ref, ir.Ref) and ref.kind is ir.RefKind.LOCAL and ref.name not in defined:
                 problems.append(f"{inst.path}: `{ref.name}` used before definition")
-            if isinstance(ref, ir.Ref) and ref.kind == "param" and inst.param(ref.name) is None:
+            if isinstance(ref, ir.Ref) and ref.kind is ir.RefKind.PARAM and inst.param(ref.name) is None:
                 problems.append(f"{inst.path}: unknown param `{ref.name}`")
             if isinstance(ref, ir.CallChild) and inst.child(ref.child) is None:
                 problems.append(f"{inst.path}: unknown child `{ref.child}`")
