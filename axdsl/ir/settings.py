@@ -27,6 +27,9 @@ class RematPolicy:
     save: tuple[str, ...] = ()
     offload: tuple[str, ...] = ()
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "kind", RematKind(self.kind))  # "full" is accepted as RematKind.FULL
+
 
 class QuantFormat(StrEnum):
     NONE = "none"
@@ -40,6 +43,9 @@ class QuantPolicy:
 
     format: "QuantFormat"
     layers: tuple[str, ...] = ("*",)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "format", QuantFormat(self.format))
 
 
 @dataclass(frozen=True)
