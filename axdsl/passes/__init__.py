@@ -1,4 +1,3 @@
-"""IR passes. Each module holds one pass, a function `(module, target) -> module` without hidden state.
-
-The ordered list lives in `axdsl/pipeline.py`.
+"""IR passes. Each module holds one pass, a function `module -> module` without hidden state
+(the target's name is `module.target_name`). The ordered list lives in `axdsl/pipeline.py`.
 """

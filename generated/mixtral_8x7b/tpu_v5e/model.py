@@ -58,7 +58,7 @@ CONFIGS = {
 
 
 # ----------------------------------------------------------------------------- layers
-# Einsum letters, one per dim in every layer function: b=B s=S d=dim h=heads e=head_dim k=kv_heads
+# Einsum letters, one per dim in every layer function (helpers below use their own): b=B s=S d=dim h=heads e=head_dim k=kv_heads
 
 
 def embedding(cfg: Config, params: dict, ids: jax.Array) -> jax.Array:
