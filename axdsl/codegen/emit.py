@@ -215,17 +215,17 @@ def has_lm_signature(root: ir.Instance) -> bool:
 
 
 # ----------------------------------------------------------------------------- config
-_PY_TYPES = {"int": "int", "float": "float", "dtype": "jax.typing.DTypeLike"}
+_PY_TYPES = {ir.HParamKind.INT: "int", ir.HParamKind.FLOAT: "float", ir.HParamKind.DTYPE: "jax.typing.DTypeLike"}
 
 
 def _config_fields(model: ir.Model) -> list[ConfigField]:
     fields = []
     for h in model.root.hparams:
-        if h.type not in _PY_TYPES:
+        if h.type.kind not in _PY_TYPES:
             continue
         v = h.value.value
         default = f"jnp.{v.jnp}" if isinstance(v, DType) else repr(v)
-        fields.append(ConfigField(h.name, _PY_TYPES[h.type], default, f"{h.origin}"))
+        fields.append(ConfigField(h.name, _PY_TYPES[h.type.kind], default, f"{h.origin}"))
     return fields
 
 
@@ -238,9 +238,10 @@ def _build_choices(root: ir.Instance) -> list[str]:
     lines = []
     for inst in root.walk():
         for h in inst.hparams:
-            if h.type in ("bool", "string", "Layer") or h.type.startswith("enum"):
-                if inst is root or h.origin.kind is ir.OriginKind.SET or h.type == "bool" and h.value.value:
-                    if h.type == "Layer" and inst is not root:
+            kind = h.type.kind
+            if kind in (ir.HParamKind.BOOL, ir.HParamKind.STRING, ir.HParamKind.LAYER, ir.HParamKind.ENUM):
+                if inst is root or h.origin.kind is ir.OriginKind.SET or kind is ir.HParamKind.BOOL and h.value.value:
+                    if kind is ir.HParamKind.LAYER and inst is not root:
                         continue
                     prefix = "" if inst is root else inst.path.strip("/") + "."
                     lines.append(f"{prefix}{h.name} = {value_text(h.value.value)}")

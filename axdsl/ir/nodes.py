@@ -278,10 +278,31 @@ class Forward:
 
 
 # ------------------------------------------------------------------ layers
+class HParamKind(StrEnum):
+    INT = "int"
+    FLOAT = "float"
+    BOOL = "bool"
+    STRING = "string"
+    DTYPE = "dtype"
+    LAYER = "Layer"
+    ENUM = "enum"
+
+
+@dataclass(frozen=True)
+class HParamType:
+    """A hyperparameter's declared type; `options` are an enum's allowed strings."""
+
+    kind: HParamKind
+    options: tuple[str, ...] = ()
+
+    def __str__(self) -> str:
+        return f"enum({', '.join(self.options)})" if self.kind is HParamKind.ENUM else str(self.kind)
+
+
 @dataclass(frozen=True)
 class HParam:
     name: str
-    type: str  # int, float, bool, string, dtype, Layer, enum(...)
+    type: HParamType
     value: HValue
     origin: Origin
     span: Span

@@ -189,8 +189,8 @@ class InstanceBuilder:
             return None
         if is_root and type_name in ("int", "float", "dtype"):
             value = HValue(value.value, f"cfg.{decl.name}")
-        return ir.HParam(decl.name, type_name if type_name != "enum" else
-                         "enum(" + ", ".join(decl.type.options) + ")", value, origin, decl.span)
+        options = tuple(decl.type.options) if type_name == "enum" else ()
+        return ir.HParam(decl.name, ir.HParamType(ir.HParamKind(type_name), options), value, origin, decl.span)
 
     def _owner_path(self, scope: Scope, name: str) -> str:
         while scope is not None and name not in scope.values:
