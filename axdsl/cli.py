@@ -25,6 +25,7 @@ from axdsl import __version__
 from axdsl.errors import CompileError
 
 EXIT_OK, EXIT_ERROR, EXIT_DRIFT = 0, 1, 1
+EXIT_USAGE = 2  # as argparse exits for a missing or unknown argument
 EXIT_INTERNAL = 70  # EX_SOFTWARE: a bug in axdsl, not a user mistake
 EXIT_INTERRUPTED = 130  # Ctrl-C
 
@@ -33,8 +34,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     if not getattr(args, "command", None):
-        parser.print_help()
-        return EXIT_ERROR
+        parser.print_help(sys.stderr)
+        return EXIT_USAGE
     try:
         return args.run(args)
     except CompileError as exc:

@@ -76,6 +76,8 @@ def test_an_internal_bug_prints_one_line_writes_the_traceback_and_exits_70(tmp_p
 def test_no_command_prints_help_and_a_missing_argument_exits_2():
     run = subprocess.run([sys.executable, "-m", "axdsl", "stats"], capture_output=True, text=True)
     assert run.returncode == 2 and "Traceback" not in run.stderr and "usage:" in run.stderr
+    run = subprocess.run([sys.executable, "-m", "axdsl"], capture_output=True, text=True)
+    assert run.returncode == 2 and "usage: axdsl" in run.stderr and "build" in run.stderr
 
 
 # ---------------------------------------------------------------------------- outputs
