@@ -367,4 +367,13 @@ def _sharding_context(s: ir.Schedule | None, root: ir.Instance) -> dict | None:
         rules="; ".join(rules) or "everything replicated but the batch",
         rules_origin=f", from {origins.pop()}" if len(origins) == 1 else "",
         remat=(r.kind, _REMAT_DOC[r.kind], s.remat.origin, _remat_policy(r)) if uses_remat else None,
+        no_remat=f"remat({r.kind}) from {s.remat.origin}" if not uses_remat else None,
+        quantize=_quantize_line(s.quantize),
     )
+
+
+def _quantize_line(q: ir.Choice) -> str | None:
+    """quantize_matmuls' decision when it is `none` (otherwise each quantized matmul says it)."""
+    if q.value.format is ir.QuantFormat.NONE:
+        return f"quantize(none) from {q.origin}: every matmul runs in the compute dtype"
+    return None

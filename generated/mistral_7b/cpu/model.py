@@ -259,6 +259,8 @@ MESH_SHAPE = {
     "seq": 1,
     "model": 1,
 }  # -1 takes the chips the other axes leave
+# insert_remat: remat(none) from profile cpu: scanned layers keep every activation.
+# quantize_matmuls: quantize(none) from profile cpu: every matmul runs in the compute dtype.
 
 
 def make_mesh(devices=None) -> Mesh:
