@@ -67,7 +67,7 @@ def test_model_reads_config_then_layers_with_one_letter_per_dim(out):
     assert first_def - config < 40, "the first layer follows Config (and CONFIGS) directly"
     assert first_def < text.index("def param_table")
     layers = text[text.index("# ---") : text.index("def param_table")]
-    legend = re.search(r"# Einsum letters, one per dim in every layer function: (.*)", layers)
+    legend = re.search(r"# Einsum letters, one per dim in every layer function[^:]*: (.*)", layers)
     meaning = dict(pair.split("=") for pair in legend.group(1).split()) if legend else {}
     assert len(set(meaning.values())) == len(meaning), "one letter per dim"
     for spec in re.findall(r'einsum\("([a-z.,>-]+)"', layers):
