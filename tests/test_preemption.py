@@ -68,7 +68,7 @@ def complete(run: Path) -> list[int]:
 
 def saving(run: Path) -> bool:
     """Whether an asynchronous save is in flight (orbax's temporary directory exists)."""
-    return any((run / "checkpoints").glob("*.orbax-checkpoint-tmp-*"))
+    return any((run / "checkpoints").glob("*.orbax-checkpoint-tmp*"))
 
 
 def last_logged_step(run: Path) -> int:
@@ -290,50 +290,57 @@ def test_plot_reads_a_damaged_metrics_file_with_warnings(tmp_path, capsys):
 # ----------------------------------------------------------------------------- the kill loop
 
 
-KILLS = 20
+KILLS, PER_CHAIN = 20, 2  # 10 chains of 2 killed runs, each chain then resumed to the end
+
+
+def kill_once(run: Path, cache: Path, log: Path, rng: random.Random) -> str | None:
+    """Start the run and send SIGKILL or SIGTERM at a random step after its newest checkpoint, or
+    while an asynchronous save is in flight; what was done, or None when the run ended first."""
+    name, how = rng.choice(["SIGKILL", "SIGTERM"]), rng.choice(["step", "save"])
+    target = rng.randint(max(complete(run), default=0) + 1, STEPS - 1)
+    seen = logged_lines(run)  # the rows this process writes come after these
+    proc = start(run, cache, log)
+
+    def ready() -> bool:
+        steps = new_steps(run, seen)  # waiting for a first step: the handlers are installed
+        return bool(steps) and (saving(run) or max(steps) >= STEPS - 1 if how == "save" else max(steps) >= target)
+
+    deadline = time.monotonic() + 120
+    while not ready() and proc.poll() is None:
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.002)
+    in_save = saving(run)
+    if proc.poll() is None:
+        proc.send_signal(getattr(signal, name))
+    code = proc.wait(timeout=120)
+    assert "Traceback" not in log.read_text()
+    if code == 0:  # it ended before the signal
+        return None
+    assert code == (-signal.SIGKILL if name == "SIGKILL" else 143), log.read_text()[-4000:]
+    return f"{name} {'during an async save' if in_save else f'at step {target}'}"
 
 
 @pytest.mark.slow
 def test_kill_loop_every_final_state_is_bitwise_identical(tmp_path, reference, cache):
     """SIGKILL and SIGTERM at random steps and during asynchronous saves (seeded), 20 rounds: each
-    killed run is rerun with the same command, which the next round may kill again, until it ends;
-    every run that reaches the end holds exactly the uninterrupted run's final state."""
+    killed run is rerun with the same command, which the next round kills again, then resumed to
+    the end; every run that reaches the end holds exactly the uninterrupted run's final state."""
     seed = int(os.environ.get("AXDSL_KILL_SEED", random.randrange(1 << 30)))
     rng = random.Random(seed)
     print(f"kill loop seed {seed} (AXDSL_KILL_SEED={seed} repeats it)")
-    kills, during_save, finals, chains = 0, 0, [], 0
-    run = tmp_path / f"run{chains}"
-    while kills < KILLS or run.exists():
-        log = tmp_path / f"round{kills}-{len(finals)}.log"
-        proc = start(run, cache, log)
-        if kills == KILLS:  # the last chain runs to the end
-            assert proc.wait(timeout=300) == 0, log.read_text()[-4000:]
-        else:
-            name, how = rng.choice(["SIGKILL", "SIGTERM"]), rng.choice(["step", "step", "save"])
-            target = rng.randint(max(complete(run), default=0) + 1, STEPS - 1)
-            seen = logged_lines(run)  # rows this process writes come after these
-            if how == "save":
-                ready = lambda: new_steps(run, seen) and (saving(run) or max(new_steps(run, seen)) >= STEPS - 1)  # noqa: E731
-            else:
-                ready = lambda: max(new_steps(run, seen), default=0) >= target  # noqa: E731
-            deadline = time.monotonic() + 120
-            while not ready() and proc.poll() is None:
-                assert time.monotonic() < deadline, "timed out"
-                time.sleep(0.002)
-            if proc.poll() is None:
-                in_save = saving(run)
-                proc.send_signal(getattr(signal, name))
-                code = proc.wait(timeout=120)
-                if code != 0:  # it may have finished just before the signal
-                    assert code == (-9 if name == "SIGKILL" else 143), log.read_text()[-4000:]
-                    kills, during_save = kills + 1, during_save + in_save
-                    print(f"round {kills}: {name} {'during a save' if in_save else f'after step {target}'}")
-            else:
-                assert proc.returncode == 0, log.read_text()[-4000:]
-        assert "Traceback" not in log.read_text()
-        if proc.returncode == 0:  # this chain reached the end
-            finals.append(identical(final_state(run), reference))
-            chains += 1
-            run = tmp_path / f"run{chains}" if kills < KILLS else Path("/nonexistent")
-    print(f"{kills} kills ({during_save} during an async save), {len(finals)} finals, {sum(finals)} identical")
-    assert kills == KILLS and finals and all(finals)
+    kills, finals = [], []
+    while len(kills) < KILLS:
+        run = tmp_path / f"chain{len(finals)}"
+        for _ in range(PER_CHAIN):
+            if len(kills) == KILLS or max(complete(run), default=0) >= STEPS - 1:
+                break
+            log = tmp_path / f"round{len(kills)}.log"
+            if (what := kill_once(run, cache, log, rng)) is None:
+                break
+            kills.append(what)
+            print(f"round {len(kills)}: {what}")
+        run_to_end(run, cache)
+        finals.append(identical(final_state(run), reference))
+    during_save = sum("save" in k for k in kills)
+    print(f"{len(kills)} kills ({during_save} during an async save), {len(finals)} finals, {sum(finals)} identical")
+    assert len(kills) == KILLS and all(finals)
