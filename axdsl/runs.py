@@ -21,9 +21,12 @@ import importlib
 import importlib.util
 import json
 import math
+import os
+import signal
 import struct
 import subprocess
 import sys
+import threading
 import zlib
 from pathlib import Path
 
@@ -76,12 +79,46 @@ def train(spec: Path, target: str, out: Path | None = None, steps: int | None = 
     if checkpoint_every is not None:
         cmd += ["--checkpoint-every", str(checkpoint_every)]
     print("running " + " ".join(cmd[1:]), file=sys.stderr, flush=True)
-    proc = subprocess.Popen(cmd)
+    return run_child(cmd)
+
+
+FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
+def run_child(cmd: list[str]) -> int:
+    """Run `cmd` and return its exit code (128 + N when killed by signal N, as shells report it).
+
+    The child runs in its own process group, so a terminal's Ctrl-C reaches it once, through
+    here: SIGTERM, SIGINT and SIGHUP sent to this process are forwarded to it, and its exit
+    (143 after a SIGTERM, once its checkpoint is saved) is waited for. On Linux the child gets
+    SIGTERM if this process dies, even by SIGKILL (prctl PR_SET_PDEATHSIG): it never trains on
+    orphaned.
+    """
+    proc = subprocess.Popen(cmd, process_group=0, preexec_fn=_die_with_parent(os.getpid()))
+    forward = threading.current_thread() is threading.main_thread()  # where Python allows handlers
+    previous = {s: signal.signal(s, lambda signum, _: proc.send_signal(signum)) for s in FORWARDED if forward}
     try:
         code = proc.wait()
-    except KeyboardInterrupt:  # the child got the same Ctrl-C; let it stop cleanly
-        code = proc.wait()
-    return 128 - code if code < 0 else code  # killed by signal N: 128 + N, as shells report it
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    return 128 - code if code < 0 else code
+
+
+def _die_with_parent(parent: int):
+    """A preexec_fn for Popen: ask Linux to SIGTERM the child when `parent` dies (None elsewhere)."""
+    if not sys.platform.startswith("linux"):
+        return None
+
+    def arrange() -> None:
+        import ctypes
+
+        pr_set_pdeathsig = 1
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM, 0, 0, 0)
+        if os.getppid() != parent:  # the parent died before prctl took effect
+            os._exit(143)
+
+    return arrange
 
 
 # ----------------------------------------------------------------------------- plot
@@ -91,23 +128,47 @@ def read_metrics(run_dir: Path) -> tuple[list[tuple[int, float]], list[tuple[int
     """(train losses, eval losses) as sorted (step, value) pairs from RUN_DIR/metrics.jsonl.
 
     A resumed run logs again the steps after its last checkpoint: the later value of a step wins.
-    Skipped (non-finite) steps are left out.
+    Skipped (non-finite) steps and null values are left out. A damaged line (cut short by a kill,
+    not JSON, not an object, no integer step, a non-finite number) is skipped with a warning that
+    names its line number; reading never fails on the file's content.
     """
     train_loss: dict[int, float] = {}
     eval_loss: dict[int, float] = {}
     path = run_dir / "metrics.jsonl"
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:  # a line cut short by a kill
+    lines = path.read_bytes().decode("utf-8", errors="replace").splitlines()
+    for number, line in enumerate(lines, 1):
+        row = _metrics_row(line)
+        if isinstance(row, str):
+            print(f"axdsl: warning: {path}:{number}: {row}: line skipped", file=sys.stderr)
             continue
-        if row.get("skipped_update"):
+        if row is None or row.get("skipped_update"):
             continue
-        if isinstance(row.get("loss"), (int, float)):
-            train_loss[row["step"]] = float(row["loss"])
-        if isinstance(row.get("eval_loss"), (int, float)):
-            eval_loss[row["step"]] = float(row["eval_loss"])
+        for key, series in (("loss", train_loss), ("eval_loss", eval_loss)):
+            if _is_number(row.get(key)):
+                series[row["step"]] = float(row[key])
     return sorted(train_loss.items()), sorted(eval_loss.items())
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _metrics_row(line: str) -> dict | str | None:
+    """One metrics.jsonl line as a dict; None for a blank line; what is wrong with it, as a string."""
+    if not line.strip():
+        return None
+    try:
+        row = json.loads(line)
+    except (ValueError, RecursionError):
+        return "not valid JSON (a line cut short?)"
+    if not isinstance(row, dict):
+        return "not a JSON object"
+    if not isinstance(row.get("step"), int) or isinstance(row["step"], bool):
+        return "no integer step"
+    bad = [k for k in ("loss", "eval_loss") if isinstance(row.get(k), float) and not math.isfinite(row[k])]
+    if bad:
+        return f"non-finite {', '.join(bad)} (bare NaN or Infinity)"
+    return row
 
 
 TRAIN_COLOR = (31, 119, 180)  # blue

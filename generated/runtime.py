@@ -9,10 +9,13 @@ checkpoint_*, log_every, ...) and never change it.
 """
 
 import argparse
+import atexit
 import dataclasses
 import json
 import math
 import os
+import signal
+import socket
 import sys
 import sysconfig
 import time
@@ -240,6 +243,154 @@ def is_lead() -> bool:
     return jax.process_index() == 0
 
 
+# ----------------------------------------------------------------------------- run lock and preemption
+
+
+class RunLock:
+    """RUN_DIR/lock: one trainer per run directory. A JSON file with the holder's pid, host and start.
+
+    Created with O_EXCL before anything else is written to the directory; a second trainer is
+    refused (exit 1) with a message naming the first. A lock whose pid is dead on this host is
+    stale (a SIGKILL, a crash): it is taken over with a one-line note. Released on exit.
+    """
+
+    def __init__(self, run_dir: Path):
+        self.path = run_dir / "lock"
+        self.held = False
+
+    def acquire(self) -> None:
+        """Take the lock or exit with an error naming its holder."""
+        for _ in range(10):  # another trainer may take over the same stale lock at the same time
+            if self._create():
+                atexit.register(self.release)
+                return
+            holder = self._read()
+            if holder is not None and not self._stale(holder):
+                since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(holder.get("since", 0)))
+                sys.exit(
+                    f"error: {self.path.parent} is in use by pid {holder.get('pid')} on "
+                    f"{holder.get('host')} since {since} ({self.path}): one trainer per run "
+                    "directory; use another --out, or delete the lock if that process is gone"
+                )
+            self._take_over(holder)
+        sys.exit(f"error: could not take {self.path}: other trainers keep taking it")
+
+    def _create(self) -> bool:
+        record = {"pid": os.getpid(), "host": socket.gethostname(), "since": time.time()}
+        try:
+            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileExistsError:
+            return False
+        with os.fdopen(fd, "w") as f:
+            f.write(json.dumps(record) + "\n")
+        self.held = True
+        return True
+
+    def _read(self) -> dict | None:
+        """The holder's record; None when the file is gone, empty or damaged (a writer cut short)."""
+        try:
+            holder = json.loads(self.path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+        return holder if isinstance(holder, dict) else None
+
+    @staticmethod
+    def _stale(holder: dict) -> bool:
+        """Whether the holder is a dead process on this host (another host's lock is never stale)."""
+        if holder.get("host") != socket.gethostname() or not isinstance(holder.get("pid"), int):
+            return False
+        try:
+            os.kill(holder["pid"], 0)
+        except ProcessLookupError:
+            return True
+        except PermissionError:  # alive, another user's
+            return False
+        return False
+
+    def _take_over(self, holder: dict | None) -> None:
+        """Move a stale (or unreadable) lock aside; only one trainer's rename succeeds."""
+        aside = self.path.with_name(f"lock.stale.{os.getpid()}")
+        try:
+            os.rename(self.path, aside)
+        except FileNotFoundError:
+            return
+        aside.unlink(missing_ok=True)
+        who = (
+            f"pid {holder.get('pid')} on {holder.get('host')}"
+            if holder
+            else "an unreadable lock file"
+        )
+        print(f"taking over the stale lock of {who} in {self.path.parent}", file=sys.stderr)
+
+    def release(self) -> None:
+        """Remove the lock if this process holds it (idempotent; also run at exit)."""
+        if self.held:
+            self.held = False
+            self.path.unlink(missing_ok=True)
+
+
+class Preemption:
+    """SIGTERM and SIGINT, turned into a save at the next step boundary and a clean exit.
+
+    `runtime.Preemption()` installs the handlers (first thing in main, so that a Ctrl-C while
+    loading data or compiling is caught too) and leaving `with preempt:` restores the previous
+    ones. A signal only sets `preempt.signum`, so compilation and the step in flight finish. The loop then saves a
+    checkpoint of that step and calls `preempt.exit(...)`, which writes the pending metrics, waits
+    for the save, prints one line and exits 128 + signal (143 for SIGTERM, 130 for SIGINT), with no
+    traceback. Further signals are noted and ignored: the save is never cut short by them.
+    With several processes every process stops at the same step: `requested` agrees across them.
+    """
+
+    SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+    def __init__(self):
+        self.signum = 0
+        self.previous = {signum: signal.signal(signum, self._handle) for signum in self.SIGNALS}
+
+    def __enter__(self) -> "Preemption":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for signum, handler in self.previous.items():
+            signal.signal(signum, handler)
+
+    def _handle(self, signum: int, frame) -> None:
+        if self.signum:
+            print(
+                f"{signal.Signals(signum).name} again: still saving, exiting when it is done",
+                file=sys.stderr,
+                flush=True,
+            )
+            return
+        self.signum = signum
+
+    @property
+    def requested(self) -> bool:
+        """Whether to stop at this step boundary (on every process alike: a collective when >1)."""
+        if jax.process_count() == 1:
+            return bool(self.signum)
+        from jax.experimental import multihost_utils
+
+        return bool(np.max(multihost_utils.process_allgather(np.int32(self.signum))))
+
+    def exit(self, manager: ocp.CheckpointManager, log, pending, run_dir: Path, tc) -> None:
+        """After the checkpoint of step `pending[0]` was started: log the step, finish, exit."""
+        step = pending[0]
+        log.step(step, jax.device_get(pending[1]), last=True)
+        manager.wait_until_finished()
+        manager.close()
+        log.close()
+        signum = self.signum or signal.SIGTERM  # another process got the signal
+        if is_lead():
+            print(
+                f"train.py: {signal.Signals(signum).name} at step {step}: saved checkpoint {step} in "
+                f"{run_dir / tc.checkpoint_dir}; rerun the same command to resume",
+                file=sys.stderr,
+                flush=True,
+            )
+        raise SystemExit(128 + signum)
+
+
 # ----------------------------------------------------------------------------- checkpoints
 
 
@@ -335,10 +486,12 @@ def rollback(manager: ocp.CheckpointManager, abstract: dict, good: int) -> tuple
 def start_run(run_dir: Path, tc, package: str, file: str, spec: str, target: str) -> None:
     """Make RUN_DIR; process 0 writes RUN_DIR/run.json, what runs here, so that `axdsl plot` and
     `axdsl sample` find the code and config. `package` and `file`: train.py's `__package__`, `__file__`.
+    Process 0 first takes RUN_DIR/lock (see RunLock): one trainer per run directory.
     """
     run_dir.mkdir(parents=True, exist_ok=True)
     if not is_lead():
         return
+    RunLock(run_dir).acquire()
     info = {
         "package": package,
         "root": str(Path(file).resolve().parents[len(package.split("."))]),
@@ -349,7 +502,7 @@ def start_run(run_dir: Path, tc, package: str, file: str, spec: str, target: str
         "processes": jax.process_count(),
         "devices": jax.device_count(),
     }
-    (run_dir / "run.json").write_text(json.dumps(info, indent=2) + "\n")
+    (run_dir / "run.json").write_text(json.dumps(json_safe(info), indent=2, allow_nan=False) + "\n")
 
 
 def global_norm(tree) -> jax.Array:
@@ -357,10 +510,27 @@ def global_norm(tree) -> jax.Array:
     return jnp.sqrt(sum(jnp.sum(jnp.square(x.astype(jnp.float32))) for x in jax.tree.leaves(tree)))
 
 
-def finite(x) -> float | None:
-    """A metric for JSON: None where it is not finite."""
-    x = float(x)
-    return x if math.isfinite(x) else None
+def json_safe(row: dict) -> dict:
+    """`row` with every non-finite float (at any depth) replaced by None, the names of those
+    values listed under "nonfinite" (e.g. ["loss"], ["train.clip"]): strict JSON, no bare NaN."""
+    bad = []
+
+    def clean(value, name: str):
+        if isinstance(value, dict):
+            return {k: clean(v, f"{name}.{k}" if name else str(k)) for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            return [clean(v, f"{name}[{i}]") for i, v in enumerate(value)]
+        if isinstance(value, (float, np.floating)) and not math.isfinite(value):
+            bad.append(name)
+            return None
+        return value
+
+    cleaned = clean({k: v for k, v in row.items() if k != "nonfinite"}, "")
+    return (
+        {**cleaned, "nonfinite": sorted(set(bad + list(row.get("nonfinite", []))))}
+        if bad
+        else cleaned
+    )
 
 
 class Throughput:
@@ -383,6 +553,19 @@ class Throughput:
         return None if mark is None or step <= mark[0] else (step - mark[0]) / (now - mark[1])
 
 
+def open_metrics(path: Path):
+    """metrics.jsonl opened to append; a last line cut short (a kill mid-write) is ended first, so
+    that the new rows start on a line of their own and readers skip only the damaged one."""
+    file = open(path, "a+b")
+    file.seek(0, os.SEEK_END)
+    if file.tell():
+        file.seek(-1, os.SEEK_END)
+        if file.read(1) != b"\n":
+            file.write(b"\n")
+    file.close()
+    return open(path, "a", encoding="utf-8")
+
+
 class MetricsLog:
     """RUN_DIR/metrics.jsonl (one JSON object per line), the progress bar and the throughput.
 
@@ -401,14 +584,15 @@ class MetricsLog:
         dense, attn = flops
         self.flops_per_step = (dense + attn * tc.seq) * tc.batch * tc.seq
         self.tc, self.peak_flops = tc, peak_flops
-        self.file = open(args.out / "metrics.jsonl", "a") if self.lead else None
+        self.file = open_metrics(args.out / "metrics.jsonl") if self.lead else None
         disable = not self.lead or args.no_progress
         self.bar = tqdm(total=tc.steps, initial=start, disable=disable, unit="step")
         self.meter = Throughput()
 
     def write(self, row: dict) -> None:
+        """One line of strict JSON: a non-finite value is written as null and named in "nonfinite"."""
         if self.file:
-            self.file.write(json.dumps(row) + "\n")
+            self.file.write(json.dumps(json_safe(row), allow_nan=False) + "\n")
             self.file.flush()
 
     def step(self, done: int, report: dict, last: bool = False) -> None:
@@ -419,8 +603,8 @@ class MetricsLog:
             self.write(
                 {
                     "step": done,
-                    "loss": finite(report["loss"]),
-                    "grad_norm": finite(report["grad_norm"]),
+                    "loss": float(report["loss"]),
+                    "grad_norm": float(report["grad_norm"]),
                     "skipped_update": True,
                 }
             )
@@ -430,8 +614,8 @@ class MetricsLog:
             return
         row = {
             "step": done,
-            "loss": finite(report["loss"]),
-            "grad_norm": finite(report["grad_norm"]),
+            "loss": float(report["loss"]),
+            "grad_norm": float(report["grad_norm"]),
             "lr": float(report["lr"]),
         }
         if rate is not None:

@@ -11,13 +11,19 @@
 # srun starts train.py once per node; jax.distributed.initialize() reads SLURM's variables for the
 # coordinator, the process count and this process's id. Checkpoints, metrics.jsonl and run.json go
 # to RUN_DIR (default runs/gpt2_small-gpu-h100); submitting again resumes from its newest checkpoint.
+#
+# Preemption: SLURM sends SIGTERM to every task 120 s before the time limit (--signal below; give
+# another grace with `sbatch --signal=TERM@300 ...`), and on scancel or preemption SIGTERM then
+# SIGKILL after the cluster's KillWait. train.py saves a checkpoint at the next step boundary and
+# exits 143; srun, exec'd below so that it receives the signals itself, forwards them to the tasks.
 #SBATCH --job-name=gpt2_small
 #SBATCH --nodes=1
 #SBATCH --ntasks-per-node=1
 #SBATCH --gpus-per-node=8
 #SBATCH --exclusive
 #SBATCH --output=%x-%j.out
+#SBATCH --signal=TERM@120
 
 set -euo pipefail
 RUN_DIR="${RUN_DIR:-runs/gpt2_small-gpu-h100}"
-srun "${PYTHON:-python}" -m generated.gpt2_small.gpu_h100.train --out "$RUN_DIR" "$@"
+exec srun "${PYTHON:-python}" -m generated.gpt2_small.gpu_h100.train --out "$RUN_DIR" "$@"

@@ -11,12 +11,18 @@
 # srun starts train.py once per node; jax.distributed.initialize() reads SLURM's variables for the
 # coordinator, the process count and this process's id. Checkpoints, metrics.jsonl and run.json go
 # to RUN_DIR (default runs/llama2_7b-cpu); submitting again resumes from its newest checkpoint.
+#
+# Preemption: SLURM sends SIGTERM to every task 120 s before the time limit (--signal below; give
+# another grace with `sbatch --signal=TERM@300 ...`), and on scancel or preemption SIGTERM then
+# SIGKILL after the cluster's KillWait. train.py saves a checkpoint at the next step boundary and
+# exits 143; srun, exec'd below so that it receives the signals itself, forwards them to the tasks.
 #SBATCH --job-name=llama2_7b
 #SBATCH --nodes=1
 #SBATCH --ntasks-per-node=1
 #SBATCH --exclusive
 #SBATCH --output=%x-%j.out
+#SBATCH --signal=TERM@120
 
 set -euo pipefail
 RUN_DIR="${RUN_DIR:-runs/llama2_7b-cpu}"
-srun "${PYTHON:-python}" -m generated.llama2_7b.cpu.train --out "$RUN_DIR" "$@"
+exec srun "${PYTHON:-python}" -m generated.llama2_7b.cpu.train --out "$RUN_DIR" "$@"

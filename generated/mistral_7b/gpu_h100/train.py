@@ -199,6 +199,7 @@ def make_eval_step(cfg: Config, tc: TrainConfig, mesh):
 
 def main(argv=None) -> None:
     runtime.check_api(RUNTIME_API)
+    preempt = runtime.Preemption()  # SIGTERM/SIGINT from here on: save at the next step, then exit
     args = runtime.parse_args(__doc__, TRAIN, CONFIGS, argv)
     runtime.set_compile_cache(args)
     runtime.join_processes(args)  # before any other JAX call
@@ -208,7 +209,7 @@ def main(argv=None) -> None:
     train_tokens, eval_tokens = runtime.split(runtime.load_tokens(tc))
     runtime.start_run(args.out, tc, __package__, __file__, SPEC, TARGET)  # RUN_DIR/run.json
     manager = runtime.checkpoint_manager(args.out, tc)
-    with jax.set_mesh(mesh):
+    with jax.set_mesh(mesh), preempt:
         abstract = abstract_state(cfg, tc, mesh)
         if not (resumed := runtime.resume(manager, abstract, tc, args.out)):
             resumed = init_state(cfg, tc, mesh, jax.random.key(tc.seed)), 0, 0  # a new run
@@ -235,9 +236,9 @@ def main(argv=None) -> None:
                         continue
             pending = (step, metrics)
             log.advance()
-            last = step == tc.steps
+            last, stop = step == tc.steps, preempt.requested
             evaluate = tc.eval_every and (step % tc.eval_every == 0 or last)
-            checkpoint = tc.checkpoint_every and (step % tc.checkpoint_every == 0 or last)
+            checkpoint = stop or tc.checkpoint_every and (step % tc.checkpoint_every == 0 or last)
             if evaluate or checkpoint:  # their time is left out of the throughput
                 jax.block_until_ready(metrics)
                 began = time.perf_counter()
@@ -251,6 +252,8 @@ def main(argv=None) -> None:
                 if checkpoint:
                     runtime.save(manager, state, step, skipped, tc)
                 log.exclude(time.perf_counter() - began)
+            if stop:
+                preempt.exit(manager, log, pending, args.out, tc)  # exits 143 (SIGTERM) or 130
         if pending is not None:
             log.step(pending[0], jax.device_get(pending[1]), last=True)
         manager.wait_until_finished()

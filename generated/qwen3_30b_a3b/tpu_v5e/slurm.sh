@@ -11,6 +11,11 @@
 # srun starts train.py once per node; jax.distributed.initialize() reads SLURM's variables for the
 # coordinator, the process count and this process's id. Checkpoints, metrics.jsonl and run.json go
 # to RUN_DIR (default runs/qwen3_30b_a3b-tpu-v5e); submitting again resumes from its newest checkpoint.
+#
+# Preemption: SLURM sends SIGTERM to every task 120 s before the time limit (--signal below; give
+# another grace with `sbatch --signal=TERM@300 ...`), and on scancel or preemption SIGTERM then
+# SIGKILL after the cluster's KillWait. train.py saves a checkpoint at the next step boundary and
+# exits 143; srun, exec'd below so that it receives the signals itself, forwards them to the tasks.
 # TPU VMs are not usually managed by SLURM: instead run the same train.py on every worker,
 #     gcloud compute tpus tpu-vm ssh NAME --worker=all --command="python -m generated.qwen3_30b_a3b.tpu_v5e.train"
 #SBATCH --job-name=qwen3_30b_a3b
@@ -18,7 +23,8 @@
 #SBATCH --ntasks-per-node=1
 #SBATCH --exclusive
 #SBATCH --output=%x-%j.out
+#SBATCH --signal=TERM@120
 
 set -euo pipefail
 RUN_DIR="${RUN_DIR:-runs/qwen3_30b_a3b-tpu-v5e}"
-srun "${PYTHON:-python}" -m generated.qwen3_30b_a3b.tpu_v5e.train --out "$RUN_DIR" "$@"
+exec srun "${PYTHON:-python}" -m generated.qwen3_30b_a3b.tpu_v5e.train --out "$RUN_DIR" "$@"

@@ -1,0 +1,346 @@
+"""Preemption, the run lock and strict metrics: generated/tiny_llama/cpu/train.py stopped by SIGTERM
+or SIGINT saves the step it is at, prints one line and exits 143 or 130; rerun, it ends bitwise
+identical to an uninterrupted run. `axdsl train`'s child (runs.run_child) gets the signals sent to
+the parent and never outlives it. One trainer per run directory. metrics.jsonl is strict JSON and
+`axdsl plot` reads a damaged one with warnings. Last, the kill loop: SIGKILL and SIGTERM at random
+steps and during asynchronous saves, 20 rounds, every final state bitwise identical.
+
+All runs are subprocesses on 2 fake CPU devices with one tiny config (the same --steps, so the same
+compiled programs) sharing one compilation cache: only the first run compiles.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from axdsl import runs
+
+ROOT = Path(__file__).resolve().parent.parent
+STEPS = 24
+EVERY = 4
+ARGS = ["--steps", str(STEPS), "--batch", "8", "--seq", "64", "--checkpoint-every", str(EVERY),
+        "--log-every", "1", "--eval-every", "0", "--no-progress"]
+ENV = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2", JAX_PLATFORMS="cpu")
+STOP_LINE = "train.py: {name} at step {step}: saved checkpoint {step} in {run}/checkpoints; " \
+            "rerun the same command to resume"
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("compile_cache")
+
+
+def command(run: Path, cache: Path) -> list[str]:
+    return [sys.executable, "-m", "generated.tiny_llama.cpu.train", *ARGS, "--out", str(run),
+            "--compile-cache", str(cache)]
+
+
+def start(run: Path, cache: Path, log: Path, cmd: list[str] | None = None) -> subprocess.Popen:
+    with open(log, "w") as f:
+        return subprocess.Popen(cmd or command(run, cache), cwd=ROOT, env=ENV, stdout=f, stderr=f)
+
+
+def run_to_end(run: Path, cache: Path) -> str:
+    proc = subprocess.run(command(run, cache), cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "Traceback" not in proc.stderr
+    return proc.stderr
+
+
+def complete(run: Path) -> list[int]:
+    folder = run / "checkpoints"
+    return sorted(int(p.name) for p in folder.iterdir() if p.name.isdigit()
+                  and (p / "commit_success.txt").exists()) if folder.exists() else []
+
+
+def saving(run: Path) -> bool:
+    """Whether an asynchronous save is in flight (orbax's temporary directory exists)."""
+    return any((run / "checkpoints").glob("*.orbax-checkpoint-tmp*"))
+
+
+def last_logged_step(run: Path) -> int:
+    try:
+        lines = (run / "metrics.jsonl").read_text().splitlines()
+    except FileNotFoundError:
+        return 0
+    steps = [0]
+    for line in lines:
+        try:
+            steps.append(json.loads(line)["step"])
+        except (json.JSONDecodeError, KeyError):  # a line being written
+            pass
+    return max(steps)
+
+
+def logged_lines(run: Path) -> int:
+    path = run / "metrics.jsonl"
+    return len(path.read_text().splitlines()) if path.exists() else 0
+
+
+def new_steps(run: Path, seen: int) -> list[int]:
+    """The steps logged after the first `seen` lines of metrics.jsonl (by the current process)."""
+    path, steps = run / "metrics.jsonl", []
+    for line in path.read_text().splitlines()[seen:] if path.exists() else []:
+        try:
+            steps.append(json.loads(line)["step"])
+        except (json.JSONDecodeError, KeyError):
+            pass
+    return steps
+
+
+def wait_for(condition, proc: subprocess.Popen, what: str, seconds: float = 120) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert proc.poll() is None, f"the run ended before {what}"
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.002)
+
+
+def final_state(run: Path) -> dict[str, np.ndarray]:
+    """Every array of the train state saved at the last step (params, optimizer state, counters)."""
+    import jax
+    import orbax.checkpoint as ocp
+
+    from generated.tiny_llama.cpu import train as tm
+
+    tc, cfg = tm.TRAIN, tm.CONFIGS[tm.TRAIN.model]
+    one = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    shapes = jax.eval_shape(lambda k: tm.new_state(cfg, tc, k), jax.random.key(0))
+    abstract = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=one), shapes)
+    with ocp.StandardCheckpointer() as checkpointer:
+        state = checkpointer.restore((run / "checkpoints" / str(STEPS) / "state").absolute(), abstract)
+    return {jax.tree_util.keystr(p): np.asarray(leaf) for p, leaf in jax.tree_util.tree_leaves_with_path(state)}
+
+
+def identical(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> bool:
+    return a.keys() == b.keys() and all(
+        a[k].dtype == b[k].dtype and a[k].shape == b[k].shape and a[k].tobytes() == b[k].tobytes() for k in a)
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory, cache) -> dict[str, np.ndarray]:
+    """The final state of an uninterrupted run."""
+    run = tmp_path_factory.mktemp("reference") / "run"
+    run_to_end(run, cache)
+    assert not (run / "lock").exists()
+    return final_state(run)
+
+
+def dead_pid() -> int:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie (exited, not yet reaped by its parent) is not training
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+# ----------------------------------------------------------------------------- SIGTERM and SIGINT
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("signum, when", [(signal.SIGTERM, "at step 9"), (signal.SIGINT, "while compiling")])
+def test_signal_saves_the_step_exits_and_resumes_bitwise(tmp_path, reference, cache, signum, when):
+    """SIGTERM at a step, and Ctrl-C before the first step is done (run.json written, the train
+    step compiling): one line, exit 128 + signal, a checkpoint at that step, no traceback, the
+    lock released; the rerun resumes there and ends identical to the uninterrupted run."""
+    run = tmp_path / "run"
+    proc = start(run, cache, tmp_path / "stopped.log")
+    ready = (lambda: last_logged_step(run) >= 9) if signum == signal.SIGTERM else (run / "run.json").exists
+    wait_for(ready, proc, f"signalling it {when}")
+    logged = last_logged_step(run)
+    proc.send_signal(signum)
+    assert proc.wait(timeout=120) == 128 + signum
+    out = (tmp_path / "stopped.log").read_text()
+    assert "Traceback" not in out and not (run / "lock").exists()
+    saved = max(complete(run))
+    assert logged < saved <= logged + 2  # the step in flight, or the one after it (one step late)
+    assert out.strip().splitlines() == [STOP_LINE.format(name=signal.Signals(signum).name, step=saved, run=run)]
+    assert last_logged_step(run) == saved  # the pending metrics were written
+
+    assert f"resumed from step {saved}" in run_to_end(run, cache)
+    assert identical(final_state(run), reference)
+
+
+def driver(run: Path, cache: Path) -> list[str]:
+    """`axdsl train`'s way to run train.py (runs.run_child), in a process of its own."""
+    code = f"import sys; from axdsl import runs; sys.exit(runs.run_child({command(run, cache)!r}))"
+    return [sys.executable, "-c", code]
+
+
+@pytest.mark.slow
+def test_sigterm_to_axdsl_train_reaches_the_child(tmp_path, cache):
+    run = tmp_path / "run"
+    parent = start(run, cache, tmp_path / "train.log", driver(run, cache))
+    wait_for(lambda: last_logged_step(run) >= 5, parent, "step 5")
+    child = json.loads((run / "lock").read_text())["pid"]
+    parent.send_signal(signal.SIGTERM)
+    assert parent.wait(timeout=120) == 143  # the child's exit code, passed on
+    assert not alive(child)
+    out = (tmp_path / "train.log").read_text()
+    assert "Traceback" not in out and "train.py: SIGTERM at step" in out
+    assert max(complete(run)) > 5
+
+
+@pytest.mark.slow
+def test_sigkill_of_axdsl_train_stops_the_child(tmp_path, cache):
+    """The parent dies without a word (SIGKILL): the child is told (SIGTERM), saves and exits."""
+    run = tmp_path / "run"
+    parent = start(run, cache, tmp_path / "train.log", driver(run, cache))
+    wait_for(lambda: last_logged_step(run) >= 5, parent, "step 5")
+    child = json.loads((run / "lock").read_text())["pid"]
+    parent.send_signal(signal.SIGKILL)
+    parent.wait(timeout=60)
+    deadline = time.monotonic() + 120
+    while alive(child):
+        assert time.monotonic() < deadline, "the orphaned child kept training"
+        time.sleep(0.05)
+    assert "train.py: SIGTERM at step" in (tmp_path / "train.log").read_text()
+    assert last_logged_step(run) < STEPS and not (run / "lock").exists()
+
+
+# ----------------------------------------------------------------------------- the run lock
+
+
+@pytest.mark.slow
+def test_second_trainer_is_refused_and_a_stale_lock_taken_over(tmp_path, reference, cache):
+    run = tmp_path / "run"
+    run.mkdir()
+    lock = {"pid": os.getpid(), "host": socket.gethostname(), "since": time.time()}
+    (run / "lock").write_text(json.dumps(lock))  # a live trainer: this test's own process
+    proc = subprocess.run(command(run, cache), cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert f"in use by pid {os.getpid()} on {socket.gethostname()} since" in proc.stderr
+    assert sorted(p.name for p in run.iterdir()) == ["lock"]  # nothing else was written
+
+    (run / "lock").write_text(json.dumps({**lock, "pid": dead_pid()}))
+    stderr = run_to_end(run, cache)
+    assert "taking over the stale lock of pid" in stderr
+    assert not (run / "lock").exists()  # released at the end
+    assert identical(final_state(run), reference)
+
+
+# ----------------------------------------------------------------------------- metrics
+
+
+def strict(line: str) -> dict:
+    def refuse(constant):
+        raise AssertionError(f"bare {constant} in {line!r}")
+
+    return json.loads(line, parse_constant=refuse)
+
+
+def test_nonfinite_metrics_are_strict_json(tmp_path):
+    from generated import runtime
+    from generated.tiny_llama.cpu import train as tm
+
+    args = SimpleNamespace(out=tmp_path, no_progress=True)
+    log = runtime.MetricsLog(args, tm.TRAIN, 0, (1, 1), 1.0)
+    bad = {"ok": False, "loss": np.float32("nan"), "grad_norm": np.float32("inf"), "lr": 0.1, "bad_steps": 1}
+    log.step(3, bad)
+    log.write({"step": 4, "eval_loss": float("nan")})
+    log.write({"step": 5, "eval_loss": 2.5})
+    log.close()
+    rows = [strict(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert rows[0] == {"step": 3, "loss": None, "grad_norm": None, "skipped_update": True,
+                       "nonfinite": ["grad_norm", "loss"]}
+    assert rows[1:] == [{"step": 4, "eval_loss": None, "nonfinite": ["eval_loss"]}, {"step": 5, "eval_loss": 2.5}]
+    assert runtime.json_safe({"train": {"clip": math.inf}}) == {"train": {"clip": None}, "nonfinite": ["train.clip"]}
+    assert runs.read_metrics(tmp_path) == ([], [(5, 2.5)])
+
+
+def test_plot_reads_a_damaged_metrics_file_with_warnings(tmp_path, capsys):
+    good = [json.dumps({"step": s, "loss": 5.0 - 0.1 * s}) for s in range(1, 6)]
+    lines = [good[0], good[1], '{"step": 3, "lo', good[2], good[2], "\x00\xff garbage", "[1, 2]",
+             '{"loss": 1.0}', '{"step": 6, "loss": NaN}', '{"step": 7, "eval_loss": Infinity}', "",
+             '{"step": true, "loss": 1.0}', '{"step": 8, "loss": "x"}', good[3], good[4]]
+    (tmp_path / "metrics.jsonl").write_bytes("\n".join(lines).encode("utf-8", "surrogateescape") + b'\n{"st')
+    assert runs.plot(tmp_path, tmp_path / "chart.png") == 0
+    err = capsys.readouterr().err
+    path = tmp_path / "metrics.jsonl"
+    for number in (3, 6, 7, 8, 9, 10, 12, 16):
+        assert f"axdsl: warning: {path}:{number}: " in err, number
+    assert err.count("warning") == 8 and "Traceback" not in err
+    assert runs.read_metrics(tmp_path)[0] == [(s, 5.0 - 0.1 * s) for s in range(1, 6)]
+    (tmp_path / "metrics.jsonl").write_text("garbage\n")
+    assert runs.plot(tmp_path, tmp_path / "chart.png") == 1  # no losses: a clean error
+
+
+# ----------------------------------------------------------------------------- the kill loop
+
+
+KILLS, PER_CHAIN = 20, 2  # 10 chains of 2 killed runs, each chain then resumed to the end
+
+
+def kill_once(run: Path, cache: Path, log: Path, rng: random.Random) -> str | None:
+    """Start the run and send SIGKILL or SIGTERM at a random step after its newest checkpoint, or
+    while an asynchronous save is in flight; what was done, or None when the run ended first."""
+    name, how = rng.choice(["SIGKILL", "SIGTERM"]), rng.choice(["step", "save"])
+    target = rng.randint(max(complete(run), default=0) + 1, STEPS - 1)
+    seen = logged_lines(run)  # the rows this process writes come after these
+    proc = start(run, cache, log)
+
+    def ready() -> bool:
+        steps = new_steps(run, seen)  # waiting for a first step: the handlers are installed
+        return bool(steps) and (saving(run) or max(steps) >= STEPS - 1 if how == "save" else max(steps) >= target)
+
+    deadline = time.monotonic() + 120
+    while not ready() and proc.poll() is None:
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.002)
+    in_save = saving(run)
+    if proc.poll() is None:
+        proc.send_signal(getattr(signal, name))
+    code = proc.wait(timeout=120)
+    assert "Traceback" not in log.read_text()
+    if code == 0:  # it ended before the signal
+        return None
+    assert code == (-signal.SIGKILL if name == "SIGKILL" else 143), log.read_text()[-4000:]
+    return f"{name} {'during an async save' if in_save else f'at step {target}'}"
+
+
+@pytest.mark.slow
+def test_kill_loop_every_final_state_is_bitwise_identical(tmp_path, reference, cache):
+    """SIGKILL and SIGTERM at random steps and during asynchronous saves (seeded), 20 rounds: each
+    killed run is rerun with the same command, which the next round kills again, then resumed to
+    the end; every run that reaches the end holds exactly the uninterrupted run's final state."""
+    seed = int(os.environ.get("AXDSL_KILL_SEED", random.randrange(1 << 30)))
+    rng = random.Random(seed)
+    print(f"kill loop seed {seed} (AXDSL_KILL_SEED={seed} repeats it)")
+    kills, finals = [], []
+    while len(kills) < KILLS:
+        run = tmp_path / f"chain{len(finals)}"
+        for _ in range(PER_CHAIN):
+            if len(kills) == KILLS or max(complete(run), default=0) >= STEPS - 1:
+                break
+            log = tmp_path / f"round{len(kills)}.log"
+            if (what := kill_once(run, cache, log, rng)) is None:
+                break
+            kills.append(what)
+            print(f"round {len(kills)}: {what}")
+        run_to_end(run, cache)
+        finals.append(identical(final_state(run), reference))
+    during_save = sum("save" in k for k in kills)
+    print(f"{len(kills)} kills ({during_save} during an async save), {len(finals)} finals, {sum(finals)} identical")
+    assert len(kills) == KILLS and all(finals)
