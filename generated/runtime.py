@@ -11,6 +11,7 @@ checkpoint_*, log_every, ...) and never change it.
 import argparse
 import atexit
 import dataclasses
+import hashlib
 import json
 import math
 import os
@@ -26,6 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import orbax.checkpoint as ocp
+from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 from tqdm import tqdm
@@ -393,6 +395,25 @@ class Preemption:
 
 # ----------------------------------------------------------------------------- checkpoints
 
+CHECKSUMS = "axdsl_checksums.json"  # in each step directory: the size and sha256 of its files
+
+
+class CheckpointManager(ocp.CheckpointManager):
+    """orbax's manager that also writes each committed step's checksums (orbax alone never
+    notices a flipped byte).
+
+    An async save commits in the background, so a step's checksums are written at the next
+    wait_until_finished: each save begins with one, and train.py ends with one. A step committed
+    but killed before its checksums were written cannot be verified: it is restored if orbax can
+    read it, and set aside if it cannot.
+    """
+
+    def wait_until_finished(self) -> None:
+        super().wait_until_finished()
+        if is_lead():
+            for step in self.all_steps():
+                write_checksums(step_dir(self, step))
+
 
 def checkpoint_manager(run_dir: Path, tc) -> ocp.CheckpointManager:
     """Orbax checkpoints under RUN_DIR/{tc.checkpoint_dir}: keep the newest K, save asynchronously.
@@ -406,7 +427,83 @@ def checkpoint_manager(run_dir: Path, tc) -> ocp.CheckpointManager:
         cleanup_tmp_directories=True,
         create=True,
     )
-    return ocp.CheckpointManager((run_dir / tc.checkpoint_dir).absolute(), options=options)
+    return CheckpointManager((run_dir / tc.checkpoint_dir).absolute(), options=options)
+
+
+def step_dir(manager: ocp.CheckpointManager, step: int) -> Path:
+    return Path(manager.directory) / str(step)
+
+
+def sha256(path: Path) -> str:
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def write_checksums(directory: Path) -> None:
+    """Write `CHECKSUMS` (atomically) into a committed step directory that has none yet."""
+    if not (directory / "commit_success.txt").exists() or (directory / CHECKSUMS).exists():
+        return
+    files = sorted(
+        p for p in directory.rglob("*") if p.is_file() and not p.name.startswith(CHECKSUMS)
+    )
+    table = {p.relative_to(directory).as_posix(): [p.stat().st_size, sha256(p)] for p in files}
+    partial = directory / (CHECKSUMS + ".partial")
+    partial.write_text(json.dumps({"files": table}, indent=1), encoding="utf-8")
+    os.replace(partial, directory / CHECKSUMS)
+
+
+def checksum_problem(directory: Path) -> str | None:
+    """What differs between a step directory's files and its checksums; None if nothing does."""
+    try:
+        table = json.loads((directory / CHECKSUMS).read_text(encoding="utf-8"))["files"]
+        table = {name: (int(size), str(digest)) for name, (size, digest) in table.items()}
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError, AttributeError):
+        return f"{CHECKSUMS} is unreadable"
+    for name, (size, digest) in sorted(table.items()):
+        path = directory / name
+        if not path.is_file():
+            return f"{name} is missing"
+        if (actual := path.stat().st_size) != size:
+            return f"{name} has {actual} bytes, {size} were written ({'empty' if not actual else 'truncated'})"
+        if sha256(path) != digest:
+            return f"{name} is corrupt: its content differs from what was written (sha256)"
+    return None
+
+
+def structure_problem(directory: Path) -> str | None:
+    """Without checksums: whether the metadata files orbax reads first are there and parse."""
+    for name in ("state/_METADATA", "data/metadata"):
+        path = directory / name
+        if not path.is_file():
+            return f"{name} is missing"
+        try:
+            json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, ValueError):
+            return f"{name} is {'empty' if path.stat().st_size == 0 else 'not valid JSON'}"
+    return None
+
+
+def checkpoint_problem(directory: Path) -> str | None:
+    """What is wrong with a committed step directory, or None when it looks intact."""
+    if (directory / CHECKSUMS).exists():
+        return checksum_problem(directory)
+    return structure_problem(directory)
+
+
+def set_aside(manager: ocp.CheckpointManager, step: int, problem: str) -> None:
+    """Report a damaged step and rename it to `<step>.damaged` (kept, never deleted; orbax no
+    longer lists it). Only process 0 renames; the others wait for it."""
+    source = step_dir(manager, step)
+    target, n = source.with_name(f"{step}.damaged"), 1
+    while target.exists():
+        n += 1
+        target = source.with_name(f"{step}.damaged-{n}")
+    if is_lead():
+        print(f"checkpoint {step} is damaged: {problem}; set aside as {target}", file=sys.stderr)
+        source.rename(target)
+    if jax.process_count() > 1:
+        multihost_utils.sync_global_devices(f"set aside checkpoint {step}")
+    manager.reload()
 
 
 def complete_steps(manager: ocp.CheckpointManager) -> list[int]:
@@ -446,14 +543,36 @@ def restore(manager: ocp.CheckpointManager, abstract: dict, step: int) -> tuple[
     return restored["state"], restored["data"]
 
 
+def restore_good(
+    manager: ocp.CheckpointManager, abstract: dict, steps: list[int]
+) -> tuple[int, dict, dict] | None:
+    """(step, state, data position) of the newest of `steps` that is intact and restores; the
+    damaged ones after it are reported and set aside. None when none is good."""
+    for step in reversed(steps):
+        problem = checkpoint_problem(step_dir(manager, step))
+        if problem is None:
+            try:
+                return step, *restore(manager, abstract, step)
+            except Exception as exc:  # tensorstore and orbax raise many types for unreadable data
+                if (
+                    step_dir(manager, step) / CHECKSUMS
+                ).exists():  # intact: it is this run that differs
+                    sys.exit(
+                        f"error: checkpoint {step} is intact but does not fit this train state "
+                        f"(was the model or optimizer changed?): {str(exc).splitlines()[0][:300]}"
+                    )
+                problem = f"orbax cannot read it: {(str(exc).splitlines() or [type(exc).__name__])[0][:300]}"
+        set_aside(manager, step, problem)
+    return None
+
+
 def resume(
     manager: ocp.CheckpointManager, abstract: dict, tc, run_dir: Path
 ) -> tuple[dict, int, int] | None:
-    """(state, step, data skipped) from the newest complete checkpoint; None when there is none."""
-    steps = complete_steps(manager)
-    if not steps:
+    """(state, step, data skipped) from the newest good checkpoint; None when there is none."""
+    if not (found := restore_good(manager, abstract, complete_steps(manager))):
         return None
-    state, data = restore(manager, abstract, steps[-1])
+    _, state, data = found
     if (data["seed"], data["batch"], data["seq"]) != (tc.seed, tc.batch, tc.seq) and is_lead():
         print(
             "warning: seed, batch or seq differ from the checkpoint's: the data order changes",
@@ -465,17 +584,17 @@ def resume(
 
 
 def rollback(manager: ocp.CheckpointManager, abstract: dict, good: int) -> tuple[dict, dict] | None:
-    """(state, data position) of the newest complete checkpoint at or before step `good`; None if none.
+    """(state, data position) of the newest good checkpoint at or before step `good`; None if none.
 
-    Checkpoints after it are from the stretch being abandoned (it is redone): they are deleted.
+    Damaged ones are set aside; checkpoints after it are from the stretch being abandoned (it is
+    redone): they are deleted.
     """
     manager.wait_until_finished()
-    complete = complete_steps(manager)
-    before = [s for s in complete if s <= good]
-    if not before:
+    found = restore_good(manager, abstract, [s for s in complete_steps(manager) if s <= good])
+    if not found:
         return None
-    state, data = restore(manager, abstract, before[-1])
-    for later in (s for s in complete if s > before[-1]):
+    step, state, data = found
+    for later in [s for s in manager.all_steps() if s > step]:
         manager.delete(later)
     return state, data
 
