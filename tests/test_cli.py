@@ -139,7 +139,7 @@ def test_axdsl_train_runs_an_edited_train_py_as_it_is(tmp_path, monkeypatch, cap
     ran = []
 
     class Proc:
-        def __init__(self, cmd):
+        def __init__(self, cmd, **kwargs):
             ran.append(cmd)
 
         def wait(self):

@@ -75,7 +75,7 @@ def test_every_setting_reaches_train_config(tmp_path):
     assert tm.model_config(dataclasses.replace(tc, dtype="")).dtype == np.float32
     source = Path(tm.__file__).read_text()
     assert "optax.lion(" in source and "optax.adamw(" not in source  # only the optimizer in use
-    assert "full.axl:9:25)\n    steps: int = 50\n" in source  # where it was set
+    assert "full.axl:9:25\n    steps: int = 50\n" in source  # where it was set
 
 
 def test_defaults_without_a_train_block(tmp_path):
