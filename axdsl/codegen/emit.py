@@ -281,6 +281,8 @@ def _param_table(root: ir.Instance) -> tuple[list[str], list[ParamRow]]:
 
 def _aligned(rows: list[ParamRow]) -> list[str]:
     """The table's header comment and rows, each column padded to its widest cell."""
+    if not rows:  # a model without parameters (only a forward) has an empty table
+        return []
     cols = ["shape", "axes", "init", "scale"] + (["spec"] if rows[0].spec != "None" else [])
     titles = {"shape": "shape", "axes": "logical axes", "init": "init", "scale": "scale", "spec": "mesh"}
     cells = [[r.path] + [getattr(r, c) + ("," if i < len(cols) - 1 else "") for i, c in enumerate(cols)]

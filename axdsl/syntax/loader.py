@@ -55,9 +55,16 @@ def load(path: Path) -> Program:
             return
         name = display_path(p)
         try:
-            text = p.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
-            reason = exc.strerror if isinstance(exc, OSError) else "the file is not UTF-8 text"
+            data = p.read_bytes()
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            diags.error(_byte_span(name, data, exc.start), "the file is not UTF-8 text: "
+                        f"byte 0x{data[exc.start]:02x} at offset {exc.start} cannot be decoded",
+                        "specs are UTF-8 text; was a binary file given?")
+            sources[name] = data.decode("utf-8", errors="replace")  # to show the line and caret
+            return
+        except OSError as exc:
+            reason = exc.strerror
             if at is None:
                 raise CompileError([Diagnostic(Span(name, 0, 0), f"cannot read spec: {reason}")])
             diags.error(at, f"cannot import `{name}`: {reason}",
@@ -81,6 +88,13 @@ def load(path: Path) -> Program:
     _collect_names(program, diags)
     diags.raise_if_any(sources)
     return program
+
+
+def _byte_span(name: str, data: bytes, offset: int) -> Span:
+    """The line and column (1-based, in characters) of byte `offset` of a file being decoded."""
+    before = data[:offset].decode("utf-8", errors="replace")
+    line = before.count("\n") + 1
+    return Span(name, line, len(before) - (before.rfind("\n") + 1) + 1)
 
 
 def _import_target(importer: Path, spec_path: str) -> Path:
