@@ -1,9 +1,9 @@
 """The primitive registry: each primitive is one entry, and adding one is a one-module change.
 
 The last test copies the compiler, adds a single new module under axdsl/primitives/ (a
-`softsign` primitive with its signature, emitter, and memory rule) and shows that a spec can then
-call it: it checks, builds, gets FLOPs and a memory estimate, and the generated model computes
-softsign, without any other file of the compiler changing.
+`softsign` primitive with its signature, emitter, helper function and memory rule) and shows that
+a spec can then call it: it checks, builds, gets FLOPs and a memory estimate, and the generated
+model ships the helper and computes softsign, without any other file of the compiler changing.
 """
 
 from __future__ import annotations
@@ -40,6 +40,20 @@ def test_flags_replace_name_checks():
     assert primitives.get("embed").gathers and primitives.get("transpose").see_through
 
 
+def test_helpers_and_kernels_live_on_their_primitive():
+    from axdsl.targets import profiles
+
+    owners = {h.name: n for n, p in primitives.REGISTRY.items() for h in p.helpers}
+    assert owners["apply_rope"] == "rope" and owners["splash_attention"] == "attention"
+    assert {owners["moe_swiglu"], owners["moe_swiglu.capacity"], owners["fp8_einsum"]} == {"moe", "quantized"}
+    assert set(primitives.HELPERS) == set(owners)
+    for profile in profiles().values():  # every kernel a profile prefers is one its primitive has
+        for op, kernels in profile.kernels.items():
+            rule = primitives.get(op).kernels
+            assert rule is not None and set(kernels) <= set(rule.names), (profile.name, op, kernels)
+            assert kernels[-1] == rule.fallback, (profile.name, op)
+
+
 def test_verifier_rejects_a_primitive_call_that_does_not_match_its_entry(in_root):
     from dataclasses import replace
 
@@ -62,14 +76,23 @@ def test_verifier_rejects_a_primitive_call_that_does_not_match_its_entry(in_root
 
 
 SOFTSIGN = '''
-"""softsign(x) = x / (1 + |x|), elementwise."""
+"""softsign(x) = x / (1 + |x|), elementwise, through a helper function copied into the model."""
 
-from axdsl.primitives.base import Primitive, Saves, Signature, saves_memory
+from axdsl.primitives.base import Helper, Primitive, Saves, Signature, saves_memory
+
+SOFTSIGN = \'\'\'def softsign(x: jax.Array) -> jax.Array:
+    """x / (1 + |x|), elementwise."""
+    return x / (1 + jnp.abs(x))\'\'\'
+
+
+def _emit(ctx, prim, args, precs):
+    ctx.use_helper("softsign")
+    return f"softsign({args[0]})"
+
 
 PRIMITIVES = (
-    Primitive("softsign", Signature(("x",), doc="elementwise x / (1 + |x|)"),
-              emit=lambda ctx, prim, args, precs: f"jax.nn.soft_sign({args[0]})",
-              memory=saves_memory(Saves(input=True))),
+    Primitive("softsign", Signature(("x",), doc="elementwise x / (1 + |x|)"), emit=_emit,
+              helpers=(Helper("softsign", SOFTSIGN),), memory=saves_memory(Saves(input=True))),
 )
 '''
 
@@ -101,7 +124,7 @@ from axdsl.pipeline import compile_spec
 spec = Path(sys.argv[1])
 module = compile_spec(spec)
 files = build_files(spec, "cpu")
-assert "jax.nn.soft_sign(" in files["model.py"], files["model.py"]
+assert "def softsign(" in files["model.py"] and "softsign(x @ " in files["model.py"], files["model.py"]
 flops = model_flops(module.models[0], seq=16)
 assert flops.matmul > 0
 est = estimate_memory(module, "toy")
@@ -124,7 +147,7 @@ tokens = jnp.arange(16, dtype=jnp.int32).reshape(2, 8)
 logits = m.forward(cfg, params, tokens)
 assert logits.shape == (2, 8, 64) and bool(jnp.all(jnp.isfinite(logits)))
 x = jnp.linspace(-3, 3, 7)
-np.testing.assert_allclose(jax.nn.soft_sign(x), x / (1 + jnp.abs(x)), rtol=1e-6)
+np.testing.assert_allclose(m.softsign(x), x / (1 + jnp.abs(x)), rtol=1e-6)
 print("ran")
 '''
 

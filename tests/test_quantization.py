@@ -25,7 +25,7 @@ import optax
 import pytest
 
 from axdsl.build import build_files
-from axdsl.codegen import quant
+from axdsl.primitives import quantized as quant
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -63,7 +63,7 @@ def test_every_required_profile_ships_with_its_facts():
     for name in REQUIRED:
         p = profiles()[name]
         assert p.hbm_bytes > 0 and p.peak_flops("bf16") > 0 and p.chips_per_host >= 1
-        assert p.attention[-1] == "xla", "every profile can fall back to the XLA reference"
+        assert p.kernels["attention"][-1] == "xla", "every profile can fall back to the XLA reference"
         assert set(p.rules) >= {"batch", "embed", "heads", "mlp", "vocab", "experts"}
     assert profiles()["gpu-h100"].peak_flops("fp8") > 1.9 * profiles()["gpu-h100"].peak_flops("bf16")
     assert "int8" in profiles()["tpu-v5e"].quantize and "fp8" not in profiles()["tpu-v5e"].quantize

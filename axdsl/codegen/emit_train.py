@@ -17,7 +17,7 @@ from axdsl.codegen.names import py_str
 from axdsl import primitives
 from axdsl.ir import nodes as ir
 from axdsl.ir.rewrite import tree_has
-from axdsl.passes.annotate_sharding import kept_axes, spec_text
+from axdsl.passes.annotate_sharding import spec_text
 from axdsl.targets import profiles
 
 
@@ -41,7 +41,7 @@ def emit_train(module: ir.Module, package: str, flops: list[tuple[str, int, int]
     opt_name = t.get("optimizer").name
     sched_name = t.get("schedule").name
     profile = profiles()[module.schedule.profile]
-    batch_axes = kept_axes(module.schedule, "batch")
+    batch_axes = module.schedule.kept_axes("batch")
     return render_template(
         "train.py.j2",
         version=__version__, spec=module.spec, sha256=module.sha256, target=module.target_name,

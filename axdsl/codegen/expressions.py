@@ -49,7 +49,7 @@ def rng_arg(index: str) -> str:
 # Every read of a target pass's result lives here, so an IR change touches these few lines.
 def kernel_why(schedule: ir.Schedule | None, e: ir.Prim) -> str:
     """`select_kernels: cudnn, the first of gpu-h100's attention kernels that fits`."""
-    choice = e.kernel or ir.KernelChoice("xla")
+    choice = e.kernel or ir.KernelChoice(primitives.get(e.name).kernels.fallback)
     if schedule is None:
         return f"select_kernels: {choice.kernel} (no target schedule)"
     if choice.origin.from_spec:
@@ -107,7 +107,7 @@ class FunctionEmitter:
     temps: set[str] = field(default_factory=set)
     rng_uses: int = 0
     imports: set[str] = field(default_factory=set)  # import lines the emitted body needs
-    helpers: set[str] = field(default_factory=set)  # helper functions (helpers.py) it calls
+    helpers: set[str] = field(default_factory=set)  # helper functions (primitives.HELPERS) it calls
     quant_noted: bool = False  # the quantize_matmuls comment is written once per function
 
     def emit_body(self) -> list[str]:
@@ -287,7 +287,6 @@ class FunctionEmitter:
     def _Prim(self, e: ir.Prim):
         """A primitive's code comes from its registry entry (axdsl/primitives/)."""
         prim = primitives.get(e.name)
-        self.helpers.update(prim.helpers)
         emitted = [self.expr(a) for a in e.args] if prim.emits_operands else []  # once: may hoist
         code = prim.emit(self, e, [c for c, _ in emitted], [p for _, p in emitted])
         return code, _ATOM
@@ -306,7 +305,7 @@ class FunctionEmitter:
         self.lines.append(text)
 
     def use_helper(self, name: str) -> None:
-        """The generated model needs helper `name` (axdsl/codegen/helpers.py)."""
+        """The generated model needs helper `name` (one of its primitive's `helpers`)."""
         self.helpers.add(name)
 
     def next_rng(self) -> str:

@@ -74,6 +74,12 @@ class Schedule:
     def size(self, mesh_axis: str) -> int:
         return dict(self.mesh_sizes)[mesh_axis]
 
+    def kept_axes(self, logical: str) -> tuple[str, ...]:
+        """The mesh axes a logical axis maps to on this target, without the axes written as size 1
+        (they shard nothing; the -1 axis is kept, since its size follows the chip count)."""
+        written = dict(self.mesh.value)
+        return tuple(a for a in self.rule(logical) if written.get(a, 1) != 1)
+
 
 @dataclass(frozen=True)
 class NamedCall:

@@ -43,7 +43,7 @@ def annotate_sharding(module: ir.Module) -> ir.Module:
 def _report_undivided(model: ir.Model, sched: ir.Schedule, undivided: dict, diags: Diagnostics) -> None:
     """One error per logical axis and size, at the rule when the spec wrote it, else at the model."""
     for (logical, size), paths in undivided.items():
-        axes = kept_axes(sched, logical)
+        axes = sched.kept_axes(logical)
         ways = math.prod(sched.size(a) for a in axes)
         how = " x ".join(f"{a}={sched.size(a)}" for a in axes)
         rule = sched.rule_choice(logical)
@@ -53,12 +53,6 @@ def _report_undivided(model: ir.Model, sched: ir.Schedule, undivided: dict, diag
                            f"({ways} shards on {sched.name}) does not divide (parameters {shown})",
                     f"change the mesh, map `{logical}` to other mesh axes in rules(...), or pick a size "
                     f"that is a multiple of {ways}")
-
-
-def kept_axes(sched: ir.Schedule, logical: str) -> tuple[str, ...]:
-    """The mesh axes a logical axis maps to on this target, without size-1 axes."""
-    written = dict(sched.mesh.value)
-    return tuple(a for a in sched.rule(logical) if written.get(a, 1) != 1)
 
 
 def _annotate(inst: ir.Instance, sched: ir.Schedule, diags: Diagnostics, undivided: dict) -> ir.Instance:
@@ -73,7 +67,7 @@ def _shard_param(inst: ir.Instance, p: ir.Param, sched: ir.Schedule, diags: Diag
     seen: dict[str, str] = {}
     path = f"{inst.path.rstrip('/')}/{p.name}"
     for dim, logical in zip(p.full_dims, p.full_axes):
-        axes = kept_axes(sched, logical)
+        axes = sched.kept_axes(logical)
         rule = sched.rule_choice(logical)
         where = rule.span if rule is not None and rule.span is not None else p.span
         for a in axes:
@@ -94,7 +88,7 @@ def activation_spec(sched: ir.Schedule, logical_axes: tuple[str | None, ...]) ->
     used: set[str] = set()
     out = []
     for logical in logical_axes:
-        axes = tuple(a for a in kept_axes(sched, logical) if a not in used) if logical else ()
+        axes = tuple(a for a in sched.kept_axes(logical) if a not in used) if logical else ()
         used.update(axes)
         out.append(axes)
     return tuple(out)

@@ -22,7 +22,7 @@ from axdsl import primitives
 from axdsl.errors import Diagnostics, Span, did_you_mean
 from axdsl.ir import nodes as ir
 from axdsl.ir.printer import value_text
-from axdsl.targets import ATTENTION_KERNELS, MESH_AXES, QUANT_FORMATS, Target, get_target, resolve_mesh
+from axdsl.targets import MESH_AXES, QUANT_FORMATS, Target, get_target, resolve_mesh
 
 DIRECTIVES = ("mesh", "rules", "remat", "quantize", "kernels")
 # Primitives whose kernel a target chooses (their registry entries have a KernelRule).
@@ -187,10 +187,10 @@ def _parse_kernels(d: ir.Directive, diags: Diagnostics):
         if key not in KERNEL_OPS:
             diags.error(span, f"no kernel choice for `{key}`", f"kernel choices exist for: {', '.join(KERNEL_OPS)}")
             continue
-        kernel = _name(value)
-        if kernel not in ATTENTION_KERNELS + ("auto",):
+        kernel, names = _name(value), primitives.get(key).kernels.names
+        if kernel not in names + ("auto",):
             diags.error(span, f"unknown {key} kernel `{kernel or value_text(value)}`",
-                        did_you_mean(str(kernel), ATTENTION_KERNELS) or f"kernels: {', '.join(ATTENTION_KERNELS)}, auto")
+                        did_you_mean(str(kernel), names) or f"kernels: {', '.join(names)}, auto")
             continue
         out.append((key, kernel, span))
     return tuple(out)
@@ -270,7 +270,7 @@ def _kernels(ov: _Overrides, diags: Diagnostics) -> tuple[tuple[str, ir.Choice],
     p = ov.target.profile
     kernels = {op: ir.Choice("auto", ov.default) for op in KERNEL_OPS}
     for key, kernel, span in ov.parsed.get("kernels", ((), None))[0]:
-        has = primitives.get(key).kernels.preference(p)
+        has = primitives.get(key).kernels.preference(p, key)
         if kernel != "auto" and kernel not in has:
             diags.error(span, f"{p.name} has no `{kernel}` {key} kernel", f"its kernels: {', '.join(has)} (or auto)")
         kernels[key] = ir.Choice(kernel, ov.origin(span))

@@ -26,7 +26,6 @@ from typing import Any
 from axdsl.errors import Diagnostics, Span, did_you_mean
 from axdsl.ir import nodes as ir
 from axdsl.ir.printer import value_text
-from axdsl.passes.annotate_sharding import kept_axes
 
 # Optimizers and schedules: their arguments and defaults (the spec may set any subset).
 OPTIMIZERS: dict[str, dict[str, float | bool]] = {
@@ -236,7 +235,7 @@ def _cross_checks(values: dict[str, ir.Choice], module: ir.Module, diags: Diagno
         diags.error(where(micro), f"microbatches = {micro.value} does not divide batch = {batch.value}",
                     "pick a divisor of the batch")
     elif s is not None:
-        ways = math.prod(s.size(a) for a in kept_axes(s, "batch"))
+        ways = math.prod(s.size(a) for a in s.kept_axes("batch"))
         if batch.origin.is_default and batch.value % (ways * micro.value):
             need = ways * micro.value
             batch = values["batch"] = ir.Choice(need * math.ceil(batch.value / need),

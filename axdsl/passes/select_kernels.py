@@ -1,7 +1,8 @@
 """select_kernels: choose the kernel of every primitive call that has kernels (attention).
 
-The profile lists kernels in order of preference (gpu: cudnn, xla; tpu: splash, xla; cpu: xla).
-Each primitive states its kernels' constraints in its registry entry (for attention:
+The profile lists each primitive's kernels in order of preference (profiles.toml `kernels`; for
+attention, gpu: cudnn, xla; tpu: splash, xla; cpu: xla). Each primitive names its kernels and
+states their constraints in its registry entry (`KernelRule`; for attention:
 axdsl/primitives/attention.py, from jax's sources); the first kernel whose constraints hold for
 *every* model of the spec wins (they share one generated function), and the reasons the others
 were rejected are kept on the call (`ir.KernelChoice`) so codegen writes them as a comment.
@@ -41,7 +42,7 @@ def _decide(module: ir.Module, path: str, name: str, diags: Diagnostics) -> ir.K
     rule = primitives.get(name).kernels
     choice = dict(sched.kernels)[name]
     forced = choice.value != "auto"
-    candidates = (choice.value,) if forced else rule.preference(profiles()[sched.profile])
+    candidates = (choice.value,) if forced else rule.preference(profiles()[sched.profile], name)
     calls = [(m, p) for m in module.models for p in prims_of(_find(m.root, path), name)]
     notes = []
     for kernel in candidates:
@@ -52,7 +53,7 @@ def _decide(module: ir.Module, path: str, name: str, diags: Diagnostics) -> ir.K
         if forced:
             diags.error(choice.span, f"{path}: the `{kernel}` {name} kernel cannot run this {name}: "
                                      f"{reasons[0]}", f"use kernels({name} = auto) to fall back")
-    return ir.KernelChoice("xla", tuple(notes), choice.origin)
+    return ir.KernelChoice(rule.fallback, tuple(notes), choice.origin)
 
 
 def _find(root: ir.Instance, path: str) -> ir.Instance:

@@ -3,9 +3,12 @@
     axdsl/primitives/<group>.py   PRIMITIVES = (Primitive("rope", Signature(...), emit=...,
                                                           shape=..., flops=..., memory=...), ...)
 
-Every module of this package that defines `PRIMITIVES` is registered, so adding a primitive is
-one new or edited module (plus its tests): the forward builder, infer_shapes, codegen and the
-FLOPs and memory analyses look primitives up here and never special-case one by name.
+Every module of this package that defines `PRIMITIVES` is registered (a module without it, such
+as `base`, only supports the others), so adding a primitive is one new or edited module (plus its
+tests): the forward builder, infer_shapes, codegen, select_kernels and the FLOPs and memory
+analyses look primitives up here and never special-case one by name. The helper functions a
+primitive's emitted code calls are part of its entry (`Primitive.helpers`); `HELPERS` collects
+them by name for codegen.
 """
 
 from __future__ import annotations
@@ -13,17 +16,15 @@ from __future__ import annotations
 import importlib
 import pkgutil
 
-from axdsl.primitives.base import REQUIRED, Flops, Primitive, Signature, Static, StaticKind
+from axdsl.primitives.base import REQUIRED, Flops, Helper, Primitive, Signature, Static, StaticKind
 
-__all__ = ["REGISTRY", "REQUIRED", "Flops", "Primitive", "Signature", "Static", "StaticKind", "get",
-           "callable_names"]
+__all__ = ["HELPERS", "REGISTRY", "REQUIRED", "Flops", "Helper", "Primitive", "Signature", "Static",
+           "StaticKind", "get", "callable_names"]
 
 
 def _load() -> dict[str, Primitive]:
     registry: dict[str, Primitive] = {}
     for info in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
-        if info.name == "base":
-            continue
         module = importlib.import_module(f"{__name__}.{info.name}")
         for prim in getattr(module, "PRIMITIVES", ()):
             if prim.name in registry:
@@ -32,7 +33,18 @@ def _load() -> dict[str, Primitive]:
     return registry
 
 
+def _helpers(registry: dict[str, Primitive]) -> dict[str, Helper]:
+    out: dict[str, Helper] = {}
+    for prim in registry.values():
+        for helper in prim.helpers:
+            if helper.name in out:
+                raise AssertionError(f"helper `{helper.name}` is defined twice ({prim.name})")
+            out[helper.name] = helper
+    return out
+
+
 REGISTRY: dict[str, Primitive] = _load()
+HELPERS: dict[str, Helper] = _helpers(REGISTRY)
 
 
 def get(name: str) -> Primitive:

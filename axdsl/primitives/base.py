@@ -1,22 +1,24 @@
 """What a primitive is: everything the compiler knows about one builtin, in one record.
 
 A `Primitive` holds its signature (tensor operands and static attributes, checked when the
-forward is built), its shape rule (infer_shapes), its emitter (codegen), its FLOPs (analysis) and
-the activations it keeps for the backward pass (memory analysis). Nothing else in the compiler
-special-cases a primitive by name; passes and analyses read the flags below instead.
+forward is built), its shape rule (infer_shapes), its emitter (codegen), the helper functions its
+emitted code calls (their source and imports), its FLOPs (analysis), the activations it keeps for
+the backward pass (memory analysis) and its kernels (select_kernels). Nothing else in the compiler
+special-cases a primitive by name; passes and analyses read the flags below instead. The registry
+sits below passes and codegen: nothing here imports them.
 
 The contexts each rule receives are small protocols implemented by the stage that calls it:
 
     ShapeContext   fail(span, message, hint=None); axis_of(prim, dims, over) -> int
     EmitContext    see axdsl/codegen/expressions.py FunctionEmitter (fresh names, extra lines,
-                   helpers, dim sizes, einsum letters, the dropout key)
+                   helpers by name (`use_helper`), dim sizes, einsum letters, the dropout key)
     FlopContext    inst (the instance), seq, cap_window, param_at(expr) -> ir.Param | None
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import Enum
+from enum import Enum, IntEnum
 from typing import Any, Callable
 
 from axdsl.ir import nodes as ir
@@ -62,13 +64,52 @@ class Flops:
 
 @dataclass(frozen=True)
 class KernelRule:
-    """Kernels for a primitive: the profile's preference order and why one cannot run a call.
+    """A primitive's kernels: their names and why one cannot run a call.
 
+    `names` are every kernel a target block may name (`kernels(attention = cudnn)`); the first is
+    the fallback that runs every call. A profile lists its preference order per primitive
+    (profiles.toml `kernels = { attention = ["cudnn", "xla"] }`).
     `violations(kernel, prim, model, schedule)` lists the reasons; empty means it can run.
     """
 
-    preference: Callable[[Any], tuple[str, ...]]
+    names: tuple[str, ...]
     violations: Callable[..., list[str]]
+
+    @property
+    def fallback(self) -> str:
+        return self.names[0]
+
+    def preference(self, profile: Any, op: str) -> tuple[str, ...]:
+        """The profile's kernels for primitive `op`, best first; the fallback alone if it lists none."""
+        return tuple(profile.kernels.get(op, (self.fallback,)))
+
+
+class HelperSection(IntEnum):
+    """Where a helper sits among the generated model's helpers: small functions first, whole layers
+    last; within a section, by name."""
+
+    FUNCTION = 0  # a function of a tensor or two (rotary embedding, dropout)
+    MATMUL = 1  # a matmul in another number format (fp8, int8)
+    KERNEL = 2  # a hand-written kernel wrapper (splash attention)
+    LAYER = 3  # a whole layer and its parts (a mixture of experts and its dispatch paths)
+
+
+@dataclass(frozen=True)
+class Helper:
+    """A function copied into the generated model when an emitter calls `ctx.use_helper(name)`.
+
+    `code` is its source, or a function of the set of helper names in use that returns it (a
+    helper whose body depends on which of its parts the spec uses). `imports` are the import
+    lines that source needs.
+    """
+
+    name: str
+    code: str | Callable[[frozenset[str]], str]
+    imports: tuple[str, ...] = ("import jax", "import jax.numpy as jnp")
+    section: HelperSection = HelperSection.FUNCTION
+
+    def source(self, used: frozenset[str]) -> str:
+        return self.code(used) if callable(self.code) else self.code
 
 
 ShapeRule = Callable[[Any, ir.Prim, tuple[ir.TExpr, ...]], tuple[ir.Dim, ...]]  # typed operands
@@ -95,7 +136,7 @@ class Primitive:
     unused_params: Callable[[Any, ir.Prim], int] | None = None  # per token idle (routed experts)
     lower: Callable | None = None  # a custom AST -> IR lowering (einsum's spec string)
     check: Callable | None = None  # an extra build-time check of the static attributes
-    helpers: tuple[str, ...] = ()  # helper functions the generated model needs for it
+    helpers: tuple[Helper, ...] = ()  # helper functions its emitter may call (`ctx.use_helper`)
     aux_loss: bool = False  # adds to the auxiliary training loss (threaded through the scan)
     uses_rng: bool = False  # needs a PRNG key (dropout)
     gathers: bool = False  # indexes its first operand (an embedding table) instead of multiplying

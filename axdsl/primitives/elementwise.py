@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 
 from axdsl.errors import did_you_mean
-from axdsl.primitives.base import Primitive, Saves, Signature, Static, StaticKind, elementwise_memory, saves_memory
+from axdsl.primitives.base import (Helper, Primitive, Saves, Signature, Static, StaticKind,
+                                   elementwise_memory, saves_memory)
 
 # The kinds `activate(x, kind)` accepts; the string becomes a function name in generated code.
 ACTIVATIONS = ("gelu", "relu", "silu", "sigmoid", "tanh")
@@ -76,7 +77,22 @@ def _emit_cast(ctx, prim, args, precs) -> str:
     return f"{ctx.paren(args[0], precs[0], ctx.ATOM)}.astype({prim.attr('dtype').code})"
 
 
+# `_fold` gives each dropout site and layer its own key (FunctionEmitter.next_rng, rng_arg).
+DROPOUT = '''def dropout(x: jax.Array, rate: float, rng: jax.Array | None) -> jax.Array:
+    """Inverted dropout; identity when `rng` is None (evaluation)."""
+    if rng is None or rate == 0.0:
+        return x
+    keep = jax.random.bernoulli(rng, 1.0 - rate, x.shape)
+    return jnp.where(keep, x / (1.0 - rate), 0.0).astype(x.dtype)
+
+
+def _fold(rng: jax.Array | None, i) -> jax.Array | None:
+    """A distinct key per dropout site and layer; None stays None."""
+    return None if rng is None else jax.random.fold_in(rng, i)'''
+
+
 def _emit_dropout(ctx, prim, args, precs) -> str:
+    ctx.use_helper("dropout")
     return f"dropout({args[0]}, {prim.attr('rate').code}, {ctx.next_rng()})"
 
 
@@ -90,5 +106,5 @@ PRIMITIVES = (
     Primitive("cast", Signature(("x",), (Static("dtype", StaticKind.DTYPE),), doc="convert to a dtype"),
               emit=_emit_cast, see_through=True, memory=_cast_memory),
     Primitive("dropout", Signature(("x",), (Static("rate", StaticKind.FLOAT),), doc="dropout in training only"),
-              emit=_emit_dropout, helpers=("dropout",), uses_rng=True, memory=_dropout_memory),
+              emit=_emit_dropout, helpers=(Helper("dropout", DROPOUT),), uses_rng=True, memory=_dropout_memory),
 )

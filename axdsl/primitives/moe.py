@@ -2,6 +2,9 @@
 
 FLOPs: top_k x 2 x (elements of one expert's three matrices): only routed experts work;
 capacity padding is not counted (MaxText).
+
+Generated code: `y, aux = moe_swiglu(...)`, a helper copied into the model with only the dispatch
+paths the spec uses (`moe_swiglu.capacity`, `moe_swiglu.dropless`); its source is below.
 """
 
 from __future__ import annotations
@@ -9,10 +12,12 @@ from __future__ import annotations
 import math
 
 from axdsl.ir import nodes as ir
-from axdsl.primitives.base import Flops, Primitive, Signature, Static, StaticKind
+from axdsl.primitives.base import Flops, Helper, HelperSection, Primitive, Signature, Static, StaticKind
 from axdsl.primitives.reductions import ir_fmt
 
 OPTIONS = ("top_k", "capacity_factor", "normalize", "aux_weight", "z_weight")
+ROUTER = "moe_swiglu"  # helpers: the router, and the two dispatch paths it may call
+CAPACITY, DROPLESS = f"{ROUTER}.capacity", f"{ROUTER}.dropless"
 
 
 def _shape(ctx, prim: ir.Prim, args):
@@ -44,12 +49,12 @@ def _emit(ctx, prim: ir.Prim, args: list[str], precs: list[int]) -> str:
     ctx.add_aux(aux)
     cf = prim.attr("capacity_factor")
     if "cfg." in cf.code:  # a Config value decides at run time: both paths
-        paths = ("moe_capacity", "moe_dropless")
+        paths = (CAPACITY, DROPLESS)
     else:
-        paths = ("moe_capacity",) if cf.value > 0 else ("moe_dropless",)
-    for helper in paths:
+        paths = (CAPACITY,) if cf.value > 0 else (DROPLESS,)
+    for helper in (ROUTER, *paths):
         ctx.use_helper(helper)
-    names = OPTIONS if "moe_capacity" in paths else tuple(k for k in OPTIONS if k != "capacity_factor")
+    names = OPTIONS if CAPACITY in paths else tuple(k for k in OPTIONS if k != "capacity_factor")
     kwargs = ", ".join(f"{k}={prim.attr(k).code}" for k in names)
     ctx.line(f"{out}, {aux} = moe_swiglu({', '.join(args)}, {kwargs})  # {ctx.shape_comment(prim.type)}, []")
     return out
@@ -101,6 +106,94 @@ def _unused_params(ctx, prim: ir.Prim) -> int:
     return elems * (experts - k) // experts
 
 
+# ---------------------------------------------------------------------------- generated code
+def _moe_swiglu(used: frozenset[str]) -> str:
+    """moe_swiglu with only the dispatch paths in use (both, and the branch, when a Config decides)."""
+    capacity, dropless = CAPACITY in used, DROPLESS in used
+    params = [p for p in MOE_PARAMS if capacity or p != "capacity_factor: float"]
+    signature = "def moe_swiglu(\n" + "".join(f"    {p},\n" for p in params) + ") -> tuple[jax.Array, jax.Array]:\n"
+    doc = [MOE_DOC_HEAD]
+    if capacity:
+        doc.append(MOE_DOC_CAPACITY)
+    if dropless:
+        doc.append(MOE_DOC_DROPLESS)
+    if capacity and dropless:
+        tail = ("    if capacity_factor > 0:\n        " + MOE_CALL_CAPACITY + "\n    else:\n        "
+                + MOE_CALL_DROPLESS)
+    else:
+        tail = "    " + (MOE_CALL_CAPACITY if capacity else MOE_CALL_DROPLESS)
+    return (signature + '    """' + " ".join(doc) + MOE_DOC_TAIL + '    """\n' + MOE_ROUTING
+            + tail + "\n    return y.astype(x.dtype), aux")
+
+
+MOE_PARAMS = ("x: jax.Array", "logits: jax.Array", "w_gate: jax.Array", "w_up: jax.Array",
+              "w_down: jax.Array", "top_k: int", "capacity_factor: float", "normalize: bool",
+              "aux_weight: float", "z_weight: float")
+MOE_DOC_HEAD = """Mixture of SwiGLU experts on x [B, S, dim] with router logits [B, S, experts].
+
+    Each token goes to its `top_k` experts, weighted by the router softmax (renormalized over the
+    chosen k when `normalize`, as Mixtral and Qwen3 do)."""
+MOE_DOC_CAPACITY = """With capacity_factor > 0 an expert takes
+    at most ceil(top_k * S * capacity_factor / experts) tokens of each sequence, first choices
+    first (GShard, Switch); tokens over capacity skip that expert and keep their residual."""
+MOE_DOC_DROPLESS = """Nothing is dropped (the spec's
+    capacity_factor <= 0): tokens are sorted by expert and run through grouped matmuls."""
+MOE_DOC_TAIL = """
+    Returns (y [B, S, dim], auxiliary loss []): aux_weight x the Switch load-balancing loss plus
+    z_weight x the router z-loss (ST-MoE).
+"""
+MOE_ROUTING = '''    experts = logits.shape[-1]
+    logits = logits.astype(jnp.float32)
+    probs = jax.nn.softmax(logits, axis=-1)  # [B, S, experts]
+    weights, chosen = jax.lax.top_k(probs, top_k)  # [B, S, top_k]
+    if normalize:
+        weights = weights / jnp.sum(weights, axis=-1, keepdims=True)
+    routed = jax.nn.one_hot(chosen, experts, dtype=jnp.float32)  # [B, S, top_k, experts]
+    # Per expert: its share of the routed tokens, and its mean router probability.
+    load = jnp.mean(jnp.sum(routed, axis=2), axis=(0, 1)) / top_k
+    importance = jnp.mean(probs, axis=(0, 1))
+    aux = aux_weight * experts * jnp.sum(load * importance)
+    aux = aux + z_weight * jnp.mean(jax.nn.logsumexp(logits, axis=-1) ** 2)
+'''
+MOE_CALL_CAPACITY = "y = _moe_with_capacity(x, weights, routed, w_gate, w_up, w_down, capacity_factor)"
+MOE_CALL_DROPLESS = "y = _moe_dropless(x, weights, chosen, w_gate, w_up, w_down)"
+MOE_CAPACITY = '''def _moe_with_capacity(x, weights, routed, w_gate, w_up, w_down, capacity_factor):
+    """Dispatch to [B, experts, capacity] slots with one-hot einsums, run experts, combine."""
+    batch, seq, top_k, experts = routed.shape
+    capacity = max(1, math.ceil(top_k * seq * capacity_factor / experts))
+    # Each choice's place in its expert's queue: all first choices, then all second choices, ...
+    queue = routed.swapaxes(1, 2).reshape(batch, top_k * seq, experts)  # [B, top_k * S, experts]
+    position = ((jnp.cumsum(queue, axis=1) - 1) * queue).astype(jnp.int32)
+    kept = queue * (position < capacity)  # choices that found a slot
+    slots = jax.nn.one_hot(position, capacity, dtype=x.dtype) * kept[..., None].astype(x.dtype)
+    slots = slots.reshape(batch, top_k, seq, experts, capacity)
+    dispatch = jnp.sum(slots, axis=1)  # [B, S, experts, capacity], 0 or 1
+    combine = jnp.einsum("bksec,bsk->bsec", slots, weights.astype(x.dtype))
+    xe = jnp.einsum("bsd,bsec->becd", x, dispatch)  # [B, experts, capacity, dim]
+    h = jax.nn.silu(jnp.einsum("becd,edh->bech", xe, w_gate)) * jnp.einsum("becd,edh->bech", xe, w_up)
+    ye = jnp.einsum("bech,ehd->becd", h, w_down)  # [B, experts, capacity, dim]
+    return jnp.einsum("becd,bsec->bsd", ye, combine)'''
+MOE_DROPLESS = '''def _moe_dropless(x, weights, chosen, w_gate, w_up, w_down):
+    """Sort the (token, choice) pairs by expert and run grouped matmuls: no token is dropped."""
+    batch, seq, dim = x.shape
+    top_k, experts = chosen.shape[-1], w_gate.shape[0]
+    flat = chosen.reshape(-1)  # [B * S * top_k]
+    order = jnp.argsort(flat, stable=True)
+    tokens = jnp.repeat(x.reshape(-1, dim), top_k, axis=0)[order]  # grouped by expert
+    sizes = jnp.bincount(flat, length=experts).astype(jnp.int32)  # tokens per expert
+    gate = jax.lax.ragged_dot(tokens, w_gate, sizes)
+    h = jax.nn.silu(gate) * jax.lax.ragged_dot(tokens, w_up, sizes)
+    out = jax.lax.ragged_dot(h, w_down, sizes)  # [B * S * top_k, dim], sorted
+    out = jnp.zeros_like(out).at[order].set(out).reshape(batch, seq, top_k, dim)
+    return jnp.einsum("bskd,bsk->bsd", out, weights.astype(x.dtype))'''
+
+
+_JAX = ("import jax", "import jax.numpy as jnp")
+_HELPERS = (Helper(ROUTER, _moe_swiglu, _JAX, HelperSection.LAYER),
+            Helper(CAPACITY, MOE_CAPACITY, _JAX + ("import math",), HelperSection.LAYER),
+            Helper(DROPLESS, MOE_DROPLESS, _JAX, HelperSection.LAYER))
+
+
 PRIMITIVES = (
     Primitive("moe", Signature(
         ("x", "logits", "w_gate", "w_up", "w_down"),
@@ -109,5 +202,5 @@ PRIMITIVES = (
          Static("z_weight", StaticKind.FLOAT, 0.001)),
         doc="mixture of SwiGLU experts: softmax router, top-k, capacity (<= 0: dropless), aux losses"),
         emit=_emit, shape=_shape, flops=_flops, memory=_memory, unused_params=_unused_params,
-        aux_loss=True),
+        aux_loss=True, helpers=_HELPERS),
 )

@@ -20,7 +20,6 @@ from axdsl.errors import did_you_mean
 MESH_AXES = ("data", "expert", "fsdp", "seq", "model")
 REMAT_KINDS = ("none", "full", "save_dots", "save", "offload")
 QUANT_FORMATS = ("none", "fp8", "int8")
-ATTENTION_KERNELS = ("xla", "cudnn", "splash")
 
 
 class UnknownTarget(ValueError):
@@ -40,7 +39,7 @@ class Profile:
     default_chips: int
     mesh: dict[str, int]
     rules: dict[str, tuple[str, ...]]
-    attention: tuple[str, ...]
+    kernels: dict[str, tuple[str, ...]]  # primitive -> its kernels in order of preference
     quantize: tuple[str, ...]
     default_quantize: str
     remat: str
@@ -80,7 +79,8 @@ def profiles() -> dict[str, Profile]:
             name=name, kind=t["kind"], description=t["description"], hbm_gib=t["hbm_gib"],
             peak_tflops=dict(t["peak_tflops"]), chips_per_host=t["chips_per_host"],
             default_chips=t["default_chips"], mesh=dict(t.get("mesh", defaults["mesh"])), rules=rules,
-            attention=tuple(t["attention"]), quantize=tuple(t["quantize"]),
+            kernels={op: tuple(v) for op, v in t.get("kernels", {}).items()},
+            quantize=tuple(t["quantize"]),
             default_quantize=t.get("default_quantize", defaults["default_quantize"]),
             remat=t.get("remat", defaults["remat"]),
             cudnn_head_dim_max=t.get("cudnn_head_dim_max", 128),
