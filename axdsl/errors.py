@@ -28,29 +28,59 @@ class Span:
 UNKNOWN_SPAN = Span("<unknown>", 0, 0)
 
 
+def is_library(span: Span | None) -> bool:
+    """Whether `span` is in a standard-library file (std/...), not in the user's spec."""
+    return span is not None and span.file.startswith("std/")
+
+
+@dataclass(frozen=True)
+class Note:
+    """A secondary location shown under an error: the library line an error arose in."""
+
+    span: Span
+    message: str
+
+
 @dataclass(frozen=True)
 class Diagnostic:
-    """One error with its location and an optional hint that says how to fix it."""
+    """One error with its location, an optional hint that says how to fix it, and notes."""
 
     span: Span
     message: str
     hint: str | None = None
+    notes: tuple[Note, ...] = ()
 
     def render(self, sources: dict[str, str]) -> str:
-        lines = [f"{self.span}: error: {self.message}"]
-        text = sources.get(self.span.file)
-        if text is not None and self.span.line > 0:
-            src_lines = text.splitlines()
-            if self.span.line <= len(src_lines):
-                width = 1
-                if self.span.end_line == self.span.line and self.span.end_col > self.span.col:
-                    width = self.span.end_col - self.span.col
-                src, col, width = clip(src_lines[self.span.line - 1], self.span.col, width)
-                lines.append(f"  {src}")
-                lines.append("  " + " " * (col - 1) + "^" * max(1, width))
+        lines = [f"{self.span}: error: {self.message}", *_excerpt(self.span, sources)]
         if self.hint:
             lines.append(f"  hint: {self.hint}")
+        for note in self.notes:
+            lines.append(f"{note.span}: note: {note.message}")
+            lines.extend(_excerpt(note.span, sources))
         return "\n".join(lines)
+
+
+def _excerpt(span: Span, sources: dict[str, str]) -> list[str]:
+    """The source line of `span` and a caret under it (nothing when the text is unknown)."""
+    text = sources.get(span.file)
+    if text is None or span.line <= 0:
+        return []
+    src_lines = text.splitlines()
+    if span.line > len(src_lines):
+        return []
+    width = 1
+    if span.end_line == span.line and span.end_col > span.col:
+        width = span.end_col - span.col
+    src, col, width = clip(src_lines[span.line - 1], span.col, width)
+    return [f"  {src}", "  " + " " * (col - 1) + "^" * max(1, width)]
+
+
+def relocated(span: Span, message: str, hint: str | None, user: Span | None, where: str) -> Diagnostic:
+    """An error raised in a library line, shown at the user's line `user` with a note for the
+    library line; unchanged when there is no user line to point at."""
+    if user is None or not is_library(span):
+        return Diagnostic(span, message, hint)
+    return Diagnostic(user, message, hint, (Note(span, f"raised here, {where}"),))
 
 
 SHOWN_COLUMNS = 100  # a source line longer than this is shown clipped around the caret
@@ -92,7 +122,9 @@ class Diagnostics:
     items: list[Diagnostic] = field(default_factory=list)
 
     def error(self, span: Span, message: str, hint: str | None = None) -> None:
-        diag = Diagnostic(span, message, hint)
+        self.add(Diagnostic(span, message, hint))
+
+    def add(self, diag: Diagnostic) -> None:
         if diag not in self.items:
             self.items.append(diag)
 

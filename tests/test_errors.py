@@ -147,3 +147,14 @@ def test_syntax_errors_in_several_files_are_reported_together(tmp_path, monkeypa
     assert "a.axl:2:11: error: syntax error: unexpected `[`" in text
     assert "b.axl:2:18: error: syntax error: unexpected character `$`" in text
     assert text.endswith("2 errors generated.")
+
+
+@pytest.mark.parametrize("path", FIXTURES, ids=lambda p: p.stem)
+def test_errors_point_at_the_users_line(path: Path):
+    """An error raised inside a standard-library layer is shown at the user's line that caused it
+    (their `kv_heads = 3`), with a `note:` for the library line; never at the library line alone."""
+    error = _compile_error(path.relative_to(REPO).as_posix())
+    for diag in error.diagnostics:
+        assert not diag.span.file.startswith("std/"), diag.render(error.sources)
+        for note in diag.notes:
+            assert note.span.file.startswith("std/") and f"{note.span}: note: " in error.render()

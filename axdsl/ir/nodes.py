@@ -16,7 +16,7 @@ from enum import StrEnum
 from typing import Any
 
 from axdsl.errors import Span
-from axdsl.ir.origins import DEFAULT, Choice, Origin, OriginKind, set_at  # noqa: F401 (part of the IR)
+from axdsl.ir.origins import DEFAULT, Choice, Origin, OriginKind, set_at, user_line  # noqa: F401 (part of the IR)
 from axdsl.ir.sections import (  # noqa: F401
     CallValue, Directive, DirectiveArg, NameValue, Section, SectionKind, SectionValue, Setting,
 )

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
-from axdsl.errors import Span
+from axdsl.errors import Span, is_library
 
 
 class OriginKind(Enum):
@@ -71,3 +71,20 @@ class Choice:
     @property
     def span(self) -> Span | None:
         return self.origin.span
+
+
+def user_line(names, origins_of) -> Span | None:
+    """The user's line behind an error in a library layer: where the user set one of `names`.
+
+    `origins_of(name)` yields the origins of `name` from the failing instance outwards: an
+    inherited value yields its owner's origin next. The first name the user set in their own
+    spec wins; a default or a library line ends that name's chain.
+    """
+    for name in names:
+        for origin in origins_of(name):
+            if origin.kind is OriginKind.INHERITED:
+                continue
+            if origin.from_spec and origin.span is not None and not is_library(origin.span):
+                return origin.span
+            break
+    return None

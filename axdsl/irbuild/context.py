@@ -40,6 +40,14 @@ class Scope:
             scope = scope.parent
         return out
 
+    def origins(self, name: str):
+        """The origins of `name` from this scope outwards (see ir.origins.user_line)."""
+        scope = self
+        while scope is not None:
+            if name in scope.values:
+                yield scope.values[name].origin
+            scope = scope.parent
+
     def lookup(self, name: str, at: ast.Name | None = None) -> HValue | None:
         """The value of `name` here or in an enclosing scope (the evaluator's lookup function)."""
         found = self.find(name)

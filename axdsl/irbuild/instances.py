@@ -13,7 +13,7 @@ its default. Each `HParam` records which (an `ir.Origin`), so `axdsl dump` can s
 
 from __future__ import annotations
 
-from axdsl.errors import Span, did_you_mean
+from axdsl.errors import Span, did_you_mean, relocated
 from axdsl.ir import nodes as ir
 from axdsl.ir.nodes import DType, HValue, LayerValue, Origin, OriginKind, RepeatValue
 from axdsl.ir.printer import value_text
@@ -234,8 +234,18 @@ class InstanceBuilder:
         else:
             msg = f"`{decl.name}` of layer at `{scope.path}` is {type_name}, but got {kind_of(v)} {_show(v)}{where}"
             hint = declared if at != decl.span else None
-        self.diags.error(at, msg, hint)
+        names = ast.names_in(expr) if expr is not None else []
+        if isinstance(expr, ast.BinOp) and expr.op == "/":  # an inexact division: blame the divisor
+            names = ast.names_in(expr.right) + names
+        self._error_at_user_line(at, msg, hint, scope, names)
         return None
+
+    def _error_at_user_line(self, at: Span, msg: str, hint: str | None, scope: Scope, names: list[str]) -> None:
+        """An error in a library layer's default is shown where the user set a value it reads
+        (their `heads = 5`), with a note for the library line."""
+        user = ir.user_line(names, scope.origins)
+        where = f"in the default of a layer at `{scope.path}`"
+        self.diags.add(relocated(at, msg, hint, user, where))
 
     # ---------------------------------------------------------------- params and children
     def _param(self, decl: ast.ParamDecl, scope: Scope) -> ir.Param | None:

@@ -68,12 +68,11 @@ def _shard_param(inst: ir.Instance, p: ir.Param, sched: ir.Schedule, diags: Diag
     path = f"{inst.path.rstrip('/')}/{p.name}"
     for dim, logical in zip(p.full_dims, p.full_axes):
         axes = sched.kept_axes(logical)
-        rule = sched.rule_choice(logical)
-        where = rule.span if rule is not None and rule.span is not None else p.span
         for a in axes:
             if a in seen:
-                diags.error(where, f"mesh axis `{a}` is used twice by parameter {path}: by its "
-                                   f"`{seen[a]}` and `{logical}` dims ({sched.name})",
+                diags.error(_rule_span(sched, (logical, seen[a])) or p.span,
+                            f"mesh axis `{a}` is used twice by parameter {path}: by its "
+                            f"`{seen[a]}` and `{logical}` dims ({sched.name})",
                             f"map `{seen[a]}` and `{logical}` to different mesh axes in rules(...)")
             seen[a] = logical
         ways = math.prod(sched.size(a) for a in axes)
@@ -81,6 +80,15 @@ def _shard_param(inst: ir.Instance, p: ir.Param, sched: ir.Schedule, diags: Diag
             undivided.setdefault((logical, dim.size), []).append(path)
         spec.append(axes)
     return replace(p, sharding=tuple(spec))
+
+
+def _rule_span(sched: ir.Schedule, logicals: tuple[str, ...]):
+    """Where the user wrote a rule for one of `logicals` (None when both come from the profile)."""
+    for logical in logicals:
+        rule = sched.rule_choice(logical)
+        if rule is not None and rule.span is not None:
+            return rule.span
+    return None
 
 
 def activation_spec(sched: ir.Schedule, logical_axes: tuple[str | None, ...]) -> tuple[tuple[str, ...], ...]:

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from axdsl import primitives
-from axdsl.errors import Diagnostics
+from axdsl.errors import Diagnostics, is_library, relocated
 from axdsl.ir import nodes as ir
 from axdsl.ir.nodes import ELLIPSIS, Dim, RefKind, ScalarType, TensorType
 
@@ -25,17 +25,42 @@ class _ShapeError(Exception):
 def infer_shapes(module: ir.Module) -> ir.Module:
     """Type every forward expression; shape mismatches are located errors, raised together."""
     diags = Diagnostics()
-    models = tuple(replace(m, root=_instance(m.root, diags)) for m in module.models)
+    models = tuple(replace(m, root=_instance(m.root, diags, {i.path: i for i in m.root.walk()}))
+                   for m in module.models)
     diags.raise_if_any()
     return replace(module, models=models)
 
 
-def _instance(inst: ir.Instance, diags: Diagnostics) -> ir.Instance:
-    children = tuple(_instance(c, diags) for c in inst.children)
+def _instance(inst: ir.Instance, diags: Diagnostics, tree: dict[str, ir.Instance]) -> ir.Instance:
+    """`tree` maps every path of the model to its (untyped) instance, to trace inherited values."""
+    children = tuple(_instance(c, diags, tree) for c in inst.children)
     inst = replace(inst, children=children)
     if inst.forward is None:
         return inst
-    return replace(inst, forward=_Typer(inst, diags).forward(inst.forward))
+    return replace(inst, forward=_Typer(inst, diags, tree).forward(inst.forward))
+
+
+def _origins(tree: dict[str, ir.Instance], path: str, name: str):
+    """The origins of hyperparameter `name` at `path`, following inherited values outwards."""
+    seen = set()
+    while path in tree and path not in seen:
+        seen.add(path)
+        hp = tree[path].hparam(name)
+        if hp is None:
+            return
+        yield hp.origin
+        if hp.origin.kind is not ir.OriginKind.INHERITED:
+            return
+        path = hp.origin.where
+
+
+def _blame_order(names: list[str], message: str) -> list[str]:
+    """Names the message mentions first, the last-mentioned first (`a` is not a multiple of `b`
+    blames `b`), then the rest in operand order."""
+    def last(n: str) -> int:
+        return max(message.rfind(f"`{n}"), message.rfind(f" {n}="))
+    mentioned = sorted((n for n in dict.fromkeys(names) if last(n) >= 0), key=last, reverse=True)
+    return mentioned + [n for n in dict.fromkeys(names) if n not in mentioned]
 
 
 def fmt(dims) -> str:
@@ -84,20 +109,27 @@ def substitute(dims: tuple[Dim, ...], binding: dict[str, tuple[Dim, ...]]) -> tu
 
 
 class _Typer:
-    def __init__(self, inst: ir.Instance, diags: Diagnostics):
+    def __init__(self, inst: ir.Instance, diags: Diagnostics, tree: dict[str, ir.Instance] | None = None):
         self.inst = inst
         self.diags = diags
+        self.tree = tree or {inst.path: inst}
         self.env: dict[str, ir.Type] = {}
+        self.reads: list[str] = []  # hyperparameters the expression being typed reads (its dims)
 
     def fail(self, span, message: str, hint: str | None = None):
         self.error(span, message, hint)
         raise _ShapeError()
 
     def error(self, span, message: str, hint: str | None = None) -> None:
-        """Record an error; one inside a library layer also says which instance it is in."""
-        if span is not None and span.file.startswith("std/"):
-            message += f" (in `{self.inst.path}`, layer `{self.inst.layer}`)"
-        self.diags.error(span, message, hint)
+        """Record an error; one inside a library layer also says which instance it is in, and is
+        shown at the user's line that set a value it reads (with a note for the library line)."""
+        if not is_library(span):
+            self.diags.error(span, message, hint)
+            return
+        message += f" (in `{self.inst.path}`, layer `{self.inst.layer}`)"
+        names = _blame_order(self.reads, message)
+        user = ir.user_line(names, lambda n: _origins(self.tree, self.inst.path, n))
+        self.diags.add(relocated(span, message, hint, user, f"in layer `{self.inst.layer}` at `{self.inst.path}`"))
 
     def forward(self, fwd: ir.Forward) -> ir.Forward:
         for a in fwd.args:
@@ -161,6 +193,7 @@ class _Typer:
 
     def _Bin(self, e: ir.Bin) -> dict:
         left, right = self.expr(e.left), self.expr(e.right)
+        self.reads = _dim_names((left, right))
         if e.op == "@":
             t = self._matmul(e, left.type, right.type)
         else:
@@ -209,6 +242,7 @@ class _Typer:
 
     def _CallChild(self, e: ir.CallChild) -> dict:
         args = tuple(self.expr(a) for a in e.args)
+        self.reads = _dim_names(args)
         child = self.inst.child(e.child)
         fwd = child.forward
         if fwd is None:
@@ -232,10 +266,16 @@ class _Typer:
         """Type the operands, then apply the primitive's own shape rule (axdsl/primitives/)."""
         args = tuple(self.expr(a) for a in e.args)
         prim = primitives.get(e.name)
+        self.reads = _dim_names(args)
         for a in args:
             if not isinstance(a.type, TensorType) and not prim.scalar_operands:
                 self.fail(a.span, f"`{e.name}` needs a tensor, got a {a.type}")
         return {"args": args, "type": TensorType(prim.shape(self, e, args))}
+
+
+def _dim_names(operands) -> list[str]:
+    """The dim names of typed operands, in order: the hyperparameters an error may blame."""
+    return [d.name for a in operands if isinstance(a.type, TensorType) for d in a.type.dims]
 
 
 def _same_dims(a, b) -> bool:

@@ -84,6 +84,24 @@ class Attr:
     span: Span
 
 
+def names_in(e: "Expr") -> list[str]:
+    """The names an expression reads, in source order (the hyperparameters a default uses)."""
+    match e:
+        case Name():
+            return [e.id]
+        case BinOp():
+            return names_in(e.left) + names_in(e.right)
+        case Unary():
+            return names_in(e.operand)
+        case ListExpr():
+            return [n for item in e.items for n in names_in(item)]
+        case Call():
+            return [n for a in (*e.args, *(k.value for k in e.kwargs)) for n in names_in(a)]
+        case Attr():
+            return names_in(e.obj)
+    return []
+
+
 @dataclass(frozen=True)
 class EllipsisDim:
     """`...` in a shape: any number of leading dims."""
