@@ -81,6 +81,74 @@ def load_tokens(tc) -> np.ndarray:
     return np.frombuffer(b"\n".join(p.read_bytes() for p in files), dtype=np.uint8)
 
 
+def data_path(tc, spec: str, from_flag: bool) -> Path:
+    """Where the data is: a path written in the spec is relative to the spec's directory; one
+    given with --data is relative to the working directory, as command-line paths are."""
+    path = Path(tc.data_path)
+    if from_flag or path.is_absolute():
+        return path
+    return Path(spec).parent / path
+
+
+def load_data(
+    cfg, tc, spec: str, from_flag: bool, scan_ids: bool = True
+) -> tuple[np.ndarray, np.ndarray]:
+    """The train and eval tokens, checked before the first step: the file exists and is not
+    empty, every id is below the model's vocab (unless `scan_ids` is False: --no-data-check), and
+    both splits hold at least one sequence."""
+    if tc.data != "default":
+        path = data_path(tc, spec, from_flag)
+        where = (
+            f"{tc.data_path!r} from --data"
+            if from_flag
+            else f"{tc.data_path!r} in {spec}, relative to its directory"
+        )
+        if not path.exists():
+            sys.exit(f"error: data {path} does not exist ({where})")
+        tc = dataclasses.replace(tc, data_path=str(path))
+        if path.is_file() and path.stat().st_size == 0:
+            sys.exit(f"error: data file {path} is empty")
+        if tc.data == "tokens" and path.stat().st_size % (2 if tc.data_dtype == "u16" else 4):
+            sys.exit(
+                f"error: token file {path} has {path.stat().st_size} bytes, not a whole number of "
+                f"{tc.data_dtype} ids: is data_dtype right?"
+            )
+    tokens = load_tokens(tc)
+    problems = [] if scan_ids is False else token_problems(tokens, getattr(cfg, "vocab", None))
+    train, held_out = split(tokens)
+    need = tc.seq + 2  # a batch row reads seq + 1 tokens from a random start
+    if len(train) < need:
+        problems.append(
+            f"{len(tokens)} tokens are too few: the training split has {len(train)}, one "
+            f"sequence needs {need} (seq {tc.seq}); add data or lower --seq"
+        )
+    elif tc.eval_every and len(held_out) < need:
+        problems.append(
+            f"the eval split (the last 2% of the data) has {len(held_out)} tokens, one sequence "
+            f"needs {need} (seq {tc.seq}); add data, lower --seq or set --eval-every 0"
+        )
+    if problems:
+        sys.exit("error: " + "; ".join(problems))
+    return train, held_out
+
+
+def token_problems(tokens: np.ndarray, vocab: int | None, chunk: int = 1 << 26) -> list[str]:
+    """Ids the model cannot embed: how many, the largest, and the vocab (read in chunks)."""
+    if vocab is None or len(tokens) == 0:
+        return [] if len(tokens) else ["the data holds no tokens"]
+    bad, top = 0, 0
+    for start in range(0, len(tokens), chunk):
+        part = np.asarray(tokens[start : start + chunk])
+        bad += int(np.count_nonzero(part >= vocab))
+        top = max(top, int(part.max()))
+    if not bad:
+        return []
+    return [
+        f"{bad} of {len(tokens)} token ids are >= the model's vocab {vocab} (the largest is {top}): "
+        f"the data was tokenized for another vocabulary"
+    ]
+
+
 def split(tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The last 2% of the tokens are held out for evaluation."""
     cut = int(len(tokens) * 0.98)
@@ -144,6 +212,11 @@ def parse_args(doc: str, train, configs: dict, argv=None) -> argparse.Namespace:
         '"none": off)',
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bar (logs only)")
+    p.add_argument(
+        "--no-data-check",
+        action="store_true",
+        help="skip the scan for token ids >= vocab before training (for very large token files)",
+    )
     return p.parse_args(argv)
 
 
@@ -184,6 +257,23 @@ def check_settings(cfg, tc, mesh, sharding: NamedSharding) -> None:
         problems.append(f"byte-level data needs vocab >= 256, the model has {cfg.vocab}")
     if problems:
         sys.exit("error: " + "; ".join(problems))
+    warmup = getattr(tc, "warmup", 0)
+    if warmup and tc.steps < warmup and is_lead():
+        print(
+            f"warning: steps {tc.steps} end inside the learning-rate warmup ({warmup} steps): "
+            f"the rate never reaches its peak",
+            file=sys.stderr,
+        )
+
+
+def no_rollback(log, step: int, bad_steps: int) -> None:
+    """Too many non-finite steps and no checkpoint before them: stop with an error rather than
+    'train' on with every update skipped."""
+    log.close()
+    sys.exit(
+        f"error: {bad_steps} non-finite steps in a row up to step {step} and no checkpoint to roll "
+        f"back to: check the data (ids < vocab), lower the learning rate or turn on clipping"
+    )
 
 
 # ----------------------------------------------------------------------------- train state

@@ -206,7 +206,9 @@ def main(argv=None) -> None:
     tc = runtime.train_config(args, TRAIN, CONFIGS)
     cfg, mesh = model_config(tc), make_mesh()
     check_config(cfg, tc, mesh)
-    train_tokens, eval_tokens = runtime.split(runtime.load_tokens(tc))
+    train_tokens, eval_tokens = runtime.load_data(
+        cfg, tc, SPEC, bool(args.data), not args.no_data_check
+    )
     runtime.start_run(args.out, tc, __package__, __file__, SPEC, TARGET)  # RUN_DIR/run.json
     manager = runtime.checkpoint_manager(args.out, tc)
     with jax.set_mesh(mesh), preempt:
@@ -234,6 +236,7 @@ def main(argv=None) -> None:
                         log.restored(pending[0], report["bad_steps"], data["step"])
                         step, pending = data["step"], None
                         continue
+                    runtime.no_rollback(log, pending[0], report["bad_steps"])
             pending = (step, metrics)
             log.advance()
             last, stop = step == tc.steps, preempt.requested
