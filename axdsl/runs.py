@@ -359,8 +359,9 @@ def sample(run_dir: Path, prompt: str, max_tokens: int = 200, temperature: float
     """
     if not (run_dir / "run.json").exists():
         return _error(f"{run_dir}/run.json not found: is {run_dir} a run directory?")
-    if temperature < 0 or (top_k is not None and top_k < 1) or max_tokens < 0:
-        return _error("--temperature must be >= 0, --top-k >= 1 and --max-tokens >= 0")
+    if not math.isfinite(temperature) or temperature < 0 or (top_k is not None and top_k < 1) or max_tokens < 0:
+        return _error(f"--temperature must be a finite number >= 0 (got {temperature}), --top-k >= 1 and "
+                      f"--max-tokens >= 0")
     import dataclasses
 
     import jax

@@ -183,3 +183,24 @@ def test_aot_says_when_it_is_not_reporting_your_edited_train_py(tmp_path, monkey
     train.write_text(train.read_text() + "\n# mine\n")
     report = analyze(Path("tiny_llama.axl"), "cpu", lower=False)
     assert "you edited generated/tiny_llama/cpu/train.py" in render(report)
+
+
+@pytest.mark.parametrize("damage", ["empty", "truncated", "garbage"])
+def test_import_hf_names_a_damaged_safetensors_file(tmp_path, damage):
+    """An empty, truncated or random model.safetensors is one error line naming the file (exit 1)."""
+    safetensors_numpy = pytest.importorskip("safetensors.numpy")
+    import numpy as np
+
+    from axdsl import hf as axhf
+    from axdsl.hf.errors import HFError
+
+    path = tmp_path / "model.safetensors"
+    safetensors_numpy.save_file({"model.embed_tokens.weight": np.ones((256, 64), np.float32)}, str(path))
+    data = path.read_bytes()
+    path.write_bytes({"empty": b"", "truncated": data[: len(data) - 1000],
+                      "garbage": bytes(range(256)) * 4}[damage])
+    with pytest.raises(HFError) as info:
+        axhf.safetensors_io.check_file(path)
+    assert str(path) in str(info.value)
+    assert {"empty": "is not a safetensors file", "truncated": "is truncated: its tensors need",
+            "garbage": "is not a safetensors file"}[damage] in str(info.value)

@@ -48,7 +48,11 @@ class Reader:
         self.where: dict[str, Any] = {}
         dupes = []
         for f in files:
-            handle = stack.enter_context(safe_open(str(f), framework="numpy"))
+            check_file(f)
+            try:
+                handle = stack.enter_context(safe_open(str(f), framework="numpy"))
+            except Exception as exc:  # safetensors raises its own SafetensorError (and OSError)
+                raise HFError(f"cannot read {f}: {exc}", ["is the download complete?"]) from None
             for k in handle.keys():
                 if k in self.where:
                     dupes.append(f"{k} is in two files")
@@ -65,8 +69,35 @@ class Reader:
             raise KeyError(key)
         self.used.add(key)
         if key not in self.cache:
-            self.cache[key] = self.where[key].get_tensor(key)
+            try:
+                self.cache[key] = self.where[key].get_tensor(key)
+            except Exception as exc:
+                raise HFError(f"cannot read tensor {key}: {exc}") from None
         return self.cache[key]
+
+
+def check_file(path: Path) -> None:
+    """A truncated or damaged safetensors file is an error naming it, before any tensor is read:
+    the 8-byte header length, the JSON header, and every tensor's bytes inside the file."""
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as f:
+            head = f.read(8)
+            n = int.from_bytes(head, "little") if len(head) == 8 else -1
+            header = f.read(n) if 0 <= n <= size - 8 else b""
+    except OSError as exc:
+        raise HFError(f"cannot read {path}: {exc.strerror or exc}") from None
+    if n < 0 or n > size - 8:
+        raise HFError(f"{path} is not a safetensors file ({size} bytes, a header of "
+                      f"{max(n, 0)} bytes)", ["the file is empty or truncated: download it again"])
+    try:
+        entries = json.loads(header)
+        ends = [int(v["data_offsets"][1]) for k, v in entries.items() if k != "__metadata__"]
+    except (ValueError, TypeError, KeyError, IndexError, AttributeError):
+        raise HFError(f"{path} has a damaged header", ["download it again"]) from None
+    if ends and max(ends) > size - 8 - n:
+        raise HFError(f"{path} is truncated: its tensors need {8 + n + max(ends)} bytes, the file has {size}",
+                      ["download it again"])
 
 
 def need_safetensors() -> None:
