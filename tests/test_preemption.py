@@ -176,7 +176,8 @@ def test_signal_saves_the_step_exits_and_resumes_bitwise(tmp_path, reference, ca
     assert "Traceback" not in out and not (run / "lock").exists()
     saved = max(complete(run))
     assert logged < saved <= logged + 2  # the step in flight, or the one after it (one step late)
-    assert out.strip().splitlines() == [STOP_LINE.format(name=signal.Signals(signum).name, step=saved, run=run)]
+    lines = [line for line in out.strip().splitlines() if not line.startswith("warning: steps ")]  # inside warmup
+    assert lines == [STOP_LINE.format(name=signal.Signals(signum).name, step=saved, run=run)]
     assert last_logged_step(run) == saved  # the pending metrics were written
 
     assert f"resumed from step {saved}" in run_to_end(run, cache)
