@@ -47,6 +47,33 @@ CASES = {
              rms_norm_eps=1e-5, rope_parameters={"rope_type": "default", "rope_theta": 500000.0},
              attention_bias=True),
     ),
+    "llama:llama3": (  # Llama 3.1/3.2's rope scaling; original_max_seq 8 < 16 tokens, so all of it matters
+        """model m = DecoderLM {
+          vocab = 96  dim = 64  layers = 2  heads = 4  kv_heads = 2  ffn = 128  max_seq = 64
+          rope_theta = 500000.0  norm = RMSNorm(eps = 1e-5)  tied = true
+          block = Block(attn = Attention(rope_scaling = "llama3", rope_factor = 8.0, rope_low_freq = 1.0,
+                                         rope_high_freq = 4.0, rope_original_max_seq = 8))
+          dtype = f32  param_dtype = f32
+        }""",
+        dict(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+             rms_norm_eps=1e-5, tie_word_embeddings=True,
+             rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
+                              "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                              "original_max_position_embeddings": 8}),
+    ),
+    "llama:yarn": (  # YaRN with its default attention factor
+        """model m = DecoderLM {
+          vocab = 96  dim = 64  layers = 2  heads = 4  kv_heads = 2  ffn = 128  max_seq = 64
+          rope_theta = 10000.0  norm = RMSNorm(eps = 1e-5)
+          block = Block(attn = Attention(rope_scaling = "yarn", rope_factor = 4.0, rope_original_max_seq = 16))
+          dtype = f32  param_dtype = f32
+        }""",
+        dict(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64, rms_norm_eps=1e-5,
+             rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                              "original_max_position_embeddings": 16}),
+    ),
     "mistral": (  # window 8 < the test's 16 tokens, so the window matters
         """model m = DecoderLM {
           vocab = 96  dim = 64  layers = 2  heads = 4  kv_heads = 2  ffn = 128  max_seq = 64
@@ -101,15 +128,17 @@ CASES = {
 
 
 def _write_spec(tmp: Path, family: str) -> Path:
-    spec = tmp / f"hf_{family}.axl"
+    spec = tmp / f"hf_{family.replace(':', '_')}.axl"
     spec.write_text(HEADER + CASES[family][0] + "\n")
     return spec
 
 
-def _hf_model(family: str, **overrides):
+def _hf_model(case: str, **overrides):
+    """A random transformers model of CASES[case] (a family, or "family:variant")."""
     transformers = pytest.importorskip("transformers")
     torch = pytest.importorskip("torch")
-    conf = transformers.AutoConfig.for_model(family, **{**CASES[family][1], **overrides})
+    family = case.split(":")[0]
+    conf = transformers.AutoConfig.for_model(family, **{**CASES[case][1], **overrides})
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(conf).eval()
     # HF initializes norms to 1 and biases to 0: randomize everything so each tensor's place shows.
