@@ -437,3 +437,38 @@ def test_zoo_specs_match_published_configs(spec, model):
     key = "n_head" if family == "gpt2" else "num_key_value_heads"
     wrong = {**published, key: 1}
     assert any(m.startswith(f"config.json has {key}=1,") for m in axhf.mismatches(arch, family, wrong))
+
+
+# The config.json files Meta published on the Hugging Face hub (transformers 4.43 format:
+# `rope_scaling` beside a top-level `rope_theta`).
+LLAMA_3_1_8B = {
+    "architectures": ["LlamaForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
+    "bos_token_id": 128000, "eos_token_id": 128001, "hidden_act": "silu", "hidden_size": 4096,
+    "initializer_range": 0.02, "intermediate_size": 14336, "max_position_embeddings": 131072,
+    "mlp_bias": False, "model_type": "llama", "num_attention_heads": 32, "num_hidden_layers": 32,
+    "num_key_value_heads": 8, "pretraining_tp": 1, "rms_norm_eps": 1e-05,
+    "rope_scaling": {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                     "original_max_position_embeddings": 8192, "rope_type": "llama3"},
+    "rope_theta": 500000.0, "tie_word_embeddings": False, "torch_dtype": "bfloat16", "use_cache": True,
+    "vocab_size": 128256,
+}
+LLAMA_3_2_1B = {
+    **LLAMA_3_1_8B, "hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 16, "head_dim": 64,
+    "tie_word_embeddings": True,
+    "rope_scaling": {"factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                     "original_max_position_embeddings": 8192, "rope_type": "llama3"},
+}
+
+
+@pytest.mark.parametrize("spec, cfg", [("llama3_1_8b", LLAMA_3_1_8B), ("llama3_2_1b", LLAMA_3_2_1B)])
+def test_published_llama_3_1_and_3_2_configs_match_their_specs(spec, cfg, in_root):
+    """The real checkpoints' config.json agrees with the zoo spec in every field (then the tensors
+    are Llama's, which the tiny models above check); a different rope factor is named."""
+    arch = axhf.pick(axhf.load_spec(Path(f"specs/{spec}.axl")), spec, Path(spec))
+    assert axhf.mismatches(arch, "llama", cfg) == []
+    wrong = {**cfg, "rope_scaling": {**cfg["rope_scaling"], "factor": 16.0}}
+    assert axhf.mismatches(arch, "llama", wrong) == [
+        "config.json has factor=16.0, the spec has attention rope_factor = " + json.dumps(cfg["rope_scaling"]["factor"])]
+    exported = axhf.hf_config(arch, "llama")["rope_parameters"]
+    assert exported == {"rope_type": "llama3", "rope_theta": 500000.0, **{
+        k: v for k, v in cfg["rope_scaling"].items() if k != "rope_type"}}
