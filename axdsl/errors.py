@@ -125,7 +125,9 @@ class Diagnostics:
         self.add(Diagnostic(span, message, hint))
 
     def add(self, diag: Diagnostic) -> None:
-        if diag not in self.items:
+        """Record `diag` unless the same error is already there (one user line behind two library
+        lines, such as rope on q and on k, is reported once, with the first note)."""
+        if not any((d.span, d.message, d.hint) == (diag.span, diag.message, diag.hint) for d in self.items):
             self.items.append(diag)
 
     def raise_if_any(self, sources: dict[str, str] | None = None) -> None:

@@ -47,6 +47,33 @@ CASES = {
              rms_norm_eps=1e-5, rope_parameters={"rope_type": "default", "rope_theta": 500000.0},
              attention_bias=True),
     ),
+    "llama:llama3": (  # Llama 3.1/3.2's rope scaling; original_max_seq 8 < 16 tokens, so all of it matters
+        """model m = DecoderLM {
+          vocab = 96  dim = 64  layers = 2  heads = 4  kv_heads = 2  ffn = 128  max_seq = 64
+          rope_theta = 500000.0  norm = RMSNorm(eps = 1e-5)  tied = true
+          block = Block(attn = Attention(rope_scaling = "llama3", rope_factor = 8.0, rope_low_freq = 1.0,
+                                         rope_high_freq = 4.0, rope_original_max_seq = 8))
+          dtype = f32  param_dtype = f32
+        }""",
+        dict(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+             rms_norm_eps=1e-5, tie_word_embeddings=True,
+             rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
+                              "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                              "original_max_position_embeddings": 8}),
+    ),
+    "llama:yarn": (  # YaRN with its default attention factor
+        """model m = DecoderLM {
+          vocab = 96  dim = 64  layers = 2  heads = 4  kv_heads = 2  ffn = 128  max_seq = 64
+          rope_theta = 10000.0  norm = RMSNorm(eps = 1e-5)
+          block = Block(attn = Attention(rope_scaling = "yarn", rope_factor = 4.0, rope_original_max_seq = 16))
+          dtype = f32  param_dtype = f32
+        }""",
+        dict(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64, rms_norm_eps=1e-5,
+             rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                              "original_max_position_embeddings": 16}),
+    ),
     "mistral": (  # window 8 < the test's 16 tokens, so the window matters
         """model m = DecoderLM {
           vocab = 96  dim = 64  layers = 2  heads = 4  kv_heads = 2  ffn = 128  max_seq = 64
@@ -101,15 +128,17 @@ CASES = {
 
 
 def _write_spec(tmp: Path, family: str) -> Path:
-    spec = tmp / f"hf_{family}.axl"
+    spec = tmp / f"hf_{family.replace(':', '_')}.axl"
     spec.write_text(HEADER + CASES[family][0] + "\n")
     return spec
 
 
-def _hf_model(family: str, **overrides):
+def _hf_model(case: str, **overrides):
+    """A random transformers model of CASES[case] (a family, or "family:variant")."""
     transformers = pytest.importorskip("transformers")
     torch = pytest.importorskip("torch")
-    conf = transformers.AutoConfig.for_model(family, **{**CASES[family][1], **overrides})
+    family = case.split(":")[0]
+    conf = transformers.AutoConfig.for_model(family, **{**CASES[case][1], **overrides})
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(conf).eval()
     # HF initializes norms to 1 and biases to 0: randomize everything so each tensor's place shows.
@@ -408,3 +437,38 @@ def test_zoo_specs_match_published_configs(spec, model):
     key = "n_head" if family == "gpt2" else "num_key_value_heads"
     wrong = {**published, key: 1}
     assert any(m.startswith(f"config.json has {key}=1,") for m in axhf.mismatches(arch, family, wrong))
+
+
+# The config.json files Meta published on the Hugging Face hub (transformers 4.43 format:
+# `rope_scaling` beside a top-level `rope_theta`).
+LLAMA_3_1_8B = {
+    "architectures": ["LlamaForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
+    "bos_token_id": 128000, "eos_token_id": 128001, "hidden_act": "silu", "hidden_size": 4096,
+    "initializer_range": 0.02, "intermediate_size": 14336, "max_position_embeddings": 131072,
+    "mlp_bias": False, "model_type": "llama", "num_attention_heads": 32, "num_hidden_layers": 32,
+    "num_key_value_heads": 8, "pretraining_tp": 1, "rms_norm_eps": 1e-05,
+    "rope_scaling": {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                     "original_max_position_embeddings": 8192, "rope_type": "llama3"},
+    "rope_theta": 500000.0, "tie_word_embeddings": False, "torch_dtype": "bfloat16", "use_cache": True,
+    "vocab_size": 128256,
+}
+LLAMA_3_2_1B = {
+    **LLAMA_3_1_8B, "hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 16, "head_dim": 64,
+    "tie_word_embeddings": True,
+    "rope_scaling": {"factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                     "original_max_position_embeddings": 8192, "rope_type": "llama3"},
+}
+
+
+@pytest.mark.parametrize("spec, cfg", [("llama3_1_8b", LLAMA_3_1_8B), ("llama3_2_1b", LLAMA_3_2_1B)])
+def test_published_llama_3_1_and_3_2_configs_match_their_specs(spec, cfg, in_root):
+    """The real checkpoints' config.json agrees with the zoo spec in every field (then the tensors
+    are Llama's, which the tiny models above check); a different rope factor is named."""
+    arch = axhf.pick(axhf.load_spec(Path(f"specs/{spec}.axl")), spec, Path(spec))
+    assert axhf.mismatches(arch, "llama", cfg) == []
+    wrong = {**cfg, "rope_scaling": {**cfg["rope_scaling"], "factor": 16.0}}
+    assert axhf.mismatches(arch, "llama", wrong) == [
+        "config.json has factor=16.0, the spec has attention rope_factor = " + json.dumps(cfg["rope_scaling"]["factor"])]
+    exported = axhf.hf_config(arch, "llama")["rope_parameters"]
+    assert exported == {"rope_type": "llama3", "rope_theta": 500000.0, **{
+        k: v for k, v in cfg["rope_scaling"].items() if k != "rope_type"}}

@@ -22,6 +22,8 @@ PUBLISHED = {
     "gpt2_medium": 354_823_168,
     "llama2_7b": 6_738_415_616,
     "llama3_8b": 8_030_261_248,
+    "llama3_1_8b": 8_030_261_248,  # Llama 3 8B's weights' shapes; only the rope scaling differs
+    "llama3_2_1b": 1_235_814_400,  # tied head
     "mistral_7b": 7_241_732_096,
     "mixtral_8x7b": 46_702_792_704,
     "qwen3_30b_a3b": 30_532_122_624,

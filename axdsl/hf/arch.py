@@ -33,6 +33,13 @@ FIELDS = {
     "head_dim": "attention head_dim", "max_seq": "max_seq", "positions": "positions",
     "tied": "tied", "norm": "norm layer", "norm_eps": "norm eps", "norm_bias": "LayerNorm bias",
     "causal": "attention causal", "rope": "attention rope", "rope_theta": "rope_theta",
+    "rope_dim": "attention rope_dim", "rope_scaling": "attention rope_scaling",
+    "rope_factor": "attention rope_factor", "rope_low_freq": "attention rope_low_freq",
+    "rope_high_freq": "attention rope_high_freq", "rope_original_max_seq": "attention rope_original_max_seq",
+    "rope_beta_fast": "attention rope_beta_fast", "rope_beta_slow": "attention rope_beta_slow",
+    "rope_untruncated": "attention rope_untruncated", "rope_mscale": "attention rope_mscale",
+    "rope_mscale_all_dim": "attention rope_mscale_all_dim",
+    "rope_attention_factor": "attention rope_attention_factor",
     "window": "attention window", "attn_bias": "attention bias", "qk_norm": "attention qk_norm",
     "qk_norm_eps": "q_norm/k_norm eps", "mlp": "feed-forward layer", "hidden": "feed-forward hidden",
     "act": "MLP act", "mlp_bias": "MLP bias", "experts": "MoE experts", "top_k": "MoE top_k",
@@ -98,6 +105,14 @@ def _read_attention(arch: Arch, attn) -> None:
         v[k] = _hv(attn, k)
     if v["rope"]:
         v["rope_theta"] = float(_hv(attn, "rope_theta"))
+        v["rope_dim"], v["rope_scaling"] = _hv(attn, "rope_dim"), _hv(attn, "rope_scaling")
+        v["rope_original_max_seq"] = _hv(attn, "rope_original_max_seq")
+        v["rope_untruncated"] = _hv(attn, "rope_untruncated")
+        for k in ("factor", "low_freq", "high_freq", "beta_fast", "beta_slow", "mscale", "mscale_all_dim",
+                  "attention_factor"):
+            v[f"rope_{k}"] = float(_hv(attn, f"rope_{k}"))
+        if _hv(attn, "rope_interleaved"):
+            arch.problems.append("attention rope_interleaved = true (Llama-family checkpoints are half-split)")
     v["window"] = _hv(attn, "window")
     v["attn_bias"] = _hv(attn, "bias")
     v["qk_norm"] = _hv(attn, "qk_norm")

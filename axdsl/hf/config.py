@@ -8,7 +8,7 @@ from typing import Any
 
 from axdsl.hf.arch import FIELDS, Arch
 from axdsl.hf.errors import HFError
-from axdsl.hf.fields import hf_values
+from axdsl.hf.fields import ROPE_FIELDS, ROPE_SCALING_FIELDS, hf_values
 
 FAMILIES = {
     "gpt2": "GPT2LMHeadModel",
@@ -58,7 +58,11 @@ def _skipped(arch: Arch, vals: dict) -> set[str]:
     if arch["norm"] != vals.get("norm"):
         skip.add("norm_bias")
     if not (arch["rope"] and vals.get("rope")):
-        skip.add("rope_theta")
+        skip |= {"rope_theta", "rope_dim", "rope_scaling", *ROPE_FIELDS}
+    elif arch["rope_scaling"] != vals.get("rope_scaling"):
+        skip |= set(ROPE_FIELDS)
+    else:
+        skip |= set(ROPE_FIELDS) - set(ROPE_SCALING_FIELDS.get(arch["rope_scaling"], ()))
     if not (arch["qk_norm"] and vals.get("qk_norm")):
         skip.add("qk_norm_eps")
     if arch["positions"] != "learned" or vals.get("positions") != "learned":
@@ -92,6 +96,29 @@ def _gpt2_config(v: dict, dtype: str) -> dict:
     }
 
 
+# Arch field -> rope_parameters key, for the fields each scaling reads
+_ROPE_KEYS = {"rope_factor": "factor", "rope_low_freq": "low_freq_factor", "rope_high_freq": "high_freq_factor",
+              "rope_original_max_seq": "original_max_position_embeddings", "rope_beta_fast": "beta_fast",
+              "rope_beta_slow": "beta_slow", "rope_mscale": "mscale", "rope_mscale_all_dim": "mscale_all_dim",
+              "rope_attention_factor": "attention_factor"}
+
+
+def _rope_parameters(v: dict, theta: float) -> dict:
+    """transformers 5's rope_parameters: the rope type and the values its scaling reads."""
+    scaling = v.get("rope_scaling") or "none"
+    out: dict[str, Any] = {"rope_type": "default" if scaling == "none" else scaling, "rope_theta": theta}
+    for fld in ROPE_SCALING_FIELDS.get(scaling, ()):
+        if fld == "rope_untruncated":
+            out["truncate"] = not v[fld]
+        elif fld in ("rope_mscale_all_dim", "rope_attention_factor") and not v[fld]:
+            continue  # transformers' default (None) is "not given"
+        else:
+            out[_ROPE_KEYS[fld]] = v[fld]
+    if v.get("rope_dim") and v.get("head_dim") and v["rope_dim"] != v["head_dim"]:
+        out["partial_rotary_factor"] = v["rope_dim"] / v["head_dim"]
+    return out
+
+
 def _decoder_config(v: dict, family: str, dtype: str) -> dict:
     theta = v["rope_theta"] if v["rope_theta"] is not None else 10000.0
     out = {
@@ -99,8 +126,7 @@ def _decoder_config(v: dict, family: str, dtype: str) -> dict:
         "hidden_size": v["dim"], "intermediate_size": v["hidden"], "num_hidden_layers": v["layers"],
         "num_attention_heads": v["heads"], "num_key_value_heads": v["kv_heads"],
         "head_dim": v["head_dim"], "hidden_act": "silu", "max_position_embeddings": v["max_seq"],
-        "rms_norm_eps": v["norm_eps"], "rope_theta": theta,
-        "rope_parameters": {"rope_type": "default", "rope_theta": theta},
+        "rms_norm_eps": v["norm_eps"], "rope_theta": theta, "rope_parameters": _rope_parameters(v, theta),
         "tie_word_embeddings": v["tied"], "attention_dropout": 0.0, "initializer_range": 0.02,
         "use_cache": True, "dtype": dtype,
     }

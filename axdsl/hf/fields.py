@@ -46,6 +46,15 @@ class Config:
         kind = rp.get("rope_type", rp.get("type", "default"))
         return float(_DECODER_DEFAULTS[self.family][1] if theta is None else theta), kind
 
+    @property
+    def rope_params(self) -> dict:
+        """rope_parameters (transformers 5) or rope_scaling (older configs)."""
+        return self.cfg.get("rope_parameters") or self.cfg.get("rope_scaling") or {}
+
+    def rope_param(self, key: str, default: Any) -> Any:
+        value = self.rope_params.get(key)
+        return default if value is None else value
+
 
 @dataclass(frozen=True)
 class Row:
@@ -80,6 +89,16 @@ def _head_dim(c: Config) -> int:
 def _window(c: Config) -> int:
     return c.get("sliding_window", 4096 if c.family == "mistral" and "sliding_window" not in c.cfg else 0)
 
+
+# Hugging Face rope_type -> axdsl's Attention(rope_scaling = ...)
+_SCALINGS = {"default": "none", "linear": "linear", "llama3": "llama3", "yarn": "yarn"}
+# which of the rope_* fields each scaling reads (the others are not compared)
+ROPE_SCALING_FIELDS = {"none": (), "linear": ("rope_factor",),
+                       "llama3": ("rope_factor", "rope_low_freq", "rope_high_freq", "rope_original_max_seq"),
+                       "yarn": ("rope_factor", "rope_original_max_seq", "rope_beta_fast", "rope_beta_slow",
+                                "rope_untruncated", "rope_mscale", "rope_mscale_all_dim",
+                                "rope_attention_factor")}
+ROPE_FIELDS = tuple(sorted({f for fields in ROPE_SCALING_FIELDS.values() for f in fields}))
 
 _WINDOWED = ("mistral", "mixtral")
 _UNWINDOWED = ("llama", "qwen3", "qwen3_moe")
@@ -129,6 +148,21 @@ DECODER_FIELDS = (  # llama, mistral, mixtral, qwen3, qwen3_moe
     _fact("causal", True),
     _fact("rope", True),
     Row("rope_theta", "rope_theta", lambda c: c.rope[0]),
+    Row("rope_scaling", "rope_type", lambda c: _SCALINGS.get(c.rope[1], c.rope[1])),
+    Row("rope_factor", "factor", lambda c: float(c.rope_param("factor", 1.0))),
+    Row("rope_low_freq", "low_freq_factor", lambda c: float(c.rope_param("low_freq_factor", 1.0))),
+    Row("rope_high_freq", "high_freq_factor", lambda c: float(c.rope_param("high_freq_factor", 4.0))),
+    Row("rope_original_max_seq", "original_max_position_embeddings",
+        lambda c: c.rope_param("original_max_position_embeddings", 0)),
+    Row("rope_beta_fast", "beta_fast", lambda c: float(c.rope_param("beta_fast", 32.0))),
+    Row("rope_beta_slow", "beta_slow", lambda c: float(c.rope_param("beta_slow", 1.0))),
+    Row("rope_untruncated", "truncate", lambda c: not c.rope_param("truncate", True)),
+    Row("rope_mscale", "mscale", lambda c: float(c.rope_param("mscale", 1.0) or 0.0)),
+    Row("rope_mscale_all_dim", "mscale_all_dim", lambda c: float(c.rope_param("mscale_all_dim", 0.0) or 0.0)),
+    Row("rope_attention_factor", "attention_factor", lambda c: float(c.rope_param("attention_factor", 0.0))),
+    Row("rope_dim", "partial_rotary_factor",
+        lambda c: int(_head_dim(c) * c.rope_param("partial_rotary_factor", c.get("partial_rotary_factor", 1.0))),
+        lambda c: c.rope_param("partial_rotary_factor", c.get("partial_rotary_factor", 1.0))),
     Row("window", "sliding_window", _window, lambda c: c.cfg.get("sliding_window"), _WINDOWED),
     Row("window", "use_sliding_window", lambda c: 0, lambda c: c.flag("use_sliding_window", False),
         _UNWINDOWED),
@@ -166,7 +200,8 @@ GPT2_UNSUPPORTED: tuple[Unsupported, ...] = (
     (None, lambda c: _when(c.cfg.get("add_cross_attention", False), "add_cross_attention=true")),
 )
 DECODER_UNSUPPORTED: tuple[Unsupported, ...] = (
-    (None, lambda c: _when(c.rope[1] != "default", f"rope_type={c.rope[1]!r} (axdsl's rope has no scaling)")),
+    (None, lambda c: _when(c.rope[1] not in _SCALINGS,
+                           f"rope_type={c.rope[1]!r} (axdsl's rope scalings are {', '.join(_SCALINGS)})")),
     (_UNWINDOWED, lambda c: _when(c.cfg.get("use_sliding_window", False),
                                   "use_sliding_window=true (per-layer windows are not mapped)")),
     (None, lambda c: _when(c.get("hidden_act", "silu") != "silu",

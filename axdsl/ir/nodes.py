@@ -222,6 +222,9 @@ class Prim:
     type: Type | None = None
     optional: tuple[str, ...] = ()
     kernel: KernelChoice | None = None
+    # hyperparameters its static attributes read (`rope(q, rope_theta, rotary_dim = rope_dim)`:
+    # rope_theta, rope_dim), for errors in a library layer to blame the user's line; not semantics
+    reads: tuple[str, ...] = field(default=(), compare=False)
 
     def attr(self, key: str, default: Any = None) -> Any:
         return dict(self.attrs).get(key, default)

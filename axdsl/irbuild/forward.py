@@ -9,7 +9,7 @@ Static `if`s are decided with the instance's hyperparameters; only the taken bra
 from __future__ import annotations
 
 from axdsl import primitives
-from axdsl.errors import did_you_mean
+from axdsl.errors import did_you_mean, is_library, relocated
 from axdsl.ir import nodes as ir
 from axdsl.ir.nodes import DType, HValue, RefKind
 from axdsl.irbuild.consteval import EvalError, kind_of
@@ -46,9 +46,15 @@ class _Lowering:
         self.poisoned: set[str] = set()  # locals whose assignment failed: uses are not errors again
         self.free: set[str] = set()
         self.failed = False
+        self._reading: dict = {}  # span -> the names the expression there reads (see `fail`)
 
     def fail(self, span, message: str, hint: str | None = None):
-        self.diags.error(span, message, hint)
+        """Record an error and abandon this forward. One in a library layer's line that reads
+        hyperparameters (a primitive's static attribute) is shown at the user's line that set
+        one of them, with a note for the library line."""
+        names = self._reading.get(span, []) if span is not None and is_library(span) else []
+        user = ir.user_line(names, self.scope.origins) if names else None
+        self.diags.add(relocated(span, message, hint, user, f"in layer `{self.layer.name}` at `{self.scope.path}`"))
         raise _Abort()
 
     # ---------------------------------------------------------------- shapes
@@ -273,12 +279,14 @@ class _Lowering:
         tensors = tuple(self.expr(a) for a in call.args[: len(sig.tensors)])
         given = {s.name: a for s, a in zip(sig.statics, call.args[len(sig.tensors):])}
         optional = self._keywords(call, prim, given)
+        reads = {a.span: ast.names_in(a) for a in given.values()}
+        self._reading.update(reads)
         attrs = {s.name: self._static_attr(call, prim, s, given) for s in sig.statics}
         if prim.check is not None:
             prim.check(self, given, attrs)
         names = tuple(k for k in sig.optional_tensors if k in optional)
         return ir.Prim(name, tensors + tuple(optional[k] for k in names), tuple(attrs.items()), call.span,
-                       optional=names)
+                       optional=names, reads=tuple(dict.fromkeys(n for ns in reads.values() for n in ns)))
 
     def _keywords(self, call: ast.Call, prim: primitives.Primitive, given: dict) -> dict[str, ir.TExpr]:
         """Sort keyword arguments into optional tensors and static attributes (`given`)."""

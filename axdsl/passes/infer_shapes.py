@@ -266,7 +266,7 @@ class _Typer:
         """Type the operands, then apply the primitive's own shape rule (axdsl/primitives/)."""
         args = tuple(self.expr(a) for a in e.args)
         prim = primitives.get(e.name)
-        self.reads = _dim_names(args)
+        self.reads = list(e.reads) + _dim_names(args)
         for a in args:
             if not isinstance(a.type, TensorType) and not prim.scalar_operands:
                 self.fail(a.span, f"`{e.name}` needs a tensor, got a {a.type}")

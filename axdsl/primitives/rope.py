@@ -1,9 +1,29 @@
-"""Rotary position embedding on [B, S, heads, head_dim] (Llama's half-split layout)."""
+"""Rotary position embedding on [B, S, heads, head_dim], with its variants.
+
+The plain form (the whole head_dim, Llama's half-split layout, no frequency scaling) emits
+`apply_rope(x, theta)`, a self-contained helper. Every variant emits
+`apply_rotary(x, <frequencies>, ...)`, whose frequencies come from one helper per scaling rule:
+
+    rotary_dim     rotate only the first `rotary_dim` features of each head (Phi-2, GPT-NeoX)
+    interleaved    rotate the pairs (x0, x1), (x2, x3), ... (GPT-J, DeepSeek) instead of
+                   (x_i, x_{i + d/2}) (Llama, the half-split layout of Hugging Face's rotate_half)
+    scaling        "linear" (positions / factor), "llama3" (Llama 3.1's per-wavelength blend of
+                   scaled and unscaled frequencies) or "yarn" (YaRN's ramp between interpolation
+                   and extrapolation, with its cos/sin attention factor)
+
+The frequency formulas follow the papers and Hugging Face's modeling_rope_utils, so that real
+checkpoints import exactly; tests/test_rope.py checks each against transformers.
+"""
 
 from __future__ import annotations
 
+import json
+
+from axdsl.errors import did_you_mean
 from axdsl.primitives.base import Helper, Primitive, Signature, Static, StaticKind, linear_memory
 from axdsl.primitives.reductions import ir_fmt
+
+SCALINGS = ("none", "linear", "llama3", "yarn")
 
 APPLY_ROPE = '''def apply_rope(x: jax.Array, theta: float) -> jax.Array:
     """Rotary position embedding on x [B, S, heads, head_dim] (Llama's half-split layout)."""
@@ -16,24 +36,212 @@ APPLY_ROPE = '''def apply_rope(x: jax.Array, theta: float) -> jax.Array:
     out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
     return out.astype(x.dtype)'''
 
+APPLY_ROTARY = '''def apply_rotary(
+    x: jax.Array, freqs: jax.Array, interleaved: bool = False, scale: float = 1.0
+) -> jax.Array:
+    """Rotary embedding on x [B, S, heads, head_dim] with the given frequencies [rotary_dim / 2].
+
+    Only the first rotary_dim = 2 * len(freqs) features of each head rotate; the rest pass
+    through. `interleaved` pairs (x0, x1), (x2, x3), ...; otherwise (x_i, x_{i + rotary_dim / 2}).
+    `scale` multiplies cos and sin (YaRN's attention factor).
+    """
+    rotary_dim = 2 * freqs.shape[0]
+    angles = jnp.arange(x.shape[1], dtype=jnp.float32)[:, None] * freqs  # [S, rotary_dim / 2]
+    cos = (scale * jnp.cos(angles))[None, :, None, :]
+    sin = (scale * jnp.sin(angles))[None, :, None, :]
+    rot, rest = x[..., :rotary_dim].astype(jnp.float32), x[..., rotary_dim:]
+    if interleaved:
+        x1, x2 = rot[..., 0::2], rot[..., 1::2]
+        out = jnp.stack([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).reshape(rot.shape)
+    else:
+        x1, x2 = rot[..., : rotary_dim // 2], rot[..., rotary_dim // 2 :]
+        out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+    return jnp.concatenate([out.astype(x.dtype), rest], axis=-1)'''
+
+ROPE_FREQUENCIES = '''def rope_frequencies(rotary_dim: int, theta: float) -> jax.Array:
+    """The rotary frequencies theta^(-2i / rotary_dim), i < rotary_dim / 2 (RoFormer)."""
+    return 1.0 / (theta ** (jnp.arange(0, rotary_dim, 2, dtype=jnp.float32) / rotary_dim))'''
+
+LLAMA3_FREQUENCIES = '''def llama3_frequencies(
+    rotary_dim: int,
+    theta: float,
+    factor: float,
+    low_freq_factor: float,
+    high_freq_factor: float,
+    original_max_seq: int,
+) -> jax.Array:
+    """Llama 3.1's frequency scaling: wavelengths longer than original_max_seq / low_freq_factor
+    are divided by `factor`, shorter than original_max_seq / high_freq_factor kept, and those
+    between blended smoothly."""
+    freqs = rope_frequencies(rotary_dim, theta)
+    wavelen = 2 * math.pi / freqs
+    smooth = (original_max_seq / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
+    blended = (1 - smooth) * freqs / factor + smooth * freqs
+    scaled = jnp.where(wavelen > original_max_seq / low_freq_factor, freqs / factor, freqs)
+    medium = (wavelen >= original_max_seq / high_freq_factor) & (wavelen <= original_max_seq / low_freq_factor)
+    return jnp.where(medium, blended, scaled)'''
+
+YARN_FREQUENCIES = '''def yarn_frequencies(
+    rotary_dim: int,
+    theta: float,
+    factor: float,
+    original_max_seq: int,
+    beta_fast: float = 32.0,
+    beta_slow: float = 1.0,
+    truncate: bool = True,
+) -> jax.Array:
+    """YaRN (Peng et al. 2023): dims that turn fewer than beta_slow times over original_max_seq
+    are interpolated (divided by `factor`), more than beta_fast times extrapolated (kept), and
+    those between ramp linearly."""
+
+    def turning_dim(turns: float) -> float:  # the dim that turns `turns` times over original_max_seq
+        return rotary_dim * math.log(original_max_seq / (turns * 2 * math.pi)) / (2 * math.log(theta))
+
+    low, high = turning_dim(beta_fast), turning_dim(beta_slow)
+    if truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, rotary_dim - 1)
+    high = high + 0.001 if low == high else high
+    ramp = jnp.clip((jnp.arange(rotary_dim // 2, dtype=jnp.float32) - low) / (high - low), 0, 1)
+    freqs = rope_frequencies(rotary_dim, theta)
+    return freqs / factor * ramp + freqs * (1 - ramp)
+
+
+def yarn_attention_factor(factor: float, mscale: float = 1.0, mscale_all_dim: float = 0.0) -> float:
+    """YaRN's cos/sin scale 0.1 ln(factor) + 1 (DeepSeek: the ratio for mscale and mscale_all_dim)."""
+
+    def m(scale: float) -> float:
+        return 1.0 if factor <= 1 else 0.1 * scale * math.log(factor) + 1.0
+
+    return m(mscale) / m(mscale_all_dim) if mscale and mscale_all_dim else m(1.0)'''
+
 
 def _rope_shape(ctx, prim, args):
     dims = args[0].type.dims
     if len(dims) != 4 or any(d.is_ellipsis for d in dims):
         ctx.fail(prim.span, f"`rope` needs [B, S, heads, head_dim], got {ir_fmt(dims)}")
-    if dims[-1].size is None or dims[-1].size % 2:
-        ctx.fail(prim.span, f"`rope` needs an even head_dim, got `{dims[-1]}`")
+    head_dim = dims[-1].size
+    rotary = _rotary_dim(prim, head_dim)
+    if head_dim is None or rotary is None:
+        ctx.fail(prim.span, f"`rope` needs a known head_dim, got `{dims[-1]}`")
+    if rotary < 2 or rotary > head_dim or rotary % 2:
+        ctx.fail(prim.span, f"`rope` rotates an even number of features between 2 and the head size "
+                 f"{head_dim}, got {rotary}", "the rotary dim is how many features of each head rotate "
+                 "(Phi-2: 32 of 80)")
     return dims
 
 
-def _emit(ctx, prim, args: list[str], precs: list[int]) -> str:
-    ctx.use_helper("apply_rope")
-    return f"apply_rope({args[0]}, theta={prim.attr('theta').code})"
+def _rotary_dim(prim, head_dim: int | None) -> int | None:
+    """The rotated features of each head: `rotary_dim`, or the whole head when it is 0."""
+    given = prim.attr("rotary_dim")
+    return head_dim if given is None or given.value == 0 else given.value
 
+
+def _check(ctx, given: dict, attrs: dict) -> None:
+    """Only known scaling rules reach generated code; each rule's parameters make sense."""
+    scaling = attrs["scaling"].value
+    where = given.get("scaling")
+    if scaling not in SCALINGS:
+        ctx.fail(where.span if where is not None else None,
+                 f"unknown rope scaling {json.dumps(scaling[:40])}",
+                 did_you_mean(scaling, SCALINGS) or f"scalings are {', '.join(SCALINGS)}")
+    if scaling == "none":
+        return
+    factor = attrs["factor"].value
+    if factor <= 0:
+        ctx.fail(_span(given, "factor", where), f"rope scaling factor must be > 0, got {factor}")
+    if scaling == "llama3" and attrs["high_freq_factor"].value <= attrs["low_freq_factor"].value:
+        ctx.fail(_span(given, "high_freq_factor", where),
+                 f"llama3 rope scaling needs high_freq_factor > low_freq_factor, got "
+                 f"{attrs['high_freq_factor'].value} <= {attrs['low_freq_factor'].value}",
+                 "Llama 3.1 uses low_freq_factor = 1.0, high_freq_factor = 4.0")
+    if scaling in ("llama3", "yarn") and attrs["original_max_seq"].value <= 0:
+        ctx.fail(_span(given, "original_max_seq", where),
+                 f"{scaling} rope scaling needs original_max_seq > 0 (the pretraining context)")
+
+
+def _span(given: dict, name: str, fallback):
+    node = given.get(name, fallback)
+    return node.span if node is not None else None
+
+
+def _is_plain(prim, head_dim: int) -> bool:
+    return (_rotary_dim(prim, head_dim) == head_dim and not prim.attr("interleaved").value
+            and prim.attr("scaling").value == "none")
+
+
+def _non_default(prim, defaults: dict) -> str:
+    """`, name=value` for each attribute that differs from the helper's default."""
+    out = ""
+    for name, default in defaults.items():
+        v = prim.attr(name)
+        if v.value != default:
+            out += f", {name}={v.value!r}" if isinstance(default, bool) else f", {name}={v.code}"
+    return out
+
+
+def _emit(ctx, prim, args: list[str], precs: list[int]) -> str:
+    head_dim = prim.args[0].type.dims[-1].size
+    theta = prim.attr("theta").code
+    if _is_plain(prim, head_dim):
+        ctx.use_helper("apply_rope")
+        return f"apply_rope({args[0]}, theta={theta})"
+    ctx.use_helper("apply_rotary")
+    ctx.use_helper("rope_frequencies")
+    given = prim.attr("rotary_dim")
+    rotary = given.code if given is not None and given.value else prim.args[0].type.dims[-1].code
+    a = {k: prim.attr(k).code for k in ("factor", "low_freq_factor", "high_freq_factor", "original_max_seq",
+                                         "beta_fast", "beta_slow", "truncate", "attention_factor",
+                                         "mscale", "mscale_all_dim")}
+    scaling = prim.attr("scaling").value
+    extra = []
+    if scaling == "none":
+        freqs = f"rope_frequencies({rotary}, {theta})"
+    elif scaling == "linear":
+        freqs = f"rope_frequencies({rotary}, {theta}) / {a['factor']}"
+    elif scaling == "llama3":
+        ctx.use_helper("llama3_frequencies")
+        freqs = (f"llama3_frequencies({rotary}, {theta}, factor={a['factor']}, "
+                 f"low_freq_factor={a['low_freq_factor']}, high_freq_factor={a['high_freq_factor']}, "
+                 f"original_max_seq={a['original_max_seq']})")
+    else:
+        ctx.use_helper("yarn_frequencies")
+        optional = _non_default(prim, {"beta_fast": 32.0, "beta_slow": 1.0, "truncate": True})
+        freqs = (f"yarn_frequencies({rotary}, {theta}, factor={a['factor']}, "
+                 f"original_max_seq={a['original_max_seq']}{optional})")
+        if prim.attr("attention_factor").value:
+            extra.append(f"scale={a['attention_factor']}")
+        else:
+            ms = [a["mscale"], a["mscale_all_dim"]] if prim.attr("mscale_all_dim").value else []
+            extra.append(f"scale=yarn_attention_factor({', '.join([a['factor'], *ms])})")
+    if prim.attr("interleaved").value:
+        extra.insert(0, "interleaved=True")
+    return f"apply_rotary({', '.join([args[0], freqs, *extra])})"
+
+
+_MATH = ("import math", "import jax", "import jax.numpy as jnp")
 
 PRIMITIVES = (
-    Primitive("rope", Signature(("x",), (Static("theta", StaticKind.FLOAT, 10000.0),),
-                                doc="rotary embedding on [B, S, H, D]"),
-              emit=_emit, shape=_rope_shape, helpers=(Helper("apply_rope", APPLY_ROPE),),
-              memory=linear_memory),
+    Primitive("rope", Signature(("x",), (
+        Static("theta", StaticKind.FLOAT, 10000.0),
+        Static("rotary_dim", StaticKind.INT, 0),  # 0: the whole head_dim
+        Static("interleaved", StaticKind.BOOL, False),
+        Static("scaling", StaticKind.STRING, "none"),
+        Static("factor", StaticKind.FLOAT, 1.0),
+        Static("low_freq_factor", StaticKind.FLOAT, 1.0),
+        Static("high_freq_factor", StaticKind.FLOAT, 4.0),
+        Static("original_max_seq", StaticKind.INT, 0),
+        Static("beta_fast", StaticKind.FLOAT, 32.0),
+        Static("beta_slow", StaticKind.FLOAT, 1.0),
+        Static("truncate", StaticKind.BOOL, True),
+        Static("attention_factor", StaticKind.FLOAT, 0.0),  # yarn: 0 = from factor and mscale
+        Static("mscale", StaticKind.FLOAT, 1.0),
+        Static("mscale_all_dim", StaticKind.FLOAT, 0.0),
+    ), doc="rotary embedding on [B, S, H, D]: partial, interleaved, linear/llama3/yarn scaling"),
+        emit=_emit, shape=_rope_shape, check=_check, memory=linear_memory,
+        helpers=(Helper("apply_rope", APPLY_ROPE),
+                 Helper("apply_rotary", APPLY_ROTARY),
+                 Helper("rope_frequencies", ROPE_FREQUENCIES),
+                 Helper("llama3_frequencies", LLAMA3_FREQUENCIES, _MATH),
+                 Helper("yarn_frequencies", YARN_FREQUENCIES, _MATH))),
 )

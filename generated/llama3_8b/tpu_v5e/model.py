@@ -79,7 +79,7 @@ def rms_norm(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
 
 
 def attention(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
-    """Attention (std/transformer.axl:7): x: [B, S, dim] -> [B, S, dim].
+    """Attention (std/transformer.axl:11): x: [B, S, dim] -> [B, S, dim].
 
     Used at /blocks/attn.
     """
@@ -118,7 +118,7 @@ def swiglu(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
 
 
 def block(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
-    """Block (std/transformer.axl:45): x: [B, S, dim] -> [B, S, dim].
+    """Block (std/transformer.axl:63): x: [B, S, dim] -> [B, S, dim].
 
     Used at /blocks.
     """
@@ -135,7 +135,7 @@ def block(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
 
 
 def decoder_lm(cfg: Config, params: dict, tokens: jax.Array) -> jax.Array:
-    """DecoderLM (std/transformer.axl:64): tokens: [B, S] -> [B, S, vocab].
+    """DecoderLM (std/transformer.axl:82): tokens: [B, S] -> [B, S, vocab].
 
     Used at /.
     """

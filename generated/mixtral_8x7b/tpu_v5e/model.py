@@ -80,7 +80,7 @@ def rms_norm(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
 
 
 def attention(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
-    """Attention (std/transformer.axl:7): x: [B, S, dim] -> [B, S, dim].
+    """Attention (std/transformer.axl:11): x: [B, S, dim] -> [B, S, dim].
 
     Used at /blocks/attn.
     """
@@ -126,7 +126,7 @@ def moe(cfg: Config, params: dict, x: jax.Array) -> tuple[jax.Array, jax.Array]:
 
 
 def block(cfg: Config, params: dict, x: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """Block (std/transformer.axl:45): x: [B, S, dim] -> ([B, S, dim], auxiliary loss []).
+    """Block (std/transformer.axl:63): x: [B, S, dim] -> ([B, S, dim], auxiliary loss []).
 
     Used at /blocks.
     """
@@ -143,7 +143,7 @@ def block(cfg: Config, params: dict, x: jax.Array) -> tuple[jax.Array, jax.Array
 
 
 def decoder_lm(cfg: Config, params: dict, tokens: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """DecoderLM (std/transformer.axl:64): tokens: [B, S] -> ([B, S, vocab], auxiliary loss []).
+    """DecoderLM (std/transformer.axl:82): tokens: [B, S] -> ([B, S, vocab], auxiliary loss []).
 
     Used at /.
     """
