@@ -88,3 +88,115 @@ def test_softcap_code_reads_like_the_formula(tmp_path):
                  model="dim = 4")
     _, m = _run(tmp_path, "capcode", src, _x(2, 4))
     assert "cfg.cap * jnp.tanh(x / cfg.cap)" in m.SOURCE
+
+
+# ---------------------------------------------------------------- slice, concat, pad, stack
+HEADS = "heads: int = 2, head_dim: int = 8, rotary_dim: int = 4"
+QSIG = "(x: [B, S, heads, head_dim])"
+
+
+def test_slice_along_a_named_dim(tmp_path):
+    src = _layer(HEADS, QSIG + " -> [B, S, heads, rotary_dim]", "    return slice(x, head_dim, 0, rotary_dim)")
+    x = _x(2, 3, 2, 8)
+    out, m = _run(tmp_path, "slice", src, x)
+    np.testing.assert_array_equal(out, x[..., :4])
+    assert "x[..., : cfg.rotary_dim]  # [B, S, heads, rotary_dim]" in m.SOURCE
+
+
+def test_slice_from_a_start_names_the_rest_and_other_dims(tmp_path):
+    src = _layer(HEADS, QSIG + " -> [B, S, 1, head_dim - rotary_dim]",
+                 "    return slice(slice(x, head_dim, rotary_dim, head_dim), heads, 1, 2)")
+    x = _x(2, 3, 2, 8)
+    out, m = _run(tmp_path, "slice2", src, x)
+    np.testing.assert_array_equal(out, x[:, :, 1:2, 4:])
+    assert "return x[..., cfg.rotary_dim :][..., 1:, :]  # [B, S, heads-1, head_dim-rotary_dim]" in m.SOURCE
+
+
+def test_concat_rebuilds_the_joined_dim(tmp_path):
+    body = ("    r = slice(x, head_dim, 0, rotary_dim)\n"
+            "    p = slice(x, head_dim, rotary_dim, head_dim)\n"
+            "    return concat(p, r, over = head_dim) + concat(r, p, over = rotary_dim)")
+    src = _layer(HEADS, QSIG + " -> [B, S, heads, head_dim]", body)
+    x = _x(2, 3, 2, 8)
+    out, m = _run(tmp_path, "concat", src, x)
+    np.testing.assert_allclose(out, np.concatenate([x[..., 4:], x[..., :4]], -1) + x, rtol=1e-6)
+    assert "jnp.concatenate([p, r], axis=-1)" in m.SOURCE
+
+
+def test_concat_along_a_middle_dim(tmp_path):
+    src = _layer("dim: int = 4", "(x: [B, 2, dim], y: [B, 3, dim]) -> [B, 5, dim]", "    return concat(x, y, over = 2)")
+    x, y = _x(2, 2, 4), _x(2, 3, 4)
+    out, _ = _run(tmp_path, "concat2", src, x, y)
+    np.testing.assert_array_equal(out, np.concatenate([x, y], 1))
+
+
+def test_pad_a_named_dim_with_a_constant(tmp_path):
+    src = _layer("dim: int = 4, extra: int = 2", "(x: [B, S, dim]) -> [B, S, dim + 3]",
+                 "    return pad(x, dim, 1, extra, value = -1.5)")
+    x = _x(2, 3, 4)
+    out, m = _run(tmp_path, "pad", src, x)
+    np.testing.assert_array_equal(out, np.pad(x, [(0, 0), (0, 0), (1, 2)], constant_values=-1.5))
+    assert "jnp.pad(x, [(0, 0), (0, 0), (1, cfg.extra)], constant_values=-1.5)" in m.SOURCE
+
+
+def test_pad_under_leading_dims(tmp_path):
+    src = _layer("dim: int = 4", "(x: [..., dim, 3]) -> [..., dim + 2, 3]", "    return pad(x, dim, 2, 0)")
+    x = _x(2, 5, 4, 3)
+    out, _ = _run(tmp_path, "pad2", src, x)
+    np.testing.assert_array_equal(out, np.pad(x, [(0, 0), (0, 0), (2, 0), (0, 0)]))
+
+
+def test_stack_adds_a_last_dim_of_two(tmp_path):
+    src = _layer("dim: int = 4", "(x: [B, dim], y: [B, dim]) -> [B, dim, 2]", "    return stack(x, y)")
+    x, y = _x(2, 4), _x(2, 4)
+    out, _ = _run(tmp_path, "stack", src, x, y)
+    np.testing.assert_array_equal(out, np.stack([x, y], -1))
+
+
+# ---------------------------------------------------------------- iota, comparisons, where, min, max, cumsum
+def test_iota_and_comparisons_make_a_causal_mask(tmp_path):
+    body = ("    causal = iota(S, trailing = 1) >= iota(S)\n"
+            "    return where(causal, x, -1.0)")
+    src = _layer("", "(x: [B, S, S]) -> [B, S, S]", body)
+    x = _x(2, 5, 5)
+    out, m = _run(tmp_path, "causal", src, x)
+    np.testing.assert_array_equal(out, np.where(np.tril(np.ones((5, 5), bool)), x, -1.0))
+    assert "causal = jnp.arange(x.shape[1], dtype=jnp.int32)[:, None] >= jnp.arange(" in m.SOURCE
+
+
+COMPARISONS = {"<": np.less, "<=": np.less_equal, ">": np.greater, ">=": np.greater_equal,
+               "==": np.equal, "!=": np.not_equal}
+
+
+@pytest.mark.parametrize("op", COMPARISONS)
+def test_comparison_gives_a_bool_tensor_with_broadcasting(tmp_path, op):
+    src = _layer("dim: int = 3", "(x: [B, S, dim], y: [S, 1]) -> [B, S, dim]",
+                 f"    return where(x {op} y, 1.0, 0.0)")
+    x = np.round(_x(2, 4, 3))
+    y = np.round(_x(4, 1))
+    out, _ = _run(tmp_path, "cmp", src, x, y)
+    np.testing.assert_array_equal(out, COMPARISONS[op](x, y).astype(np.float32))
+
+
+def test_comparison_inside_comparison_is_parenthesized(tmp_path):
+    src = _layer("dim: int = 3", "(x: [B, dim], y: [B, dim]) -> [B, dim]",
+                 "    return where((x < y) == (y > x), x, y)")
+    x, y = _x(2, 3), _x(2, 3)
+    out, m = _run(tmp_path, "cmp2", src, x, y)
+    np.testing.assert_array_equal(out, x)
+    assert "jnp.where((x < y) == (y > x), x, y)" in m.SOURCE
+
+
+def test_minimum_maximum_and_where_broadcast_named_dims(tmp_path):
+    body = "    return minimum(x, y) + maximum(x, 0.25) + where(y > 0.0, x, y)"
+    src = _layer("dim: int = 3", "(x: [B, S, dim], y: [S, dim]) -> [B, S, dim]", body)
+    x, y = _x(2, 4, 3), _x(4, 3)
+    out, _ = _run(tmp_path, "minmax", src, x, y)
+    np.testing.assert_allclose(out, np.minimum(x, y) + np.maximum(x, 0.25) + np.where(y > 0, x, y), rtol=1e-6)
+
+
+def test_cumsum_along_a_named_dim(tmp_path):
+    src = _layer("dim: int = 3", "(x: [B, S, dim]) -> [B, S, dim]", "    return cumsum(x, over = S) + cumsum(x, dim)")
+    x = _x(2, 4, 3)
+    out, _ = _run(tmp_path, "cumsum", src, x)
+    np.testing.assert_allclose(out, np.cumsum(x, 1) + np.cumsum(x, 2), rtol=1e-5, atol=1e-6)
