@@ -10,7 +10,9 @@ import sys
 import numpy as np
 import pytest
 
+from axdsl.analysis.flops import model_flops
 from axdsl.build import build_files, write_atomic
+from axdsl.pipeline import compile_spec
 
 RNG = np.random.default_rng(0)
 
@@ -200,3 +202,69 @@ def test_cumsum_along_a_named_dim(tmp_path):
     x = _x(2, 4, 3)
     out, _ = _run(tmp_path, "cumsum", src, x)
     np.testing.assert_allclose(out, np.cumsum(x, 1) + np.cumsum(x, 2), rtol=1e-5, atol=1e-6)
+
+
+# ---------------------------------------------------------------- conv1d
+def _causal_conv(x, w, b=None):
+    """out[t] = sum_k w[k] x[t - K + 1 + k], zeros before the start."""
+    taps = w.shape[0]
+    xp = np.pad(x, [(0, 0), (taps - 1, 0), (0, 0)])
+    out = sum(xp[:, k:k + x.shape[1]] * w[k] for k in range(taps))
+    return out if b is None else out + b
+
+
+CONV = ("  param w: [taps, dim] axes(norm, embed)\n"
+        "  param b: [dim] axes(embed) init zeros\n")
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_conv1d_is_causal_and_depthwise(tmp_path, bias):
+    call = "conv1d(x, w, b = b)" if bias else "conv1d(x, w)"
+    src = _layer("dim: int = 6, taps: int = 4", "(x: [B, S, dim]) -> [B, S, dim]", f"    return {call}", CONV)
+    x, w, b = _x(2, 7, 6), _x(4, 6), _x(6)
+    out, m = _run(tmp_path, "conv", src, x, params={"w": w, "b": b})
+    np.testing.assert_allclose(out, _causal_conv(x, w, b if bias else None), rtol=1e-5, atol=1e-5)
+    assert "def causal_conv1d(" in m.SOURCE
+    tail = ', b=params["b"]' if bias else ""
+    assert f'return causal_conv1d(x, params["w"]{tail})' in m.SOURCE
+
+
+def test_conv1d_position_t_does_not_see_the_future(tmp_path):
+    src = _layer("dim: int = 3, taps: int = 2", "(x: [B, S, dim]) -> [B, S, dim]", "    return conv1d(x, w)", CONV)
+    x = _x(1, 5, 3)
+    w = np.ones((2, 3), np.float32)
+    later = x.copy()
+    later[:, 3:] += 10.0
+    a, _ = _run(tmp_path, "conv_a", src, x, params={"w": w})
+    b, _ = _run(tmp_path, "conv_b", src, later, params={"w": w})
+    np.testing.assert_allclose(a[:, :3], b[:, :3], rtol=1e-6)
+
+
+def test_conv1d_flops_count_its_taps(tmp_path):
+    spec = tmp_path / "conv.axl"
+    spec.write_text(_layer("dim: int = 6, taps: int = 4", "(x: [B, S, dim]) -> [B, S, dim]",
+                           "    return conv1d(x, w)", CONV))
+    assert model_flops(compile_spec(spec).models[0], seq=8).matmul == 2 * 4 * 6
+
+
+# ---------------------------------------------------------------- memory rules
+# Bytes kept for the backward of `x [2, 8, 6]` f32 (384 bytes) through one op: the output (every
+# traced forward keeps its result) plus what jax 0.10 saves (print_saved_residuals).
+X = 2 * 8 * 6 * 4
+SAVED = {
+    "conv1d(x, w)": X + X,  # x (w is a parameter)
+    "softcap(x, 2.0)": X + 2 * X,  # tanh's output and x / cap
+    "where(x > 0.0, x, 1.0)": X + X // 4,  # the bool condition
+    "maximum(x, x * 2.0)": X + 2 * X,  # the two routing weights
+    "cumsum(x, over = S)": X,  # linear: nothing
+    "concat(slice(x, dim, 0, 2), slice(x, dim, 2, dim), over = dim)": X,
+}
+
+
+@pytest.mark.parametrize("call", SAVED)
+def test_memory_rule_keeps_what_jax_saves(tmp_path, call):
+    from axdsl.analysis.memory import estimate_memory
+
+    spec = tmp_path / "mem.axl"
+    spec.write_text(_layer("dim: int = 6, taps: int = 4", "(x: [B, S, dim]) -> [B, S, dim]", f"    return {call}", CONV))
+    assert estimate_memory(compile_spec(spec), batch=2, seq=8).saved == SAVED[call]
