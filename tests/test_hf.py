@@ -98,6 +98,43 @@ CASES = {
              rms_norm_eps=1e-5, rope_parameters={"rope_type": "default", "rope_theta": 1e6},
              num_local_experts=4, num_experts_per_tok=2, sliding_window=None),
     ),
+    "qwen2": (  # q, k, v biases and no output bias
+        """model m = DecoderLM {
+          vocab = 96  dim = 64  layers = 2  heads = 4  kv_heads = 2  ffn = 128  max_seq = 64
+          norm = RMSNorm(eps = 1e-6)  rope_theta = 1000000.0
+          block = Block(attn = Attention(bias = true, out_bias = false))
+          dtype = f32  param_dtype = f32
+        }""",
+        dict(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+             rms_norm_eps=1e-6, rope_parameters={"rope_type": "default", "rope_theta": 1e6},
+             tie_word_embeddings=False),
+    ),
+    "phi": (  # Phi-2's layout: one LayerNorm for parallel attention and MLP, half the head rotates
+        """model m = DecoderLM {
+          vocab = 96  dim = 64  layers = 2  heads = 4  ffn = 256  max_seq = 64
+          norm = LayerNorm(eps = 1e-5)  rope_theta = 10000.0  head_bias = true
+          block = ParallelBlock(shared_norm = true, attn = Attention(bias = true, rope_dim = 8),
+                                mlp = MLP(hidden = ffn, act = "gelu", bias = true))
+          dtype = f32  param_dtype = f32
+        }""",
+        dict(vocab_size=96, hidden_size=64, intermediate_size=256, num_hidden_layers=2,
+             num_attention_heads=4, max_position_embeddings=64, layer_norm_eps=1e-5, hidden_act="gelu_new",
+             rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}),
+    ),
+    "gpt_neox": (  # Pythia: two LayerNorms, parallel residual, a quarter of the head rotates, exact gelu
+        """model m = DecoderLM {
+          vocab = 96  dim = 64  layers = 2  heads = 4  ffn = 256  max_seq = 64
+          norm = LayerNorm(eps = 1e-5)  rope_theta = 10000.0
+          block = ParallelBlock(attn = Attention(bias = true, rope_dim = 4),
+                                mlp = MLP(hidden = ffn, act = "gelu_exact", bias = true))
+          dtype = f32  param_dtype = f32
+        }""",
+        dict(vocab_size=96, hidden_size=64, intermediate_size=256, num_hidden_layers=2,
+             num_attention_heads=4, max_position_embeddings=64, layer_norm_eps=1e-5, hidden_act="gelu",
+             rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25},
+             use_parallel_residual=True, attention_bias=True),
+    ),
     "qwen3": (  # dense Qwen3, tied like Qwen3-0.6B
         """model m = DecoderLM {
           vocab = 96  dim = 64  layers = 2  heads = 4  kv_heads = 2  ffn = 128  max_seq = 64
@@ -317,13 +354,13 @@ def test_config_mismatches_are_named(tmp_path, capsys):
     spec = _write_spec(tmp_path, "mistral")
     conf = transformers.AutoConfig.for_model("mistral", **{
         **CASES["mistral"][1], "hidden_size": 128, "num_key_value_heads": 4, "sliding_window": 16,
-        "rope_parameters": {"rope_type": "linear", "rope_theta": 10000.0, "factor": 2.0}})
+        "rope_parameters": {"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0}})
     conf.save_pretrained(tmp_path / "hf")
     assert axhf.import_hf(spec, tmp_path / "hf", "m", tmp_path / "ckpt") == 1
     err = capsys.readouterr().err
     assert "Traceback" not in err
     for needle in ("hidden_size=128", "dim = 64", "num_key_value_heads=4", "kv_heads = 2",
-                   "sliding_window=16", "attention window = 8", "rope_type='linear'"):
+                   "sliding_window=16", "attention window = 8", "rope_type='dynamic'"):
         assert needle in err, (needle, err)
     assert not (tmp_path / "ckpt").exists()
     # a family the spec's structure is not: GPT-2 weights into a Mistral spec

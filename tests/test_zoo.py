@@ -25,6 +25,9 @@ PUBLISHED = {
     "llama3_1_8b": 8_030_261_248,  # Llama 3 8B's weights' shapes; only the rope scaling differs
     "llama3_2_1b": 1_235_814_400,  # tied head
     "mistral_7b": 7_241_732_096,
+    "phi2": 2_779_683_840,
+    "pythia_1_4b": 1_414_647_808,
+    "qwen2_5_7b": 7_615_616_512,
     "mixtral_8x7b": 46_702_792_704,
     "qwen3_30b_a3b": 30_532_122_624,
 }

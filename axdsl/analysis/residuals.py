@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from axdsl.analysis.values import Val, promote
+from axdsl.ir import nodes as ir
 
 if TYPE_CHECKING:
     from axdsl.analysis.trace import Tracer
@@ -47,6 +48,8 @@ BINARY_RESIDUALS = {"@": matmul, "*": multiply, "/": divide}
 
 def binary(t: Tracer, op: str, a: Val, b: Val, dims, where: str) -> Val:
     """`a op b`; operators without a rule (+, -) keep nothing."""
+    if op in ir.COMPARE_OPS:  # a bool tensor; no gradient flows through a comparison
+        return t.new(dims, "bool", f"{where}: {op}", (a, b))
     dtype = promote(a, b)
     rule = BINARY_RESIDUALS.get(op)
     if rule is not None:

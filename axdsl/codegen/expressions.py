@@ -15,7 +15,7 @@ from axdsl.ir.nodes import DType, RefKind, TensorType
 from axdsl.passes.annotate_sharding import activation_spec, spec_text
 
 # Operator precedence for minimal parentheses (higher binds tighter).
-_PREC = {"+": 1, "-": 1, "*": 2, "/": 2, "@": 2}  # Python: @ binds like *
+_PREC = {"+": 1, "-": 1, "*": 2, "/": 2, "@": 2, **{op: 0 for op in ir.COMPARE_OPS}}  # Python: @ binds like *
 _ATOM = 10
 
 
@@ -271,7 +271,8 @@ class FunctionEmitter:
         p = _PREC[e.op]
         left, lp = self.expr(e.left)
         right, rp = self.expr(e.right)
-        return f"{self._paren(left, lp, p)} {e.op} {self._paren(right, rp, p + 1)}", p
+        chained = e.op in ir.COMPARE_OPS  # Python chains `a < b < c`: a comparison operand is parenthesized
+        return f"{self._paren(left, lp, p + chained)} {e.op} {self._paren(right, rp, p + 1)}", p
 
     def _matmul(self, e: ir.Bin):
         left, lp = self.expr(e.left)

@@ -11,8 +11,16 @@ Families (detected from config.json's `model_type`, or chosen from the spec's st
 | llama     | LlamaForCausalLM     | RoPE, RMSNorm, SwiGLU                                              |
 | mistral   | MistralForCausalLM   | llama with Attention(window = W)                                   |
 | mixtral   | MixtralForCausalLM   | llama with MoE (normalize = true), optional window                 |
+| qwen2     | Qwen2ForCausalLM     | llama with Attention(bias = true, out_bias = false)                |
 | qwen3     | Qwen3ForCausalLM     | llama with Attention(qk_norm = true)                               |
 | qwen3_moe | Qwen3MoeForCausalLM  | qk_norm and MoE (normalize = norm_topk_prob)                       |
+| phi       | PhiForCausalLM       | ParallelBlock(shared_norm = true), LayerNorm, biases, head_bias, rope_dim |
+| gpt_neox  | GPTNeoXForCausalLM   | ParallelBlock(), LayerNorm, biases, MLP(act = "gelu_exact"), rope_dim |
+
+Llama-family rope scalings map to Attention's rope_* settings: rope_parameters' rope_type
+"llama3" (factor, low/high_freq_factor, original_max_position_embeddings), "linear" and "yarn"
+(beta_fast/slow, mscale, mscale_all_dim, attention_factor, truncate); partial_rotary_factor (Phi,
+GPT-NeoX's rotary_pct) is rope_dim / head_dim.
 
 **The checkpoint** that `import-hf` writes (default `runs/<spec-stem>-hf/params`) is a params-only
 orbax checkpoint, written with `ocp.StandardCheckpointer`, whose tree is exactly the tree of the
@@ -40,6 +48,10 @@ leading `layers` dim), each array in the model's `param_dtype`. Restore it with
     experts.E.w2 (down_proj)           [dim, ffn]            mlp/w_down [experts, ffn, dim]
     GPT-2 c_attn (Conv1D [in, out])    [dim, 3*dim]          split into wq, wk, wv; c_attn.bias into bq, bk, bv
     GPT-2 c_proj, c_fc, mlp.c_proj     [in, out]             wo (reshaped), w_in, w_out as they are
+    Phi dense, fc1, fc2 (+ biases)     nn.Linear             wo, mlp/w_in, w_out (bo, b_in, b_out)
+    GPT-NeoX query_key_value           [heads*3*hd, dim]     rows grouped per head as (q, k, v): wq, wk, wv (and biases)
+    GPT-NeoX dense_h_to_4h/_4h_to_h    nn.Linear             mlp/w_in, w_out; embed_in/embed_out = embed, head
+    lm_head.bias (Phi)                 [vocab]               head_b
     ln_1/ln_2/ln_f weight, bias        [dim]                 attn_norm, mlp_norm, final_norm scale, shift
 
 Layer i of HF is index i of the stacked `blocks` arrays. Rotary embeddings need no permutation:

@@ -43,8 +43,10 @@ FIELDS = {
     "window": "attention window", "attn_bias": "attention bias", "qk_norm": "attention qk_norm",
     "qk_norm_eps": "q_norm/k_norm eps", "mlp": "feed-forward layer", "hidden": "feed-forward hidden",
     "act": "MLP act", "mlp_bias": "MLP bias", "experts": "MoE experts", "top_k": "MoE top_k",
-    "normalize": "MoE normalize", "shared": "MoE shared experts",
+    "normalize": "MoE normalize", "shared": "MoE shared experts", "block": "block layer",
+    "out_bias": "attention out_bias", "head_bias": "head_bias", "shared_norm": "ParallelBlock shared_norm",
 }
+BLOCKS = ("Block", "ParallelBlock")  # std's residual blocks: sequential (pre-norm) and parallel
 
 
 def _hv(inst, name: str, default: Any = None) -> Any:
@@ -69,13 +71,17 @@ def arch_of(model) -> Arch:
     if root.layer != "DecoderLM":
         arch.problems.append(f"the model is a {root.layer}; Hugging Face interop needs std's DecoderLM")
         return arch
-    for k in ("vocab", "dim", "layers", "heads", "kv_heads", "max_seq", "positions", "tied"):
+    for k in ("vocab", "dim", "layers", "heads", "kv_heads", "max_seq", "positions", "tied", "head_bias"):
         arch.values[k] = _hv(root, k)
     blocks = root.child("blocks")
-    if blocks is None or blocks.layer != "Block":
-        arch.problems.append("the repeated block is not std's Block")
+    if blocks is None or blocks.layer not in BLOCKS:
+        arch.problems.append("the repeated block is not std's Block or ParallelBlock")
         return arch
-    _read_norms(arch, [blocks.child("attn_norm"), blocks.child("mlp_norm"), root.child("final_norm")])
+    arch.values["block"] = blocks.layer
+    if blocks.layer == "ParallelBlock":
+        arch.values["shared_norm"] = _hv(blocks, "shared_norm")
+    norms = [blocks.child("attn_norm"), blocks.child("mlp_norm"), root.child("final_norm")]
+    _read_norms(arch, [n for n in norms if n is not None])
     _read_attention(arch, blocks.child("attn"))
     _read_feed_forward(arch, blocks.child("mlp"))
     return arch
@@ -115,6 +121,7 @@ def _read_attention(arch: Arch, attn) -> None:
             arch.problems.append("attention rope_interleaved = true (Llama-family checkpoints are half-split)")
     v["window"] = _hv(attn, "window")
     v["attn_bias"] = _hv(attn, "bias")
+    v["out_bias"] = _hv(attn, "out_bias")
     v["qk_norm"] = _hv(attn, "qk_norm")
     if v["qk_norm"]:
         eps = {_hv(attn.child(c), "eps") for c in ("q_norm", "k_norm")}

@@ -15,8 +15,11 @@ FAMILIES = {
     "llama": "LlamaForCausalLM",
     "mistral": "MistralForCausalLM",
     "mixtral": "MixtralForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
     "qwen3_moe": "Qwen3MoeForCausalLM",
+    "phi": "PhiForCausalLM",
+    "gpt_neox": "GPTNeoXForCausalLM",
 }
 _ARCH_TO_FAMILY = {v: k for k, v in FAMILIES.items()}
 
@@ -35,12 +38,16 @@ def family_of_config(cfg: dict) -> str:
 
 def family_of_arch(arch: Arch) -> str:
     """The HF family a spec's model exports to, from its structure."""
+    if arch["block"] == "ParallelBlock":
+        return "phi" if arch["shared_norm"] else "gpt_neox"
     if arch["positions"] == "learned" or arch["norm"] == "LayerNorm":
         return "gpt2"
     if arch["mlp"] == "MoE":
         return "qwen3_moe" if arch["qk_norm"] else "mixtral"
     if arch["qk_norm"]:
         return "qwen3"
+    if arch["attn_bias"] and not arch["out_bias"]:
+        return "qwen2"
     return "mistral" if arch["window"] else "llama"
 
 
@@ -57,6 +64,8 @@ def _skipped(arch: Arch, vals: dict) -> set[str]:
         skip |= {"hidden", "act", "mlp_bias", "experts", "top_k", "normalize", "shared"}
     if arch["norm"] != vals.get("norm"):
         skip.add("norm_bias")
+    if arch["block"] != vals.get("block"):
+        skip.add("shared_norm")
     if not (arch["rope"] and vals.get("rope")):
         skip |= {"rope_theta", "rope_dim", "rope_scaling", *ROPE_FIELDS}
     elif arch["rope_scaling"] != vals.get("rope_scaling"):
@@ -136,7 +145,7 @@ def _decoder_config(v: dict, family: str, dtype: str) -> dict:
         out["mlp_bias"] = False
     if family in ("mistral", "mixtral"):
         out["sliding_window"] = v["window"] or None
-    if family in ("qwen3", "qwen3_moe"):
+    if family in ("qwen2", "qwen3", "qwen3_moe"):
         out.update(use_sliding_window=False, sliding_window=None, max_window_layers=v["layers"])
     if family == "mixtral":
         out.update(num_local_experts=v["experts"], num_experts_per_tok=v["top_k"],
@@ -148,10 +157,33 @@ def _decoder_config(v: dict, family: str, dtype: str) -> dict:
     return out
 
 
+def _parallel_config(v: dict, family: str, dtype: str) -> dict:
+    """Phi and GPT-NeoX: parallel residual blocks, LayerNorm, partial rotary."""
+    theta = v["rope_theta"] if v["rope_theta"] is not None else 10000.0
+    acts = {"gelu": "gelu_new", "gelu_exact": "gelu", "relu": "relu", "silu": "silu"}
+    out = {
+        "architectures": [FAMILIES[family]], "model_type": family, "vocab_size": v["vocab"],
+        "hidden_size": v["dim"], "intermediate_size": v["hidden"], "num_hidden_layers": v["layers"],
+        "num_attention_heads": v["heads"], "hidden_act": acts.get(v["act"], v["act"]),
+        "max_position_embeddings": v["max_seq"], "layer_norm_eps": v["norm_eps"], "rope_theta": theta,
+        "rope_parameters": _rope_parameters(v, theta), "tie_word_embeddings": v["tied"],
+        "attention_dropout": 0.0, "initializer_range": 0.02, "use_cache": True, "dtype": dtype,
+    }
+    out["rope_parameters"].setdefault("partial_rotary_factor", 1.0)
+    if family == "phi":
+        out.update(num_key_value_heads=v["kv_heads"], qk_layernorm=False, resid_pdrop=0.0, embd_pdrop=0.0)
+    else:
+        out.update(use_parallel_residual=True, attention_bias=v["attn_bias"], hidden_dropout=0.0,
+                   rotary_pct=out["rope_parameters"]["partial_rotary_factor"], rotary_emb_base=theta)
+    return out
+
+
 def hf_config(arch: Arch, family: str) -> dict:
     """The config.json of `arch` as a `family` model (export)."""
     dtypes = {a[1] for a in arch.params.values()}
     dtype = dtypes.pop() if len(dtypes) == 1 else "float32"
     if family == "gpt2":
         return _gpt2_config(arch.values, dtype)
+    if family in ("phi", "gpt_neox"):
+        return _parallel_config(arch.values, family, dtype)
     return _decoder_config(arch.values, family, dtype)

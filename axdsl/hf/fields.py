@@ -17,7 +17,10 @@ TANH_GELU = ("gelu_new", "gelu_pytorch_tanh", "gelu_fast")
 _GPT2_ACTS = {**{a: "gelu" for a in TANH_GELU}, "relu": "relu", "silu": "silu", "swish": "silu"}
 # family -> (rms_norm_eps, rope_theta) defaults
 _DECODER_DEFAULTS = {"llama": (1e-6, 10000.0), "mistral": (1e-6, 10000.0), "mixtral": (1e-5, 1e6),
-                     "qwen3": (1e-6, 10000.0), "qwen3_moe": (1e-6, 10000.0)}
+                     "qwen2": (1e-6, 10000.0), "qwen3": (1e-6, 10000.0), "qwen3_moe": (1e-6, 10000.0),
+                     "phi": (1e-5, 10000.0), "gpt_neox": (1e-5, 10000.0)}
+# The parallel-residual families' partial rotary defaults (transformers' config classes)
+_PARTIAL_DEFAULTS = {"phi": 0.5, "gpt_neox": 0.25}
 
 
 @dataclass(frozen=True)
@@ -42,7 +45,7 @@ class Config:
     def rope(self) -> tuple[float, str]:
         """(theta, rope_type) from rope_parameters, rope_scaling or the top level."""
         rp = self.cfg.get("rope_parameters") or self.cfg.get("rope_scaling") or {}
-        theta = rp.get("rope_theta", self.cfg.get("rope_theta"))
+        theta = rp.get("rope_theta", self.cfg.get("rope_theta", self.cfg.get("rotary_emb_base")))
         kind = rp.get("rope_type", rp.get("type", "default"))
         return float(_DECODER_DEFAULTS[self.family][1] if theta is None else theta), kind
 
@@ -50,6 +53,12 @@ class Config:
     def rope_params(self) -> dict:
         """rope_parameters (transformers 5) or rope_scaling (older configs)."""
         return self.cfg.get("rope_parameters") or self.cfg.get("rope_scaling") or {}
+
+    @property
+    def partial_rotary(self) -> float:
+        """The rotating fraction of each head (rope_parameters, the top level, or GPT-NeoX's rotary_pct)."""
+        default = self.get("rotary_pct", _PARTIAL_DEFAULTS.get(self.family, 1.0))
+        return float(self.rope_param("partial_rotary_factor", self.get("partial_rotary_factor", default)))
 
     def rope_param(self, key: str, default: Any) -> Any:
         value = self.rope_params.get(key)
@@ -101,10 +110,29 @@ ROPE_SCALING_FIELDS = {"none": (), "linear": ("rope_factor",),
 ROPE_FIELDS = tuple(sorted({f for fields in ROPE_SCALING_FIELDS.values() for f in fields}))
 
 _WINDOWED = ("mistral", "mixtral")
-_UNWINDOWED = ("llama", "qwen3", "qwen3_moe")
+_UNWINDOWED = ("llama", "qwen2", "qwen3", "qwen3_moe")
+_O_BIASED = ("llama", "mistral", "mixtral", "qwen3", "qwen3_moe")  # attention_bias covers o_proj too
 _QWEN3 = ("qwen3", "qwen3_moe")
 _MOE = ("mixtral", "qwen3_moe")
-_SWIGLU = ("llama", "mistral", "qwen3")
+_SWIGLU = ("llama", "mistral", "qwen2", "qwen3")
+
+ROPE_ROWS = (
+    Row("rope_theta", "rope_theta", lambda c: c.rope[0]),
+    Row("rope_scaling", "rope_type", lambda c: _SCALINGS.get(c.rope[1], c.rope[1])),
+    Row("rope_factor", "factor", lambda c: float(c.rope_param("factor", 1.0))),
+    Row("rope_low_freq", "low_freq_factor", lambda c: float(c.rope_param("low_freq_factor", 1.0))),
+    Row("rope_high_freq", "high_freq_factor", lambda c: float(c.rope_param("high_freq_factor", 4.0))),
+    Row("rope_original_max_seq", "original_max_position_embeddings",
+        lambda c: c.rope_param("original_max_position_embeddings", 0)),
+    Row("rope_beta_fast", "beta_fast", lambda c: float(c.rope_param("beta_fast", 32.0))),
+    Row("rope_beta_slow", "beta_slow", lambda c: float(c.rope_param("beta_slow", 1.0))),
+    Row("rope_untruncated", "truncate", lambda c: not c.rope_param("truncate", True)),
+    Row("rope_mscale", "mscale", lambda c: float(c.rope_param("mscale", 1.0) or 0.0)),
+    Row("rope_mscale_all_dim", "mscale_all_dim", lambda c: float(c.rope_param("mscale_all_dim", 0.0) or 0.0)),
+    Row("rope_attention_factor", "attention_factor", lambda c: float(c.rope_param("attention_factor", 0.0))),
+    Row("rope_dim", "partial_rotary_factor", lambda c: int(_head_dim(c) * c.partial_rotary),
+        lambda c: c.partial_rotary),
+)
 
 GPT2_FIELDS = (
     _key("vocab_size", 50257, "vocab"),
@@ -131,6 +159,9 @@ GPT2_FIELDS = (
                                  c.get("activation_function", "gelu_new")),
         lambda c: c.get("activation_function", "gelu_new")),
     _fact("mlp_bias", True),
+    _fact("block", "Block"),
+    _fact("out_bias", True),
+    _fact("head_bias", False),
 )
 
 DECODER_FIELDS = (  # llama, mistral, mixtral, qwen3, qwen3_moe
@@ -147,28 +178,18 @@ DECODER_FIELDS = (  # llama, mistral, mixtral, qwen3, qwen3_moe
     Row("norm_eps", "rms_norm_eps", lambda c: c.rms_eps),
     _fact("causal", True),
     _fact("rope", True),
-    Row("rope_theta", "rope_theta", lambda c: c.rope[0]),
-    Row("rope_scaling", "rope_type", lambda c: _SCALINGS.get(c.rope[1], c.rope[1])),
-    Row("rope_factor", "factor", lambda c: float(c.rope_param("factor", 1.0))),
-    Row("rope_low_freq", "low_freq_factor", lambda c: float(c.rope_param("low_freq_factor", 1.0))),
-    Row("rope_high_freq", "high_freq_factor", lambda c: float(c.rope_param("high_freq_factor", 4.0))),
-    Row("rope_original_max_seq", "original_max_position_embeddings",
-        lambda c: c.rope_param("original_max_position_embeddings", 0)),
-    Row("rope_beta_fast", "beta_fast", lambda c: float(c.rope_param("beta_fast", 32.0))),
-    Row("rope_beta_slow", "beta_slow", lambda c: float(c.rope_param("beta_slow", 1.0))),
-    Row("rope_untruncated", "truncate", lambda c: not c.rope_param("truncate", True)),
-    Row("rope_mscale", "mscale", lambda c: float(c.rope_param("mscale", 1.0) or 0.0)),
-    Row("rope_mscale_all_dim", "mscale_all_dim", lambda c: float(c.rope_param("mscale_all_dim", 0.0) or 0.0)),
-    Row("rope_attention_factor", "attention_factor", lambda c: float(c.rope_param("attention_factor", 0.0))),
-    Row("rope_dim", "partial_rotary_factor",
-        lambda c: int(_head_dim(c) * c.rope_param("partial_rotary_factor", c.get("partial_rotary_factor", 1.0))),
-        lambda c: c.rope_param("partial_rotary_factor", c.get("partial_rotary_factor", 1.0))),
+    *ROPE_ROWS,
     Row("window", "sliding_window", _window, lambda c: c.cfg.get("sliding_window"), _WINDOWED),
     Row("window", "use_sliding_window", lambda c: 0, lambda c: c.flag("use_sliding_window", False),
         _UNWINDOWED),
-    Row("attn_bias", "attention_bias", lambda c: c.flag("attention_bias", False)),
+    Row("attn_bias", "attention_bias", lambda c: c.flag("attention_bias", False), families=_O_BIASED),
+    Row("out_bias", "attention_bias", lambda c: c.flag("attention_bias", False), families=_O_BIASED),
+    _fact("attn_bias", True, ("qwen2",)),  # Qwen2: q, k and v have biases, the output projection none
+    _fact("out_bias", False, ("qwen2",)),
+    _fact("block", "Block"),
+    _fact("head_bias", False),
     _fact("qk_norm", True, _QWEN3),
-    _fact("qk_norm", False, ("llama", "mistral", "mixtral")),
+    _fact("qk_norm", False, ("llama", "mistral", "mixtral", "qwen2")),
     Row("qk_norm_eps", "rms_norm_eps", lambda c: c.rms_eps, families=_QWEN3),
     _fact("mlp", "MoE", _MOE),
     _fact("mlp", "SwiGLU", _SWIGLU),
@@ -183,6 +204,58 @@ DECODER_FIELDS = (  # llama, mistral, mixtral, qwen3, qwen3_moe
     Row("hidden", "intermediate_size", lambda c: c.get("intermediate_size", 11008), families=_SWIGLU),
     _fact("normalize", True, ("mixtral",)),
     Row("normalize", "norm_topk_prob", lambda c: c.flag("norm_topk_prob", False), families=("qwen3_moe",)),
+)
+
+
+_NEOX_ACTS = {"gelu": "gelu_exact", **{a: "gelu" for a in TANH_GELU}, "relu": "relu", "silu": "silu"}
+
+
+def _neox_act(c: Config) -> str:
+    act = c.get("hidden_act", "gelu_new" if c.family == "phi" else "gelu")
+    return _NEOX_ACTS.get(act, act)
+
+
+# Phi (1, 1.5, 2) and GPT-NeoX (Pythia): parallel residual blocks, LayerNorm, biased dense layers,
+# partial rotary embeddings.
+PARALLEL_FIELDS = (
+    Row("vocab", "vocab_size", lambda c: c.get("vocab_size", 51200 if c.family == "phi" else 50432)),
+    _key("hidden_size", 2048, "dim"),
+    _key("num_hidden_layers", 24, "layers"),
+    _key("num_attention_heads", 32, "heads"),
+    Row("kv_heads", "num_key_value_heads",
+        lambda c: c.get("num_key_value_heads", c.get("num_attention_heads", 32))),
+    Row("head_dim", "hidden_size/num_attention_heads",
+        lambda c: c.get("hidden_size", 2048) // c.get("num_attention_heads", 32)),
+    _fact("positions", "rope"),
+    Row("tied", "tie_word_embeddings", lambda c: c.flag("tie_word_embeddings", False)),
+    _fact("norm", "LayerNorm"),
+    Row("norm_eps", "layer_norm_eps", lambda c: float(c.get("layer_norm_eps", 1e-5))),
+    _fact("norm_bias", True),
+    _fact("causal", True),
+    _fact("rope", True),
+    *ROPE_ROWS,
+    _fact("window", 0),
+    _fact("qk_norm", False),
+    _fact("mlp", "MLP"),
+    Row("hidden", "intermediate_size", lambda c: c.get("intermediate_size", 4 * c.get("hidden_size", 2048))),
+    Row("act", "hidden_act", _neox_act, lambda c: c.get("hidden_act")),
+    _fact("mlp_bias", True),
+    _fact("block", "ParallelBlock"),
+    _fact("attn_bias", True, ("phi",)),
+    _fact("out_bias", True, ("phi",)),
+    Row("attn_bias", "attention_bias", lambda c: c.flag("attention_bias", True), families=("gpt_neox",)),
+    Row("out_bias", "attention_bias", lambda c: c.flag("attention_bias", True), families=("gpt_neox",)),
+    _fact("shared_norm", True, ("phi",)),
+    _fact("shared_norm", False, ("gpt_neox",)),
+    _fact("head_bias", True, ("phi",)),
+    _fact("head_bias", False, ("gpt_neox",)),
+)
+PARALLEL_UNSUPPORTED: tuple = (
+    (None, lambda c: _when(c.rope[1] not in _SCALINGS,
+                           f"rope_type={c.rope[1]!r} (axdsl's rope scalings are {', '.join(_SCALINGS)})")),
+    (("phi",), lambda c: _when(c.cfg.get("qk_layernorm", False), "qk_layernorm=true (LayerNorm q/k norms)")),
+    (("gpt_neox",), lambda c: _when(not c.cfg.get("use_parallel_residual", True),
+                                    "use_parallel_residual=false (write it as std's Block)")),
 )
 
 
@@ -219,8 +292,9 @@ DECODER_UNSUPPORTED: tuple[Unsupported, ...] = (
 def hf_values(family: str, cfg: dict) -> tuple[dict, dict, list[str]]:
     """config.json -> (field values as an Arch states them, field -> "key=value", unsupported)."""
     c = Config(family, cfg)
-    fields, checks = ((GPT2_FIELDS, GPT2_UNSUPPORTED) if family == "gpt2"
-                      else (DECODER_FIELDS, DECODER_UNSUPPORTED))
+    fields, checks = {"gpt2": (GPT2_FIELDS, GPT2_UNSUPPORTED), "phi": (PARALLEL_FIELDS, PARALLEL_UNSUPPORTED),
+                      "gpt_neox": (PARALLEL_FIELDS, PARALLEL_UNSUPPORTED)}.get(family,
+                                                                              (DECODER_FIELDS, DECODER_UNSUPPORTED))
     vals: dict[str, Any] = {}
     src: dict[str, str] = {}
     for row in fields:

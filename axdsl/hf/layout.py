@@ -78,11 +78,19 @@ class _Rules:
 def rules(family: str, arch: Arch, keys: set[str] | None) -> list[Rule]:
     """The mapping of every parameter `arch` has. `keys` (import) picks among equivalent layouts."""
     r = _Rules(arch, keys)
+    head = "lm_head"
     if family == "gpt2":
         _gpt2_rules(r)
+    elif family == "phi":
+        _phi_rules(r)
+    elif family == "gpt_neox":
+        _neox_rules(r)
+        if keys is None or "embed_out.weight" in keys:  # the hub's name (transformers 5 renames it lm_head)
+            head = "embed_out"
     else:
         _decoder_rules(r, family)
-    r.rule("head", False, lambda g, i: _T(g("lm_head.weight")), lambda w, i: {"lm_head.weight": _T(w)})
+    r.rule("head", False, lambda g, i: _T(g(f"{head}.weight")), lambda w, i: {f"{head}.weight": _T(w)})
+    r.same("head_b", f"{head}.bias", False)
     return r.out
 
 
@@ -144,6 +152,81 @@ def _decoder_rules(r: _Rules, family: str) -> None:
         r.linear_in("blocks/mlp/w_gate", L + "mlp.gate_proj.weight")
         r.linear_in("blocks/mlp/w_up", L + "mlp.up_proj.weight")
         r.linear_in("blocks/mlp/w_down", L + "mlp.down_proj.weight")
+
+
+def _layer_norm(r: _Rules, ours: str, theirs: str, layered: bool = True) -> None:
+    r.same(f"{ours}/scale", theirs + ".weight", layered)
+    r.same(f"{ours}/shift", theirs + ".bias", layered)
+
+
+def _linear(r: _Rules, ours: str, theirs: str) -> None:
+    """An nn.Linear with a bias: weight [out, in] -> w [in, out], bias as it is."""
+    w, b = ours.rsplit("/", 1)[0] + "/w_", ours.rsplit("/", 1)[0] + "/b_"
+    name = ours.rsplit("/", 1)[1]
+    r.linear_in(w + name, theirs + ".weight")
+    r.same(b + name, theirs + ".bias")
+
+
+def _out_proj(r: _Rules, key: str) -> None:
+    """The attention output projection [dim, heads*hd] -> wo [heads, hd, dim], and its bias."""
+    dim, heads, _, hd = r.dims
+    r.rule("blocks/attn/wo", True, lambda g, i: _T(g(key.format(i=i) + ".weight")).reshape(heads, hd, dim),
+           lambda w, i: {key.format(i=i) + ".weight": _T(w.reshape(heads * hd, dim))})
+    r.same("blocks/attn/bo", key + ".bias")
+
+
+def _phi_rules(r: _Rules) -> None:
+    """Phi: Llama's q/k/v names with biases, `dense` out, fc1/fc2, one LayerNorm per block."""
+    _, heads, kv, _ = r.dims
+    pre = r.prefix("model.")
+    L = pre + "layers.{i}."
+    r.same("embed/table", pre + "embed_tokens.weight", False)
+    _layer_norm(r, "final_norm", pre + "final_layernorm", False)
+    _layer_norm(r, "blocks/attn_norm", L + "input_layernorm")
+    a = L + "self_attn."
+    for n, key, count in (("q", "q_proj", heads), ("k", "k_proj", kv), ("v", "v_proj", kv)):
+        r.heads_in(f"blocks/attn/w{n}", a + key + ".weight", count)
+        r.heads_bias(f"blocks/attn/b{n}", a + key + ".bias", count)
+    _out_proj(r, a + "dense")
+    _linear(r, "blocks/mlp/in", L + "mlp.fc1")
+    _linear(r, "blocks/mlp/out", L + "mlp.fc2")
+
+
+def _neox_rules(r: _Rules) -> None:
+    """GPT-NeoX: one fused query_key_value per layer, its output rows grouped by head
+    ([heads, (q, k, v), head_dim]), two LayerNorms, dense_h_to_4h / dense_4h_to_h."""
+    dim, heads, _, hd = r.dims
+    pre = r.prefix("gpt_neox.")
+    L = pre + "layers.{i}."
+    r.same("embed/table", pre + "embed_in.weight", False)
+    _layer_norm(r, "final_norm", pre + "final_layer_norm", False)
+    _layer_norm(r, "blocks/attn_norm", L + "input_layernorm")
+    _layer_norm(r, "blocks/mlp_norm", L + "post_attention_layernorm")
+    qkv = L + "attention.query_key_value"
+
+    def load_w(g, i):  # [heads * 3 * hd, dim] -> three [dim, heads, hd]
+        w = g(qkv.format(i=i) + ".weight").reshape(heads, 3, hd, dim)
+        return tuple(np.ascontiguousarray(np.transpose(w[:, j], (2, 0, 1))) for j in range(3))
+
+    def save_w(a, i):
+        w = np.stack([np.transpose(x, (1, 2, 0)) for x in a], axis=1)  # [heads, 3, hd, dim]
+        return {qkv.format(i=i) + ".weight": np.ascontiguousarray(w.reshape(heads * 3 * hd, dim))}
+
+    def load_b(g, i):
+        b = g(qkv.format(i=i) + ".bias").reshape(heads, 3, hd)
+        return tuple(np.ascontiguousarray(b[:, j]) for j in range(3))
+
+    def save_b(a, i):
+        return {qkv.format(i=i) + ".bias": np.stack(a, axis=1).reshape(heads * 3 * hd)}
+
+    names = ("wq", "wk", "wv")
+    if all(("blocks", "attn", n) in r.arch.params for n in names):
+        r.out.append(Rule(tuple(("blocks", "attn", n) for n in names), True, load_w, save_w))
+    if all(("blocks", "attn", n) in r.arch.params for n in ("bq", "bk", "bv")):
+        r.out.append(Rule(tuple(("blocks", "attn", n) for n in ("bq", "bk", "bv")), True, load_b, save_b))
+    _out_proj(r, L + "attention.dense")
+    _linear(r, "blocks/mlp/in", L + "mlp.dense_h_to_4h")
+    _linear(r, "blocks/mlp/out", L + "mlp.dense_4h_to_h")
 
 
 def _moe_block(family: str, keys: set[str] | None) -> tuple[str, tuple[str, str, str]]:

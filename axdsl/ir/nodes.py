@@ -162,9 +162,14 @@ class Lit:
     type: Type | None = None
 
 
+# Operators a forward applies to tensors: arithmetic, `@`, and comparisons (a bool tensor).
+COMPARE_OPS = ("<", "<=", ">", ">=", "==", "!=")
+TENSOR_OPS = ("+", "-", "*", "/", "@") + COMPARE_OPS
+
+
 @dataclass(frozen=True)
 class Bin:
-    op: str  # + - * / @
+    op: str  # one of TENSOR_OPS
     left: "TExpr"
     right: "TExpr"
     span: Span

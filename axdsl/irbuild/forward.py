@@ -140,7 +140,7 @@ class _Lowering:
         if isinstance(e, ast.Name):
             return self.name(e)
         if isinstance(e, ast.BinOp):
-            if e.op not in ("+", "-", "*", "/", "@"):
+            if e.op not in ir.TENSOR_OPS:
                 self.fail(e.span, f"`{e.op}` on tensors is not supported in a forward",
                           "static conditions go in `if`, on hyperparameters")
             return ir.Bin(e.op, self.expr(e.left), self.expr(e.right), e.span)

@@ -1,21 +1,41 @@
-"""Elementwise primitives: math functions, activations, cast and dropout (shape unchanged)."""
+"""Elementwise primitives: math functions, activations, soft-capping, cast and dropout (shape unchanged)."""
 
 from __future__ import annotations
 
 import json
+import re
 
 from axdsl.errors import did_you_mean
 from axdsl.primitives.base import (Helper, Primitive, Saves, Signature, Static, StaticKind,
                                    elementwise_memory, saves_memory)
 
-# The kinds `activate(x, kind)` accepts; the string becomes a function name in generated code.
-ACTIVATIONS = ("gelu", "relu", "silu", "sigmoid", "tanh")
-_JAX_NN = ("relu", "gelu", "silu", "sigmoid")
+# The kinds `activate(x, kind)` accepts and the code each becomes (`{x}` is the operand). Only
+# these strings reach generated code. `gelu` is the tanh approximation (jax.nn.gelu's default),
+# as GPT-2 uses it; `gelu_tanh` names it explicitly and `gelu_exact` is the erf form (BERT, Gemma's
+# `gelu_pytorch_tanh` is `gelu_tanh`).
+ACTIVATION_CODE = {
+    "gelu": "jax.nn.gelu({x})",
+    "relu": "jax.nn.relu({x})",
+    "silu": "jax.nn.silu({x})",
+    "sigmoid": "jax.nn.sigmoid({x})",
+    "tanh": "jax.nn.tanh({x})",
+    "gelu_tanh": "jax.nn.gelu({x})",
+    "gelu_exact": "jax.nn.gelu({x}, approximate=False)",
+    "softplus": "jax.nn.softplus({x})",
+    "relu2": "jnp.square(jax.nn.relu({x}))",
+}
+ACTIVATIONS = tuple(ACTIVATION_CODE)
+_JAX_NN = ("relu", "gelu", "silu", "sigmoid", "softplus")
 _JNP = ("tanh", "exp", "log", "sqrt", "abs", "square")
 # What each function's backward keeps (jax 0.10.2, measured with print_saved_residuals).
 SAVES = {
     "silu": Saves(input=True, same=2),
     "gelu": Saves(input=True, same=4),  # tanh approximation (jax.nn.gelu's default)
+    "gelu_tanh": Saves(input=True, same=4),
+    "gelu_exact": Saves(input=False, same=3),
+    "softplus": Saves(input=False, same=2),
+    "relu2": Saves(input=False, same=2, bools=1),
+    "softcap": Saves(input=False, same=2),  # cap * tanh(x / cap): tanh's output and x / cap
     "relu": Saves(input=False, same=1, bools=1),
     "sigmoid": Saves(input=False, same=1),
     "tanh": Saves(input=False, same=1),
@@ -60,8 +80,25 @@ def _dropout_memory(t, prim, args, dims, label: str):
 
 def _emit_activate(ctx, prim, args, precs) -> str:
     kind = prim.attr("kind").value
-    assert kind in ACTIVATIONS, kind  # checked when building; never emit an arbitrary name
-    return f"jax.nn.{kind}({args[0]})"
+    assert kind in ACTIVATION_CODE, kind  # checked when building; never emit an arbitrary name
+    return ACTIVATION_CODE[kind].format(x=args[0])
+
+
+def _atom(code: str) -> str:
+    """A hyperparameter's code as an operand: names and numbers bare, expressions parenthesized."""
+    return code if re.fullmatch(r"[\w.]+", code) else f"({code})"
+
+
+def _emit_softcap(ctx, prim, args, precs) -> str:
+    """`cap * jnp.tanh(x / cap)`: logits squashed smoothly into (-cap, cap) (Gemma 2, Grok)."""
+    cap = _atom(prim.attr("cap").code)
+    return f"{cap} * jnp.tanh({ctx.paren(args[0], precs[0], 2)} / {cap})"
+
+
+def _check_softcap(ctx, given: dict, attrs: dict) -> None:
+    if not attrs["cap"].value > 0:
+        ctx.fail(given["cap"].span, f"`softcap` needs cap > 0, got {attrs['cap'].value!r}",
+                 "the result lies in (-cap, cap); Gemma 2 caps logits at 30.0")
 
 
 def _check_activate(ctx, given: dict, attrs: dict) -> None:
@@ -100,6 +137,14 @@ PRIMITIVES = (
     *(_unary(n, f"jax.nn.{n}") for n in _JAX_NN),
     *(_unary(n, f"jnp.{n}") for n in _JNP),
     _unary("rsqrt", "jax.lax.rsqrt"),
+    Primitive("gelu_exact", Signature(("x",), doc="elementwise gelu, exact erf form (not the tanh approximation)"),
+              emit=lambda ctx, prim, a, p: f"jax.nn.gelu({a[0]}, approximate=False)",
+              memory=saves_memory(SAVES["gelu_exact"])),
+    Primitive("relu2", Signature(("x",), doc="elementwise squared relu, relu(x)^2 (Primer, Nemotron)"),
+              emit=lambda ctx, prim, a, p: f"jnp.square(jax.nn.relu({a[0]}))", memory=saves_memory(SAVES["relu2"])),
+    Primitive("softcap", Signature(("x",), (Static("cap", StaticKind.FLOAT),),
+                                   doc="logit soft-capping: cap * tanh(x / cap)"),
+              emit=_emit_softcap, check=_check_softcap, memory=saves_memory(SAVES["softcap"])),
     Primitive("activate", Signature(("x",), (Static("kind", StaticKind.STRING),),
                                     doc="activation chosen by a string"),
               emit=_emit_activate, check=_check_activate, memory=_activate_memory),

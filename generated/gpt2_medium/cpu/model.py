@@ -10,11 +10,13 @@ mesh and `param_specs`, and the helpers the layers call.
 Fixed when this file was built (change the spec and rebuild):
     positions = "learned"
     tied = true
+    head_bias = false
     norm = LayerNorm(eps = 1e-05)
     block = Block(attn = Attention(rope = false, bias = true), mlp = MLP(hidden = 4096, act = "gelu", bias = true))
     blocks/attn_norm.bias = true
     blocks/attn.causal = true
     blocks/attn.rope = false
+    blocks/attn.out_bias = true
     blocks/attn.bias = true
     blocks/mlp_norm.bias = true
     blocks/mlp.act = "gelu"
@@ -112,7 +114,7 @@ def attention(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
 
 
 def mlp(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
-    """MLP (std/layers.axl:55): x: [B, S, dim] -> [B, S, dim].
+    """MLP (std/layers.axl:56): x: [B, S, dim] -> [B, S, dim].
 
     Used at /blocks/mlp.
     """
@@ -142,7 +144,7 @@ def block(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
 
 
 def decoder_lm(cfg: Config, params: dict, tokens: jax.Array) -> jax.Array:
-    """DecoderLM (std/transformer.axl:82): tokens: [B, S] -> [B, S, vocab].
+    """DecoderLM (std/transformer.axl:103): tokens: [B, S] -> [B, S, vocab].
 
     Used at /.
     """

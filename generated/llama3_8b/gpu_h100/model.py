@@ -10,6 +10,7 @@ mesh and `param_specs`, and the helpers the layers call.
 Fixed when this file was built (change the spec and rebuild):
     positions = "rope"
     tied = false
+    head_bias = false
     norm = RMSNorm(eps = 1e-05)
     block = Block()
     blocks/attn.causal = true
@@ -102,7 +103,7 @@ def attention(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
 
 
 def swiglu(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
-    """SwiGLU (std/layers.axl:72): x: [B, S, dim] -> [B, S, dim].
+    """SwiGLU (std/layers.axl:73): x: [B, S, dim] -> [B, S, dim].
 
     Used at /blocks/mlp.
     """
@@ -133,7 +134,7 @@ def block(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
 
 
 def decoder_lm(cfg: Config, params: dict, tokens: jax.Array) -> jax.Array:
-    """DecoderLM (std/transformer.axl:82): tokens: [B, S] -> [B, S, vocab].
+    """DecoderLM (std/transformer.axl:103): tokens: [B, S] -> [B, S, vocab].
 
     Used at /.
     """

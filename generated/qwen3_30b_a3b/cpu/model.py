@@ -10,6 +10,7 @@ mesh and `param_specs`, and the helpers the layers call.
 Fixed when this file was built (change the spec and rebuild):
     positions = "rope"
     tied = false
+    head_bias = false
     norm = RMSNorm(eps = 1e-06)
     block = Block(attn = Attention(head_dim = 128, qk_norm = true), mlp = MoE(hidden = 768, experts = 128, top_k = 8, capacity_factor = 0.0))
     blocks/attn.causal = true
@@ -106,7 +107,7 @@ def attention(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
 
 
 def moe(cfg: Config, params: dict, x: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """MoE (std/layers.axl:87): x: [B, S, dim] -> ([B, S, dim], auxiliary loss []).
+    """MoE (std/layers.axl:88): x: [B, S, dim] -> ([B, S, dim], auxiliary loss []).
 
     Used at /blocks/mlp.
     """
@@ -144,7 +145,7 @@ def block(cfg: Config, params: dict, x: jax.Array) -> tuple[jax.Array, jax.Array
 
 
 def decoder_lm(cfg: Config, params: dict, tokens: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """DecoderLM (std/transformer.axl:82): tokens: [B, S] -> ([B, S, vocab], auxiliary loss []).
+    """DecoderLM (std/transformer.axl:103): tokens: [B, S] -> ([B, S, vocab], auxiliary loss []).
 
     Used at /.
     """

@@ -1,0 +1,120 @@
+"""Positions, selection and running sums: iota, where, minimum, maximum, cumsum.
+
+Comparisons (`a < b`, `a == b`, ...) are tensor operators of the forward (bool results, named
+dims broadcast like `+`); these primitives build on them:
+
+    pos = iota(S, trailing = 1)                      [S, 1] int32 positions 0..S-1
+    causal = pos >= iota(S)                          [S, S] bool
+    y = where(causal, scores, -1e9)                  [B, heads, S, S]
+    y = maximum(x, 0.0)                              same as x
+    c = cumsum(x, over = S)                          same as x
+"""
+
+from __future__ import annotations
+
+from axdsl.ir import nodes as ir
+from axdsl.primitives.base import Primitive, Signature, Static, StaticKind, linear_memory
+from axdsl.primitives.reductions import ONE, axis_of, ir_fmt, negative_axis
+
+
+def broadcast(shapes: list[tuple[ir.Dim, ...]]) -> tuple[ir.Dim, ...]:
+    """Numpy broadcasting of named dims, aligned from the right: each pair must be the same dim
+    or one of them 1. Returns the result dims, or raises ValueError naming the two dims that differ."""
+    out: tuple[ir.Dim, ...] = shapes[0]
+    for dims in shapes[1:]:
+        a, b, merged = list(out), list(dims), []
+        while a and b:
+            x, y = a.pop(), b.pop()
+            if x.is_ellipsis or y.is_ellipsis:
+                if x.is_ellipsis and y.is_ellipsis and not a and not b:
+                    merged.append(x)
+                    break
+                raise ValueError("ranks are not known")
+            if x.same(y) or y.size == 1:
+                merged.append(x)
+            elif x.size == 1:
+                merged.append(y)
+            else:
+                raise ValueError(f"`{x}` and `{y}` differ")
+        out = tuple(a or b) + tuple(reversed(merged))
+    return out
+
+
+def _broadcast_shape(ctx, prim, args):
+    shapes = [a.type.dims for a in args if isinstance(a.type, ir.TensorType)]
+    if not shapes:
+        ctx.fail(prim.span, f"`{prim.name}` needs at least one tensor operand")
+    try:
+        return broadcast(shapes)
+    except ValueError as err:
+        ctx.fail(prim.span, f"shapes do not agree for `{prim.name}`: "
+                 + " and ".join(ir_fmt(s) for s in shapes),
+                 f"{err}; operands must match dim by dim (from the right) or be 1")
+
+
+# ---------------------------------------------------------------- iota
+def _iota_shape(ctx, prim, args):
+    trailing = prim.attr("trailing").value
+    if trailing < 0:
+        ctx.fail(prim.span, f"`iota` needs trailing >= 0, got {trailing}")
+    return (prim.attr("over"),) + (ONE,) * trailing
+
+
+def _emit_iota(ctx, prim, args, precs) -> str:
+    code = f"jnp.arange({ctx.dim_code(prim.attr('over'))}, dtype=jnp.int32)"
+    trailing = prim.attr("trailing").value
+    return code + (f"[:, {', '.join(['None'] * trailing)}]" if trailing else "")
+
+
+def _iota_memory(t, prim, args, dims, label: str):
+    return t.new(dims, "i32", label, ())
+
+
+# ---------------------------------------------------------------- where, minimum, maximum
+def _where_memory(t, prim, args, dims, label: str):
+    """Keeps its condition (the backward routes the gradient by it)."""
+    out = t.new(dims, t.promote(*args[1:]), label, tuple(args))
+    t.save(args[0])
+    return out
+
+
+def _extremum_memory(t, prim, args, dims, label: str):
+    """Keeps two same-dtype tensors, the weights that route the gradient to each operand (jax 0.10,
+    measured with print_saved_residuals)."""
+    dtype = t.promote(*args)
+    out = t.new(dims, dtype, label, tuple(args))
+    for side in ("left", "right"):
+        t.save(t.internal(dims, dtype, f"{label} {side} weight", tuple(args)))
+    return out
+
+
+def _extremum(name: str, doc: str) -> Primitive:
+    return Primitive(name, Signature(("a", "b"), doc=doc),
+                     emit=lambda ctx, prim, a, p: f"jnp.{name}({a[0]}, {a[1]})",
+                     shape=_broadcast_shape, scalar_operands=True, memory=_extremum_memory)
+
+
+# ---------------------------------------------------------------- cumsum
+def _cumsum_shape(ctx, prim, args):
+    dims = args[0].type.dims
+    axis_of(ctx, prim, dims, prim.attr("over"))
+    return dims
+
+
+def _emit_cumsum(ctx, prim, args, precs) -> str:
+    return f"jnp.cumsum({args[0]}, axis={negative_axis(prim.args[0].type.dims, prim.attr('over'))})"
+
+
+PRIMITIVES = (
+    Primitive("iota", Signature((), (Static("over", StaticKind.DIM), Static("trailing", StaticKind.INT, 0)),
+                                doc="int32 positions 0..n-1 along a dim, [over] then `trailing` dims of size 1"),
+              emit=_emit_iota, shape=_iota_shape, memory=_iota_memory),
+    Primitive("where", Signature(("cond", "a", "b"), doc="a where cond is true, else b; shapes broadcast"),
+              emit=lambda ctx, prim, a, p: f"jnp.where({a[0]}, {a[1]}, {a[2]})",
+              shape=_broadcast_shape, scalar_operands=True, memory=_where_memory),
+    _extremum("minimum", "elementwise minimum of a and b; shapes broadcast"),
+    _extremum("maximum", "elementwise maximum of a and b; shapes broadcast"),
+    Primitive("cumsum", Signature(("x",), (Static("over", StaticKind.DIM),),
+                                  doc="running sum along a named dim, same shape"),
+              emit=_emit_cumsum, shape=_cumsum_shape, memory=linear_memory),
+)
