@@ -39,6 +39,8 @@ Constraints, from the installed jax (0.10.2) sources:
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from axdsl.ir import nodes as ir
 from axdsl.primitives.base import (Flops, Helper, HelperSection, KernelRule, Primitive, Signature, Static,
                                    StaticKind)
@@ -67,24 +69,37 @@ def _shape(ctx, prim, args):
                  "kv_heads must divide heads (GQA); MQA is kv_heads = 1")
     if prim.attr("window").value < 0:
         ctx.fail(prim.span, "`window` must be >= 0 (0 means no sliding window)")
+    for name, off in (("scale", "1 / sqrt(head_dim)"), ("softcap", "no soft-capping")):
+        if prim.attr(name).value < 0:
+            ctx.fail(prim.span, f"`{name}` must be >= 0, got {prim.attr(name).value}",
+                     f"0 means {off}")
     return q[:3] + (v[3],)
 
 
 def _emit(ctx, prim: ir.Prim, args: list[str], precs: list[int]) -> str:
     choice = prim.kernel or ir.KernelChoice(KERNELS[0])
-    window = prim.attr("window")
-    mask = args[3] if prim.operand("mask") is not None else None
-    code, note = emit_attention(
-        kernel=choice.kernel, q=args[0], k=args[1], v=args[2], mask=mask,
-        causal=prim.attr("causal").code, window=window.code if window.value else None,
-        note="; ".join(choice.rejected),
+    window, scale, softcap = prim.attr("window"), prim.attr("scale"), prim.attr("softcap")
+    mask = args[3 + prim.optional.index("mask")] if prim.operand("mask") is not None else None
+    call = AttentionCall(
+        q=args[0], k=args[1], v=args[2], mask=mask, causal=prim.attr("causal").code,
+        window=window.code if window.value else None,
+        scale=scale.code if _set(scale) else None,
+        softcap=softcap.code if _set(softcap) else None,
     )
+    code, note = emit_attention(choice.kernel, call, note="; ".join(choice.rejected))
     ctx.kernel_comment(prim)
     if note:
         ctx.line(f"# {note}")
-    if choice.kernel == "splash":
+    if code.startswith("splash_attention("):
         ctx.use_helper("splash_attention")
+    elif code.startswith("einsum_attention("):
+        ctx.use_helper("einsum_attention")
     return code
+
+
+def _set(value) -> bool:
+    """A float static that is on: nonzero, or read from the Config (it may differ per model)."""
+    return value is not None and (bool(value.value) or "cfg." in value.code)
 
 
 def work(prim: ir.Prim, seq: int, cap_window: bool) -> int:
@@ -116,7 +131,11 @@ def kernel_violations(kernel: str, prim: ir.Prim, model: ir.Model,
     q_dims, k_dims = prim.args[0].type.dims, prim.args[1].type.dims
     head_dim = q_dims[-1].size
     mask = prim.operand("mask")
+    softcap = prim.attr("softcap").value
     if kernel == "cudnn":
+        if softcap:
+            out.append(f"softcap {softcap}: soft-capping is not supported by cuDNN "
+                       "(jax.nn.dot_product_attention has no soft cap)")
         if dtype not in ("bf16", "f16"):
             out.append(f"{model.name} computes in {dtype}; cuDNN flash attention needs bf16 or f16")
         limit = profiles()[sched.profile].cudnn_head_dim_max if sched is not None else 128
@@ -140,6 +159,8 @@ def kernel_violations(kernel: str, prim: ir.Prim, model: ir.Model,
             out.append(f"{model.name} has max_seq {max_seq.value.value}; splash needs a multiple of {SPLASH_BLOCK}")
         if mask is not None:
             out.append("an explicit mask; splash runs causal and sliding-window masks only")
+        if softcap or prim.attr("scale").value:
+            out.append("an explicit scale or softcap; the splash wrapper takes neither")
     return out
 
 
@@ -189,21 +210,90 @@ def _memory(t, prim: ir.Prim, args, dims, label: str):
 
 
 # ---------------------------------------------------------------------------- generated code
-def emit_attention(kernel: str, q: str, k: str, v: str, mask: str | None, causal: str,
-                   window: str | None, note: str) -> tuple[str, str]:
+@dataclass(frozen=True)
+class AttentionCall:
+    """The Python code of one attention call's operands and settings; None where not given."""
+
+    q: str
+    k: str
+    v: str
+    causal: str
+    window: str | None = None
+    scale: str | None = None  # None: 1 / sqrt(head_dim)
+    softcap: str | None = None  # None: no soft-capping
+    mask: str | None = None
+    written_out: bool = False  # jax.nn.dot_product_attention cannot express it: einsum_attention
+
+
+def emit_attention(kernel: str, call: AttentionCall, note: str) -> tuple[str, str]:
     """(expression, comment) for one attention call; the comment says why others were not used."""
     note = f"attention: {note}" if note else ""
+    q, k, v = call.q, call.k, call.v
     if kernel == "splash":
-        if mask is not None:  # select_kernels never picks splash for an explicit mask
+        if call.mask is not None:  # select_kernels never picks splash for an explicit mask
             raise AssertionError("splash attention takes no explicit mask")
-        return f"splash_attention({q}, {k}, {v}, causal={causal}, window={window})", note
-    kwargs = [f"is_causal={causal}"]
-    if mask is not None:
-        kwargs.append(f"mask={mask}")
-    if window is not None:
-        kwargs.append(f"local_window_size=({window} - 1, 0)")
+        return f"splash_attention({q}, {k}, {v}, causal={call.causal}, window={call.window})", note
+    if call.softcap is not None or call.written_out:  # only the xla kernel runs these
+        kwargs = [f"causal={call.causal}"]
+        if call.window is not None:
+            kwargs.append(f"window={call.window}")
+        if call.scale is not None:
+            kwargs.append(f"scale={call.scale}")
+        if call.softcap is not None:
+            kwargs.append(f"softcap={call.softcap}")
+        if call.mask is not None:
+            kwargs.append(f"mask={call.mask}")
+        return f"einsum_attention({q}, {k}, {v}, {', '.join(kwargs)})", note
+    kwargs = [f"is_causal={call.causal}"]
+    if call.mask is not None:
+        kwargs.append(f"mask={call.mask}")
+    if call.scale is not None:
+        kwargs.append(f"scale={call.scale}")
+    if call.window is not None:
+        kwargs.append(f"local_window_size=({call.window} - 1, 0)")
     kwargs.append(f'implementation="{kernel}"')
     return f"jax.nn.dot_product_attention({q}, {k}, {v}, {', '.join(kwargs)})", note
+
+
+EINSUM_ATTENTION = '''def einsum_attention(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    causal: bool,
+    window: int | None = None,
+    scale: float | None = None,
+    softcap: float = 0.0,
+    mask: jax.Array | None = None,
+) -> jax.Array:
+    """Attention written out, for what jax.nn.dot_product_attention cannot express.
+
+    q [B, S, heads, head_dim], k [B, S, kv_heads, head_dim], v [B, S, kv_heads, v_head_dim]
+    -> [B, S, heads, v_head_dim]; query head h reads kv head h // (heads // kv_heads). The
+    logits q.k * scale (scale None: 1 / sqrt(head_dim)) are soft-capped to
+    softcap * tanh(logits / softcap) when softcap > 0 (Gemma 2); then causal, the sliding window
+    (each query sees its last `window` keys, itself included) and `mask` (True: attend, broadcast
+    to [B, heads, S, S]) drop keys; the softmax runs in float32, like jax.nn's.
+    """
+    batch, seq, heads, head_dim = q.shape
+    kv_seq, kv_heads = k.shape[1], k.shape[2]
+    group = q.reshape(batch, seq, kv_heads, heads // kv_heads, head_dim)
+    logits = jnp.einsum("bqkgd,bskd->bkgqs", group, k, preferred_element_type=jnp.float32)
+    logits = logits.reshape(batch, heads, seq, kv_seq) * (head_dim**-0.5 if scale is None else scale)
+    if softcap:
+        logits = softcap * jnp.tanh(logits / softcap)
+    query_pos, key_pos = jnp.arange(seq)[:, None], jnp.arange(kv_seq)[None, :]
+    keep = jnp.ones((seq, kv_seq), dtype=bool)
+    if causal:
+        keep = keep & (key_pos <= query_pos)
+    if window:
+        keep = keep & (key_pos > query_pos - window)
+    if mask is not None:
+        keep = keep & mask
+    logits = jnp.where(keep, logits, -0.7 * jnp.finfo(jnp.float32).max)
+    probs = jax.nn.softmax(logits, axis=-1).astype(v.dtype)
+    probs = probs.reshape(batch, kv_heads, heads // kv_heads, seq, kv_seq)
+    out = jnp.einsum("bkgqs,bskd->bqkgd", probs, v)
+    return out.reshape(batch, seq, heads, v.shape[-1])'''
 
 
 SPLASH_ATTENTION = '''PALLAS_INTERPRET = False  # True runs Pallas kernels in interpret mode (CPU tests, debugging)
@@ -292,9 +382,12 @@ SPLASH_IMPORTS = ("import functools", "import math", "import jax", "import jax.n
 
 PRIMITIVES = (
     Primitive("attention", Signature(
-        ("q", "k", "v"), (Static("causal", StaticKind.BOOL, False), Static("window", StaticKind.INT, 0)),
+        ("q", "k", "v"),
+        (Static("causal", StaticKind.BOOL, False), Static("window", StaticKind.INT, 0),
+         Static("scale", StaticKind.FLOAT, 0.0), Static("softcap", StaticKind.FLOAT, 0.0)),
         ("mask",), doc="scaled dot-product attention; the kernel is chosen by a target pass"),
         emit=_emit, shape=_shape, flops=_flops, memory=_memory,
         kernels=KernelRule(KERNELS, kernel_violations),
-        helpers=(Helper("splash_attention", SPLASH_ATTENTION, SPLASH_IMPORTS, HelperSection.KERNEL),)),
+        helpers=(Helper("splash_attention", SPLASH_ATTENTION, SPLASH_IMPORTS, HelperSection.KERNEL),
+                 Helper("einsum_attention", EINSUM_ATTENTION))),
 )
