@@ -148,6 +148,105 @@ def test_negative_softcap_is_a_located_error(tmp_path):
     assert "hint: 0 means no soft-capping" in text
 
 
+# ----------------------------------------------------------------------------- v head dim
+@pytest.mark.parametrize("causal", [True, False])
+def test_v_head_dim_of_its_own_matches_numpy(tmp_path, causal):
+    m = _load(tmp_path, "mla", _layer(f"attention(q, k, v, causal = {str(causal).lower()})", v_head_dim=12))
+    assert _has(m.SOURCE, f"einsum_attention(q, k, v, causal={causal})")
+    q, k, v = _qkv(v_head_dim=12)
+    got = _run(m, q, k, v)
+    assert got.shape == (B, S, HEADS, 12)
+    np.testing.assert_allclose(got, reference(q, k, v, causal=causal), atol=TOL, rtol=TOL)
+
+
+def test_v_head_dim_counts_in_the_flops(tmp_path):
+    from axdsl.analysis.flops import model_flops
+    from axdsl.pipeline import compile_spec
+
+    def flops(vd: int) -> int:
+        spec = tmp_path / f"f{vd}.axl"
+        spec.write_text(_layer("attention(q, k, v, causal = false)", v_head_dim=vd), encoding="utf-8")
+        return model_flops(compile_spec(spec, "cpu").models[0], seq=S).attention
+
+    # 2 x keys x heads x (head_dim + v_head_dim) per token
+    assert flops(HEAD_DIM) == 2 * S * HEADS * (HEAD_DIM + HEAD_DIM)
+    assert flops(24) == 2 * S * HEADS * (HEAD_DIM + 24)
+
+
+# ----------------------------------------------------------------------------- bias, mask
+MASKED = _layer("attention(q, k, v, causal = true, bias = bias, mask = mask)",
+                extra_args=", bias: [B, heads, S, S], mask: [1, 1, S, S]")
+
+
+def _bias_and_mask(seed: int = 3):
+    rng = np.random.default_rng(seed)
+    bias = rng.normal(size=(B, HEADS, S, S)).astype(np.float32)
+    mask = rng.random((1, 1, S, S)) > 0.3
+    mask[..., np.arange(S), np.arange(S)] = True  # every query keeps itself
+    return bias, mask
+
+
+def test_bias_and_mask_match_numpy(tmp_path):
+    m = _load(tmp_path, "masked", MASKED)
+    assert _has(m.SOURCE, 'jax.nn.dot_product_attention(q, k, v, is_causal=True, bias=bias, mask=mask, '
+                          'implementation="xla")')
+    q, k, v = _qkv()
+    bias, mask = _bias_and_mask()
+    want = reference(q, k, v, causal=True, bias=bias, mask=mask)
+    np.testing.assert_allclose(_run(m, q, k, v, bias, mask), want, atol=TOL, rtol=TOL)
+    assert np.abs(want - reference(q, k, v, causal=True)).max() > 0.05
+
+
+def test_bias_and_mask_with_softcap_and_v_head_dim(tmp_path):
+    source = _layer("attention(q, k, v, causal = true, softcap = 2.0, bias = bias, mask = mask)",
+                    v_head_dim=4, extra_args=", bias: [B, heads, S, S], mask: [1, 1, S, S]")
+    m = _load(tmp_path, "masked_mla", source)
+    assert _has(m.SOURCE, "einsum_attention(q, k, v, causal=True, softcap=2.0, bias=bias, mask=mask)")
+    q, k, v = _qkv(v_head_dim=4)
+    bias, mask = _bias_and_mask()
+    want = reference(q, k, v, causal=True, softcap=2.0, bias=bias, mask=mask)
+    np.testing.assert_allclose(_run(m, q, k, v, bias, mask), want, atol=TOL, rtol=TOL)
+
+
+def test_a_bias_broadcast_over_batch_and_heads(tmp_path):
+    """ALiBi-style: one [1, 1, S, S] bias for every batch row and head."""
+    m = _load(tmp_path, "alibi", _layer("attention(q, k, v, causal = true, bias = bias)",
+                                        extra_args=", bias: [1, 1, S, S]"))
+    q, k, v = _qkv()
+    pos = np.arange(S)
+    bias = (-0.5 * np.abs(pos[:, None] - pos[None, :]))[None, None].astype(np.float32)
+    want = reference(q, k, v, causal=True, bias=bias)
+    np.testing.assert_allclose(_run(m, q, k, v, bias), want, atol=TOL, rtol=TOL)
+
+
+# ----------------------------------------------------------------------------- segment ids
+SEGMENTS = _layer("attention(q, k, v, causal = true, segment_ids = seg)", extra_args=", seg: [B, S]")
+
+
+def test_segment_ids_keep_attention_inside_each_packed_sequence(tmp_path):
+    m = _load(tmp_path, "packed", SEGMENTS)
+    assert "same_segment = seg[:, None, :, None] == seg[:, None, None, :]" in m.SOURCE
+    q, k, v = _qkv()
+    seg = np.array([[0, 0, 0, 1, 1, 1, 1, 2], [0, 0, 0, 0, 0, 0, 0, 0]], np.int32)
+    got = _run(m, q, k, v, seg)
+    np.testing.assert_allclose(got, reference(q, k, v, causal=True, segment_ids=seg), atol=TOL, rtol=TOL)
+    # The second packed sequence computes what it computes alone.
+    alone = reference(q[:1, 3:7], k[:1, 3:7], v[:1, 3:7], causal=True)
+    np.testing.assert_allclose(got[:1, 3:7], alone, atol=TOL, rtol=TOL)
+
+
+def test_segment_ids_and_a_mask_together(tmp_path):
+    m = _load(tmp_path, "packed_masked", _layer(
+        "attention(q, k, v, causal = true, softcap = 3.0, mask = mask, segment_ids = seg)",
+        extra_args=", mask: [1, 1, S, S], seg: [B, S]"))
+    assert _has(m.SOURCE, "mask=mask & same_segment")
+    q, k, v = _qkv()
+    _, mask = _bias_and_mask()
+    seg = np.array([[0, 0, 1, 1, 1, 1, 2, 2], [5, 5, 5, 5, 7, 7, 7, 7]], np.int32)
+    want = reference(q, k, v, causal=True, softcap=3.0, mask=mask, segment_ids=seg)
+    np.testing.assert_allclose(_run(m, q, k, v, mask, seg), want, atol=TOL, rtol=TOL)
+
+
 # ----------------------------------------------------------------------------- kernels
 # head_dim 128, bf16, max_seq 128: cuDNN and splash both run the plain call (tests/test_kernels.py).
 LM = """\
@@ -210,3 +309,76 @@ def test_kernel_choice_does_not_change_cpu_numerics(tmp_path):
         outputs.append(np.asarray(jax.jit(module.forward, static_argnums=0)(cfg, params, tokens)))
     for got in outputs[1:]:
         np.testing.assert_allclose(got, outputs[0], atol=TOL, rtol=TOL)
+
+
+# A layer-level spec in bf16 with head_dim 128, so that cuDNN and splash could run its plain call.
+WIDE = """\
+layer Attn(heads: int = 2, hd: int = 128, vd: int = VD, dtype: dtype = bf16, max_seq: int = 128) {
+  forward(q: [B, S, heads, hd], k: [B, S, heads, hd], v: [B, S, heads, vd]EXTRA) -> [B, S, heads, vd] {
+    return CALL
+  }
+}
+model m = Attn {}
+"""
+
+
+def _wide(tmp_path: Path, call: str, vd: int = 128, extra: str = "") -> Path:
+    spec = tmp_path / "wide.axl"
+    spec.write_text(WIDE.replace("VD", str(vd)).replace("EXTRA", extra).replace("CALL", call),
+                    encoding="utf-8")
+    return spec
+
+
+def test_v_head_dim_rules_out_cudnn_with_the_reason(tmp_path):
+    spec = _wide(tmp_path, "attention(q, k, v, causal = true)", vd=64)
+    gpu = build_files(spec, "gpu-h100-8")["model.py"]
+    assert ("# attention: cudnn not used: v_head_dim 64 differs from head_dim 128; "
+            "jax.nn.dot_product_attention needs v shaped like k") in gpu
+    assert _has(gpu, "einsum_attention(q, k, v, causal=True)")
+    tpu = build_files(spec, "tpu-v5e-8")["model.py"]
+    assert "# attention: splash not used: m has v_head_dim 64; splash needs a multiple of 128" in tpu
+
+
+def test_bias_and_segment_ids_run_on_cudnn_as_a_dense_bias(tmp_path):
+    spec = _wide(tmp_path, "attention(q, k, v, causal = true, bias = bias, segment_ids = seg)",
+                 extra=", bias: [1, heads, S, S], seg: [B, S]")
+    gpu = build_files(spec, "gpu-h100-8")["model.py"]
+    assert _has(gpu, 'jax.nn.dot_product_attention(q, k, v, is_causal=True, bias=bias, mask=same_segment, '
+                     'implementation="cudnn")')
+    tpu = build_files(spec, "tpu-v5e-8")["model.py"]
+    assert "# attention: splash not used: an additive bias; splash attention has no bias input" in tpu
+
+
+def test_a_key_padding_mask_rules_out_cudnn(tmp_path):
+    """A [B, 1, 1, S] mask broadcasts in XLA, but jax's cuDNN bias must span [S, S]."""
+    spec = _wide(tmp_path, "attention(q, k, v, causal = true, mask = keep)", extra=", keep: [B, 1, 1, S]")
+    gpu = build_files(spec, "gpu-h100-8")["model.py"]
+    assert "# attention: cudnn not used: a mask that is not [..., S, S]" in gpu
+    assert _has(gpu, 'jax.nn.dot_product_attention(q, k, v, is_causal=True, mask=keep, implementation="xla")')
+
+
+def test_cudnn_choice_computes_what_cpu_does(tmp_path, monkeypatch):
+    """The gpu file's cuDNN call, run with cuDNN swapped for XLA, matches the cpu file and numpy."""
+    spec = _wide(tmp_path, "attention(q, k, v, causal = true, scale = 0.05, bias = bias, segment_ids = seg)",
+                 extra=", bias: [1, heads, S, S], seg: [B, S]")
+    original, implementations = jax.nn.dot_product_attention, []
+
+    def xla_for_cudnn(*args, implementation=None, **kwargs):
+        implementations.append(implementation)
+        return original(*args, implementation="xla", **kwargs)
+
+    monkeypatch.setattr(jax.nn, "dot_product_attention", xla_for_cudnn)
+    rng = np.random.default_rng(4)
+    q, k, v = (rng.normal(size=(2, 8, 2, 128)).astype(np.float32) for _ in range(3))
+    bias = rng.normal(size=(1, 2, 8, 8)).astype(np.float32)
+    seg = np.array([[0, 0, 0, 1, 1, 2, 2, 2], [0, 1, 1, 1, 1, 1, 1, 1]], np.int32)
+    want = reference(q, k, v, causal=True, scale=0.05, bias=bias, segment_ids=seg)
+    for target in ("cpu", "gpu-h100-8"):
+        path = tmp_path / target / "model.py"
+        path.parent.mkdir()
+        path.write_text(build_files(spec, target)["model.py"], encoding="utf-8")
+        mod_spec = importlib.util.spec_from_file_location(f"attn_wide_{target.replace('-', '_')}", path)
+        module = importlib.util.module_from_spec(mod_spec)
+        mod_spec.loader.exec_module(module)
+        np.testing.assert_allclose(_run(module, q, k, v, bias, seg), want, atol=TOL, rtol=TOL)
+    assert implementations == ["xla", "cudnn"]
