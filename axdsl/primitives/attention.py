@@ -332,9 +332,10 @@ EINSUM_ATTENTION = '''def einsum_attention(
     """
     batch, seq, heads, head_dim = q.shape
     kv_seq, kv_heads = k.shape[1], k.shape[2]
+    scale = head_dim**-0.5 if scale is None else scale
     group = q.reshape(batch, seq, kv_heads, heads // kv_heads, head_dim)
     logits = jnp.einsum("bqkgd,bskd->bkgqs", group, k, preferred_element_type=jnp.float32)
-    logits = logits.reshape(batch, heads, seq, kv_seq) * (head_dim**-0.5 if scale is None else scale)
+    logits = logits.reshape(batch, heads, seq, kv_seq) * scale  # [B, heads, S, S]
     if softcap:
         logits = softcap * jnp.tanh(logits / softcap)
     if bias is not None:
