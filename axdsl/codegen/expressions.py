@@ -155,8 +155,10 @@ class FunctionEmitter:
         layer_rng = rng_arg("i") if rng else ""  # a scanned child folds in its layer index
         comment = shape_comment(call.type)
         aux = self.child_aux.get(call.child, False)
+        if child.repeat is not None:
+            args = [args[0]] + [self._side_input(call.child, a) for a in args[1:]]
         if child.repeat is not None and aux:
-            self._scan_with_aux(call, child, fn, args[0], target, layer_rng, comment)
+            self._scan_with_aux(call, child, fn, args, target, layer_rng, comment)
             return
         if aux:
             aux_name = self._fresh(f"{call.child}_aux")
@@ -172,12 +174,12 @@ class FunctionEmitter:
                 self.lines.append(f"def {step}(h, xs):  # one of {child.repeat.code} stacked layers")
                 self.lines.append("    layer_params, i = xs")
                 self._shard_carry(call.args[0].type)
-                self.lines.append(f"    return {fn}(cfg, layer_params, h{layer_rng}), None")
+                self.lines.append(f"    return {fn}(cfg, layer_params, {_carried(args)}{layer_rng}), None")
                 xs = f'(params[{py_str(call.child)}], jnp.arange({child.repeat.code}))'
             else:
                 self.lines.append(f"def {step}(h, layer_params):  # one of {child.repeat.code} stacked layers")
                 self._shard_carry(call.args[0].type)
-                self.lines.append(f"    return {fn}(cfg, layer_params, h), None")
+                self.lines.append(f"    return {fn}(cfg, layer_params, {_carried(args)}), None")
                 xs = f"params[{py_str(call.child)}]"
             self.lines.append("")
             self.lines.append(f"with jax.named_scope({py_str(call.child)}):")
@@ -188,9 +190,19 @@ class FunctionEmitter:
             f"    {target} = {fn}(cfg, params[{py_str(call.child)}], {', '.join(args)}{rng})  # {comment}"
         )
 
-    def _scan_with_aux(self, call: ir.CallChild, child: ir.Instance, fn: str, x: str, target: str,
+    def _side_input(self, child: str, code: str) -> str:
+        """A repeated child's extra argument, the same for every layer: the scan's step closes over
+        it. An expression is computed once, before the scan, into a local of its own."""
+        if code.isidentifier() and code not in _STEP_LOCALS:
+            return code
+        name = self._fresh(f"{child}_in")
+        self.lines.append(f"{name} = {code}")
+        return name
+
+    def _scan_with_aux(self, call: ir.CallChild, child: ir.Instance, fn: str, args: list[str], target: str,
                        layer_rng: str, comment: str) -> None:
         """A repeated child that returns an auxiliary loss: the scan carries (h, summed aux)."""
+        x = args[0]
         step = f"{call.child}_step"
         self._remat_decorator(child)
         rng = layer_rng
@@ -200,7 +212,7 @@ class FunctionEmitter:
         if rng:
             self.lines.append("    layer_params, i = xs")
         self._shard_carry(call.args[0].type)
-        self.lines.append(f"    h, layer_aux = {fn}(cfg, layer_params, h{layer_rng})")
+        self.lines.append(f"    h, layer_aux = {fn}(cfg, layer_params, {_carried(args)}{layer_rng})")
         self.lines.append("    return (h, aux + layer_aux), None")
         xs = (f'(params[{py_str(call.child)}], jnp.arange({child.repeat.code}))' if rng
               else f"params[{py_str(call.child)}]")
@@ -370,6 +382,15 @@ class FunctionEmitter:
     @staticmethod
     def _paren(code: str, prec: int, need: int) -> str:
         return code if prec >= need else f"({code})"
+
+
+# Names a scan step binds itself: a side input of one of these names is copied to a fresh local.
+_STEP_LOCALS = frozenset({"h", "xs", "i", "carry", "aux", "layer_aux", "layer_params"})
+
+
+def _carried(args: list[str]) -> str:
+    """A scan step's call arguments: the carry `h`, then the side inputs it closes over."""
+    return ", ".join(["h", *args[1:]])
 
 
 def _key(d: ir.Dim) -> str:

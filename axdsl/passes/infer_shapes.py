@@ -257,10 +257,25 @@ class _Typer:
             if err:
                 self.fail(a.span, f"argument `{decl.name}` of `{e.child}` ({child.layer}): {err}")
         result = substitute(fwd.result, binding)
-        if child.repeat is not None and args and not _same_dims(result, args[0].type.dims):
-            self.fail(e.span, f"a repeated block must return the shape it takes: {fmt(args[0].type.dims)} "
-                      f"-> {fmt(result)}")
+        if child.repeat is not None:
+            self._check_repeated(e, child, args, result)
         return {"args": args, "type": TensorType(result)}
+
+    def _check_repeated(self, e: ir.CallChild, child: ir.Instance, args, result) -> None:
+        """What a scan can run: the first argument is the carry, which each layer returns in the
+        same shape; the other arguments are side inputs, passed unchanged to every layer."""
+        if not args:
+            self.fail(e.span, f"repeated child `{e.child}` takes no tensor, so there is nothing to carry "
+                      "from layer to layer", "a repeated layer's first argument is the carry: "
+                      f"`forward(x: [...]) -> [...]` returning x's shape")
+        if not _same_dims(result, args[0].type.dims):
+            sides = [a.name for a in child.forward.args[1:]]
+            hint = ("the first argument is carried from layer to layer; "
+                    + (f"{', '.join(f'`{n}`' for n in sides)} "
+                       f"{'is a side input' if len(sides) == 1 else 'are side inputs'}, the same for every layer"
+                       if sides else "a layer's output is the next layer's input"))
+            self.fail(e.span, f"a repeated block must return the shape it takes: {fmt(args[0].type.dims)} "
+                      f"-> {fmt(result)}", hint)
 
     def _Prim(self, e: ir.Prim) -> dict:
         """Type the operands, then apply the primitive's own shape rule (axdsl/primitives/)."""
