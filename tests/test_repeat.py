@@ -12,6 +12,8 @@ import numpy as np
 import pytest
 
 from axdsl.build import build_files
+from axdsl.pipeline import compile_spec
+from axdsl.stats import model_stats
 from tests.targets_util import import_generated
 
 CROSS = """\
@@ -86,3 +88,85 @@ def test_a_repeated_block_takes_a_side_input(tmp_path):
     np.testing.assert_allclose(np.asarray(got), ref, rtol=1e-5, atol=1e-5)
     assert code.count("jax.lax.scan(") == 1
     assert "blocks_in = mem * 0.5" in code  # computed once, before the scan, and closed over
+
+
+ALTERNATING = """\
+import "std/transformer.axl"
+
+# Layer i runs pattern[i % 2]: local (sliding-window) attention, then global.
+model alt = DecoderLM {
+  vocab = 64  dim = 16  layers = 6  heads = 2  ffn = 32  max_seq = 32  dtype = f32
+  block = [Block(attn = Attention(window = 3)), Block()]
+}
+"""
+
+# The same model written out layer by layer: no repeat, no scan.
+UNROLLED = """\
+import "std/transformer.axl"
+
+layer Unrolled(vocab: int, dim: int, heads: int, ffn: int, dtype: dtype = f32, param_dtype: dtype = f32) {
+  child embed = Embedding()
+  child b0 = Block(attn = Attention(window = 3))
+  child b1 = Block()
+  child b2 = Block(attn = Attention(window = 3))
+  child b3 = Block()
+  child b4 = Block(attn = Attention(window = 3))
+  child b5 = Block()
+  child final_norm = RMSNorm()
+  param head: [dim, vocab] axes(embed, vocab)
+  forward(tokens: [B, S]) -> [B, S, vocab] {
+    x = embed(tokens)
+    x = b5(b4(b3(b2(b1(b0(x))))))
+    return final_norm(x) @ head
+  }
+}
+model unrolled = Unrolled { vocab = 64  dim = 16  heads = 2  ffn = 32 }
+"""
+
+
+def _tokens(shape=(2, 12)):
+    return jax.random.randint(jax.random.key(3), shape, 0, 64)
+
+
+def test_an_alternating_pattern_is_one_scan_and_matches_the_unrolled_model(tmp_path):
+    model, code = _build(tmp_path, "alt", ALTERNATING)
+    ref_model, ref_code = _build(tmp_path, "unrolled", UNROLLED)
+    cfg = model.Config()
+    params = model.init_params(cfg, jax.random.key(0))
+    assert set(params["blocks"]) == {"0", "1"}  # blocks/0/..., blocks/1/..., each stacked 3 deep
+    assert params["blocks"]["0"]["attn"]["wq"].shape == (3, 16, 2, 8)
+    ref_params = {k: v for k, v in params.items() if k != "blocks"}
+    for i in range(6):
+        ref_params[f"b{i}"] = _layer(params["blocks"][str(i % 2)], i // 2)
+    tokens = _tokens()
+    got = jax.jit(lambda p, t: model.forward(cfg, p, t))(params, tokens)
+    want = ref_model.forward(ref_model.Config(), ref_params, tokens)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5)
+    assert code.count("jax.lax.scan(") == 1 and "jax.lax.scan(" not in ref_code
+    assert "local_window_size=(3 - 1, 0)" in code  # the local layers' static window
+    # The window matters: a model of only global layers computes something else.
+    only_global = _layer_swap(params)
+    assert not np.allclose(np.asarray(model.forward(cfg, only_global, tokens)), np.asarray(got))
+
+
+def _layer_swap(params: dict) -> dict:
+    """The alternating model's parameters with its two pattern elements swapped."""
+    blocks = dict(params["blocks"])
+    blocks["0"], blocks["1"] = blocks["1"], blocks["0"]
+    return {**params, "blocks": blocks}
+
+
+def test_pattern_init_is_by_path_and_parameter_counts_are_exact(tmp_path):
+    model, _ = _build(tmp_path, "alt", ALTERNATING)
+    ref_model, _ = _build(tmp_path, "unrolled", UNROLLED)
+    cfg = model.Config()
+    a = model.init_params(cfg, jax.random.key(0))
+    b = model.init_params(cfg, jax.random.key(0))
+    jax.tree.map(lambda x, y: np.testing.assert_array_equal(np.asarray(x), np.asarray(y)), a, b)
+    assert not np.allclose(a["blocks"]["0"]["attn"]["wq"], a["blocks"]["1"]["attn"]["wq"])
+    count = lambda tree: sum(int(np.prod(x.shape)) for x in jax.tree.leaves(tree))  # noqa: E731
+    assert count(a) == count(ref_model.init_params(ref_model.Config(), jax.random.key(0)))
+    stats, ref_stats = (model_stats(compile_spec(tmp_path / f"{n}.axl", "cpu").models[0], seq=12, batch=2)
+                        for n in ("alt", "unrolled"))
+    assert stats.total_params == ref_stats.total_params == count(a)
+    assert stats.flops_per_token == ref_stats.flops_per_token

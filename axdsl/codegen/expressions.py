@@ -171,13 +171,13 @@ class FunctionEmitter:
             step = f"{call.child}_step"
             self._remat_decorator(child)
             if rng:
-                self.lines.append(f"def {step}(h, xs):  # one of {child.repeat.code} stacked layers")
+                self.lines.append(f"def {step}(h, xs):  # {_stacked(child)}")
                 self.lines.append("    layer_params, i = xs")
                 self._shard_carry(call.args[0].type)
                 self.lines.append(f"    return {fn}(cfg, layer_params, {_carried(args)}{layer_rng}), None")
                 xs = f'(params[{py_str(call.child)}], jnp.arange({child.repeat.code}))'
             else:
-                self.lines.append(f"def {step}(h, layer_params):  # one of {child.repeat.code} stacked layers")
+                self.lines.append(f"def {step}(h, layer_params):  # {_stacked(child)}")
                 self._shard_carry(call.args[0].type)
                 self.lines.append(f"    return {fn}(cfg, layer_params, {_carried(args)}), None")
                 xs = f"params[{py_str(call.child)}]"
@@ -207,7 +207,7 @@ class FunctionEmitter:
         self._remat_decorator(child)
         rng = layer_rng
         per_layer = "xs" if rng else "layer_params"
-        self.lines.append(f"def {step}(carry, {per_layer}):  # one of {child.repeat.code} stacked layers")
+        self.lines.append(f"def {step}(carry, {per_layer}):  # {_stacked(child)}")
         self.lines.append("    h, aux = carry")
         if rng:
             self.lines.append("    layer_params, i = xs")
@@ -382,6 +382,13 @@ class FunctionEmitter:
     @staticmethod
     def _paren(code: str, prec: int, need: int) -> str:
         return code if prec >= need else f"({code})"
+
+
+def _stacked(child: ir.Instance) -> str:
+    """The comment on a scan step: what one step runs."""
+    if child.pattern:
+        return f"one of {child.repeat.code} stacked groups of {len(child.children)} layers"
+    return f"one of {child.repeat.code} stacked layers"
 
 
 # Names a scan step binds itself: a side input of one of these names is copied to a fresh local.
