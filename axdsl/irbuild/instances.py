@@ -240,11 +240,12 @@ class InstanceBuilder:
         self._error_at_user_line(at, msg, hint, scope, names)
         return None
 
-    def _error_at_user_line(self, at: Span, msg: str, hint: str | None, scope: Scope, names: list[str]) -> None:
+    def _error_at_user_line(self, at: Span, msg: str, hint: str | None, scope: Scope, names: list[str],
+                            where: str | None = None) -> None:
         """An error in a library layer's default is shown where the user set a value it reads
         (their `heads = 5`), with a note for the library line."""
         user = ir.user_line(names, scope.origins)
-        where = f"in the default of a layer at `{scope.path}`"
+        where = where or f"in the default of a layer at `{scope.path}`"
         self.diags.add(relocated(at, msg, hint, user, where))
 
     # ---------------------------------------------------------------- params and children
@@ -342,7 +343,7 @@ class InstanceBuilder:
                 at, f"`repeat` count {count.value} is not a multiple of the pattern's {k} layers",
                 f"layer i runs pattern[i % {k}], and the scan runs whole patterns; make the count a multiple "
                 f"of {k}, or put the remaining layers in a `repeat` child of their own",
-                scope, ast.names_in(decl.value))
+                scope, ast.names_in(decl.value), f"in child `{decl.name}` of the layer at `{scope.path}`")
             return None
         child_path = (path if path.endswith("/") else path + "/") + decl.name
         elements = [self.instantiate(self.program.layers[lv.layer], f"{child_path}/{i}", str(i), lv.span,
