@@ -170,3 +170,60 @@ def test_pattern_init_is_by_path_and_parameter_counts_are_exact(tmp_path):
                         for n in ("alt", "unrolled"))
     assert stats.total_params == ref_stats.total_params == count(a)
     assert stats.flops_per_token == ref_stats.flops_per_token
+
+
+# DeepSeek's layout: the first layers dense, the rest mixture-of-experts; two repeat children.
+PREFIX = """\
+import "std/transformer.axl"
+
+layer DenseThenMoE(vocab: int, dim: int, layers: int, dense_layers: int, heads: int, ffn: int,
+                   dtype: dtype = f32, param_dtype: dtype = f32) {
+  child embed = Embedding()
+  child dense = repeat(dense_layers, Block())
+  child moe = repeat(layers - dense_layers, Block(mlp = MoE(hidden = 8, experts = 4, capacity_factor = 0.0, shared = 1)))
+  child final_norm = RMSNorm()
+  param head: [dim, vocab] axes(embed, vocab)
+  forward(tokens: [B, S]) -> [B, S, vocab] {
+    x = dense(embed(tokens))
+    x = moe(x)
+    return final_norm(x) @ head
+  }
+}
+model ds = DenseThenMoE { vocab = 64  dim = 16  layers = 4  dense_layers = 1  heads = 2  ffn = 32 }
+"""
+
+PREFIX_UNROLLED = """\
+import "std/transformer.axl"
+
+layer Unrolled(vocab: int, dim: int, heads: int, ffn: int, dtype: dtype = f32, param_dtype: dtype = f32) {
+  child embed = Embedding()
+  child d0 = Block()
+  child m0 = Block(mlp = MoE(hidden = 8, experts = 4, capacity_factor = 0.0, shared = 1))
+  child m1 = Block(mlp = MoE(hidden = 8, experts = 4, capacity_factor = 0.0, shared = 1))
+  child m2 = Block(mlp = MoE(hidden = 8, experts = 4, capacity_factor = 0.0, shared = 1))
+  child final_norm = RMSNorm()
+  param head: [dim, vocab] axes(embed, vocab)
+  forward(tokens: [B, S]) -> [B, S, vocab] {
+    return final_norm(m2(m1(m0(d0(embed(tokens)))))) @ head
+  }
+}
+model unrolled = Unrolled { vocab = 64  dim = 16  heads = 2  ffn = 32 }
+"""
+
+
+def test_dense_layers_then_moe_layers_are_two_scans(tmp_path):
+    model, code = _build(tmp_path, "ds", PREFIX)
+    ref_model, _ = _build(tmp_path, "ds_unrolled", PREFIX_UNROLLED)
+    cfg = model.Config()
+    params = model.init_params(cfg, jax.random.key(0))
+    assert params["dense"]["attn"]["wq"].shape[0] == 1 and params["moe"]["mlp"]["w_up"].shape[0] == 3
+    ref_params = {k: v for k, v in params.items() if k not in ("dense", "moe")}
+    ref_params["d0"] = _layer(params["dense"], 0)
+    for i in range(3):
+        ref_params[f"m{i}"] = _layer(params["moe"], i)
+    batch = jax.random.randint(jax.random.key(3), (2, 13), 0, 64)
+    (loss, ce) = jax.jit(lambda p, b: model.loss_fn(cfg, p, b))(params, batch)
+    (ref_loss, ref_ce) = ref_model.loss_fn(ref_model.Config(), ref_params, batch)
+    np.testing.assert_allclose([loss, ce], [ref_loss, ref_ce], rtol=1e-5, atol=1e-6)
+    assert loss > ce  # the MoE layers' auxiliary losses leave both scans
+    assert code.count("jax.lax.scan(") == 2
