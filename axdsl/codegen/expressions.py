@@ -169,15 +169,15 @@ class FunctionEmitter:
             return
         if child.repeat is not None:
             step = f"{call.child}_step"
-            self._remat_decorator(child)
+            self._step_header(child)
             if rng:
-                self.lines.append(f"def {step}(h, xs):  # {_stacked(child)}")
+                self._step_def(step, "h, xs", child)
                 self.lines.append("    layer_params, i = xs")
                 self._shard_carry(call.args[0].type)
                 self.lines.append(f"    return {fn}(cfg, layer_params, {_carried(args)}{layer_rng}), None")
                 xs = f'(params[{py_str(call.child)}], jnp.arange({child.repeat.code}))'
             else:
-                self.lines.append(f"def {step}(h, layer_params):  # {_stacked(child)}")
+                self._step_def(step, "h, layer_params", child)
                 self._shard_carry(call.args[0].type)
                 self.lines.append(f"    return {fn}(cfg, layer_params, {_carried(args)}), None")
                 xs = f"params[{py_str(call.child)}]"
@@ -189,6 +189,18 @@ class FunctionEmitter:
         self.lines.append(
             f"    {target} = {fn}(cfg, params[{py_str(call.child)}], {', '.join(args)}{rng})  # {comment}"
         )
+
+    def _step_header(self, child: ir.Instance) -> None:
+        """What comes before a scan step's `def`: what a pattern's step runs, the remat decorator."""
+        if child.pattern:
+            self.lines.append(f"# one step runs the {len(child.children)} layers of the pattern in turn, "
+                              f"{child.repeat.code} steps")
+        self._remat_decorator(child)
+
+    def _step_def(self, step: str, args: str, child: ir.Instance) -> None:
+        """`def blocks_step(h, layer_params):`, saying what one step of a plain repeat runs."""
+        note = "" if child.pattern else f"  # one of {child.repeat.code} stacked layers"
+        self.lines.append(f"def {step}({args}):{note}")
 
     def _side_input(self, child: str, code: str) -> str:
         """A repeated child's extra argument, the same for every layer: the scan's step closes over
@@ -204,10 +216,10 @@ class FunctionEmitter:
         """A repeated child that returns an auxiliary loss: the scan carries (h, summed aux)."""
         x = args[0]
         step = f"{call.child}_step"
-        self._remat_decorator(child)
+        self._step_header(child)
         rng = layer_rng
         per_layer = "xs" if rng else "layer_params"
-        self.lines.append(f"def {step}(carry, {per_layer}):  # {_stacked(child)}")
+        self._step_def(step, f"carry, {per_layer}", child)
         self.lines.append("    h, aux = carry")
         if rng:
             self.lines.append("    layer_params, i = xs")
@@ -382,13 +394,6 @@ class FunctionEmitter:
     @staticmethod
     def _paren(code: str, prec: int, need: int) -> str:
         return code if prec >= need else f"({code})"
-
-
-def _stacked(child: ir.Instance) -> str:
-    """The comment on a scan step: what one step runs."""
-    if child.pattern:
-        return f"one of {child.repeat.code} stacked groups of {len(child.children)} layers"
-    return f"one of {child.repeat.code} stacked layers"
 
 
 # Names a scan step binds itself: a side input of one of these names is copied to a fresh local.
