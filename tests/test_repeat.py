@@ -227,3 +227,47 @@ def test_dense_layers_then_moe_layers_are_two_scans(tmp_path):
     np.testing.assert_allclose([loss, ce], [ref_loss, ref_ce], rtol=1e-5, atol=1e-6)
     assert loss > ce  # the MoE layers' auxiliary losses leave both scans
     assert code.count("jax.lax.scan(") == 2
+
+
+# A pattern whose layers differ in kind: a windowed layer with dropout, then an MoE layer.
+MIXED = """\
+import "std/transformer.axl"
+
+model mixed = DecoderLM {
+  vocab = 256  dim = 64  layers = 4  heads = 4  kv_heads = 2  ffn = 128  max_seq = 64  dtype = f32
+  block = [Block(attn = Attention(window = 5), dropout = 0.1), Block(mlp = MoE(hidden = 32, experts = 4))]
+}
+train { batch = 8  seq = 16 }
+target "*" { quantize(none) }
+"""
+
+
+def _loss_and_grads(model, cfg, params, batch, mesh=None, rng=None):
+    fn = jax.jit(jax.value_and_grad(lambda p: model.loss_fn(cfg, p, batch, rng=rng)[0]))
+    if mesh is None:
+        return fn(params)
+    with jax.set_mesh(mesh):
+        return fn(params)
+
+
+def test_a_mixed_pattern_trains_and_every_schedule_computes_the_same(tmp_path):
+    """Dropout keys and auxiliary losses pass through the pattern's scan; a GPU schedule
+    (sharding over 8 fake devices, remat) changes how it runs, not what it computes."""
+    spec = tmp_path / "mixed.axl"
+    spec.write_text(MIXED, encoding="utf-8")
+    ref, _ = import_generated(spec, "cpu", tmp_path)
+    gpu, _ = import_generated(spec, "gpu-h100-8", tmp_path)
+    cfg = ref.Config()
+    params = ref.init_params(cfg, jax.random.key(0))
+    batch = jax.random.randint(jax.random.key(1), (8, 17), 0, 256)
+    loss, grads = _loss_and_grads(ref, cfg, params, batch)
+    _, ce = ref.loss_fn(cfg, params, batch)
+    assert loss > ce  # the MoE layers' auxiliary loss
+    gpu_loss, gpu_grads = _loss_and_grads(gpu, cfg, params, batch, gpu.make_mesh())
+    np.testing.assert_allclose(float(gpu_loss), float(loss), rtol=1e-6)
+    for g, w in zip(jax.tree.leaves(gpu_grads), jax.tree.leaves(grads)):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(w), atol=1e-5, rtol=1e-4)
+    dropped, dropped_grads = _loss_and_grads(ref, cfg, params, batch, rng=jax.random.key(2))
+    assert np.isfinite(float(dropped)) and float(dropped) != float(loss)
+    assert all(np.isfinite(np.asarray(g)).all() for g in jax.tree.leaves(dropped_grads))
+    assert "REMAT_POLICY" in Path(gpu.__file__).read_text()

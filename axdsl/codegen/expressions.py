@@ -161,14 +161,14 @@ class FunctionEmitter:
             self._scan_with_aux(call, child, fn, args, target, layer_rng, comment)
             return
         if aux:
-            aux_name = self._fresh(f"{call.child}_aux")
+            aux_name = self._fresh(f"{_stem(call.child)}_aux")
             self.aux_terms.append(aux_name)
             self.lines.append(f"with jax.named_scope({py_str(call.child)}):")
             self.lines.append(f"    {target}, {aux_name} = {fn}(cfg, params[{py_str(call.child)}], "
                               f"{', '.join(args)}{rng})  # {comment}, []")
             return
         if child.repeat is not None:
-            step = f"{call.child}_step"
+            step = f"{_stem(call.child)}_step"
             self._step_header(child)
             if rng:
                 self._step_def(step, "h, xs", child)
@@ -207,7 +207,7 @@ class FunctionEmitter:
         it. An expression is computed once, before the scan, into a local of its own."""
         if code.isidentifier() and code not in _STEP_LOCALS:
             return code
-        name = self._fresh(f"{child}_in")
+        name = self._fresh(f"{_stem(child)}_in")
         self.lines.append(f"{name} = {code}")
         return name
 
@@ -215,7 +215,7 @@ class FunctionEmitter:
                        layer_rng: str, comment: str) -> None:
         """A repeated child that returns an auxiliary loss: the scan carries (h, summed aux)."""
         x = args[0]
-        step = f"{call.child}_step"
+        step = f"{_stem(call.child)}_step"
         self._step_header(child)
         rng = layer_rng
         per_layer = "xs" if rng else "layer_params"
@@ -228,7 +228,7 @@ class FunctionEmitter:
         self.lines.append("    return (h, aux + layer_aux), None")
         xs = (f'(params[{py_str(call.child)}], jnp.arange({child.repeat.code}))' if rng
               else f"params[{py_str(call.child)}]")
-        aux_name = self._fresh(f"{call.child}_aux")
+        aux_name = self._fresh(f"{_stem(call.child)}_aux")
         self.aux_terms.append(aux_name)
         self.lines.append("")
         self.lines.append(f"with jax.named_scope({py_str(call.child)}):")
@@ -261,7 +261,7 @@ class FunctionEmitter:
         self.lines.append(f"    h = shard(h, {spec_text(spec)})")
 
     def _hoist(self, call: ir.CallChild) -> str:
-        name = self._fresh(f"{call.child}_out")
+        name = self._fresh(f"{_stem(call.child)}_out")
         self._child_call(call, name)
         return name
 
@@ -394,6 +394,11 @@ class FunctionEmitter:
     @staticmethod
     def _paren(code: str, prec: int, need: int) -> str:
         return code if prec >= need else f"({code})"
+
+
+def _stem(child: str) -> str:
+    """The start of a local named after a child: a pattern's element `1` gives `layer1_aux`."""
+    return child if child.isidentifier() else f"layer{child}"
 
 
 # Names a scan step binds itself: a side input of one of these names is copied to a fresh local.
