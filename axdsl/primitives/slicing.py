@@ -36,6 +36,16 @@ def index_at(axis: int, item: str) -> str:
     return "[..., " + ", ".join([item] + [":"] * (-axis - 1)) + "]"
 
 
+def operand(ctx, prim: ir.Prim, code: str) -> str:
+    """The operand as a name, for code that reads its `.shape` or `.ndim` besides using it: an
+    expression is computed once into a local first (`merge_in = y * 2.0`)."""
+    if re.fullmatch(r"[\w.]+(\[[^\[\]]*\])*", code):
+        return code
+    name = ctx.fresh(f"{prim.name}_in")
+    ctx.line(f"{name} = {code}  # {ctx.shape_comment(prim.args[0].type)}")
+    return name
+
+
 def _sized(ctx, prim: ir.Prim, d: ir.Dim) -> None:
     if d.size is None:
         ctx.fail(prim.span, f"`{prim.name}` needs a dim of known size, got `{d}`",
@@ -154,11 +164,13 @@ def _emit_pad(ctx, prim, args, precs) -> str:
     axis = _neg(dims, axis_index(dims, prim.attr("over")))
     width = f"({prim.attr('before').code}, {prim.attr('after').code})"
     value = prim.attr("value").code
+    x = args[0]
     if any(d.is_ellipsis for d in dims):
-        widths = f"[(0, 0)] * ({args[0]}.ndim - {-axis}) + [{', '.join([width] + ['(0, 0)'] * (-axis - 1))}]"
+        x = operand(ctx, prim, x)
+        widths = f"[(0, 0)] * ({x}.ndim - {-axis}) + [{', '.join([width] + ['(0, 0)'] * (-axis - 1))}]"
     else:
         widths = "[" + ", ".join(width if j - len(dims) == axis else "(0, 0)" for j in range(len(dims))) + "]"
-    return f"jnp.pad({args[0]}, {widths}, constant_values={value})"
+    return f"jnp.pad({x}, {widths}, constant_values={value})"
 
 
 PRIMITIVES = (
