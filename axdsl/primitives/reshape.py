@@ -13,7 +13,7 @@ import math
 from axdsl.ir import nodes as ir
 from axdsl.primitives.base import Primitive, Signature, Static, StaticKind, view_memory
 from axdsl.primitives.reductions import axis_index, axis_of, ir_fmt
-from axdsl.primitives.slicing import atom, operand
+from axdsl.primitives.slicing import atom, operand, part
 
 
 def _sized(ctx, prim: ir.Prim, dims) -> None:
@@ -63,7 +63,7 @@ def _merge_shape(ctx, prim, args):
                  "move them next to each other first (einsum or transpose)")
     a, b = dims[i], dims[j]
     _sized(ctx, prim, (a, b))
-    merged = ir.Dim(f"{a.name}*{b.name}", a.size * b.size, f"{atom(a.code)} * {atom(b.code)}")
+    merged = ir.Dim(f"{part(a.name)}*{part(b.name)}", a.size * b.size, f"{atom(a.code)} * {atom(b.code)}")
     return dims[:i] + (merged,) + dims[j + 1:]
 
 

@@ -26,6 +26,11 @@ def label(v: ir.HValue) -> str:
     return m.group(1) if m else str(v.value)
 
 
+def part(name: str) -> str:
+    """A dim name inside a compound one: `head_dim`, or `(heads*head_dim)` when it has operators."""
+    return name if re.fullmatch(r"\w+", name) else f"({name})"
+
+
 def atom(code: str) -> str:
     """Code usable as an operand: names and numbers bare, expressions parenthesized."""
     return code if re.fullmatch(r"[\w.]+", code) else f"({code})"
@@ -68,7 +73,7 @@ def _slice_shape(ctx, prim, args):
                  f"need 0 <= start < stop <= {d.size}")
     # Named as the expression a forward would write for its size (`rotary_dim`,
     # `head_dim - rotary_dim`), so a later `over` can name it.
-    end = d.name if stop.value == d.size else label(stop)
+    end = part(d.name) if stop.value == d.size else label(stop)
     if start.value == 0:
         out = ir.Dim(end, stop.value, stop.code)
     else:
@@ -96,7 +101,7 @@ def join_axis(a: tuple[ir.Dim, ...], b: tuple[ir.Dim, ...], over: ir.Dim) -> tup
         da, db = a[i], b[i]
         if da.size is None or db.size is None:
             return f"`concat` needs a dim of known size, got `{da}` and `{db}`"
-        return i, ir.Dim(f"{da.name}+{db.name}", da.size + db.size, f"{da.code} + {db.code}")
+        return i, ir.Dim(f"{part(da.name)}+{part(db.name)}", da.size + db.size, f"{da.code} + {db.code}")
     hits = [j for j, (x, y) in enumerate(zip(a, b))
             if x.size is not None and y.size is not None and over.size is not None
             and x.size + y.size == over.size]
@@ -154,7 +159,7 @@ def _pad_shape(ctx, prim, args):
         ctx.fail(prim.span, f"`pad` needs before >= 0 and after >= 0, got {before.value} and {after.value}",
                  "cut with `slice` instead")
     extra = [v for v in (before, after) if v.value]
-    name = d.name + (f"+{label(extra[0])}" if len(extra) == 1 else f"+{before.value + after.value}" if extra else "")
+    name = part(d.name) + (f"+{label(extra[0])}" if len(extra) == 1 else f"+{before.value + after.value}" if extra else "")
     code = d.code + "".join(f" + {atom(v.code)}" for v in extra)
     return dims[:i] + (ir.Dim(name, d.size + before.value + after.value, code),) + dims[i + 1:]
 
