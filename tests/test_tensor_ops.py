@@ -256,6 +256,7 @@ SAVED = {
     "softcap(x, 2.0)": X + 2 * X,  # tanh's output and x / cap
     "where(x > 0.0, x, 1.0)": X + X // 4,  # the bool condition
     "maximum(x, x * 2.0)": X + 2 * X,  # the two routing weights
+    "maximum(x, 0.0)": X + X,  # one: a scalar needs none
     "cumsum(x, over = S)": X,  # linear: nothing
     "concat(slice(x, dim, 0, 2), slice(x, dim, 2, dim), over = dim)": X,
 }
