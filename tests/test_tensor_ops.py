@@ -256,6 +256,7 @@ SAVED = {
     "softcap(x, 2.0)": X + 2 * X,  # tanh's output and x / cap
     "where(x > 0.0, x, 1.0)": X + X // 4,  # the bool condition
     "maximum(x, x * 2.0)": X + 2 * X,  # the two routing weights
+    "maximum(x, 0.0)": X + X,  # one: a scalar needs none
     "cumsum(x, over = S)": X,  # linear: nothing
     "concat(slice(x, dim, 0, 2), slice(x, dim, 2, dim), over = dim)": X,
 }
@@ -268,3 +269,33 @@ def test_memory_rule_keeps_what_jax_saves(tmp_path, call):
     spec = tmp_path / "mem.axl"
     spec.write_text(_layer("dim: int = 6, taps: int = 4", "(x: [B, S, dim]) -> [B, S, dim]", f"    return {call}", CONV))
     assert estimate_memory(compile_spec(spec), batch=2, seq=8).saved == SAVED[call]
+
+
+# ---------------------------------------------------------------- split and merge
+def test_split_a_named_dim_into_two(tmp_path):
+    src = _layer("dim: int = 8, heads: int = 2, head_dim: int = dim / heads", "(x: [B, S, dim]) -> [B, S, heads, head_dim]",
+                 "    return split(x, dim, [heads, head_dim])", model="")
+    x = _x(2, 3, 8)
+    out, m = _run(tmp_path, "split", src, x)
+    np.testing.assert_array_equal(out, x.reshape(2, 3, 2, 4))
+    assert "x.reshape(*x.shape[:-1], cfg.heads, cfg.head_dim)  # [B, S, heads, head_dim]" in m.SOURCE
+
+
+def test_split_and_merge_a_middle_dim(tmp_path):
+    body = ("    y = split(x, dim, [2, 4])\n"
+            "    return merge(y * 2.0, 2, 4)")
+    src = _layer("dim: int = 8", "(x: [B, dim, 3]) -> [B, dim, 3]", body)
+    x = _x(2, 8, 3)
+    out, m = _run(tmp_path, "merge", src, x)
+    np.testing.assert_array_equal(out, 2 * x)
+    assert "y = x.reshape(*x.shape[:-2], 2, 4, *x.shape[-1:])  # [B, 2, 4, 3]" in m.SOURCE
+    assert "merge_in = y * 2.0  # [B, 2, 4, 3]\n    return merge_in.reshape(*merge_in.shape[:-3], -1, *merge_in.shape[-1:])" in m.SOURCE
+
+
+def test_merge_heads_back(tmp_path):
+    src = _layer("heads: int = 2, head_dim: int = 4", "(x: [B, S, heads, head_dim]) -> [B, S, heads * head_dim]",
+                 "    return merge(x, heads, head_dim)")
+    x = _x(2, 3, 2, 4)
+    out, m = _run(tmp_path, "merge2", src, x)
+    np.testing.assert_array_equal(out, x.reshape(2, 3, 8))
+    assert "x.reshape(*x.shape[:-2], -1)  # [B, S, heads*head_dim]" in m.SOURCE

@@ -150,6 +150,8 @@ def expr_text(e: ir.TExpr) -> str:
             attrs.append(f'"{v.text()}"')
         elif isinstance(v, ir.Dim):
             attrs.append(f"{k} = {v}")
+        elif isinstance(v, tuple) and all(isinstance(d, ir.Dim) for d in v):
+            attrs.append(f"{k} = [{', '.join(str(d) for d in v)}]")
         else:
             attrs.append(f"{k} = {value_text(v.value if isinstance(v, ir.HValue) else v)}")
     if e.kernel is not None:

@@ -261,6 +261,12 @@ class _Lowering:
             return ir.Dim(e.id)
         return self.dim_value(e)
 
+    def dims(self, e: ast.Expr, what: str) -> tuple[ir.Dim, ...]:
+        """A static list of dims, `[heads, head_dim]`."""
+        if not isinstance(e, ast.ListExpr) or not e.items:
+            self.fail(getattr(e, "span", None), f"`{what}` must be a list of dims", "e.g. `[heads, head_dim]`")
+        return tuple(self.dim(item) for item in e.items)
+
     def dim_by_name(self, name: str, span) -> ir.Dim:
         if name in self.free or (name[:1].isupper() and self.scope.find(name) is None):
             return ir.Dim(name)
@@ -307,6 +313,8 @@ class _Lowering:
     def _static_attr(self, call: ast.Call, prim: primitives.Primitive, s: primitives.Static, given: dict):
         if s.name in given:
             expr = given[s.name]
+            if s.kind is StaticKind.DIMS:
+                return self.dims(expr, s.name)
             return self.dim(expr) if s.kind is StaticKind.DIM else self.static(expr, s.kind, s.name)
         if s.default is REQUIRED:
             self.fail(call.span, f"`{prim.name}` needs `{s.name}`")

@@ -35,6 +35,7 @@ class StaticKind(Enum):
     STRING = "string"
     DTYPE = "dtype"
     DIM = "dim"  # a named dim: a hyperparameter size or a free dim of the forward
+    DIMS = "dims"  # a list of named dims, `[heads, head_dim]` (a tuple of ir.Dim)
     EINSUM = "einsum"  # an einsum spec (ir.EinsumSpec), parsed by the einsum primitive's lowering
     FORMAT = "format"  # a quantization format (ir.QuantFormat), set by quantize_matmuls
 

@@ -79,12 +79,13 @@ def _where_memory(t, prim, args, dims, label: str):
 
 
 def _extremum_memory(t, prim, args, dims, label: str):
-    """Keeps two same-dtype tensors, the weights that route the gradient to each operand (jax 0.10,
-    measured with print_saved_residuals)."""
+    """Keeps a same-dtype tensor per tensor operand, the weight that routes the gradient to it
+    (jax 0.10, measured with print_saved_residuals); a scalar operand needs none."""
     dtype = t.promote(*args)
     out = t.new(dims, dtype, label, tuple(args))
-    for side in ("left", "right"):
-        t.save(t.internal(dims, dtype, f"{label} {side} weight", tuple(args)))
+    for side, a in zip(("left", "right"), args):
+        if not a.is_literal and a.dims:
+            t.save(t.internal(dims, dtype, f"{label} {side} weight", tuple(args)))
     return out
 
 

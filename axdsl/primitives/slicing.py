@@ -26,6 +26,11 @@ def label(v: ir.HValue) -> str:
     return m.group(1) if m else str(v.value)
 
 
+def part(name: str) -> str:
+    """A dim name inside a compound one: `head_dim`, or `(heads*head_dim)` when it has operators."""
+    return name if re.fullmatch(r"\w+", name) else f"({name})"
+
+
 def atom(code: str) -> str:
     """Code usable as an operand: names and numbers bare, expressions parenthesized."""
     return code if re.fullmatch(r"[\w.]+", code) else f"({code})"
@@ -34,6 +39,16 @@ def atom(code: str) -> str:
 def index_at(axis: int, item: str) -> str:
     """`[..., item]` at negative `axis`, the dims after it taken whole: `[..., :8, :]`."""
     return "[..., " + ", ".join([item] + [":"] * (-axis - 1)) + "]"
+
+
+def operand(ctx, prim: ir.Prim, code: str) -> str:
+    """The operand as a name, for code that reads its `.shape` or `.ndim` besides using it: an
+    expression is computed once into a local first (`merge_in = y * 2.0`)."""
+    if re.fullmatch(r"[\w.]+(\[[^\[\]]*\])*", code):
+        return code
+    name = ctx.fresh(f"{prim.name}_in")
+    ctx.line(f"{name} = {code}  # {ctx.shape_comment(prim.args[0].type)}")
+    return name
 
 
 def _sized(ctx, prim: ir.Prim, d: ir.Dim) -> None:
@@ -58,7 +73,7 @@ def _slice_shape(ctx, prim, args):
                  f"need 0 <= start < stop <= {d.size}")
     # Named as the expression a forward would write for its size (`rotary_dim`,
     # `head_dim - rotary_dim`), so a later `over` can name it.
-    end = d.name if stop.value == d.size else label(stop)
+    end = part(d.name) if stop.value == d.size else label(stop)
     if start.value == 0:
         out = ir.Dim(end, stop.value, stop.code)
     else:
@@ -86,7 +101,7 @@ def join_axis(a: tuple[ir.Dim, ...], b: tuple[ir.Dim, ...], over: ir.Dim) -> tup
         da, db = a[i], b[i]
         if da.size is None or db.size is None:
             return f"`concat` needs a dim of known size, got `{da}` and `{db}`"
-        return i, ir.Dim(f"{da.name}+{db.name}", da.size + db.size, f"{da.code} + {db.code}")
+        return i, ir.Dim(f"{part(da.name)}+{part(db.name)}", da.size + db.size, f"{da.code} + {db.code}")
     hits = [j for j, (x, y) in enumerate(zip(a, b))
             if x.size is not None and y.size is not None and over.size is not None
             and x.size + y.size == over.size]
@@ -144,7 +159,7 @@ def _pad_shape(ctx, prim, args):
         ctx.fail(prim.span, f"`pad` needs before >= 0 and after >= 0, got {before.value} and {after.value}",
                  "cut with `slice` instead")
     extra = [v for v in (before, after) if v.value]
-    name = d.name + (f"+{label(extra[0])}" if len(extra) == 1 else f"+{before.value + after.value}" if extra else "")
+    name = part(d.name) + (f"+{label(extra[0])}" if len(extra) == 1 else f"+{before.value + after.value}" if extra else "")
     code = d.code + "".join(f" + {atom(v.code)}" for v in extra)
     return dims[:i] + (ir.Dim(name, d.size + before.value + after.value, code),) + dims[i + 1:]
 
@@ -154,11 +169,13 @@ def _emit_pad(ctx, prim, args, precs) -> str:
     axis = _neg(dims, axis_index(dims, prim.attr("over")))
     width = f"({prim.attr('before').code}, {prim.attr('after').code})"
     value = prim.attr("value").code
+    x = args[0]
     if any(d.is_ellipsis for d in dims):
-        widths = f"[(0, 0)] * ({args[0]}.ndim - {-axis}) + [{', '.join([width] + ['(0, 0)'] * (-axis - 1))}]"
+        x = operand(ctx, prim, x)
+        widths = f"[(0, 0)] * ({x}.ndim - {-axis}) + [{', '.join([width] + ['(0, 0)'] * (-axis - 1))}]"
     else:
         widths = "[" + ", ".join(width if j - len(dims) == axis else "(0, 0)" for j in range(len(dims))) + "]"
-    return f"jnp.pad({args[0]}, {widths}, constant_values={value})"
+    return f"jnp.pad({x}, {widths}, constant_values={value})"
 
 
 PRIMITIVES = (
