@@ -135,6 +135,23 @@ CASES = {
              rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25},
              use_parallel_residual=True, attention_bias=True),
     ),
+    "gemma2": (  # local (window 8 < 16 tokens) and global layers in turn, soft caps, sandwich norms
+        """model m = DecoderLM {
+          vocab = 96  dim = 64  layers = 4  heads = 4  kv_heads = 2  ffn = 128  max_seq = 64
+          rope_theta = 10000.0  tied = true  norm = GemmaRMSNorm(eps = 1e-6)
+          embed_multiplier = sqrt(dim)  logit_softcap = 3.0
+          block = [Block(post_norms = true, mlp = GatedMLP(hidden = ffn, act = "gelu_tanh"),
+                         attn = Attention(head_dim = 32, scale = 0.125, softcap = 2.0, window = 8)),
+                   Block(post_norms = true, mlp = GatedMLP(hidden = ffn, act = "gelu_tanh"),
+                         attn = Attention(head_dim = 32, scale = 0.125, softcap = 2.0))]
+          dtype = f32  param_dtype = f32
+        }""",
+        dict(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+             num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=64,
+             rms_norm_eps=1e-6, rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+             query_pre_attn_scalar=64, attn_logit_softcapping=2.0, final_logit_softcapping=3.0,
+             sliding_window=8, hidden_activation="gelu_pytorch_tanh"),
+    ),
     "qwen3": (  # dense Qwen3, tied like Qwen3-0.6B
         """model m = DecoderLM {
           vocab = 96  dim = 64  layers = 2  heads = 4  kv_heads = 2  ffn = 128  max_seq = 64
@@ -495,6 +512,31 @@ LLAMA_3_2_1B = {
     "rope_scaling": {"factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                      "original_max_position_embeddings": 8192, "rope_type": "llama3"},
 }
+
+
+GEMMA_2_2B = {  # google/gemma-2-2b
+    "architectures": ["Gemma2ForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
+    "attn_logit_softcapping": 50.0, "bos_token_id": 2, "cache_implementation": "hybrid", "eos_token_id": 1,
+    "final_logit_softcapping": 30.0, "head_dim": 256, "hidden_act": "gelu_pytorch_tanh",
+    "hidden_activation": "gelu_pytorch_tanh", "hidden_size": 2304, "initializer_range": 0.02,
+    "intermediate_size": 9216, "max_position_embeddings": 8192, "model_type": "gemma2",
+    "num_attention_heads": 8, "num_hidden_layers": 26, "num_key_value_heads": 4, "pad_token_id": 0,
+    "query_pre_attn_scalar": 256, "rms_norm_eps": 1e-06, "rope_theta": 10000.0, "sliding_window": 4096,
+    "torch_dtype": "float32", "use_cache": True, "vocab_size": 256000,
+}
+
+
+def test_published_gemma_2_config_matches_its_spec(in_root):
+    """google/gemma-2-2b's config.json (no layer_types: sliding on even layers) agrees with the zoo
+    spec; a spec whose pattern starts with the global layer does not."""
+    arch = axhf.pick(axhf.load_spec(Path("specs/gemma2_2b.axl")), "gemma2_2b", Path("gemma2_2b"))
+    assert axhf.mismatches(arch, "gemma2", GEMMA_2_2B) == []
+    swapped = {**GEMMA_2_2B, "layer_types": ["full_attention", "sliding_attention"] * 13}
+    [problem] = axhf.mismatches(arch, "gemma2", swapped)
+    assert problem.startswith("config.json has layer_types=") and "the layers' attention windows" in problem
+    exported = axhf.hf_config(arch, "gemma2")
+    assert exported["layer_types"][:2] == ["sliding_attention", "full_attention"]
+    assert exported["query_pre_attn_scalar"] == 256 and exported["final_logit_softcapping"] == 30.0
 
 
 @pytest.mark.parametrize("spec, cfg", [("llama3_1_8b", LLAMA_3_1_8B), ("llama3_2_1b", LLAMA_3_2_1B)])

@@ -18,6 +18,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 # Published totals (papers, model cards; Hugging Face's num_parameters() for the same configs).
 PUBLISHED = {
+    "gemma2_2b": 2_614_341_888,
     "gpt2_small": 124_439_808,
     "gpt2_medium": 354_823_168,
     "llama2_7b": 6_738_415_616,

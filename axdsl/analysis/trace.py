@@ -122,17 +122,18 @@ class Tracer:
             args = [self.ev(a, inst, env, bind) for a in e.args]
             child = inst.child(e.child)
             if child.repeat is not None:
-                return self.scanned(child, args[0])
+                return self.scanned(child, args[0], args[1:])
             return self.call(child, args)
         return self.prim(e, inst, env, bind)
 
-    def scanned(self, child: ir.Instance, x: Val) -> Val:
-        """A repeated child: trace one layer in its own scope; the scan output is a new value."""
+    def scanned(self, child: ir.Instance, x: Val, side: list[Val] = ()) -> Val:
+        """A repeated child: trace one layer in its own scope; the scan output is a new value.
+        Side inputs (the arguments after the carry) are the caller's values, closed over."""
         outer = self.scope
         layer = Scope()
         self.scope = layer
         x_in = Val(x.dims, x.dtype, ValKind.INPUT, f"{child.path} input")
-        self.call(child, [x_in])
+        self.call(child, [x_in, *side])
         self.scope = outer
         self.blocks.append((child, layer, x_in))
         return self.new(x.dims, x.dtype, f"{child.path} output", (x,))

@@ -155,29 +155,31 @@ class FunctionEmitter:
         layer_rng = rng_arg("i") if rng else ""  # a scanned child folds in its layer index
         comment = shape_comment(call.type)
         aux = self.child_aux.get(call.child, False)
+        if child.repeat is not None:
+            args = [args[0]] + [self._side_input(call.child, a) for a in args[1:]]
         if child.repeat is not None and aux:
-            self._scan_with_aux(call, child, fn, args[0], target, layer_rng, comment)
+            self._scan_with_aux(call, child, fn, args, target, layer_rng, comment)
             return
         if aux:
-            aux_name = self._fresh(f"{call.child}_aux")
+            aux_name = self._fresh(f"{_stem(call.child)}_aux")
             self.aux_terms.append(aux_name)
             self.lines.append(f"with jax.named_scope({py_str(call.child)}):")
             self.lines.append(f"    {target}, {aux_name} = {fn}(cfg, params[{py_str(call.child)}], "
                               f"{', '.join(args)}{rng})  # {comment}, []")
             return
         if child.repeat is not None:
-            step = f"{call.child}_step"
-            self._remat_decorator(child)
+            step = f"{_stem(call.child)}_step"
+            self._step_header(child)
             if rng:
-                self.lines.append(f"def {step}(h, xs):  # one of {child.repeat.code} stacked layers")
+                self._step_def(step, "h, xs", child)
                 self.lines.append("    layer_params, i = xs")
                 self._shard_carry(call.args[0].type)
-                self.lines.append(f"    return {fn}(cfg, layer_params, h{layer_rng}), None")
+                self.lines.append(f"    return {fn}(cfg, layer_params, {_carried(args)}{layer_rng}), None")
                 xs = f'(params[{py_str(call.child)}], jnp.arange({child.repeat.code}))'
             else:
-                self.lines.append(f"def {step}(h, layer_params):  # one of {child.repeat.code} stacked layers")
+                self._step_def(step, "h, layer_params", child)
                 self._shard_carry(call.args[0].type)
-                self.lines.append(f"    return {fn}(cfg, layer_params, h), None")
+                self.lines.append(f"    return {fn}(cfg, layer_params, {_carried(args)}), None")
                 xs = f"params[{py_str(call.child)}]"
             self.lines.append("")
             self.lines.append(f"with jax.named_scope({py_str(call.child)}):")
@@ -188,23 +190,45 @@ class FunctionEmitter:
             f"    {target} = {fn}(cfg, params[{py_str(call.child)}], {', '.join(args)}{rng})  # {comment}"
         )
 
-    def _scan_with_aux(self, call: ir.CallChild, child: ir.Instance, fn: str, x: str, target: str,
+    def _step_header(self, child: ir.Instance) -> None:
+        """What comes before a scan step's `def`: what a pattern's step runs, the remat decorator."""
+        if child.pattern:
+            self.lines.append(f"# one step runs the {len(child.children)} layers of the pattern in turn, "
+                              f"{child.repeat.code} steps")
+        self._remat_decorator(child)
+
+    def _step_def(self, step: str, args: str, child: ir.Instance) -> None:
+        """`def blocks_step(h, layer_params):`, saying what one step of a plain repeat runs."""
+        note = "" if child.pattern else f"  # one of {child.repeat.code} stacked layers"
+        self.lines.append(f"def {step}({args}):{note}")
+
+    def _side_input(self, child: str, code: str) -> str:
+        """A repeated child's extra argument, the same for every layer: the scan's step closes over
+        it. An expression is computed once, before the scan, into a local of its own."""
+        if code.isidentifier() and code not in _STEP_LOCALS:
+            return code
+        name = self._fresh(f"{_stem(child)}_in")
+        self.lines.append(f"{name} = {code}")
+        return name
+
+    def _scan_with_aux(self, call: ir.CallChild, child: ir.Instance, fn: str, args: list[str], target: str,
                        layer_rng: str, comment: str) -> None:
         """A repeated child that returns an auxiliary loss: the scan carries (h, summed aux)."""
-        step = f"{call.child}_step"
-        self._remat_decorator(child)
+        x = args[0]
+        step = f"{_stem(call.child)}_step"
+        self._step_header(child)
         rng = layer_rng
         per_layer = "xs" if rng else "layer_params"
-        self.lines.append(f"def {step}(carry, {per_layer}):  # one of {child.repeat.code} stacked layers")
+        self._step_def(step, f"carry, {per_layer}", child)
         self.lines.append("    h, aux = carry")
         if rng:
             self.lines.append("    layer_params, i = xs")
         self._shard_carry(call.args[0].type)
-        self.lines.append(f"    h, layer_aux = {fn}(cfg, layer_params, h{layer_rng})")
+        self.lines.append(f"    h, layer_aux = {fn}(cfg, layer_params, {_carried(args)}{layer_rng})")
         self.lines.append("    return (h, aux + layer_aux), None")
         xs = (f'(params[{py_str(call.child)}], jnp.arange({child.repeat.code}))' if rng
               else f"params[{py_str(call.child)}]")
-        aux_name = self._fresh(f"{call.child}_aux")
+        aux_name = self._fresh(f"{_stem(call.child)}_aux")
         self.aux_terms.append(aux_name)
         self.lines.append("")
         self.lines.append(f"with jax.named_scope({py_str(call.child)}):")
@@ -237,7 +261,7 @@ class FunctionEmitter:
         self.lines.append(f"    h = shard(h, {spec_text(spec)})")
 
     def _hoist(self, call: ir.CallChild) -> str:
-        name = self._fresh(f"{call.child}_out")
+        name = self._fresh(f"{_stem(call.child)}_out")
         self._child_call(call, name)
         return name
 
@@ -371,6 +395,20 @@ class FunctionEmitter:
     @staticmethod
     def _paren(code: str, prec: int, need: int) -> str:
         return code if prec >= need else f"({code})"
+
+
+def _stem(child: str) -> str:
+    """The start of a local named after a child: a pattern's element `1` gives `layer1_aux`."""
+    return child if child.isidentifier() else f"layer{child}"
+
+
+# Names a scan step binds itself: a side input of one of these names is copied to a fresh local.
+_STEP_LOCALS = frozenset({"h", "xs", "i", "carry", "aux", "layer_aux", "layer_params"})
+
+
+def _carried(args: list[str]) -> str:
+    """A scan step's call arguments: the carry `h`, then the side inputs it closes over."""
+    return ", ".join(["h", *args[1:]])
 
 
 def _key(d: ir.Dim) -> str:

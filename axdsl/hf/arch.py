@@ -22,6 +22,7 @@ class Arch:
     values: dict[str, Any]  # field -> value (see FIELDS)
     params: dict[tuple[str, ...], tuple[tuple[int, ...], str]]  # path -> (shape, dtype name)
     problems: list[str] = field(default_factory=list)  # structure no HF family has
+    pattern: int = 0  # the length of a repeated pattern of blocks (blocks/0, blocks/1, ...); 0: one block
 
     def __getitem__(self, key: str) -> Any:
         return self.values.get(key)
@@ -45,8 +46,12 @@ FIELDS = {
     "act": "MLP act", "mlp_bias": "MLP bias", "experts": "MoE experts", "top_k": "MoE top_k",
     "normalize": "MoE normalize", "shared": "MoE shared experts", "block": "block layer",
     "out_bias": "attention out_bias", "head_bias": "head_bias", "shared_norm": "ParallelBlock shared_norm",
+    "post_norms": "Block post_norms", "scale": "attention scale", "softcap": "attention softcap",
+    "embed_multiplier": "embed_multiplier", "logit_softcap": "logit_softcap",
+    "layer_windows": "the layers' attention windows",
 }
 BLOCKS = ("Block", "ParallelBlock")  # std's residual blocks: sequential (pre-norm) and parallel
+PATTERN = "BlocksPattern"  # repeat(n, [A(), B()]): the layers alternate (Gemma 2's local and global)
 
 
 def _hv(inst, name: str, default: Any = None) -> Any:
@@ -73,18 +78,39 @@ def arch_of(model) -> Arch:
         return arch
     for k in ("vocab", "dim", "layers", "heads", "kv_heads", "max_seq", "positions", "tied", "head_bias"):
         arch.values[k] = _hv(root, k)
+    arch.values["embed_multiplier"] = float(_hv(root, "embed_multiplier", 1.0))
+    arch.values["logit_softcap"] = float(_hv(root, "logit_softcap", 0.0))
     blocks = root.child("blocks")
-    if blocks is None or blocks.layer not in BLOCKS:
-        arch.problems.append("the repeated block is not std's Block or ParallelBlock")
+    elements = list(blocks.children) if blocks is not None and blocks.layer == PATTERN else [blocks]
+    if any(b is None or b.layer not in BLOCKS for b in elements):
+        arch.problems.append("the repeated block is not std's Block or ParallelBlock (or a pattern of them)")
         return arch
-    arch.values["block"] = blocks.layer
-    if blocks.layer == "ParallelBlock":
-        arch.values["shared_norm"] = _hv(blocks, "shared_norm")
-    norms = [blocks.child("attn_norm"), blocks.child("mlp_norm"), root.child("final_norm")]
-    _read_norms(arch, [n for n in norms if n is not None])
-    _read_attention(arch, blocks.child("attn"))
-    _read_feed_forward(arch, blocks.child("mlp"))
+    per_layer = [_block_values(arch, b, root) for b in elements]
+    arch.values.update(per_layer[0])
+    arch.pattern = len(elements) if blocks.layer == PATTERN else 0
+    windows = [v.get("window") for v in per_layer]
+    arch.values["layer_windows"] = tuple(windows[i % len(windows)] for i in range(arch.values["layers"]))
+    for k in sorted(set().union(*per_layer) - {"window"}):
+        if len({repr(v.get(k)) for v in per_layer}) > 1:
+            arch.problems.append(f"the pattern's layers differ in {FIELDS.get(k, k)} "
+                                 "(Hugging Face layers differ only in their attention window)")
     return arch
+
+
+def _block_values(arch: Arch, block, root) -> dict[str, Any]:
+    """The facts of one repeated block (a pattern has one per element)."""
+    sub = Arch(arch.name, {}, {}, arch.problems)
+    sub.values["block"] = block.layer
+    if block.layer == "ParallelBlock":
+        sub.values["shared_norm"] = _hv(block, "shared_norm")
+    else:
+        sub.values["post_norms"] = _hv(block, "post_norms", False)
+    names = ("attn_norm", "mlp_norm", "attn_post_norm", "mlp_post_norm")
+    norms = [block.child(n) for n in names] + [root.child("final_norm")]
+    _read_norms(sub, [n for n in norms if n is not None])
+    _read_attention(sub, block.child("attn"))
+    _read_feed_forward(sub, block.child("mlp"))
+    return sub.values
 
 
 def _read_norms(arch: Arch, norms: list) -> None:
@@ -98,8 +124,8 @@ def _read_norms(arch: Arch, norms: list) -> None:
     v["norm"], v["norm_eps"] = norm.layer, _hv(norm, "eps")
     if norm.layer == "LayerNorm":
         v["norm_bias"] = _hv(norm, "bias")
-    elif norm.layer != "RMSNorm":
-        problems.append(f"norm is {norm.layer}; only RMSNorm and LayerNorm have HF counterparts")
+    elif norm.layer not in ("RMSNorm", "GemmaRMSNorm"):
+        problems.append(f"norm is {norm.layer}; only RMSNorm, GemmaRMSNorm and LayerNorm have HF counterparts")
 
 
 def _read_attention(arch: Arch, attn) -> None:
@@ -122,6 +148,7 @@ def _read_attention(arch: Arch, attn) -> None:
     v["window"] = _hv(attn, "window")
     v["attn_bias"] = _hv(attn, "bias")
     v["out_bias"] = _hv(attn, "out_bias")
+    v["scale"], v["softcap"] = float(_hv(attn, "scale", 0.0)), float(_hv(attn, "softcap", 0.0))
     v["qk_norm"] = _hv(attn, "qk_norm")
     if v["qk_norm"]:
         eps = {_hv(attn.child(c), "eps") for c in ("q_norm", "k_norm")}
@@ -133,6 +160,8 @@ def _read_feed_forward(arch: Arch, mlp) -> None:
     v["mlp"] = mlp.layer if mlp is not None else None
     if v["mlp"] == "SwiGLU":
         v["hidden"] = _hv(mlp, "hidden")
+    elif v["mlp"] == "GatedMLP":
+        v["hidden"], v["act"] = _hv(mlp, "hidden"), _hv(mlp, "act")
     elif v["mlp"] == "MLP":
         v["hidden"], v["act"], v["mlp_bias"] = _hv(mlp, "hidden"), _hv(mlp, "act"), _hv(mlp, "bias")
     elif v["mlp"] == "MoE":
@@ -140,7 +169,7 @@ def _read_feed_forward(arch: Arch, mlp) -> None:
             v[k] = _hv(mlp, k)
         v["capacity_factor"] = float(_hv(mlp, "capacity_factor"))
     else:
-        arch.problems.append(f"the feed-forward layer is {v['mlp']}; HF families have SwiGLU, MLP or MoE")
+        arch.problems.append(f"the feed-forward layer is {v['mlp']}; HF families have SwiGLU, GatedMLP, MLP or MoE")
 
 
 def load_spec(spec: Path) -> list[Arch]:

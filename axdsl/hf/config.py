@@ -20,6 +20,7 @@ FAMILIES = {
     "qwen3_moe": "Qwen3MoeForCausalLM",
     "phi": "PhiForCausalLM",
     "gpt_neox": "GPTNeoXForCausalLM",
+    "gemma2": "Gemma2ForCausalLM",
 }
 _ARCH_TO_FAMILY = {v: k for k, v in FAMILIES.items()}
 
@@ -40,6 +41,8 @@ def family_of_arch(arch: Arch) -> str:
     """The HF family a spec's model exports to, from its structure."""
     if arch["block"] == "ParallelBlock":
         return "phi" if arch["shared_norm"] else "gpt_neox"
+    if arch["norm"] == "GemmaRMSNorm" or arch["post_norms"]:
+        return "gemma2"
     if arch["positions"] == "learned" or arch["norm"] == "LayerNorm":
         return "gpt2"
     if arch["mlp"] == "MoE":
@@ -178,6 +181,38 @@ def _parallel_config(v: dict, family: str, dtype: str) -> dict:
     return out
 
 
+def _query_pre_attn_scalar(v: dict) -> int:
+    """Gemma 2 states its attention scale as scale = query_pre_attn_scalar ** -0.5 (an int)."""
+    if not v["scale"]:
+        return v["head_dim"]
+    scalar = 1.0 / v["scale"] ** 2
+    if not math.isclose(scalar, round(scalar), rel_tol=1e-9):
+        raise HFError(f"attention scale {v['scale']} is not query_pre_attn_scalar ** -0.5 for an int scalar",
+                      ["Gemma 2's config.json states the scale as an int query_pre_attn_scalar"])
+    return round(scalar)
+
+
+def _gemma2_config(v: dict, dtype: str) -> dict:
+    """Gemma 2: sandwich norms, GeGLU, soft caps, alternating sliding and full attention."""
+    theta = v["rope_theta"] if v["rope_theta"] is not None else 10000.0
+    windows = v["layer_windows"]
+    sliding = max(windows) if windows else 0
+    acts = {"gelu_tanh": "gelu_pytorch_tanh", "gelu_exact": "gelu", "silu": "silu"}
+    return {
+        "architectures": [FAMILIES["gemma2"]], "model_type": "gemma2", "vocab_size": v["vocab"],
+        "hidden_size": v["dim"], "intermediate_size": v["hidden"], "num_hidden_layers": v["layers"],
+        "num_attention_heads": v["heads"], "num_key_value_heads": v["kv_heads"], "head_dim": v["head_dim"],
+        "hidden_activation": acts.get(v["act"], v["act"]), "max_position_embeddings": v["max_seq"],
+        "rms_norm_eps": v["norm_eps"], "rope_theta": theta, "rope_parameters": _rope_parameters(v, theta),
+        "attention_bias": v["attn_bias"], "tie_word_embeddings": v["tied"],
+        "query_pre_attn_scalar": _query_pre_attn_scalar(v),
+        "attn_logit_softcapping": v["softcap"] or None, "final_logit_softcapping": v["logit_softcap"] or None,
+        "sliding_window": sliding or None,
+        "layer_types": ["sliding_attention" if w else "full_attention" for w in windows],
+        "attention_dropout": 0.0, "initializer_range": 0.02, "use_cache": True, "dtype": dtype,
+    }
+
+
 def hf_config(arch: Arch, family: str) -> dict:
     """The config.json of `arch` as a `family` model (export)."""
     dtypes = {a[1] for a in arch.params.values()}
@@ -186,4 +221,6 @@ def hf_config(arch: Arch, family: str) -> dict:
         return _gpt2_config(arch.values, dtype)
     if family in ("phi", "gpt_neox"):
         return _parallel_config(arch.values, family, dtype)
+    if family == "gemma2":
+        return _gemma2_config(arch.values, dtype)
     return _decoder_config(arch.values, family, dtype)

@@ -67,8 +67,8 @@ def _hf_tensors(family: str, arch: Arch, flat: dict[tuple[str, ...], np.ndarray]
     tensors: dict[str, np.ndarray] = {}
     for r in rules(family, arch, None):
         if r.layered:
-            for i in range(arch["layers"]):
-                tensors.update(r.save(tuple(flat[p][i] for p in r.paths), i))
+            for j, i in enumerate(r.layer_ids(arch["layers"])):  # slice j of the stack is HF layer i
+                tensors.update(r.save(tuple(flat[p][j] for p in r.paths), i))
         else:
             tensors.update(r.save(tuple(flat[p] for p in r.paths), 0))
     return {k: np.ascontiguousarray(a) for k, a in tensors.items()}

@@ -18,7 +18,7 @@ _GPT2_ACTS = {**{a: "gelu" for a in TANH_GELU}, "relu": "relu", "silu": "silu", 
 # family -> (rms_norm_eps, rope_theta) defaults
 _DECODER_DEFAULTS = {"llama": (1e-6, 10000.0), "mistral": (1e-6, 10000.0), "mixtral": (1e-5, 1e6),
                      "qwen2": (1e-6, 10000.0), "qwen3": (1e-6, 10000.0), "qwen3_moe": (1e-6, 10000.0),
-                     "phi": (1e-5, 10000.0), "gpt_neox": (1e-5, 10000.0)}
+                     "phi": (1e-5, 10000.0), "gpt_neox": (1e-5, 10000.0), "gemma2": (1e-6, 10000.0)}
 # The parallel-residual families' partial rotary defaults (transformers' config classes)
 _PARTIAL_DEFAULTS = {"phi": 0.5, "gpt_neox": 0.25}
 
@@ -92,7 +92,31 @@ def _experts_key(c: Config) -> str:
 
 def _head_dim(c: Config) -> int:
     dim, heads = c.get("hidden_size", 4096), c.get("num_attention_heads", 32)
-    return c.get("head_dim", 128 if c.family == "qwen3" and "head_dim" not in c.cfg else dim // heads)
+    default = {"qwen3": 128, "gemma2": 256}.get(c.family, dim // heads)
+    return c.get("head_dim", default)
+
+
+def _layers(c: Config) -> int:
+    return c.get("num_hidden_layers", c.get("n_layer", 26 if c.family == "gemma2" else 32))
+
+
+def _uniform_windows(window: Callable[[Config], int]) -> Callable[[Config], tuple[int, ...]]:
+    return lambda c: (window(c),) * _layers(c)
+
+
+def _gemma2_windows(c: Config) -> tuple[int, ...]:
+    """layer_types (default: sliding on even layers, full on odd) with sliding_window."""
+    n = _layers(c)
+    types = c.get("layer_types") or ["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(n)]
+    w = c.get("sliding_window", 4096)
+    return tuple(w if t == "sliding_attention" else 0 for t in types)
+
+
+# Facts every family without Gemma's extras states: no attention scale or soft cap of its own, no
+# embedding multiplier or final soft cap.
+_PLAIN = (
+    _fact("scale", 0.0), _fact("softcap", 0.0), _fact("embed_multiplier", 1.0), _fact("logit_softcap", 0.0),
+)
 
 
 def _window(c: Config) -> int:
@@ -160,8 +184,11 @@ GPT2_FIELDS = (
         lambda c: c.get("activation_function", "gelu_new")),
     _fact("mlp_bias", True),
     _fact("block", "Block"),
+    _fact("post_norms", False),
     _fact("out_bias", True),
     _fact("head_bias", False),
+    *_PLAIN,
+    Row("layer_windows", "n_layer", lambda c: (0,) * _layers(c), lambda c: c.get("n_layer", 12)),
 )
 
 DECODER_FIELDS = (  # llama, mistral, mixtral, qwen3, qwen3_moe
@@ -187,7 +214,13 @@ DECODER_FIELDS = (  # llama, mistral, mixtral, qwen3, qwen3_moe
     _fact("attn_bias", True, ("qwen2",)),  # Qwen2: q, k and v have biases, the output projection none
     _fact("out_bias", False, ("qwen2",)),
     _fact("block", "Block"),
+    _fact("post_norms", False),
     _fact("head_bias", False),
+    *_PLAIN,
+    Row("layer_windows", "sliding_window", _uniform_windows(_window), lambda c: c.cfg.get("sliding_window"),
+        _WINDOWED),
+    Row("layer_windows", "use_sliding_window", _uniform_windows(lambda c: 0),
+        lambda c: c.flag("use_sliding_window", False), _UNWINDOWED),
     _fact("qk_norm", True, _QWEN3),
     _fact("qk_norm", False, ("llama", "mistral", "mixtral", "qwen2")),
     Row("qk_norm_eps", "rms_norm_eps", lambda c: c.rms_eps, families=_QWEN3),
@@ -249,6 +282,53 @@ PARALLEL_FIELDS = (
     _fact("shared_norm", False, ("gpt_neox",)),
     _fact("head_bias", True, ("phi",)),
     _fact("head_bias", False, ("gpt_neox",)),
+    *_PLAIN,
+    Row("layer_windows", "num_hidden_layers", _uniform_windows(lambda c: 0), lambda c: _layers(c)),
+)
+
+_GEMMA_ACTS = {"gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu_exact", "gelu_new": "gelu_tanh", "silu": "silu"}
+
+GEMMA2_FIELDS = (
+    _key("vocab_size", 256000, "vocab"),
+    _key("hidden_size", 2304, "dim"),
+    Row("layers", "num_hidden_layers", _layers),
+    _key("num_attention_heads", 8, "heads"),
+    _key("num_key_value_heads", 4, "kv_heads"),
+    Row("head_dim", "head_dim", _head_dim),
+    _fact("positions", "rope"),
+    Row("tied", "tie_word_embeddings", lambda c: c.flag("tie_word_embeddings", True)),
+    _fact("norm", "GemmaRMSNorm"),
+    Row("norm_eps", "rms_norm_eps", lambda c: c.rms_eps),
+    _fact("causal", True),
+    _fact("rope", True),
+    *ROPE_ROWS,
+    Row("layer_windows", "layer_types", _gemma2_windows, lambda c: [c.get("sliding_window", 4096), c.get("layer_types")]),
+    Row("attn_bias", "attention_bias", lambda c: c.flag("attention_bias", False)),
+    Row("out_bias", "attention_bias", lambda c: c.flag("attention_bias", False)),
+    _fact("qk_norm", False),
+    _fact("mlp", "GatedMLP"),
+    Row("hidden", "intermediate_size", lambda c: c.get("intermediate_size", 9216)),
+    Row("act", "hidden_activation", lambda c: _GEMMA_ACTS.get(c.get("hidden_activation", "gelu_pytorch_tanh"),
+                                                               c.get("hidden_activation")),
+        lambda c: c.get("hidden_activation", "gelu_pytorch_tanh")),
+    _fact("block", "Block"),
+    _fact("post_norms", True),
+    _fact("head_bias", False),
+    Row("scale", "query_pre_attn_scalar", lambda c: float(c.get("query_pre_attn_scalar", 256)) ** -0.5,
+        lambda c: c.get("query_pre_attn_scalar", 256)),
+    Row("softcap", "attn_logit_softcapping", lambda c: float(c.cfg.get("attn_logit_softcapping", 50.0) or 0.0),
+        lambda c: c.cfg.get("attn_logit_softcapping", 50.0)),
+    Row("logit_softcap", "final_logit_softcapping",
+        lambda c: float(c.cfg.get("final_logit_softcapping", 30.0) or 0.0),
+        lambda c: c.cfg.get("final_logit_softcapping", 30.0)),
+    Row("embed_multiplier", "hidden_size", lambda c: c.get("hidden_size", 2304) ** 0.5,
+        lambda c: c.get("hidden_size", 2304)),
+)
+GEMMA2_UNSUPPORTED: tuple = (
+    (None, lambda c: _when(c.rope[1] not in _SCALINGS,
+                           f"rope_type={c.rope[1]!r} (axdsl's rope scalings are {', '.join(_SCALINGS)})")),
+    (None, lambda c: _when(any(t not in ("sliding_attention", "full_attention") for t in c.get("layer_types") or []),
+                           f"layer_types={c.get('layer_types')} (sliding_attention and full_attention only)")),
 )
 PARALLEL_UNSUPPORTED: tuple = (
     (None, lambda c: _when(c.rope[1] not in _SCALINGS,
@@ -293,7 +373,8 @@ def hf_values(family: str, cfg: dict) -> tuple[dict, dict, list[str]]:
     """config.json -> (field values as an Arch states them, field -> "key=value", unsupported)."""
     c = Config(family, cfg)
     fields, checks = {"gpt2": (GPT2_FIELDS, GPT2_UNSUPPORTED), "phi": (PARALLEL_FIELDS, PARALLEL_UNSUPPORTED),
-                      "gpt_neox": (PARALLEL_FIELDS, PARALLEL_UNSUPPORTED)}.get(family,
+                      "gpt_neox": (PARALLEL_FIELDS, PARALLEL_UNSUPPORTED),
+                      "gemma2": (GEMMA2_FIELDS, GEMMA2_UNSUPPORTED)}.get(family,
                                                                               (DECODER_FIELDS, DECODER_UNSUPPORTED))
     vals: dict[str, Any] = {}
     src: dict[str, str] = {}

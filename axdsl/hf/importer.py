@@ -40,7 +40,7 @@ def _load_rule(r: Rule, reader: Reader, layers: int) -> tuple[np.ndarray, ...]:
     """The arrays of one rule (layered ones stacked over the layers). Raises KeyError, ValueError."""
     if not r.layered:
         return r.load(reader.get, 0)
-    per_layer = [r.load(reader.get, i) for i in range(layers)]
+    per_layer = [r.load(reader.get, i) for i in r.layer_ids(layers)]
     return tuple(np.stack([pl[j] for pl in per_layer]) for j in range(len(r.paths)))
 
 

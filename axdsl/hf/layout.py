@@ -28,6 +28,10 @@ class Rule:
     layered: bool
     load: Callable[..., tuple[np.ndarray, ...]]  # (get, i) -> one array per path (layer i's slice)
     save: Callable[..., dict[str, np.ndarray]]  # (arrays, i) -> HF tensors
+    layers: tuple[int, ...] | None = None  # the HF layers of the stacked slices (None: every layer)
+
+    def layer_ids(self, count: int) -> tuple[int, ...]:
+        return self.layers if self.layers is not None else tuple(range(count))
 
 
 def _T(a: np.ndarray) -> np.ndarray:
@@ -41,6 +45,7 @@ class _Rules:
     arch: Arch
     keys: set[str] | None
     out: list[Rule] = field(default_factory=list)
+    block: str = "blocks"  # the repeated block's path: blocks, or blocks/<e> for pattern element e
 
     @property
     def dims(self) -> tuple[int, int, int, int]:
@@ -54,6 +59,8 @@ class _Rules:
         return pre
 
     def rule(self, path: str, layered: bool, load, save) -> None:
+        if path.startswith("blocks/"):
+            path = self.block + path.removeprefix("blocks")
         p = tuple(path.split("/"))
         if p in self.arch.params:
             self.out.append(Rule((p,), layered, lambda g, i: (load(g, i),), lambda a, i: save(a[0], i)))
@@ -77,7 +84,20 @@ class _Rules:
 
 def rules(family: str, arch: Arch, keys: set[str] | None) -> list[Rule]:
     """The mapping of every parameter `arch` has. `keys` (import) picks among equivalent layouts."""
-    r = _Rules(arch, keys)
+    if arch.pattern:  # layer i is pattern element i % k, at index i // k of blocks/<e>
+        out: list[Rule] = []
+        for e in range(arch.pattern):
+            ids = tuple(range(e, arch["layers"], arch.pattern))
+            for rule in _family_rules(family, _Rules(arch, keys, block=f"blocks/{e}"), keys):
+                if rule.layered:
+                    out.append(Rule(rule.paths, True, rule.load, rule.save, ids))
+                elif e == 0:
+                    out.append(rule)
+        return out
+    return _family_rules(family, _Rules(arch, keys), keys)
+
+
+def _family_rules(family: str, r: "_Rules", keys: set[str] | None) -> list[Rule]:
     head = "lm_head"
     if family == "gpt2":
         _gpt2_rules(r)
@@ -133,7 +153,12 @@ def _decoder_rules(r: _Rules, family: str) -> None:
     r.same("embed/table", pre + "embed_tokens.weight", False)
     r.same("final_norm/scale", pre + "norm.weight", False)
     r.same("blocks/attn_norm/scale", L + "input_layernorm.weight")
-    r.same("blocks/mlp_norm/scale", L + "post_attention_layernorm.weight")
+    if family == "gemma2":  # sandwich norms: post_attention_layernorm follows attention
+        r.same("blocks/attn_post_norm/scale", L + "post_attention_layernorm.weight")
+        r.same("blocks/mlp_norm/scale", L + "pre_feedforward_layernorm.weight")
+        r.same("blocks/mlp_post_norm/scale", L + "post_feedforward_layernorm.weight")
+    else:
+        r.same("blocks/mlp_norm/scale", L + "post_attention_layernorm.weight")
     a = L + "self_attn."
     r.heads_in("blocks/attn/wq", a + "q_proj.weight", heads)
     r.heads_in("blocks/attn/wk", a + "k_proj.weight", kv)

@@ -59,11 +59,21 @@ class LayerValue:
 
 
 @dataclass(frozen=True)
+class PatternValue:
+    """`[Block(attn = Attention(window = 4096)), Block()]`: layers that run in turn, the value of
+    a list of layers. Only `repeat` runs one: layer i of `repeat(n, pattern)` is pattern[i % k]."""
+
+    layers: tuple[LayerValue, ...]
+    span: Span
+
+
+@dataclass(frozen=True)
 class RepeatValue:
-    """`repeat(n, Block())`: a block stacked n times and run with `jax.lax.scan`."""
+    """`repeat(n, Block())`: a block stacked n times and run with `jax.lax.scan`; with a pattern
+    of k layers, one scan over n / k groups that each run the k layers in order."""
 
     count: "HValue"
-    layer: LayerValue
+    layer: LayerValue | PatternValue
     span: Span
 
 
@@ -357,7 +367,8 @@ class Instance:
     forward: Forward | None
     span: Span  # where this instance was created (child decl or model)
     layer_span: Span  # where its layer is defined
-    repeat: HValue | None = None  # set on a `repeat(n, ...)` child
+    repeat: HValue | None = None  # set on a `repeat(n, ...)` child (n / k for a pattern of k layers)
+    pattern: bool = False  # a group of a repeated pattern: children "0".."k-1", run in order
     remat: "RematPolicy | None" = None  # set by insert_remat on repeated children
 
     def hparam(self, name: str) -> HParam | None:

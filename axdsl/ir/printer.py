@@ -7,7 +7,7 @@ AXLearn's golden configs; forward bodies are shown with their inferred types.
 from __future__ import annotations
 
 from axdsl.ir import nodes as ir
-from axdsl.ir.nodes import DType, LayerValue, RepeatValue
+from axdsl.ir.nodes import DType, LayerValue, PatternValue, RepeatValue
 
 
 def print_module(module: ir.Module) -> str:
@@ -80,6 +80,8 @@ def value_text(v) -> str:
     if isinstance(v, LayerValue):
         args = ", ".join(f"{k} = {value_text(a.value)}" for k, a in v.args)
         return f"{v.layer}({args})"
+    if isinstance(v, PatternValue):
+        return "[" + ", ".join(value_text(x) for x in v.layers) + "]"
     if isinstance(v, RepeatValue):
         return f"repeat({value_text(v.count.value)}, {value_text(v.layer)})"
     if isinstance(v, tuple):

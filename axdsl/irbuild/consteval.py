@@ -11,7 +11,7 @@ import operator
 from typing import Callable
 
 from axdsl.errors import Diagnostics, did_you_mean
-from axdsl.ir.nodes import DTYPES, DType, HValue, LayerValue, RepeatValue
+from axdsl.ir.nodes import DTYPES, DType, HValue, LayerValue, PatternValue, RepeatValue
 from axdsl.syntax import ast
 from axdsl.syntax.ast import INT64_MAX
 
@@ -80,6 +80,12 @@ class Evaluator:
 
     def _ListExpr(self, e: ast.ListExpr, lookup, visible) -> HValue:
         items = [self.eval(i, lookup, visible) for i in e.items]
+        if items and any(isinstance(i.value, LayerValue) for i in items):
+            bad = next((it for it, v in zip(e.items, items) if not isinstance(v.value, LayerValue)), None)
+            if bad is not None:
+                self.fail(bad.span, "a list of layers (a pattern) holds only layers",
+                          "write `[Block(...), Block(...)]`")
+            return HValue(PatternValue(tuple(i.value for i in items), e.span))
         return HValue(tuple(i.value for i in items), "(" + ", ".join(i.code for i in items) + ",)")
 
     def _EllipsisDim(self, e: ast.EllipsisDim, lookup, visible) -> HValue:
@@ -175,8 +181,9 @@ class Evaluator:
         layer = self.eval(e.args[1], lookup, visible)
         if not isinstance(count.value, int) or isinstance(count.value, bool) or count.value < 1:
             self.fail(e.args[0].span, f"`repeat` count must be a positive int, got {count.value!r}")
-        if not isinstance(layer.value, LayerValue):
-            self.fail(e.args[1].span, "the second argument of `repeat` must be a layer")
+        if not isinstance(layer.value, (LayerValue, PatternValue)):
+            self.fail(e.args[1].span, "the second argument of `repeat` must be a layer or a list of layers",
+                      "write `repeat(n, Block())` or `repeat(n, [LocalBlock(), GlobalBlock()])`")
         return HValue(RepeatValue(count, layer.value, e.span))
 
 
@@ -200,7 +207,7 @@ def _kind(v) -> str:
         return "string"
     if isinstance(v, DType):
         return "dtype"
-    if isinstance(v, (LayerValue, RepeatValue)):
+    if isinstance(v, (LayerValue, RepeatValue, PatternValue)):
         return "Layer"
     return type(v).__name__
 

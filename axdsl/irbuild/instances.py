@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from axdsl.errors import Span, did_you_mean, relocated
 from axdsl.ir import nodes as ir
-from axdsl.ir.nodes import DType, HValue, LayerValue, Origin, OriginKind, RepeatValue
+from axdsl.ir.nodes import DType, HValue, LayerValue, Origin, OriginKind, PatternValue, RepeatValue, RefKind
 from axdsl.ir.printer import value_text
 from axdsl.irbuild.consteval import EvalError, kind_of
 from axdsl.irbuild.context import BuildContext, Scope, dim_name
@@ -215,7 +215,7 @@ class InstanceBuilder:
             "string": isinstance(v, str),
             "enum": isinstance(v, str) and v in decl.type.options,
             "dtype": isinstance(v, DType),
-            "Layer": isinstance(v, (LayerValue, RepeatValue)),
+            "Layer": isinstance(v, (LayerValue, RepeatValue, PatternValue)),
         }[type_name]
         if ok:
             if type_name == "float" and isinstance(v, int):
@@ -240,11 +240,12 @@ class InstanceBuilder:
         self._error_at_user_line(at, msg, hint, scope, names)
         return None
 
-    def _error_at_user_line(self, at: Span, msg: str, hint: str | None, scope: Scope, names: list[str]) -> None:
+    def _error_at_user_line(self, at: Span, msg: str, hint: str | None, scope: Scope, names: list[str],
+                            where: str | None = None) -> None:
         """An error in a library layer's default is shown where the user set a value it reads
         (their `heads = 5`), with a note for the library line."""
         user = ir.user_line(names, scope.origins)
-        where = f"in the default of a layer at `{scope.path}`"
+        where = where or f"in the default of a layer at `{scope.path}`"
         self.diags.add(relocated(at, msg, hint, user, where))
 
     # ---------------------------------------------------------------- params and children
@@ -315,6 +316,12 @@ class InstanceBuilder:
         value = v.value
         if isinstance(value, RepeatValue):
             repeat, value = value.count, value.layer
+        if isinstance(value, PatternValue):
+            if repeat is None:
+                self.diags.error(decl.value.span, f"child `{decl.name}` is a list of layers, which only "
+                                 "`repeat` can run", f"write `child {decl.name} = repeat(n, [...])`")
+                return None
+            return self._pattern(decl, value, repeat, path, scope, stack)
         if not isinstance(value, LayerValue):
             self.diags.error(decl.value.span, f"child `{decl.name}` must be a layer, got {kind_of(value)}",
                              "write `child name = LayerName(...)` or name a Layer hyperparameter")
@@ -325,12 +332,69 @@ class InstanceBuilder:
                                 set_values=dict(value.args), parent=scope, stack=stack, repeat=repeat,
                                 set_span=value.span)
 
+    def _pattern(self, decl: ast.ChildDecl, pattern: PatternValue, count: HValue, path: str, scope: Scope,
+                 stack) -> ir.Instance | None:
+        """`repeat(n, [A(), B()])`: a group instance with children "0", "1" (A, B) and a forward that
+        runs them in turn, repeated n / k times, so one scan runs the whole pattern."""
+        k = len(pattern.layers)
+        if count.value % k:
+            at = decl.value.args[0].span if _is_repeat_call(decl.value) else decl.value.span
+            self._error_at_user_line(
+                at, f"`repeat` count {count.value} is not a multiple of the pattern's {k} layers",
+                f"layer i runs pattern[i % {k}], and the scan runs whole patterns; make the count a multiple "
+                f"of {k}, or put the remaining layers in a `repeat` child of their own",
+                scope, ast.names_in(decl.value), f"in child `{decl.name}` of the layer at `{scope.path}`")
+            return None
+        child_path = (path if path.endswith("/") else path + "/") + decl.name
+        elements = [self.instantiate(self.program.layers[lv.layer], f"{child_path}/{i}", str(i), lv.span,
+                                     set_exprs={}, set_values=dict(lv.args), parent=scope, stack=stack,
+                                     set_span=lv.span)
+                    for i, lv in enumerate(pattern.layers)]
+        if any(e is None or e.forward is None for e in elements):
+            return None  # errors already reported
+        groups = count if k == 1 else HValue(count.value // k, f"{_operand(count.code)} // {k}")
+        layer = "".join(w.capitalize() for w in decl.name.split("_")) + "Pattern"
+        return ir.Instance(child_path, decl.name, layer, (), (), tuple(elements), _pattern_forward(elements),
+                           decl.span, pattern.span, groups, pattern=True)
+
+
+def _pattern_forward(elements: list[ir.Instance]) -> ir.Forward:
+    """`x = 0(x, mem); x = 1(x, mem); return 2(x, mem)`: the signature of the first layer, whose
+    first argument is carried through every layer and the others passed to each unchanged;
+    infer_shapes checks that every layer agrees with it."""
+    first = elements[0].forward
+    args = first.args
+
+    def call(inst: ir.Instance) -> ir.CallChild:
+        refs = tuple(ir.Ref(a.name, RefKind.LOCAL, inst.span) for a in args)
+        return ir.CallChild(inst.name, refs, inst.span)
+
+    if not args:  # nothing to carry: the repeat's call reports it
+        return ir.Forward((), first.result, (ir.Ret(call(elements[0]), elements[0].span),), first.span)
+    carry = args[0].name
+    body: list[ir.Stmt] = [ir.Let(carry, call(e), None, e.span) for e in elements[:-1]]
+    body.append(ir.Ret(call(elements[-1]), elements[-1].span))
+    return ir.Forward(args, args[0].dims, tuple(body), first.span)
+
+
+def _is_repeat_call(e: ast.Expr) -> bool:
+    return isinstance(e, ast.Call) and isinstance(e.func, ast.Name) and e.func.id == "repeat" and len(e.args) == 2
+
+
+def _operand(code: str) -> str:
+    """`code` parenthesized when it is compound, as the left operand of `//`."""
+    return code if code.replace(".", "").replace("_", "").isalnum() else f"({code})"
+
+
 def _show(v) -> str:
     """A value for a message: as the spec writes it (`value_text`), layers by name only."""
     if isinstance(v, LayerValue):
         return f"`{v.layer}(...)`"
+    if isinstance(v, PatternValue):
+        return "`[" + ", ".join(f"{lv.layer}(...)" for lv in v.layers) + "]`"
     if isinstance(v, RepeatValue):
-        return f"`repeat({_show(v.count.value)}, {v.layer.layer}(...))`"
+        inner = _show(v.layer).strip("`") if isinstance(v.layer, PatternValue) else f"{v.layer.layer}(...)"
+        return f"`repeat({_show(v.count.value)}, {inner})`"
     return value_text(v)
 
 

@@ -247,6 +247,8 @@ class _Typer:
         fwd = child.forward
         if fwd is None:
             self.fail(e.span, f"child `{e.child}` has no forward")
+        if self.inst.pattern:
+            return {"args": args, "type": TensorType(self._pattern_element(e, child, args))}
         if len(args) != len(fwd.args):
             self.fail(e.span, f"child `{e.child}` takes {len(fwd.args)} argument(s), got {len(args)}")
         binding: dict[str, tuple[Dim, ...]] = {}
@@ -257,10 +259,50 @@ class _Typer:
             if err:
                 self.fail(a.span, f"argument `{decl.name}` of `{e.child}` ({child.layer}): {err}")
         result = substitute(fwd.result, binding)
-        if child.repeat is not None and args and not _same_dims(result, args[0].type.dims):
-            self.fail(e.span, f"a repeated block must return the shape it takes: {fmt(args[0].type.dims)} "
-                      f"-> {fmt(result)}")
+        if child.repeat is not None:
+            self._check_repeated(e, child, args, result)
         return {"args": args, "type": TensorType(result)}
+
+    def _check_repeated(self, e: ir.CallChild, child: ir.Instance, args, result) -> None:
+        """What a scan can run: the first argument is the carry, which each layer returns in the
+        same shape; the other arguments are side inputs, passed unchanged to every layer."""
+        if not args:
+            self.fail(e.span, f"repeated child `{e.child}` takes no tensor, so there is nothing to carry "
+                      "from layer to layer", "a repeated layer's first argument is the carry: "
+                      f"`forward(x: [...]) -> [...]` returning x's shape")
+        if not _same_dims(result, args[0].type.dims):
+            sides = [a.name for a in child.forward.args[1:]]
+            hint = ("the first argument is carried from layer to layer; "
+                    + (f"{', '.join(f'`{n}`' for n in sides)} "
+                       f"{'is a side input' if len(sides) == 1 else 'are side inputs'}, the same for every layer"
+                       if sides else "a layer's output is the next layer's input"))
+            self.fail(e.span, f"a repeated block must return the shape it takes: {fmt(args[0].type.dims)} "
+                      f"-> {fmt(result)}", hint)
+
+    def _pattern_element(self, e: ir.CallChild, child: ir.Instance, args) -> tuple[Dim, ...]:
+        """One layer of a repeated pattern (`self.inst` is its group): it takes the carry and the
+        side inputs as the pattern's first layer takes them, and returns the carry's shape."""
+        first = self.inst.children[0]
+        fwd = child.forward
+        name = lambda c: f"pattern element {c.name} (`{c.layer}`)"  # noqa: E731
+        if len(args) != len(fwd.args):
+            self.fail(e.span, f"{name(child)} takes {len(fwd.args)} tensor(s), but {name(first)} takes "
+                      f"{len(args)}", "every layer of a pattern gets the same carry and side inputs")
+        binding: dict[str, tuple[Dim, ...]] = {}
+        for i, (a, decl) in enumerate(zip(args, fwd.args)):
+            err = unify(decl.dims, a.type.dims, binding)
+            if err:
+                what = "the carry" if i == 0 else f"side input `{first.forward.args[i].name}`"
+                self.fail(e.span, f"{name(child)} takes {what} as {fmt(decl.dims)}, but {name(first)} "
+                          f"takes it as {fmt(first.forward.args[i].dims)}",
+                          "a side input is passed unchanged to every layer, so every layer of the pattern "
+                          "must take it in one shape" if i else err)
+        result = substitute(fwd.result, binding)
+        carry = self.inst.forward.args[0].dims
+        if not _same_dims(result, carry):
+            self.fail(e.span, f"{name(child)} returns {fmt(result)}, but the carry is {fmt(carry)}",
+                      "every layer of a repeated pattern returns the shape it takes")
+        return result
 
     def _Prim(self, e: ir.Prim) -> dict:
         """Type the operands, then apply the primitive's own shape rule (axdsl/primitives/)."""

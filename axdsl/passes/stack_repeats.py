@@ -5,6 +5,11 @@ not grow with depth.
 
     child blocks = repeat(layers, Block())       /blocks/attn wq : [dim, heads, head_dim]
                                            ->    /blocks/attn wq : [layers=32] + [dim, heads, head_dim]
+
+A pattern of k layers stacks each of its layers n / k deep, in a dim named `groups` (its logical
+axis is still `layers`):
+
+    child blocks = repeat(layers, [Local(), Global()])   /blocks/0/attn wq : [groups=16] + [...]
 """
 
 from __future__ import annotations
@@ -21,7 +26,8 @@ def stack_repeats(module: ir.Module) -> ir.Module:
 
 def _stack(inst: ir.Instance, stack: tuple[ir.Dim, ...]) -> ir.Instance:
     if inst.repeat is not None:
-        stack = stack + (ir.Dim("layers", inst.repeat.value, inst.repeat.code),)
+        name = "groups" if inst.pattern else "layers"
+        stack = stack + (ir.Dim(name, inst.repeat.value, inst.repeat.code),)
     params = tuple(replace(p, stack=stack) for p in inst.params)
     children = tuple(_stack(c, stack) for c in inst.children)
     return replace(inst, params=params, children=children)

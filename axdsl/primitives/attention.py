@@ -39,6 +39,8 @@ Constraints, from the installed jax (0.10.2) sources:
 
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
+
 from axdsl.ir import nodes as ir
 from axdsl.primitives.base import (Flops, Helper, HelperSection, KernelRule, Primitive, Signature, Static,
                                    StaticKind)
@@ -57,9 +59,11 @@ def _shape(ctx, prim, args):
     if not q[0].same(k[0]) or not k[0].same(v[0]):
         ctx.fail(prim.span, f"`attention` batch dims differ: {q[0]}, {k[0]}, {v[0]}")
     if not k[1].same(v[1]):
-        ctx.fail(prim.span, f"`attention` k and v sequence dims differ: {k[1]} vs {v[1]}")
+        ctx.fail(prim.span, f"`attention` k and v sequence dims differ: {k[1]} vs {v[1]}",
+                 "each key needs its value: k [B, S, kv_heads, head_dim], v [B, S, kv_heads, v_head_dim]")
     if not q[3].same(k[3]):
-        ctx.fail(prim.span, f"`attention` q and k head_dim differ: {q[3]} vs {k[3]}")
+        ctx.fail(prim.span, f"`attention` q and k head_dim differ: {q[3]} vs {k[3]}",
+                 "q and k share a head_dim; v may have its own (v_head_dim)")
     if not k[2].same(v[2]):
         ctx.fail(prim.span, f"`attention` k and v have different head counts: {k[2]} vs {v[2]}")
     if q[2].size is not None and k[2].size is not None and q[2].size % k[2].size:
@@ -67,34 +71,89 @@ def _shape(ctx, prim, args):
                  "kv_heads must divide heads (GQA); MQA is kv_heads = 1")
     if prim.attr("window").value < 0:
         ctx.fail(prim.span, "`window` must be >= 0 (0 means no sliding window)")
+    for name, off in (("scale", "1 / sqrt(head_dim)"), ("softcap", "no soft-capping")):
+        if prim.attr(name).value < 0:
+            ctx.fail(prim.span, f"`{name}` must be >= 0, got {prim.attr(name).value}",
+                     f"0 means {off}")
+    scores = (q[0], q[2], q[1], k[1])  # [B, heads, S_q, S_kv]
+    for name in ("mask", "bias"):
+        operand = _typed(prim, args, name)
+        if operand is not None:
+            _check_scores_operand(ctx, prim, name, operand, scores)
+    segments = _typed(prim, args, "segment_ids")
+    if segments is not None:
+        dims = segments.type.dims
+        if len(dims) != 2 or not dims[0].same(q[0]) or not dims[1].same(q[1]) or not q[1].same(k[1]):
+            ctx.fail(getattr(segments, "span", None) or prim.span,
+                     f"`attention` segment_ids must be [B, S] like q's batch and sequence "
+                     f"{ir_fmt((q[0], q[1]))}, got {ir_fmt(dims)}",
+                     "one segment id per token of a packed sequence; queries and keys share them")
     return q[:3] + (v[3],)
+
+
+def _typed(prim: ir.Prim, args, name: str) -> ir.TExpr | None:
+    """Optional operand `name` among the typed `args` the shape rule gets, or None."""
+    return args[3 + prim.optional.index(name)] if name in prim.optional else None
+
+
+def _check_scores_operand(ctx, prim: ir.Prim, name: str, operand: ir.TExpr, scores) -> None:
+    """A mask or bias broadcasts to the scores [B, heads, S_q, S_kv]: each dim equal or 1."""
+    dims = operand.type.dims
+    ok = len(dims) == 4 and not any(d.is_ellipsis for d in dims) and all(
+        d.same(want) or d.size == 1 for d, want in zip(dims, scores))
+    if not ok:
+        what = "a boolean mask (True: attend)" if name == "mask" else "an additive bias"
+        ctx.fail(getattr(operand, "span", None) or prim.span,
+                 f"`attention` {name} must broadcast to the scores {ir_fmt(scores)}, got {ir_fmt(dims)}",
+                 f"{what} is [B or 1, heads or 1, S, S]: one value per query and key")
 
 
 def _emit(ctx, prim: ir.Prim, args: list[str], precs: list[int]) -> str:
     choice = prim.kernel or ir.KernelChoice(KERNELS[0])
-    window = prim.attr("window")
-    mask = args[3] if prim.operand("mask") is not None else None
-    code, note = emit_attention(
-        kernel=choice.kernel, q=args[0], k=args[1], v=args[2], mask=mask,
-        causal=prim.attr("causal").code, window=window.code if window.value else None,
-        note="; ".join(choice.rejected),
+    window, scale, softcap = prim.attr("window"), prim.attr("scale"), prim.attr("softcap")
+
+    def operand(name: str) -> str | None:
+        return args[3 + prim.optional.index(name)] if prim.operand(name) is not None else None
+
+    k_dims, v_dims = prim.args[1].type.dims, prim.args[2].type.dims
+    call = AttentionCall(
+        q=args[0], k=args[1], v=args[2], causal=prim.attr("causal").code,
+        window=window.code if window.value else None,
+        scale=scale.code if _set(scale) else None,
+        softcap=softcap.code if _set(softcap) else None,
+        bias=operand("bias"), mask=operand("mask"), segment_ids=operand("segment_ids"),
+        written_out=not v_dims[3].same(k_dims[3]),
     )
+    if call.segment_ids is not None and choice.kernel != "splash":
+        same = ctx.fresh("same_segment")
+        ids = call.segment_ids
+        ctx.line(f"{same} = {ids}[:, None, :, None] == {ids}[:, None, None, :]  # [B, 1, S, S]")
+        call = replace(call, mask=same if call.mask is None else f"{call.mask} & {same}")
     ctx.kernel_comment(prim)
-    if note:
-        ctx.line(f"# {note}")
-    if choice.kernel == "splash":
+    if choice.rejected:
+        ctx.line(f"# attention: {'; '.join(choice.rejected)}")
+    code = emit_attention(choice.kernel, call)
+    if code.startswith("splash_attention("):
         ctx.use_helper("splash_attention")
+    elif code.startswith("einsum_attention("):
+        ctx.use_helper("einsum_attention")
     return code
 
 
+def _set(value) -> bool:
+    """A float static that is on: nonzero, or read from the Config (it may differ per model)."""
+    return value is not None and (bool(value.value) or "cfg." in value.code)
+
+
 def work(prim: ir.Prim, seq: int, cap_window: bool) -> int:
-    """Forward FLOPs per token at sequence length `seq`."""
-    q = prim.args[0].type.dims  # [B, S, heads, head_dim]
-    heads, head_dim = q[-2].size, q[-1].size
+    """Forward FLOPs per token at sequence length `seq`: 2 x keys x heads x (head_dim + v_head_dim)
+    (QK^T, then PV)."""
+    q, v = prim.args[0].type.dims, prim.args[2].type.dims  # [B, S, heads, head_dim], v_head_dim
+    heads, width = q[-2].size, q[-1].size + v[-1].size
     window = prim.attr("window").value
     if cap_window and window and window < seq:
-        return 4 * window * heads * head_dim  # every query sees (about) `window` keys
-    full = 4 * seq * heads * head_dim
+        return 2 * window * heads * width  # every query sees (about) `window` keys
+    full = 2 * seq * heads * width
     return full // 2 if prim.attr("causal").value else full
 
 
@@ -113,10 +172,18 @@ def kernel_violations(kernel: str, prim: ir.Prim, model: ir.Model,
     out = []
     dtype = _compute_dtype(model)
     max_seq = model.root.hparam("max_seq")
-    q_dims, k_dims = prim.args[0].type.dims, prim.args[1].type.dims
-    head_dim = q_dims[-1].size
-    mask = prim.operand("mask")
+    q_dims, k_dims, v_dims = (a.type.dims for a in prim.args[:3])
+    head_dim, v_head_dim = q_dims[-1].size, v_dims[-1].size
+    mask, bias = prim.operand("mask"), prim.operand("bias")
+    softcap = prim.attr("softcap").value
     if kernel == "cudnn":
+        if softcap:
+            out.append(f"softcap {softcap}: soft-capping is not supported by cuDNN "
+                       "(jax.nn.dot_product_attention has no soft cap)")
+        if not v_dims[-1].same(k_dims[-1]):
+            out.append(f"v_head_dim {v_dims[-1].size} differs from head_dim {head_dim}; "
+                       "jax.nn.dot_product_attention needs v shaped like k (cuDNN's MLA path is "
+                       "not exposed)")
         if dtype not in ("bf16", "f16"):
             out.append(f"{model.name} computes in {dtype}; cuDNN flash attention needs bf16 or f16")
         limit = profiles()[sched.profile].cudnn_head_dim_max if sched is not None else 128
@@ -124,10 +191,12 @@ def kernel_violations(kernel: str, prim: ir.Prim, model: ir.Model,
             chip = f" on {sched.profile}" if sched is not None else ""
             out.append(f"{model.name} has head_dim {head_dim}; cuDNN needs a multiple of 8 "
                        f"up to {limit}{chip}")
-        if mask is not None:
-            m_dims = mask.type.dims
+        for name, operand in (("mask", mask), ("bias", bias)):
+            if operand is None:
+                continue
+            m_dims = operand.type.dims
             if len(m_dims) < 2 or not (m_dims[-2].same(q_dims[1]) and m_dims[-1].same(k_dims[1])):
-                out.append("a mask that is not [..., S, S]; jax's cuDNN path adds the mask as a "
+                out.append(f"a {name} that is not [..., S, S]; jax's cuDNN path adds it as a "
                            "bias, which must span the query and key sequences")
         if sched is not None:
             out.extend(_cudnn_sharding_violations(sched))
@@ -136,10 +205,18 @@ def kernel_violations(kernel: str, prim: ir.Prim, model: ir.Model,
             out.append(f"{model.name} computes in {dtype}; splash attention takes bf16 or f32")
         if head_dim is None or head_dim % SPLASH_BLOCK:
             out.append(f"{model.name} has head_dim {head_dim}; splash needs a multiple of {SPLASH_BLOCK}")
+        if v_head_dim is None or v_head_dim % SPLASH_BLOCK:
+            out.append(f"{model.name} has v_head_dim {v_head_dim}; splash needs a multiple of {SPLASH_BLOCK}")
         if max_seq is not None and max_seq.value.value % SPLASH_BLOCK:
             out.append(f"{model.name} has max_seq {max_seq.value.value}; splash needs a multiple of {SPLASH_BLOCK}")
         if mask is not None:
             out.append("an explicit mask; splash runs causal and sliding-window masks only")
+        if bias is not None:
+            out.append("an additive bias; splash attention has no bias input")
+        if softcap or prim.attr("scale").value:
+            out.append("an explicit scale or softcap; the splash wrapper takes neither")
+        if prim.operand("segment_ids") is not None:
+            out.append("segment ids; the splash wrapper does not take them")
     return out
 
 
@@ -179,7 +256,10 @@ def _memory(t, prim: ir.Prim, args, dims, label: str):
         return out
     scores = (q.dims[0], heads, q.dims[1], ir.Dim("S_kv", t.seq))  # keys: the full sequence
     internals = [("f32", "masked logits"), ("f32", "exp")]
-    if t.static(prim.attr("causal")) or t.static(prim.attr("window")) or len(args) > 3:
+    if prim.attr("softcap").value:
+        internals.append(("f32", "soft-capped logits"))
+    if (t.static(prim.attr("causal")) or t.static(prim.attr("window")) or prim.operand("mask") is not None
+            or prim.operand("segment_ids") is not None):
         internals.append(("bool", "mask"))
     if q.dtype != "f32":
         internals.append((q.dtype, "probabilities"))
@@ -189,21 +269,90 @@ def _memory(t, prim: ir.Prim, args, dims, label: str):
 
 
 # ---------------------------------------------------------------------------- generated code
-def emit_attention(kernel: str, q: str, k: str, v: str, mask: str | None, causal: str,
-                   window: str | None, note: str) -> tuple[str, str]:
-    """(expression, comment) for one attention call; the comment says why others were not used."""
-    note = f"attention: {note}" if note else ""
+@dataclass(frozen=True)
+class AttentionCall:
+    """The Python code of one attention call's operands and settings; None where not given."""
+
+    q: str
+    k: str
+    v: str
+    causal: str
+    window: str | None = None
+    scale: str | None = None  # None: 1 / sqrt(head_dim)
+    softcap: str | None = None  # None: no soft-capping
+    bias: str | None = None
+    mask: str | None = None
+    segment_ids: str | None = None  # splash takes them; the others get them as `mask`
+    written_out: bool = False  # v's head_dim is not k's: jax.nn.dot_product_attention cannot
+
+
+def emit_attention(kernel: str, call: AttentionCall) -> str:
+    """The expression of one attention call on `kernel`."""
+    q, k, v = call.q, call.k, call.v
     if kernel == "splash":
-        if mask is not None:  # select_kernels never picks splash for an explicit mask
-            raise AssertionError("splash attention takes no explicit mask")
-        return f"splash_attention({q}, {k}, {v}, causal={causal}, window={window})", note
-    kwargs = [f"is_causal={causal}"]
-    if mask is not None:
-        kwargs.append(f"mask={mask}")
-    if window is not None:
-        kwargs.append(f"local_window_size=({window} - 1, 0)")
+        if call.mask is not None or call.bias is not None:  # select_kernels never picks splash then
+            raise AssertionError("splash attention takes no explicit mask or bias")
+        return f"splash_attention({q}, {k}, {v}, causal={call.causal}, window={call.window})"
+    if call.softcap is not None or call.written_out:  # only the xla kernel runs these
+        kwargs = [f"causal={call.causal}"]
+        for name in ("window", "scale", "softcap", "bias", "mask"):
+            if getattr(call, name) is not None:
+                kwargs.append(f"{name}={getattr(call, name)}")
+        return f"einsum_attention({q}, {k}, {v}, {', '.join(kwargs)})"
+    kwargs = [f"is_causal={call.causal}"]
+    for name in ("bias", "mask", "scale"):
+        if getattr(call, name) is not None:
+            kwargs.append(f"{name}={getattr(call, name)}")
+    if call.window is not None:
+        kwargs.append(f"local_window_size=({call.window} - 1, 0)")
     kwargs.append(f'implementation="{kernel}"')
-    return f"jax.nn.dot_product_attention({q}, {k}, {v}, {', '.join(kwargs)})", note
+    return f"jax.nn.dot_product_attention({q}, {k}, {v}, {', '.join(kwargs)})"
+
+
+EINSUM_ATTENTION = '''def einsum_attention(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    causal: bool,
+    window: int | None = None,
+    scale: float | None = None,
+    softcap: float = 0.0,
+    bias: jax.Array | None = None,
+    mask: jax.Array | None = None,
+) -> jax.Array:
+    """Attention written out, for what jax.nn.dot_product_attention cannot express.
+
+    q [B, S, heads, head_dim], k [B, S, kv_heads, head_dim], v [B, S, kv_heads, v_head_dim]
+    -> [B, S, heads, v_head_dim]; query head h reads kv head h // (heads // kv_heads). The
+    logits q.k * scale (scale None: 1 / sqrt(head_dim)) are soft-capped to
+    softcap * tanh(logits / softcap) when softcap > 0 (Gemma 2), and `bias` is added; then causal,
+    the sliding window (each query sees its last `window` keys, itself included) and `mask`
+    (True: attend) drop keys. bias and mask broadcast to [B, heads, S, S]; the softmax runs in
+    float32, like jax.nn.dot_product_attention's.
+    """
+    batch, seq, heads, head_dim = q.shape
+    kv_seq, kv_heads = k.shape[1], k.shape[2]
+    scale = head_dim**-0.5 if scale is None else scale
+    group = q.reshape(batch, seq, kv_heads, heads // kv_heads, head_dim)
+    logits = jnp.einsum("bqkgd,bskd->bkgqs", group, k, preferred_element_type=jnp.float32)
+    logits = logits.reshape(batch, heads, seq, kv_seq) * scale  # [B, heads, S, S]
+    if softcap:
+        logits = softcap * jnp.tanh(logits / softcap)
+    if bias is not None:
+        logits = logits + bias
+    query_pos, key_pos = jnp.arange(seq)[:, None], jnp.arange(kv_seq)[None, :]
+    keep = jnp.ones((seq, kv_seq), dtype=bool)
+    if causal:
+        keep = keep & (key_pos <= query_pos)
+    if window:
+        keep = keep & (key_pos > query_pos - window)
+    if mask is not None:
+        keep = keep & mask
+    logits = jnp.where(keep, logits, -0.7 * jnp.finfo(jnp.float32).max)
+    probs = jax.nn.softmax(logits, axis=-1).astype(v.dtype)
+    probs = probs.reshape(batch, kv_heads, heads // kv_heads, seq, kv_seq)
+    out = jnp.einsum("bkgqs,bskd->bqkgd", probs, v)
+    return out.reshape(batch, seq, heads, v.shape[-1])'''
 
 
 SPLASH_ATTENTION = '''PALLAS_INTERPRET = False  # True runs Pallas kernels in interpret mode (CPU tests, debugging)
@@ -292,9 +441,13 @@ SPLASH_IMPORTS = ("import functools", "import math", "import jax", "import jax.n
 
 PRIMITIVES = (
     Primitive("attention", Signature(
-        ("q", "k", "v"), (Static("causal", StaticKind.BOOL, False), Static("window", StaticKind.INT, 0)),
-        ("mask",), doc="scaled dot-product attention; the kernel is chosen by a target pass"),
+        ("q", "k", "v"),
+        (Static("causal", StaticKind.BOOL, False), Static("window", StaticKind.INT, 0),
+         Static("scale", StaticKind.FLOAT, 0.0), Static("softcap", StaticKind.FLOAT, 0.0)),
+        ("mask", "bias", "segment_ids"),
+        doc="scaled dot-product attention; the kernel is chosen by a target pass"),
         emit=_emit, shape=_shape, flops=_flops, memory=_memory,
         kernels=KernelRule(KERNELS, kernel_violations),
-        helpers=(Helper("splash_attention", SPLASH_ATTENTION, SPLASH_IMPORTS, HelperSection.KERNEL),)),
+        helpers=(Helper("splash_attention", SPLASH_ATTENTION, SPLASH_IMPORTS, HelperSection.KERNEL),
+                 Helper("einsum_attention", EINSUM_ATTENTION))),
 )

@@ -50,6 +50,8 @@ class Config:
     ffn: int = 3072  # set at specs/gpt2_small.axl:6:54
     max_seq: int = 1024  # set at specs/gpt2_small.axl:6:66
     rope_theta: float = 10000.0  # default
+    embed_multiplier: float = 1.0  # default
+    logit_softcap: float = 0.0  # default
     dtype: jax.typing.DTypeLike = jnp.bfloat16  # set at specs/gpt2_small.axl:10:3
     param_dtype: jax.typing.DTypeLike = jnp.float32  # set at specs/gpt2_small.axl:10:17
 
@@ -75,7 +77,7 @@ def embedding(cfg: Config, params: dict, ids: jax.Array) -> jax.Array:
 
 
 def layer_norm(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
-    """LayerNorm (std/layers.axl:33): x: [..., dim] -> [..., dim].
+    """LayerNorm (std/layers.axl:44): x: [..., dim] -> [..., dim].
 
     Used at /blocks/attn_norm, /blocks/mlp_norm, /final_norm.
     """
@@ -117,7 +119,7 @@ def attention(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
 
 
 def mlp(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
-    """MLP (std/layers.axl:56): x: [B, S, dim] -> [B, S, dim].
+    """MLP (std/layers.axl:67): x: [B, S, dim] -> [B, S, dim].
 
     Used at /blocks/mlp.
     """
@@ -131,7 +133,7 @@ def mlp(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
 
 
 def block(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
-    """Block (std/transformer.axl:63): x: [B, S, dim] -> [B, S, dim].
+    """Block (std/transformer.axl:64): x: [B, S, dim] -> [B, S, dim].
 
     Used at /blocks.
     """
@@ -148,7 +150,7 @@ def block(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
 
 
 def decoder_lm(cfg: Config, params: dict, tokens: jax.Array) -> jax.Array:
-    """DecoderLM (std/transformer.axl:103): tokens: [B, S] -> [B, S, vocab].
+    """DecoderLM (std/transformer.axl:108): tokens: [B, S] -> [B, S, vocab].
 
     Used at /.
     """

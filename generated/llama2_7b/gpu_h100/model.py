@@ -43,6 +43,8 @@ class Config:
     ffn: int = 11008  # set at specs/llama2_7b.axl:5:55
     max_seq: int = 4096  # set at specs/llama2_7b.axl:5:68
     rope_theta: float = 10000.0  # default
+    embed_multiplier: float = 1.0  # default
+    logit_softcap: float = 0.0  # default
     dtype: jax.typing.DTypeLike = jnp.bfloat16  # set at specs/llama2_7b.axl:7:3
     param_dtype: jax.typing.DTypeLike = jnp.float32  # set at specs/llama2_7b.axl:7:17
 
@@ -103,7 +105,7 @@ def attention(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
 
 
 def swiglu(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
-    """SwiGLU (std/layers.axl:73): x: [B, S, dim] -> [B, S, dim].
+    """SwiGLU (std/layers.axl:84): x: [B, S, dim] -> [B, S, dim].
 
     Used at /blocks/mlp.
     """
@@ -117,7 +119,7 @@ def swiglu(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
 
 
 def block(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
-    """Block (std/transformer.axl:63): x: [B, S, dim] -> [B, S, dim].
+    """Block (std/transformer.axl:64): x: [B, S, dim] -> [B, S, dim].
 
     Used at /blocks.
     """
@@ -134,7 +136,7 @@ def block(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
 
 
 def decoder_lm(cfg: Config, params: dict, tokens: jax.Array) -> jax.Array:
-    """DecoderLM (std/transformer.axl:103): tokens: [B, S] -> [B, S, vocab].
+    """DecoderLM (std/transformer.axl:108): tokens: [B, S] -> [B, S, vocab].
 
     Used at /.
     """

@@ -44,6 +44,8 @@ class Config:
     ffn: int = 8192  # set at specs/llama3_2_1b.axl:6:70
     max_seq: int = 131072  # set at specs/llama3_2_1b.axl:7:26
     rope_theta: float = 500000.0  # set at specs/llama3_2_1b.axl:7:3
+    embed_multiplier: float = 1.0  # default
+    logit_softcap: float = 0.0  # default
     dtype: jax.typing.DTypeLike = jnp.bfloat16  # set at specs/llama3_2_1b.axl:11:3
     param_dtype: jax.typing.DTypeLike = jnp.float32  # set at specs/llama3_2_1b.axl:11:17
 
@@ -124,7 +126,7 @@ def attention(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
 
 
 def swiglu(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
-    """SwiGLU (std/layers.axl:73): x: [B, S, dim] -> [B, S, dim].
+    """SwiGLU (std/layers.axl:84): x: [B, S, dim] -> [B, S, dim].
 
     Used at /blocks/mlp.
     """
@@ -138,7 +140,7 @@ def swiglu(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
 
 
 def block(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
-    """Block (std/transformer.axl:63): x: [B, S, dim] -> [B, S, dim].
+    """Block (std/transformer.axl:64): x: [B, S, dim] -> [B, S, dim].
 
     Used at /blocks.
     """
@@ -155,7 +157,7 @@ def block(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
 
 
 def decoder_lm(cfg: Config, params: dict, tokens: jax.Array) -> jax.Array:
-    """DecoderLM (std/transformer.axl:103): tokens: [B, S] -> [B, S, vocab].
+    """DecoderLM (std/transformer.axl:108): tokens: [B, S] -> [B, S, vocab].
 
     Used at /.
     """

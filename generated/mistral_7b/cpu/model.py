@@ -42,6 +42,8 @@ class Config:
     ffn: int = 14336  # set at specs/mistral_7b.axl:5:69
     max_seq: int = 32768  # set at specs/mistral_7b.axl:5:82
     rope_theta: float = 10000.0  # set at specs/mistral_7b.axl:6:31
+    embed_multiplier: float = 1.0  # default
+    logit_softcap: float = 0.0  # default
     dtype: jax.typing.DTypeLike = jnp.bfloat16  # set at specs/mistral_7b.axl:8:3
     param_dtype: jax.typing.DTypeLike = jnp.float32  # set at specs/mistral_7b.axl:8:17
 
@@ -104,7 +106,7 @@ def attention(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
 
 
 def swiglu(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
-    """SwiGLU (std/layers.axl:73): x: [B, S, dim] -> [B, S, dim].
+    """SwiGLU (std/layers.axl:84): x: [B, S, dim] -> [B, S, dim].
 
     Used at /blocks/mlp.
     """
@@ -115,7 +117,7 @@ def swiglu(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
 
 
 def block(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
-    """Block (std/transformer.axl:63): x: [B, S, dim] -> [B, S, dim].
+    """Block (std/transformer.axl:64): x: [B, S, dim] -> [B, S, dim].
 
     Used at /blocks.
     """
@@ -132,7 +134,7 @@ def block(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
 
 
 def decoder_lm(cfg: Config, params: dict, tokens: jax.Array) -> jax.Array:
-    """DecoderLM (std/transformer.axl:103): tokens: [B, S] -> [B, S, vocab].
+    """DecoderLM (std/transformer.axl:108): tokens: [B, S] -> [B, S, vocab].
 
     Used at /.
     """

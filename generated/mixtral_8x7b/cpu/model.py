@@ -43,6 +43,8 @@ class Config:
     ffn: int = 14336  # set at specs/mixtral_8x7b.axl:5:69
     max_seq: int = 32768  # set at specs/mixtral_8x7b.axl:5:82
     rope_theta: float = 1000000.0  # set at specs/mixtral_8x7b.axl:6:31
+    embed_multiplier: float = 1.0  # default
+    logit_softcap: float = 0.0  # default
     dtype: jax.typing.DTypeLike = jnp.bfloat16  # set at specs/mixtral_8x7b.axl:8:3
     param_dtype: jax.typing.DTypeLike = jnp.float32  # set at specs/mixtral_8x7b.axl:8:17
 
@@ -102,7 +104,7 @@ def attention(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
 
 
 def moe(cfg: Config, params: dict, x: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """MoE (std/layers.axl:88): x: [B, S, dim] -> ([B, S, dim], auxiliary loss []).
+    """MoE (std/layers.axl:112): x: [B, S, dim] -> ([B, S, dim], auxiliary loss []).
 
     Used at /blocks/mlp.
     """
@@ -123,7 +125,7 @@ def moe(cfg: Config, params: dict, x: jax.Array) -> tuple[jax.Array, jax.Array]:
 
 
 def block(cfg: Config, params: dict, x: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """Block (std/transformer.axl:63): x: [B, S, dim] -> ([B, S, dim], auxiliary loss []).
+    """Block (std/transformer.axl:64): x: [B, S, dim] -> ([B, S, dim], auxiliary loss []).
 
     Used at /blocks.
     """
@@ -140,7 +142,7 @@ def block(cfg: Config, params: dict, x: jax.Array) -> tuple[jax.Array, jax.Array
 
 
 def decoder_lm(cfg: Config, params: dict, tokens: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """DecoderLM (std/transformer.axl:103): tokens: [B, S] -> ([B, S, vocab], auxiliary loss []).
+    """DecoderLM (std/transformer.axl:108): tokens: [B, S] -> ([B, S, vocab], auxiliary loss []).
 
     Used at /.
     """

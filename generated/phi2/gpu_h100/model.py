@@ -50,6 +50,8 @@ class Config:
     ffn: int = 10240  # set at specs/phi2.axl:7:55
     max_seq: int = 2048  # set at specs/phi2.axl:7:68
     rope_theta: float = 10000.0  # set at specs/phi2.axl:8:3
+    embed_multiplier: float = 1.0  # default
+    logit_softcap: float = 0.0  # default
     dtype: jax.typing.DTypeLike = jnp.bfloat16  # set at specs/phi2.axl:11:3
     param_dtype: jax.typing.DTypeLike = jnp.float32  # set at specs/phi2.axl:11:17
 
@@ -73,7 +75,7 @@ def embedding(cfg: Config, params: dict, ids: jax.Array) -> jax.Array:
 
 
 def layer_norm(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
-    """LayerNorm (std/layers.axl:33): x: [..., dim] -> [..., dim].
+    """LayerNorm (std/layers.axl:44): x: [..., dim] -> [..., dim].
 
     Used at /blocks/attn_norm, /final_norm.
     """
@@ -116,7 +118,7 @@ def attention(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
 
 
 def mlp(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
-    """MLP (std/layers.axl:56): x: [B, S, dim] -> [B, S, dim].
+    """MLP (std/layers.axl:67): x: [B, S, dim] -> [B, S, dim].
 
     Used at /blocks/mlp.
     """
@@ -130,7 +132,7 @@ def mlp(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
 
 
 def parallel_block(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
-    """ParallelBlock (std/transformer.axl:82): x: [B, S, dim] -> [B, S, dim].
+    """ParallelBlock (std/transformer.axl:87): x: [B, S, dim] -> [B, S, dim].
 
     Used at /blocks.
     """
@@ -144,7 +146,7 @@ def parallel_block(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
 
 
 def decoder_lm(cfg: Config, params: dict, tokens: jax.Array) -> jax.Array:
-    """DecoderLM (std/transformer.axl:103): tokens: [B, S] -> [B, S, vocab].
+    """DecoderLM (std/transformer.axl:108): tokens: [B, S] -> [B, S, vocab].
 
     Used at /.
     """

@@ -45,6 +45,8 @@ class Config:
     ffn: int = 768  # set at specs/qwen3_30b_a3b.axl:6:70
     max_seq: int = 40960  # set at specs/qwen3_30b_a3b.axl:6:81
     rope_theta: float = 1000000.0  # set at specs/qwen3_30b_a3b.axl:7:31
+    embed_multiplier: float = 1.0  # default
+    logit_softcap: float = 0.0  # default
     dtype: jax.typing.DTypeLike = jnp.bfloat16  # set at specs/qwen3_30b_a3b.axl:10:3
     param_dtype: jax.typing.DTypeLike = jnp.float32  # set at specs/qwen3_30b_a3b.axl:10:17
 
@@ -109,7 +111,7 @@ def attention(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
 
 
 def moe(cfg: Config, params: dict, x: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """MoE (std/layers.axl:88): x: [B, S, dim] -> ([B, S, dim], auxiliary loss []).
+    """MoE (std/layers.axl:112): x: [B, S, dim] -> ([B, S, dim], auxiliary loss []).
 
     Used at /blocks/mlp.
     """
@@ -130,7 +132,7 @@ def moe(cfg: Config, params: dict, x: jax.Array) -> tuple[jax.Array, jax.Array]:
 
 
 def block(cfg: Config, params: dict, x: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """Block (std/transformer.axl:63): x: [B, S, dim] -> ([B, S, dim], auxiliary loss []).
+    """Block (std/transformer.axl:64): x: [B, S, dim] -> ([B, S, dim], auxiliary loss []).
 
     Used at /blocks.
     """
@@ -147,7 +149,7 @@ def block(cfg: Config, params: dict, x: jax.Array) -> tuple[jax.Array, jax.Array
 
 
 def decoder_lm(cfg: Config, params: dict, tokens: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """DecoderLM (std/transformer.axl:103): tokens: [B, S] -> ([B, S, vocab], auxiliary loss []).
+    """DecoderLM (std/transformer.axl:108): tokens: [B, S] -> ([B, S, vocab], auxiliary loss []).
 
     Used at /.
     """

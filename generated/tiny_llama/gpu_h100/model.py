@@ -43,6 +43,8 @@ class Config:
     ffn: int = 128  # set at specs/tiny_llama.axl:5:63
     max_seq: int = 128  # set at specs/tiny_llama.axl:5:74
     rope_theta: float = 500000.0  # set at specs/llama3_8b.axl:6:3
+    embed_multiplier: float = 1.0  # default
+    logit_softcap: float = 0.0  # default
     dtype: jax.typing.DTypeLike = jnp.float32  # set at specs/tiny_llama.axl:6:3
     param_dtype: jax.typing.DTypeLike = jnp.float32  # set at specs/llama3_8b.axl:8:17
 
@@ -101,7 +103,7 @@ def attention(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
 
 
 def swiglu(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
-    """SwiGLU (std/layers.axl:73): x: [B, S, dim] -> [B, S, dim].
+    """SwiGLU (std/layers.axl:84): x: [B, S, dim] -> [B, S, dim].
 
     Used at /blocks/mlp.
     """
@@ -115,7 +117,7 @@ def swiglu(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
 
 
 def block(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
-    """Block (std/transformer.axl:63): x: [B, S, dim] -> [B, S, dim].
+    """Block (std/transformer.axl:64): x: [B, S, dim] -> [B, S, dim].
 
     Used at /blocks.
     """
@@ -132,7 +134,7 @@ def block(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
 
 
 def decoder_lm(cfg: Config, params: dict, tokens: jax.Array) -> jax.Array:
-    """DecoderLM (std/transformer.axl:103): tokens: [B, S] -> [B, S, vocab].
+    """DecoderLM (std/transformer.axl:108): tokens: [B, S] -> [B, S, vocab].
 
     Used at /.
     """

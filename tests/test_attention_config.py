@@ -1,0 +1,384 @@
+"""The configurable `attention` primitive: soft-capping, an explicit scale, a value head dim of
+its own (MLA), an additive bias, a boolean mask and segment ids for packed sequences.
+
+Each feature is built for cpu from a tiny spec, run, and compared with a numpy reference in
+float32. Kernel selection is checked on gpu-h100 / tpu-v5e: a kernel that cannot run a feature
+is passed over with its reason in the generated comment (as tests/test_kernels.py checks for
+dtypes and head dims), and the choice of kernel never changes what the CPU computes.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from axdsl.build import build_files
+from axdsl.errors import CompileError
+
+TOL = 1e-5
+B, S, HEADS, KV_HEADS, HEAD_DIM = 2, 8, 4, 2, 8
+
+
+def _layer(call: str, v_head_dim: int = HEAD_DIM, extra_args: str = "") -> str:
+    """A layer whose forward is one attention call on q, k, v [B, S, heads, head_dim]."""
+    return (
+        f"layer Attn(heads: int = {HEADS}, kv_heads: int = {KV_HEADS}, hd: int = {HEAD_DIM}, "
+        f"vd: int = {v_head_dim}) {{\n"
+        "  forward(q: [B, S, heads, hd], k: [B, S, kv_heads, hd], v: [B, S, kv_heads, vd]"
+        f"{extra_args}) -> [B, S, heads, vd] {{\n"
+        f"    return {call}\n"
+        "  }\n"
+        "}\n"
+        "model m = Attn {}\n"
+    )
+
+
+def _load(tmp_path: Path, name: str, source: str):
+    """Build `source` for cpu and import its model.py."""
+    spec = tmp_path / f"{name}.axl"
+    spec.write_text(source, encoding="utf-8")
+    out = tmp_path / "out" / name
+    out.mkdir(parents=True)
+    text = build_files(spec, "cpu")["model.py"]
+    (out / "model.py").write_text(text, encoding="utf-8")
+    mod_spec = importlib.util.spec_from_file_location(f"attn_cfg_{name}", out / "model.py")
+    module = importlib.util.module_from_spec(mod_spec)
+    sys.modules[mod_spec.name] = module
+    mod_spec.loader.exec_module(module)
+    module.SOURCE = text
+    return module
+
+
+def _has(source: str, code: str) -> bool:
+    """`code` appears in `source`, whatever line breaks the formatter put into it."""
+    return "".join(code.split()) in "".join(source.split())
+
+
+def _qkv(v_head_dim: int = HEAD_DIM, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    q = rng.normal(size=(B, S, HEADS, HEAD_DIM)).astype(np.float32) * 2
+    k = rng.normal(size=(B, S, KV_HEADS, HEAD_DIM)).astype(np.float32) * 2
+    v = rng.normal(size=(B, S, KV_HEADS, v_head_dim)).astype(np.float32)
+    return q, k, v
+
+
+def reference(q, k, v, causal=False, window=0, scale=None, softcap=0.0, bias=None, mask=None,
+              segment_ids=None):
+    """Attention in numpy, float64: query head h reads kv head h // (heads // kv_heads)."""
+    q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
+    group = q.shape[2] // k.shape[2]
+    k, v = np.repeat(k, group, axis=2), np.repeat(v, group, axis=2)
+    logits = np.einsum("bqhd,bshd->bhqs", q, k) * (q.shape[-1] ** -0.5 if scale is None else scale)
+    if softcap:
+        logits = softcap * np.tanh(logits / softcap)
+    if bias is not None:
+        logits = logits + bias
+    seq = q.shape[1]
+    pos_q, pos_k = np.arange(seq)[:, None], np.arange(seq)[None, :]
+    keep = np.ones((1, 1, seq, seq), bool)
+    if causal:
+        keep = keep & (pos_k <= pos_q)
+    if window:
+        keep = keep & (pos_k > pos_q - window)
+    if mask is not None:
+        keep = keep & mask
+    if segment_ids is not None:
+        keep = keep & (segment_ids[:, None, :, None] == segment_ids[:, None, None, :])
+    logits = np.where(keep, logits, -np.inf)
+    probs = np.exp(logits - logits.max(-1, keepdims=True))
+    probs /= probs.sum(-1, keepdims=True)
+    return np.einsum("bhqs,bshd->bqhd", probs, v)
+
+
+def _run(module, *args):
+    return np.asarray(jax.jit(module.forward, static_argnums=0)(module.Config(), {}, *args))
+
+
+# ----------------------------------------------------------------------------- softcap, scale
+@pytest.mark.parametrize("causal", [True, False])
+def test_softcap_matches_numpy(tmp_path, causal):
+    m = _load(tmp_path, "softcap", _layer(
+        f"attention(q, k, v, causal = {str(causal).lower()}, softcap = 2.0)"))
+    assert _has(m.SOURCE, "einsum_attention(q, k, v, causal=") and "softcap=2.0" in m.SOURCE
+    q, k, v = _qkv()
+    got = _run(m, q, k, v)
+    want = reference(q, k, v, causal=causal, softcap=2.0)
+    np.testing.assert_allclose(got, want, atol=TOL, rtol=TOL)
+    uncapped = reference(q, k, v, causal=causal)
+    assert np.abs(want - uncapped).max() > 0.05  # the cap matters for these logits
+
+
+def test_explicit_scale_matches_numpy(tmp_path):
+    m = _load(tmp_path, "scale", _layer("attention(q, k, v, causal = true, scale = 0.7)"))
+    assert _has(m.SOURCE, 'jax.nn.dot_product_attention(q, k, v, is_causal=True, scale=0.7, implementation="xla")')
+    q, k, v = _qkv()
+    np.testing.assert_allclose(_run(m, q, k, v), reference(q, k, v, causal=True, scale=0.7),
+                               atol=TOL, rtol=TOL)
+
+
+def test_softcap_scale_and_window_together(tmp_path):
+    m = _load(tmp_path, "all", _layer(
+        "attention(q, k, v, causal = true, window = 3, scale = 0.25, softcap = 1.5)"))
+    q, k, v = _qkv()
+    want = reference(q, k, v, causal=True, window=3, scale=0.25, softcap=1.5)
+    np.testing.assert_allclose(_run(m, q, k, v), want, atol=TOL, rtol=TOL)
+
+
+def test_zero_scale_and_softcap_keep_the_default_call(tmp_path):
+    m = _load(tmp_path, "default", _layer("attention(q, k, v, causal = true, scale = 0.0, softcap = 0.0)"))
+    assert _has(m.SOURCE, 'jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation="xla")')
+    assert "einsum_attention" not in m.SOURCE
+    q, k, v = _qkv()
+    np.testing.assert_allclose(_run(m, q, k, v), reference(q, k, v, causal=True), atol=TOL, rtol=TOL)
+
+
+def test_negative_softcap_is_a_located_error(tmp_path):
+    spec = tmp_path / "neg.axl"
+    spec.write_text(_layer("attention(q, k, v, softcap = -1.0)"), encoding="utf-8")
+    with pytest.raises(CompileError) as info:
+        build_files(spec, "cpu")
+    text = info.value.render()
+    assert f"{spec}:3:12: error: `softcap` must be >= 0, got -1.0" in text
+    assert "hint: 0 means no soft-capping" in text
+
+
+# ----------------------------------------------------------------------------- v head dim
+@pytest.mark.parametrize("causal", [True, False])
+def test_v_head_dim_of_its_own_matches_numpy(tmp_path, causal):
+    m = _load(tmp_path, "mla", _layer(f"attention(q, k, v, causal = {str(causal).lower()})", v_head_dim=12))
+    assert _has(m.SOURCE, f"einsum_attention(q, k, v, causal={causal})")
+    q, k, v = _qkv(v_head_dim=12)
+    got = _run(m, q, k, v)
+    assert got.shape == (B, S, HEADS, 12)
+    np.testing.assert_allclose(got, reference(q, k, v, causal=causal), atol=TOL, rtol=TOL)
+
+
+def test_v_head_dim_counts_in_the_flops(tmp_path):
+    from axdsl.analysis.flops import model_flops
+    from axdsl.pipeline import compile_spec
+
+    def flops(vd: int) -> int:
+        spec = tmp_path / f"f{vd}.axl"
+        spec.write_text(_layer("attention(q, k, v, causal = false)", v_head_dim=vd), encoding="utf-8")
+        return model_flops(compile_spec(spec, "cpu").models[0], seq=S).attention
+
+    # 2 x keys x heads x (head_dim + v_head_dim) per token
+    assert flops(HEAD_DIM) == 2 * S * HEADS * (HEAD_DIM + HEAD_DIM)
+    assert flops(24) == 2 * S * HEADS * (HEAD_DIM + 24)
+
+
+# ----------------------------------------------------------------------------- bias, mask
+MASKED = _layer("attention(q, k, v, causal = true, bias = bias, mask = mask)",
+                extra_args=", bias: [B, heads, S, S], mask: [1, 1, S, S]")
+
+
+def _bias_and_mask(seed: int = 3):
+    rng = np.random.default_rng(seed)
+    bias = rng.normal(size=(B, HEADS, S, S)).astype(np.float32)
+    mask = rng.random((1, 1, S, S)) > 0.3
+    mask[..., np.arange(S), np.arange(S)] = True  # every query keeps itself
+    return bias, mask
+
+
+def test_bias_and_mask_match_numpy(tmp_path):
+    m = _load(tmp_path, "masked", MASKED)
+    assert _has(m.SOURCE, 'jax.nn.dot_product_attention(q, k, v, is_causal=True, bias=bias, mask=mask, '
+                          'implementation="xla")')
+    q, k, v = _qkv()
+    bias, mask = _bias_and_mask()
+    want = reference(q, k, v, causal=True, bias=bias, mask=mask)
+    np.testing.assert_allclose(_run(m, q, k, v, bias, mask), want, atol=TOL, rtol=TOL)
+    assert np.abs(want - reference(q, k, v, causal=True)).max() > 0.05
+
+
+def test_bias_and_mask_with_softcap_and_v_head_dim(tmp_path):
+    source = _layer("attention(q, k, v, causal = true, softcap = 2.0, bias = bias, mask = mask)",
+                    v_head_dim=4, extra_args=", bias: [B, heads, S, S], mask: [1, 1, S, S]")
+    m = _load(tmp_path, "masked_mla", source)
+    assert _has(m.SOURCE, "einsum_attention(q, k, v, causal=True, softcap=2.0, bias=bias, mask=mask)")
+    q, k, v = _qkv(v_head_dim=4)
+    bias, mask = _bias_and_mask()
+    want = reference(q, k, v, causal=True, softcap=2.0, bias=bias, mask=mask)
+    np.testing.assert_allclose(_run(m, q, k, v, bias, mask), want, atol=TOL, rtol=TOL)
+
+
+def test_a_bias_broadcast_over_batch_and_heads(tmp_path):
+    """ALiBi-style: one [1, 1, S, S] bias for every batch row and head."""
+    m = _load(tmp_path, "alibi", _layer("attention(q, k, v, causal = true, bias = bias)",
+                                        extra_args=", bias: [1, 1, S, S]"))
+    q, k, v = _qkv()
+    pos = np.arange(S)
+    bias = (-0.5 * np.abs(pos[:, None] - pos[None, :]))[None, None].astype(np.float32)
+    want = reference(q, k, v, causal=True, bias=bias)
+    np.testing.assert_allclose(_run(m, q, k, v, bias), want, atol=TOL, rtol=TOL)
+
+
+# ----------------------------------------------------------------------------- segment ids
+SEGMENTS = _layer("attention(q, k, v, causal = true, segment_ids = seg)", extra_args=", seg: [B, S]")
+
+
+def test_segment_ids_keep_attention_inside_each_packed_sequence(tmp_path):
+    m = _load(tmp_path, "packed", SEGMENTS)
+    assert "same_segment = seg[:, None, :, None] == seg[:, None, None, :]" in m.SOURCE
+    q, k, v = _qkv()
+    seg = np.array([[0, 0, 0, 1, 1, 1, 1, 2], [0, 0, 0, 0, 0, 0, 0, 0]], np.int32)
+    got = _run(m, q, k, v, seg)
+    np.testing.assert_allclose(got, reference(q, k, v, causal=True, segment_ids=seg), atol=TOL, rtol=TOL)
+    # The second packed sequence computes what it computes alone.
+    alone = reference(q[:1, 3:7], k[:1, 3:7], v[:1, 3:7], causal=True)
+    np.testing.assert_allclose(got[:1, 3:7], alone, atol=TOL, rtol=TOL)
+
+
+def test_segment_ids_and_a_mask_together(tmp_path):
+    m = _load(tmp_path, "packed_masked", _layer(
+        "attention(q, k, v, causal = true, softcap = 3.0, mask = mask, segment_ids = seg)",
+        extra_args=", mask: [1, 1, S, S], seg: [B, S]"))
+    assert _has(m.SOURCE, "mask=mask & same_segment")
+    q, k, v = _qkv()
+    _, mask = _bias_and_mask()
+    seg = np.array([[0, 0, 1, 1, 1, 1, 2, 2], [5, 5, 5, 5, 7, 7, 7, 7]], np.int32)
+    want = reference(q, k, v, causal=True, softcap=3.0, mask=mask, segment_ids=seg)
+    np.testing.assert_allclose(_run(m, q, k, v, mask, seg), want, atol=TOL, rtol=TOL)
+
+
+# ----------------------------------------------------------------------------- kernels
+# head_dim 128, bf16, max_seq 128: cuDNN and splash both run the plain call (tests/test_kernels.py).
+LM = """\
+import "std/transformer.axl"
+
+model small = DecoderLM {
+  vocab = 256  dim = 256  layers = 2  heads = 2  kv_heads = 1  ffn = 512  max_seq = 128
+  block = Block(attn = Attention(ATTN))
+  dtype = bf16
+}
+
+target "*" { quantize(none) }
+"""
+
+
+def _lm(tmp_path: Path, name: str, attn: str) -> Path:
+    spec = tmp_path / f"{name}.axl"
+    spec.write_text(LM.replace("ATTN", attn), encoding="utf-8")
+    return spec
+
+
+def test_softcap_rules_out_cudnn_with_the_reason(tmp_path):
+    gpu = build_files(_lm(tmp_path, "capped", "softcap = 50.0"), "gpu-h100-8")["model.py"]
+    assert "# attention: cudnn not used: softcap 50.0: soft-capping is not supported by cuDNN" in gpu
+    assert _has(gpu, "einsum_attention(q, k, v, causal=True, softcap=50.0)")
+    assert 'implementation="cudnn"' not in gpu
+
+
+def test_explicit_scale_keeps_cudnn(tmp_path):
+    gpu = build_files(_lm(tmp_path, "scaled", "scale = 0.125"), "gpu-h100-8")["model.py"]
+    assert _has(gpu, 'jax.nn.dot_product_attention(q, k, v, is_causal=True, scale=0.125, implementation="cudnn")')
+    assert "# attention:" not in gpu
+
+
+def test_forcing_cudnn_with_softcap_is_a_located_error(tmp_path):
+    spec = _lm(tmp_path, "forced", "softcap = 50.0")
+    spec.write_text(spec.read_text().replace('target "*" {', 'target "*" {\n  kernels(attention = cudnn)\n '))
+    with pytest.raises(CompileError) as info:
+        build_files(spec, "gpu-h100-8")
+    assert ("the `cudnn` attention kernel cannot run this attention: softcap 50.0: soft-capping is "
+            "not supported by cuDNN") in info.value.render()
+
+
+def test_kernel_choice_does_not_change_cpu_numerics(tmp_path):
+    """The gpu file (XLA fallback chosen for softcap) computes on the CPU what the cpu file does."""
+    spec = _lm(tmp_path, "same", "softcap = 5.0, scale = 0.2")
+    outputs = []
+    for target in ("cpu", "gpu-h100-8", "tpu-v5e-8"):
+        text = build_files(spec, target)["model.py"]
+        path = tmp_path / target / "model.py"
+        path.parent.mkdir()
+        path.write_text(text, encoding="utf-8")
+        mod_spec = importlib.util.spec_from_file_location(f"attn_same_{target.replace('-', '_')}", path)
+        module = importlib.util.module_from_spec(mod_spec)
+        mod_spec.loader.exec_module(module)
+        cfg = module.Config(dtype=jnp.float32)
+        params = jax.jit(module.init_params, static_argnums=0)(cfg, jax.random.key(0))
+        params["blocks"]["attn"] = jax.tree.map(lambda w: w * 8.0, params["blocks"]["attn"])
+        tokens = jax.random.randint(jax.random.key(1), (2, 16), 0, cfg.vocab)
+        outputs.append(np.asarray(jax.jit(module.forward, static_argnums=0)(cfg, params, tokens)))
+    for got in outputs[1:]:
+        np.testing.assert_allclose(got, outputs[0], atol=TOL, rtol=TOL)
+
+
+# A layer-level spec in bf16 with head_dim 128, so that cuDNN and splash could run its plain call.
+WIDE = """\
+layer Attn(heads: int = 2, hd: int = 128, vd: int = VD, dtype: dtype = bf16, max_seq: int = 128) {
+  forward(q: [B, S, heads, hd], k: [B, S, heads, hd], v: [B, S, heads, vd]EXTRA) -> [B, S, heads, vd] {
+    return CALL
+  }
+}
+model m = Attn {}
+"""
+
+
+def _wide(tmp_path: Path, call: str, vd: int = 128, extra: str = "") -> Path:
+    spec = tmp_path / "wide.axl"
+    spec.write_text(WIDE.replace("VD", str(vd)).replace("EXTRA", extra).replace("CALL", call),
+                    encoding="utf-8")
+    return spec
+
+
+def test_v_head_dim_rules_out_cudnn_with_the_reason(tmp_path):
+    spec = _wide(tmp_path, "attention(q, k, v, causal = true)", vd=64)
+    gpu = build_files(spec, "gpu-h100-8")["model.py"]
+    assert ("# attention: cudnn not used: v_head_dim 64 differs from head_dim 128; "
+            "jax.nn.dot_product_attention needs v shaped like k") in gpu
+    assert _has(gpu, "einsum_attention(q, k, v, causal=True)")
+    tpu = build_files(spec, "tpu-v5e-8")["model.py"]
+    assert "# attention: splash not used: m has v_head_dim 64; splash needs a multiple of 128" in tpu
+
+
+def test_bias_and_segment_ids_run_on_cudnn_as_a_dense_bias(tmp_path):
+    spec = _wide(tmp_path, "attention(q, k, v, causal = true, bias = bias, segment_ids = seg)",
+                 extra=", bias: [1, heads, S, S], seg: [B, S]")
+    gpu = build_files(spec, "gpu-h100-8")["model.py"]
+    assert _has(gpu, 'jax.nn.dot_product_attention(q, k, v, is_causal=True, bias=bias, mask=same_segment, '
+                     'implementation="cudnn")')
+    tpu = build_files(spec, "tpu-v5e-8")["model.py"]
+    assert "# attention: splash not used: an additive bias; splash attention has no bias input" in tpu
+
+
+def test_a_key_padding_mask_rules_out_cudnn(tmp_path):
+    """A [B, 1, 1, S] mask broadcasts in XLA, but jax's cuDNN bias must span [S, S]."""
+    spec = _wide(tmp_path, "attention(q, k, v, causal = true, mask = keep)", extra=", keep: [B, 1, 1, S]")
+    gpu = build_files(spec, "gpu-h100-8")["model.py"]
+    assert "# attention: cudnn not used: a mask that is not [..., S, S]" in gpu
+    assert _has(gpu, 'jax.nn.dot_product_attention(q, k, v, is_causal=True, mask=keep, implementation="xla")')
+
+
+def test_cudnn_choice_computes_what_cpu_does(tmp_path, monkeypatch):
+    """The gpu file's cuDNN call, run with cuDNN swapped for XLA, matches the cpu file and numpy."""
+    spec = _wide(tmp_path, "attention(q, k, v, causal = true, scale = 0.05, bias = bias, segment_ids = seg)",
+                 extra=", bias: [1, heads, S, S], seg: [B, S]")
+    original, implementations = jax.nn.dot_product_attention, []
+
+    def xla_for_cudnn(*args, implementation=None, **kwargs):
+        implementations.append(implementation)
+        return original(*args, implementation="xla", **kwargs)
+
+    monkeypatch.setattr(jax.nn, "dot_product_attention", xla_for_cudnn)
+    rng = np.random.default_rng(4)
+    q, k, v = (rng.normal(size=(2, 8, 2, 128)).astype(np.float32) for _ in range(3))
+    bias = rng.normal(size=(1, 2, 8, 8)).astype(np.float32)
+    seg = np.array([[0, 0, 0, 1, 1, 2, 2, 2], [0, 1, 1, 1, 1, 1, 1, 1]], np.int32)
+    want = reference(q, k, v, causal=True, scale=0.05, bias=bias, segment_ids=seg)
+    for target in ("cpu", "gpu-h100-8"):
+        path = tmp_path / target / "model.py"
+        path.parent.mkdir()
+        path.write_text(build_files(spec, target)["model.py"], encoding="utf-8")
+        mod_spec = importlib.util.spec_from_file_location(f"attn_wide_{target.replace('-', '_')}", path)
+        module = importlib.util.module_from_spec(mod_spec)
+        mod_spec.loader.exec_module(module)
+        np.testing.assert_allclose(_run(module, q, k, v, bias, seg), want, atol=TOL, rtol=TOL)
+    assert implementations == ["xla", "cudnn"]

@@ -1,0 +1,273 @@
+"""`repeat`: scanned blocks with side inputs, layer patterns and prefixes, each checked against an
+unrolled float64 numpy reference, and the generated code holding one `jax.lax.scan` per repeat."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from axdsl.build import build_files
+from axdsl.pipeline import compile_spec
+from axdsl.stats import model_stats
+from tests.targets_util import import_generated
+
+CROSS = """\
+# A decoder whose repeated block reads the encoder's memory: x is carried, mem is a side input.
+layer CrossBlock(dim: int, heads: int, head_dim: int = dim / heads) {
+  param wq: [dim, heads, head_dim] axes(embed, heads, head_dim) init normal(0.2)
+  param wk: [dim, heads, head_dim] axes(embed, heads, head_dim) init normal(0.2)
+  param wv: [dim, heads, head_dim] axes(embed, heads, head_dim) init normal(0.2)
+  param wo: [heads, head_dim, dim] axes(heads, head_dim, embed) init normal(0.2)
+  param w1: [dim, dim] axes(embed, mlp) init normal(0.2)
+  forward(x: [B, S, dim], mem: [B, T, dim]) -> [B, S, dim] {
+    o = attention(x @ wq, mem @ wk, mem @ wv, causal = false)
+    x = x + einsum("B S heads head_dim, heads head_dim dim -> B S dim", o, wo)
+    return x + silu(x @ w1)
+  }
+}
+
+layer CrossDecoder(dim: int, heads: int, layers: int) {
+  child blocks = repeat(layers, CrossBlock())
+  forward(x: [B, S, dim], mem: [B, T, dim]) -> [B, S, dim] {
+    return blocks(x, mem * 0.5)
+  }
+}
+model cross = CrossDecoder { dim = 8  heads = 2  layers = 3 }
+"""
+
+
+def _build(tmp: Path, name: str, source: str):
+    spec = tmp / f"{name}.axl"
+    spec.write_text(source, encoding="utf-8")
+    model, _ = import_generated(spec, "cpu", tmp)
+    return model, build_files(spec, "cpu")["model.py"]
+
+
+def _np(tree):
+    return jax.tree.map(lambda a: np.asarray(a, np.float64), tree)
+
+
+def _silu(x):
+    return x / (1.0 + np.exp(-x))
+
+
+def _softmax(x):
+    e = np.exp(x - x.max(-1, keepdims=True))
+    return e / e.sum(-1, keepdims=True)
+
+
+def _cross_block(p, x, mem):
+    q = np.einsum("bsd,dhk->bshk", x, p["wq"])
+    k = np.einsum("btd,dhk->bthk", mem, p["wk"])
+    v = np.einsum("btd,dhk->bthk", mem, p["wv"])
+    w = _softmax(np.einsum("bshk,bthk->bhst", q, k) / np.sqrt(q.shape[-1]))
+    o = np.einsum("bhst,bthk->bshk", w, v)
+    x = x + np.einsum("bshk,hkd->bsd", o, p["wo"])
+    return x + _silu(x @ p["w1"])
+
+
+def _layer(stacked: dict, i: int) -> dict:
+    return jax.tree.map(lambda a: a[i], stacked)
+
+
+def test_a_repeated_block_takes_a_side_input(tmp_path):
+    model, code = _build(tmp_path, "cross", CROSS)
+    cfg = model.Config()
+    params = model.init_params(cfg, jax.random.key(0))
+    x = jax.random.normal(jax.random.key(1), (2, 5, 8), jnp.float32)
+    mem = jax.random.normal(jax.random.key(2), (2, 7, 8), jnp.float32)
+    got = jax.jit(lambda p, x, m: model.forward(cfg, p, x, m))(params, x, mem)
+    ref, p, m = np.asarray(x, np.float64), _np(params), np.asarray(mem, np.float64) * 0.5
+    for i in range(3):
+        ref = _cross_block(_layer(p["blocks"], i), ref, m)
+    np.testing.assert_allclose(np.asarray(got), ref, rtol=1e-5, atol=1e-5)
+    assert code.count("jax.lax.scan(") == 1
+    assert "blocks_in = mem * 0.5" in code  # computed once, before the scan, and closed over
+
+
+ALTERNATING = """\
+import "std/transformer.axl"
+
+# Layer i runs pattern[i % 2]: local (sliding-window) attention, then global.
+model alt = DecoderLM {
+  vocab = 64  dim = 16  layers = 6  heads = 2  ffn = 32  max_seq = 32  dtype = f32
+  block = [Block(attn = Attention(window = 3)), Block()]
+}
+"""
+
+# The same model written out layer by layer: no repeat, no scan.
+UNROLLED = """\
+import "std/transformer.axl"
+
+layer Unrolled(vocab: int, dim: int, heads: int, ffn: int, dtype: dtype = f32, param_dtype: dtype = f32) {
+  child embed = Embedding()
+  child b0 = Block(attn = Attention(window = 3))
+  child b1 = Block()
+  child b2 = Block(attn = Attention(window = 3))
+  child b3 = Block()
+  child b4 = Block(attn = Attention(window = 3))
+  child b5 = Block()
+  child final_norm = RMSNorm()
+  param head: [dim, vocab] axes(embed, vocab)
+  forward(tokens: [B, S]) -> [B, S, vocab] {
+    x = embed(tokens)
+    x = b5(b4(b3(b2(b1(b0(x))))))
+    return final_norm(x) @ head
+  }
+}
+model unrolled = Unrolled { vocab = 64  dim = 16  heads = 2  ffn = 32 }
+"""
+
+
+def _tokens(shape=(2, 12)):
+    return jax.random.randint(jax.random.key(3), shape, 0, 64)
+
+
+def test_an_alternating_pattern_is_one_scan_and_matches_the_unrolled_model(tmp_path):
+    model, code = _build(tmp_path, "alt", ALTERNATING)
+    ref_model, ref_code = _build(tmp_path, "unrolled", UNROLLED)
+    cfg = model.Config()
+    params = model.init_params(cfg, jax.random.key(0))
+    assert set(params["blocks"]) == {"0", "1"}  # blocks/0/..., blocks/1/..., each stacked 3 deep
+    assert params["blocks"]["0"]["attn"]["wq"].shape == (3, 16, 2, 8)
+    ref_params = {k: v for k, v in params.items() if k != "blocks"}
+    for i in range(6):
+        ref_params[f"b{i}"] = _layer(params["blocks"][str(i % 2)], i // 2)
+    tokens = _tokens()
+    got = jax.jit(lambda p, t: model.forward(cfg, p, t))(params, tokens)
+    want = ref_model.forward(ref_model.Config(), ref_params, tokens)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5)
+    assert code.count("jax.lax.scan(") == 1 and "jax.lax.scan(" not in ref_code
+    assert "local_window_size=(3 - 1, 0)" in code  # the local layers' static window
+    # The window matters: a model of only global layers computes something else.
+    only_global = _layer_swap(params)
+    assert not np.allclose(np.asarray(model.forward(cfg, only_global, tokens)), np.asarray(got))
+
+
+def _layer_swap(params: dict) -> dict:
+    """The alternating model's parameters with its two pattern elements swapped."""
+    blocks = dict(params["blocks"])
+    blocks["0"], blocks["1"] = blocks["1"], blocks["0"]
+    return {**params, "blocks": blocks}
+
+
+def test_pattern_init_is_by_path_and_parameter_counts_are_exact(tmp_path):
+    model, _ = _build(tmp_path, "alt", ALTERNATING)
+    ref_model, _ = _build(tmp_path, "unrolled", UNROLLED)
+    cfg = model.Config()
+    a = model.init_params(cfg, jax.random.key(0))
+    b = model.init_params(cfg, jax.random.key(0))
+    jax.tree.map(lambda x, y: np.testing.assert_array_equal(np.asarray(x), np.asarray(y)), a, b)
+    assert not np.allclose(a["blocks"]["0"]["attn"]["wq"], a["blocks"]["1"]["attn"]["wq"])
+    count = lambda tree: sum(int(np.prod(x.shape)) for x in jax.tree.leaves(tree))  # noqa: E731
+    assert count(a) == count(ref_model.init_params(ref_model.Config(), jax.random.key(0)))
+    stats, ref_stats = (model_stats(compile_spec(tmp_path / f"{n}.axl", "cpu").models[0], seq=12, batch=2)
+                        for n in ("alt", "unrolled"))
+    assert stats.total_params == ref_stats.total_params == count(a)
+    assert stats.flops_per_token == ref_stats.flops_per_token
+
+
+# DeepSeek's layout: the first layers dense, the rest mixture-of-experts; two repeat children.
+PREFIX = """\
+import "std/transformer.axl"
+
+layer DenseThenMoE(vocab: int, dim: int, layers: int, dense_layers: int, heads: int, ffn: int,
+                   dtype: dtype = f32, param_dtype: dtype = f32) {
+  child embed = Embedding()
+  child dense = repeat(dense_layers, Block())
+  child moe = repeat(layers - dense_layers, Block(mlp = MoE(hidden = 8, experts = 4, capacity_factor = 0.0, shared = 1)))
+  child final_norm = RMSNorm()
+  param head: [dim, vocab] axes(embed, vocab)
+  forward(tokens: [B, S]) -> [B, S, vocab] {
+    x = dense(embed(tokens))
+    x = moe(x)
+    return final_norm(x) @ head
+  }
+}
+model ds = DenseThenMoE { vocab = 64  dim = 16  layers = 4  dense_layers = 1  heads = 2  ffn = 32 }
+"""
+
+PREFIX_UNROLLED = """\
+import "std/transformer.axl"
+
+layer Unrolled(vocab: int, dim: int, heads: int, ffn: int, dtype: dtype = f32, param_dtype: dtype = f32) {
+  child embed = Embedding()
+  child d0 = Block()
+  child m0 = Block(mlp = MoE(hidden = 8, experts = 4, capacity_factor = 0.0, shared = 1))
+  child m1 = Block(mlp = MoE(hidden = 8, experts = 4, capacity_factor = 0.0, shared = 1))
+  child m2 = Block(mlp = MoE(hidden = 8, experts = 4, capacity_factor = 0.0, shared = 1))
+  child final_norm = RMSNorm()
+  param head: [dim, vocab] axes(embed, vocab)
+  forward(tokens: [B, S]) -> [B, S, vocab] {
+    return final_norm(m2(m1(m0(d0(embed(tokens)))))) @ head
+  }
+}
+model unrolled = Unrolled { vocab = 64  dim = 16  heads = 2  ffn = 32 }
+"""
+
+
+def test_dense_layers_then_moe_layers_are_two_scans(tmp_path):
+    model, code = _build(tmp_path, "ds", PREFIX)
+    ref_model, _ = _build(tmp_path, "ds_unrolled", PREFIX_UNROLLED)
+    cfg = model.Config()
+    params = model.init_params(cfg, jax.random.key(0))
+    assert params["dense"]["attn"]["wq"].shape[0] == 1 and params["moe"]["mlp"]["w_up"].shape[0] == 3
+    ref_params = {k: v for k, v in params.items() if k not in ("dense", "moe")}
+    ref_params["d0"] = _layer(params["dense"], 0)
+    for i in range(3):
+        ref_params[f"m{i}"] = _layer(params["moe"], i)
+    batch = jax.random.randint(jax.random.key(3), (2, 13), 0, 64)
+    (loss, ce) = jax.jit(lambda p, b: model.loss_fn(cfg, p, b))(params, batch)
+    (ref_loss, ref_ce) = ref_model.loss_fn(ref_model.Config(), ref_params, batch)
+    np.testing.assert_allclose([loss, ce], [ref_loss, ref_ce], rtol=1e-5, atol=1e-6)
+    assert loss > ce  # the MoE layers' auxiliary losses leave both scans
+    assert code.count("jax.lax.scan(") == 2
+
+
+# A pattern whose layers differ in kind: a windowed layer with dropout, then an MoE layer.
+MIXED = """\
+import "std/transformer.axl"
+
+model mixed = DecoderLM {
+  vocab = 256  dim = 64  layers = 4  heads = 4  kv_heads = 2  ffn = 128  max_seq = 64  dtype = f32
+  block = [Block(attn = Attention(window = 5), dropout = 0.1), Block(mlp = MoE(hidden = 32, experts = 4))]
+}
+train { batch = 8  seq = 16 }
+target "*" { quantize(none) }
+"""
+
+
+def _loss_and_grads(model, cfg, params, batch, mesh=None, rng=None):
+    fn = jax.jit(jax.value_and_grad(lambda p: model.loss_fn(cfg, p, batch, rng=rng)[0]))
+    if mesh is None:
+        return fn(params)
+    with jax.set_mesh(mesh):
+        return fn(params)
+
+
+def test_a_mixed_pattern_trains_and_every_schedule_computes_the_same(tmp_path):
+    """Dropout keys and auxiliary losses pass through the pattern's scan; a GPU schedule
+    (sharding over 8 fake devices, remat) changes how it runs, not what it computes."""
+    spec = tmp_path / "mixed.axl"
+    spec.write_text(MIXED, encoding="utf-8")
+    ref, _ = import_generated(spec, "cpu", tmp_path)
+    gpu, _ = import_generated(spec, "gpu-h100-8", tmp_path)
+    cfg = ref.Config()
+    params = ref.init_params(cfg, jax.random.key(0))
+    batch = jax.random.randint(jax.random.key(1), (8, 17), 0, 256)
+    loss, grads = _loss_and_grads(ref, cfg, params, batch)
+    _, ce = ref.loss_fn(cfg, params, batch)
+    assert loss > ce  # the MoE layers' auxiliary loss
+    gpu_loss, gpu_grads = _loss_and_grads(gpu, cfg, params, batch, gpu.make_mesh())
+    np.testing.assert_allclose(float(gpu_loss), float(loss), rtol=1e-6)
+    for g, w in zip(jax.tree.leaves(gpu_grads), jax.tree.leaves(grads)):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(w), atol=1e-5, rtol=1e-4)
+    dropped, dropped_grads = _loss_and_grads(ref, cfg, params, batch, rng=jax.random.key(2))
+    assert np.isfinite(float(dropped)) and float(dropped) != float(loss)
+    assert all(np.isfinite(np.asarray(g)).all() for g in jax.tree.leaves(dropped_grads))
+    assert "REMAT_POLICY" in Path(gpu.__file__).read_text()
