@@ -267,3 +267,18 @@ def test_tpu_lowering_contains_the_splash_kernel(models, mesh):
     kernels = re.findall(r"splash_mha_(fwd|dq|dkv)", text)
     assert sorted(set(kernels)) == ["dkv", "dq", "fwd"]
     assert text.count("stablehlo.custom_call @tpu_custom_call") == len(kernels) == 4
+
+
+def test_models_of_different_structures_are_an_error_not_a_crash(tmp_path):
+    """select_kernels looks each attention call up in every model; a model without it (another
+    structure) is left to the one-structure-per-spec error, not an internal StopIteration."""
+    from axdsl.build import build_files
+    from axdsl.errors import CompileError
+
+    spec = tmp_path / "two.axl"
+    spec.write_text('import "std/transformer.axl"\n'
+                    "model long = DecoderLM { vocab = 64  dim = 64  layers = 2  heads = 2  ffn = 128 }\n"
+                    "layer Id(d: int = 4) { forward(x: [B, d]) -> [B, d] { return x } }\n"
+                    "model other = Id {}\n")
+    with pytest.raises(CompileError, match="has a different structure"):
+        build_files(spec, "gpu-h100")

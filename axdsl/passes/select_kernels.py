@@ -43,7 +43,8 @@ def _decide(module: ir.Module, path: str, name: str, diags: Diagnostics) -> ir.K
     choice = dict(sched.kernels)[name]
     forced = choice.value != "auto"
     candidates = (choice.value,) if forced else rule.preference(profiles()[sched.profile], name)
-    calls = [(m, p) for m in module.models for p in prims_of(_find(m.root, path), name)]
+    calls = [(m, p) for m in module.models if (inst := _find(m.root, path)) is not None
+             for p in prims_of(inst, name)]
     notes = []
     for kernel in candidates:
         reasons = [r for m, p in calls for r in rule.violations(kernel, p, m, sched)]
@@ -56,8 +57,9 @@ def _decide(module: ir.Module, path: str, name: str, diags: Diagnostics) -> ir.K
     return ir.KernelChoice(rule.fallback, tuple(notes), choice.origin)
 
 
-def _find(root: ir.Instance, path: str) -> ir.Instance:
-    return next(i for i in root.walk() if i.path == path)
+def _find(root: ir.Instance, path: str) -> ir.Instance | None:
+    """The instance at `path`; None in a model of another structure (codegen reports that)."""
+    return next((i for i in root.walk() if i.path == path), None)
 
 
 def _apply(inst: ir.Instance, decisions: dict[tuple[str, str], ir.KernelChoice]) -> ir.Instance:
