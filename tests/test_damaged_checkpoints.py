@@ -64,3 +64,46 @@ def test_damaged_newest_checkpoint_is_set_aside_and_the_run_resumes_from_the_pre
     assert "resumed from step 10" in proc.stderr
     assert (run / "checkpoints" / "20.damaged").is_dir()  # set aside, not deleted
     assert_bitwise_equal(checkpoint_arrays(run, 30), checkpoint_arrays(ref, 30))
+
+
+def empty_data_metadata(step_dir: Path) -> None:
+    (step_dir / "data" / "metadata").write_bytes(b"")
+
+
+def no_state_metadata(step_dir: Path) -> None:
+    (step_dir / "state" / "_METADATA").unlink()
+
+
+def flipped_tensor(step_dir: Path) -> None:
+    flip_a_byte(max(tensor_files(step_dir), key=lambda p: p.stat().st_size))
+
+
+@pytest.mark.parametrize("damage", [flipped_tensor, empty_data_metadata, no_state_metadata],
+                         ids=["flipped byte", "empty data/metadata", "missing _METADATA"])
+def test_sample_and_export_hf_skip_a_damaged_newest_checkpoint(tmp_path, reference, damage, capsys):
+    """Readers never trust a damaged checkpoint and never move it (a training may be running):
+    they say which one is damaged and why, and read the newest good one (step 20 here)."""
+    import shutil
+
+    from safetensors.numpy import load_file
+
+    from axdsl import hf, runs
+
+    ref, _ = reference
+    run = tmp_path / "run"
+    shutil.copytree(ref, run)
+    damage(run / "checkpoints" / "30")
+    before = sorted(p.name for p in (run / "checkpoints").iterdir())
+
+    assert runs.sample(run, "def ", max_tokens=4, temperature=0.0) == 0
+    err = capsys.readouterr().err
+    assert "checkpoint 30" in err and "is damaged" in err and "Traceback" not in err
+
+    spec = ROOT / "specs" / "tiny_llama.axl"
+    assert hf.export_hf(spec, run, tmp_path / "hf", None) == 0
+    err = capsys.readouterr().err
+    assert "checkpoint 30" in err and "is damaged" in err and "Traceback" not in err
+    assert hf.export_hf(spec, run / "checkpoints" / "20", tmp_path / "hf20", None) == 0
+    exported, step20 = load_file(tmp_path / "hf" / "model.safetensors"), load_file(tmp_path / "hf20" / "model.safetensors")
+    assert exported.keys() == step20.keys() and all((exported[k] == step20[k]).all() for k in exported)
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == before  # nothing moved or deleted

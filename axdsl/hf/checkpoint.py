@@ -8,9 +8,11 @@ checkpoint or a `train.py` run (its "state" item's `params`).
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
+from axdsl.checkpoints import good_steps
 from axdsl.hf.arch import Arch
 from axdsl.hf.errors import HFError
 
@@ -69,13 +71,12 @@ def find_checkpoint(ckpt: Path) -> tuple[Path, str | None]:
             base = ckpt / "checkpoints"
     elif (ckpt / "checkpoints").is_dir():
         base = ckpt / "checkpoints"
-    steps = sorted(int(p.name) for p in base.glob("*")
-                   if p.name.isdigit() and (p / "state" / "_METADATA").exists())
+    steps = good_steps(base, lambda m: print(f"axdsl: warning: {m}", file=sys.stderr))
     if not steps:
-        raise HFError(f"no orbax checkpoint found in {ckpt}",
+        raise HFError(f"no complete, undamaged orbax checkpoint found in {ckpt}",
                       ["give a params checkpoint (import-hf's output), a train.py run directory, "
                        "its checkpoints/ directory or one step directory"])
-    return base / str(steps[-1]) / "state", run_model
+    return base / str(steps[0]) / "state", run_model
 
 
 def metadata_tree(path: Path) -> dict:
