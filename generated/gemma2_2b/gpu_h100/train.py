@@ -11,17 +11,22 @@ nothing under SLURM (srun) and on multi-host TPU VMs.
 """
 
 import dataclasses
+import sys
 import time
 
-import jax
-import jax.numpy as jnp
-import numpy as np
-import optax
-from jax.sharding import NamedSharding
-from jax.sharding import PartitionSpec as P
+try:  # loading jax takes seconds: Ctrl-C then has nothing to save and needs no traceback
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    import optax
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
 
-from ... import runtime
-from .model import CONFIGS, Config, init_params, loss_fn, make_mesh, param_axes, param_specs
+    from ... import runtime
+    from .model import CONFIGS, Config, init_params, loss_fn, make_mesh, param_axes, param_specs
+except KeyboardInterrupt:
+    print("train.py: interrupted while starting; nothing to save", file=sys.stderr)
+    raise SystemExit(130) from None
 
 RUNTIME_API = 1  # the runtime.py interface this file is written for
 TARGET = "gpu-h100"
