@@ -173,6 +173,54 @@ def test_v_head_dim_counts_in_the_flops(tmp_path):
     assert flops(24) == 2 * S * HEADS * (HEAD_DIM + 24)
 
 
+STD_ATTENTION = """\
+import "std/transformer.axl"
+
+model attn = Attention {
+  dim = 16  heads = 4  kv_heads = 2  head_dim = 8  rope = false  SETTINGS
+}
+"""
+
+
+def _std_attention(x, p, scale=None, softcap=0.0):
+    """std Attention (rope off) in numpy: projections, biases, attention, output projection."""
+    q = np.einsum("bsd,dhe->bshe", x, p["wq"]) + p.get("bq", 0)
+    k = np.einsum("bsd,dke->bske", x, p["wk"]) + p.get("bk", 0)
+    v = np.einsum("bsd,dke->bske", x, p["wv"]) + p.get("bv", 0)
+    o = reference(q, k, v, causal=True, scale=scale, softcap=softcap)
+    return np.einsum("bshe,hed->bsd", o, p["wo"]) + p.get("bo", 0)
+
+
+def _random_params(params, seed: int = 8):
+    rng = np.random.default_rng(seed)
+    return {name: rng.normal(size=w.shape).astype(np.float32) * 0.5 for name, w in params.items()}
+
+
+def test_std_attention_with_v_head_dim_and_qwen2_biases(tmp_path):
+    """v_head_dim 12 (not head_dim 8) sizes wv, bv and wo; out_bias = false drops bo only."""
+    m = _load(tmp_path, "std_mla", STD_ATTENTION.replace(
+        "SETTINGS", "v_head_dim = 12  bias = true  out_bias = false  softcap = 3.0  scale = 0.3"))
+    cfg = m.Config()
+    params = jax.jit(m.init_params, static_argnums=0)(cfg, jax.random.key(0))
+    assert params["wv"].shape == (16, 2, 12) and params["wo"].shape == (4, 12, 16)
+    assert params["bv"].shape == (2, 12) and "bq" in params and "bo" not in params
+    params = _random_params(params)
+    x = np.random.default_rng(9).normal(size=(B, S, 16)).astype(np.float32)
+    got = np.asarray(jax.jit(m.forward, static_argnums=0)(cfg, params, x))
+    np.testing.assert_allclose(got, _std_attention(x, params, scale=0.3, softcap=3.0), atol=TOL, rtol=TOL)
+
+
+def test_std_attention_defaults_keep_the_plain_call(tmp_path):
+    m = _load(tmp_path, "std_plain", STD_ATTENTION.replace("SETTINGS", "bias = true"))
+    assert _has(m.SOURCE, 'jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation="xla")')
+    cfg = m.Config()
+    params = _random_params(jax.jit(m.init_params, static_argnums=0)(cfg, jax.random.key(0)))
+    assert "bo" in params  # out_bias defaults to bias
+    x = np.random.default_rng(10).normal(size=(B, S, 16)).astype(np.float32)
+    got = np.asarray(jax.jit(m.forward, static_argnums=0)(cfg, params, x))
+    np.testing.assert_allclose(got, _std_attention(x, params), atol=TOL, rtol=TOL)
+
+
 # ----------------------------------------------------------------------------- bias, mask
 MASKED = _layer("attention(q, k, v, causal = true, bias = bias, mask = mask)",
                 extra_args=", bias: [B, heads, S, S], mask: [1, 1, S, S]")

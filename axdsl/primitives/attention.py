@@ -161,8 +161,9 @@ def _emit(ctx, prim: ir.Prim, args: list[str], precs: list[int]) -> str:
 
 
 def _set(value) -> bool:
-    """A float static that is on: nonzero, or read from the Config (it may differ per model)."""
-    return value is not None and (bool(value.value) or "cfg." in value.code)
+    """A float static that is on (nonzero), like `window`: a spec's models share one structure,
+    so the value decides the call and the code (a literal or `cfg.softcap`) fills it in."""
+    return value is not None and bool(value.value)
 
 
 def work(prim: ir.Prim, seq: int, cap_window: bool) -> int:
