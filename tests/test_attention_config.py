@@ -502,3 +502,22 @@ def test_splash_gradients_with_softcap_and_segment_ids_match_the_cpu_file(tmp_pa
 
     for got, want in zip(grads(tpu), grads(cpu)):
         np.testing.assert_allclose(got, want, atol=1e-4 * np.abs(want).max(), rtol=1e-4)
+
+
+def test_memory_counts_the_v_head_dim_and_the_soft_capped_logits(tmp_path):
+    from axdsl.analysis.memory import estimate_memory
+    from axdsl.ir import nodes as ir
+    from axdsl.pipeline import compile_spec
+
+    def detail(attn: str) -> dict[str, int]:
+        spec = _lm(tmp_path, f"mem_{len(attn)}", attn)
+        spec.write_text(spec.read_text().replace("dtype = bf16", "dtype = f32"))
+        est = estimate_memory(compile_spec(spec, "cpu"), "small", batch=2, seq=128,
+                              remat=ir.RematPolicy("none"))
+        return {k.rsplit("/blocks/attn: ", 1)[-1]: v for k, v in est.detail.items() if "/blocks/attn: " in k}
+
+    plain, wide = detail("head_dim = 128"), detail("head_dim = 128, v_head_dim = 256, softcap = 20.0")
+    assert plain["attention"] == 2 * 128 * 2 * 128 * 4  # [B, S, heads, v_head_dim] in f32
+    assert wide["attention"] == 2 * plain["attention"]
+    assert "attention soft-capped logits" not in plain
+    assert wide["attention soft-capped logits"] == wide["attention masked logits"] == 2 * 2 * 128 * 128 * 4
