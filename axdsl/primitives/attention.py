@@ -261,7 +261,8 @@ FLASH_KERNELS = ("cudnn", "splash")
 
 def _memory(t, prim: ir.Prim, args, dims, label: str):
     """q, k, v; then flash kernels the output and log-sum-exp, XLA the [B, heads, S, S] internals:
-    the masked logits and exp in float32, the mask, the probabilities in the compute dtype."""
+    the masked logits and exp in float32 (and two more with soft-capping), the mask, the
+    probabilities in the compute dtype."""
     q, k, v = args[:3]
     heads = q.dims[-2]
     out = t.new(dims, q.dtype, label, (q, k, v))
@@ -273,8 +274,8 @@ def _memory(t, prim: ir.Prim, args, dims, label: str):
         return out
     scores = (q.dims[0], heads, q.dims[1], ir.Dim("S_kv", t.seq))  # keys: the full sequence
     internals = [("f32", "masked logits"), ("f32", "exp")]
-    if prim.attr("softcap").value:
-        internals.append(("f32", "soft-capped logits"))
+    if prim.attr("softcap").value:  # tanh's backward keeps its output and 1 - tanh^2
+        internals += [("f32", "soft-capped logits"), ("f32", "soft-cap slope")]
     if (t.static(prim.attr("causal")) or t.static(prim.attr("window")) or prim.operand("mask") is not None
             or prim.operand("segment_ids") is not None):
         internals.append(("bool", "mask"))
