@@ -103,7 +103,8 @@ def _shape(ctx, prim, args):
     segments = _typed(prim, args, "segment_ids")
     if segments is not None:
         dims = segments.type.dims
-        if len(dims) != 2 or not dims[0].same(q[0]) or not dims[1].same(q[1]) or not q[1].same(k[1]):
+        self_attention = q[1].same(k[1])  # queries and keys are the same tokens
+        if len(dims) != 2 or not dims[0].same(q[0]) or not dims[1].same(q[1]) or not self_attention:
             ctx.fail(getattr(segments, "span", None) or prim.span,
                      f"`attention` segment_ids must be [B, S] like q's batch and sequence "
                      f"{ir_fmt((q[0], q[1]))}, got {ir_fmt(dims)}",
@@ -276,8 +277,8 @@ def _memory(t, prim: ir.Prim, args, dims, label: str):
     internals = [("f32", "masked logits"), ("f32", "exp")]
     if prim.attr("softcap").value:  # tanh's backward keeps its output and 1 - tanh^2
         internals += [("f32", "soft-capped logits"), ("f32", "soft-cap slope")]
-    if (t.static(prim.attr("causal")) or t.static(prim.attr("window")) or prim.operand("mask") is not None
-            or prim.operand("segment_ids") is not None):
+    masked = prim.operand("mask") is not None or prim.operand("segment_ids") is not None
+    if t.static(prim.attr("causal")) or t.static(prim.attr("window")) or masked:
         internals.append(("bool", "mask"))
     if q.dtype != "f32":
         internals.append((q.dtype, "probabilities"))
@@ -310,8 +311,8 @@ def emit_attention(kernel: str, call: AttentionCall) -> str:
     if kernel == "splash":
         if call.mask is not None or call.bias is not None:  # select_kernels never picks splash then
             raise AssertionError("splash attention takes no explicit mask or bias")
-        extra = "".join(f", {name}={getattr(call, name)}" for name in ("scale", "softcap", "segment_ids")
-                        if getattr(call, name) is not None)
+        extra = "".join(f", {name}={getattr(call, name)}"
+                        for name in ("scale", "softcap", "segment_ids") if getattr(call, name) is not None)
         return f"splash_attention({q}, {k}, {v}, causal={call.causal}, window={call.window}{extra})"
     if call.softcap is not None or call.written_out:  # only the xla kernel runs these
         kwargs = [f"causal={call.causal}"]
