@@ -173,6 +173,54 @@ def test_v_head_dim_counts_in_the_flops(tmp_path):
     assert flops(24) == 2 * S * HEADS * (HEAD_DIM + 24)
 
 
+STD_ATTENTION = """\
+import "std/transformer.axl"
+
+model attn = Attention {
+  dim = 16  heads = 4  kv_heads = 2  head_dim = 8  rope = false  SETTINGS
+}
+"""
+
+
+def _std_attention(x, p, scale=None, softcap=0.0):
+    """std Attention (rope off) in numpy: projections, biases, attention, output projection."""
+    q = np.einsum("bsd,dhe->bshe", x, p["wq"]) + p.get("bq", 0)
+    k = np.einsum("bsd,dke->bske", x, p["wk"]) + p.get("bk", 0)
+    v = np.einsum("bsd,dke->bske", x, p["wv"]) + p.get("bv", 0)
+    o = reference(q, k, v, causal=True, scale=scale, softcap=softcap)
+    return np.einsum("bshe,hed->bsd", o, p["wo"]) + p.get("bo", 0)
+
+
+def _random_params(params, seed: int = 8):
+    rng = np.random.default_rng(seed)
+    return {name: rng.normal(size=w.shape).astype(np.float32) * 0.5 for name, w in params.items()}
+
+
+def test_std_attention_with_v_head_dim_and_qwen2_biases(tmp_path):
+    """v_head_dim 12 (not head_dim 8) sizes wv, bv and wo; out_bias = false drops bo only."""
+    m = _load(tmp_path, "std_mla", STD_ATTENTION.replace(
+        "SETTINGS", "v_head_dim = 12  bias = true  out_bias = false  softcap = 3.0  scale = 0.3"))
+    cfg = m.Config()
+    params = jax.jit(m.init_params, static_argnums=0)(cfg, jax.random.key(0))
+    assert params["wv"].shape == (16, 2, 12) and params["wo"].shape == (4, 12, 16)
+    assert params["bv"].shape == (2, 12) and "bq" in params and "bo" not in params
+    params = _random_params(params)
+    x = np.random.default_rng(9).normal(size=(B, S, 16)).astype(np.float32)
+    got = np.asarray(jax.jit(m.forward, static_argnums=0)(cfg, params, x))
+    np.testing.assert_allclose(got, _std_attention(x, params, scale=0.3, softcap=3.0), atol=TOL, rtol=TOL)
+
+
+def test_std_attention_defaults_keep_the_plain_call(tmp_path):
+    m = _load(tmp_path, "std_plain", STD_ATTENTION.replace("SETTINGS", "bias = true"))
+    assert _has(m.SOURCE, 'jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation="xla")')
+    cfg = m.Config()
+    params = _random_params(jax.jit(m.init_params, static_argnums=0)(cfg, jax.random.key(0)))
+    assert "bo" in params  # out_bias defaults to bias
+    x = np.random.default_rng(10).normal(size=(B, S, 16)).astype(np.float32)
+    got = np.asarray(jax.jit(m.forward, static_argnums=0)(cfg, params, x))
+    np.testing.assert_allclose(got, _std_attention(x, params), atol=TOL, rtol=TOL)
+
+
 # ----------------------------------------------------------------------------- bias, mask
 MASKED = _layer("attention(q, k, v, causal = true, bias = bias, mask = mask)",
                 extra_args=", bias: [B, heads, S, S], mask: [1, 1, S, S]")
@@ -291,24 +339,30 @@ def test_forcing_cudnn_with_softcap_is_a_located_error(tmp_path):
 
 
 def test_kernel_choice_does_not_change_cpu_numerics(tmp_path):
-    """The gpu file (XLA fallback chosen for softcap) computes on the CPU what the cpu file does."""
+    """Softcap and scale: XLA's einsum_attention on cpu and gpu-h100 (cuDNN passed over), splash
+    on tpu-v5e (in interpret mode here); all three files compute the same logits on the CPU."""
     spec = _lm(tmp_path, "same", "softcap = 5.0, scale = 0.2")
-    outputs = []
-    for target in ("cpu", "gpu-h100-8", "tpu-v5e-8"):
+    outputs, calls = [], {"cpu": "einsum_attention(", "gpu-h100-8": "einsum_attention(",
+                          "tpu-v5e-8": "splash_attention(q, k, v"}
+    for target, call in calls.items():
         text = build_files(spec, target)["model.py"]
+        assert call in text, target
         path = tmp_path / target / "model.py"
         path.parent.mkdir()
         path.write_text(text, encoding="utf-8")
         mod_spec = importlib.util.spec_from_file_location(f"attn_same_{target.replace('-', '_')}", path)
         module = importlib.util.module_from_spec(mod_spec)
         mod_spec.loader.exec_module(module)
+        if hasattr(module, "PALLAS_INTERPRET"):
+            module.PALLAS_INTERPRET = True
         cfg = module.Config(dtype=jnp.float32)
         params = jax.jit(module.init_params, static_argnums=0)(cfg, jax.random.key(0))
         params["blocks"]["attn"] = jax.tree.map(lambda w: w * 8.0, params["blocks"]["attn"])
-        tokens = jax.random.randint(jax.random.key(1), (2, 16), 0, cfg.vocab)
+        tokens = jax.random.randint(jax.random.key(1), (2, cfg.max_seq), 0, cfg.vocab)
         outputs.append(np.asarray(jax.jit(module.forward, static_argnums=0)(cfg, params, tokens)))
+    assert np.abs(outputs[0]).max() > 0.1
     for got in outputs[1:]:
-        np.testing.assert_allclose(got, outputs[0], atol=TOL, rtol=TOL)
+        np.testing.assert_allclose(got, outputs[0], atol=1e-4, rtol=1e-4)
 
 
 # A layer-level spec in bf16 with head_dim 128, so that cuDNN and splash could run its plain call.
@@ -382,3 +436,89 @@ def test_cudnn_choice_computes_what_cpu_does(tmp_path, monkeypatch):
         mod_spec.loader.exec_module(module)
         np.testing.assert_allclose(_run(module, q, k, v, bias, seg), want, atol=TOL, rtol=TOL)
     assert implementations == ["xla", "cudnn"]
+
+
+# ----------------------------------------------------------------------------- splash
+def _tpu_module(tmp_path: Path, spec: Path, name: str):
+    path = tmp_path / name / "model.py"
+    path.parent.mkdir()
+    path.write_text(build_files(spec, "tpu-v5e-8")["model.py"], encoding="utf-8")
+    mod_spec = importlib.util.spec_from_file_location(f"attn_tpu_{name}", path)
+    module = importlib.util.module_from_spec(mod_spec)
+    mod_spec.loader.exec_module(module)
+    return module, path.read_text(encoding="utf-8")
+
+
+@pytest.mark.parametrize("mesh", [False, True], ids=["no_mesh", "mesh"])
+def test_splash_runs_scale_softcap_and_segment_ids(tmp_path, monkeypatch, mesh):
+    """The TPU file picks splash for all three and, in interpret mode on the CPU, matches numpy."""
+    spec = _wide(tmp_path, "attention(q, k, v, causal = true, scale = 0.05, softcap = 2.0, segment_ids = seg)",
+                 extra=", seg: [B, S]")
+    tpu, text = _tpu_module(tmp_path, spec, f"segments_{mesh}")
+    assert _has(text, "splash_attention(q, k, v, causal=True, window=None, scale=0.05, softcap=2.0, "
+                      "segment_ids=seg)")
+    assert "# attention:" not in text
+    monkeypatch.setattr(tpu, "PALLAS_INTERPRET", True)
+    rng = np.random.default_rng(5)
+    q, k, v = (rng.normal(size=(2, 128, 2, 128)).astype(np.float32) for _ in range(3))
+    seg = np.repeat(np.array([[0, 1, 2, 3], [0, 0, 1, 1]], np.int32), 32, axis=1)
+    want = reference(q, k, v, causal=True, scale=0.05, softcap=2.0, segment_ids=seg)
+    if mesh:
+        with jax.set_mesh(tpu.make_mesh()):
+            got = _run(tpu, q, k, v, seg)
+    else:
+        got = _run(tpu, q, k, v, seg)
+    np.testing.assert_allclose(got, want, atol=1e-4, rtol=1e-4)
+
+
+def test_splash_runs_a_v_head_dim_of_its_own(tmp_path, monkeypatch):
+    spec = _wide(tmp_path, "attention(q, k, v, causal = true)", vd=256)
+    tpu, text = _tpu_module(tmp_path, spec, "mla")
+    assert _has(text, "splash_attention(q, k, v, causal=True, window=None)")
+    monkeypatch.setattr(tpu, "PALLAS_INTERPRET", True)
+    rng = np.random.default_rng(6)
+    q, k = (rng.normal(size=(1, 128, 2, 128)).astype(np.float32) for _ in range(2))
+    v = rng.normal(size=(1, 128, 2, 256)).astype(np.float32)
+    got = _run(tpu, q, k, v)
+    assert got.shape == (1, 128, 2, 256)
+    np.testing.assert_allclose(got, reference(q, k, v, causal=True), atol=1e-4, rtol=1e-4)
+
+
+def test_splash_gradients_with_softcap_and_segment_ids_match_the_cpu_file(tmp_path, monkeypatch):
+    spec = _wide(tmp_path, "attention(q, k, v, causal = true, softcap = 2.0, segment_ids = seg)",
+                 extra=", seg: [B, S]")
+    tpu, _ = _tpu_module(tmp_path, spec, "grads")
+    monkeypatch.setattr(tpu, "PALLAS_INTERPRET", True)
+    cpu = _load(tmp_path, "grads_cpu", spec.read_text())
+    assert "einsum_attention(" in cpu.SOURCE  # XLA on cpu, splash on tpu
+    rng = np.random.default_rng(7)
+    q, k, v = (rng.normal(size=(1, 128, 2, 128)).astype(np.float32) for _ in range(3))
+    w = rng.normal(size=(1, 128, 2, 128)).astype(np.float32)
+    seg = np.repeat(np.array([[0, 1]], np.int32), 64, axis=1)
+
+    def grads(module):
+        loss = lambda q, k, v: jnp.sum(module.forward(module.Config(), {}, q, k, v, seg) * w)
+        return jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(q, k, v)
+
+    for got, want in zip(grads(tpu), grads(cpu)):
+        np.testing.assert_allclose(got, want, atol=1e-4 * np.abs(want).max(), rtol=1e-4)
+
+
+def test_memory_counts_the_v_head_dim_and_the_softcap_residuals(tmp_path):
+    from axdsl.analysis.memory import estimate_memory
+    from axdsl.ir import nodes as ir
+    from axdsl.pipeline import compile_spec
+
+    def detail(attn: str) -> dict[str, int]:
+        spec = _lm(tmp_path, f"mem_{len(attn)}", attn)
+        spec.write_text(spec.read_text().replace("dtype = bf16", "dtype = f32"))
+        est = estimate_memory(compile_spec(spec, "cpu"), "small", batch=2, seq=128,
+                              remat=ir.RematPolicy("none"))
+        return {k.rsplit("/blocks/attn: ", 1)[-1]: v for k, v in est.detail.items() if "/blocks/attn: " in k}
+
+    plain, wide = detail("head_dim = 128"), detail("head_dim = 128, v_head_dim = 256, softcap = 20.0")
+    assert plain["attention"] == 2 * 128 * 2 * 128 * 4  # [B, S, heads, v_head_dim] in f32
+    assert wide["attention"] == 2 * plain["attention"]
+    assert "attention soft-capped logits" not in plain
+    scores = 2 * 2 * 128 * 128 * 4  # [B, heads, S, S] in f32, kept twice more for tanh's backward
+    assert wide["attention soft-capped logits"] == wide["attention soft-cap slope"] == scores

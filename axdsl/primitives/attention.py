@@ -1,17 +1,30 @@
 """Scaled dot-product attention; the kernel (cudnn, splash, xla) is chosen by select_kernels.
 
-FLOPs: 4 x keys x heads x head_dim per token (QK^T and PV), halved when causal (MaxText's
-convention); a sliding window of w keys counts min(S, w) keys when `cap_window` is set.
+    attention(q, k, v, causal, window, scale, softcap, bias=, mask=, segment_ids=)
+
+q, k [B, S, heads | kv_heads, head_dim], v [B, S, kv_heads, v_head_dim] -> [B, S, heads,
+v_head_dim]. The logits q.k * scale (0: 1 / sqrt(head_dim)) are soft-capped to
+softcap * tanh(logits / softcap) when softcap > 0 (Gemma 2), the additive `bias` is added, then
+causal, the sliding `window`, the boolean `mask` (True: attend) and `segment_ids` (packed
+sequences: a query sees only its own segment) drop keys. bias and mask broadcast to
+[B, heads, S, S]; the shape rule checks every operand and points at the one that is wrong.
+
+FLOPs: 2 x keys x heads x (head_dim + v_head_dim) per token (QK^T and PV), halved when causal
+(MaxText's convention); a sliding window of w keys counts min(S, w) keys when `cap_window` is set.
 
 Kernels: the profile lists them in order of preference (`kernels = { attention = [...] }` in
 profiles.toml); `kernel_violations` says why one cannot run a call, and select_kernels takes the
 first that can. Codegen writes only the chosen call, with no backend branching:
 
-    xla, cudnn   jax.nn.dot_product_attention(q, k, v, is_causal=..., implementation="cudnn")
-    splash       splash_attention(q, k, v, causal=..., window=...), a helper copied into the model
-                 (its source is below) that runs the TPU Pallas kernel from
-                 jax.experimental.pallas.ops.tpu.splash_attention; it computes exactly what the
-                 dot_product_attention call computes (tests compare them on the CPU with
+    xla, cudnn   jax.nn.dot_product_attention(q, k, v, is_causal=..., implementation="cudnn");
+                 segment ids become a same-segment boolean mask ([B, 1, S, S]) next to it
+    xla          einsum_attention(q, k, v, ...), a plain-JAX helper copied into the model, for
+                 what jax.nn.dot_product_attention cannot express: soft-capping and a v head dim
+                 of its own
+    splash       splash_attention(q, k, v, causal=..., window=..., scale=, softcap=,
+                 segment_ids=), a helper copied into the model (its source is below) that runs
+                 the TPU Pallas kernel from jax.experimental.pallas.ops.tpu.splash_attention; it
+                 computes exactly what the XLA call computes (tests compare them on the CPU with
                  `PALLAS_INTERPRET = True`)
 
 Constraints, from the installed jax (0.10.2) sources:
@@ -23,16 +36,23 @@ Constraints, from the installed jax (0.10.2) sources:
             - head_dim a multiple of 8, at most 128 (A100), 256 on Hopper and later (H100+)
             - GQA is native (kv heads may be fewer); causal and a left sliding window run in
               the kernel (local_window_size=(window - 1, 0) becomes sliding_window_length)
-            - an explicit mask is added as a dense bias, which must span [S_q, S_kv]
+            - no soft-capping: dot_product_attention has no soft cap argument
+            - v shaped like k: dot_product_attention checks it, so a v head dim of its own (the
+              cuDNN MLA path, cuDNN >= 9.10 on Hopper) is not reachable through it
+            - a mask or bias is added as one dense bias, which must span [S_q, S_kv]; segment
+              ids reach it the same way (jax's packed-layout offsets are not exposed by
+              dot_product_attention)
             - sharded only over batch and heads: no sequence (`seq`) or head_dim sharding, and
               q, k, v sharded alike (the `heads` and `kv_heads` rules agree)
     splash  jax/experimental/pallas/ops/tpu/splash_attention/ (BlockSizes, make_splash_mha):
             - bf16 or f32; sequence tiles of 128 (NUM_LANES), so max_seq % 128 == 0 (the helper
-              raises ValueError for another runtime length); head_dim a multiple of 128 (the
-              lane width; the kernel slices smaller head dims, but we keep to the shapes it is
-              tuned and tested for on TPU)
+              raises ValueError for another runtime length); head_dim and v's head dim
+              multiples of 128 (the lane width; the kernel slices smaller head dims, but we keep
+              to the shapes it is tuned and tested for on TPU)
             - causal, sliding-window or full masks (CausalMask, LocalMask, FullMask); an
-              explicit mask array would need a per-batch dynamic mask, so it is not used
+              explicit mask array would need a per-batch dynamic mask, so it is not used, and
+              there is no additive bias input; segment ids (SegmentIds) and the soft cap
+              (attn_logits_soft_cap) are native; the scale is applied to q before the kernel
             - GQA is native (kv head = query head // group); any sharding: the helper runs in
               jax.shard_map over batch and heads and gathers what else is split
 """
@@ -83,7 +103,8 @@ def _shape(ctx, prim, args):
     segments = _typed(prim, args, "segment_ids")
     if segments is not None:
         dims = segments.type.dims
-        if len(dims) != 2 or not dims[0].same(q[0]) or not dims[1].same(q[1]) or not q[1].same(k[1]):
+        self_attention = q[1].same(k[1])  # queries and keys are the same tokens
+        if len(dims) != 2 or not dims[0].same(q[0]) or not dims[1].same(q[1]) or not self_attention:
             ctx.fail(getattr(segments, "span", None) or prim.span,
                      f"`attention` segment_ids must be [B, S] like q's batch and sequence "
                      f"{ir_fmt((q[0], q[1]))}, got {ir_fmt(dims)}",
@@ -141,8 +162,9 @@ def _emit(ctx, prim: ir.Prim, args: list[str], precs: list[int]) -> str:
 
 
 def _set(value) -> bool:
-    """A float static that is on: nonzero, or read from the Config (it may differ per model)."""
-    return value is not None and (bool(value.value) or "cfg." in value.code)
+    """A float static that is on (nonzero), like `window`: a spec's models share one structure,
+    so the value decides the call and the code (a literal or `cfg.softcap`) fills it in."""
+    return value is not None and bool(value.value)
 
 
 def work(prim: ir.Prim, seq: int, cap_window: bool) -> int:
@@ -213,10 +235,6 @@ def kernel_violations(kernel: str, prim: ir.Prim, model: ir.Model,
             out.append("an explicit mask; splash runs causal and sliding-window masks only")
         if bias is not None:
             out.append("an additive bias; splash attention has no bias input")
-        if softcap or prim.attr("scale").value:
-            out.append("an explicit scale or softcap; the splash wrapper takes neither")
-        if prim.operand("segment_ids") is not None:
-            out.append("segment ids; the splash wrapper does not take them")
     return out
 
 
@@ -244,7 +262,8 @@ FLASH_KERNELS = ("cudnn", "splash")
 
 def _memory(t, prim: ir.Prim, args, dims, label: str):
     """q, k, v; then flash kernels the output and log-sum-exp, XLA the [B, heads, S, S] internals:
-    the masked logits and exp in float32, the mask, the probabilities in the compute dtype."""
+    the masked logits and exp in float32 (and two more with soft-capping), the mask, the
+    probabilities in the compute dtype."""
     q, k, v = args[:3]
     heads = q.dims[-2]
     out = t.new(dims, q.dtype, label, (q, k, v))
@@ -256,10 +275,10 @@ def _memory(t, prim: ir.Prim, args, dims, label: str):
         return out
     scores = (q.dims[0], heads, q.dims[1], ir.Dim("S_kv", t.seq))  # keys: the full sequence
     internals = [("f32", "masked logits"), ("f32", "exp")]
-    if prim.attr("softcap").value:
-        internals.append(("f32", "soft-capped logits"))
-    if (t.static(prim.attr("causal")) or t.static(prim.attr("window")) or prim.operand("mask") is not None
-            or prim.operand("segment_ids") is not None):
+    if prim.attr("softcap").value:  # tanh's backward keeps its output and 1 - tanh^2
+        internals += [("f32", "soft-capped logits"), ("f32", "soft-cap slope")]
+    masked = prim.operand("mask") is not None or prim.operand("segment_ids") is not None
+    if t.static(prim.attr("causal")) or t.static(prim.attr("window")) or masked:
         internals.append(("bool", "mask"))
     if q.dtype != "f32":
         internals.append((q.dtype, "probabilities"))
@@ -292,7 +311,9 @@ def emit_attention(kernel: str, call: AttentionCall) -> str:
     if kernel == "splash":
         if call.mask is not None or call.bias is not None:  # select_kernels never picks splash then
             raise AssertionError("splash attention takes no explicit mask or bias")
-        return f"splash_attention({q}, {k}, {v}, causal={call.causal}, window={call.window})"
+        extra = "".join(f", {name}={getattr(call, name)}"
+                        for name in ("scale", "softcap", "segment_ids") if getattr(call, name) is not None)
+        return f"splash_attention({q}, {k}, {v}, causal={call.causal}, window={call.window}{extra})"
     if call.softcap is not None or call.written_out:  # only the xla kernel runs these
         kwargs = [f"causal={call.causal}"]
         for name in ("window", "scale", "softcap", "bias", "mask"):
@@ -361,37 +382,48 @@ SPLASH_HEAD_AXES = ("model",)  # mesh axes it splits the heads over
 
 
 def splash_attention(
-    q: jax.Array, k: jax.Array, v: jax.Array, causal: bool, window: int | None
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    causal: bool,
+    window: int | None,
+    scale: float | None = None,
+    softcap: float | None = None,
+    segment_ids: jax.Array | None = None,
 ) -> jax.Array:
     """Splash attention, the TPU Pallas flash-attention kernel, on q [B, S, heads, head_dim].
 
-    k and v are [B, S, kv_heads, head_dim] (kv_heads divides heads: query head h reads kv head
-    h // (heads // kv_heads)). Same result as jax.nn.dot_product_attention(q, k, v,
-    is_causal=causal, local_window_size=(window - 1, 0) if window else None). Under a mesh it
-    runs in jax.shard_map (Pallas TPU kernels compile only there): the batch split over
-    SPLASH_BATCH_AXES, the heads over SPLASH_HEAD_AXES, each as far as they divide evenly.
+    k is [B, S, kv_heads, head_dim] and v [B, S, kv_heads, v_head_dim] (kv_heads divides heads:
+    query head h reads kv head h // (heads // kv_heads)). The logits are q.k * scale (None:
+    1 / sqrt(head_dim)), soft-capped to softcap * tanh(logits / softcap) when softcap is set;
+    segment_ids [B, S] keep each query to the keys of its own packed sequence. Same result as
+    jax.nn.dot_product_attention(q, k, v, is_causal=causal, local_window_size=(window - 1, 0) if
+    window else None). Under a mesh it runs in jax.shard_map (Pallas TPU kernels compile only
+    there): the batch split over SPLASH_BATCH_AXES, the heads over SPLASH_HEAD_AXES, each as far
+    as they divide evenly.
     """
     batch, seq, heads, head_dim = q.shape
     kv_heads = k.shape[2]
     if seq % 128:
         raise ValueError(f"splash attention needs a sequence length divisible by 128, got {seq}")
-    q = q * (1.0 / math.sqrt(head_dim))  # the kernel does not scale the logits
+    q = q * (1.0 / math.sqrt(head_dim) if scale is None else scale)  # the kernel does not scale
     q, k, v = (jnp.swapaxes(x, 1, 2) for x in (q, k, v))  # the kernel's [B, heads, S, head_dim]
-    run = functools.partial(_splash_per_device, causal=causal, window=window)
+    run = functools.partial(_splash_per_device, causal=causal, window=window, softcap=softcap)
+    args = (q, k, v) if segment_ids is None else (q, k, v, segment_ids)
     mesh = jax.sharding.get_abstract_mesh()
     if mesh.empty:
-        out = run(q, k, v)
+        out = run(*args)
     else:
         batch_axes = _dividing_axes(mesh, SPLASH_BATCH_AXES, batch)
         head_axes = _dividing_axes(mesh, SPLASH_HEAD_AXES, heads)
         if kv_heads % math.prod(mesh.shape[a] for a in head_axes):
             # Fewer kv heads than head shards: give every query head its own copy.
             k, v = (jnp.repeat(x, heads // kv_heads, axis=1) for x in (k, v))
+            args = (q, k, v) + args[3:]
         spec = P(batch_axes, head_axes, None, None)
-        out = jax.shard_map(
-            run, mesh=mesh, in_specs=(spec, spec, spec), out_specs=spec, check_vma=False
-        )(q, k, v)
-    return jnp.swapaxes(out, 1, 2)  # [B, S, heads, head_dim]
+        specs = (spec, spec, spec) + ((P(batch_axes, None),) if segment_ids is not None else ())
+        out = jax.shard_map(run, mesh=mesh, in_specs=specs, out_specs=spec, check_vma=False)(*args)
+    return jnp.swapaxes(out, 1, 2)  # [B, S, heads, v_head_dim]
 
 
 def _dividing_axes(mesh, names: tuple[str, ...], size: int) -> tuple[str, ...]:
@@ -405,7 +437,14 @@ def _dividing_axes(mesh, names: tuple[str, ...], size: int) -> tuple[str, ...]:
 
 
 def _splash_per_device(
-    q: jax.Array, k: jax.Array, v: jax.Array, causal: bool, window: int | None
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    segment_ids: jax.Array | None = None,
+    *,
+    causal: bool,
+    window: int | None,
+    softcap: float | None,
 ) -> jax.Array:
     """The kernel on one device's q [B, heads, S, head_dim], k and v [B, kv_heads, S, head_dim]."""
     heads, seq = q.shape[1], q.shape[2]
@@ -430,9 +469,13 @@ def _splash_per_device(
         ),
         head_shards=1,
         q_seq_shards=1,
+        attn_logits_soft_cap=softcap or None,
         interpret=PALLAS_INTERPRET,
     )
-    return jax.vmap(kernel)(q, k, v)  # the kernel takes one sequence: map it over the batch'''
+    if segment_ids is None:  # the kernel takes one sequence: map it over the batch
+        return jax.vmap(kernel)(q, k, v)
+    ids = splash_attention_kernel.SegmentIds(q=segment_ids, kv=segment_ids)
+    return jax.vmap(kernel)(q, k, v, ids)'''
 SPLASH_IMPORTS = ("import functools", "import math", "import jax", "import jax.numpy as jnp",
                   "from jax.sharding import PartitionSpec as P",
                   "from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel",

@@ -70,7 +70,7 @@ CONFIGS = {
 
 
 # ----------------------------------------------------------------------------- layers
-# Einsum letters, one per dim in every layer function (helpers below use their own): b=B s=S d=dim h=heads e=head_dim k=kv_heads
+# Einsum letters, one per dim in every layer function (helpers below use their own): b=B s=S d=dim h=heads e=head_dim k=kv_heads v=v_head_dim
 
 
 def embedding(cfg: Config, params: dict, ids: jax.Array) -> jax.Array:
@@ -103,15 +103,15 @@ def attention(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
         jnp.einsum("bsd,dke->bske", x, params["wk"]), "key_proj"
     )  # [B, S, kv_heads, head_dim]
     v = checkpoint_name(
-        jnp.einsum("bsd,dke->bske", x, params["wv"]), "value_proj"
-    )  # [B, S, kv_heads, head_dim]
+        jnp.einsum("bsd,dkv->bskv", x, params["wv"]), "value_proj"
+    )  # [B, S, kv_heads, v_head_dim]
     q = apply_rope(q, theta=cfg.rope_theta)  # [B, S, heads, head_dim]
     k = apply_rope(k, theta=cfg.rope_theta)  # [B, S, kv_heads, head_dim]
     # select_kernels: xla, the first of cpu's attention kernels that fits
     o = checkpoint_name(
         einsum_attention(q, k, v, causal=True, window=4096, scale=0.0625, softcap=50.0), "context"
-    )  # [B, S, heads, head_dim]
-    y = checkpoint_name(jnp.einsum("bshe,hed->bsd", o, params["wo"]), "out_proj")  # [B, S, dim]
+    )  # [B, S, heads, v_head_dim]
+    y = checkpoint_name(jnp.einsum("bshv,hvd->bsd", o, params["wo"]), "out_proj")  # [B, S, dim]
     return y  # [B, S, dim]
 
 
@@ -159,15 +159,15 @@ def attention_2(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
         jnp.einsum("bsd,dke->bske", x, params["wk"]), "key_proj"
     )  # [B, S, kv_heads, head_dim]
     v = checkpoint_name(
-        jnp.einsum("bsd,dke->bske", x, params["wv"]), "value_proj"
-    )  # [B, S, kv_heads, head_dim]
+        jnp.einsum("bsd,dkv->bskv", x, params["wv"]), "value_proj"
+    )  # [B, S, kv_heads, v_head_dim]
     q = apply_rope(q, theta=cfg.rope_theta)  # [B, S, heads, head_dim]
     k = apply_rope(k, theta=cfg.rope_theta)  # [B, S, kv_heads, head_dim]
     # select_kernels: xla, the first of cpu's attention kernels that fits
     o = checkpoint_name(
         einsum_attention(q, k, v, causal=True, scale=0.0625, softcap=50.0), "context"
-    )  # [B, S, heads, head_dim]
-    y = checkpoint_name(jnp.einsum("bshe,hed->bsd", o, params["wo"]), "out_proj")  # [B, S, dim]
+    )  # [B, S, heads, v_head_dim]
+    y = checkpoint_name(jnp.einsum("bshv,hvd->bsd", o, params["wo"]), "out_proj")  # [B, S, dim]
     return y  # [B, S, dim]
 
 
@@ -269,32 +269,33 @@ def param_table(cfg: Config) -> dict[str, Param]:
     vocab, dim, heads, kv_heads, ffn = cfg.vocab, cfg.dim, cfg.heads, cfg.kv_heads, cfg.ffn
     groups = cfg.layers // 2
     head_dim = 256
+    v_head_dim = 256
     return {
-        # path                                 shape                              logical axes                                 init      scale mesh
-        "embed/table":                   Param((vocab, dim),                      ("vocab", "embed"),                          "normal", 0.02, P()),
-        "blocks/0/attn_norm/scale":      Param((groups, dim),                     ("layers", "norm"),                          "zeros",  1.0,  P()),
-        "blocks/0/attn/wq":              Param((groups, dim, heads, head_dim),    ("layers", "embed", "heads", "head_dim"),    "normal", 0.02, P()),
-        "blocks/0/attn/wk":              Param((groups, dim, kv_heads, head_dim), ("layers", "embed", "kv_heads", "head_dim"), "normal", 0.02, P()),
-        "blocks/0/attn/wv":              Param((groups, dim, kv_heads, head_dim), ("layers", "embed", "kv_heads", "head_dim"), "normal", 0.02, P()),
-        "blocks/0/attn/wo":              Param((groups, heads, head_dim, dim),    ("layers", "heads", "head_dim", "embed"),    "normal", 0.02, P()),
-        "blocks/0/attn_post_norm/scale": Param((groups, dim),                     ("layers", "norm"),                          "zeros",  1.0,  P()),
-        "blocks/0/mlp_norm/scale":       Param((groups, dim),                     ("layers", "norm"),                          "zeros",  1.0,  P()),
-        "blocks/0/mlp/w_gate":           Param((groups, dim, ffn),                ("layers", "embed", "mlp"),                  "normal", 0.02, P()),
-        "blocks/0/mlp/w_up":             Param((groups, dim, ffn),                ("layers", "embed", "mlp"),                  "normal", 0.02, P()),
-        "blocks/0/mlp/w_down":           Param((groups, ffn, dim),                ("layers", "mlp", "embed"),                  "normal", 0.02, P()),
-        "blocks/0/mlp_post_norm/scale":  Param((groups, dim),                     ("layers", "norm"),                          "zeros",  1.0,  P()),
-        "blocks/1/attn_norm/scale":      Param((groups, dim),                     ("layers", "norm"),                          "zeros",  1.0,  P()),
-        "blocks/1/attn/wq":              Param((groups, dim, heads, head_dim),    ("layers", "embed", "heads", "head_dim"),    "normal", 0.02, P()),
-        "blocks/1/attn/wk":              Param((groups, dim, kv_heads, head_dim), ("layers", "embed", "kv_heads", "head_dim"), "normal", 0.02, P()),
-        "blocks/1/attn/wv":              Param((groups, dim, kv_heads, head_dim), ("layers", "embed", "kv_heads", "head_dim"), "normal", 0.02, P()),
-        "blocks/1/attn/wo":              Param((groups, heads, head_dim, dim),    ("layers", "heads", "head_dim", "embed"),    "normal", 0.02, P()),
-        "blocks/1/attn_post_norm/scale": Param((groups, dim),                     ("layers", "norm"),                          "zeros",  1.0,  P()),
-        "blocks/1/mlp_norm/scale":       Param((groups, dim),                     ("layers", "norm"),                          "zeros",  1.0,  P()),
-        "blocks/1/mlp/w_gate":           Param((groups, dim, ffn),                ("layers", "embed", "mlp"),                  "normal", 0.02, P()),
-        "blocks/1/mlp/w_up":             Param((groups, dim, ffn),                ("layers", "embed", "mlp"),                  "normal", 0.02, P()),
-        "blocks/1/mlp/w_down":           Param((groups, ffn, dim),                ("layers", "mlp", "embed"),                  "normal", 0.02, P()),
-        "blocks/1/mlp_post_norm/scale":  Param((groups, dim),                     ("layers", "norm"),                          "zeros",  1.0,  P()),
-        "final_norm/scale":              Param((dim,),                            ("norm",),                                   "zeros",  1.0,  P()),
+        # path                                 shape                                logical axes                                 init      scale mesh
+        "embed/table":                   Param((vocab, dim),                        ("vocab", "embed"),                          "normal", 0.02, P()),
+        "blocks/0/attn_norm/scale":      Param((groups, dim),                       ("layers", "norm"),                          "zeros",  1.0,  P()),
+        "blocks/0/attn/wq":              Param((groups, dim, heads, head_dim),      ("layers", "embed", "heads", "head_dim"),    "normal", 0.02, P()),
+        "blocks/0/attn/wk":              Param((groups, dim, kv_heads, head_dim),   ("layers", "embed", "kv_heads", "head_dim"), "normal", 0.02, P()),
+        "blocks/0/attn/wv":              Param((groups, dim, kv_heads, v_head_dim), ("layers", "embed", "kv_heads", "head_dim"), "normal", 0.02, P()),
+        "blocks/0/attn/wo":              Param((groups, heads, v_head_dim, dim),    ("layers", "heads", "head_dim", "embed"),    "normal", 0.02, P()),
+        "blocks/0/attn_post_norm/scale": Param((groups, dim),                       ("layers", "norm"),                          "zeros",  1.0,  P()),
+        "blocks/0/mlp_norm/scale":       Param((groups, dim),                       ("layers", "norm"),                          "zeros",  1.0,  P()),
+        "blocks/0/mlp/w_gate":           Param((groups, dim, ffn),                  ("layers", "embed", "mlp"),                  "normal", 0.02, P()),
+        "blocks/0/mlp/w_up":             Param((groups, dim, ffn),                  ("layers", "embed", "mlp"),                  "normal", 0.02, P()),
+        "blocks/0/mlp/w_down":           Param((groups, ffn, dim),                  ("layers", "mlp", "embed"),                  "normal", 0.02, P()),
+        "blocks/0/mlp_post_norm/scale":  Param((groups, dim),                       ("layers", "norm"),                          "zeros",  1.0,  P()),
+        "blocks/1/attn_norm/scale":      Param((groups, dim),                       ("layers", "norm"),                          "zeros",  1.0,  P()),
+        "blocks/1/attn/wq":              Param((groups, dim, heads, head_dim),      ("layers", "embed", "heads", "head_dim"),    "normal", 0.02, P()),
+        "blocks/1/attn/wk":              Param((groups, dim, kv_heads, head_dim),   ("layers", "embed", "kv_heads", "head_dim"), "normal", 0.02, P()),
+        "blocks/1/attn/wv":              Param((groups, dim, kv_heads, v_head_dim), ("layers", "embed", "kv_heads", "head_dim"), "normal", 0.02, P()),
+        "blocks/1/attn/wo":              Param((groups, heads, v_head_dim, dim),    ("layers", "heads", "head_dim", "embed"),    "normal", 0.02, P()),
+        "blocks/1/attn_post_norm/scale": Param((groups, dim),                       ("layers", "norm"),                          "zeros",  1.0,  P()),
+        "blocks/1/mlp_norm/scale":       Param((groups, dim),                       ("layers", "norm"),                          "zeros",  1.0,  P()),
+        "blocks/1/mlp/w_gate":           Param((groups, dim, ffn),                  ("layers", "embed", "mlp"),                  "normal", 0.02, P()),
+        "blocks/1/mlp/w_up":             Param((groups, dim, ffn),                  ("layers", "embed", "mlp"),                  "normal", 0.02, P()),
+        "blocks/1/mlp/w_down":           Param((groups, ffn, dim),                  ("layers", "mlp", "embed"),                  "normal", 0.02, P()),
+        "blocks/1/mlp_post_norm/scale":  Param((groups, dim),                       ("layers", "norm"),                          "zeros",  1.0,  P()),
+        "final_norm/scale":              Param((dim,),                              ("norm",),                                   "zeros",  1.0,  P()),
     }
     # fmt: on
 

@@ -71,7 +71,7 @@ CONFIGS = {
 
 
 # ----------------------------------------------------------------------------- layers
-# Einsum letters, one per dim in every layer function (helpers below use their own): b=B s=S d=dim h=heads e=head_dim k=kv_heads f=ffn
+# Einsum letters, one per dim in every layer function (helpers below use their own): b=B s=S d=dim h=heads e=head_dim k=kv_heads v=v_head_dim f=ffn
 
 
 def embedding(cfg: Config, params: dict, ids: jax.Array) -> jax.Array:
@@ -105,16 +105,16 @@ def attention(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
         fp8_einsum("bsd,dke->bske", x, params["wk"]), "key_proj"
     )  # [B, S, kv_heads, head_dim]
     v = checkpoint_name(
-        fp8_einsum("bsd,dke->bske", x, params["wv"]), "value_proj"
-    )  # [B, S, kv_heads, head_dim]
+        fp8_einsum("bsd,dkv->bskv", x, params["wv"]), "value_proj"
+    )  # [B, S, kv_heads, v_head_dim]
     q = apply_rope(q, theta=cfg.rope_theta)  # [B, S, heads, head_dim]
     k = apply_rope(k, theta=cfg.rope_theta)  # [B, S, kv_heads, head_dim]
     # select_kernels: xla, the first of gpu-h100's attention kernels that fits; the ones before it:
     # attention: cudnn not used: softcap 50.0: soft-capping is not supported by cuDNN (jax.nn.dot_product_attention has no soft cap)
     o = checkpoint_name(
         einsum_attention(q, k, v, causal=True, window=4096, scale=0.0625, softcap=50.0), "context"
-    )  # [B, S, heads, head_dim]
-    y = checkpoint_name(fp8_einsum("bshe,hed->bsd", o, params["wo"]), "out_proj")  # [B, S, dim]
+    )  # [B, S, heads, v_head_dim]
+    y = checkpoint_name(fp8_einsum("bshv,hvd->bsd", o, params["wo"]), "out_proj")  # [B, S, dim]
     return y  # [B, S, dim]
 
 
@@ -166,16 +166,16 @@ def attention_2(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
         fp8_einsum("bsd,dke->bske", x, params["wk"]), "key_proj"
     )  # [B, S, kv_heads, head_dim]
     v = checkpoint_name(
-        fp8_einsum("bsd,dke->bske", x, params["wv"]), "value_proj"
-    )  # [B, S, kv_heads, head_dim]
+        fp8_einsum("bsd,dkv->bskv", x, params["wv"]), "value_proj"
+    )  # [B, S, kv_heads, v_head_dim]
     q = apply_rope(q, theta=cfg.rope_theta)  # [B, S, heads, head_dim]
     k = apply_rope(k, theta=cfg.rope_theta)  # [B, S, kv_heads, head_dim]
     # select_kernels: xla, the first of gpu-h100's attention kernels that fits; the ones before it:
     # attention: cudnn not used: softcap 50.0: soft-capping is not supported by cuDNN (jax.nn.dot_product_attention has no soft cap)
     o = checkpoint_name(
         einsum_attention(q, k, v, causal=True, scale=0.0625, softcap=50.0), "context"
-    )  # [B, S, heads, head_dim]
-    y = checkpoint_name(fp8_einsum("bshe,hed->bsd", o, params["wo"]), "out_proj")  # [B, S, dim]
+    )  # [B, S, heads, v_head_dim]
+    y = checkpoint_name(fp8_einsum("bshv,hvd->bsd", o, params["wo"]), "out_proj")  # [B, S, dim]
     return y  # [B, S, dim]
 
 
@@ -279,32 +279,33 @@ def param_table(cfg: Config) -> dict[str, Param]:
     vocab, dim, heads, kv_heads, ffn = cfg.vocab, cfg.dim, cfg.heads, cfg.kv_heads, cfg.ffn
     groups = cfg.layers // 2
     head_dim = 256
+    v_head_dim = 256
     return {
-        # path                                 shape                              logical axes                                 init      scale mesh
-        "embed/table":                   Param((vocab, dim),                      ("vocab", "embed"),                          "normal", 0.02, P(None, "fsdp")),
-        "blocks/0/attn_norm/scale":      Param((groups, dim),                     ("layers", "norm"),                          "zeros",  1.0,  P()),
-        "blocks/0/attn/wq":              Param((groups, dim, heads, head_dim),    ("layers", "embed", "heads", "head_dim"),    "normal", 0.02, P(None, "fsdp")),
-        "blocks/0/attn/wk":              Param((groups, dim, kv_heads, head_dim), ("layers", "embed", "kv_heads", "head_dim"), "normal", 0.02, P(None, "fsdp")),
-        "blocks/0/attn/wv":              Param((groups, dim, kv_heads, head_dim), ("layers", "embed", "kv_heads", "head_dim"), "normal", 0.02, P(None, "fsdp")),
-        "blocks/0/attn/wo":              Param((groups, heads, head_dim, dim),    ("layers", "heads", "head_dim", "embed"),    "normal", 0.02, P(None, None, None, "fsdp")),
-        "blocks/0/attn_post_norm/scale": Param((groups, dim),                     ("layers", "norm"),                          "zeros",  1.0,  P()),
-        "blocks/0/mlp_norm/scale":       Param((groups, dim),                     ("layers", "norm"),                          "zeros",  1.0,  P()),
-        "blocks/0/mlp/w_gate":           Param((groups, dim, ffn),                ("layers", "embed", "mlp"),                  "normal", 0.02, P(None, "fsdp")),
-        "blocks/0/mlp/w_up":             Param((groups, dim, ffn),                ("layers", "embed", "mlp"),                  "normal", 0.02, P(None, "fsdp")),
-        "blocks/0/mlp/w_down":           Param((groups, ffn, dim),                ("layers", "mlp", "embed"),                  "normal", 0.02, P(None, None, "fsdp")),
-        "blocks/0/mlp_post_norm/scale":  Param((groups, dim),                     ("layers", "norm"),                          "zeros",  1.0,  P()),
-        "blocks/1/attn_norm/scale":      Param((groups, dim),                     ("layers", "norm"),                          "zeros",  1.0,  P()),
-        "blocks/1/attn/wq":              Param((groups, dim, heads, head_dim),    ("layers", "embed", "heads", "head_dim"),    "normal", 0.02, P(None, "fsdp")),
-        "blocks/1/attn/wk":              Param((groups, dim, kv_heads, head_dim), ("layers", "embed", "kv_heads", "head_dim"), "normal", 0.02, P(None, "fsdp")),
-        "blocks/1/attn/wv":              Param((groups, dim, kv_heads, head_dim), ("layers", "embed", "kv_heads", "head_dim"), "normal", 0.02, P(None, "fsdp")),
-        "blocks/1/attn/wo":              Param((groups, heads, head_dim, dim),    ("layers", "heads", "head_dim", "embed"),    "normal", 0.02, P(None, None, None, "fsdp")),
-        "blocks/1/attn_post_norm/scale": Param((groups, dim),                     ("layers", "norm"),                          "zeros",  1.0,  P()),
-        "blocks/1/mlp_norm/scale":       Param((groups, dim),                     ("layers", "norm"),                          "zeros",  1.0,  P()),
-        "blocks/1/mlp/w_gate":           Param((groups, dim, ffn),                ("layers", "embed", "mlp"),                  "normal", 0.02, P(None, "fsdp")),
-        "blocks/1/mlp/w_up":             Param((groups, dim, ffn),                ("layers", "embed", "mlp"),                  "normal", 0.02, P(None, "fsdp")),
-        "blocks/1/mlp/w_down":           Param((groups, ffn, dim),                ("layers", "mlp", "embed"),                  "normal", 0.02, P(None, None, "fsdp")),
-        "blocks/1/mlp_post_norm/scale":  Param((groups, dim),                     ("layers", "norm"),                          "zeros",  1.0,  P()),
-        "final_norm/scale":              Param((dim,),                            ("norm",),                                   "zeros",  1.0,  P()),
+        # path                                 shape                                logical axes                                 init      scale mesh
+        "embed/table":                   Param((vocab, dim),                        ("vocab", "embed"),                          "normal", 0.02, P(None, "fsdp")),
+        "blocks/0/attn_norm/scale":      Param((groups, dim),                       ("layers", "norm"),                          "zeros",  1.0,  P()),
+        "blocks/0/attn/wq":              Param((groups, dim, heads, head_dim),      ("layers", "embed", "heads", "head_dim"),    "normal", 0.02, P(None, "fsdp")),
+        "blocks/0/attn/wk":              Param((groups, dim, kv_heads, head_dim),   ("layers", "embed", "kv_heads", "head_dim"), "normal", 0.02, P(None, "fsdp")),
+        "blocks/0/attn/wv":              Param((groups, dim, kv_heads, v_head_dim), ("layers", "embed", "kv_heads", "head_dim"), "normal", 0.02, P(None, "fsdp")),
+        "blocks/0/attn/wo":              Param((groups, heads, v_head_dim, dim),    ("layers", "heads", "head_dim", "embed"),    "normal", 0.02, P(None, None, None, "fsdp")),
+        "blocks/0/attn_post_norm/scale": Param((groups, dim),                       ("layers", "norm"),                          "zeros",  1.0,  P()),
+        "blocks/0/mlp_norm/scale":       Param((groups, dim),                       ("layers", "norm"),                          "zeros",  1.0,  P()),
+        "blocks/0/mlp/w_gate":           Param((groups, dim, ffn),                  ("layers", "embed", "mlp"),                  "normal", 0.02, P(None, "fsdp")),
+        "blocks/0/mlp/w_up":             Param((groups, dim, ffn),                  ("layers", "embed", "mlp"),                  "normal", 0.02, P(None, "fsdp")),
+        "blocks/0/mlp/w_down":           Param((groups, ffn, dim),                  ("layers", "mlp", "embed"),                  "normal", 0.02, P(None, None, "fsdp")),
+        "blocks/0/mlp_post_norm/scale":  Param((groups, dim),                       ("layers", "norm"),                          "zeros",  1.0,  P()),
+        "blocks/1/attn_norm/scale":      Param((groups, dim),                       ("layers", "norm"),                          "zeros",  1.0,  P()),
+        "blocks/1/attn/wq":              Param((groups, dim, heads, head_dim),      ("layers", "embed", "heads", "head_dim"),    "normal", 0.02, P(None, "fsdp")),
+        "blocks/1/attn/wk":              Param((groups, dim, kv_heads, head_dim),   ("layers", "embed", "kv_heads", "head_dim"), "normal", 0.02, P(None, "fsdp")),
+        "blocks/1/attn/wv":              Param((groups, dim, kv_heads, v_head_dim), ("layers", "embed", "kv_heads", "head_dim"), "normal", 0.02, P(None, "fsdp")),
+        "blocks/1/attn/wo":              Param((groups, heads, v_head_dim, dim),    ("layers", "heads", "head_dim", "embed"),    "normal", 0.02, P(None, None, None, "fsdp")),
+        "blocks/1/attn_post_norm/scale": Param((groups, dim),                       ("layers", "norm"),                          "zeros",  1.0,  P()),
+        "blocks/1/mlp_norm/scale":       Param((groups, dim),                       ("layers", "norm"),                          "zeros",  1.0,  P()),
+        "blocks/1/mlp/w_gate":           Param((groups, dim, ffn),                  ("layers", "embed", "mlp"),                  "normal", 0.02, P(None, "fsdp")),
+        "blocks/1/mlp/w_up":             Param((groups, dim, ffn),                  ("layers", "embed", "mlp"),                  "normal", 0.02, P(None, "fsdp")),
+        "blocks/1/mlp/w_down":           Param((groups, ffn, dim),                  ("layers", "mlp", "embed"),                  "normal", 0.02, P(None, None, "fsdp")),
+        "blocks/1/mlp_post_norm/scale":  Param((groups, dim),                       ("layers", "norm"),                          "zeros",  1.0,  P()),
+        "final_norm/scale":              Param((dim,),                              ("norm",),                                   "zeros",  1.0,  P()),
     }
     # fmt: on
 

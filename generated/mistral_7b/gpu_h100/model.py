@@ -58,7 +58,7 @@ CONFIGS = {
 
 
 # ----------------------------------------------------------------------------- layers
-# Einsum letters, one per dim in every layer function (helpers below use their own): b=B s=S d=dim h=heads e=head_dim k=kv_heads f=ffn
+# Einsum letters, one per dim in every layer function (helpers below use their own): b=B s=S d=dim h=heads e=head_dim k=kv_heads v=v_head_dim f=ffn
 
 
 def embedding(cfg: Config, params: dict, ids: jax.Array) -> jax.Array:
@@ -92,8 +92,8 @@ def attention(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
         fp8_einsum("bsd,dke->bske", x, params["wk"]), "key_proj"
     )  # [B, S, kv_heads, head_dim]
     v = checkpoint_name(
-        fp8_einsum("bsd,dke->bske", x, params["wv"]), "value_proj"
-    )  # [B, S, kv_heads, head_dim]
+        fp8_einsum("bsd,dkv->bskv", x, params["wv"]), "value_proj"
+    )  # [B, S, kv_heads, v_head_dim]
     q = apply_rope(q, theta=cfg.rope_theta)  # [B, S, heads, head_dim]
     k = apply_rope(k, theta=cfg.rope_theta)  # [B, S, kv_heads, head_dim]
     # select_kernels: cudnn, the first of gpu-h100's attention kernels that fits
@@ -102,8 +102,8 @@ def attention(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
             q, k, v, is_causal=True, local_window_size=(4096 - 1, 0), implementation="cudnn"
         ),
         "context",
-    )  # [B, S, heads, head_dim]
-    y = checkpoint_name(fp8_einsum("bshe,hed->bsd", o, params["wo"]), "out_proj")  # [B, S, dim]
+    )  # [B, S, heads, v_head_dim]
+    y = checkpoint_name(fp8_einsum("bshv,hvd->bsd", o, params["wo"]), "out_proj")  # [B, S, dim]
     return y  # [B, S, dim]
 
 

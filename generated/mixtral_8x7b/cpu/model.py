@@ -58,7 +58,7 @@ CONFIGS = {
 
 
 # ----------------------------------------------------------------------------- layers
-# Einsum letters, one per dim in every layer function (helpers below use their own): b=B s=S d=dim h=heads e=head_dim k=kv_heads
+# Einsum letters, one per dim in every layer function (helpers below use their own): b=B s=S d=dim h=heads e=head_dim k=kv_heads v=v_head_dim
 
 
 def embedding(cfg: Config, params: dict, ids: jax.Array) -> jax.Array:
@@ -91,15 +91,15 @@ def attention(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
         jnp.einsum("bsd,dke->bske", x, params["wk"]), "key_proj"
     )  # [B, S, kv_heads, head_dim]
     v = checkpoint_name(
-        jnp.einsum("bsd,dke->bske", x, params["wv"]), "value_proj"
-    )  # [B, S, kv_heads, head_dim]
+        jnp.einsum("bsd,dkv->bskv", x, params["wv"]), "value_proj"
+    )  # [B, S, kv_heads, v_head_dim]
     q = apply_rope(q, theta=cfg.rope_theta)  # [B, S, heads, head_dim]
     k = apply_rope(k, theta=cfg.rope_theta)  # [B, S, kv_heads, head_dim]
     # select_kernels: xla, the first of cpu's attention kernels that fits
     o = checkpoint_name(
         jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation="xla"), "context"
-    )  # [B, S, heads, head_dim]
-    y = checkpoint_name(jnp.einsum("bshe,hed->bsd", o, params["wo"]), "out_proj")  # [B, S, dim]
+    )  # [B, S, heads, v_head_dim]
+    y = checkpoint_name(jnp.einsum("bshv,hvd->bsd", o, params["wo"]), "out_proj")  # [B, S, dim]
     return y  # [B, S, dim]
 
 

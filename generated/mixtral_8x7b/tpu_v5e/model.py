@@ -61,7 +61,7 @@ CONFIGS = {
 
 
 # ----------------------------------------------------------------------------- layers
-# Einsum letters, one per dim in every layer function (helpers below use their own): b=B s=S d=dim h=heads e=head_dim k=kv_heads
+# Einsum letters, one per dim in every layer function (helpers below use their own): b=B s=S d=dim h=heads e=head_dim k=kv_heads v=v_head_dim
 
 
 def embedding(cfg: Config, params: dict, ids: jax.Array) -> jax.Array:
@@ -95,15 +95,15 @@ def attention(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
         int8_einsum("bsd,dke->bske", x, params["wk"]), "key_proj"
     )  # [B, S, kv_heads, head_dim]
     v = checkpoint_name(
-        int8_einsum("bsd,dke->bske", x, params["wv"]), "value_proj"
-    )  # [B, S, kv_heads, head_dim]
+        int8_einsum("bsd,dkv->bskv", x, params["wv"]), "value_proj"
+    )  # [B, S, kv_heads, v_head_dim]
     q = apply_rope(q, theta=cfg.rope_theta)  # [B, S, heads, head_dim]
     k = apply_rope(k, theta=cfg.rope_theta)  # [B, S, kv_heads, head_dim]
     # select_kernels: splash, the first of tpu-v5e's attention kernels that fits
     o = checkpoint_name(
         splash_attention(q, k, v, causal=True, window=None), "context"
-    )  # [B, S, heads, head_dim]
-    y = checkpoint_name(int8_einsum("bshe,hed->bsd", o, params["wo"]), "out_proj")  # [B, S, dim]
+    )  # [B, S, heads, v_head_dim]
+    y = checkpoint_name(int8_einsum("bshv,hvd->bsd", o, params["wo"]), "out_proj")  # [B, S, dim]
     return y  # [B, S, dim]
 
 
@@ -387,37 +387,48 @@ SPLASH_HEAD_AXES = ("model",)  # mesh axes it splits the heads over
 
 
 def splash_attention(
-    q: jax.Array, k: jax.Array, v: jax.Array, causal: bool, window: int | None
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    causal: bool,
+    window: int | None,
+    scale: float | None = None,
+    softcap: float | None = None,
+    segment_ids: jax.Array | None = None,
 ) -> jax.Array:
     """Splash attention, the TPU Pallas flash-attention kernel, on q [B, S, heads, head_dim].
 
-    k and v are [B, S, kv_heads, head_dim] (kv_heads divides heads: query head h reads kv head
-    h // (heads // kv_heads)). Same result as jax.nn.dot_product_attention(q, k, v,
-    is_causal=causal, local_window_size=(window - 1, 0) if window else None). Under a mesh it
-    runs in jax.shard_map (Pallas TPU kernels compile only there): the batch split over
-    SPLASH_BATCH_AXES, the heads over SPLASH_HEAD_AXES, each as far as they divide evenly.
+    k is [B, S, kv_heads, head_dim] and v [B, S, kv_heads, v_head_dim] (kv_heads divides heads:
+    query head h reads kv head h // (heads // kv_heads)). The logits are q.k * scale (None:
+    1 / sqrt(head_dim)), soft-capped to softcap * tanh(logits / softcap) when softcap is set;
+    segment_ids [B, S] keep each query to the keys of its own packed sequence. Same result as
+    jax.nn.dot_product_attention(q, k, v, is_causal=causal, local_window_size=(window - 1, 0) if
+    window else None). Under a mesh it runs in jax.shard_map (Pallas TPU kernels compile only
+    there): the batch split over SPLASH_BATCH_AXES, the heads over SPLASH_HEAD_AXES, each as far
+    as they divide evenly.
     """
     batch, seq, heads, head_dim = q.shape
     kv_heads = k.shape[2]
     if seq % 128:
         raise ValueError(f"splash attention needs a sequence length divisible by 128, got {seq}")
-    q = q * (1.0 / math.sqrt(head_dim))  # the kernel does not scale the logits
+    q = q * (1.0 / math.sqrt(head_dim) if scale is None else scale)  # the kernel does not scale
     q, k, v = (jnp.swapaxes(x, 1, 2) for x in (q, k, v))  # the kernel's [B, heads, S, head_dim]
-    run = functools.partial(_splash_per_device, causal=causal, window=window)
+    run = functools.partial(_splash_per_device, causal=causal, window=window, softcap=softcap)
+    args = (q, k, v) if segment_ids is None else (q, k, v, segment_ids)
     mesh = jax.sharding.get_abstract_mesh()
     if mesh.empty:
-        out = run(q, k, v)
+        out = run(*args)
     else:
         batch_axes = _dividing_axes(mesh, SPLASH_BATCH_AXES, batch)
         head_axes = _dividing_axes(mesh, SPLASH_HEAD_AXES, heads)
         if kv_heads % math.prod(mesh.shape[a] for a in head_axes):
             # Fewer kv heads than head shards: give every query head its own copy.
             k, v = (jnp.repeat(x, heads // kv_heads, axis=1) for x in (k, v))
+            args = (q, k, v) + args[3:]
         spec = P(batch_axes, head_axes, None, None)
-        out = jax.shard_map(
-            run, mesh=mesh, in_specs=(spec, spec, spec), out_specs=spec, check_vma=False
-        )(q, k, v)
-    return jnp.swapaxes(out, 1, 2)  # [B, S, heads, head_dim]
+        specs = (spec, spec, spec) + ((P(batch_axes, None),) if segment_ids is not None else ())
+        out = jax.shard_map(run, mesh=mesh, in_specs=specs, out_specs=spec, check_vma=False)(*args)
+    return jnp.swapaxes(out, 1, 2)  # [B, S, heads, v_head_dim]
 
 
 def _dividing_axes(mesh, names: tuple[str, ...], size: int) -> tuple[str, ...]:
@@ -431,7 +442,14 @@ def _dividing_axes(mesh, names: tuple[str, ...], size: int) -> tuple[str, ...]:
 
 
 def _splash_per_device(
-    q: jax.Array, k: jax.Array, v: jax.Array, causal: bool, window: int | None
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    segment_ids: jax.Array | None = None,
+    *,
+    causal: bool,
+    window: int | None,
+    softcap: float | None,
 ) -> jax.Array:
     """The kernel on one device's q [B, heads, S, head_dim], k and v [B, kv_heads, S, head_dim]."""
     heads, seq = q.shape[1], q.shape[2]
@@ -456,9 +474,13 @@ def _splash_per_device(
         ),
         head_shards=1,
         q_seq_shards=1,
+        attn_logits_soft_cap=softcap or None,
         interpret=PALLAS_INTERPRET,
     )
-    return jax.vmap(kernel)(q, k, v)  # the kernel takes one sequence: map it over the batch
+    if segment_ids is None:  # the kernel takes one sequence: map it over the batch
+        return jax.vmap(kernel)(q, k, v)
+    ids = splash_attention_kernel.SegmentIds(q=segment_ids, kv=segment_ids)
+    return jax.vmap(kernel)(q, k, v, ids)
 
 
 def moe_swiglu(

@@ -59,7 +59,7 @@ CONFIGS = {
 
 
 # ----------------------------------------------------------------------------- layers
-# Einsum letters, one per dim in every layer function (helpers below use their own): b=B s=S d=dim h=heads e=head_dim k=kv_heads
+# Einsum letters, one per dim in every layer function (helpers below use their own): b=B s=S d=dim h=heads e=head_dim k=kv_heads v=v_head_dim
 
 
 def embedding(cfg: Config, params: dict, ids: jax.Array) -> jax.Array:
@@ -92,8 +92,8 @@ def attention(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
         jnp.einsum("bsd,dke->bske", x, params["wk"]), "key_proj"
     )  # [B, S, kv_heads, head_dim]
     v = checkpoint_name(
-        jnp.einsum("bsd,dke->bske", x, params["wv"]), "value_proj"
-    )  # [B, S, kv_heads, head_dim]
+        jnp.einsum("bsd,dkv->bskv", x, params["wv"]), "value_proj"
+    )  # [B, S, kv_heads, v_head_dim]
     with jax.named_scope("q_norm"):
         q = rms_norm(cfg, params["q_norm"], q)  # [B, S, heads, dim]
     with jax.named_scope("k_norm"):
@@ -103,8 +103,8 @@ def attention(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
     # select_kernels: xla, the first of cpu's attention kernels that fits
     o = checkpoint_name(
         jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation="xla"), "context"
-    )  # [B, S, heads, head_dim]
-    y = checkpoint_name(jnp.einsum("bshe,hed->bsd", o, params["wo"]), "out_proj")  # [B, S, dim]
+    )  # [B, S, heads, v_head_dim]
+    y = checkpoint_name(jnp.einsum("bshv,hvd->bsd", o, params["wo"]), "out_proj")  # [B, S, dim]
     return y  # [B, S, dim]
 
 
@@ -215,24 +215,25 @@ def param_table(cfg: Config) -> dict[str, Param]:
     # fmt: off
     dim, vocab, layers, heads, kv_heads, ffn = cfg.dim, cfg.vocab, cfg.layers, cfg.heads, cfg.kv_heads, cfg.ffn
     head_dim = 128
+    v_head_dim = 128
     experts = 128
     return {
-        # path                            shape                              logical axes                                 init      scale mesh
-        "head":                     Param((dim, vocab),                      ("embed", "vocab"),                          "normal", 0.02, P()),
-        "embed/table":              Param((vocab, dim),                      ("vocab", "embed"),                          "normal", 0.02, P()),
-        "blocks/attn_norm/scale":   Param((layers, dim),                     ("layers", "norm"),                          "ones",   1.0,  P()),
-        "blocks/attn/wq":           Param((layers, dim, heads, head_dim),    ("layers", "embed", "heads", "head_dim"),    "normal", 0.02, P()),
-        "blocks/attn/wk":           Param((layers, dim, kv_heads, head_dim), ("layers", "embed", "kv_heads", "head_dim"), "normal", 0.02, P()),
-        "blocks/attn/wv":           Param((layers, dim, kv_heads, head_dim), ("layers", "embed", "kv_heads", "head_dim"), "normal", 0.02, P()),
-        "blocks/attn/wo":           Param((layers, heads, head_dim, dim),    ("layers", "heads", "head_dim", "embed"),    "normal", 0.02, P()),
-        "blocks/attn/q_norm/scale": Param((layers, head_dim),                ("layers", "norm"),                          "ones",   1.0,  P()),
-        "blocks/attn/k_norm/scale": Param((layers, head_dim),                ("layers", "norm"),                          "ones",   1.0,  P()),
-        "blocks/mlp_norm/scale":    Param((layers, dim),                     ("layers", "norm"),                          "ones",   1.0,  P()),
-        "blocks/mlp/router":        Param((layers, dim, experts),            ("layers", "embed", "experts"),              "normal", 0.02, P()),
-        "blocks/mlp/w_gate":        Param((layers, experts, dim, ffn),       ("layers", "experts", "embed", "mlp"),       "normal", 0.02, P()),
-        "blocks/mlp/w_up":          Param((layers, experts, dim, ffn),       ("layers", "experts", "embed", "mlp"),       "normal", 0.02, P()),
-        "blocks/mlp/w_down":        Param((layers, experts, ffn, dim),       ("layers", "experts", "mlp", "embed"),       "normal", 0.02, P()),
-        "final_norm/scale":         Param((dim,),                            ("norm",),                                   "ones",   1.0,  P()),
+        # path                            shape                                logical axes                                 init      scale mesh
+        "head":                     Param((dim, vocab),                        ("embed", "vocab"),                          "normal", 0.02, P()),
+        "embed/table":              Param((vocab, dim),                        ("vocab", "embed"),                          "normal", 0.02, P()),
+        "blocks/attn_norm/scale":   Param((layers, dim),                       ("layers", "norm"),                          "ones",   1.0,  P()),
+        "blocks/attn/wq":           Param((layers, dim, heads, head_dim),      ("layers", "embed", "heads", "head_dim"),    "normal", 0.02, P()),
+        "blocks/attn/wk":           Param((layers, dim, kv_heads, head_dim),   ("layers", "embed", "kv_heads", "head_dim"), "normal", 0.02, P()),
+        "blocks/attn/wv":           Param((layers, dim, kv_heads, v_head_dim), ("layers", "embed", "kv_heads", "head_dim"), "normal", 0.02, P()),
+        "blocks/attn/wo":           Param((layers, heads, v_head_dim, dim),    ("layers", "heads", "head_dim", "embed"),    "normal", 0.02, P()),
+        "blocks/attn/q_norm/scale": Param((layers, head_dim),                  ("layers", "norm"),                          "ones",   1.0,  P()),
+        "blocks/attn/k_norm/scale": Param((layers, head_dim),                  ("layers", "norm"),                          "ones",   1.0,  P()),
+        "blocks/mlp_norm/scale":    Param((layers, dim),                       ("layers", "norm"),                          "ones",   1.0,  P()),
+        "blocks/mlp/router":        Param((layers, dim, experts),              ("layers", "embed", "experts"),              "normal", 0.02, P()),
+        "blocks/mlp/w_gate":        Param((layers, experts, dim, ffn),         ("layers", "experts", "embed", "mlp"),       "normal", 0.02, P()),
+        "blocks/mlp/w_up":          Param((layers, experts, dim, ffn),         ("layers", "experts", "embed", "mlp"),       "normal", 0.02, P()),
+        "blocks/mlp/w_down":        Param((layers, experts, ffn, dim),         ("layers", "experts", "mlp", "embed"),       "normal", 0.02, P()),
+        "final_norm/scale":         Param((dim,),                              ("norm",),                                   "ones",   1.0,  P()),
     }
     # fmt: on
 
