@@ -345,3 +345,17 @@ def test_kill_loop_every_final_state_is_bitwise_identical(tmp_path, reference, c
     during_save = sum("save" in k for k in kills)
     print(f"{len(kills)} kills ({during_save} during an async save), {len(finals)} finals, {sum(finals)} identical")
     assert len(kills) == KILLS and all(finals)
+
+
+def test_ctrl_c_while_jax_loads_is_one_line_and_exit_130(tmp_path):
+    """Ctrl-C before anything started (jax takes a second or more to import) prints one line and
+    exits 130: nothing to save, no traceback, no run directory half made."""
+    run = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "generated.tiny_llama.cpu.train", *ARGS, "--out", str(run)],
+                            cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(0.4)  # past the interpreter's start, inside `import jax`
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, (out, err)
+    assert "Traceback" not in err and err.strip() == "train.py: interrupted while starting; nothing to save"
+    assert not (run / "checkpoints").exists()

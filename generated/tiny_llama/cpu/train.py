@@ -11,22 +11,39 @@ nothing under SLURM (srun) and on multi-host TPU VMs.
 """
 
 import dataclasses
+import signal
 import sys
 import time
 
-try:  # loading jax takes seconds: Ctrl-C then has nothing to save and needs no traceback
-    import jax
-    import jax.numpy as jnp
-    import numpy as np
-    import optax
-    from jax.sharding import NamedSharding
-    from jax.sharding import PartitionSpec as P
+# Loading jax takes seconds; a Ctrl-C meanwhile is noted and acted on once the imports are done
+# (raised inside jax's imports it can be swallowed, or end in a traceback), with nothing to save.
+_STARTUP_SIGINT = []
+signal.signal(signal.SIGINT, lambda signum, frame: _STARTUP_SIGINT.append(signum))
 
-    from ... import runtime
-    from .model import CONFIGS, Config, init_params, loss_fn, make_mesh, param_axes, param_specs
-except KeyboardInterrupt:
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+import optax  # noqa: E402
+from jax.sharding import NamedSharding  # noqa: E402
+from jax.sharding import PartitionSpec as P  # noqa: E402
+
+from ... import runtime  # noqa: E402
+from .model import (
+    CONFIGS,
+    Config,
+    init_params,
+    loss_fn,
+    make_mesh,
+    param_axes,
+    param_specs,
+)  # noqa: E402
+
+if _STARTUP_SIGINT:
     print("train.py: interrupted while starting; nothing to save", file=sys.stderr)
-    raise SystemExit(130) from None
+    raise SystemExit(130)
+signal.signal(
+    signal.SIGINT, signal.default_int_handler
+)  # main() installs the checkpointing handler
 
 RUNTIME_API = 1  # the runtime.py interface this file is written for
 TARGET = "cpu"
