@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from axdsl.analysis.memory import estimate_memory
 from axdsl.pipeline import compile_spec
 from axdsl.stats import model_stats
 from tests.targets_util import import_generated
@@ -194,6 +195,8 @@ def test_pattern_init_is_by_path_and_parameter_counts_are_exact(tmp_path):
                         for n in ("alt", "unrolled"))
     assert stats.total_params == ref_stats.total_params == count(a)
     assert stats.flops_per_token == ref_stats.flops_per_token
+    memory = estimate_memory(compile_spec(tmp_path / "alt.axl", "cpu"), batch=2, seq=12)
+    assert memory.layers == 6  # 3 scan steps of 2 layers
 
 
 # DeepSeek's layout: the first layers dense, the rest mixture-of-experts; two repeat children.
