@@ -355,3 +355,61 @@ def test_scan_over_time_matches_a_python_loop(tmp_path):
     assert code.count("jax.lax.scan(") == 2
     grads = jax.grad(lambda p: model.forward(cfg, p, x, h0).sum())(params)
     assert all(np.isfinite(np.asarray(g)).all() and np.abs(np.asarray(g)).sum() > 0 for g in jax.tree.leaves(grads))
+
+
+def _unrolled_spec(kinds: list[str]) -> str:
+    """A DecoderLM-like model written out layer by layer: child b<i> is `kinds[i]`, no scan."""
+    children = "\n".join(f"  child b{i} = {kind}" for i, kind in enumerate(kinds))
+    chain = "x"
+    for i in range(len(kinds)):
+        chain = f"b{i}({chain})"
+    return f"""\
+import "std/transformer.axl"
+
+layer Unrolled(vocab: int, dim: int, heads: int, ffn: int, dtype: dtype = f32, param_dtype: dtype = f32) {{
+  child embed = Embedding()
+{children}
+  child final_norm = RMSNorm()
+  param head: [dim, vocab] axes(embed, vocab)
+  forward(tokens: [B, S]) -> [B, S, vocab] {{
+    x = embed(tokens)
+    return final_norm({chain}) @ head
+  }}
+}}
+model unrolled = Unrolled {{ vocab = 64  dim = 16  heads = 2  ffn = 32 }}
+"""
+
+
+LOCAL = "Block(attn = Attention(window = 3))"
+
+# Gemma's layout: local, local, global, ...; 7 layers are 2 whole patterns and one more layer.
+REMAINDER = f"""\
+import "std/transformer.axl"
+
+model gem = DecoderLM {{
+  vocab = 64  dim = 16  layers = 7  heads = 2  ffn = 32  max_seq = 32  dtype = f32
+  block = [{LOCAL}, {LOCAL}, Block()]
+}}
+"""
+
+
+def test_a_pattern_that_does_not_divide_the_count_runs_its_remainder_after_the_scan(tmp_path):
+    model, code = _build(tmp_path, "gem", REMAINDER)
+    kinds = [LOCAL, LOCAL, "Block()"] * 2 + [LOCAL]
+    ref_model, _ = _build(tmp_path, "gem_unrolled", _unrolled_spec(kinds))
+    cfg = model.Config()
+    params = model.init_params(cfg, jax.random.key(0))
+    assert set(params["blocks"]) == {"groups", "tail"} and set(params["blocks"]["tail"]) == {"0"}
+    assert params["blocks"]["groups"]["2"]["attn"]["wq"].shape[0] == 2
+    ref_params = {k: v for k, v in params.items() if k != "blocks"}
+    for i in range(6):
+        ref_params[f"b{i}"] = _layer(params["blocks"]["groups"][str(i % 3)], i // 3)
+    ref_params["b6"] = params["blocks"]["tail"]["0"]
+    tokens = _tokens()
+    got = jax.jit(lambda p, t: model.forward(cfg, p, t))(params, tokens)
+    want = ref_model.forward(ref_model.Config(), ref_params, tokens)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5)
+    assert code.count("jax.lax.scan(") == 1
+    stats = model_stats(compile_spec(tmp_path / "gem.axl", "cpu").models[0], seq=12, batch=2)
+    ref_stats = model_stats(compile_spec(tmp_path / "gem_unrolled.axl", "cpu").models[0], seq=12, batch=2)
+    assert stats.total_params == ref_stats.total_params and stats.flops_per_token == ref_stats.flops_per_token

@@ -334,6 +334,10 @@ class _Typer:
         first = self.inst.children[0]
         fwd = child.forward
         name = lambda c: f"pattern element {c.name} (`{c.layer}`)"  # noqa: E731
+        if not self.inst.forward.args:
+            self.fail(e.span, f"{name(first)} takes no tensor, so there is nothing to carry from layer to layer",
+                      "a repeated layer's first argument is the carry: `forward(x: [...]) -> [...]` "
+                      "returning x's shape")
         if len(args) != len(fwd.args):
             self.fail(e.span, f"{name(child)} takes {len(fwd.args)} tensor(s), but {name(first)} takes "
                       f"{len(args)}", "every layer of a pattern gets the same carry and side inputs")
