@@ -335,6 +335,8 @@ class _Typer:
         fwd = child.forward
         name = lambda c: f"pattern element {c.name} (`{c.layer}`)"  # noqa: E731
         if not self.inst.forward.args:
+            if first.pattern:  # `groups` then `tail`: the layers inside already said it
+                raise _ShapeError()
             self.fail(e.span, f"{name(first)} takes no tensor, so there is nothing to carry from layer to layer",
                       "a repeated layer's first argument is the carry: `forward(x: [...]) -> [...]` "
                       "returning x's shape")
