@@ -7,7 +7,8 @@ what a user waits for. `repeat(layers, [..., ...])` is one `jax.lax.scan` over l
 groups, so the compiled program does not grow with depth; an unrolled loop would grow linearly.
 
     python benchmarks/compile_depth.py            # 4 and 96 layers
-    python benchmarks/compile_depth.py 4 24 96    # any depths (even: the pattern has 2 layers)
+    python benchmarks/compile_depth.py 4 24 96    # any depths
+    python benchmarks/compile_depth.py --unrolled 4 24   # the same model written layer by layer
 """
 
 from __future__ import annotations
@@ -28,6 +29,33 @@ model mixed = DecoderLM {{
   block = [Block(attn = Attention(window = 16)), Block()]
 }}
 """
+
+# The same model with one child per layer, for comparison: no repeat, no scan.
+UNROLLED = """\
+import "std/transformer.axl"
+
+layer Unrolled(vocab: int, dim: int, heads: int, kv_heads: int, ffn: int, max_seq: int = 128,
+               dtype: dtype = f32, param_dtype: dtype = f32) {{
+  child embed = Embedding()
+{children}
+  child final_norm = RMSNorm()
+  param head: [dim, vocab] axes(embed, vocab)
+  forward(tokens: [B, S]) -> [B, S, vocab] {{
+    x = embed(tokens)
+{calls}
+    return final_norm(x) @ head
+  }}
+}}
+model mixed = Unrolled {{ vocab = 256  dim = 64  heads = 4  kv_heads = 2  ffn = 128 }}
+"""
+
+
+def unrolled_spec(layers: int) -> str:
+    kinds = ["Block(attn = Attention(window = 16))", "Block()"]
+    children = "\n".join(f"  child b{i} = {kinds[i % 2]}" for i in range(layers))
+    calls = "\n".join(f"    x = b{i}(x)" for i in range(layers))
+    return UNROLLED.format(children=children, calls=calls)
+
 
 # Run in a fresh process: build, import the generated model, time lower + compile.
 CHILD = """\
@@ -55,11 +83,11 @@ print(f"{lowered_at - start:.3f} {done - lowered_at:.3f} {scans}")
 """
 
 
-def measure(layers: int) -> tuple[float, float, int]:
+def measure(layers: int, unrolled: bool = False) -> tuple[float, float, int]:
     """(lower seconds, compile seconds, lax.scan calls in model.py) of a `layers`-deep model."""
     with tempfile.TemporaryDirectory() as tmp:
         spec = Path(tmp) / f"mixed_{layers}.axl"
-        spec.write_text(SPEC.format(layers=layers), encoding="utf-8")
+        spec.write_text(unrolled_spec(layers) if unrolled else SPEC.format(layers=layers), encoding="utf-8")
         out = subprocess.run([sys.executable, "-c", CHILD, str(spec), tmp], cwd=ROOT,
                              capture_output=True, text=True, check=True,
                              env={**os.environ, "JAX_PLATFORMS": "cpu"})
@@ -68,10 +96,12 @@ def measure(layers: int) -> tuple[float, float, int]:
 
 
 def main(argv: list[str]) -> None:
-    depths = [int(a) for a in argv] or [4, 96]
+    unrolled = "--unrolled" in argv
+    depths = [int(a) for a in argv if a != "--unrolled"] or [4, 96]
+    print(("unrolled, " if unrolled else "repeat(layers, [local, global]), ") + "training step (loss + grad):")
     print("layers  lower (s)  compile (s)  lax.scan in model.py")
     for n in depths:
-        lower, compile_, scans = measure(n)
+        lower, compile_, scans = measure(n, unrolled)
         print(f"{n:6d}  {lower:9.3f}  {compile_:11.3f}  {scans:d}")
 
 

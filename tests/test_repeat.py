@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from axdsl.build import build_files
+from axdsl.analysis.memory import estimate_memory
 from axdsl.pipeline import compile_spec
 from axdsl.stats import model_stats
 from tests.targets_util import import_generated
@@ -42,10 +42,11 @@ model cross = CrossDecoder { dim = 8  heads = 2  layers = 3 }
 
 
 def _build(tmp: Path, name: str, source: str):
+    """(generated model module, its source) of `source` built for cpu."""
     spec = tmp / f"{name}.axl"
     spec.write_text(source, encoding="utf-8")
     model, _ = import_generated(spec, "cpu", tmp)
-    return model, build_files(spec, "cpu")["model.py"]
+    return model, Path(model.__file__).read_text(encoding="utf-8")
 
 
 def _np(tree):
@@ -88,6 +89,30 @@ def test_a_repeated_block_takes_a_side_input(tmp_path):
     np.testing.assert_allclose(np.asarray(got), ref, rtol=1e-5, atol=1e-5)
     assert code.count("jax.lax.scan(") == 1
     assert "blocks_in = mem * 0.5" in code  # computed once, before the scan, and closed over
+
+
+
+# The same decoder as a pattern: layer i uses 2 heads when i is even, 1 when odd; the side input
+# is named like a local of the scan step (`h`), so the step must not shadow it.
+CROSS_PATTERN = CROSS.replace("child blocks = repeat(layers, CrossBlock())",
+                              "child blocks = repeat(layers, [CrossBlock(), CrossBlock(heads = 1)])").replace(
+    "return blocks(x, mem * 0.5)", "h = mem * 0.5\n    return blocks(x, h)").replace("layers = 3", "layers = 4")
+
+
+def test_a_pattern_takes_side_inputs(tmp_path):
+    model, code = _build(tmp_path, "cross_pattern", CROSS_PATTERN)
+    cfg = model.Config()
+    params = model.init_params(cfg, jax.random.key(0))
+    assert params["blocks"]["1"]["wq"].shape == (2, 8, 1, 8)  # groups=2, heads=1, head_dim=8
+    x = jax.random.normal(jax.random.key(1), (2, 5, 8), jnp.float32)
+    mem = jax.random.normal(jax.random.key(2), (2, 7, 8), jnp.float32)
+    got = jax.jit(lambda p, x, m: model.forward(cfg, p, x, m))(params, x, mem)
+    ref, p, m = np.asarray(x, np.float64), _np(params), np.asarray(mem, np.float64) * 0.5
+    for i in range(4):
+        ref = _cross_block(_layer(p["blocks"][str(i % 2)], i // 2), ref, m)
+    np.testing.assert_allclose(np.asarray(got), ref, rtol=1e-5, atol=1e-5)
+    assert code.count("jax.lax.scan(") == 1
+    assert "blocks_in = h" in code and "blocks_pattern(cfg, layer_params, h, blocks_in)" in code
 
 
 ALTERNATING = """\
@@ -170,6 +195,8 @@ def test_pattern_init_is_by_path_and_parameter_counts_are_exact(tmp_path):
                         for n in ("alt", "unrolled"))
     assert stats.total_params == ref_stats.total_params == count(a)
     assert stats.flops_per_token == ref_stats.flops_per_token
+    memory = estimate_memory(compile_spec(tmp_path / "alt.axl", "cpu"), batch=2, seq=12)
+    assert memory.layers == 6  # 3 scan steps of 2 layers
 
 
 # DeepSeek's layout: the first layers dense, the rest mixture-of-experts; two repeat children.
@@ -242,8 +269,8 @@ target "*" { quantize(none) }
 """
 
 
-def _loss_and_grads(model, cfg, params, batch, mesh=None, rng=None):
-    fn = jax.jit(jax.value_and_grad(lambda p: model.loss_fn(cfg, p, batch, rng=rng)[0]))
+def _loss_and_grads(model, cfg, params, batch, mesh=None):
+    fn = jax.jit(jax.value_and_grad(lambda p: model.loss_fn(cfg, p, batch)[0]))
     if mesh is None:
         return fn(params)
     with jax.set_mesh(mesh):
@@ -267,7 +294,122 @@ def test_a_mixed_pattern_trains_and_every_schedule_computes_the_same(tmp_path):
     np.testing.assert_allclose(float(gpu_loss), float(loss), rtol=1e-6)
     for g, w in zip(jax.tree.leaves(gpu_grads), jax.tree.leaves(grads)):
         np.testing.assert_allclose(np.asarray(g), np.asarray(w), atol=1e-5, rtol=1e-4)
-    dropped, dropped_grads = _loss_and_grads(ref, cfg, params, batch, rng=jax.random.key(2))
+    dropped, _ = ref.loss_fn(cfg, params, batch, rng=jax.random.key(2))  # dropout keys reach the scan
     assert np.isfinite(float(dropped)) and float(dropped) != float(loss)
-    assert all(np.isfinite(np.asarray(g)).all() for g in jax.tree.leaves(dropped_grads))
     assert "REMAT_POLICY" in Path(gpu.__file__).read_text()
+
+
+# ----------------------------------------------------------------------------- scan over time
+RNN = """\
+# A minimal gated recurrent cell, run along the sequence with `scan`; the carry starts at zeros.
+layer MinGRU(dim: int) {
+  param wz: [dim, dim] axes(embed, mlp) init normal(0.3)
+  param wh: [dim, dim] axes(embed, mlp) init normal(0.3)
+  forward(h: [B, dim], x: [B, dim]) -> [B, dim] {
+    z = sigmoid(x @ wz)
+    return (1.0 - z) * h + z * tanh(x @ wh)
+  }
+}
+
+# A linear state-space recurrence with two inputs per step, time-major, from a given state.
+layer Linear2(dim: int, state: int) {
+  param a: [state, state] axes(embed, mlp) init normal(0.2)
+  param b: [dim, state] axes(embed, mlp) init normal(0.2)
+  forward(h: [B, state], x: [B, dim], g: [B, dim]) -> [B, state] {
+    return h @ a + (x * g) @ b
+  }
+}
+
+layer Recurrent(dim: int, state: int) {
+  child cell = MinGRU()
+  child ssm = Linear2()
+  forward(x: [B, S, dim], h0: [B, state]) -> [B, S, state] {
+    y = x + scan(cell, x, over = S)
+    t = einsum("B S dim -> S B dim", y)
+    return einsum("S B state -> B S state", scan(ssm, t, t, over = S, init = h0))
+  }
+}
+model rec = Recurrent { dim = 4  state = 3 }
+"""
+
+
+def test_scan_over_time_matches_a_python_loop(tmp_path):
+    model, code = _build(tmp_path, "rec", RNN)
+    cfg = model.Config()
+    params = model.init_params(cfg, jax.random.key(0))
+    x = jax.random.normal(jax.random.key(1), (2, 6, 4), jnp.float32)
+    h0 = jax.random.normal(jax.random.key(2), (2, 3), jnp.float32)
+    got = jax.jit(lambda p, x, h: model.forward(cfg, p, x, h))(params, x, h0)
+    p, xn = _np(params), np.asarray(x, np.float64)
+    h, ys = np.zeros((2, 4)), []
+    for t in range(6):
+        z = 1.0 / (1.0 + np.exp(-xn[:, t] @ p["cell"]["wz"]))
+        h = (1.0 - z) * h + z * np.tanh(xn[:, t] @ p["cell"]["wh"])
+        ys.append(h)
+    y = xn + np.stack(ys, axis=1)
+    s, out = np.asarray(h0, np.float64), []
+    for t in range(6):
+        s = s @ p["ssm"]["a"] + (y[:, t] * y[:, t]) @ p["ssm"]["b"]
+        out.append(s)
+    np.testing.assert_allclose(np.asarray(got), np.stack(out, axis=1), rtol=1e-5, atol=1e-5)
+    assert code.count("jax.lax.scan(") == 2
+    grads = jax.grad(lambda p: model.forward(cfg, p, x, h0).sum())(params)
+    assert all(np.isfinite(np.asarray(g)).all() and np.abs(np.asarray(g)).sum() > 0 for g in jax.tree.leaves(grads))
+
+
+def _unrolled_spec(kinds: list[str]) -> str:
+    """A DecoderLM-like model written out layer by layer: child b<i> is `kinds[i]`, no scan."""
+    children = "\n".join(f"  child b{i} = {kind}" for i, kind in enumerate(kinds))
+    chain = "x"
+    for i in range(len(kinds)):
+        chain = f"b{i}({chain})"
+    return f"""\
+import "std/transformer.axl"
+
+layer Unrolled(vocab: int, dim: int, heads: int, ffn: int, dtype: dtype = f32, param_dtype: dtype = f32) {{
+  child embed = Embedding()
+{children}
+  child final_norm = RMSNorm()
+  param head: [dim, vocab] axes(embed, vocab)
+  forward(tokens: [B, S]) -> [B, S, vocab] {{
+    x = embed(tokens)
+    return final_norm({chain}) @ head
+  }}
+}}
+model unrolled = Unrolled {{ vocab = 64  dim = 16  heads = 2  ffn = 32 }}
+"""
+
+
+LOCAL = "Block(attn = Attention(window = 3))"
+
+# Gemma's layout: local, local, global, ...; 7 layers are 2 whole patterns and one more layer.
+REMAINDER = f"""\
+import "std/transformer.axl"
+
+model gem = DecoderLM {{
+  vocab = 64  dim = 16  layers = 7  heads = 2  ffn = 32  max_seq = 32  dtype = f32
+  block = [{LOCAL}, {LOCAL}, Block()]
+}}
+"""
+
+
+def test_a_pattern_that_does_not_divide_the_count_runs_its_remainder_after_the_scan(tmp_path):
+    model, code = _build(tmp_path, "gem", REMAINDER)
+    kinds = [LOCAL, LOCAL, "Block()"] * 2 + [LOCAL]
+    ref_model, _ = _build(tmp_path, "gem_unrolled", _unrolled_spec(kinds))
+    cfg = model.Config()
+    params = model.init_params(cfg, jax.random.key(0))
+    assert set(params["blocks"]) == {"groups", "tail"} and set(params["blocks"]["tail"]) == {"0"}
+    assert params["blocks"]["groups"]["2"]["attn"]["wq"].shape[0] == 2
+    ref_params = {k: v for k, v in params.items() if k != "blocks"}
+    for i in range(6):
+        ref_params[f"b{i}"] = _layer(params["blocks"]["groups"][str(i % 3)], i // 3)
+    ref_params["b6"] = params["blocks"]["tail"]["0"]
+    tokens = _tokens()
+    got = jax.jit(lambda p, t: model.forward(cfg, p, t))(params, tokens)
+    want = ref_model.forward(ref_model.Config(), ref_params, tokens)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5)
+    assert code.count("jax.lax.scan(") == 1
+    stats = model_stats(compile_spec(tmp_path / "gem.axl", "cpu").models[0], seq=12, batch=2)
+    ref_stats = model_stats(compile_spec(tmp_path / "gem_unrolled.axl", "cpu").models[0], seq=12, batch=2)
+    assert stats.total_params == ref_stats.total_params and stats.flops_per_token == ref_stats.flops_per_token

@@ -68,12 +68,14 @@ def trace_activations(root: ir.Instance, layout: Layout, batch: int, seq: int,
 
 def _add_block(t: Tracer, blocks: _Blocks, inst: ir.Instance, layer: Scope, x: Val,
                policy: ir.RematPolicy) -> None:
-    """One scanned block: `repeat` layers that each keep what `policy` keeps."""
+    """One scanned block: `repeat` layers that each keep what `policy` keeps (a pattern's step
+    runs k layers: its n / k steps count as n layers, each keeping a k-th of a step)."""
     n = int(inst.repeat.value)
+    k = len(inst.children) if inst.pattern else 1
     kept, host = kept_values(layer, x, policy)
     kept_bytes = sum(t.nbytes(v) for v in kept)
-    blocks.per_layer += kept_bytes
-    blocks.layers += n
+    blocks.per_layer += kept_bytes / k
+    blocks.layers += n * k
     blocks.saved += n * kept_bytes
     blocks.offloaded += n * sum(t.nbytes(v) for v in host)
     for v in kept:

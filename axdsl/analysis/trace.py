@@ -121,6 +121,8 @@ class Tracer:
         if isinstance(e, ir.CallChild):
             args = [self.ev(a, inst, env, bind) for a in e.args]
             child = inst.child(e.child)
+            if e.over is not None:
+                return self.over_time(child, e, args, bind)
             if child.repeat is not None:
                 return self.scanned(child, args[0], args[1:])
             return self.call(child, args)
@@ -137,6 +139,23 @@ class Tracer:
         self.scope = outer
         self.blocks.append((child, layer, x_in))
         return self.new(x.dims, x.dtype, f"{child.path} output", (x,))
+
+    def over_time(self, child: ir.Instance, e: ir.CallChild, args: list[Val], bind: dict) -> Val:
+        """`scan(cell, x, over = S)`, approximately: one step is traced in a scope of its own (its
+        values are per step, not counted), and the stacked carries are kept for the backward."""
+        outer = self.scope
+        self.scope = Scope()
+        steps = [Val(tuple(d for d in a.dims if not d.same(e.over)), a.dtype, ValKind.INPUT, f"{child.path} step")
+                 for a in args]
+        if not e.scan_init:
+            carry = self.dims(e, bind)
+            steps.insert(0, Val(tuple(d for d in carry if not d.same(e.over)), args[0].dtype, ValKind.INPUT,
+                                f"{child.path} carry"))
+        self.call(child, steps)
+        self.scope = outer
+        out = self.new(self.dims(e, bind), args[-1].dtype, f"{child.path} scan", tuple(args))
+        self.save(out)
+        return out
 
     def prim(self, e: ir.Prim, inst: ir.Instance, env: dict, bind: dict) -> Val:
         """A primitive, by its registry entry's memory rule (none: it keeps its input)."""

@@ -154,6 +154,9 @@ class FunctionEmitter:
             rng = rng_arg(str(self.rng_uses))
         layer_rng = rng_arg("i") if rng else ""  # a scanned child folds in its layer index
         comment = shape_comment(call.type)
+        if call.over is not None:
+            self._scan_over_time(call, fn, args, target, comment)
+            return
         aux = self.child_aux.get(call.child, False)
         if child.repeat is not None:
             args = [args[0]] + [self._side_input(call.child, a) for a in args[1:]]
@@ -189,6 +192,35 @@ class FunctionEmitter:
         self.lines.append(
             f"    {target} = {fn}(cfg, params[{py_str(call.child)}], {', '.join(args)}{rng})  # {comment}"
         )
+
+    def _scan_over_time(self, call: ir.CallChild, fn: str, args: list[str], target: str, comment: str) -> None:
+        """`scan(cell, x, over = S)`: jax.lax.scan over S (moved to the front and back), carrying
+        the cell's first argument and stacking the carry of every step."""
+        n_init = 1 if call.scan_init else 0
+        xs, xs_types = args[n_init:], [a.type.dims for a in call.args[n_init:]]
+        axes = [_axis(dims, call.over) for dims in xs_types]
+        if call.scan_init:
+            init = args[0]
+        else:
+            carry = [d for i, d in enumerate(call.type.dims) if i != _axis(call.type.dims, call.over)]
+            shape = ", ".join(self.dim_code(d) if d.is_free else (d.code or str(d.size)) for d in carry)
+            init = f"jnp.zeros(({shape}{',' if len(carry) == 1 else ''}), {xs[0]}.dtype)"
+        step = self._fresh(f"{_stem(call.child)}_step")
+        per_step = "x_t" if len(xs) == 1 else "xs_t"
+        inputs = "x_t" if len(xs) == 1 else "*xs_t"
+        moved = [f"jnp.moveaxis({x}, {axis}, 0)" if axis else x for x, axis in zip(xs, axes)]
+        scanned = moved[0] if len(xs) == 1 else "(" + ", ".join(moved) + ")"
+        out_axis = _axis(call.type.dims, call.over)
+        self.lines.append(f"def {step}(h, {per_step}):  # one step along {dim_label(call.over.name, call.over.code)}")
+        self.lines.append(f"    h = {fn}(cfg, params[{py_str(call.child)}], h, {inputs})")
+        self.lines.append("    return h, h")
+        self.lines.append("")
+        self.lines.append(f"with jax.named_scope({py_str(call.child)}):")
+        if out_axis:
+            self.lines.append(f"    _, {target} = jax.lax.scan({step}, {init}, {scanned})")
+            self.lines.append(f"    {target} = jnp.moveaxis({target}, 0, {out_axis})  # {comment}")
+        else:
+            self.lines.append(f"    _, {target} = jax.lax.scan({step}, {init}, {scanned})  # {comment}")
 
     def _step_header(self, child: ir.Instance) -> None:
         """What comes before a scan step's `def`: what a pattern's step runs, the remat decorator."""
@@ -395,6 +427,13 @@ class FunctionEmitter:
     @staticmethod
     def _paren(code: str, prec: int, need: int) -> str:
         return code if prec >= need else f"({code})"
+
+
+def _axis(dims: tuple[ir.Dim, ...], over: ir.Dim) -> int:
+    """The position of `over` in `dims` (infer_shapes checked there is exactly one), counted from
+    the end when the dims start with `...`."""
+    i = next(i for i, d in enumerate(dims) if not d.is_ellipsis and d.same(over))
+    return i - len(dims) if dims and dims[0].is_ellipsis else i
 
 
 def _stem(child: str) -> str:

@@ -254,10 +254,19 @@ class Prim:
 
 @dataclass(frozen=True)
 class CallChild:
+    """`child(x, ...)`; with `over` set, `scan(child, x, over = S)`: the child runs once per step
+    of dim S of its inputs, carrying its first argument (a recurrent or state-space cell).
+
+    A scan's `args` are the child's arguments in order: the initial carry when `init` is given
+    (`scan_init`), then the inputs it slices along `over`; without `init` the carry starts at zeros.
+    """
+
     child: str
     args: tuple["TExpr", ...]
     span: Span
     type: Type | None = None
+    over: "Dim | None" = None  # the dim a `scan` runs along
+    scan_init: bool = False  # args[0] is the scan's initial carry
 
 
 TExpr = Ref | Lit | Bin | Neg | Prim | CallChild

@@ -138,6 +138,10 @@ def expr_text(e: ir.TExpr) -> str:
         return f"({expr_text(e.left)} {e.op} {expr_text(e.right)})"
     if isinstance(e, ir.Neg):
         return f"-{expr_text(e.operand)}"
+    if isinstance(e, ir.CallChild) and e.over is not None:
+        init = [f"init = {expr_text(e.args[0])}"] if e.scan_init else []
+        xs = [expr_text(a) for a in e.args[len(init):]]
+        return f"scan({', '.join([e.child, *xs, f'over = {e.over}', *init])})"
     if isinstance(e, ir.CallChild):
         return f"{e.child}({', '.join(expr_text(a) for a in e.args)})"
     if e.name == "quantized":

@@ -205,6 +205,8 @@ class _Lowering:
         if not isinstance(e.func, ast.Name):
             self.fail(e.span, "only children and primitives can be called")
         fname = e.func.id
+        if fname == "scan" and fname not in self.children:
+            return self.scan(e)
         if fname in self.children:
             if e.kwargs:
                 self.fail(e.kwargs[0].span, "children take tensors as positional arguments")
@@ -215,6 +217,30 @@ class _Lowering:
             self._missing_member(e.func.span, "child", fname, self.layer.children)
         candidates = sorted(set(self.children) | set(primitives.callable_names()))
         self.fail(e.func.span, f"unknown function `{fname}`", did_you_mean(fname, candidates))
+
+    def scan(self, e: ast.Call) -> ir.CallChild:
+        """`scan(cell, x, over = S, init = h0)`: the child `cell` over the steps of dim S."""
+        usage = "write `scan(cell, x, over = S)`, optionally with `init = h0`"
+        if not e.args or not isinstance(e.args[0], ast.Name) or e.args[0].id not in self.children:
+            at = e.args[0].span if e.args else e.span
+            self.fail(at, "the first argument of `scan` is a child layer, the cell run at every step", usage)
+        child = self.children[e.args[0].id]
+        if child.repeat is not None:
+            self.fail(e.args[0].span, f"`scan` runs one cell over time; `{child.name}` is a repeated child",
+                      "scan a child that is not repeated")
+        if len(e.args) < 2:
+            self.fail(e.span, "`scan` needs at least one input to run over", usage)
+        kwargs = {}
+        for kw in e.kwargs:
+            if kw.name not in ("over", "init"):
+                self.fail(kw.span, f"`scan` has no argument `{kw.name}`", did_you_mean(kw.name, ["over", "init"]))
+            kwargs[kw.name] = kw.value
+        if "over" not in kwargs:
+            self.fail(e.span, "`scan` needs `over`, the dim its steps run along", usage)
+        over = self.dim(kwargs["over"])
+        xs = tuple(self.expr(a) for a in e.args[1:])
+        init = (self.expr(kwargs["init"]),) if "init" in kwargs else ()
+        return ir.CallChild(child.name, init + xs, e.span, over=over, scan_init=bool(init))
 
     def _missing_member(self, span, what: str, name: str, decls) -> None:
         """A declared parameter or child that was not built: off by its `if`, or already in error."""

@@ -335,30 +335,54 @@ class InstanceBuilder:
     def _pattern(self, decl: ast.ChildDecl, pattern: PatternValue, count: HValue, path: str, scope: Scope,
                  stack) -> ir.Instance | None:
         """`repeat(n, [A(), B()])`: a group instance with children "0", "1" (A, B) and a forward that
-        runs them in turn, repeated n / k times, so one scan runs the whole pattern."""
+        runs them in turn, repeated n / k times, so one scan runs the whole pattern.
+
+        When k does not divide n, the last n % k layers (pattern[0], pattern[1], ...) run once
+        after the scan: the child is then `groups` (the scanned group) followed by `tail`.
+        """
         k = len(pattern.layers)
-        if count.value % k:
+        q, r = divmod(count.value, k)
+        if q == 0:
             at = decl.value.args[0].span if _is_repeat_call(decl.value) else decl.value.span
             self._error_at_user_line(
-                at, f"`repeat` count {count.value} is not a multiple of the pattern's {k} layers",
-                f"layer i runs pattern[i % {k}], and the scan runs whole patterns; make the count a multiple "
-                f"of {k}, or put the remaining layers in a `repeat` child of their own",
+                at, f"`repeat` count {count.value} is smaller than the pattern's {k} layers",
+                f"a pattern runs whole at least once: repeat it at least {k} times, or repeat a single layer",
                 scope, ast.names_in(decl.value), f"in child `{decl.name}` of the layer at `{scope.path}`")
             return None
         child_path = (path if path.endswith("/") else path + "/") + decl.name
-        elements = [self.instantiate(self.program.layers[lv.layer], f"{child_path}/{i}", str(i), lv.span,
-                                     set_exprs={}, set_values=dict(lv.args), parent=scope, stack=stack,
-                                     set_span=lv.span)
-                    for i, lv in enumerate(pattern.layers)]
-        if any(e is None or e.forward is None for e in elements):
-            return None  # errors already reported
-        groups = count if k == 1 else HValue(count.value // k, f"{_operand(count.code)} // {k}")
-        layer = "".join(w.capitalize() for w in decl.name.split("_")) + "Pattern"
-        return ir.Instance(child_path, decl.name, layer, (), (), tuple(elements), _pattern_forward(elements),
-                           decl.span, pattern.span, groups, pattern=True)
+        camel = "".join(w.capitalize() for w in decl.name.split("_"))
+        groups = count if k == 1 else HValue(q, f"{_operand(count.code)} // {k}")
+        if r == 0:
+            elements = self._elements(pattern.layers, child_path, scope, stack)
+            if elements is None:
+                return None
+            return ir.Instance(child_path, decl.name, camel + "Pattern", (), (), elements,
+                               _pattern_forward(elements), decl.span, pattern.span, groups, pattern=True)
+        scanned = self._elements(pattern.layers, child_path + "/groups", scope, stack)
+        tail = self._elements(pattern.layers[:r], child_path + "/tail", scope, stack)
+        if scanned is None or tail is None:
+            return None
+        parts = (
+            ir.Instance(child_path + "/groups", "groups", camel + "Group", (), (), scanned,
+                        _pattern_forward(scanned), decl.span, pattern.span, groups, pattern=True),
+            ir.Instance(child_path + "/tail", "tail", camel + "Tail", (), (), tail, _pattern_forward(tail),
+                        decl.span, pattern.span, None, pattern=True),
+        )
+        return ir.Instance(child_path, decl.name, camel + "Pattern", (), (), parts, _pattern_forward(list(parts)),
+                           decl.span, pattern.span, None, pattern=True)
+
+    def _elements(self, layers: tuple[LayerValue, ...], path: str, scope: Scope,
+                  stack) -> tuple[ir.Instance, ...] | None:
+        """A pattern's layers as children "0", "1", ... of `path`; None when one failed (reported)."""
+        out = [self.instantiate(self.program.layers[lv.layer], f"{path}/{i}", str(i), lv.span, set_exprs={},
+                                set_values=dict(lv.args), parent=scope, stack=stack, set_span=lv.span)
+               for i, lv in enumerate(layers)]
+        if any(e is None or e.forward is None for e in out):
+            return None
+        return tuple(out)
 
 
-def _pattern_forward(elements: list[ir.Instance]) -> ir.Forward:
+def _pattern_forward(elements) -> ir.Forward:
     """`x = 0(x, mem); x = 1(x, mem); return 2(x, mem)`: the signature of the first layer, whose
     first argument is carried through every layer and the others passed to each unchanged;
     infer_shapes checks that every layer agrees with it."""

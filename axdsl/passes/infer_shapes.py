@@ -16,6 +16,7 @@ from axdsl import primitives
 from axdsl.errors import Diagnostics, is_library, relocated
 from axdsl.ir import nodes as ir
 from axdsl.ir.nodes import ELLIPSIS, Dim, RefKind, ScalarType, TensorType
+from axdsl.ir.rewrite import prims_of
 
 
 class _ShapeError(Exception):
@@ -249,6 +250,8 @@ class _Typer:
             self.fail(e.span, f"child `{e.child}` has no forward")
         if self.inst.pattern:
             return {"args": args, "type": TensorType(self._pattern_element(e, child, args))}
+        if e.over is not None:
+            return {"args": args, "type": TensorType(self._scan(e, child, args))}
         if len(args) != len(fwd.args):
             self.fail(e.span, f"child `{e.child}` takes {len(fwd.args)} argument(s), got {len(args)}")
         binding: dict[str, tuple[Dim, ...]] = {}
@@ -279,12 +282,64 @@ class _Typer:
             self.fail(e.span, f"a repeated block must return the shape it takes: {fmt(args[0].type.dims)} "
                       f"-> {fmt(result)}", hint)
 
+    def _scan(self, e: ir.CallChild, child: ir.Instance, args) -> tuple[Dim, ...]:
+        """`scan(cell, x, over = S)`: the cell takes (carry, one step of each input) and returns
+        the carry; the result stacks the carry of every step along S, where S is in the first input."""
+        fwd = child.forward
+        init = args[0] if e.scan_init else None
+        xs = args[1:] if e.scan_init else args
+        if len(fwd.args) != len(xs) + 1:
+            self.fail(e.span, f"`scan` runs `{e.child}` ({child.layer}) with a carry and {len(xs)} input(s), but "
+                      f"it takes {len(fwd.args)} argument(s)",
+                      "a scanned cell's forward is (carry, one step of each input) -> carry")
+        for a in args:
+            if not isinstance(a.type, TensorType):
+                self.fail(a.span, f"the inputs of `scan` are tensors, got a {a.type}")
+        if _prims_with(child, "uses_rng") or _prims_with(child, "aux_loss"):
+            self.fail(e.span, f"`{e.child}` uses dropout or returns an auxiliary loss, which `scan` cannot "
+                      "run yet", "scan a cell without dropout and without MoE")
+        binding: dict[str, tuple[Dim, ...]] = {}
+        axes = []
+        for a, decl in zip(xs, fwd.args[1:]):
+            axis = _axis_of(a.type.dims, e.over)
+            if axis is None:
+                self.fail(a.span, f"`scan` over `{e.over}`: input {fmt(a.type.dims)} has no dim `{e.over}`"
+                          + (" (or several)" if any(d.same(e.over) for d in a.type.dims) else ""),
+                          "`over` names a dim of every input, the dim the steps run along")
+            axes.append(axis)
+            step = a.type.dims[:axis] + a.type.dims[axis + 1:]
+            err = unify(decl.dims, step, binding)
+            if err:
+                self.fail(a.span, f"one step of `{decl.name}` of `{e.child}` ({child.layer}): {err}")
+        if init is not None:
+            err = unify(fwd.args[0].dims, init.type.dims, binding)
+            if err:
+                self.fail(init.span, f"`init` is the carry `{fwd.args[0].name}` of `{e.child}`: {err}")
+            carry = init.type.dims
+        else:
+            carry = substitute(fwd.args[0].dims, binding)
+            if any(d.is_free and d.name not in binding or d.is_ellipsis for d in fwd.args[0].dims):
+                self.fail(e.span, f"the carry `{fwd.args[0].name}` {fmt(fwd.args[0].dims)} of `{e.child}` has "
+                          "dims the inputs do not fix, so it cannot start at zeros", "give `init = ...`")
+        result = substitute(fwd.result, binding)
+        if not _same_dims(result, carry):
+            self.fail(e.span, f"`{e.child}` returns {fmt(result)} but takes its carry as {fmt(carry)}",
+                      "a scanned cell returns the next carry, in the carry's shape")
+        at = min(axes[0], len(result))
+        return result[:at] + (xs[0].type.dims[axes[0]],) + result[at:]
+
     def _pattern_element(self, e: ir.CallChild, child: ir.Instance, args) -> tuple[Dim, ...]:
         """One layer of a repeated pattern (`self.inst` is its group): it takes the carry and the
         side inputs as the pattern's first layer takes them, and returns the carry's shape."""
         first = self.inst.children[0]
         fwd = child.forward
         name = lambda c: f"pattern element {c.name} (`{c.layer}`)"  # noqa: E731
+        if not self.inst.forward.args:
+            if first.pattern:  # `groups` then `tail`: the layers inside already said it
+                raise _ShapeError()
+            self.fail(e.span, f"{name(first)} takes no tensor, so there is nothing to carry from layer to layer",
+                      "a repeated layer's first argument is the carry: `forward(x: [...]) -> [...]` "
+                      "returning x's shape")
         if len(args) != len(fwd.args):
             self.fail(e.span, f"{name(child)} takes {len(fwd.args)} tensor(s), but {name(first)} takes "
                       f"{len(args)}", "every layer of a pattern gets the same carry and side inputs")
@@ -313,6 +368,17 @@ class _Typer:
             if not isinstance(a.type, TensorType) and not prim.scalar_operands:
                 self.fail(a.span, f"`{e.name}` needs a tensor, got a {a.type}")
         return {"args": args, "type": TensorType(prim.shape(self, e, args))}
+
+
+def _axis_of(dims: tuple[Dim, ...], over: Dim) -> int | None:
+    """The one position of `over` in `dims` (a free dim by name, else by size), or None."""
+    found = [i for i, d in enumerate(dims) if not d.is_ellipsis and d.same(over)]
+    return found[0] if len(found) == 1 else None
+
+
+def _prims_with(inst: ir.Instance, flag: str) -> bool:
+    """Whether `inst` or a layer below it calls a primitive whose registry entry sets `flag`."""
+    return any(getattr(primitives.get(p.name), flag) for i in inst.walk() for p in prims_of(i))
 
 
 def _dim_names(operands) -> list[str]:
