@@ -51,12 +51,16 @@ def _hf_mixer(groups: int):
 
 
 def _params(mixer) -> dict:
+    """transformers' fused in_proj rows [z, x, B, C, dt] and conv1d channels [x, B, C], split."""
     sd = {k: v.detach().numpy() for k, v in mixer.state_dict().items()}
-    return {
-        "in_proj": sd["in_proj.weight"].T, "conv_w": sd["conv1d.weight"][:, 0, :].T, "conv_b": sd["conv1d.bias"],
-        "dt_bias": sd["dt_bias"], "A_log": sd["A_log"], "D": sd["D"], "norm": {"scale": sd["norm.weight"]},
-        "out_proj": sd["out_proj.weight"].T,
-    }
+    inner, gs = mixer.intermediate_size, mixer.n_groups * mixer.ssm_state_size
+    z, x, b, c, dt = np.split(sd["in_proj.weight"].T, np.cumsum([inner, inner, gs, gs]), axis=1)
+    conv_w = np.split(sd["conv1d.weight"][:, 0, :].T, np.cumsum([inner, gs]), axis=1)
+    conv_b = np.split(sd["conv1d.bias"], np.cumsum([inner, gs]))
+    convs = {f"conv_{n}": {"w": w, "b": bias} for n, w, bias in zip("xbc", conv_w, conv_b)}
+    return {"in_z": z, "in_x": x, "in_b": b, "in_c": c, "in_dt": dt, **convs, "dt_bias": sd["dt_bias"],
+            "A_log": sd["A_log"], "D": sd["D"], "norm": {"scale": sd["norm.weight"]},
+            "out_proj": sd["out_proj.weight"].T}
 
 
 @pytest.mark.parametrize("groups", [1, 2])
