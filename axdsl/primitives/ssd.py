@@ -128,15 +128,40 @@ def _flops(ctx, prim: ir.Prim) -> Flops:
 
 
 def _memory(t, prim: ir.Prim, args, dims, label: str):
-    """Keeps its five inputs and, in float32, the output and the within-chunk decay matrix
-    [B, heads, S, chunk] (what the einsums' backward reads)."""
-    x = args[0]
+    """What jax 0.10 keeps for the helper's backward (measured with saved_residuals; the sequence
+    padded to whole chunks): x and dt (their padded copies when S is not a whole number of chunks); in float32 the broadcast dt and A, the discretized x, B and
+    C repeated per head, seven [B, heads, S, chunk] tensors (segment sums, their masks, the decay,
+    the scores), the per-position decays, the einsums' partial products and the chunk states."""
+    x, dt = args[0], args[1]
+    batch, seq, heads, head_dim = x.dims
+    state = args[3].dims[3]
+    chunk = t.static(prim.attr("chunk"))
+    n = -(-t.seq // chunk)
+    padded, chunks, within = ir.Dim("S_padded", n * chunk), ir.Dim("chunks", n), ir.Dim("chunk", chunk)
     out = t.new(dims, "f32", label, tuple(args[:5]))
-    for v in args[:5]:
-        t.save(v)
-    chunk = ir.Dim("chunk", min(t.static(prim.attr("chunk")), t.seq))
-    t.save(t.internal((x.dims[0], x.dims[2], x.dims[1], chunk), "f32", f"{label} decay", (x,)))
-    t.save(out)
+    if n * chunk == t.seq:
+        t.save(x)
+        t.save(dt)
+        internals = []
+    else:  # the padded copies, and jnp.pad's four fill values
+        internals = [((batch, padded, heads, head_dim), "f32", "padded x"), ((batch, padded, heads), "f32", "padded dt"),
+                     ((ir.Dim("4", 4),), "f32", "pad values")]
+    internals += [
+        ((batch, padded, heads), "f32", "dt broadcast"), ((heads,), "f32", "A broadcast"),
+        ((batch, padded, heads, head_dim), "f32", "discretized x"),
+        ((batch, padded, heads, state), "f32", "B per head"), ((batch, padded, heads, state), "f32", "C per head"),
+        *[((batch, heads, padded, within), "f32", f"within-chunk {what}")
+          for what in ("segment sum", "masked segment sum", "decay", "scores", "masked scores")],
+        *[((batch, heads, padded, within), "bool", f"segment mask {i}") for i in (1, 2)],
+        ((batch, heads, padded), "f32", "decay to chunk end"), ((batch, heads, padded), "f32", "decay from chunk start"),
+        ((batch, padded, heads, head_dim), "f32", "chunk-state product"),
+        ((batch, heads, chunks), "f32", "chunk decay"), ((chunks, batch, heads), "f32", "scanned chunk decay"),
+        ((chunks, batch, heads, head_dim, state), "f32", "entering states"),
+        ((batch, chunks, heads, head_dim, state), "f32", "entering states, transposed"),
+        ((batch, padded, heads, head_dim), "f32", "read-out product"),
+    ]
+    for shape, dtype, what in internals:
+        t.save(t.internal(shape, dtype, f"{label} {what}", (x,)))
     return out
 
 
