@@ -274,7 +274,8 @@ def _mamba2_rules(r: _Rules) -> None:
     pre = r.prefix("backbone.")
     L = pre + "layers.{i}."
     m = L + "mixer."
-    r.same("embed/table", pre + "embeddings.weight", False)
+    embed = "embedding" if r.keys is not None and pre + "embedding.weight" in r.keys else "embeddings"
+    r.same("embed/table", pre + embed + ".weight", False)  # mamba_ssm's name (transformers renames it on load)
     r.same("final_norm/scale", pre + "norm_f.weight", False)
     r.same("blocks/norm/scale", L + "norm.weight")
     mixer = tuple(r.block.split("/")) + ("mixer",)
