@@ -424,6 +424,25 @@ def test_missing_and_unused_tensors_are_named(tmp_path, capsys):
     assert not (tmp_path / "ckpt").exists()
 
 
+def test_mamba2_imports_mamba_ssm_embedding_name(tmp_path, capsys):
+    """mamba_ssm's checkpoints name the table backbone.embedding (transformers renames it on load)."""
+    pytest.importorskip("transformers")
+    from safetensors.numpy import load_file, save_file
+
+    from tests.targets_util import import_generated
+
+    spec = _write_spec(tmp_path, "mamba2")
+    model, _ = import_generated(spec, "cpu", tmp_path / "gen")
+    hf_dir = tmp_path / "hf"
+    _hf_model("mamba2").save_pretrained(hf_dir)
+    tensors = load_file(hf_dir / "model.safetensors")
+    table = tensors.pop("backbone.embeddings.weight")
+    save_file({**tensors, "backbone.embedding.weight": table}, hf_dir / "model.safetensors", metadata={"format": "pt"})
+    assert axhf.import_hf(spec, hf_dir, None, tmp_path / "ckpt") == 0, capsys.readouterr().err
+    params = _restore(model, model.CONFIGS["m"], tmp_path / "ckpt")
+    assert np.array_equal(np.asarray(params["embed"]["table"]), table)
+
+
 def test_fused_transformers5_expert_layout_imports(tmp_path, capsys):
     """transformers 5's in-memory MoE layout (experts.gate_up_proj / down_proj) is read too."""
     pytest.importorskip("transformers")
