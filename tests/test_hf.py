@@ -152,6 +152,18 @@ CASES = {
              query_pre_attn_scalar=64, attn_logit_softcapping=2.0, final_logit_softcapping=3.0,
              sliding_window=8, hidden_activation="gelu_pytorch_tanh"),
     ),
+    "mamba2": (  # attention-free: 2 groups of B and C over 4 heads, 16 tokens in chunks of 6 (the last partial)
+        """import "std/mamba.axl"
+        model m = DecoderLM {
+          vocab = 96  dim = 32  layers = 2  heads = 4  positions = "none"  tied = true
+          norm = RMSNorm(eps = 1e-5)
+          block = MambaBlock(mixer = Mamba2Mixer(head_dim = 16, groups = 2, state = 8, chunk = 6))
+          dtype = f32  param_dtype = f32
+        }""",
+        dict(vocab_size=96, hidden_size=32, num_hidden_layers=2, num_heads=4, head_dim=16, expand=2,
+             n_groups=2, state_size=8, conv_kernel=4, chunk_size=6, layer_norm_epsilon=1e-5,
+             tie_word_embeddings=True),
+    ),
     "qwen3": (  # dense Qwen3, tied like Qwen3-0.6B
         """model m = DecoderLM {
           vocab = 96  dim = 64  layers = 2  heads = 4  kv_heads = 2  ffn = 128  max_seq = 64
@@ -412,6 +424,25 @@ def test_missing_and_unused_tensors_are_named(tmp_path, capsys):
     assert not (tmp_path / "ckpt").exists()
 
 
+def test_mamba2_imports_mamba_ssm_embedding_name(tmp_path, capsys):
+    """mamba_ssm's checkpoints name the table backbone.embedding (transformers renames it on load)."""
+    pytest.importorskip("transformers")
+    from safetensors.numpy import load_file, save_file
+
+    from tests.targets_util import import_generated
+
+    spec = _write_spec(tmp_path, "mamba2")
+    model, _ = import_generated(spec, "cpu", tmp_path / "gen")
+    hf_dir = tmp_path / "hf"
+    _hf_model("mamba2").save_pretrained(hf_dir)
+    tensors = load_file(hf_dir / "model.safetensors")
+    table = tensors.pop("backbone.embeddings.weight")
+    save_file({**tensors, "backbone.embedding.weight": table}, hf_dir / "model.safetensors", metadata={"format": "pt"})
+    assert axhf.import_hf(spec, hf_dir, None, tmp_path / "ckpt") == 0, capsys.readouterr().err
+    params = _restore(model, model.CONFIGS["m"], tmp_path / "ckpt")
+    assert np.array_equal(np.asarray(params["embed"]["table"]), table)
+
+
 def test_fused_transformers5_expert_layout_imports(tmp_path, capsys):
     """transformers 5's in-memory MoE layout (experts.gate_up_proj / down_proj) is read too."""
     pytest.importorskip("transformers")
@@ -464,6 +495,12 @@ PUBLISHED = {
         "num_local_experts": 8, "num_experts_per_tok": 2, "rms_norm_eps": 1e-05,
         "rope_theta": 1e6, "sliding_window": None, "max_position_embeddings": 32768,
         "tie_word_embeddings": False, "hidden_act": "silu"},
+    ("mamba2_2_7b", "mamba2_2_7b"): {  # state-spaces/mamba2-2.7b in transformers' Mamba2Config keys
+        "model_type": "mamba2", "vocab_size": 50288, "hidden_size": 2560, "num_hidden_layers": 64,
+        "num_heads": 80, "head_dim": 64, "expand": 2, "state_size": 128, "n_groups": 1, "conv_kernel": 4,
+        "chunk_size": 256, "use_conv_bias": True, "use_bias": False, "hidden_act": "silu",
+        "layer_norm_epsilon": 1e-05, "tie_word_embeddings": True, "residual_in_fp32": True,
+        "time_step_limit": [0.0, {"__float__": "Infinity"}]},
     ("qwen3_30b_a3b", "qwen3_30b_a3b"): {  # Qwen/Qwen3-30B-A3B
         "model_type": "qwen3_moe", "vocab_size": 151936, "hidden_size": 2048,
         "intermediate_size": 6144, "moe_intermediate_size": 768, "num_hidden_layers": 48,
@@ -488,7 +525,7 @@ def test_zoo_specs_match_published_configs(spec, model):
     written = json.loads(json.dumps(axhf.hf_config(arch, family)))
     assert axhf.mismatches(arch, family, written) == []
     # and one changed field is caught
-    key = "n_head" if family == "gpt2" else "num_key_value_heads"
+    key = {"gpt2": "n_head", "mamba2": "num_heads"}.get(family, "num_key_value_heads")
     wrong = {**published, key: 1}
     assert any(m.startswith(f"config.json has {key}=1,") for m in axhf.mismatches(arch, family, wrong))
 

@@ -26,6 +26,7 @@ PUBLISHED = {
     "llama3_8b": 8_030_261_248,
     "llama3_1_8b": 8_030_261_248,  # Llama 3 8B's weights' shapes; only the rope scaling differs
     "llama3_2_1b": 1_235_814_400,  # tied head
+    "mamba2_2_7b": 2_702_599_680,  # transformers' Mamba2ForCausalLM (tied) for state-spaces/mamba2-2.7b's config
     "mistral_7b": 7_241_732_096,
     "phi2": 2_779_683_840,
     "pythia_1_4b": 1_414_647_808,

@@ -14,6 +14,9 @@ padding are not counted), as MaxText computes them for MFU:
     attention(q, k, v)                                4 x S x heads x head_dim      per layer
                                                       halved when causal; a sliding window
                                                       of w keys counts min(S, w) keys, not S
+    ssd(x, dt, A, B, C, chunk)                        2 x min(chunk, S) x heads x (state +
+                                                      head_dim) + 4 x heads x head_dim x state
+                                                      per layer (with attention: sequence work)
     training                                          3 x forward (backward = 2 x forward)
 
 Everything else (norms, activations, rope, the embedding gather, biases) is not counted, as in

@@ -49,8 +49,11 @@ FIELDS = {
     "post_norms": "Block post_norms", "scale": "attention scale", "softcap": "attention softcap",
     "embed_multiplier": "embed_multiplier", "logit_softcap": "logit_softcap",
     "layer_windows": "the layers' attention windows",
+    "ssm_expand": "Mamba2Mixer expand", "ssm_head_dim": "Mamba2Mixer head_dim", "ssm_state": "Mamba2Mixer state",
+    "ssm_groups": "Mamba2Mixer groups", "conv_kernel": "Mamba2Mixer conv_kernel", "chunk": "Mamba2Mixer chunk",
+    "conv_bias": "Mamba2Mixer conv_bias", "mixer_eps": "Mamba2Mixer eps (its gated norm)",
 }
-BLOCKS = ("Block", "ParallelBlock")  # std's residual blocks: sequential (pre-norm) and parallel
+BLOCKS = ("Block", "ParallelBlock", "MambaBlock")  # std's residual blocks: sequential, parallel, Mamba-2
 PATTERN = "BlocksPattern"  # repeat(n, [A(), B()]): the layers alternate (Gemma 2's local and global)
 
 
@@ -83,7 +86,7 @@ def arch_of(model) -> Arch:
     blocks = root.child("blocks")
     elements = list(blocks.children) if blocks is not None and blocks.layer == PATTERN else [blocks]
     if any(b is None or b.layer not in BLOCKS for b in elements):
-        arch.problems.append("the repeated block is not std's Block or ParallelBlock (or a pattern of them)")
+        arch.problems.append("the repeated block is not std's Block, ParallelBlock or MambaBlock (or a pattern of them)")
         return arch
     per_layer = [_block_values(arch, b, root) for b in elements]
     arch.values.update(per_layer[0])
@@ -101,6 +104,10 @@ def _block_values(arch: Arch, block, root) -> dict[str, Any]:
     """The facts of one repeated block (a pattern has one per element)."""
     sub = Arch(arch.name, {}, {}, arch.problems)
     sub.values["block"] = block.layer
+    if block.layer == "MambaBlock":
+        _read_norms(sub, [n for n in (block.child("norm"), root.child("final_norm")) if n is not None])
+        _read_mixer(sub, block.child("mixer"), root)
+        return sub.values
     if block.layer == "ParallelBlock":
         sub.values["shared_norm"] = _hv(block, "shared_norm")
     else:
@@ -126,6 +133,22 @@ def _read_norms(arch: Arch, norms: list) -> None:
         v["norm_bias"] = _hv(norm, "bias")
     elif norm.layer not in ("RMSNorm", "GemmaRMSNorm"):
         problems.append(f"norm is {norm.layer}; only RMSNorm, GemmaRMSNorm and LayerNorm have HF counterparts")
+
+
+def _read_mixer(arch: Arch, mixer, root) -> None:
+    """Mamba-2's mixer: its sizes, conv and the eps of its gated norm (HF has one eps for all norms)."""
+    v = arch.values
+    if mixer is None or mixer.layer != "Mamba2Mixer":
+        arch.problems.append("the MambaBlock's mixer is not std's Mamba2Mixer")
+        return
+    for k, name in (("ssm_expand", "expand"), ("ssm_head_dim", "head_dim"), ("ssm_state", "state"),
+                    ("ssm_groups", "groups"), ("conv_kernel", "conv_kernel"), ("chunk", "chunk"),
+                    ("conv_bias", "conv_bias"), ("heads", "heads")):
+        v[k] = _hv(mixer, name)
+    v["mixer_eps"] = _hv(mixer.child("norm"), "eps")
+    if _hv(mixer, "inner") != v["ssm_expand"] * _hv(root, "dim"):
+        arch.problems.append(f"Mamba2Mixer inner = {_hv(mixer, 'inner')} is not expand x dim "
+                             "(transformers' intermediate size is int(expand * hidden_size))")
 
 
 def _read_attention(arch: Arch, attn) -> None:

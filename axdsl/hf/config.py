@@ -21,6 +21,7 @@ FAMILIES = {
     "phi": "PhiForCausalLM",
     "gpt_neox": "GPTNeoXForCausalLM",
     "gemma2": "Gemma2ForCausalLM",
+    "mamba2": "Mamba2ForCausalLM",
 }
 _ARCH_TO_FAMILY = {v: k for k, v in FAMILIES.items()}
 
@@ -39,6 +40,8 @@ def family_of_config(cfg: dict) -> str:
 
 def family_of_arch(arch: Arch) -> str:
     """The HF family a spec's model exports to, from its structure."""
+    if arch["block"] == "MambaBlock":
+        return "mamba2"
     if arch["block"] == "ParallelBlock":
         return "phi" if arch["shared_norm"] else "gpt_neox"
     if arch["norm"] == "GemmaRMSNorm" or arch["post_norms"]:
@@ -213,6 +216,19 @@ def _gemma2_config(v: dict, dtype: str) -> dict:
     }
 
 
+def _mamba2_config(v: dict, dtype: str) -> dict:
+    """Mamba-2: attention-free blocks; transformers' Mamba2Config keys."""
+    return {
+        "architectures": [FAMILIES["mamba2"]], "model_type": "mamba2", "vocab_size": v["vocab"],
+        "hidden_size": v["dim"], "num_hidden_layers": v["layers"], "num_heads": v["heads"],
+        "head_dim": v["ssm_head_dim"], "expand": v["ssm_expand"], "state_size": v["ssm_state"],
+        "n_groups": v["ssm_groups"], "conv_kernel": v["conv_kernel"], "chunk_size": v["chunk"],
+        "use_conv_bias": v["conv_bias"], "use_bias": False, "hidden_act": "silu",
+        "layer_norm_epsilon": v["norm_eps"], "tie_word_embeddings": v["tied"], "residual_in_fp32": True,
+        "initializer_range": 0.1, "use_cache": True, "dtype": dtype,
+    }
+
+
 def hf_config(arch: Arch, family: str) -> dict:
     """The config.json of `arch` as a `family` model (export)."""
     dtypes = {a[1] for a in arch.params.values()}
@@ -223,4 +239,6 @@ def hf_config(arch: Arch, family: str) -> dict:
         return _parallel_config(arch.values, family, dtype)
     if family == "gemma2":
         return _gemma2_config(arch.values, dtype)
+    if family == "mamba2":
+        return _mamba2_config(arch.values, dtype)
     return _decoder_config(arch.values, family, dtype)

@@ -339,8 +339,53 @@ PARALLEL_UNSUPPORTED: tuple = (
 )
 
 
+# Mamba-2 (transformers' Mamba2Config): attention-free MambaBlocks, one eps for every norm.
+MAMBA2_FIELDS = (
+    _key("vocab_size", 32768, "vocab"),
+    _key("hidden_size", 4096, "dim"),
+    _key("num_hidden_layers", 64, "layers"),
+    _key("num_heads", 128, "heads"),
+    _key("head_dim", 64, "ssm_head_dim"),
+    _key("expand", 2, "ssm_expand"),
+    _key("state_size", 128, "ssm_state"),
+    _key("n_groups", 8, "ssm_groups"),
+    _key("conv_kernel", 4, "conv_kernel"),
+    _key("chunk_size", 256, "chunk"),
+    Row("conv_bias", "use_conv_bias", lambda c: c.flag("use_conv_bias", True)),
+    _fact("positions", "none"),
+    Row("tied", "tie_word_embeddings", lambda c: c.flag("tie_word_embeddings", False)),
+    _fact("norm", "RMSNorm"),
+    Row("norm_eps", "layer_norm_epsilon", lambda c: float(c.get("layer_norm_epsilon", 1e-5))),
+    Row("mixer_eps", "layer_norm_epsilon", lambda c: float(c.get("layer_norm_epsilon", 1e-5))),
+    _fact("block", "MambaBlock"),
+    _fact("head_bias", False),
+    _fact("embed_multiplier", 1.0),
+    _fact("logit_softcap", 0.0),
+)
+
+
+def _number(v: Any) -> float:
+    """A float of config.json; transformers 5 writes infinity as {"__float__": "Infinity"}."""
+    return float(v["__float__"]) if isinstance(v, dict) and "__float__" in v else float(v)
+
+
+def _time_step_limit(c: Config) -> bool:
+    """A dt clamp other than transformers' default (0, inf), which softplus already satisfies."""
+    low, high = (c.cfg.get("time_step_limit") or (0.0, float("inf")))[:2]
+    return _number(low) > 0.0 or _number(high) != float("inf")
+
+
 def _when(cond: bool, message: str) -> str | None:
     return message if cond else None
+
+
+MAMBA2_UNSUPPORTED: tuple = (
+    (None, lambda c: _when(c.cfg.get("use_bias", False), "use_bias=true (Mamba2Mixer's projections have no biases)")),
+    (None, lambda c: _when(c.get("hidden_act", "silu") != "silu",
+                           f"hidden_act={c.cfg.get('hidden_act')!r} (Mamba2Mixer uses silu)")),
+    (None, lambda c: _when(_time_step_limit(c), f"time_step_limit={c.cfg.get('time_step_limit')} "
+                                                "(Mamba2Mixer does not clamp dt)")),
+)
 
 
 # config keys axdsl cannot express: (families or None, config -> message or None), in report order
@@ -374,7 +419,8 @@ def hf_values(family: str, cfg: dict) -> tuple[dict, dict, list[str]]:
     c = Config(family, cfg)
     fields, checks = {"gpt2": (GPT2_FIELDS, GPT2_UNSUPPORTED), "phi": (PARALLEL_FIELDS, PARALLEL_UNSUPPORTED),
                       "gpt_neox": (PARALLEL_FIELDS, PARALLEL_UNSUPPORTED),
-                      "gemma2": (GEMMA2_FIELDS, GEMMA2_UNSUPPORTED)}.get(family,
+                      "gemma2": (GEMMA2_FIELDS, GEMMA2_UNSUPPORTED),
+                      "mamba2": (MAMBA2_FIELDS, MAMBA2_UNSUPPORTED)}.get(family,
                                                                               (DECODER_FIELDS, DECODER_UNSUPPORTED))
     vals: dict[str, Any] = {}
     src: dict[str, str] = {}

@@ -103,6 +103,8 @@ def _family_rules(family: str, r: "_Rules", keys: set[str] | None) -> list[Rule]
         _gpt2_rules(r)
     elif family == "phi":
         _phi_rules(r)
+    elif family == "mamba2":
+        _mamba2_rules(r)
     elif family == "gpt_neox":
         _neox_rules(r)
         if keys is None or "embed_out.weight" in keys:  # the hub's name (transformers 5 renames it lm_head)
@@ -252,6 +254,45 @@ def _neox_rules(r: _Rules) -> None:
     _out_proj(r, L + "attention.dense")
     _linear(r, "blocks/mlp/in", L + "mlp.dense_h_to_4h")
     _linear(r, "blocks/mlp/out", L + "mlp.dense_4h_to_h")
+
+
+def _split_rule(r: _Rules, paths: tuple[tuple[str, ...], ...], sizes: tuple[int, ...], load_one, save_one) -> None:
+    """One HF tensor holding several axdsl parameters side by side on its last axis (as loaded):
+    `load_one(g, i)` gives it, `save_one(whole, i)` writes it back; the parts have `sizes`."""
+    if not all(p in r.arch.params for p in paths):
+        return
+    cuts = np.cumsum(sizes)[:-1]
+    r.out.append(Rule(paths, True, lambda g, i: tuple(np.ascontiguousarray(a) for a in np.split(load_one(g, i), cuts, axis=-1)),
+                      lambda a, i: save_one(np.concatenate(a, axis=-1), i)))
+
+
+def _mamba2_rules(r: _Rules) -> None:
+    """Mamba-2: transformers fuses the mixer's five input projections into in_proj (rows z, x, B,
+    C, dt) and its three short convs into one depthwise conv1d ([channels, 1, taps]: x, B, C)."""
+    v = r.arch.values
+    inner, gs, heads = v["ssm_expand"] * v["dim"], v["ssm_groups"] * v["ssm_state"], v["heads"]
+    pre = r.prefix("backbone.")
+    L = pre + "layers.{i}."
+    m = L + "mixer."
+    embed = "embedding" if r.keys is not None and pre + "embedding.weight" in r.keys else "embeddings"
+    r.same("embed/table", pre + embed + ".weight", False)  # mamba_ssm's name (transformers renames it on load)
+    r.same("final_norm/scale", pre + "norm_f.weight", False)
+    r.same("blocks/norm/scale", L + "norm.weight")
+    mixer = tuple(r.block.split("/")) + ("mixer",)
+    key = m + "in_proj.weight"
+    _split_rule(r, tuple(mixer + (n,) for n in ("in_z", "in_x", "in_b", "in_c", "in_dt")), (inner, inner, gs, gs, heads),
+                lambda g, i: _T(g(key.format(i=i))), lambda w, i: {key.format(i=i): _T(w)})
+    conv_w, conv_b = m + "conv1d.weight", m + "conv1d.bias"
+    convs = ("conv_x", "conv_b", "conv_c")
+    _split_rule(r, tuple(mixer + (n, "w") for n in convs), (inner, gs, gs),
+                lambda g, i: _T(g(conv_w.format(i=i))[:, 0, :]),  # [channels, 1, taps] -> [taps, channels]
+                lambda w, i: {conv_w.format(i=i): _T(w)[:, None, :]})
+    _split_rule(r, tuple(mixer + (n, "b") for n in convs), (inner, gs, gs),
+                lambda g, i: g(conv_b.format(i=i)), lambda b, i: {conv_b.format(i=i): b})
+    for name in ("dt_bias", "A_log", "D"):
+        r.same(f"blocks/mixer/{name}", m + name)
+    r.same("blocks/mixer/norm/scale", m + "norm.weight")
+    r.linear_in("blocks/mixer/out_proj", m + "out_proj.weight")
 
 
 def _moe_block(family: str, keys: set[str] | None) -> tuple[str, tuple[str, str, str]]:

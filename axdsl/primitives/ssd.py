@@ -1,0 +1,174 @@
+"""Mamba-2's state-space dual (SSD) scan, computed chunk by chunk (Dao & Gu 2024).
+
+    ssd(x, dt, A, B, C, chunk = 256)    x [B, S, heads, head_dim], dt [B, S, heads], A [heads],
+                                        B and C [B, S, groups, state] -> [B, S, heads, head_dim]
+
+Per head h (with group g = h / (heads / groups)), a linear recurrence over the sequence with a
+[head_dim, state] state:
+
+    state[t] = exp(dt[t] A) state[t-1] + dt[t] x[t] B[t]^T      y[t] = state[t] C[t]
+
+`dt` is the step size after softplus (and its bias), `A` the (negative) decay rate per head; the
+D skip, the gate and the norm are ordinary .axl around it (std/mamba.axl). The scan is done as
+SSD does it: within each chunk of `chunk` positions a masked, attention-like product (the
+"diagonal blocks"), across chunks a `lax.scan` that carries the state from one chunk boundary to
+the next. Everything runs in float32, as transformers' `torch_forward` does; S need not be a
+multiple of the chunk size (the helper pads with zeros, which leave the state unchanged: dt = 0).
+
+FLOPs per token (not parameter matmuls, counted with attention's sequence work): within a chunk
+2 chunk heads (state + head_dim) for the scores and their product with x; across chunks
+4 heads head_dim state for the chunk states and their read-out.
+"""
+
+from __future__ import annotations
+
+from axdsl.ir import nodes as ir
+from axdsl.primitives.base import Flops, Helper, Primitive, Signature, Static, StaticKind
+from axdsl.primitives.reductions import ir_fmt
+
+SSD = '''def segment_sum(a: jax.Array) -> jax.Array:
+    """out[..., i, j] = a[..., j+1] + ... + a[..., i] for j <= i, -inf above the diagonal.
+
+    A cumulative sum of masked copies rather than a difference of cumulative sums: no
+    cancellation between large partial sums (transformers' `segment_sum`).
+    """
+    n = a.shape[-1]
+    x = jnp.broadcast_to(a[..., :, None], (*a.shape, n))  # x[..., i, j] = a[i]
+    x = jnp.where(jnp.tril(jnp.ones((n, n), bool), -1), x, 0.0)
+    x = jnp.cumsum(x, axis=-2)
+    return jnp.where(jnp.tril(jnp.ones((n, n), bool)), x, -jnp.inf)
+
+
+def ssd(x: jax.Array, dt: jax.Array, a: jax.Array, b: jax.Array, c: jax.Array, chunk: int) -> jax.Array:
+    """Mamba-2's selective scan, chunked: x [B, S, H, P], dt [B, S, H], a [H], b and c [B, S, G, N]
+    -> y [B, S, H, P] in float32, with state[t] = exp(dt a) state[t-1] + dt x b^T and y = state c.
+    """
+    batch, seq, heads, head_dim = x.shape
+    groups = b.shape[2]
+    x, dt, a, b, c = (t.astype(jnp.float32) for t in (x, dt, a, b, c))
+    b = jnp.repeat(b, heads // groups, axis=2)  # [B, S, H, N]: one group per heads // groups heads
+    c = jnp.repeat(c, heads // groups, axis=2)
+
+    pad = -seq % chunk  # zero steps at the end: dt = 0 leaves the state as it is
+    if pad:
+        x, dt, b, c = (jnp.pad(t, [(0, 0), (0, pad)] + [(0, 0)] * (t.ndim - 2)) for t in (x, dt, b, c))
+    x = x * dt[..., None]  # discretized input
+    log_decay = a * dt  # [B, S, H]: log of each step's decay
+
+    # [B, n, L, ...]: n chunks of L = chunk positions
+    x, log_decay, b, c = (t.reshape(batch, -1, chunk, *t.shape[2:]) for t in (x, log_decay, b, c))
+    log_decay = log_decay.transpose(0, 3, 1, 2)  # [B, H, n, L]
+    cum = jnp.cumsum(log_decay, axis=-1)
+
+    # 1. within each chunk: y[l] = sum_{s <= l} (c[l] . b[s]) exp(cum[l] - cum[s]) x[s]
+    decay = jnp.exp(segment_sum(log_decay))  # [B, H, n, L, L]
+    scores = jnp.einsum("bclhn,bcshn->bhcls", c, b) * decay
+    y_diag = jnp.einsum("bhcls,bcshp->bclhp", scores, x)
+
+    # 2. each chunk's own contribution to the state at its end
+    to_end = jnp.exp(cum[..., -1:] - cum)  # [B, H, n, L]
+    chunk_states = jnp.einsum("bclhn,bhcl,bclhp->bchpn", b, to_end, x)
+
+    # 3. across chunks: the state entering each chunk
+    def step(state, inputs):
+        chunk_decay, new = inputs  # [B, H], [B, H, P, N]
+        return state * chunk_decay[..., None, None] + new, state
+
+    start = jnp.zeros_like(chunk_states[:, 0])
+    _, entering = jax.lax.scan(step, start, (jnp.exp(cum[..., -1]).transpose(2, 0, 1),
+                                             chunk_states.transpose(1, 0, 2, 3, 4)))
+    entering = entering.transpose(1, 0, 2, 3, 4)  # [B, n, H, P, N]
+
+    # 4. the entering state read out at each position, decayed to it
+    y_off = jnp.einsum("bclhn,bchpn,bhcl->bclhp", c, entering, jnp.exp(cum))
+    y = (y_diag + y_off).reshape(batch, -1, heads, head_dim)
+    return y[:, :seq]'''
+
+
+def _shape(ctx, prim: ir.Prim, args):
+    x, dt, a, b, c = (t.type.dims for t in args[:5])
+    if len(x) != 4 or any(d.is_ellipsis for d in x):
+        ctx.fail(prim.span, f"`ssd` needs x [B, S, heads, head_dim], got {ir_fmt(x)}")
+    batch, seq, heads = x[0], x[1], x[2]
+    if len(dt) != 3 or not (dt[0].same(batch) and dt[1].same(seq) and dt[2].same(heads)):
+        ctx.fail(prim.span, f"`ssd` needs dt [{batch}, {seq}, {heads}] like x's first three dims, got {ir_fmt(dt)}",
+                 "dt is one step size per position and head (after softplus)")
+    if len(a) != 1 or not a[0].same(heads):
+        ctx.fail(prim.span, f"`ssd` needs A [{heads}], one decay rate per head, got {ir_fmt(a)}")
+    for name, t in (("B", b), ("C", c)):
+        if len(t) != 4 or not (t[0].same(batch) and t[1].same(seq)):
+            ctx.fail(prim.span, f"`ssd` needs {name} [{batch}, {seq}, groups, state], got {ir_fmt(t)}")
+    if not (b[2].same(c[2]) and b[3].same(c[3])):
+        ctx.fail(prim.span, f"`ssd` B and C disagree: {ir_fmt(b)} and {ir_fmt(c)}",
+                 "B and C are both [B, S, groups, state]")
+    groups = b[2]
+    if heads.size is None or groups.size is None or heads.size % groups.size:
+        ctx.fail(prim.span, f"`ssd` groups `{groups}` must divide heads `{heads}`",
+                 "each group of B and C serves heads / groups heads")
+    return x
+
+
+def _check(ctx, given: dict, attrs: dict) -> None:
+    chunk = attrs["chunk"].value
+    if not chunk > 0:
+        ctx.fail(given["chunk"].span, f"`ssd` needs chunk > 0, got {chunk!r}",
+                 "the scan runs in chunks of this many positions (Mamba-2: 256)")
+
+
+def _emit(ctx, prim: ir.Prim, args: list[str], precs: list[int]) -> str:
+    ctx.use_helper("ssd")
+    return f"ssd({', '.join(args[:5])}, chunk={prim.attr('chunk').code})"
+
+
+def _flops(ctx, prim: ir.Prim) -> Flops:
+    heads, head_dim = (d.size for d in prim.args[0].type.dims[2:])
+    state = prim.args[3].type.dims[3].size
+    chunk = min(prim.attr("chunk").value, ctx.seq)
+    return Flops(attention=2 * chunk * heads * (state + head_dim) + 4 * heads * head_dim * state)
+
+
+def _memory(t, prim: ir.Prim, args, dims, label: str):
+    """What jax 0.10 keeps for the helper's backward (measured with saved_residuals; the sequence
+    padded to whole chunks): x and dt (their padded copies when S is not a whole number of chunks); in float32 the broadcast dt and A, the discretized x, B and
+    C repeated per head, seven [B, heads, S, chunk] tensors (segment sums, their masks, the decay,
+    the scores), the per-position decays, the einsums' partial products and the chunk states."""
+    x, dt = args[0], args[1]
+    batch, seq, heads, head_dim = x.dims
+    state = args[3].dims[3]
+    chunk = t.static(prim.attr("chunk"))
+    n = -(-t.seq // chunk)
+    padded, chunks, within = ir.Dim("S_padded", n * chunk), ir.Dim("chunks", n), ir.Dim("chunk", chunk)
+    out = t.new(dims, "f32", label, tuple(args[:5]))
+    if n * chunk == t.seq:
+        t.save(x)
+        t.save(dt)
+        internals = []
+    else:  # the padded copies, and jnp.pad's four fill values
+        internals = [((batch, padded, heads, head_dim), "f32", "padded x"), ((batch, padded, heads), "f32", "padded dt"),
+                     ((ir.Dim("4", 4),), "f32", "pad values")]
+    internals += [
+        ((batch, padded, heads), "f32", "dt broadcast"), ((heads,), "f32", "A broadcast"),
+        ((batch, padded, heads, head_dim), "f32", "discretized x"),
+        ((batch, padded, heads, state), "f32", "B per head"), ((batch, padded, heads, state), "f32", "C per head"),
+        *[((batch, heads, padded, within), "f32", f"within-chunk {what}")
+          for what in ("segment sum", "masked segment sum", "decay", "scores", "masked scores")],
+        *[((batch, heads, padded, within), "bool", f"segment mask {i}") for i in (1, 2)],
+        ((batch, heads, padded), "f32", "decay to chunk end"), ((batch, heads, padded), "f32", "decay from chunk start"),
+        ((batch, padded, heads, head_dim), "f32", "chunk-state product"),
+        ((batch, heads, chunks), "f32", "chunk decay"), ((chunks, batch, heads), "f32", "scanned chunk decay"),
+        ((chunks, batch, heads, head_dim, state), "f32", "entering states"),
+        ((batch, chunks, heads, head_dim, state), "f32", "entering states, transposed"),
+        ((batch, padded, heads, head_dim), "f32", "read-out product"),
+    ]
+    for shape, dtype, what in internals:
+        t.save(t.internal(shape, dtype, f"{label} {what}", (x,)))
+    return out
+
+
+PRIMITIVES = (
+    Primitive("ssd", Signature(("x", "dt", "A", "B", "C"), (Static("chunk", StaticKind.INT, 256),),
+                               doc="Mamba-2's chunked state-space scan: x [B, S, heads, head_dim], "
+                                   "dt [B, S, heads], A [heads], B and C [B, S, groups, state]"),
+              emit=_emit, shape=_shape, check=_check, flops=_flops, memory=_memory,
+              helpers=(Helper("ssd", SSD),)),
+)
