@@ -1,0 +1,95 @@
+"""DeepSeek-V3 pieces against transformers: multi-head latent attention (std/deepseek.axl
+MLAttention) and its `broadcast` primitive, in float32."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+
+import numpy as np
+import pytest
+
+from axdsl.build import build_files, write_atomic
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+from transformers.models.deepseek_v3 import modeling_deepseek_v3 as hf_ds  # noqa: E402
+
+RNG = np.random.default_rng(0)
+
+
+def _load(tmp_path, name: str, source: str):
+    spec = tmp_path / f"{name}.axl"
+    spec.write_text(source)
+    out = tmp_path / "out" / name
+    write_atomic(out, build_files(spec, "cpu"))
+    mod_spec = importlib.util.spec_from_file_location(f"gen_ds_{name}", out / "model.py")
+    module = importlib.util.module_from_spec(mod_spec)
+    sys.modules[mod_spec.name] = module
+    mod_spec.loader.exec_module(module)
+    return module
+
+
+def test_broadcast_inserts_copies_along_a_new_dim(tmp_path):
+    m = _load(tmp_path, "bc", """
+layer Op(dim: int, heads: int) {
+  forward(x: [B, S, dim]) -> [B, heads, S, dim] {
+    return broadcast(x, heads, before = S) * 2.0
+  }
+}
+model op = Op { dim = 3  heads = 5 }
+""")
+    x = RNG.standard_normal((2, 4, 3)).astype(np.float32)
+    out = np.asarray(m.forward(m.Config(), {}, x))
+    np.testing.assert_allclose(out, np.broadcast_to(2 * x[:, None], (2, 5, 4, 3)), rtol=0, atol=0)
+
+
+MLA = {"hidden_size": 32, "num_attention_heads": 4, "num_key_value_heads": 4, "kv_lora_rank": 8, "qk_nope_head_dim": 8,
+       "qk_rope_head_dim": 4, "v_head_dim": 6}
+YARN = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 8,
+        "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0}
+DEFAULT = {"rope_type": "default", "rope_theta": 10000.0}
+
+
+def _spec(q_rank: int, rope: dict) -> str:
+    yarn = ("  rope_scaling = \"yarn\"  rope_factor = 4.0  rope_original_max_seq = 8  rope_mscale_all_dim = 1.0\n"
+            if rope["rope_type"] == "yarn" else "")
+    return ('import "std/deepseek.axl"\nmodel mla = MLAttention {\n'
+            f"  dim = 32  heads = 4  q_rank = {q_rank}  kv_rank = 8  nope_dim = 8  rope_dim = 4  v_head_dim = 6\n"
+            f"{yarn}}}\n")
+
+
+def _t(w) -> np.ndarray:
+    return w.detach().numpy().T
+
+
+@pytest.mark.parametrize("q_rank,rope", [(16, YARN), (0, DEFAULT)], ids=["q_lora_yarn", "q_proj_default"])
+def test_latent_attention_matches_transformers(tmp_path, q_rank, rope):
+    cfg = transformers.DeepseekV3Config(**MLA, q_lora_rank=q_rank or None, rope_parameters=rope,
+                                        max_position_embeddings=32, num_hidden_layers=1)
+    cfg._attn_implementation = "eager"
+    torch.manual_seed(0)
+    attn = hf_ds.DeepseekV3Attention(cfg, 0).eval()
+    with torch.no_grad():
+        for p in attn.parameters():
+            p.normal_(0.0, 0.3)
+    x = torch.randn(2, 12, 32)
+    pos = torch.arange(12)[None]
+    cos_sin = hf_ds.DeepseekV3RotaryEmbedding(cfg)(x, pos)
+    mask = torch.full((12, 12), float("-inf")).triu(1)[None, None]
+    with torch.no_grad():
+        want = attn(x, cos_sin, mask)[0].numpy()
+    heads, qk, v = 4, 12, 6
+    params = {"wkv_a": _t(attn.kv_a_proj_with_mqa.weight),
+              "kv_norm": {"scale": attn.kv_a_layernorm.weight.detach().numpy()},
+              "wkv_b": _t(attn.kv_b_proj.weight).reshape(8, heads, 8 + v),
+              "wo": _t(attn.o_proj.weight).reshape(heads, v, 32)}
+    if q_rank:
+        params |= {"wq_a": _t(attn.q_a_proj.weight), "q_norm": {"scale": attn.q_a_layernorm.weight.detach().numpy()},
+                   "wq_b": _t(attn.q_b_proj.weight).reshape(q_rank, heads, qk)}
+    else:
+        params["wq"] = _t(attn.q_proj.weight).reshape(32, heads, qk)
+    m = _load(tmp_path, f"mla{q_rank}", _spec(q_rank, rope))
+    assert np.isclose(m.Config().scale, attn.scaling)
+    got = np.asarray(m.forward(m.Config(), params, x.numpy()))
+    np.testing.assert_allclose(got, want, rtol=0, atol=2e-5)
