@@ -93,3 +93,39 @@ def test_latent_attention_matches_transformers(tmp_path, q_rank, rope):
     assert np.isclose(m.Config().scale, attn.scaling)
     got = np.asarray(m.forward(m.Config(), params, x.numpy()))
     np.testing.assert_allclose(got, want, rtol=0, atol=2e-5)
+
+
+def _moe_spec(groups: int, top_groups: int) -> str:
+    return ('import "std/deepseek.axl"\nmodel dsmoe = DeepSeekMoE {\n'
+            f"  dim = 16  hidden = 8  experts = 8  top_k = 3  groups = {groups}  top_groups = {top_groups}"
+            "  scale = 2.5  shared = 2\n}\n")
+
+
+@pytest.mark.parametrize("groups,top_groups", [(4, 2), (1, 1)], ids=["grouped", "ungrouped"])
+def test_deepseek_moe_matches_transformers(tmp_path, groups, top_groups):
+    """Sigmoid scores, a selection-only bias, group-limited top-k, normalized and scaled weights,
+    and the shared experts: DeepseekV3MoE's output, token by token."""
+    cfg = transformers.DeepseekV3Config(hidden_size=16, moe_intermediate_size=8, n_routed_experts=8,
+                                        num_experts_per_tok=3, n_group=groups, topk_group=top_groups,
+                                        routed_scaling_factor=2.5, n_shared_experts=2, norm_topk_prob=True)
+    torch.manual_seed(1)
+    moe = hf_ds.DeepseekV3MoE(cfg).eval()
+    with torch.no_grad():
+        for p in moe.parameters():
+            p.normal_(0.0, 0.5)
+        moe.gate.e_score_correction_bias.normal_(0.0, 0.5)  # large enough to change choices
+    x = torch.randn(2, 10, 16)
+    with torch.no_grad():
+        want = moe(x).numpy()
+    gate_up, hidden = moe.experts.gate_up_proj.detach().numpy(), 8
+    shared = moe.shared_experts
+    params = {"router": _t(moe.gate.weight), "score_bias": moe.gate.e_score_correction_bias.numpy(),
+              "w_gate": gate_up[:, :hidden].transpose(0, 2, 1), "w_up": gate_up[:, hidden:].transpose(0, 2, 1),
+              "w_down": moe.experts.down_proj.detach().numpy().transpose(0, 2, 1),
+              "shared_mlp": {"w_gate": _t(shared.gate_proj.weight), "w_up": _t(shared.up_proj.weight),
+                             "w_down": _t(shared.down_proj.weight)}}
+    m = _load(tmp_path, f"dsmoe{groups}", _moe_spec(groups, top_groups))
+    got = m.forward(m.Config(), params, x.numpy())
+    got = np.asarray(got[0] if isinstance(got, tuple) else got)
+    np.testing.assert_allclose(got, want, rtol=0, atol=2e-5)
+
