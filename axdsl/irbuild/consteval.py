@@ -38,8 +38,21 @@ def literal_code(value) -> str:
 
 def _prec(code: str) -> str:
     """Parenthesize compound code when it becomes an operand."""
-    simple = code.replace(".", "").replace("_", "").isalnum() or code.startswith("(")
+    simple = code.replace(".", "").replace("_", "").isalnum() or _one_group(code)
     return code if simple else f"({code})"
+
+
+def _one_group(code: str) -> bool:
+    """Whether `code` is one parenthesized group, `(a + b)`; not `(a) * (b)`, whose first
+    parenthesis closes before the end."""
+    if not code.startswith("("):
+        return False
+    depth = 0
+    for i, ch in enumerate(code):
+        depth += {"(": 1, ")": -1}.get(ch, 0)
+        if depth == 0:
+            return i == len(code) - 1
+    return False
 
 
 class Evaluator:
