@@ -311,6 +311,13 @@ DEEPSEEK_UNSUPPORTED: tuple = (
                            f"rope_type={c.rope[1]!r} (axdsl's rope scalings are {', '.join(_SCALINGS)})")),
     (None, lambda c: _when(c.get("hidden_act", "silu") != "silu",
                            f"hidden_act={c.cfg.get('hidden_act')!r} (SwiGLU and MoE experts use silu)")),
+    (None, lambda c: _when(c.get("scoring_func", "sigmoid") != "sigmoid",
+                           f"scoring_func={c.cfg.get('scoring_func')!r} (DeepSeekMoE scores with sigmoid)")),
+    (None, lambda c: _when(c.get("topk_method", "noaux_tc") != "noaux_tc",
+                           f"topk_method={c.cfg.get('topk_method')!r} (group-limited top-k with a selection "
+                           "bias is noaux_tc)")),
+    (None, lambda c: _when(c.get("moe_layer_freq", 1) != 1,
+                           f"moe_layer_freq={c.cfg.get('moe_layer_freq')} (every layer after the dense ones is MoE)")),
 )
 
 
