@@ -129,3 +129,25 @@ def test_deepseek_moe_matches_transformers(tmp_path, groups, top_groups):
     got = np.asarray(got[0] if isinstance(got, tuple) else got)
     np.testing.assert_allclose(got, want, rtol=0, atol=2e-5)
 
+
+
+def test_inlined_hyperparameter_expressions_keep_their_grouping(tmp_path):
+    """A derived default written into another layer's code stays one operand: mscale * mscale with
+    mscale = (a) * (b) + 1 is (((a) * (b)) + 1) * (...), not (a) * (b) + 1 * (a) * (b) + 1."""
+    m = _load(tmp_path, "grouping", """
+layer Inner(f: float = 4.0, m: float = (0.1 * 2.0) * (log(max(f, 1.0))) + 1.0, s: float = m * m / sqrt(4.0)) {
+  forward(x: [B, S]) -> [B, S] {
+    return x * s
+  }
+}
+layer Outer(dim: int = 1) {
+  child inner = Inner(f = 40.0)
+  forward(x: [B, S]) -> [B, S] {
+    return inner(x)
+  }
+}
+model outer = Outer {}
+""")
+    mscale = 0.2 * np.log(40.0) + 1.0
+    out = np.asarray(m.forward(m.Config(), {"inner": {}}, np.ones((1, 2), np.float32)))
+    np.testing.assert_allclose(out, mscale * mscale / 2.0, rtol=1e-6)
