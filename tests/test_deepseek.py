@@ -151,3 +151,24 @@ model outer = Outer {}
     mscale = 0.2 * np.log(40.0) + 1.0
     out = np.asarray(m.forward(m.Config(), {"inner": {}}, np.ones((1, 2), np.float32)))
     np.testing.assert_allclose(out, mscale * mscale / 2.0, rtol=1e-6)
+
+
+def test_selection_bias_gets_no_gradient(tmp_path):
+    """score_bias only picks experts (a discrete choice): its gradient is exactly zero, so training
+    leaves it to DeepSeek's balancing rule; the router and experts do get gradients."""
+    import jax
+    import jax.numpy as jnp
+
+    m = _load(tmp_path, "dsgrad", _moe_spec(4, 2))
+    cfg = m.Config()
+    params = m.init_params(cfg, jax.random.key(0))
+    params["score_bias"] = jnp.linspace(-0.1, 0.1, 8)
+    x = jnp.asarray(RNG.standard_normal((2, 6, 16)).astype(np.float32))
+
+    def loss(p):
+        out = m.forward(cfg, p, x)
+        return jnp.sum((out[0] if isinstance(out, tuple) else out) ** 2)
+
+    grads = jax.grad(loss)(params)
+    assert not np.any(np.asarray(grads["score_bias"]))
+    assert np.any(np.asarray(grads["router"])) and np.any(np.asarray(grads["w_gate"]))
