@@ -190,6 +190,31 @@ CASES = {
              rope_parameters={"rope_type": "default", "rope_theta": 1e6},
              num_experts=4, num_experts_per_tok=2, norm_topk_prob=True),
     ),
+    "deepseek_v3": (  # latent attention (yarn, mscale^2 scale), 1 dense layer then 2 MoE layers: 8 experts in
+        # 2 groups (1 chosen), top-2, a random selection bias, weights x 2.5, one shared expert
+        """import "std/deepseek.axl"
+        model m = DecoderLM {
+          vocab = 96  dim = 64  layers = 2  dense_layers = 1  heads = 4  ffn = 128  max_seq = 64
+          norm = RMSNorm(eps = 1e-6)  rope_theta = 10000.0
+          dense_block = Block(attn = MLAttention(q_rank = 32, kv_rank = 16, nope_dim = 8, rope_dim = 4, v_head_dim = 12,
+                                                 rope_scaling = "yarn", rope_factor = 4.0, rope_original_max_seq = 16,
+                                                 rope_mscale_all_dim = 1.0),
+                              mlp = SwiGLU(hidden = ffn))
+          block = Block(attn = MLAttention(q_rank = 32, kv_rank = 16, nope_dim = 8, rope_dim = 4, v_head_dim = 12,
+                                           rope_scaling = "yarn", rope_factor = 4.0, rope_original_max_seq = 16,
+                                           rope_mscale_all_dim = 1.0),
+                        mlp = DeepSeekMoE(hidden = 16, experts = 8, top_k = 2, groups = 2, top_groups = 1,
+                                          scale = 2.5, shared = 1))
+          dtype = f32  param_dtype = f32
+        }""",
+        dict(vocab_size=96, hidden_size=64, intermediate_size=128, moe_intermediate_size=16, num_hidden_layers=3,
+             first_k_dense_replace=1, num_attention_heads=4, num_key_value_heads=4, q_lora_rank=32,
+             kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=12, n_routed_experts=8,
+             num_experts_per_tok=2, n_group=2, topk_group=1, routed_scaling_factor=2.5, n_shared_experts=1,
+             norm_topk_prob=True, max_position_embeddings=64, rms_norm_eps=1e-6, num_mtp_layers=0,
+             rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                              "original_max_position_embeddings": 16, "mscale": 1.0, "mscale_all_dim": 1.0}),
+    ),
 }
 
 
@@ -220,6 +245,9 @@ def _hf_model(case: str, **overrides):
                 fan_in = p.shape[0] if family == "gpt2" and p.ndim == 2 and "wte" not in name \
                     and "wpe" not in name else p.shape[-1]
                 p.copy_(noise / fan_in ** 0.5)
+        for name, b in model.named_buffers():  # DeepSeek's router selection bias (a buffer in HF)
+            if name.endswith("e_score_correction_bias"):
+                b.copy_(0.1 * torch.randn(b.shape, generator=gen))
     return model
 
 
@@ -509,6 +537,20 @@ PUBLISHED = {
         "rope_theta": 1000000.0, "max_position_embeddings": 40960, "tie_word_embeddings": False,
         "attention_bias": False, "decoder_sparse_step": 1, "mlp_only_layers": [],
         "use_sliding_window": False, "hidden_act": "silu"},
+    ("deepseek_v3", "deepseek_v3"): {  # deepseek-ai/DeepSeek-V3 (its quantization_config left out)
+        "architectures": ["DeepseekV3ForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
+        "bos_token_id": 0, "eos_token_id": 1, "ep_size": 1, "first_k_dense_replace": 3, "hidden_act": "silu",
+        "hidden_size": 7168, "initializer_range": 0.02, "intermediate_size": 18432, "kv_lora_rank": 512,
+        "max_position_embeddings": 163840, "model_type": "deepseek_v3", "moe_intermediate_size": 2048,
+        "moe_layer_freq": 1, "n_group": 8, "n_routed_experts": 256, "n_shared_experts": 1,
+        "norm_topk_prob": True, "num_attention_heads": 128, "num_experts_per_tok": 8, "num_hidden_layers": 61,
+        "num_key_value_heads": 128, "num_nextn_predict_layers": 1, "q_lora_rank": 1536, "qk_nope_head_dim": 128,
+        "qk_rope_head_dim": 64, "rms_norm_eps": 1e-06,
+        "rope_scaling": {"beta_fast": 32, "beta_slow": 1, "factor": 40, "mscale": 1.0, "mscale_all_dim": 1.0,
+                         "original_max_position_embeddings": 4096, "type": "yarn"},
+        "rope_theta": 10000, "routed_scaling_factor": 2.5, "scoring_func": "sigmoid", "tie_word_embeddings": False,
+        "topk_group": 4, "topk_method": "noaux_tc", "torch_dtype": "bfloat16", "v_head_dim": 128,
+        "vocab_size": 129280},
 }
 
 

@@ -33,6 +33,9 @@ PUBLISHED = {
     "qwen2_5_7b": 7_615_616_512,
     "mixtral_8x7b": 46_702_792_704,
     "qwen3_30b_a3b": 30_532_122_624,
+    # transformers' num_parameters() of DeepseekV3ForCausalLM (no MTP layer) is 671,026,404,352: it
+    # leaves out the 58 x 256 e_score_correction_bias values, a buffer there and a parameter here.
+    "deepseek_v3": 671_026_419_200,
 }
 
 

@@ -16,6 +16,7 @@ Families (detected from config.json's `model_type`, or chosen from the spec's st
 | qwen3_moe | Qwen3MoeForCausalLM  | qk_norm and MoE (normalize = norm_topk_prob)                       |
 | phi       | PhiForCausalLM       | ParallelBlock(shared_norm = true), LayerNorm, biases, head_bias, rope_dim |
 | gpt_neox  | GPTNeoXForCausalLM   | ParallelBlock(), LayerNorm, biases, MLP(act = "gelu_exact"), rope_dim |
+| deepseek_v3 | DeepseekV3ForCausalLM | std/deepseek.axl: MLAttention, dense_layers of SwiGLU, then DeepSeekMoE |
 
 Llama-family rope scalings map to Attention's rope_* settings: rope_parameters' rope_type
 "llama3" (factor, low/high_freq_factor, original_max_position_embeddings), "linear" and "yarn"
@@ -53,6 +54,12 @@ leading `layers` dim), each array in the model's `param_dtype`. Restore it with
     GPT-NeoX dense_h_to_4h/_4h_to_h    nn.Linear             mlp/w_in, w_out; embed_in/embed_out = embed, head
     lm_head.bias (Phi)                 [vocab]               head_b
     ln_1/ln_2/ln_f weight, bias        [dim]                 attn_norm, mlp_norm, final_norm scale, shift
+    DeepSeek q_a_proj, q_b_proj        [q_rank, dim], [heads*qk, q_rank]  attn/wq_a [dim, q_rank], wq_b [q_rank, heads, qk]
+    DeepSeek kv_a_proj_with_mqa        [kv_rank+rope, dim]   attn/wkv_a [dim, kv_rank+rope] (latent, then the shared rotary key)
+    DeepSeek kv_b_proj                 [heads*(nope+v), kv_rank]  attn/wkv_b [kv_rank, heads, nope+v]
+    q_a_layernorm, kv_a_layernorm      [q_rank], [kv_rank]   attn/q_norm/scale, attn/kv_norm/scale
+    mlp.gate.e_score_correction_bias   [experts]             mlp/score_bias; mlp.shared_experts.* -> mlp/shared_mlp/*
+    DeepSeek layers 0..k-1 / k..       first_k_dense_replace dense_blocks (stacked) / blocks (stacked)
 
 Layer i of HF is index i of the stacked `blocks` arrays. Rotary embeddings need no permutation:
 HF checkpoints use the half-split (rotate_half) layout, as axdsl's `rope` does. Mixtral and

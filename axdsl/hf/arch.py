@@ -52,6 +52,11 @@ FIELDS = {
     "ssm_expand": "Mamba2Mixer expand", "ssm_head_dim": "Mamba2Mixer head_dim", "ssm_state": "Mamba2Mixer state",
     "ssm_groups": "Mamba2Mixer groups", "conv_kernel": "Mamba2Mixer conv_kernel", "chunk": "Mamba2Mixer chunk",
     "conv_bias": "Mamba2Mixer conv_bias", "mixer_eps": "Mamba2Mixer eps (its gated norm)",
+    "attn": "attention layer", "dense_layers": "dense_layers", "dense_hidden": "the dense blocks' SwiGLU hidden",
+    "q_rank": "MLAttention q_rank", "kv_rank": "MLAttention kv_rank", "nope_dim": "MLAttention nope_dim",
+    "v_head_dim": "MLAttention v_head_dim", "rope_interleaved": "attention rope_interleaved",
+    "groups": "DeepSeekMoE groups", "top_groups": "DeepSeekMoE top_groups", "routed_scale": "DeepSeekMoE scale",
+    "score": "DeepSeekMoE score", "latent_norm_eps": "MLAttention kv_norm eps",
 }
 BLOCKS = ("Block", "ParallelBlock", "MambaBlock")  # std's residual blocks: sequential, parallel, Mamba-2
 PATTERN = "BlocksPattern"  # repeat(n, [A(), B()]): the layers alternate (Gemma 2's local and global)
@@ -83,6 +88,7 @@ def arch_of(model) -> Arch:
         arch.values[k] = _hv(root, k)
     arch.values["embed_multiplier"] = float(_hv(root, "embed_multiplier", 1.0))
     arch.values["logit_softcap"] = float(_hv(root, "logit_softcap", 0.0))
+    arch.values["dense_layers"] = _hv(root, "dense_layers", 0)
     blocks = root.child("blocks")
     elements = list(blocks.children) if blocks is not None and blocks.layer == PATTERN else [blocks]
     if any(b is None or b.layer not in BLOCKS for b in elements):
@@ -97,7 +103,25 @@ def arch_of(model) -> Arch:
         if len({repr(v.get(k)) for v in per_layer}) > 1:
             arch.problems.append(f"the pattern's layers differ in {FIELDS.get(k, k)} "
                                  "(Hugging Face layers differ only in their attention window)")
+    if arch.values["dense_layers"]:
+        _read_dense_blocks(arch, root)
     return arch
+
+
+def _read_dense_blocks(arch: Arch, root) -> None:
+    """DeepSeek's dense first layers: the same block as the others but a SwiGLU feed-forward."""
+    dense = root.child("dense_blocks")
+    if dense is None or dense.layer != "Block":
+        arch.problems.append("the dense blocks are not std's Block")
+        return
+    values = _block_values(arch, dense, root)
+    if values.get("mlp") != "SwiGLU":
+        arch.problems.append(f"the dense blocks' feed-forward is {values.get('mlp')}; DeepSeek's is SwiGLU")
+    arch.values["dense_hidden"] = values.get("hidden")
+    for k in sorted(set(values) - {"mlp", "hidden"}):
+        if repr(values[k]) != repr(arch.values.get(k)):
+            arch.problems.append(f"the dense blocks differ from the others in {FIELDS.get(k, k)} "
+                                 "(Hugging Face's differ only in their feed-forward)")
 
 
 def _block_values(arch: Arch, block, root) -> dict[str, Any]:
@@ -151,8 +175,28 @@ def _read_mixer(arch: Arch, mixer, root) -> None:
                              "(transformers' intermediate size is int(expand * hidden_size))")
 
 
+def _read_latent_attention(arch: Arch, attn) -> None:
+    """DeepSeek's multi-head latent attention: ranks, head dims, rope (interleaved or not)."""
+    v = arch.values
+    v.update(attn="MLAttention", causal=_hv(attn, "causal"), rope=True, window=0, attn_bias=False,
+             out_bias=False, qk_norm=False, softcap=0.0, scale=float(_hv(attn, "scale")))
+    for k in ("q_rank", "kv_rank", "nope_dim", "rope_dim", "v_head_dim", "rope_interleaved", "rope_scaling",
+              "rope_original_max_seq"):
+        v[k] = _hv(attn, k)
+    v["rope_theta"] = float(_hv(attn, "rope_theta"))
+    for k in ("factor", "beta_fast", "beta_slow", "mscale", "mscale_all_dim"):
+        v[f"rope_{k}"] = float(_hv(attn, f"rope_{k}"))
+    v["rope_untruncated"], v["rope_attention_factor"] = False, 0.0
+    if _hv(attn.child("q_norm"), "eps") not in (None, _hv(attn.child("kv_norm"), "eps")):
+        arch.problems.append("MLAttention's q_norm and kv_norm eps differ (Hugging Face has one rms_norm_eps)")
+    v["latent_norm_eps"] = _hv(attn.child("kv_norm"), "eps")
+
+
 def _read_attention(arch: Arch, attn) -> None:
     v = arch.values
+    if attn is not None and attn.layer == "MLAttention":
+        _read_latent_attention(arch, attn)
+        return
     if attn is None or attn.layer != "Attention":
         arch.problems.append("the block's attention is not std's Attention")
         return
@@ -191,6 +235,14 @@ def _read_feed_forward(arch: Arch, mlp) -> None:
         for k in ("hidden", "experts", "top_k", "normalize", "shared"):
             v[k] = _hv(mlp, k)
         v["capacity_factor"] = float(_hv(mlp, "capacity_factor"))
+    elif v["mlp"] == "DeepSeekMoE":
+        for k in ("hidden", "experts", "top_k", "normalize", "shared", "groups", "top_groups", "score"):
+            v[k] = _hv(mlp, k)
+        v["routed_scale"] = float(_hv(mlp, "scale"))
+        v["capacity_factor"] = float(_hv(mlp, "capacity_factor"))
+        if _hv(mlp, "shared_hidden") != v["hidden"]:
+            arch.problems.append("DeepSeekMoE shared_hidden differs from hidden (HF's shared experts are "
+                                 "moe_intermediate_size wide)")
     else:
         arch.problems.append(f"the feed-forward layer is {v['mlp']}; HF families have SwiGLU, GatedMLP, MLP or MoE")
 

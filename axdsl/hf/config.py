@@ -22,6 +22,7 @@ FAMILIES = {
     "gpt_neox": "GPTNeoXForCausalLM",
     "gemma2": "Gemma2ForCausalLM",
     "mamba2": "Mamba2ForCausalLM",
+    "deepseek_v3": "DeepseekV3ForCausalLM",
 }
 _ARCH_TO_FAMILY = {v: k for k, v in FAMILIES.items()}
 
@@ -42,6 +43,8 @@ def family_of_arch(arch: Arch) -> str:
     """The HF family a spec's model exports to, from its structure."""
     if arch["block"] == "MambaBlock":
         return "mamba2"
+    if arch["attn"] == "MLAttention" or arch["mlp"] == "DeepSeekMoE":
+        return "deepseek_v3"
     if arch["block"] == "ParallelBlock":
         return "phi" if arch["shared_norm"] else "gpt_neox"
     if arch["norm"] == "GemmaRMSNorm" or arch["post_norms"]:
@@ -67,7 +70,12 @@ def _skipped(arch: Arch, vals: dict) -> set[str]:
     """Fields that do not apply when the two sides already differ in a field above them."""
     skip = set()
     if arch["mlp"] != vals.get("mlp"):
-        skip |= {"hidden", "act", "mlp_bias", "experts", "top_k", "normalize", "shared"}
+        skip |= {"hidden", "act", "mlp_bias", "experts", "top_k", "normalize", "shared", "groups", "top_groups",
+                 "routed_scale", "score"}
+    if not (arch["dense_layers"] and vals.get("dense_layers")):
+        skip.add("dense_hidden")
+    if arch["attn"] != vals.get("attn"):
+        skip |= {"q_rank", "kv_rank", "nope_dim", "v_head_dim", "rope_interleaved", "latent_norm_eps", "scale"}
     if arch["norm"] != vals.get("norm"):
         skip.add("norm_bias")
     if arch["block"] != vals.get("block"):
@@ -229,6 +237,27 @@ def _mamba2_config(v: dict, dtype: str) -> dict:
     }
 
 
+def _deepseek_config(v: dict, dtype: str) -> dict:
+    """DeepSeek-V3: latent attention, dense first layers, then DeepSeek's MoE."""
+    theta = v["rope_theta"] if v["rope_theta"] is not None else 10000.0
+    rope = _rope_parameters({**v, "rope_dim": None}, theta)
+    return {
+        "architectures": [FAMILIES["deepseek_v3"]], "model_type": "deepseek_v3", "vocab_size": v["vocab"],
+        "hidden_size": v["dim"], "intermediate_size": v["dense_hidden"] or v["hidden"],
+        "moe_intermediate_size": v["hidden"], "num_hidden_layers": v["dense_layers"] + v["layers"],
+        "first_k_dense_replace": v["dense_layers"], "num_attention_heads": v["heads"],
+        "num_key_value_heads": v["kv_heads"], "q_lora_rank": v["q_rank"] or None, "kv_lora_rank": v["kv_rank"],
+        "qk_nope_head_dim": v["nope_dim"], "qk_rope_head_dim": v["rope_dim"], "v_head_dim": v["v_head_dim"],
+        "rope_interleave": v["rope_interleaved"], "n_routed_experts": v["experts"],
+        "num_experts_per_tok": v["top_k"], "n_group": v["groups"], "topk_group": v["top_groups"],
+        "routed_scaling_factor": v["routed_scale"], "norm_topk_prob": v["normalize"],
+        "n_shared_experts": v["shared"], "hidden_act": "silu", "max_position_embeddings": v["max_seq"],
+        "rms_norm_eps": v["norm_eps"], "rope_theta": theta, "rope_parameters": rope,
+        "attention_bias": False, "tie_word_embeddings": v["tied"], "num_nextn_predict_layers": 0,
+        "attention_dropout": 0.0, "initializer_range": 0.02, "use_cache": True, "dtype": dtype,
+    }
+
+
 def hf_config(arch: Arch, family: str) -> dict:
     """The config.json of `arch` as a `family` model (export)."""
     dtypes = {a[1] for a in arch.params.values()}
@@ -241,4 +270,6 @@ def hf_config(arch: Arch, family: str) -> dict:
         return _gemma2_config(arch.values, dtype)
     if family == "mamba2":
         return _mamba2_config(arch.values, dtype)
+    if family == "deepseek_v3":
+        return _deepseek_config(arch.values, dtype)
     return _decoder_config(arch.values, family, dtype)

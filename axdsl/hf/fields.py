@@ -9,6 +9,7 @@ of transformers' config classes. Each row names the config.json key a mismatch m
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -16,7 +17,7 @@ from typing import Any, Callable
 TANH_GELU = ("gelu_new", "gelu_pytorch_tanh", "gelu_fast")
 _GPT2_ACTS = {**{a: "gelu" for a in TANH_GELU}, "relu": "relu", "silu": "silu", "swish": "silu"}
 # family -> (rms_norm_eps, rope_theta) defaults
-_DECODER_DEFAULTS = {"llama": (1e-6, 10000.0), "mistral": (1e-6, 10000.0), "mixtral": (1e-5, 1e6),
+_DECODER_DEFAULTS = {"deepseek_v3": (1e-6, 10000.0), "llama": (1e-6, 10000.0), "mistral": (1e-6, 10000.0), "mixtral": (1e-5, 1e6),
                      "qwen2": (1e-6, 10000.0), "qwen3": (1e-6, 10000.0), "qwen3_moe": (1e-6, 10000.0),
                      "phi": (1e-5, 10000.0), "gpt_neox": (1e-5, 10000.0), "gemma2": (1e-6, 10000.0)}
 # The parallel-residual families' partial rotary defaults (transformers' config classes)
@@ -240,6 +241,86 @@ DECODER_FIELDS = (  # llama, mistral, mixtral, qwen3, qwen3_moe
 )
 
 
+def _dense_layers(c: Config) -> int:
+    return min(c.get("first_k_dense_replace", 3), _layers(c))
+
+
+def _yarn_mscale(c: Config) -> float:
+    """transformers' yarn_get_mscale(factor, mscale_all_dim), when a rope scaling sets mscale_all_dim."""
+    factor, all_dim = float(c.rope_param("factor", 1.0)), float(c.rope_param("mscale_all_dim", 0.0) or 0.0)
+    if c.rope[1] == "default" or not all_dim or factor <= 1:
+        return 1.0
+    return 0.1 * all_dim * math.log(factor) + 1.0
+
+
+def _mla_scale(c: Config) -> float:
+    """DeepseekV3Attention's scaling: qk_head_dim^-0.5, times mscale^2 under a rope scaling."""
+    qk = c.get("qk_nope_head_dim", 128) + c.get("qk_rope_head_dim", 64)
+    return qk ** -0.5 * _yarn_mscale(c) ** 2
+
+
+# DeepSeek-V3: multi-head latent attention, the first `first_k_dense_replace` layers dense (SwiGLU
+# of intermediate_size), the rest DeepSeek's MoE (sigmoid router with a selection bias, expert
+# groups, shared experts). The spec's `layers` counts the MoE layers only.
+DEEPSEEK_FIELDS = (
+    _key("vocab_size", 129280, "vocab"),
+    _key("hidden_size", 7168, "dim"),
+    Row("layers", "num_hidden_layers", lambda c: _layers(c) - _dense_layers(c),
+        lambda c: _layers(c)),
+    Row("dense_layers", "first_k_dense_replace", _dense_layers),
+    _key("num_attention_heads", 128, "heads"),
+    Row("kv_heads", "num_key_value_heads", lambda c: c.get("num_key_value_heads", c.get("num_attention_heads", 128))),
+    _fact("attn", "MLAttention"),
+    Row("q_rank", "q_lora_rank", lambda c: c.get("q_lora_rank", 0)),
+    _key("kv_lora_rank", 512, "kv_rank"),
+    _key("qk_nope_head_dim", 128, "nope_dim"),
+    _key("qk_rope_head_dim", 64, "rope_dim"),
+    _key("v_head_dim", 128, "v_head_dim"),
+    Row("rope_interleaved", "rope_interleave", lambda c: c.flag("rope_interleave", True)),
+    _fact("positions", "rope"),
+    Row("tied", "tie_word_embeddings", lambda c: c.flag("tie_word_embeddings", False)),
+    _fact("norm", "RMSNorm"),
+    Row("norm_eps", "rms_norm_eps", lambda c: c.rms_eps),
+    Row("latent_norm_eps", "rms_norm_eps", lambda c: 1e-6),  # q_a/kv_a_layernorm keep RMSNorm's default
+    _fact("causal", True),
+    _fact("rope", True),
+    *(r for r in ROPE_ROWS if r.field != "rope_dim"),
+    Row("scale", "qk_nope_head_dim+qk_rope_head_dim", _mla_scale,
+        lambda c: c.get("qk_nope_head_dim", 128) + c.get("qk_rope_head_dim", 64)),
+    _fact("softcap", 0.0), _fact("embed_multiplier", 1.0), _fact("logit_softcap", 0.0),
+    _fact("window", 0),
+    Row("attn_bias", "attention_bias", lambda c: c.flag("attention_bias", False)),
+    _fact("qk_norm", False),
+    _fact("block", "Block"),
+    _fact("post_norms", False),
+    _fact("head_bias", False),
+    _fact("mlp", "DeepSeekMoE"),
+    _fact("score", "sigmoid"),
+    _key("moe_intermediate_size", 2048, "hidden"),
+    Row("dense_hidden", "intermediate_size", lambda c: c.get("intermediate_size", 18432)),
+    Row("experts", "n_routed_experts", lambda c: c.get("n_routed_experts", 256)),
+    _key("num_experts_per_tok", 8, "top_k"),
+    Row("groups", "n_group", lambda c: c.get("n_group", 8)),
+    Row("top_groups", "topk_group", lambda c: c.get("topk_group", 4)),
+    Row("routed_scale", "routed_scaling_factor", lambda c: float(c.get("routed_scaling_factor", 2.5))),
+    Row("normalize", "norm_topk_prob", lambda c: c.flag("norm_topk_prob", True)),
+    _key("n_shared_experts", 1, "shared"),
+)
+DEEPSEEK_UNSUPPORTED: tuple = (
+    (None, lambda c: _when(c.rope[1] not in _SCALINGS,
+                           f"rope_type={c.rope[1]!r} (axdsl's rope scalings are {', '.join(_SCALINGS)})")),
+    (None, lambda c: _when(c.get("hidden_act", "silu") != "silu",
+                           f"hidden_act={c.cfg.get('hidden_act')!r} (SwiGLU and MoE experts use silu)")),
+    (None, lambda c: _when(c.get("scoring_func", "sigmoid") != "sigmoid",
+                           f"scoring_func={c.cfg.get('scoring_func')!r} (DeepSeekMoE scores with sigmoid)")),
+    (None, lambda c: _when(c.get("topk_method", "noaux_tc") != "noaux_tc",
+                           f"topk_method={c.cfg.get('topk_method')!r} (group-limited top-k with a selection "
+                           "bias is noaux_tc)")),
+    (None, lambda c: _when(c.get("moe_layer_freq", 1) != 1,
+                           f"moe_layer_freq={c.cfg.get('moe_layer_freq')} (every layer after the dense ones is MoE)")),
+)
+
+
 _NEOX_ACTS = {"gelu": "gelu_exact", **{a: "gelu" for a in TANH_GELU}, "relu": "relu", "silu": "silu"}
 
 
@@ -420,7 +501,8 @@ def hf_values(family: str, cfg: dict) -> tuple[dict, dict, list[str]]:
     fields, checks = {"gpt2": (GPT2_FIELDS, GPT2_UNSUPPORTED), "phi": (PARALLEL_FIELDS, PARALLEL_UNSUPPORTED),
                       "gpt_neox": (PARALLEL_FIELDS, PARALLEL_UNSUPPORTED),
                       "gemma2": (GEMMA2_FIELDS, GEMMA2_UNSUPPORTED),
-                      "mamba2": (MAMBA2_FIELDS, MAMBA2_UNSUPPORTED)}.get(family,
+                      "mamba2": (MAMBA2_FIELDS, MAMBA2_UNSUPPORTED),
+                      "deepseek_v3": (DEEPSEEK_FIELDS, DEEPSEEK_UNSUPPORTED)}.get(family,
                                                                               (DECODER_FIELDS, DECODER_UNSUPPORTED))
     vals: dict[str, Any] = {}
     src: dict[str, str] = {}

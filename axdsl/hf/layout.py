@@ -84,6 +84,8 @@ class _Rules:
 
 def rules(family: str, arch: Arch, keys: set[str] | None) -> list[Rule]:
     """The mapping of every parameter `arch` has. `keys` (import) picks among equivalent layouts."""
+    if family == "deepseek_v3":
+        return _deepseek_rules(arch, keys)
     if arch.pattern:  # layer i is pattern element i % k, at index i // k of blocks/<e>
         out: list[Rule] = []
         for e in range(arch.pattern):
@@ -305,7 +307,8 @@ def _moe_block(family: str, keys: set[str] | None) -> tuple[str, tuple[str, str,
     return "block_sparse_moe.", ("w1", "w3", "w2")
 
 
-def _moe_rules(family: str, experts: int, hidden: int, L: str, keys: set[str] | None) -> list[Rule]:
+def _moe_rules(family: str, experts: int, hidden: int, L: str, keys: set[str] | None,
+               block_path: str = "blocks") -> list[Rule]:
     """Router and experts: per-expert tensors (hub layout) or transformers 5's fused ones."""
     block, names = _moe_block(family, keys)
     m = L + block
@@ -314,10 +317,10 @@ def _moe_rules(family: str, experts: int, hidden: int, L: str, keys: set[str] | 
     def expert_key(i: int, e: int, n: str) -> str:
         return f"{m.format(i=i)}experts.{e}.{n}.weight"
 
-    router = Rule((("blocks", "mlp", "router"),), True,
+    router = Rule(((block_path, "mlp", "router"),), True,
                   lambda g, i: (_T(g(m.format(i=i) + "gate.weight")),),
                   lambda a, i: {m.format(i=i) + "gate.weight": _T(a[0])})
-    paths = tuple(("blocks", "mlp", n) for n in ("w_gate", "w_up", "w_down"))
+    paths = tuple((block_path, "mlp", n) for n in ("w_gate", "w_up", "w_down"))
     if fused:
         def load(g, i):
             gate_up = g(m.format(i=i) + "experts.gate_up_proj")  # [E, 2 * hidden, dim]
@@ -331,3 +334,53 @@ def _moe_rules(family: str, experts: int, hidden: int, L: str, keys: set[str] | 
         return {expert_key(i, e, n): _T(w[e]) for n, w in zip(names, a) for e in range(experts)}
 
     return [router, Rule(paths, True, load, save)]
+
+
+def _deepseek_rules(arch: Arch, keys: set[str] | None) -> list[Rule]:
+    """DeepSeek-V3: HF layers 0 .. k-1 are the stacked `dense_blocks`, layers k .. the `blocks`."""
+    r = _Rules(arch, keys)
+    pre = r.prefix("model.")
+    r.same("embed/table", pre + "embed_tokens.weight", False)
+    r.same("final_norm/scale", pre + "norm.weight", False)
+    r.rule("head", False, lambda g, i: _T(g("lm_head.weight")), lambda w, i: {"lm_head.weight": _T(w)})
+    dense = arch["dense_layers"] or 0
+    out = list(r.out)
+    for block, ids in (("dense_blocks", range(dense)), ("blocks", range(dense, dense + arch["layers"]))):
+        br = _Rules(arch, keys, block=block)
+        moe = block == "blocks" and arch["mlp"] == "DeepSeekMoE"
+        _latent_block_rules(br, pre + "layers.{i}.", moe)
+        if moe:
+            br.out += _moe_rules("deepseek_v3", arch["experts"], arch["hidden"], pre + "layers.{i}.", keys, block)
+        out += [Rule(x.paths, True, x.load, x.save, tuple(ids)) for x in br.out]
+    return out
+
+
+def _latent_block_rules(r: _Rules, L: str, moe: bool) -> None:
+    """One DeepSeek layer's norms, latent attention, and SwiGLU (dense) or router bias and shared experts."""
+    v = r.arch.values
+    dim, heads = v["dim"], v["heads"]
+    qk, q_rank, kv_rank = v["nope_dim"] + v["rope_dim"], v["q_rank"], v["kv_rank"]
+    r.same("blocks/attn_norm/scale", L + "input_layernorm.weight")
+    r.same("blocks/mlp_norm/scale", L + "post_attention_layernorm.weight")
+    a = L + "self_attn."
+
+    def heads_in(path: str, key: str, rows: int, per_head: int) -> None:  # [heads*per_head, rows] -> [rows, heads, per_head]
+        r.rule(path, True, lambda g, i: _T(g(key.format(i=i))).reshape(rows, heads, per_head),
+               lambda w, i: {key.format(i=i): _T(w.reshape(rows, heads * per_head))})
+
+    heads_in("blocks/attn/wq", a + "q_proj.weight", dim, qk)
+    r.linear_in("blocks/attn/wq_a", a + "q_a_proj.weight")
+    r.same("blocks/attn/q_norm/scale", a + "q_a_layernorm.weight")
+    heads_in("blocks/attn/wq_b", a + "q_b_proj.weight", q_rank, qk)
+    r.linear_in("blocks/attn/wkv_a", a + "kv_a_proj_with_mqa.weight")
+    r.same("blocks/attn/kv_norm/scale", a + "kv_a_layernorm.weight")
+    heads_in("blocks/attn/wkv_b", a + "kv_b_proj.weight", kv_rank, v["nope_dim"] + v["v_head_dim"])
+    vd = v["v_head_dim"]
+    r.rule("blocks/attn/wo", True, lambda g, i: _T(g(a.format(i=i) + "o_proj.weight")).reshape(heads, vd, dim),
+           lambda w, i: {a.format(i=i) + "o_proj.weight": _T(w.reshape(heads * vd, dim))})
+    for ours, theirs in (("w_gate", "gate_proj"), ("w_up", "up_proj"), ("w_down", "down_proj")):
+        if moe:
+            r.linear_in(f"blocks/mlp/shared_mlp/{ours}", L + f"mlp.shared_experts.{theirs}.weight")
+        else:
+            r.linear_in(f"blocks/mlp/{ours}", L + f"mlp.{theirs}.weight")
+    r.same("blocks/mlp/score_bias", L + "mlp.gate.e_score_correction_bias")

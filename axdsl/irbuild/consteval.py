@@ -25,7 +25,7 @@ Lookup = Callable[[str, ast.Name], HValue | None]
 _ARITH = {"+", "-", "*", "/", "//", "%"}
 _COMPARE = {"==": operator.eq, "!=": operator.ne, "<": operator.lt, "<=": operator.le,
             ">": operator.gt, ">=": operator.ge}
-_MATH = {"sqrt": math.sqrt, "min": min, "max": max}
+_MATH = {"sqrt": math.sqrt, "log": math.log, "min": min, "max": max}
 
 
 def literal_code(value) -> str:
@@ -38,8 +38,21 @@ def literal_code(value) -> str:
 
 def _prec(code: str) -> str:
     """Parenthesize compound code when it becomes an operand."""
-    simple = code.replace(".", "").replace("_", "").isalnum() or code.startswith("(")
+    simple = code.replace(".", "").replace("_", "").isalnum() or _one_group(code)
     return code if simple else f"({code})"
+
+
+def _one_group(code: str) -> bool:
+    """Whether `code` is one parenthesized group, `(a + b)`; not `(a) * (b)`, whose first
+    parenthesis closes before the end."""
+    if not code.startswith("("):
+        return False
+    depth = 0
+    for i, ch in enumerate(code):
+        depth += {"(": 1, ")": -1}.get(ch, 0)
+        if depth == 0:
+            return i == len(code) - 1
+    return False
 
 
 class Evaluator:
@@ -157,7 +170,9 @@ class Evaluator:
                 self.fail(e.span, f"`{fname}` needs numbers")
             if fname == "sqrt" and (len(vals) != 1 or vals[0].value < 0):
                 self.fail(e.span, "`sqrt` takes one number >= 0")
-            code = f"math.{fname}" if fname == "sqrt" else fname
+            if fname == "log" and (len(vals) != 1 or vals[0].value <= 0):
+                self.fail(e.span, "`log` takes one number > 0")
+            code = f"math.{fname}" if fname in ("sqrt", "log") else fname
             return HValue(_MATH[fname](*(v.value for v in vals)), f"{code}({', '.join(v.code for v in vals)})")
         target = lookup(fname, e.func)
         if target is not None and isinstance(target.value, LayerValue):

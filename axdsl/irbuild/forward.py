@@ -167,7 +167,7 @@ class _Lowering:
             return e.op != "@" and self._is_static(e.left) and self._is_static(e.right)
         if isinstance(e, ast.Unary):
             return self._is_static(e.operand)
-        if isinstance(e, ast.Call) and isinstance(e.func, ast.Name) and e.func.id in ("sqrt", "min", "max"):
+        if isinstance(e, ast.Call) and isinstance(e.func, ast.Name) and e.func.id in ("sqrt", "log", "min", "max"):
             return all(self._is_static(a) for a in e.args)
         return False
 

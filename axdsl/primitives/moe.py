@@ -1,5 +1,13 @@
 """Mixture of SwiGLU experts: softmax router, top-k, capacity (<= 0: dropless), auxiliary losses.
 
+DeepSeek-V3's routing is the same primitive with statics: `score = "sigmoid"` (scores are
+independent sigmoids, not a softmax), an optional `bias` [experts] added to the scores for the
+choice of experts only (its weights stay the plain scores: DeepSeek's e_score_correction_bias),
+`groups` > 1 with `top_groups` (experts in `groups` equal groups; a token picks among the experts
+of its `top_groups` best groups, a group scored by the sum of its two best experts) and `scale`
+(multiplies the routing weights after normalizing: routed_scaling_factor). With the defaults the
+generated helper is the plain softmax router; any of these picks the `moe_swiglu.choose` helper.
+
 FLOPs: top_k x 2 x (elements of one expert's three matrices): only routed experts work;
 capacity padding is not counted (MaxText).
 
@@ -9,19 +17,30 @@ paths the spec uses (`moe_swiglu.capacity`, `moe_swiglu.dropless`); its source i
 
 from __future__ import annotations
 
+import json
 import math
 
+from axdsl.errors import did_you_mean
 from axdsl.ir import nodes as ir
 from axdsl.primitives.base import Flops, Helper, HelperSection, Primitive, Signature, Static, StaticKind
 from axdsl.primitives.reductions import ir_fmt
 
 OPTIONS = ("top_k", "capacity_factor", "normalize", "aux_weight", "z_weight")
+SELECTION = ("score", "groups", "top_groups", "scale")  # DeepSeek's routing, emitted only when used
 ROUTER = "moe_swiglu"  # helpers: the router, and the two dispatch paths it may call
 CAPACITY, DROPLESS = f"{ROUTER}.capacity", f"{ROUTER}.dropless"
+CHOOSE = f"{ROUTER}.choose"  # sigmoid scores, a selection bias, group-limited top-k, scaled weights
+SCORES = ("softmax", "sigmoid")
+
+
+def _selects(prim: ir.Prim) -> bool:
+    """Whether the call uses any of DeepSeek's routing options (else the plain softmax router)."""
+    return (prim.attr("score").value != "softmax" or prim.attr("groups").value != 1
+            or prim.attr("scale").value != 1.0 or prim.operand("bias") is not None)
 
 
 def _shape(ctx, prim: ir.Prim, args):
-    x, logits, w_gate, w_up, w_down = (a.type.dims for a in args)
+    x, logits, w_gate, w_up, w_down = (a.type.dims for a in args[:5])
     if len(x) != 3 or any(d.is_ellipsis for d in x):
         ctx.fail(prim.span, f"`moe` needs x as [B, S, dim], got {ir_fmt(x)}")
     if len(logits) != 3 or not logits[0].same(x[0]) or not logits[1].same(x[1]):
@@ -37,7 +56,37 @@ def _shape(ctx, prim: ir.Prim, args):
     k = prim.attr("top_k")
     if not 1 <= k.value <= (experts.size or k.value):
         ctx.fail(prim.span, f"`moe` top_k = {k.value} must be between 1 and the {experts.size} experts")
+    _check_groups(ctx, prim, experts, k.value)
+    bias = prim.operand("bias")
+    if bias is not None and (len(args[5].type.dims) != 1 or not args[5].type.dims[0].same(experts)):
+        ctx.fail(prim.span, f"`moe` bias must be [{experts}], one per expert, got {ir_fmt(args[5].type.dims)}",
+                 "the selection bias is added to each token's expert scores")
     return x
+
+
+def _check_groups(ctx, prim: ir.Prim, experts: ir.Dim, top_k: int) -> None:
+    """Groups split the experts evenly, at least two each (a group's score is its top two), and the
+    chosen groups hold at least top_k experts."""
+    groups, top = prim.attr("groups").value, prim.attr("top_groups").value
+    if groups < 1 or experts.size is not None and experts.size % groups:
+        ctx.fail(prim.span, f"`moe` experts `{experts}` do not split into `groups={groups}` equal groups",
+                 "experts are split into equal groups (DeepSeek-V3: 256 experts in 8 groups)")
+    per = (experts.size or 2 * groups) // groups
+    if groups > 1 and per < 2:
+        ctx.fail(prim.span, f"`moe` groups = {groups} leave {per} expert per group; each needs at least 2",
+                 "a group is scored by the sum of its two best experts")
+    if not 1 <= top <= groups or groups > 1 and top * per < top_k:
+        ctx.fail(prim.span, f"`moe` top_groups = {top} must be between 1 and the {groups} groups and hold "
+                 f"top_k = {top_k} experts ({per} per group)")
+
+
+def _check(ctx, given: dict, attrs: dict) -> None:
+    """Only the known scoring functions reach generated code."""
+    score = attrs["score"].value
+    if score not in SCORES:
+        where = given.get("score")
+        ctx.fail(where.span if where is not None else None, f"`moe` score must be one of {', '.join(SCORES)}, "
+                 f"got {json.dumps(score[:40])}", did_you_mean(score, list(SCORES)) or "")
 
 
 def _emit(ctx, prim: ir.Prim, args: list[str], precs: list[int]) -> str:
@@ -52,11 +101,16 @@ def _emit(ctx, prim: ir.Prim, args: list[str], precs: list[int]) -> str:
         paths = (CAPACITY, DROPLESS)
     else:
         paths = (CAPACITY,) if cf.value > 0 else (DROPLESS,)
-    for helper in (ROUTER, *paths):
+    selects = _selects(prim)
+    for helper in (ROUTER, *paths, *((CHOOSE,) if selects else ())):
         ctx.use_helper(helper)
     names = OPTIONS if CAPACITY in paths else tuple(k for k in OPTIONS if k != "capacity_factor")
+    if selects:
+        names += SELECTION
     kwargs = ", ".join(f"{k}={prim.attr(k).code}" for k in names)
-    ctx.line(f"{out}, {aux} = moe_swiglu({', '.join(args)}, {kwargs})  # {ctx.shape_comment(prim.type)}, []")
+    if prim.operand("bias") is not None:
+        kwargs += f", bias={args[5]}"
+    ctx.line(f"{out}, {aux} = moe_swiglu({', '.join(args[:5])}, {kwargs})  # {ctx.shape_comment(prim.type)}, []")
     return out
 
 
@@ -101,7 +155,7 @@ def _unused_params(ctx, prim: ir.Prim) -> int:
     """Expert weights a token does not use: (experts - top_k) / experts of them."""
     experts = prim.args[1].type.dims[-1].size
     k = prim.attr("top_k").value
-    weights = (ctx.param_at(a) for a in prim.args[2:])
+    weights = (ctx.param_at(a) for a in prim.args[2:5])
     elems = sum(math.prod(d.size for d in p.dims) for p in weights if p is not None)
     return elems * (experts - k) // experts
 
@@ -109,10 +163,14 @@ def _unused_params(ctx, prim: ir.Prim) -> int:
 # ---------------------------------------------------------------------------- generated code
 def _moe_swiglu(used: frozenset[str]) -> str:
     """moe_swiglu with only the dispatch paths in use (both, and the branch, when a Config decides)."""
-    capacity, dropless = CAPACITY in used, DROPLESS in used
+    capacity, dropless, choose = CAPACITY in used, DROPLESS in used, CHOOSE in used
     params = [p for p in MOE_PARAMS if capacity or p != "capacity_factor: float"]
+    if choose:
+        params += MOE_SELECT_PARAMS
     signature = "def moe_swiglu(\n" + "".join(f"    {p},\n" for p in params) + ") -> tuple[jax.Array, jax.Array]:\n"
     doc = [MOE_DOC_HEAD]
+    if choose:
+        doc.append(MOE_DOC_CHOOSE)
     if capacity:
         doc.append(MOE_DOC_CAPACITY)
     if dropless:
@@ -122,7 +180,8 @@ def _moe_swiglu(used: frozenset[str]) -> str:
                 + MOE_CALL_DROPLESS)
     else:
         tail = "    " + (MOE_CALL_CAPACITY if capacity else MOE_CALL_DROPLESS)
-    return (signature + '    """' + " ".join(doc) + MOE_DOC_TAIL + '    """\n' + MOE_ROUTING
+    routing = MOE_ROUTING.replace(MOE_SOFTMAX_CHOICE, MOE_CHOICE) if choose else MOE_ROUTING
+    return (signature + '    """' + " ".join(doc) + MOE_DOC_TAIL + '    """\n' + routing
             + tail + "\n    return y.astype(x.dtype), aux")
 
 
@@ -133,6 +192,12 @@ MOE_DOC_HEAD = """Mixture of SwiGLU experts on x [B, S, dim] with router logits 
 
     Each token goes to its `top_k` experts, weighted by the router softmax (renormalized over the
     chosen k when `normalize`, as Mixtral and Qwen3 do)."""
+MOE_SELECT_PARAMS = ("score: str", "groups: int", "top_groups: int", "scale: float",
+                     "bias: jax.Array | None = None")
+MOE_DOC_CHOOSE = """With `score` "sigmoid" the
+    scores are sigmoids; `bias` (if given) shifts them for the choice only; with `groups` > 1 a
+    token chooses among the experts of its `top_groups` best groups; `scale` multiplies the weights
+    (DeepSeek-V3)."""
 MOE_DOC_CAPACITY = """With capacity_factor > 0 an expert takes
     at most ceil(top_k * S * capacity_factor / experts) tokens of each sequence, first choices
     first (GShard, Switch); tokens over capacity skip that expert and keep their residual."""
@@ -155,6 +220,31 @@ MOE_ROUTING = '''    experts = logits.shape[-1]
     aux = aux_weight * experts * jnp.sum(load * importance)
     aux = aux + z_weight * jnp.mean(jax.nn.logsumexp(logits, axis=-1) ** 2)
 '''
+MOE_SOFTMAX_CHOICE = '''    probs = jax.nn.softmax(logits, axis=-1)  # [B, S, experts]
+    weights, chosen = jax.lax.top_k(probs, top_k)  # [B, S, top_k]
+    if normalize:
+        weights = weights / jnp.sum(weights, axis=-1, keepdims=True)
+'''
+MOE_CHOICE = '''    if score == "sigmoid":
+        probs = jax.nn.sigmoid(logits)  # [B, S, experts]
+    else:
+        probs = jax.nn.softmax(logits, axis=-1)
+    chosen = _moe_choose(probs, bias, top_k, groups, top_groups)  # [B, S, top_k]
+    weights = jnp.take_along_axis(probs, chosen, axis=-1)  # the scores, without the bias
+    if normalize:
+        weights = weights / (jnp.sum(weights, axis=-1, keepdims=True) + 1e-20)
+    weights = scale * weights
+'''
+MOE_CHOOSE = '''def _moe_choose(probs, bias, top_k, groups, top_groups):
+    """Each token's top_k experts by score (+ bias), among the experts of its top_groups best groups."""
+    choice = probs if bias is None else probs + bias.astype(jnp.float32)  # [B, S, experts]
+    if groups > 1:
+        grouped = choice.reshape(*choice.shape[:-1], groups, -1)  # [B, S, groups, experts / groups]
+        group_scores = jnp.sum(jax.lax.top_k(grouped, 2)[0], axis=-1)  # its two best experts
+        best = jax.lax.top_k(group_scores, top_groups)[1]  # [B, S, top_groups]
+        kept = jnp.sum(jax.nn.one_hot(best, groups), axis=-2) > 0  # [B, S, groups]
+        choice = jnp.where(kept[..., None], grouped, -jnp.inf).reshape(choice.shape)
+    return jax.lax.top_k(choice, top_k)[1]'''
 MOE_CALL_CAPACITY = "y = _moe_with_capacity(x, weights, routed, w_gate, w_up, w_down, capacity_factor)"
 MOE_CALL_DROPLESS = "y = _moe_dropless(x, weights, chosen, w_gate, w_up, w_down)"
 MOE_CAPACITY = '''def _moe_with_capacity(x, weights, routed, w_gate, w_up, w_down, capacity_factor):
@@ -191,7 +281,8 @@ MOE_DROPLESS = '''def _moe_dropless(x, weights, chosen, w_gate, w_up, w_down):
 _JAX = ("import jax", "import jax.numpy as jnp")
 _HELPERS = (Helper(ROUTER, _moe_swiglu, _JAX, HelperSection.LAYER),
             Helper(CAPACITY, MOE_CAPACITY, _JAX + ("import math",), HelperSection.LAYER),
-            Helper(DROPLESS, MOE_DROPLESS, _JAX, HelperSection.LAYER))
+            Helper(DROPLESS, MOE_DROPLESS, _JAX, HelperSection.LAYER),
+            Helper(CHOOSE, MOE_CHOOSE, _JAX, HelperSection.LAYER))
 
 
 PRIMITIVES = (
@@ -199,8 +290,12 @@ PRIMITIVES = (
         ("x", "logits", "w_gate", "w_up", "w_down"),
         (Static("top_k", StaticKind.INT, 2), Static("capacity_factor", StaticKind.FLOAT, 1.25),
          Static("normalize", StaticKind.BOOL, True), Static("aux_weight", StaticKind.FLOAT, 0.01),
-         Static("z_weight", StaticKind.FLOAT, 0.001)),
-        doc="mixture of SwiGLU experts: softmax router, top-k, capacity (<= 0: dropless), aux losses"),
-        emit=_emit, shape=_shape, flops=_flops, memory=_memory, unused_params=_unused_params,
+         Static("z_weight", StaticKind.FLOAT, 0.001), Static("score", StaticKind.STRING, "softmax"),
+         Static("groups", StaticKind.INT, 1), Static("top_groups", StaticKind.INT, 1),
+         Static("scale", StaticKind.FLOAT, 1.0)),
+        optional_tensors=("bias",),
+        doc="mixture of SwiGLU experts: softmax or sigmoid router (DeepSeek: selection bias, group-limited "
+            "top-k, scale), top-k, capacity (<= 0: dropless), aux losses"),
+        emit=_emit, shape=_shape, check=_check, flops=_flops, memory=_memory, unused_params=_unused_params,
         aux_loss=True, helpers=_HELPERS),
 )

@@ -13,6 +13,7 @@ Fixed when this file was built (change the spec and rebuild):
     head_bias = false
     norm = GemmaRMSNorm(eps = 1e-06)
     block = [Block(post_norms = true, mlp = GatedMLP(hidden = 9216, act = "gelu_tanh"), attn = Attention(head_dim = 256, scale = 0.0625, softcap = 50.0, window = 4096)), Block(post_norms = true, mlp = GatedMLP(hidden = 9216, act = "gelu_tanh"), attn = Attention(head_dim = 256, scale = 0.0625, softcap = 50.0))]
+    dense_block = Block()
     blocks/0.post_norms = true
     blocks/0/attn.causal = true
     blocks/0/attn.rope = true
@@ -50,6 +51,7 @@ class Config:
     rope_theta: float = 10000.0  # set at specs/gemma2_2b.axl:9:3
     embed_multiplier: float = 48.0  # set at specs/gemma2_2b.axl:10:3
     logit_softcap: float = 30.0  # set at specs/gemma2_2b.axl:10:33
+    dense_layers: int = 0  # default
     dtype: jax.typing.DTypeLike = jnp.bfloat16  # set at specs/gemma2_2b.axl:15:3
     param_dtype: jax.typing.DTypeLike = jnp.float32  # set at specs/gemma2_2b.axl:15:17
 
@@ -205,7 +207,7 @@ def blocks_pattern(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
 
 
 def decoder_lm(cfg: Config, params: dict, tokens: jax.Array) -> jax.Array:
-    """DecoderLM (std/transformer.axl:108): tokens: [B, S] -> [B, S, vocab].
+    """DecoderLM (std/transformer.axl:110): tokens: [B, S] -> [B, S, vocab].
 
     Used at /.
     """

@@ -13,6 +13,7 @@ Fixed when this file was built (change the spec and rebuild):
     head_bias = false
     norm = LayerNorm(eps = 1e-05)
     block = Block(attn = Attention(rope = false, bias = true), mlp = MLP(hidden = 3072, act = "gelu", bias = true))
+    dense_block = Block()
     blocks/attn_norm.bias = true
     blocks/attn.causal = true
     blocks/attn.rope = false
@@ -52,6 +53,7 @@ class Config:
     rope_theta: float = 10000.0  # default
     embed_multiplier: float = 1.0  # default
     logit_softcap: float = 0.0  # default
+    dense_layers: int = 0  # default
     dtype: jax.typing.DTypeLike = jnp.bfloat16  # set at specs/gpt2_small.axl:10:3
     param_dtype: jax.typing.DTypeLike = jnp.float32  # set at specs/gpt2_small.axl:10:17
 
@@ -150,7 +152,7 @@ def block(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
 
 
 def decoder_lm(cfg: Config, params: dict, tokens: jax.Array) -> jax.Array:
-    """DecoderLM (std/transformer.axl:108): tokens: [B, S] -> [B, S, vocab].
+    """DecoderLM (std/transformer.axl:110): tokens: [B, S] -> [B, S, vocab].
 
     Used at /.
     """

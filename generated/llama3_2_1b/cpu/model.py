@@ -13,6 +13,7 @@ Fixed when this file was built (change the spec and rebuild):
     head_bias = false
     norm = RMSNorm(eps = 1e-05)
     block = Block(attn = Attention(rope_scaling = "llama3", rope_factor = 32.0, rope_low_freq = 1.0, rope_high_freq = 4.0, rope_original_max_seq = 8192))
+    dense_block = Block()
     blocks/attn.causal = true
     blocks/attn.rope = true
     blocks/attn.rope_scaling = "llama3"
@@ -45,6 +46,7 @@ class Config:
     rope_theta: float = 500000.0  # set at specs/llama3_2_1b.axl:7:3
     embed_multiplier: float = 1.0  # default
     logit_softcap: float = 0.0  # default
+    dense_layers: int = 0  # default
     dtype: jax.typing.DTypeLike = jnp.bfloat16  # set at specs/llama3_2_1b.axl:11:3
     param_dtype: jax.typing.DTypeLike = jnp.float32  # set at specs/llama3_2_1b.axl:11:17
 
@@ -152,7 +154,7 @@ def block(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
 
 
 def decoder_lm(cfg: Config, params: dict, tokens: jax.Array) -> jax.Array:
-    """DecoderLM (std/transformer.axl:108): tokens: [B, S] -> [B, S, vocab].
+    """DecoderLM (std/transformer.axl:110): tokens: [B, S] -> [B, S, vocab].
 
     Used at /.
     """

@@ -13,6 +13,7 @@ Fixed when this file was built (change the spec and rebuild):
     head_bias = false
     norm = RMSNorm(eps = 1e-05)
     block = Block()
+    dense_block = Block()
     blocks/attn.causal = true
     blocks/attn.rope = true
 """
@@ -44,6 +45,7 @@ class Config:
     rope_theta: float = 10000.0  # set at specs/llama_50m.axl:8:3
     embed_multiplier: float = 1.0  # default
     logit_softcap: float = 0.0  # default
+    dense_layers: int = 0  # default
     dtype: jax.typing.DTypeLike = jnp.float32  # set at specs/llama_50m.axl:10:3
     param_dtype: jax.typing.DTypeLike = jnp.float32  # set at specs/llama_50m.axl:10:16
 
@@ -128,7 +130,7 @@ def block(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
 
 
 def decoder_lm(cfg: Config, params: dict, tokens: jax.Array) -> jax.Array:
-    """DecoderLM (std/transformer.axl:108): tokens: [B, S] -> [B, S, vocab].
+    """DecoderLM (std/transformer.axl:110): tokens: [B, S] -> [B, S, vocab].
 
     Used at /.
     """

@@ -13,6 +13,7 @@ Fixed when this file was built (change the spec and rebuild):
     head_bias = false
     norm = RMSNorm(eps = 1e-05)
     block = MambaBlock()
+    dense_block = Block()
     blocks/mixer.conv_bias = true
     blocks/mixer/conv_x.bias = true
     blocks/mixer/conv_b.bias = true
@@ -46,6 +47,7 @@ class Config:
     rope_theta: float = 10000.0  # default
     embed_multiplier: float = 1.0  # default
     logit_softcap: float = 0.0  # default
+    dense_layers: int = 0  # default
     dtype: jax.typing.DTypeLike = jnp.bfloat16  # set at specs/mamba2_2_7b.axl:10:3
     param_dtype: jax.typing.DTypeLike = jnp.float32  # set at specs/mamba2_2_7b.axl:10:17
 
@@ -146,7 +148,7 @@ def mamba_block(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
 
 
 def decoder_lm(cfg: Config, params: dict, tokens: jax.Array) -> jax.Array:
-    """DecoderLM (std/transformer.axl:108): tokens: [B, S] -> [B, S, vocab].
+    """DecoderLM (std/transformer.axl:110): tokens: [B, S] -> [B, S, vocab].
 
     Used at /.
     """

@@ -13,6 +13,7 @@ Fixed when this file was built (change the spec and rebuild):
     head_bias = false
     norm = RMSNorm(eps = 1e-05)
     block = Block(mlp = MoE(hidden = 14336, experts = 8, top_k = 2, capacity_factor = 0.0))
+    dense_block = Block()
     blocks/attn.causal = true
     blocks/attn.rope = true
     blocks/mlp.normalize = true
@@ -45,6 +46,7 @@ class Config:
     rope_theta: float = 1000000.0  # set at specs/mixtral_8x7b.axl:6:31
     embed_multiplier: float = 1.0  # default
     logit_softcap: float = 0.0  # default
+    dense_layers: int = 0  # default
     dtype: jax.typing.DTypeLike = jnp.bfloat16  # set at specs/mixtral_8x7b.axl:8:3
     param_dtype: jax.typing.DTypeLike = jnp.float32  # set at specs/mixtral_8x7b.axl:8:17
 
@@ -142,7 +144,7 @@ def block(cfg: Config, params: dict, x: jax.Array) -> tuple[jax.Array, jax.Array
 
 
 def decoder_lm(cfg: Config, params: dict, tokens: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """DecoderLM (std/transformer.axl:108): tokens: [B, S] -> ([B, S, vocab], auxiliary loss []).
+    """DecoderLM (std/transformer.axl:110): tokens: [B, S] -> ([B, S, vocab], auxiliary loss []).
 
     Used at /.
     """

@@ -13,6 +13,7 @@ Fixed when this file was built (change the spec and rebuild):
     head_bias = true
     norm = LayerNorm(eps = 1e-05)
     block = ParallelBlock(shared_norm = true, attn = Attention(bias = true, rope_dim = 32), mlp = MLP(hidden = 10240, act = "gelu", bias = true))
+    dense_block = Block()
     blocks.shared_norm = true
     blocks/attn_norm.bias = true
     blocks/attn.causal = true
@@ -51,6 +52,7 @@ class Config:
     rope_theta: float = 10000.0  # set at specs/phi2.axl:8:3
     embed_multiplier: float = 1.0  # default
     logit_softcap: float = 0.0  # default
+    dense_layers: int = 0  # default
     dtype: jax.typing.DTypeLike = jnp.bfloat16  # set at specs/phi2.axl:11:3
     param_dtype: jax.typing.DTypeLike = jnp.float32  # set at specs/phi2.axl:11:17
 
@@ -143,7 +145,7 @@ def parallel_block(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
 
 
 def decoder_lm(cfg: Config, params: dict, tokens: jax.Array) -> jax.Array:
-    """DecoderLM (std/transformer.axl:108): tokens: [B, S] -> [B, S, vocab].
+    """DecoderLM (std/transformer.axl:110): tokens: [B, S] -> [B, S, vocab].
 
     Used at /.
     """

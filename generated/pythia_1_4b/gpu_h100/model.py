@@ -13,6 +13,7 @@ Fixed when this file was built (change the spec and rebuild):
     head_bias = false
     norm = LayerNorm(eps = 1e-05)
     block = ParallelBlock(attn = Attention(bias = true, rope_dim = 32), mlp = MLP(hidden = 8192, act = "gelu_exact", bias = true))
+    dense_block = Block()
     blocks/attn_norm.bias = true
     blocks/attn.causal = true
     blocks/attn.rope = true
@@ -52,6 +53,7 @@ class Config:
     rope_theta: float = 10000.0  # set at specs/pythia_1_4b.axl:8:3
     embed_multiplier: float = 1.0  # default
     logit_softcap: float = 0.0  # default
+    dense_layers: int = 0  # default
     dtype: jax.typing.DTypeLike = jnp.bfloat16  # set at specs/pythia_1_4b.axl:11:3
     param_dtype: jax.typing.DTypeLike = jnp.float32  # set at specs/pythia_1_4b.axl:11:17
 
@@ -148,7 +150,7 @@ def parallel_block(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
 
 
 def decoder_lm(cfg: Config, params: dict, tokens: jax.Array) -> jax.Array:
-    """DecoderLM (std/transformer.axl:108): tokens: [B, S] -> [B, S, vocab].
+    """DecoderLM (std/transformer.axl:110): tokens: [B, S] -> [B, S, vocab].
 
     Used at /.
     """

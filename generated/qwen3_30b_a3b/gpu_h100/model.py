@@ -13,6 +13,7 @@ Fixed when this file was built (change the spec and rebuild):
     head_bias = false
     norm = RMSNorm(eps = 1e-06)
     block = Block(attn = Attention(head_dim = 128, qk_norm = true), mlp = MoE(hidden = 768, experts = 128, top_k = 8, capacity_factor = 0.0))
+    dense_block = Block()
     blocks/attn.causal = true
     blocks/attn.rope = true
     blocks/attn.qk_norm = true
@@ -47,6 +48,7 @@ class Config:
     rope_theta: float = 1000000.0  # set at specs/qwen3_30b_a3b.axl:7:31
     embed_multiplier: float = 1.0  # default
     logit_softcap: float = 0.0  # default
+    dense_layers: int = 0  # default
     dtype: jax.typing.DTypeLike = jnp.bfloat16  # set at specs/qwen3_30b_a3b.axl:10:3
     param_dtype: jax.typing.DTypeLike = jnp.float32  # set at specs/qwen3_30b_a3b.axl:10:17
 
@@ -149,7 +151,7 @@ def block(cfg: Config, params: dict, x: jax.Array) -> tuple[jax.Array, jax.Array
 
 
 def decoder_lm(cfg: Config, params: dict, tokens: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """DecoderLM (std/transformer.axl:108): tokens: [B, S] -> ([B, S, vocab], auxiliary loss []).
+    """DecoderLM (std/transformer.axl:110): tokens: [B, S] -> ([B, S, vocab], auxiliary loss []).
 
     Used at /.
     """
