@@ -190,6 +190,8 @@ def _emit(ctx, prim, args: list[str], precs: list[int]) -> str:
     ctx.use_helper("rope_frequencies")
     given = prim.attr("rotary_dim")
     rotary = given.code if given is not None and given.value else prim.args[0].type.dims[-1].code
+    if "cfg." not in rotary:  # literal arithmetic (`128 + 64 - 128` from a slice): its value reads better
+        rotary = str(_rotary_dim(prim, head_dim))
     a = {k: prim.attr(k).code for k in ("factor", "low_freq_factor", "high_freq_factor", "original_max_seq",
                                          "beta_fast", "beta_slow", "truncate", "attention_factor",
                                          "mscale", "mscale_all_dim")}

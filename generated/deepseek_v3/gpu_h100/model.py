@@ -108,13 +108,13 @@ def ml_attention(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
     )  # [B, S, heads, kv_b_dim]
     q_pe = apply_rotary(
         q[..., 128:],
-        yarn_frequencies(128 + 64 - 128, cfg.rope_theta, factor=40.0, original_max_seq=4096),
+        yarn_frequencies(64, cfg.rope_theta, factor=40.0, original_max_seq=4096),
         interleaved=True,
         scale=yarn_attention_factor(40.0, 1.0, 1.0),
     )  # [B, S, heads, qk_head_dim-128]
     k_pe = apply_rotary(
         k_pe,
-        yarn_frequencies(512 + 64 - 512, cfg.rope_theta, factor=40.0, original_max_seq=4096),
+        yarn_frequencies(64, cfg.rope_theta, factor=40.0, original_max_seq=4096),
         interleaved=True,
         scale=yarn_attention_factor(40.0, 1.0, 1.0),
     )  # [B, S, heads, kv_a_dim-512]
@@ -196,13 +196,13 @@ def ml_attention_2(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
     )  # [B, S, heads, kv_b_dim]
     q_pe = apply_rotary(
         q[..., 128:],
-        yarn_frequencies(128 + 64 - 128, cfg.rope_theta, factor=40.0, original_max_seq=4096),
+        yarn_frequencies(64, cfg.rope_theta, factor=40.0, original_max_seq=4096),
         interleaved=True,
         scale=yarn_attention_factor(40.0, 1.0, 1.0),
     )  # [B, S, heads, qk_head_dim-128]
     k_pe = apply_rotary(
         k_pe,
-        yarn_frequencies(512 + 64 - 512, cfg.rope_theta, factor=40.0, original_max_seq=4096),
+        yarn_frequencies(64, cfg.rope_theta, factor=40.0, original_max_seq=4096),
         interleaved=True,
         scale=yarn_attention_factor(40.0, 1.0, 1.0),
     )  # [B, S, heads, kv_a_dim-512]
