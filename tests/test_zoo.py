@@ -131,3 +131,12 @@ def test_each_family_builds_for_every_target_and_its_tiny_model_trains(name, tmp
     loss, grads = jax.value_and_grad(lambda p: model.loss_fn(cfg, p, tokens)[0])(params)
     assert bool(jnp.isfinite(loss)) and abs(float(loss) - np.log(cfg.vocab)) < 2.0
     assert all(bool(jnp.isfinite(g).all()) for g in jax.tree.leaves(grads))
+
+
+@pytest.mark.parametrize("name", ["deepseek_v3", "mamba2_2_7b"])
+def test_deepseek_and_mamba_build_for_tpu_v5e(name, in_root):
+    """Their cpu and gpu-h100 outputs are committed; their training is tested in test_deepseek.py
+    and test_mamba.py."""
+    from axdsl.build import build_files
+
+    assert "model.py" in build_files(Path(f"specs/{name}.axl"), "tpu-v5e")
