@@ -91,7 +91,7 @@ from axdsl.hf.arch import FIELDS, Arch, arch_of, load_spec, pick
 from axdsl.hf.config import FAMILIES, family_of_arch, family_of_config, hf_config, mismatches
 from axdsl.hf.errors import HFError
 from axdsl.hf.exporter import export_hf
-from axdsl.hf.fields import hf_values
+from axdsl.hf.values import hf_values
 from axdsl.hf.importer import convert_from_hf, import_hf
 from axdsl.hf.layout import Rule, rules
 

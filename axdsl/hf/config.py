@@ -8,7 +8,8 @@ from typing import Any
 
 from axdsl.hf.arch import FIELDS, Arch
 from axdsl.hf.errors import HFError
-from axdsl.hf.fields import ROPE_FIELDS, ROPE_SCALING_FIELDS, hf_values
+from axdsl.hf.fields import ROPE_FIELDS, ROPE_SCALING_FIELDS
+from axdsl.hf.values import hf_values
 
 FAMILIES = {
     "gpt2": "GPT2LMHeadModel",

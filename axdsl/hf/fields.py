@@ -493,27 +493,3 @@ DECODER_UNSUPPORTED: tuple[Unsupported, ...] = (
                                      f"decoder_sparse_step={c.cfg.get('decoder_sparse_step')} "
                                      "(every axdsl block is MoE)")),
 )
-
-
-def hf_values(family: str, cfg: dict) -> tuple[dict, dict, list[str]]:
-    """config.json -> (field values as an Arch states them, field -> "key=value", unsupported)."""
-    c = Config(family, cfg)
-    fields, checks = {"gpt2": (GPT2_FIELDS, GPT2_UNSUPPORTED), "phi": (PARALLEL_FIELDS, PARALLEL_UNSUPPORTED),
-                      "gpt_neox": (PARALLEL_FIELDS, PARALLEL_UNSUPPORTED),
-                      "gemma2": (GEMMA2_FIELDS, GEMMA2_UNSUPPORTED),
-                      "mamba2": (MAMBA2_FIELDS, MAMBA2_UNSUPPORTED),
-                      "deepseek_v3": (DEEPSEEK_FIELDS, DEEPSEEK_UNSUPPORTED)}.get(family,
-                                                                              (DECODER_FIELDS, DECODER_UNSUPPORTED))
-    vals: dict[str, Any] = {}
-    src: dict[str, str] = {}
-    for row in fields:
-        if row.families is not None and family not in row.families:
-            continue
-        value = row.value(c)
-        raw = None if row.raw is None else row.raw(c)
-        key = row.key(c) if callable(row.key) else row.key
-        vals[row.field] = value
-        src[row.field] = f"{key}={json.dumps(value if raw is None else raw)}"
-    unsupported = [m for families, check in checks
-                   if (families is None or family in families) and (m := check(c)) is not None]
-    return vals, src, unsupported
