@@ -283,16 +283,25 @@ def _check_drift(args) -> int:
 
 
 def _cmd_check(args) -> int:
-    from axdsl.pipeline import compile_spec
+    from axdsl.codegen.emit import shared_functions
+    from axdsl.datacheck import data_problems
+    from axdsl.pipeline import run_passes
+    from axdsl.syntax.loader import load
 
     target = _target(args.target)
     errors = []
     for spec in args.specs:
         try:
-            module = compile_spec(spec, target)
+            program = None
+            program = load(spec)
+            module = run_passes(program, target)
+            shared_functions(module)  # the models of a spec share one generated code
+            if problems := data_problems(module, spec):  # data that exists and cannot train
+                raise CompileError(problems, program.sources)
             print(f"{spec}: ok ({', '.join(m.name for m in module.models)})")
         except CompileError as exc:
-            errors.append(exc.render())
+            sources = exc.sources or (program.sources if program else {})
+            errors.append(CompileError(exc.diagnostics, sources).render())
     if errors:
         print("\n".join(errors), file=sys.stderr)
         return EXIT_ERROR

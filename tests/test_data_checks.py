@@ -96,3 +96,58 @@ def test_steps_inside_the_warmup_warn(tmp_path, capsys):
                        '  data = text("d.txt")  eval_every = 0  checkpoint(every = 0)\n}\n')
     tm.main(["--no-progress", "--out", str(tmp_path / "run"), "--steps", "2"])
     assert "warning: steps 2 end inside the learning-rate warmup (50 steps)" in capsys.readouterr().err
+
+
+# ----------------------------------------------------------------------------- at `axdsl check` time
+
+
+def _check(tmp_path, data: str, extra: str = "", capsys=None) -> tuple[int, str]:
+    """`axdsl check` on a spec whose train block names `data`; (exit code, stderr)."""
+    from axdsl.cli import main
+
+    spec = tmp_path / "lm.axl"
+    spec.write_text(BYTES_MODEL + f"train {{\n  batch = 8  seq = 16  steps = 3\n  data = {data}\n{extra}}}\n")
+    rc = main(["check", str(spec)])
+    return rc, capsys.readouterr().err
+
+
+def test_check_finds_an_eval_split_shorter_than_a_sequence(tmp_path, capsys):
+    """The same data the trainer refuses (test above) is refused by `axdsl check`, at the data line,
+    with the trainer's numbers (800 bytes: eval split 16, a sequence needs 18)."""
+    (tmp_path / "small.txt").write_bytes(b"a few bytes of text " * 40)
+    rc, err = _check(tmp_path, 'text("small.txt")', "  eval_every = 2\n", capsys)
+    assert rc == 1
+    assert err.startswith(f"{tmp_path / 'lm.axl'}:8:3: error: the eval split (the last 2% of the data's 800 "
+                          "tokens) has 16, one sequence needs 18 (seq 16)\n    data = text(\"small.txt\")\n    ^")
+    assert "hint: add data, lower seq or set eval_every = 0" in err
+    rc, err = _check(tmp_path, 'text("small.txt")', "  eval_every = 0\n", capsys)
+    assert (rc, err) == (0, "")  # without evaluation the same data trains
+
+
+@pytest.mark.parametrize("name,content,expected", [
+    ("tiny.txt", b"hello", "the data holds 5 tokens: its training split has 4, one sequence needs 18 (seq 16)"),
+    ("t.bin", b"\x01\x00\x02", "token file {path} has 3 bytes, not a whole number of u16 ids: is its dtype right?"),
+    ("t.bin", b"", "data file {path} is empty"),
+])
+def test_check_sizes_the_data_it_finds(tmp_path, capsys, name, content, expected):
+    (tmp_path / name).write_bytes(content)
+    data = f'text("{name}")' if name.endswith(".txt") else f'tokens("{name}")'
+    rc, err = _check(tmp_path, data, "", capsys)
+    assert rc == 1 and f"error: {expected.format(path=tmp_path / name)}\n" in err, err
+
+
+def test_check_leaves_data_that_is_not_there_yet_to_the_trainer(tmp_path, capsys):
+    rc, err = _check(tmp_path, 'tokens("later.bin")', "", capsys)
+    assert (rc, err) == (0, "")
+
+
+def test_check_reports_models_of_different_structure_at_their_line(tmp_path, capsys):
+    """Models of one spec share generated code: `check` says so as `build` does, with the line."""
+    from axdsl.cli import main
+
+    spec = tmp_path / "two.axl"
+    spec.write_text(MODEL + "model other extends lm { block = ParallelBlock() }\n")
+    assert main(["check", str(spec)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"{spec}:6:7: error: model `other` has a different structure from `lm`\n"
+                          "  model other extends lm { block = ParallelBlock() }\n        ^^^^^\n"), err

@@ -79,18 +79,29 @@ def render_template(name: str, **context) -> str:
     return _env().get_template(name).render(**context)
 
 
-def emit_model(module: ir.Module) -> str:
-    """The unformatted source of generated/<spec>/<target>/model.py."""
+def shared_functions(module: ir.Module) -> tuple[list[list[LayerFunction]], EinsumLetters]:
+    """Each model's layer functions, checked to be one code: the models of a spec share the
+    generated layer functions and differ only in `Config` values. A model whose code differs (a
+    static written inside a block, another block layer) is a located error; `axdsl check` runs
+    this too, so the mistake does not wait for `build`. Returns the functions and the one table
+    of einsum letters they use."""
     letters = EinsumLetters()  # one table for every model: they share the layer functions
     per_model = [_functions(m.root, module.schedule, letters) for m in module.models]
-    first = per_model[0]
+    first = [(f.name, f.body) for f in per_model[0]]
     for model, fns in zip(module.models[1:], per_model[1:]):
-        if [(f.name, f.body) for f in fns] != [(f.name, f.body) for f in first]:
+        if [(f.name, f.body) for f in fns] != first:
             raise CompileError([Diagnostic(
                 model.span,
                 f"model `{model.name}` has a different structure from `{module.models[0].name}`",
                 "models in one spec share generated layer code; put this model in its own spec file",
             )])
+    return per_model, letters
+
+
+def emit_model(module: ir.Module) -> str:
+    """The unformatted source of generated/<spec>/<target>/model.py."""
+    per_model, letters = shared_functions(module)
+    first = per_model[0]
     root = module.models[0].root
     functions = first
     helper_code, imports = helpers.select({h for fns in per_model for f in fns for h in f.helpers})
