@@ -129,6 +129,12 @@ def _check_scores_operand(ctx, prim: ir.Prim, name: str, operand: ir.TExpr, scor
                  f"{what} is [B or 1, heads or 1, S, S]: one value per query and key")
 
 
+def _number(attr: ir.HValue) -> str:
+    """A scale or cap as code: symbolic when it reads `cfg`; otherwise its value, since literal
+    arithmetic (DeepSeek's YaRN mscale**2 / sqrt(192) from library defaults) reads worse than 0.1352."""
+    return attr.code if "cfg." in attr.code else repr(float(attr.value))
+
+
 def _emit(ctx, prim: ir.Prim, args: list[str], precs: list[int]) -> str:
     choice = prim.kernel or ir.KernelChoice(KERNELS[0])
     window, scale, softcap = prim.attr("window"), prim.attr("scale"), prim.attr("softcap")
@@ -140,8 +146,8 @@ def _emit(ctx, prim: ir.Prim, args: list[str], precs: list[int]) -> str:
     call = AttentionCall(
         q=args[0], k=args[1], v=args[2], causal=prim.attr("causal").code,
         window=window.code if window.value else None,
-        scale=scale.code if _set(scale) else None,
-        softcap=softcap.code if _set(softcap) else None,
+        scale=_number(scale) if _set(scale) else None,
+        softcap=_number(softcap) if _set(softcap) else None,
         bias=operand("bias"), mask=operand("mask"), segment_ids=operand("segment_ids"),
         written_out=not v_dims[3].same(k_dims[3]),
     )

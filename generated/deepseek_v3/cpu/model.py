@@ -122,18 +122,7 @@ def ml_attention(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
     v = kv[..., 128:]  # [B, S, heads, kv_b_dim-128]
     # select_kernels: xla, the first of cpu's attention kernels that fits
     o = checkpoint_name(
-        einsum_attention(
-            q,
-            k,
-            v,
-            causal=True,
-            scale=(
-                (((0.1 * 1.0) * (math.log(max(40.0, 1.0)))) + 1.0)
-                * (((0.1 * 1.0) * (math.log(max(40.0, 1.0)))) + 1.0)
-            )
-            / (math.sqrt(128 + 64)),
-        ),
-        "context",
+        einsum_attention(q, k, v, causal=True, scale=0.1352337788608801), "context"
     )  # [B, S, heads, kv_b_dim-128]
     y = checkpoint_name(jnp.einsum("bshv,hvd->bsd", o, params["wo"]), "out_proj")  # [B, S, dim]
     return y  # [B, S, dim]

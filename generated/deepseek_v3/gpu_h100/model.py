@@ -124,18 +124,7 @@ def ml_attention(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
     # select_kernels: xla, the first of gpu-h100's attention kernels that fits; the ones before it:
     # attention: cudnn not used: v_head_dim 128 differs from head_dim 192; jax.nn.dot_product_attention needs v shaped like k (cuDNN's MLA path is not exposed)
     o = checkpoint_name(
-        einsum_attention(
-            q,
-            k,
-            v,
-            causal=True,
-            scale=(
-                (((0.1 * 1.0) * (math.log(max(40.0, 1.0)))) + 1.0)
-                * (((0.1 * 1.0) * (math.log(max(40.0, 1.0)))) + 1.0)
-            )
-            / (math.sqrt(128 + 64)),
-        ),
-        "context",
+        einsum_attention(q, k, v, causal=True, scale=0.1352337788608801), "context"
     )  # [B, S, heads, kv_b_dim-128]
     y = checkpoint_name(jnp.einsum("bshv,hvd->bsd", o, params["wo"]), "out_proj")  # [B, S, dim]
     return y  # [B, S, dim]
@@ -212,18 +201,7 @@ def ml_attention_2(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
     # select_kernels: xla, the first of gpu-h100's attention kernels that fits; the ones before it:
     # attention: cudnn not used: v_head_dim 128 differs from head_dim 192; jax.nn.dot_product_attention needs v shaped like k (cuDNN's MLA path is not exposed)
     o = checkpoint_name(
-        einsum_attention(
-            q,
-            k,
-            v,
-            causal=True,
-            scale=(
-                (((0.1 * 1.0) * (math.log(max(40.0, 1.0)))) + 1.0)
-                * (((0.1 * 1.0) * (math.log(max(40.0, 1.0)))) + 1.0)
-            )
-            / (math.sqrt(128 + 64)),
-        ),
-        "context",
+        einsum_attention(q, k, v, causal=True, scale=0.1352337788608801), "context"
     )  # [B, S, heads, kv_b_dim-128]
     y = checkpoint_name(fp8_einsum("bshv,hvd->bsd", o, params["wo"]), "out_proj")  # [B, S, dim]
     return y  # [B, S, dim]
