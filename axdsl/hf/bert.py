@@ -13,7 +13,7 @@ only fields.py, so that arch.py, config.py and values.py can import it without a
 The layout (HF nn.Linear weights are [out, in]; axdsl's are [in, ...]):
 
     bert.embeddings.word_embeddings          [vocab, dim]        embed/table (also the tied decoder)
-    bert.embeddings.position_embeddings      [max_seq, dim]      pos_embed
+    bert.embeddings.position_embeddings      [max_seq, dim]      pos_embed/table (read at segment_positions)
     bert.embeddings.token_type_embeddings    [types, dim]        type_embed/table
     bert.embeddings.LayerNorm                [dim]               embed_norm/scale, shift
     encoder.layer.i.attention.self.query     [heads*hd, dim]     blocks/attn/wq [dim, heads, hd], bq [heads, hd]

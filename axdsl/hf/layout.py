@@ -395,7 +395,7 @@ def _bert_rules(arch: Arch, keys: set[str] | None) -> list[Rule]:
     pre = r.prefix("bert.")
     e = pre + "embeddings."
     r.same("embed/table", e + "word_embeddings.weight", False)
-    r.same("pos_embed", e + "position_embeddings.weight", False)
+    r.same("pos_embed/table", e + "position_embeddings.weight", False)
     r.same("type_embed/table", e + "token_type_embeddings.weight", False)
     _layer_norm(r, "embed_norm", e + "LayerNorm", False)
     L = pre + "encoder.layer.{i}."

@@ -63,7 +63,7 @@ CONFIGS = {
 def embedding(cfg: Config, params: dict, ids: jax.Array) -> jax.Array:
     """Embedding (std/layers.axl:16): ids: [B, S] -> [B, S, dim].
 
-    Used at /embed, /type_embed.
+    Used at /embed, /pos_embed, /type_embed.
     """
     return jnp.take(params["table"], ids, axis=0)  # [B, S, dim]
 
@@ -153,7 +153,7 @@ def linear(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
 def bert_mlm(
     cfg: Config, params: dict, tokens: jax.Array, types: jax.Array, segments: jax.Array
 ) -> jax.Array:
-    """BertMLM (std/bert.axl:53): tokens: [B, S], types: [B, S], segments: [B, S] -> [B, S, vocab].
+    """BertMLM (std/bert.axl:54): tokens: [B, S], types: [B, S], segments: [B, S] -> [B, S, vocab].
 
     Used at /.
     """
@@ -161,9 +161,13 @@ def bert_mlm(
     params = jax.tree.map(lambda w: w.astype(cfg.dtype), params)
     with jax.named_scope("embed"):
         embed_out = embedding(cfg, params["embed"], tokens)  # [B, S, dim]
+    with jax.named_scope("pos_embed"):
+        pos_embed_out = embedding(
+            cfg, params["pos_embed"], segment_positions(segments)
+        )  # [B, S, dim]
     with jax.named_scope("type_embed"):
         type_embed_out = embedding(cfg, params["type_embed"], types)  # [B, S, dim]
-    x = embed_out + params["pos_embed"][: tokens.shape[1]] + type_embed_out  # [B, S, dim]
+    x = embed_out + pos_embed_out + type_embed_out  # [B, S, dim]
     with jax.named_scope("embed_norm"):
         x = layer_norm(cfg, params["embed_norm"], x)  # [B, S, dim]
 
@@ -207,13 +211,13 @@ class Param:
 def param_table(cfg: Config) -> dict[str, Param]:
     """Every parameter by its path in the params tree. Only shapes read cfg."""
     # fmt: off
-    max_seq, dim, vocab, type_vocab, layers, heads, ffn = cfg.max_seq, cfg.dim, cfg.vocab, cfg.type_vocab, cfg.layers, cfg.heads, cfg.ffn
+    vocab, dim, max_seq, type_vocab, layers, heads, ffn = cfg.vocab, cfg.dim, cfg.max_seq, cfg.type_vocab, cfg.layers, cfg.heads, cfg.ffn
     head_dim = cfg.dim // cfg.heads
     return {
         # path                          shape                           logical axes                              init      scale mesh
-        "pos_embed":              Param((max_seq, dim),                 ("seq", "embed"),                         "normal", 0.02, P(None, "fsdp")),
         "head_b":                 Param((vocab,),                       ("vocab",),                               "zeros",  1.0,  P()),
         "embed/table":            Param((vocab, dim),                   ("vocab", "embed"),                       "normal", 0.02, P(None, "fsdp")),
+        "pos_embed/table":        Param((max_seq, dim),                 ("vocab", "embed"),                       "normal", 0.02, P(None, "fsdp")),
         "type_embed/table":       Param((type_vocab, dim),              ("vocab", "embed"),                       "normal", 0.02, P(None, "fsdp")),
         "embed_norm/scale":       Param((dim,),                         ("norm",),                                "ones",   1.0,  P()),
         "embed_norm/shift":       Param((dim,),                         ("norm",),                                "zeros",  1.0,  P()),
@@ -319,6 +323,15 @@ def shard(x: jax.Array, spec: P) -> jax.Array:
 
 
 # ----------------------------------------------------------------------------- helpers
+
+
+def segment_positions(segments: jax.Array) -> jax.Array:
+    """Each token's position in its run of equal segment ids along the last dim: 0, 1, ...
+    restarting where the id changes (a packed row's examples, and the padding after them)."""
+    idx = jnp.arange(segments.shape[-1], dtype=jnp.int32)
+    first = jnp.ones_like(segments[..., :1], dtype=bool)
+    starts = jnp.concatenate([first, segments[..., 1:] != segments[..., :-1]], axis=-1)
+    return idx - jax.lax.cummax(jnp.where(starts, idx, 0), axis=segments.ndim - 1)
 
 
 def _fp8_quantize(x: jax.Array, dtype) -> tuple[jax.Array, jax.Array]:
