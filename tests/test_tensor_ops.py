@@ -204,6 +204,16 @@ def test_cumsum_along_a_named_dim(tmp_path):
     np.testing.assert_allclose(out, np.cumsum(x, 1) + np.cumsum(x, 2), rtol=1e-5, atol=1e-6)
 
 
+def test_segment_positions_restart_at_each_packed_example(tmp_path):
+    src = _layer("", "(segments: [B, S]) -> [B, S]", "    return segment_positions(segments)")
+    segments = np.array([[1, 1, 1, 2, 2, 3, 0, 0], [1, 1, 1, 1, 1, 1, 1, 1], [5, 0, 0, 0, 0, 0, 0, 0]])
+    out, m = _run(tmp_path, "segpos", src, segments)
+    expected = [[0, 1, 2, 0, 1, 0, 0, 1], list(range(8)), [0, 0, 1, 2, 3, 4, 5, 6]]
+    np.testing.assert_array_equal(out, expected)
+    assert out.dtype == np.int32 and "def segment_positions(" in m.SOURCE
+    assert "return segment_positions(segments)" in m.SOURCE
+
+
 # ---------------------------------------------------------------- conv1d
 def _causal_conv(x, w, b=None):
     """out[t] = sum_k w[k] x[t - K + 1 + k], zeros before the start."""

@@ -36,6 +36,9 @@ PUBLISHED = {
     # transformers' num_parameters() of DeepseekV3ForCausalLM (no MTP layer) is 671,026,404,352: it
     # leaves out the 58 x 256 e_score_correction_bias values, a buffer there and a parameter here.
     "deepseek_v3": 671_026_419_200,
+    # transformers' BertForMaskedLM(BertConfig()) (bert-base-uncased): the decoder is tied to the
+    # word embedding and has its own bias; no pooler. position_ids and token_type_ids are buffers.
+    "bert_base": 109_514_298,
 }
 
 

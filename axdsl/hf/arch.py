@@ -57,6 +57,7 @@ FIELDS = {
     "v_head_dim": "MLAttention v_head_dim", "rope_interleaved": "attention rope_interleaved",
     "groups": "DeepSeekMoE groups", "top_groups": "DeepSeekMoE top_groups", "routed_scale": "DeepSeekMoE scale",
     "score": "DeepSeekMoE score", "latent_norm_eps": "MLAttention kv_norm eps",
+    "type_vocab": "type_vocab",
 }
 BLOCKS = ("Block", "ParallelBlock", "MambaBlock")  # std's residual blocks: sequential, parallel, Mamba-2
 PATTERN = "BlocksPattern"  # repeat(n, [A(), B()]): the layers alternate (Gemma 2's local and global)
@@ -81,8 +82,13 @@ def arch_of(model) -> Arch:
     """The Arch of one IR model (an `ir.Model` after stack_repeats)."""
     root = model.root
     arch = Arch(model.name, {}, _param_tree(root))
+    if root.layer == "BertMLM":  # an encoder: its facts are read in bert.py
+        from axdsl.hf.bert import bert_arch
+
+        return bert_arch(arch, root)
     if root.layer != "DecoderLM":
-        arch.problems.append(f"the model is a {root.layer}; Hugging Face interop needs std's DecoderLM")
+        arch.problems.append(f"the model is a {root.layer}; Hugging Face interop needs std's DecoderLM "
+                             "or BertMLM")
         return arch
     for k in ("vocab", "dim", "layers", "heads", "kv_heads", "max_seq", "positions", "tied", "head_bias"):
         arch.values[k] = _hv(root, k)

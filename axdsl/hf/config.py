@@ -7,6 +7,8 @@ import math
 from typing import Any
 
 from axdsl.hf.arch import FIELDS, Arch
+from axdsl.hf.bert import BLOCK as BERT_BLOCK
+from axdsl.hf.bert import bert_config
 from axdsl.hf.errors import HFError
 from axdsl.hf.fields import ROPE_FIELDS, ROPE_SCALING_FIELDS
 from axdsl.hf.values import hf_values
@@ -24,6 +26,7 @@ FAMILIES = {
     "gemma2": "Gemma2ForCausalLM",
     "mamba2": "Mamba2ForCausalLM",
     "deepseek_v3": "DeepseekV3ForCausalLM",
+    "bert": "BertForMaskedLM",
 }
 _ARCH_TO_FAMILY = {v: k for k, v in FAMILIES.items()}
 
@@ -42,6 +45,8 @@ def family_of_config(cfg: dict) -> str:
 
 def family_of_arch(arch: Arch) -> str:
     """The HF family a spec's model exports to, from its structure."""
+    if arch["block"] == BERT_BLOCK:
+        return "bert"
     if arch["block"] == "MambaBlock":
         return "mamba2"
     if arch["attn"] == "MLAttention" or arch["mlp"] == "DeepSeekMoE":
@@ -273,4 +278,6 @@ def hf_config(arch: Arch, family: str) -> dict:
         return _mamba2_config(arch.values, dtype)
     if family == "deepseek_v3":
         return _deepseek_config(arch.values, dtype)
+    if family == "bert":
+        return bert_config(arch.values, dtype)
     return _decoder_config(arch.values, family, dtype)

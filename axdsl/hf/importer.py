@@ -8,12 +8,15 @@ HF's non-parameter buffers excepted).
 from __future__ import annotations
 
 import json
+import sys
 from contextlib import ExitStack
 from pathlib import Path
 
 import numpy as np
 
 from axdsl.hf.arch import Arch, load_spec, pick
+from axdsl.hf.bert import SKIPPED as BERT_SKIPPED
+from axdsl.hf.bert import TIED as BERT_TIED
 from axdsl.hf.checkpoint import nest, save_params
 from axdsl.hf.config import FAMILIES, family_of_config, mismatches
 from axdsl.hf.errors import HFError, exit_code, warn_capacity
@@ -75,15 +78,20 @@ def _leftovers(arch: Arch, rs: list[Rule], reader: Reader, out: dict) -> list[st
     """A tied head that differs from the table, unfilled parameters and unused HF tensors."""
     problems = []
     keys = set(reader.where)
-    if arch["tied"] and "lm_head.weight" in keys:  # a tied head saved anyway: it must be the table
-        head = reader.get("lm_head.weight")
-        table = out.get(("embed", "table"))
-        if table is not None and not np.array_equal(head.astype(table.dtype), table):
-            problems.append("lm_head.weight differs from the token embedding, but the spec ties them")
+    for tied in ("lm_head.weight", BERT_TIED):
+        if arch["tied"] and tied in keys:  # a tied head saved anyway: it must be the table
+            head = reader.get(tied)
+            table = out.get(("embed", "table"))
+            if table is not None and not np.array_equal(head.astype(table.dtype), table):
+                problems.append(f"{tied} differs from the token embedding, but the spec ties them")
     for p in arch.params:
         if p not in out and not any(p in r.paths for r in rs):
             problems.append(f"no HF tensor maps to the spec's parameter {'/'.join(p)}")
-    unused = sorted(k for k in keys - reader.used if not BUFFERS.search(k))
+    skipped = sorted(k for k in keys - reader.used if BERT_SKIPPED.search(k))
+    if skipped:
+        print(f"note: skipped {len(skipped)} tensors BertForMaskedLM does not have (the pooler, the "
+              f"next-sentence head): {', '.join(skipped)}", file=sys.stderr)
+    unused = sorted(k for k in keys - reader.used if not BUFFERS.search(k) and not BERT_SKIPPED.search(k))
     problems += [f"HF tensor {k} {list(reader.where[k].get_slice(k).get_shape())} maps to no "
                  f"parameter of the spec" for k in unused]
     return problems

@@ -86,6 +86,8 @@ def rules(family: str, arch: Arch, keys: set[str] | None) -> list[Rule]:
     """The mapping of every parameter `arch` has. `keys` (import) picks among equivalent layouts."""
     if family == "deepseek_v3":
         return _deepseek_rules(arch, keys)
+    if family == "bert":
+        return _bert_rules(arch, keys)
     if arch.pattern:  # layer i is pattern element i % k, at index i // k of blocks/<e>
         out: list[Rule] = []
         for e in range(arch.pattern):
@@ -384,3 +386,33 @@ def _latent_block_rules(r: _Rules, L: str, moe: bool) -> None:
         else:
             r.linear_in(f"blocks/mlp/{ours}", L + f"mlp.{theirs}.weight")
     r.same("blocks/mlp/score_bias", L + "mlp.gate.e_score_correction_bias")
+
+
+def _bert_rules(arch: Arch, keys: set[str] | None) -> list[Rule]:
+    """Every BertMLM parameter <-> BertForMaskedLM's tensors (axdsl/hf/bert.py lists them)."""
+    r = _Rules(arch, keys)
+    _, heads, _, _ = r.dims
+    pre = r.prefix("bert.")
+    e = pre + "embeddings."
+    r.same("embed/table", e + "word_embeddings.weight", False)
+    r.same("pos_embed/table", e + "position_embeddings.weight", False)
+    r.same("type_embed/table", e + "token_type_embeddings.weight", False)
+    _layer_norm(r, "embed_norm", e + "LayerNorm", False)
+    L = pre + "encoder.layer.{i}."
+    for n, key in (("q", "query"), ("k", "key"), ("v", "value")):
+        r.heads_in(f"blocks/attn/w{n}", L + f"attention.self.{key}.weight", heads)
+        r.heads_bias(f"blocks/attn/b{n}", L + f"attention.self.{key}.bias", heads)
+    _out_proj(r, L + "attention.output.dense")
+    _layer_norm(r, "blocks/attn_norm", L + "attention.output.LayerNorm")
+    _linear(r, "blocks/mlp/in", L + "intermediate.dense")
+    _linear(r, "blocks/mlp/out", L + "output.dense")
+    _layer_norm(r, "blocks/mlp_norm", L + "output.LayerNorm")
+    t = "cls.predictions.transform."
+    r.rule("head_dense/w", False, lambda g, i: _T(g(t + "dense.weight")), lambda w, i: {t + "dense.weight": _T(w)})
+    r.same("head_dense/b", t + "dense.bias", False)
+    _layer_norm(r, "head_norm", t + "LayerNorm", False)
+    bias = "cls.predictions.bias"
+    if keys is not None and bias not in keys and "cls.predictions.decoder.bias" in keys:
+        bias = "cls.predictions.decoder.bias"
+    r.same("head_b", bias, False)
+    return r.out

@@ -1,4 +1,4 @@
-"""Positions, selection and running sums: iota, where, minimum, maximum, cumsum.
+"""Positions, selection and running sums: iota, where, minimum, maximum, cumsum, segment_positions.
 
 Comparisons (`a < b`, `a == b`, ...) are tensor operators of the forward (bool results, named
 dims broadcast like `+`); these primitives build on them:
@@ -8,12 +8,16 @@ dims broadcast like `+`); these primitives build on them:
     y = where(causal, scores, -1e9)                  [B, heads, S, S]
     y = maximum(x, 0.0)                              same as x
     c = cumsum(x, over = S)                          same as x
+    p = segment_positions(segments)                  [B, S] int32: 0, 1, ... restarting at each example
+
+`segment_positions` is what a packed row's learned position table reads (BERT): each example of
+the row starts again at position 0, as it would alone.
 """
 
 from __future__ import annotations
 
 from axdsl.ir import nodes as ir
-from axdsl.primitives.base import Primitive, Signature, Static, StaticKind, linear_memory
+from axdsl.primitives.base import Helper, Primitive, Signature, Static, StaticKind, linear_memory
 from axdsl.primitives.reductions import ONE, axis_of, ir_fmt, negative_axis
 
 
@@ -70,6 +74,11 @@ def _iota_memory(t, prim, args, dims, label: str):
     return t.new(dims, "i32", label, ())
 
 
+def _iota_memory_of_ids(t, prim, args, dims, label: str):
+    """int32 positions computed from ids: nothing to keep for a backward (there is no gradient)."""
+    return t.new(dims, "i32", label, (args[0],))
+
+
 # ---------------------------------------------------------------- where, minimum, maximum
 def _where_memory(t, prim, args, dims, label: str):
     """Keeps its condition (the backward routes the gradient by it)."""
@@ -106,6 +115,29 @@ def _emit_cumsum(ctx, prim, args, precs) -> str:
     return f"jnp.cumsum({args[0]}, axis={negative_axis(prim.args[0].type.dims, prim.attr('over'))})"
 
 
+# ---------------------------------------------------------------- segment_positions
+SEGMENT_POSITIONS = '''def segment_positions(segments: jax.Array) -> jax.Array:
+    """Each token's position in its run of equal segment ids along the last dim: 0, 1, ...
+    restarting where the id changes (a packed row's examples, and the padding after them)."""
+    idx = jnp.arange(segments.shape[-1], dtype=jnp.int32)
+    first = jnp.ones_like(segments[..., :1], dtype=bool)
+    starts = jnp.concatenate([first, segments[..., 1:] != segments[..., :-1]], axis=-1)
+    return idx - jax.lax.cummax(jnp.where(starts, idx, 0), axis=segments.ndim - 1)'''
+
+
+def _segment_positions_shape(ctx, prim, args):
+    dims = args[0].type.dims
+    if not dims or dims[-1].is_ellipsis:
+        ctx.fail(prim.span, f"`segment_positions` needs ids with a sequence as their last dim, got {ir_fmt(dims)}",
+                 "pass the [B, S] segment ids of a packed row")
+    return dims
+
+
+def _emit_segment_positions(ctx, prim, args, precs) -> str:
+    ctx.use_helper("segment_positions")
+    return f"segment_positions({args[0]})"
+
+
 PRIMITIVES = (
     Primitive("iota", Signature((), (Static("over", StaticKind.DIM), Static("trailing", StaticKind.INT, 0)),
                                 doc="int32 positions 0..n-1 along a dim, [over] then `trailing` dims of size 1"),
@@ -118,4 +150,8 @@ PRIMITIVES = (
     Primitive("cumsum", Signature(("x",), (Static("over", StaticKind.DIM),),
                                   doc="running sum along a named dim, same shape"),
               emit=_emit_cumsum, shape=_cumsum_shape, memory=linear_memory),
+    Primitive("segment_positions", Signature(("segments",), doc="int32 position of each token within its run of "
+                                             "equal ids along the last dim (a packed example restarts at 0)"),
+              emit=_emit_segment_positions, shape=_segment_positions_shape, memory=_iota_memory_of_ids,
+              helpers=(Helper("segment_positions", SEGMENT_POSITIONS),)),
 )
