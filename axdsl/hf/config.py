@@ -10,6 +10,8 @@ from axdsl.hf.arch import FIELDS, Arch
 from axdsl.hf.errors import HFError
 from axdsl.hf.fields import ROPE_FIELDS, ROPE_SCALING_FIELDS
 from axdsl.hf.values import hf_values
+from axdsl.hf.vit import ROOT as VIT_ROOT
+from axdsl.hf.vit import vit_config
 
 FAMILIES = {
     "gpt2": "GPT2LMHeadModel",
@@ -24,6 +26,7 @@ FAMILIES = {
     "gemma2": "Gemma2ForCausalLM",
     "mamba2": "Mamba2ForCausalLM",
     "deepseek_v3": "DeepseekV3ForCausalLM",
+    "vit": "ViTForImageClassification",
 }
 _ARCH_TO_FAMILY = {v: k for k, v in FAMILIES.items()}
 
@@ -42,6 +45,8 @@ def family_of_config(cfg: dict) -> str:
 
 def family_of_arch(arch: Arch) -> str:
     """The HF family a spec's model exports to, from its structure."""
+    if arch["root"] == VIT_ROOT:
+        return "vit"
     if arch["block"] == "MambaBlock":
         return "mamba2"
     if arch["attn"] == "MLAttention" or arch["mlp"] == "DeepSeekMoE":
@@ -273,4 +278,6 @@ def hf_config(arch: Arch, family: str) -> dict:
         return _mamba2_config(arch.values, dtype)
     if family == "deepseek_v3":
         return _deepseek_config(arch.values, dtype)
+    if family == "vit":
+        return vit_config(arch.values, dtype)
     return _decoder_config(arch.values, family, dtype)
