@@ -135,6 +135,27 @@ def test_logits_match_transformers_and_roundtrip(generated, tmp_path, capsys):
     assert np.abs(_hf_logits(hf2, pixels) - ref).max() <= 1e-6
 
 
+@pytest.mark.slow
+def test_import_reads_transformers_in_memory_names(generated, tmp_path, capsys):
+    """A state_dict saved as it is (transformers 5's vit.layers.i.attention.q_proj, mlp.fc1, ...)
+    imports to the same parameters as save_pretrained's hub names."""
+    from safetensors.torch import save_file
+
+    model, cfg = generated, generated.CONFIGS["vit_tiny"]
+    hf = _hf_model()
+    hf.save_pretrained(tmp_path / "hub")
+    (tmp_path / "mem").mkdir()
+    (tmp_path / "mem" / "config.json").write_text((tmp_path / "hub" / "config.json").read_text())
+    state = {k: v.contiguous() for k, v in hf.state_dict().items()}
+    assert any(k.startswith("vit.layers.0.attention.q_proj") for k in state)
+    save_file(state, str(tmp_path / "mem" / "model.safetensors"), metadata={"format": "pt"})
+    for name in ("hub", "mem"):
+        assert axhf.import_hf(SPEC, tmp_path / name, "vit_tiny", tmp_path / f"ckpt_{name}") == 0, capsys.readouterr().err
+    a, b = _restore(model, cfg, tmp_path / "ckpt_hub"), _restore(model, cfg, tmp_path / "ckpt_mem")
+    for (path, x), (_, y) in zip(_leaves(a), _leaves(b)):
+        assert np.array_equal(np.asarray(x), np.asarray(y)), path
+
+
 def test_patch_embedding_is_the_conv(generated):
     """PatchEmbed's split + einsum equals a stride-`patch` convolution (numpy, NHWC) with the
     weight laid out as import-hf lays out transformers' Conv2d [dim, C, p, p]."""

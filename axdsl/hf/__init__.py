@@ -17,6 +17,7 @@ Families (detected from config.json's `model_type`, or chosen from the spec's st
 | phi       | PhiForCausalLM       | ParallelBlock(shared_norm = true), LayerNorm, biases, head_bias, rope_dim |
 | gpt_neox  | GPTNeoXForCausalLM   | ParallelBlock(), LayerNorm, biases, MLP(act = "gelu_exact"), rope_dim |
 | deepseek_v3 | DeepseekV3ForCausalLM | std/deepseek.axl: MLAttention, dense_layers of SwiGLU, then DeepSeekMoE |
+| vit       | ViTForImageClassification | std/vit.axl: VisionTransformer (patches, class token; axdsl/hf/vit.py) |
 
 Llama-family rope scalings map to Attention's rope_* settings: rope_parameters' rope_type
 "llama3" (factor, low/high_freq_factor, original_max_position_embeddings), "linear" and "yarn"
@@ -79,6 +80,7 @@ used (a tied `lm_head` equal to the embedding and HF's non-parameter buffers exc
     arch.py            Arch: the spec's model read from its IR
     fields.py          config.json -> Arch fields: one table row per field and family (`hf_values`)
     config.py          families, `mismatches` (import) and `hf_config` (export)
+    vit.py             the vit family's facts, config rows and export config (an image classifier)
     layout.py          tensor names and layouts: one `Rule` per parameter group
     safetensors_io.py  the safetensors files of a directory, read lazily
     checkpoint.py      orbax params checkpoints: write, find, read

@@ -7,7 +7,9 @@ here, each called from its module's dispatch:
     vit_arch      the spec's side: VisionTransformer's facts, read from its IR (arch.arch_of)
     VIT_FIELDS    config.json -> those facts, and VIT_UNSUPPORTED (values.hf_values)
     vit_config    the config.json export writes (config.hf_config)
-    vit_rules     the tensor rules (layout.rules)
+
+The tensor rules are layout.py's `_vit_rules`, next to the other families'. This module imports
+only fields.py, so that arch.py, config.py and values.py can import it without a cycle.
 
 The layout (HF nn.Linear weights are [out, in]; axdsl's are [in, ...]; the hub's names, which
 save_pretrained writes):
@@ -33,8 +35,6 @@ Not modelled: interpolate_pos_encoding (other image sizes than the config's), th
 from __future__ import annotations
 
 from typing import Any
-
-import numpy as np
 
 from axdsl.hf.fields import Row, _fact, _key, _when
 
@@ -184,44 +184,3 @@ def vit_config(v: dict[str, Any], dtype: str) -> dict[str, Any]:
         "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0, "initializer_range": 0.02,
         "encoder_stride": v["patch"], "dtype": dtype,
     }
-
-
-def vit_rules(r: Any) -> list:
-    """Every VisionTransformer parameter <-> ViTForImageClassification's tensors (`r` is layout.py's
-    _Rules): the hub's names, or transformers 5's in-memory ones (vit.layers.i.attention.q_proj, ...)."""
-    from axdsl.hf.layout import _T, _layer_norm, _linear, _out_proj
-
-    dim, heads, _, _ = r.dims
-    v = r.arch.values
-    p, ch = v["patch"], v["channels"]
-    e = "vit.embeddings."
-    r.rule("cls_token", False, lambda g, i: g(e + "cls_token").reshape(1, dim),
-           lambda a, i: {e + "cls_token": a.reshape(1, 1, dim)})
-    r.rule("pos_embed", False, lambda g, i: g(e + "position_embeddings")[0],
-           lambda a, i: {e + "position_embeddings": a[None]})
-    conv = e + "patch_embeddings.projection."
-    # Conv2d [dim, C, p, p] -> [p, p, C, dim] -> [p*p*C, dim]: rows in the (row, column, channel) order
-    r.rule("patch_embed/w", False,
-           lambda g, i: np.ascontiguousarray(np.transpose(g(conv + "weight"), (2, 3, 1, 0)).reshape(p * p * ch, dim)),
-           lambda a, i: {conv + "weight": np.ascontiguousarray(np.transpose(a.reshape(p, p, ch, dim), (3, 2, 0, 1)))})
-    r.same("patch_embed/b", conv + "bias", False)
-    if r.keys is not None and any(k.startswith("vit.layers.") for k in r.keys):
-        L = "vit.layers.{i}."
-        q, k, val, o = (L + f"attention.{n}" for n in ("q_proj", "k_proj", "v_proj", "o_proj"))
-        fc1, fc2 = L + "mlp.fc1", L + "mlp.fc2"
-    else:
-        L = "vit.encoder.layer.{i}."
-        q, k, val = (L + f"attention.attention.{n}" for n in ("query", "key", "value"))
-        o, fc1, fc2 = L + "attention.output.dense", L + "intermediate.dense", L + "output.dense"
-    _layer_norm(r, "blocks/attn_norm", L + "layernorm_before")
-    _layer_norm(r, "blocks/mlp_norm", L + "layernorm_after")
-    for n, key in (("q", q), ("k", k), ("v", val)):
-        r.heads_in(f"blocks/attn/w{n}", key + ".weight", heads)
-        r.heads_bias(f"blocks/attn/b{n}", key + ".bias", heads)
-    _out_proj(r, o)
-    _linear(r, "blocks/mlp/in", fc1)
-    _linear(r, "blocks/mlp/out", fc2)
-    _layer_norm(r, "final_norm", "vit.layernorm", False)
-    r.rule("head", False, lambda g, i: _T(g("classifier.weight")), lambda w, i: {"classifier.weight": _T(w)})
-    r.same("head_b", "classifier.bias", False)
-    return r.out
