@@ -36,6 +36,9 @@ PUBLISHED = {
     # transformers' num_parameters() of DeepseekV3ForCausalLM (no MTP layer) is 671,026,404,352: it
     # leaves out the 58 x 256 e_score_correction_bias values, a buffer there and a parameter here.
     "deepseek_v3": 671_026_419_200,
+    # transformers' ViTForImageClassification(ViTConfig(num_labels=1000)) (google/vit-base-patch16-224):
+    # no pooler; the patch conv, class token and position embeddings are parameters, no buffers.
+    "vit_base": 86_567_656,
 }
 
 
