@@ -230,3 +230,41 @@ def test_vit_base_stats_equal_transformers_num_parameters(in_root):
                      id2label={str(i): f"LABEL_{i}" for i in range(1000)})
     assert axhf.mismatches(arch, "vit", published) == []
     assert axhf.family_of_arch(arch) == "vit" and axhf.family_of_config(published) == "vit"
+
+
+@pytest.mark.slow
+def test_tiny_model_fits_a_small_batch(generated):
+    """Gradients flow through the patch split, the class token's pad and the head: a few Adam
+    steps of cross-entropy on 16 labelled images take the loss far below log(classes)."""
+    import jax
+    import jax.numpy as jnp
+    import optax
+
+    model, cfg = generated, generated.CONFIGS["vit_tiny"]
+    params = model.init_params(cfg, jax.random.key(0))
+    images = jax.random.normal(jax.random.key(1), (16, cfg.image, cfg.image, cfg.channels))
+    labels = jnp.arange(16) % cfg.classes
+
+    def loss_fn(p):
+        logits = model.forward(cfg, p, images)
+        return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
+
+    opt = optax.adam(3e-3)
+    state = opt.init(params)
+
+    @jax.jit
+    def step(p, s):
+        loss, grads = jax.value_and_grad(loss_fn)(p)
+        updates, s = opt.update(grads, s, p)
+        return optax.apply_updates(p, updates), s, loss, grads
+
+    first = None
+    for i in range(60):
+        params, state, loss, grads = step(params, state)
+        if first is None:
+            first = float(loss)
+        assert all(bool(jnp.isfinite(g).all()) for g in jax.tree.leaves(grads))
+    # after the first step (the zero head passes no gradient back) the embeddings learn too
+    assert float(jnp.abs(grads["cls_token"]).max()) > 0 and float(jnp.abs(grads["patch_embed"]["w"]).max()) > 0
+    assert abs(first - np.log(cfg.classes)) < 1e-3  # the head starts at zero: uniform logits
+    assert float(loss_fn(params)) < 0.2 * first
