@@ -268,3 +268,33 @@ def test_tiny_model_fits_a_small_batch(generated):
     assert float(jnp.abs(grads["cls_token"]).max()) > 0 and float(jnp.abs(grads["patch_embed"]["w"]).max()) > 0
     assert abs(first - np.log(cfg.classes)) < 1e-3  # the head starts at zero: uniform logits
     assert float(loss_fn(params)) < 0.2 * first
+
+
+@pytest.mark.slow
+def test_rectangular_images_and_other_channel_counts(tmp_path, capsys):
+    """height != width (transformers' image_size [h, w]) and 2 channels: import, logits, export."""
+    import torch
+    import transformers
+
+    from tests.targets_util import import_generated
+
+    spec = tmp_path / "rect.axl"
+    spec.write_text('import "std/vit.axl"\nmodel r = VisionTransformer {\n  height = 16  width = 24  patch = 8  '
+                    'channels = 2  dim = 32  layers = 1  heads = 2  ffn = 64  classes = 5\n}\n')
+    config = transformers.ViTConfig(image_size=[16, 24], patch_size=8, num_channels=2, hidden_size=32,
+                                    num_hidden_layers=1, num_attention_heads=2, intermediate_size=64, num_labels=5)
+    hf = transformers.ViTForImageClassification(config).eval()
+    gen = torch.Generator().manual_seed(2)
+    with torch.no_grad():
+        for p in hf.parameters():
+            p.copy_(0.3 * torch.randn(p.shape, generator=gen))
+    hf.save_pretrained(tmp_path / "hf")
+    assert axhf.import_hf(spec, tmp_path / "hf", None, tmp_path / "ckpt") == 0, capsys.readouterr().err
+    model, _ = import_generated(spec, "cpu", tmp_path / "gen")
+    cfg = model.CONFIGS["r"]
+    params = _restore(model, cfg, tmp_path / "ckpt")
+    pixels = np.random.default_rng(0).standard_normal((2, 2, 16, 24)).astype(np.float32)
+    diff = float(np.abs(_ours(model, cfg, params, pixels) - _hf_logits(hf, pixels)).max())
+    assert diff < 1e-4, diff
+    assert axhf.export_hf(spec, tmp_path / "ckpt", tmp_path / "out", None) == 0, capsys.readouterr().err
+    assert json.loads((tmp_path / "out" / "config.json").read_text())["image_size"] == [16, 24]
