@@ -39,6 +39,10 @@ PUBLISHED = {
     # transformers' BertForMaskedLM(BertConfig()) (bert-base-uncased): the decoder is tied to the
     # word embedding and has its own bias; no pooler. position_ids and token_type_ids are buffers.
     "bert_base": 109_514_298,
+
+    # transformers' ViTForImageClassification(ViTConfig(num_labels=1000)) (google/vit-base-patch16-224):
+    # no pooler; the patch conv, class token and position embeddings are parameters, no buffers.
+    "vit_base": 86_567_656,
 }
 
 

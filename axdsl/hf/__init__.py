@@ -19,6 +19,8 @@ Families (detected from config.json's `model_type`, or chosen from the spec's st
 | deepseek_v3 | DeepseekV3ForCausalLM | std/deepseek.axl: MLAttention, dense_layers of SwiGLU, then DeepSeekMoE |
 | bert      | BertForMaskedLM      | std/bert.axl's BertMLM: post-norm BertBlocks, token types, tied MLM head (bert.py) |
 
+| vit       | ViTForImageClassification | std/vit.axl: VisionTransformer (patches, class token; axdsl/hf/vit.py) |
+
 Llama-family rope scalings map to Attention's rope_* settings: rope_parameters' rope_type
 "llama3" (factor, low/high_freq_factor, original_max_position_embeddings), "linear" and "yarn"
 (beta_fast/slow, mscale, mscale_all_dim, attention_factor, truncate); partial_rotary_factor (Phi,
@@ -80,6 +82,7 @@ used (a tied `lm_head` equal to the embedding and HF's non-parameter buffers exc
     arch.py            Arch: the spec's model read from its IR
     fields.py          config.json -> Arch fields: one table row per field and family (`hf_values`)
     config.py          families, `mismatches` (import) and `hf_config` (export)
+    vit.py             the vit family's facts, config rows and export config (an image classifier)
     layout.py          tensor names and layouts: one `Rule` per parameter group
     safetensors_io.py  the safetensors files of a directory, read lazily
     checkpoint.py      orbax params checkpoints: write, find, read

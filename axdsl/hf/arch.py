@@ -58,6 +58,8 @@ FIELDS = {
     "groups": "DeepSeekMoE groups", "top_groups": "DeepSeekMoE top_groups", "routed_scale": "DeepSeekMoE scale",
     "score": "DeepSeekMoE score", "latent_norm_eps": "MLAttention kv_norm eps",
     "type_vocab": "type_vocab",
+    "root": "root layer", "height": "height", "width": "width", "patch": "patch", "channels": "channels",
+    "classes": "classes",
 }
 BLOCKS = ("Block", "ParallelBlock", "MambaBlock")  # std's residual blocks: sequential, parallel, Mamba-2
 PATTERN = "BlocksPattern"  # repeat(n, [A(), B()]): the layers alternate (Gemma 2's local and global)
@@ -86,9 +88,13 @@ def arch_of(model) -> Arch:
         from axdsl.hf.bert import bert_arch
 
         return bert_arch(arch, root)
+    if root.layer == "VisionTransformer":  # an image classifier: its facts are read in vit.py
+        from axdsl.hf.vit import vit_arch
+
+        return vit_arch(arch, root)
     if root.layer != "DecoderLM":
-        arch.problems.append(f"the model is a {root.layer}; Hugging Face interop needs std's DecoderLM "
-                             "or BertMLM")
+        arch.problems.append(f"the model is a {root.layer}; Hugging Face interop needs std's DecoderLM, "
+                             "BertMLM or VisionTransformer")
         return arch
     for k in ("vocab", "dim", "layers", "heads", "kv_heads", "max_seq", "positions", "tied", "head_bias"):
         arch.values[k] = _hv(root, k)

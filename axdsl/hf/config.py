@@ -12,6 +12,8 @@ from axdsl.hf.bert import bert_config
 from axdsl.hf.errors import HFError
 from axdsl.hf.fields import ROPE_FIELDS, ROPE_SCALING_FIELDS
 from axdsl.hf.values import hf_values
+from axdsl.hf.vit import ROOT as VIT_ROOT
+from axdsl.hf.vit import vit_config
 
 FAMILIES = {
     "gpt2": "GPT2LMHeadModel",
@@ -27,6 +29,8 @@ FAMILIES = {
     "mamba2": "Mamba2ForCausalLM",
     "deepseek_v3": "DeepseekV3ForCausalLM",
     "bert": "BertForMaskedLM",
+
+    "vit": "ViTForImageClassification",
 }
 _ARCH_TO_FAMILY = {v: k for k, v in FAMILIES.items()}
 
@@ -47,6 +51,9 @@ def family_of_arch(arch: Arch) -> str:
     """The HF family a spec's model exports to, from its structure."""
     if arch["block"] == BERT_BLOCK:
         return "bert"
+
+    if arch["root"] == VIT_ROOT:
+        return "vit"
     if arch["block"] == "MambaBlock":
         return "mamba2"
     if arch["attn"] == "MLAttention" or arch["mlp"] == "DeepSeekMoE":
@@ -280,4 +287,7 @@ def hf_config(arch: Arch, family: str) -> dict:
         return _deepseek_config(arch.values, dtype)
     if family == "bert":
         return bert_config(arch.values, dtype)
+
+    if family == "vit":
+        return vit_config(arch.values, dtype)
     return _decoder_config(arch.values, family, dtype)

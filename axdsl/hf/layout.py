@@ -88,6 +88,9 @@ def rules(family: str, arch: Arch, keys: set[str] | None) -> list[Rule]:
         return _deepseek_rules(arch, keys)
     if family == "bert":
         return _bert_rules(arch, keys)
+
+    if family == "vit":
+        return _vit_rules(_Rules(arch, keys))
     if arch.pattern:  # layer i is pattern element i % k, at index i // k of blocks/<e>
         out: list[Rule] = []
         for e in range(arch.pattern):
@@ -415,4 +418,41 @@ def _bert_rules(arch: Arch, keys: set[str] | None) -> list[Rule]:
     if keys is not None and bias not in keys and "cls.predictions.decoder.bias" in keys:
         bias = "cls.predictions.decoder.bias"
     r.same("head_b", bias, False)
+
+def _vit_rules(r: _Rules) -> list[Rule]:
+    """Every VisionTransformer parameter <-> ViTForImageClassification's tensors (axdsl/hf/vit.py
+    lists them): the hub's names, or transformers 5's in-memory ones (vit.layers.i.attention.q_proj)."""
+    dim, heads, _, _ = r.dims
+    v = r.arch.values
+    p, ch = v["patch"], v["channels"]
+    e = "vit.embeddings."
+    r.rule("cls_token", False, lambda g, i: g(e + "cls_token").reshape(1, dim),
+           lambda a, i: {e + "cls_token": a.reshape(1, 1, dim)})
+    r.rule("pos_embed", False, lambda g, i: g(e + "position_embeddings")[0],
+           lambda a, i: {e + "position_embeddings": a[None]})
+    conv = e + "patch_embeddings.projection."
+    # Conv2d [dim, C, p, p] -> [p, p, C, dim] -> [p*p*C, dim]: rows in the (row, column, channel) order
+    r.rule("patch_embed/w", False,
+           lambda g, i: np.ascontiguousarray(np.transpose(g(conv + "weight"), (2, 3, 1, 0)).reshape(p * p * ch, dim)),
+           lambda a, i: {conv + "weight": np.ascontiguousarray(np.transpose(a.reshape(p, p, ch, dim), (3, 2, 0, 1)))})
+    r.same("patch_embed/b", conv + "bias", False)
+    if r.keys is not None and any(k.startswith("vit.layers.") for k in r.keys):
+        L = "vit.layers.{i}."
+        q, k, val, o = (L + f"attention.{n}" for n in ("q_proj", "k_proj", "v_proj", "o_proj"))
+        fc1, fc2 = L + "mlp.fc1", L + "mlp.fc2"
+    else:
+        L = "vit.encoder.layer.{i}."
+        q, k, val = (L + f"attention.attention.{n}" for n in ("query", "key", "value"))
+        o, fc1, fc2 = L + "attention.output.dense", L + "intermediate.dense", L + "output.dense"
+    _layer_norm(r, "blocks/attn_norm", L + "layernorm_before")
+    _layer_norm(r, "blocks/mlp_norm", L + "layernorm_after")
+    for n, key in (("q", q), ("k", k), ("v", val)):
+        r.heads_in(f"blocks/attn/w{n}", key + ".weight", heads)
+        r.heads_bias(f"blocks/attn/b{n}", key + ".bias", heads)
+    _out_proj(r, o)
+    _linear(r, "blocks/mlp/in", fc1)
+    _linear(r, "blocks/mlp/out", fc2)
+    _layer_norm(r, "final_norm", "vit.layernorm", False)
+    r.rule("head", False, lambda g, i: _T(g("classifier.weight")), lambda w, i: {"classifier.weight": _T(w)})
+    r.same("head_b", "classifier.bias", False)
     return r.out

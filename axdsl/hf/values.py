@@ -9,6 +9,7 @@ from axdsl.hf.bert import BERT_FIELDS, BERT_UNSUPPORTED
 from axdsl.hf.fields import (DECODER_FIELDS, DECODER_UNSUPPORTED, DEEPSEEK_FIELDS, DEEPSEEK_UNSUPPORTED,
                              GEMMA2_FIELDS, GEMMA2_UNSUPPORTED, GPT2_FIELDS, GPT2_UNSUPPORTED, MAMBA2_FIELDS,
                              MAMBA2_UNSUPPORTED, PARALLEL_FIELDS, PARALLEL_UNSUPPORTED, Config)
+from axdsl.hf.vit import VIT_FIELDS, VIT_UNSUPPORTED
 
 
 def hf_values(family: str, cfg: dict) -> tuple[dict, dict, list[str]]:
@@ -19,7 +20,8 @@ def hf_values(family: str, cfg: dict) -> tuple[dict, dict, list[str]]:
                       "gemma2": (GEMMA2_FIELDS, GEMMA2_UNSUPPORTED),
                       "mamba2": (MAMBA2_FIELDS, MAMBA2_UNSUPPORTED),
                       "deepseek_v3": (DEEPSEEK_FIELDS, DEEPSEEK_UNSUPPORTED),
-                      "bert": (BERT_FIELDS, BERT_UNSUPPORTED)}.get(family,
+                      "bert": (BERT_FIELDS, BERT_UNSUPPORTED),
+                      "vit": (VIT_FIELDS, VIT_UNSUPPORTED)}.get(family,
                                                                               (DECODER_FIELDS, DECODER_UNSUPPORTED))
     vals: dict[str, Any] = {}
     src: dict[str, str] = {}

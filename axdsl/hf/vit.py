@@ -1,0 +1,186 @@
+"""The vit family: std/vit.axl's VisionTransformer <-> transformers' ViTForImageClassification.
+
+An image classifier does not fit the decoder-shaped code of arch.py and fields.py (no vocabulary,
+no positions table of a max_seq, a patch embedding and a class token), so the family's pieces live
+here, each called from its module's dispatch:
+
+    vit_arch      the spec's side: VisionTransformer's facts, read from its IR (arch.arch_of)
+    VIT_FIELDS    config.json -> those facts, and VIT_UNSUPPORTED (values.hf_values)
+    vit_config    the config.json export writes (config.hf_config)
+
+The tensor rules are layout.py's `_vit_rules`, next to the other families'. This module imports
+only fields.py, so that arch.py, config.py and values.py can import it without a cycle.
+
+The layout (HF nn.Linear weights are [out, in]; axdsl's are [in, ...]; the hub's names, which
+save_pretrained writes):
+
+    vit.embeddings.cls_token                  [1, 1, dim]              cls_token [1, dim]
+    vit.embeddings.position_embeddings        [1, patches + 1, dim]    pos_embed [seq, dim]
+    embeddings.patch_embeddings.projection    Conv2d [dim, C, p, p]    patch_embed/w [p*p*C, dim] (rows: the
+                                              (+ bias [dim])           patch's pixels, row, column, channel), b
+    encoder.layer.i.layernorm_before / _after [dim]                    blocks/attn_norm / mlp_norm
+    attention.attention.query (key, value)    [heads*hd, dim]          blocks/attn/wq [dim, heads, hd], bq [heads, hd]
+    attention.output.dense                    [dim, heads*hd]          blocks/attn/wo [heads, hd, dim], bo
+    intermediate.dense / output.dense         nn.Linear                blocks/mlp/w_in, b_in / w_out, b_out
+    vit.layernorm                             [dim]                    final_norm
+    classifier                                [classes, dim]           head [dim, classes], head_b
+
+Images: transformers' pixel_values are [B, C, H, W]; the generated forward takes [B, H, W, C]
+(channels last), so `images = pixel_values.transpose(0, 2, 3, 1)`.
+
+Not modelled: interpolate_pos_encoding (other image sizes than the config's), the masked-image
+`bool_masked_pos` and ViTModel's pooler (not in ViTForImageClassification).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from axdsl.hf.fields import Row, _fact, _key, _when
+
+FAMILY = "vit"
+ROOT = "VisionTransformer"
+CLASS = "ViTForImageClassification"
+
+_NORMS = ("blocks/attn_norm", "blocks/mlp_norm", "final_norm")
+
+
+def _hv(inst, name: str) -> Any:
+    h = inst.hparam(name) if inst is not None else None
+    return None if h is None else h.value.value
+
+
+def _at(root, path: str):
+    inst = root
+    for part in path.split("/"):
+        inst = None if inst is None else inst.child(part)
+    return inst
+
+
+def vit_arch(arch: Any, root: Any) -> Any:
+    """Fill `arch` (arch.py's Arch of a VisionTransformer model; `root` its IR instance) with the
+    facts ViTForImageClassification's config states."""
+    v = arch.values
+    for k in ("dim", "layers", "heads", "height", "width", "patch", "channels", "classes"):
+        v[k] = _hv(root, k)
+    v["root"] = ROOT
+    blocks = root.child("blocks")
+    if blocks is None or blocks.layer != "Block":
+        arch.problems.append("the repeated block is not std's Block (ViT's blocks are pre-norm)")
+        return arch
+    v["block"], v["post_norms"] = "Block", _hv(blocks, "post_norms")
+    _read_attention(arch, blocks.child("attn"))
+    _read_norms(arch, [_at(root, p) for p in _NORMS])
+    mlp = blocks.child("mlp")
+    v["mlp"] = None if mlp is None else mlp.layer
+    if v["mlp"] == "MLP":
+        v["hidden"], v["act"], v["mlp_bias"] = _hv(mlp, "hidden"), _hv(mlp, "act"), _hv(mlp, "bias")
+    else:
+        arch.problems.append(f"the feed-forward layer is {v['mlp']}; ViT's is MLP(bias = true)")
+    if _hv(blocks, "dropout"):
+        arch.problems.append("Block dropout > 0 (export writes ViT with dropout off)")
+    return arch
+
+
+def _read_attention(arch: Any, attn: Any) -> None:
+    """ViT's attention: std's Attention, bidirectional, no rope, heads splitting dim, all biases."""
+    v = arch.values
+    if attn is None or attn.layer != "Attention":
+        arch.problems.append("the block's attention is not std's Attention")
+        return
+    for k in ("head_dim", "kv_heads", "causal", "rope", "window", "qk_norm"):
+        v[k] = _hv(attn, k)
+    v["attn_bias"], v["out_bias"] = _hv(attn, "bias"), _hv(attn, "out_bias")
+    v["scale"], v["softcap"] = float(_hv(attn, "scale")), float(_hv(attn, "softcap"))
+    if v["head_dim"] * v["heads"] != v["dim"]:
+        arch.problems.append(f"attention head_dim {v['head_dim']} is not dim / heads (ViT's heads split "
+                             "hidden_size)")
+
+
+def _read_norms(arch: Any, norms: list) -> None:
+    """ViT's LayerNorms (before attention, before the MLP, the final one) share one eps."""
+    kinds = {n.layer if n is not None else None for n in norms}
+    arch.values["norm"] = kinds.pop() if len(kinds) == 1 else None
+    if arch.values["norm"] != "LayerNorm":
+        arch.problems.append("ViT's norms are all LayerNorm")
+        return
+    eps = {float(_hv(n, "eps")) for n in norms}
+    bias = {_hv(n, "bias") for n in norms}
+    arch.values["norm_eps"] = eps.pop() if len(eps) == 1 else None
+    arch.values["norm_bias"] = bias.pop() if len(bias) == 1 else None
+    if arch.values["norm_eps"] is None:
+        arch.problems.append("the LayerNorms' eps differ (ViT has one layer_norm_eps)")
+
+
+def _image_size(c: Any, i: int) -> int:
+    """image_size is an int, or [height, width]."""
+    size = c.get("image_size", 224)
+    return int(size[i]) if isinstance(size, (list, tuple)) else int(size)
+
+
+def _patch_size(c: Any) -> int:
+    size = c.get("patch_size", 16)
+    return int(size[0]) if isinstance(size, (list, tuple)) else int(size)
+
+
+def _classes(c: Any) -> int:
+    """The label count: id2label's size (what save_pretrained writes), else num_labels, else 2."""
+    labels = c.get("id2label")
+    return len(labels) if labels else int(c.get("num_labels", 2))
+
+
+# config.json -> facts; transformers' ViTConfig defaults (google/vit-base-patch16-224)
+VIT_FIELDS = (
+    _fact("root", ROOT),
+    _key("hidden_size", 768, "dim"),
+    _key("num_hidden_layers", 12, "layers"),
+    _key("num_attention_heads", 12, "heads"),
+    _key("num_attention_heads", 12, "kv_heads"),
+    Row("head_dim", "hidden_size/num_attention_heads",
+        lambda c: c.get("hidden_size", 768) // c.get("num_attention_heads", 12)),
+    Row("height", "image_size", lambda c: _image_size(c, 0), lambda c: c.get("image_size", 224)),
+    Row("width", "image_size", lambda c: _image_size(c, 1), lambda c: c.get("image_size", 224)),
+    Row("patch", "patch_size", _patch_size, lambda c: c.get("patch_size", 16)),
+    _key("num_channels", 3, "channels"),
+    Row("classes", lambda c: "id2label" if c.get("id2label") else "num_labels", _classes),
+    _fact("block", "Block"),
+    _fact("post_norms", False),
+    _fact("norm", "LayerNorm"),
+    Row("norm_eps", "layer_norm_eps", lambda c: float(c.get("layer_norm_eps", 1e-12))),
+    _fact("norm_bias", True),
+    _fact("causal", False),
+    _fact("rope", False),
+    _fact("window", 0),
+    _fact("qk_norm", False),
+    _fact("scale", 0.0),
+    _fact("softcap", 0.0),
+    Row("attn_bias", "qkv_bias", lambda c: c.flag("qkv_bias", True)),
+    _fact("out_bias", True),
+    _fact("mlp", "MLP"),
+    _key("intermediate_size", 3072, "hidden"),
+    Row("act", "hidden_act", lambda c: {"gelu": "gelu_exact"}.get(c.get("hidden_act", "gelu"), c.get("hidden_act")),
+        lambda c: c.get("hidden_act", "gelu")),
+    _fact("mlp_bias", True),
+)
+VIT_UNSUPPORTED: tuple = (
+    (None, lambda c: _when(c.get("hidden_size", 768) % c.get("num_attention_heads", 12) != 0,
+                           "hidden_size is not a multiple of num_attention_heads")),
+    (None, lambda c: _when(isinstance(c.get("patch_size"), (list, tuple)) and len(set(c.get("patch_size"))) != 1,
+                           f"patch_size={c.cfg.get('patch_size')} (VisionTransformer's patches are square)")),
+)
+
+
+def vit_config(v: dict[str, Any], dtype: str) -> dict[str, Any]:
+    """transformers' ViTConfig of a VisionTransformer (export); dropout is off, as in the generated forward."""
+    acts = {"gelu_exact": "gelu", "gelu": "gelu_new"}
+    size = v["height"] if v["height"] == v["width"] else [v["height"], v["width"]]
+    return {
+        "architectures": [CLASS], "model_type": FAMILY, "hidden_size": v["dim"],
+        "num_hidden_layers": v["layers"], "num_attention_heads": v["heads"], "intermediate_size": v["hidden"],
+        "hidden_act": acts.get(v["act"], v["act"]), "layer_norm_eps": v["norm_eps"], "image_size": size,
+        "patch_size": v["patch"], "num_channels": v["channels"], "qkv_bias": v["attn_bias"],
+        "id2label": {str(i): f"LABEL_{i}" for i in range(v["classes"])},
+        "label2id": {f"LABEL_{i}": i for i in range(v["classes"])},
+        "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0, "initializer_range": 0.02,
+        "encoder_stride": v["patch"], "dtype": dtype,
+    }
