@@ -17,6 +17,7 @@ Families (detected from config.json's `model_type`, or chosen from the spec's st
 | phi       | PhiForCausalLM       | ParallelBlock(shared_norm = true), LayerNorm, biases, head_bias, rope_dim |
 | gpt_neox  | GPTNeoXForCausalLM   | ParallelBlock(), LayerNorm, biases, MLP(act = "gelu_exact"), rope_dim |
 | deepseek_v3 | DeepseekV3ForCausalLM | std/deepseek.axl: MLAttention, dense_layers of SwiGLU, then DeepSeekMoE |
+| t5        | T5ForConditionalGeneration | std/t5.axl's T5 (v1.1, Flan-T5): relative buckets, gated GELU, cross-attention; layout in t5.py |
 
 Llama-family rope scalings map to Attention's rope_* settings: rope_parameters' rope_type
 "llama3" (factor, low/high_freq_factor, original_max_position_embeddings), "linear" and "yarn"
@@ -84,6 +85,7 @@ used (a tied `lm_head` equal to the embedding and HF's non-parameter buffers exc
     checkpoint.py      orbax params checkpoints: write, find, read
     importer.py        `import_hf`
     exporter.py        `export_hf`
+    t5.py              T5ForConditionalGeneration: facts, config.json rows, export config, layout
 
 """
 

@@ -57,6 +57,7 @@ FIELDS = {
     "v_head_dim": "MLAttention v_head_dim", "rope_interleaved": "attention rope_interleaved",
     "groups": "DeepSeekMoE groups", "top_groups": "DeepSeekMoE top_groups", "routed_scale": "DeepSeekMoE scale",
     "score": "DeepSeekMoE score", "latent_norm_eps": "MLAttention kv_norm eps",
+    "dec_layers": "T5 dec_layers", "buckets": "T5 buckets", "max_distance": "T5 max_distance",
 }
 BLOCKS = ("Block", "ParallelBlock", "MambaBlock")  # std's residual blocks: sequential, parallel, Mamba-2
 PATTERN = "BlocksPattern"  # repeat(n, [A(), B()]): the layers alternate (Gemma 2's local and global)
@@ -81,6 +82,10 @@ def arch_of(model) -> Arch:
     """The Arch of one IR model (an `ir.Model` after stack_repeats)."""
     root = model.root
     arch = Arch(model.name, {}, _param_tree(root))
+    if root.layer == "T5":  # an encoder-decoder: axdsl/hf/t5.py
+        from axdsl.hf import t5
+
+        return t5.read_arch(arch, root)
     if root.layer != "DecoderLM":
         arch.problems.append(f"the model is a {root.layer}; Hugging Face interop needs std's DecoderLM")
         return arch

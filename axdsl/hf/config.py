@@ -24,6 +24,7 @@ FAMILIES = {
     "gemma2": "Gemma2ForCausalLM",
     "mamba2": "Mamba2ForCausalLM",
     "deepseek_v3": "DeepseekV3ForCausalLM",
+    "t5": "T5ForConditionalGeneration",
 }
 _ARCH_TO_FAMILY = {v: k for k, v in FAMILIES.items()}
 
@@ -42,6 +43,8 @@ def family_of_config(cfg: dict) -> str:
 
 def family_of_arch(arch: Arch) -> str:
     """The HF family a spec's model exports to, from its structure."""
+    if arch["block"] == "T5":
+        return "t5"
     if arch["block"] == "MambaBlock":
         return "mamba2"
     if arch["attn"] == "MLAttention" or arch["mlp"] == "DeepSeekMoE":
@@ -273,4 +276,8 @@ def hf_config(arch: Arch, family: str) -> dict:
         return _mamba2_config(arch.values, dtype)
     if family == "deepseek_v3":
         return _deepseek_config(arch.values, dtype)
+    if family == "t5":
+        from axdsl.hf import t5
+
+        return t5.hf_config(arch, dtype)
     return _decoder_config(arch.values, family, dtype)

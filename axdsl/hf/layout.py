@@ -86,6 +86,10 @@ def rules(family: str, arch: Arch, keys: set[str] | None) -> list[Rule]:
     """The mapping of every parameter `arch` has. `keys` (import) picks among equivalent layouts."""
     if family == "deepseek_v3":
         return _deepseek_rules(arch, keys)
+    if family == "t5":  # an encoder-decoder: axdsl/hf/t5.py
+        from axdsl.hf import t5
+
+        return t5.rules(arch, keys)
     if arch.pattern:  # layer i is pattern element i % k, at index i // k of blocks/<e>
         out: list[Rule] = []
         for e in range(arch.pattern):
