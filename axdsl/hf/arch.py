@@ -83,9 +83,9 @@ def arch_of(model) -> Arch:
     root = model.root
     arch = Arch(model.name, {}, _param_tree(root))
     if root.layer == "T5":  # an encoder-decoder: axdsl/hf/t5.py
-        from axdsl.hf import t5
+        from axdsl.hf.t5 import read_arch
 
-        return t5.read_arch(arch, root)
+        return read_arch(arch, root)
     if root.layer != "DecoderLM":
         arch.problems.append(f"the model is a {root.layer}; Hugging Face interop needs std's DecoderLM")
         return arch

@@ -277,7 +277,7 @@ def hf_config(arch: Arch, family: str) -> dict:
     if family == "deepseek_v3":
         return _deepseek_config(arch.values, dtype)
     if family == "t5":
-        from axdsl.hf import t5
+        from axdsl.hf.t5 import hf_config as t5_config
 
-        return t5.hf_config(arch, dtype)
+        return t5_config(arch, dtype)
     return _decoder_config(arch.values, family, dtype)

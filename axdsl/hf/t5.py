@@ -33,12 +33,13 @@ and the ungated feed-forward (`feed_forward_proj = "relu"`) are reported unsuppo
 from __future__ import annotations
 
 import json
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
-from axdsl.hf.arch import Arch
-from axdsl.hf.layout import Rule
+if TYPE_CHECKING:  # arch.py, config.py, values.py and layout.py call into this module
+    from axdsl.hf.arch import Arch
 
 FAMILY = "t5"
 CLASS = "T5ForConditionalGeneration"
@@ -55,7 +56,7 @@ def _hv(inst, name: str, default: Any = None) -> Any:
     return default if h is None else h.value.value
 
 
-def read_arch(arch: Arch, root) -> Arch:
+def read_arch(arch: "Arch", root) -> "Arch":
     """The facts of a std T5 model (root layer `T5`): sizes, buckets, norm eps, activation."""
     v, problems = arch.values, arch.problems
     for k in ("vocab", "dim", "layers", "dec_layers", "heads", "head_dim", "buckets", "max_distance"):
@@ -122,7 +123,7 @@ def hf_values(cfg: dict) -> tuple[dict, dict, list[str]]:
     return vals, src, unsupported
 
 
-def hf_config(arch: Arch, dtype: str) -> dict:
+def hf_config(arch: "Arch", dtype: str) -> dict:
     """The config.json of a std T5 model (export), as google/flan-t5-base's states it."""
     v = arch.values
     return {
@@ -141,16 +142,26 @@ def _T(a: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(np.swapaxes(a, -1, -2))
 
 
-def rules(arch: Arch, keys: set[str] | None) -> list[Rule]:
-    """Every parameter's mapping; the encoder's rules cover its `layers`, the decoder's `dec_layers`."""
+@dataclass(frozen=True)
+class Mapping:
+    """One parameter <-> HF tensors; layout.py makes it a Rule. `layers`: the HF layers of its
+    stacked slices (None: not stacked)."""
+
+    path: tuple[str, ...]
+    load: Callable[..., np.ndarray]  # (get, i) -> the parameter (layer i's slice)
+    save: Callable[..., dict[str, np.ndarray]]  # (array, i) -> HF tensors
+    layers: tuple[int, ...] | None = None
+
+
+def mappings(arch: "Arch", keys: set[str] | None) -> list[Mapping]:
+    """Every parameter's mapping; the encoder's cover its `layers`, the decoder's `dec_layers`."""
     dim, heads, hd = arch["dim"], arch["heads"], arch["head_dim"]
-    out: list[Rule] = []
+    out: list[Mapping] = []
 
     def add(path: str, load, save, layers: int | None = None) -> None:
         p = tuple(path.split("/"))
         if p in arch.params:
-            out.append(Rule((p,), layers is not None, lambda g, i: (load(g, i),), lambda a, i: save(a[0], i),
-                            None if layers is None else tuple(range(layers))))
+            out.append(Mapping(p, load, save, None if layers is None else tuple(range(layers))))
 
     def same(path: str, key: str, layers: int | None = None) -> None:
         add(path, lambda g, i: g(key.format(i=i)), lambda a, i: {key.format(i=i): a}, layers)
