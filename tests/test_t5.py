@@ -99,11 +99,14 @@ def _hf_tiny(cfg):
     return model
 
 
-def _hf_logits(model, tokens, dec_tokens):
+def _hf_logits(model, tokens, dec_tokens, mask=None, dec_mask=None):
     import torch
 
+    masks = {} if mask is None else {"attention_mask": torch.tensor(mask),
+                                     "decoder_attention_mask": torch.tensor(dec_mask)}
     with torch.no_grad():
-        return model(input_ids=torch.tensor(tokens), decoder_input_ids=torch.tensor(dec_tokens)).logits.numpy()
+        return model(input_ids=torch.tensor(tokens), decoder_input_ids=torch.tensor(dec_tokens),
+                     **masks).logits.numpy()
 
 
 def _restore(model, cfg, path: Path):
@@ -135,12 +138,14 @@ def test_logits_match_transformers_and_export_roundtrips(tmp_path, capsys):
 
     rng = np.random.default_rng(0)  # both longer than max_distance (16): every kind of bucket
     tokens, dec_tokens = rng.integers(0, cfg.vocab, (2, 40)), rng.integers(0, cfg.vocab, (2, 37))
-    ours = np.asarray(model.forward(cfg, params, jnp.asarray(tokens), jnp.asarray(dec_tokens)))
+    ones, dec_ones = np.ones_like(tokens), np.ones_like(dec_tokens)  # one unpadded example per row
+    ours = np.asarray(model.forward(cfg, params, tokens, dec_tokens, ones, dec_ones))
     ref = _hf_logits(hf, tokens, dec_tokens)
     diff = float(np.abs(ours - ref).max())
     print(f"t5: max |logits - HF logits| = {diff:.2e} (logits std {ref.std():.2f})")
     assert ours.shape == ref.shape == (2, 37, cfg.vocab)
     assert diff < 1e-4
+    _check_padding_and_packing(model, cfg, params, hf, tokens, dec_tokens)
 
     out = tmp_path / "export"
     assert axhf.export_hf(SPEC, tmp_path / "ckpt", out, None) == 0, capsys.readouterr().err
@@ -154,6 +159,24 @@ def test_logits_match_transformers_and_export_roundtrips(tmp_path, capsys):
     for k in sd:
         assert torch.equal(sd[k], sd2[k]), k
     assert np.abs(_hf_logits(hf2, tokens, dec_tokens) - ref).max() <= 1e-6
+
+
+def _check_padding_and_packing(model, cfg, params, hf, tokens, dec_tokens):
+    """Segments: a padded row equals transformers with attention masks (at the real positions); a row
+    packing two examples equals each example run alone."""
+    seg = (np.arange(40) < np.array([[40], [29]])).astype(np.int32)  # row 1: 11 padding positions
+    dec_seg = (np.arange(37) < np.array([[37], [21]])).astype(np.int32)
+    ours = np.asarray(model.forward(cfg, params, tokens, dec_tokens, seg, dec_seg))
+    ref = _hf_logits(hf, tokens, dec_tokens, seg, dec_seg)
+    real = dec_seg.astype(bool)
+    assert np.abs(ours[real] - ref[real]).max() < 1e-4
+    # one row: example a (22 + 18 tokens), then example b (18 + 19)
+    seg = np.repeat([[1, 2]], [22, 18], axis=1)
+    dec_seg = np.repeat([[1, 2]], [18, 19], axis=1)
+    packed = np.asarray(model.forward(cfg, params, tokens[:1], dec_tokens[:1], seg, dec_seg))[0]
+    for n, (enc, dec) in enumerate(((slice(0, 22), slice(0, 18)), (slice(22, 40), slice(18, 37)))):
+        alone = _hf_logits(hf, tokens[:1, enc], dec_tokens[:1, dec])[0]
+        assert np.abs(packed[dec] - alone).max() < 1e-4, f"packed example {n}"
 
 
 def test_a_v1_0_config_is_refused_before_any_tensor_is_read(tmp_path, capsys):

@@ -64,7 +64,7 @@ CONFIGS = {
 
 
 # ----------------------------------------------------------------------------- layers
-# Einsum letters, one per dim in every layer function (helpers below use their own): s=S a=S' h=heads b=B d=dim e=head_dim m=M
+# Einsum letters, one per dim in every layer function (helpers below use their own): s=S a=S' h=heads b=B d=dim e=head_dim m=M c=1 t=T
 
 
 def embedding(cfg: Config, params: dict, ids: jax.Array) -> jax.Array:
@@ -109,9 +109,9 @@ def rms_norm(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
 
 
 def t5_attention(
-    cfg: Config, params: dict, x: jax.Array, mem: jax.Array, bias: jax.Array
+    cfg: Config, params: dict, x: jax.Array, bias: jax.Array, segments: jax.Array
 ) -> jax.Array:
-    """T5Attention (std/t5.axl:40): x: [B, S, dim], mem: [B, M, dim], bias: [1, heads, S, M] -> [B, S, dim].
+    """T5Attention (std/t5.axl:39): x: [B, S, dim], bias: [1, heads, S, S], segments: [B, S] -> [B, S, dim].
 
     Used at /encoder/attn.
     """
@@ -119,15 +119,16 @@ def t5_attention(
         jnp.einsum("bsd,dhe->bshe", x, params["wq"]), "query_proj"
     )  # [B, S, heads, head_dim]
     k = checkpoint_name(
-        jnp.einsum("bmd,dhe->bmhe", mem, params["wk"]), "key_proj"
-    )  # [B, M, heads, head_dim]
+        jnp.einsum("bsd,dhe->bshe", x, params["wk"]), "key_proj"
+    )  # [B, S, heads, head_dim]
     v = checkpoint_name(
-        jnp.einsum("bmd,dhe->bmhe", mem, params["wv"]), "value_proj"
-    )  # [B, M, heads, head_dim]
+        jnp.einsum("bsd,dhe->bshe", x, params["wv"]), "value_proj"
+    )  # [B, S, heads, head_dim]
+    same_segment = segments[:, None, :, None] == segments[:, None, None, :]  # [B, 1, S, S]
     # select_kernels: xla, the first of cpu's attention kernels that fits
     o = checkpoint_name(
         jax.nn.dot_product_attention(
-            q, k, v, is_causal=False, bias=bias, scale=1.0, implementation="xla"
+            q, k, v, is_causal=False, bias=bias, mask=same_segment, scale=1.0, implementation="xla"
         ),
         "context",
     )  # [B, S, heads, head_dim]
@@ -146,15 +147,17 @@ def gated_mlp(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
     return h @ params["w_down"]  # [B, S, dim]
 
 
-def t5_encoder_block(cfg: Config, params: dict, x: jax.Array, bias: jax.Array) -> jax.Array:
-    """T5EncoderBlock (std/t5.axl:76): x: [B, S, dim], bias: [1, heads, S, S] -> [B, S, dim].
+def t5_encoder_block(
+    cfg: Config, params: dict, x: jax.Array, bias: jax.Array, segments: jax.Array
+) -> jax.Array:
+    """T5EncoderBlock (std/t5.axl:76): x: [B, S, dim], bias: [1, heads, S, S], segments: [B, S] -> [B, S, dim].
 
     Used at /encoder.
     """
     with jax.named_scope("attn_norm"):
-        h = rms_norm(cfg, params["attn_norm"], x)  # [B, S, dim]
+        attn_norm_out = rms_norm(cfg, params["attn_norm"], x)  # [B, S, dim]
     with jax.named_scope("attn"):
-        attn_out = t5_attention(cfg, params["attn"], h, h, bias)  # [B, S, dim]
+        attn_out = t5_attention(cfg, params["attn"], attn_norm_out, bias, segments)  # [B, S, dim]
     x = x + attn_out  # [B, S, dim]
     with jax.named_scope("mlp_norm"):
         mlp_norm_out = rms_norm(cfg, params["mlp_norm"], x)  # [B, S, dim]
@@ -187,9 +190,9 @@ def relative_bias_2(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
 
 
 def t5_attention_2(
-    cfg: Config, params: dict, x: jax.Array, mem: jax.Array, bias: jax.Array
+    cfg: Config, params: dict, x: jax.Array, bias: jax.Array, segments: jax.Array
 ) -> jax.Array:
-    """T5Attention (std/t5.axl:40): x: [B, S, dim], mem: [B, M, dim], bias: [1, heads, S, M] -> [B, S, dim].
+    """T5Attention (std/t5.axl:39): x: [B, S, dim], bias: [1, heads, S, S], segments: [B, S] -> [B, S, dim].
 
     Used at /decoder/attn.
     """
@@ -197,15 +200,16 @@ def t5_attention_2(
         jnp.einsum("bsd,dhe->bshe", x, params["wq"]), "query_proj"
     )  # [B, S, heads, head_dim]
     k = checkpoint_name(
-        jnp.einsum("bmd,dhe->bmhe", mem, params["wk"]), "key_proj"
-    )  # [B, M, heads, head_dim]
+        jnp.einsum("bsd,dhe->bshe", x, params["wk"]), "key_proj"
+    )  # [B, S, heads, head_dim]
     v = checkpoint_name(
-        jnp.einsum("bmd,dhe->bmhe", mem, params["wv"]), "value_proj"
-    )  # [B, M, heads, head_dim]
+        jnp.einsum("bsd,dhe->bshe", x, params["wv"]), "value_proj"
+    )  # [B, S, heads, head_dim]
+    same_segment = segments[:, None, :, None] == segments[:, None, None, :]  # [B, 1, S, S]
     # select_kernels: xla, the first of cpu's attention kernels that fits
     o = checkpoint_name(
         jax.nn.dot_product_attention(
-            q, k, v, is_causal=True, bias=bias, scale=1.0, implementation="xla"
+            q, k, v, is_causal=True, bias=bias, mask=same_segment, scale=1.0, implementation="xla"
         ),
         "context",
     )  # [B, S, heads, head_dim]
@@ -213,8 +217,10 @@ def t5_attention_2(
     return y  # [B, S, dim]
 
 
-def t5_cross_attention(cfg: Config, params: dict, x: jax.Array, mem: jax.Array) -> jax.Array:
-    """T5CrossAttention (std/t5.axl:58): x: [B, S, dim], mem: [B, M, dim] -> [B, S, dim].
+def t5_cross_attention(
+    cfg: Config, params: dict, x: jax.Array, mem: jax.Array, keep: jax.Array
+) -> jax.Array:
+    """T5CrossAttention (std/t5.axl:58): x: [B, S, dim], mem: [B, M, dim], keep: [B, heads, S, M] -> [B, S, dim].
 
     Used at /decoder/cross.
     """
@@ -229,7 +235,9 @@ def t5_cross_attention(cfg: Config, params: dict, x: jax.Array, mem: jax.Array) 
     )  # [B, M, heads, head_dim]
     # select_kernels: xla, the first of cpu's attention kernels that fits
     o = checkpoint_name(
-        jax.nn.dot_product_attention(q, k, v, is_causal=False, scale=1.0, implementation="xla"),
+        jax.nn.dot_product_attention(
+            q, k, v, is_causal=False, mask=keep, scale=1.0, implementation="xla"
+        ),
         "context",
     )  # [B, S, heads, head_dim]
     y = checkpoint_name(jnp.einsum("bshe,hed->bsd", o, params["wo"]), "out_proj")  # [B, S, dim]
@@ -237,21 +245,29 @@ def t5_cross_attention(cfg: Config, params: dict, x: jax.Array, mem: jax.Array) 
 
 
 def t5_decoder_block(
-    cfg: Config, params: dict, x: jax.Array, mem: jax.Array, bias: jax.Array
+    cfg: Config,
+    params: dict,
+    x: jax.Array,
+    mem: jax.Array,
+    bias: jax.Array,
+    segments: jax.Array,
+    keep: jax.Array,
 ) -> jax.Array:
-    """T5DecoderBlock (std/t5.axl:92): x: [B, S, dim], mem: [B, M, dim], bias: [1, heads, S, S] -> [B, S, dim].
+    """T5DecoderBlock (std/t5.axl:91): x: [B, S, dim], mem: [B, M, dim], bias: [1, heads, S, S], segments: [B, S], keep: [B, heads, S, M] -> [B, S, dim].
 
     Used at /decoder.
     """
     with jax.named_scope("attn_norm"):
-        h = rms_norm(cfg, params["attn_norm"], x)  # [B, S, dim]
+        attn_norm_out = rms_norm(cfg, params["attn_norm"], x)  # [B, S, dim]
     with jax.named_scope("attn"):
-        attn_out = t5_attention_2(cfg, params["attn"], h, h, bias)  # [B, S, dim]
+        attn_out = t5_attention_2(cfg, params["attn"], attn_norm_out, bias, segments)  # [B, S, dim]
     x = x + attn_out  # [B, S, dim]
     with jax.named_scope("cross_norm"):
         cross_norm_out = rms_norm(cfg, params["cross_norm"], x)  # [B, S, dim]
     with jax.named_scope("cross"):
-        cross_out = t5_cross_attention(cfg, params["cross"], cross_norm_out, mem)  # [B, S, dim]
+        cross_out = t5_cross_attention(
+            cfg, params["cross"], cross_norm_out, mem, keep
+        )  # [B, S, dim]
     x = x + cross_out  # [B, S, dim]
     with jax.named_scope("mlp_norm"):
         mlp_norm_out = rms_norm(cfg, params["mlp_norm"], x)  # [B, S, dim]
@@ -260,8 +276,15 @@ def t5_decoder_block(
     return x + mlp_out  # [B, S, dim]
 
 
-def t5(cfg: Config, params: dict, tokens: jax.Array, dec_tokens: jax.Array) -> jax.Array:
-    """T5 (std/t5.axl:112): tokens: [B, S], dec_tokens: [B, T] -> [B, T, vocab].
+def t5(
+    cfg: Config,
+    params: dict,
+    tokens: jax.Array,
+    dec_tokens: jax.Array,
+    segments: jax.Array,
+    dec_segments: jax.Array,
+) -> jax.Array:
+    """T5 (std/t5.axl:114): tokens: [B, S], dec_tokens: [B, T], segments: [B, S], dec_segments: [B, T] -> [B, T, vocab].
 
     Used at /.
     """
@@ -275,12 +298,26 @@ def t5(cfg: Config, params: dict, tokens: jax.Array, dec_tokens: jax.Array) -> j
     def encoder_step(h, layer_params):  # one of cfg.layers stacked layers
         # annotate_sharding: batch -> data (rule batch -> data, fsdp from profile cpu)
         h = shard(h, P("data"))
-        return t5_encoder_block(cfg, layer_params, h, enc_bias_out), None
+        return t5_encoder_block(cfg, layer_params, h, enc_bias_out, segments), None
 
     with jax.named_scope("encoder"):
         x, _ = jax.lax.scan(encoder_step, x, params["encoder"])  # [B, S, dim]
     with jax.named_scope("enc_norm"):
         mem = rms_norm(cfg, params["enc_norm"], x)  # [B, S, dim]
+    split_in = jnp.broadcast_to(
+        dec_segments[..., None, :], (*dec_segments.shape[:-1], cfg.heads, *dec_segments.shape[-1:])
+    )  # [B, heads, T]
+    query_seg = split_in.reshape(
+        *split_in.shape[:-2], cfg.heads, 1, *split_in.shape[-1:]
+    )  # [B, heads, 1, T]
+    query_seg = jnp.einsum("bhct->bhtc", query_seg)  # [B, heads, T, 1]
+    split_in2 = jnp.broadcast_to(
+        segments[..., None, :], (*segments.shape[:-1], cfg.heads, *segments.shape[-1:])
+    )  # [B, heads, S]
+    key_seg = split_in2.reshape(
+        *split_in2.shape[:-2], cfg.heads, 1, *split_in2.shape[-1:]
+    )  # [B, heads, 1, S]
+    same_example = query_seg == key_seg  # [B, heads, T, S]
     with jax.named_scope("embed"):
         y = embedding(cfg, params["embed"], dec_tokens)  # [B, T, dim]
     with jax.named_scope("dec_bias"):
@@ -289,7 +326,10 @@ def t5(cfg: Config, params: dict, tokens: jax.Array, dec_tokens: jax.Array) -> j
     def decoder_step(h, layer_params):  # one of cfg.dec_layers stacked layers
         # annotate_sharding: batch -> data (rule batch -> data, fsdp from profile cpu)
         h = shard(h, P("data"))
-        return t5_decoder_block(cfg, layer_params, h, mem, dec_bias_out), None
+        return (
+            t5_decoder_block(cfg, layer_params, h, mem, dec_bias_out, dec_segments, same_example),
+            None,
+        )
 
     with jax.named_scope("decoder"):
         y, _ = jax.lax.scan(decoder_step, y, params["decoder"])  # [B, T, dim]
