@@ -179,6 +179,42 @@ def _check_padding_and_packing(model, cfg, params, hf, tokens, dec_tokens):
         assert np.abs(packed[dec] - alone).max() < 1e-4, f"packed example {n}"
 
 
+@pytest.mark.slow
+def test_odd_buckets_fewer_decoder_layers_and_a_head_saved_tied(tmp_path, capsys):
+    """10 buckets (transformers floors 10 // 2 // 2 = 2 exact buckets), max distance 20, one decoder
+    layer for two encoder layers; the model transformers 5 builds ties lm_head to `shared`, so its
+    save_pretrained writes no lm_head: the import takes the head from the embedding."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from tests.targets_util import import_generated
+
+    spec = tmp_path / "odd.axl"
+    spec.write_text('import "std/t5.axl"\nmodel odd = T5 { vocab = 64  dim = 32  layers = 2  dec_layers = 1  '
+                    'heads = 4  head_dim = 8  ffn = 48  buckets = 10  max_distance = 20  dtype = f32 }\n')
+    model, _ = import_generated(spec, "cpu", tmp_path / "gen")
+    cfg = model.CONFIGS["odd"]
+    conf = transformers.T5Config(vocab_size=64, d_model=32, d_kv=8, d_ff=48, num_layers=2, num_decoder_layers=1,
+                                 num_heads=4, relative_attention_num_buckets=10, relative_attention_max_distance=20,
+                                 feed_forward_proj="gated-gelu", tie_word_embeddings=False, dropout_rate=0.0)
+    torch.manual_seed(0)
+    hf = transformers.T5ForConditionalGeneration(conf).eval()
+    with torch.no_grad():
+        for name, p in hf.named_parameters():
+            if "relative_attention_bias" in name:
+                p.copy_(torch.randn(p.shape))
+    hf.save_pretrained(tmp_path / "hf")
+    from safetensors import safe_open
+
+    with safe_open(str(tmp_path / "hf" / "model.safetensors"), "np") as f:
+        assert "lm_head.weight" not in f.keys()
+    assert axhf.import_hf(spec, tmp_path / "hf", None, tmp_path / "ckpt") == 0, capsys.readouterr().err
+    params = _restore(model, cfg, tmp_path / "ckpt")
+    rng = np.random.default_rng(0)
+    tokens, dec_tokens = rng.integers(0, 64, (2, 50)), rng.integers(0, 64, (2, 45))
+    ours = np.asarray(model.forward(cfg, params, tokens, dec_tokens, np.ones_like(tokens), np.ones_like(dec_tokens)))
+    assert np.abs(ours - _hf_logits(hf, tokens, dec_tokens)).max() < 1e-4
+
+
 def test_a_v1_0_config_is_refused_before_any_tensor_is_read(tmp_path, capsys):
     transformers = pytest.importorskip("transformers")
     conf = transformers.T5Config(vocab_size=256, d_model=64, d_kv=16, d_ff=128, num_layers=2, num_heads=4,

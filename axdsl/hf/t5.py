@@ -22,7 +22,8 @@ The layout (HF nn.Linear weights are [out, in]; inner = heads * d_kv):
 HF's layer 0 holds each stack's bias table, which every layer of the stack reads; here the table
 sits beside the stack (`enc_bias`, `dec_bias`) and its bias is a side input of the scan.
 `encoder.embed_tokens` and `decoder.embed_tokens` are `shared` (tied); a checkpoint that stores
-them must store the same values.
+them must store the same values. A checkpoint without `lm_head` (transformers 5 leaves it out while
+it is tied to `shared`) gives `head` the embedding's values; export always writes lm_head.
 
 transformers 5's T5Config always ties `lm_head` to `shared` when it builds a model, and keeps T5
 v1.0's output scaling (`scale_decoder_outputs`) apart; from_pretrained unties them when the
@@ -183,7 +184,9 @@ def mappings(arch: "Arch", keys: set[str] | None) -> list[Mapping]:
             linear(f"{path}/{name}", f"{key}.DenseReluDense.{w}.weight", layers)
 
     add("embed/table", lambda g, i: _shared(g, keys), lambda a, i: {"shared.weight": a})
-    add("head", lambda g, i: _T(g("lm_head.weight")), lambda a, i: {"lm_head.weight": _T(a)})
+    # transformers 5 saves no lm_head while it is tied to `shared` (a model it built, not loaded)
+    head = "lm_head.weight" if keys is None or "lm_head.weight" in keys else "shared.weight"
+    add("head", lambda g, i: _T(g(head)), lambda a, i: {"lm_head.weight": _T(a)})
     for stack, n in (("encoder", arch["layers"]), ("decoder", arch["dec_layers"])):
         block = f"{stack}.block.{{i}}.layer"
         short = "enc" if stack == "encoder" else "dec"

@@ -87,8 +87,8 @@ def relative_bias(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
     base = jnp.where(rel > 0, cfg.buckets // 2, 0)  # [S, S]
     dist = jnp.abs(rel)  # [S, S]
     n = cfg.buckets // 2  #
-    exact = cfg.buckets // 4  #
-    span = math.log(cfg.max_distance // (cfg.buckets // 4))  #
+    exact = (cfg.buckets // 2) // 2  #
+    span = math.log((1.0 * cfg.max_distance) / ((cfg.buckets // 2) // 2))  #
     far = exact + (
         jnp.log(jnp.maximum(dist, 1).astype(jnp.float32) / exact) / span * (n - exact)
     ).astype(
@@ -180,7 +180,7 @@ def relative_bias_2(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
     dist = -jnp.minimum(rel, 0)  # [S, S]
     n = cfg.buckets  #
     exact = cfg.buckets // 2  #
-    span = math.log(cfg.max_distance // (cfg.buckets // 2))  #
+    span = math.log((1.0 * cfg.max_distance) / (cfg.buckets // 2))  #
     far = exact + (
         jnp.log(jnp.maximum(dist, 1).astype(jnp.float32) / exact) / span * (n - exact)
     ).astype(
