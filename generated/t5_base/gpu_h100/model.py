@@ -370,7 +370,7 @@ def param_table(cfg: Config) -> dict[str, Param]:
     dim, vocab, buckets, heads, layers, head_dim, ffn, dec_layers = cfg.dim, cfg.vocab, cfg.buckets, cfg.heads, cfg.layers, cfg.head_dim, cfg.ffn, cfg.dec_layers
     return {
         # path                            shape                               logical axes                              init      scale                                      mesh
-        "head":                     Param((dim, vocab),                       ("embed", "vocab"),                       "normal", 1.0,                                       P("fsdp")),
+        "head":                     Param((dim, vocab),                       ("embed", "vocab"),                       "normal", 1 / (math.sqrt(cfg.dim)),                  P("fsdp")),
         "embed/table":              Param((vocab, dim),                       ("vocab", "embed"),                       "normal", 1.0,                                       P(None, "fsdp")),
         "enc_bias/table":           Param((buckets, heads),                   ("norm", "heads"),                        "normal", 1 / (math.sqrt(cfg.dim)),                  P()),
         "encoder/attn_norm/scale":  Param((layers, dim),                      ("layers", "norm"),                       "ones",   1.0,                                       P()),
