@@ -89,11 +89,10 @@ def relative_bias(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
     n = cfg.buckets // 2  #
     exact = (cfg.buckets // 2) // 2  #
     span = math.log((1.0 * cfg.max_distance) / ((cfg.buckets // 2) // 2))  #
-    far = exact + (
+    log_steps = (
         jnp.log(jnp.maximum(dist, 1).astype(jnp.float32) / exact) / span * (n - exact)
-    ).astype(
-        jnp.int32
     )  # [S, S]
+    far = exact + log_steps.astype(jnp.int32)  # [S, S]
     bucket = base + jnp.where(dist < exact, dist, jnp.minimum(far, n - 1))  # [S, S]
     values = jnp.einsum("sah->hsa", jnp.take(params["table"], bucket, axis=0))  # [heads, S, S]
     return values.reshape(*values.shape[:-3], 1, cfg.heads, *values.shape[-2:])  # [1, heads, S, S]
@@ -112,7 +111,7 @@ def rms_norm(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
 def t5_attention(
     cfg: Config, params: dict, x: jax.Array, bias: jax.Array, segments: jax.Array
 ) -> jax.Array:
-    """T5Attention (std/t5.axl:39): x: [B, S, dim], bias: [1, heads, S, S], segments: [B, S] -> [B, S, dim].
+    """T5Attention (std/t5.axl:40): x: [B, S, dim], bias: [1, heads, S, S], segments: [B, S] -> [B, S, dim].
 
     Used at /encoder/attn.
     """
@@ -152,7 +151,7 @@ def gated_mlp(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
 def t5_encoder_block(
     cfg: Config, params: dict, x: jax.Array, bias: jax.Array, segments: jax.Array
 ) -> jax.Array:
-    """T5EncoderBlock (std/t5.axl:76): x: [B, S, dim], bias: [1, heads, S, S], segments: [B, S] -> [B, S, dim].
+    """T5EncoderBlock (std/t5.axl:77): x: [B, S, dim], bias: [1, heads, S, S], segments: [B, S] -> [B, S, dim].
 
     Used at /encoder.
     """
@@ -181,11 +180,10 @@ def relative_bias_2(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
     n = cfg.buckets  #
     exact = cfg.buckets // 2  #
     span = math.log((1.0 * cfg.max_distance) / (cfg.buckets // 2))  #
-    far = exact + (
+    log_steps = (
         jnp.log(jnp.maximum(dist, 1).astype(jnp.float32) / exact) / span * (n - exact)
-    ).astype(
-        jnp.int32
     )  # [S, S]
+    far = exact + log_steps.astype(jnp.int32)  # [S, S]
     bucket = base + jnp.where(dist < exact, dist, jnp.minimum(far, n - 1))  # [S, S]
     values = jnp.einsum("sah->hsa", jnp.take(params["table"], bucket, axis=0))  # [heads, S, S]
     return values.reshape(*values.shape[:-3], 1, cfg.heads, *values.shape[-2:])  # [1, heads, S, S]
@@ -194,7 +192,7 @@ def relative_bias_2(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
 def t5_attention_2(
     cfg: Config, params: dict, x: jax.Array, bias: jax.Array, segments: jax.Array
 ) -> jax.Array:
-    """T5Attention (std/t5.axl:39): x: [B, S, dim], bias: [1, heads, S, S], segments: [B, S] -> [B, S, dim].
+    """T5Attention (std/t5.axl:40): x: [B, S, dim], bias: [1, heads, S, S], segments: [B, S] -> [B, S, dim].
 
     Used at /decoder/attn.
     """
@@ -223,7 +221,7 @@ def t5_attention_2(
 def t5_cross_attention(
     cfg: Config, params: dict, x: jax.Array, mem: jax.Array, keep: jax.Array
 ) -> jax.Array:
-    """T5CrossAttention (std/t5.axl:58): x: [B, S, dim], mem: [B, M, dim], keep: [B, heads, S, M] -> [B, S, dim].
+    """T5CrossAttention (std/t5.axl:59): x: [B, S, dim], mem: [B, M, dim], keep: [B, heads, S, M] -> [B, S, dim].
 
     Used at /decoder/cross.
     """
@@ -257,7 +255,7 @@ def t5_decoder_block(
     segments: jax.Array,
     keep: jax.Array,
 ) -> jax.Array:
-    """T5DecoderBlock (std/t5.axl:91): x: [B, S, dim], mem: [B, M, dim], bias: [1, heads, S, S], segments: [B, S], keep: [B, heads, S, M] -> [B, S, dim].
+    """T5DecoderBlock (std/t5.axl:92): x: [B, S, dim], mem: [B, M, dim], bias: [1, heads, S, S], segments: [B, S], keep: [B, heads, S, M] -> [B, S, dim].
 
     Used at /decoder.
     """
@@ -288,7 +286,7 @@ def t5(
     segments: jax.Array,
     dec_segments: jax.Array,
 ) -> jax.Array:
-    """T5 (std/t5.axl:114): tokens: [B, S], dec_tokens: [B, T], segments: [B, S], dec_segments: [B, T] -> [B, T, vocab].
+    """T5 (std/t5.axl:115): tokens: [B, S], dec_tokens: [B, T], segments: [B, S], dec_segments: [B, T] -> [B, T, vocab].
 
     Used at /.
     """
@@ -310,18 +308,17 @@ def t5(
         x, _ = jax.lax.scan(encoder_step, x, params["encoder"])  # [B, S, dim]
     with jax.named_scope("enc_norm"):
         mem = rms_norm(cfg, params["enc_norm"], x)  # [B, S, dim]
-    split_in = jnp.broadcast_to(
+    query_seg = jnp.broadcast_to(
         dec_segments[..., None, :], (*dec_segments.shape[:-1], cfg.heads, *dec_segments.shape[-1:])
     )  # [B, heads, T]
-    query_seg = split_in.reshape(
-        *split_in.shape[:-2], cfg.heads, 1, *split_in.shape[-1:]
-    )  # [B, heads, 1, T]
-    query_seg = jnp.einsum("bhct->bhtc", query_seg)  # [B, heads, T, 1]
-    split_in2 = jnp.broadcast_to(
+    query_seg = jnp.einsum(
+        "bhct->bhtc", query_seg.reshape(*query_seg.shape[:-2], cfg.heads, 1, *query_seg.shape[-1:])
+    )  # [B, heads, T, 1]
+    key_seg = jnp.broadcast_to(
         segments[..., None, :], (*segments.shape[:-1], cfg.heads, *segments.shape[-1:])
     )  # [B, heads, S]
-    key_seg = split_in2.reshape(
-        *split_in2.shape[:-2], cfg.heads, 1, *split_in2.shape[-1:]
+    key_seg = key_seg.reshape(
+        *key_seg.shape[:-2], cfg.heads, 1, *key_seg.shape[-1:]
     )  # [B, heads, 1, S]
     same_example = query_seg == key_seg  # [B, heads, T, S]
     with jax.named_scope("embed"):
