@@ -43,6 +43,12 @@ PUBLISHED = {
     # transformers' ViTForImageClassification(ViTConfig(num_labels=1000)) (google/vit-base-patch16-224):
     # no pooler; the patch conv, class token and position embeddings are parameters, no buffers.
     "vit_base": 86_567_656,
+
+    # google/flan-t5-base: 247,577,856 with its own lm_head (the checkpoint stores it apart from
+    # `shared`). transformers 5's T5Config forces tie_word_embeddings = True, so a freshly built
+    # T5ForConditionalGeneration counts 222,903,552 (32,128 x 768 fewer) until from_pretrained
+    # loads a distinct lm_head and unties it (tests/test_t5.py checks both).
+    "t5_base": 247_577_856,
 }
 
 
@@ -140,10 +146,10 @@ def test_each_family_builds_for_every_target_and_its_tiny_model_trains(name, tmp
     assert all(bool(jnp.isfinite(g).all()) for g in jax.tree.leaves(grads))
 
 
-@pytest.mark.parametrize("name", ["deepseek_v3", "mamba2_2_7b"])
-def test_deepseek_and_mamba_build_for_tpu_v5e(name, in_root):
+@pytest.mark.parametrize("name", ["deepseek_v3", "mamba2_2_7b", "t5_base"])
+def test_deepseek_mamba_and_t5_build_for_tpu_v5e(name, in_root):
     """Their cpu and gpu-h100 outputs are committed; their training is tested in test_deepseek.py
-    and test_mamba.py."""
+    and test_mamba.py (T5's numerics against transformers in test_t5.py)."""
     from axdsl.build import build_files
 
     assert "model.py" in build_files(Path(f"specs/{name}.axl"), "tpu-v5e")

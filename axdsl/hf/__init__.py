@@ -18,8 +18,8 @@ Families (detected from config.json's `model_type`, or chosen from the spec's st
 | gpt_neox  | GPTNeoXForCausalLM   | ParallelBlock(), LayerNorm, biases, MLP(act = "gelu_exact"), rope_dim |
 | deepseek_v3 | DeepseekV3ForCausalLM | std/deepseek.axl: MLAttention, dense_layers of SwiGLU, then DeepSeekMoE |
 | bert      | BertForMaskedLM      | std/bert.axl's BertMLM: post-norm BertBlocks, token types, tied MLM head (bert.py) |
-
 | vit       | ViTForImageClassification | std/vit.axl: VisionTransformer (patches, class token; axdsl/hf/vit.py) |
+| t5        | T5ForConditionalGeneration | std/t5.axl's T5 (v1.1, Flan-T5): relative buckets, gated GELU, cross-attention; layout in t5.py |
 
 Llama-family rope scalings map to Attention's rope_* settings: rope_parameters' rope_type
 "llama3" (factor, low/high_freq_factor, original_max_position_embeddings), "linear" and "yarn"
@@ -89,6 +89,7 @@ used (a tied `lm_head` equal to the embedding and HF's non-parameter buffers exc
     importer.py        `import_hf`
     exporter.py        `export_hf`
     bert.py            the bert family (an encoder): its Arch facts, config rows and config.json
+    t5.py              T5ForConditionalGeneration: facts, config.json rows, export config, layout
 
 """
 

@@ -31,6 +31,8 @@ FAMILIES = {
     "bert": "BertForMaskedLM",
 
     "vit": "ViTForImageClassification",
+
+    "t5": "T5ForConditionalGeneration",
 }
 _ARCH_TO_FAMILY = {v: k for k, v in FAMILIES.items()}
 
@@ -54,6 +56,9 @@ def family_of_arch(arch: Arch) -> str:
 
     if arch["root"] == VIT_ROOT:
         return "vit"
+
+    if arch["block"] == "T5":
+        return "t5"
     if arch["block"] == "MambaBlock":
         return "mamba2"
     if arch["attn"] == "MLAttention" or arch["mlp"] == "DeepSeekMoE":
@@ -290,4 +295,9 @@ def hf_config(arch: Arch, family: str) -> dict:
 
     if family == "vit":
         return vit_config(arch.values, dtype)
+
+    if family == "t5":
+        from axdsl.hf.t5 import hf_config as t5_config
+
+        return t5_config(arch, dtype)
     return _decoder_config(arch.values, family, dtype)

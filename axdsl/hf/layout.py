@@ -91,6 +91,12 @@ def rules(family: str, arch: Arch, keys: set[str] | None) -> list[Rule]:
 
     if family == "vit":
         return _vit_rules(_Rules(arch, keys))
+
+    if family == "t5":  # an encoder-decoder: axdsl/hf/t5.py
+        from axdsl.hf.t5 import mappings
+
+        return [Rule((m.path,), m.layers is not None, lambda g, i, m=m: (m.load(g, i),),
+                     lambda a, i, m=m: m.save(a[0], i), m.layers) for m in mappings(arch, keys)]
     if arch.pattern:  # layer i is pattern element i % k, at index i // k of blocks/<e>
         out: list[Rule] = []
         for e in range(arch.pattern):

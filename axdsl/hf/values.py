@@ -14,6 +14,10 @@ from axdsl.hf.vit import VIT_FIELDS, VIT_UNSUPPORTED
 
 def hf_values(family: str, cfg: dict) -> tuple[dict, dict, list[str]]:
     """config.json -> (field values as an Arch states them, field -> "key=value", unsupported)."""
+    if family == "t5":  # an encoder-decoder: its rows live in axdsl/hf/t5.py
+        from axdsl.hf.t5 import hf_values as t5_values
+
+        return t5_values(cfg)
     c = Config(family, cfg)
     fields, checks = {"gpt2": (GPT2_FIELDS, GPT2_UNSUPPORTED), "phi": (PARALLEL_FIELDS, PARALLEL_UNSUPPORTED),
                       "gpt_neox": (PARALLEL_FIELDS, PARALLEL_UNSUPPORTED),

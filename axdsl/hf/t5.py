@@ -1,0 +1,212 @@
+"""T5 interop: std/t5.axl's `T5` <-> transformers' T5ForConditionalGeneration (T5 v1.1, Flan-T5).
+
+The decoder-only families share one shape (embed, `blocks`, final norm, head); T5 has two stacks,
+a relative position bias per stack and cross-attention, so its facts, config.json rows, export
+config and tensor layout live here, and the family-neutral code (arch_of, hf_values, hf_config,
+rules) hands `model_type` "t5" to these functions.
+
+The layout (HF nn.Linear weights are [out, in]; inner = heads * d_kv):
+
+    shared                                                    [vocab, dim]   embed/table
+    lm_head                                                   [vocab, dim]   head [dim, vocab]
+    encoder.block.0.layer.0.SelfAttention.relative_attention_bias  [buckets, heads]  enc_bias/table
+    decoder.block.0.layer.0.SelfAttention.relative_attention_bias  [buckets, heads]  dec_bias/table
+    {encoder,decoder}.block.i.layer.0.SelfAttention.q, k, v   [inner, dim]   encoder|decoder/attn/wq, wk, wv [dim, heads, d_kv]
+    {encoder,decoder}.block.i.layer.0.SelfAttention.o         [dim, inner]   .../attn/wo [heads, d_kv, dim]
+    decoder.block.i.layer.1.EncDecAttention.q, k, v, o        as above       decoder/cross/wq, wk, wv, wo
+    encoder.block.i.layer.1 / decoder.block.i.layer.2 .DenseReluDense.wi_0, wi_1 / wo
+                                                              [ffn, dim] / [dim, ffn]  .../mlp/w_gate, w_up / w_down
+    layer.0 / layer.1 (decoder: layer.2) .layer_norm          [dim]          .../attn_norm, (cross_norm,) mlp_norm scale
+    encoder.final_layer_norm, decoder.final_layer_norm        [dim]          enc_norm/scale, dec_norm/scale
+
+HF's layer 0 holds each stack's bias table, which every layer of the stack reads; here the table
+sits beside the stack (`enc_bias`, `dec_bias`) and its bias is a side input of the scan.
+`encoder.embed_tokens` and `decoder.embed_tokens` are `shared` (tied); a checkpoint that stores
+them must store the same values. A checkpoint without `lm_head` (transformers 5 leaves it out while
+it is tied to `shared`) gives `head` the embedding's values; export always writes lm_head.
+
+transformers 5's T5Config always ties `lm_head` to `shared` when it builds a model, and keeps T5
+v1.0's output scaling (`scale_decoder_outputs`) apart; from_pretrained unties them when the
+checkpoint's lm_head differs. T5 v1.0 (a tied head and decoder outputs scaled by d_model ** -0.5)
+and the ungated feed-forward (`feed_forward_proj = "relu"`) are reported unsupported.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable
+
+import numpy as np
+
+if TYPE_CHECKING:  # arch.py, config.py, values.py and layout.py call into this module
+    from axdsl.hf.arch import Arch
+
+FAMILY = "t5"
+CLASS = "T5ForConditionalGeneration"
+ROOT = "T5"  # std/t5.axl's root layer
+# the gated feed-forward's activation: GatedMLP act -> feed_forward_proj (transformers maps
+# "gated-gelu" to gelu_new, the tanh approximation)
+_ACTS = {"gelu_tanh": "gated-gelu", "silu": "gated-silu", "relu": "gated-relu"}
+_HF_ACTS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu_fast": "gelu_tanh",
+            "silu": "silu", "swish": "silu", "relu": "relu", "gelu": "gelu_exact"}
+
+
+def _hv(inst, name: str, default: Any = None) -> Any:
+    h = inst.hparam(name) if inst is not None else None
+    return default if h is None else h.value.value
+
+
+def read_arch(arch: "Arch", root) -> "Arch":
+    """The facts of a std T5 model (root layer `T5`): sizes, buckets, norm eps, activation."""
+    v, problems = arch.values, arch.problems
+    for k in ("vocab", "dim", "layers", "dec_layers", "heads", "head_dim", "buckets", "max_distance"):
+        v[k] = _hv(root, k)
+    v.update(block=ROOT, tied=False, kv_heads=v["heads"])
+    stacks = {"encoder": "T5EncoderBlock", "decoder": "T5DecoderBlock"}
+    for name, layer in stacks.items():
+        block = root.child(name)
+        if block is None or block.layer != layer:
+            problems.append(f"`{name}` is not std's {layer}")
+            return arch
+    norms = [inst for inst in root.walk() if inst.path.rsplit("/", 1)[-1].endswith("norm")]
+    kinds = {(n.layer, _hv(n, "eps")) for n in norms}
+    if len(kinds) != 1 or next(iter(kinds))[0] != "RMSNorm":
+        problems.append("T5's norms must all be one RMSNorm (HF has one layer_norm_epsilon): "
+                        + ", ".join(f"{n.path} = {n.layer}(eps = {_hv(n, 'eps')})" for n in norms))
+    v["norm"], v["norm_eps"] = norms[0].layer, _hv(norms[0], "eps")
+    mlps = [root.child(name).child("mlp") for name in stacks]
+    facts = {(m.layer, _hv(m, "act"), _hv(m, "hidden")) if m is not None else None for m in mlps}
+    if len(facts) != 1 or mlps[0] is None or mlps[0].layer != "GatedMLP":
+        problems.append("T5's feed-forwards must be one GatedMLP in both stacks (HF's gated DenseReluDense)")
+    else:
+        v["act"], v["hidden"] = _hv(mlps[0], "act"), _hv(mlps[0], "hidden")
+    return arch
+
+
+def _scale_decoder_outputs(cfg: dict) -> bool:
+    """T5 v1.0's d_model ** -0.5 on the decoder's output: transformers 5 states it as
+    scale_decoder_outputs; older configs as tie_word_embeddings (missing: true)."""
+    if "scale_decoder_outputs" in cfg:
+        return bool(cfg["scale_decoder_outputs"])
+    return cfg.get("tie_word_embeddings", True) is not False
+
+
+def hf_values(cfg: dict) -> tuple[dict, dict, list[str]]:
+    """config.json -> (field values as an Arch states them, field -> "key=value", unsupported).
+    Missing keys take T5Config's defaults."""
+    layers = cfg.get("num_layers", 6)
+    proj = cfg.get("feed_forward_proj", "relu")
+    parts = proj.split("-")
+    act_name = "gelu_new" if proj == "gated-gelu" else parts[-1]
+    rows = [  # field, config key, value
+        ("vocab", "vocab_size", cfg.get("vocab_size", 32128)),
+        ("dim", "d_model", cfg.get("d_model", 512)),
+        ("head_dim", "d_kv", cfg.get("d_kv", 64)),
+        ("hidden", "d_ff", cfg.get("d_ff", 2048)),
+        ("layers", "num_layers", layers),
+        ("dec_layers", "num_decoder_layers", cfg.get("num_decoder_layers") or layers),
+        ("heads", "num_heads", cfg.get("num_heads", 8)),
+        ("buckets", "relative_attention_num_buckets", cfg.get("relative_attention_num_buckets", 32)),
+        ("max_distance", "relative_attention_max_distance", cfg.get("relative_attention_max_distance", 128)),
+        ("norm_eps", "layer_norm_epsilon", float(cfg.get("layer_norm_epsilon", 1e-6))),
+        ("act", "feed_forward_proj", _HF_ACTS.get(act_name, act_name)),
+    ]
+    vals = {f: v for f, _, v in rows}
+    src = {f: f"{k}={json.dumps(cfg.get(k, v) if k != 'feed_forward_proj' else proj)}" for f, k, v in rows}
+    unsupported = []
+    if parts[0] != "gated" or len(parts) != 2:
+        unsupported.append(f"feed_forward_proj = {json.dumps(proj)} (std/t5.axl has T5 v1.1's gated "
+                           "feed-forward: gated-gelu, gated-silu or gated-relu)")
+    if _scale_decoder_outputs(cfg):
+        unsupported.append("T5 v1.0's tied head with decoder outputs scaled by d_model ** -0.5 "
+                           "(tie_word_embeddings true, or scale_decoder_outputs true); std/t5.axl is T5 v1.1")
+    return vals, src, unsupported
+
+
+def hf_config(arch: "Arch", dtype: str) -> dict:
+    """The config.json of a std T5 model (export), as google/flan-t5-base's states it."""
+    v = arch.values
+    return {
+        "architectures": [CLASS], "model_type": FAMILY, "vocab_size": v["vocab"], "d_model": v["dim"],
+        "d_kv": v["head_dim"], "d_ff": v["hidden"], "num_layers": v["layers"],
+        "num_decoder_layers": v["dec_layers"], "num_heads": v["heads"],
+        "relative_attention_num_buckets": v["buckets"], "relative_attention_max_distance": v["max_distance"],
+        "layer_norm_epsilon": v["norm_eps"], "feed_forward_proj": _ACTS.get(v["act"], v["act"]),
+        "tie_word_embeddings": False, "is_encoder_decoder": True, "dropout_rate": 0.0,
+        "initializer_factor": 1.0, "decoder_start_token_id": 0, "pad_token_id": 0, "eos_token_id": 1,
+        "use_cache": True, "dtype": dtype,
+    }
+
+
+def _T(a: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(np.swapaxes(a, -1, -2))
+
+
+@dataclass(frozen=True)
+class Mapping:
+    """One parameter <-> HF tensors; layout.py makes it a Rule. `layers`: the HF layers of its
+    stacked slices (None: not stacked)."""
+
+    path: tuple[str, ...]
+    load: Callable[..., np.ndarray]  # (get, i) -> the parameter (layer i's slice)
+    save: Callable[..., dict[str, np.ndarray]]  # (array, i) -> HF tensors
+    layers: tuple[int, ...] | None = None
+
+
+def mappings(arch: "Arch", keys: set[str] | None) -> list[Mapping]:
+    """Every parameter's mapping; the encoder's cover its `layers`, the decoder's `dec_layers`."""
+    dim, heads, hd = arch["dim"], arch["heads"], arch["head_dim"]
+    out: list[Mapping] = []
+
+    def add(path: str, load, save, layers: int | None = None) -> None:
+        p = tuple(path.split("/"))
+        if p in arch.params:
+            out.append(Mapping(p, load, save, None if layers is None else tuple(range(layers))))
+
+    def same(path: str, key: str, layers: int | None = None) -> None:
+        add(path, lambda g, i: g(key.format(i=i)), lambda a, i: {key.format(i=i): a}, layers)
+
+    def linear(path: str, key: str, layers: int) -> None:  # [out, in] -> [in, out]
+        add(path, lambda g, i: _T(g(key.format(i=i))), lambda a, i: {key.format(i=i): _T(a)}, layers)
+
+    def attention(path: str, key: str, layers: int) -> None:
+        for w in ("q", "k", "v"):
+            k = f"{key}.{w}.weight"
+            add(f"{path}/w{w}", lambda g, i, k=k: _T(g(k.format(i=i))).reshape(dim, heads, hd),
+                lambda a, i, k=k: {k.format(i=i): _T(a.reshape(dim, heads * hd))}, layers)
+        k = f"{key}.o.weight"
+        add(f"{path}/wo", lambda g, i: _T(g(k.format(i=i))).reshape(heads, hd, dim),
+            lambda a, i: {k.format(i=i): _T(a.reshape(heads * hd, dim))}, layers)
+
+    def feed_forward(path: str, key: str, layers: int) -> None:
+        for name, w in (("w_gate", "wi_0"), ("w_up", "wi_1"), ("w_down", "wo")):
+            linear(f"{path}/{name}", f"{key}.DenseReluDense.{w}.weight", layers)
+
+    add("embed/table", lambda g, i: _shared(g, keys), lambda a, i: {"shared.weight": a})
+    # transformers 5 saves no lm_head while it is tied to `shared` (a model it built, not loaded)
+    head = "lm_head.weight" if keys is None or "lm_head.weight" in keys else "shared.weight"
+    add("head", lambda g, i: _T(g(head)), lambda a, i: {"lm_head.weight": _T(a)})
+    for stack, n in (("encoder", arch["layers"]), ("decoder", arch["dec_layers"])):
+        block = f"{stack}.block.{{i}}.layer"
+        short = "enc" if stack == "encoder" else "dec"
+        same(f"{short}_bias/table", f"{stack}.block.0.layer.0.SelfAttention.relative_attention_bias.weight")
+        same(f"{short}_norm/scale", f"{stack}.final_layer_norm.weight")
+        same(f"{stack}/attn_norm/scale", f"{block}.0.layer_norm.weight", n)
+        attention(f"{stack}/attn", f"{block}.0.SelfAttention", n)
+        ff = 1 if stack == "encoder" else 2
+        if stack == "decoder":
+            same("decoder/cross_norm/scale", f"{block}.1.layer_norm.weight", n)
+            attention("decoder/cross", f"{block}.1.EncDecAttention", n)
+        same(f"{stack}/mlp_norm/scale", f"{block}.{ff}.layer_norm.weight", n)
+        feed_forward(f"{stack}/mlp", f"{block}.{ff}", n)
+    return out
+
+
+def _shared(get, keys: set[str] | None) -> np.ndarray:
+    """The shared embedding; the stacks' embed_tokens, when a checkpoint stores them, must equal it."""
+    table = get("shared.weight")
+    for k in ("encoder.embed_tokens.weight", "decoder.embed_tokens.weight"):
+        if keys is not None and k in keys and not np.array_equal(get(k), table):
+            raise ValueError(f"{k} differs from shared.weight (T5 ties them)")
+    return table
