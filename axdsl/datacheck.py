@@ -28,7 +28,7 @@ def data_problems(module: ir.Module, spec: Path) -> list[Diagnostic]:
         return []
     choice = settings.choice("data")
     source = choice.value
-    if source.kind == ir.DataKind.DEFAULT or choice.span is None:
+    if source.kind not in (ir.DataKind.TOKENS, ir.DataKind.TEXT) or choice.span is None:
         return []  # the standard library's sources: tens of MiB
     path = Path(source.path)
     if not path.is_absolute():

@@ -16,12 +16,14 @@ import jinja2
 
 from axdsl import __version__, resources
 from axdsl.codegen import helpers
+from axdsl.codegen.emit_objective import objective_code, objective_doc
 from axdsl.codegen.expressions import FunctionEmitter, dims_text
 from axdsl.codegen.names import EinsumLetters, dim_label, py_str, snake
 from axdsl.errors import CompileError, Diagnostic
 from axdsl.ir import nodes as ir
 from axdsl.ir.nodes import DType
 from axdsl.ir.printer import value_text
+from axdsl.objectives import fits, objective_args, objective_name
 from axdsl import primitives
 from axdsl.ir.rewrite import prims_of
 from axdsl.passes.annotate_sharding import dim_axes, spec_text
@@ -108,8 +110,10 @@ def emit_model(module: ir.Module) -> str:
     imports |= {line for f in functions for line in f.imports}
     fields = _config_fields(module.models[0])
     sharding = _sharding_context(module.schedule, root)
-    loss = has_lm_signature(root)
-    imports |= _template_imports(sharding is not None, loss)
+    objective = objective_name(module)
+    loss = objective == "next_token" and has_lm_signature(root)
+    custom = objective != "next_token" and fits(root, objective)
+    imports |= _template_imports(sharding is not None, loss or custom)
     locals_, rows = _param_table(root)
     context = dict(
         version=__version__,
@@ -134,6 +138,12 @@ def emit_model(module: ir.Module) -> str:
         root_aux=functions[-1].aux,
         root_rng=functions[-1].rng,
         loss=loss,
+        root_args=", ".join(f"{a.name}: jax.Array" for a in root.forward.args),
+        root_arg_names=", ".join(a.name for a in root.forward.args),
+        root_result="[B, S, vocab]" if has_lm_signature(root) else dims_text(root.forward.result),
+        objective_doc=objective_doc(objective) if custom else "",
+        objective_loss=objective_code(objective, objective_args(module), root, functions[-1].rng,
+                                      functions[-1].aux) if custom else "",
     )
     return render_template("model.py.j2", imports=import_block(imports), **context)
 
@@ -221,6 +231,7 @@ def _uses(inst: ir.Instance, flag: str) -> bool:
 
 
 def has_lm_signature(root: ir.Instance) -> bool:
+    """tokens [B, S] -> logits [B, S, vocab]: the next-token objective's model."""
     f = root.forward
     return len(f.args) == 1 and len(f.args[0].dims) == 2 and len(f.result) == 3
 

@@ -17,6 +17,7 @@ from axdsl.codegen.names import py_str
 from axdsl import primitives
 from axdsl.ir import nodes as ir
 from axdsl.ir.rewrite import tree_has
+from axdsl.objectives import inputs, objective_name
 from axdsl.passes.annotate_sharding import spec_text
 from axdsl.targets import profiles
 
@@ -52,6 +53,12 @@ def emit_train(module: ir.Module, package: str, flops: list[tuple[str, int, int]
         optimizer_doc=OPTIMIZER_DOC[opt_name], optimizer_body=OPTIMIZERS[opt_name],
         batch_axes=spec_text((batch_axes,))[2:-1] or "None",
         dropout=uses_dropout(module.models[0].root),
+        lm=objective_name(module) == "next_token",
+        objective=objective_name(module),
+        inputs=repr(inputs(module.models[0].root)),
+        image_shapes=[],  # WIP: the classify objective's train.py is not generated yet
+        rng_use="masks tokens" if objective_name(module) == "masked_lm" else "drops out",
+        rng_what="Masking and dropout" if objective_name(module) == "masked_lm" else "Dropout",
     )
 
 

@@ -72,7 +72,8 @@ def value_text(v) -> str:
     if isinstance(v, ir.NamedCall):
         return f"{v.name}({', '.join(f'{k} = {value_text(x)}' for k, x in v.args)})"
     if isinstance(v, ir.DataSource):
-        args = [f"{k} = {value_text(x)}" for k, x in (("path", v.path), ("dtype", v.dtype)) if x is not None]
+        named = (("path", v.path), ("path2", v.path2), ("dtype", v.dtype), *v.options)
+        args = [f"{k} = {value_text(x)}" for k, x in named if x is not None]
         return f"{v.kind}({', '.join(args)})"
     if isinstance(v, ir.CheckpointPolicy):
         return (f"(every = {v.every}, keep = {v.keep}, async = {value_text(v.async_save)}, "

@@ -96,6 +96,9 @@ class DataKind(StrEnum):
     DEFAULT = "default"  # the Python standard library's .py files, read as bytes
     TOKENS = "tokens"  # a flat binary file of token ids
     TEXT = "text"  # a text file or a directory of them, read as bytes
+    PAIRS = "pairs"  # seq2seq: a source and a target token file, examples ended by an eos id
+    ARRAYS = "arrays"  # a .npz file (or a directory of .npy files), one array per input name
+    SYNTHETIC_IMAGES = "synthetic_images"  # a learnable image-classification set made on the machine
 
 
 @dataclass(frozen=True)
@@ -103,6 +106,11 @@ class DataSource:
     kind: DataKind
     path: str | None = None
     dtype: str | None = None  # tokens: "u16" or "u32"
+    path2: str | None = None  # pairs: the target token file
+    options: tuple[tuple[str, Any], ...] = ()  # pairs: eos; synthetic_images: count, noise, seed
+
+    def option(self, key: str, default: Any = None) -> Any:
+        return dict(self.options).get(key, default)
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,7 @@ import math
 from dataclasses import replace
 from typing import Any
 
+from axdsl import objectives
 from axdsl.errors import Diagnostics, Span, did_you_mean
 from axdsl.ir import nodes as ir
 from axdsl.ir.printer import value_text
@@ -42,7 +43,14 @@ SCHEDULES: dict[str, dict[str, float | None]] = {
     "wsd": {"warmup": None, "decay": 0.2, "final": 0.0},  # warmup, stable, decay over the last `decay` fraction
     "rsqrt": {"warmup": None},  # warmup, then lr * sqrt(warmup / step)
 }
-DATA_SOURCES = ("default", "tokens", "text")
+DATA_SOURCES = ("default", "tokens", "text", "pairs", "arrays", "synthetic_images")
+# Objectives: their arguments and defaults (None: required). See axdsl/objectives.py.
+OBJECTIVES: dict[str, dict[str, float | int | None]] = {
+    "next_token": {},
+    "masked_lm": {"rate": 0.15, "mask_token": None},
+    "seq2seq": {"start_token": 0},
+    "classify": {"smoothing": 0.0},
+}
 
 INT_KEYS = {"batch": (8, 1), "seq": (128, 2), "steps": (1000, 1), "microbatches": (1, 1),
             "eval_every": (100, 0), "eval_batches": (4, 1), "log_every": (10, 1), "seed": (0, 0),
@@ -53,7 +61,7 @@ CHECKPOINT = {"every": 100, "keep": 3, "async": True, "dir": "checkpoints"}
 DTYPE_KEYS = ("dtype", "param_dtype")
 FLOAT_DTYPES = ("f32", "bf16", "f16")
 KEYS = (tuple(INT_KEYS) + tuple(FLOAT_KEYS) + DTYPE_KEYS
-        + ("optimizer", "schedule", "data", "checkpoint"))
+        + ("optimizer", "schedule", "data", "checkpoint", "objective"))
 
 
 def configure_train(module: ir.Module) -> ir.Module:
@@ -105,6 +113,9 @@ def _defaults(values: dict[str, ir.Choice], module: ir.Module) -> None:
     if sched.arg("warmup", 0) is None:  # the warmup left out: a tenth of the run, at most 100
         args = tuple((k, warm if k == "warmup" else v) for k, v in sched.args)
         values["schedule"] = replace(values["schedule"], value=ir.NamedCall(sched.name, args))
+    objective = values["objective"].value.name if "objective" in values else "next_token"
+    if objective == "classify":  # nothing can be downloaded: a learnable set made on the machine
+        values.setdefault("data", ir.Choice(objectives.synthetic_default(), _default("synthetic_images()")))
     values.setdefault("data", ir.Choice(ir.DataSource(ir.DataKind.DEFAULT)))
     values.setdefault("checkpoint", ir.Choice(ir.CheckpointPolicy()))
 
@@ -135,6 +146,8 @@ def _check(name: str, value: Any, span: Span, diags: Diagnostics) -> Any:
         return _call(value, span, OPTIMIZERS, "optimizer", diags)
     if name == "schedule":
         return _call(value, span, SCHEDULES, "schedule", diags)
+    if name == "objective":
+        return objectives.check_call(value, span, OBJECTIVES, diags)
     return _data(value, span, diags)
 
 
@@ -182,9 +195,12 @@ def _call(value: Any, span: Span, table: dict, what: str, diags: Diagnostics):
 
 
 def _data(value: Any, span: Span, diags: Diagnostics):
-    """"default", tokens("file.bin", dtype = "u16") or text("file or directory")."""
+    """"default", tokens("file.bin", dtype = "u16") or text("file or directory"); pairs, arrays and
+    synthetic_images (objectives.check_data)."""
     if value == "default" or value == ir.NameValue("default"):
         return ir.DataSource(ir.DataKind.DEFAULT)
+    if isinstance(value, (ir.CallValue, ir.NameValue)) and getattr(value, "fn", getattr(value, "id", "")) in objectives.DATA:
+        return objectives.check_data(value, span, diags)
     if isinstance(value, ir.CallValue) and value.fn in ("tokens", "text"):
         fn, args, kwargs = value.fn, value.args, value.kwargs
         if len(args) != 1 or not isinstance(args[0], str):
@@ -201,7 +217,8 @@ def _data(value: Any, span: Span, diags: Diagnostics):
             diags.error(span, f'token files hold "u16" or "u32" tokens, not {_show(dtype)}')
             return None
         return ir.DataSource(ir.DataKind(fn), args[0], dtype if fn == "tokens" else None)
-    diags.error(span, 'data is "default", tokens("file.bin", dtype = "u16") or text("path")',
+    diags.error(span, 'data is "default", tokens("file.bin", dtype = "u16"), text("path"), '
+                      'pairs("src.bin", "tgt.bin"), arrays("train.npz") or synthetic_images()',
                 "the default is the Python standard library's source files, read as bytes")
     return None
 
@@ -256,6 +273,7 @@ def _cross_checks(values: dict[str, ir.Choice], module: ir.Module, diags: Diagno
         if ms is not None and seq.value > ms.value.value and seq.span is not None:
             diags.error(seq.span, f"seq = {seq.value} is longer than {m.name}'s max_seq = {ms.value.value}",
                         f"use seq <= {ms.value.value}, or raise max_seq in the model")
+    objectives.cross_check(values, module, diags)
     sched = values["schedule"]
     args = dict(sched.value.args)
     steps = values["steps"].value

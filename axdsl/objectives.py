@@ -1,0 +1,220 @@
+"""Training objectives: what a train block's `objective = ...` builds, and which models fit it.
+
+    objective = next_token()                          # the default: tokens [B, S] -> logits [B, S, vocab]
+    objective = masked_lm(rate = 0.15, mask_token = 4)  # BERT's masked-LM, the 80/10/10 replacement
+    objective = seq2seq(start_token = 0)                # teacher forcing: dec_tokens = start + targets[:-1]
+    objective = classify(smoothing = 0.1)               # labels [B], logits [B, classes]
+
+Each objective names the root forward's inputs it reads (issue 11's names: tokens, types,
+segments, dec_tokens, dec_segments, images) and the output rank it needs; configure_train checks a
+model against them with a located error at the `objective = ...` line. The generated loss_fn
+(templates/model.py.j2) and batches (templates/runtime.py.j2) follow the objective. This module
+also checks the data sources the non-LM objectives read (pairs, arrays, synthetic_images).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from axdsl.errors import Diagnostics, Span, did_you_mean
+from axdsl.ir import nodes as ir
+from axdsl.ir.printer import value_text
+
+
+@dataclass(frozen=True)
+class Objective:
+    """What an objective needs from the model: required and optional forward inputs, output rank."""
+
+    required: tuple[str, ...]
+    optional: tuple[str, ...]
+    rank: int  # of the root forward's result
+    result: str  # the result, in words, for errors
+    data: tuple[str, ...]  # the data kinds it reads
+
+
+SHAPES = {
+    "next_token": Objective(("tokens",), (), 3, "logits [B, S, vocab]", ("default", "tokens", "text")),
+    "masked_lm": Objective(("tokens",), ("segments", "types"), 3, "logits [B, S, vocab]",
+                           ("default", "tokens", "text")),
+    "seq2seq": Objective(("tokens", "dec_tokens"), ("segments", "dec_segments"), 3, "logits [B, T, vocab]",
+                         ("pairs",)),
+    "classify": Objective(("images",), (), 2, "logits [B, classes]", ("arrays", "synthetic_images")),
+}
+# Data sources beyond tokens/text: their arguments and defaults ("" / None: a required path).
+DATA = {
+    "pairs": {"eos": 0, "dtype": "u16"},
+    "arrays": {},
+    "synthetic_images": {"count": 4096, "noise": 0.5, "seed": 0},
+}
+
+
+def objective_name(module: ir.Module) -> str:
+    """The objective module's train block builds: "next_token" unless it says otherwise."""
+    t = module.train_settings
+    if t is None or "objective" not in dict(t.settings):
+        return "next_token"
+    return t.get("objective").name
+
+
+def objective_args(module: ir.Module) -> dict[str, Any]:
+    t = module.train_settings
+    if t is None or "objective" not in dict(t.settings):
+        return {}
+    return dict(t.get("objective").args)
+
+
+def fits(root: ir.Instance, name: str) -> bool:
+    """Whether the root layer's forward has the inputs and output rank objective `name` needs."""
+    return _mismatch(root, name) is None
+
+
+def trainable(module: ir.Module) -> bool:
+    """Whether train.py is generated: the first model fits the train block's objective."""
+    return fits(module.models[0].root, objective_name(module))
+
+
+def inputs(root: ir.Instance) -> tuple[str, ...]:
+    return tuple(a.name for a in root.forward.args)
+
+
+def _mismatch(root: ir.Instance, name: str) -> str | None:
+    """Why the root forward does not fit objective `name`; None when it does."""
+    shape, f = SHAPES[name], root.forward
+    if f is None:
+        return "it has no forward"
+    names = inputs(root)
+    if name == "next_token":
+        ok = len(f.args) == 1 and len(f.args[0].dims) == 2 and len(f.result) == 3
+        return None if ok else "its forward is not tokens [B, S] -> logits [B, S, vocab]"
+    missing = [n for n in shape.required if n not in names]
+    if missing:
+        return f"its forward takes {_list(names)}, with no `{missing[0]}`"
+    extra = [n for n in names if n not in shape.required + shape.optional]
+    if extra:
+        return (f"its forward takes `{extra[0]}`, which {name} does not provide "
+                f"(it provides {_list(shape.required + shape.optional)})")
+    if len(f.result) != shape.rank:
+        return f"its forward returns [{', '.join(str(d) for d in f.result)}], not {shape.result}"
+    return None
+
+
+def _list(names) -> str:
+    return ", ".join(f"`{n}`" for n in names) or "nothing"
+
+
+def check_call(value: Any, span: Span, table: dict, diags: Diagnostics) -> ir.NamedCall | None:
+    """`masked_lm(rate = 0.15, mask_token = 4)`: the name and every argument, defaults filled in."""
+    if isinstance(value, ir.NameValue):
+        value = ir.CallValue(value.id)
+    if not isinstance(value, ir.CallValue):
+        diags.error(span, f"`objective` is one of {', '.join(f'{k}(...)' for k in table)}",
+                    "for example objective = masked_lm(rate = 0.15, mask_token = 4)")
+        return None
+    if value.fn not in table:
+        diags.error(span, f"unknown objective `{value.fn}`",
+                    did_you_mean(value.fn, table) or f"objectives: {', '.join(table)}")
+        return None
+    if value.args:
+        diags.error(span, f"{value.fn}(...) takes `name = value` arguments",
+                    "for example masked_lm(rate = 0.15, mask_token = 4)")
+        return None
+    out = dict(table[value.fn])
+    for k, v in value.kwargs:
+        if k not in out:
+            diags.error(span, f"{value.fn} has no argument `{k}`",
+                        did_you_mean(k, out) or f"its arguments: {', '.join(out) or 'none'}")
+            continue
+        integer = k in ("mask_token", "start_token")
+        if integer and not (isinstance(v, int) and not isinstance(v, bool) and v >= 0):
+            diags.error(span, f"{value.fn}({k} = ...) is a token id, an integer >= 0, got {value_text(v)}")
+            continue
+        if not integer and not (isinstance(v, (int, float)) and not isinstance(v, bool)):
+            diags.error(span, f"{value.fn}({k} = ...) is a number, got {value_text(v)}")
+            continue
+        out[k] = v if integer else float(v)
+    for k, v in out.items():
+        if v is None:
+            diags.error(span, f"{value.fn}(...) needs `{k}`", f"the id of the [MASK] token, as in "
+                        f"{value.fn}({k} = 4)")
+            return None
+    if value.fn == "masked_lm" and not 0 < out["rate"] < 1:
+        diags.error(span, f"masked_lm(rate = {out['rate']}) is the fraction of tokens masked, in (0, 1)",
+                    "BERT masks 0.15")
+    if value.fn == "classify" and not 0 <= out["smoothing"] < 1:
+        diags.error(span, f"classify(smoothing = {out['smoothing']}) is label smoothing, in [0, 1)")
+    return ir.NamedCall(value.fn, tuple(out.items()))
+
+
+def synthetic_default() -> ir.DataSource:
+    return ir.DataSource(ir.DataKind.SYNTHETIC_IMAGES, options=tuple(DATA["synthetic_images"].items()))
+
+
+def check_data(value: Any, span: Span, diags: Diagnostics) -> ir.DataSource | None:
+    """pairs("src.bin", "tgt.bin", eos = 0, dtype = "u16"), arrays("train.npz") or
+    synthetic_images(count = 4096, noise = 0.5, seed = 0)."""
+    if isinstance(value, ir.NameValue):
+        value = ir.CallValue(value.id)
+    fn, args, kwargs = value.fn, value.args, dict(value.kwargs)
+    paths = {"pairs": 2, "arrays": 1, "synthetic_images": 0}[fn]
+    example = {"pairs": 'pairs("src.bin", "tgt.bin", eos = 0)', "arrays": 'arrays("train.npz")',
+               "synthetic_images": "synthetic_images(count = 4096, noise = 0.5)"}[fn]
+    if len(args) != paths or not all(isinstance(a, str) for a in args):
+        diags.error(span, f"{fn}(...) takes {paths or 'no'} path string{'s' if paths != 1 else ''}",
+                    f"as in {example}")
+        return None
+    opts = dict(DATA[fn])
+    for k, v in kwargs.items():
+        if k not in opts:
+            diags.error(span, f"{fn}(...) has no option `{k}`", did_you_mean(k, opts) or f"as in {example}")
+            return None
+        if k == "dtype":
+            if v not in ("u16", "u32"):
+                diags.error(span, f'token files hold "u16" or "u32" tokens, not {value_text(v)}')
+                return None
+        elif k == "noise":
+            if not (isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0):
+                diags.error(span, f"{fn}(noise = ...) is a standard deviation, a number >= 0")
+                return None
+            v = float(v)
+        elif not (isinstance(v, int) and not isinstance(v, bool) and v >= (2 if k == "count" else 0)):
+            diags.error(span, f"{fn}({k} = ...) must be an integer >= {2 if k == 'count' else 0}, got {value_text(v)}")
+            return None
+        opts[k] = v
+    dtype = opts.pop("dtype", None)
+    return ir.DataSource(ir.DataKind(fn), args[0] if args else None, dtype,
+                         args[1] if len(args) > 1 else None, tuple(opts.items()))
+
+
+def cross_check(values: dict[str, ir.Choice], module: ir.Module, diags: Diagnostics) -> None:
+    """The objective against every model's forward, its ids against the vocab, the data kind."""
+    choice = values.get("objective")
+    if choice is None:  # next_token by default: a model that does not fit simply gets no train.py
+        data = values["data"]
+        if str(data.value.kind) in DATA:
+            diags.error(data.span, f"data {data.value.kind}(...) is for another objective than next_token",
+                        "set objective = seq2seq(...) for pairs, classify() for arrays and synthetic_images")
+        return
+    name, args = choice.value.name, dict(choice.value.args)
+    where = choice.span
+    for m in module.models:
+        why = _mismatch(m.root, name)
+        if why is not None:
+            shape = SHAPES[name]
+            diags.error(where, f"objective {name} does not fit model `{m.name}`: {why}",
+                        f"{name} needs forward({', '.join(shape.required)}"
+                        f"{''.join(f', {o}?' for o in shape.optional)}) -> {shape.result}")
+            return
+        vocab = m.root.forward.result[-1].size
+        for k in ("mask_token", "start_token"):
+            if k in args and vocab is not None and args[k] >= vocab:
+                diags.error(where, f"{name}({k} = {args[k]}) is not below model `{m.name}`'s vocab {vocab}",
+                            "use an id the model can embed")
+                return
+    data = values["data"]
+    kind = str(data.value.kind)
+    if kind not in SHAPES[name].data:
+        diags.error(data.span or where, f"objective {name} reads data {_list(SHAPES[name].data)}, not `{kind}`",
+                    {"seq2seq": 'for example data = pairs("src.bin", "tgt.bin", eos = 0)',
+                     "classify": 'for example data = arrays("train.npz") or synthetic_images()'}.get(
+                        name, 'for example data = tokens("train.bin")'))
