@@ -129,15 +129,11 @@ def _check_scores_operand(ctx, prim: ir.Prim, name: str, operand: ir.TExpr, scor
                  f"{what} is [B or 1, heads or 1, S, S]: one value per query and key")
 
 
-def _number(attr: ir.HValue) -> str:
-    """A scale or cap as code: symbolic when it reads `cfg`; otherwise its value, since literal
-    arithmetic (DeepSeek's YaRN mscale**2 / sqrt(192) from library defaults) reads worse than 0.1352."""
-    return attr.code if "cfg." in attr.code else repr(float(attr.value))
-
-
 def _emit(ctx, prim: ir.Prim, args: list[str], precs: list[int]) -> str:
     choice = prim.kernel or ir.KernelChoice(KERNELS[0])
     window, scale, softcap = prim.attr("window"), prim.attr("scale"), prim.attr("softcap")
+    # a scale or cap written as literal arithmetic (DeepSeek's YaRN mscale**2 / sqrt(192)) reads as its value
+    _number = lambda a: a.code if "cfg." in a.code else repr(float(a.value))  # noqa: E731
 
     def operand(name: str) -> str | None:
         return args[3 + prim.optional.index(name)] if prim.operand(name) is not None else None

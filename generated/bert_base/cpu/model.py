@@ -184,7 +184,8 @@ def bert_mlm(
     return logits.astype(jnp.float32)  # [B, S, vocab]
 
 
-forward = bert_mlm  # the model's entry point: forward(cfg, params, tokens) -> logits
+# the model's entry point: forward(cfg, params, tokens, types, segments) -> logits
+forward = bert_mlm
 
 
 # ----------------------------------------------------------------------------- parameters

@@ -158,7 +158,8 @@ def decoder_lm(cfg: Config, params: dict, tokens: jax.Array) -> jax.Array:
     return logits.astype(jnp.float32)  # [B, S, vocab]
 
 
-forward = decoder_lm  # the model's entry point: forward(cfg, params, tokens) -> logits
+# the model's entry point: forward(cfg, params, tokens) -> logits
+forward = decoder_lm
 
 
 def loss_fn(

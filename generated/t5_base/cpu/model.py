@@ -335,7 +335,8 @@ def t5(
     return (y @ params["head"]).astype(jnp.float32)  # [B, T, vocab]
 
 
-forward = t5  # the model's entry point: forward(cfg, params, tokens) -> logits
+# the model's entry point: forward(cfg, params, tokens, dec_tokens, segments, dec_segments) -> logits
+forward = t5
 
 
 # ----------------------------------------------------------------------------- parameters

@@ -203,7 +203,8 @@ def vision_transformer(cfg: Config, params: dict, images: jax.Array) -> jax.Arra
     return logits.astype(jnp.float32)  # [B, classes]
 
 
-forward = vision_transformer  # the model's entry point: forward(cfg, params, tokens) -> logits
+# the model's entry point: forward(cfg, params, images) -> logits
+forward = vision_transformer
 
 
 # ----------------------------------------------------------------------------- parameters
