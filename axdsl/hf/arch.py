@@ -60,7 +60,6 @@ FIELDS = {
     "type_vocab": "type_vocab",
     "root": "root layer", "height": "height", "width": "width", "patch": "patch", "channels": "channels",
     "classes": "classes",
-
     "dec_layers": "T5 dec_layers", "buckets": "T5 buckets", "max_distance": "T5 max_distance",
 }
 BLOCKS = ("Block", "ParallelBlock", "MambaBlock")  # std's residual blocks: sequential, parallel, Mamba-2
@@ -94,14 +93,13 @@ def arch_of(model) -> Arch:
         from axdsl.hf.vit import vit_arch
 
         return vit_arch(arch, root)
-
     if root.layer == "T5":  # an encoder-decoder: axdsl/hf/t5.py
         from axdsl.hf.t5 import read_arch
 
         return read_arch(arch, root)
     if root.layer != "DecoderLM":
         arch.problems.append(f"the model is a {root.layer}; Hugging Face interop needs std's DecoderLM, "
-                             "BertMLM or VisionTransformer")
+                             "BertMLM, VisionTransformer or T5")
         return arch
     for k in ("vocab", "dim", "layers", "heads", "kv_heads", "max_seq", "positions", "tied", "head_bias"):
         arch.values[k] = _hv(root, k)

@@ -29,9 +29,7 @@ FAMILIES = {
     "mamba2": "Mamba2ForCausalLM",
     "deepseek_v3": "DeepseekV3ForCausalLM",
     "bert": "BertForMaskedLM",
-
     "vit": "ViTForImageClassification",
-
     "t5": "T5ForConditionalGeneration",
 }
 _ARCH_TO_FAMILY = {v: k for k, v in FAMILIES.items()}
@@ -53,10 +51,8 @@ def family_of_arch(arch: Arch) -> str:
     """The HF family a spec's model exports to, from its structure."""
     if arch["block"] == BERT_BLOCK:
         return "bert"
-
     if arch["root"] == VIT_ROOT:
         return "vit"
-
     if arch["block"] == "T5":
         return "t5"
     if arch["block"] == "MambaBlock":
@@ -292,10 +288,8 @@ def hf_config(arch: Arch, family: str) -> dict:
         return _deepseek_config(arch.values, dtype)
     if family == "bert":
         return bert_config(arch.values, dtype)
-
     if family == "vit":
         return vit_config(arch.values, dtype)
-
     if family == "t5":
         from axdsl.hf.t5 import hf_config as t5_config
 

@@ -88,10 +88,8 @@ def rules(family: str, arch: Arch, keys: set[str] | None) -> list[Rule]:
         return _deepseek_rules(arch, keys)
     if family == "bert":
         return _bert_rules(arch, keys)
-
     if family == "vit":
         return _vit_rules(_Rules(arch, keys))
-
     if family == "t5":  # an encoder-decoder: axdsl/hf/t5.py
         from axdsl.hf.t5 import mappings
 
@@ -424,6 +422,8 @@ def _bert_rules(arch: Arch, keys: set[str] | None) -> list[Rule]:
     if keys is not None and bias not in keys and "cls.predictions.decoder.bias" in keys:
         bias = "cls.predictions.decoder.bias"
     r.same("head_b", bias, False)
+    return r.out
+
 
 def _vit_rules(r: _Rules) -> list[Rule]:
     """Every VisionTransformer parameter <-> ViTForImageClassification's tensors (axdsl/hf/vit.py
