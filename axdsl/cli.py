@@ -184,6 +184,9 @@ def _add_train(sub) -> None:
     tr.add_argument("--out", type=Path, default=None, help="run directory (default runs/<spec>-<target>)")
     tr.add_argument("--steps", type=int, default=None)
     tr.add_argument("--checkpoint-every", type=int, default=None)
+    tr.add_argument("--init-from", type=Path, default=None,
+                    help="start a new run from these parameters: a Hugging Face model directory (imported "
+                         "into RUN/hf_params), a params checkpoint or a run (default: the train block's init_from)")
     tr.set_defaults(run=_cmd_train)
 
 
@@ -356,7 +359,7 @@ def _cmd_export_hf(args) -> int:
 def _cmd_train(args) -> int:
     from axdsl import runs
 
-    return runs.train(args.spec, _target(args.target), args.out, args.steps, args.checkpoint_every)
+    return runs.train(args.spec, _target(args.target), args.out, args.steps, args.checkpoint_every, args.init_from)
 
 
 def _cmd_plot(args) -> int:

@@ -44,13 +44,14 @@ def default_run_dir(spec: Path, target: str) -> Path:
 
 
 def train(spec: Path, target: str, out: Path | None = None, steps: int | None = None,
-          checkpoint_every: int | None = None) -> int:
+          checkpoint_every: int | None = None, init_from: Path | None = None) -> int:
     """Build `spec` for `target`, then run `python -m generated.<spec>.<target>.train`; its exit code.
 
     The command runs in the current directory (the one holding generated/), with its output
     streamed; the run directory defaults to runs/<spec>-<target>, and rerunning resumes there.
     A train.py the user edited (see `build.edited_files`) is kept and run as it is; if the rest of
-    the output is out of date as well, nothing is rebuilt and the exit code is 1.
+    the output is out of date as well, nothing is rebuilt and the exit code is 1. `init_from`, a
+    Hugging Face model directory, is imported once into RUN_DIR/hf_params (see `hf_init_params`).
     """
     from axdsl import build
 
@@ -78,8 +79,26 @@ def train(spec: Path, target: str, out: Path | None = None, steps: int | None = 
         cmd += ["--steps", str(steps)]
     if checkpoint_every is not None:
         cmd += ["--checkpoint-every", str(checkpoint_every)]
+    if init_from is not None:
+        if (init_from / "config.json").exists() and (code := hf_init_params(spec, init_from, run_dir)):
+            return code
+        params = run_dir / HF_PARAMS if (init_from / "config.json").exists() else init_from
+        cmd += ["--init-from", str(params.absolute())]
     print("running " + " ".join(cmd[1:]), file=sys.stderr, flush=True)
     return run_child(cmd)
+
+
+HF_PARAMS = "hf_params"  # in a run directory: the parameters imported from --init-from HF_DIR
+
+
+def hf_init_params(spec: Path, hf_dir: Path, run_dir: Path) -> int:
+    """Import `hf_dir` into RUN_DIR/hf_params for a fine-tuning run; 0 when done or already there
+    (a rerun resumes and reads its own checkpoints). The import's exit code otherwise."""
+    if (run_dir / HF_PARAMS).exists():
+        return 0
+    from axdsl.hf.importer import import_hf
+
+    return import_hf(spec, hf_dir, None, run_dir / HF_PARAMS)
 
 
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)

@@ -11,6 +11,7 @@ checkpoint_*, log_every, ...) and never change it.
 import argparse
 import atexit
 import dataclasses
+import fnmatch
 import hashlib
 import json
 import math
@@ -201,6 +202,11 @@ def parse_args(doc: str, train, configs: dict, argv=None) -> argparse.Namespace:
         "--data", default=None, help='"default", a token file (.bin) or a text file/directory'
     )
     p.add_argument(
+        "--init-from",
+        default=None,
+        help=f"start a new run from these parameters: a params checkpoint or a run (default {train.init_from!r})",
+    )
+    p.add_argument(
         "--coordinator", default=None, help="host:port of process 0 (multi-process runs)"
     )
     p.add_argument("--num-processes", type=int, default=None)
@@ -229,6 +235,8 @@ def train_config(args: argparse.Namespace, train, configs: dict):
     for name in OVERRIDES:
         if getattr(args, name) is not None:
             tc = dataclasses.replace(tc, **{name: getattr(args, name)})
+    if args.init_from is not None:
+        tc = dataclasses.replace(tc, init_from=args.init_from)
     if args.data:
         kind = (
             "default"
@@ -285,12 +293,18 @@ def state_shardings(optimizer, params: dict, param_specs: dict, mesh) -> dict:
     opt_state = jax.eval_shape(optimizer.init, params)
     opt_specs = optax.tree_map_params(  # a moment shaped like its parameter shares its layout
         optimizer,
-        lambda leaf, spec, param: spec if leaf.shape == param.shape else P(),
+        lambda leaf, spec, param: (
+            leaf
+            if isinstance(leaf, optax.MaskedNode)
+            else spec if leaf.shape == param.shape else P()
+        ),
         opt_state,
         param_specs,
         params,
         transform_non_params=lambda _: P(),
-        is_leaf=lambda x: isinstance(x, P),
+        is_leaf=lambda x: isinstance(
+            x, (P, optax.MaskedNode)
+        ),  # MaskedNode: a frozen parameter's (no) state
     )
     state = {"params": param_specs, "opt_state": opt_specs, "step": P(), "bad_steps": P()}
     return jax.tree.map(lambda s: NamedSharding(mesh, s), state, is_leaf=lambda x: isinstance(x, P))
@@ -687,6 +701,111 @@ def rollback(manager: ocp.CheckpointManager, abstract: dict, good: int) -> tuple
     for later in [s for s in manager.all_steps() if s > step]:
         manager.delete(later)
     return state, data
+
+
+# ----------------------------------------------------------------------------- fine-tuning
+
+
+def init_from_path(tc, spec: str, from_flag: bool) -> Path:
+    """Where tc.init_from is: relative to the spec's directory when the spec names it, to the
+    working directory when --init-from does (as data_path)."""
+    path = Path(tc.init_from)
+    return path if from_flag or path.is_absolute() else Path(spec).parent / path
+
+
+def _newest_good_step(path: Path) -> Path | None:
+    """A train.py run's step directory to read parameters from: `path` itself (one step), or the
+    newest intact step of a run directory or its checkpoints/ directory; None when `path` is not a run's.
+    """
+    if (path / "state").is_dir():
+        return path
+    checkpoints = path / "checkpoints" if (path / "run.json").exists() else path
+    steps = sorted((int(p.name) for p in checkpoints.iterdir() if p.name.isdigit()), reverse=True)
+    for step in steps:
+        problem = checkpoint_problem(checkpoints / str(step))
+        if problem is None:
+            return checkpoints / str(step)
+        print(f"init_from: skipping checkpoint {step}: {problem}", file=sys.stderr)
+    if steps:
+        sys.exit(f"error: init_from {path}: no intact checkpoint among steps {steps}")
+    return None
+
+
+def _tree_mismatch(stored, abstract: dict) -> str | None:
+    """The first parameter whose path, shape or dtype differs between a checkpoint and the model."""
+    got = {jax.tree_util.keystr(k): v for k, v in jax.tree_util.tree_leaves_with_path(stored)}
+    want = {jax.tree_util.keystr(k): v for k, v in jax.tree_util.tree_leaves_with_path(abstract)}
+    for key in sorted(want.keys() | got.keys()):
+        if key not in got:
+            return f"it has no parameter {key}"
+        if key not in want:
+            return f"it has a parameter {key} the model does not"
+        if tuple(got[key].shape) != tuple(want[key].shape) or np.dtype(got[key].dtype) != np.dtype(
+            want[key].dtype
+        ):
+            return (
+                f"{key} is {np.dtype(got[key].dtype).name}{list(got[key].shape)} there, "
+                f"{np.dtype(want[key].dtype).name}{list(want[key].shape)} in the model"
+            )
+    return None
+
+
+def load_params(tc, spec: str, from_flag: bool, abstract: dict) -> dict:
+    """The parameters a fine-tuning run starts from (tc.init_from), placed as `abstract` says:
+    a params checkpoint (what `axdsl import-hf` writes) or a train.py run (its directory, its
+    checkpoints/ or one step; only the params of its newest intact step are read). Their paths,
+    shapes and dtypes must be the model's; what differs is named."""
+    path = init_from_path(tc, spec, from_flag)
+    where = (
+        f"{tc.init_from!r} from --init-from"
+        if from_flag
+        else f"{tc.init_from!r} in {spec}, relative to its directory"
+    )
+    if not path.is_dir():
+        sys.exit(f"error: init_from {path} is not a directory ({where})")
+    if (path / "config.json").exists():
+        sys.exit(
+            f"error: init_from {path} is a Hugging Face model: `axdsl train SPEC --init-from {path}` "
+            f"converts it, or `axdsl import-hf SPEC {path}` writes a params checkpoint to start from"
+        )
+    step = _newest_good_step(path)
+    source, item = (step / "state", {"params": abstract}) if step is not None else (path, abstract)
+    checkpointer = ocp.PyTreeCheckpointer()
+    try:
+        stored = checkpointer.metadata(source).item_metadata.tree
+    except Exception as exc:  # orbax raises many types for what is not a checkpoint
+        sys.exit(
+            f"error: init_from {source} is not an orbax checkpoint: {str(exc).splitlines()[0][:300]}"
+        )
+    stored = stored["params"] if step is not None else stored
+    if problem := _tree_mismatch(stored, abstract):
+        sys.exit(f"error: init_from {source} does not fit model {tc.model}: {problem}")
+    args = jax.tree.map(
+        lambda a: ocp.ArrayRestoreArgs(sharding=a.sharding, dtype=a.dtype), abstract
+    )
+    restore = ocp.args.PyTreeRestore(
+        item=item,
+        restore_args=args if step is None else {"params": args},
+        partial_restore=step is not None,
+    )
+    params = checkpointer.restore(source, args=restore)
+    print(f"starting from the parameters in {source}", file=sys.stderr)
+    return params["params"] if step is not None else params
+
+
+def freeze_labels(patterns: str):
+    """optax.multi_transform's labels for tc.freeze (comma-separated globs over parameter paths such
+    as `embed/table` or `blocks/attn/*`): "frozen" where a pattern matches, else "train"."""
+    globs = [g.strip() for g in patterns.split(",") if g.strip()]
+
+    def labels(params):
+        def label(path, _):
+            name = "/".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in path)
+            return "frozen" if any(fnmatch.fnmatchcase(name, g) for g in globs) else "train"
+
+        return jax.tree_util.tree_map_with_path(label, params)
+
+    return labels
 
 
 # ----------------------------------------------------------------------------- run.json and metrics.jsonl

@@ -114,6 +114,11 @@ def _fields(module: ir.Module) -> list[Field]:
     add("data", str(data.kind), f"default, tokens or text ({origin['data'].origin})")
     add("data_path", data.path or "", "token file, or text file or directory")
     add("data_dtype", data.dtype or "u16", "token file element type: u16 or u32")
+    tune = dict(t.settings)
+    add("init_from", tune["init_from"].value if "init_from" in tune else "",
+        "parameters a new run starts from (params checkpoint or run); \"\": random")
+    add("freeze", tune["freeze"].value if "freeze" in tune else "",
+        "parameters left as they are: comma-separated globs over paths")
     ckpt = t.get("checkpoint")
     add("checkpoint_every", ckpt.every, f"steps between checkpoints; 0: never ({origin['checkpoint'].origin})")
     add("checkpoint_keep", ckpt.keep, "newest checkpoints kept")

@@ -23,7 +23,7 @@ import math
 from dataclasses import replace
 from typing import Any
 
-from axdsl import objectives
+from axdsl import finetune, objectives
 from axdsl.errors import Diagnostics, Span, did_you_mean
 from axdsl.ir import nodes as ir
 from axdsl.ir.printer import value_text
@@ -61,7 +61,7 @@ CHECKPOINT = {"every": 100, "keep": 3, "async": True, "dir": "checkpoints"}
 DTYPE_KEYS = ("dtype", "param_dtype")
 FLOAT_DTYPES = ("f32", "bf16", "f16")
 KEYS = (tuple(INT_KEYS) + tuple(FLOAT_KEYS) + DTYPE_KEYS
-        + ("optimizer", "schedule", "data", "checkpoint", "objective"))
+        + ("optimizer", "schedule", "data", "checkpoint", "objective") + finetune.KEYS)
 
 
 def configure_train(module: ir.Module) -> ir.Module:
@@ -92,6 +92,7 @@ def configure_train(module: ir.Module) -> ir.Module:
                 values["checkpoint"] = ir.Choice(ckpt, ir.set_at(d.span))
     _defaults(values, module)
     _cross_checks(values, module, diags)
+    finetune.cross_check(values, module, diags)
     diags.raise_if_any()
     # dtype and param_dtype appear only when set: by default training keeps the models' own.
     return replace(module, train_settings=ir.TrainSettings(tuple((k, values[k]) for k in KEYS if k in values)))
@@ -148,6 +149,8 @@ def _check(name: str, value: Any, span: Span, diags: Diagnostics) -> Any:
         return _call(value, span, SCHEDULES, "schedule", diags)
     if name == "objective":
         return objectives.check_call(value, span, OBJECTIVES, diags)
+    if name in finetune.KEYS:
+        return finetune.check(name, value, span, diags)
     return _data(value, span, diags)
 
 

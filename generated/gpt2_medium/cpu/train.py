@@ -81,6 +81,8 @@ class TrainConfig:
     data: str = "default"  # default, tokens or text (default)
     data_path: str = ""  # token file, or text file or directory
     data_dtype: str = "u16"  # token file element type: u16 or u32
+    init_from: str = ""  # parameters a new run starts from (params checkpoint or run); "": random
+    freeze: str = ""  # parameters left as they are: comma-separated globs over paths
     checkpoint_every: int = 100  # steps between checkpoints; 0: never (default)
     checkpoint_keep: int = 3  # newest checkpoints kept
     checkpoint_async: bool = True  # save in the background while training continues
@@ -125,13 +127,21 @@ def decay_mask() -> dict:
     )
 
 
-def make_optimizer(tc: TrainConfig) -> optax.GradientTransformation:
+def base_optimizer(tc: TrainConfig) -> optax.GradientTransformation:
     """Clip by global norm, then AdamW with decoupled weight decay on matrices only."""
     lr, mask = lr_schedule(tc), decay_mask()
     return optax.chain(
         optax.clip_by_global_norm(tc.clip) if tc.clip else optax.identity(),
         optax.adamw(lr, b1=tc.b1, b2=tc.b2, eps=tc.eps, weight_decay=tc.weight_decay, mask=mask),
     )
+
+
+def make_optimizer(tc: TrainConfig) -> optax.GradientTransformation:
+    """base_optimizer for every parameter, except the frozen ones (tc.freeze): no update, no state."""
+    if not tc.freeze:
+        return base_optimizer(tc)
+    frozen = {"train": base_optimizer(tc), "frozen": optax.set_to_zero()}
+    return optax.multi_transform(frozen, runtime.freeze_labels(tc.freeze))
 
 
 # ----------------------------------------------------------------------------- train state
@@ -143,17 +153,23 @@ def state_shardings(cfg: Config, tc: TrainConfig, mesh) -> dict:
     return runtime.state_shardings(make_optimizer(tc), params, param_specs(), mesh)
 
 
-def new_state(cfg: Config, tc: TrainConfig, key: jax.Array) -> dict:
-    """The train state: parameters, optimizer state, step and the count of bad steps in a row."""
-    params = init_params(cfg, key)
+def new_state(cfg: Config, tc: TrainConfig, key: jax.Array, params: dict | None = None) -> dict:
+    """The train state: parameters (from `key`, or the given ones), optimizer state, step and the
+    count of bad steps in a row."""
+    params = init_params(cfg, key) if params is None else params
     opt_state, zero = make_optimizer(tc).init(params), jnp.zeros((), jnp.int32)
     return {"params": params, "opt_state": opt_state, "step": zero, "bad_steps": zero}
 
 
-def init_state(cfg: Config, tc: TrainConfig, mesh, key: jax.Array) -> dict:
-    """The train state created already sharded: no host ever holds the full model."""
-    init = jax.jit(lambda k: new_state(cfg, tc, k), out_shardings=state_shardings(cfg, tc, mesh))
-    return init(key)
+def init_state(
+    cfg: Config, tc: TrainConfig, mesh, key: jax.Array, params: dict | None = None
+) -> dict:
+    """The train state created already sharded: no host ever holds the full model. With `params`
+    (fine-tuning): those parameters, a fresh optimizer state and step 0."""
+    init = jax.jit(
+        lambda k, p: new_state(cfg, tc, k, p), out_shardings=state_shardings(cfg, tc, mesh)
+    )
+    return init(key, params)
 
 
 def abstract_state(cfg: Config, tc: TrainConfig, mesh) -> dict:
@@ -236,7 +252,13 @@ def main(argv=None) -> None:
     with jax.set_mesh(mesh), preempt:
         abstract = abstract_state(cfg, tc, mesh)
         if not (resumed := runtime.resume(manager, abstract, tc, args.out)):
-            resumed = init_state(cfg, tc, mesh, jax.random.key(tc.seed)), 0, 0  # a new run
+            # A new run: random parameters, or (fine-tuning) those of tc.init_from
+            params = (
+                runtime.load_params(tc, SPEC, args.init_from is not None, abstract["params"])
+                if tc.init_from
+                else None
+            )
+            resumed = init_state(cfg, tc, mesh, jax.random.key(tc.seed), params), 0, 0
         state, start, skipped = resumed
         train_step, eval_step = make_train_step(cfg, tc, mesh), make_eval_step(cfg, tc, mesh)
         sharding = batch_sharding(mesh)
