@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -110,7 +111,8 @@ def test_fine_tune_from_a_transformers_model(tmp_path, monkeypatch, capfd):
     assert reference > np.log(256) + 1  # the imported model is far from a fresh init's log(vocab)
     assert losses[1] == pytest.approx(reference, abs=1e-4)  # step 1 is the imported model's loss
     assert losses[12] < reference - 1.0  # and fine-tuning lowers it
-    print(f"fine-tune: imported model's loss {reference:.4f}, step 1 {losses[1]:.4f}, step 12 {losses[12]:.4f}")
+    with capfd.disabled():  # the figures, for `pytest -s`
+        print(f"fine-tune: imported model's loss {reference:.4f}, step 1 {losses[1]:.4f}, step 12 {losses[12]:.4f}")
 
     imported = _arrays(run / runs.HF_PARAMS)
     final = _arrays(run / "checkpoints" / "12" / "state")
@@ -124,10 +126,29 @@ def test_fine_tune_from_a_transformers_model(tmp_path, monkeypatch, capfd):
                     if not (k.startswith("['embed']['table']") or k.startswith("['blocks']['attn']")))
     assert n_opt == 2 * n_trained
 
+    _run_docs_example(tmp_path)
+
     assert runs.train(Path("ft.axl"), "cpu", run, 18, None, tmp_path / "hf") == 0  # resumes its own
     err = capfd.readouterr().err
     assert "resumed from step 12" in err and "starting from the parameters" not in err
     assert max(_losses(run)) == 18
+
+
+def _run_docs_example(project: Path) -> None:
+    """docs/checkpoints.md's plain-JAX loading example, on this run's params and step 12."""
+    text = (ROOT / "docs" / "checkpoints.md").read_text()
+    code = text.split("```python\n", 1)[1].split("```", 1)[0]
+    code = (code.replace("tiny_llama-hf/params", "ft/hf_params").replace("tiny_llama-cpu/checkpoints/1000", "ft/checkpoints/12")
+            .replace("tiny_llama", "ft_tiny").replace("# tokens: int32 [B, S]", "\nprint(logits.shape)"))
+    # this project's generated/, not the one of the checkout the tests run from (also on sys.path)
+    code = code.replace("from generated.ft_tiny.cpu import model", "import importlib.util\n"
+                        "spec = importlib.util.spec_from_file_location('model', 'generated/ft/cpu/model.py')\n"
+                        "model = importlib.util.module_from_spec(spec)\nspec.loader.exec_module(model)")
+    assert "generated." not in code
+    code = "import numpy as np\ntokens = np.zeros((2, 8), np.int32)\n" + code
+    r = subprocess.run([sys.executable, "-c", code], cwd=project, capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "XLA_FLAGS": ""})
+    assert r.returncode == 0 and r.stdout.strip().endswith("(2, 8, 256)"), r.stderr[-3000:]
 
 
 def _build_errors(tmp_path: Path, train: str) -> subprocess.CompletedProcess:
