@@ -63,8 +63,11 @@ def test_model_reads_config_then_layers_with_one_letter_per_dim(out):
     text = (ROOT / out / "model.py").read_text()
     lines = text.splitlines()
     config = next(i for i, line in enumerate(lines) if line.startswith("class Config"))
+    configs_end = next(i for i, line in enumerate(lines) if i > config and line == "}")
     first_def = next(i for i, line in enumerate(lines) if line.startswith("def "))
-    assert first_def - config < 40, "the first layer follows Config (and CONFIGS) directly"
+    between = [line for line in lines[configs_end + 1 : first_def] if line.strip()]
+    assert lines[config:configs_end] and first_def > configs_end
+    assert all(line.startswith("#") for line in between), "the first layer follows CONFIGS directly"
     assert first_def < text.index("def param_table")
     layers = text[text.index("# ---") : text.index("def param_table")]
     legend = re.search(r"# Einsum letters, one per dim in every layer function[^:]*: (.*)", layers)
