@@ -15,7 +15,6 @@ run.json. Only `sample` imports jax.
 
 from __future__ import annotations
 
-import codecs
 import hashlib
 import importlib
 import importlib.util
@@ -389,14 +388,13 @@ def sample(run_dir: Path, prompt: str, max_tokens: int = 200, temperature: float
     if params is None:
         return _error(f"no complete, undamaged checkpoint in {checkpoints}")
 
-    byte_level = tc.data != "tokens"
-    if byte_level:
-        ids = list(prompt.encode("utf-8"))
-    else:
-        try:
-            ids = [int(t) for t in prompt.split()]
-        except ValueError:
-            return _error("this run trained on a token file: give the prompt as token ids (\"1 2 3\")")
+    from axdsl.textcodec import CodecError, TextCodec
+
+    try:
+        codec = TextCodec.for_run(run_dir, tc.data, getattr(tc, "tokenizer", ""))
+        ids = codec.encode(prompt)
+    except CodecError as exc:
+        return _error(str(exc))
     vocab = getattr(cfg, "vocab", None)
     if not ids or (vocab is not None and max(ids) >= vocab):
         return _error(f"the prompt must be non-empty token ids below the vocabulary size {vocab}")
@@ -408,7 +406,7 @@ def sample(run_dir: Path, prompt: str, max_tokens: int = 200, temperature: float
         return model.forward(cfg, params, tokens[None])[0, pos].astype(jax.numpy.float32)
 
     _generate(lambda tokens, pos: np.asarray(logits_at(params, tokens, pos), np.float64), ids, prompt,
-              byte_level, window, max_tokens, temperature, top_k, np.random.default_rng(seed))
+              codec, window, max_tokens, temperature, top_k, np.random.default_rng(seed))
     return 0
 
 
@@ -475,25 +473,24 @@ def _pick(logits, temperature: float, top_k: int | None, rng) -> int:
     return int(rng.choice(len(p), p=p / p.sum()))
 
 
-def _generate(logits_at, ids: list[int], prompt: str, byte_level: bool, window: int, max_tokens: int,
+def _generate(logits_at, ids: list[int], prompt: str, codec, window: int, max_tokens: int,
               temperature: float, top_k: int | None, rng) -> None:
     """Stream the prompt and `max_tokens` generated tokens to stdout (a full forward per token)."""
     import numpy as np
 
-    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
     out = sys.stdout
-    out.write(prompt if byte_level else " ".join(map(str, ids)))
+    out.write(codec.prompt_text(prompt, ids))
     out.flush()
     for _ in range(max_tokens):
         context = ids[-window:]
         tokens = np.zeros(window, np.int32)
         tokens[: len(context)] = context
         logits = logits_at(tokens, len(context) - 1)
-        if byte_level:
-            logits = logits[:256]  # a larger vocabulary trained on bytes never uses the rest
+        if codec.limit is not None:
+            logits = logits[: codec.limit]  # a larger vocabulary than the data's never uses the rest
         token = _pick(logits, temperature, top_k, rng)
         ids.append(token)
-        out.write(decoder.decode(bytes([token])) if byte_level else f" {token}")
+        out.write(codec.feed(token))
         out.flush()
-    out.write((decoder.decode(b"", final=True) if byte_level else "") + "\n")
+    out.write(codec.finish() + "\n")
     out.flush()

@@ -71,15 +71,146 @@ def stdlib_bytes(limit: int = 32 << 20) -> np.ndarray:
     return np.frombuffer(b"\n".join(chunks)[:limit], dtype=np.uint8)
 
 
-def load_tokens(tc) -> np.ndarray:
-    """All tokens of the data source as one array: token files, or bytes of text (vocab 256)."""
-    if tc.data == "default":
-        return stdlib_bytes()
-    path = Path(tc.data_path)
+def load_tokens(tc, run_dir: Path | None = None, vocab: int | None = None) -> np.ndarray:
+    """All tokens of the data source as one array: token files, bytes of text (vocab 256), or
+    text through tc.tokenizer (see tokenize)."""
     if tc.data == "tokens":  # flat uint16/uint32 token ids, as nanoGPT's prepare.py writes them
-        return np.memmap(path, dtype=np.uint16 if tc.data_dtype == "u16" else np.uint32, mode="r")
-    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
-    return np.frombuffer(b"\n".join(p.read_bytes() for p in files), dtype=np.uint8)
+        return np.memmap(
+            Path(tc.data_path), dtype=np.uint16 if tc.data_dtype == "u16" else np.uint32, mode="r"
+        )
+    if tc.data == "default":
+        data = stdlib_bytes()
+    else:
+        path = Path(tc.data_path)
+        files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+        data = np.frombuffer(b"\n".join(p.read_bytes() for p in files), dtype=np.uint8)
+    if not getattr(tc, "tokenizer", ""):
+        return data
+    source = None if tc.data == "default" else Path(tc.data_path)
+    tokenizer = load_tokenizer(tc, data, run_dir, vocab)
+    if vocab is not None and tokenizer.get_vocab_size() > vocab:
+        sys.exit(
+            f"error: the tokenizer has {tokenizer.get_vocab_size()} tokens, more than the model's vocab {vocab}"
+        )
+    return tokenize(tokenizer, data.tobytes(), source, run_dir)
+
+
+# ----------------------------------------------------------------------------- tokenizers
+# Text with a tokenizer (tc.tokenizer: a tokenizer.json, or "bpe") becomes token ids once; the ids
+# are cached beside the source under a hash of text and tokenizer, so a rerun does not retokenize.
+# The run keeps RUN_DIR/tokenizer.json, which `axdsl sample` decodes with.
+
+
+def load_tokenizer(tc, data: np.ndarray, run_dir: Path | None, vocab: int | None):
+    """tc.tokenizer as a `tokenizers.Tokenizer`: the file it names, or a byte-level BPE trained on
+    `data` (once: a rerun reads the run's copy). Either way the run keeps RUN_DIR/tokenizer.json."""
+    from tokenizers import Tokenizer
+
+    kept = run_dir / "tokenizer.json" if run_dir is not None else None
+    if tc.tokenizer == "bpe":
+        if kept is not None and kept.exists():
+            return read_tokenizer(kept, "this run's tokenizer (move it aside to train a new one)")
+        tokenizer = train_bpe(data.tobytes(), tc.bpe_vocab or vocab or 4096)
+        content = tokenizer.to_str().encode("utf-8")
+    else:
+        path = Path(tc.tokenizer)
+        if not path.exists():
+            sys.exit(f"error: tokenizer {path} does not exist")
+        tokenizer, content = read_tokenizer(path, "a tokenizers tokenizer.json"), path.read_bytes()
+        if kept is not None and kept.exists() and kept.read_bytes() != content:
+            sys.exit(
+                f"error: {run_dir} was trained with another tokenizer ({kept}); give a new --out"
+            )
+    if kept is not None and is_lead() and not kept.exists():
+        kept.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(kept, content)  # the file as given (or as trained), byte for byte
+    return tokenizer
+
+
+def read_tokenizer(path: Path, what: str):
+    from tokenizers import Tokenizer
+
+    try:
+        return Tokenizer.from_file(str(path))
+    except Exception as exc:  # tokenizers raises plain Exceptions for files it cannot parse
+        sys.exit(f"error: {path} is not {what}: {str(exc)[:200]}")
+
+
+def train_bpe(text: bytes, vocab: int):
+    """A byte-level BPE (GPT-2's scheme: any text round-trips) of `vocab` tokens trained on `text`.
+    The tokenizers library trains deterministically: the same text gives the same merges."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False
+    )
+    tokenizer.train_from_iterator(
+        text.decode("utf-8", errors="replace").splitlines(keepends=True), trainer
+    )
+    return tokenizer
+
+
+def tokenize(tokenizer, text: bytes, source: Path | None, run_dir: Path | None) -> np.ndarray:
+    """`text` as token ids, from a cache when one holds them: SOURCE.<hash>.tokens.npy beside the
+    source (the run directory when that is not writable, or for the default data). A cache whose
+    checksum does not match is set aside as .damaged and the text is tokenized again."""
+    key = hashlib.sha256(
+        hashlib.sha256(text).digest() + tokenizer.to_str().encode("utf-8")
+    ).hexdigest()[:16]
+    places = [source.parent / f"{source.name}.{key}.tokens.npy"] if source is not None else []
+    places += [run_dir / "data_cache" / f"{key}.tokens.npy"] if run_dir is not None else []
+    for cache in places:
+        if cache.exists() and (ids := read_cached(cache)) is not None:
+            return ids
+    lines = text.decode("utf-8", errors="replace").splitlines(keepends=True)
+    ids = [i for e in tokenizer.encode_batch(lines, add_special_tokens=False) for i in e.ids]
+    ids = np.asarray(ids, dtype=np.uint16 if tokenizer.get_vocab_size() <= 1 << 16 else np.uint32)
+    for cache in places:
+        try:
+            cache.parent.mkdir(parents=True, exist_ok=True)
+            write_atomic(
+                cache.with_name(cache.name + ".sha256"),
+                hashlib.sha256(ids.tobytes()).hexdigest().encode(),
+            )
+            with open(cache.with_name(cache.name + ".tmp"), "wb") as f:
+                np.save(f, ids)
+            os.replace(cache.with_name(cache.name + ".tmp"), cache)
+            break
+        except OSError:
+            continue  # a read-only data directory: try the run directory
+    return ids
+
+
+def read_cached(cache: Path) -> np.ndarray | None:
+    """The ids in a tokenization cache, or None (and the cache set aside) if it is damaged."""
+    digest = cache.with_name(cache.name + ".sha256")
+    try:
+        ids = np.load(cache, mmap_mode="r")
+        if (
+            digest.read_text().strip()
+            == hashlib.sha256(np.ascontiguousarray(ids).tobytes()).hexdigest()
+        ):
+            return ids
+    except (OSError, ValueError):
+        pass
+    print(
+        f"warning: tokenization cache {cache} is damaged; set aside as .damaged, tokenizing again",
+        file=sys.stderr,
+    )
+    for path in (cache, digest):
+        if path.exists():
+            os.replace(path, path.with_name(path.name + ".damaged"))
+    return None
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """Write `data` to `path` so that a reader never sees a partial file."""
+    partial = path.with_name(path.name + f".{os.getpid()}.partial")
+    partial.write_bytes(data)
+    os.replace(partial, path)
 
 
 def data_path(tc, spec: str, from_flag: bool) -> Path:
@@ -92,11 +223,23 @@ def data_path(tc, spec: str, from_flag: bool) -> Path:
 
 
 def load_data(
-    cfg, tc, spec: str, from_flag: bool, scan_ids: bool = True
+    cfg, tc, spec: str, from_flag: bool, scan_ids: bool = True, run_dir: Path | None = None
 ) -> tuple[np.ndarray, np.ndarray]:
     """The train and eval tokens, checked before the first step: the file exists and is not
     empty, every id is below the model's vocab (unless `scan_ids` is False: --no-data-check), and
-    both splits hold at least one sequence."""
+    both splits hold at least one sequence. Text with a tokenizer is tokenized (or read from its
+    cache) here; RUN_DIR keeps the tokenizer."""
+    if getattr(tc, "tokenizer", "") not in ("", "bpe"):  # a tokenizer.json: relative to the spec
+        tc = dataclasses.replace(
+            tc,
+            tokenizer=str(
+                Path(tc.tokenizer)
+                if Path(tc.tokenizer).is_absolute()
+                else Path(spec).parent / tc.tokenizer
+            ),
+        )
+    if getattr(tc, "tokenizer", "") and tc.data == "tokens":
+        sys.exit("error: a tokenizer applies to text data; token files are already token ids")
     if tc.data != "default":
         path = data_path(tc, spec, from_flag)
         where = (
@@ -114,7 +257,7 @@ def load_data(
                 f"error: token file {path} has {path.stat().st_size} bytes, not a whole number of "
                 f"{tc.data_dtype} ids: is data_dtype right?"
             )
-    tokens = load_tokens(tc)
+    tokens = load_tokens(tc, run_dir, getattr(cfg, "vocab", None))
     problems = [] if scan_ids is False else token_problems(tokens, getattr(cfg, "vocab", None))
     train, held_out = split(tokens)
     need = tc.seq + 2  # a batch row reads seq + 1 tokens from a random start
@@ -261,7 +404,11 @@ def check_settings(cfg, tc, mesh, sharding: NamedSharding) -> None:
         problems.append(f"batch {tc.batch} must split evenly over {jax.process_count()} processes")
     if tc.seq > getattr(cfg, "max_seq", tc.seq):
         problems.append(f"seq {tc.seq} is longer than the model's max_seq {cfg.max_seq}")
-    if tc.data != "tokens" and getattr(cfg, "vocab", 256) < 256:
+    if (
+        tc.data != "tokens"
+        and not getattr(tc, "tokenizer", "")
+        and getattr(cfg, "vocab", 256) < 256
+    ):
         problems.append(f"byte-level data needs vocab >= 256, the model has {cfg.vocab}")
     if problems:
         sys.exit("error: " + "; ".join(problems))

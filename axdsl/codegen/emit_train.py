@@ -114,6 +114,12 @@ def _fields(module: ir.Module) -> list[Field]:
     add("data", str(data.kind), f"default, tokens or text ({origin['data'].origin})")
     add("data_path", data.path or "", "token file, or text file or directory")
     add("data_dtype", data.dtype or "u16", "token file element type: u16 or u32")
+    if data.tokenizer is not None:  # text as token ids; without it, text is bytes
+        tok = data.tokenizer
+        add("tokenizer", tok.path if tok.path is not None else "bpe",
+            "tokenizer.json (relative to the spec), or \"bpe\": train one on the data, kept in the run")
+        if tok.path is None:
+            add("bpe_vocab", tok.bpe_vocab, "BPE vocabulary size; 0: the model's vocab")
     tune = dict(t.settings)
     add("init_from", tune["init_from"].value if "init_from" in tune else "",
         "parameters a new run starts from (params checkpoint or run); \"\": random")

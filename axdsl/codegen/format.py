@@ -13,7 +13,9 @@ import sys
 import black
 import libcst as cst
 
-ALLOWED_THIRD_PARTY = {"jax", "numpy", "optax", "orbax", "tqdm"}
+# tokenizers (HF's, issue 13) is imported by runtime.py only inside the functions for text with a
+# tokenizer, so byte-level and token-file runs never need it installed.
+ALLOWED_THIRD_PARTY = {"jax", "numpy", "optax", "orbax", "tqdm", "tokenizers"}
 FORBIDDEN_CALLS = {"exec", "eval", "compile", "__import__", "globals", "locals", "breakpoint",
                    "setattr", "delattr", "input"}
 BLACK_MODE = black.Mode(line_length=100, target_versions={black.TargetVersion.PY311})

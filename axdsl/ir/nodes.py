@@ -22,7 +22,7 @@ from axdsl.ir.sections import (  # noqa: F401
 )
 from axdsl.ir.settings import (  # noqa: F401
     CheckpointPolicy, DataKind, DataSource, NamedCall, QuantFormat, QuantPolicy, RematKind,
-    RematPolicy, Schedule, TrainSettings,
+    RematPolicy, Schedule, Tokenizer, TrainSettings,
 )
 
 # Logical axis names a parameter or activation dim may carry; target rules map them to mesh axes.

@@ -72,9 +72,11 @@ def value_text(v) -> str:
     if isinstance(v, ir.NamedCall):
         return f"{v.name}({', '.join(f'{k} = {value_text(x)}' for k, x in v.args)})"
     if isinstance(v, ir.DataSource):
-        named = (("path", v.path), ("path2", v.path2), ("dtype", v.dtype), *v.options)
+        named = (("path", v.path), ("path2", v.path2), ("dtype", v.dtype), *v.options, ("tokenizer", v.tokenizer))
         args = [f"{k} = {value_text(x)}" for k, x in named if x is not None]
         return f"{v.kind}({', '.join(args)})"
+    if isinstance(v, ir.Tokenizer):
+        return value_text(v.path) if v.path is not None else f"bpe(vocab = {v.bpe_vocab})"
     if isinstance(v, ir.CheckpointPolicy):
         return (f"(every = {v.every}, keep = {v.keep}, async = {value_text(v.async_save)}, "
                 f"dir = {value_text(v.dir)})")

@@ -102,12 +102,22 @@ class DataKind(StrEnum):
 
 
 @dataclass(frozen=True)
+class Tokenizer:
+    """How text data becomes token ids: a `tokenizer.json` file (HF `tokenizers`) or a byte-level
+    BPE trained on the data itself. Without one, text is read as bytes (vocab 256)."""
+
+    path: str | None = None  # a tokenizer.json, relative to the spec's directory
+    bpe_vocab: int | None = None  # train a byte-level BPE of this size; 0: the model's vocab
+
+
+@dataclass(frozen=True)
 class DataSource:
     kind: DataKind
     path: str | None = None
     dtype: str | None = None  # tokens: "u16" or "u32"
     path2: str | None = None  # pairs: the target token file
     options: tuple[tuple[str, Any], ...] = ()  # pairs: eos; synthetic_images: count, noise, seed
+    tokenizer: Tokenizer | None = None  # default and text: None reads bytes
 
     def option(self, key: str, default: Any = None) -> Any:
         return dict(self.options).get(key, default)

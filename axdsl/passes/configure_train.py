@@ -202,6 +202,13 @@ def _data(value: Any, span: Span, diags: Diagnostics):
     synthetic_images (objectives.check_data)."""
     if value == "default" or value == ir.NameValue("default"):
         return ir.DataSource(ir.DataKind.DEFAULT)
+    if isinstance(value, ir.CallValue) and value.fn == "default":  # default(tokenizer = ...)
+        opts = dict(value.kwargs)
+        if value.args or set(opts) - {"tokenizer"}:
+            diags.error(span, "default(...) takes only `tokenizer = ...`",
+                        'for example default(tokenizer = bpe(vocab = 4096))')
+            return None
+        return ir.DataSource(ir.DataKind.DEFAULT, tokenizer=_tokenizer(opts.get("tokenizer"), span, diags))
     if isinstance(value, (ir.CallValue, ir.NameValue)) and getattr(value, "fn", getattr(value, "id", "")) in objectives.DATA:
         return objectives.check_data(value, span, diags)
     if isinstance(value, ir.CallValue) and value.fn in ("tokens", "text"):
@@ -210,19 +217,47 @@ def _data(value: Any, span: Span, diags: Diagnostics):
             diags.error(span, f'{fn}(...) takes one path string, as in {fn}("data/train.bin")')
             return None
         opts = dict(kwargs)
-        allowed = {"tokens": {"dtype"}, "text": set()}[fn]
+        allowed = {"tokens": {"dtype"}, "text": {"tokenizer"}}[fn]
         for k in opts:
             if k not in allowed:
-                diags.error(span, f"{fn}(...) has no option `{k}`", "tokens(path, dtype = \"u16\") or text(path)")
+                diags.error(span, f"{fn}(...) has no option `{k}`",
+                            'tokens(path, dtype = "u16") or text(path, tokenizer = ...); token files are '
+                            'already tokenized' if k == "tokenizer" else
+                            'tokens(path, dtype = "u16") or text(path, tokenizer = ...)')
                 return None
         dtype = opts.get("dtype", "u16")
         if dtype not in ("u16", "u32"):
             diags.error(span, f'token files hold "u16" or "u32" tokens, not {_show(dtype)}')
             return None
-        return ir.DataSource(ir.DataKind(fn), args[0], dtype if fn == "tokens" else None)
+        if fn == "text":
+            return ir.DataSource(ir.DataKind.TEXT, args[0], tokenizer=_tokenizer(opts.get("tokenizer"), span, diags))
+        return ir.DataSource(ir.DataKind.TOKENS, args[0], dtype)
     diags.error(span, 'data is "default", tokens("file.bin", dtype = "u16"), text("path"), '
                       'pairs("src.bin", "tgt.bin"), arrays("train.npz") or synthetic_images()',
                 "the default is the Python standard library's source files, read as bytes")
+    return None
+
+
+def _tokenizer(value: Any, span: Span, diags: Diagnostics) -> ir.Tokenizer | None:
+    """`tokenizer = "tokenizer.json"` (a tokenizers file, e.g. an imported HF model's) or
+    `tokenizer = bpe(vocab = N)` (a byte-level BPE trained on the data, saved in the run)."""
+    if value is None:
+        return None
+    if isinstance(value, str) and value:
+        return ir.Tokenizer(path=value)
+    if isinstance(value, (ir.CallValue, ir.NameValue)) and getattr(value, "fn", getattr(value, "id", "")) == "bpe":
+        opts = dict(getattr(value, "kwargs", ()))
+        vocab = opts.pop("vocab", 0)
+        if getattr(value, "args", ()) or opts:
+            diags.error(span, "bpe(...) takes only `vocab = N`", "for example bpe(vocab = 4096)")
+            return None
+        if isinstance(vocab, bool) or not isinstance(vocab, int) or not (vocab == 0 or 256 < vocab < 1 << 31):
+            diags.error(span, f"bpe(vocab = {_show(vocab)}) must be an integer above 256, the byte alphabet",
+                        "omit vocab to use the model's vocabulary size")
+            return None
+        return ir.Tokenizer(bpe_vocab=vocab)
+    diags.error(span, f"tokenizer = {_show(value)} is neither a tokenizer.json path nor bpe(vocab = N)",
+                'for example tokenizer = "hf/tokenizer.json" or tokenizer = bpe(vocab = 4096)')
     return None
 
 

@@ -245,7 +245,7 @@ def main(argv=None) -> None:
     cfg, mesh = model_config(tc), make_mesh()
     check_config(cfg, tc, mesh)
     train_tokens, eval_tokens = runtime.load_data(
-        cfg, tc, SPEC, bool(args.data), not args.no_data_check
+        cfg, tc, SPEC, bool(args.data), not args.no_data_check, args.out
     )
     runtime.start_run(args.out, tc, __package__, __file__, SPEC, TARGET)  # RUN_DIR/run.json
     manager = runtime.checkpoint_manager(args.out, tc)
