@@ -459,7 +459,10 @@ def _restore_params(tm, cfg, tc, state_dir: Path):
     shapes = jax.eval_shape(lambda k: tm.new_state(cfg, tc, k), jax.random.key(0))
     abstract = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=one), shapes)
     with ocp.StandardCheckpointer() as checkpointer:  # read-only: a running training is not disturbed
-        return checkpointer.restore(state_dir, abstract)["params"]
+        state = checkpointer.restore(state_dir, abstract)
+    if "lora" in state:  # a LoRA run: the base weights with its adapters merged in
+        return tm.merge_adapters(tc, state["params"], state["lora"])
+    return state["params"]
 
 
 def _pick(logits, temperature: float, top_k: int | None, rng) -> int:
