@@ -77,6 +77,13 @@ def test_lora_fine_tune_from_a_transformers_model(tmp_path, monkeypatch, capfd):
             assert not np.array_equal(merged[key], base)
         else:
             assert merged[key].tobytes() == base.tobytes(), key
+    # `axdsl sample` reads the same merged weights from the run
+    import dataclasses
+
+    info, tm = runs.load_run(run)
+    tc = tm.TrainConfig(**{f.name: info["train"][f.name] for f in dataclasses.fields(tm.TrainConfig)})
+    sampled = runs._restore_params(tm, tm.model_config(tc), tc, (run / "checkpoints" / "12" / "state").absolute())
+    np.testing.assert_allclose(np.asarray(sampled["blocks"]["attn"]["wq"]), merged[TARGETS[0]], rtol=1e-6, atol=1e-7)
     r = subprocess.run([sys.executable, "-m", "axdsl", "export-lora", "ft.axl", str(run), str(tmp_path / "ad")],
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0 and (tmp_path / "ad" / "lora.json").exists(), r.stderr[-2000:]
