@@ -9,6 +9,7 @@
     axdsl stats SPEC [--target T]               parameters (total, active), FLOPs, memory per chip
     axdsl import-hf SPEC HF_DIR                 Hugging Face safetensors -> orbax params checkpoint
     axdsl export-hf SPEC CKPT_DIR OUT_DIR       orbax params checkpoint -> Hugging Face safetensors
+    axdsl export-lora SPEC RUN OUT_DIR [--merge]  a LoRA run's adapters alone, or merged weights
     axdsl train SPEC --target T [--out RUN]     build, then train (rerunning resumes)
     axdsl plot RUN_DIR                          loss curve PNG
     axdsl sample RUN_DIR --prompt TEXT          generate text from the latest checkpoint
@@ -91,7 +92,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--version", action="version", version=f"axdsl {__version__}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
-    for add in (_add_build, _add_check, _add_dump, _add_diff, _add_aot, _add_stats, _add_import_hf, _add_export_hf, _add_train, _add_plot, _add_sample):
+    for add in (_add_build, _add_check, _add_dump, _add_diff, _add_aot, _add_stats, _add_import_hf, _add_export_hf, _add_export_lora, _add_train, _add_plot, _add_sample):
         add(sub)
     return p
 
@@ -174,6 +175,19 @@ def _add_export_hf(sub) -> None:
     he.add_argument("out_dir", type=Path)
     he.add_argument("--model", default=None)
     he.set_defaults(run=_cmd_export_hf)
+
+
+def _add_export_lora(sub) -> None:
+    el = sub.add_parser("export-lora", help="write a LoRA run's adapters alone, or merged into the weights",
+                        description="Read a run trained with lora(...) (its newest intact checkpoint, or one "
+                                    "step) and write an orbax checkpoint of its adapters (with lora.json), "
+                                    "or with --merge its weights W + (alpha / rank) * A @ B.")
+    el.add_argument("spec", type=Path, help="the spec the run was trained from")
+    el.add_argument("ckpt_dir", type=Path, help="a run directory, its checkpoints/ or one step")
+    el.add_argument("out_dir", type=Path, help="the new checkpoint's directory (must not exist or be empty)")
+    el.add_argument("--merge", action="store_true",
+                    help="write merged weights, a params checkpoint as import-hf writes (default: adapters alone)")
+    el.set_defaults(run=_cmd_export_lora)
 
 
 def _add_train(sub) -> None:
@@ -354,6 +368,12 @@ def _cmd_export_hf(args) -> int:
     from axdsl import hf
 
     return hf.export_hf(args.spec, args.ckpt_dir, args.out_dir, args.model)
+
+
+def _cmd_export_lora(args) -> int:
+    from axdsl.hf.lora_merge import export_lora
+
+    return export_lora(args.spec, args.ckpt_dir, args.out_dir, args.merge)
 
 
 def _cmd_train(args) -> int:

@@ -449,7 +449,7 @@ class _quiet_orbax:
 
 
 def _restore_params(tm, cfg, tc, state_dir: Path):
-    """The parameters of one checkpoint, all on one device (resharded as they are read)."""
+    """One checkpoint's parameters on one device, resharded as read (a LoRA run's: merged)."""
     import jax
     import orbax.checkpoint as ocp
 
@@ -457,7 +457,8 @@ def _restore_params(tm, cfg, tc, state_dir: Path):
     shapes = jax.eval_shape(lambda k: tm.new_state(cfg, tc, k), jax.random.key(0))
     abstract = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=one), shapes)
     with ocp.StandardCheckpointer() as checkpointer:  # read-only: a running training is not disturbed
-        return checkpointer.restore(state_dir, abstract)["params"]
+        state = checkpointer.restore(state_dir, abstract)
+    return tm.merge_adapters(tc, state["params"], state["lora"]) if "lora" in state else state["params"]
 
 
 def _pick(logits, temperature: float, top_k: int | None, rng) -> int:

@@ -18,6 +18,7 @@ from axdsl.analysis.flops import RuleContext, layer_count, model_flops, param_co
 from axdsl.analysis.memory import estimate_memory
 from axdsl.ir import nodes as ir
 from axdsl.ir.rewrite import prims_of
+from axdsl.lora import resolve as resolve_lora
 from axdsl.pipeline import compile_spec
 from axdsl.targets import profiles
 
@@ -62,6 +63,14 @@ def _gib(n: int) -> str:
     return f"{n / 2**30:.2f} GiB"
 
 
+def _lora_line(settings, model: ir.Model) -> str:
+    """What lora(...) trains: the adapters' size against the frozen base (why the memory drops)."""
+    targets, _ = resolve_lora(settings, model.root)
+    n = sum(t.adapter_elements(settings.rank) for t in targets)
+    return (f"{n:,} adapter parameters ({_fmt(n)}, rank {settings.rank}) on {len(targets)} weights "
+            f"({', '.join(t.path for t in targets)}); the base is frozen: no gradients, no optimizer state")
+
+
 def run(spec: Path, target: str = "cpu", model: str | None = None) -> int:
     module = compile_spec(spec, target)
     sched = module.schedule
@@ -90,4 +99,6 @@ def run(spec: Path, target: str = "cpu", model: str | None = None) -> int:
         print(f"  memory per chip   parameters {_gib(est.params)}, gradients {_gib(est.grads)}, "
               f"optimizer state {_gib(est.opt_state)}, activations {_gib(est.activations)} "
               f"(remat {est.remat}); total {_gib(est.total)} of {_gib(profile.hbm_bytes)} HBM")
+        if "lora" in dict(train.settings):
+            print(f"  lora              {_lora_line(train.get('lora'), m)}")
     return 0

@@ -61,6 +61,7 @@ from axdsl.analysis.activations import trace_activations
 from axdsl.analysis.layout import DTYPE_BYTES, Layout
 from axdsl.analysis.trace import compute_dtype
 from axdsl.ir import nodes as ir
+from axdsl.lora import resolve as resolve_lora
 from axdsl.passes.annotate_sharding import dim_axes
 
 __all__ = ["DTYPE_BYTES", "GENERATED_UPDATE_SKIP", "Layout", "MemoryEstimate", "OPT_MOMENTS",
@@ -146,6 +147,7 @@ class _State:
     moments: int
     weight_copies: int
     param_f32: int  # the parameters' elements x 4 (a float32 accumulator of the gradients)
+    trained: int | None = None  # bytes of what the optimizer updates; None: every parameter
 
 
 def estimate_memory(module: ir.Module, model: str | None = None, *, batch: int | None = None,
@@ -171,6 +173,8 @@ def estimate_memory(module: ir.Module, model: str | None = None, *, batch: int |
     layout = Layout(sizes, rules, dim_axes(m.root))
     st = _state(m.root, layout, optimizer)
     grads = st.params + (st.param_f32 if microbatches > 1 else 0)  # + the micro-batch scan's accumulator
+    if train is not None and "lora" in dict(train.settings):
+        st, grads = _lora_state(m.root, layout, optimizer, train.get("lora"), st, microbatches)
     inputs = math.ceil(batch / layout.shards(rules.get("batch", ()))) * (seq + 1) * 4
     act = trace_activations(m.root, layout, batch // microbatches, seq, remat)
     return MemoryEstimate(
@@ -181,7 +185,7 @@ def estimate_memory(module: ir.Module, model: str | None = None, *, batch: int |
         saved=act.saved, working=act.working, offloaded=act.offloaded,
         saved_per_layer=act.saved_per_layer, layers=act.layers,
         working_kind=act.working_kind, detail=act.detail,
-        update=int(UPDATE_SELECT_FRACTION * (st.params + st.moments)) if update_select else 0,
+        update=int(UPDATE_SELECT_FRACTION * (_trained(st) + st.moments)) if update_select else 0,
     )
 
 
@@ -198,6 +202,27 @@ def _state(root: ir.Instance, layout: Layout, optimizer: str) -> _State:
             if compute is not None and compute != p.dtype.name:
                 copies += 2 * n * DTYPE_BYTES[compute]  # the cast copy and its gradient
     return _State(params, opt, copies, f32)
+
+
+def _lora_state(root: ir.Instance, layout: Layout, optimizer: str, settings, base: _State,
+                microbatches: int) -> tuple[_State, int]:
+    """LoRA (train.py's lora(...)): the base parameters are frozen, so they have no gradients and
+    no optimizer moments; the adapters (replicated) have both. The loss reads merged copies
+    W + scale * A @ B of the targets, and the cast copy of the base weights has no gradient."""
+    targets, _ = resolve_lora(settings, root)
+    adapters = moments = f32 = merged = 0
+    for t in targets:
+        n, b = t.adapter_elements(settings.rank), DTYPE_BYTES[t.param.dtype.name]
+        adapters += n * b
+        moments += n * 4 if optimizer == "adafactor" else OPT_MOMENTS.get(optimizer, 2) * n * b
+        f32 += n * 4
+        merged += layout.param_elements(t.param) * b
+    state = _State(base.params + adapters, moments, base.weight_copies // 2 + merged, f32, adapters)
+    return state, adapters + (f32 if microbatches > 1 else 0)
+
+
+def _trained(st: _State) -> int:
+    return st.params if st.trained is None else st.trained
 
 
 def _model(module: ir.Module, name: str | None) -> ir.Model:

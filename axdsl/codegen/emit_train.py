@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from axdsl import __version__
+from axdsl import __version__, lora
 from axdsl.codegen.emit import render_template
 from axdsl.codegen.names import py_str
 from axdsl import primitives
@@ -59,6 +59,9 @@ def emit_train(module: ir.Module, package: str, flops: list[tuple[str, int, int]
         image_shapes=[],  # WIP: the classify objective's train.py is not generated yet
         rng_use="masks tokens" if objective_name(module) == "masked_lm" else "drops out",
         rng_what="Masking and dropout" if objective_name(module) == "masked_lm" else "Dropout",
+        lora="lora" in dict(t.settings),
+        lora_targets=lora.adapter_table(module) if "lora" in dict(t.settings) else [],
+        lora_origin=str(t.choice("lora").origin) if "lora" in dict(t.settings) else "",
     )
 
 
@@ -125,6 +128,10 @@ def _fields(module: ir.Module) -> list[Field]:
         "parameters a new run starts from (params checkpoint or run); \"\": random")
     add("freeze", tune["freeze"].value if "freeze" in tune else "",
         "parameters left as they are: comma-separated globs over paths")
+    if "lora" in tune:  # only a spec with lora(...) has these fields
+        adapters = tune["lora"].value
+        add("lora_rank", adapters.rank, f"LoRA adapter rank; {tune['lora'].origin}")
+        add("lora_alpha", adapters.alpha, "LoRA scale numerator: W + (lora_alpha / lora_rank) * A @ B")
     ckpt = t.get("checkpoint")
     add("checkpoint_every", ckpt.every, f"steps between checkpoints; 0: never ({origin['checkpoint'].origin})")
     add("checkpoint_keep", ckpt.keep, "newest checkpoints kept")

@@ -18,6 +18,7 @@ from axdsl.hf.checkpoint import find_checkpoint, flatten, metadata_tree, restore
 from axdsl.hf.config import FAMILIES, family_of_arch, hf_config, mismatches
 from axdsl.hf.errors import HFError, exit_code, warn_capacity
 from axdsl.hf.layout import rules
+from axdsl.hf.lora_merge import has_adapters, merge, restore_item, scale_of
 from axdsl.hf.safetensors_io import need_safetensors
 
 
@@ -95,7 +96,12 @@ def _export_hf(spec: Path, ckpt_dir: Path, out: Path, model: str | None) -> None
         params = restore_params(path.absolute(), arch, stored, state)
     except (ValueError, OSError, KeyError) as exc:
         raise HFError(f"cannot read the orbax checkpoint {path}: {exc}") from None
-    tensors = _hf_tensors(family, arch, {p: np.asarray(a) for p, a in flatten(params).items()})
+    flat = {p: np.asarray(a) for p, a in flatten(params).items()}
+    if has_adapters(meta):  # a LoRA run: its weights with the adapters merged in
+        rank, alpha = scale_of(path.absolute(), spec)
+        flat = merge(flat, flatten(restore_item(path.absolute(), meta, "lora")), alpha / rank)
+        print(f"merged the LoRA adapters (rank {rank}, alpha {alpha:g}) into the weights")
+    tensors = _hf_tensors(family, arch, flat)
     out.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
     (out / "model.safetensors").chmod(0o666 & ~_umask())  # safetensors writes 0600; others read it

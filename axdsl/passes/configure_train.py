@@ -23,7 +23,7 @@ import math
 from dataclasses import replace
 from typing import Any
 
-from axdsl import finetune, objectives
+from axdsl import finetune, lora, objectives
 from axdsl.errors import Diagnostics, Span, did_you_mean
 from axdsl.ir import nodes as ir
 from axdsl.ir.printer import value_text
@@ -83,8 +83,15 @@ def configure_train(module: ir.Module) -> ir.Module:
                 if checked is not None:
                     values[name] = ir.Choice(checked, ir.set_at(span))
         for d in sec.directives:
+            if d.name == "lora":
+                if "lora" in values:
+                    diags.error(d.span, "lora(...) is given twice in the train block", "keep one")
+                elif (adapters := lora.parse(d, diags)) is not None:
+                    values["lora"] = ir.Choice(adapters, ir.set_at(d.span))
+                continue
             if d.name != "checkpoint":
-                hint = did_you_mean(d.name, ("checkpoint",)) or "the train block's directive is checkpoint(...)"
+                hint = (did_you_mean(d.name, ("checkpoint", "lora"))
+                        or "the train block's directives are checkpoint(...) and lora(...)")
                 diags.error(d.span, f"unknown train directive `{d.name}`", hint)
                 continue
             ckpt = _checkpoint(d, diags)
@@ -93,9 +100,10 @@ def configure_train(module: ir.Module) -> ir.Module:
     _defaults(values, module)
     _cross_checks(values, module, diags)
     finetune.cross_check(values, module, diags)
+    lora.cross_check(values, module, diags)
     diags.raise_if_any()
     # dtype and param_dtype appear only when set: by default training keeps the models' own.
-    return replace(module, train_settings=ir.TrainSettings(tuple((k, values[k]) for k in KEYS if k in values)))
+    return replace(module, train_settings=ir.TrainSettings(tuple((k, values[k]) for k in KEYS + ("lora",) if k in values)))
 
 
 def _defaults(values: dict[str, ir.Choice], module: ir.Module) -> None:
