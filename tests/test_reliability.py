@@ -106,6 +106,32 @@ def test_build_replaces_its_own_output_and_force_replaces_a_foreign_one(tmp_path
     assert not (out / "notes.txt").exists()
 
 
+@pytest.mark.parametrize("linked", ["output", "root"])
+def test_a_symlinked_output_stays_a_link_and_its_target_is_rebuilt(tmp_path, capsys, linked):
+    """`--out` (or its <spec>/<target> directory) as a symlink: the link is kept, the directory it
+    points to is rebuilt in place, nothing is renamed away; a foreign file there is still refused."""
+    elsewhere = tmp_path / "elsewhere"
+    assert _run(capsys, "build", str(SPEC), "--target", "cpu", "--out", str(elsewhere))[0] == 0
+    root = tmp_path / "gen"
+    if linked == "output":
+        (root / "tiny_llama").mkdir(parents=True)
+        (root / "tiny_llama" / "cpu").symlink_to(elsewhere / "tiny_llama" / "cpu")
+    else:
+        root.symlink_to(elsewhere)
+    (elsewhere / "tiny_llama" / "cpu" / "model.py").write_text("# stale\n")
+    rc, err = _run(capsys, "build", str(SPEC), "--target", "cpu", "--out", str(root))
+    link = root / "tiny_llama" / "cpu" if linked == "output" else root
+    assert rc == 0, err
+    assert link.is_symlink() and (root / "tiny_llama" / "cpu" / "model.py").read_text().startswith("# Generated")
+    assert (elsewhere / "tiny_llama" / "cpu" / "model.py").read_text().startswith("# Generated")
+    assert not list((root / "tiny_llama").glob(".*")) and not list((elsewhere / "tiny_llama").glob(".*"))
+    assert (root / "runtime.py").exists()
+    (elsewhere / "tiny_llama" / "cpu" / "notes.txt").write_text("mine")
+    rc, err = _run(capsys, "build", str(SPEC), "--target", "cpu", "--out", str(root))
+    assert rc == 1 and "holds files axdsl did not write (notes.txt)" in err
+    assert (elsewhere / "tiny_llama" / "cpu" / "notes.txt").read_text() == "mine" and link.is_symlink()
+
+
 def test_build_output_has_normal_permissions(tmp_path, capsys):
     import os
     import stat
