@@ -59,6 +59,25 @@ def test_a_5_mb_line_is_shown_clipped_around_the_caret(tmp_path, capsys):
     assert shown.startswith("  ...") and shown[caret.index("^"):].startswith("qqq")
 
 
+@pytest.mark.parametrize("form", ["unary", "parens", "layers"])
+def test_nesting_past_the_limit_is_a_located_error_not_a_recursion_error(tmp_path, capsys, form):
+    """3,000 nested minus signs, parenthesized products or layer arguments: one located error."""
+    n = 3000
+    value = {"unary": "-" * n + "1", "parens": "(1 * " * n + "64" + ")" * n,
+             "layers": "Block(mlp = " * n + "MLP()" + ")" * n}[form]
+    setting = "block = " + value if form == "layers" else "rope_theta = " + value
+    rc, err = _run(capsys, "check", str(_spec(tmp_path, setting)))
+    assert rc == 1 and "m.axl:2:" in err and "error: nested too deeply: more than 200 levels" in err, err
+    assert len(err) < 1000
+
+
+def test_nesting_just_under_the_limit_still_compiles(tmp_path, capsys):
+    spec = _spec(tmp_path, "")
+    spec.write_text(spec.read_text().replace("dim = 64", "dim = " + "(1 * " * 190 + "64" + ")" * 190))
+    rc, err = _run(capsys, "stats", str(spec))
+    assert rc == 0, err
+
+
 def test_an_internal_bug_prints_one_line_writes_the_traceback_and_exits_70(tmp_path, capsys, monkeypatch):
     def broken(args):
         raise ZeroDivisionError("an axdsl bug")
