@@ -32,7 +32,9 @@ from pathlib import Path
 
 
 def _error(message: str) -> int:
-    print(f"axdsl: error: {message}", file=sys.stderr)
+    from axdsl.errors import shorten_words
+
+    print(f"axdsl: error: {shorten_words(message)}", file=sys.stderr)
     return 1
 
 

@@ -78,6 +78,31 @@ def test_nesting_just_under_the_limit_still_compiles(tmp_path, capsys):
     assert rc == 0, err
 
 
+@pytest.mark.parametrize("where", ["layer", "hyperparameter", "import", "data path"])
+def test_a_5_mb_word_is_shortened_in_the_message(tmp_path, capsys, where):
+    """A 5 MB name, import path or data path on one line: the message and the line both stay short."""
+    word = "a" * 5_000_000
+    if where == "layer":
+        spec = tmp_path / "m.axl"
+        spec.write_text(f"model m = {word} {{ }}\n")
+    elif where == "import":
+        spec = tmp_path / "m.axl"
+        spec.write_text(f'import "{word}"\n')
+    elif where == "data path":
+        spec = _spec(tmp_path, "")
+        spec.write_text(spec.read_text() + f'train {{ data = tokens("{word}") }}\n')
+    else:
+        spec = _spec(tmp_path, f"{word} = 3")
+    rc, err = _run(capsys, "check", str(spec))
+    assert rc == 1 and "m.axl:" in err and "error: " in err and len(err) < 1500, err[:300]
+    assert "(a word of 5000" in err and "characters, shortened)" in err
+
+
+def test_a_long_path_on_the_command_line_is_shortened(tmp_path, capsys):
+    rc, err = _run(capsys, "plot", str(tmp_path / ("b" * 100_000)))
+    assert rc == 1 and err.startswith("axdsl: error: ") and len(err) < 500 and "shortened" in err
+
+
 def test_an_internal_bug_prints_one_line_writes_the_traceback_and_exits_70(tmp_path, capsys, monkeypatch):
     def broken(args):
         raise ZeroDivisionError("an axdsl bug")
