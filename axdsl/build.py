@@ -221,6 +221,7 @@ def write_atomic(out_dir: Path, files: dict[str, str], make_packages: bool = Fal
     gets <root>/runtime.py (written when it differs) and those two `__init__.py` files, because
     train.py imports the runtime as `from ... import runtime`. Directories get the usual
     permissions (0777 less the umask), as files do. An unwritable location is an OutputError.
+    A symlinked `out_dir` stays a link; the directory it points to is the one rebuilt.
     """
     check_output(out_dir, files, force)
     try:
@@ -235,6 +236,8 @@ def _write(out_dir: Path, files: dict[str, str], make_packages: bool) -> None:
         _ensure_package_inits(_anchored(out_dir).parent)
     if "train.py" in files:
         write_runtime(runtime_path(out_dir))
+    if out_dir.is_symlink():  # a link the user made stays: the directory it points to is replaced
+        out_dir = out_dir.resolve()
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
     try:
         tmp.chmod(0o777 & ~_umask())

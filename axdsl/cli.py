@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 from axdsl import __version__
-from axdsl.errors import CompileError
+from axdsl.errors import CompileError, shorten_words
 
 EXIT_OK, EXIT_ERROR, EXIT_DRIFT = 0, 1, 1
 EXIT_USAGE = 2  # as argparse exits for a missing or unknown argument
@@ -43,14 +43,14 @@ def main(argv: list[str] | None = None) -> int:
         print(exc.render(), file=sys.stderr)
         return EXIT_ERROR
     except _user_errors() as exc:
-        print(f"axdsl: error: {exc}", file=sys.stderr)
+        print(f"axdsl: error: {shorten_words(str(exc))}", file=sys.stderr)
         return EXIT_ERROR
     except _UsageError as exc:
-        print(f"axdsl: error: {exc}", file=sys.stderr)
+        print(f"axdsl: error: {shorten_words(str(exc))}", file=sys.stderr)
         return EXIT_ERROR
     except OSError as exc:  # a path the user gave: missing, unreadable, read-only
         where = f"{exc.filename}: " if getattr(exc, "filename", None) else ""
-        print(f"axdsl: error: {where}{exc.strerror or exc}", file=sys.stderr)
+        print(f"axdsl: error: {shorten_words(where + str(exc.strerror or exc))}", file=sys.stderr)
         return EXIT_ERROR
     except KeyboardInterrupt:
         print("axdsl: interrupted", file=sys.stderr)

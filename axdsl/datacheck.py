@@ -4,7 +4,8 @@ The trainer checks its data before the first step (train.py via runtime.load_dat
 short for `seq` is a mistake in the spec, though, and waiting for `axdsl train` to find it costs
 the user a build and a JAX start. This module sizes the data from the file system alone (no read
 of the tokens, no jax) and reports, located at the `data = ...` line, what would stop training:
-an empty source, a token file of a partial id, a train or eval split shorter than one sequence.
+an empty source, a token file of a partial id, a binary file in a text source (a NUL byte near its
+start), a train or eval split shorter than one sequence.
 
 The split rule is runtime.py's: the last 2% of the tokens are held out; a batch row reads
 seq + 1 tokens from a random start, so a split needs seq + 2.
@@ -19,6 +20,7 @@ from axdsl.ir import nodes as ir
 
 KEPT = 0.98  # runtime.split: the first 98% of the tokens train, the last 2% are the eval split
 ID_BYTES = {"u16": 2, "u32": 4}
+BINARY_PROBE = 8192  # runtime.BINARY_PROBE: a text file with a NUL byte this near its start is binary
 
 
 def data_problems(module: ir.Module, spec: Path) -> list[Diagnostic]:
@@ -38,7 +40,25 @@ def data_problems(module: ir.Module, spec: Path) -> list[Diagnostic]:
         return [Diagnostic(choice.span, count)]
     if count is None:
         return []  # not there yet: train.py says so if it still is not
+    if source.kind == ir.DataKind.TEXT and (binary := _first_binary(path)) is not None:
+        which = f"{path}" if binary == path else f"{path}: {binary}"
+        return [Diagnostic(choice.span, f"text data {which} is binary (a NUL byte in its first "
+                                        f"{BINARY_PROBE // 1024} KiB)",
+                           "text() trains on text files: use tokens(...) for token ids")]
     return [Diagnostic(choice.span, m, h) for m, h in _split_problems(count, settings)]
+
+
+def _first_binary(path: Path) -> Path | None:
+    """The first file of a text source with a NUL byte near its start (runtime.binary_files' rule)."""
+    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+    for file in files:
+        try:
+            with file.open("rb") as f:
+                if b"\0" in f.read(BINARY_PROBE):
+                    return file
+        except OSError:
+            continue  # unreadable: the trainer names it
+    return None
 
 
 def _token_count(source: ir.DataSource, path: Path) -> int | str | None:

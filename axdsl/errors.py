@@ -7,6 +7,7 @@ stage, so one run reports every independent mistake together (as sqlglot does).
 from __future__ import annotations
 
 import difflib
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -51,11 +52,11 @@ class Diagnostic:
     notes: tuple[Note, ...] = ()
 
     def render(self, sources: dict[str, str]) -> str:
-        lines = [f"{self.span}: error: {self.message}", *_excerpt(self.span, sources)]
+        lines = [f"{shorten_words(str(self.span))}: error: {shorten_words(self.message)}", *_excerpt(self.span, sources)]
         if self.hint:
-            lines.append(f"  hint: {self.hint}")
+            lines.append(f"  hint: {shorten_words(self.hint)}")
         for note in self.notes:
-            lines.append(f"{note.span}: note: {note.message}")
+            lines.append(f"{shorten_words(str(note.span))}: note: {shorten_words(note.message)}")
             lines.extend(_excerpt(note.span, sources))
         return "\n".join(lines)
 
@@ -97,6 +98,26 @@ def clip(line: str, col: int, width: int, limit: int = SHOWN_COLUMNS) -> tuple[s
     prefix = "..." if start > 0 else ""
     suffix = "..." if start + limit < len(line) else ""
     return prefix + shown + suffix, col - start + len(prefix), width
+
+
+LONGEST_WORD = 80  # a longer run of non-blank characters in a message is shown shortened
+
+
+def shorten_words(text: str, limit: int = LONGEST_WORD) -> str:
+    """`text` with every word (run of non-blank characters) longer than `limit` cut in the
+    middle, saying how long it was, so that a 5 MB name or path never floods the terminal.
+
+    >>> shorten_words("name " + "x" * 100, limit=10)
+    'name xxxxxx...xx (a word of 100 characters, shortened)'
+    """
+    if len(text) <= limit:
+        return text
+    return re.sub(r"\S{%d,}" % (limit + 1), lambda m: _shortened(m.group(), limit), text)
+
+
+def _shortened(word: str, limit: int) -> str:
+    head, tail = word[: limit // 2 + 1], word[-(limit // 4):]
+    return f"{head}...{tail} (a word of {len(word)} characters, shortened)"
 
 
 class CompileError(Exception):

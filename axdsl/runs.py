@@ -29,9 +29,11 @@ import threading
 import zlib
 from pathlib import Path
 
+from axdsl.errors import shorten_words
+
 
 def _error(message: str) -> int:
-    print(f"axdsl: error: {message}", file=sys.stderr)
+    print(f"axdsl: error: {shorten_words(message)}", file=sys.stderr)
     return 1
 
 
@@ -109,8 +111,7 @@ def run_child(cmd: list[str]) -> int:
     The child runs in its own process group, so a terminal's Ctrl-C reaches it once, through
     here: SIGTERM, SIGINT and SIGHUP sent to this process are forwarded to it, and its exit
     (143 after a SIGTERM, once its checkpoint is saved) is waited for. On Linux the child gets
-    SIGTERM if this process dies, even by SIGKILL (prctl PR_SET_PDEATHSIG): it never trains on
-    orphaned.
+    SIGTERM if this process dies, even by SIGKILL (prctl PR_SET_PDEATHSIG): never orphaned.
     """
     proc = subprocess.Popen(cmd, process_group=0, preexec_fn=_die_with_parent(os.getpid()))
     forward = threading.current_thread() is threading.main_thread()  # where Python allows handlers

@@ -252,6 +252,13 @@ def load_data(
         tc = dataclasses.replace(tc, data_path=str(path))
         if path.is_file() and path.stat().st_size == 0:
             sys.exit(f"error: data file {path} is empty")
+        if tc.data == "text" and (binary := binary_files(path)):
+            more = f" (and {len(binary) - 1} more)" if len(binary) > 1 else ""
+            which = f"{path}" if binary[0] == path else f"{path}: {binary[0]}{more}"
+            sys.exit(
+                f"error: text data {which} is binary (a NUL byte in its first "
+                f"{BINARY_PROBE // 1024} KiB); text() trains on text files: use tokens(...) for token ids"
+            )
         if tc.data == "tokens" and path.stat().st_size % (2 if tc.data_dtype == "u16" else 4):
             sys.exit(
                 f"error: token file {path} has {path.stat().st_size} bytes, not a whole number of "
@@ -274,6 +281,21 @@ def load_data(
     if problems:
         sys.exit("error: " + "; ".join(problems))
     return train, held_out
+
+
+BINARY_PROBE = 8192  # bytes read from the start of each text file to tell a binary one, as git does
+
+
+def binary_files(path: Path) -> list[Path]:
+    """The files of a text source (a file, or a directory's files) with a NUL byte near their
+    start: an image, an archive or a token file, which no text holds."""
+    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+    found = []
+    for file in files:
+        with file.open("rb") as f:
+            if b"\0" in f.read(BINARY_PROBE):
+                found.append(file)
+    return found
 
 
 def token_problems(tokens: np.ndarray, vocab: int | None, chunk: int = 1 << 26) -> list[str]:

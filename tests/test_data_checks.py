@@ -78,9 +78,27 @@ def test_too_little_data_for_one_sequence(tmp_path):
     assert message.startswith("error: 5 tokens are too few: the training split has 4, one sequence needs 18")
 
 
+@pytest.mark.parametrize("layout", ["file", "directory"])
+def test_a_binary_text_source_stops_before_training(tmp_path, layout):
+    """Random bytes (a NUL among them) read by text(): refused before any step, naming the file."""
+    junk = bytes(range(256)) * 40
+    if layout == "file":
+        (tmp_path / "d.txt").write_bytes(junk)
+        data, which = 'text("d.txt")', f"{tmp_path / 'd.txt'}"
+    else:
+        (tmp_path / "docs").mkdir()
+        (tmp_path / "docs" / "a.txt").write_bytes(b"plain text\n" * 400)
+        (tmp_path / "docs" / "b.png").write_bytes(junk)
+        data, which = 'text("docs")', f"{tmp_path / 'docs'}: {tmp_path / 'docs' / 'b.png'}"
+    message, _ = _train(tmp_path, data)
+    assert message == (f"error: text data {which} is binary (a NUL byte in its first 8 KiB); text() "
+                       "trains on text files: use tokens(...) for token ids")
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
 def test_non_finite_steps_without_a_checkpoint_exit_non_zero(tmp_path, capsys):
     """Every update non-finite (lr inf) and nothing to roll back to: an error, not exit 0."""
-    (tmp_path / "d.txt").write_bytes(bytes(range(100)) * 30)
+    (tmp_path / "d.txt").write_bytes(bytes(range(1, 101)) * 30)  # no NUL: a binary file is refused
     tm = build_package(tmp_path, "lm", BYTES_MODEL
                        + 'train {\n  batch = 8  seq = 16  steps = 8  max_bad_steps = 2\n  data = text("d.txt")\n'
                        '  eval_every = 0  checkpoint(every = 0)\n}\n')
@@ -90,7 +108,7 @@ def test_non_finite_steps_without_a_checkpoint_exit_non_zero(tmp_path, capsys):
 
 
 def test_steps_inside_the_warmup_warn(tmp_path, capsys):
-    (tmp_path / "d.txt").write_bytes(bytes(range(100)) * 30)
+    (tmp_path / "d.txt").write_bytes(bytes(range(1, 101)) * 30)  # no NUL: a binary file is refused
     tm = build_package(tmp_path, "lm", BYTES_MODEL
                        + 'train {\n  batch = 8  seq = 16  steps = 100  schedule = cosine(warmup = 50)\n'
                        '  data = text("d.txt")  eval_every = 0  checkpoint(every = 0)\n}\n')
@@ -134,6 +152,14 @@ def test_check_sizes_the_data_it_finds(tmp_path, capsys, name, content, expected
     data = f'text("{name}")' if name.endswith(".txt") else f'tokens("{name}")'
     rc, err = _check(tmp_path, data, "", capsys)
     assert rc == 1 and f"error: {expected.format(path=tmp_path / name)}\n" in err, err
+
+
+def test_check_refuses_a_binary_text_source_at_the_data_line(tmp_path, capsys):
+    (tmp_path / "d.txt").write_bytes(b"text first, then " + bytes(range(256)) * 40)
+    rc, err = _check(tmp_path, 'text("d.txt")', "", capsys)
+    assert rc == 1 and err.startswith(f"{tmp_path / 'lm.axl'}:8:3: error: text data {tmp_path / 'd.txt'} is "
+                                      "binary (a NUL byte in its first 8 KiB)\n"), err
+    assert "hint: text() trains on text files: use tokens(...) for token ids" in err
 
 
 def test_check_leaves_data_that_is_not_there_yet_to_the_trainer(tmp_path, capsys):

@@ -59,6 +59,50 @@ def test_a_5_mb_line_is_shown_clipped_around_the_caret(tmp_path, capsys):
     assert shown.startswith("  ...") and shown[caret.index("^"):].startswith("qqq")
 
 
+@pytest.mark.parametrize("form", ["unary", "parens", "layers"])
+def test_nesting_past_the_limit_is_a_located_error_not_a_recursion_error(tmp_path, capsys, form):
+    """3,000 nested minus signs, parenthesized products or layer arguments: one located error."""
+    n = 3000
+    value = {"unary": "-" * n + "1", "parens": "(1 * " * n + "64" + ")" * n,
+             "layers": "Block(mlp = " * n + "MLP()" + ")" * n}[form]
+    setting = "block = " + value if form == "layers" else "rope_theta = " + value
+    rc, err = _run(capsys, "check", str(_spec(tmp_path, setting)))
+    assert rc == 1 and "m.axl:2:" in err and "error: nested too deeply: more than 200 levels" in err, err
+    assert len(err) < 1000
+
+
+def test_nesting_just_under_the_limit_still_compiles(tmp_path, capsys):
+    spec = _spec(tmp_path, "")
+    spec.write_text(spec.read_text().replace("dim = 64", "dim = " + "(1 * " * 190 + "64" + ")" * 190))
+    rc, err = _run(capsys, "stats", str(spec))
+    assert rc == 0, err
+
+
+@pytest.mark.parametrize("where", ["layer", "hyperparameter", "import", "data path"])
+def test_a_5_mb_word_is_shortened_in_the_message(tmp_path, capsys, where):
+    """A 5 MB name, import path or data path on one line: the message and the line both stay short."""
+    word = "a" * 5_000_000
+    if where == "layer":
+        spec = tmp_path / "m.axl"
+        spec.write_text(f"model m = {word} {{ }}\n")
+    elif where == "import":
+        spec = tmp_path / "m.axl"
+        spec.write_text(f'import "{word}"\n')
+    elif where == "data path":
+        spec = _spec(tmp_path, "")
+        spec.write_text(spec.read_text() + f'train {{ data = tokens("{word}") }}\n')
+    else:
+        spec = _spec(tmp_path, f"{word} = 3")
+    rc, err = _run(capsys, "check", str(spec))
+    assert rc == 1 and "m.axl:" in err and "error: " in err and len(err) < 1500, err[:300]
+    assert "(a word of 5000" in err and "characters, shortened)" in err
+
+
+def test_a_long_path_on_the_command_line_is_shortened(tmp_path, capsys):
+    rc, err = _run(capsys, "plot", str(tmp_path / ("b" * 100_000)))
+    assert rc == 1 and err.startswith("axdsl: error: ") and len(err) < 500 and "shortened" in err
+
+
 def test_an_internal_bug_prints_one_line_writes_the_traceback_and_exits_70(tmp_path, capsys, monkeypatch):
     def broken(args):
         raise ZeroDivisionError("an axdsl bug")
@@ -104,6 +148,32 @@ def test_build_replaces_its_own_output_and_force_replaces_a_foreign_one(tmp_path
     assert _run(capsys, "build", str(SPEC), "--target", "cpu", "--out", str(root))[0] == 1
     assert _run(capsys, "build", str(SPEC), "--target", "cpu", "--out", str(root), "--force")[0] == 0
     assert not (out / "notes.txt").exists()
+
+
+@pytest.mark.parametrize("linked", ["output", "root"])
+def test_a_symlinked_output_stays_a_link_and_its_target_is_rebuilt(tmp_path, capsys, linked):
+    """`--out` (or its <spec>/<target> directory) as a symlink: the link is kept, the directory it
+    points to is rebuilt in place, nothing is renamed away; a foreign file there is still refused."""
+    elsewhere = tmp_path / "elsewhere"
+    assert _run(capsys, "build", str(SPEC), "--target", "cpu", "--out", str(elsewhere))[0] == 0
+    root = tmp_path / "gen"
+    if linked == "output":
+        (root / "tiny_llama").mkdir(parents=True)
+        (root / "tiny_llama" / "cpu").symlink_to(elsewhere / "tiny_llama" / "cpu")
+    else:
+        root.symlink_to(elsewhere)
+    (elsewhere / "tiny_llama" / "cpu" / "model.py").write_text("# stale\n")
+    rc, err = _run(capsys, "build", str(SPEC), "--target", "cpu", "--out", str(root))
+    link = root / "tiny_llama" / "cpu" if linked == "output" else root
+    assert rc == 0, err
+    assert link.is_symlink() and (root / "tiny_llama" / "cpu" / "model.py").read_text().startswith("# Generated")
+    assert (elsewhere / "tiny_llama" / "cpu" / "model.py").read_text().startswith("# Generated")
+    assert not list((root / "tiny_llama").glob(".*")) and not list((elsewhere / "tiny_llama").glob(".*"))
+    assert (root / "runtime.py").exists()
+    (elsewhere / "tiny_llama" / "cpu" / "notes.txt").write_text("mine")
+    rc, err = _run(capsys, "build", str(SPEC), "--target", "cpu", "--out", str(root))
+    assert rc == 1 and "holds files axdsl did not write (notes.txt)" in err
+    assert (elsewhere / "tiny_llama" / "cpu" / "notes.txt").read_text() == "mine" and link.is_symlink()
 
 
 def test_build_output_has_normal_permissions(tmp_path, capsys):

@@ -46,6 +46,9 @@ def parse(source: str, path: str) -> ast.SpecFile:
         tree = _parser().parse(source)
     except lark.exceptions.UnexpectedInput as exc:
         raise CompileError([_syntax_diagnostic(exc, path, source)], {path: source}) from None
+    too_deep = _too_deep(tree, path)
+    if too_deep is not None:
+        raise CompileError([too_deep], {path: source})
     to_ast = _ToAst(path)
     try:
         spec = to_ast.transform(tree)
@@ -54,6 +57,36 @@ def parse(source: str, path: str) -> ast.SpecFile:
     if to_ast.diags:
         raise CompileError(to_ast.diags, {path: source})
     return spec
+
+
+MAX_NESTING = 200  # parse-tree levels; the recursive stages after parsing handle twice this
+
+
+def _too_deep(tree: lark.Tree, path: str) -> Diagnostic | None:
+    """A located error where the parse tree first nests deeper than MAX_NESTING levels (such as
+    `- - - ... 1` or `Block(mlp = Block(mlp = ...))`), found without recursion, so that the
+    recursive stages after parsing never meet a RecursionError; None when the tree is shallow."""
+    stack: list[tuple[lark.Tree | Token, int]] = [(tree, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if not isinstance(node, lark.Tree):
+            continue
+        if depth > MAX_NESTING:
+            line, col = _first_position(node)
+            return Diagnostic(Span(path, line, col, line, col + 1),
+                              f"nested too deeply: more than {MAX_NESTING} levels of expressions or layers",
+                              "split it into named steps or settings")
+        stack.extend((child, depth + 1) for child in node.children)
+    return None
+
+
+def _first_position(node: lark.Tree) -> tuple[int, int]:
+    """The line and column of `node`, or of its first token when lark kept no position for it."""
+    meta = node.meta
+    if not getattr(meta, "empty", True):
+        return meta.line, meta.column
+    token = next((t for t in node.scan_values(lambda v: isinstance(v, Token))), None)
+    return (token.line or 1, token.column or 1) if token is not None else (1, 1)
 
 
 def _terminal_display(name: str) -> str:
