@@ -370,12 +370,16 @@ def sample(run_dir: Path, prompt: str, max_tokens: int = 200, temperature: float
     prompt as space-separated token ids and print ids. See `Sampling` for temperature, top_k,
     top_p and eos; `seed` seeds the sampler.
     """
-    if not (run_dir / "run.json").exists():
-        return _error(f"{run_dir}/run.json not found: is {run_dir} a run directory?")
     sampling = Sampling(temperature, top_k, top_p, eos)
     problem = sampling_problem(sampling, max_tokens)
     if problem:
         return _error(problem)
+    if not (run_dir / "run.json").exists():
+        for where in (run_dir, run_dir.parent):  # runs/x-hf or runs/x-hf/params
+            if (where / "import.json").exists():
+                return _sample_imported(where, prompt, max_tokens, sampling, seed)
+        return _error(f"{run_dir}/run.json not found: is {run_dir} a run directory or an "
+                      "`axdsl import-hf` output?")
     import numpy as np
 
     info, tm = load_run(run_dir)
@@ -405,6 +409,60 @@ def sample(run_dir: Path, prompt: str, max_tokens: int = 200, temperature: float
                              np.random.default_rng(seed), byte_level)
     _stream(tokens, ids, prompt, byte_level)
     return 0
+
+
+def _sample_imported(out: Path, prompt: str, max_tokens: int, sampling: Sampling, seed: int) -> int:
+    """`sample` from an `axdsl import-hf` output: its import.json names the spec and model, which
+    are built for the cpu target (as `train` builds) and restored from the params checkpoint.
+    A Hugging Face vocabulary is not bytes, so the prompt and output are token ids."""
+    import jax
+    import numpy as np
+    import orbax.checkpoint as ocp
+
+    from axdsl import build
+
+    info = json.loads((out / "import.json").read_text(encoding="utf-8"))
+    spec = Path(info["spec"])
+    if not spec.exists():
+        return _error(f"{out}/import.json names {spec}, which no longer exists")
+    out_dir = build.default_out_dir(spec, "cpu")
+    files = build.build_files(spec, "cpu")
+    if build.diff_against(out_dir, files) or not (out_dir / "__init__.py").exists():
+        build.write_atomic(out_dir, files, make_packages=True)
+        print(f"built {out_dir}/", file=sys.stderr)
+    model = _load_model(out_dir / "model.py")
+    if info["model"] not in model.CONFIGS:
+        return _error(f"{out}/import.json names model `{info['model']}`, which {spec} no longer has")
+    cfg = model.CONFIGS[info["model"]]
+    one = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    shapes = jax.eval_shape(lambda k: model.init_params(cfg, k), jax.random.key(0))
+    abstract = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=one), shapes)
+    with ocp.StandardCheckpointer() as checkpointer:
+        params = checkpointer.restore((out / info["params"]).absolute(), abstract)
+    try:
+        ids = [int(t) for t in prompt.split()]
+    except ValueError:
+        return _error("an imported Hugging Face model has its own vocabulary: give the prompt as token "
+                      "ids (\"1 2 3\")")
+    vocab = getattr(cfg, "vocab", None)
+    if not ids or min(ids) < 0 or (vocab is not None and max(ids) >= vocab):
+        return _error(f"the prompt must be non-empty token ids below the vocabulary size {vocab}")
+    window = getattr(cfg, "max_seq", len(ids) + max_tokens)
+    tokens = generate_tokens(model, cfg, params, ids, window, max_tokens, sampling,
+                             np.random.default_rng(seed))
+    _stream(tokens, ids, prompt, byte_level=False)
+    return 0
+
+
+def _load_model(path: Path):
+    """The generated model.py at `path`, imported by file path (it imports nothing of its package)."""
+    alias = "_axdsl_model_" + hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:16]
+    if alias not in sys.modules:
+        spec = importlib.util.spec_from_file_location(alias, path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[alias] = module
+        spec.loader.exec_module(module)
+    return sys.modules[alias]
 
 
 def _newest_good_params(tm, cfg, tc, checkpoints: Path):
