@@ -20,6 +20,7 @@ import dataclasses
 import hashlib
 import importlib
 import importlib.util
+import inspect
 import json
 import math
 import os
@@ -447,11 +448,53 @@ def _sample_imported(out: Path, prompt: str, max_tokens: int, sampling: Sampling
     vocab = getattr(cfg, "vocab", None)
     if not ids or min(ids) < 0 or (vocab is not None and max(ids) >= vocab):
         return _error(f"the prompt must be non-empty token ids below the vocabulary size {vocab}")
+    hf_config = _hf_config(Path(info["hf_dir"]))
+    if sampling.eos is None and isinstance(hf_config.get("eos_token_id"), int):
+        sampling = dataclasses.replace(sampling, eos=hf_config["eos_token_id"])  # stop where transformers stops
+    rng = np.random.default_rng(seed)
+    if "dec_tokens" in inspect.signature(model.forward).parameters:  # an encoder-decoder (T5)
+        start = hf_config.get("decoder_start_token_id")
+        tokens = generate_seq2seq(model, cfg, params, ids, start if isinstance(start, int) else 0,
+                                  max_tokens, sampling, rng)
+        print(" ".join(map(str, ids)) + " ->", end="", flush=True)
+        _stream(tokens, [], "", byte_level=False)
+        return 0
     window = getattr(cfg, "max_seq", len(ids) + max_tokens)
-    tokens = generate_tokens(model, cfg, params, ids, window, max_tokens, sampling,
-                             np.random.default_rng(seed))
-    _stream(tokens, ids, prompt, byte_level=False)
+    _stream(generate_tokens(model, cfg, params, ids, window, max_tokens, sampling, rng), ids, prompt,
+            byte_level=False)
     return 0
+
+
+def _hf_config(hf_dir: Path) -> dict:
+    """The imported model's config.json (for its EOS and decoder start ids); {} when it is gone."""
+    try:
+        config = json.loads((hf_dir / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return config if isinstance(config, dict) else {}
+
+
+def generate_seq2seq(model, cfg, params, ids: list[int], start: int, max_tokens: int, s: Sampling, rng):
+    """Yield up to `max_tokens` decoder tokens for the encoder input `ids`, starting the decoder at
+    `start`: one full forward per token (encoder included) over decoder tokens padded to a fixed
+    length, so it compiles once; the decoder is causal, so the padding changes nothing."""
+    import jax
+    import numpy as np
+
+    @jax.jit
+    def logits_at(params, tokens, dec_tokens, pos):
+        ones, dec_ones = jax.numpy.ones_like(tokens), jax.numpy.ones_like(dec_tokens)
+        return model.forward(cfg, params, tokens[None], dec_tokens[None], ones[None], dec_ones[None])[0, pos]
+
+    tokens = np.asarray(ids, np.int32)
+    dec = np.zeros(max_tokens + 1, np.int32)
+    dec[0] = start
+    for n in range(max_tokens):
+        token = _pick(np.asarray(logits_at(params, tokens, dec, n), np.float64), s, rng)
+        dec[n + 1] = token
+        yield token
+        if token == s.eos:
+            return
 
 
 def _load_model(path: Path):
