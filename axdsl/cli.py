@@ -217,9 +217,12 @@ def _add_sample(sub) -> None:
     sm.add_argument("run_dir", type=Path)
     sm.add_argument("--prompt", required=True)
     sm.add_argument("--max-tokens", type=int, default=200)
-    sm.add_argument("--temperature", type=float, default=0.8, help="0: greedy")
-    sm.add_argument("--top-k", type=int, default=None)
-    sm.add_argument("--seed", type=int, default=0)
+    sm.add_argument("--temperature", type=float, default=0.8, help="0: greedy (default 0.8)")
+    sm.add_argument("--top-k", type=int, default=None, help="sample among the k most likely tokens (default: all)")
+    sm.add_argument("--top-p", type=float, default=1.0,
+                    help="sample among the most likely tokens whose probability reaches p (default 1.0: all)")
+    sm.add_argument("--eos", type=int, default=None, help="stop after this token id (default: none)")
+    sm.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
     sm.set_defaults(run=_cmd_sample)
 
 
@@ -389,9 +392,10 @@ def _cmd_plot(args) -> int:
 
 
 def _cmd_sample(args) -> int:
-    from axdsl import runs
+    from axdsl import sampling
 
-    return runs.sample(args.run_dir, args.prompt, args.max_tokens, args.temperature, args.top_k, args.seed)
+    return sampling.sample(args.run_dir, args.prompt, args.max_tokens, args.temperature, args.top_k, args.seed,
+                           args.top_p, args.eos)
 
 
 if __name__ == "__main__":

@@ -87,7 +87,7 @@ def test_sample_and_export_hf_skip_a_damaged_newest_checkpoint(tmp_path, referen
 
     from safetensors.numpy import load_file
 
-    from axdsl import hf, runs
+    from axdsl import hf, runs, sampling
 
     ref, _ = reference
     run = tmp_path / "run"
@@ -95,7 +95,7 @@ def test_sample_and_export_hf_skip_a_damaged_newest_checkpoint(tmp_path, referen
     damage(run / "checkpoints" / "30")
     before = sorted(p.name for p in (run / "checkpoints").iterdir())
 
-    assert runs.sample(run, "def ", max_tokens=4, temperature=0.0) == 0
+    assert sampling.sample(run, "def ", max_tokens=4, temperature=0.0) == 0
     err = capsys.readouterr().err
     assert "checkpoint 30" in err and "is damaged" in err and "Traceback" not in err
 

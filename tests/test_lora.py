@@ -17,7 +17,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from axdsl import runs
+from axdsl import runs, sampling
 from test_finetune import MODEL, ROOT, _arrays, _build_errors, _hf_loss, _hf_model, _losses, _runtime
 
 RANK, ALPHA = 4, 8.0
@@ -82,7 +82,7 @@ def test_lora_fine_tune_from_a_transformers_model(tmp_path, monkeypatch, capfd):
 
     info, tm = runs.load_run(run)
     tc = tm.TrainConfig(**{f.name: info["train"][f.name] for f in dataclasses.fields(tm.TrainConfig)})
-    sampled = runs._restore_params(tm, tm.model_config(tc), tc, (run / "checkpoints" / "12" / "state").absolute())
+    sampled = sampling._restore_params(tm, tm.model_config(tc), tc, (run / "checkpoints" / "12" / "state").absolute())
     np.testing.assert_allclose(np.asarray(sampled["blocks"]["attn"]["wq"]), merged[TARGETS[0]], rtol=1e-6, atol=1e-7)
     r = subprocess.run([sys.executable, "-m", "axdsl", "export-lora", "ft.axl", str(run), str(tmp_path / "ad")],
                        capture_output=True, text=True, timeout=300)

@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from axdsl import runs
+from axdsl import runs, sampling
 
 ROOT = Path(__file__).resolve().parent.parent
 STEPS = 60
@@ -237,13 +237,13 @@ def test_axdsl_train_plot_sample(tmp_path, monkeypatch, capfd):
     assert has_color(pixels, runs.EVAL_COLOR) > 50  # evaluations at the last step of each command
 
     capfd.readouterr()
-    assert runs.sample(run, "def main(", 24, 0.0, None, 0) == 0
+    assert sampling.sample(run, "def main(", 24, 0.0, None, 0) == 0
     greedy = capfd.readouterr().out
     assert greedy.startswith("def main(") and len(greedy.encode("utf-8", "surrogateescape")) > len("def main(")
-    assert runs.sample(run, "def main(", 24, 1.5, 1, 7) == 0
+    assert sampling.sample(run, "def main(", 24, 1.5, 1, 7) == 0
     assert capfd.readouterr().out == greedy  # top-k 1 is greedy at any temperature
-    assert runs.sample(run, "def main(", 24, 1.0, None, 3) == 0
+    assert sampling.sample(run, "def main(", 24, 1.0, None, 3) == 0
     a = capfd.readouterr().out
-    assert runs.sample(run, "def main(", 24, 1.0, None, 3) == 0
+    assert sampling.sample(run, "def main(", 24, 1.0, None, 3) == 0
     assert capfd.readouterr().out == a  # the seed fixes the sample
-    assert runs.sample(tmp_path / "nowhere", "x", 5, 0.0, None, 0) == 1
+    assert sampling.sample(tmp_path / "nowhere", "x", 5, 0.0, None, 0) == 1

@@ -128,6 +128,19 @@ def _matching_model(archs: list[Arch], model: str | None, spec: Path, hf_dir: Pa
     return ok[0]
 
 
+IMPORT_INFO = "import.json"  # beside the params checkpoint: what `axdsl sample` needs to rebuild the model
+
+
+def write_import_info(out: Path, spec: Path, model: str, hf_dir: Path) -> None:
+    """Record the spec, model and source of an import beside `out`, so `axdsl sample DIR` can
+    build the model and read the parameters without being told them again."""
+    import json
+
+    info = {"spec": str(spec.absolute()), "model": model, "hf_dir": str(hf_dir.absolute()),
+            "params": out.name}
+    (out.parent / IMPORT_INFO).write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
+
+
 def _import_hf(spec: Path, hf_dir: Path, model: str | None, out: Path | None) -> None:
     need_safetensors()
     archs = load_spec(spec)
@@ -140,5 +153,6 @@ def _import_hf(spec: Path, hf_dir: Path, model: str | None, out: Path | None) ->
         raise HFError(f"{out} already exists", ["remove it or choose another --out"])
     arrays = convert_from_hf(arch, family, hf_dir)
     save_params(out, nest(arrays))
+    write_import_info(out, spec, arch.name, hf_dir)
     n = sum(int(np.prod(a.shape)) for a in arrays.values())
     print(f"wrote {out}: {n:,} parameters of `{arch.name}` from {hf_dir} ({FAMILIES[family]})")

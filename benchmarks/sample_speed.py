@@ -1,0 +1,58 @@
+"""Sampling speed of `axdsl sample`'s generation loop: tokens/s for 200 new tokens of tiny_llama.
+
+    python benchmarks/sample_speed.py                  # tiny_llama, 200 tokens, greedy
+    python benchmarks/sample_speed.py --tokens 100 --prompt "ROMEO:"
+
+Nothing is trained: the committed generated/tiny_llama/cpu/model.py is imported and its
+`init_params` gives the weights (speed does not depend on their values). The tokens come from
+`axdsl.sampling.generate_tokens`, the very loop `axdsl sample` streams from, so this measures what a
+user waits for. The first run (compilation included) is reported apart from a second, timed run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+
+def measure(spec: str, tokens: int, prompt: str) -> dict:
+    """Seconds and tokens/s of a cold (compiling) and a warm greedy generation of `tokens` tokens."""
+    import jax
+    import numpy as np
+
+    from axdsl import sampling
+
+    model = importlib.import_module(f"generated.{spec}.cpu.model")
+    cfg = next(iter(model.CONFIGS.values()))
+    params = model.init_params(cfg, jax.random.key(0))
+    ids = list(prompt.encode("utf-8"))
+    result = {}
+    for label in ("cold", "warm"):
+        start = time.perf_counter()
+        out = list(sampling.generate_tokens(model, cfg, params, ids, cfg.max_seq, tokens,
+                                        sampling.Sampling(temperature=0.0), np.random.default_rng(0)))
+        seconds = time.perf_counter() - start
+        assert len(out) == tokens
+        result[label] = (seconds, tokens / seconds)
+    return result
+
+
+def main() -> None:
+    """Print tokens/s of the cold and the warm run."""
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--spec", default="tiny_llama", help="a committed generated/<spec>/cpu (default tiny_llama)")
+    ap.add_argument("--tokens", type=int, default=200, help="new tokens to generate (default 200)")
+    ap.add_argument("--prompt", default="The ", help='prompt text, byte-level (default "The ")')
+    args = ap.parse_args()
+    r = measure(args.spec, args.tokens, args.prompt)
+    for label, (seconds, rate) in r.items():
+        print(f"{args.spec} {label}: {args.tokens} tokens in {seconds:.2f} s = {rate:.1f} tokens/s")
+
+
+if __name__ == "__main__":
+    main()
