@@ -23,6 +23,7 @@ import numpy as np
 import pytest
 
 from axdsl import runs
+from test_preemption import tensorboard_scalars
 
 ROOT = Path(__file__).resolve().parent.parent
 STEPS = 60
@@ -218,12 +219,17 @@ def test_axdsl_train_plot_sample(tmp_path, monkeypatch, capfd):
     assert info["package"] == "generated.tiny_llama.cpu" and Path(info["root"]) == tmp_path.resolve()
     assert info["train"]["steps"] == 12 and info["train"]["checkpoint_every"] == 6
     assert complete(run) == [6, 12]
-    capfd.readouterr()
+    err = capfd.readouterr().err
+    assert "compiling the train step..." in err and "eval loss " in err
+    assert f"done: 12 steps, {12 * info['train']['batch'] * info['train']['seq']:,} tokens in " in err
+    assert "final train loss " in err and f"checkpoints: {(run / 'checkpoints').absolute()}" in err
 
     assert runs.train(spec, "cpu", run, 18, 6) == 0  # the same run, further: resumes
     err = capfd.readouterr().err
     assert "resumed from step 12" in err and "built" not in err  # generated/ was already current
-    assert complete(run) == [6, 12, 18]
+    assert complete(run) == [6, 12, 18] and "done: 18 steps (resumed at 12)" in err
+    train_loss, eval_loss = runs.read_metrics(run)  # TensorBoard shows the losses metrics.jsonl holds
+    assert tensorboard_scalars(run, "loss") == train_loss and tensorboard_scalars(run, "eval_loss") == eval_loss
 
     assert runs.plot(run, None) == 0
     _, _, pixels = read_png((run / "loss.png").read_bytes())

@@ -1,7 +1,7 @@
 """Format generated code with black and check it with libcst before anything is written.
 
 The check enforces the allowed shape of generated code: it parses; it imports only jax, numpy,
-optax, orbax, tqdm, the standard library
+optax, orbax, tqdm, tensorboardX (issue 13: TensorBoard event files), the standard library
 and sibling generated files (never axdsl); every import is used; and it calls
 none of the builtins that run or load arbitrary code. A failure is a compiler bug.
 """
@@ -13,7 +13,7 @@ import sys
 import black
 import libcst as cst
 
-ALLOWED_THIRD_PARTY = {"jax", "numpy", "optax", "orbax", "tqdm"}
+ALLOWED_THIRD_PARTY = {"jax", "numpy", "optax", "orbax", "tqdm", "tensorboardX"}
 FORBIDDEN_CALLS = {"exec", "eval", "compile", "__import__", "globals", "locals", "breakpoint",
                    "setattr", "delattr", "input"}
 BLACK_MODE = black.Mode(line_length=100, target_versions={black.TargetVersion.PY311})
