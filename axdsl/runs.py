@@ -4,13 +4,13 @@
             subprocess from the directory that holds generated/; rerunning the command resumes.
             A train.py you edited is run as it is, and never rebuilt over: when the spec or
             axdsl changed the other files too, it stops and says what to do
-    plot    draw RUN_DIR/metrics.jsonl (train and eval loss against step) as a PNG, with a small
-            rasterizer and PNG encoder of its own (zlib + struct; no plotting library)
+    plot    draw RUN_DIR/metrics.jsonl (train and eval loss, learning rate, tokens/s against step)
+            as a PNG with matplotlib's Agg backend (no display needed)
     (sample is axdsl/sampling.py; it finds a run's code through load_run below)
 
 A run directory holds what train.py writes: run.json (package, spec, target, model, train
 config), metrics.jsonl and checkpoints/. `plot` and `sample` find the generated code through
-run.json. Nothing here imports jax.
+run.json. Nothing here imports jax; only `plot` imports matplotlib.
 """
 
 from __future__ import annotations
@@ -22,11 +22,9 @@ import json
 import math
 import os
 import signal
-import struct
 import subprocess
 import sys
 import threading
-import zlib
 from pathlib import Path
 
 from axdsl.errors import shorten_words
@@ -144,15 +142,23 @@ def _die_with_parent(parent: int):
 
 
 def read_metrics(run_dir: Path) -> tuple[list[tuple[int, float]], list[tuple[int, float]]]:
-    """(train losses, eval losses) as sorted (step, value) pairs from RUN_DIR/metrics.jsonl.
+    """(train losses, eval losses) as sorted (step, value) pairs from RUN_DIR/metrics.jsonl."""
+    series = read_series(run_dir)
+    return series["loss"], series["eval_loss"]
+
+
+SERIES = ("loss", "eval_loss", "lr", "tokens_per_s")  # what `plot` draws, as metrics.jsonl names them
+
+
+def read_series(run_dir: Path) -> dict[str, list[tuple[int, float]]]:
+    """Each of SERIES as sorted (step, value) pairs from RUN_DIR/metrics.jsonl.
 
     A resumed run logs again the steps after its last checkpoint: the later value of a step wins.
     Skipped (non-finite) steps and null values are left out. A damaged line (cut short by a kill,
     not JSON, not an object, no integer step, a non-finite number) is skipped with a warning that
     names its line number; reading never fails on the file's content.
     """
-    train_loss: dict[int, float] = {}
-    eval_loss: dict[int, float] = {}
+    found: dict[str, dict[int, float]] = {key: {} for key in SERIES}
     path = run_dir / "metrics.jsonl"
     lines = path.read_bytes().decode("utf-8", errors="replace").splitlines()
     for number, line in enumerate(lines, 1):
@@ -162,10 +168,10 @@ def read_metrics(run_dir: Path) -> tuple[list[tuple[int, float]], list[tuple[int
             continue
         if row is None or row.get("skipped_update"):
             continue
-        for key, series in (("loss", train_loss), ("eval_loss", eval_loss)):
+        for key, values in found.items():
             if _is_number(row.get(key)):
-                series[row["step"]] = float(row[key])
-    return sorted(train_loss.items()), sorted(eval_loss.items())
+                values[row["step"]] = float(row[key])
+    return {key: sorted(values.items()) for key, values in found.items()}
 
 
 def _is_number(value) -> bool:
@@ -190,152 +196,73 @@ def _metrics_row(line: str) -> dict | str | None:
     return row
 
 
-TRAIN_COLOR = (31, 119, 180)  # blue
-EVAL_COLOR = (255, 127, 14)  # orange
-AXIS_COLOR = (0, 0, 0)
-GRID_COLOR = (225, 225, 225)
+TRAIN_COLOR = (31, 119, 180)  # matplotlib's C0 blue
+EVAL_COLOR = (255, 127, 14)  # matplotlib's C1 orange
+LR_COLOR = (44, 160, 44)  # C2 green
+THROUGHPUT_COLOR = (148, 103, 189)  # C4 purple
 
 
 def plot(run_dir: Path, out: Path | None = None) -> int:
-    """Write the loss curves of RUN_DIR to `out` (default RUN_DIR/loss.png)."""
+    """Write the curves of RUN_DIR to `out` (default RUN_DIR/loss.png): train and eval loss,
+    learning rate and throughput against step, titled with the run's spec, model and target."""
     if not (run_dir / "metrics.jsonl").exists():
         return _error(f"{run_dir}/metrics.jsonl not found: is {run_dir} a run directory?")
-    train_loss, eval_loss = read_metrics(run_dir)
-    if not train_loss and not eval_loss:
+    series = read_series(run_dir)
+    if not series["loss"] and not series["eval_loss"]:
         return _error(f"{run_dir}/metrics.jsonl has no losses yet")
     out = out if out is not None else run_dir / "loss.png"
-    out.write_bytes(loss_chart(train_loss, eval_loss))
-    print(f"wrote {out} ({len(train_loss)} train and {len(eval_loss)} eval points)")
+    if not out.parent.is_dir():
+        return _error(f"{out}: the directory {out.parent} does not exist")
+    figure = run_figure(series, run_title(run_dir))
+    try:
+        figure.savefig(out, dpi=100)
+    except OSError as exc:
+        return _error(f"{out}: {exc.strerror or exc}")
+    print(f"wrote {out} ({len(series['loss'])} train and {len(series['eval_loss'])} eval points)")
     return 0
 
 
-def loss_chart(train_loss, eval_loss, width: int = 800, height: int = 480) -> bytes:
-    """A PNG of loss against step: grid, axes with tick labels, train and eval polylines, legend."""
-    c = Canvas(width, height)
-    left, right, top, bottom = 70, width - 20, 40, height - 50
-    points = train_loss + eval_loss
-    x_hi = max(s for s, _ in points) or 1
-    y_lo, y_hi = min(v for _, v in points), max(v for _, v in points)
-    pad = (y_hi - y_lo) * 0.05 or 0.5
-    y_lo, y_hi = y_lo - pad, y_hi + pad
-
-    def px(step: float, value: float) -> tuple[int, int]:
-        x = left + (right - left) * step / x_hi
-        y = bottom - (bottom - top) * (value - y_lo) / (y_hi - y_lo)
-        return round(x), round(y)
-
-    for value in _ticks(y_lo, y_hi):
-        _, y = px(0, value)
-        c.line(left, y, right, y, GRID_COLOR)
-        label = f"{value:.4g}"
-        c.text(left - 8 - c.text_width(label), y - 5, label, AXIS_COLOR)
-    for step in _ticks(0, x_hi):
-        x, _ = px(step, y_lo)
-        c.line(x, top, x, bottom, GRID_COLOR)
-        label = f"{step:.6g}"
-        c.text(x - c.text_width(label) // 2, bottom + 8, label, AXIS_COLOR)
-    c.line(left, top, left, bottom, AXIS_COLOR)
-    c.line(left, bottom, right, bottom, AXIS_COLOR)
-    c.text((left + right) // 2 - c.text_width("step") // 2, bottom + 28, "step", AXIS_COLOR)
-    c.text(8, top - 28, "loss", AXIS_COLOR)
-    for series, color in ((train_loss, TRAIN_COLOR), (eval_loss, EVAL_COLOR)):
-        xy = [px(s, v) for s, v in series]
-        for (x0, y0), (x1, y1) in zip(xy, xy[1:]):
-            c.line(x0, y0, x1, y1, color, thick=2)
-        if len(xy) == 1:
-            c.rect(xy[0][0] - 2, xy[0][1] - 2, 5, 5, color)
-    x = right - 130
-    for label, color, series in (("train", TRAIN_COLOR, train_loss), ("eval", EVAL_COLOR, eval_loss)):
-        if series:
-            c.rect(x, top - 24, 16, 4, color)
-            c.text(x + 22, top - 28, label, AXIS_COLOR)
-            x += 70
-    return c.png()
+def run_title(run_dir: Path) -> str:
+    """"RUN_DIR: SPEC model M on TARGET" from run.json; the directory alone when that is unreadable."""
+    try:
+        info = json.loads((run_dir / "run.json").read_text(encoding="utf-8"))
+        return f"{run_dir.name}: {Path(info['spec']).name} model {info['train']['model']} on {info['target']}"
+    except (OSError, ValueError, KeyError, TypeError):
+        return run_dir.name or str(run_dir)
 
 
-def _ticks(lo: float, hi: float, count: int = 5) -> list[float]:
-    """Round tick values (1, 2 or 5 times a power of ten apart) inside [lo, hi]."""
-    if hi <= lo:
-        return [lo]
-    raw = (hi - lo) / count
-    base = 10 ** math.floor(math.log10(raw))
-    step = next(m * base for m in (1, 2, 5, 10) if m * base >= raw)
-    first = math.ceil(lo / step)
-    return [round(i * step, 10) for i in range(first, math.floor(hi / step) + 1)]
+def run_figure(series: dict[str, list[tuple[int, float]]], title: str):
+    """An 800x480 matplotlib figure (Agg, no display needed): loss on the left, learning rate
+    and tokens/s stacked on the right; a panel whose metric was never logged says so."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=(8, 4.8), layout="constrained")
+    grid = figure.add_gridspec(2, 2, width_ratios=(3, 2))
+    loss, lr, speed = figure.add_subplot(grid[:, 0]), figure.add_subplot(grid[0, 1]), figure.add_subplot(grid[1, 1])
+    figure.suptitle(title)
+    for key, label, color in (("loss", "train", TRAIN_COLOR), ("eval_loss", "eval", EVAL_COLOR)):
+        _draw(loss, series[key], color, label)
+    loss.set(xlabel="step", ylabel="loss")
+    loss.legend()
+    _draw(lr, series["lr"], LR_COLOR)
+    lr.set(ylabel="learning rate")
+    _draw(speed, series["tokens_per_s"], THROUGHPUT_COLOR)
+    speed.set(xlabel="step", ylabel="tokens/s")
+    return figure
 
 
-# A 3x5 bitmap font: enough for numbers and the chart's words ("e" is drawn as E).
-GLYPHS = {
-    "0": "111101101101111", "1": "010110010010111", "2": "111001111100111", "3": "111001111001111",
-    "4": "101101111001001", "5": "111100111001111", "6": "111100111101111", "7": "111001001001001",
-    "8": "111101111101111", "9": "111101111001111", ".": "000000000000010", "-": "000000111000000",
-    "+": "000010111010000", "e": "111100110100111", "a": "010101111101101", "i": "111010010010111",
-    "l": "100100100100111", "n": "101111111101101", "o": "010101101101010", "p": "110101110100100",
-    "r": "110101110101101", "s": "011100010001110", "t": "111010010010010", "v": "101101101101010",
-    " ": "000000000000000",
-}
-
-
-class Canvas:
-    """An RGB image in memory with just what a line chart needs."""
-
-    def __init__(self, width: int, height: int, background=(255, 255, 255)):
-        self.width, self.height = width, height
-        self.pixels = bytearray(bytes(background) * (width * height))
-
-    def set(self, x: int, y: int, color) -> None:
-        if 0 <= x < self.width and 0 <= y < self.height:
-            i = 3 * (y * self.width + x)
-            self.pixels[i : i + 3] = bytes(color)
-
-    def rect(self, x: int, y: int, w: int, h: int, color) -> None:
-        for yy in range(y, y + h):
-            for xx in range(x, x + w):
-                self.set(xx, yy, color)
-
-    def line(self, x0: int, y0: int, x1: int, y1: int, color, thick: int = 1) -> None:
-        """Bresenham's line, `thick` pixels wide."""
-        dx, dy = abs(x1 - x0), -abs(y1 - y0)
-        sx, sy = (1 if x0 < x1 else -1), (1 if y0 < y1 else -1)
-        err = dx + dy
-        while True:
-            self.rect(x0, y0, thick, thick, color)
-            if x0 == x1 and y0 == y1:
-                return
-            e2 = 2 * err
-            if e2 >= dy:
-                err += dy
-                x0 += sx
-            if e2 <= dx:
-                err += dx
-                y0 += sy
-
-    def text(self, x: int, y: int, text: str, color, scale: int = 2) -> None:
-        for ch in text.lower():
-            glyph = GLYPHS.get(ch, GLYPHS[" "])
-            for i, bit in enumerate(glyph):
-                if bit == "1":
-                    self.rect(x + (i % 3) * scale, y + (i // 3) * scale, scale, scale, color)
-            x += 4 * scale
-
-    def text_width(self, text: str, scale: int = 2) -> int:
-        return len(text) * 4 * scale - scale
-
-    def png(self) -> bytes:
-        return encode_png(self.width, self.height, bytes(self.pixels))
-
-
-def encode_png(width: int, height: int, rgb: bytes) -> bytes:
-    """An 8-bit RGB PNG: signature, IHDR, one zlib IDAT of filter-0 scanlines, IEND."""
-    stride = 3 * width
-    raw = b"".join(b"\x00" + rgb[y * stride : (y + 1) * stride] for y in range(height))
-
-    def chunk(kind: bytes, data: bytes) -> bytes:
-        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
-
-    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)  # depth 8, RGB, no interlace
-    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(raw, 9))
-            + chunk(b"IEND", b""))
+def _draw(axes, points: list[tuple[int, float]], color: tuple[int, int, int], label: str | None = None) -> None:
+    """One curve (a marker when it is a single point), on a grid; "not logged" when empty."""
+    axes.grid(True, color="0.9")
+    if not points:
+        axes.text(0.5, 0.5, "not logged", ha="center", va="center", transform=axes.transAxes)
+        return
+    steps, values = zip(*points)
+    rgb = tuple(c / 255 for c in color)
+    axes.plot(steps, values, color=rgb, linewidth=2, label=label, marker="o" if len(points) == 1 else None)
 
 
 # ----------------------------------------------------------------------------- sample

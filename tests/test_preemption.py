@@ -11,6 +11,7 @@ compiled programs) sharing one compilation cache: only the first run compiles.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -269,6 +270,49 @@ def test_nonfinite_metrics_are_strict_json(tmp_path):
     assert rows[1:] == [{"step": 4, "eval_loss": None, "nonfinite": ["eval_loss"]}, {"step": 5, "eval_loss": 2.5}]
     assert runtime.json_safe({"train": {"clip": math.inf}}) == {"train": {"clip": None}, "nonfinite": ["train.clip"]}
     assert runs.read_metrics(tmp_path) == ([], [(5, 2.5)])
+
+
+def tensorboard_scalars(run_dir: Path, tag: str) -> list[tuple[int, float]]:
+    """(step, value) of `tag` as TensorBoard shows it: read by tensorboard's own event reader,
+    which applies the purges a resumed run writes."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(run_dir / "tensorboard"), purge_orphaned_data=True).Reload()
+    return [(e.step, e.value) for e in events.Scalars(tag)]
+
+
+def test_tensorboard_events_match_metrics_after_a_resume(tmp_path, capsys):
+    """A run killed at step 8 after its checkpoint of step 5, then resumed: TensorBoard shows each
+    step once, with the values metrics.jsonl keeps (the resumed run's); the eval loss is printed
+    and the summary comes only from a run that reached its last step."""
+    from generated import runtime
+    from generated.tiny_llama.cpu import train as tm
+
+    args = SimpleNamespace(out=tmp_path, no_progress=True)
+    tc = dataclasses.replace(tm.TRAIN, steps=10, log_every=1)
+    report = lambda loss: {"ok": True, "loss": np.float32(loss), "grad_norm": 1.0, "lr": 0.01, "bad_steps": 0}
+    killed = runtime.MetricsLog(args, tc, 0, (1, 1), 1.0)
+    assert "compiling" in capsys.readouterr().err
+    for step in range(1, 9):
+        killed.step(step, report(10.0 - step))
+    killed.write({"step": 5, "eval_loss": 6.5})
+    killed.close(summary=False)  # as if killed: no summary
+    assert "eval loss 6.5000" in capsys.readouterr().err
+    resumed = runtime.MetricsLog(args, tc, 5, (1, 1), 1.0)
+    for step in range(6, 11):
+        resumed.advance()
+        resumed.step(step, report(20.0 - step))
+    resumed.write({"step": 10, "eval_loss": 9.25})
+    resumed.close()
+    err = capsys.readouterr().err
+    assert "compiled in" in err and "done: 10 steps (resumed at 5), " in err
+    assert f"{5 * tc.batch * tc.seq:,} tokens" in err and "final train loss 10.0000, eval loss 9.2500" in err
+    assert str((tmp_path / tc.checkpoint_dir).absolute()) in err
+    train_loss, eval_loss = runs.read_metrics(tmp_path)
+    assert train_loss == [(s, 10.0 - s) for s in range(1, 6)] + [(s, 20.0 - s) for s in range(6, 11)]
+    assert tensorboard_scalars(tmp_path, "loss") == train_loss
+    assert tensorboard_scalars(tmp_path, "eval_loss") == eval_loss == [(5, 6.5), (10, 9.25)]
+    assert [s for s, _ in tensorboard_scalars(tmp_path, "lr")] == list(range(1, 11))
 
 
 def test_plot_reads_a_damaged_metrics_file_with_warnings(tmp_path, capsys):

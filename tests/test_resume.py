@@ -14,17 +14,16 @@ import os
 import random
 import shutil
 import signal
-import struct
 import subprocess
 import sys
 import time
-import zlib
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from axdsl import runs, sampling
+from test_preemption import tensorboard_scalars
 
 ROOT = Path(__file__).resolve().parent.parent
 STEPS = 60
@@ -169,24 +168,14 @@ def test_partial_checkpoint_is_never_restored(tmp_path, reference, cache):
 
 
 def read_png(data: bytes) -> tuple[int, int, bytes]:
-    """(width, height, RGB pixels) of an 8-bit RGB PNG, checking its structure along the way."""
+    """(width, height, RGB pixels) of a PNG, decoded by Pillow (which matplotlib installs)."""
+    import io
+
+    from PIL import Image
+
     assert data[:8] == b"\x89PNG\r\n\x1a\n"
-    pos, chunks = 8, []
-    while pos < len(data):
-        (length,) = struct.unpack(">I", data[pos : pos + 4])
-        kind, body = data[pos + 4 : pos + 8], data[pos + 8 : pos + 8 + length]
-        (crc,) = struct.unpack(">I", data[pos + 8 + length : pos + 12 + length])
-        assert crc == zlib.crc32(kind + body), kind
-        chunks.append((kind, body))
-        pos += 12 + length
-    assert [k for k, _ in chunks][0] == b"IHDR" and chunks[-1] == (b"IEND", b"")
-    width, height, depth, color, _, _, interlace = struct.unpack(">IIBBBBB", chunks[0][1])
-    assert (depth, color, interlace) == (8, 2, 0)
-    raw = zlib.decompress(b"".join(body for kind, body in chunks if kind == b"IDAT"))
-    assert len(raw) == height * (1 + 3 * width)
-    rows = [raw[y * (1 + 3 * width) : (y + 1) * (1 + 3 * width)] for y in range(height)]
-    assert all(r[0] == 0 for r in rows)  # filter type 0 (none) on every scanline
-    return width, height, b"".join(r[1:] for r in rows)
+    image = Image.open(io.BytesIO(data)).convert("RGB")
+    return image.width, image.height, image.tobytes()
 
 
 def has_color(pixels: bytes, color: tuple[int, int, int]) -> int:
@@ -206,8 +195,14 @@ def test_plot_draws_both_curves(tmp_path):
     width, height, pixels = read_png((tmp_path / "chart.png").read_bytes())
     assert (width, height) == (800, 480)
     assert has_color(pixels, runs.TRAIN_COLOR) > 500 and has_color(pixels, runs.EVAL_COLOR) > 300
-    assert has_color(pixels, runs.AXIS_COLOR) > 1000  # axes and labels
+    assert has_color(pixels, runs.LR_COLOR) > 100 and has_color(pixels, runs.THROUGHPUT_COLOR) == 0
+    assert has_color(pixels, (0, 0, 0)) > 1000  # axes, labels, title
     assert runs.plot(tmp_path / "nowhere") == 1
+    assert runs.plot(tmp_path, tmp_path / "missing" / "chart.png") == 1  # a clean error, no traceback
+    assert runs.run_title(tmp_path) == tmp_path.name  # no run.json: the directory names the run
+    info = {"spec": "specs/tiny_llama.axl", "target": "cpu", "train": {"model": "tiny_llama"}}
+    (tmp_path / "run.json").write_text(json.dumps(info))
+    assert runs.run_title(tmp_path) == f"{tmp_path.name}: tiny_llama.axl model tiny_llama on cpu"
 
 
 @pytest.mark.slow
@@ -224,12 +219,17 @@ def test_axdsl_train_plot_sample(tmp_path, monkeypatch, capfd):
     assert info["package"] == "generated.tiny_llama.cpu" and Path(info["root"]) == tmp_path.resolve()
     assert info["train"]["steps"] == 12 and info["train"]["checkpoint_every"] == 6
     assert complete(run) == [6, 12]
-    capfd.readouterr()
+    err = capfd.readouterr().err
+    assert "compiling the train step..." in err and "eval loss " in err
+    assert f"done: 12 steps, {12 * info['train']['batch'] * info['train']['seq']:,} tokens in " in err
+    assert "final train loss " in err and f"checkpoints: {(run / 'checkpoints').absolute()}" in err
 
     assert runs.train(spec, "cpu", run, 18, 6) == 0  # the same run, further: resumes
     err = capfd.readouterr().err
     assert "resumed from step 12" in err and "built" not in err  # generated/ was already current
-    assert complete(run) == [6, 12, 18]
+    assert complete(run) == [6, 12, 18] and "done: 18 steps (resumed at 12)" in err
+    train_loss, eval_loss = runs.read_metrics(run)  # TensorBoard shows the losses metrics.jsonl holds
+    assert tensorboard_scalars(run, "loss") == train_loss and tensorboard_scalars(run, "eval_loss") == eval_loss
 
     assert runs.plot(run, None) == 0
     _, _, pixels = read_png((run / "loss.png").read_bytes())

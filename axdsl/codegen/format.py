@@ -1,7 +1,7 @@
 """Format generated code with black and check it with libcst before anything is written.
 
 The check enforces the allowed shape of generated code: it parses; it imports only jax, numpy,
-optax, orbax, tqdm, the standard library
+optax, orbax, tqdm, tensorboardX (issue 13: TensorBoard event files), the standard library
 and sibling generated files (never axdsl); every import is used; and it calls
 none of the builtins that run or load arbitrary code. A failure is a compiler bug.
 """
@@ -14,8 +14,8 @@ import black
 import libcst as cst
 
 # tokenizers (HF's, issue 13) is imported by runtime.py only inside the functions for text with a
-# tokenizer, so byte-level and token-file runs never need it installed.
-ALLOWED_THIRD_PARTY = {"jax", "numpy", "optax", "orbax", "tqdm", "tokenizers"}
+# tokenizer; tensorboardX writes the TensorBoard event files.
+ALLOWED_THIRD_PARTY = {"jax", "numpy", "optax", "orbax", "tqdm", "tokenizers", "tensorboardX"}
 FORBIDDEN_CALLS = {"exec", "eval", "compile", "__import__", "globals", "locals", "breakpoint",
                    "setattr", "delattr", "input"}
 BLACK_MODE = black.Mode(line_length=100, target_versions={black.TargetVersion.PY311})
