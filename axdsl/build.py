@@ -28,7 +28,7 @@ from axdsl import __version__
 from axdsl.analysis.flops import training_flops_per_token
 from axdsl.codegen.emit import emit_model, has_lm_signature
 from axdsl.codegen.emit_train import emit_runtime, emit_slurm, emit_train
-from axdsl.codegen.format import check_generated, format_code
+from axdsl.codegen.format import checked, formatted
 from axdsl.errors import CompileError
 from axdsl.pipeline import run_passes
 from axdsl.syntax.loader import load
@@ -74,15 +74,15 @@ def build_files(spec: Path, target: str, root: str = "generated") -> dict[str, s
         model_code = emit_model(module)
     except CompileError as exc:  # located in the spec: show its lines
         raise CompileError(exc.diagnostics, program.sources) from None
-    files = {"__init__.py": PACKAGE_INIT, "model.py": format_code(model_code)}
+    files = {"__init__.py": PACKAGE_INIT, "model.py": formatted(model_code)}
     if has_lm_signature(module.models[0].root):
         package = f"{root}.{spec.stem}.{target_dir_name(target)}"
         flops = [(m.name, *training_flops_per_token(m)) for m in module.models]
-        files["train.py"] = format_code(emit_train(module, package, flops))
+        files["train.py"] = formatted(emit_train(module, package, flops))
         files["slurm.sh"] = emit_slurm(module, package)
     for name, text in files.items():
         if name.endswith(".py"):
-            check_generated(text, name)
+            checked(text, name)
     files[MANIFEST] = manifest(files)
     return files
 
@@ -100,8 +100,8 @@ def _sha256(text: str) -> str:
 @functools.cache
 def runtime_source() -> str:
     """<root>/runtime.py: the training runtime every generated train.py imports (not per spec)."""
-    text = format_code(emit_runtime())
-    check_generated(text, RUNTIME)
+    text = formatted(emit_runtime())
+    checked(text, RUNTIME)
     return text
 
 

@@ -1,24 +1,26 @@
 """Format generated code with black and check it with libcst before anything is written.
 
-The check enforces the allowed shape of generated code: it parses; it imports only jax, numpy,
-optax, orbax, tqdm, tensorboardX (issue 13: TensorBoard event files), the standard library
-and sibling generated files (never axdsl); every import is used; and it calls
-none of the builtins that run or load arbitrary code. A failure is a compiler bug.
+The check enforces the allowed shape of generated code (checker.py): it parses; it imports only
+jax, numpy, optax, orbax, tqdm, tokenizers and tensorboardX (issue 13), the standard library and sibling generated files (never axdsl);
+every import is used; and it calls none of the builtins that run or load arbitrary code. A
+failure is a compiler bug.
+
+`format_code` and `check_generated` always run the tools (the tests use them). The build uses
+`formatted` and `checked`, which look the result up in the build cache (cache.py) first: black
+and libcst are imported only when some text is new, which keeps a warm build well under a second.
 """
 
 from __future__ import annotations
 
+import functools
+import importlib.metadata
 import sys
+from pathlib import Path
 
-import black
-import libcst as cst
+from axdsl.codegen import cache
 
-# tokenizers (HF's, issue 13) is imported by runtime.py only inside the functions for text with a
-# tokenizer; tensorboardX writes the TensorBoard event files.
-ALLOWED_THIRD_PARTY = {"jax", "numpy", "optax", "orbax", "tqdm", "tokenizers", "tensorboardX"}
-FORBIDDEN_CALLS = {"exec", "eval", "compile", "__import__", "globals", "locals", "breakpoint",
-                   "setattr", "delattr", "input"}
-BLACK_MODE = black.Mode(line_length=100, target_versions={black.TargetVersion.PY311})
+LINE_LENGTH = 100
+CHECKED = "ok\n"  # the cache entry of a file that passed the check
 
 
 class GeneratedCodeError(Exception):
@@ -26,64 +28,46 @@ class GeneratedCodeError(Exception):
 
 
 def format_code(source: str) -> str:
+    """`source` formatted by black (line length 100, Python 3.11)."""
+    import black  # about 0.35 s to import: only when something is formatted
+
+    mode = black.Mode(line_length=LINE_LENGTH, target_versions={black.TargetVersion.PY311})
     try:
-        return black.format_str(source, mode=BLACK_MODE)
+        return black.format_str(source, mode=mode)
     except black.InvalidInput as exc:  # a compiler bug: show the offending source
         raise GeneratedCodeError(f"generated code does not parse: {exc}\n{source}") from None
 
 
 def check_generated(source: str, path: str) -> None:
-    try:
-        tree = cst.parse_module(source)
-    except cst.ParserSyntaxError as exc:
-        raise GeneratedCodeError(f"{path}: generated code does not parse: {exc}") from None
-    visitor = _Checker()
-    tree.visit(visitor)
-    problems = list(visitor.problems)
-    for name in sorted(visitor.imported):
-        if name not in visitor.used:
-            problems.append(f"unused import `{name}`")
-    if problems:
+    """Raise GeneratedCodeError naming `path` when `source` breaks a rule of checker.py."""
+    from axdsl.codegen import checker  # imports libcst, about 0.6 s
+
+    if problems := checker.problems(source):
         raise GeneratedCodeError(f"{path}: " + "; ".join(problems))
 
 
-class _Checker(cst.CSTVisitor):
-    def __init__(self) -> None:
-        self.problems: list[str] = []
-        self.imported: set[str] = set()
-        self.used: set[str] = set()
+def formatted(source: str) -> str:
+    """format_code(source), from the build cache when this text was formatted before."""
+    name = cache.key("format", _tools(), source)
+    if (text := cache.get("format", name)) is None:
+        text = format_code(source)
+        cache.put("format", name, text)
+    return text
 
-    def _module_ok(self, dotted: str) -> None:
-        top = dotted.split(".")[0]
-        if top == "axdsl":
-            self.problems.append("generated code must not import axdsl")
-        elif top not in ALLOWED_THIRD_PARTY and top not in sys.stdlib_module_names and top != "__future__":
-            self.problems.append(f"import of `{dotted}` is not allowed")
 
-    def visit_Import(self, node: cst.Import) -> bool:
-        for alias in node.names:
-            dotted = cst.helpers.get_full_name_for_node(alias.name)
-            self._module_ok(dotted)
-            bound = alias.asname.name.value if alias.asname else dotted.split(".")[0]
-            self.imported.add(bound)
-        return False  # names inside an import statement are not uses
+def checked(source: str, path: str) -> None:
+    """check_generated(source, path), skipped when this text already passed under this name.
+    Only passes are cached: a failing file is checked (and reported) every time."""
+    name = cache.key("check", _tools(), path, source)
+    if cache.get("check", name) != CHECKED:
+        check_generated(source, path)
+        cache.put("check", name, CHECKED)
 
-    def visit_ImportFrom(self, node: cst.ImportFrom) -> bool:
-        dotted = cst.helpers.get_full_name_for_node(node.module) if node.module else ""
-        if not node.relative:  # `from .model import ...`: a sibling generated file
-            self._module_ok(dotted)
-        if dotted == "__future__":
-            return False
-        if isinstance(node.names, cst.ImportStar):
-            self.problems.append("star imports are not allowed")
-            return False
-        for alias in node.names:
-            self.imported.add(alias.asname.name.value if alias.asname else alias.name.value)
-        return False
 
-    def visit_Name(self, node: cst.Name) -> None:
-        self.used.add(node.value)
-
-    def visit_Call(self, node: cst.Call) -> None:
-        if isinstance(node.func, cst.Name) and node.func.value in FORBIDDEN_CALLS:
-            self.problems.append(f"call of `{node.func.value}` is not allowed")
+@functools.cache
+def _tools() -> str:
+    """What formatting and checking depend on besides the text: tool and Python versions, the
+    line length, and the source of the rules (so an edited checker.py invalidates its entries)."""
+    versions = [importlib.metadata.version(tool) for tool in ("black", "libcst")]
+    rules = (Path(__file__).parent / "checker.py").read_text(encoding="utf-8")
+    return cache.key(*versions, sys.version, str(LINE_LENGTH), rules)
