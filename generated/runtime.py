@@ -14,6 +14,7 @@ import atexit
 import dataclasses
 import fnmatch
 import hashlib
+import io
 import json
 import math
 import os
@@ -176,9 +177,9 @@ def tokenize(tokenizer, text: bytes, source: Path | None, run_dir: Path | None) 
                 cache.with_name(cache.name + ".sha256"),
                 hashlib.sha256(ids.tobytes()).hexdigest().encode(),
             )
-            with open(cache.with_name(cache.name + ".tmp"), "wb") as f:
-                np.save(f, ids)
-            os.replace(cache.with_name(cache.name + ".tmp"), cache)
+            buffer = io.BytesIO()
+            np.save(buffer, ids)
+            write_atomic(cache, buffer.getvalue())
             break
         except OSError:
             continue  # a read-only data directory: try the run directory
