@@ -67,7 +67,8 @@ def sample(run_dir: Path, prompt: str, max_tokens: int = 200, temperature: float
     objective = getattr(tm, "OBJECTIVE", "next_token")
     if objective == "seq2seq":  # greedy or sampled decoding of the prompt as the encoder's input
         stop = dataclasses.replace(sampling, eos=tc.eos if sampling.eos is None else sampling.eos)
-        tokens = generate_seq2seq(model, cfg, params, ids, model.START_TOKEN, max_tokens, stop,
+        source = ids + [tc.eos]  # as every training example, the source ends with eos
+        tokens = generate_seq2seq(model, cfg, params, source, model.START_TOKEN, max_tokens, stop,
                                   np.random.default_rng(seed))
         sys.stdout.write(printable(codec.prompt_text(prompt, ids)) + " -> ")
         _stream((t for t in tokens if t != stop.eos), [], "", codec)
