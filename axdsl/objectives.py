@@ -38,7 +38,7 @@ SHAPES = {
     "masked_lm": Objective(("tokens",), ("segments", "types"), 3, "logits [B, S, vocab]",
                            ("default", "tokens", "text")),
     "seq2seq": Objective(("tokens", "dec_tokens"), ("segments", "dec_segments"), 3, "logits [B, T, vocab]",
-                         ("pairs",)),
+                         ("pairs", "synthetic_pairs")),
     "classify": Objective(("images",), (), 2, "logits [B, classes]", ("arrays", "synthetic_images")),
 }
 # Data sources beyond tokens/text: their arguments and defaults ("" / None: a required path).
@@ -46,6 +46,7 @@ DATA = {
     "pairs": {"eos": 0, "dtype": "u16"},
     "arrays": {},
     "synthetic_images": {"count": 4096, "noise": 0.5, "seed": 0},
+    "synthetic_pairs": {"count": 4096, "eos": 1, "seed": 0},
 }
 
 
@@ -146,8 +147,11 @@ def check_call(value: Any, span: Span, table: dict, diags: Diagnostics) -> ir.Na
     return ir.NamedCall(value.fn, tuple(out.items()))
 
 
-def synthetic_default() -> ir.DataSource:
-    return ir.DataSource(ir.DataKind.SYNTHETIC_IMAGES, options=tuple(DATA["synthetic_images"].items()))
+def synthetic_default(objective: str) -> ir.DataSource:
+    """classify's and seq2seq's data when the train block names none: a learnable set made on the
+    machine (nothing can be downloaded)."""
+    kind = ir.DataKind.SYNTHETIC_IMAGES if objective == "classify" else ir.DataKind.SYNTHETIC_PAIRS
+    return ir.DataSource(kind, options=tuple(DATA[str(kind)].items()))
 
 
 def check_data(value: Any, span: Span, diags: Diagnostics) -> ir.DataSource | None:
@@ -156,9 +160,10 @@ def check_data(value: Any, span: Span, diags: Diagnostics) -> ir.DataSource | No
     if isinstance(value, ir.NameValue):
         value = ir.CallValue(value.id)
     fn, args, kwargs = value.fn, value.args, dict(value.kwargs)
-    paths = {"pairs": 2, "arrays": 1, "synthetic_images": 0}[fn]
+    paths = {"pairs": 2, "arrays": 1, "synthetic_images": 0, "synthetic_pairs": 0}[fn]
     example = {"pairs": 'pairs("src.bin", "tgt.bin", eos = 0)', "arrays": 'arrays("train.npz")',
-               "synthetic_images": "synthetic_images(count = 4096, noise = 0.5)"}[fn]
+               "synthetic_images": "synthetic_images(count = 4096, noise = 0.5)",
+               "synthetic_pairs": "synthetic_pairs(count = 4096, eos = 1)"}[fn]
     if len(args) != paths or not all(isinstance(a, str) for a in args):
         diags.error(span, f"{fn}(...) takes {paths or 'no'} path string{'s' if paths != 1 else ''}",
                     f"as in {example}")
@@ -193,7 +198,8 @@ def cross_check(values: dict[str, ir.Choice], module: ir.Module, diags: Diagnost
         data = values["data"]
         if str(data.value.kind) in DATA:
             diags.error(data.span, f"data {data.value.kind}(...) is for another objective than next_token",
-                        "set objective = seq2seq(...) for pairs, classify() for arrays and synthetic_images")
+                        "set objective = seq2seq(...) for pairs and synthetic_pairs, classify() for arrays and "
+                        "synthetic_images")
         return
     name, args = choice.value.name, dict(choice.value.args)
     where = choice.span
@@ -213,6 +219,10 @@ def cross_check(values: dict[str, ir.Choice], module: ir.Module, diags: Diagnost
                 return
     data = values["data"]
     kind = str(data.value.kind)
+    eos, vocab = data.value.option("eos"), module.models[0].root.forward.result[-1].size
+    if eos is not None and vocab is not None and eos >= vocab:
+        diags.error(data.span or where, f"{kind}(eos = {eos}) is not below the model's vocab {vocab}",
+                    "use an id the model can embed")
     if kind not in SHAPES[name].data:
         diags.error(data.span or where, f"objective {name} reads data {_list(SHAPES[name].data)}, not `{kind}`",
                     {"seq2seq": 'for example data = pairs("src.bin", "tgt.bin", eos = 0)',

@@ -57,8 +57,9 @@ def train(spec: Path, target: str, out: Path | None = None, steps: int | None = 
     files = build.build_files(spec, target)
     out_dir = build.default_out_dir(spec, target)
     if "train.py" not in files:
-        return _error(f"{spec}: its first model is not a language model (tokens [B, S] -> logits "
-                      "[B, S, vocab]), so there is no train.py to run")
+        return _error(f"{spec}: there is no train.py to run: its first model's forward is not tokens [B, S] "
+                      "-> logits [B, S, vocab] (next_token) and the train block names no objective it fits "
+                      "(objective = masked_lm(...), seq2seq(...) or classify(): see docs/language.md)")
     files, edits = build.keep_edits(out_dir, files)
     inits = [out_dir.parent.parent / "__init__.py", out_dir.parent / "__init__.py"]
     stale = build.diff_against(out_dir, files) or not all(p.exists() for p in inits)
@@ -147,7 +148,8 @@ def read_metrics(run_dir: Path) -> tuple[list[tuple[int, float]], list[tuple[int
     return series["loss"], series["eval_loss"]
 
 
-SERIES = ("loss", "eval_loss", "lr", "tokens_per_s")  # what `plot` draws, as metrics.jsonl names them
+# What `plot` draws, as metrics.jsonl names them (an image classifier logs images_per_s)
+SERIES = ("loss", "eval_loss", "lr", "tokens_per_s", "images_per_s")
 
 
 def read_series(run_dir: Path) -> dict[str, list[tuple[int, float]]]:
@@ -249,8 +251,9 @@ def run_figure(series: dict[str, list[tuple[int, float]]], title: str):
     loss.legend()
     _draw(lr, series["lr"], LR_COLOR)
     lr.set(ylabel="learning rate")
-    _draw(speed, series["tokens_per_s"], THROUGHPUT_COLOR)
-    speed.set(xlabel="step", ylabel="tokens/s")
+    unit = "images" if series["images_per_s"] and not series["tokens_per_s"] else "tokens"
+    _draw(speed, series[f"{unit}_per_s"], THROUGHPUT_COLOR)
+    speed.set(xlabel="step", ylabel=f"{unit}/s")
     return figure
 
 

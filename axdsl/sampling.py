@@ -44,6 +44,9 @@ def sample(run_dir: Path, prompt: str, max_tokens: int = 200, temperature: float
     import numpy as np
 
     info, tm = load_run(run_dir)
+    if getattr(tm, "OBJECTIVE", "next_token") in ("masked_lm", "classify"):
+        return _error(f"{run_dir} trained a {tm.OBJECTIVE} model: `sample` generates from next_token "
+                      "and seq2seq models")
     model = importlib.import_module(tm.__package__ + ".model")
     known = {f.name for f in dataclasses.fields(tm.TrainConfig)}
     tc = tm.TrainConfig(**{k: v for k, v in info["train"].items() if k in known})
@@ -61,6 +64,15 @@ def sample(run_dir: Path, prompt: str, max_tokens: int = 200, temperature: float
     vocab = getattr(cfg, "vocab", None)
     if not ids or (vocab is not None and max(ids) >= vocab):
         return _error(f"the prompt must be non-empty token ids below the vocabulary size {vocab}")
+    objective = getattr(tm, "OBJECTIVE", "next_token")
+    if objective == "seq2seq":  # greedy or sampled decoding of the prompt as the encoder's input
+        stop = dataclasses.replace(sampling, eos=tc.eos if sampling.eos is None else sampling.eos)
+        source = ids + [tc.eos]  # as every training example, the source ends with eos
+        tokens = generate_seq2seq(model, cfg, params, source, model.START_TOKEN, max_tokens, stop,
+                                  np.random.default_rng(seed))
+        sys.stdout.write(printable(codec.prompt_text(prompt, ids)) + " -> ")
+        _stream((t for t in tokens if t != stop.eos), [], "", codec)
+        return 0
     window = min(tc.seq, getattr(cfg, "max_seq", tc.seq))
 
     tokens = generate_tokens(model, cfg, params, ids, window, max_tokens, sampling,

@@ -32,7 +32,7 @@ class TextCodec:
     @classmethod
     def for_run(cls, run_dir: Path, data: str, tokenizer: str) -> "TextCodec":
         """The codec of a run whose TrainConfig has `data` and (maybe empty) `tokenizer`."""
-        if data == "tokens":
+        if data in ("tokens", "pairs"):  # token files: the prompt and output are ids
             return cls("ids")
         if not tokenizer:
             return cls("bytes", _utf8=codecs.getincrementaldecoder("utf-8")(errors="replace"))

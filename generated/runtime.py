@@ -338,6 +338,226 @@ def get_batch(tokens: np.ndarray, tc, step: int, sharding: NamedSharding) -> jax
     return jax.make_array_from_process_local_data(sharding, local, (tc.batch, tc.seq + 1))
 
 
+# ----------------------------------------------------------------------------- examples
+# The objectives other than next_token read batches of named fields (a dict of arrays [batch, ...],
+# every field sharded like the batch): masked_lm rows of tokens, seq2seq rows packed from
+# (source, target) pairs, classify images and labels. A dataset is a dict of such arrays with one
+# row per example; a step's rows are drawn from it as a pure function of (seed, step).
+
+
+def load_examples(
+    cfg,
+    tc,
+    spec: str,
+    objective: str,
+    inputs: tuple,
+    from_flag: bool,
+    scan_ids: bool = True,
+    run_dir: Path | None = None,
+) -> tuple:
+    """The train and eval data of a masked_lm or seq2seq run, checked before the first step.
+    masked_lm: a token stream, as next_token reads it (rows are cut from it per step); seq2seq:
+    (source, target) pairs packed into rows (see pack_pairs)."""
+    if objective == "masked_lm":
+        return load_data(cfg, tc, spec, from_flag, scan_ids, run_dir)
+    vocab = getattr(cfg, "vocab", None)
+    if tc.data == "synthetic_pairs":
+        sources, targets = synthetic_pairs(tc)
+    else:
+        sources, targets = read_pairs(tc, spec, from_flag, vocab if scan_ids else None)
+    packed = "segments" in inputs and "dec_segments" in inputs  # else one example per row
+    rows = pack_pairs(sources, targets, tc.seq, packed)
+    train, held_out = split_rows(rows)
+    if tc.eval_every and not len(held_out["tokens"]):
+        sys.exit(
+            f"error: {len(rows['tokens'])} rows of pairs leave none for the eval split (the last 2%): "
+            "add data or set --eval-every 0"
+        )
+    return train, held_out
+
+
+def synthetic_pairs(tc) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """A learnable seq2seq set made on the machine: tc.synthetic_count strings of 4 to 24 lowercase
+    letters, each target the reversed source; both end with tc.eos."""
+    rng = np.random.default_rng(tc.synthetic_seed)
+    sources, targets = [], []
+    for _ in range(tc.synthetic_count):
+        letters = rng.integers(ord("a"), ord("z") + 1, int(rng.integers(4, 25)))
+        sources.append(np.append(letters, tc.eos).astype(np.int32))
+        targets.append(np.append(letters[::-1], tc.eos).astype(np.int32))
+    return sources, targets
+
+
+def read_pairs(
+    tc, spec: str, from_flag: bool, vocab: int | None
+) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """pairs(source, target): two token files whose examples each end with the id tc.eos; the
+    i-th source example goes with the i-th target example."""
+    found = []
+    for name in (tc.data_path, tc.data_target):
+        path = data_path(dataclasses.replace(tc, data_path=name), spec, from_flag)
+        if not path.is_file():
+            sys.exit(f"error: pairs data {path} does not exist or is not a file")
+        width = 2 if tc.data_dtype == "u16" else 4
+        if path.stat().st_size == 0 or path.stat().st_size % width:
+            sys.exit(
+                f"error: token file {path} has {path.stat().st_size} bytes, not a whole, non-zero "
+                f"number of {tc.data_dtype} ids"
+            )
+        ids = np.fromfile(path, dtype=np.uint16 if width == 2 else np.uint32).astype(np.int64)
+        if vocab is not None and (bad := np.count_nonzero(ids >= vocab)):
+            sys.exit(
+                f"error: {bad} token ids in {path} are >= the model's vocab {vocab} (the largest is {ids.max()})"
+            )
+        ends = np.flatnonzero(ids == tc.eos) + 1
+        if not len(ends) or ends[-1] != len(ids):
+            sys.exit(
+                f"error: {path} does not end with the eos id {tc.eos}: every example ends with it"
+            )
+        found.append([e.astype(np.int32) for e in np.split(ids, ends[:-1])])
+    sources, targets = found
+    if len(sources) != len(targets):
+        sys.exit(
+            f"error: the pairs' files hold {len(sources)} source and {len(targets)} target examples "
+            f"(split at eos {tc.eos}): they must pair up one to one"
+        )
+    return sources, targets
+
+
+def pack_pairs(sources: list, targets: list, seq: int, packed: bool) -> dict[str, np.ndarray]:
+    """Rows of `seq` source and `seq` target positions: tokens, segments (0: padding, k: the k-th
+    example of the row), targets and dec_segments. Pairs are taken in order, as many to a row as
+    fit on both sides (one when not `packed`); a longer example is cut to `seq` tokens."""
+    cut = sum(len(s) > seq or len(t) > seq for s, t in zip(sources, targets))
+    if cut and is_lead():
+        print(
+            f"warning: {cut} of {len(sources)} pairs are longer than seq {seq} and were cut",
+            file=sys.stderr,
+        )
+    rows, row, used = [], [], [0, 0]
+    for s, t in zip(sources, targets):
+        s, t = s[:seq], t[:seq]
+        if row and (not packed or used[0] + len(s) > seq or used[1] + len(t) > seq):
+            rows.append(row)
+            row, used = [], [0, 0]
+        row.append((s, t))
+        used = [used[0] + len(s), used[1] + len(t)]
+    rows += [row] if row else []
+    out = {
+        k: np.zeros((len(rows), seq), np.int32)
+        for k in ("tokens", "segments", "targets", "dec_segments")
+    }
+    for r, row in enumerate(rows):
+        at = [0, 0]
+        for k, (s, t) in enumerate(row, start=1):
+            out["tokens"][r, at[0] : at[0] + len(s)], out["segments"][r, at[0] : at[0] + len(s)] = (
+                s,
+                k,
+            )
+            (
+                out["targets"][r, at[1] : at[1] + len(t)],
+                out["dec_segments"][r, at[1] : at[1] + len(t)],
+            ) = (t, k)
+            at = [at[0] + len(s), at[1] + len(t)]
+    return out
+
+
+def load_images(tc, spec: str, from_flag: bool, shape: tuple, classes: int) -> tuple[dict, dict]:
+    """The train and eval images [N, H, W, C] (float32) and labels [N] of a classify run: made on
+    the machine (synthetic_images) or read from arrays(...): a .npz with `images` and `labels`."""
+    if tc.data == "synthetic_images":
+        rows = synthetic_images(tc, shape, classes)
+    else:
+        path = data_path(tc, spec, from_flag)
+        try:
+            with np.load(path) as arrays:
+                rows = {k: np.asarray(arrays[k]) for k in ("images", "labels") if k in arrays}
+        except (OSError, ValueError, EOFError) as exc:
+            sys.exit(f"error: arrays data {path} is not a readable .npz file: {str(exc)[:200]}")
+        if problem := image_problem(rows, shape, classes):
+            sys.exit(f"error: arrays data {path}: {problem}")
+        rows = {
+            "images": rows["images"].astype(np.float32),
+            "labels": rows["labels"].astype(np.int32),
+        }
+    train, held_out = split_rows(rows)
+    if not len(train["labels"]) or (tc.eval_every and not len(held_out["labels"])):
+        sys.exit(
+            f"error: {len(rows['labels'])} images are too few to hold out 2% for evaluation: "
+            "add data or set --eval-every 0"
+        )
+    return train, held_out
+
+
+def synthetic_images(tc, shape: tuple, classes: int) -> dict[str, np.ndarray]:
+    """A learnable image-classification set made on the machine: one random pattern per class,
+    each image its class's pattern plus Gaussian noise of std tc.synthetic_noise."""
+    rng = np.random.default_rng(tc.synthetic_seed)
+    patterns = rng.normal(size=(classes, *shape)).astype(np.float32)
+    labels = rng.integers(0, classes, tc.synthetic_count).astype(np.int32)
+    noise = rng.normal(size=(tc.synthetic_count, *shape)).astype(np.float32)
+    return {"images": patterns[labels] + np.float32(tc.synthetic_noise) * noise, "labels": labels}
+
+
+def image_problem(rows: dict, shape: tuple, classes: int) -> str | None:
+    """What is wrong with arrays read for classify, or None."""
+    if set(rows) != {"images", "labels"}:
+        return f"it needs arrays `images` [N, {', '.join(map(str, shape))}] and `labels` [N]; it has {sorted(rows)}"
+    images, labels = rows["images"], rows["labels"]
+    if images.shape[1:] != tuple(shape) or labels.shape != images.shape[:1]:
+        return (
+            f"images are {list(images.shape)} and labels {list(labels.shape)}; the model reads "
+            f"images [N, {', '.join(map(str, shape))}] and labels [N]"
+        )
+    if not np.issubdtype(labels.dtype, np.integer) or labels.min() < 0 or labels.max() >= classes:
+        return f"labels must be integers in [0, {classes}), got {labels.dtype} from {labels.min()} to {labels.max()}"
+    if not np.isfinite(images).all():
+        return "images hold non-finite values"
+    return None
+
+
+def split_rows(rows: dict) -> tuple[dict, dict]:
+    """The last 2% of the examples (at least one, of two or more) are held out for evaluation."""
+    n = len(next(iter(rows.values())))
+    cut = min(int(n * 0.98), n - 1) if n > 1 else n
+    return {k: v[:cut] for k, v in rows.items()}, {k: v[cut:] for k, v in rows.items()}
+
+
+def mlm_rows(
+    tokens: np.ndarray, tc, step: int, rows: slice, inputs: tuple
+) -> dict[str, np.ndarray]:
+    """masked_lm rows: `seq` tokens from random starts (a pure function of (seed, step)), each one
+    unpadded example (segments all 1, token types all 0); mask_tokens in model.py masks them."""
+    rng = np.random.default_rng([tc.seed, step])
+    starts = rng.integers(0, len(tokens) - tc.seq, size=tc.batch)[rows]
+    batch = {
+        "tokens": np.stack([np.asarray(tokens[s : s + tc.seq], dtype=np.int32) for s in starts])
+    }
+    for name in ("segments", "types"):
+        if name in inputs:
+            batch[name] = np.full_like(batch["tokens"], 1 if name == "segments" else 0)
+    return batch
+
+
+def get_examples(
+    data, tc, inputs: tuple, step: int, sharding: NamedSharding
+) -> dict[str, jax.Array]:
+    """The global batch for `step`, a dict of arrays [batch, ...]; each process reads its own rows.
+    `data` is a token stream (masked_lm) or a dataset of rows (seq2seq, classify)."""
+    per = tc.batch // jax.process_count()
+    rows = slice(jax.process_index() * per, (jax.process_index() + 1) * per)
+    if isinstance(data, np.ndarray):
+        local = mlm_rows(data, tc, step, rows, inputs)
+    else:
+        n = len(next(iter(data.values())))
+        picks = np.random.default_rng([tc.seed, step]).integers(0, n, size=tc.batch)[rows]
+        local = {k: v[picks] for k, v in data.items()}
+    return {
+        k: jax.make_array_from_process_local_data(sharding, v, (tc.batch, *v.shape[1:]))
+        for k, v in local.items()
+    }
+
+
 # ----------------------------------------------------------------------------- command line
 
 OVERRIDES = {
@@ -359,14 +579,18 @@ def parse_args(doc: str, train, configs: dict, argv=None) -> argparse.Namespace:
     p.add_argument("--model", default=train.model, choices=sorted(configs))
     p.add_argument("--out", type=Path, default=Path("runs") / train.model, help="run directory")
     for name, kind in OVERRIDES.items():
-        p.add_argument(
-            "--" + name.replace("_", "-"),
-            type=kind,
-            default=None,
-            help=f"default {getattr(train, name)}",
-        )
+        if hasattr(train, name):  # a classifier's TrainConfig has no seq
+            p.add_argument(
+                "--" + name.replace("_", "-"),
+                type=kind,
+                default=None,
+                help=f"default {getattr(train, name)}",
+            )
     p.add_argument(
-        "--data", default=None, help='"default", a token file (.bin) or a text file/directory'
+        "--data",
+        default=None,
+        help='"default", a token file (.bin) or a text file/directory; '
+        "seq2seq: SOURCE.bin,TARGET.bin; classify: a .npz of images and labels",
     )
     p.add_argument(
         "--init-from",
@@ -396,22 +620,41 @@ def parse_args(doc: str, train, configs: dict, argv=None) -> argparse.Namespace:
 def train_config(args: argparse.Namespace, train, configs: dict):
     """`train` (a TrainConfig) with command-line overrides applied."""
     tc = dataclasses.replace(train, model=args.model)
-    max_seq = getattr(configs[args.model], "max_seq", tc.seq)
-    if args.seq is None and tc.seq > max_seq:  # another model of the spec, with shorter positions
-        tc = dataclasses.replace(tc, seq=max_seq)
+    max_seq = getattr(configs[args.model], "max_seq", None)
+    if getattr(args, "seq", None) is None and max_seq is not None and tc.seq > max_seq:
+        tc = dataclasses.replace(
+            tc, seq=max_seq
+        )  # another model of the spec, with shorter positions
     for name in OVERRIDES:
-        if getattr(args, name) is not None:
+        if getattr(args, name, None) is not None:
             tc = dataclasses.replace(tc, **{name: getattr(args, name)})
     if args.init_from is not None:
         tc = dataclasses.replace(tc, init_from=args.init_from)
     if args.data:
-        kind = (
-            "default"
-            if args.data == "default"
-            else "tokens" if args.data.endswith(".bin") else "text"
-        )
-        tc = dataclasses.replace(tc, data=kind, data_path=args.data)
+        tc = dataclasses.replace(tc, **data_flag(args.data, tc))
     return tc
+
+
+def data_flag(value: str, tc) -> dict:
+    """The TrainConfig fields that --data sets: for a classifier a .npz (or synthetic_images), for
+    seq2seq SOURCE.bin,TARGET.bin (or synthetic_pairs), else "default", a .bin or text."""
+    if hasattr(tc, "synthetic_noise"):  # classify
+        return (
+            {"data": value}
+            if value == "synthetic_images"
+            else {"data": "arrays", "data_path": value}
+        )
+    if hasattr(tc, "data_target"):  # seq2seq
+        if value == "synthetic_pairs":
+            return {"data": value}
+        source, comma, target = value.partition(",")
+        if not comma or not source or not target:
+            sys.exit(
+                f"error: --data {value!r}: seq2seq reads SOURCE.bin,TARGET.bin (two token files) or synthetic_pairs"
+            )
+        return {"data": "pairs", "data_path": source, "data_target": target}
+    kind = "default" if value == "default" else "tokens" if value.endswith(".bin") else "text"
+    return {"data": kind, "data_path": value}
 
 
 def check_settings(cfg, tc, mesh, sharding: NamedSharding) -> None:
@@ -426,10 +669,10 @@ def check_settings(cfg, tc, mesh, sharding: NamedSharding) -> None:
         )
     if tc.batch % jax.process_count():
         problems.append(f"batch {tc.batch} must split evenly over {jax.process_count()} processes")
-    if tc.seq > getattr(cfg, "max_seq", tc.seq):
+    if hasattr(tc, "seq") and tc.seq > getattr(cfg, "max_seq", tc.seq):
         problems.append(f"seq {tc.seq} is longer than the model's max_seq {cfg.max_seq}")
     if (
-        tc.data != "tokens"
+        tc.data in ("default", "text")
         and not getattr(tc, "tokenizer", "")
         and getattr(cfg, "vocab", 256) < 256
     ):
@@ -800,7 +1043,13 @@ def complete_steps(manager: ocp.CheckpointManager) -> list[int]:
 
 def save(manager: ocp.CheckpointManager, state: dict, step: int, skipped: int, tc) -> None:
     """Save the state and the data position (step, and data skipped after restores)."""
-    data = {"step": step, "skipped": skipped, "seed": tc.seed, "batch": tc.batch, "seq": tc.seq}
+    data = {
+        "step": step,
+        "skipped": skipped,
+        "seed": tc.seed,
+        "batch": tc.batch,
+        "seq": getattr(tc, "seq", None),
+    }
     manager.save(
         step,
         args=ocp.args.Composite(state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(data)),
@@ -848,7 +1097,11 @@ def resume(
     if not (found := restore_good(manager, abstract, complete_steps(manager))):
         return None
     _, state, data = found
-    if (data["seed"], data["batch"], data["seq"]) != (tc.seed, tc.batch, tc.seq) and is_lead():
+    if (data["seed"], data["batch"], data.get("seq")) != (
+        tc.seed,
+        tc.batch,
+        getattr(tc, "seq", None),
+    ) and is_lead():
         print(
             "warning: seed, batch or seq differ from the checkpoint's: the data order changes",
             file=sys.stderr,
@@ -1116,7 +1369,9 @@ class MetricsLog:
         """
         self.lead = is_lead()
         dense, attn = flops
-        self.flops_per_step = (dense + attn * tc.seq) * tc.batch * tc.seq
+        # Rows of tc.seq tokens; a classifier's rows are images (its FLOPs are per image)
+        self.per_row, self.unit = (tc.seq, "tokens") if hasattr(tc, "seq") else (1, "images")
+        self.flops_per_step = (dense + attn * self.per_row) * tc.batch * self.per_row
         self.tc, self.peak_flops, self.run_dir, self.start = tc, peak_flops, args.out, start
         self.file = open_metrics(args.out / "metrics.jsonl") if self.lead else None
         # Steps after `start` that an earlier process logged are logged again: TensorBoard drops those.
@@ -1171,18 +1426,14 @@ class MetricsLog:
             "lr": float(report["lr"]),
         }
         if rate is not None:
-            tflops = rate * self.flops_per_step / jax.device_count() / 1e12
-            row.update(
-                tokens_per_s=rate * self.tc.batch * self.tc.seq,
-                tflops_per_device=tflops,
-                mfu=tflops * 1e12 / self.peak_flops,
-            )
-            self.bar.set_postfix(
-                loss=f"{row['loss']:.3f}",
-                tok_s=f"{row['tokens_per_s']:.0f}",
-                tflops=f"{tflops:.3g}",
-                mfu=f"{row['mfu']:.1%}",
-            )
+            speed = rate * self.tc.batch * self.per_row
+            row[f"{self.unit}_per_s"] = speed
+            shown = {"tok_s" if self.unit == "tokens" else "img_s": f"{speed:.0f}"}
+            if self.flops_per_step:  # 0: FLOPs not counted for this model (no MFU)
+                tflops = rate * self.flops_per_step / jax.device_count() / 1e12
+                row.update(tflops_per_device=tflops, mfu=tflops * 1e12 / self.peak_flops)
+                shown.update(tflops=f"{tflops:.3g}", mfu=f"{row['mfu']:.1%}")
+            self.bar.set_postfix(loss=f"{row['loss']:.3f}", **shown)
         self.write(row)
 
     def advance(self) -> None:
@@ -1224,15 +1475,19 @@ class MetricsLog:
     def summary(self) -> str:
         """Steps, tokens, time, final train and eval loss, where the checkpoints and logs are."""
         tc, seconds = self.tc, time.perf_counter() - self.began
-        tokens = (tc.steps - self.start) * tc.batch * tc.seq
+        count = (tc.steps - self.start) * tc.batch * self.per_row
         losses = ", ".join(
             f"{name} {self.last[key]:.4f}"
-            for key, name in (("loss", "final train loss"), ("eval_loss", "eval loss"))
+            for key, name in (
+                ("loss", "final train loss"),
+                ("eval_loss", "eval loss"),
+                ("eval_accuracy", "eval accuracy"),
+            )
             if key in self.last
         )
         resumed = f" (resumed at {self.start})" if self.start else ""
         return (
-            f"done: {tc.steps} steps{resumed}, {tokens:,} tokens in {seconds:.1f} s"
+            f"done: {tc.steps} steps{resumed}, {count:,} {self.unit} in {seconds:.1f} s"
             f"{', ' + losses if losses else ''}\n"
             f"  checkpoints: {(self.run_dir / tc.checkpoint_dir).absolute()}\n"
             f"  metrics: {self.run_dir / 'metrics.jsonl'}; TensorBoard: tensorboard --logdir "

@@ -22,9 +22,10 @@ from axdsl import hf as axhf
 
 ROOT = Path(__file__).resolve().parent.parent
 SPEC = ROOT / "specs" / "bert_base.axl"
+TINY_SPEC = ROOT / "specs" / "bert_tiny.axl"  # the tiny variant and its train block
 BERT_BASE_PARAMS = 109_514_298  # BertForMaskedLM(BertConfig()).num_parameters(), transformers 5
 
-# bert_tiny of specs/bert_base.axl, as a transformers config
+# bert_tiny of specs/bert_tiny.axl, as a transformers config
 TINY = dict(vocab_size=512, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=256,
             max_position_embeddings=64, type_vocab_size=2, layer_norm_eps=1e-12, hidden_act="gelu")
 
@@ -84,7 +85,7 @@ def _inputs(vocab: int, batch: int = 2, seq: int = 16):
 def generated(tmp_path_factory):
     from tests.targets_util import import_generated
 
-    model, _ = import_generated(SPEC, "cpu", tmp_path_factory.mktemp("gen"))
+    model, _ = import_generated(TINY_SPEC, "cpu", tmp_path_factory.mktemp("gen"))
     return model
 
 
@@ -97,7 +98,7 @@ def test_logits_match_transformers_and_roundtrip(generated, tmp_path, capsys):
     model, cfg = generated, generated.CONFIGS["bert_tiny"]
     hf = _hf_model()
     hf.save_pretrained(tmp_path / "hf")
-    assert axhf.import_hf(SPEC, tmp_path / "hf", None, tmp_path / "ckpt") == 0, capsys.readouterr().err
+    assert axhf.import_hf(TINY_SPEC, tmp_path / "hf", None, tmp_path / "ckpt") == 0, capsys.readouterr().err
     assert "`bert_tiny`" in capsys.readouterr().out  # the first model that config.json matches
     params = _restore(model, cfg, tmp_path / "ckpt")
 
@@ -120,9 +121,9 @@ def test_logits_match_transformers_and_roundtrip(generated, tmp_path, capsys):
 
     # export -> import is lossless; transformers loads the export with the same tensors and logits
     out = tmp_path / "export"
-    assert axhf.export_hf(SPEC, tmp_path / "ckpt", out, None) == 0, capsys.readouterr().err
+    assert axhf.export_hf(TINY_SPEC, tmp_path / "ckpt", out, None) == 0, capsys.readouterr().err
     assert json.loads((out / "config.json").read_text())["architectures"] == ["BertForMaskedLM"]
-    assert axhf.import_hf(SPEC, out, "bert_tiny", tmp_path / "ckpt2") == 0, capsys.readouterr().err
+    assert axhf.import_hf(TINY_SPEC, out, "bert_tiny", tmp_path / "ckpt2") == 0, capsys.readouterr().err
     again = _restore(model, cfg, tmp_path / "ckpt2")
     for (path, a), (_, b) in zip(_leaves(params), _leaves(again)):
         assert a.dtype == b.dtype and np.array_equal(np.asarray(a), np.asarray(b)), path
@@ -144,7 +145,7 @@ def test_packed_examples_give_each_ones_own_logits(generated, tmp_path, capsys):
     model, cfg = generated, generated.CONFIGS["bert_tiny"]
     hf = _hf_model()
     hf.save_pretrained(tmp_path / "hf")
-    assert axhf.import_hf(SPEC, tmp_path / "hf", "bert_tiny", tmp_path / "ckpt") == 0, capsys.readouterr().err
+    assert axhf.import_hf(TINY_SPEC, tmp_path / "hf", "bert_tiny", tmp_path / "ckpt") == 0, capsys.readouterr().err
     params = _restore(model, cfg, tmp_path / "ckpt")
     tokens, types = _inputs(cfg.vocab, batch=1)
     segments = np.array([[1] * 6 + [2] * 7 + [0] * 3])
@@ -164,7 +165,7 @@ def test_pretraining_checkpoint_imports_without_pooler_and_nsp_head(generated, t
     model, cfg = generated, generated.CONFIGS["bert_tiny"]
     hf = _hf_model("BertForPreTraining")
     hf.save_pretrained(tmp_path / "hf")
-    assert axhf.import_hf(SPEC, tmp_path / "hf", "bert_tiny", tmp_path / "ckpt") == 0, capsys.readouterr().err
+    assert axhf.import_hf(TINY_SPEC, tmp_path / "hf", "bert_tiny", tmp_path / "ckpt") == 0, capsys.readouterr().err
     err = capsys.readouterr().err
     assert "skipped 4 tensors" in err and "bert.pooler.dense.weight" in err and "cls.seq_relationship.bias" in err
     params = _restore(model, cfg, tmp_path / "ckpt")
@@ -181,12 +182,12 @@ def test_pretraining_checkpoint_imports_without_pooler_and_nsp_head(generated, t
 def test_config_mismatches_are_named(tmp_path, capsys):
     hf = _hf_model(layer_norm_eps=1e-5, hidden_act="gelu_new")
     hf.save_pretrained(tmp_path / "hf")
-    assert axhf.import_hf(SPEC, tmp_path / "hf", "bert_tiny", tmp_path / "ckpt") == 1
+    assert axhf.import_hf(TINY_SPEC, tmp_path / "hf", "bert_tiny", tmp_path / "ckpt") == 1
     err = capsys.readouterr().err
     assert "layer_norm_eps=1e-05, the spec has norm eps = 1e-12" in err
     assert 'hidden_act="gelu_new", the spec has MLP act = "gelu_exact"' in err
     cfg = {**TINY, "model_type": "bert", "is_decoder": True, "position_embedding_type": "relative_key"}
-    problems = axhf.mismatches(axhf.pick(axhf.load_spec(SPEC), "bert_tiny", SPEC), "bert", cfg)
+    problems = axhf.mismatches(axhf.pick(axhf.load_spec(TINY_SPEC), "bert_tiny", TINY_SPEC), "bert", cfg)
     assert "config.json: is_decoder=true (BertMLM is bidirectional) is not supported" in problems
     assert any("position_embedding_type='relative_key'" in p for p in problems)
 

@@ -91,21 +91,21 @@ def test_seq2seq_greedy_from_an_import_hf_t5_equals_transformers_generate(tmp_pa
     from axdsl.hf.importer import import_hf
 
     root = Path(__file__).resolve().parent.parent
-    from generated.t5_base.cpu import model
+    from generated.t5_tiny.cpu import model
 
     cfg = model.CONFIGS["t5_tiny"]
     hf = test_t5._hf_tiny(cfg)
     hf.config.decoder_start_token_id, hf.config.eos_token_id, hf.config.pad_token_id = 0, 1, 0  # T5's ids
     hf.save_pretrained(tmp_path / "hf")
     monkeypatch.chdir(tmp_path)
-    assert import_hf(root / "specs" / "t5_base.axl", tmp_path / "hf", "t5_tiny", None) == 0, \
+    assert import_hf(root / "specs" / "t5_tiny.axl", tmp_path / "hf", "t5_tiny", None) == 0, \
         capsys.readouterr().err
     prompt = [7, 21, 4, 90, 13, 2]
     with torch.no_grad():
         want = hf.generate(torch.tensor([prompt]), max_new_tokens=10, do_sample=False,
                            decoder_start_token_id=0, eos_token_id=1, pad_token_id=0)[0].tolist()[1:]
     capsys.readouterr()
-    assert cli.main(["sample", "runs/t5_base-hf", "--prompt", " ".join(map(str, prompt)),
+    assert cli.main(["sample", "runs/t5_tiny-hf", "--prompt", " ".join(map(str, prompt)),
                      "--temperature", "0", "--max-tokens", "10"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("7 21 4 90 13 2 ->")

@@ -1,6 +1,6 @@
 """Objectives other than next-token (axdsl/objectives.py, codegen/emit_objective.py): the generated
 model.py's loss_fn for masked_lm, seq2seq and classify, on the small test models in tests/specs,
-against numpy cross-entropies. (Training them end to end through train.py is not generated yet.)
+against numpy cross-entropies. Training them end to end through train.py: tests/test_train_objectives.py.
 """
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ def test_seq2seq_loss_teacher_forcing_excludes_padding(tmp_path):
     targets = rng.integers(3, 256, (2, 12)).astype(np.int32)
     mask = np.ones((2, 12), np.int32)
     mask[0, 7:] = 0
-    batch = {"tokens": tokens, "segments": np.ones_like(tokens), "targets": targets, "target_mask": mask}
+    batch = {"tokens": tokens, "segments": np.ones_like(tokens), "targets": targets, "dec_segments": mask}
     _, got = m.loss_fn(cfg, params, batch)
     dec = np.concatenate([np.full((2, 1), 2, np.int32), targets[:, :-1]], axis=1)
     logits = np.asarray(m.forward(cfg, params, tokens, np.ones_like(tokens), dec))

@@ -1,7 +1,7 @@
 """T5 (std/t5.axl, specs/t5_base.axl) against transformers' T5ForConditionalGeneration.
 
 A tiny random T5 (float32, its own lm_head, every norm randomized) saved with save_pretrained is
-imported into specs/t5_base.axl's `t5_tiny`; the generated model's logits for given input_ids and
+imported into specs/t5_tiny.axl's `t5_tiny`; the generated model's logits for given input_ids and
 decoder_input_ids match transformers' within 1e-4 (sequences longer than max_distance, so the
 log-spaced and the clamped buckets count). Export then import is lossless and transformers loads
 the export with the same tensors and logits. flan-t5-base's published config.json matches the
@@ -22,6 +22,7 @@ from axdsl import hf as axhf
 
 ROOT = Path(__file__).resolve().parent.parent
 SPEC = ROOT / "specs" / "t5_base.axl"
+TINY_SPEC = ROOT / "specs" / "t5_tiny.axl"  # the tiny variant and its train block
 
 FLAN_T5_BASE = {  # google/flan-t5-base's config.json (task_specific_params left out)
     "architectures": ["T5ForConditionalGeneration"], "d_ff": 2048, "d_kv": 64, "d_model": 768,
@@ -130,11 +131,11 @@ def test_logits_match_transformers_and_export_roundtrips(tmp_path, capsys):
 
     from tests.targets_util import import_generated
 
-    model, _ = import_generated(SPEC, "cpu", tmp_path / "gen")
+    model, _ = import_generated(TINY_SPEC, "cpu", tmp_path / "gen")
     cfg = model.CONFIGS["t5_tiny"]
     hf = _hf_tiny(cfg)
     hf.save_pretrained(tmp_path / "hf")
-    assert axhf.import_hf(SPEC, tmp_path / "hf", None, tmp_path / "ckpt") == 0, capsys.readouterr().err
+    assert axhf.import_hf(TINY_SPEC, tmp_path / "hf", None, tmp_path / "ckpt") == 0, capsys.readouterr().err
     assert "`t5_tiny`" in capsys.readouterr().out  # t5_base's config does not match; t5_tiny's does
     params = _restore(model, cfg, tmp_path / "ckpt")
 
@@ -150,8 +151,8 @@ def test_logits_match_transformers_and_export_roundtrips(tmp_path, capsys):
     _check_padding_and_packing(model, cfg, params, hf, tokens, dec_tokens)
 
     out = tmp_path / "export"
-    assert axhf.export_hf(SPEC, tmp_path / "ckpt", out, None) == 0, capsys.readouterr().err
-    assert axhf.import_hf(SPEC, out, "t5_tiny", tmp_path / "ckpt2") == 0, capsys.readouterr().err
+    assert axhf.export_hf(TINY_SPEC, tmp_path / "ckpt", out, None) == 0, capsys.readouterr().err
+    assert axhf.import_hf(TINY_SPEC, out, "t5_tiny", tmp_path / "ckpt2") == 0, capsys.readouterr().err
     again = _restore(model, cfg, tmp_path / "ckpt2")
     for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(again)):
         assert a.dtype == b.dtype and np.array_equal(np.asarray(a), np.asarray(b))
@@ -226,7 +227,7 @@ def test_tiny_t5_starts_near_log_vocab_with_finite_gradients_through_padding(tmp
 
     from tests.targets_util import import_generated
 
-    model, _ = import_generated(SPEC, "cpu", tmp_path / "gen")
+    model, _ = import_generated(TINY_SPEC, "cpu", tmp_path / "gen")
     cfg = model.CONFIGS["t5_tiny"]
     params = model.init_params(cfg, jax.random.key(0))
     rng = np.random.default_rng(0)
@@ -250,7 +251,7 @@ def test_a_v1_0_config_is_refused_before_any_tensor_is_read(tmp_path, capsys):
                                  relative_attention_num_buckets=8, relative_attention_max_distance=16,
                                  feed_forward_proj="relu")
     conf.save_pretrained(tmp_path / "hf")
-    assert axhf.import_hf(SPEC, tmp_path / "hf", "t5_tiny", tmp_path / "ckpt") == 1
+    assert axhf.import_hf(TINY_SPEC, tmp_path / "hf", "t5_tiny", tmp_path / "ckpt") == 1
     err = capsys.readouterr().err
     assert "does not match model `t5_tiny`" in err and 'feed_forward_proj = "relu"' in err
     assert "T5 v1.0's tied head" in err and not (tmp_path / "ckpt").exists()

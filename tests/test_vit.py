@@ -23,9 +23,10 @@ from axdsl import hf as axhf
 
 ROOT = Path(__file__).resolve().parent.parent
 SPEC = ROOT / "specs" / "vit_base.axl"
+TINY_SPEC = ROOT / "specs" / "vit_tiny.axl"  # the tiny variant and its train block
 VIT_BASE_PARAMS = 86_567_656  # ViTForImageClassification(ViTConfig(num_labels=1000)).num_parameters()
 
-# vit_tiny of specs/vit_base.axl, as a transformers config
+# vit_tiny of specs/vit_tiny.axl, as a transformers config
 TINY = dict(image_size=32, patch_size=8, num_channels=3, hidden_size=64, num_hidden_layers=2,
             num_attention_heads=4, intermediate_size=256, layer_norm_eps=1e-12, hidden_act="gelu",
             num_labels=10)
@@ -95,7 +96,7 @@ def _leaves(tree, prefix=()):
 def generated(tmp_path_factory):
     from tests.targets_util import import_generated
 
-    model, _ = import_generated(SPEC, "cpu", tmp_path_factory.mktemp("gen"))
+    model, _ = import_generated(TINY_SPEC, "cpu", tmp_path_factory.mktemp("gen"))
     return model
 
 
@@ -107,7 +108,7 @@ def test_logits_match_transformers_and_roundtrip(generated, tmp_path, capsys):
     model, cfg = generated, generated.CONFIGS["vit_tiny"]
     hf = _hf_model()
     hf.save_pretrained(tmp_path / "hf")
-    assert axhf.import_hf(SPEC, tmp_path / "hf", None, tmp_path / "ckpt") == 0, capsys.readouterr().err
+    assert axhf.import_hf(TINY_SPEC, tmp_path / "hf", None, tmp_path / "ckpt") == 0, capsys.readouterr().err
     assert "`vit_tiny`" in capsys.readouterr().out  # the first model that config.json matches
     params = _restore(model, cfg, tmp_path / "ckpt")
 
@@ -120,9 +121,9 @@ def test_logits_match_transformers_and_roundtrip(generated, tmp_path, capsys):
 
     # export -> import is lossless; transformers loads the export with the same tensors and logits
     out = tmp_path / "export"
-    assert axhf.export_hf(SPEC, tmp_path / "ckpt", out, None) == 0, capsys.readouterr().err
+    assert axhf.export_hf(TINY_SPEC, tmp_path / "ckpt", out, None) == 0, capsys.readouterr().err
     assert json.loads((out / "config.json").read_text())["architectures"] == ["ViTForImageClassification"]
-    assert axhf.import_hf(SPEC, out, "vit_tiny", tmp_path / "ckpt2") == 0, capsys.readouterr().err
+    assert axhf.import_hf(TINY_SPEC, out, "vit_tiny", tmp_path / "ckpt2") == 0, capsys.readouterr().err
     again = _restore(model, cfg, tmp_path / "ckpt2")
     for (path, a), (_, b) in zip(_leaves(params), _leaves(again)):
         assert a.dtype == b.dtype and np.array_equal(np.asarray(a), np.asarray(b)), path
@@ -150,7 +151,7 @@ def test_import_reads_transformers_in_memory_names(generated, tmp_path, capsys):
     assert any(k.startswith("vit.layers.0.attention.q_proj") for k in state)
     save_file(state, str(tmp_path / "mem" / "model.safetensors"), metadata={"format": "pt"})
     for name in ("hub", "mem"):
-        assert axhf.import_hf(SPEC, tmp_path / name, "vit_tiny", tmp_path / f"ckpt_{name}") == 0, capsys.readouterr().err
+        assert axhf.import_hf(TINY_SPEC, tmp_path / name, "vit_tiny", tmp_path / f"ckpt_{name}") == 0, capsys.readouterr().err
     a, b = _restore(model, cfg, tmp_path / "ckpt_hub"), _restore(model, cfg, tmp_path / "ckpt_mem")
     for (path, x), (_, y) in zip(_leaves(a), _leaves(b)):
         assert np.array_equal(np.asarray(x), np.asarray(y)), path
@@ -204,7 +205,7 @@ def test_config_mismatches_are_named(tmp_path, capsys):
     """A checkpoint of another image size, eps or label count is refused before any tensor is read."""
     hf = _hf_model(image_size=64, layer_norm_eps=1e-6, num_labels=7)
     hf.save_pretrained(tmp_path / "hf")
-    assert axhf.import_hf(SPEC, tmp_path / "hf", "vit_tiny", tmp_path / "ckpt") == 1
+    assert axhf.import_hf(TINY_SPEC, tmp_path / "hf", "vit_tiny", tmp_path / "ckpt") == 1
     err = capsys.readouterr().err
     assert "config.json has image_size=64, the spec has height = 32" in err
     assert "layer_norm_eps=1e-06, the spec has norm eps = 1e-12" in err

@@ -94,7 +94,7 @@ def analyze(spec: Path, target: str, model: str | None = None, batch: int | None
                             "the train step a fresh build generates, not for your edits")
     if lower:
         if "train.py" not in files:
-            report.lowering = {"skipped": "the spec's first model is not a language model: no train.py"}
+            report.lowering = {"skipped": "no train.py: the first model fits no objective of the train block"}
         else:
             report.lowering = lower_step(files, spec, target, model, batch, seq, sched.chips,
                                          sched.kind, compile)

@@ -111,7 +111,8 @@ def _lower_generated(train, mod, result: dict, model: str, batch: int, seq: int,
     import jax
     import jax.numpy as jnp
 
-    tc = dataclasses.replace(train.TRAIN, model=model, batch=batch, seq=seq)
+    sized = {"seq": seq} if hasattr(train.TRAIN, "seq") else {}  # a classifier's has no seq
+    tc = dataclasses.replace(train.TRAIN, model=model, batch=batch, **sized)
     cfg = mod.CONFIGS[model]
     mesh = mod.make_mesh(jax.devices("cpu")[:chips])
     result["mesh"] = {k: int(v) for k, v in mesh.shape.items()}
@@ -125,7 +126,7 @@ def _lower_generated(train, mod, result: dict, model: str, batch: int, seq: int,
     # abstract_state and make_train_step make a PRNG key eagerly (for eval_shape): outside
     # the mesh, on the default device, which also works for a TPU topology without chips.
     state = train.abstract_state(cfg, tc, mesh)
-    tokens = jax.ShapeDtypeStruct((tc.batch, tc.seq + 1), jnp.int32, sharding=train.batch_sharding(mesh))
+    tokens = abstract_batch(train, tc, mesh)
     step = train.make_train_step(cfg, tc, mesh)
     with jax.set_mesh(mesh):  # the model pins activation layouts only inside a mesh context
         lowered = _lower_for_platform(step, state, tokens, result)
@@ -141,6 +142,28 @@ def _lower_generated(train, mod, result: dict, model: str, batch: int, seq: int,
                                       f"give the {kind}'s memory")
     if kind == "tpu":
         result.update(_tpu_compile(train, mod, cfg, tc, chips))
+
+
+def abstract_batch(train, tc, mesh):
+    """The shape of one global batch, sharded as train.py shards it: tokens [B, S + 1] for
+    next_token; for the other objectives the dict of fields runtime.get_examples builds."""
+    import jax
+    import jax.numpy as jnp
+
+    sharding = train.batch_sharding(mesh)
+
+    def field(*shape, dtype=jnp.int32):
+        return jax.ShapeDtypeStruct((tc.batch, *shape), dtype, sharding=sharding)
+
+    objective = getattr(train, "OBJECTIVE", "next_token")
+    if objective == "next_token":
+        return field(tc.seq + 1)
+    if objective == "classify":
+        shape, _ = train.IMAGES[tc.model]
+        return {"images": field(*shape, dtype=jnp.float32), "labels": field()}
+    if objective == "seq2seq":
+        return {k: field(tc.seq) for k in ("tokens", "segments", "targets", "dec_segments")}
+    return {k: field(tc.seq) for k in ("tokens", "segments", "types") if k == "tokens" or k in train.INPUTS}
 
 
 def _lower_for_platform(step, state, tokens, result: dict):
@@ -174,7 +197,7 @@ def _tpu_compile(train, mod, cfg, tc, chips: int) -> dict:
         topo = topologies.get_topology_desc(name, "tpu")
         mesh = mod.make_mesh(list(topo.devices))
         state = train.abstract_state(cfg, tc, mesh)  # (its PRNG key cannot run on a topology)
-        tokens = jax.ShapeDtypeStruct((tc.batch, tc.seq + 1), jnp.int32, sharding=train.batch_sharding(mesh))
+        tokens = abstract_batch(train, tc, mesh)
         t0 = time.perf_counter()
         step = train.make_train_step(cfg, tc, mesh)
         with jax.set_mesh(mesh):

@@ -79,7 +79,7 @@ def objective_code(name: str, args: dict, root: ir.Instance, rng: bool, aux: boo
         ])
     if name == "seq2seq":
         parts = {"tokens": 'batch["tokens"]', "segments": 'batch["segments"]', "dec_tokens": "dec_tokens",
-                 "dec_segments": 'batch["target_mask"].astype(jnp.int32)'}
+                 "dec_segments": 'batch["dec_segments"]'}
         call = ", ".join(parts[n] for n in names)
         src = ", segments [B, S] (0: padding)" if "segments" in names else ""
         return "\n".join([
@@ -91,15 +91,17 @@ def objective_code(name: str, args: dict, root: ir.Instance, rng: bool, aux: boo
             ") -> tuple[jax.Array, jax.Array]:",
             '    """(loss to minimize, mean cross-entropy over target tokens) of the seq2seq objective.',
             "",
-            f"    batch: tokens [B, S] (the source){src}, targets [B, T] and target_mask [B, T]",
-            "    (1: a target token, 0: padding). Teacher forcing: the decoder reads START_TOKEN then the",
-            "    targets shifted right (dec_tokens) and predicts each target; padding is left out.",
+            f"    batch: tokens [B, S] (the source){src}, targets [B, T] and dec_segments [B, T]",
+            "    (0: padding, k: the row's k-th example). Teacher forcing: each example's decoder reads",
+            "    START_TOKEN then its targets shifted right (dec_tokens) and predicts each target;",
+            "    padding is left out.",
             f"    loss = cross-entropy{aux_doc} + z_loss * mean(logsumexp(logits) ** 2) (z-loss).{rng_doc}",
             '    """',
-            '    targets = batch["targets"]',
-            "    dec_tokens = jnp.concatenate([jnp.full_like(targets[:, :1], START_TOKEN), targets[:, :-1]], axis=1)",
+            '    targets, dec_segments = batch["targets"], batch["dec_segments"]',
+            "    starts = dec_segments != jnp.pad(dec_segments[:, :-1], ((0, 0), (1, 0)))  # an example's first position",
+            "    dec_tokens = jnp.where(starts, START_TOKEN, jnp.pad(targets[:, :-1], ((0, 0), (1, 0))))",
             f"    {unpack}{fwd}(cfg, params, {call}{drop})  # [B, T, vocab]",
-            '    weights = batch["target_mask"].astype(jnp.float32)',
+            "    weights = (dec_segments > 0).astype(jnp.float32)",
             "    per_token = optax.softmax_cross_entropy_with_integer_labels(logits, targets)",
             "    ce = jnp.sum(per_token * weights) / jnp.maximum(jnp.sum(weights), 1.0)",
             f"    loss = {total}",

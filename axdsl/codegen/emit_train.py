@@ -17,7 +17,7 @@ from axdsl.codegen.names import py_str
 from axdsl import primitives
 from axdsl.ir import nodes as ir
 from axdsl.ir.rewrite import tree_has
-from axdsl.objectives import inputs, objective_name
+from axdsl.objectives import DATA, inputs, objective_name
 from axdsl.passes.annotate_sharding import spec_text
 from axdsl.targets import profiles
 
@@ -56,7 +56,7 @@ def emit_train(module: ir.Module, package: str, flops: list[tuple[str, int, int]
         lm=objective_name(module) == "next_token",
         objective=objective_name(module),
         inputs=repr(inputs(module.models[0].root)),
-        image_shapes=[],  # WIP: the classify objective's train.py is not generated yet
+        image_shapes=_image_shapes(module) if objective_name(module) == "classify" else [],
         rng_use="masks tokens" if objective_name(module) == "masked_lm" else "drops out",
         rng_what="Masking and dropout" if objective_name(module) == "masked_lm" else "Dropout",
         lora="lora" in dict(t.settings),
@@ -100,8 +100,11 @@ def _fields(module: ir.Module) -> list[Field]:
             "float" if isinstance(value, float) else "str"
         out.append(Field(name, typ, py_str(value) if isinstance(value, str) else repr(value), comment))
 
+    objective = objective_name(module)
     for key in ("batch", "seq", "steps", "microbatches"):
-        add(key, t.get(key), _doc(key, origin[key].origin))
+        if key != "seq" or objective != "classify":  # images have no sequence length
+            add(key, t.get(key), _doc(key, origin[key].origin) if key != "seq" or objective != "seq2seq"
+                else f"positions per row, of the source and of the target; {origin[key].origin}")
     opt, opt_args = t.get("optimizer").name, t.get("optimizer").args
     for k, v in opt_args:
         add(k, float(v) if k not in ("nesterov",) else v, f"{opt}: {k}; {origin['optimizer'].origin}")
@@ -114,9 +117,12 @@ def _fields(module: ir.Module) -> list[Field]:
     for key in ("clip", "z_loss", "eval_every", "eval_batches", "log_every", "seed", "max_bad_steps"):
         add(key, t.get(key), _doc(key, origin[key].origin))
     data = t.get("data")
-    add("data", str(data.kind), f"default, tokens or text ({origin['data'].origin})")
-    add("data_path", data.path or "", "token file, or text file or directory")
-    add("data_dtype", data.dtype or "u16", "token file element type: u16 or u32")
+    if objective in ("classify", "seq2seq"):
+        _example_fields(add, objective, data, origin["data"].origin)
+    else:
+        add("data", str(data.kind), f"default, tokens or text ({origin['data'].origin})")
+        add("data_path", data.path or "", "token file, or text file or directory")
+        add("data_dtype", data.dtype or "u16", "token file element type: u16 or u32")
     if data.tokenizer is not None:  # text as token ids; without it, text is bytes
         tok = data.tokenizer
         add("tokenizer", tok.path if tok.path is not None else "bpe",
@@ -137,6 +143,36 @@ def _fields(module: ir.Module) -> list[Field]:
     add("checkpoint_keep", ckpt.keep, "newest checkpoints kept")
     add("checkpoint_async", ckpt.async_save, "save in the background while training continues")
     add("checkpoint_dir", ckpt.dir, "inside the run directory")
+    return out
+
+
+def _example_fields(add, objective: str, data: ir.DataSource, origin) -> None:
+    """The data fields of classify (images) and seq2seq (pairs): the source, its files and the
+    options of the synthetic set, whichever is in use (a flag can switch between them)."""
+    synthetic = "synthetic_images" if objective == "classify" else "synthetic_pairs"
+    made = dict(DATA[synthetic]) | (dict(data.options) if str(data.kind) == synthetic else {})
+    if objective == "classify":
+        add("data", str(data.kind), f"synthetic_images (made here) or arrays ({origin})")
+        add("data_path", data.path or "", "arrays: a .npz holding images [N, H, W, C] and labels [N]")
+    else:
+        files = dict(DATA["pairs"]) | (dict(data.options) if data.kind is ir.DataKind.PAIRS else {})
+        add("data", str(data.kind), f"synthetic_pairs (made here) or pairs ({origin})")
+        add("data_path", data.path or "", "pairs: the source token file")
+        add("data_target", data.path2 or "", "pairs: the target token file")
+        add("data_dtype", data.dtype or "u16", "token files' element type: u16 or u32")
+        add("eos", made["eos"] if str(data.kind) == synthetic else files["eos"], "the id that ends every example")
+    add("synthetic_count", made["count"], f"{synthetic}: how many examples it makes")
+    if objective == "classify":
+        add("synthetic_noise", float(made["noise"]), "synthetic_images: std of the noise on each class's pattern")
+    add("synthetic_seed", made["seed"], f"{synthetic}: the seed it is made from")
+
+
+def _image_shapes(module: ir.Module) -> list[tuple[str, str, int]]:
+    """classify: each model's image shape (H, W, C) and number of classes, from its forward."""
+    out = []
+    for m in module.models:
+        f = m.root.forward
+        out.append((m.name, repr(tuple(d.size for d in f.args[0].dims[1:])), f.result[-1].size))
     return out
 
 

@@ -99,6 +99,7 @@ class DataKind(StrEnum):
     PAIRS = "pairs"  # seq2seq: a source and a target token file, examples ended by an eos id
     ARRAYS = "arrays"  # a .npz file (or a directory of .npy files), one array per input name
     SYNTHETIC_IMAGES = "synthetic_images"  # a learnable image-classification set made on the machine
+    SYNTHETIC_PAIRS = "synthetic_pairs"  # a learnable seq2seq set made on the machine (reversed strings)
 
 
 @dataclass(frozen=True)
@@ -116,7 +117,7 @@ class DataSource:
     path: str | None = None
     dtype: str | None = None  # tokens: "u16" or "u32"
     path2: str | None = None  # pairs: the target token file
-    options: tuple[tuple[str, Any], ...] = ()  # pairs: eos; synthetic_images: count, noise, seed
+    options: tuple[tuple[str, Any], ...] = ()  # pairs: eos; synthetic_*: count, (noise,) (eos,) seed
     tokenizer: Tokenizer | None = None  # default and text: None reads bytes
 
     def option(self, key: str, default: Any = None) -> Any:

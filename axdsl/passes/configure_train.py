@@ -43,7 +43,7 @@ SCHEDULES: dict[str, dict[str, float | None]] = {
     "wsd": {"warmup": None, "decay": 0.2, "final": 0.0},  # warmup, stable, decay over the last `decay` fraction
     "rsqrt": {"warmup": None},  # warmup, then lr * sqrt(warmup / step)
 }
-DATA_SOURCES = ("default", "tokens", "text", "pairs", "arrays", "synthetic_images")
+DATA_SOURCES = ("default", "tokens", "text", "pairs", "arrays", "synthetic_images", "synthetic_pairs")
 # Objectives: their arguments and defaults (None: required). See axdsl/objectives.py.
 OBJECTIVES: dict[str, dict[str, float | int | None]] = {
     "next_token": {},
@@ -123,8 +123,9 @@ def _defaults(values: dict[str, ir.Choice], module: ir.Module) -> None:
         args = tuple((k, warm if k == "warmup" else v) for k, v in sched.args)
         values["schedule"] = replace(values["schedule"], value=ir.NamedCall(sched.name, args))
     objective = values["objective"].value.name if "objective" in values else "next_token"
-    if objective == "classify":  # nothing can be downloaded: a learnable set made on the machine
-        values.setdefault("data", ir.Choice(objectives.synthetic_default(), _default("synthetic_images()")))
+    if objective in ("classify", "seq2seq"):  # nothing can be downloaded: a learnable set made here
+        data = objectives.synthetic_default(objective)
+        values.setdefault("data", ir.Choice(data, _default(f"{data.kind}()")))
     values.setdefault("data", ir.Choice(ir.DataSource(ir.DataKind.DEFAULT)))
     values.setdefault("checkpoint", ir.Choice(ir.CheckpointPolicy()))
 
@@ -206,8 +207,8 @@ def _call(value: Any, span: Span, table: dict, what: str, diags: Diagnostics):
 
 
 def _data(value: Any, span: Span, diags: Diagnostics):
-    """"default", tokens("file.bin", dtype = "u16") or text("file or directory"); pairs, arrays and
-    synthetic_images (objectives.check_data)."""
+    """"default", tokens("file.bin", dtype = "u16") or text("file or directory"); pairs, arrays,
+    synthetic_images and synthetic_pairs (objectives.check_data)."""
     if value == "default" or value == ir.NameValue("default"):
         return ir.DataSource(ir.DataKind.DEFAULT)
     if isinstance(value, ir.CallValue) and value.fn == "default":  # default(tokenizer = ...)
@@ -241,7 +242,7 @@ def _data(value: Any, span: Span, diags: Diagnostics):
             return ir.DataSource(ir.DataKind.TEXT, args[0], tokenizer=_tokenizer(opts.get("tokenizer"), span, diags))
         return ir.DataSource(ir.DataKind.TOKENS, args[0], dtype)
     diags.error(span, 'data is "default", tokens("file.bin", dtype = "u16"), text("path"), '
-                      'pairs("src.bin", "tgt.bin"), arrays("train.npz") or synthetic_images()',
+                      'pairs("src.bin", "tgt.bin"), arrays("train.npz"), synthetic_images() or synthetic_pairs()',
                 "the default is the Python standard library's source files, read as bytes")
     return None
 
