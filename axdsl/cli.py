@@ -1,18 +1,20 @@
-"""The `axdsl` command line. User mistakes print located errors and exit 1, never a traceback.
+"""The `axdsl` command line. User mistakes print located errors and exit 1, never a traceback;
+a missing, unknown or conflicting argument exits 2, as argparse does. --target defaults to cpu
+everywhere; --out always names what the command writes.
 
-    axdsl build SPEC --target T [--out DIR]     generate code (atomically)
+    axdsl build SPEC [--target T] [--out ROOT]  generate code (atomically)
     axdsl build --check [SPEC --target T]       fail with a diff if generated/ drifted
     axdsl check SPEC...                         static checks only
     axdsl dump SPEC [--target T] [--after PASS] print the IR (and the target's resolved schedule)
     axdsl diff SPEC --target A --target B       unified diff between two targets' generated code
-    axdsl aot SPEC --target T                   per-chip memory and FLOPs; exit 3 if it does not fit
+    axdsl aot SPEC [--target T]                 per-chip memory and FLOPs; exit 3 if it does not fit
     axdsl stats SPEC [--target T]               parameters (total, active), FLOPs, memory per chip
     axdsl import-hf SPEC HF_DIR                 Hugging Face safetensors -> orbax params checkpoint
-    axdsl export-hf SPEC CKPT_DIR OUT_DIR       orbax params checkpoint -> Hugging Face safetensors
-    axdsl export-lora SPEC RUN OUT_DIR [--merge]  a LoRA run's adapters alone, or merged weights
-    axdsl train SPEC --target T [--out RUN]     build, then train (rerunning resumes)
-    axdsl plot RUN_DIR                          loss curve PNG
-    axdsl sample RUN_DIR --prompt TEXT          generate text from the latest checkpoint
+    axdsl export-hf SPEC CKPT_DIR --out HF_DIR  orbax params checkpoint -> Hugging Face safetensors
+    axdsl export-lora SPEC RUN --out DIR [--merge]  a LoRA run's adapters alone, or merged weights
+    axdsl train SPEC [--target T] [--out RUN]   build, then train (rerunning resumes)
+    axdsl plot RUN_DIR                          loss, eval, lr and throughput PNG (matplotlib)
+    axdsl sample RUN_DIR [PROMPT]               generate text from the latest checkpoint
 """
 
 from __future__ import annotations
@@ -45,9 +47,9 @@ def main(argv: list[str] | None = None) -> int:
     except _user_errors() as exc:
         print(f"axdsl: error: {shorten_words(str(exc))}", file=sys.stderr)
         return EXIT_ERROR
-    except _UsageError as exc:
+    except _UsageError as exc:  # as argparse: a missing, unknown or conflicting argument exits 2
         print(f"axdsl: error: {shorten_words(str(exc))}", file=sys.stderr)
-        return EXIT_ERROR
+        return EXIT_USAGE
     except OSError as exc:  # a path the user gave: missing, unreadable, read-only
         where = f"{exc.filename}: " if getattr(exc, "filename", None) else ""
         print(f"axdsl: error: {shorten_words(where + str(exc.strerror or exc))}", file=sys.stderr)
@@ -84,27 +86,59 @@ class _UsageError(Exception):
     pass
 
 
+class _Help(argparse.RawDescriptionHelpFormatter):
+    """Help that shows every option's default: appended unless the help text already says it."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if not action.option_strings or "default" in text or action.default is argparse.SUPPRESS:
+            return text
+        if action.default is False:
+            return f"{text} (default: off)"
+        return text if action.default is None else f"{text} (default: %(default)s)"
+
+
 def _parser() -> argparse.ArgumentParser:
     """The command line: one `_add_<command>` per subcommand."""
     p = argparse.ArgumentParser(
         prog="axdsl",
         description="Compile .axl model specs into readable JAX model and training code.",
+        formatter_class=_Help,
     )
     p.add_argument("--version", action="version", version=f"axdsl {__version__}")
-    sub = p.add_subparsers(dest="command", metavar="COMMAND")
-    for add in (_add_build, _add_check, _add_dump, _add_diff, _add_aot, _add_stats, _add_import_hf, _add_export_hf, _add_export_lora, _add_train, _add_plot, _add_sample):
+    sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_SubParser)
+    for add in (_add_build, _add_check, _add_dump, _add_diff, _add_aot, _add_stats, _add_import_hf, _add_export_hf,
+                _add_export_lora, _add_train, _add_plot, _add_sample):
         add(sub)
     return p
+
+
+class _SubParser(argparse.ArgumentParser):
+    """Every subcommand's parser shows defaults in its help."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("formatter_class", _Help)
+        super().__init__(*args, **kwargs)
+
+
+SPEC_HELP = "the .axl spec"
+MODEL_HELP = "model of the spec (default: the first model)"
+
+
+def _add_target(p: argparse.ArgumentParser) -> None:
+    """--target is the same option, with the same default, in every command that takes one."""
+    p.add_argument("--target", "-t", default="cpu", help="target name, e.g. cpu, gpu-h100-8 or tpu-v5e-16")
 
 
 def _add_build(sub) -> None:
     b = sub.add_parser("build", help="generate code for a spec and target",
                        description="Generate generated/<spec>/<target>/ from a spec. With --check, "
                                    "compare instead of writing and exit 1 with a diff on drift.")
-    b.add_argument("spec", nargs="?", type=Path, help="the .axl spec (optional with --check)")
-    b.add_argument("--target", "-t", default=None, help="target name, e.g. cpu or gpu-h100-8")
-    b.add_argument("--out", type=Path, default=None, metavar="ROOT",
-                   help="output root: writes ROOT/<spec>/<target>/ and ROOT/runtime.py (default generated)")
+    b.add_argument("spec", nargs="?", type=Path,
+                   help="the .axl spec (default with --check: every committed output)")
+    _add_target(b)
+    b.add_argument("--out", type=Path, default=Path("generated"), metavar="ROOT",
+                   help="output root: writes ROOT/<spec>/<target>/ and ROOT/runtime.py")
     b.add_argument("--check", action="store_true", help="check committed output instead of writing")
     b.add_argument("--force", action="store_true", help="replace a train.py you have edited (else kept)")
     b.set_defaults(run=_cmd_build)
@@ -112,24 +146,25 @@ def _add_build(sub) -> None:
 
 def _add_check(sub) -> None:
     c = sub.add_parser("check", help="run the static checks on specs", description="Parse and check specs; write nothing.")
-    c.add_argument("specs", nargs="+", type=Path)
-    c.add_argument("--target", "-t", default="cpu")
+    c.add_argument("specs", nargs="+", type=Path, help="one or more .axl specs")
+    _add_target(c)
     c.set_defaults(run=_cmd_check)
 
 
 def _add_dump(sub) -> None:
     d = sub.add_parser("dump", help="print the IR of a spec", description="Print the canonical IR text.")
-    d.add_argument("spec", type=Path)
-    d.add_argument("--target", "-t", default="cpu")
-    d.add_argument("--after", default=None, help="stop after this pass")
+    d.add_argument("spec", type=Path, help=SPEC_HELP)
+    _add_target(d)
+    d.add_argument("--after", default=None, help="stop after this pass (default: after every pass)")
     d.set_defaults(run=_cmd_dump)
 
 
 def _add_diff(sub) -> None:
     df = sub.add_parser("diff", help="diff the generated code of two targets",
                         description="Print the unified diff between two targets' generated code.")
-    df.add_argument("spec", type=Path)
-    df.add_argument("--target", "-t", action="append", required=True, help="give exactly two")
+    df.add_argument("spec", type=Path, help=SPEC_HELP)
+    df.add_argument("--target", "-t", action="append", required=True,
+                    help="give exactly two, e.g. -t cpu -t gpu-h100 (no default)")
     df.set_defaults(run=_cmd_diff)
 
 
@@ -137,9 +172,9 @@ def _add_aot(sub) -> None:
     a = sub.add_parser("aot", help="ahead-of-time fit report for a target",
                        description="Lower the generated train step for the target on this machine and "
                                    "report per-chip memory and FLOPs. Exit 0 if it fits, 3 if not.")
-    a.add_argument("spec", type=Path)
-    a.add_argument("--target", "-t", required=True)
-    a.add_argument("--model", default=None, help="model of the spec (default: the first)")
+    a.add_argument("spec", type=Path, help=SPEC_HELP)
+    _add_target(a)
+    a.add_argument("--model", default=None, help=MODEL_HELP)
     a.add_argument("--batch", type=int, default=None, help="global batch (default: the train block's)")
     a.add_argument("--seq", type=int, default=None, help="sequence length (default: the train block's)")
     a.add_argument("--compile", action="store_true", help="also compile on this CPU and show XLA's figures")
@@ -150,30 +185,35 @@ def _add_stats(sub) -> None:
     st = sub.add_parser("stats", help="parameters, FLOPs and memory per chip",
                         description="Count parameters (total and active), model FLOPs per token and per "
                                     "step, and per-chip memory for the target, from the IR alone.")
-    st.add_argument("spec", type=Path)
-    st.add_argument("--target", "-t", default="cpu")
-    st.add_argument("--model", default=None)
+    st.add_argument("spec", type=Path, help=SPEC_HELP)
+    _add_target(st)
+    st.add_argument("--model", default=None, help=MODEL_HELP)
     st.set_defaults(run=_cmd_stats)
 
 
 def _add_import_hf(sub) -> None:
     hi = sub.add_parser("import-hf", help="convert Hugging Face weights to an orbax checkpoint",
-                        description="Read config.json and *.safetensors (Llama, Mistral, Mixtral, Qwen3-MoE, "
-                                    "GPT-2 layouts) and write an orbax params checkpoint for the spec's model.")
-    hi.add_argument("spec", type=Path)
-    hi.add_argument("hf_dir", type=Path)
-    hi.add_argument("--model", default=None)
-    hi.add_argument("--out", type=Path, default=None)
+                        description="Read config.json and *.safetensors and write an orbax params "
+                                    "checkpoint for the spec's model.")
+    hi.add_argument("spec", type=Path, help=SPEC_HELP)
+    hi.add_argument("hf_dir", type=Path, help="a Hugging Face model directory (config.json, *.safetensors)")
+    hi.add_argument("--model", default=None, help=MODEL_HELP)
+    hi.add_argument("--out", type=Path, default=None,
+                    help="the checkpoint directory to write (default: runs/<spec>-hf/params)")
     hi.set_defaults(run=_cmd_import_hf)
 
 
 def _add_export_hf(sub) -> None:
     he = sub.add_parser("export-hf", help="convert an orbax checkpoint to Hugging Face weights",
-                        description="Write config.json and model.safetensors from a params checkpoint.")
-    he.add_argument("spec", type=Path)
-    he.add_argument("ckpt_dir", type=Path)
-    he.add_argument("out_dir", type=Path)
-    he.add_argument("--model", default=None)
+                        description="Write config.json and model.safetensors from a params checkpoint or a "
+                                    "run (its newest intact step). The same form as import-hf: "
+                                    "SPEC SOURCE --out DEST.")
+    he.add_argument("spec", type=Path, help=SPEC_HELP)
+    he.add_argument("ckpt_dir", type=Path, help="a params checkpoint, a run directory, its checkpoints/ or one step")
+    he.add_argument("legacy_out", nargs="?", type=Path, default=None, help=argparse.SUPPRESS)
+    he.add_argument("--out", type=Path, default=None,
+                    help="the Hugging Face directory to write (required; no default)")
+    he.add_argument("--model", default=None, help=MODEL_HELP)
     he.set_defaults(run=_cmd_export_hf)
 
 
@@ -184,20 +224,34 @@ def _add_export_lora(sub) -> None:
                                     "or with --merge its weights W + (alpha / rank) * A @ B.")
     el.add_argument("spec", type=Path, help="the spec the run was trained from")
     el.add_argument("ckpt_dir", type=Path, help="a run directory, its checkpoints/ or one step")
-    el.add_argument("out_dir", type=Path, help="the new checkpoint's directory (must not exist or be empty)")
+    el.add_argument("legacy_out", nargs="?", type=Path, default=None, help=argparse.SUPPRESS)
+    el.add_argument("--out", type=Path, default=None,
+                    help="the new checkpoint's directory, which must not exist or be empty (required; no default)")
     el.add_argument("--merge", action="store_true",
                     help="write merged weights, a params checkpoint as import-hf writes (default: adapters alone)")
     el.set_defaults(run=_cmd_export_lora)
 
 
+TRAIN_OVERRIDES = {"steps": int, "batch": int, "seq": int, "lr": float, "checkpoint_every": int}
+
+
 def _add_train(sub) -> None:
     tr = sub.add_parser("train", help="build and train (rerunning resumes)",
-                        description="Build generated/<spec>/<target>/ and run its train.py.")
-    tr.add_argument("spec", type=Path)
-    tr.add_argument("--target", "-t", required=True)
-    tr.add_argument("--out", type=Path, default=None, help="run directory (default runs/<spec>-<target>)")
-    tr.add_argument("--steps", type=int, default=None)
-    tr.add_argument("--checkpoint-every", type=int, default=None)
+                        description="Build generated/<spec>/<target>/ and run its train.py. The options "
+                                    "below are passed on to it (python -m generated.<spec>.<target>.train "
+                                    "--help lists every one).")
+    tr.add_argument("spec", type=Path, help=SPEC_HELP)
+    _add_target(tr)
+    tr.add_argument("--out", type=Path, default=None, help="run directory (default: runs/<spec>-<target>)")
+    tr.add_argument("--steps", type=int, default=None, help="total optimizer steps (default: the train block's)")
+    tr.add_argument("--batch", type=int, default=None, help="global batch (default: the train block's)")
+    tr.add_argument("--seq", type=int, default=None, help="sequence length (default: the train block's)")
+    tr.add_argument("--lr", type=float, default=None, help="peak learning rate (default: the train block's)")
+    tr.add_argument("--checkpoint-every", type=int, default=None,
+                    help="steps between checkpoints (default: the train block's)")
+    tr.add_argument("--data", default=None,
+                    help='"default", a token file (.bin) or a text file/directory; seq2seq: SOURCE.bin,TARGET.bin; '
+                         "classify: a .npz of images and labels (default: the train block's data)")
     tr.add_argument("--init-from", type=Path, default=None,
                     help="start a new run from these parameters: a Hugging Face model directory (imported "
                          "into RUN/hf_params), a params checkpoint or a run (default: the train block's init_from)")
@@ -205,24 +259,30 @@ def _add_train(sub) -> None:
 
 
 def _add_plot(sub) -> None:
-    pl = sub.add_parser("plot", help="write a loss-curve PNG of a run", description="Plot RUN_DIR/metrics.jsonl.")
-    pl.add_argument("run_dir", type=Path)
-    pl.add_argument("--out", type=Path, default=None, help="PNG path (default RUN_DIR/loss.png)")
+    pl = sub.add_parser("plot", help="plot a run's loss, eval loss, learning rate and throughput",
+                        description="Plot RUN_DIR/metrics.jsonl with matplotlib.")
+    pl.add_argument("run_dir", type=Path, help="a run directory (holding metrics.jsonl)")
+    pl.add_argument("--out", type=Path, default=None, help="PNG path (default: RUN_DIR/loss.png)")
     pl.set_defaults(run=_cmd_plot)
 
 
 def _add_sample(sub) -> None:
     sm = sub.add_parser("sample", help="generate text from a run's latest checkpoint",
-                        description="Generate text from the latest checkpoint of RUN_DIR.")
-    sm.add_argument("run_dir", type=Path)
-    sm.add_argument("--prompt", required=True)
-    sm.add_argument("--max-tokens", type=int, default=200)
-    sm.add_argument("--temperature", type=float, default=0.8, help="0: greedy (default 0.8)")
+                        description="Generate text from the newest intact checkpoint of RUN_DIR (a run, or "
+                                    "a checkpoint import-hf wrote), streaming it as it comes.")
+    sm.add_argument("run_dir", type=Path, help="a run directory or an imported params checkpoint")
+    sm.add_argument("prompt", nargs="?", default=None, help='the prompt (default: "\\n"; or give --prompt)')
+    sm.add_argument("--prompt", dest="prompt_flag", default=None, metavar="TEXT",
+                    help="the prompt, as an option (default: the positional prompt)")
+    sm.add_argument("--max-tokens", type=int, default=200, help="tokens to generate")
+    sm.add_argument("--temperature", type=float, default=0.8, help="0 is greedy")
     sm.add_argument("--top-k", type=int, default=None, help="sample among the k most likely tokens (default: all)")
     sm.add_argument("--top-p", type=float, default=1.0,
                     help="sample among the most likely tokens whose probability reaches p (default 1.0: all)")
-    sm.add_argument("--eos", type=int, default=None, help="stop after this token id (default: none)")
-    sm.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
+    sm.add_argument("--eos", type=int, default=None,
+                    help="stop after this token id (default: a seq2seq run's eos, an imported model's eos_token_id, "
+                         "else none)")
+    sm.add_argument("--seed", type=int, default=0, help="sampling seed")
     sm.set_defaults(run=_cmd_sample)
 
 
@@ -370,19 +430,34 @@ def _cmd_import_hf(args) -> int:
 def _cmd_export_hf(args) -> int:
     from axdsl import hf
 
-    return hf.export_hf(args.spec, args.ckpt_dir, args.out_dir, args.model)
+    out = _out_dir(args)
+    return hf.export_hf(args.spec, args.ckpt_dir, out, args.model)
 
 
 def _cmd_export_lora(args) -> int:
     from axdsl.hf.lora_merge import export_lora
 
-    return export_lora(args.spec, args.ckpt_dir, args.out_dir, args.merge)
+    return export_lora(args.spec, args.ckpt_dir, _out_dir(args), args.merge)
+
+
+def _out_dir(args) -> Path:
+    """--out DEST, or the older third positional DEST (kept so scripts keep working); no default, since
+    beside a checkpoint step would be inside the run's checkpoints/."""
+    if args.out is not None and args.legacy_out is not None and args.out != args.legacy_out:
+        raise _UsageError(f"two output directories given ({args.legacy_out} and --out {args.out}): give --out only")
+    out = args.out or args.legacy_out
+    if out is None:
+        raise _UsageError(f"{args.command} needs --out DIR, the directory to write (it must not exist or be empty)")
+    return out
 
 
 def _cmd_train(args) -> int:
     from axdsl import runs
 
-    return runs.train(args.spec, _target(args.target), args.out, args.steps, args.checkpoint_every, args.init_from)
+    overrides = {name: getattr(args, name) for name in TRAIN_OVERRIDES if getattr(args, name) is not None}
+    if args.data is not None:
+        overrides["data"] = args.data
+    return runs.train(args.spec, _target(args.target), args.out, init_from=args.init_from, overrides=overrides)
 
 
 def _cmd_plot(args) -> int:
@@ -394,7 +469,10 @@ def _cmd_plot(args) -> int:
 def _cmd_sample(args) -> int:
     from axdsl import sampling
 
-    return sampling.sample(args.run_dir, args.prompt, args.max_tokens, args.temperature, args.top_k, args.seed,
+    if args.prompt is not None and args.prompt_flag is not None and args.prompt != args.prompt_flag:
+        raise _UsageError("two prompts given (a positional one and --prompt): give one")
+    prompt = next((p for p in (args.prompt, args.prompt_flag) if p is not None), "\n")
+    return sampling.sample(args.run_dir, prompt, args.max_tokens, args.temperature, args.top_k, args.seed,
                            args.top_p, args.eos)
 
 

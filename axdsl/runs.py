@@ -43,7 +43,8 @@ def default_run_dir(spec: Path, target: str) -> Path:
 
 
 def train(spec: Path, target: str, out: Path | None = None, steps: int | None = None,
-          checkpoint_every: int | None = None, init_from: Path | None = None) -> int:
+          checkpoint_every: int | None = None, init_from: Path | None = None,
+          overrides: dict[str, object] | None = None) -> int:
     """Build `spec` for `target`, then run `python -m generated.<spec>.<target>.train`; its exit code.
 
     The command runs in the current directory (the one holding generated/), with its output
@@ -51,6 +52,7 @@ def train(spec: Path, target: str, out: Path | None = None, steps: int | None = 
     A train.py the user edited (see `build.edited_files`) is kept and run as it is; if the rest of
     the output is out of date as well, nothing is rebuilt and the exit code is 1. `init_from`, a
     Hugging Face model directory, is imported once into RUN_DIR/hf_params (see `hf_init_params`).
+    `overrides` (steps, batch, seq, lr, checkpoint_every, data) become train.py's flags of those names.
     """
     from axdsl import build
 
@@ -75,10 +77,10 @@ def train(spec: Path, target: str, out: Path | None = None, steps: int | None = 
         print(f"running your edited {out_dir}/train.py", file=sys.stderr)
     run_dir = out if out is not None else default_run_dir(spec, target)
     cmd = [sys.executable, "-m", ".".join(out_dir.parts) + ".train", "--out", str(run_dir)]
-    if steps is not None:
-        cmd += ["--steps", str(steps)]
-    if checkpoint_every is not None:
-        cmd += ["--checkpoint-every", str(checkpoint_every)]
+    flags = {"steps": steps, "checkpoint_every": checkpoint_every, **(overrides or {})}
+    for name, value in flags.items():
+        if value is not None:
+            cmd += ["--" + name.replace("_", "-"), str(value)]
     if init_from is not None:
         if (init_from / "config.json").exists() and (code := hf_init_params(spec, init_from, run_dir)):
             return code

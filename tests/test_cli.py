@@ -174,7 +174,7 @@ def test_user_errors_exit_1_without_traceback(tmp_path):
 
 def test_unknown_target_lists_known_ones():
     r = run_cli("build", "specs/tiny_llama.axl", "--target", "cpux")
-    assert r.returncode == 1
+    assert r.returncode == 2  # a usage error, as argparse exits for an invalid choice
     assert "unknown target `cpux`" in r.stderr and "cpu" in r.stderr and "Traceback" not in r.stderr
 
 
@@ -191,7 +191,7 @@ def test_check_and_dump():
     assert "# passes: resolve\n" in r.stdout
     assert "dim: int = 64  # inherited from /" in r.stdout
     r = run_cli("dump", "specs/tiny_llama.axl", "--after", "nopass")
-    assert r.returncode == 1 and "unknown pass" in r.stderr
+    assert r.returncode == 2 and "unknown pass" in r.stderr
 
 
 def test_python_dash_m_and_console_script_agree():
@@ -200,3 +200,89 @@ def test_python_dash_m_and_console_script_agree():
         pytest.skip("axdsl console script not installed")
     r = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=60)
     assert r.stdout == run_cli("--version").stdout
+
+
+def _subparsers():
+    from axdsl.cli import _parser
+
+    parser = _parser()
+    (sub,) = [a for a in parser._actions if isinstance(a, __import__("argparse")._SubParsersAction)]
+    return parser, sub.choices
+
+
+def test_every_argument_has_help_that_names_its_default():
+    """Each option's help line says its default (or that it has none); each positional has help."""
+    _, commands = _subparsers()
+    for name, sub in commands.items():
+        text = " ".join(sub.format_help().split())
+        for action in sub._actions:
+            if action.help is None or action.help == "==SUPPRESS==" or action.dest == "help":
+                assert action.help == "==SUPPRESS==" or action.dest == "help", f"{name} {action.dest}: no help"
+                continue
+            shown = " ".join(sub._get_formatter()._expand_help(action).split())
+            assert shown in text, (name, action.dest)
+            if action.option_strings or action.nargs == "?":
+                assert "default" in shown, f"axdsl {name} {action.option_strings or action.dest}: {shown!r}"
+
+
+def test_target_is_optional_and_defaults_to_cpu_wherever_it_is_taken():
+    _, commands = _subparsers()
+    taking = {name for name, sub in commands.items() if any(a.dest == "target" for a in sub._actions)}
+    assert taking == {"build", "check", "dump", "diff", "aot", "stats", "train"}
+    for name in taking - {"diff"}:  # diff compares two targets: it takes exactly two
+        (action,) = [a for a in commands[name]._actions if a.dest == "target"]
+        assert action.default == "cpu" and not action.required, name
+
+
+def test_no_command_prints_help_and_exits_2():
+    r = run_cli()
+    assert r.returncode == 2 and "COMMAND" in r.stderr and "build" in r.stderr
+
+
+@pytest.mark.parametrize("argv", [["build"], ["check"], ["dump"], ["diff", "specs/tiny_llama.axl"], ["aot"],
+                                  ["stats"], ["import-hf", "specs/tiny_llama.axl"], ["export-hf", "s.axl"],
+                                  ["export-lora", "s.axl"], ["train"], ["plot"], ["sample"],
+                                  ["export-hf", "specs/tiny_llama.axl", "ckpt"],
+                                  ["diff", "specs/tiny_llama.axl", "-t", "cpu"],
+                                  ["sample", "runs/x", "a", "--prompt", "b"],
+                                  ["export-hf", "specs/tiny_llama.axl", "ckpt", "o1", "--out", "o2"]])
+def test_a_missing_or_conflicting_argument_exits_2(argv, capsys):
+    try:
+        rc = main(argv)
+    except SystemExit as exc:  # argparse's own usage errors
+        rc = exc.code
+    err = capsys.readouterr().err
+    assert rc == 2, (argv, err)
+    assert "error:" in err and "Traceback" not in err
+
+
+def test_export_hf_takes_out_like_import_hf(tmp_path):
+    """import-hf SPEC HF_DIR --out CKPT and export-hf SPEC CKPT --out HF_DIR: the same form, both ways;
+    the older third positional still works and gives the same files."""
+    from tests.test_hf import _hf_model, _write_spec
+
+    spec = _write_spec(tmp_path, "llama")
+    _hf_model("llama").save_pretrained(tmp_path / "hf")
+    ckpt = tmp_path / "ckpt"
+    assert main(["import-hf", str(spec), str(tmp_path / "hf"), "--out", str(ckpt)]) == 0
+    assert main(["export-hf", str(spec), str(ckpt), "--out", str(tmp_path / "back")]) == 0
+    assert main(["export-hf", str(spec), str(ckpt), str(tmp_path / "back2")]) == 0
+    for name in ("config.json", "model.safetensors"):
+        assert (tmp_path / "back" / name).read_bytes() == (tmp_path / "back2" / name).read_bytes()
+
+
+def test_train_passes_batch_seq_lr_and_data_to_train_py(tmp_path):
+    """The common overrides reach train.py: the run records them."""
+    import json
+
+    data = tmp_path / "corpus.txt"
+    data.write_text("the quick brown fox jumps over the lazy dog. " * 200)
+    run = tmp_path / "run"
+    r = run_cli("train", "specs/tiny_llama.axl", "--out", str(run), "--steps", "2", "--batch", "8", "--seq", "32",
+                "--lr", "0.0005", "--data", str(data))
+    assert r.returncode == 0, r.stderr[-3000:]
+    record = json.loads((run / "run.json").read_text())
+    assert "--batch 8 --seq 32 --lr 0.0005 --data" in r.stderr
+    train = record["train"]
+    assert (train["batch"], train["seq"], train["lr"], train["steps"]) == (8, 32, 0.0005, 2)
+    assert (train["data"], train["data_path"]) == ("text", str(data))

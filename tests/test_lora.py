@@ -65,7 +65,7 @@ def test_lora_fine_tune_from_a_transformers_model(tmp_path, monkeypatch, capfd):
     assert n_opt == 2 * sum(v.size for v in adapters.values())
 
     # merged weights: export-lora --merge is base + (alpha / rank) * A @ B for each target
-    r = subprocess.run([sys.executable, "-m", "axdsl", "export-lora", "ft.axl", str(run), str(tmp_path / "merged"),
+    r = subprocess.run([sys.executable, "-m", "axdsl", "export-lora", "ft.axl", str(run), "--out", str(tmp_path / "merged"),
                         "--merge"], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     merged = _arrays(tmp_path / "merged")
@@ -93,7 +93,7 @@ def test_lora_fine_tune_from_a_transformers_model(tmp_path, monkeypatch, capfd):
     # export-hf of the run writes the merged weights: the same tensors as exporting `merged`
     tensors = {}
     for name, source in (("run", run), ("merged", tmp_path / "merged")):
-        r = subprocess.run([sys.executable, "-m", "axdsl", "export-hf", "ft.axl", str(source), str(tmp_path / f"hf-{name}")],
+        r = subprocess.run([sys.executable, "-m", "axdsl", "export-hf", "ft.axl", str(source), "--out", str(tmp_path / f"hf-{name}")],
                            capture_output=True, text=True, timeout=300)
         assert r.returncode == 0, r.stderr[-2000:]
         tensors[name] = _safetensors(tmp_path / f"hf-{name}" / "model.safetensors")

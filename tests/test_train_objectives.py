@@ -150,7 +150,7 @@ def test_sigkill_and_resume_is_bitwise(spec, tmp_path, cache):
         assert want[key].dtype == got[key].dtype and want[key].tobytes() == got[key].tobytes(), f"{spec}: {key}"
     last = {r["step"]: r for r in metrics(reference) if "loss" in r}[24]
     assert {r["step"]: r for r in metrics(killed) if "loss" in r}[24]["loss"] == last["loss"]
-    sample = subprocess.run([sys.executable, "-m", "axdsl", "sample", str(killed), "--prompt", "abc",
+    sample = subprocess.run([sys.executable, "-m", "axdsl", "sample", str(killed), "abc",
                              "--temperature", "0", "--max-tokens", "4"], cwd=ROOT, env=ENV,
                             capture_output=True, text=True, timeout=300)
     if spec == "t5_tiny":  # greedy decoding of the prompt as the encoder's input
