@@ -1217,15 +1217,24 @@ def load_params(tc, spec: str, from_flag: bool, abstract: dict) -> dict:
     return params["params"] if step is not None else params
 
 
-def freeze_labels(patterns: str):
+def param_path(path) -> str:
+    """A jax tree path as a parameter path: `blocks/attn/wq`."""
+    return "/".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in path)
+
+
+def freeze_labels(patterns: str, balance: dict | None = None):
     """optax.multi_transform's labels for tc.freeze (comma-separated globs over parameter paths such
-    as `embed/table` or `blocks/attn/*`): "frozen" where a pattern matches, else "train"."""
+    as `embed/table` or `blocks/attn/*`): "frozen" where a pattern matches, "balance RATE" for a
+    path of `balance` (MoE selection biases, path -> rate) that is not frozen, else "train"."""
     globs = [g.strip() for g in patterns.split(",") if g.strip()]
+    balance = balance or {}
 
     def labels(params):
         def label(path, _):
-            name = "/".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in path)
-            return "frozen" if any(fnmatch.fnmatchcase(name, g) for g in globs) else "train"
+            name = param_path(path)
+            if any(fnmatch.fnmatchcase(name, g) for g in globs):
+                return "frozen"
+            return f"balance {balance[name]}" if name in balance else "train"
 
         return jax.tree_util.tree_map_with_path(label, params)
 
@@ -1257,9 +1266,17 @@ def start_run(run_dir: Path, tc, package: str, file: str, spec: str, target: str
     (run_dir / "run.json").write_text(json.dumps(json_safe(info), indent=2, allow_nan=False) + "\n")
 
 
-def global_norm(tree) -> jax.Array:
-    """The L2 norm of all leaves together, in float32 (the gradient norm logged and checked)."""
-    return jnp.sqrt(sum(jnp.sum(jnp.square(x.astype(jnp.float32))) for x in jax.tree.leaves(tree)))
+def global_norm(tree, skip=()) -> jax.Array:
+    """The L2 norm of all leaves together, in float32 (the gradient norm logged and checked),
+    leaving out the parameter paths in `skip`."""
+    leaves = jax.tree_util.tree_leaves_with_path(tree)
+    return jnp.sqrt(
+        sum(
+            jnp.sum(jnp.square(x.astype(jnp.float32)))
+            for path, x in leaves
+            if param_path(path) not in skip
+        )
+    )
 
 
 def json_safe(row: dict) -> dict:

@@ -17,6 +17,7 @@ from axdsl.codegen.names import py_str
 from axdsl import primitives
 from axdsl.ir import nodes as ir
 from axdsl.ir.rewrite import tree_has
+from axdsl.primitives.moe import balanced_biases
 from axdsl.objectives import DATA, inputs, objective_name
 from axdsl.passes.annotate_sharding import spec_text
 from axdsl.targets import profiles
@@ -62,6 +63,8 @@ def emit_train(module: ir.Module, package: str, flops: list[tuple[str, int, int]
         lora="lora" in dict(t.settings),
         lora_targets=lora.adapter_table(module) if "lora" in dict(t.settings) else [],
         lora_origin=str(t.choice("lora").origin) if "lora" in dict(t.settings) else "",
+        # LoRA trains adapters only: the selection biases stay as they are, like every base weight
+        balance=[] if "lora" in dict(t.settings) else balanced_biases(module.models[0].root),
     )
 
 

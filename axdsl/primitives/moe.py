@@ -8,6 +8,13 @@ of its `top_groups` best groups, a group scored by the sum of its two best exper
 (multiplies the routing weights after normalizing: routed_scaling_factor). With the defaults the
 generated helper is the plain softmax router; any of these picks the `moe_swiglu.choose` helper.
 
+`balance_rate` > 0 is DeepSeek-V3's auxiliary-loss-free load balancing: after each step the
+bias (a parameter of the layer) moves by -balance_rate * sign(load - mean load), the tokens each
+expert got in that step's batch. The forward is unchanged; the generated `_moe_balance` gives the
+bias that load surplus as its gradient (its true gradient is zero: the choice is discrete), and
+train.py's optimizer applies the sign rule to the parameters `balanced_biases` lists, outside
+AdamW, clipping and the logged gradient norm.
+
 FLOPs: top_k x 2 x (elements of one expert's three matrices): only routed experts work;
 capacity padding is not counted (MaxText).
 
@@ -30,6 +37,7 @@ SELECTION = ("score", "groups", "top_groups", "scale")  # DeepSeek's routing, em
 ROUTER = "moe_swiglu"  # helpers: the router, and the two dispatch paths it may call
 CAPACITY, DROPLESS = f"{ROUTER}.capacity", f"{ROUTER}.dropless"
 CHOOSE = f"{ROUTER}.choose"  # sigmoid scores, a selection bias, group-limited top-k, scaled weights
+BALANCE = f"{ROUTER}.balance"  # the load surplus as the selection bias's gradient (balance_rate > 0)
 SCORES = ("softmax", "sigmoid")
 
 
@@ -61,7 +69,38 @@ def _shape(ctx, prim: ir.Prim, args):
     if bias is not None and (len(args[5].type.dims) != 1 or not args[5].type.dims[0].same(experts)):
         ctx.fail(prim.span, f"`moe` bias must be [{experts}], one per expert, got {ir_fmt(args[5].type.dims)}",
                  "the selection bias is added to each token's expert scores")
+    _check_balance(ctx, prim, bias)
     return x
+
+
+def _check_balance(ctx, prim: ir.Prim, bias: ir.TExpr | None) -> None:
+    """balance_rate >= 0; a positive one needs a bias that is a parameter of this layer (it is what
+    the balancing rule moves)."""
+    rate = prim.attr("balance_rate").value
+    if rate < 0:
+        ctx.fail(prim.span, f"`moe` balance_rate={rate} must be >= 0",
+                 "0 turns balancing off; DeepSeek-V3 uses 0.001")
+    if rate > 0 and not (isinstance(bias, ir.Ref) and bias.kind == ir.RefKind.PARAM):
+        ctx.fail(prim.span, f"`moe` balance_rate={rate} needs `bias =` one of this layer's parameters, "
+                 + ("got none" if bias is None else "got an expression"),
+                 "balancing moves the selection bias after each step: declare `param score_bias: "
+                 "[experts] init zeros` and pass `bias = score_bias`")
+
+
+def balanced_biases(root: ir.Instance) -> list[tuple[str, float]]:
+    """(parameter path, balance_rate) of every selection bias the balancing rule moves: train.py's
+    BALANCE, in model order."""
+    from axdsl.ir.rewrite import prims_of
+
+    out = []
+    for inst in root.walk():
+        for prim in prims_of(inst, "moe"):
+            bias = prim.operand("bias")
+            if prim.attr("balance_rate").value > 0 and isinstance(bias, ir.Ref):
+                path = "/".join([p for p in inst.path.split("/") if p] + [bias.name])
+                if path not in dict(out):
+                    out.append((path, prim.attr("balance_rate").value))
+    return out
 
 
 def _check_groups(ctx, prim: ir.Prim, experts: ir.Dim, top_k: int) -> None:
@@ -110,6 +149,9 @@ def _emit(ctx, prim: ir.Prim, args: list[str], precs: list[int]) -> str:
     kwargs = ", ".join(f"{k}={prim.attr(k).code}" for k in names)
     if prim.operand("bias") is not None:
         kwargs += f", bias={args[5]}"
+    if prim.attr("balance_rate").value > 0:
+        ctx.use_helper(BALANCE)
+        kwargs += ", balance=True"
     ctx.line(f"{out}, {aux} = moe_swiglu({', '.join(args[:5])}, {kwargs})  # {ctx.shape_comment(prim.type)}, []")
     return out
 
@@ -167,10 +209,14 @@ def _moe_swiglu(used: frozenset[str]) -> str:
     params = [p for p in MOE_PARAMS if capacity or p != "capacity_factor: float"]
     if choose:
         params += MOE_SELECT_PARAMS
+    if BALANCE in used:
+        params.append("balance: bool = False")
     signature = "def moe_swiglu(\n" + "".join(f"    {p},\n" for p in params) + ") -> tuple[jax.Array, jax.Array]:\n"
     doc = [MOE_DOC_HEAD]
     if choose:
         doc.append(MOE_DOC_CHOOSE)
+    if BALANCE in used:
+        doc.append(MOE_DOC_BALANCE)
     if capacity:
         doc.append(MOE_DOC_CAPACITY)
     if dropless:
@@ -181,6 +227,8 @@ def _moe_swiglu(used: frozenset[str]) -> str:
     else:
         tail = "    " + (MOE_CALL_CAPACITY if capacity else MOE_CALL_DROPLESS)
     routing = MOE_ROUTING.replace(MOE_SOFTMAX_CHOICE, MOE_CHOICE) if choose else MOE_ROUTING
+    if BALANCE in used:
+        tail += "\n" + MOE_CALL_BALANCE
     return (signature + '    """' + " ".join(doc) + MOE_DOC_TAIL + '    """\n' + routing
             + tail + "\n    return y.astype(x.dtype), aux")
 
@@ -198,6 +246,29 @@ MOE_DOC_CHOOSE = """With `score` "sigmoid" the
     scores are sigmoids; `bias` (if given) shifts them for the choice only; with `groups` > 1 a
     token chooses among the experts of its `top_groups` best groups; `scale` multiplies the weights
     (DeepSeek-V3)."""
+MOE_DOC_BALANCE = """With `balance` the bias
+    gets, as its gradient, each expert's load surplus (see _moe_balance)."""
+MOE_CALL_BALANCE = """    if balance:
+        y = _moe_balance(y, bias, jnp.bincount(chosen.reshape(-1), length=experts).astype(jnp.float32))"""
+MOE_BALANCE = '''@jax.custom_vjp
+def _moe_balance(y, bias, load):
+    """y, unchanged. In the backward pass `bias` gets load - mean(load): each expert's tokens in
+    this batch above the mean (its true gradient is zero, the choice being discrete). train.py's
+    optimizer turns it into DeepSeek-V3's auxiliary-loss-free balancing rule,
+    bias -= balance_rate * sign(load - mean load), outside AdamW and clipping."""
+    return y
+
+
+def _moe_balance_fwd(y, bias, load):
+    return y, ((load - jnp.mean(load)).astype(bias.dtype), load)
+
+
+def _moe_balance_bwd(residual, g):
+    surplus, load = residual
+    return g, surplus, jnp.zeros_like(load)
+
+
+_moe_balance.defvjp(_moe_balance_fwd, _moe_balance_bwd)'''
 MOE_DOC_CAPACITY = """With capacity_factor > 0 an expert takes
     at most ceil(top_k * S * capacity_factor / experts) tokens of each sequence, first choices
     first (GShard, Switch); tokens over capacity skip that expert and keep their residual."""
@@ -282,7 +353,8 @@ _JAX = ("import jax", "import jax.numpy as jnp")
 _HELPERS = (Helper(ROUTER, _moe_swiglu, _JAX, HelperSection.LAYER),
             Helper(CAPACITY, MOE_CAPACITY, _JAX + ("import math",), HelperSection.LAYER),
             Helper(DROPLESS, MOE_DROPLESS, _JAX, HelperSection.LAYER),
-            Helper(CHOOSE, MOE_CHOOSE, _JAX, HelperSection.LAYER))
+            Helper(CHOOSE, MOE_CHOOSE, _JAX, HelperSection.LAYER),
+            Helper(BALANCE, MOE_BALANCE, _JAX, HelperSection.LAYER))
 
 
 PRIMITIVES = (
@@ -292,10 +364,10 @@ PRIMITIVES = (
          Static("normalize", StaticKind.BOOL, True), Static("aux_weight", StaticKind.FLOAT, 0.01),
          Static("z_weight", StaticKind.FLOAT, 0.001), Static("score", StaticKind.STRING, "softmax"),
          Static("groups", StaticKind.INT, 1), Static("top_groups", StaticKind.INT, 1),
-         Static("scale", StaticKind.FLOAT, 1.0)),
+         Static("scale", StaticKind.FLOAT, 1.0), Static("balance_rate", StaticKind.FLOAT, 0.0)),
         optional_tensors=("bias",),
         doc="mixture of SwiGLU experts: softmax or sigmoid router (DeepSeek: selection bias, group-limited "
-            "top-k, scale), top-k, capacity (<= 0: dropless), aux losses"),
+            "top-k, scale, bias balancing), top-k, capacity (<= 0: dropless), aux losses"),
         emit=_emit, shape=_shape, check=_check, flops=_flops, memory=_memory, unused_params=_unused_params,
         aux_loss=True, helpers=_HELPERS),
 )
