@@ -276,12 +276,17 @@ def _pick(logits, s: Sampling, rng) -> int:
 
 
 def generate_tokens(model, cfg, params, ids: list[int], window: int, max_tokens: int, s: Sampling,
-                    rng, limit: int | None = None):
-    """Yield up to `max_tokens` tokens after the prompt `ids`, one full forward of the last
-    `window` tokens per token (causal attention: the padding after the last one changes nothing).
-    Stops after `s.eos`. With `limit`, picks among the first `limit` logits only (a byte-level
-    model's 256, a tokenizer's size: the rest of a larger vocab is never trained)."""
-    import jax
+                    rng, limit: int | None = None, cache: bool = True):
+    """Yield up to `max_tokens` tokens after the prompt `ids`. Stops after `s.eos`. With `limit`,
+    picks among the first `limit` logits only (a byte-level model's 256, a tokenizer's size: the
+    rest of a larger vocab is never trained).
+
+    A model with a decode path (model.py's `prefill` and `decode_step`) runs the prompt once and
+    then one token per step over its KV cache (`generate_cached`); with `cache=False`, or for a
+    model without one, every token is one full forward of the last `window` tokens."""
+    if cache and hasattr(model, "decode_step"):
+        yield from generate_cached(model, cfg, params, ids, window, max_tokens, s, rng, limit)
+        return
     import numpy as np
 
     logits_at = _jit_logits_at(model, cfg)
@@ -298,6 +303,39 @@ def generate_tokens(model, cfg, params, ids: list[int], window: int, max_tokens:
         yield token
         if token == s.eos:
             return
+
+
+def generate_cached(model, cfg, params, ids: list[int], window: int, max_tokens: int, s: Sampling,
+                    rng, limit: int | None = None):
+    """`generate_tokens` over the model's KV cache of `window` positions: `prefill` of the prompt
+    (its last `window` tokens), then one jitted `decode_step` per token. While prompt and output
+    fit the window it picks exactly what the full forward would (tests/test_decode.py); when the
+    cache is full it restarts from the newest half window, where the full-forward path slides
+    its window by one token per step."""
+    import numpy as np
+
+    ids = list(ids)[-window:]
+
+    def start(context: list[int]):
+        # The context padded to the window, so prefill compiles once: the padding's keys sit at
+        # positions no query sees before a decode step overwrites them.
+        tokens = np.zeros((1, window), np.int32)
+        tokens[0, : len(context)] = context
+        logits, kv = model.prefill(cfg, params, tokens, model.init_cache(cfg, 1, window))
+        return np.asarray(logits[0, len(context) - 1], np.float64), kv, len(context)
+
+    logits, kv, pos = start(ids)
+    for n in range(max_tokens):
+        token = _pick(logits[:limit] if limit is not None else logits, s, rng)
+        ids.append(token)
+        yield token
+        if token == s.eos or n == max_tokens - 1:
+            return
+        if pos == window:  # the cache is full
+            logits, kv, pos = start(ids[-(window // 2):])
+        else:
+            logits, kv = model.decode_step(cfg, params, np.asarray([token], np.int32), kv, np.int32(pos))
+            logits, pos = np.asarray(logits, np.float64)[0], pos + 1
 
 
 def _jit_logits_at(model, cfg):

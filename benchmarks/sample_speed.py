@@ -1,4 +1,7 @@
-"""Sampling speed of `axdsl sample`'s generation loop: tokens/s for 200 new tokens of tiny_llama.
+"""Sampling speed of `axdsl sample`'s generation loop: tokens/s for 200 new tokens of tiny_llama,
+over the generated KV-cache decode path (`prefill`, then one `decode_step` per token) and, for
+comparison, one full forward per token (the path before the cache, and the fallback for models
+without a decode path).
 
     python benchmarks/sample_speed.py                  # tiny_llama, 200 tokens, greedy
     python benchmarks/sample_speed.py --tokens 100 --prompt "ROMEO:"
@@ -7,6 +10,7 @@ Nothing is trained: the committed generated/tiny_llama/cpu/model.py is imported 
 `init_params` gives the weights (speed does not depend on their values). The tokens come from
 `axdsl.sampling.generate_tokens`, the very loop `axdsl sample` streams from, so this measures what a
 user waits for. The first run (compilation included) is reported apart from a second, timed run.
+Both paths must give the same greedy tokens while the window holds them; the script checks it.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
-def measure(spec: str, tokens: int, prompt: str) -> dict:
+def measure(spec: str, tokens: int, prompt: str, cache: bool) -> tuple[dict, list[int]]:
     """Seconds and tokens/s of a cold (compiling) and a warm greedy generation of `tokens` tokens."""
     import jax
     import numpy as np
@@ -35,11 +39,12 @@ def measure(spec: str, tokens: int, prompt: str) -> dict:
     for label in ("cold", "warm"):
         start = time.perf_counter()
         out = list(sampling.generate_tokens(model, cfg, params, ids, cfg.max_seq, tokens,
-                                        sampling.Sampling(temperature=0.0), np.random.default_rng(0)))
+                                            sampling.Sampling(temperature=0.0), np.random.default_rng(0),
+                                            cache=cache))
         seconds = time.perf_counter() - start
         assert len(out) == tokens
         result[label] = (seconds, tokens / seconds)
-    return result
+    return result, out
 
 
 def main() -> None:
@@ -49,9 +54,19 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=200, help="new tokens to generate (default 200)")
     ap.add_argument("--prompt", default="The ", help='prompt text, byte-level (default "The ")')
     args = ap.parse_args()
-    r = measure(args.spec, args.tokens, args.prompt)
-    for label, (seconds, rate) in r.items():
-        print(f"{args.spec} {label}: {args.tokens} tokens in {seconds:.2f} s = {rate:.1f} tokens/s")
+    rates = {}
+    outputs = {}
+    for cache in (False, True):
+        path = "kv cache" if cache else "full forward"
+        r, outputs[cache] = measure(args.spec, args.tokens, args.prompt, cache)
+        for label, (seconds, rate) in r.items():
+            print(f"{args.spec} {path} {label}: {args.tokens} tokens in {seconds:.2f} s = {rate:.1f} tokens/s")
+        rates[cache] = r["warm"][1]
+    model = importlib.import_module(f"generated.{args.spec}.cpu.model")
+    fits = next(iter(model.CONFIGS.values())).max_seq - len(args.prompt.encode("utf-8"))
+    same = outputs[True][:fits] == outputs[False][:fits]
+    print(f"speedup (warm): {rates[True] / rates[False]:.1f}x; greedy tokens equal within the window "
+          f"({fits} tokens): {same}")
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@ structure, since they share the functions and differ only in `Config` values.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import json
 import keyword
@@ -16,8 +16,9 @@ import jinja2
 
 from axdsl import __version__, resources
 from axdsl.codegen import helpers
+from axdsl.codegen.decode import decode_path, decode_problem
 from axdsl.codegen.emit_objective import objective_code, objective_doc
-from axdsl.codegen.expressions import FunctionEmitter, dims_text
+from axdsl.codegen.expressions import FunctionEmitter, LayerFunction, dims_text
 from axdsl.codegen.names import EinsumLetters, dim_label, py_str, snake
 from axdsl.errors import CompileError, Diagnostic
 from axdsl.ir import nodes as ir
@@ -27,20 +28,6 @@ from axdsl.objectives import fits, objective_args, objective_name
 from axdsl import primitives
 from axdsl.ir.rewrite import prims_of
 from axdsl.passes.annotate_sharding import dim_axes, spec_text
-
-
-@dataclass
-class LayerFunction:
-    name: str
-    layer: str
-    args: str
-    rng: bool
-    body: list[str]
-    doc: str
-    paths: list[str]
-    aux: bool = False  # returns (y, auxiliary loss)
-    imports: set[str] = field(default_factory=set)  # what its body needs
-    helpers: set[str] = field(default_factory=set)  # helpers its body calls
 
 
 @dataclass
@@ -106,12 +93,16 @@ def emit_model(module: ir.Module) -> str:
     first = per_model[0]
     root = module.models[0].root
     functions = first
-    helper_code, imports = helpers.select({h for fns in per_model for f in fns for h in f.helpers})
-    imports |= {line for f in functions for line in f.imports}
     fields = _config_fields(module.models[0])
     sharding = _sharding_context(module.schedule, root)
     objective = objective_name(module)
     loss = objective == "next_token" and has_lm_signature(root)
+    decode = decode_path(root, functions, module.schedule, dim_axes(root), letters) if loss else None
+    decode_fns = decode.functions if decode else []
+    helper_code, imports = helpers.select({h for fns in [*per_model, decode_fns] for f in fns for h in f.helpers})
+    imports |= {line for f in [*functions, *decode_fns] for line in f.imports}
+    if decode:
+        imports.add("import functools")
     custom = objective != "next_token" and fits(root, objective)
     imports |= _template_imports(sharding is not None, loss or custom)
     locals_, rows = _param_table(root)
@@ -138,6 +129,10 @@ def emit_model(module: ir.Module) -> str:
         root_aux=functions[-1].aux,
         root_rng=functions[-1].rng,
         loss=loss,
+        decode=decode,
+        no_decode=decode_problem(root) if loss and decode is None else None,
+        cache_zeros=decode.cache_tree(lambda r: f"jnp.zeros({r.shape}, dtype)") if decode else "",
+        cache_specs=decode.cache_tree(lambda r: r.spec) if decode and sharding else "",
         root_args=", ".join(f"{a.name}: jax.Array" for a in root.forward.args),
         root_arg_names=", ".join(a.name for a in root.forward.args),
         root_result="[B, S, vocab]" if has_lm_signature(root) else dims_text(root.forward.result),

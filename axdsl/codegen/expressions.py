@@ -90,6 +90,22 @@ def sharding_why(schedule: ir.Schedule, logical: tuple[str | None, ...],
 
 
 @dataclass
+class LayerFunction:
+    """One generated layer function: its name, arguments, body lines, docstring and what it needs."""
+
+    name: str
+    layer: str
+    args: str
+    rng: bool
+    body: list[str]
+    doc: str
+    paths: list[str]
+    aux: bool = False  # returns (y, auxiliary loss)
+    imports: set[str] = field(default_factory=set)  # what its body needs
+    helpers: set[str] = field(default_factory=set)  # helpers its body calls
+
+
+@dataclass
 class FunctionEmitter:
     """Emits the body of one layer function. `child_fn` maps a child name to its function name."""
 
@@ -109,6 +125,12 @@ class FunctionEmitter:
     imports: set[str] = field(default_factory=set)  # import lines the emitted body needs
     helpers: set[str] = field(default_factory=set)  # helper functions (primitives.HELPERS) it calls
     quant_noted: bool = False  # the quantize_matmuls comment is written once per function
+    decoding = False  # the KV-cache decode path's emitter (axdsl/codegen/decode.py) says True
+    decode_pos = "pos"  # the decode path's first position of the new tokens
+
+    def is_sequence(self, dim: ir.Dim) -> bool:
+        """Whether `dim` is the sequence dim of a decoded tensor (only the decode emitter asks)."""
+        return False
 
     def emit_body(self) -> list[str]:
         fwd = self.inst.forward

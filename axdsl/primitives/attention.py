@@ -62,9 +62,11 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from axdsl.ir import nodes as ir
-from axdsl.primitives.base import (Flops, Helper, HelperSection, KernelRule, Primitive, Signature, Static,
+from axdsl.primitives.base import (Decoding, Flops, Helper, HelperSection, KernelRule, Primitive, Signature, Static,
                                    StaticKind)
 from axdsl.primitives.reductions import ir_fmt
+from axdsl.primitives.attention_kernels import (CACHED_ATTENTION, EINSUM_ATTENTION, SPLASH_ATTENTION,
+                                               SPLASH_IMPORTS)
 from axdsl.targets import profiles
 
 SPLASH_BLOCK = 128  # TPU lane width: splash tiles head_dim and the sequence by 128
@@ -139,6 +141,8 @@ def _emit(ctx, prim: ir.Prim, args: list[str], precs: list[int]) -> str:
         return args[3 + prim.optional.index(name)] if prim.operand(name) is not None else None
 
     k_dims, v_dims = prim.args[1].type.dims, prim.args[2].type.dims
+    if ctx.decoding:
+        return _emit_cached(ctx, prim, args, window, scale, softcap, _number)
     call = AttentionCall(
         q=args[0], k=args[1], v=args[2], causal=prim.attr("causal").code,
         window=window.code if window.value else None,
@@ -161,6 +165,38 @@ def _emit(ctx, prim: ir.Prim, args: list[str], precs: list[int]) -> str:
     elif code.startswith("einsum_attention("):
         ctx.use_helper("einsum_attention")
     return code
+
+
+def _emit_cached(ctx, prim: ir.Prim, args: list[str], window, scale, softcap, number) -> str:
+    """The decode path's call: write k and v into this call's cache slot at `pos`, attend over
+    the cache (`_decode_check` has ruled out what it cannot run)."""
+    k_slot, v_slot = ctx.cache_slot(prim)
+    out = ctx.fresh("o")
+    kwargs = "".join(f", {name}={code}" for name, code in (
+        ("window", window.code if window.value else None),
+        ("scale", number(scale) if _set(scale) else None),
+        ("softcap", number(softcap) if _set(softcap) else None)) if code is not None)
+    ctx.use_helper("cached_attention")
+    ctx.use_helper("einsum_attention")
+    ctx.line(f"# decoding: keys and values so far are in cache[{ctx.py_str(k_slot)}], cache[{ctx.py_str(v_slot)}]")
+    ctx.line(f"{out}, new_cache[{ctx.py_str(k_slot)}], new_cache[{ctx.py_str(v_slot)}] = cached_attention(")
+    ctx.line(f"    {args[0]}, {args[1]}, {args[2]}, cache[{ctx.py_str(k_slot)}], cache[{ctx.py_str(v_slot)}], "
+             f"{ctx.decode_pos}{kwargs}")
+    ctx.line(f")  # {ctx.shape_comment(prim.type)}")
+    return out
+
+
+def _decode_check(prim: ir.Prim) -> str | None:
+    """Why this call cannot run over a KV cache: the cache holds causal self-attention's keys."""
+    q, k = prim.args[0].type.dims, prim.args[1].type.dims
+    if not q[1].same(k[1]):
+        return "cross-attention (its keys are not the decoded tokens)"
+    if not prim.attr("causal").value:
+        return "non-causal attention (a token would see later tokens)"
+    for name in ("bias", "mask", "segment_ids"):
+        if prim.operand(name) is not None:
+            return f"attention with an explicit {name.replace('_', ' ')}"
+    return None
 
 
 def _set(value) -> bool:
@@ -332,158 +368,6 @@ def emit_attention(kernel: str, call: AttentionCall) -> str:
     return f"jax.nn.dot_product_attention({q}, {k}, {v}, {', '.join(kwargs)})"
 
 
-EINSUM_ATTENTION = '''def einsum_attention(
-    q: jax.Array,
-    k: jax.Array,
-    v: jax.Array,
-    causal: bool,
-    window: int | None = None,
-    scale: float | None = None,
-    softcap: float = 0.0,
-    bias: jax.Array | None = None,
-    mask: jax.Array | None = None,
-) -> jax.Array:
-    """Attention written out, for what jax.nn.dot_product_attention cannot express.
-
-    q [B, S, heads, head_dim], k [B, S, kv_heads, head_dim], v [B, S, kv_heads, v_head_dim]
-    -> [B, S, heads, v_head_dim]; query head h reads kv head h // (heads // kv_heads). The
-    logits q.k * scale (scale None: 1 / sqrt(head_dim)) are soft-capped to
-    softcap * tanh(logits / softcap) when softcap > 0 (Gemma 2), and `bias` is added; then causal,
-    the sliding window (each query sees its last `window` keys, itself included) and `mask`
-    (True: attend) drop keys. bias and mask broadcast to [B, heads, S, S]; the softmax runs in
-    float32, like jax.nn.dot_product_attention's.
-    """
-    batch, seq, heads, head_dim = q.shape
-    kv_seq, kv_heads = k.shape[1], k.shape[2]
-    scale = head_dim**-0.5 if scale is None else scale
-    group = q.reshape(batch, seq, kv_heads, heads // kv_heads, head_dim)
-    logits = jnp.einsum("bqkgd,bskd->bkgqs", group, k, preferred_element_type=jnp.float32)
-    logits = logits.reshape(batch, heads, seq, kv_seq) * scale  # [B, heads, S, S]
-    if softcap:
-        logits = softcap * jnp.tanh(logits / softcap)
-    if bias is not None:
-        logits = logits + bias
-    query_pos, key_pos = jnp.arange(seq)[:, None], jnp.arange(kv_seq)[None, :]
-    keep = jnp.ones((seq, kv_seq), dtype=bool)
-    if causal:
-        keep = keep & (key_pos <= query_pos)
-    if window:
-        keep = keep & (key_pos > query_pos - window)
-    if mask is not None:
-        keep = keep & mask
-    logits = jnp.where(keep, logits, -0.7 * jnp.finfo(jnp.float32).max)
-    probs = jax.nn.softmax(logits, axis=-1).astype(v.dtype)
-    probs = probs.reshape(batch, kv_heads, heads // kv_heads, seq, kv_seq)
-    out = jnp.einsum("bkgqs,bskd->bqkgd", probs, v)
-    return out.reshape(batch, seq, heads, v.shape[-1])'''
-
-
-SPLASH_ATTENTION = '''PALLAS_INTERPRET = False  # True runs Pallas kernels in interpret mode (CPU tests, debugging)
-SPLASH_BATCH_AXES = ("data", "fsdp")  # mesh axes splash attention splits the batch over
-SPLASH_HEAD_AXES = ("model",)  # mesh axes it splits the heads over
-
-
-def splash_attention(
-    q: jax.Array,
-    k: jax.Array,
-    v: jax.Array,
-    causal: bool,
-    window: int | None,
-    scale: float | None = None,
-    softcap: float | None = None,
-    segment_ids: jax.Array | None = None,
-) -> jax.Array:
-    """Splash attention, the TPU Pallas flash-attention kernel, on q [B, S, heads, head_dim].
-
-    k is [B, S, kv_heads, head_dim] and v [B, S, kv_heads, v_head_dim] (kv_heads divides heads:
-    query head h reads kv head h // (heads // kv_heads)). The logits are q.k * scale (None:
-    1 / sqrt(head_dim)), soft-capped to softcap * tanh(logits / softcap) when softcap is set;
-    segment_ids [B, S] keep each query to the keys of its own packed sequence. Same result as
-    jax.nn.dot_product_attention(q, k, v, is_causal=causal, local_window_size=(window - 1, 0) if
-    window else None). Under a mesh it runs in jax.shard_map (Pallas TPU kernels compile only
-    there): the batch split over SPLASH_BATCH_AXES, the heads over SPLASH_HEAD_AXES, each as far
-    as they divide evenly.
-    """
-    batch, seq, heads, head_dim = q.shape
-    kv_heads = k.shape[2]
-    if seq % 128:
-        raise ValueError(f"splash attention needs a sequence length divisible by 128, got {seq}")
-    q = q * (1.0 / math.sqrt(head_dim) if scale is None else scale)  # the kernel does not scale
-    q, k, v = (jnp.swapaxes(x, 1, 2) for x in (q, k, v))  # the kernel's [B, heads, S, head_dim]
-    run = functools.partial(_splash_per_device, causal=causal, window=window, softcap=softcap)
-    args = (q, k, v) if segment_ids is None else (q, k, v, segment_ids)
-    mesh = jax.sharding.get_abstract_mesh()
-    if mesh.empty:
-        out = run(*args)
-    else:
-        batch_axes = _dividing_axes(mesh, SPLASH_BATCH_AXES, batch)
-        head_axes = _dividing_axes(mesh, SPLASH_HEAD_AXES, heads)
-        if kv_heads % math.prod(mesh.shape[a] for a in head_axes):
-            # Fewer kv heads than head shards: give every query head its own copy.
-            k, v = (jnp.repeat(x, heads // kv_heads, axis=1) for x in (k, v))
-            args = (q, k, v) + args[3:]
-        spec = P(batch_axes, head_axes, None, None)
-        specs = (spec, spec, spec) + ((P(batch_axes, None),) if segment_ids is not None else ())
-        out = jax.shard_map(run, mesh=mesh, in_specs=specs, out_specs=spec, check_vma=False)(*args)
-    return jnp.swapaxes(out, 1, 2)  # [B, S, heads, v_head_dim]
-
-
-def _dividing_axes(mesh, names: tuple[str, ...], size: int) -> tuple[str, ...]:
-    """The mesh axes of `names`, in order, whose product of sizes divides `size`."""
-    axes = []
-    for name in names:
-        if name in mesh.axis_names:
-            if size % (math.prod(mesh.shape[a] for a in axes) * mesh.shape[name]) == 0:
-                axes.append(name)
-    return tuple(axes)
-
-
-def _splash_per_device(
-    q: jax.Array,
-    k: jax.Array,
-    v: jax.Array,
-    segment_ids: jax.Array | None = None,
-    *,
-    causal: bool,
-    window: int | None,
-    softcap: float | None,
-) -> jax.Array:
-    """The kernel on one device's q [B, heads, S, head_dim], k and v [B, kv_heads, S, head_dim]."""
-    heads, seq = q.shape[1], q.shape[2]
-    if window:
-        mask = splash_attention_mask.LocalMask((seq, seq), window_size=(window - 1, 0), offset=0)
-    elif causal:
-        mask = splash_attention_mask.CausalMask((seq, seq))
-    else:
-        mask = splash_attention_mask.FullMask((seq, seq))
-    block = next(b for b in (512, 256, 128) if seq % b == 0)  # tiles of the sequence
-    kernel = splash_attention_kernel.make_splash_mha(
-        splash_attention_mask.MultiHeadMask([mask] * heads),
-        block_sizes=splash_attention_kernel.BlockSizes(
-            block_q=block,
-            block_kv=block,
-            block_kv_compute=block,
-            block_q_dkv=block,
-            block_kv_dkv=block,
-            block_kv_dkv_compute=block,
-            block_q_dq=block,
-            block_kv_dq=block,
-        ),
-        head_shards=1,
-        q_seq_shards=1,
-        attn_logits_soft_cap=softcap or None,
-        interpret=PALLAS_INTERPRET,
-    )
-    if segment_ids is None:  # the kernel takes one sequence: map it over the batch
-        return jax.vmap(kernel)(q, k, v)
-    ids = splash_attention_kernel.SegmentIds(q=segment_ids, kv=segment_ids)
-    return jax.vmap(kernel)(q, k, v, ids)'''
-SPLASH_IMPORTS = ("import functools", "import math", "import jax", "import jax.numpy as jnp",
-                  "from jax.sharding import PartitionSpec as P",
-                  "from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel",
-                  "from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask")
-
-
 PRIMITIVES = (
     Primitive("attention", Signature(
         ("q", "k", "v"),
@@ -494,5 +378,7 @@ PRIMITIVES = (
         emit=_emit, shape=_shape, flops=_flops, memory=_memory,
         kernels=KernelRule(KERNELS, kernel_violations),
         helpers=(Helper("splash_attention", SPLASH_ATTENTION, SPLASH_IMPORTS, HelperSection.KERNEL),
-                 Helper("einsum_attention", EINSUM_ATTENTION))),
+                 Helper("einsum_attention", EINSUM_ATTENTION),
+                 Helper("cached_attention", CACHED_ATTENTION)),
+        decoding=Decoding.CACHED, decode_check=_decode_check),
 )

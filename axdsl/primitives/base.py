@@ -11,7 +11,10 @@ The contexts each rule receives are small protocols implemented by the stage tha
 
     ShapeContext   fail(span, message, hint=None); axis_of(prim, dims, over) -> int
     EmitContext    see axdsl/codegen/expressions.py FunctionEmitter (fresh names, extra lines,
-                   helpers by name (`use_helper`), dim sizes, einsum letters, the dropout key)
+                   helpers by name (`use_helper`), dim sizes, einsum letters, the dropout key);
+                   in the KV-cache decode path (axdsl/codegen/decode.py) `decoding` is True,
+                   `decode_pos` names the new tokens' first position, `is_sequence(dim)` tells
+                   the sequence dim and `cache_slot(prim)` gives an attention call its cache keys
     FlopContext    inst (the instance), seq, cap_window, param_at(expr) -> ir.Param | None
 """
 
@@ -85,6 +88,16 @@ class KernelRule:
         return tuple(profile.kernels.get(op, (self.fallback,)))
 
 
+class Decoding(Enum):
+    """How a primitive runs in the generated KV-cache decode path (axdsl/codegen/decode.py), where
+    a call sees only the new tokens at positions pos, pos + 1, ...: never a whole sequence."""
+
+    POSITIONWISE = "positionwise"  # each position on its own; a static dim that is the sequence rules decoding out
+    POSITIONS = "positions"  # reads token positions: its emitter shifts them by `pos` (rope, iota, prefix)
+    CACHED = "cached"  # reads earlier positions through the decode cache (attention)
+    SEQUENCE = "sequence"  # mixes positions without a cache (conv1d, ssd): the model has no decode path
+
+
 class HelperSection(IntEnum):
     """Where a helper sits among the generated model's helpers: small functions first, whole layers
     last; within a section, by name."""
@@ -148,6 +161,8 @@ class Primitive:
     internal: bool = False  # made by a pass, not callable from a spec (quantized)
     emits_operands: bool = True  # codegen emits the operands first (quantized emits its own)
     operands: Callable[[ir.Prim], tuple] | None = None  # what analyses evaluate (default: args)
+    decoding: Decoding = Decoding.POSITIONWISE  # its part in the KV-cache decode path
+    decode_check: Callable[[ir.Prim], str | None] | None = None  # why this call cannot decode, or None
 
     @property
     def has_kernels(self) -> bool:

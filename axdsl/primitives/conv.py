@@ -10,7 +10,7 @@ parameter (counted with the matmuls: it multiplies weights).
 from __future__ import annotations
 
 from axdsl.ir import nodes as ir
-from axdsl.primitives.base import Flops, Helper, Primitive, Signature
+from axdsl.primitives.base import Decoding, Flops, Helper, Primitive, Signature
 from axdsl.primitives.reductions import ir_fmt
 
 CAUSAL_CONV1D = '''def causal_conv1d(x: jax.Array, w: jax.Array, b: jax.Array | None = None) -> jax.Array:
@@ -70,5 +70,5 @@ PRIMITIVES = (
     Primitive("conv1d", Signature(("x", "w"), optional_tensors=("b",),
                                   doc="causal depthwise conv over S: x [B, S, C], w [K, C], b = [C]"),
               emit=_emit, shape=_shape, flops=_flops, memory=_memory,
-              helpers=(Helper("causal_conv1d", CAUSAL_CONV1D),)),
+              helpers=(Helper("causal_conv1d", CAUSAL_CONV1D),), decoding=Decoding.SEQUENCE),
 )

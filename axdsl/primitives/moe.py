@@ -357,6 +357,15 @@ _HELPERS = (Helper(ROUTER, _moe_swiglu, _JAX, HelperSection.LAYER),
             Helper(BALANCE, MOE_BALANCE, _JAX, HelperSection.LAYER))
 
 
+def _decode_check(prim: ir.Prim) -> str | None:
+    """Capacity-limited routing drops tokens by how many run together, so one token at a time
+    routes differently from the whole sequence; dropless routing is per token."""
+    capacity = prim.attr("capacity_factor").value
+    if capacity > 0:
+        return f"`moe` with capacity_factor {capacity} (capacity-limited routing depends on the batch of tokens)"
+    return None
+
+
 PRIMITIVES = (
     Primitive("moe", Signature(
         ("x", "logits", "w_gate", "w_up", "w_down"),
@@ -369,5 +378,5 @@ PRIMITIVES = (
         doc="mixture of SwiGLU experts: softmax or sigmoid router (DeepSeek: selection bias, group-limited "
             "top-k, scale, bias balancing), top-k, capacity (<= 0: dropless), aux losses"),
         emit=_emit, shape=_shape, check=_check, flops=_flops, memory=_memory, unused_params=_unused_params,
-        aux_loss=True, helpers=_HELPERS),
+        aux_loss=True, helpers=_HELPERS, decode_check=_decode_check),
 )

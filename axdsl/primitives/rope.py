@@ -20,16 +20,18 @@ from __future__ import annotations
 import json
 
 from axdsl.errors import did_you_mean
-from axdsl.primitives.base import Helper, Primitive, Signature, Static, StaticKind, linear_memory
+from axdsl.primitives.base import Decoding, Helper, Primitive, Signature, Static, StaticKind, linear_memory
 from axdsl.primitives.reductions import ir_fmt
 
 SCALINGS = ("none", "linear", "llama3", "yarn")
 
-APPLY_ROPE = '''def apply_rope(x: jax.Array, theta: float) -> jax.Array:
-    """Rotary position embedding on x [B, S, heads, head_dim] (Llama's half-split layout)."""
+APPLY_ROPE = '''def apply_rope(x: jax.Array, theta: float, offset: int | jax.Array = 0) -> jax.Array:
+    """Rotary position embedding on x [B, S, heads, head_dim] (Llama's half-split layout), its
+    tokens at positions offset, offset + 1, ... (a decode step's offset is its cache position)."""
     half = x.shape[-1] // 2
     freqs = 1.0 / (theta ** (jnp.arange(half, dtype=jnp.float32) / half))  # [head_dim / 2]
-    angles = jnp.arange(x.shape[1], dtype=jnp.float32)[:, None] * freqs  # [S, head_dim / 2]
+    positions = offset + jnp.arange(x.shape[1], dtype=jnp.float32)  # [S]
+    angles = positions[:, None] * freqs  # [S, head_dim / 2]
     cos = jnp.cos(angles)[None, :, None, :]
     sin = jnp.sin(angles)[None, :, None, :]
     x1, x2 = x[..., :half].astype(jnp.float32), x[..., half:].astype(jnp.float32)
@@ -37,16 +39,22 @@ APPLY_ROPE = '''def apply_rope(x: jax.Array, theta: float) -> jax.Array:
     return out.astype(x.dtype)'''
 
 APPLY_ROTARY = '''def apply_rotary(
-    x: jax.Array, freqs: jax.Array, interleaved: bool = False, scale: float = 1.0
+    x: jax.Array,
+    freqs: jax.Array,
+    interleaved: bool = False,
+    scale: float = 1.0,
+    offset: int | jax.Array = 0,
 ) -> jax.Array:
     """Rotary embedding on x [B, S, heads, head_dim] with the given frequencies [rotary_dim / 2].
 
     Only the first rotary_dim = 2 * len(freqs) features of each head rotate; the rest pass
     through. `interleaved` pairs (x0, x1), (x2, x3), ...; otherwise (x_i, x_{i + rotary_dim / 2}).
-    `scale` multiplies cos and sin (YaRN's attention factor).
+    `scale` multiplies cos and sin (YaRN's attention factor). The tokens sit at positions
+    offset, offset + 1, ... (a decode step's offset is its cache position).
     """
     rotary_dim = 2 * freqs.shape[0]
-    angles = jnp.arange(x.shape[1], dtype=jnp.float32)[:, None] * freqs  # [S, rotary_dim / 2]
+    positions = offset + jnp.arange(x.shape[1], dtype=jnp.float32)  # [S]
+    angles = positions[:, None] * freqs  # [S, rotary_dim / 2]
     cos = (scale * jnp.cos(angles))[None, :, None, :]
     sin = (scale * jnp.sin(angles))[None, :, None, :]
     rot, rest = x[..., :rotary_dim].astype(jnp.float32), x[..., rotary_dim:]
@@ -185,7 +193,7 @@ def _emit(ctx, prim, args: list[str], precs: list[int]) -> str:
     theta = prim.attr("theta").code
     if _is_plain(prim, head_dim):
         ctx.use_helper("apply_rope")
-        return f"apply_rope({args[0]}, theta={theta})"
+        return f"apply_rope({args[0]}, theta={theta}{_offset(ctx)})"
     ctx.use_helper("apply_rotary")
     ctx.use_helper("rope_frequencies")
     given = prim.attr("rotary_dim")
@@ -218,7 +226,12 @@ def _emit(ctx, prim, args: list[str], precs: list[int]) -> str:
             extra.append(f"scale=yarn_attention_factor({', '.join([a['factor'], *ms])})")
     if prim.attr("interleaved").value:
         extra.insert(0, "interleaved=True")
-    return f"apply_rotary({', '.join([args[0], freqs, *extra])})"
+    return f"apply_rotary({', '.join([args[0], freqs, *extra])}{_offset(ctx)})"
+
+
+def _offset(ctx) -> str:
+    """`, offset=pos` in the decode path, whose tokens start at cache position `pos`."""
+    return f", offset={ctx.decode_pos}" if ctx.decoding else ""
 
 
 _MATH = ("import math", "import jax", "import jax.numpy as jnp")
@@ -240,7 +253,7 @@ PRIMITIVES = (
         Static("mscale", StaticKind.FLOAT, 1.0),
         Static("mscale_all_dim", StaticKind.FLOAT, 0.0),
     ), doc="rotary embedding on [B, S, H, D]: partial, interleaved, linear/llama3/yarn scaling"),
-        emit=_emit, shape=_rope_shape, check=_check, memory=linear_memory,
+        emit=_emit, shape=_rope_shape, check=_check, memory=linear_memory, decoding=Decoding.POSITIONS,
         helpers=(Helper("apply_rope", APPLY_ROPE),
                  Helper("apply_rotary", APPLY_ROTARY),
                  Helper("rope_frequencies", ROPE_FREQUENCIES),

@@ -17,7 +17,7 @@ the row starts again at position 0, as it would alone.
 from __future__ import annotations
 
 from axdsl.ir import nodes as ir
-from axdsl.primitives.base import Helper, Primitive, Signature, Static, StaticKind, linear_memory
+from axdsl.primitives.base import Decoding, Helper, Primitive, Signature, Static, StaticKind, linear_memory
 from axdsl.primitives.reductions import ONE, axis_of, ir_fmt, negative_axis
 
 
@@ -65,7 +65,10 @@ def _iota_shape(ctx, prim, args):
 
 
 def _emit_iota(ctx, prim, args, precs) -> str:
-    code = f"jnp.arange({ctx.dim_code(prim.attr('over'))}, dtype=jnp.int32)"
+    over = prim.attr("over")
+    code = f"jnp.arange({ctx.dim_code(over)}, dtype=jnp.int32)"
+    if ctx.decoding and ctx.is_sequence(over):  # the new tokens' positions start at the cache position
+        code = f"({ctx.decode_pos} + {code})"
     trailing = prim.attr("trailing").value
     return code + (f"[:, {', '.join(['None'] * trailing)}]" if trailing else "")
 
@@ -141,7 +144,7 @@ def _emit_segment_positions(ctx, prim, args, precs) -> str:
 PRIMITIVES = (
     Primitive("iota", Signature((), (Static("over", StaticKind.DIM), Static("trailing", StaticKind.INT, 0)),
                                 doc="int32 positions 0..n-1 along a dim, [over] then `trailing` dims of size 1"),
-              emit=_emit_iota, shape=_iota_shape, memory=_iota_memory),
+              emit=_emit_iota, shape=_iota_shape, memory=_iota_memory, decoding=Decoding.POSITIONS),
     Primitive("where", Signature(("cond", "a", "b"), doc="a where cond is true, else b; shapes broadcast"),
               emit=lambda ctx, prim, a, p: f"jnp.where({a[0]}, {a[1]}, {a[2]})",
               shape=_broadcast_shape, scalar_operands=True, memory=_where_memory),
@@ -153,5 +156,5 @@ PRIMITIVES = (
     Primitive("segment_positions", Signature(("segments",), doc="int32 position of each token within its run of "
                                              "equal ids along the last dim (a packed example restarts at 0)"),
               emit=_emit_segment_positions, shape=_segment_positions_shape, memory=_iota_memory_of_ids,
-              helpers=(Helper("segment_positions", SEGMENT_POSITIONS),)),
+              helpers=(Helper("segment_positions", SEGMENT_POSITIONS),), decoding=Decoding.SEQUENCE),
 )

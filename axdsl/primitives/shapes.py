@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from axdsl.ir.nodes import Dim
-from axdsl.primitives.base import Primitive, Signature, Static, StaticKind, linear_memory, view_memory
+from axdsl.primitives.base import Decoding, Primitive, Signature, Static, StaticKind, linear_memory, view_memory
 from axdsl.primitives.reductions import ir_fmt
 
 
@@ -61,6 +61,22 @@ def _embed_memory(t, prim, args, dims, label: str):
     return t.new(dims, args[0].dtype, label, (args[1],))
 
 
+def _emit_prefix(ctx, prim, args, precs) -> str:
+    """x[:n]; in the decode path, a prefix of the sequence's length is the rows of the new tokens'
+    positions (a learned position table read from the cache position on)."""
+    n = prim.attr("n")
+    if ctx.decoding and ctx.is_sequence(n):
+        return f"jax.lax.dynamic_slice_in_dim({args[0]}, {ctx.decode_pos}, {ctx.dim_code(n)})"
+    return f"{args[0]}[: {ctx.dim_code(n)}]"
+
+
+def _transpose_decode(prim) -> str | None:
+    """A transpose that moves the sequence dim mixes positions; of a parameter (a tied embedding
+    table) it does not."""
+    dims = prim.args[0].type.dims
+    return None if all(not d.is_free for d in dims[-2:]) else "`transpose` of a sequence-shaped tensor"
+
+
 PRIMITIVES = (
     Primitive("split_heads", Signature(("x",), (Static("heads", StaticKind.INT),), doc="[..., h*d] -> [..., h, d]"),
               emit=lambda ctx, prim, a, p: f"{a[0]}.reshape(*{a[0]}.shape[:-1], {prim.attr('heads').code}, -1)",
@@ -70,10 +86,10 @@ PRIMITIVES = (
               shape=_merge_heads_shape, memory=view_memory),
     Primitive("transpose", Signature(("x",), doc="swap the last two dims"),
               emit=lambda ctx, prim, a, p: f"jnp.swapaxes({a[0]}, -1, -2)",
-              shape=_transpose_shape, see_through=True, memory=view_memory),
+              shape=_transpose_shape, see_through=True, memory=view_memory, decode_check=_transpose_decode),
     Primitive("prefix", Signature(("x",), (Static("n", StaticKind.DIM),), doc="the first n rows of x"),
-              emit=lambda ctx, prim, a, p: f"{a[0]}[: {ctx.dim_code(prim.attr('n'))}]",
-              shape=_prefix_shape, gathers=True, memory=_prefix_memory),
+              emit=_emit_prefix, shape=_prefix_shape, gathers=True, memory=_prefix_memory,
+              decoding=Decoding.POSITIONS),
     Primitive("embed", Signature(("table", "ids"), doc="embedding lookup: table[ids]"),
               emit=lambda ctx, prim, a, p: f"jnp.take({a[0]}, {a[1]}, axis=0)",
               shape=_embed_shape, gathers=True, memory=_embed_memory),

@@ -23,7 +23,7 @@ FLOPs per token (not parameter matmuls, counted with attention's sequence work):
 from __future__ import annotations
 
 from axdsl.ir import nodes as ir
-from axdsl.primitives.base import Flops, Helper, Primitive, Signature, Static, StaticKind
+from axdsl.primitives.base import Decoding, Flops, Helper, Primitive, Signature, Static, StaticKind
 from axdsl.primitives.reductions import ir_fmt
 
 SSD = '''def segment_sum(a: jax.Array) -> jax.Array:
@@ -170,5 +170,5 @@ PRIMITIVES = (
                                doc="Mamba-2's chunked state-space scan: x [B, S, heads, head_dim], "
                                    "dt [B, S, heads], A [heads], B and C [B, S, groups, state]"),
               emit=_emit, shape=_shape, check=_check, flops=_flops, memory=_memory,
-              helpers=(Helper("ssd", SSD),)),
+              helpers=(Helper("ssd", SSD),), decoding=Decoding.SEQUENCE),
 )

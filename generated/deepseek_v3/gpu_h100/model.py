@@ -331,6 +331,255 @@ def loss_fn(
     return loss, ce
 
 
+# ----------------------------------------------------------------------------- decoding
+# The same layers over only new tokens, with each attention call's keys and values kept in a
+# preallocated cache: `prefill` runs the prompt once, `decode_step` one token at a time.
+
+
+def ml_attention_decode(
+    cfg: Config, params: dict, x: jax.Array, cache: dict, pos: jax.Array
+) -> tuple[jax.Array, dict]:
+    """MLAttention over new tokens at positions pos, pos + 1, ...: (y [B, S, dim], its updated cache).
+
+    The decode path of `ml_attention`; its cache is `cache`.
+    """
+    new_cache = {}
+    with jax.named_scope("q_norm"):
+        q_norm_out = rms_norm(cfg, params["q_norm"], x @ params["wq_a"])  # [B, S, dim]
+    q = checkpoint_name(
+        jnp.einsum("bsd,dhq->bshq", q_norm_out, params["wq_b"]), "query_proj"
+    )  # [B, S, heads, qk_head_dim]
+    kv = checkpoint_name(x @ params["wkv_a"], "latent_proj")  # [B, S, kv_a_dim]
+    with jax.named_scope("kv_norm"):
+        latent = rms_norm(cfg, params["kv_norm"], kv[..., :512])  # [B, S, dim]
+    k_pe = kv[..., 512:]  # [B, S, kv_a_dim-512]
+    k_pe = jnp.broadcast_to(
+        k_pe[..., None, :], (*k_pe.shape[:-1], cfg.heads, *k_pe.shape[-1:])
+    )  # [B, S, heads, kv_a_dim-512]
+    kv = checkpoint_name(
+        jnp.einsum("bsd,dhk->bshk", latent, params["wkv_b"]), "key_value_proj"
+    )  # [B, S, heads, kv_b_dim]
+    q_pe = apply_rotary(
+        q[..., 128:],
+        yarn_frequencies(64, cfg.rope_theta, factor=40.0, original_max_seq=4096),
+        interleaved=True,
+        scale=yarn_attention_factor(40.0, 1.0, 1.0),
+        offset=pos,
+    )  # [B, S, heads, qk_head_dim-128]
+    k_pe = apply_rotary(
+        k_pe,
+        yarn_frequencies(64, cfg.rope_theta, factor=40.0, original_max_seq=4096),
+        interleaved=True,
+        scale=yarn_attention_factor(40.0, 1.0, 1.0),
+        offset=pos,
+    )  # [B, S, heads, kv_a_dim-512]
+    q = jnp.concatenate([q[..., :128], q_pe], axis=-1)  # [B, S, heads, qk_head_dim]
+    k = jnp.concatenate([kv[..., :128], k_pe], axis=-1)  # [B, S, heads, qk_head_dim]
+    v = kv[..., 128:]  # [B, S, heads, kv_b_dim-128]
+    # decoding: keys and values so far are in cache['k'], cache['v']
+    o, new_cache["k"], new_cache["v"] = cached_attention(
+        q, k, v, cache["k"], cache["v"], pos, scale=0.1352337788608801
+    )  # [B, S, heads, kv_b_dim-128]
+    o = checkpoint_name(o, "context")  # [B, S, heads, kv_b_dim-128]
+    y = checkpoint_name(jnp.einsum("bshv,hvd->bsd", o, params["wo"]), "out_proj")  # [B, S, dim]
+    return y, new_cache  # [B, S, dim]
+
+
+def block_decode(
+    cfg: Config, params: dict, x: jax.Array, cache: dict, pos: jax.Array
+) -> tuple[jax.Array, dict]:
+    """Block over new tokens at positions pos, pos + 1, ...: (y [B, S, dim], its updated cache).
+
+    The decode path of `block`; its cache is `cache`.
+    """
+    new_cache = {}
+    with jax.named_scope("attn_norm"):
+        attn_norm_out = rms_norm(cfg, params["attn_norm"], x)  # [B, S, dim]
+    with jax.named_scope("attn"):
+        h, new_cache["attn"] = ml_attention_decode(
+            cfg, params["attn"], attn_norm_out, cache["attn"], pos
+        )  # [B, S, dim]
+    x = x + h  # [B, S, dim]
+    with jax.named_scope("mlp_norm"):
+        mlp_norm_out = rms_norm(cfg, params["mlp_norm"], x)  # [B, S, dim]
+    with jax.named_scope("mlp"):
+        h = swiglu(cfg, params["mlp"], mlp_norm_out)  # [B, S, dim]
+    return x + h, new_cache  # [B, S, dim]
+
+
+def ml_attention_2_decode(
+    cfg: Config, params: dict, x: jax.Array, cache: dict, pos: jax.Array
+) -> tuple[jax.Array, dict]:
+    """MLAttention over new tokens at positions pos, pos + 1, ...: (y [B, S, dim], its updated cache).
+
+    The decode path of `ml_attention_2`; its cache is `cache`.
+    """
+    new_cache = {}
+    # quantize_matmuls: fp8 on blocks/* (profile gpu-h100)
+    with jax.named_scope("q_norm"):
+        q_norm_out = rms_norm(
+            cfg, params["q_norm"], fp8_einsum("bsd,dr->bsr", x, params["wq_a"])
+        )  # [B, S, dim]
+    q = checkpoint_name(
+        fp8_einsum("bsd,dhq->bshq", q_norm_out, params["wq_b"]), "query_proj"
+    )  # [B, S, heads, qk_head_dim]
+    kv = checkpoint_name(
+        fp8_einsum("bsd,da->bsa", x, params["wkv_a"]), "latent_proj"
+    )  # [B, S, kv_a_dim]
+    with jax.named_scope("kv_norm"):
+        latent = rms_norm(cfg, params["kv_norm"], kv[..., :512])  # [B, S, dim]
+    k_pe = kv[..., 512:]  # [B, S, kv_a_dim-512]
+    k_pe = jnp.broadcast_to(
+        k_pe[..., None, :], (*k_pe.shape[:-1], cfg.heads, *k_pe.shape[-1:])
+    )  # [B, S, heads, kv_a_dim-512]
+    kv = checkpoint_name(
+        fp8_einsum("bsd,dhk->bshk", latent, params["wkv_b"]), "key_value_proj"
+    )  # [B, S, heads, kv_b_dim]
+    q_pe = apply_rotary(
+        q[..., 128:],
+        yarn_frequencies(64, cfg.rope_theta, factor=40.0, original_max_seq=4096),
+        interleaved=True,
+        scale=yarn_attention_factor(40.0, 1.0, 1.0),
+        offset=pos,
+    )  # [B, S, heads, qk_head_dim-128]
+    k_pe = apply_rotary(
+        k_pe,
+        yarn_frequencies(64, cfg.rope_theta, factor=40.0, original_max_seq=4096),
+        interleaved=True,
+        scale=yarn_attention_factor(40.0, 1.0, 1.0),
+        offset=pos,
+    )  # [B, S, heads, kv_a_dim-512]
+    q = jnp.concatenate([q[..., :128], q_pe], axis=-1)  # [B, S, heads, qk_head_dim]
+    k = jnp.concatenate([kv[..., :128], k_pe], axis=-1)  # [B, S, heads, qk_head_dim]
+    v = kv[..., 128:]  # [B, S, heads, kv_b_dim-128]
+    # decoding: keys and values so far are in cache['k'], cache['v']
+    o, new_cache["k"], new_cache["v"] = cached_attention(
+        q, k, v, cache["k"], cache["v"], pos, scale=0.1352337788608801
+    )  # [B, S, heads, kv_b_dim-128]
+    o = checkpoint_name(o, "context")  # [B, S, heads, kv_b_dim-128]
+    y = checkpoint_name(fp8_einsum("bshv,hvd->bsd", o, params["wo"]), "out_proj")  # [B, S, dim]
+    return y, new_cache  # [B, S, dim]
+
+
+def block_2_decode(
+    cfg: Config, params: dict, x: jax.Array, cache: dict, pos: jax.Array
+) -> tuple[jax.Array, dict]:
+    """Block over new tokens at positions pos, pos + 1, ...: (y [B, S, dim], its updated cache).
+
+    The decode path of `block_2`; its cache is `cache`.
+    """
+    new_cache = {}
+    with jax.named_scope("attn_norm"):
+        attn_norm_out = rms_norm(cfg, params["attn_norm"], x)  # [B, S, dim]
+    with jax.named_scope("attn"):
+        h, new_cache["attn"] = ml_attention_2_decode(
+            cfg, params["attn"], attn_norm_out, cache["attn"], pos
+        )  # [B, S, dim]
+    x = x + h  # [B, S, dim]
+    with jax.named_scope("mlp_norm"):
+        mlp_norm_out = rms_norm(cfg, params["mlp_norm"], x)  # [B, S, dim]
+    with jax.named_scope("mlp"):
+        h, _ = deep_seek_moe(cfg, params["mlp"], mlp_norm_out)  # [B, S, dim]
+    return x + h, new_cache  # [B, S, dim]
+
+
+def decoder_lm_decode(
+    cfg: Config, params: dict, tokens: jax.Array, cache: dict, pos: jax.Array
+) -> tuple[jax.Array, dict]:
+    """DecoderLM over new tokens at positions pos, pos + 1, ...: (y [B, S, vocab], its updated cache).
+
+    The decode path of `decoder_lm`; its cache is `cache`.
+    """
+    new_cache = {}
+    # master weights stay in cfg.param_dtype; compute runs in cfg.dtype
+    params = jax.tree.map(lambda w: w.astype(cfg.dtype), params)
+    with jax.named_scope("embed"):
+        x = embedding(cfg, params["embed"], tokens)  # [B, S, dim]
+
+    def dense_blocks_step(h, xs):  # one of cfg.dense_layers stacked layers and its cache
+        layer_params, layer_cache = xs
+        # annotate_sharding: batch -> fsdp (rule batch -> data, fsdp from profile gpu-h100)
+        h = shard(h, P("fsdp"))
+        return block_decode(cfg, layer_params, h, layer_cache, pos)
+
+    with jax.named_scope("dense_blocks"):
+        x, new_cache["dense_blocks"] = jax.lax.scan(
+            dense_blocks_step, x, (params["dense_blocks"], cache["dense_blocks"])
+        )  # [B, S, dim]
+
+    def blocks_step(h, xs):  # one of cfg.layers stacked layers and its cache
+        layer_params, layer_cache = xs
+        # annotate_sharding: batch -> fsdp (rule batch -> data, fsdp from profile gpu-h100)
+        h = shard(h, P("fsdp"))
+        return block_2_decode(cfg, layer_params, h, layer_cache, pos)
+
+    with jax.named_scope("blocks"):
+        x, new_cache["blocks"] = jax.lax.scan(
+            blocks_step, x, (params["blocks"], cache["blocks"])
+        )  # [B, S, dim]
+    with jax.named_scope("final_norm"):
+        x = rms_norm(cfg, params["final_norm"], x)  # [B, S, dim]
+    logits = x @ params["head"]  # [B, S, vocab]
+    return logits.astype(jnp.float32), new_cache  # [B, S, vocab]
+
+
+def init_cache(cfg: Config, batch: int, length: int, dtype=None) -> dict:
+    """Zeroed keys and values of every attention call for `length` positions, in the tree the
+    decode functions take; stacked layers carry a leading `layers` dim. dtype: cfg.dtype."""
+    dtype = cfg.dtype if dtype is None else dtype
+    return {
+        "dense_blocks": {
+            "attn": {
+                "k": jnp.zeros((cfg.dense_layers, batch, length, cfg.heads, 128 + 64), dtype),
+                "v": jnp.zeros(
+                    (cfg.dense_layers, batch, length, cfg.heads, 128 + 128 - 128), dtype
+                ),
+            },
+        },
+        "blocks": {
+            "attn": {
+                "k": jnp.zeros((cfg.layers, batch, length, cfg.heads, 128 + 64), dtype),
+                "v": jnp.zeros((cfg.layers, batch, length, cfg.heads, 128 + 128 - 128), dtype),
+            },
+        },
+    }
+
+
+def cache_specs() -> dict:
+    """Where each cache array lives on the mesh: batch and heads split like the activations."""
+    return {
+        "dense_blocks": {
+            "attn": {
+                "k": P(None, "fsdp"),
+                "v": P(None, "fsdp"),
+            },
+        },
+        "blocks": {
+            "attn": {
+                "k": P(None, "fsdp"),
+                "v": P(None, "fsdp"),
+            },
+        },
+    }
+
+
+@functools.partial(jax.jit, static_argnums=0, donate_argnums=3)
+def prefill(cfg: Config, params: dict, tokens: jax.Array, cache: dict) -> tuple[jax.Array, dict]:
+    """Run the prompt tokens [B, T] from position 0: (logits [B, T, vocab], the cache holding
+    their keys and values). The cache passed in is donated: reuse the one returned."""
+    return decoder_lm_decode(cfg, params, tokens, cache, jnp.int32(0))
+
+
+@functools.partial(jax.jit, static_argnums=0, donate_argnums=3)
+def decode_step(
+    cfg: Config, params: dict, token: jax.Array, cache: dict, pos: jax.Array
+) -> tuple[jax.Array, dict]:
+    """One new token [B] at position `pos` (the number of tokens already in the cache):
+    (logits [B, vocab], the updated cache). The cache passed in is donated."""
+    logits, cache = decoder_lm_decode(cfg, params, token[:, None], cache, pos)
+    return logits[:, 0], cache
+
+
 # ----------------------------------------------------------------------------- parameters
 
 
@@ -478,16 +727,22 @@ def shard(x: jax.Array, spec: P) -> jax.Array:
 
 
 def apply_rotary(
-    x: jax.Array, freqs: jax.Array, interleaved: bool = False, scale: float = 1.0
+    x: jax.Array,
+    freqs: jax.Array,
+    interleaved: bool = False,
+    scale: float = 1.0,
+    offset: int | jax.Array = 0,
 ) -> jax.Array:
     """Rotary embedding on x [B, S, heads, head_dim] with the given frequencies [rotary_dim / 2].
 
     Only the first rotary_dim = 2 * len(freqs) features of each head rotate; the rest pass
     through. `interleaved` pairs (x0, x1), (x2, x3), ...; otherwise (x_i, x_{i + rotary_dim / 2}).
-    `scale` multiplies cos and sin (YaRN's attention factor).
+    `scale` multiplies cos and sin (YaRN's attention factor). The tokens sit at positions
+    offset, offset + 1, ... (a decode step's offset is its cache position).
     """
     rotary_dim = 2 * freqs.shape[0]
-    angles = jnp.arange(x.shape[1], dtype=jnp.float32)[:, None] * freqs  # [S, rotary_dim / 2]
+    positions = offset + jnp.arange(x.shape[1], dtype=jnp.float32)  # [S]
+    angles = positions[:, None] * freqs  # [S, rotary_dim / 2]
     cos = (scale * jnp.cos(angles))[None, :, None, :]
     sin = (scale * jnp.sin(angles))[None, :, None, :]
     rot, rest = x[..., :rotary_dim].astype(jnp.float32), x[..., rotary_dim:]
@@ -498,6 +753,38 @@ def apply_rotary(
         x1, x2 = rot[..., : rotary_dim // 2], rot[..., rotary_dim // 2 :]
         out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
     return jnp.concatenate([out.astype(x.dtype), rest], axis=-1)
+
+
+def cached_attention(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    cache_k: jax.Array,
+    cache_v: jax.Array,
+    pos: jax.Array,
+    window: int | None = None,
+    scale: float | None = None,
+    softcap: float = 0.0,
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Causal attention of new tokens over a KV cache, for decoding.
+
+    q [B, T, heads, head_dim], k and v [B, T, kv_heads, ...] are T new tokens at positions
+    pos .. pos + T - 1. Their keys and values are written into cache_k, cache_v [B, L, kv_heads,
+    ...] at pos, then each query attends to the cached keys at or before its own position (and
+    within the sliding `window`): what einsum_attention computes over the whole sequence.
+    Returns (out [B, T, heads, v_head_dim], cache_k, cache_v).
+    """
+    cache_k = jax.lax.dynamic_update_slice_in_dim(cache_k, k.astype(cache_k.dtype), pos, axis=1)
+    cache_v = jax.lax.dynamic_update_slice_in_dim(cache_v, v.astype(cache_v.dtype), pos, axis=1)
+    query_pos = pos + jnp.arange(q.shape[1])[:, None]  # [T, 1]
+    key_pos = jnp.arange(cache_k.shape[1])[None, :]  # [1, L]
+    seen = key_pos <= query_pos  # later slots are not written yet
+    if window:
+        seen = seen & (key_pos > query_pos - window)
+    out = einsum_attention(
+        q, cache_k, cache_v, causal=False, scale=scale, softcap=softcap, mask=seen
+    )
+    return out, cache_k, cache_v
 
 
 def einsum_attention(

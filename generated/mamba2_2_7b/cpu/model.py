@@ -188,6 +188,10 @@ def loss_fn(
     return loss, ce
 
 
+# No KV-cache decode path (`axdsl sample` runs the full forward per token):
+# `ssd`, which mixes positions without a cache (in Mamba2Mixer at /blocks/mixer).
+
+
 # ----------------------------------------------------------------------------- parameters
 
 

@@ -19,6 +19,7 @@ Fixed when this file was built (change the spec and rebuild):
 """
 
 import dataclasses
+import functools
 import math
 import zlib
 
@@ -176,6 +177,137 @@ def loss_fn(
     return loss, ce
 
 
+# ----------------------------------------------------------------------------- decoding
+# The same layers over only new tokens, with each attention call's keys and values kept in a
+# preallocated cache: `prefill` runs the prompt once, `decode_step` one token at a time.
+
+
+def attention_decode(
+    cfg: Config, params: dict, x: jax.Array, cache: dict, pos: jax.Array
+) -> tuple[jax.Array, dict]:
+    """Attention over new tokens at positions pos, pos + 1, ...: (y [B, S, dim], its updated cache).
+
+    The decode path of `attention`; its cache is `cache`.
+    """
+    new_cache = {}
+    q = checkpoint_name(
+        jnp.einsum("bsd,dhe->bshe", x, params["wq"]), "query_proj"
+    )  # [B, S, heads, head_dim]
+    k = checkpoint_name(
+        jnp.einsum("bsd,dke->bske", x, params["wk"]), "key_proj"
+    )  # [B, S, kv_heads, head_dim]
+    v = checkpoint_name(
+        jnp.einsum("bsd,dkv->bskv", x, params["wv"]), "value_proj"
+    )  # [B, S, kv_heads, v_head_dim]
+    q = apply_rope(q, theta=cfg.rope_theta, offset=pos)  # [B, S, heads, head_dim]
+    k = apply_rope(k, theta=cfg.rope_theta, offset=pos)  # [B, S, kv_heads, head_dim]
+    # decoding: keys and values so far are in cache['k'], cache['v']
+    o, new_cache["k"], new_cache["v"] = cached_attention(
+        q, k, v, cache["k"], cache["v"], pos, window=4096
+    )  # [B, S, heads, v_head_dim]
+    o = checkpoint_name(o, "context")  # [B, S, heads, v_head_dim]
+    y = checkpoint_name(jnp.einsum("bshv,hvd->bsd", o, params["wo"]), "out_proj")  # [B, S, dim]
+    return y, new_cache  # [B, S, dim]
+
+
+def block_decode(
+    cfg: Config, params: dict, x: jax.Array, cache: dict, pos: jax.Array
+) -> tuple[jax.Array, dict]:
+    """Block over new tokens at positions pos, pos + 1, ...: (y [B, S, dim], its updated cache).
+
+    The decode path of `block`; its cache is `cache`.
+    """
+    new_cache = {}
+    with jax.named_scope("attn_norm"):
+        attn_norm_out = rms_norm(cfg, params["attn_norm"], x)  # [B, S, dim]
+    with jax.named_scope("attn"):
+        h, new_cache["attn"] = attention_decode(
+            cfg, params["attn"], attn_norm_out, cache["attn"], pos
+        )  # [B, S, dim]
+    x = x + h  # [B, S, dim]
+    with jax.named_scope("mlp_norm"):
+        mlp_norm_out = rms_norm(cfg, params["mlp_norm"], x)  # [B, S, dim]
+    with jax.named_scope("mlp"):
+        h = swiglu(cfg, params["mlp"], mlp_norm_out)  # [B, S, dim]
+    return x + h, new_cache  # [B, S, dim]
+
+
+def decoder_lm_decode(
+    cfg: Config, params: dict, tokens: jax.Array, cache: dict, pos: jax.Array
+) -> tuple[jax.Array, dict]:
+    """DecoderLM over new tokens at positions pos, pos + 1, ...: (y [B, S, vocab], its updated cache).
+
+    The decode path of `decoder_lm`; its cache is `cache`.
+    """
+    new_cache = {}
+    # master weights stay in cfg.param_dtype; compute runs in cfg.dtype
+    params = jax.tree.map(lambda w: w.astype(cfg.dtype), params)
+    with jax.named_scope("embed"):
+        x = embedding(cfg, params["embed"], tokens)  # [B, S, dim]
+
+    def blocks_step(h, xs):  # one of cfg.layers stacked layers and its cache
+        layer_params, layer_cache = xs
+        # annotate_sharding: batch -> data (rule batch -> data, fsdp from profile cpu)
+        h = shard(h, P("data"))
+        return block_decode(cfg, layer_params, h, layer_cache, pos)
+
+    with jax.named_scope("blocks"):
+        x, new_cache["blocks"] = jax.lax.scan(
+            blocks_step, x, (params["blocks"], cache["blocks"])
+        )  # [B, S, dim]
+    with jax.named_scope("final_norm"):
+        x = rms_norm(cfg, params["final_norm"], x)  # [B, S, dim]
+    logits = x @ params["head"]  # [B, S, vocab]
+    return logits.astype(jnp.float32), new_cache  # [B, S, vocab]
+
+
+def init_cache(cfg: Config, batch: int, length: int, dtype=None) -> dict:
+    """Zeroed keys and values of every attention call for `length` positions, in the tree the
+    decode functions take; stacked layers carry a leading `layers` dim. dtype: cfg.dtype."""
+    dtype = cfg.dtype if dtype is None else dtype
+    return {
+        "blocks": {
+            "attn": {
+                "k": jnp.zeros(
+                    (cfg.layers, batch, length, cfg.kv_heads, cfg.dim // cfg.heads), dtype
+                ),
+                "v": jnp.zeros(
+                    (cfg.layers, batch, length, cfg.kv_heads, cfg.dim // cfg.heads), dtype
+                ),
+            },
+        },
+    }
+
+
+def cache_specs() -> dict:
+    """Where each cache array lives on the mesh: batch and heads split like the activations."""
+    return {
+        "blocks": {
+            "attn": {
+                "k": P(None, "data"),
+                "v": P(None, "data"),
+            },
+        },
+    }
+
+
+@functools.partial(jax.jit, static_argnums=0, donate_argnums=3)
+def prefill(cfg: Config, params: dict, tokens: jax.Array, cache: dict) -> tuple[jax.Array, dict]:
+    """Run the prompt tokens [B, T] from position 0: (logits [B, T, vocab], the cache holding
+    their keys and values). The cache passed in is donated: reuse the one returned."""
+    return decoder_lm_decode(cfg, params, tokens, cache, jnp.int32(0))
+
+
+@functools.partial(jax.jit, static_argnums=0, donate_argnums=3)
+def decode_step(
+    cfg: Config, params: dict, token: jax.Array, cache: dict, pos: jax.Array
+) -> tuple[jax.Array, dict]:
+    """One new token [B] at position `pos` (the number of tokens already in the cache):
+    (logits [B, vocab], the updated cache). The cache passed in is donated."""
+    logits, cache = decoder_lm_decode(cfg, params, token[:, None], cache, pos)
+    return logits[:, 0], cache
+
+
 # ----------------------------------------------------------------------------- parameters
 
 
@@ -293,13 +425,93 @@ def shard(x: jax.Array, spec: P) -> jax.Array:
 # ----------------------------------------------------------------------------- helpers
 
 
-def apply_rope(x: jax.Array, theta: float) -> jax.Array:
-    """Rotary position embedding on x [B, S, heads, head_dim] (Llama's half-split layout)."""
+def apply_rope(x: jax.Array, theta: float, offset: int | jax.Array = 0) -> jax.Array:
+    """Rotary position embedding on x [B, S, heads, head_dim] (Llama's half-split layout), its
+    tokens at positions offset, offset + 1, ... (a decode step's offset is its cache position)."""
     half = x.shape[-1] // 2
     freqs = 1.0 / (theta ** (jnp.arange(half, dtype=jnp.float32) / half))  # [head_dim / 2]
-    angles = jnp.arange(x.shape[1], dtype=jnp.float32)[:, None] * freqs  # [S, head_dim / 2]
+    positions = offset + jnp.arange(x.shape[1], dtype=jnp.float32)  # [S]
+    angles = positions[:, None] * freqs  # [S, head_dim / 2]
     cos = jnp.cos(angles)[None, :, None, :]
     sin = jnp.sin(angles)[None, :, None, :]
     x1, x2 = x[..., :half].astype(jnp.float32), x[..., half:].astype(jnp.float32)
     out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
     return out.astype(x.dtype)
+
+
+def cached_attention(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    cache_k: jax.Array,
+    cache_v: jax.Array,
+    pos: jax.Array,
+    window: int | None = None,
+    scale: float | None = None,
+    softcap: float = 0.0,
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Causal attention of new tokens over a KV cache, for decoding.
+
+    q [B, T, heads, head_dim], k and v [B, T, kv_heads, ...] are T new tokens at positions
+    pos .. pos + T - 1. Their keys and values are written into cache_k, cache_v [B, L, kv_heads,
+    ...] at pos, then each query attends to the cached keys at or before its own position (and
+    within the sliding `window`): what einsum_attention computes over the whole sequence.
+    Returns (out [B, T, heads, v_head_dim], cache_k, cache_v).
+    """
+    cache_k = jax.lax.dynamic_update_slice_in_dim(cache_k, k.astype(cache_k.dtype), pos, axis=1)
+    cache_v = jax.lax.dynamic_update_slice_in_dim(cache_v, v.astype(cache_v.dtype), pos, axis=1)
+    query_pos = pos + jnp.arange(q.shape[1])[:, None]  # [T, 1]
+    key_pos = jnp.arange(cache_k.shape[1])[None, :]  # [1, L]
+    seen = key_pos <= query_pos  # later slots are not written yet
+    if window:
+        seen = seen & (key_pos > query_pos - window)
+    out = einsum_attention(
+        q, cache_k, cache_v, causal=False, scale=scale, softcap=softcap, mask=seen
+    )
+    return out, cache_k, cache_v
+
+
+def einsum_attention(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    causal: bool,
+    window: int | None = None,
+    scale: float | None = None,
+    softcap: float = 0.0,
+    bias: jax.Array | None = None,
+    mask: jax.Array | None = None,
+) -> jax.Array:
+    """Attention written out, for what jax.nn.dot_product_attention cannot express.
+
+    q [B, S, heads, head_dim], k [B, S, kv_heads, head_dim], v [B, S, kv_heads, v_head_dim]
+    -> [B, S, heads, v_head_dim]; query head h reads kv head h // (heads // kv_heads). The
+    logits q.k * scale (scale None: 1 / sqrt(head_dim)) are soft-capped to
+    softcap * tanh(logits / softcap) when softcap > 0 (Gemma 2), and `bias` is added; then causal,
+    the sliding window (each query sees its last `window` keys, itself included) and `mask`
+    (True: attend) drop keys. bias and mask broadcast to [B, heads, S, S]; the softmax runs in
+    float32, like jax.nn.dot_product_attention's.
+    """
+    batch, seq, heads, head_dim = q.shape
+    kv_seq, kv_heads = k.shape[1], k.shape[2]
+    scale = head_dim**-0.5 if scale is None else scale
+    group = q.reshape(batch, seq, kv_heads, heads // kv_heads, head_dim)
+    logits = jnp.einsum("bqkgd,bskd->bkgqs", group, k, preferred_element_type=jnp.float32)
+    logits = logits.reshape(batch, heads, seq, kv_seq) * scale  # [B, heads, S, S]
+    if softcap:
+        logits = softcap * jnp.tanh(logits / softcap)
+    if bias is not None:
+        logits = logits + bias
+    query_pos, key_pos = jnp.arange(seq)[:, None], jnp.arange(kv_seq)[None, :]
+    keep = jnp.ones((seq, kv_seq), dtype=bool)
+    if causal:
+        keep = keep & (key_pos <= query_pos)
+    if window:
+        keep = keep & (key_pos > query_pos - window)
+    if mask is not None:
+        keep = keep & mask
+    logits = jnp.where(keep, logits, -0.7 * jnp.finfo(jnp.float32).max)
+    probs = jax.nn.softmax(logits, axis=-1).astype(v.dtype)
+    probs = probs.reshape(batch, kv_heads, heads // kv_heads, seq, kv_seq)
+    out = jnp.einsum("bkgqs,bskd->bqkgd", probs, v)
+    return out.reshape(batch, seq, heads, v.shape[-1])
