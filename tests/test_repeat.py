@@ -41,12 +41,23 @@ model cross = CrossDecoder { dim = 8  heads = 2  layers = 3 }
 """
 
 
+DECODING = "# ----------------------------------------------------------------------------- decoding"
+
+
 def _build(tmp: Path, name: str, source: str):
-    """(generated model module, its source) of `source` built for cpu."""
+    """(generated model module, its source up to the decode section) of `source` built for cpu.
+
+    An LM's decode path repeats its layers over new tokens with the same scans; a test that
+    counts scans counts the forward pass's, and this checks the decode twin has as many."""
     spec = tmp / f"{name}.axl"
     spec.write_text(source, encoding="utf-8")
     model, _ = import_generated(spec, "cpu", tmp)
-    return model, Path(model.__file__).read_text(encoding="utf-8")
+    code = Path(model.__file__).read_text(encoding="utf-8")
+    forward, _, decode = code.partition(DECODING)
+    decode = decode.split("# -----------------------------------------------------------------------------")[0]
+    if decode:
+        assert decode.count("jax.lax.scan(") == forward.count("jax.lax.scan(")
+    return model, forward
 
 
 def _np(tree):
