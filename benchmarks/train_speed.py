@@ -81,6 +81,8 @@ def main(argv=None) -> int:
     print(f"jax {jax.__version__}, {jax.device_count()} {jax.devices()[0].platform} device(s)")
     header = (f"{'spec':<12} {'params':>8} {'batch x seq':>12} {'init s':>7} {'warm-up s':>9} {'step s':>8} "
               f"{'tokens/s':>10} {'TFLOP/s/dev':>11} {'MFU':>6}")
+    if jax.devices()[0].platform == "cpu":
+        print("(MFU on cpu is nominal: against the cpu profile's placeholder peak, not this machine's)")
     print(header)
     for spec in args.specs:
         steps = args.steps or (20 if spec.startswith("tiny") else 5)

@@ -259,7 +259,7 @@ def test_learns_below_unigram_entropy_of_default_data(tmp_path):
     print(f"unigram entropy {entropy:.3f} nats; first logged loss {first:.3f}; final eval loss {final_eval:.3f}")
     assert 3.0 < entropy < 3.6  # Python source bytes
     assert final_eval < entropy - 0.5
-    assert all(k in rows[0] for k in ("tokens_per_s", "tflops_per_device", "mfu"))
+    assert all(k in rows[0] for k in ("tokens_per_s", "tflops_per_device", "mfu_nominal"))  # cpu: a nominal peak
 
 
 def test_default_data_is_the_standard_library_sources():

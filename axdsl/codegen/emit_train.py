@@ -48,7 +48,7 @@ def emit_train(module: ir.Module, package: str, flops: list[tuple[str, int, int]
         "train.py.j2",
         version=__version__, spec=module.spec, sha256=module.sha256, target=module.target_name,
         models=[m.name for m in module.models], package=package,
-        profile=profile.name, peak_flops=f"{profile.peak_flops('bf16'):.4g}",
+        profile=profile.name, peak_flops=f"{profile.peak_flops('bf16'):.4g}", peak_nominal=profile.peak_nominal,
         flops=flops, train_fields=fields,
         schedule_doc=SCHEDULE_DOC[sched_name], schedule_body=SCHEDULES[sched_name],
         optimizer_doc=OPTIMIZER_DOC[opt_name], optimizer_body=OPTIMIZERS[opt_name],

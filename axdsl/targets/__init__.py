@@ -44,6 +44,7 @@ class Profile:
     default_quantize: str
     remat: str
     cudnn_head_dim_max: int = 128  # the largest head_dim cuDNN flash attention takes (GPUs only)
+    peak_nominal: bool = False  # the peak is a placeholder, not a chip's (cpu): MFU is labelled nominal
 
     @property
     def hbm_bytes(self) -> int:
@@ -84,6 +85,7 @@ def profiles() -> dict[str, Profile]:
             default_quantize=t.get("default_quantize", defaults["default_quantize"]),
             remat=t.get("remat", defaults["remat"]),
             cudnn_head_dim_max=t.get("cudnn_head_dim_max", 128),
+            peak_nominal=t.get("peak_nominal", False),
         )
     return out
 
