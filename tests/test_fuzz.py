@@ -9,7 +9,7 @@ file). The oracle (`failure`) accepts exactly two outcomes:
 - a `CompileError` whose every diagnostic is located (`file:line:col` in a file of the case);
 - generated files, every `.py` of which passes `axdsl.codegen.format.check_generated`;
 
-and each case must take under 2 s of CPU time on its own thread (CPU, not wall time, so that a
+and each case must take under 5 s of CPU time on its own thread (CPU, not wall time, so that a
 loaded CI machine does not fail it; this thread's, not the process's, so that threads left running
 by earlier tests in the same pytest process, such as XLA's or orbax's, are not billed to the build;
 a wall-clock alarm catches a true hang). Anything else is a failure.
@@ -39,7 +39,7 @@ from axdsl.codegen.format import check_generated
 from axdsl.errors import CompileError
 
 ROOT = Path(__file__).resolve().parent.parent
-CPU_LIMIT_S = 2.0  # a case over this much CPU time counts as a hang
+CPU_LIMIT_S = 5.0  # a case over this much CPU time counts as a hang (the largest spec builds in 1.1-1.6 s)
 WALL_LIMIT_S = 30  # the alarm that stops a case that really hangs
 TARGETS = ("cpu", "cpu", "gpu-h100-8", "tpu-v5e-256")
 
