@@ -283,6 +283,9 @@ def _add_sample(sub) -> None:
                     help="stop after this token id (default: a seq2seq run's eos, an imported model's eos_token_id, "
                          "else none)")
     sm.add_argument("--seed", type=int, default=0, help="sampling seed")
+    sm.add_argument("--no-cache", dest="cache", action="store_false",
+                    help="run one full forward per token instead of the KV-cache decode path (default: "
+                         "the cache, where the model has one); greedy output is the same")
     sm.set_defaults(run=_cmd_sample)
 
 
@@ -473,7 +476,7 @@ def _cmd_sample(args) -> int:
         raise _UsageError("two prompts given (a positional one and --prompt): give one")
     prompt = next((p for p in (args.prompt, args.prompt_flag) if p is not None), "\n")
     return sampling.sample(args.run_dir, prompt, args.max_tokens, args.temperature, args.top_k, args.seed,
-                           args.top_p, args.eos)
+                           args.top_p, args.eos, args.cache)
 
 
 if __name__ == "__main__":
