@@ -278,16 +278,16 @@ def _pick(logits, s: Sampling, rng) -> int:
 
 
 def generate_tokens(model, cfg, params, ids: list[int], window: int, max_tokens: int, s: Sampling,
-                    rng, limit: int | None = None, cache: bool = True):
+                    rng, limit: int | None = None):
     """Yield up to `max_tokens` tokens after the prompt `ids`. Stops after `s.eos`. With `limit`,
     picks among the first `limit` logits only (a byte-level model's 256, a tokenizer's size: the
     rest of a larger vocab is never trained).
 
     A model with a decode path (model.py's `prefill` and `decode_step`) runs the prompt once and
-    then one token per step over its KV cache (`generate_cached`); with `cache=False`, or for a
-    model without one, every token is one full forward of the last `window` tokens (`s.cache`
-    False, `sample --no-cache`, chooses the same)."""
-    if cache and s.cache and hasattr(model, "decode_step"):
+    then one token per step over its KV cache (`generate_cached`); with `s.cache` False
+    (`sample --no-cache`), or for a model without one, every token is one full forward of the
+    last `window` tokens."""
+    if s.cache and hasattr(model, "decode_step"):
         yield from generate_cached(model, cfg, params, ids, window, max_tokens, s, rng, limit)
         return
     import numpy as np

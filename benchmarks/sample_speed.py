@@ -39,8 +39,8 @@ def measure(spec: str, tokens: int, prompt: str, cache: bool) -> tuple[dict, lis
     for label in ("cold", "warm"):
         start = time.perf_counter()
         out = list(sampling.generate_tokens(model, cfg, params, ids, cfg.max_seq, tokens,
-                                            sampling.Sampling(temperature=0.0), np.random.default_rng(0),
-                                            cache=cache))
+                                            sampling.Sampling(temperature=0.0, cache=cache),
+                                            np.random.default_rng(0)))
         seconds = time.perf_counter() - start
         assert len(out) == tokens
         result[label] = (seconds, tokens / seconds)

@@ -82,12 +82,11 @@ def test_sample_from_an_import_hf_dir_matches_transformers_greedy(tmp_path, monk
         raise AssertionError("--no-cache used the KV cache")
         yield
 
-    monkeypatch.setattr(sampling, "generate_cached", cached)
-    assert cli.main(["sample", "runs/dec_tiny-hf", "5 17 99 3", "--temperature", "0", "--max-tokens", "8",
-                     "--no-cache"]) == 0
+    with monkeypatch.context() as patched:
+        patched.setattr(sampling, "generate_cached", cached)
+        assert cli.main(["sample", "runs/dec_tiny-hf", "5 17 99 3", "--temperature", "0", "--max-tokens", "8",
+                         "--no-cache"]) == 0
     assert [int(t) for t in capsys.readouterr().out.split()] == want
-    monkeypatch.undo()
-    monkeypatch.chdir(tmp_path)
     # --eos stops right after that token
     assert cli.main(["sample", "runs/dec_tiny-hf/params", "--prompt", "5 17 99 3", "--temperature", "0",
                      "--max-tokens", "8", "--eos", str(want[6])]) == 0

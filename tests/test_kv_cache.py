@@ -52,11 +52,10 @@ def test_cached_greedy_tokens_equal_the_full_forward_and_survive_a_full_cache():
     cfg = model.CONFIGS["tiny_llama"]
     params = model.init_params(cfg, jax.random.key(3))
     ids = list(b"To be, or not")
-    greedy = sampling.Sampling(temperature=0.0)
-
     def run(window: int, n: int, cache: bool) -> list[int]:
+        greedy = sampling.Sampling(temperature=0.0, cache=cache)
         return list(sampling.generate_tokens(model, cfg, params, ids, window, n, greedy,
-                                             np.random.default_rng(0), cache=cache))
+                                             np.random.default_rng(0)))
 
     fits = cfg.max_seq - len(ids)
     assert run(cfg.max_seq, fits, True) == run(cfg.max_seq, fits, False)
