@@ -28,10 +28,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
-def measure(spec: str, steps: int, warmup: int, batch: int | None, seq: int | None) -> dict:
+def measure(spec: str, steps: int, warmup: int, batch: int | None, seq: int | None,
+            package: str = "generated") -> dict:
+    """One spec's figures; `package` is the generated root it is imported from."""
     import jax
 
-    tm = importlib.import_module(f"generated.{spec}.cpu.train")
+    tm = importlib.import_module(f"{package}.{spec}.cpu.train")
     tc = tm.TRAIN
     tc = dataclasses.replace(tc, batch=batch or tc.batch, seq=seq or tc.seq, warmup=0)
     cfg = tm.CONFIGS[tc.model]

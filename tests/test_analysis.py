@@ -111,7 +111,11 @@ def test_state_per_chip_halves_when_fsdp_doubles():
     assert e16.grads == pytest.approx(e8.grads / 2, rel=1e-3)
     assert e16.opt_state == pytest.approx(e8.opt_state / 2, rel=1e-3)
     assert e8.opt_state == pytest.approx(2 * e8.params, rel=1e-6)  # adamw: two f32 moments
-    assert e8.weight_copies == pytest.approx(e8.params, rel=1e-3)  # bf16 copy + bf16 grads
+    # bf16 copy + bf16 grads of the weights outside the scan (embedding, head, final norm), and
+    # of one layer at a time: the scan step casts its own layer
+    outside = 2 * 128256 * 4096 + 4096
+    layer = (8_030_261_248 - outside) // 32
+    assert e8.weight_copies == pytest.approx(2 * 2 * (outside + layer) / 8, rel=1e-3)
     # Same global batch over twice the chips: half the activations per chip too.
     assert e16.saved == pytest.approx(e8.saved / 2, rel=0.01)
     # A mesh given to the estimate gives the same answer as the target's.
@@ -162,10 +166,11 @@ def test_activations_scale_with_microbatches_and_batch():
     module = _module("llama3_8b.axl", "gpu-h100-8")
     one = estimate_memory(module, "llama3_8b", batch=32, seq=1024)
     four = estimate_memory(module, "llama3_8b", batch=32, seq=1024, microbatches=4)
-    assert four.saved == pytest.approx(one.saved / 4, rel=0.01)
+    head_grads = 4096 * 128256 * 4 / 8  # kept by the fused loss, whatever the micro-batch
+    assert four.saved - head_grads == pytest.approx((one.saved - head_grads) / 4, rel=0.01)
     assert four.grads > one.grads  # the float32 accumulator of the micro-batch scan
     double = estimate_memory(module, "llama3_8b", batch=64, seq=1024)
-    assert double.saved == pytest.approx(2 * one.saved, rel=0.01)
+    assert double.saved - head_grads == pytest.approx(2 * (one.saved - head_grads), rel=0.01)
 
 
 def test_analysis_never_imports_jax():

@@ -48,12 +48,14 @@ def _build(tmp: Path, name: str, source: str):
     """(generated model module, its source up to the decode section) of `source` built for cpu.
 
     An LM's decode path repeats its layers over new tokens with the same scans; a test that
-    counts scans counts the forward pass's, and this checks the decode twin has as many."""
+    counts scans counts the forward pass's (the layers, not the loss's scan over chunks of
+    positions), and this checks the decode twin has as many."""
     spec = tmp / f"{name}.axl"
     spec.write_text(source, encoding="utf-8")
     model, _ = import_generated(spec, "cpu", tmp)
     code = Path(model.__file__).read_text(encoding="utf-8")
     forward, _, decode = code.partition(DECODING)
+    forward = forward.split("\ndef loss_fn(")[0].split("\nHEAD_PARAMS = ")[0]
     decode = decode.split("# -----------------------------------------------------------------------------")[0]
     if decode:
         assert decode.count("jax.lax.scan(") == forward.count("jax.lax.scan(")

@@ -16,6 +16,7 @@ from axdsl.analysis.layout import DTYPE_BYTES, Layout
 from axdsl.analysis.trace import Tracer
 from axdsl.analysis.values import Scope, Val, ValKind
 from axdsl.ir import nodes as ir
+from axdsl.ir.head import LOSS_CHUNK, HeadSplit
 
 
 @dataclass(frozen=True)
@@ -44,12 +45,16 @@ class _Blocks:
 
 
 def trace_activations(root: ir.Instance, layout: Layout, batch: int, seq: int,
-                      remat: ir.RematPolicy | None) -> Activations:
-    """Trace the model and its loss; `remat` replaces every scanned block's policy."""
+                      remat: ir.RematPolicy | None, split: HeadSplit | None = None) -> Activations:
+    """Trace the model and its loss; `remat` replaces every scanned block's policy. `split`: the
+    loss is the fused cross-entropy over the model cut at its head (ir/head.py loss_split)."""
     t = Tracer(root, layout, batch, seq)
     args = [Val(a.dims, "i32", ValKind.INPUT, f"/{a.name}") for a in root.forward.args]
-    loss_working = loss(t, t.call(root, args))
-    blocks = _Blocks(saved=sum(t.nbytes(v) for v in t.outer.residuals.values()))
+    if split is None:
+        loss_working, kept = loss(t, t.call(root, args)), 0.0
+    else:
+        loss_working, kept = fused_loss(t, split, t.call(split.body, args))
+    blocks = _Blocks(saved=kept + sum(t.nbytes(v) for v in t.outer.residuals.values()))
     policies = []
     for inst, layer, x in t.blocks:
         policy = remat or inst.remat or ir.RematPolicy(ir.RematKind.NONE)
@@ -140,6 +145,25 @@ def gathered_weights(t: Tracer, inst: ir.Instance) -> float:
             if full != sharded:
                 total += full * DTYPE_BYTES[t.compute or p.dtype.name]
     return total
+
+
+def fused_loss(t: Tracer, split: HeadSplit, hidden: Val) -> tuple[float, float]:
+    """The generated loss_fn's fused cross-entropy (axdsl/ir/head.py): (working bytes, bytes kept
+    for the backward). It keeps the gradients its forward pass took: of the hidden state (in its
+    dtype) and of the head's parameters (in theirs); its working set is one chunk of LOSS_CHUNK
+    positions: the logits in float32, their softmax and gradient, and in the head's matmul dtype
+    the logits and their gradient."""
+    outer, t.scope = t.scope, Scope()  # the head's own residuals are never kept
+    logits = t.call(split.head, [hidden])
+    t.scope = outer
+    head = logits.inputs[0] if logits.label.endswith(": cast") and logits.inputs else logits
+    chunk = min(LOSS_CHUNK, t.seq) / t.seq
+    f32 = t.nbytes(Val(logits.dims, "f32", ValKind.OP, "logits"))
+    low = t.nbytes(head) if head.dtype != "f32" else 0.0
+    params = [p for key in split.params
+              for p in ([split.body.param(key)] if split.body.param(key) else split.body.child(key).params)]
+    grads = sum(t.layout.param_elements(p) * DTYPE_BYTES[p.dtype.name] for p in params)
+    return chunk * (3 * f32 + 2 * low), t.nbytes(hidden) + grads
 
 
 def loss(t: Tracer, logits: Val) -> float:

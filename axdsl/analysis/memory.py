@@ -13,9 +13,11 @@ Step temporaries
     gradients       one per parameter, in the parameter dtype, sharded like it; with
                     microbatches > 1 also the float32 accumulator of the micro-batch scan
     weight copies   mixed precision (`dtype` != `param_dtype` on the model): the forward casts
-                    every parameter to the compute dtype once (a sharded copy kept for the
-                    backward) and the backward produces gradients in that dtype before they are
-                    cast back (one more copy)
+                    the parameters outside the stacked layers to the compute dtype once (a
+                    sharded copy kept for the backward) and the backward produces their
+                    gradients in that dtype before they are cast back (one more copy); a
+                    stacked layer is cast in its scan step, so one layer's copy and gradient
+                    exist at a time (with remat none the scan keeps every layer's copy)
     activations     saved + working, for one micro-batch:
       saved         what the backward needs from the forward, for every layer. The scanned block
                     keeps, per layer, what its remat policy keeps:
@@ -27,9 +29,12 @@ Step temporaries
                       save/offload names  the layer input and those named points; offloaded
                                  points go to host memory (reported, not counted on the chip)
                     plus the residuals of the layers outside the scan (final norm, output head)
-                    and of the loss (float32 softmax over the vocabulary).
+                    and of the loss: the float32 softmax over the vocabulary, or for the fused
+                    cross-entropy of a next-token LM (axdsl/ir/head.py) the gradients of the
+                    hidden state and of the head's parameters that its forward pass takes.
       working       the largest transient of the backward: at the loss, the float32 logits and
-                    their gradient (in float32 and the compute dtype); in the scanned block, one
+                    their gradient (in float32 and the compute dtype), of one chunk of
+                    positions for the fused cross-entropy; in the scanned block, one
                     layer's residuals recomputed where remat dropped them (XLA frees each as the
                     backward consumes it and the cotangents reuse that space), or, without remat,
                     the layer's two largest cotangents. With FSDP, one layer's gathered weights
@@ -61,7 +66,9 @@ from axdsl.analysis.activations import trace_activations
 from axdsl.analysis.layout import DTYPE_BYTES, Layout
 from axdsl.analysis.trace import compute_dtype
 from axdsl.ir import nodes as ir
+from axdsl.ir.head import loss_split
 from axdsl.lora import resolve as resolve_lora
+from axdsl.objectives import objective_name
 from axdsl.passes.annotate_sharding import dim_axes
 
 __all__ = ["DTYPE_BYTES", "GENERATED_UPDATE_SKIP", "Layout", "MemoryEstimate", "OPT_MOMENTS",
@@ -171,15 +178,17 @@ def estimate_memory(module: ir.Module, model: str | None = None, *, batch: int |
     sizes = dict(mesh) if mesh is not None else dict(module.schedule.mesh_sizes)
     rules = {k: c.value for k, c in module.schedule.rules}
     layout = Layout(sizes, rules, dim_axes(m.root))
-    st = _state(m.root, layout, optimizer)
+    policy = remat or _block_remat(m.root)
+    st = _state(m.root, layout, optimizer, policy.kind)
     grads = st.params + (st.param_f32 if microbatches > 1 else 0)  # + the micro-batch scan's accumulator
     if train is not None and "lora" in dict(train.settings):
         st, grads = _lora_state(m.root, layout, optimizer, train.get("lora"), st, microbatches)
     inputs = math.ceil(batch / layout.shards(rules.get("batch", ()))) * (seq + 1) * 4
-    act = trace_activations(m.root, layout, batch // microbatches, seq, remat)
+    split = loss_split(m.root, objective_name(module))
+    act = trace_activations(m.root, layout, batch // microbatches, seq, remat, split)
     return MemoryEstimate(
         model=m.name, chips=math.prod(sizes.values()), mesh=sizes, batch=batch, seq=seq,
-        microbatches=microbatches, remat=(remat or _block_remat(m.root)).kind, optimizer=optimizer,
+        microbatches=microbatches, remat=policy.kind, optimizer=optimizer,
         params=st.params, grads=grads, opt_state=st.moments + 3 * 4,  # + step, step count, bad_steps
         weight_copies=st.weight_copies, inputs=inputs,
         saved=act.saved, working=act.working, offloaded=act.offloaded,
@@ -189,19 +198,32 @@ def estimate_memory(module: ir.Module, model: str | None = None, *, batch: int |
     )
 
 
-def _state(root: ir.Instance, layout: Layout, optimizer: str) -> _State:
-    """Parameters and optimizer moments, sharded; the cast copies when the model computes in another dtype."""
+def _state(root: ir.Instance, layout: Layout, optimizer: str, remat: ir.RematKind) -> _State:
+    """Parameters and optimizer moments, sharded; the cast copies when the model computes in
+    another dtype. The root casts what is outside its stacked children once (a copy and its
+    gradient); a stacked child one layer at a time in its scan step, so only one layer's copy and
+    gradient exist at once, unless the scan keeps every layer's cast weights for the backward
+    (remat none)."""
     params = opt = copies = f32 = 0
     compute = compute_dtype(root)
+    per_layer: dict[str, int] = {}  # a stacked child of the root -> one layer's cast bytes
     for inst in root.walk():
+        top = root.child(inst.path.split("/")[1]) if inst is not root else None
         for p in inst.params:
             n = layout.param_elements(p)
             params += n * DTYPE_BYTES[p.dtype.name]
             opt += _opt_bytes(optimizer, p, n)
             f32 += n * 4
-            if compute is not None and compute != p.dtype.name:
+            if compute is None or compute == p.dtype.name:
+                continue
+            if top is None or top.repeat is None:
                 copies += 2 * n * DTYPE_BYTES[compute]  # the cast copy and its gradient
-    return _State(params, opt, copies, f32)
+                continue
+            layers = math.prod(d.size for d in p.stack)
+            per_layer[top.name] = per_layer.get(top.name, 0) + n // layers * DTYPE_BYTES[compute]
+            if remat is ir.RematKind.NONE:
+                copies += n * DTYPE_BYTES[compute]  # every layer's cast weights, kept as residuals
+    return _State(params, opt, copies + 2 * max(per_layer.values(), default=0), f32)
 
 
 def _lora_state(root: ir.Instance, layout: Layout, optimizer: str, settings, base: _State,

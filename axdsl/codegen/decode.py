@@ -150,6 +150,7 @@ class DecodeEmitter(FunctionEmitter):
         step = self._fresh(f"{call.child if call.child.isidentifier() else 'layer'}_step")
         self.lines.append(f"def {step}(h, xs):  # one of {child.repeat.code} stacked layers and its cache")
         self.lines.append("    layer_params, layer_cache = xs")
+        self.cast_layer()
         self._shard_carry(call.args[0].type)
         self.lines.append(f"    return {fn}(cfg, layer_params, {', '.join(['h', *args[1:]])}, layer_cache, pos)")
         self.lines.append("")

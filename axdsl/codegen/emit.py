@@ -7,7 +7,7 @@ structure, since they share the functions and differ only in `Config` values.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import json
 import keyword
@@ -19,6 +19,7 @@ from axdsl.codegen import helpers
 from axdsl.codegen.decode import decode_path, decode_problem
 from axdsl.codegen.emit_objective import objective_code, objective_doc
 from axdsl.codegen.expressions import FunctionEmitter, LayerFunction, dims_text
+from axdsl.ir.head import LOSS_CHUNK, HeadSplit, has_lm_signature, loss_split
 from axdsl.codegen.names import EinsumLetters, dim_label, py_str, snake
 from axdsl.errors import CompileError, Diagnostic
 from axdsl.ir import nodes as ir
@@ -98,10 +99,13 @@ def emit_model(module: ir.Module) -> str:
     objective = objective_name(module)
     loss = objective == "next_token" and has_lm_signature(root)
     decode = decode_path(root, functions, module.schedule, dim_axes(root), letters) if loss else None
+    split = loss_split(root, objective)
+    if split is not None:
+        functions = _split_root(functions, split, module.schedule, letters)
     decode_fns = decode.functions if decode else []
     helper_code, imports = helpers.select({h for fns in [*per_model, decode_fns] for f in fns for h in f.helpers})
     imports |= {line for f in [*functions, *decode_fns] for line in f.imports}
-    if decode:
+    if decode or split:
         imports.add("import functools")
     custom = objective != "next_token" and fits(root, objective)
     imports |= _template_imports(sharding is not None, loss or custom)
@@ -129,6 +133,10 @@ def emit_model(module: ir.Module) -> str:
         root_aux=functions[-1].aux,
         root_rng=functions[-1].rng,
         loss=loss,
+        loss_chunk=LOSS_CHUNK,
+        head=dict(hidden=functions[-3].name, fn=functions[-2].name, arg=split.hidden,
+                  dims=dims_text(split.body.forward.result), params=_tuple([py_str(k) for k in split.params]))
+        if split else None,
         decode=decode,
         no_decode=decode_problem(root) if loss and decode is None else None,
         cache_zeros=decode.cache_tree(lambda r: f"jnp.zeros({r.shape}, dtype)") if decode else "",
@@ -220,15 +228,49 @@ def _functions(root: ir.Instance, schedule: ir.Schedule | None,
     return out
 
 
+def _split_root(functions: list[LayerFunction], split: HeadSplit, schedule: ir.Schedule | None,
+                letters: EinsumLetters) -> list[LayerFunction]:
+    """The root function as `<root>_hidden` (up to the output head), `<root>_head` (the head)
+    and the root calling both, for the fused cross-entropy of `loss_fn` (axdsl/codegen/head.py)."""
+    *layers, root_fn = functions
+    root = split.body
+    fn_of = {path: f.name for f in layers for path in f.paths}
+    child_fn = {c.name: fn_of[c.path] for c in root.children}
+    child_rng = {c.name: next(f.rng for f in layers if f.name == child_fn[c.name]) for c in root.children}
+    child_aux = {c.name: next(f.aux for f in layers if f.name == child_fn[c.name]) for c in root.children}
+    axes = dim_axes(root)
+    body = FunctionEmitter(root, child_fn, child_rng, root_fn.rng, schedule, axes, letters=letters,
+                           child_aux=child_aux, own_aux=root_fn.aux)
+    head = FunctionEmitter(replace(split.head, children=()), {}, {}, False, schedule, axes, letters=letters)
+    sig = ", ".join(f"{a.name}: {dims_text(a.dims)}" for a in root.forward.args)
+    hidden = dims_text(root.forward.result)
+    where = f"{root.layer} ({root.layer_span.file}:{root.layer_span.line})"
+    hidden_fn = LayerFunction(
+        f"{root_fn.name}_hidden", root.layer, root_fn.args, root_fn.rng, body.emit_body(),
+        f"{where} up to its output head: {sig} -> {hidden}{', auxiliary loss []' if root_fn.aux else ''}."
+        f"\n\n    `loss_fn` applies the head itself, a chunk of positions at a time.\n    ",
+        [], root_fn.aux, body.imports, body.helpers)
+    head_lines = head.emit_body()
+    head_fn = LayerFunction(
+        f"{root_fn.name}_head", root.layer, f"{split.hidden}: jax.Array", False, head_lines,
+        f"The output head of {where}: {split.hidden}: {hidden} -> {dims_text(split.head.forward.result)}."
+        f"\n\n    Position-wise: each position's logits read only its own {split.hidden}.\n    ",
+        [], False, head.imports, head.helpers)
+    rng = ", rng=rng" if root_fn.rng else ""
+    args = ", ".join(a.name for a in root.forward.args)
+    if root_fn.aux:
+        calls = [f"{split.hidden}, aux = {hidden_fn.name}(cfg, params, {args}{rng})  # {hidden}, []",
+                 f"return {head_fn.name}(cfg, params, {split.hidden}), aux"]
+    else:
+        calls = [f"{split.hidden} = {hidden_fn.name}(cfg, params, {args}{rng})  # {hidden}",
+                 f"return {head_fn.name}(cfg, params, {split.hidden})"]
+    composed = replace(root_fn, body=calls, imports=set(), helpers=set())
+    return [*layers, hidden_fn, head_fn, composed]
+
+
 def _uses(inst: ir.Instance, flag: str) -> bool:
     """Whether this instance's own forward calls a primitive with registry flag `flag` set."""
     return any(getattr(primitives.get(p.name), flag) for p in prims_of(inst))
-
-
-def has_lm_signature(root: ir.Instance) -> bool:
-    """tokens [B, S] -> logits [B, S, vocab]: the next-token objective's model."""
-    f = root.forward
-    return len(f.args) == 1 and len(f.args[0].dims) == 2 and len(f.result) == 3
 
 
 # ----------------------------------------------------------------------------- config

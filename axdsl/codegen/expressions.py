@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 from axdsl import primitives
 from axdsl.codegen.names import EinsumLetters, dim_label, py_str
+from axdsl.codegen.why import kernel_why, quant_why, remat_kind, remat_why, sharding_why
 from axdsl.ir import nodes as ir
 from axdsl.ir.nodes import DType, RefKind, TensorType
 from axdsl.passes.annotate_sharding import activation_spec, spec_text
@@ -43,50 +44,6 @@ def shape_comment(t) -> str:
 def rng_arg(index: str) -> str:
     """The `rng=` argument of a child call: a key folded for the `index`-th random site or layer."""
     return f", rng=_fold(rng, {index})"
-
-
-# ---------------------------------------------------------------- schedule decisions
-# Every read of a target pass's result lives here, so an IR change touches these few lines.
-def kernel_why(schedule: ir.Schedule | None, e: ir.Prim) -> str:
-    """`select_kernels: cudnn, the first of gpu-h100's attention kernels that fits`."""
-    choice = e.kernel or ir.KernelChoice(primitives.get(e.name).kernels.fallback)
-    if schedule is None:
-        return f"select_kernels: {choice.kernel} (no target schedule)"
-    if choice.origin.from_spec:
-        return f"select_kernels: {choice.kernel}, kernels({e.name} = {choice.kernel}) from {choice.origin}"
-    why = f"select_kernels: {choice.kernel}, the first of {schedule.profile}'s {e.name} kernels that fits"
-    return why + ("; the ones before it:" if choice.rejected else "")
-
-
-def quant_why(schedule: ir.Schedule | None, fmt: str) -> str:
-    """`quantize_matmuls: fp8 on blocks/* (profile gpu-h100)`."""
-    if schedule is None:
-        return f"quantize_matmuls: {fmt}"
-    q = schedule.quantize
-    return f"quantize_matmuls: {fmt} on {', '.join(q.value.layers)} ({q.origin})"
-
-
-def remat_why(schedule: ir.Schedule | None, child: ir.Instance) -> str:
-    """`insert_remat: save_dots (profile gpu-h100)`."""
-    origin = f" ({schedule.remat.origin})" if schedule is not None else ""
-    return f"insert_remat: {child.remat.kind}{origin}"
-
-
-def remat_kind(child: ir.Instance) -> str | None:
-    """The remat policy insert_remat set on a repeated child, or None when nothing is recomputed."""
-    return child.remat.kind if child.remat is not None and child.remat.kind is not ir.RematKind.NONE else None
-
-
-def sharding_why(schedule: ir.Schedule, logical: tuple[str | None, ...],
-                 spec: tuple[tuple[str, ...], ...]) -> str:
-    """`annotate_sharding: batch -> fsdp (rule batch -> data, fsdp from profile gpu-h100)`."""
-    parts = []
-    for axis, mesh in zip(logical, spec):
-        choice = schedule.rule_choice(axis) if axis else None
-        if mesh and choice is not None:
-            parts.append(f"{axis} -> {', '.join(mesh)} (rule {axis} -> {', '.join(choice.value)} "
-                         f"from {choice.origin})")
-    return "annotate_sharding: " + ("; ".join(parts) or "replicated")
 
 
 @dataclass
@@ -134,9 +91,8 @@ class FunctionEmitter:
 
     def emit_body(self) -> list[str]:
         fwd = self.inst.forward
-        if self.inst.path == "/" and self.inst.hparam("dtype") and self.inst.hparam("param_dtype"):
-            self.lines.append("# master weights stay in cfg.param_dtype; compute runs in cfg.dtype")
-            self.lines.append("params = jax.tree.map(lambda w: w.astype(cfg.dtype), params)")
+        if self.casts_params():
+            self._cast_params()
         self.imports.update(("import jax", "import jax.numpy as jnp"))
         for stmt in fwd.body:
             if isinstance(stmt, ir.Let):
@@ -154,6 +110,31 @@ class FunctionEmitter:
                     comment = f"  # {shape_comment(stmt.value.type)}, []"
                 self.lines.append(f"return {code}{aux}{comment}")
         return self.lines
+
+    def casts_params(self) -> bool:
+        """Whether this is the root of a mixed-precision model, which casts the master weights
+        (cfg.param_dtype) to the compute dtype (cfg.dtype) as the forward reads them."""
+        return self.inst.path == "/" and bool(self.inst.hparam("dtype")) and bool(self.inst.hparam("param_dtype"))
+
+    def _cast_params(self) -> None:
+        """The root's cast of the weights outside stacked layers. A stacked child is cast one
+        layer at a time in its scan step (`cast_layer`): casting the whole stack up front would
+        keep a compute-dtype copy of every layer, and of every layer's gradient, for the step."""
+        stacked = [py_str(c.name) for c in self.inst.children if c.repeat is not None]
+        self.lines.append("# master weights stay in cfg.param_dtype; compute runs in cfg.dtype")
+        if not stacked:
+            self.lines.append("params = jax.tree.map(lambda w: w.astype(cfg.dtype), params)")
+            return
+        keys = "(" + ", ".join(stacked) + ("," if len(stacked) == 1 else "") + ")"
+        self.lines.append("# (stacked layers: one layer at a time in the scan step, never the whole stack)")
+        self.lines.append("params = {k: v if k in " + keys + " else jax.tree.map(lambda w: w.astype(cfg.dtype), v)"
+                          " for k, v in params.items()}")
+
+    def cast_layer(self) -> None:
+        """In a stacked child's scan step of a mixed-precision root: this layer's weights to cfg.dtype."""
+        if self.casts_params():
+            self.lines.append("    # this layer's weights in cfg.dtype")
+            self.lines.append("    layer_params = jax.tree.map(lambda w: w.astype(cfg.dtype), layer_params)")
 
     def _let(self, stmt: ir.Let) -> None:
         if isinstance(stmt.value, ir.CallChild) and stmt.point is None:
@@ -198,11 +179,13 @@ class FunctionEmitter:
             if rng:
                 self._step_def(step, "h, xs", child)
                 self.lines.append("    layer_params, i = xs")
+                self.cast_layer()
                 self._shard_carry(call.args[0].type)
                 self.lines.append(f"    return {fn}(cfg, layer_params, {_carried(args)}{layer_rng}), None")
                 xs = f'(params[{py_str(call.child)}], jnp.arange({child.repeat.code}))'
             else:
                 self._step_def(step, "h, layer_params", child)
+                self.cast_layer()
                 self._shard_carry(call.args[0].type)
                 self.lines.append(f"    return {fn}(cfg, layer_params, {_carried(args)}), None")
                 xs = f"params[{py_str(call.child)}]"
@@ -277,6 +260,7 @@ class FunctionEmitter:
         self.lines.append("    h, aux = carry")
         if rng:
             self.lines.append("    layer_params, i = xs")
+        self.cast_layer()
         self._shard_carry(call.args[0].type)
         self.lines.append(f"    h, layer_aux = {fn}(cfg, layer_params, {_carried(args)}{layer_rng})")
         self.lines.append("    return (h, aux + layer_aux), None")

@@ -156,7 +156,11 @@ def bert_mlm(
     Used at /.
     """
     # master weights stay in cfg.param_dtype; compute runs in cfg.dtype
-    params = jax.tree.map(lambda w: w.astype(cfg.dtype), params)
+    # (stacked layers: one layer at a time in the scan step, never the whole stack)
+    params = {
+        k: v if k in ("blocks",) else jax.tree.map(lambda w: w.astype(cfg.dtype), v)
+        for k, v in params.items()
+    }
     with jax.named_scope("embed"):
         embed_out = embedding(cfg, params["embed"], tokens)  # [B, S, dim]
     with jax.named_scope("pos_embed"):
@@ -172,6 +176,8 @@ def bert_mlm(
     # insert_remat: save_dots (profile gpu-h100)
     @functools.partial(jax.checkpoint, policy=REMAT_POLICY, prevent_cse=False)
     def blocks_step(h, layer_params):  # one of cfg.layers stacked layers
+        # this layer's weights in cfg.dtype
+        layer_params = jax.tree.map(lambda w: w.astype(cfg.dtype), layer_params)
         # annotate_sharding: batch -> fsdp (rule batch -> data, fsdp from profile gpu-h100)
         h = shard(h, P("fsdp"))
         return bert_block(cfg, layer_params, h, segments), None

@@ -21,6 +21,7 @@ Fixed when this file was built (change the spec and rebuild):
 """
 
 import dataclasses
+import functools
 import math
 import zlib
 
@@ -147,17 +148,23 @@ def mamba_block(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
     return x + h  # [B, S, dim]
 
 
-def decoder_lm(cfg: Config, params: dict, tokens: jax.Array) -> jax.Array:
-    """DecoderLM (std/transformer.axl:110): tokens: [B, S] -> [B, S, vocab].
+def decoder_lm_hidden(cfg: Config, params: dict, tokens: jax.Array) -> jax.Array:
+    """DecoderLM (std/transformer.axl:110) up to its output head: tokens: [B, S] -> [B, S, dim].
 
-    Used at /.
+    `loss_fn` applies the head itself, a chunk of positions at a time.
     """
     # master weights stay in cfg.param_dtype; compute runs in cfg.dtype
-    params = jax.tree.map(lambda w: w.astype(cfg.dtype), params)
+    # (stacked layers: one layer at a time in the scan step, never the whole stack)
+    params = {
+        k: v if k in ("blocks",) else jax.tree.map(lambda w: w.astype(cfg.dtype), v)
+        for k, v in params.items()
+    }
     with jax.named_scope("embed"):
         x = embedding(cfg, params["embed"], tokens)  # [B, S, dim]
 
     def blocks_step(h, layer_params):  # one of cfg.layers stacked layers
+        # this layer's weights in cfg.dtype
+        layer_params = jax.tree.map(lambda w: w.astype(cfg.dtype), layer_params)
         # annotate_sharding: batch -> data (rule batch -> data, fsdp from profile cpu)
         h = shard(h, P("data"))
         return mamba_block(cfg, layer_params, h), None
@@ -166,12 +173,35 @@ def decoder_lm(cfg: Config, params: dict, tokens: jax.Array) -> jax.Array:
         x, _ = jax.lax.scan(blocks_step, x, params["blocks"])  # [B, S, dim]
     with jax.named_scope("final_norm"):
         x = rms_norm(cfg, params["final_norm"], x)  # [B, S, dim]
+    return x  # [B, S, dim]
+
+
+def decoder_lm_head(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
+    """The output head of DecoderLM (std/transformer.axl:110): x: [B, S, dim] -> [B, S, vocab].
+
+    Position-wise: each position's logits read only its own x.
+    """
+    # master weights stay in cfg.param_dtype; compute runs in cfg.dtype
+    params = jax.tree.map(lambda w: w.astype(cfg.dtype), params)
     logits = x @ jnp.swapaxes(params["embed"]["table"], -1, -2)  # [B, S, vocab]
     return logits.astype(jnp.float32)  # [B, S, vocab]
 
 
+def decoder_lm(cfg: Config, params: dict, tokens: jax.Array) -> jax.Array:
+    """DecoderLM (std/transformer.axl:110): tokens: [B, S] -> [B, S, vocab].
+
+    Used at /.
+    """
+    x = decoder_lm_hidden(cfg, params, tokens)  # [B, S, dim]
+    return decoder_lm_head(cfg, params, x)
+
+
 # the model's entry point: forward(cfg, params, tokens) -> logits
 forward = decoder_lm
+
+
+HEAD_PARAMS = ("embed",)  # what decoder_lm_head reads
+LOSS_CHUNK = 512  # positions per chunk of fused_cross_entropy
 
 
 def loss_fn(
@@ -179,13 +209,81 @@ def loss_fn(
 ) -> tuple[jax.Array, jax.Array]:
     """(loss to minimize, mean cross-entropy) of predicting tokens[:, 1:] from tokens[:, :-1] [B, S].
 
-    loss = cross-entropy + z_loss * mean(logsumexp(logits) ** 2) (z-loss)."""
-    logits = forward(cfg, params, tokens[:, :-1])  # [B, S, vocab]
-    ce = optax.softmax_cross_entropy_with_integer_labels(logits, tokens[:, 1:]).mean()
-    loss = ce
-    if z_loss:  # keeps the softmax normalizer near 1
-        loss = loss + z_loss * jnp.mean(jax.nn.logsumexp(logits, axis=-1) ** 2)
+    loss = cross-entropy + z_loss * mean(logsumexp(logits) ** 2) (z-loss).
+
+    The same loss as optax.softmax_cross_entropy_with_integer_labels on forward's logits, but
+    the float32 logits [B, S, vocab] never exist at once: the head runs LOSS_CHUNK positions at
+    a time (fused_cross_entropy).
+    """
+    x = decoder_lm_hidden(cfg, params, tokens[:, :-1])  # [B, S, dim]
+    head = functools.partial(decoder_lm_head, cfg)
+    head_params = {k: params[k] for k in HEAD_PARAMS}
+    loss, ce = fused_cross_entropy(head, head_params, x, tokens[:, 1:], z_loss, LOSS_CHUNK)
     return loss, ce
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 4, 5))
+def fused_cross_entropy(
+    head, params: dict, x: jax.Array, labels: jax.Array, z_loss: float, chunk: int
+) -> tuple[jax.Array, jax.Array]:
+    """(mean cross-entropy + z_loss * mean(logsumexp ** 2), mean cross-entropy) of the logits
+    head(params, x) [B, S, vocab] against integer labels [B, S], `chunk` positions at a time.
+
+    At most one chunk's float32 logits [B, chunk, vocab] exist at once. Under jax.grad the
+    forward pass also takes each chunk's gradient (softmax - one-hot, through the head), so the
+    backward pass only scales what the forward kept: the gradients of x and of params."""
+    return _chunked_cross_entropy(head, params, x, labels, z_loss, chunk, grads=False)[0]
+
+
+def _chunked_cross_entropy(head, params, x, labels, z_loss, chunk, grads):
+    """((loss, ce), gradients of loss and of ce w.r.t. (params, x), or None without grads)."""
+    b, s = labels.shape
+    c = min(chunk, s)
+    n = -(-s // c)  # chunks; the last one's padding weighs nothing
+    pad = [(0, 0), (0, n * c - s)]
+    xs = jnp.pad(x, pad + [(0, 0)] * (x.ndim - 2)).reshape(b, n, c, *x.shape[2:]).swapaxes(0, 1)
+    ys = jnp.pad(labels, pad).reshape(b, n, c).swapaxes(0, 1)  # [n, B, c]
+    weight = (jnp.arange(n * c) < s).reshape(n, 1, c) / (b * s)  # mean over the real positions
+
+    def step(acc, chunk_in):
+        x_c, y_c, w_c = chunk_in
+        logits, head_vjp = jax.vjp(head, params, x_c)  # [B, c, vocab]
+        ce = optax.softmax_cross_entropy_with_integer_labels(logits, y_c)  # [B, c]
+        lse = jax.nn.logsumexp(logits, axis=-1)  # [B, c]
+        if not grads:
+            return acc, (ce, lse, None)
+        probs = jax.nn.softmax(logits, axis=-1)
+        d_ce = (probs - jax.nn.one_hot(y_c, probs.shape[-1], dtype=probs.dtype)) * w_c[..., None]
+        gp, gx = head_vjp(d_ce)
+        if z_loss:  # the gradient of z_loss * mean(lse ** 2), kept apart: the ce output has none
+            gp_z, gx_z = head_vjp(probs * (2.0 * z_loss * lse * w_c)[..., None])
+            gp, gx = (gp, gp_z), (gx, gx_z)
+        return jax.tree.map(jnp.add, acc, gp), (ce, lse, gx)
+
+    zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.result_type(p)), params)
+    acc = ((zeros, zeros) if z_loss else zeros) if grads else None
+    acc, (ce, lse, gx) = jax.lax.scan(step, acc, (xs, ys, weight))
+    unchunk = lambda a: a.swapaxes(0, 1).reshape(b, n * c, *a.shape[3:])[:, :s]  # noqa: E731
+    ce_mean = unchunk(ce).mean()
+    loss = ce_mean + z_loss * jnp.mean(unchunk(lse) ** 2) if z_loss else ce_mean
+    return (loss, ce_mean), (acc, jax.tree.map(unchunk, gx)) if grads else None
+
+
+def _fused_cross_entropy_fwd(head, params, x, labels, z_loss, chunk):
+    return _chunked_cross_entropy(head, params, x, labels, z_loss, chunk, grads=True)
+
+
+def _fused_cross_entropy_bwd(head, z_loss, chunk, res, cotangents):
+    (gp, gx), (g_loss, g_ce) = res, cotangents
+    if not z_loss:  # loss == ce
+        scale = lambda a: ((g_loss + g_ce) * a).astype(a.dtype)  # noqa: E731
+        return jax.tree.map(scale, gp), scale(gx), None
+    # d loss = d ce + d z-loss, and d ce alone for the ce output
+    both = lambda a, z: ((g_loss + g_ce) * a + g_loss * z).astype(a.dtype)  # noqa: E731
+    return jax.tree.map(both, *gp), both(*gx), None
+
+
+fused_cross_entropy.defvjp(_fused_cross_entropy_fwd, _fused_cross_entropy_bwd)
 
 
 # No KV-cache decode path (`axdsl sample` runs the full forward per token):

@@ -283,7 +283,11 @@ def t5(
     Used at /.
     """
     # master weights stay in cfg.param_dtype; compute runs in cfg.dtype
-    params = jax.tree.map(lambda w: w.astype(cfg.dtype), params)
+    # (stacked layers: one layer at a time in the scan step, never the whole stack)
+    params = {
+        k: v if k in ("encoder", "decoder") else jax.tree.map(lambda w: w.astype(cfg.dtype), v)
+        for k, v in params.items()
+    }
     with jax.named_scope("embed"):
         x = embedding(cfg, params["embed"], tokens)  # [B, S, dim]
     with jax.named_scope("enc_bias"):
@@ -292,6 +296,8 @@ def t5(
     # insert_remat: save_dots (profile gpu-h100)
     @functools.partial(jax.checkpoint, policy=REMAT_POLICY, prevent_cse=False)
     def encoder_step(h, layer_params):  # one of cfg.layers stacked layers
+        # this layer's weights in cfg.dtype
+        layer_params = jax.tree.map(lambda w: w.astype(cfg.dtype), layer_params)
         # annotate_sharding: batch -> fsdp (rule batch -> data, fsdp from profile gpu-h100)
         h = shard(h, P("fsdp"))
         return t5_encoder_block(cfg, layer_params, h, enc_bias_out, segments), None
@@ -321,6 +327,8 @@ def t5(
     # insert_remat: save_dots (profile gpu-h100)
     @functools.partial(jax.checkpoint, policy=REMAT_POLICY, prevent_cse=False)
     def decoder_step(h, layer_params):  # one of cfg.dec_layers stacked layers
+        # this layer's weights in cfg.dtype
+        layer_params = jax.tree.map(lambda w: w.astype(cfg.dtype), layer_params)
         # annotate_sharding: batch -> fsdp (rule batch -> data, fsdp from profile gpu-h100)
         h = shard(h, P("fsdp"))
         return (

@@ -276,13 +276,19 @@ def t5(
     Used at /.
     """
     # master weights stay in cfg.param_dtype; compute runs in cfg.dtype
-    params = jax.tree.map(lambda w: w.astype(cfg.dtype), params)
+    # (stacked layers: one layer at a time in the scan step, never the whole stack)
+    params = {
+        k: v if k in ("encoder", "decoder") else jax.tree.map(lambda w: w.astype(cfg.dtype), v)
+        for k, v in params.items()
+    }
     with jax.named_scope("embed"):
         x = embedding(cfg, params["embed"], tokens)  # [B, S, dim]
     with jax.named_scope("enc_bias"):
         enc_bias_out = relative_bias(cfg, params["enc_bias"], x)  # [1, heads, S, S]
 
     def encoder_step(h, layer_params):  # one of cfg.layers stacked layers
+        # this layer's weights in cfg.dtype
+        layer_params = jax.tree.map(lambda w: w.astype(cfg.dtype), layer_params)
         # annotate_sharding: batch -> data (rule batch -> data, fsdp from profile cpu)
         h = shard(h, P("data"))
         return t5_encoder_block(cfg, layer_params, h, enc_bias_out, segments), None
@@ -310,6 +316,8 @@ def t5(
         dec_bias_out = relative_bias_2(cfg, params["dec_bias"], y)  # [1, heads, T, T]
 
     def decoder_step(h, layer_params):  # one of cfg.dec_layers stacked layers
+        # this layer's weights in cfg.dtype
+        layer_params = jax.tree.map(lambda w: w.astype(cfg.dtype), layer_params)
         # annotate_sharding: batch -> data (rule batch -> data, fsdp from profile cpu)
         h = shard(h, P("data"))
         return (

@@ -156,7 +156,11 @@ def vision_transformer(cfg: Config, params: dict, images: jax.Array) -> jax.Arra
     Used at /.
     """
     # master weights stay in cfg.param_dtype; compute runs in cfg.dtype
-    params = jax.tree.map(lambda w: w.astype(cfg.dtype), params)
+    # (stacked layers: one layer at a time in the scan step, never the whole stack)
+    params = {
+        k: v if k in ("blocks",) else jax.tree.map(lambda w: w.astype(cfg.dtype), v)
+        for k, v in params.items()
+    }
     with jax.named_scope("patch_embed"):
         patch_embed_out = patch_embed(cfg, params["patch_embed"], images)  # [B, patches, dim]
     x = jnp.pad(
@@ -169,6 +173,8 @@ def vision_transformer(cfg: Config, params: dict, images: jax.Array) -> jax.Arra
     )  # [B, patches+1, dim]
 
     def blocks_step(h, layer_params):  # one of cfg.layers stacked layers
+        # this layer's weights in cfg.dtype
+        layer_params = jax.tree.map(lambda w: w.astype(cfg.dtype), layer_params)
         # annotate_sharding: batch -> data (rule batch -> data, fsdp from profile cpu)
         h = shard(h, P("data"))
         return block(cfg, layer_params, h), None

@@ -161,7 +161,11 @@ def vision_transformer(cfg: Config, params: dict, images: jax.Array) -> jax.Arra
     Used at /.
     """
     # master weights stay in cfg.param_dtype; compute runs in cfg.dtype
-    params = jax.tree.map(lambda w: w.astype(cfg.dtype), params)
+    # (stacked layers: one layer at a time in the scan step, never the whole stack)
+    params = {
+        k: v if k in ("blocks",) else jax.tree.map(lambda w: w.astype(cfg.dtype), v)
+        for k, v in params.items()
+    }
     with jax.named_scope("patch_embed"):
         patch_embed_out = patch_embed(cfg, params["patch_embed"], images)  # [B, patches, dim]
     x = jnp.pad(
@@ -176,6 +180,8 @@ def vision_transformer(cfg: Config, params: dict, images: jax.Array) -> jax.Arra
     # insert_remat: save_dots (profile gpu-h100)
     @functools.partial(jax.checkpoint, policy=REMAT_POLICY, prevent_cse=False)
     def blocks_step(h, layer_params):  # one of cfg.layers stacked layers
+        # this layer's weights in cfg.dtype
+        layer_params = jax.tree.map(lambda w: w.astype(cfg.dtype), layer_params)
         # annotate_sharding: batch -> fsdp (rule batch -> data, fsdp from profile gpu-h100)
         h = shard(h, P("fsdp"))
         return block(cfg, layer_params, h), None

@@ -1,0 +1,51 @@
+"""The comments generated code carries about each target pass's decision: which kernel
+select_kernels chose and why, what quantize_matmuls and insert_remat did, and which sharding rule
+placed an activation. Every read of a pass's result by the emitters lives here, so an IR change
+touches these few lines."""
+
+from __future__ import annotations
+
+from axdsl import primitives
+from axdsl.ir import nodes as ir
+
+
+def kernel_why(schedule: ir.Schedule | None, e: ir.Prim) -> str:
+    """`select_kernels: cudnn, the first of gpu-h100's attention kernels that fits`."""
+    choice = e.kernel or ir.KernelChoice(primitives.get(e.name).kernels.fallback)
+    if schedule is None:
+        return f"select_kernels: {choice.kernel} (no target schedule)"
+    if choice.origin.from_spec:
+        return f"select_kernels: {choice.kernel}, kernels({e.name} = {choice.kernel}) from {choice.origin}"
+    why = f"select_kernels: {choice.kernel}, the first of {schedule.profile}'s {e.name} kernels that fits"
+    return why + ("; the ones before it:" if choice.rejected else "")
+
+
+def quant_why(schedule: ir.Schedule | None, fmt: str) -> str:
+    """`quantize_matmuls: fp8 on blocks/* (profile gpu-h100)`."""
+    if schedule is None:
+        return f"quantize_matmuls: {fmt}"
+    q = schedule.quantize
+    return f"quantize_matmuls: {fmt} on {', '.join(q.value.layers)} ({q.origin})"
+
+
+def remat_why(schedule: ir.Schedule | None, child: ir.Instance) -> str:
+    """`insert_remat: save_dots (profile gpu-h100)`."""
+    origin = f" ({schedule.remat.origin})" if schedule is not None else ""
+    return f"insert_remat: {child.remat.kind}{origin}"
+
+
+def remat_kind(child: ir.Instance) -> str | None:
+    """The remat policy insert_remat set on a repeated child, or None when nothing is recomputed."""
+    return child.remat.kind if child.remat is not None and child.remat.kind is not ir.RematKind.NONE else None
+
+
+def sharding_why(schedule: ir.Schedule, logical: tuple[str | None, ...],
+                 spec: tuple[tuple[str, ...], ...]) -> str:
+    """`annotate_sharding: batch -> fsdp (rule batch -> data, fsdp from profile gpu-h100)`."""
+    parts = []
+    for axis, mesh in zip(logical, spec):
+        choice = schedule.rule_choice(axis) if axis else None
+        if mesh and choice is not None:
+            parts.append(f"{axis} -> {', '.join(mesh)} (rule {axis} -> {', '.join(choice.value)} "
+                         f"from {choice.origin})")
+    return "annotate_sharding: " + ("; ".join(parts) or "replicated")
