@@ -156,14 +156,22 @@ def fused_loss(t: Tracer, split: HeadSplit, hidden: Val) -> tuple[float, float]:
     outer, t.scope = t.scope, Scope()  # the head's own residuals are never kept
     logits = t.call(split.head, [hidden])
     t.scope = outer
-    head = logits.inputs[0] if logits.label.endswith(": cast") and logits.inputs else logits
     chunk = min(LOSS_CHUNK, t.seq) / t.seq
     f32 = t.nbytes(Val(logits.dims, "f32", ValKind.OP, "logits"))
-    low = t.nbytes(head) if head.dtype != "f32" else 0.0
-    params = [p for key in split.params
-              for p in ([split.body.param(key)] if split.body.param(key) else split.body.child(key).params)]
-    grads = sum(t.layout.param_elements(p) * DTYPE_BYTES[p.dtype.name] for p in params)
-    return chunk * (3 * f32 + 2 * low), t.nbytes(hidden) + grads
+    grads = sum(t.layout.param_elements(p) * DTYPE_BYTES[p.dtype.name] for p in _head_params(split))
+    return chunk * (3 * f32 + 2 * _low_precision_bytes(t, logits)), t.nbytes(hidden) + grads
+
+
+def _head_params(split: HeadSplit) -> list[ir.Param]:
+    """The parameters the head reads: the root's own, or all of a child's (a tied embedding)."""
+    root = split.body
+    return [p for key in split.params for p in ([root.param(key)] if root.param(key) else root.child(key).params)]
+
+
+def _low_precision_bytes(t: Tracer, logits: Val) -> float:
+    """Bytes of the head matmul's output before the cast to float32 (0 when it is float32)."""
+    head = logits.inputs[0] if logits.label.endswith(": cast") and logits.inputs else logits
+    return t.nbytes(head) if head.dtype != "f32" else 0.0
 
 
 def loss(t: Tracer, logits: Val) -> float:
@@ -175,6 +183,4 @@ def loss(t: Tracer, logits: Val) -> float:
     t.outer.values += [f32, soft]
     t.outer.save(soft)
     one = t.nbytes(f32)
-    head = logits.inputs[0] if logits.label.endswith(": cast") and logits.inputs else logits
-    low = t.nbytes(head) if head.dtype != "f32" else 0.0
-    return one + one + low
+    return one + one + _low_precision_bytes(t, logits)

@@ -19,10 +19,10 @@ from axdsl.codegen import helpers
 from axdsl.codegen.decode import decode_path, decode_problem
 from axdsl.codegen.emit_objective import objective_code, objective_doc
 from axdsl.codegen.expressions import FunctionEmitter, LayerFunction, dims_text
-from axdsl.ir.head import LOSS_CHUNK, HeadSplit, has_lm_signature, loss_split
 from axdsl.codegen.names import EinsumLetters, dim_label, py_str, snake
 from axdsl.errors import CompileError, Diagnostic
 from axdsl.ir import nodes as ir
+from axdsl.ir.head import LOSS_CHUNK, HeadSplit, has_lm_signature, loss_split
 from axdsl.ir.nodes import DType
 from axdsl.ir.printer import value_text
 from axdsl.objectives import fits, objective_args, objective_name
@@ -100,8 +100,9 @@ def emit_model(module: ir.Module) -> str:
     loss = objective == "next_token" and has_lm_signature(root)
     decode = decode_path(root, functions, module.schedule, dim_axes(root), letters) if loss else None
     split = loss_split(root, objective)
+    head = None
     if split is not None:
-        functions = _split_root(functions, split, module.schedule, letters)
+        functions, head = _split_root(functions, split, module.schedule, letters)
     decode_fns = decode.functions if decode else []
     helper_code, imports = helpers.select({h for fns in [*per_model, decode_fns] for f in fns for h in f.helpers})
     imports |= {line for f in [*functions, *decode_fns] for line in f.imports}
@@ -134,9 +135,7 @@ def emit_model(module: ir.Module) -> str:
         root_rng=functions[-1].rng,
         loss=loss,
         loss_chunk=LOSS_CHUNK,
-        head=dict(hidden=functions[-3].name, fn=functions[-2].name, arg=split.hidden,
-                  dims=dims_text(split.body.forward.result), params=_tuple([py_str(k) for k in split.params]))
-        if split else None,
+        head=head,
         decode=decode,
         no_decode=decode_problem(root) if loss and decode is None else None,
         cache_zeros=decode.cache_tree(lambda r: f"jnp.zeros({r.shape}, dtype)") if decode else "",
@@ -229,9 +228,10 @@ def _functions(root: ir.Instance, schedule: ir.Schedule | None,
 
 
 def _split_root(functions: list[LayerFunction], split: HeadSplit, schedule: ir.Schedule | None,
-                letters: EinsumLetters) -> list[LayerFunction]:
+                letters: EinsumLetters) -> tuple[list[LayerFunction], dict]:
     """The root function as `<root>_hidden` (up to the output head), `<root>_head` (the head)
-    and the root calling both, for the fused cross-entropy of `loss_fn` (axdsl/codegen/head.py)."""
+    and the root calling both, for the fused cross-entropy of `loss_fn` (axdsl/ir/head.py); and
+    what the template's loss_fn needs to know of them."""
     *layers, root_fn = functions
     root = split.body
     fn_of = {path: f.name for f in layers for path in f.paths}
@@ -250,9 +250,8 @@ def _split_root(functions: list[LayerFunction], split: HeadSplit, schedule: ir.S
         f"{where} up to its output head: {sig} -> {hidden}{', auxiliary loss []' if root_fn.aux else ''}."
         f"\n\n    `loss_fn` applies the head itself, a chunk of positions at a time.\n    ",
         [], root_fn.aux, body.imports, body.helpers)
-    head_lines = head.emit_body()
     head_fn = LayerFunction(
-        f"{root_fn.name}_head", root.layer, f"{split.hidden}: jax.Array", False, head_lines,
+        f"{root_fn.name}_head", root.layer, f"{split.hidden}: jax.Array", False, head.emit_body(),
         f"The output head of {where}: {split.hidden}: {hidden} -> {dims_text(split.head.forward.result)}."
         f"\n\n    Position-wise: each position's logits read only its own {split.hidden}.\n    ",
         [], False, head.imports, head.helpers)
@@ -265,7 +264,9 @@ def _split_root(functions: list[LayerFunction], split: HeadSplit, schedule: ir.S
         calls = [f"{split.hidden} = {hidden_fn.name}(cfg, params, {args}{rng})  # {hidden}",
                  f"return {head_fn.name}(cfg, params, {split.hidden})"]
     composed = replace(root_fn, body=calls, imports=set(), helpers=set())
-    return [*layers, hidden_fn, head_fn, composed]
+    context = dict(hidden=hidden_fn.name, fn=head_fn.name, arg=split.hidden, dims=hidden,
+                   params=_tuple([py_str(k) for k in split.params]))
+    return [*layers, hidden_fn, head_fn, composed], context
 
 
 def _uses(inst: ir.Instance, flag: str) -> bool:
