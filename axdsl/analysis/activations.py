@@ -60,8 +60,9 @@ def trace_activations(root: ir.Instance, layout: Layout, batch: int, seq: int,
         policy = remat or inst.remat or ir.RematPolicy(ir.RematKind.NONE)
         policies.append(policy)
         _add_block(t, blocks, inst, layer, x, policy)
-    if all(p.kind is ir.RematKind.NONE for p in policies):
+    if split is None and all(p.kind is ir.RematKind.NONE for p in policies):
         working = loss_working + blocks.working  # measured: XLA reuses neither for the other
+    # (the fused loss's transient ends with the forward pass, before any layer's backward)
     else:
         working = max(loss_working, blocks.working)
     return Activations(
