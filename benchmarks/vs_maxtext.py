@@ -59,7 +59,7 @@ def bench_script() -> Path | None:
     """shared/bench/maxtext-bench.sh: $MAXTEXT_BENCH, else beside or above the repository."""
     if os.environ.get("MAXTEXT_BENCH"):
         return Path(os.environ["MAXTEXT_BENCH"])
-    for base in (REPO, REPO.parent, Path("/work")):
+    for base in (REPO, REPO.parent):
         path = base / "shared" / "bench" / "maxtext-bench.sh"
         if path.is_file():
             return path
