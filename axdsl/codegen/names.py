@@ -33,8 +33,9 @@ class EinsumLetters:
     """One einsum letter per dim label for a whole model, assigned on first use and never reused.
 
     A label prefers its own first letter (`heads` -> h), then its other letters, then the
-    alphabet; `head_dim` after `heads` gets e. Two different dims with one label in one
-    expression (x [B, S, dim] @ w [dim, dim]) take the label and the label with a prime.
+    alphabet; `head_dim` after `heads` gets e. d is kept for `dim`, the model width every layer
+    reads, whichever label comes first. Two different dims with one label in one expression
+    (x [B, S, dim] @ w [dim, dim]) take the label and the label with a prime.
     """
 
     def __init__(self) -> None:
@@ -45,7 +46,7 @@ class EinsumLetters:
             used = set(self.letters.values())
             base = key.rstrip("'")
             for c in (base[0].lower(), *base[1:].lower(), *"abcdefghijklmnopqrstuvwxyz"):
-                if c.isalpha() and c.islower() and c not in used:
+                if c.isalpha() and c.islower() and c not in used and (c != "d" or base == "dim"):
                     self.letters[key] = c
                     break
             else:

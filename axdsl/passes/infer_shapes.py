@@ -97,6 +97,20 @@ def unify(decl: tuple[Dim, ...], actual: tuple[Dim, ...], binding: dict[str, tup
     return None
 
 
+def _caller_named(result: tuple[Dim, ...], decls, args) -> tuple[Dim, ...]:
+    """A child's declared result with each sized dim that also sizes one of its arguments named as
+    the caller's matching dim: a norm over `[..., dim]` applied to `[B, S, heads, head_dim]`
+    returns `[B, S, heads, head_dim]`, not `[..., dim]` in the child's words (same sizes)."""
+    names: dict[str, Dim] = {}
+    for decl, a in zip(decls, args):
+        fixed = decl.dims[1:] if decl.dims and decl.dims[0].is_ellipsis else decl.dims
+        actual = a.type.dims[len(a.type.dims) - len(fixed):] if fixed else ()
+        for d, got in zip(fixed, actual):
+            if d.size is not None and got.size == d.size and not got.is_ellipsis:
+                names.setdefault(d.name, got)
+    return tuple(names.get(d.name, d) if d.size is not None and not d.is_ellipsis else d for d in result)
+
+
 def substitute(dims: tuple[Dim, ...], binding: dict[str, tuple[Dim, ...]]) -> tuple[Dim, ...]:
     out: list[Dim] = []
     for d in dims:
@@ -261,7 +275,7 @@ class _Typer:
             err = unify(decl.dims, a.type.dims, binding)
             if err:
                 self.fail(a.span, f"argument `{decl.name}` of `{e.child}` ({child.layer}): {err}")
-        result = substitute(fwd.result, binding)
+        result = substitute(_caller_named(fwd.result, fwd.args, args), binding)
         if child.repeat is not None:
             self._check_repeated(e, child, args, result)
         return {"args": args, "type": TensorType(result)}

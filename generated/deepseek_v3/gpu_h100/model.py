@@ -65,7 +65,7 @@ CONFIGS = {
 
 
 # ----------------------------------------------------------------------------- layers
-# Einsum letters, one per dim in every layer function (helpers below use their own): b=B s=S d=dim h=heads q=qk_head_dim k=kv_b_dim v=kv_b_dim-128 r=q_rank a=kv_a_dim i=hidden
+# Einsum letters, one per dim in every layer function (helpers below use their own): b=B s=S q=q_rank h=heads k=qk_head_dim a=512 v=kv_b_dim i=kv_b_dim-128 d=dim m=kv_a_dim e=hidden
 
 
 def embedding(cfg: Config, params: dict, ids: jax.Array) -> jax.Array:
@@ -92,19 +92,19 @@ def ml_attention(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
     Used at /dense_blocks/attn.
     """
     with jax.named_scope("q_norm"):
-        q_norm_out = rms_norm(cfg, params["q_norm"], x @ params["wq_a"])  # [B, S, dim]
+        q_norm_out = rms_norm(cfg, params["q_norm"], x @ params["wq_a"])  # [B, S, q_rank]
     q = checkpoint_name(
-        jnp.einsum("bsd,dhq->bshq", q_norm_out, params["wq_b"]), "query_proj"
+        jnp.einsum("bsq,qhk->bshk", q_norm_out, params["wq_b"]), "query_proj"
     )  # [B, S, heads, qk_head_dim]
     kv = checkpoint_name(x @ params["wkv_a"], "latent_proj")  # [B, S, kv_a_dim]
     with jax.named_scope("kv_norm"):
-        latent = rms_norm(cfg, params["kv_norm"], kv[..., :512])  # [B, S, dim]
+        latent = rms_norm(cfg, params["kv_norm"], kv[..., :512])  # [B, S, 512]
     k_pe = kv[..., 512:]  # [B, S, kv_a_dim-512]
     k_pe = jnp.broadcast_to(
         k_pe[..., None, :], (*k_pe.shape[:-1], cfg.heads, *k_pe.shape[-1:])
     )  # [B, S, heads, kv_a_dim-512]
     kv = checkpoint_name(
-        jnp.einsum("bsd,dhk->bshk", latent, params["wkv_b"]), "key_value_proj"
+        jnp.einsum("bsa,ahv->bshv", latent, params["wkv_b"]), "key_value_proj"
     )  # [B, S, heads, kv_b_dim]
     q_pe = apply_rotary(
         q[..., 128:],
@@ -126,7 +126,7 @@ def ml_attention(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
     o = checkpoint_name(
         einsum_attention(q, k, v, causal=True, scale=0.1352337788608801), "context"
     )  # [B, S, heads, kv_b_dim-128]
-    y = checkpoint_name(jnp.einsum("bshv,hvd->bsd", o, params["wo"]), "out_proj")  # [B, S, dim]
+    y = checkpoint_name(jnp.einsum("bshi,hid->bsd", o, params["wo"]), "out_proj")  # [B, S, dim]
     return y  # [B, S, dim]
 
 
@@ -142,7 +142,7 @@ def swiglu(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
 
 
 def block(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
-    """Block (std/transformer.axl:64): x: [B, S, dim] -> [B, S, dim].
+    """Block (std/transformer.axl:66): x: [B, S, dim] -> [B, S, dim].
 
     Used at /dense_blocks.
     """
@@ -166,22 +166,22 @@ def ml_attention_2(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
     # quantize_matmuls: fp8 on blocks/* (profile gpu-h100)
     with jax.named_scope("q_norm"):
         q_norm_out = rms_norm(
-            cfg, params["q_norm"], fp8_einsum("bsd,dr->bsr", x, params["wq_a"])
-        )  # [B, S, dim]
+            cfg, params["q_norm"], fp8_einsum("bsd,dq->bsq", x, params["wq_a"])
+        )  # [B, S, q_rank]
     q = checkpoint_name(
-        fp8_einsum("bsd,dhq->bshq", q_norm_out, params["wq_b"]), "query_proj"
+        fp8_einsum("bsq,qhk->bshk", q_norm_out, params["wq_b"]), "query_proj"
     )  # [B, S, heads, qk_head_dim]
     kv = checkpoint_name(
-        fp8_einsum("bsd,da->bsa", x, params["wkv_a"]), "latent_proj"
+        fp8_einsum("bsd,dm->bsm", x, params["wkv_a"]), "latent_proj"
     )  # [B, S, kv_a_dim]
     with jax.named_scope("kv_norm"):
-        latent = rms_norm(cfg, params["kv_norm"], kv[..., :512])  # [B, S, dim]
+        latent = rms_norm(cfg, params["kv_norm"], kv[..., :512])  # [B, S, 512]
     k_pe = kv[..., 512:]  # [B, S, kv_a_dim-512]
     k_pe = jnp.broadcast_to(
         k_pe[..., None, :], (*k_pe.shape[:-1], cfg.heads, *k_pe.shape[-1:])
     )  # [B, S, heads, kv_a_dim-512]
     kv = checkpoint_name(
-        fp8_einsum("bsd,dhk->bshk", latent, params["wkv_b"]), "key_value_proj"
+        fp8_einsum("bsa,ahv->bshv", latent, params["wkv_b"]), "key_value_proj"
     )  # [B, S, heads, kv_b_dim]
     q_pe = apply_rotary(
         q[..., 128:],
@@ -203,7 +203,7 @@ def ml_attention_2(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
     o = checkpoint_name(
         einsum_attention(q, k, v, causal=True, scale=0.1352337788608801), "context"
     )  # [B, S, heads, kv_b_dim-128]
-    y = checkpoint_name(fp8_einsum("bshv,hvd->bsd", o, params["wo"]), "out_proj")  # [B, S, dim]
+    y = checkpoint_name(fp8_einsum("bshi,hid->bsd", o, params["wo"]), "out_proj")  # [B, S, dim]
     return y  # [B, S, dim]
 
 
@@ -214,11 +214,11 @@ def swiglu_2(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
     """
     # quantize_matmuls: fp8 on blocks/* (profile gpu-h100)
     h = checkpoint_name(
-        jax.nn.silu(fp8_einsum("bsd,di->bsi", x, params["w_gate"]))
-        * fp8_einsum("bsd,di->bsi", x, params["w_up"]),
+        jax.nn.silu(fp8_einsum("bsd,de->bse", x, params["w_gate"]))
+        * fp8_einsum("bsd,de->bse", x, params["w_up"]),
         "mlp_hidden",
     )  # [B, S, hidden]
-    return fp8_einsum("bsi,id->bsd", h, params["w_down"])  # [B, S, dim]
+    return fp8_einsum("bse,ed->bsd", h, params["w_down"])  # [B, S, dim]
 
 
 def deep_seek_moe(cfg: Config, params: dict, x: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -254,7 +254,7 @@ def deep_seek_moe(cfg: Config, params: dict, x: jax.Array) -> tuple[jax.Array, j
 
 
 def block_2(cfg: Config, params: dict, x: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """Block (std/transformer.axl:64): x: [B, S, dim] -> ([B, S, dim], auxiliary loss []).
+    """Block (std/transformer.axl:66): x: [B, S, dim] -> ([B, S, dim], auxiliary loss []).
 
     Used at /blocks.
     """
@@ -271,7 +271,7 @@ def block_2(cfg: Config, params: dict, x: jax.Array) -> tuple[jax.Array, jax.Arr
 
 
 def decoder_lm_hidden(cfg: Config, params: dict, tokens: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """DecoderLM (std/transformer.axl:110) up to its output head: tokens: [B, S] -> [B, S, dim], auxiliary loss [].
+    """DecoderLM (std/transformer.axl:112) up to its output head: tokens: [B, S] -> [B, S, dim], auxiliary loss [].
 
     `loss_fn` applies the head itself, a chunk of positions at a time.
     """
@@ -317,7 +317,7 @@ def decoder_lm_hidden(cfg: Config, params: dict, tokens: jax.Array) -> tuple[jax
 
 
 def decoder_lm_head(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
-    """The output head of DecoderLM (std/transformer.axl:110): x: [B, S, dim] -> [B, S, vocab].
+    """The output head of DecoderLM (std/transformer.axl:112): x: [B, S, dim] -> [B, S, vocab].
 
     Position-wise: each position's logits read only its own x.
     """
@@ -328,7 +328,7 @@ def decoder_lm_head(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
 
 
 def decoder_lm(cfg: Config, params: dict, tokens: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """DecoderLM (std/transformer.axl:110): tokens: [B, S] -> ([B, S, vocab], auxiliary loss []).
+    """DecoderLM (std/transformer.axl:112): tokens: [B, S] -> ([B, S, vocab], auxiliary loss []).
 
     Used at /.
     """
@@ -444,19 +444,19 @@ def ml_attention_decode(
     """
     new_cache = {}
     with jax.named_scope("q_norm"):
-        q_norm_out = rms_norm(cfg, params["q_norm"], x @ params["wq_a"])  # [B, S, dim]
+        q_norm_out = rms_norm(cfg, params["q_norm"], x @ params["wq_a"])  # [B, S, q_rank]
     q = checkpoint_name(
-        jnp.einsum("bsd,dhq->bshq", q_norm_out, params["wq_b"]), "query_proj"
+        jnp.einsum("bsq,qhk->bshk", q_norm_out, params["wq_b"]), "query_proj"
     )  # [B, S, heads, qk_head_dim]
     kv = checkpoint_name(x @ params["wkv_a"], "latent_proj")  # [B, S, kv_a_dim]
     with jax.named_scope("kv_norm"):
-        latent = rms_norm(cfg, params["kv_norm"], kv[..., :512])  # [B, S, dim]
+        latent = rms_norm(cfg, params["kv_norm"], kv[..., :512])  # [B, S, 512]
     k_pe = kv[..., 512:]  # [B, S, kv_a_dim-512]
     k_pe = jnp.broadcast_to(
         k_pe[..., None, :], (*k_pe.shape[:-1], cfg.heads, *k_pe.shape[-1:])
     )  # [B, S, heads, kv_a_dim-512]
     kv = checkpoint_name(
-        jnp.einsum("bsd,dhk->bshk", latent, params["wkv_b"]), "key_value_proj"
+        jnp.einsum("bsa,ahv->bshv", latent, params["wkv_b"]), "key_value_proj"
     )  # [B, S, heads, kv_b_dim]
     q_pe = apply_rotary(
         q[..., 128:],
@@ -480,7 +480,7 @@ def ml_attention_decode(
         q, k, v, cache["k"], cache["v"], pos, scale=0.1352337788608801
     )  # [B, S, heads, kv_b_dim-128]
     o = checkpoint_name(o, "context")  # [B, S, heads, kv_b_dim-128]
-    y = checkpoint_name(jnp.einsum("bshv,hvd->bsd", o, params["wo"]), "out_proj")  # [B, S, dim]
+    y = checkpoint_name(jnp.einsum("bshi,hid->bsd", o, params["wo"]), "out_proj")  # [B, S, dim]
     return y, new_cache  # [B, S, dim]
 
 
@@ -517,22 +517,22 @@ def ml_attention_2_decode(
     # quantize_matmuls: fp8 on blocks/* (profile gpu-h100)
     with jax.named_scope("q_norm"):
         q_norm_out = rms_norm(
-            cfg, params["q_norm"], fp8_einsum("bsd,dr->bsr", x, params["wq_a"])
-        )  # [B, S, dim]
+            cfg, params["q_norm"], fp8_einsum("bsd,dq->bsq", x, params["wq_a"])
+        )  # [B, S, q_rank]
     q = checkpoint_name(
-        fp8_einsum("bsd,dhq->bshq", q_norm_out, params["wq_b"]), "query_proj"
+        fp8_einsum("bsq,qhk->bshk", q_norm_out, params["wq_b"]), "query_proj"
     )  # [B, S, heads, qk_head_dim]
     kv = checkpoint_name(
-        fp8_einsum("bsd,da->bsa", x, params["wkv_a"]), "latent_proj"
+        fp8_einsum("bsd,dm->bsm", x, params["wkv_a"]), "latent_proj"
     )  # [B, S, kv_a_dim]
     with jax.named_scope("kv_norm"):
-        latent = rms_norm(cfg, params["kv_norm"], kv[..., :512])  # [B, S, dim]
+        latent = rms_norm(cfg, params["kv_norm"], kv[..., :512])  # [B, S, 512]
     k_pe = kv[..., 512:]  # [B, S, kv_a_dim-512]
     k_pe = jnp.broadcast_to(
         k_pe[..., None, :], (*k_pe.shape[:-1], cfg.heads, *k_pe.shape[-1:])
     )  # [B, S, heads, kv_a_dim-512]
     kv = checkpoint_name(
-        fp8_einsum("bsd,dhk->bshk", latent, params["wkv_b"]), "key_value_proj"
+        fp8_einsum("bsa,ahv->bshv", latent, params["wkv_b"]), "key_value_proj"
     )  # [B, S, heads, kv_b_dim]
     q_pe = apply_rotary(
         q[..., 128:],
@@ -556,7 +556,7 @@ def ml_attention_2_decode(
         q, k, v, cache["k"], cache["v"], pos, scale=0.1352337788608801
     )  # [B, S, heads, kv_b_dim-128]
     o = checkpoint_name(o, "context")  # [B, S, heads, kv_b_dim-128]
-    y = checkpoint_name(fp8_einsum("bshv,hvd->bsd", o, params["wo"]), "out_proj")  # [B, S, dim]
+    y = checkpoint_name(fp8_einsum("bshi,hid->bsd", o, params["wo"]), "out_proj")  # [B, S, dim]
     return y, new_cache  # [B, S, dim]
 
 

@@ -60,7 +60,7 @@ CONFIGS = {
 
 
 # ----------------------------------------------------------------------------- layers
-# Einsum letters, one per dim in every layer function (helpers below use their own): b=B s=S d=dim i=inner g=gs h=heads e=head_dim m=dim'
+# Einsum letters, one per dim in every layer function (helpers below use their own): b=B s=S d=dim i=inner g=gs h=heads e=head_dim a=heads*head_dim
 
 
 def embedding(cfg: Config, params: dict, ids: jax.Array) -> jax.Array:
@@ -114,18 +114,18 @@ def mamba2_mixer(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
     with jax.named_scope("conv_x"):
         conv_x_out = short_conv(
             cfg, params["conv_x"], fp8_einsum("bsd,di->bsi", x, params["in_x"])
-        )  # [B, S, channels]
-    xs = jax.nn.silu(conv_x_out)  # [B, S, channels]
+        )  # [B, S, inner]
+    xs = jax.nn.silu(conv_x_out)  # [B, S, inner]
     with jax.named_scope("conv_b"):
         conv_b_out = short_conv(
             cfg, params["conv_b"], fp8_einsum("bsd,dg->bsg", x, params["in_b"])
-        )  # [B, S, channels]
-    b = jax.nn.silu(conv_b_out)  # [B, S, channels]
+        )  # [B, S, gs]
+    b = jax.nn.silu(conv_b_out)  # [B, S, gs]
     with jax.named_scope("conv_c"):
         conv_c_out = short_conv(
             cfg, params["conv_c"], fp8_einsum("bsd,dg->bsg", x, params["in_c"])
-        )  # [B, S, channels]
-    c = jax.nn.silu(conv_c_out)  # [B, S, channels]
+        )  # [B, S, gs]
+    c = jax.nn.silu(conv_c_out)  # [B, S, gs]
     xs = xs.reshape(*xs.shape[:-1], cfg.heads, 64)  # [B, S, heads, head_dim]
     b = b.reshape(*b.shape[:-1], 1, 128)  # [B, S, groups, state]
     c = c.reshape(*c.shape[:-1], 1, 128)  # [B, S, groups, state]
@@ -138,8 +138,10 @@ def mamba2_mixer(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
         "bshe,h->bshe", xs.astype(jnp.float32), params["D"].astype(jnp.float32)
     )  # [B, S, heads, head_dim]
     with jax.named_scope("norm"):
-        y = gated_rms_norm(cfg, params["norm"], y.reshape(*y.shape[:-2], -1), z)  # [B, S, dim]
-    y = checkpoint_name(fp8_einsum("bsd,dm->bsm", y, params["out_proj"]), "out_proj")  # [B, S, dim]
+        y = gated_rms_norm(
+            cfg, params["norm"], y.reshape(*y.shape[:-2], -1), z
+        )  # [B, S, heads*head_dim]
+    y = checkpoint_name(fp8_einsum("bsa,ad->bsd", y, params["out_proj"]), "out_proj")  # [B, S, dim]
     return y  # [B, S, dim]
 
 
@@ -156,7 +158,7 @@ def mamba_block(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
 
 
 def decoder_lm_hidden(cfg: Config, params: dict, tokens: jax.Array) -> jax.Array:
-    """DecoderLM (std/transformer.axl:110) up to its output head: tokens: [B, S] -> [B, S, dim].
+    """DecoderLM (std/transformer.axl:112) up to its output head: tokens: [B, S] -> [B, S, dim].
 
     `loss_fn` applies the head itself, a chunk of positions at a time.
     """
@@ -186,7 +188,7 @@ def decoder_lm_hidden(cfg: Config, params: dict, tokens: jax.Array) -> jax.Array
 
 
 def decoder_lm_head(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
-    """The output head of DecoderLM (std/transformer.axl:110): x: [B, S, dim] -> [B, S, vocab].
+    """The output head of DecoderLM (std/transformer.axl:112): x: [B, S, dim] -> [B, S, vocab].
 
     Position-wise: each position's logits read only its own x.
     """
@@ -197,7 +199,7 @@ def decoder_lm_head(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
 
 
 def decoder_lm(cfg: Config, params: dict, tokens: jax.Array) -> jax.Array:
-    """DecoderLM (std/transformer.axl:110): tokens: [B, S] -> [B, S, vocab].
+    """DecoderLM (std/transformer.axl:112): tokens: [B, S] -> [B, S, vocab].
 
     Used at /.
     """

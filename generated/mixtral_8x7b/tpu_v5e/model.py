@@ -131,7 +131,7 @@ def moe(cfg: Config, params: dict, x: jax.Array) -> tuple[jax.Array, jax.Array]:
 
 
 def block(cfg: Config, params: dict, x: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """Block (std/transformer.axl:64): x: [B, S, dim] -> ([B, S, dim], auxiliary loss []).
+    """Block (std/transformer.axl:66): x: [B, S, dim] -> ([B, S, dim], auxiliary loss []).
 
     Used at /blocks.
     """
@@ -148,7 +148,7 @@ def block(cfg: Config, params: dict, x: jax.Array) -> tuple[jax.Array, jax.Array
 
 
 def decoder_lm_hidden(cfg: Config, params: dict, tokens: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """DecoderLM (std/transformer.axl:110) up to its output head: tokens: [B, S] -> [B, S, dim], auxiliary loss [].
+    """DecoderLM (std/transformer.axl:112) up to its output head: tokens: [B, S] -> [B, S, dim], auxiliary loss [].
 
     `loss_fn` applies the head itself, a chunk of positions at a time.
     """
@@ -182,7 +182,7 @@ def decoder_lm_hidden(cfg: Config, params: dict, tokens: jax.Array) -> tuple[jax
 
 
 def decoder_lm_head(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
-    """The output head of DecoderLM (std/transformer.axl:110): x: [B, S, dim] -> [B, S, vocab].
+    """The output head of DecoderLM (std/transformer.axl:112): x: [B, S, dim] -> [B, S, vocab].
 
     Position-wise: each position's logits read only its own x.
     """
@@ -193,7 +193,7 @@ def decoder_lm_head(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
 
 
 def decoder_lm(cfg: Config, params: dict, tokens: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """DecoderLM (std/transformer.axl:110): tokens: [B, S] -> ([B, S, vocab], auxiliary loss []).
+    """DecoderLM (std/transformer.axl:112): tokens: [B, S] -> ([B, S, vocab], auxiliary loss []).
 
     Used at /.
     """

@@ -134,7 +134,7 @@ def mlp(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
 
 
 def parallel_block(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
-    """ParallelBlock (std/transformer.axl:87): x: [B, S, dim] -> [B, S, dim].
+    """ParallelBlock (std/transformer.axl:89): x: [B, S, dim] -> [B, S, dim].
 
     Used at /blocks.
     """
@@ -148,7 +148,7 @@ def parallel_block(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
 
 
 def decoder_lm_hidden(cfg: Config, params: dict, tokens: jax.Array) -> jax.Array:
-    """DecoderLM (std/transformer.axl:110) up to its output head: tokens: [B, S] -> [B, S, dim].
+    """DecoderLM (std/transformer.axl:112) up to its output head: tokens: [B, S] -> [B, S, dim].
 
     `loss_fn` applies the head itself, a chunk of positions at a time.
     """
@@ -178,7 +178,7 @@ def decoder_lm_hidden(cfg: Config, params: dict, tokens: jax.Array) -> jax.Array
 
 
 def decoder_lm_head(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
-    """The output head of DecoderLM (std/transformer.axl:110): x: [B, S, dim] -> [B, S, vocab].
+    """The output head of DecoderLM (std/transformer.axl:112): x: [B, S, dim] -> [B, S, vocab].
 
     Position-wise: each position's logits read only its own x.
     """
@@ -190,7 +190,7 @@ def decoder_lm_head(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
 
 
 def decoder_lm(cfg: Config, params: dict, tokens: jax.Array) -> jax.Array:
-    """DecoderLM (std/transformer.axl:110): tokens: [B, S] -> [B, S, vocab].
+    """DecoderLM (std/transformer.axl:112): tokens: [B, S] -> [B, S, vocab].
 
     Used at /.
     """

@@ -98,11 +98,11 @@ def attention(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
         jnp.einsum("bsd,dkv->bskv", x, params["wv"]), "value_proj"
     )  # [B, S, kv_heads, v_head_dim]
     with jax.named_scope("q_norm"):
-        q = rms_norm(cfg, params["q_norm"], q)  # [B, S, heads, dim]
+        q = rms_norm(cfg, params["q_norm"], q)  # [B, S, heads, head_dim]
     with jax.named_scope("k_norm"):
-        k = rms_norm(cfg, params["k_norm"], k)  # [B, S, kv_heads, dim]
-    q = apply_rope(q, theta=cfg.rope_theta)  # [B, S, heads, dim]
-    k = apply_rope(k, theta=cfg.rope_theta)  # [B, S, kv_heads, dim]
+        k = rms_norm(cfg, params["k_norm"], k)  # [B, S, kv_heads, head_dim]
+    q = apply_rope(q, theta=cfg.rope_theta)  # [B, S, heads, head_dim]
+    k = apply_rope(k, theta=cfg.rope_theta)  # [B, S, kv_heads, head_dim]
     # select_kernels: xla, the first of cpu's attention kernels that fits
     o = checkpoint_name(
         jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation="xla"), "context"
@@ -133,7 +133,7 @@ def moe(cfg: Config, params: dict, x: jax.Array) -> tuple[jax.Array, jax.Array]:
 
 
 def block(cfg: Config, params: dict, x: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """Block (std/transformer.axl:64): x: [B, S, dim] -> ([B, S, dim], auxiliary loss []).
+    """Block (std/transformer.axl:66): x: [B, S, dim] -> ([B, S, dim], auxiliary loss []).
 
     Used at /blocks.
     """
@@ -150,7 +150,7 @@ def block(cfg: Config, params: dict, x: jax.Array) -> tuple[jax.Array, jax.Array
 
 
 def decoder_lm_hidden(cfg: Config, params: dict, tokens: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """DecoderLM (std/transformer.axl:110) up to its output head: tokens: [B, S] -> [B, S, dim], auxiliary loss [].
+    """DecoderLM (std/transformer.axl:112) up to its output head: tokens: [B, S] -> [B, S, dim], auxiliary loss [].
 
     `loss_fn` applies the head itself, a chunk of positions at a time.
     """
@@ -182,7 +182,7 @@ def decoder_lm_hidden(cfg: Config, params: dict, tokens: jax.Array) -> tuple[jax
 
 
 def decoder_lm_head(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
-    """The output head of DecoderLM (std/transformer.axl:110): x: [B, S, dim] -> [B, S, vocab].
+    """The output head of DecoderLM (std/transformer.axl:112): x: [B, S, dim] -> [B, S, vocab].
 
     Position-wise: each position's logits read only its own x.
     """
@@ -193,7 +193,7 @@ def decoder_lm_head(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
 
 
 def decoder_lm(cfg: Config, params: dict, tokens: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """DecoderLM (std/transformer.axl:110): tokens: [B, S] -> ([B, S, vocab], auxiliary loss []).
+    """DecoderLM (std/transformer.axl:112): tokens: [B, S] -> ([B, S, vocab], auxiliary loss []).
 
     Used at /.
     """
@@ -318,11 +318,11 @@ def attention_decode(
         jnp.einsum("bsd,dkv->bskv", x, params["wv"]), "value_proj"
     )  # [B, S, kv_heads, v_head_dim]
     with jax.named_scope("q_norm"):
-        q = rms_norm(cfg, params["q_norm"], q)  # [B, S, heads, dim]
+        q = rms_norm(cfg, params["q_norm"], q)  # [B, S, heads, head_dim]
     with jax.named_scope("k_norm"):
-        k = rms_norm(cfg, params["k_norm"], k)  # [B, S, kv_heads, dim]
-    q = apply_rope(q, theta=cfg.rope_theta, offset=pos)  # [B, S, heads, dim]
-    k = apply_rope(k, theta=cfg.rope_theta, offset=pos)  # [B, S, kv_heads, dim]
+        k = rms_norm(cfg, params["k_norm"], k)  # [B, S, kv_heads, head_dim]
+    q = apply_rope(q, theta=cfg.rope_theta, offset=pos)  # [B, S, heads, head_dim]
+    k = apply_rope(k, theta=cfg.rope_theta, offset=pos)  # [B, S, kv_heads, head_dim]
     # decoding: keys and values so far are in cache['k'], cache['v']
     o, new_cache["k"], new_cache["v"] = cached_attention(
         q, k, v, cache["k"], cache["v"], pos

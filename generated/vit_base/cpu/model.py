@@ -134,7 +134,7 @@ def mlp(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
 
 
 def block(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
-    """Block (std/transformer.axl:64): x: [B, S, dim] -> [B, S, dim].
+    """Block (std/transformer.axl:66): x: [B, S, dim] -> [B, S, dim].
 
     Used at /blocks.
     """
