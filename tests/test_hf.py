@@ -152,6 +152,27 @@ CASES = {
              query_pre_attn_scalar=64, attn_logit_softcapping=2.0, final_logit_softcapping=3.0,
              sliding_window=8, hidden_activation="gelu_pytorch_tanh"),
     ),
+    "gemma3_text": (  # a pattern of two local layers (window 8 < 16 tokens, rotary base 10k) and a global one
+        # (base 1M, linear x 8) over 4 layers: one scanned group, then a local layer after the scan; q/k norms
+        """model m = DecoderLM {
+          vocab = 96  dim = 64  layers = 4  heads = 4  kv_heads = 2  ffn = 128  max_seq = 64
+          tied = true  norm = GemmaRMSNorm(eps = 1e-6)  embed_multiplier = sqrt(dim)
+          block = [Block(post_norms = true, mlp = GatedMLP(hidden = ffn, act = "gelu_tanh"),
+                         attn = Attention(head_dim = 32, scale = 0.125, qk_norm = true, window = 8)),
+                   Block(post_norms = true, mlp = GatedMLP(hidden = ffn, act = "gelu_tanh"),
+                         attn = Attention(head_dim = 32, scale = 0.125, qk_norm = true, window = 8)),
+                   Block(post_norms = true, mlp = GatedMLP(hidden = ffn, act = "gelu_tanh"),
+                         attn = Attention(head_dim = 32, scale = 0.125, qk_norm = true, rope_theta = 1000000.0,
+                                          rope_scaling = "linear", rope_factor = 8.0))]
+          dtype = f32  param_dtype = f32
+        }""",
+        dict(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+             num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=64,
+             rms_norm_eps=1e-6, query_pre_attn_scalar=64, sliding_window=8, hidden_activation="gelu_pytorch_tanh",
+             layer_types=["sliding_attention", "sliding_attention", "full_attention", "sliding_attention"],
+             rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                              "full_attention": {"rope_type": "linear", "rope_theta": 1e6, "factor": 8.0}}),
+    ),
     "mamba2": (  # attention-free: 2 groups of B and C over 4 heads, 16 tokens in chunks of 6 (the last partial)
         """import "std/mamba.axl"
         model m = DecoderLM {
@@ -537,6 +558,17 @@ PUBLISHED = {
         "rope_theta": 1000000.0, "max_position_embeddings": 40960, "tie_word_embeddings": False,
         "attention_bias": False, "decoder_sparse_step": 1, "mlp_only_layers": [],
         "use_sliding_window": False, "hidden_act": "silu"},
+    ("gemma3_1b", "gemma3_1b"): {  # google/gemma-3-1b-pt (transformers 4.50 keys: rope_local_base_freq,
+        # sliding_window_pattern; no layer_types)
+        "architectures": ["Gemma3ForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
+        "attn_logit_softcapping": None, "bos_token_id": 2, "cache_implementation": "hybrid", "eos_token_id": 1,
+        "final_logit_softcapping": None, "head_dim": 256, "hidden_activation": "gelu_pytorch_tanh",
+        "hidden_size": 1152, "initializer_range": 0.02, "intermediate_size": 6912,
+        "max_position_embeddings": 32768, "model_type": "gemma3_text", "num_attention_heads": 4,
+        "num_hidden_layers": 26, "num_key_value_heads": 1, "pad_token_id": 0, "query_pre_attn_scalar": 256,
+        "rms_norm_eps": 1e-06, "rope_local_base_freq": 10000, "rope_scaling": None, "rope_theta": 1000000,
+        "sliding_window": 512, "sliding_window_pattern": 6, "torch_dtype": "bfloat16", "use_cache": True,
+        "vocab_size": 262144},
     ("deepseek_v3", "deepseek_v3"): {  # deepseek-ai/DeepSeek-V3 (its quantization_config left out)
         "architectures": ["DeepseekV3ForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
         "bos_token_id": 0, "eos_token_id": 1, "ep_size": 1, "first_k_dense_replace": 3, "hidden_act": "silu",
@@ -568,8 +600,9 @@ def test_zoo_specs_match_published_configs(spec, model):
     assert axhf.mismatches(arch, family, written) == []
     # and one changed field is caught
     key = {"gpt2": "n_head", "mamba2": "num_heads"}.get(family, "num_key_value_heads")
-    wrong = {**published, key: 1}
-    assert any(m.startswith(f"config.json has {key}=1,") for m in axhf.mismatches(arch, family, wrong))
+    bad = 2 if published.get(key) == 1 else 1
+    wrong = {**published, key: bad}
+    assert any(m.startswith(f"config.json has {key}={bad},") for m in axhf.mismatches(arch, family, wrong))
 
 
 # The config.json files Meta published on the Hugging Face hub (transformers 4.43 format:
@@ -616,6 +649,37 @@ def test_published_gemma_2_config_matches_its_spec(in_root):
     exported = axhf.hf_config(arch, "gemma2")
     assert exported["layer_types"][:2] == ["sliding_attention", "full_attention"]
     assert exported["query_pre_attn_scalar"] == 256 and exported["final_logit_softcapping"] == 30.0
+
+
+def test_gemma_3_layers_take_their_rotary_and_window_from_their_layer_type(in_root):
+    """gemma3_1b: five local layers (base 10k, window 512) then a global one (base 1M), 26 = 4 x 6 + 2
+    (the last two local, after the scan). A config whose global layers scale their rotary (Gemma 3
+    4B and up: linear x 8) is named, in transformers 5's keys as in 4.50's; the export writes
+    rope_parameters per layer type, and the tail's tensors map to HF layers 24 and 25."""
+    arch = axhf.pick(axhf.load_spec(Path("specs/gemma3_1b.axl")), "gemma3_1b", Path("gemma3_1b"))
+    assert (arch.pattern, arch.tail) == (6, 2)
+    assert arch["layer_windows"] == (512,) * 5 + (0,) + (512,) * 5 + (0,) + (512,) * 5 + (0,) + (512,) * 5 + (0,) + (512,) * 2
+    assert arch["layer_ropes"][5] == (1e6, "none", 1.0) and arch["layer_ropes"][25] == (1e4, "none", 1.0)
+    published = PUBLISHED[("gemma3_1b", "gemma3_1b")]
+    scaled = {**published, "rope_scaling": {"rope_type": "linear", "factor": 8.0}}
+    [problem] = axhf.mismatches(arch, "gemma3_text", scaled)
+    assert problem.startswith("config.json has rope_parameters=") and '"factor": 8.0' in problem
+    v5 = {k: v for k, v in published.items() if k not in ("rope_theta", "rope_local_base_freq", "rope_scaling")}
+    v5["rope_parameters"] = {"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                             "full_attention": {"rope_type": "linear", "rope_theta": 1e6, "factor": 8.0}}
+    [again] = axhf.mismatches(arch, "gemma3_text", v5)
+    assert again.startswith("config.json has rope_parameters=") and '"factor": 8.0' in again
+    assert axhf.mismatches(arch, "gemma3_text", {**v5, "rope_parameters": {
+        **v5["rope_parameters"], "full_attention": {"rope_type": "default", "rope_theta": 1e6}}}) == []
+    exported = axhf.hf_config(arch, "gemma3_text")
+    assert exported["rope_parameters"] == {"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                                           "full_attention": {"rope_type": "default", "rope_theta": 1e6}}
+    assert exported["sliding_window"] == 512 and exported["attn_logit_softcapping"] is None
+    from axdsl.hf.layout import rules
+
+    tail = {r.paths[0]: r for r in rules("gemma3_text", arch, None) if r.paths[0][:2] == ("blocks", "tail")}
+    wq = tail[("blocks", "tail", "1", "attn", "wq")]
+    assert not wq.layered and list(wq.save((np.zeros((1152, 4, 256)),), 0)) == ["model.layers.25.self_attn.q_proj.weight"]
 
 
 @pytest.mark.parametrize("spec, cfg", [("llama3_1_8b", LLAMA_3_1_8B), ("llama3_2_1b", LLAMA_3_2_1B)])

@@ -29,6 +29,7 @@ def _model(spec: str):
 @pytest.mark.parametrize("spec, name", [
     ("tiny_llama", "tiny_llama"),  # GQA, rope
     ("gemma2_2b", "gemma2_tiny"),  # alternating sliding-window layers, attention soft-capping
+    ("gemma3_1b", "gemma3_tiny"),  # a pattern of 6 over 8 layers (2 after the scan), q/k norms, two rotary bases
     ("gpt2_small", "gpt2_tiny"),  # a learned position table, read from the cache position on
     ("phi2", "phi2_tiny"),  # partial rotary
     ("deepseek_v3", "deepseek_v3_tiny"),  # MLA: v's head dim is not k's; dense then MoE layers

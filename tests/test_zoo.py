@@ -20,6 +20,7 @@ ROOT = Path(__file__).resolve().parent.parent
 # Published totals (papers, model cards; Hugging Face's num_parameters() for the same configs).
 PUBLISHED = {
     "gemma2_2b": 2_614_341_888,
+    "gemma3_1b": 999_885_952,  # transformers' Gemma3ForCausalLM for google/gemma-3-1b-pt's config
     "gpt2_small": 124_439_808,
     "gpt2_medium": 354_823_168,
     "llama2_7b": 6_738_415_616,
@@ -125,7 +126,7 @@ def test_stats_command(in_root):
     assert r.returncode == 1 and "no model `nope`" in r.stdout
 
 
-NEW_FAMILIES = ["gemma2_2b", "llama3_1_8b", "llama3_2_1b", "phi2", "pythia_1_4b", "qwen2_5_7b"]
+NEW_FAMILIES = ["gemma2_2b", "gemma3_1b", "llama3_1_8b", "llama3_2_1b", "phi2", "pythia_1_4b", "qwen2_5_7b"]
 
 
 @pytest.mark.parametrize("name", NEW_FAMILIES)

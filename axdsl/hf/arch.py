@@ -23,6 +23,7 @@ class Arch:
     params: dict[tuple[str, ...], tuple[tuple[int, ...], str]]  # path -> (shape, dtype name)
     problems: list[str] = field(default_factory=list)  # structure no HF family has
     pattern: int = 0  # the length of a repeated pattern of blocks (blocks/0, blocks/1, ...); 0: one block
+    tail: int = 0  # layers after the scanned groups when the pattern does not divide them (blocks/tail/<e>)
 
     def __getitem__(self, key: str) -> Any:
         return self.values.get(key)
@@ -49,6 +50,7 @@ FIELDS = {
     "post_norms": "Block post_norms", "scale": "attention scale", "softcap": "attention softcap",
     "embed_multiplier": "embed_multiplier", "logit_softcap": "logit_softcap",
     "layer_windows": "the layers' attention windows",
+    "layer_ropes": "the layers' rotary (rope_theta, rope_scaling, rope_factor)",
     "ssm_expand": "Mamba2Mixer expand", "ssm_head_dim": "Mamba2Mixer head_dim", "ssm_state": "Mamba2Mixer state",
     "ssm_groups": "Mamba2Mixer groups", "conv_kernel": "Mamba2Mixer conv_kernel", "chunk": "Mamba2Mixer chunk",
     "conv_bias": "Mamba2Mixer conv_bias", "mixer_eps": "Mamba2Mixer eps (its gated norm)",
@@ -107,22 +109,49 @@ def arch_of(model) -> Arch:
     arch.values["logit_softcap"] = float(_hv(root, "logit_softcap", 0.0))
     arch.values["dense_layers"] = _hv(root, "dense_layers", 0)
     blocks = root.child("blocks")
-    elements = list(blocks.children) if blocks is not None and blocks.layer == PATTERN else [blocks]
+    elements = _pattern_elements(arch, blocks)
     if any(b is None or b.layer not in BLOCKS for b in elements):
         arch.problems.append("the repeated block is not std's Block, ParallelBlock or MambaBlock (or a pattern of them)")
         return arch
     per_layer = [_block_values(arch, b, root) for b in elements]
     arch.values.update(per_layer[0])
-    arch.pattern = len(elements) if blocks.layer == PATTERN else 0
-    windows = [v.get("window") for v in per_layer]
-    arch.values["layer_windows"] = tuple(windows[i % len(windows)] for i in range(arch.values["layers"]))
-    for k in sorted(set().union(*per_layer) - {"window"}):
-        if len({repr(v.get(k)) for v in per_layer}) > 1:
-            arch.problems.append(f"the pattern's layers differ in {FIELDS.get(k, k)} "
-                                 "(Hugging Face layers differ only in their attention window)")
+    _read_layer_values(arch, per_layer)
     if arch.values["dense_layers"]:
         _read_dense_blocks(arch, root)
     return arch
+
+
+# What the layers of a pattern may differ in: the attention window (Gemma 2 and 3), and the rotary
+# base and scaling (Gemma 3's local and global layers). Only Gemma 3 states per-layer rotary in its
+# config.json; for the other families, layers that differ in it are a mismatch (config.py).
+PER_LAYER = ("window", "rope_theta", "rope_scaling", "rope_factor")
+
+
+def _pattern_elements(arch: Arch, blocks) -> list:
+    """The blocks of one pattern period: `blocks` itself, its elements, or (when the pattern does
+    not divide the layers) the elements of its scanned `groups`, with the `tail` count recorded."""
+    if blocks is None or blocks.layer != PATTERN:
+        return [blocks]
+    groups, tail = blocks.child("groups"), blocks.child("tail")
+    if groups is not None and tail is not None:
+        arch.tail = len(tail.children)
+        blocks = groups
+    arch.pattern = len(blocks.children)
+    return list(blocks.children)
+
+
+def _read_layer_values(arch: Arch, per_layer: list[dict[str, Any]]) -> None:
+    """Each layer's window and rotary (layer i is pattern element i % k); any other difference
+    between a pattern's elements is a problem, as no Hugging Face family states it."""
+    n, k = arch.values["layers"], len(per_layer)
+    at = [per_layer[i % k] for i in range(n)]
+    arch.values["layer_windows"] = tuple(v.get("window") for v in at)
+    arch.values["layer_ropes"] = tuple((v.get("rope_theta"), v.get("rope_scaling"), v.get("rope_factor"))
+                                       for v in at)
+    for key in sorted(set().union(*per_layer) - set(PER_LAYER)):
+        if len({repr(v.get(key)) for v in per_layer}) > 1:
+            arch.problems.append(f"the pattern's layers differ in {FIELDS.get(key, key)} "
+                                 "(Hugging Face layers differ only in their attention window and rotary)")
 
 
 def _read_dense_blocks(arch: Arch, root) -> None:

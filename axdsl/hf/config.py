@@ -10,7 +10,8 @@ from axdsl.hf.arch import FIELDS, Arch
 from axdsl.hf.bert import BLOCK as BERT_BLOCK
 from axdsl.hf.bert import bert_config
 from axdsl.hf.errors import HFError
-from axdsl.hf.fields import ROPE_FIELDS, ROPE_SCALING_FIELDS
+from axdsl.hf.fields import ROPE_FIELDS, ROPE_SCALING_FIELDS, rope_parameters
+from axdsl.hf.gemma import gemma2_config, gemma3_config
 from axdsl.hf.values import hf_values
 from axdsl.hf.vit import ROOT as VIT_ROOT
 from axdsl.hf.vit import vit_config
@@ -26,6 +27,7 @@ FAMILIES = {
     "phi": "PhiForCausalLM",
     "gpt_neox": "GPTNeoXForCausalLM",
     "gemma2": "Gemma2ForCausalLM",
+    "gemma3_text": "Gemma3ForCausalLM",
     "mamba2": "Mamba2ForCausalLM",
     "deepseek_v3": "DeepseekV3ForCausalLM",
     "bert": "BertForMaskedLM",
@@ -62,7 +64,7 @@ def family_of_arch(arch: Arch) -> str:
     if arch["block"] == "ParallelBlock":
         return "phi" if arch["shared_norm"] else "gpt_neox"
     if arch["norm"] == "GemmaRMSNorm" or arch["post_norms"]:
-        return "gemma2"
+        return "gemma3_text" if arch["qk_norm"] else "gemma2"
     if arch["positions"] == "learned" or arch["norm"] == "LayerNorm":
         return "gpt2"
     if arch["mlp"] == "MoE":
@@ -112,6 +114,9 @@ def mismatches(arch: Arch, family: str, cfg: dict) -> list[str]:
     vals, src, unsupported = hf_values(family, cfg)
     out = [f"config.json: {u} is not supported" for u in unsupported] + list(arch.problems)
     skip = _skipped(arch, vals)
+    if "layer_ropes" not in vals and len(set(arch["layer_ropes"] or ())) > 1:
+        out.append(f"the spec's layers differ in their rotary embedding ({family}'s config.json states one for "
+                   "all layers; Gemma 3 states one per layer type)")
     for fld, value in vals.items():
         if fld in skip or _same(arch[fld], value):
             continue
@@ -133,29 +138,6 @@ def _gpt2_config(v: dict, dtype: str) -> dict:
     }
 
 
-# Arch field -> rope_parameters key, for the fields each scaling reads
-_ROPE_KEYS = {"rope_factor": "factor", "rope_low_freq": "low_freq_factor", "rope_high_freq": "high_freq_factor",
-              "rope_original_max_seq": "original_max_position_embeddings", "rope_beta_fast": "beta_fast",
-              "rope_beta_slow": "beta_slow", "rope_mscale": "mscale", "rope_mscale_all_dim": "mscale_all_dim",
-              "rope_attention_factor": "attention_factor"}
-
-
-def _rope_parameters(v: dict, theta: float) -> dict:
-    """transformers 5's rope_parameters: the rope type and the values its scaling reads."""
-    scaling = v.get("rope_scaling") or "none"
-    out: dict[str, Any] = {"rope_type": "default" if scaling == "none" else scaling, "rope_theta": theta}
-    for fld in ROPE_SCALING_FIELDS.get(scaling, ()):
-        if fld == "rope_untruncated":
-            out["truncate"] = not v[fld]
-        elif fld in ("rope_mscale_all_dim", "rope_attention_factor") and not v[fld]:
-            continue  # transformers' default (None) is "not given"
-        else:
-            out[_ROPE_KEYS[fld]] = v[fld]
-    if v.get("rope_dim") and v.get("head_dim") and v["rope_dim"] != v["head_dim"]:
-        out["partial_rotary_factor"] = v["rope_dim"] / v["head_dim"]
-    return out
-
-
 def _decoder_config(v: dict, family: str, dtype: str) -> dict:
     theta = v["rope_theta"] if v["rope_theta"] is not None else 10000.0
     out = {
@@ -163,7 +145,7 @@ def _decoder_config(v: dict, family: str, dtype: str) -> dict:
         "hidden_size": v["dim"], "intermediate_size": v["hidden"], "num_hidden_layers": v["layers"],
         "num_attention_heads": v["heads"], "num_key_value_heads": v["kv_heads"],
         "head_dim": v["head_dim"], "hidden_act": "silu", "max_position_embeddings": v["max_seq"],
-        "rms_norm_eps": v["norm_eps"], "rope_theta": theta, "rope_parameters": _rope_parameters(v, theta),
+        "rms_norm_eps": v["norm_eps"], "rope_theta": theta, "rope_parameters": rope_parameters(v, theta),
         "tie_word_embeddings": v["tied"], "attention_dropout": 0.0, "initializer_range": 0.02,
         "use_cache": True, "dtype": dtype,
     }
@@ -194,7 +176,7 @@ def _parallel_config(v: dict, family: str, dtype: str) -> dict:
         "hidden_size": v["dim"], "intermediate_size": v["hidden"], "num_hidden_layers": v["layers"],
         "num_attention_heads": v["heads"], "hidden_act": acts.get(v["act"], v["act"]),
         "max_position_embeddings": v["max_seq"], "layer_norm_eps": v["norm_eps"], "rope_theta": theta,
-        "rope_parameters": _rope_parameters(v, theta), "tie_word_embeddings": v["tied"],
+        "rope_parameters": rope_parameters(v, theta), "tie_word_embeddings": v["tied"],
         "attention_dropout": 0.0, "initializer_range": 0.02, "use_cache": True, "dtype": dtype,
     }
     out["rope_parameters"].setdefault("partial_rotary_factor", 1.0)
@@ -204,38 +186,6 @@ def _parallel_config(v: dict, family: str, dtype: str) -> dict:
         out.update(use_parallel_residual=True, attention_bias=v["attn_bias"], hidden_dropout=0.0,
                    rotary_pct=out["rope_parameters"]["partial_rotary_factor"], rotary_emb_base=theta)
     return out
-
-
-def _query_pre_attn_scalar(v: dict) -> int:
-    """Gemma 2 states its attention scale as scale = query_pre_attn_scalar ** -0.5 (an int)."""
-    if not v["scale"]:
-        return v["head_dim"]
-    scalar = 1.0 / v["scale"] ** 2
-    if not math.isclose(scalar, round(scalar), rel_tol=1e-9):
-        raise HFError(f"attention scale {v['scale']} is not query_pre_attn_scalar ** -0.5 for an int scalar",
-                      ["Gemma 2's config.json states the scale as an int query_pre_attn_scalar"])
-    return round(scalar)
-
-
-def _gemma2_config(v: dict, dtype: str) -> dict:
-    """Gemma 2: sandwich norms, GeGLU, soft caps, alternating sliding and full attention."""
-    theta = v["rope_theta"] if v["rope_theta"] is not None else 10000.0
-    windows = v["layer_windows"]
-    sliding = max(windows) if windows else 0
-    acts = {"gelu_tanh": "gelu_pytorch_tanh", "gelu_exact": "gelu", "silu": "silu"}
-    return {
-        "architectures": [FAMILIES["gemma2"]], "model_type": "gemma2", "vocab_size": v["vocab"],
-        "hidden_size": v["dim"], "intermediate_size": v["hidden"], "num_hidden_layers": v["layers"],
-        "num_attention_heads": v["heads"], "num_key_value_heads": v["kv_heads"], "head_dim": v["head_dim"],
-        "hidden_activation": acts.get(v["act"], v["act"]), "max_position_embeddings": v["max_seq"],
-        "rms_norm_eps": v["norm_eps"], "rope_theta": theta, "rope_parameters": _rope_parameters(v, theta),
-        "attention_bias": v["attn_bias"], "tie_word_embeddings": v["tied"],
-        "query_pre_attn_scalar": _query_pre_attn_scalar(v),
-        "attn_logit_softcapping": v["softcap"] or None, "final_logit_softcapping": v["logit_softcap"] or None,
-        "sliding_window": sliding or None,
-        "layer_types": ["sliding_attention" if w else "full_attention" for w in windows],
-        "attention_dropout": 0.0, "initializer_range": 0.02, "use_cache": True, "dtype": dtype,
-    }
 
 
 def _mamba2_config(v: dict, dtype: str) -> dict:
@@ -254,7 +204,7 @@ def _mamba2_config(v: dict, dtype: str) -> dict:
 def _deepseek_config(v: dict, dtype: str) -> dict:
     """DeepSeek-V3: latent attention, dense first layers, then DeepSeek's MoE."""
     theta = v["rope_theta"] if v["rope_theta"] is not None else 10000.0
-    rope = _rope_parameters({**v, "rope_dim": None}, theta)
+    rope = rope_parameters({**v, "rope_dim": None}, theta)
     return {
         "architectures": [FAMILIES["deepseek_v3"]], "model_type": "deepseek_v3", "vocab_size": v["vocab"],
         "hidden_size": v["dim"], "intermediate_size": v["dense_hidden"] or v["hidden"],
@@ -281,7 +231,9 @@ def hf_config(arch: Arch, family: str) -> dict:
     if family in ("phi", "gpt_neox"):
         return _parallel_config(arch.values, family, dtype)
     if family == "gemma2":
-        return _gemma2_config(arch.values, dtype)
+        return gemma2_config(arch.values, dtype)
+    if family == "gemma3_text":
+        return gemma3_config(arch.values, dtype)
     if family == "mamba2":
         return _mamba2_config(arch.values, dtype)
     if family == "deepseek_v3":

@@ -19,7 +19,8 @@ _GPT2_ACTS = {**{a: "gelu" for a in TANH_GELU}, "relu": "relu", "silu": "silu", 
 # family -> (rms_norm_eps, rope_theta) defaults
 _DECODER_DEFAULTS = {"deepseek_v3": (1e-6, 10000.0), "llama": (1e-6, 10000.0), "mistral": (1e-6, 10000.0), "mixtral": (1e-5, 1e6),
                      "qwen2": (1e-6, 10000.0), "qwen3": (1e-6, 10000.0), "qwen3_moe": (1e-6, 10000.0),
-                     "phi": (1e-5, 10000.0), "gpt_neox": (1e-5, 10000.0), "gemma2": (1e-6, 10000.0)}
+                     "phi": (1e-5, 10000.0), "gpt_neox": (1e-5, 10000.0), "gemma2": (1e-6, 10000.0),
+                     "gemma3_text": (1e-6, 10000.0)}
 # The parallel-residual families' partial rotary defaults (transformers' config classes)
 _PARTIAL_DEFAULTS = {"phi": 0.5, "gpt_neox": 0.25}
 
@@ -93,24 +94,16 @@ def _experts_key(c: Config) -> str:
 
 def _head_dim(c: Config) -> int:
     dim, heads = c.get("hidden_size", 4096), c.get("num_attention_heads", 32)
-    default = {"qwen3": 128, "gemma2": 256}.get(c.family, dim // heads)
+    default = {"qwen3": 128, "gemma2": 256, "gemma3_text": 256}.get(c.family, dim // heads)
     return c.get("head_dim", default)
 
 
 def _layers(c: Config) -> int:
-    return c.get("num_hidden_layers", c.get("n_layer", 26 if c.family == "gemma2" else 32))
+    return c.get("num_hidden_layers", c.get("n_layer", 26 if c.family in ("gemma2", "gemma3_text") else 32))
 
 
 def _uniform_windows(window: Callable[[Config], int]) -> Callable[[Config], tuple[int, ...]]:
     return lambda c: (window(c),) * _layers(c)
-
-
-def _gemma2_windows(c: Config) -> tuple[int, ...]:
-    """layer_types (default: sliding on even layers, full on odd) with sliding_window."""
-    n = _layers(c)
-    types = c.get("layer_types") or ["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(n)]
-    w = c.get("sliding_window", 4096)
-    return tuple(w if t == "sliding_attention" else 0 for t in types)
 
 
 # Facts every family without Gemma's extras states: no attention scale or soft cap of its own, no
@@ -367,50 +360,6 @@ PARALLEL_FIELDS = (
     Row("layer_windows", "num_hidden_layers", _uniform_windows(lambda c: 0), lambda c: _layers(c)),
 )
 
-_GEMMA_ACTS = {"gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu_exact", "gelu_new": "gelu_tanh", "silu": "silu"}
-
-GEMMA2_FIELDS = (
-    _key("vocab_size", 256000, "vocab"),
-    _key("hidden_size", 2304, "dim"),
-    Row("layers", "num_hidden_layers", _layers),
-    _key("num_attention_heads", 8, "heads"),
-    _key("num_key_value_heads", 4, "kv_heads"),
-    Row("head_dim", "head_dim", _head_dim),
-    _fact("positions", "rope"),
-    Row("tied", "tie_word_embeddings", lambda c: c.flag("tie_word_embeddings", True)),
-    _fact("norm", "GemmaRMSNorm"),
-    Row("norm_eps", "rms_norm_eps", lambda c: c.rms_eps),
-    _fact("causal", True),
-    _fact("rope", True),
-    *ROPE_ROWS,
-    Row("layer_windows", "layer_types", _gemma2_windows, lambda c: [c.get("sliding_window", 4096), c.get("layer_types")]),
-    Row("attn_bias", "attention_bias", lambda c: c.flag("attention_bias", False)),
-    Row("out_bias", "attention_bias", lambda c: c.flag("attention_bias", False)),
-    _fact("qk_norm", False),
-    _fact("mlp", "GatedMLP"),
-    Row("hidden", "intermediate_size", lambda c: c.get("intermediate_size", 9216)),
-    Row("act", "hidden_activation", lambda c: _GEMMA_ACTS.get(c.get("hidden_activation", "gelu_pytorch_tanh"),
-                                                               c.get("hidden_activation")),
-        lambda c: c.get("hidden_activation", "gelu_pytorch_tanh")),
-    _fact("block", "Block"),
-    _fact("post_norms", True),
-    _fact("head_bias", False),
-    Row("scale", "query_pre_attn_scalar", lambda c: float(c.get("query_pre_attn_scalar", 256)) ** -0.5,
-        lambda c: c.get("query_pre_attn_scalar", 256)),
-    Row("softcap", "attn_logit_softcapping", lambda c: float(c.cfg.get("attn_logit_softcapping", 50.0) or 0.0),
-        lambda c: c.cfg.get("attn_logit_softcapping", 50.0)),
-    Row("logit_softcap", "final_logit_softcapping",
-        lambda c: float(c.cfg.get("final_logit_softcapping", 30.0) or 0.0),
-        lambda c: c.cfg.get("final_logit_softcapping", 30.0)),
-    Row("embed_multiplier", "hidden_size", lambda c: c.get("hidden_size", 2304) ** 0.5,
-        lambda c: c.get("hidden_size", 2304)),
-)
-GEMMA2_UNSUPPORTED: tuple = (
-    (None, lambda c: _when(c.rope[1] not in _SCALINGS,
-                           f"rope_type={c.rope[1]!r} (axdsl's rope scalings are {', '.join(_SCALINGS)})")),
-    (None, lambda c: _when(any(t not in ("sliding_attention", "full_attention") for t in c.get("layer_types") or []),
-                           f"layer_types={c.get('layer_types')} (sliding_attention and full_attention only)")),
-)
 PARALLEL_UNSUPPORTED: tuple = (
     (None, lambda c: _when(c.rope[1] not in _SCALINGS,
                            f"rope_type={c.rope[1]!r} (axdsl's rope scalings are {', '.join(_SCALINGS)})")),
@@ -493,3 +442,26 @@ DECODER_UNSUPPORTED: tuple[Unsupported, ...] = (
                                      f"decoder_sparse_step={c.cfg.get('decoder_sparse_step')} "
                                      "(every axdsl block is MoE)")),
 )
+
+
+# Arch field -> rope_parameters key, for the fields each scaling reads
+_ROPE_KEYS = {"rope_factor": "factor", "rope_low_freq": "low_freq_factor", "rope_high_freq": "high_freq_factor",
+              "rope_original_max_seq": "original_max_position_embeddings", "rope_beta_fast": "beta_fast",
+              "rope_beta_slow": "beta_slow", "rope_mscale": "mscale", "rope_mscale_all_dim": "mscale_all_dim",
+              "rope_attention_factor": "attention_factor"}
+
+
+def rope_parameters(v: dict, theta: float) -> dict:
+    """transformers 5's rope_parameters: the rope type and the values its scaling reads."""
+    scaling = v.get("rope_scaling") or "none"
+    out: dict[str, Any] = {"rope_type": "default" if scaling == "none" else scaling, "rope_theta": theta}
+    for fld in ROPE_SCALING_FIELDS.get(scaling, ()):
+        if fld == "rope_untruncated":
+            out["truncate"] = not v[fld]
+        elif fld in ("rope_mscale_all_dim", "rope_attention_factor") and not v[fld]:
+            continue  # transformers' default (None) is "not given"
+        else:
+            out[_ROPE_KEYS[fld]] = v[fld]
+    if v.get("rope_dim") and v.get("head_dim") and v["rope_dim"] != v["head_dim"]:
+        out["partial_rotary_factor"] = v["rope_dim"] / v["head_dim"]
+    return out

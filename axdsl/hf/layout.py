@@ -95,17 +95,32 @@ def rules(family: str, arch: Arch, keys: set[str] | None) -> list[Rule]:
 
         return [Rule((m.path,), m.layers is not None, lambda g, i, m=m: (m.load(g, i),),
                      lambda a, i, m=m: m.save(a[0], i), m.layers) for m in mappings(arch, keys)]
-    if arch.pattern:  # layer i is pattern element i % k, at index i // k of blocks/<e>
-        out: list[Rule] = []
-        for e in range(arch.pattern):
-            ids = tuple(range(e, arch["layers"], arch.pattern))
-            for rule in _family_rules(family, _Rules(arch, keys, block=f"blocks/{e}"), keys):
-                if rule.layered:
-                    out.append(Rule(rule.paths, True, rule.load, rule.save, ids))
-                elif e == 0:
-                    out.append(rule)
-        return out
+    if arch.pattern:
+        return _pattern_rules(family, arch, keys)
     return _family_rules(family, _Rules(arch, keys), keys)
+
+
+def _pattern_rules(family: str, arch: Arch, keys: set[str] | None) -> list[Rule]:
+    """A pattern of k blocks: layer i is element i % k, at index i // k of blocks/<e>; when k does
+    not divide the layers, the scanned ones are blocks/groups/<e> and the last layers, run once
+    after the scan, blocks/tail/<e> (one HF layer each, not stacked)."""
+    k, scanned = arch.pattern, arch["layers"] - arch.tail
+    group = "blocks/groups" if arch.tail else "blocks"
+    out: list[Rule] = []
+    for e in range(k):
+        ids = tuple(range(e, scanned, k))
+        for rule in _family_rules(family, _Rules(arch, keys, block=f"{group}/{e}"), keys):
+            if rule.layered:
+                out.append(Rule(rule.paths, True, rule.load, rule.save, ids))
+            elif e == 0:
+                out.append(rule)
+    for e in range(arch.tail):
+        layer = scanned + e
+        for rule in _family_rules(family, _Rules(arch, keys, block=f"blocks/tail/{e}"), keys):
+            if rule.layered:
+                out.append(Rule(rule.paths, False, lambda g, _, r=rule, i=layer: r.load(g, i),
+                                lambda a, _, r=rule, i=layer: r.save(a, i)))
+    return out
 
 
 def _family_rules(family: str, r: "_Rules", keys: set[str] | None) -> list[Rule]:
@@ -166,7 +181,7 @@ def _decoder_rules(r: _Rules, family: str) -> None:
     r.same("embed/table", pre + "embed_tokens.weight", False)
     r.same("final_norm/scale", pre + "norm.weight", False)
     r.same("blocks/attn_norm/scale", L + "input_layernorm.weight")
-    if family == "gemma2":  # sandwich norms: post_attention_layernorm follows attention
+    if family in ("gemma2", "gemma3_text"):  # sandwich norms: post_attention_layernorm follows attention
         r.same("blocks/attn_post_norm/scale", L + "post_attention_layernorm.weight")
         r.same("blocks/mlp_norm/scale", L + "pre_feedforward_layernorm.weight")
         r.same("blocks/mlp_post_norm/scale", L + "post_feedforward_layernorm.weight")

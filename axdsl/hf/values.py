@@ -7,8 +7,9 @@ from typing import Any
 
 from axdsl.hf.bert import BERT_FIELDS, BERT_UNSUPPORTED
 from axdsl.hf.fields import (DECODER_FIELDS, DECODER_UNSUPPORTED, DEEPSEEK_FIELDS, DEEPSEEK_UNSUPPORTED,
-                             GEMMA2_FIELDS, GEMMA2_UNSUPPORTED, GPT2_FIELDS, GPT2_UNSUPPORTED, MAMBA2_FIELDS,
-                             MAMBA2_UNSUPPORTED, PARALLEL_FIELDS, PARALLEL_UNSUPPORTED, Config)
+                             GPT2_FIELDS, GPT2_UNSUPPORTED, MAMBA2_FIELDS, MAMBA2_UNSUPPORTED, PARALLEL_FIELDS,
+                             PARALLEL_UNSUPPORTED, Config)
+from axdsl.hf.gemma import GEMMA2_FIELDS, GEMMA2_UNSUPPORTED, GEMMA3_FIELDS, GEMMA3_UNSUPPORTED
 from axdsl.hf.vit import VIT_FIELDS, VIT_UNSUPPORTED
 
 
@@ -22,6 +23,7 @@ def hf_values(family: str, cfg: dict) -> tuple[dict, dict, list[str]]:
     fields, checks = {"gpt2": (GPT2_FIELDS, GPT2_UNSUPPORTED), "phi": (PARALLEL_FIELDS, PARALLEL_UNSUPPORTED),
                       "gpt_neox": (PARALLEL_FIELDS, PARALLEL_UNSUPPORTED),
                       "gemma2": (GEMMA2_FIELDS, GEMMA2_UNSUPPORTED),
+                      "gemma3_text": (GEMMA3_FIELDS, GEMMA3_UNSUPPORTED),
                       "mamba2": (MAMBA2_FIELDS, MAMBA2_UNSUPPORTED),
                       "deepseek_v3": (DEEPSEEK_FIELDS, DEEPSEEK_UNSUPPORTED),
                       "bert": (BERT_FIELDS, BERT_UNSUPPORTED),
