@@ -72,3 +72,33 @@ def test_mixer_matches_transformers(tmp_path, groups):
         want = mixer(torch.from_numpy(x)).numpy()
     got = np.asarray(m.forward(m.Config(), _params(mixer), x))
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)  # measured: 1.9e-6 of 7
+
+
+def test_decay_rates_and_step_sizes_start_as_mambas_do(tmp_path):
+    """A_log starts at log(1), log(2), ... per head (transformers' init_mamba2_weights, exactly) and
+    softplus(dt_bias) is a log-uniform step in [dt_min, dt_max] = [0.001, 0.1], drawn per head and
+    per layer; not the zeros (every head one decay rate, a step of log 2) std once used."""
+    import jax
+
+    module = _module(tmp_path, "init", """
+import "std/mamba.axl"
+model m = DecoderLM { vocab = 32  dim = 64  layers = 3  heads = 16  positions = "none"
+                      block = MambaBlock(mixer = Mamba2Mixer(head_dim = 8, state = 8, chunk = 4)) }
+""")
+    params = module.init_params(module.CONFIGS["m"], jax.random.key(0))
+    mixer = params["blocks"]["mixer"]
+    a_log, dt_bias = np.asarray(mixer["A_log"]), np.asarray(mixer["dt_bias"])
+    assert a_log.shape == dt_bias.shape == (3, 16)
+    from transformers import Mamba2Config
+    from transformers.models.mamba2.modeling_mamba2 import Mamba2Mixer
+    hf = Mamba2Mixer(Mamba2Config(hidden_size=64, expand=2, head_dim=8, num_heads=16, n_groups=1, state_size=8,
+                                  num_hidden_layers=1, vocab_size=32), layer_idx=0)
+    hf.init_mamba2_weights()
+    for layer in a_log:
+        np.testing.assert_allclose(layer, hf.A_log.detach().numpy(), rtol=1e-6)
+    dt = np.log1p(np.exp(dt_bias.astype(np.float64)))  # softplus
+    hf_dt = np.log1p(np.exp(hf.dt_bias.detach().numpy().astype(np.float64)))
+    assert dt.min() >= 0.001 * (1 - 1e-5) and dt.max() <= 0.1 * (1 + 1e-5)
+    assert hf_dt.min() >= 0.001 * (1 - 1e-5) and hf_dt.max() <= 0.1 * (1 + 1e-5)
+    assert len(np.unique(dt)) == dt.size  # drawn, not a constant
+    assert not np.allclose(dt[0], dt[1])  # each layer its own draw

@@ -123,6 +123,8 @@ def emit_model(module: ir.Module) -> str:
         configs=[(m.name, _overrides(fields, _config_fields(m))) for m in module.models],
         param_locals=locals_,
         param_rows=rows,
+        init_kinds=_init_kinds(root),
+        init_pair=any(len(p.init.args) > 1 for inst in root.walk() for p in inst.params),
         empty_layers=[py_str(i.path.strip("/")) for i in root.walk()
                       if i is not root and not i.params and not i.children],
         param_dtype=root.hparam("param_dtype") is not None,
@@ -329,7 +331,7 @@ def _param_table(root: ir.Instance) -> tuple[list[str], list[ParamRow]]:
             rows.append(ParamRow(
                 path=_dq((inst.path.rstrip("/") + "/" + p.name).lstrip("/")) + ":",
                 shape=_tuple(dims), axes=_tuple(axes), init=_dq(p.init.kind),
-                scale=p.init.args[0].code if p.init.args else "1.0",
+                scale=_init_args(p.init),
                 spec=spec_text(p.sharding) if p.sharding is not None else "None",
                 dtype="" if default else f"jnp.{p.dtype.jnp}",
             ))
@@ -337,6 +339,19 @@ def _param_table(root: ir.Instance) -> tuple[list[str], list[ParamRow]]:
     locals_ = [f"{', '.join(n for n, _ in fields)} = {', '.join(c for _, c in fields)}"] if fields else []
     locals_ += [f"{n} = {c}" for (_, c), n in names.items() if c != f"cfg.{n}"]
     return locals_, _aligned(rows)
+
+
+def _init_args(init: ir.Init) -> str:
+    """The `scale` column: the initializer's one argument, a pair for two, 1.0 for none."""
+    if len(init.args) > 1:
+        return "(" + ", ".join(a.code for a in init.args) + ")"
+    return init.args[0].code if init.args else "1.0"
+
+
+def _init_kinds(root: ir.Instance) -> list[str]:
+    """The initializers the parameters use, in INIT_KINDS order: `_param` has a branch for each."""
+    used = {p.init.kind for inst in root.walk() for p in inst.params}
+    return [k for k in ir.INIT_KINDS if k in used]
 
 
 def _aligned(rows: list[ParamRow]) -> list[str]:

@@ -335,9 +335,15 @@ class HParam:
     span: Span
 
 
+# initializer -> its argument count. log_arange(start): log(start + i) along the last dim (Mamba's
+# A_log); dt_log_uniform(low, high): softplus^-1 of a log-uniform step in [low, high] (its dt_bias).
+INIT_KINDS = {"normal": 1, "trunc_normal": 1, "uniform": 1, "zeros": 0, "ones": 0, "log_arange": 1,
+              "dt_log_uniform": 2}
+
+
 @dataclass(frozen=True)
 class Init:
-    kind: str  # normal, trunc_normal, uniform, zeros, ones
+    kind: str  # one of INIT_KINDS
     args: tuple[HValue, ...]
     span: Span
 

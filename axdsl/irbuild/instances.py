@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from axdsl.errors import Span, did_you_mean, relocated
 from axdsl.ir import nodes as ir
-from axdsl.ir.nodes import DType, HValue, LayerValue, Origin, OriginKind, PatternValue, RepeatValue, RefKind
+from axdsl.ir.nodes import INIT_KINDS, DType, HValue, LayerValue, Origin, OriginKind, PatternValue, RepeatValue, RefKind
 from axdsl.ir.printer import value_text
 from axdsl.irbuild.consteval import EvalError, kind_of
 from axdsl.irbuild.context import BuildContext, Scope, dim_name
@@ -23,7 +23,7 @@ from axdsl.irbuild.forward import lower_forward
 from axdsl.syntax import ast
 
 HPARAM_TYPES = ("int", "float", "bool", "string", "dtype", "Layer", "enum")
-INIT_KINDS = {"normal": 1, "trunc_normal": 1, "uniform": 1, "zeros": 0, "ones": 0}
+
 MAX_DEPTH = 32
 
 
@@ -304,6 +304,10 @@ class InstanceBuilder:
                 self.diags.error(a.span, f"initializer arguments are numbers, got {kind_of(v.value)}")
                 return None
             args.append(HValue(float(v.value), v.code))
+        problem = _init_range(spec.kind, [a.value for a in args])
+        if problem:
+            self.diags.error(spec.span, f"`{spec.kind}` {problem[0]}", problem[1])
+            return None
         return ir.Init(spec.kind, tuple(args), spec.span)
 
     def _child(self, decl: ast.ChildDecl, path: str, scope: Scope, stack) -> ir.Instance | None:
@@ -380,6 +384,16 @@ class InstanceBuilder:
         if any(e is None or e.forward is None for e in out):
             return None
         return tuple(out)
+
+
+def _init_range(kind: str, args: list[float]) -> tuple[str, str] | None:
+    """(message, hint) when the arguments of a log-domain initializer have no value to take."""
+    if kind == "log_arange" and args[0] <= 0:
+        return f"starts at log({args[0]:g}), which is not a number", "the start is > 0: `log_arange(1.0)`"
+    if kind == "dt_log_uniform" and not 0 < args[0] < args[1]:
+        return (f"draws from [{args[0]:g}, {args[1]:g}], which is not a range of positive steps",
+                "write `dt_log_uniform(low, high)` with 0 < low < high, as Mamba's `(0.001, 0.1)`")
+    return None
 
 
 def _pattern_forward(elements) -> ir.Forward:

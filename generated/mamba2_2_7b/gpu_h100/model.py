@@ -105,7 +105,7 @@ def gated_rms_norm(cfg: Config, params: dict, y: jax.Array, z: jax.Array) -> jax
 
 
 def mamba2_mixer(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
-    """Mamba2Mixer (std/mamba.axl:37): x: [B, S, dim] -> [B, S, dim].
+    """Mamba2Mixer (std/mamba.axl:38): x: [B, S, dim] -> [B, S, dim].
 
     Used at /blocks/mixer.
     """
@@ -146,7 +146,7 @@ def mamba2_mixer(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
 
 
 def mamba_block(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
-    """MambaBlock (std/mamba.axl:73): x: [B, S, dim] -> [B, S, dim].
+    """MambaBlock (std/mamba.axl:75): x: [B, S, dim] -> [B, S, dim].
 
     Used at /blocks.
     """
@@ -310,8 +310,8 @@ class Param:
 
     shape: tuple[int, ...]
     axes: tuple[str, ...]  # logical axes, mapped to mesh axes by the target's rules
-    init: str  # normal, trunc_normal, uniform, zeros or ones
-    scale: float  # the std of normal and trunc_normal, the bound of uniform
+    init: str  # normal, zeros, ones, log_arange, dt_log_uniform (see _param)
+    scale: float | tuple[float, float]  # the initializer's argument(s)
     spec: P  # where it lives on the mesh (annotate_sharding); optimizer moments follow it
     dtype: jax.typing.DTypeLike | None = None  # None: cfg.param_dtype
 
@@ -325,26 +325,26 @@ def param_table(cfg: Config) -> dict[str, Param]:
     taps = 4
     channels = 1 * 128
     return {
-        # path                           shape                     logical axes                  init      scale mesh
-        "embed/table":             Param((vocab, dim),             ("vocab", "embed"),           "normal", 0.02, P(None, "fsdp")),
-        "blocks/norm/scale":       Param((layers, dim),            ("layers", "norm"),           "ones",   1.0,  P()),
-        "blocks/mixer/in_z":       Param((layers, dim, inner),     ("layers", "embed", "mlp"),   "normal", 0.02, P(None, "fsdp")),
-        "blocks/mixer/in_x":       Param((layers, dim, inner),     ("layers", "embed", "mlp"),   "normal", 0.02, P(None, "fsdp")),
-        "blocks/mixer/in_b":       Param((layers, dim, gs),        ("layers", "embed", "mlp"),   "normal", 0.02, P(None, "fsdp")),
-        "blocks/mixer/in_c":       Param((layers, dim, gs),        ("layers", "embed", "mlp"),   "normal", 0.02, P(None, "fsdp")),
-        "blocks/mixer/in_dt":      Param((layers, dim, heads),     ("layers", "embed", "heads"), "normal", 0.02, P(None, "fsdp")),
-        "blocks/mixer/dt_bias":    Param((layers, heads),          ("layers", "heads"),          "zeros",  1.0,  P()),
-        "blocks/mixer/A_log":      Param((layers, heads),          ("layers", "heads"),          "zeros",  1.0,  P()),
-        "blocks/mixer/D":          Param((layers, heads),          ("layers", "heads"),          "ones",   1.0,  P()),
-        "blocks/mixer/out_proj":   Param((layers, inner, dim),     ("layers", "mlp", "embed"),   "normal", 0.02, P(None, None, "fsdp")),
-        "blocks/mixer/conv_x/w":   Param((layers, taps, inner),    ("layers", "norm", "mlp"),    "normal", 0.02, P()),
-        "blocks/mixer/conv_x/b":   Param((layers, inner),          ("layers", "mlp"),            "zeros",  1.0,  P()),
-        "blocks/mixer/conv_b/w":   Param((layers, taps, channels), ("layers", "norm", "mlp"),    "normal", 0.02, P()),
-        "blocks/mixer/conv_b/b":   Param((layers, channels),       ("layers", "mlp"),            "zeros",  1.0,  P()),
-        "blocks/mixer/conv_c/w":   Param((layers, taps, channels), ("layers", "norm", "mlp"),    "normal", 0.02, P()),
-        "blocks/mixer/conv_c/b":   Param((layers, channels),       ("layers", "mlp"),            "zeros",  1.0,  P()),
-        "blocks/mixer/norm/scale": Param((layers, inner),          ("layers", "norm"),           "ones",   1.0,  P()),
-        "final_norm/scale":        Param((dim,),                   ("norm",),                    "ones",   1.0,  P()),
+        # path                           shape                     logical axes                  init              scale         mesh
+        "embed/table":             Param((vocab, dim),             ("vocab", "embed"),           "normal",         0.02,         P(None, "fsdp")),
+        "blocks/norm/scale":       Param((layers, dim),            ("layers", "norm"),           "ones",           1.0,          P()),
+        "blocks/mixer/in_z":       Param((layers, dim, inner),     ("layers", "embed", "mlp"),   "normal",         0.02,         P(None, "fsdp")),
+        "blocks/mixer/in_x":       Param((layers, dim, inner),     ("layers", "embed", "mlp"),   "normal",         0.02,         P(None, "fsdp")),
+        "blocks/mixer/in_b":       Param((layers, dim, gs),        ("layers", "embed", "mlp"),   "normal",         0.02,         P(None, "fsdp")),
+        "blocks/mixer/in_c":       Param((layers, dim, gs),        ("layers", "embed", "mlp"),   "normal",         0.02,         P(None, "fsdp")),
+        "blocks/mixer/in_dt":      Param((layers, dim, heads),     ("layers", "embed", "heads"), "normal",         0.02,         P(None, "fsdp")),
+        "blocks/mixer/dt_bias":    Param((layers, heads),          ("layers", "heads"),          "dt_log_uniform", (0.001, 0.1), P()),
+        "blocks/mixer/A_log":      Param((layers, heads),          ("layers", "heads"),          "log_arange",     1.0,          P()),
+        "blocks/mixer/D":          Param((layers, heads),          ("layers", "heads"),          "ones",           1.0,          P()),
+        "blocks/mixer/out_proj":   Param((layers, inner, dim),     ("layers", "mlp", "embed"),   "normal",         0.02,         P(None, None, "fsdp")),
+        "blocks/mixer/conv_x/w":   Param((layers, taps, inner),    ("layers", "norm", "mlp"),    "normal",         0.02,         P()),
+        "blocks/mixer/conv_x/b":   Param((layers, inner),          ("layers", "mlp"),            "zeros",          1.0,          P()),
+        "blocks/mixer/conv_b/w":   Param((layers, taps, channels), ("layers", "norm", "mlp"),    "normal",         0.02,         P()),
+        "blocks/mixer/conv_b/b":   Param((layers, channels),       ("layers", "mlp"),            "zeros",          1.0,          P()),
+        "blocks/mixer/conv_c/w":   Param((layers, taps, channels), ("layers", "norm", "mlp"),    "normal",         0.02,         P()),
+        "blocks/mixer/conv_c/b":   Param((layers, channels),       ("layers", "mlp"),            "zeros",          1.0,          P()),
+        "blocks/mixer/norm/scale": Param((layers, inner),          ("layers", "norm"),           "ones",           1.0,          P()),
+        "final_norm/scale":        Param((dim,),                   ("norm",),                    "ones",           1.0,          P()),
     }
     # fmt: on
 
@@ -365,17 +365,24 @@ def _param(key: jax.Array, path: str, p: Param, default_dtype) -> jax.Array:
     """One parameter. Its PRNG key is folded from its path, so keys never depend on order."""
     key = jax.random.fold_in(key, zlib.crc32(path.encode()))
     shape, dtype, scale = p.shape, default_dtype if p.dtype is None else p.dtype, p.scale
-    if p.init == "normal":
+    if p.init == "normal":  # std scale
         return (scale * jax.random.normal(key, shape, jnp.float32)).astype(dtype)
-    if p.init == "trunc_normal":
-        return (scale * jax.random.truncated_normal(key, -2.0, 2.0, shape, jnp.float32)).astype(
-            dtype
-        )
-    if p.init == "uniform":
-        return jax.random.uniform(key, shape, dtype, -scale, scale)
     if p.init == "zeros":
         return jnp.zeros(shape, dtype)
-    return jnp.ones(shape, dtype)
+    if p.init == "ones":
+        return jnp.ones(shape, dtype)
+    # log_arange: log(scale + i) along the last dim (Mamba's A_log: decay rates 1, 2, ...)
+    if p.init == "log_arange":
+        return jnp.broadcast_to(
+            jnp.log(scale + jnp.arange(shape[-1], dtype=jnp.float32)), shape
+        ).astype(dtype)
+    # dt_log_uniform: softplus^-1 of a step dt, log-uniform in [low, high] (Mamba's dt_bias)
+    if p.init == "dt_log_uniform":
+        low, high = scale
+        dt = jnp.exp(jax.random.uniform(key, shape, jnp.float32, jnp.log(low), jnp.log(high)))
+        dt = jnp.maximum(dt, 1e-4)  # Mamba's time_step_floor
+        return (dt + jnp.log(-jnp.expm1(-dt))).astype(dtype)
+    raise ValueError(f"unknown initializer {p.init!r} for {path}")
 
 
 def _nest(leaves: dict) -> dict:

@@ -227,8 +227,8 @@ class Param:
 
     shape: tuple[int, ...]
     axes: tuple[str, ...]  # logical axes, mapped to mesh axes by the target's rules
-    init: str  # normal, trunc_normal, uniform, zeros or ones
-    scale: float  # the std of normal and trunc_normal, the bound of uniform
+    init: str  # normal, trunc_normal, zeros, ones (see _param)
+    scale: float  # the initializer's argument
     spec: P  # where it lives on the mesh (annotate_sharding); optimizer moments follow it
     dtype: jax.typing.DTypeLike | None = None  # None: cfg.param_dtype
 
@@ -286,17 +286,17 @@ def _param(key: jax.Array, path: str, p: Param, default_dtype) -> jax.Array:
     """One parameter. Its PRNG key is folded from its path, so keys never depend on order."""
     key = jax.random.fold_in(key, zlib.crc32(path.encode()))
     shape, dtype, scale = p.shape, default_dtype if p.dtype is None else p.dtype, p.scale
-    if p.init == "normal":
+    if p.init == "normal":  # std scale
         return (scale * jax.random.normal(key, shape, jnp.float32)).astype(dtype)
-    if p.init == "trunc_normal":
+    if p.init == "trunc_normal":  # std scale, cut at 2 std
         return (scale * jax.random.truncated_normal(key, -2.0, 2.0, shape, jnp.float32)).astype(
             dtype
         )
-    if p.init == "uniform":
-        return jax.random.uniform(key, shape, dtype, -scale, scale)
     if p.init == "zeros":
         return jnp.zeros(shape, dtype)
-    return jnp.ones(shape, dtype)
+    if p.init == "ones":
+        return jnp.ones(shape, dtype)
+    raise ValueError(f"unknown initializer {p.init!r} for {path}")
 
 
 def _nest(leaves: dict) -> dict:
