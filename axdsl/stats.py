@@ -26,30 +26,32 @@ from axdsl.targets import profiles
 @dataclass(frozen=True)
 class ModelStats:
     name: str
-    total_params: int
+    total_params: int  # what the optimizer trains (Hugging Face's num_parameters())
     active_params: int
     embedding_params: int
     seq: int
     flops_per_token: int  # training (3 x forward), at `seq`
     flops_per_step: int  # training, one global batch
+    balancing_params: int = 0  # MoE selection biases the balancing rule moves (state, not trained)
 
 
 def active_params(model: ir.Model) -> int:
-    """Parameters one token uses: the total less what primitives leave idle (routed experts)."""
+    """Trained parameters one token uses: the total less what primitives leave idle (routed
+    experts) and the balancing biases (state)."""
     unused = 0
     for inst in model.root.walk():
         for e in prims_of(inst):
             rule = primitives.get(e.name).unused_params
             if rule is not None:
                 unused += rule(RuleContext(inst), e) * layer_count(model.root, inst)
-    return param_count(model).total - unused
+    return param_count(model).trained - unused
 
 
 def model_stats(model: ir.Model, seq: int, batch: int) -> ModelStats:
     pc = param_count(model)
     f = model_flops(model, seq)
-    return ModelStats(model.name, pc.total, active_params(model), pc.embedding, seq,
-                      f.train_per_token, f.per_step(batch))
+    return ModelStats(model.name, pc.trained, active_params(model), pc.embedding, seq,
+                      f.train_per_token, f.per_step(batch), pc.balancing)
 
 
 def _fmt(n: float) -> str:
@@ -92,6 +94,9 @@ def run(spec: Path, target: str = "cpu", model: str | None = None) -> int:
         print(f"  parameters        {s.total_params:,} total ({_fmt(s.total_params)}), "
               f"{s.active_params:,} active per token ({_fmt(s.active_params)}), "
               f"{s.embedding_params:,} in embeddings")
+        if s.balancing_params:
+            print(f"  + state           {s.balancing_params:,} MoE selection biases, moved by the balancing rule "
+                  "after each step, not trained (a buffer in Hugging Face's count)")
         print(f"  model FLOPs       {_fmt(s.flops_per_token)} per token, {_fmt(s.flops_per_step)} per step "
               f"(training, 3 x forward, MaxText's formula)")
         step_s = s.flops_per_step / (sched.chips * profile.peak_flops("bf16"))

@@ -40,6 +40,7 @@ from axdsl.ir import nodes as ir
 from axdsl.ir.nodes import RefKind
 from axdsl.ir.rewrite import forward_exprs, prims_of
 from axdsl.primitives import Flops
+from axdsl.primitives.moe import balanced_biases
 
 
 @dataclass(frozen=True)
@@ -50,10 +51,19 @@ class ParamCount:
     by_layer: dict[str, int] = field(default_factory=dict)  # layer type -> count (Attention: ...)
     by_path: dict[str, int] = field(default_factory=dict)  # "/blocks/attn/wq" -> count (all layers)
     embedding: int = 0  # parameters only gathered from (embedding tables, learned positions)
+    # MoE selection biases that the balancing rule moves after each step (DeepSeek-V3's
+    # e_score_correction_bias): stored and sharded as parameters, but state, not trained (their
+    # gradient is zero) and a buffer in Hugging Face's count
+    balancing: int = 0
 
     @property
     def non_embedding(self) -> int:
         return self.total - self.embedding
+
+    @property
+    def trained(self) -> int:
+        """What the optimizer trains: the total less the balancing biases (Hugging Face's count)."""
+        return self.total - self.balancing
 
 
 @dataclass(frozen=True)
@@ -95,7 +105,8 @@ def param_count(model: ir.Model) -> ParamCount:
             by_path[path] = n
             if (inst.path, p.name) in gathered:
                 embedding += n
-    return ParamCount(total, by_layer, by_path, embedding)
+    balancing = sum(by_path.get("/" + path, 0) for path, _ in balanced_biases(model.root))
+    return ParamCount(total, by_layer, by_path, embedding, balancing)
 
 
 def _gathered_params(root: ir.Instance) -> set[tuple[str, str]]:

@@ -349,9 +349,11 @@ def _init_args(init: ir.Init) -> str:
 
 
 def _init_kinds(root: ir.Instance) -> list[str]:
-    """The initializers the parameters use, in INIT_KINDS order: `_param` has a branch for each."""
+    """The initializers the parameters use, in INIT_KINDS order: `_param` has a branch for each
+    (zeros for a model without parameters, whose _param is never called but must still compile
+    with its imports used)."""
     used = {p.init.kind for inst in root.walk() for p in inst.params}
-    return [k for k in ir.INIT_KINDS if k in used]
+    return [k for k in ir.INIT_KINDS if k in used] or ["zeros"]
 
 
 def _aligned(rows: list[ParamRow]) -> list[str]:
