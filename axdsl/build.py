@@ -30,7 +30,7 @@ from axdsl.codegen.emit import emit_model
 from axdsl.codegen.emit_train import emit_runtime, emit_slurm, emit_train
 from axdsl.codegen.format import checked, formatted
 from axdsl.errors import CompileError
-from axdsl.objectives import objective_name, trainable
+from axdsl.objectives import batches_of, trainable
 from axdsl.pipeline import run_passes
 from axdsl.syntax.loader import load
 from axdsl.targets import parse_target, target_dir_name
@@ -78,7 +78,7 @@ def build_files(spec: Path, target: str, root: str = "generated") -> dict[str, s
     files = {"__init__.py": PACKAGE_INIT, "model.py": formatted(model_code)}
     if trainable(module):  # the first model fits the train block's objective (next_token by default)
         package = f"{root}.{spec.stem}.{target_dir_name(target)}"
-        per_token = objective_name(module) != "classify"  # image models have no tokens
+        per_token = batches_of(module) != "classify"  # image models have no tokens
         flops = [(m.name, *(training_flops_per_token(m) if per_token else (0, 0))) for m in module.models]
         files["train.py"] = formatted(emit_train(module, package, flops))
         files["slurm.sh"] = emit_slurm(module, package)

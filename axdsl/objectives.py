@@ -4,6 +4,12 @@
     objective = masked_lm(rate = 0.15, mask_token = 4)  # BERT's masked-LM, the 80/10/10 replacement
     objective = seq2seq(start_token = 0)                # teacher forcing: dec_tokens = start + targets[:-1]
     objective = classify(smoothing = 0.1)               # labels [B], logits [B, classes]
+    objective = loss()                                  # the forward returns the loss itself
+
+`loss()` is for anything the others do not say: the root forward takes batch fields by name and
+returns one number (every dim of size 1, as `mean(x, B)` leaves it), which train.py minimizes.
+Its batches are those of its data: images and labels (arrays, synthetic_images), packed pairs
+(tokens, segments, targets, dec_segments) or token rows (tokens, segments, types).
 
 Each objective names the root forward's inputs it reads (issue 11's names: tokens, types,
 segments, dec_tokens, dec_segments, images) and the output rank it needs; configure_train checks a
@@ -40,7 +46,14 @@ SHAPES = {
     "seq2seq": Objective(("tokens", "dec_tokens"), ("segments", "dec_segments"), 3, "logits [B, T, vocab]",
                          ("pairs", "synthetic_pairs")),
     "classify": Objective(("images",), (), 2, "logits [B, classes]", ("arrays", "synthetic_images")),
+    "loss": Objective((), (), 0, "a loss: one number (every dim of size 1, as `mean(x, B)` leaves it)",
+                      ("default", "tokens", "text", "pairs", "synthetic_pairs", "arrays", "synthetic_images")),
 }
+# loss(): which objective's batches each data kind gives, and their fields
+LOSS_BATCHES = {"arrays": "classify", "synthetic_images": "classify", "pairs": "seq2seq",
+                "synthetic_pairs": "seq2seq"}  # else masked_lm's token rows
+BATCH_FIELDS = {"classify": ("images", "labels"), "seq2seq": ("tokens", "segments", "targets", "dec_segments"),
+                "masked_lm": ("tokens", "segments", "types")}
 # Data sources beyond tokens/text: their arguments and defaults ("" / None: a required path).
 DATA = {
     "pairs": {"eos": 0, "dtype": "u16"},
@@ -56,6 +69,15 @@ def objective_name(module: ir.Module) -> str:
     if t is None or "objective" not in dict(t.settings):
         return "next_token"
     return t.get("objective").name
+
+
+def batches_of(module: ir.Module) -> str:
+    """The objective whose batches the train block reads: its own, or for loss() the one its data
+    kind implies (classify's images, seq2seq's pairs, masked_lm's token rows)."""
+    name = objective_name(module)
+    if name != "loss":
+        return name
+    return LOSS_BATCHES.get(str(module.train_settings.get("data").kind), "masked_lm")
 
 
 def objective_args(module: ir.Module) -> dict[str, Any]:
@@ -88,6 +110,10 @@ def _mismatch(root: ir.Instance, name: str) -> str | None:
     if name == "next_token":
         ok = len(f.args) == 1 and len(f.args[0].dims) == 2 and len(f.result) == 3
         return None if ok else "its forward is not tokens [B, S] -> logits [B, S, vocab]"
+    if name == "loss":  # its inputs are checked against the data's fields (_loss_fields)
+        if any(d.size != 1 for d in f.result):
+            return f"its forward returns [{', '.join(str(d) for d in f.result)}], not {shape.result}"
+        return None
     missing = [n for n in shape.required if n not in names]
     if missing:
         return f"its forward takes {_list(names)}, with no `{missing[0]}`"
@@ -98,6 +124,26 @@ def _mismatch(root: ir.Instance, name: str) -> str | None:
     if len(f.result) != shape.rank:
         return f"its forward returns [{', '.join(str(d) for d in f.result)}], not {shape.result}"
     return None
+
+
+def _loss_fields(module: ir.Module, values: dict[str, ir.Choice], diags: Diagnostics) -> None:
+    """loss(): every forward input is a field of the data's batches; image batches need `images`
+    and the root's `classes` (synthetic_images makes that many patterns, arrays' labels are below it)."""
+    kind = str(values["data"].value.kind)
+    batches = LOSS_BATCHES.get(kind, "masked_lm")
+    fields = BATCH_FIELDS[batches]
+    where = values["objective"].span
+    for m in module.models:
+        names = inputs(m.root)
+        extra = [n for n in names if n not in fields]
+        if extra:
+            diags.error(where, f"objective loss reads model `{m.name}`'s input `{extra[0]}` from data `{kind}`, "
+                        f"whose batches hold {_list(fields)}", "name the forward's inputs after the batch's fields")
+            return
+        if batches == "classify" and ("images" not in names or m.root.hparam("classes") is None):
+            diags.error(where, f"objective loss over `{kind}` needs model `{m.name}`'s forward to take `images` "
+                        "and its layer a `classes` hyperparameter", "images [B, H, W, C] and labels [B] below classes")
+            return
 
 
 def _list(names) -> str:
@@ -203,15 +249,18 @@ def cross_check(values: dict[str, ir.Choice], module: ir.Module, diags: Diagnost
         return
     name, args = choice.value.name, dict(choice.value.args)
     where = choice.span
+    if name == "loss":
+        _loss_fields(module, values, diags)
     for m in module.models:
         why = _mismatch(m.root, name)
         if why is not None:
             shape = SHAPES[name]
-            diags.error(where, f"objective {name} does not fit model `{m.name}`: {why}",
-                        f"{name} needs forward({', '.join(shape.required)}"
-                        f"{''.join(f', {o}?' for o in shape.optional)}) -> {shape.result}")
+            hint = "reduce the loss to one number, e.g. `return mean(cross_entropy(logits, labels), B)`" \
+                if name == "loss" else (f"{name} needs forward({', '.join(shape.required)}"
+                                        f"{''.join(f', {o}?' for o in shape.optional)}) -> {shape.result}")
+            diags.error(where, f"objective {name} does not fit model `{m.name}`: {why}", hint)
             return
-        vocab = m.root.forward.result[-1].size
+        vocab = m.root.forward.result[-1].size if m.root.forward.result else None
         for k in ("mask_token", "start_token"):
             if k in args and vocab is not None and args[k] >= vocab:
                 diags.error(where, f"{name}({k} = {args[k]}) is not below model `{m.name}`'s vocab {vocab}",
@@ -219,7 +268,8 @@ def cross_check(values: dict[str, ir.Choice], module: ir.Module, diags: Diagnost
                 return
     data = values["data"]
     kind = str(data.value.kind)
-    eos, vocab = data.value.option("eos"), module.models[0].root.forward.result[-1].size
+    result = module.models[0].root.forward.result
+    eos, vocab = data.value.option("eos"), result[-1].size if name != "loss" and result else None
     if eos is not None and vocab is not None and eos >= vocab:
         diags.error(data.span or where, f"{kind}(eos = {eos}) is not below the model's vocab {vocab}",
                     "use an id the model can embed")

@@ -45,7 +45,7 @@ def sample(run_dir: Path, prompt: str, max_tokens: int = 200, temperature: float
     import numpy as np
 
     info, tm = load_run(run_dir)
-    if getattr(tm, "OBJECTIVE", "next_token") in ("masked_lm", "classify"):
+    if getattr(tm, "OBJECTIVE", "next_token") in ("masked_lm", "classify", "loss"):
         return _error(f"{run_dir} trained a {tm.OBJECTIVE} model: `sample` generates from next_token "
                       "and seq2seq models")
     model = importlib.import_module(tm.__package__ + ".model")

@@ -155,7 +155,7 @@ def abstract_batch(train, tc, mesh):
     def field(*shape, dtype=jnp.int32):
         return jax.ShapeDtypeStruct((tc.batch, *shape), dtype, sharding=sharding)
 
-    objective = getattr(train, "OBJECTIVE", "next_token")
+    objective = getattr(train, "BATCHES", getattr(train, "OBJECTIVE", "next_token"))  # loss(): its data's batches
     if objective == "next_token":
         return field(tc.seq + 1)
     if objective == "classify":

@@ -16,6 +16,7 @@ DOCS = {
     "masked_lm": "the masked-LM loss (BERT's 80/10/10 masking, loss on masked positions only)",
     "seq2seq": "the sequence-to-sequence loss (teacher forcing, loss on target tokens)",
     "classify": "the classification loss (cross-entropy against `labels`), and `accuracy`",
+    "loss": "the loss the spec's forward computes (objective = loss())",
 }
 
 
@@ -36,6 +37,8 @@ def objective_code(name: str, args: dict, root: ir.Instance, rng: bool, aux: boo
     total = "ce + aux" if aux else "ce"
     zloss = ["    if z_loss:  # keeps the softmax normalizer near 1",
              "        loss = loss + z_loss * jnp.mean(jax.nn.logsumexp(logits, axis=-1) ** 2)"]
+    if name == "loss":
+        return _explicit_loss(root, fwd, drop, rng_arg, rng_doc, aux)
     if name == "masked_lm":
         call = ", ".join("tokens" if n == "tokens" else f'batch["{n}"]' for n in names)
         keep = 'batch["segments"] > 0' if "segments" in names else "None"
@@ -136,4 +139,26 @@ def objective_code(name: str, args: dict, root: ir.Instance, rng: bool, aux: boo
         "def accuracy(cfg: Config, params: dict, batch: dict) -> jax.Array:",
         '    """The fraction of images whose largest logit is their label."""',
         '    return jnp.mean(jnp.argmax(forward(cfg, params, batch["images"]), axis=-1) == batch["labels"])',
+    ])
+
+
+def _explicit_loss(root: ir.Instance, fwd: str, drop: str, rng_arg: str, rng_doc: str, aux: bool) -> str:
+    """loss(): the root forward is the loss; loss_fn feeds it the batch's fields by name."""
+    args = root.forward.args
+    fields = ", ".join(f"{a.name} [{', '.join(str(d.name) for d in a.dims)}]" for a in args)
+    call = ", ".join(f'batch["{a.name}"]' for a in args)
+    aux_doc = ", plus the auxiliary losses" if aux else ""
+    unpack, total = ("out, aux = ", "spec_loss + aux") if aux else ("out = ", "spec_loss")
+    return "\n".join([
+        "def loss_fn(",
+        f"    cfg: Config, params: dict, batch: dict{rng_arg}, z_loss: float = 0.0",
+        ") -> tuple[jax.Array, jax.Array]:",
+        f'    """(loss to minimize, the spec\'s loss) of objective loss(): {root.layer}\'s forward over the',
+        f"    batch's {fields}, which returns the loss as one number{aux_doc}.",
+        f"    z_loss does not apply: there are no logits here.{rng_doc}",
+        '    """',
+        "    del z_loss",
+        f"    {unpack}{fwd}(cfg, params, {call}{drop})",
+        "    spec_loss = jnp.reshape(out, ()).astype(jnp.float32)",
+        f"    return {total}, spec_loss",
     ])

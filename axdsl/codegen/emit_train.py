@@ -18,7 +18,7 @@ from axdsl import primitives
 from axdsl.ir import nodes as ir
 from axdsl.ir.rewrite import tree_has
 from axdsl.primitives.moe import balanced_biases
-from axdsl.objectives import DATA, inputs, objective_name
+from axdsl.objectives import BATCH_FIELDS, DATA, batches_of, inputs, objective_name
 from axdsl.passes.annotate_sharding import spec_text
 from axdsl.targets import profiles
 
@@ -57,7 +57,9 @@ def emit_train(module: ir.Module, package: str, flops: list[tuple[str, int, int]
         lm=objective_name(module) == "next_token",
         objective=objective_name(module),
         inputs=repr(inputs(module.models[0].root)),
-        image_shapes=_image_shapes(module) if objective_name(module) == "classify" else [],
+        batches=batches_of(module),
+        batch_fields=", ".join(BATCH_FIELDS.get(batches_of(module), ())),
+        image_shapes=_image_shapes(module) if batches_of(module) == "classify" else [],
         rng_use="masks tokens" if objective_name(module) == "masked_lm" else "drops out",
         rng_what="Masking and dropout" if objective_name(module) == "masked_lm" else "Dropout",
         lora="lora" in dict(t.settings),
@@ -103,7 +105,7 @@ def _fields(module: ir.Module) -> list[Field]:
             "float" if isinstance(value, float) else "str"
         out.append(Field(name, typ, py_str(value) if isinstance(value, str) else repr(value), comment))
 
-    objective = objective_name(module)
+    objective = batches_of(module)  # the data fields follow the batches (loss(): its data's)
     for key in ("batch", "seq", "steps", "microbatches"):
         if key != "seq" or objective != "classify":  # images have no sequence length
             add(key, t.get(key), _doc(key, origin[key].origin) if key != "seq" or objective != "seq2seq"
@@ -175,7 +177,9 @@ def _image_shapes(module: ir.Module) -> list[tuple[str, str, int]]:
     out = []
     for m in module.models:
         f = m.root.forward
-        out.append((m.name, repr(tuple(d.size for d in f.args[0].dims[1:])), f.result[-1].size))
+        images = next(a for a in f.args if a.name == "images")
+        classes = f.result[-1].size if objective_name(module) == "classify" else m.root.hparam("classes").value.value
+        out.append((m.name, repr(tuple(d.size for d in images.dims[1:])), classes))
     return out
 
 

@@ -50,6 +50,7 @@ OBJECTIVES: dict[str, dict[str, float | int | None]] = {
     "masked_lm": {"rate": 0.15, "mask_token": None},
     "seq2seq": {"start_token": 0},
     "classify": {"smoothing": 0.0},
+    "loss": {},  # the root forward computes the loss itself (one number); train.py minimizes it
 }
 
 INT_KEYS = {"batch": (8, 1), "seq": (128, 2), "steps": (1000, 1), "microbatches": (1, 1),

@@ -1,0 +1,53 @@
+"""Losses a spec writes itself (objective = loss()): per-example softmax cross-entropy.
+
+    ce = cross_entropy(logits, labels)     logits [..., classes], labels [...] (ids) -> [...] f32
+    return mean(ce, B)                     the loss, one number (kept as [1])
+
+ce = logsumexp(logits) - logits[label], in float32 over the last dim, which is the classes
+(or the vocab). With `mean`, `sum`, `where` and comparisons this writes any weighted or masked
+variant: `sum(ce * weights, S) / sum(weights, S)`.
+"""
+
+from __future__ import annotations
+
+from axdsl.ir import nodes as ir
+from axdsl.primitives.base import Helper, Primitive, Signature
+from axdsl.primitives.reductions import ir_fmt
+
+CROSS_ENTROPY = '''def cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:
+    """Softmax cross-entropy of logits [..., classes] against integer labels [...] -> [...] (float32)."""
+    logits = logits.astype(jnp.float32)
+    picked = jnp.take_along_axis(logits, labels[..., None].astype(jnp.int32), axis=-1)[..., 0]
+    return jax.nn.logsumexp(logits, axis=-1) - picked'''
+
+
+def _shape(ctx, prim: ir.Prim, args):
+    logits, labels = args[0].type.dims, args[1].type.dims
+    if not logits or logits[-1].is_ellipsis or logits[-1].size is None:
+        ctx.fail(prim.span, f"`cross_entropy` needs logits [..., classes] with a sized last dim, got {ir_fmt(logits)}")
+    lead = logits[:-1]
+    if len(labels) != len(lead) or not all(a.same(b) for a, b in zip(lead, labels)):
+        ctx.fail(prim.span, f"`cross_entropy` labels {ir_fmt(labels)} do not match the logits' leading dims "
+                 f"{ir_fmt(lead)}", "labels hold one id per row of logits: logits [B, classes], labels [B]")
+    return labels
+
+
+def _emit(ctx, prim: ir.Prim, args: list[str], precs: list[int]) -> str:
+    ctx.use_helper("cross_entropy")
+    return f"cross_entropy({args[0]}, {args[1]})"
+
+
+def _memory(t, prim: ir.Prim, args, dims, label: str):
+    """Keeps a float32 copy of the logits for the backward (softmax - one-hot is recomputed from
+    it; jax 0.10's logsumexp saves its input and the max)."""
+    out = t.new(dims, "f32", label, tuple(args))
+    t.save(t.internal(prim.args[0].type.dims, "f32", f"{label} logits (f32)", (args[0],)))
+    return out
+
+
+PRIMITIVES = (
+    Primitive("cross_entropy", Signature(("logits", "labels"),
+                                         doc="softmax cross-entropy over the last dim: logits [..., C], labels [...]"),
+              emit=_emit, shape=_shape, memory=_memory,
+              helpers=(Helper("cross_entropy", CROSS_ENTROPY),)),
+)
