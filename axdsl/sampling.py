@@ -318,6 +318,8 @@ def generate_cached(model, cfg, params, ids: list[int], window: int, max_tokens:
     import numpy as np
 
     ids = list(ids)[-window:]
+    if hasattr(model, "decode_params"):  # weights in the compute dtype once, not at every step
+        params = model.decode_params(cfg, params)
 
     def start(context: list[int]):
         # The context padded to the window, so prefill compiles once: the padding's keys sit at

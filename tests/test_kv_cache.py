@@ -92,3 +92,22 @@ def test_a_model_that_cannot_decode_says_why_and_samples_without_a_cache(spec, w
     assert "def decode_step(" not in source
     if spec == "mamba2_2_7b":  # an LM: the file says why it has no decode path
         assert "# No KV-cache decode path" in source and words in source
+
+
+def test_decode_params_cast_once_give_the_same_logits():
+    """decode_params casts the f32 master weights to the compute dtype once (sample does it before
+    prefill); prefill and decode steps over them give exactly the logits of the per-step casts."""
+    model = _model("gemma2_2b")  # bf16 compute over f32 weights
+    cfg = model.CONFIGS["gemma2_tiny"]
+    assert cfg.dtype == jnp.bfloat16 and cfg.param_dtype == jnp.float32
+    params = model.init_params(cfg, jax.random.key(0))
+    cast = model.decode_params(cfg, params)
+    assert all(w.dtype == jnp.bfloat16 for w in jax.tree.leaves(cast))
+    tokens = jax.random.randint(jax.random.key(1), (1, 6), 0, cfg.vocab)
+    outs = []
+    for p in (params, cast):
+        logits, cache = model.prefill(cfg, p, tokens, model.init_cache(cfg, 1, 8))
+        step, _ = model.decode_step(cfg, p, tokens[:, -1], cache, jnp.int32(6))
+        outs.append((np.asarray(logits), np.asarray(step)))
+    for a, b in zip(*outs):
+        assert a.tobytes() == b.tobytes()

@@ -413,6 +413,14 @@ def cache_specs() -> dict:
     }
 
 
+def decode_params(cfg: Config, params: dict) -> dict:
+    """The parameters cast to cfg.dtype once, before `prefill` and the decode steps: the forward
+    casts every weight to cfg.dtype before use, so the results are the same, but a decode step no
+    longer converts all the master weights again for every token (a no-op when they are cfg.dtype).
+    """
+    return jax.tree.map(lambda w: w.astype(cfg.dtype), params)
+
+
 @functools.partial(jax.jit, static_argnums=0, donate_argnums=3)
 def prefill(cfg: Config, params: dict, tokens: jax.Array, cache: dict) -> tuple[jax.Array, dict]:
     """Run the prompt tokens [B, T] from position 0: (logits [B, T, vocab], the cache holding
