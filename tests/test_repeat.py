@@ -370,6 +370,56 @@ def test_scan_over_time_matches_a_python_loop(tmp_path):
     assert all(np.isfinite(np.asarray(g)).all() and np.abs(np.asarray(g)).sum() > 0 for g in jax.tree.leaves(grads))
 
 
+CONTEXT_RNN = """\
+# A cell that reads, besides its step of x, a per-sequence context passed whole to every step, and
+# drops out its input in training.
+layer CtxCell(dim: int) {
+  param wh: [dim, dim] axes(embed, mlp) init normal(0.3)
+  param wc: [dim, dim] axes(embed, mlp) init normal(0.3)
+  forward(h: [B, dim], x: [B, dim], ctx: [B, dim]) -> [B, dim] {
+    return tanh(h @ wh + dropout(x, 0.5) + ctx @ wc)
+  }
+}
+
+layer CtxRNN(dim: int) {
+  child cell = CtxCell()
+  forward(x: [B, S, dim], ctx: [B, dim]) -> [B, S, dim] {
+    return scan(cell, x, ctx, over = S)
+  }
+}
+model ctx = CtxRNN { dim = 4 }
+"""
+
+
+def test_scan_passes_a_side_input_to_every_step_and_folds_dropout_keys_per_step(tmp_path):
+    model, code = _build(tmp_path, "ctx", CONTEXT_RNN)
+    cfg = model.Config()
+    params = model.init_params(cfg, jax.random.key(0))
+    x = jnp.ones((2, 6, 4), jnp.float32)  # every step the same input: only the keys differ
+    ctx = jax.random.normal(jax.random.key(2), (2, 4), jnp.float32)
+    got = np.asarray(model.forward(cfg, params, x, ctx))  # no rng: dropout is off
+    p, h, ys = _np(params), np.zeros((2, 4)), []
+    for t in range(6):
+        h = np.tanh(h @ p["cell"]["wh"] + 1.0 + np.asarray(ctx, np.float64) @ p["cell"]["wc"])
+        ys.append(h)
+    np.testing.assert_allclose(got, np.stack(ys, axis=1), rtol=1e-5, atol=1e-5)
+    assert code.count("jax.lax.scan(") == 1 and "xs_t[-1]" in code  # the step index folds the key
+
+    def dropped(key):
+        # x * mask / 0.5 at each step: recover each step's mask from the pre-activation difference
+        return np.asarray(model.forward(cfg, params, x, ctx, rng=key))
+
+    a, b = dropped(jax.random.key(3)), dropped(jax.random.key(3))
+    assert np.array_equal(a, b) and not np.allclose(a, got)
+    first, second = dropped(jax.random.key(3)), dropped(jax.random.key(4))
+    assert not np.allclose(first, second)
+    # steps draw their own masks: with the carry and the context fixed, a one-step model would
+    # repeat its mask; here two steps of one row differ in which inputs were dropped
+    grads = jax.grad(lambda x: model.forward(cfg, params, x, ctx, rng=jax.random.key(3)).sum())(x)
+    kept = np.asarray(grads) != 0  # a dropped input gets no gradient
+    assert not all(np.array_equal(kept[0, 0], kept[0, t]) for t in range(1, 6))
+
+
 def _unrolled_spec(kinds: list[str]) -> str:
     """A DecoderLM-like model written out layer by layer: child b<i> is `kinds[i]`, no scan."""
     children = "\n".join(f"  child b{i} = {kind}" for i, kind in enumerate(kinds))

@@ -158,7 +158,7 @@ class FunctionEmitter:
         layer_rng = rng_arg("i") if rng else ""  # a scanned child folds in its layer index
         comment = shape_comment(call.type)
         if call.over is not None:
-            self._scan_over_time(call, fn, args, target, comment)
+            self._scan_over_time(call, fn, args, target, comment, rng)
             return
         aux = self.child_aux.get(call.child, False)
         if child.repeat is not None:
@@ -198,12 +198,14 @@ class FunctionEmitter:
             f"    {target} = {fn}(cfg, params[{py_str(call.child)}], {', '.join(args)}{rng})  # {comment}"
         )
 
-    def _scan_over_time(self, call: ir.CallChild, fn: str, args: list[str], target: str, comment: str) -> None:
+    def _scan_over_time(self, call: ir.CallChild, fn: str, args: list[str], target: str, comment: str,
+                        rng: str = "") -> None:
         """`scan(cell, x, over = S)`: jax.lax.scan over S (moved to the front and back), carrying
-        the cell's first argument and stacking the carry of every step."""
+        the cell's first argument and stacking the carry of every step. Inputs without S are side
+        inputs, closed over by the step; a cell with dropout folds its key with the step index."""
         n_init = 1 if call.scan_init else 0
         xs, xs_types = args[n_init:], [a.type.dims for a in call.args[n_init:]]
-        axes = [_axis(dims, call.over) for dims in xs_types]
+        axes = [_axis_or_none(dims, call.over) for dims in xs_types]
         if call.scan_init:
             init = args[0]
         else:
@@ -211,13 +213,23 @@ class FunctionEmitter:
             shape = ", ".join(self.dim_code(d) if d.is_free else (d.code or str(d.size)) for d in carry)
             init = f"jnp.zeros(({shape}{',' if len(carry) == 1 else ''}), {xs[0]}.dtype)"
         step = self._fresh(f"{_stem(call.child)}_step")
-        per_step = "x_t" if len(xs) == 1 else "xs_t"
-        inputs = "x_t" if len(xs) == 1 else "*xs_t"
-        moved = [f"jnp.moveaxis({x}, {axis}, 0)" if axis else x for x, axis in zip(xs, axes)]
-        scanned = moved[0] if len(xs) == 1 else "(" + ", ".join(moved) + ")"
+        moved = [f"jnp.moveaxis({x}, {axis}, 0)" if axis else x for x, axis in zip(xs, axes) if axis is not None]
+        if rng:  # the step index, for a key of its own per step
+            moved.append(f"jnp.arange({moved[0]}.shape[0])")
+        simple = len(moved) == len(xs) and not rng  # every input sliced, no key: today's form
+        per_step = "x_t" if len(moved) == 1 else "xs_t"
+        if simple:
+            inputs = "x_t" if len(xs) == 1 else "*xs_t"
+        else:
+            sliced = iter(range(len(moved)))
+            picks = [x if axis is None else ("x_t" if len(moved) == 1 else f"xs_t[{next(sliced)}]")
+                     for x, axis in zip(xs, axes)]
+            inputs = ", ".join(picks)
+        scanned = moved[0] if len(moved) == 1 else "(" + ", ".join(moved) + ")"
         out_axis = _axis(call.type.dims, call.over)
+        step_rng = f", rng=_fold({rng.removeprefix(', rng=')}, xs_t[-1])" if rng else ""
         self.lines.append(f"def {step}(h, {per_step}):  # one step along {dim_label(call.over.name, call.over.code)}")
-        self.lines.append(f"    h = {fn}(cfg, params[{py_str(call.child)}], h, {inputs})")
+        self.lines.append(f"    h = {fn}(cfg, params[{py_str(call.child)}], h, {inputs}{step_rng})")
         self.lines.append("    return h, h")
         self.lines.append("")
         self.lines.append(f"with jax.named_scope({py_str(call.child)}):")
@@ -440,6 +452,11 @@ def _axis(dims: tuple[ir.Dim, ...], over: ir.Dim) -> int:
     the end when the dims start with `...`."""
     i = next(i for i, d in enumerate(dims) if not d.is_ellipsis and d.same(over))
     return i - len(dims) if dims and dims[0].is_ellipsis else i
+
+
+def _axis_or_none(dims: tuple[ir.Dim, ...], over: ir.Dim) -> int | None:
+    """`_axis`, or None for a scan's side input, which has no `over` dim."""
+    return _axis(dims, over) if any(not d.is_ellipsis and d.same(over) for d in dims) else None
 
 
 def _stem(child: str) -> str:

@@ -298,7 +298,8 @@ class _Typer:
 
     def _scan(self, e: ir.CallChild, child: ir.Instance, args) -> tuple[Dim, ...]:
         """`scan(cell, x, over = S)`: the cell takes (carry, one step of each input) and returns
-        the carry; the result stacks the carry of every step along S, where S is in the first input."""
+        the carry; the result stacks the carry of every step along S, where S is in the first input.
+        A later input without S is a side input, passed whole to every step."""
         fwd = child.forward
         init = args[0] if e.scan_init else None
         xs = args[1:] if e.scan_init else args
@@ -309,18 +310,25 @@ class _Typer:
         for a in args:
             if not isinstance(a.type, TensorType):
                 self.fail(a.span, f"the inputs of `scan` are tensors, got a {a.type}")
-        if _prims_with(child, "uses_rng") or _prims_with(child, "aux_loss"):
-            self.fail(e.span, f"`{e.child}` uses dropout or returns an auxiliary loss, which `scan` cannot "
-                      "run yet", "scan a cell without dropout and without MoE")
+        if _prims_with(child, "aux_loss"):
+            self.fail(e.span, f"`{e.child}` returns an auxiliary loss (MoE), which `scan` cannot run yet",
+                      "scan a cell without MoE")
         binding: dict[str, tuple[Dim, ...]] = {}
         axes = []
-        for a, decl in zip(xs, fwd.args[1:]):
+        for k, (a, decl) in enumerate(zip(xs, fwd.args[1:])):
             axis = _axis_of(a.type.dims, e.over)
-            if axis is None:
+            several = any(d.same(e.over) for d in a.type.dims)
+            if axis is None and (k == 0 or several):
                 self.fail(a.span, f"`scan` over `{e.over}`: input {fmt(a.type.dims)} has no dim `{e.over}`"
-                          + (" (or several)" if any(d.same(e.over) for d in a.type.dims) else ""),
-                          "`over` names a dim of every input, the dim the steps run along")
+                          + (" (or several)" if several else ""),
+                          "`over` names a dim of the first input, the dim the steps run along (a later "
+                          "input without it is passed whole to every step)")
             axes.append(axis)
+            if axis is None:  # a side input: every step reads all of it
+                err = unify(decl.dims, a.type.dims, binding)
+                if err:
+                    self.fail(a.span, f"`{decl.name}` of `{e.child}` ({child.layer}), the same at every step: {err}")
+                continue
             step = a.type.dims[:axis] + a.type.dims[axis + 1:]
             err = unify(decl.dims, step, binding)
             if err:
