@@ -91,12 +91,15 @@ def _add_block(t: Tracer, blocks: _Blocks, inst: ir.Instance, layer: Scope, x: V
     # (XLA frees each as the backward consumes it, and cotangents reuse the space).
     all_res = sum(t.nbytes(v) for v in layer.residuals.values())
     recompute = max(all_res - sum(t.nbytes(v) for v in kept if id(v) in layer.residuals), 0.0)
+    # Cotangents need space of their own (measured against XLA's memory_analysis with
+    # benchmarks/aot_report.py): next to what remat recomputes, the largest one (the attention
+    # probabilities' at long sequences); with remat none nothing is recomputed, but the stacked
+    # residuals stay allocated until the scan's backward ends, and the two largest are live at once.
+    sizes = sorted((t.nbytes(v) for v in layer.values if v.dims), reverse=True)
+    cotangents = sum(sizes[:1] if policy.kind is not ir.RematKind.NONE else sizes[:2])
     if policy.kind is ir.RematKind.NONE:
-        # Nothing to recompute, but the stacked residuals stay allocated until the scan's
-        # backward ends: the layer's cotangents (its two largest) need space of their own.
-        sizes = sorted((t.nbytes(v) for v in layer.values if v.dims), reverse=True)
-        recompute = sum(sizes[:2])
-    blocks.working = max(blocks.working, recompute + gathered_weights(t, inst))
+        recompute = 0.0
+    blocks.working = max(blocks.working, recompute + cotangents + gathered_weights(t, inst))
 
 
 def kept_values(layer: Scope, x: Val, policy: ir.RematPolicy) -> tuple[list[Val], list[Val]]:
