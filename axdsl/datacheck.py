@@ -5,7 +5,8 @@ short for `seq` is a mistake in the spec, though, and waiting for `axdsl train` 
 the user a build and a JAX start. This module sizes the data from the file system alone (no read
 of the tokens, no jax) and reports, located at the `data = ...` line, what would stop training:
 an empty source, a token file of a partial id, a binary file in a text source (a NUL byte near its
-start), a train or eval split shorter than one sequence.
+start), a train or eval split shorter than one sequence; for pairs(...), each file's ids; for
+arrays(...), the .npz's images and labels against the model's image shape (headers only).
 
 The split rule is runtime.py's: the last 2% of the tokens are held out; a batch row reads
 seq + 1 tokens from a random start, so a split needs seq + 2.
@@ -30,11 +31,15 @@ def data_problems(module: ir.Module, spec: Path) -> list[Diagnostic]:
         return []
     choice = settings.choice("data")
     source = choice.value
-    if source.kind not in (ir.DataKind.TOKENS, ir.DataKind.TEXT) or choice.span is None:
-        return []  # the standard library's sources: tens of MiB
-    path = Path(source.path)
-    if not path.is_absolute():
-        path = spec.parent / path  # as the trainer resolves it
+    if choice.span is None:
+        return []
+    if source.kind == ir.DataKind.PAIRS:
+        return [Diagnostic(choice.span, m) for m in _pairs_problems(source, spec)]
+    if source.kind == ir.DataKind.ARRAYS:
+        return [Diagnostic(choice.span, m, h) for m, h in _arrays_problems(module, source, spec)]
+    if source.kind not in (ir.DataKind.TOKENS, ir.DataKind.TEXT):
+        return []  # the standard library's sources (tens of MiB), or a set made on the machine
+    path = _resolve(source.path, spec)
     count = _token_count(source, path)
     if isinstance(count, str):
         return [Diagnostic(choice.span, count)]
@@ -46,6 +51,74 @@ def data_problems(module: ir.Module, spec: Path) -> list[Diagnostic]:
                                         f"{BINARY_PROBE // 1024} KiB)",
                            "text() trains on text files: use tokens(...) for token ids")]
     return [Diagnostic(choice.span, m, h) for m, h in _split_problems(count, settings)]
+
+
+def _resolve(name: str, spec: Path) -> Path:
+    path = Path(name)
+    return path if path.is_absolute() else spec.parent / path  # as the trainer resolves it
+
+
+def _pairs_problems(source: ir.DataSource, spec: Path) -> list[str]:
+    """pairs(source, target): each file that exists is non-empty and holds whole ids."""
+    out = []
+    for name in (source.path, source.path2):
+        count = _token_count(ir.DataSource(ir.DataKind.TOKENS, name, source.dtype), _resolve(name, spec))
+        if isinstance(count, str):
+            out.append(count)
+    return out
+
+
+def _arrays_problems(module: ir.Module, source: ir.DataSource, spec: Path) -> list[tuple[str, str]]:
+    """arrays("x.npz"), when it exists: `images` [N, H, W, C] of the model's image shape and integer
+    `labels` [N], read from the .npy headers only (no data is loaded), and enough examples to hold
+    one out for evaluation."""
+    path = _resolve(source.path, spec)
+    if not path.exists():
+        return []  # not there yet: train.py says so if it still is not
+    arrays = _npz_headers(path)
+    if isinstance(arrays, str):
+        return [(f"arrays data {path} is not a readable .npz file: {arrays}", "write it with numpy.savez")]
+    root = module.models[0].root
+    images = next((a for a in root.forward.args if a.name == "images"), None) if root.forward else None
+    if images is None:
+        return []
+    shape = tuple(d.size for d in images.dims[1:])
+    want = f"images [N, {', '.join(map(str, shape))}] and labels [N]"
+    if "images" not in arrays or "labels" not in arrays:
+        return [(f"arrays data {path} holds {sorted(arrays) or 'no arrays'}; the model reads {want}",
+                 "np.savez(path, images=..., labels=...)")]
+    (ishape, _), (lshape, ldtype) = arrays["images"], arrays["labels"]
+    if tuple(ishape[1:]) != shape or tuple(lshape) != tuple(ishape[:1]):
+        return [(f"arrays data {path}: images are {list(ishape)} and labels {list(lshape)}; the model reads {want}",
+                 "one label per image, every image of the model's shape")]
+    if ldtype.kind not in "iu":
+        return [(f"arrays data {path}: labels are {ldtype}, not integers", "labels are class ids 0, 1, ...")]
+    if module.train_settings.get("eval_every") and ishape[0] < 2:
+        return [(f"arrays data {path} holds {ishape[0]} example(s): none is left to hold out for evaluation",
+                 "add data or set eval_every = 0")]
+    return []
+
+
+def _npz_headers(path: Path) -> dict | str:
+    """{name: (shape, dtype)} of the arrays of a .npz, from their .npy headers; or what is wrong."""
+    import zipfile
+
+    import numpy as np
+
+    out = {}
+    try:
+        with zipfile.ZipFile(path) as z:
+            for name in z.namelist():
+                if not name.endswith(".npy"):
+                    continue
+                with z.open(name) as f:
+                    major, _ = np.lib.format.read_magic(f)
+                    read = np.lib.format.read_array_header_1_0 if major == 1 else np.lib.format.read_array_header_2_0
+                    shape, _, dtype = read(f)
+                out[name[:-4]] = (shape, dtype)
+    except (OSError, ValueError, zipfile.BadZipFile, EOFError) as exc:
+        return str(exc)[:200]
+    return out
 
 
 def _first_binary(path: Path) -> Path | None:

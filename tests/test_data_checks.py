@@ -7,10 +7,15 @@ this process; the checks run before any compilation, so each case takes well und
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
+from axdsl.cli import main
 from test_training import build_package
+
+ROOT = Path(__file__).resolve().parent.parent
 
 MODEL = """import "std/transformer.axl"
 
@@ -177,3 +182,60 @@ def test_check_reports_models_of_different_structure_at_their_line(tmp_path, cap
     err = capsys.readouterr().err
     assert err.startswith(f"{spec}:6:7: error: model `other` has a different structure from `lm`\n"
                           "  model other extends lm { block = ParallelBlock() }\n        ^^^^^\n"), err
+
+
+IMAGES_SPEC = """layer Pix(h: int = 4, w: int = 4, c: int = 3, classes: int = 3) {
+  param k: [h, w, c, classes] axes(norm, seq, embed, vocab) init normal(0.05)
+  forward(images: [B, h, w, c]) -> [B, classes] {
+    return einsum("B h w c, h w c classes -> B classes", images, k)
+  }
+}
+model pix = Pix {}
+train {
+  objective = classify()
+  data = arrays("x.npz")
+}
+"""
+
+
+@pytest.mark.parametrize("arrays, expected", [
+    (None, "is not a readable .npz file"),
+    ({"images": (10, 4, 4, 3)}, "holds ['images']; the model reads images [N, 4, 4, 3] and labels [N]"),
+    ({"images": (10, 4, 5, 3), "labels": (10,)}, "images are [10, 4, 5, 3] and labels [10]"),
+    ({"images": (10, 4, 4, 3), "labels": (9,)}, "images are [10, 4, 4, 3] and labels [9]"),
+    ({"images": (10, 4, 4, 3), "labels": (10, "f")}, "labels are float32, not integers"),
+    ({"images": (1, 4, 4, 3), "labels": (1,)}, "none is left to hold out for evaluation"),
+])
+def test_check_reads_an_arrays_file_from_its_headers(tmp_path, capsys, arrays, expected):
+    """classify's arrays("x.npz") is checked at the data line against the model's image shape."""
+    import numpy as np
+
+    if arrays is None:
+        (tmp_path / "x.npz").write_bytes(b"not a zip file")
+    else:
+        np.savez(tmp_path / "x.npz", **{k: np.zeros(v[:-1] if v[-1] == "f" else v,
+                                                     np.float32 if k == "images" or v[-1] == "f" else np.int32)
+                                        for k, v in arrays.items()})
+    spec = tmp_path / "pix.axl"
+    spec.write_text(IMAGES_SPEC)
+    assert main(["check", str(spec)]) == 1
+    err = capsys.readouterr().err
+    assert "pix.axl:10:3: error: arrays data" in err and expected in err, err
+
+
+def test_check_accepts_a_good_arrays_file_and_sizes_pairs(tmp_path, capsys):
+    import numpy as np
+
+    np.savez(tmp_path / "x.npz", images=np.zeros((10, 4, 4, 3), np.float32), labels=np.zeros(10, np.int64))
+    spec = tmp_path / "pix.axl"
+    spec.write_text(IMAGES_SPEC)
+    assert main(["check", str(spec)]) == 0, capsys.readouterr().err
+    (tmp_path / "src.bin").write_bytes(b"\x01\x00\x02")  # a u16 file of 1.5 ids
+    (tmp_path / "tgt.bin").write_bytes(b"\x01\x00")
+    t5 = tmp_path / "t5.axl"
+    t5.write_text((ROOT / "specs" / "t5_tiny.axl").read_text().replace(
+        'import "t5_base.axl"', f'import "{ROOT / "specs" / "t5_base.axl"}"').split("train {")[0]
+        + 'train {\n  objective = seq2seq(start_token = 0)\n  data = pairs("src.bin", "tgt.bin", eos = 1)\n}\n')
+    assert main(["check", str(t5)]) == 1
+    err = capsys.readouterr().err
+    assert "token file" in err and "src.bin has 3 bytes, not a whole number of u16 ids" in err, err
