@@ -102,3 +102,16 @@ def test_analytic_memory_within_10_percent_of_xla(tmp_path, capsys):
     assert e.temporaries == pytest.approx(xla["temp"], rel=0.10), figures  # grads + activations
     assert e.total == pytest.approx(total, rel=0.10), figures
     print(r.lowering, file=sys.stderr)
+
+
+def test_an_image_model_is_sized_by_its_own_positions(in_root, capsys):
+    """vit_tiny's blocks see 17 positions (16 patches and a class token), not the train block's seq:
+    its analytic total is near XLA's (it was 7x before), its batch is images, and its FLOPs are not
+    counted per token."""
+    r = analyze(Path("specs/vit_tiny.axl"), "cpu", compile=True)
+    total = xla_total(r.lowering["xla"])
+    assert r.estimate.total == pytest.approx(total, rel=0.25), (r.estimate.total, total)
+    assert r.estimate.inputs == 32 * (32 * 32 * 3 + 1) * 4  # float32 images and int32 labels
+    assert run(Path("specs/vit_tiny.axl"), "cpu") == EXIT_FITS
+    out = capsys.readouterr().out
+    assert "batch 32 images;" in out and "not counted" in out and "tokens/s" not in out

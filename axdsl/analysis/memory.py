@@ -68,7 +68,7 @@ from axdsl.analysis.trace import compute_dtype
 from axdsl.ir import nodes as ir
 from axdsl.ir.head import loss_split
 from axdsl.lora import resolve as resolve_lora
-from axdsl.objectives import objective_name
+from axdsl.objectives import batches_of, inputs as forward_inputs, objective_name
 from axdsl.passes.annotate_sharding import dim_axes
 
 __all__ = ["DTYPE_BYTES", "GENERATED_UPDATE_SKIP", "Layout", "MemoryEstimate", "OPT_MOMENTS",
@@ -157,6 +157,20 @@ class _State:
     trained: int | None = None  # bytes of what the optimizer updates; None: every parameter
 
 
+def _example_bytes(module: ir.Module, root: ir.Instance, seq: int) -> int:
+    """One example of the batch as train.py feeds it (int32 ids and labels, float32 images): a
+    next-token row of seq + 1 ids, an image and its label, or seq positions of each field."""
+    kind = batches_of(module) if module.train_settings is not None else "next_token"
+    if kind == "next_token":
+        return (seq + 1) * 4
+    if kind == "classify":
+        images = next((a for a in root.forward.args if a.name == "images"), None)
+        return (math.prod(d.size or 1 for d in images.dims[1:]) + 1) * 4 if images else 4
+    names = forward_inputs(root)
+    fields = 4 if kind == "seq2seq" else 1 + sum(n in names for n in ("segments", "types"))
+    return fields * seq * 4
+
+
 def estimate_memory(module: ir.Module, model: str | None = None, *, batch: int | None = None,
                     seq: int | None = None, microbatches: int | None = None,
                     optimizer: str | None = None, mesh: dict[str, int] | None = None,
@@ -183,7 +197,7 @@ def estimate_memory(module: ir.Module, model: str | None = None, *, batch: int |
     grads = st.params + (st.param_f32 if microbatches > 1 else 0)  # + the micro-batch scan's accumulator
     if train is not None and "lora" in dict(train.settings):
         st, grads = _lora_state(m.root, layout, optimizer, train.get("lora"), st, microbatches)
-    inputs = math.ceil(batch / layout.shards(rules.get("batch", ()))) * (seq + 1) * 4
+    inputs = math.ceil(batch / layout.shards(rules.get("batch", ()))) * _example_bytes(module, m.root, seq)
     split = loss_split(m.root, objective_name(module))
     act = trace_activations(m.root, layout, batch // microbatches, seq, remat, split)
     return MemoryEstimate(

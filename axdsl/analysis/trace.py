@@ -169,7 +169,9 @@ class Tracer:
 
 
 def bind_dims(decl: tuple[ir.Arg, ...], actual: list[Val]) -> dict[str, tuple[ir.Dim, ...]]:
-    """Free dims and `...` of a forward's arguments, bound to the caller's actual dims."""
+    """Free dims and `...` of a forward's arguments, bound to the caller's actual dims. B and S
+    stay free (sized by the batch and sequence length, with their logical axes) unless the caller
+    fixes them: a ViT's blocks see its patches + 1 positions, not the train block's `seq`."""
     out: dict[str, tuple[ir.Dim, ...]] = {}
     for a, v in zip(decl, actual):
         dims = a.dims
@@ -181,6 +183,6 @@ def bind_dims(decl: tuple[ir.Arg, ...], actual: list[Val]) -> dict[str, tuple[ir
         else:
             pairs = list(zip(dims, v.dims))
         for d, got in pairs:
-            if d.size is None and not d.is_ellipsis and d.name not in FREE_DIM_AXES:
+            if d.size is None and not d.is_ellipsis and (d.name not in FREE_DIM_AXES or got.size is not None):
                 out[d.name] = (got,)
     return out

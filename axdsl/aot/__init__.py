@@ -38,6 +38,7 @@ from axdsl.aot.render import render
 from axdsl.aot.report import EXIT_ERROR, EXIT_FITS, EXIT_NO_FIT, USABLE_FRACTION, Report
 from axdsl.aot.suggest import suggest
 from axdsl.targets import profiles
+from axdsl.objectives import batches_of
 
 __all__ = ["EXIT_ERROR", "EXIT_FITS", "EXIT_NO_FIT", "USABLE_FRACTION", "Report", "analyze",
            "lower_step", "render", "run", "suggest", "xla_total"]
@@ -85,7 +86,7 @@ def analyze(spec: Path, target: str, model: str | None = None, batch: int | None
     pc = param_count(m)
     report = Report(spec=spec, target=target, profile=profile, model=model, estimate=est,
                     flops=model_flops(m, seq), params_total=pc.total, params_embedding=pc.embedding,
-                    hbm=profile.hbm_bytes)
+                    hbm=profile.hbm_bytes, images=batches_of(module) == "classify")
     if not report.fits:
         report.suggestions = suggest(module, model, est, report.usable, target, select)
     edited = edited_files(default_out_dir(spec, target))

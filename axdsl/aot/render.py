@@ -34,7 +34,7 @@ def _header(r: Report) -> list[str]:
     return [
         f"axdsl aot: {r.model} ({r.spec}) on {r.target}: {e.chips} x {p.description}, "
         f"{gib(r.hbm)} each",
-        f"  mesh {mesh}; batch {e.batch} x seq {e.seq}"
+        f"  mesh {mesh}; batch {e.batch} " + ("images" if r.images else f"x seq {e.seq}")
         + (f" in {e.microbatches} micro-batches" if e.microbatches > 1 else "")
         + f"; remat {e.remat}; optimizer {e.optimizer}",
         f"  {r.params_total / 1e9:.3g} B parameters ({r.params_embedding / 1e9:.3g} B in embeddings)"
@@ -82,6 +82,10 @@ def _memory(r: Report) -> list[str]:
 
 def _compute(r: Report) -> list[str]:
     e, f = r.estimate, r.flops
+    if r.images:
+        return ["compute (model FLOPs)",
+                "  not counted: model FLOPs are counted per token of a sequence, and an image model's "
+                "batch has none (train.py shows no MFU for it either)"]
     peak = r.profile.peak_flops("bf16")
     step_flops = f.per_step(e.batch)
     ideal = step_flops / (peak * e.chips)

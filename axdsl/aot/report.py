@@ -31,6 +31,7 @@ class Report:
     lowering: dict = dataclasses.field(default_factory=dict)
     suggestions: list[str] = dataclasses.field(default_factory=list)
     notes: list[str] = dataclasses.field(default_factory=list)  # caveats printed with the header
+    images: bool = False  # an image model's batch: no sequence, FLOPs not counted per token
 
     @property
     def usable(self) -> int:
