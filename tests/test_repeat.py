@@ -476,3 +476,20 @@ def test_a_pattern_that_does_not_divide_the_count_runs_its_remainder_after_the_s
     stats = model_stats(compile_spec(tmp_path / "gem.axl", "cpu").models[0], seq=12, batch=2)
     ref_stats = model_stats(compile_spec(tmp_path / "gem_unrolled.axl", "cpu").models[0], seq=12, batch=2)
     assert stats.total_params == ref_stats.total_params and stats.flops_per_token == ref_stats.flops_per_token
+
+
+def test_pattern_arithmetic_writes_the_same_model_as_the_pattern_written_out(tmp_path):
+    """`[A] * 2 + [B]` is the pattern [A, A, B]: the same generated layer code and parameters."""
+    from axdsl.build import build_files
+
+    written = REMAINDER
+    short = REMAINDER.replace(f"block = [{LOCAL}, {LOCAL}, Block()]", f"block = [{LOCAL}] * 2 + [Block()]")
+    assert short != written
+    codes = []
+    for name, text in (("written", written), ("short", short)):
+        spec = tmp_path / f"{name}.axl"
+        spec.write_text(text, encoding="utf-8")
+        code = build_files(spec, "cpu")["model.py"]
+        codes.append([line for line in code.splitlines()
+                      if "sha256" not in line and ".axl" not in line])  # the spec's name, hash and lines
+    assert codes[0] == codes[1]

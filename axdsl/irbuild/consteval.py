@@ -101,6 +101,19 @@ class Evaluator:
             return HValue(PatternValue(tuple(i.value for i in items), e.span))
         return HValue(tuple(i.value for i in items), "(" + ", ".join(i.code for i in items) + ",)")
 
+    def _pattern_op(self, e: ast.BinOp, a, b) -> PatternValue:
+        """`[A()] * 5 + [B()]`: patterns join with `+` and repeat with `* n` (n >= 1), as lists do."""
+        if e.op == "+" and isinstance(a, PatternValue) and isinstance(b, PatternValue):
+            return PatternValue(a.layers + b.layers, e.span)
+        if e.op == "*":
+            pattern, n = (a, b) if isinstance(a, PatternValue) else (b, a)
+            if isinstance(n, int) and not isinstance(n, bool) and not isinstance(n, PatternValue):
+                if n < 1:
+                    self.fail(e.span, f"a pattern repeated {n} times has no layers", "repeat it at least once")
+                return PatternValue(pattern.layers * n, e.span)
+        self.fail(e.span, f"patterns of layers join with `+` and repeat with `* n`, not `{e.op}` with "
+                  f"{_kind(a)} and {_kind(b)}", "write `[Block(window = 512)] * 5 + [Block()]`")
+
     def _EllipsisDim(self, e: ast.EllipsisDim, lookup, visible) -> HValue:
         self.fail(e.span, "`...` is only allowed in a forward's tensor shapes")
 
@@ -136,8 +149,12 @@ class Evaluator:
                 self.fail(e.span, f"`{e.op}` needs numbers or strings, got {_kind(a)}", "use `==` or `!=`")
             value = _COMPARE[e.op](a, b)  # only the chosen operator runs (dtypes have no `<`)
             return HValue(value, f"{_prec(left.code)} {e.op} {_prec(right.code)}")
+        if isinstance(a, PatternValue) or isinstance(b, PatternValue):
+            return HValue(self._pattern_op(e, a, b))
         if not (_is_number(a) and _is_number(b)):
-            self.fail(e.span, f"`{e.op}` needs numbers, got {_kind(a)} and {_kind(b)}")
+            hint = "repeat a layer in a pattern with `[Block(...)] * 5`" if isinstance(a, LayerValue) \
+                or isinstance(b, LayerValue) else None
+            self.fail(e.span, f"`{e.op}` needs numbers, got {_kind(a)} and {_kind(b)}", hint)
         return self._arith(e, left, right)
 
     def _arith(self, e: ast.BinOp, left: HValue, right: HValue) -> HValue:
