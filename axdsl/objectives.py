@@ -71,6 +71,14 @@ def objective_name(module: ir.Module) -> str:
     return t.get("objective").name
 
 
+def batch_fields(batches: str, names: tuple[str, ...]) -> tuple[str, ...]:
+    """The fields of one batch of `batches`' kind for a forward taking `names`: classify's images
+    and labels, seq2seq's four packed fields, masked_lm's tokens and the segments/types it takes."""
+    if batches == "masked_lm":
+        return tuple(k for k in BATCH_FIELDS["masked_lm"] if k == "tokens" or k in names)
+    return BATCH_FIELDS[batches]
+
+
 def batches_of(module: ir.Module) -> str:
     """The objective whose batches the train block reads: its own, or for loss() the one its data
     kind implies (classify's images, seq2seq's pairs, masked_lm's token rows)."""

@@ -68,7 +68,7 @@ from axdsl.analysis.trace import compute_dtype
 from axdsl.ir import nodes as ir
 from axdsl.ir.head import loss_split
 from axdsl.lora import resolve as resolve_lora
-from axdsl.objectives import batches_of, inputs as forward_inputs, objective_name
+from axdsl.objectives import batch_fields, batches_of, inputs as forward_inputs, objective_name
 from axdsl.passes.annotate_sharding import dim_axes
 
 __all__ = ["DTYPE_BYTES", "GENERATED_UPDATE_SKIP", "Layout", "MemoryEstimate", "OPT_MOMENTS",
@@ -166,9 +166,7 @@ def _example_bytes(module: ir.Module, root: ir.Instance, seq: int) -> int:
     if kind == "classify":
         images = next((a for a in root.forward.args if a.name == "images"), None)
         return (math.prod(d.size or 1 for d in images.dims[1:]) + 1) * 4 if images else 4
-    names = forward_inputs(root)
-    fields = 4 if kind == "seq2seq" else 1 + sum(n in names for n in ("segments", "types"))
-    return fields * seq * 4
+    return len(batch_fields(kind, forward_inputs(root))) * seq * 4
 
 
 def estimate_memory(module: ir.Module, model: str | None = None, *, batch: int | None = None,

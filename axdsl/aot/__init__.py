@@ -37,8 +37,8 @@ from axdsl.aot.lower import lower_step, xla_total
 from axdsl.aot.render import render
 from axdsl.aot.report import EXIT_ERROR, EXIT_FITS, EXIT_NO_FIT, USABLE_FRACTION, Report
 from axdsl.aot.suggest import suggest
-from axdsl.targets import profiles
 from axdsl.objectives import batches_of
+from axdsl.targets import profiles
 
 __all__ = ["EXIT_ERROR", "EXIT_FITS", "EXIT_NO_FIT", "USABLE_FRACTION", "Report", "analyze",
            "lower_step", "render", "run", "suggest", "xla_total"]

@@ -150,6 +150,8 @@ def abstract_batch(train, tc, mesh):
     import jax
     import jax.numpy as jnp
 
+    from axdsl.objectives import batch_fields
+
     sharding = train.batch_sharding(mesh)
 
     def field(*shape, dtype=jnp.int32):
@@ -161,9 +163,7 @@ def abstract_batch(train, tc, mesh):
     if objective == "classify":
         shape, _ = train.IMAGES[tc.model]
         return {"images": field(*shape, dtype=jnp.float32), "labels": field()}
-    if objective == "seq2seq":
-        return {k: field(tc.seq) for k in ("tokens", "segments", "targets", "dec_segments")}
-    return {k: field(tc.seq) for k in ("tokens", "segments", "types") if k == "tokens" or k in train.INPUTS}
+    return {k: field(tc.seq) for k in batch_fields(objective, train.INPUTS)}  # seq2seq, masked_lm
 
 
 def _lower_for_platform(step, state, tokens, result: dict):

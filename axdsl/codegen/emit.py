@@ -109,7 +109,7 @@ def emit_model(module: ir.Module) -> str:
     if decode or split:
         imports.add("import functools")
     custom = objective != "next_token" and fits(root, objective)
-    imports |= _template_imports(sharding is not None, loss or custom and objective != "loss")
+    imports |= _template_imports(sharding is not None, loss or (custom and objective != "loss"))  # loss(): no optax
     locals_, rows = _param_table(root)
     context = dict(
         version=__version__,

@@ -107,7 +107,7 @@ class Evaluator:
             return PatternValue(a.layers + b.layers, e.span)
         if e.op == "*":
             pattern, n = (a, b) if isinstance(a, PatternValue) else (b, a)
-            if isinstance(n, int) and not isinstance(n, bool) and not isinstance(n, PatternValue):
+            if isinstance(n, int) and not isinstance(n, bool):
                 if n < 1:
                     self.fail(e.span, f"a pattern repeated {n} times has no layers", "repeat it at least once")
                 return PatternValue(pattern.layers * n, e.span)
