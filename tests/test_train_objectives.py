@@ -72,16 +72,20 @@ def baseline(spec: str, runtime) -> float:
     return math.log(10)  # vit_tiny: 10 classes drawn uniformly
 
 
-# The eval loss after 150 steps as a fraction of the baseline. masked_lm's is the weakest: a
-# context-free model already reaches 0.9 x the unigram entropy (10% of the selected tokens are left
-# as they are), and the tiny BERT learns to attend to its neighbours slowly (see README).
-BELOW = {"bert_tiny": 0.97, "t5_tiny": 0.8, "vit_tiny": 0.5}
+# Steps of each test run, and its eval loss after them as a fraction of the baseline. masked_lm is
+# the slowest: a context-free model reaches about 0.9 x the unigram entropy (a tenth of the selected
+# bytes are left as they are), and the tiny BERT has to learn to read its neighbours through learned
+# absolute positions, which takes it 250-500 steps (see specs/bert_tiny.axl); its full 1500-step run
+# ends near 0.64 x.
+STEPS = {"bert_tiny": 500, "t5_tiny": 150, "vit_tiny": 150}
+BELOW = {"bert_tiny": 0.88, "t5_tiny": 0.8, "vit_tiny": 0.5}
 
 
 @pytest.mark.parametrize("spec", SPECS)
 def test_tiny_models_train_below_their_baseline(spec, tmp_path, cache, runtime):
     run = tmp_path / "run"
-    proc = subprocess.run(command(spec, run, cache, "--steps", "150", "--eval-every", "150"), cwd=ROOT,
+    steps = str(STEPS[spec])
+    proc = subprocess.run(command(spec, run, cache, "--steps", steps, "--eval-every", steps), cwd=ROOT,
                           env=ENV, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = metrics(run)
@@ -90,7 +94,10 @@ def test_tiny_models_train_below_their_baseline(spec, tmp_path, cache, runtime):
     base = baseline(spec, runtime)
     assert losses[0] > base - 0.1  # starts near or above the baseline
     assert evals[-1]["eval_loss"] < BELOW[spec] * base, (spec, evals[-1], base)
-    assert "done: 150 steps" in proc.stderr and "eval loss" in proc.stderr
+    assert f"done: {steps} steps" in proc.stderr and "eval loss" in proc.stderr
+    if spec == "bert_tiny":  # better than always guessing the commonest byte (a space, 29%)
+        common = np.bincount(runtime.stdlib_bytes(), minlength=256).max() / len(runtime.stdlib_bytes())
+        assert evals[-1]["eval_accuracy"] > common + 0.01 and "eval accuracy" in proc.stderr
     if spec == "vit_tiny":
         assert evals[-1]["eval_accuracy"] > 0.6  # chance is 0.1
         assert "eval accuracy" in proc.stderr and any("images_per_s" in r for r in rows)

@@ -2,8 +2,8 @@
 
 next_token keeps its template in model.py.j2 (its generated text is unchanged); the others are
 rendered here as plain code: the objective's settings as module constants, then `loss_fn(cfg,
-params, batch, ...)` over a dict of named arrays (the runtime's batches), and for classify an
-`accuracy`. `mask_tokens` (masked_lm) draws every random choice from its key, so a step's masks
+params, batch, ...)` over a dict of named arrays (the runtime's batches), and for masked_lm and
+classify an `accuracy`. `mask_tokens` (masked_lm) draws every random choice from its key, so a step's masks
 are a pure function of (seed, step), like dropout.
 """
 
@@ -13,7 +13,7 @@ from axdsl.ir import nodes as ir
 from axdsl.objectives import inputs
 
 DOCS = {
-    "masked_lm": "the masked-LM loss (BERT's 80/10/10 masking, loss on masked positions only)",
+    "masked_lm": "the masked-LM loss (BERT's 80/10/10 masking, loss on masked positions only) and `accuracy`",
     "seq2seq": "the sequence-to-sequence loss (teacher forcing, loss on target tokens)",
     "classify": "the classification loss (cross-entropy against `labels`), and `accuracy`",
     "loss": "the loss the spec's forward computes (objective = loss())",
@@ -79,6 +79,14 @@ def objective_code(name: str, args: dict, root: ir.Instance, rng: bool, aux: boo
             f"    loss = {total}",
             *zloss,
             "    return loss, ce",
+            "",
+            "",
+            "def accuracy(cfg: Config, params: dict, batch: dict, mask_rng: jax.Array) -> jax.Array:",
+            '    """The fraction of the positions mask_tokens(mask_rng) selects whose largest logit is the',
+            '    original token."""',
+            f"    tokens, selected = mask_tokens(cfg, batch[\"tokens\"], mask_rng, {keep})",
+            f"    hits = (jnp.argmax(forward(cfg, params, {call}), axis=-1) == batch[\"tokens\"]) & selected",
+            "    return jnp.sum(hits) / jnp.maximum(jnp.sum(selected), 1)",
         ])
     if name == "seq2seq":
         parts = {"tokens": 'batch["tokens"]', "segments": 'batch["segments"]', "dec_tokens": "dec_tokens",
