@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from axdsl.analysis.memory import estimate_memory
+from axdsl.ir.nodes import RematKind, RematPolicy
 from axdsl.pipeline import compile_spec
 from axdsl.stats import model_stats
 from tests.targets_util import import_generated
@@ -493,3 +494,37 @@ def test_pattern_arithmetic_writes_the_same_model_as_the_pattern_written_out(tmp
         codes.append([line for line in code.splitlines()
                       if "sha256" not in line and ".axl" not in line])  # the spec's name, hash and lines
     assert codes[0] == codes[1]
+
+
+def _bf16_casts(jaxpr) -> list:
+    """The operands of the f32 -> bf16 casts at the top level of a jaxpr (not in a scan)."""
+    return [e.invars[0] for e in jaxpr.eqns if e.primitive.name == "convert_element_type"
+            and e.params["new_dtype"] == jnp.bfloat16 and e.invars[0].aval.dtype == jnp.float32]
+
+
+def test_a_mixed_precision_pattern_with_a_remainder_casts_one_group_at_a_time(tmp_path):
+    """bf16 compute over f32 master weights: the scanned groups of a pattern are cast inside the
+    scan step, one group at a time, and the tail after it (not the whole stack up front); the
+    memory model counts one group's copy, and the result is the f32 model's within bf16 error."""
+    mixed = REMAINDER.replace("dtype = f32", "dtype = bf16  param_dtype = f32")
+    model, _ = _build(tmp_path, "gem_mixed", mixed)
+    cfg = model.Config()
+    params = model.init_params(cfg, jax.random.key(0))
+    tokens = _tokens()
+    grad = jax.make_jaxpr(jax.grad(lambda p: jnp.mean(model.forward(cfg, p, tokens))))(params)
+    leaves = jax.tree_util.tree_leaves_with_path(params)
+    by_var = {v: jax.tree_util.keystr(k) for v, (k, _) in zip(grad.jaxpr.invars, leaves)}
+    cast = {by_var[v] for v in _bf16_casts(grad.jaxpr) if v in by_var}
+    assert any("'tail'" in k for k in cast) and any("'embed'" in k for k in cast), cast
+    assert not [k for k in cast if "'groups'" in k], cast  # no stacked weight is cast whole
+    steps = [e.params["jaxpr"].jaxpr for e in grad.jaxpr.eqns if e.primitive.name == "scan"]
+    assert any(_bf16_casts(step) for step in steps)  # the groups' weights, one group per step
+    f32_model, _ = _build(tmp_path, "gem_f32", REMAINDER)
+    want = f32_model.forward(f32_model.Config(), params, tokens)
+    got = jax.jit(lambda p, t: model.forward(cfg, p, t))(params, tokens)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=0.05)
+    module = compile_spec(tmp_path / "gem_mixed.axl", "cpu")
+    est = estimate_memory(module, "gem", batch=2, seq=12, remat=RematPolicy(RematKind.FULL))
+    group = sum(w.size for w in jax.tree.leaves(params["blocks"]["groups"])) // 2
+    unstacked = sum(w.size for w in jax.tree.leaves(params)) - 2 * group
+    assert est.weight_copies == 2 * 2 * (unstacked + group)  # a bf16 copy and its gradient of one group

@@ -218,9 +218,9 @@ def _state(root: ir.Instance, layout: Layout, optimizer: str, remat: ir.RematKin
     (remat none)."""
     params = opt = copies = f32 = 0
     compute = compute_dtype(root)
-    per_layer: dict[str, int] = {}  # a stacked child of the root -> one layer's cast bytes
+    per_layer: dict[str, int] = {}  # a stack's path -> one layer's cast bytes
     for inst in root.walk():
-        top = root.child(inst.path.split("/")[1]) if inst is not root else None
+        top = root.stack_of(inst.path)  # the stack this layer is cast in, a layer at a time
         for p in inst.params:
             n = layout.param_elements(p)
             params += n * DTYPE_BYTES[p.dtype.name]
@@ -232,7 +232,7 @@ def _state(root: ir.Instance, layout: Layout, optimizer: str, remat: ir.RematKin
                 copies += 2 * n * DTYPE_BYTES[compute]  # the cast copy and its gradient
                 continue
             layers = math.prod(d.size for d in p.stack)
-            per_layer[top.name] = per_layer.get(top.name, 0) + n // layers * DTYPE_BYTES[compute]
+            per_layer[top.path] = per_layer.get(top.path, 0) + n // layers * DTYPE_BYTES[compute]
             if remat is ir.RematKind.NONE:
                 copies += n * DTYPE_BYTES[compute]  # every layer's cast weights, kept as residuals
     return _State(params, opt, copies + 2 * max(per_layer.values(), default=0), f32)

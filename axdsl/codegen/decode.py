@@ -168,6 +168,7 @@ def decode_path(root: ir.Instance, functions: list, schedule: ir.Schedule | None
     out: list[LayerFunction] = []
     rows: list[CacheRow] = []
     dtype = "cfg.dtype" if root.hparam("dtype") is not None else "jnp.float32"
+    masters = ir.master_weight_paths(root)
 
     def visit(inst: ir.Instance, stack: list[str]) -> str:
         own_stack = stack + ([inst.repeat.code] if inst.repeat is not None else [])
@@ -180,7 +181,7 @@ def decode_path(root: ir.Instance, functions: list, schedule: ir.Schedule | None
         name = fn_of[inst.path] + "_decode"
         emitter = DecodeEmitter(inst, child_fn, {}, False, schedule, dim_axes, letters=letters,
                                 child_aux={c.name: _returns_aux(c, functions, fn_of) for c in inst.children},
-                                cached_children=cached, seqs=sequence_dims(inst))
+                                cached_children=cached, seqs=sequence_dims(inst), master=inst.path in masters)
         body = emitter.emit_body()
         for slot, prim in emitter.slots:
             base = (inst.path.strip("/") + "/") if inst.path != "/" else ""

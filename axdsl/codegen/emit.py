@@ -195,6 +195,7 @@ def _functions(root: ir.Instance, schedule: ir.Schedule | None,
     """Layer functions in post-order (leaves first), deduplicated by generated body."""
     out: list[LayerFunction] = []
     axes_of_dims = dim_axes(root)
+    masters = ir.master_weight_paths(root)
 
     def visit(inst: ir.Instance) -> tuple[str, bool, bool]:
         child_fn, child_rng, child_aux = {}, {}, {}
@@ -203,7 +204,7 @@ def _functions(root: ir.Instance, schedule: ir.Schedule | None,
         own = _uses(inst, "uses_rng") or any(child_rng.values())
         aux = _uses(inst, "aux_loss") or any(child_aux.values())
         emitter = FunctionEmitter(inst, child_fn, child_rng, own, schedule, axes_of_dims,
-                                  letters=letters, child_aux=child_aux, own_aux=aux)
+                                  letters=letters, child_aux=child_aux, own_aux=aux, master=inst.path in masters)
         body = emitter.emit_body()
         args = ", ".join(f"{a.name}: jax.Array" for a in inst.forward.args)
         for f in out:
@@ -241,9 +242,11 @@ def _split_root(functions: list[LayerFunction], split: HeadSplit, schedule: ir.S
     child_rng = {c.name: next(f.rng for f in layers if f.name == child_fn[c.name]) for c in root.children}
     child_aux = {c.name: next(f.aux for f in layers if f.name == child_fn[c.name]) for c in root.children}
     axes = dim_axes(root)
+    mixed = bool(ir.master_weight_paths(root))
     body = FunctionEmitter(root, child_fn, child_rng, root_fn.rng, schedule, axes, letters=letters,
-                           child_aux=child_aux, own_aux=root_fn.aux)
-    head = FunctionEmitter(replace(split.head, children=()), {}, {}, False, schedule, axes, letters=letters)
+                           child_aux=child_aux, own_aux=root_fn.aux, master=mixed)
+    head = FunctionEmitter(replace(split.head, children=()), {}, {}, False, schedule, axes, letters=letters,
+                           master=mixed)
     sig = ", ".join(f"{a.name}: {dims_text(a.dims)}" for a in root.forward.args)
     hidden = dims_text(root.forward.result)
     where = f"{root.layer} ({root.layer_span.file}:{root.layer_span.line})"
@@ -259,12 +262,13 @@ def _split_root(functions: list[LayerFunction], split: HeadSplit, schedule: ir.S
         [], False, head.imports, head.helpers)
     rng = ", rng=rng" if root_fn.rng else ""
     args = ", ".join(a.name for a in root.forward.args)
+    head_params = "{k: params[k] for k in HEAD_PARAMS}"  # the head casts only what it reads
     if root_fn.aux:
         calls = [f"{split.hidden}, aux = {hidden_fn.name}(cfg, params, {args}{rng})  # {hidden}, []",
-                 f"return {head_fn.name}(cfg, params, {split.hidden}), aux"]
+                 f"return {head_fn.name}(cfg, {head_params}, {split.hidden}), aux"]
     else:
         calls = [f"{split.hidden} = {hidden_fn.name}(cfg, params, {args}{rng})  # {hidden}",
-                 f"return {head_fn.name}(cfg, params, {split.hidden})"]
+                 f"return {head_fn.name}(cfg, {head_params}, {split.hidden})"]
     composed = replace(root_fn, body=calls, imports=set(), helpers=set())
     context = dict(hidden=hidden_fn.name, fn=head_fn.name, arg=split.hidden, dims=hidden,
                    params=_tuple([py_str(k) for k in split.params]))

@@ -75,6 +75,7 @@ class FunctionEmitter:
     letters: EinsumLetters = field(default_factory=EinsumLetters)  # shared by the whole model
     child_aux: dict[str, bool] = field(default_factory=dict)  # children that return (y, aux loss)
     own_aux: bool = False  # this function returns (y, aux loss)
+    master: bool = False  # receives master weights and casts them (ir.master_weight_paths)
     aux_terms: list[str] = field(default_factory=list)
     lines: list[str] = field(default_factory=list)
     temps: set[str] = field(default_factory=set)
@@ -112,15 +113,16 @@ class FunctionEmitter:
         return self.lines
 
     def casts_params(self) -> bool:
-        """Whether this is the root of a mixed-precision model, which casts the master weights
-        (cfg.param_dtype) to the compute dtype (cfg.dtype) as the forward reads them."""
-        return self.inst.path == "/" and bool(self.inst.hparam("dtype")) and bool(self.inst.hparam("param_dtype"))
+        """Whether this layer of a mixed-precision model receives the master weights
+        (cfg.param_dtype) and casts them to the compute dtype (cfg.dtype) as the forward reads them."""
+        return self.master
 
     def _cast_params(self) -> None:
-        """The root's cast of the weights outside stacked layers. A stacked child is cast one
-        layer at a time in its scan step (`cast_layer`): casting the whole stack up front would
-        keep a compute-dtype copy of every layer, and of every layer's gradient, for the step."""
-        stacked = [py_str(c.name) for c in self.inst.children if c.repeat is not None]
+        """The cast of the weights outside stacked layers. A stacked child is cast one layer at a
+        time in its scan step (`cast_layer`): casting the whole stack up front would keep a
+        compute-dtype copy of every layer, and of every layer's gradient, for the step. A child
+        that holds a stack (a repeated pattern's groups and tail) gets the master weights too."""
+        stacked = [py_str(c.name) for c in self.inst.children if c.repeat is not None or c.holds_stack()]
         self.lines.append("# master weights stay in cfg.param_dtype; compute runs in cfg.dtype")
         if not stacked:
             self.lines.append("params = jax.tree.map(lambda w: w.astype(cfg.dtype), params)")

@@ -400,6 +400,41 @@ class Instance:
         for c in self.children:
             yield from c.walk()
 
+    def holds_stack(self) -> bool:
+        """Whether a stacked (repeated) layer is below this one, outside any other stacked layer:
+        the layers between the root and such a stack pass it their weights uncast."""
+        return any(c.repeat is not None or c.holds_stack() for c in self.children)
+
+    def stack_of(self, path: str) -> "Instance | None":
+        """The outermost stacked layer on the way from this layer down to the one at `path` (that
+        layer included), or None when none of them is repeated."""
+        inst = self
+        for name in [n for n in path.split("/") if n]:
+            inst = inst.child(name)
+            if inst is None or inst.repeat is not None:
+                return inst
+        return None
+
+
+def master_weight_paths(root: Instance) -> frozenset[str]:
+    """The layers of a mixed-precision model (`dtype` and `param_dtype` set) that receive master
+    weights (cfg.param_dtype) and cast them to the compute dtype as they read them: the root, and
+    below it each unstacked layer holding a stack (a repeated pattern's groups-and-tail layer).
+    Each casts what it calls except its stacks, which are cast one layer at a time in their scan
+    step, and the layers it passes master weights on to. Empty for a single-precision model."""
+    if root.hparam("dtype") is None or root.hparam("param_dtype") is None:
+        return frozenset()
+    out: set[str] = set()
+
+    def visit(inst: Instance) -> None:
+        out.add(inst.path)
+        for c in inst.children:
+            if c.repeat is None and c.holds_stack():
+                visit(c)
+
+    visit(root)
+    return frozenset(out)
+
 
 @dataclass(frozen=True)
 class Model:

@@ -275,9 +275,17 @@ def blocks_pattern(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
 
     Used at /blocks.
     """
+    # master weights stay in cfg.param_dtype; compute runs in cfg.dtype
+    # (stacked layers: one layer at a time in the scan step, never the whole stack)
+    params = {
+        k: v if k in ("groups",) else jax.tree.map(lambda w: w.astype(cfg.dtype), v)
+        for k, v in params.items()
+    }
 
     # one step runs the 6 layers of the pattern in turn, cfg.layers // 6 steps
     def groups_step(h, layer_params):
+        # this layer's weights in cfg.dtype
+        layer_params = jax.tree.map(lambda w: w.astype(cfg.dtype), layer_params)
         # annotate_sharding: batch -> data (rule batch -> data, fsdp from profile cpu)
         h = shard(h, P("data"))
         return blocks_group(cfg, layer_params, h), None
@@ -295,7 +303,11 @@ def decoder_lm_hidden(cfg: Config, params: dict, tokens: jax.Array) -> jax.Array
     `loss_fn` applies the head itself, a chunk of positions at a time.
     """
     # master weights stay in cfg.param_dtype; compute runs in cfg.dtype
-    params = jax.tree.map(lambda w: w.astype(cfg.dtype), params)
+    # (stacked layers: one layer at a time in the scan step, never the whole stack)
+    params = {
+        k: v if k in ("blocks",) else jax.tree.map(lambda w: w.astype(cfg.dtype), v)
+        for k, v in params.items()
+    }
     with jax.named_scope("embed"):
         x = embedding(cfg, params["embed"], tokens)  # [B, S, dim]
     x = x * cfg.embed_multiplier  # [B, S, dim]
@@ -323,7 +335,7 @@ def decoder_lm(cfg: Config, params: dict, tokens: jax.Array) -> jax.Array:
     Used at /.
     """
     x = decoder_lm_hidden(cfg, params, tokens)  # [B, S, dim]
-    return decoder_lm_head(cfg, params, x)
+    return decoder_lm_head(cfg, {k: params[k] for k in HEAD_PARAMS}, x)
 
 
 # the model's entry point: forward(cfg, params, tokens) -> logits
@@ -583,9 +595,17 @@ def blocks_pattern_decode(
     The decode path of `blocks_pattern`; its cache is `cache`.
     """
     new_cache = {}
+    # master weights stay in cfg.param_dtype; compute runs in cfg.dtype
+    # (stacked layers: one layer at a time in the scan step, never the whole stack)
+    params = {
+        k: v if k in ("groups",) else jax.tree.map(lambda w: w.astype(cfg.dtype), v)
+        for k, v in params.items()
+    }
 
     def groups_step(h, xs):  # one of cfg.layers // 6 stacked layers and its cache
         layer_params, layer_cache = xs
+        # this layer's weights in cfg.dtype
+        layer_params = jax.tree.map(lambda w: w.astype(cfg.dtype), layer_params)
         # annotate_sharding: batch -> data (rule batch -> data, fsdp from profile cpu)
         h = shard(h, P("data"))
         return blocks_group_decode(cfg, layer_params, h, layer_cache, pos)
@@ -610,7 +630,11 @@ def decoder_lm_decode(
     """
     new_cache = {}
     # master weights stay in cfg.param_dtype; compute runs in cfg.dtype
-    params = jax.tree.map(lambda w: w.astype(cfg.dtype), params)
+    # (stacked layers: one layer at a time in the scan step, never the whole stack)
+    params = {
+        k: v if k in ("blocks",) else jax.tree.map(lambda w: w.astype(cfg.dtype), v)
+        for k, v in params.items()
+    }
     with jax.named_scope("embed"):
         x = embedding(cfg, params["embed"], tokens)  # [B, S, dim]
     x = x * cfg.embed_multiplier  # [B, S, dim]

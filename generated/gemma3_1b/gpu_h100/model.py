@@ -280,11 +280,19 @@ def blocks_pattern(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
 
     Used at /blocks.
     """
+    # master weights stay in cfg.param_dtype; compute runs in cfg.dtype
+    # (stacked layers: one layer at a time in the scan step, never the whole stack)
+    params = {
+        k: v if k in ("groups",) else jax.tree.map(lambda w: w.astype(cfg.dtype), v)
+        for k, v in params.items()
+    }
 
     # one step runs the 6 layers of the pattern in turn, cfg.layers // 6 steps
     # insert_remat: save_dots (profile gpu-h100)
     @functools.partial(jax.checkpoint, policy=REMAT_POLICY, prevent_cse=False)
     def groups_step(h, layer_params):
+        # this layer's weights in cfg.dtype
+        layer_params = jax.tree.map(lambda w: w.astype(cfg.dtype), layer_params)
         # annotate_sharding: batch -> fsdp (rule batch -> data, fsdp from profile gpu-h100)
         h = shard(h, P("fsdp"))
         return blocks_group(cfg, layer_params, h), None
@@ -302,7 +310,11 @@ def decoder_lm_hidden(cfg: Config, params: dict, tokens: jax.Array) -> jax.Array
     `loss_fn` applies the head itself, a chunk of positions at a time.
     """
     # master weights stay in cfg.param_dtype; compute runs in cfg.dtype
-    params = jax.tree.map(lambda w: w.astype(cfg.dtype), params)
+    # (stacked layers: one layer at a time in the scan step, never the whole stack)
+    params = {
+        k: v if k in ("blocks",) else jax.tree.map(lambda w: w.astype(cfg.dtype), v)
+        for k, v in params.items()
+    }
     with jax.named_scope("embed"):
         x = embedding(cfg, params["embed"], tokens)  # [B, S, dim]
     x = x * cfg.embed_multiplier  # [B, S, dim]
@@ -330,7 +342,7 @@ def decoder_lm(cfg: Config, params: dict, tokens: jax.Array) -> jax.Array:
     Used at /.
     """
     x = decoder_lm_hidden(cfg, params, tokens)  # [B, S, dim]
-    return decoder_lm_head(cfg, params, x)
+    return decoder_lm_head(cfg, {k: params[k] for k in HEAD_PARAMS}, x)
 
 
 # the model's entry point: forward(cfg, params, tokens) -> logits
@@ -592,9 +604,17 @@ def blocks_pattern_decode(
     The decode path of `blocks_pattern`; its cache is `cache`.
     """
     new_cache = {}
+    # master weights stay in cfg.param_dtype; compute runs in cfg.dtype
+    # (stacked layers: one layer at a time in the scan step, never the whole stack)
+    params = {
+        k: v if k in ("groups",) else jax.tree.map(lambda w: w.astype(cfg.dtype), v)
+        for k, v in params.items()
+    }
 
     def groups_step(h, xs):  # one of cfg.layers // 6 stacked layers and its cache
         layer_params, layer_cache = xs
+        # this layer's weights in cfg.dtype
+        layer_params = jax.tree.map(lambda w: w.astype(cfg.dtype), layer_params)
         # annotate_sharding: batch -> fsdp (rule batch -> data, fsdp from profile gpu-h100)
         h = shard(h, P("fsdp"))
         return blocks_group_decode(cfg, layer_params, h, layer_cache, pos)
@@ -619,7 +639,11 @@ def decoder_lm_decode(
     """
     new_cache = {}
     # master weights stay in cfg.param_dtype; compute runs in cfg.dtype
-    params = jax.tree.map(lambda w: w.astype(cfg.dtype), params)
+    # (stacked layers: one layer at a time in the scan step, never the whole stack)
+    params = {
+        k: v if k in ("blocks",) else jax.tree.map(lambda w: w.astype(cfg.dtype), v)
+        for k, v in params.items()
+    }
     with jax.named_scope("embed"):
         x = embedding(cfg, params["embed"], tokens)  # [B, S, dim]
     x = x * cfg.embed_multiplier  # [B, S, dim]

@@ -186,7 +186,7 @@ def decoder_lm(cfg: Config, params: dict, tokens: jax.Array) -> jax.Array:
     Used at /.
     """
     x = decoder_lm_hidden(cfg, params, tokens)  # [B, S, dim]
-    return decoder_lm_head(cfg, params, x)
+    return decoder_lm_head(cfg, {k: params[k] for k in HEAD_PARAMS}, x)
 
 
 # the model's entry point: forward(cfg, params, tokens) -> logits

@@ -198,7 +198,7 @@ def decoder_lm(cfg: Config, params: dict, tokens: jax.Array) -> tuple[jax.Array,
     Used at /.
     """
     x, aux = decoder_lm_hidden(cfg, params, tokens)  # [B, S, dim], []
-    return decoder_lm_head(cfg, params, x), aux
+    return decoder_lm_head(cfg, {k: params[k] for k in HEAD_PARAMS}, x), aux
 
 
 forward_with_aux = decoder_lm  # forward_with_aux(cfg, params, tokens) -> (logits, auxiliary loss)
