@@ -77,7 +77,9 @@ def _arrays_problems(module: ir.Module, source: ir.DataSource, spec: Path) -> li
         return []  # not there yet: train.py says so if it still is not
     arrays = _npz_headers(path)
     if isinstance(arrays, str):
-        return [(f"arrays data {path} is not a readable .npz file: {arrays}", "write it with numpy.savez")]
+        return [(f"arrays data {path} is not a readable .npz file: {arrays}",
+                 "write it with numpy.savez(path, images=..., labels=...), or give a directory of images.npy "
+                 "and labels.npy")]
     root = module.models[0].root
     images = next((a for a in root.forward.args if a.name == "images"), None) if root.forward else None
     if images is None:
@@ -100,25 +102,50 @@ def _arrays_problems(module: ir.Module, source: ir.DataSource, spec: Path) -> li
 
 
 def _npz_headers(path: Path) -> dict | str:
-    """{name: (shape, dtype)} of the arrays of a .npz, from their .npy headers; or what is wrong."""
+    """{name: (shape, dtype)} of the arrays of a .npz or a directory of .npy files, from their .npy
+    headers; or what is wrong."""
     import zipfile
 
-    import numpy as np
-
     out = {}
+    if path.is_dir():  # a directory of NAME.npy files
+        for file in sorted(path.glob("*.npy")):
+            header = _npy_header(file)
+            if isinstance(header, str):
+                return f"{file.name}: {header}"
+            out[file.stem] = header
+        return out
     try:
+        with path.open("rb") as f:
+            if f.read(6) == b"\x93NUMPY":
+                return "it is one .npy array, not a .npz of named arrays (or a directory of .npy files)"
         with zipfile.ZipFile(path) as z:
             for name in z.namelist():
                 if not name.endswith(".npy"):
                     continue
                 with z.open(name) as f:
-                    major, _ = np.lib.format.read_magic(f)
-                    read = np.lib.format.read_array_header_1_0 if major == 1 else np.lib.format.read_array_header_2_0
-                    shape, _, dtype = read(f)
-                out[name[:-4]] = (shape, dtype)
+                    out[name[:-4]] = _read_npy_header(f)
     except (OSError, ValueError, zipfile.BadZipFile, EOFError) as exc:
         return str(exc)[:200]
     return out
+
+
+def _npy_header(path: Path) -> tuple | str:
+    """(shape, dtype) of a .npy file from its header; or what is wrong."""
+    try:
+        with path.open("rb") as f:
+            return _read_npy_header(f)
+    except (OSError, ValueError, EOFError) as exc:
+        return str(exc)[:200]
+
+
+def _read_npy_header(f) -> tuple:
+    """(shape, dtype) from the .npy header at f's position (numpy's format module, no data read)."""
+    import numpy as np
+
+    major, _ = np.lib.format.read_magic(f)
+    read = np.lib.format.read_array_header_1_0 if major == 1 else np.lib.format.read_array_header_2_0
+    shape, _, dtype = read(f)
+    return shape, dtype
 
 
 def _first_binary(path: Path) -> Path | None:

@@ -151,10 +151,13 @@ def generate_seq2seq(model, cfg, params, ids: list[int], start: int, max_tokens:
     import jax
     import numpy as np
 
+    inputs = list(inspect.signature(model.forward).parameters)[2:]  # after (cfg, params), by name
+
     @jax.jit
     def logits_at(params, tokens, dec_tokens, pos):
-        ones, dec_ones = jax.numpy.ones_like(tokens), jax.numpy.ones_like(dec_tokens)
-        return model.forward(cfg, params, tokens[None], dec_tokens[None], ones[None], dec_ones[None])[0, pos]
+        fields = {"tokens": tokens, "dec_tokens": dec_tokens, "segments": jax.numpy.ones_like(tokens),
+                  "dec_segments": jax.numpy.ones_like(dec_tokens)}  # one example: no padding
+        return model.forward(cfg, params, *(fields[name][None] for name in inputs))[0, pos]
 
     tokens = np.asarray(ids, np.int32)
     dec = np.zeros(max_tokens + 1, np.int32)

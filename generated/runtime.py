@@ -23,6 +23,7 @@ import socket
 import sys
 import sysconfig
 import time
+import zipfile
 from pathlib import Path
 
 import jax
@@ -469,11 +470,7 @@ def load_images(tc, spec: str, from_flag: bool, shape: tuple, classes: int) -> t
         rows = synthetic_images(tc, shape, classes)
     else:
         path = data_path(tc, spec, from_flag)
-        try:
-            with np.load(path) as arrays:
-                rows = {k: np.asarray(arrays[k]) for k in ("images", "labels") if k in arrays}
-        except (OSError, ValueError, EOFError) as exc:
-            sys.exit(f"error: arrays data {path} is not a readable .npz file: {str(exc)[:200]}")
+        rows = read_arrays(path, ("images", "labels"))
         if problem := image_problem(rows, shape, classes):
             sys.exit(f"error: arrays data {path}: {problem}")
         rows = {
@@ -487,6 +484,29 @@ def load_images(tc, spec: str, from_flag: bool, shape: tuple, classes: int) -> t
             "add data or set --eval-every 0"
         )
     return train, held_out
+
+
+def read_arrays(path, names: tuple) -> dict[str, np.ndarray]:
+    """The arrays `names` that `path` holds: a .npz (numpy.savez) or a directory of NAME.npy files;
+    exits with a message when it is neither, or cannot be read."""
+    path = Path(path)
+    try:
+        if path.is_dir():
+            return {k: np.load(path / f"{k}.npy") for k in names if (path / f"{k}.npy").is_file()}
+        with open(path, "rb") as f:
+            if f.read(6) == b"\x93NUMPY":  # a single .npy array, not a named set
+                sys.exit(
+                    f"error: arrays data {path} is one .npy array; arrays(...) reads a .npz "
+                    f"(numpy.savez(path, {'=..., '.join(names)}=...)) or a directory of "
+                    + ", ".join(f"{k}.npy" for k in names)
+                )
+        with np.load(path) as arrays:
+            return {k: np.asarray(arrays[k]) for k in names if k in arrays}
+    except (OSError, ValueError, EOFError, TypeError, zipfile.BadZipFile) as exc:
+        sys.exit(
+            f"error: arrays data {path} is not a readable .npz file or directory of .npy files: "
+            f"{str(exc)[:200]}"
+        )
 
 
 def synthetic_images(tc, shape: tuple, classes: int) -> dict[str, np.ndarray]:

@@ -39,10 +39,10 @@ def _layer(call: str, v_head_dim: int = HEAD_DIM, extra_args: str = "") -> str:
     )
 
 
-def _load(tmp_path: Path, name: str, source: str):
-    """Build `source` for cpu and import its model.py."""
+def _load(tmp_path: Path, name: str, source: str, kernel: str = "xla"):
+    """Build `source` for cpu with attention `kernel` and import its model.py."""
     spec = tmp_path / f"{name}.axl"
-    spec.write_text(source, encoding="utf-8")
+    spec.write_text(source + f'target "cpu" {{ kernels(attention = {kernel}) }}\n', encoding="utf-8")
     out = tmp_path / "out" / name
     out.mkdir(parents=True)
     text = build_files(spec, "cpu")["model.py"]
@@ -522,3 +522,43 @@ def test_memory_counts_the_v_head_dim_and_the_softcap_residuals(tmp_path):
     assert "attention soft-capped logits" not in plain
     scores = 2 * 2 * 128 * 128 * 4  # [B, heads, S, S] in f32, kept twice more for tanh's backward
     assert wide["attention soft-capped logits"] == wide["attention soft-cap slope"] == scores
+
+
+# ----------------------------------------------------------------------------- the vjp kernel
+@pytest.mark.parametrize("call, extra, v_head_dim", [
+    ("attention(q, k, v, causal = true)", "", HEAD_DIM),
+    ("attention(q, k, v, causal = false, scale = 0.3)", "", HEAD_DIM),
+    ("attention(q, k, v, causal = true, window = 3)", "", 4),
+    ("attention(q, k, v, causal = true, mask = mask, segment_ids = seg)", ", mask: [1, 1, S, S], seg: [B, S]",
+     HEAD_DIM),
+])
+def test_vjp_kernel_values_and_gradients_match_xla(tmp_path, call, extra, v_head_dim):
+    """cpu's first attention kernel, `vjp` (a hand-written backward), gives XLA's values and the
+    gradients autodiff gives XLA's call: GQA, causal or not, scale, window, its own v head dim,
+    mask and segment ids."""
+    source = _layer(call, v_head_dim=v_head_dim, extra_args=extra)
+    fast, slow = _load(tmp_path, "vjp", source, "vjp"), _load(tmp_path, "xla", source, "xla")
+    assert "vjp_attention(q, k, v, causal=" in fast.SOURCE and "vjp_attention" not in slow.SOURCE
+    q, k, v = _qkv(v_head_dim)
+    _, mask = _bias_and_mask()
+    seg = np.array([[0, 0, 0, 1, 1, 1, 1, 2], [4, 4, 4, 4, 4, 4, 4, 4]], np.int32)
+    rest = (mask, seg) if "mask" in call else ()
+    d_out = np.random.default_rng(7).normal(size=(B, S, HEADS, v_head_dim)).astype(np.float32)
+
+    def value_and_grads(m):
+        f = lambda q, k, v: jnp.sum(m.forward(m.Config(), {}, q, k, v, *rest) * d_out)  # noqa: E731
+        return jax.jit(jax.value_and_grad(f, argnums=(0, 1, 2)))(q, k, v)
+
+    (got, got_grads), (want, want_grads) = value_and_grads(fast), value_and_grads(slow)
+    np.testing.assert_allclose(float(got), float(want), rtol=1e-5)
+    for g, w in zip(got_grads, want_grads):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(w), atol=2e-5, rtol=1e-4)
+
+
+def test_vjp_kernel_passes_over_soft_caps_and_biases(tmp_path):
+    """Soft-capping and an additive bias have no written-out backward: cpu falls back to xla."""
+    m = _load(tmp_path, "capped", _layer("attention(q, k, v, causal = true, softcap = 2.0)"), "auto")
+    assert "vjp_attention" not in m.SOURCE and "vjp not used: softcap 2.0" in m.SOURCE
+    with pytest.raises(CompileError, match="the `vjp` attention kernel cannot run this attention"):
+        _load(tmp_path, "biased", _layer("attention(q, k, v, causal = true, bias = bias)",
+                                         extra_args=", bias: [1, 1, S, S]"), "vjp")

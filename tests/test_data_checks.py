@@ -223,6 +223,29 @@ def test_check_reads_an_arrays_file_from_its_headers(tmp_path, capsys, arrays, e
     assert "pix.axl:10:3: error: arrays data" in err and expected in err, err
 
 
+def test_arrays_takes_a_directory_of_npy_files_and_refuses_one_npy(tmp_path, capsys):
+    """arrays("x") reads x/images.npy and x/labels.npy; arrays("x.npy"), one array without names,
+    is refused at the data line by `check` and in one line by train.py's loader, no traceback."""
+    import numpy as np
+
+    from generated import runtime
+
+    (tmp_path / "x").mkdir()
+    np.save(tmp_path / "x" / "images.npy", np.zeros((10, 4, 4, 3), np.float32))
+    np.save(tmp_path / "x" / "labels.npy", np.zeros(10, np.int32))
+    spec = tmp_path / "pix.axl"
+    spec.write_text(IMAGES_SPEC.replace('arrays("x.npz")', 'arrays("x")'))
+    assert main(["check", str(spec)]) == 0, capsys.readouterr().err
+    assert sorted(runtime.read_arrays(tmp_path / "x", ("images", "labels"))) == ["images", "labels"]
+    np.save(tmp_path / "y.npy", np.zeros((10, 4, 4, 3), np.float32))
+    spec.write_text(IMAGES_SPEC.replace('arrays("x.npz")', 'arrays("y.npy")'))
+    assert main(["check", str(spec)]) == 1
+    err = capsys.readouterr().err
+    assert "pix.axl:10:3: error: arrays data" in err and "one .npy array" in err, err
+    with pytest.raises(SystemExit, match="is one .npy array; arrays"):
+        runtime.read_arrays(tmp_path / "y.npy", ("images", "labels"))
+
+
 def test_check_accepts_a_good_arrays_file_and_sizes_pairs(tmp_path, capsys):
     import numpy as np
 

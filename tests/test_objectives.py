@@ -75,6 +75,26 @@ def test_seq2seq_loss_teacher_forcing_excludes_padding(tmp_path):
     np.testing.assert_allclose(float(got), want, rtol=1e-5)
 
 
+def test_seq2seq_greedy_decoding_passes_inputs_by_name(tmp_path):
+    """seq2seq_tiny's forward takes (tokens, segments, dec_tokens), not T5's order: axdsl sample's
+    greedy decoder passes each input by name, and every token is the full forward's argmax."""
+    from axdsl.sampling import Sampling, generate_seq2seq
+
+    m = model_module(tmp_path, "seq2seq_tiny",
+                     'train {\n  objective = seq2seq(start_token = 2)\n  data = pairs("s.bin", "t.bin")\n}\n')
+    cfg = m.CONFIGS["seq2seq_tiny"]
+    params = m.init_params(cfg, jax.random.key(4))
+    source = [5, 9, 7, 3]
+    got = list(generate_seq2seq(m, cfg, params, source, 2, 4, Sampling(temperature=0.0),
+                                 np.random.default_rng(0)))
+    dec = [2]
+    for _ in range(4):  # teacher-forced on its own choices: one full forward per token
+        tokens = np.asarray([source], np.int32)
+        logits = np.asarray(m.forward(cfg, params, tokens, np.ones_like(tokens), np.asarray([dec], np.int32)))
+        dec.append(int(logits[0, -1].argmax()))
+    assert got == dec[1:]
+
+
 def test_classify_loss_and_accuracy(tmp_path):
     m = model_module(tmp_path, "classify_tiny", "train {\n  objective = classify(smoothing = 0.1)\n}\n")
     cfg = m.CONFIGS["classify_tiny"]

@@ -14,6 +14,7 @@ from axdsl.codegen.why import kernel_why, quant_why, remat_kind, remat_why, shar
 from axdsl.ir import nodes as ir
 from axdsl.ir.nodes import DType, RefKind, TensorType
 from axdsl.passes.annotate_sharding import activation_spec, spec_text
+from axdsl.primitives.einsum import dense_call, dense_matmuls, is_weight
 
 # Operator precedence for minimal parentheses (higher binds tighter).
 _PREC = {"+": 1, "-": 1, "*": 2, "/": 2, "@": 2, **{op: 0 for op in ir.COMPARE_OPS}}  # Python: @ binds like *
@@ -354,6 +355,8 @@ class FunctionEmitter:
         left, lp = self.expr(e.left)
         right, rp = self.expr(e.right)
         lt, rt = e.left.type.dims, e.right.type.dims
+        if dense_matmuls(self.schedule) and is_weight(e.right) and not is_weight(e.left):
+            return dense_call(self, left, right, 1), _ATOM  # the einsum `dense` kernel
         if len(rt) == 2 and len(lt) >= 2:
             return f"{self._paren(left, lp, 2)} @ {self._paren(right, rp, 3)}", 2
         return f"jnp.einsum({py_str(self._matmul_spec(lt, rt))}, {left}, {right})", _ATOM

@@ -1,4 +1,4 @@
-"""Scaled dot-product attention; the kernel (cudnn, splash, xla) is chosen by select_kernels.
+"""Scaled dot-product attention; the kernel (cudnn, splash, vjp, xla) is chosen by select_kernels.
 
     attention(q, k, v, causal, window, scale, softcap, bias=, mask=, segment_ids=)
 
@@ -26,6 +26,12 @@ first that can. Codegen writes only the chosen call, with no backend branching:
                  the TPU Pallas kernel from jax.experimental.pallas.ops.tpu.splash_attention; it
                  computes exactly what the XLA call computes (tests compare them on the CPU with
                  `PALLAS_INTERPRET = True`)
+    vjp          vjp_attention(q, k, v, causal=..., window=, scale=, mask=), a helper copied into
+                 the model: the einsums of einsum_attention with the backward written out (the
+                 softmax's row term taken from the output, as flash attention does). The same
+                 values as XLA's call; on XLA:CPU it avoids the transposed [B, heads, S, S]
+                 copies and the reduction fused into a matmul that autodiff of the XLA call
+                 gives, 19% of a train step on benchmarks/vs_maxtext.py's model (cpu's first)
 
 Constraints, from the installed jax (0.10.2) sources:
 
@@ -55,6 +61,9 @@ Constraints, from the installed jax (0.10.2) sources:
               (attn_logits_soft_cap) are native; the scale is applied to q before the kernel
             - GQA is native (kv head = query head // group); any sharding: the helper runs in
               jax.shard_map over batch and heads and gathers what else is split
+    vjp     the helper's own backward (attention_kernels.VJP_ATTENTION):
+            - no soft-capping and no additive bias: their backward (tanh's slope, the bias's
+              own gradient) is not written out; a boolean mask and segment ids are (no gradient)
 """
 
 from __future__ import annotations
@@ -66,11 +75,11 @@ from axdsl.primitives.base import (Decoding, Flops, Helper, HelperSection, Kerne
                                    StaticKind)
 from axdsl.primitives.reductions import ir_fmt
 from axdsl.primitives.attention_kernels import (CACHED_ATTENTION, EINSUM_ATTENTION, SPLASH_ATTENTION,
-                                               SPLASH_IMPORTS)
+                                               SPLASH_IMPORTS, VJP_ATTENTION, VJP_IMPORTS)
 from axdsl.targets import profiles
 
 SPLASH_BLOCK = 128  # TPU lane width: splash tiles head_dim and the sequence by 128
-KERNELS = ("xla", "cudnn", "splash")  # the first, XLA's reference, runs every call
+KERNELS = ("xla", "cudnn", "splash", "vjp")  # the first, XLA's reference, runs every call
 
 
 def _shape(ctx, prim, args):
@@ -164,6 +173,8 @@ def _emit(ctx, prim: ir.Prim, args: list[str], precs: list[int]) -> str:
         ctx.use_helper("splash_attention")
     elif code.startswith("einsum_attention("):
         ctx.use_helper("einsum_attention")
+    elif code.startswith("vjp_attention("):
+        ctx.use_helper("vjp_attention")
     return code
 
 
@@ -273,6 +284,11 @@ def kernel_violations(kernel: str, prim: ir.Prim, model: ir.Model,
             out.append("an explicit mask; splash runs causal and sliding-window masks only")
         if bias is not None:
             out.append("an additive bias; splash attention has no bias input")
+    elif kernel == "vjp":
+        if softcap:
+            out.append(f"softcap {softcap}: the vjp kernel's backward has no soft-cap slope")
+        if bias is not None:
+            out.append("an additive bias; the vjp kernel's backward gives it no gradient")
     return out
 
 
@@ -307,11 +323,16 @@ def _memory(t, prim: ir.Prim, args, dims, label: str):
     out = t.new(dims, q.dtype, label, (q, k, v))
     for x in (q, k, v):
         t.save(x)
-    if (prim.kernel.kernel if prim.kernel is not None else KERNELS[0]) in FLASH_KERNELS:
+    kernel = prim.kernel.kernel if prim.kernel is not None else KERNELS[0]
+    if kernel in FLASH_KERNELS:
         t.save(out)
         t.save(t.internal((q.dims[0], heads, q.dims[1]), "f32", f"{label} logsumexp", (q, k)))
         return out
     scores = (q.dims[0], heads, q.dims[1], ir.Dim("S_kv", t.seq))  # keys: the full sequence
+    if kernel == "vjp":  # its backward keeps the output and the probabilities, in v's dtype
+        t.save(out)
+        t.save(t.internal(scores, v.dtype, f"{label} probabilities", (q, k)))
+        return out
     internals = [("f32", "masked logits"), ("f32", "exp")]
     if prim.attr("softcap").value:  # tanh's backward keeps its output and 1 - tanh^2
         internals += [("f32", "soft-capped logits"), ("f32", "soft-cap slope")]
@@ -346,6 +367,12 @@ class AttentionCall:
 def emit_attention(kernel: str, call: AttentionCall) -> str:
     """The expression of one attention call on `kernel`."""
     q, k, v = call.q, call.k, call.v
+    if kernel == "vjp":
+        if call.softcap is not None or call.bias is not None:  # select_kernels never picks vjp then
+            raise AssertionError("vjp attention takes no soft cap or bias")
+        extra = "".join(f", {name}={getattr(call, name)}"
+                        for name in ("window", "scale", "mask") if getattr(call, name) is not None)
+        return f"vjp_attention({q}, {k}, {v}, causal={call.causal}{extra})"
     if kernel == "splash":
         if call.mask is not None or call.bias is not None:  # select_kernels never picks splash then
             raise AssertionError("splash attention takes no explicit mask or bias")
@@ -379,6 +406,7 @@ PRIMITIVES = (
         kernels=KernelRule(KERNELS, kernel_violations),
         helpers=(Helper("splash_attention", SPLASH_ATTENTION, SPLASH_IMPORTS, HelperSection.KERNEL),
                  Helper("einsum_attention", EINSUM_ATTENTION),
+                 Helper("vjp_attention", VJP_ATTENTION, VJP_IMPORTS),
                  Helper("cached_attention", CACHED_ATTENTION)),
         decoding=Decoding.CACHED, decode_check=_decode_check),
 )

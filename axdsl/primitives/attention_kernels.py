@@ -1,5 +1,6 @@
 """The source of the attention helpers copied into generated models (see attention.py):
 einsum_attention (attention written out, for what jax.nn.dot_product_attention cannot express),
+vjp_attention (the same einsums with a backward written out: the `vjp` kernel),
 cached_attention (the decode path's attention over a KV cache) and splash_attention (the TPU
 Pallas kernel and its sharding)."""
 
@@ -47,6 +48,73 @@ EINSUM_ATTENTION = '''def einsum_attention(
     probs = probs.reshape(batch, kv_heads, heads // kv_heads, seq, kv_seq)
     out = jnp.einsum("bkgqs,bskd->bqkgd", probs, v)
     return out.reshape(batch, seq, heads, v.shape[-1])'''
+
+VJP_ATTENTION = '''@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5))
+def vjp_attention(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    causal: bool,
+    window: int | None = None,
+    scale: float | None = None,
+    mask: jax.Array | None = None,
+) -> jax.Array:
+    """Attention as two einsums over [B, kv_heads, group, S, head_dim], with its backward
+    written out (the `vjp` attention kernel of select_kernels).
+
+    q [B, S, heads, head_dim], k [B, S, kv_heads, head_dim], v [B, S, kv_heads, v_head_dim]
+    -> [B, S, heads, v_head_dim]; query head h reads kv head h // (heads // kv_heads). The
+    logits q.k * scale (None: 1 / sqrt(head_dim)) drop keys by causal, the sliding `window` and
+    `mask` (True: attend; broadcasts to [B, heads, S, S]); the softmax runs in float32. The same
+    values as jax.nn.dot_product_attention. The backward keeps the probabilities and takes the
+    softmax's row term from the output (rowsum(dy * y)), so XLA:CPU runs no [S, S] reduction
+    fused into a matmul and no transposed copies of the [B, heads, S, S] tensors.
+    """
+    return _vjp_attention_fwd(q, k, v, causal, window, scale, mask)[0]
+
+
+def _vjp_attention_fwd(q, k, v, causal, window, scale, mask):
+    batch, seq, heads, head_dim = q.shape
+    kv_seq, kv_heads = k.shape[1], k.shape[2]
+    group = heads // kv_heads
+    scale = head_dim**-0.5 if scale is None else scale
+    qg = q.reshape(batch, seq, kv_heads, group, head_dim).transpose(0, 2, 3, 1, 4)
+    kt, vt = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)  # [B, kv_heads, S_kv, d]
+    logits = jnp.einsum("bkgqd,bksd->bkgqs", qg, kt, preferred_element_type=jnp.float32) * scale
+    query_pos, key_pos = jnp.arange(seq)[:, None], jnp.arange(kv_seq)[None, :]
+    keep = jnp.ones((seq, kv_seq), dtype=bool)
+    if causal:
+        keep = keep & (key_pos <= query_pos)
+    if window:
+        keep = keep & (key_pos > query_pos - window)
+    if mask is not None:  # [B | 1, heads | 1, S, S_kv] -> [B | 1, kv_heads | 1, group | 1, S, S_kv]
+        grouped = (kv_heads, group) if mask.shape[1] == heads else (1, 1)
+        keep = keep & mask.reshape(mask.shape[0], *grouped, seq, kv_seq)
+    logits = jnp.where(keep, logits, -0.7 * jnp.finfo(jnp.float32).max)
+    probs = jax.nn.softmax(logits, axis=-1).astype(v.dtype)  # [B, kv_heads, group, S, S_kv]
+    out = jnp.einsum("bkgqs,bksd->bkgqd", probs, vt)
+    y = out.transpose(0, 3, 1, 2, 4).reshape(batch, seq, heads, v.shape[-1])
+    return y, (qg, kt, vt, probs, out, mask)
+
+
+def _vjp_attention_bwd(causal, window, scale, res, dy):
+    qg, kt, vt, probs, out, mask = res
+    batch, kv_heads, group, seq, head_dim = qg.shape
+    scale = head_dim**-0.5 if scale is None else scale
+    d_out = dy.reshape(batch, seq, kv_heads, group, -1).transpose(0, 2, 3, 1, 4)
+    d_v = jnp.einsum("bkgqs,bkgqd->bksd", probs, d_out)
+    d_probs = jnp.einsum("bkgqd,bksd->bkgqs", d_out, vt, preferred_element_type=jnp.float32)
+    row = jnp.sum(d_out.astype(jnp.float32) * out.astype(jnp.float32), axis=-1, keepdims=True)
+    d_logits = (probs.astype(jnp.float32) * (d_probs - row) * scale).astype(qg.dtype)
+    d_q = jnp.einsum("bkgqs,bksd->bkgqd", d_logits, kt)
+    d_k = jnp.einsum("bkgqs,bkgqd->bksd", d_logits, qg)
+    d_q = d_q.transpose(0, 3, 1, 2, 4).reshape(batch, seq, kv_heads * group, head_dim)
+    return d_q, d_k.transpose(0, 2, 1, 3), d_v.transpose(0, 2, 1, 3), None
+
+
+vjp_attention.defvjp(_vjp_attention_fwd, _vjp_attention_bwd)'''
+
+VJP_IMPORTS = ("import functools", "import jax", "import jax.numpy as jnp")
 
 CACHED_ATTENTION = '''def cached_attention(
     q: jax.Array,

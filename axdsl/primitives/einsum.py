@@ -3,6 +3,17 @@
 The spec names every dim of every operand; names resolve to hyperparameters (sized dims) or to
 the forward's free dims (B, S). FLOPs, when an operand is a parameter: 2 x the product of the
 sizes of every named dim other than B and S.
+
+Kernels (select_kernels; `@` follows the same choice, see `dense_matmuls`):
+
+    xla     jnp.einsum(spec, x, w), differentiated by JAX
+    dense   dense(x, w, contract): the same forward (jnp.tensordot) for an activation whose last
+            dims contract with a weight's first dims, the output keeping the rest in order
+            ("B S dim, dim heads head_dim -> B S heads head_dim"); its backward computes the
+            weight's gradient as one matmul of the activations flattened to [tokens, in] and
+            transposed, with the output's gradient [tokens, out]. Left to autodiff, XLA:CPU
+            transposes the (larger) output gradient element by element instead: 23% of a train
+            step on benchmarks/vs_maxtext.py's model (cpu's first choice)
 """
 
 from __future__ import annotations
@@ -10,9 +21,10 @@ from __future__ import annotations
 import math
 
 from axdsl.ir import nodes as ir
-from axdsl.primitives.base import Flops, Primitive, Signature, Static, StaticKind
+from axdsl.primitives.base import Flops, Helper, KernelRule, Primitive, Signature, Static, StaticKind
 from axdsl.primitives.reductions import ir_fmt
 from axdsl.syntax import ast
+from axdsl.targets import profiles
 
 TOKEN_DIMS = ("B", "S")  # free dims of activations by convention (see annotate_sharding)
 
@@ -60,7 +72,79 @@ def _shape(ctx, prim: ir.Prim, args):
 
 
 def _emit(ctx, prim: ir.Prim, args: list[str], precs: list[int]) -> str:
+    if prim.kernel is not None and prim.kernel.kernel == "dense":
+        return dense_call(ctx, args[0], args[1], _dense_contract(prim))
     return f"jnp.einsum({ctx.py_str(ctx.einsum_spec(prim))}, {', '.join(args)})"
+
+
+def dense_call(ctx, x: str, w: str, contract: int) -> str:
+    """`dense(x, w)` (or `dense(x, w, contract)`), with its helper."""
+    ctx.use_helper("dense")
+    return f"dense({x}, {w})" if contract == 1 else f"dense({x}, {w}, {contract})"
+
+
+def _dense_contract(prim: ir.Prim) -> int | None:
+    """How many dims an activation [lead..., in...] x weight [in..., rest...] -> [lead..., rest...]
+    contracts (the `dense` kernel's shape); None for any other einsum."""
+    spec: ir.EinsumSpec = prim.attr("spec")
+    if len(spec.operands) != 2 or not is_weight(prim.args[1]) or is_weight(prim.args[0]):
+        return None
+    (x, w), out = spec.operands, spec.out
+    n = len(x) + len(w) - len(out)
+    if n <= 0 or n % 2 or len(set(x) | set(w)) != len(x) + len(w) - n // 2:
+        return None
+    n //= 2
+    ok = n <= min(len(x), len(w)) and x[len(x) - n:] == w[:n] and out == x[:len(x) - n] + w[n:]
+    return n if ok else None
+
+
+def is_weight(e: ir.TExpr) -> bool:
+    """A parameter of the layer (or of a child) read as it is."""
+    return isinstance(e, ir.Ref) and e.kind in (ir.RefKind.PARAM, ir.RefKind.CHILD_PARAM)
+
+
+def _violations(kernel: str, prim: ir.Prim, model: ir.Model, sched: ir.Schedule | None = None) -> list[str]:
+    if kernel == "dense" and _dense_contract(prim) is None:
+        return ["an einsum that is not an activation's last dims times a weight's first dims"]
+    return []
+
+
+def dense_matmuls(schedule: ir.Schedule | None) -> bool:
+    """Whether `x @ weight` is written `dense(x, weight)` on this schedule: the einsum kernel
+    it forces (`kernels(einsum = dense)`), else the profile's first choice."""
+    if schedule is None:
+        return False
+    choice = dict(schedule.kernels).get("einsum")
+    if choice is not None and choice.value != "auto":
+        return choice.value == "dense"
+    return profiles()[schedule.profile].kernels.get("einsum", ("xla",))[0] == "dense"
+
+
+DENSE = '''@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def dense(x: jax.Array, w: jax.Array, contract: int = 1) -> jax.Array:
+    """x's last `contract` dims times the weight w's first ones (jnp.tensordot): `x @ w`, or
+    [B, S, heads, head_dim] x [heads, head_dim, dim] -> [B, S, dim] with contract=2.
+
+    The same forward as the einsum; the backward computes w's gradient as one matmul of x
+    flattened to [tokens, in], transposed, with the output's gradient [tokens, out]. Left to
+    autodiff, XLA:CPU transposes the larger output gradient element by element instead."""
+    return jnp.tensordot(x, w, contract)
+
+
+def _dense_fwd(x, w, contract):
+    return jnp.tensordot(x, w, contract), (x, w)
+
+
+def _dense_bwd(contract, res, dy):
+    x, w = res
+    tokens = math.prod(x.shape[: x.ndim - contract])
+    d_w = x.reshape(tokens, -1).T @ dy.reshape(tokens, -1)
+    out_dims = tuple(range(dy.ndim - (w.ndim - contract), dy.ndim))
+    d_x = jnp.tensordot(dy, w, (out_dims, tuple(range(contract, w.ndim))))
+    return d_x.astype(x.dtype), d_w.reshape(w.shape).astype(w.dtype)
+
+
+dense.defvjp(_dense_fwd, _dense_bwd)'''
 
 
 def _flops(ctx, prim: ir.Prim) -> Flops:
@@ -89,5 +173,7 @@ def _memory(t, prim: ir.Prim, args, dims, label: str):
 PRIMITIVES = (
     Primitive("einsum", Signature((), (Static("spec", StaticKind.EINSUM),), doc='einsum("B S dim, dim mlp -> B S mlp", x, w) over named dims'),
               emit=_emit, shape=_shape, flops=_flops, lower=_lower, scalar_operands=True, contraction=True,
-              memory=_memory),
+              memory=_memory, kernels=KernelRule(("xla", "dense"), _violations),
+              helpers=(Helper("dense", DENSE, ("import functools", "import math", "import jax",
+                                               "import jax.numpy as jnp")),)),
 )

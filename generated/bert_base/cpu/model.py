@@ -20,6 +20,7 @@ Fixed when this file was built (change the spec and rebuild):
 """
 
 import dataclasses
+import functools
 import math
 import zlib
 
@@ -53,7 +54,6 @@ CONFIGS = {
 
 
 # ----------------------------------------------------------------------------- layers
-# Einsum letters, one per dim in every layer function (helpers below use their own): b=B s=S d=dim h=heads e=head_dim
 
 
 def embedding(cfg: Config, params: dict, ids: jax.Array) -> jax.Array:
@@ -84,23 +84,20 @@ def bert_attention(cfg: Config, params: dict, x: jax.Array, segments: jax.Array)
     Used at /blocks/attn.
     """
     q = checkpoint_name(
-        jnp.einsum("bsd,dhe->bshe", x, params["wq"]) + params["bq"], "query_proj"
+        dense(x, params["wq"]) + params["bq"], "query_proj"
     )  # [B, S, heads, head_dim]
     k = checkpoint_name(
-        jnp.einsum("bsd,dhe->bshe", x, params["wk"]) + params["bk"], "key_proj"
+        dense(x, params["wk"]) + params["bk"], "key_proj"
     )  # [B, S, heads, head_dim]
     v = checkpoint_name(
-        jnp.einsum("bsd,dhe->bshe", x, params["wv"]) + params["bv"], "value_proj"
+        dense(x, params["wv"]) + params["bv"], "value_proj"
     )  # [B, S, heads, head_dim]
     same_segment = segments[:, None, :, None] == segments[:, None, None, :]  # [B, 1, S, S]
-    # select_kernels: xla, the first of cpu's attention kernels that fits
+    # select_kernels: vjp, the first of cpu's attention kernels that fits
     o = checkpoint_name(
-        jax.nn.dot_product_attention(
-            q, k, v, is_causal=False, mask=same_segment, implementation="xla"
-        ),
-        "context",
+        vjp_attention(q, k, v, causal=False, mask=same_segment), "context"
     )  # [B, S, heads, head_dim]
-    y = checkpoint_name(jnp.einsum("bshe,hed->bsd", o, params["wo"]), "out_proj")  # [B, S, dim]
+    y = checkpoint_name(dense(o, params["wo"], 2), "out_proj")  # [B, S, dim]
     return y + params["bo"]  # [B, S, dim]
 
 
@@ -109,10 +106,10 @@ def mlp(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
 
     Used at /blocks/mlp.
     """
-    h = x @ params["w_in"]  # [B, S, ffn]
+    h = dense(x, params["w_in"])  # [B, S, ffn]
     h = h + params["b_in"]  # [B, S, ffn]
     h = checkpoint_name(jax.nn.gelu(h, approximate=False), "mlp_hidden")  # [B, S, ffn]
-    y = h @ params["w_out"]  # [B, S, dim]
+    y = dense(h, params["w_out"])  # [B, S, dim]
     y = y + params["b_out"]  # [B, S, dim]
     return y  # [B, S, dim]
 
@@ -138,7 +135,7 @@ def linear(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
 
     Used at /head_dense.
     """
-    y = x @ params["w"]  # [..., dim]
+    y = dense(x, params["w"])  # [..., dim]
     y = y + params["b"]  # [..., dim]
     return y  # [..., dim]
 
@@ -318,6 +315,33 @@ def shard(x: jax.Array, spec: P) -> jax.Array:
 # ----------------------------------------------------------------------------- helpers
 
 
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def dense(x: jax.Array, w: jax.Array, contract: int = 1) -> jax.Array:
+    """x's last `contract` dims times the weight w's first ones (jnp.tensordot): `x @ w`, or
+    [B, S, heads, head_dim] x [heads, head_dim, dim] -> [B, S, dim] with contract=2.
+
+    The same forward as the einsum; the backward computes w's gradient as one matmul of x
+    flattened to [tokens, in], transposed, with the output's gradient [tokens, out]. Left to
+    autodiff, XLA:CPU transposes the larger output gradient element by element instead."""
+    return jnp.tensordot(x, w, contract)
+
+
+def _dense_fwd(x, w, contract):
+    return jnp.tensordot(x, w, contract), (x, w)
+
+
+def _dense_bwd(contract, res, dy):
+    x, w = res
+    tokens = math.prod(x.shape[: x.ndim - contract])
+    d_w = x.reshape(tokens, -1).T @ dy.reshape(tokens, -1)
+    out_dims = tuple(range(dy.ndim - (w.ndim - contract), dy.ndim))
+    d_x = jnp.tensordot(dy, w, (out_dims, tuple(range(contract, w.ndim))))
+    return d_x.astype(x.dtype), d_w.reshape(w.shape).astype(w.dtype)
+
+
+dense.defvjp(_dense_fwd, _dense_bwd)
+
+
 def segment_positions(segments: jax.Array) -> jax.Array:
     """Each token's position in its run of equal segment ids along the last dim: 0, 1, ...
     restarting where the id changes (a packed row's examples, and the padding after them)."""
@@ -325,3 +349,69 @@ def segment_positions(segments: jax.Array) -> jax.Array:
     first = jnp.ones_like(segments[..., :1], dtype=bool)
     starts = jnp.concatenate([first, segments[..., 1:] != segments[..., :-1]], axis=-1)
     return idx - jax.lax.cummax(jnp.where(starts, idx, 0), axis=segments.ndim - 1)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5))
+def vjp_attention(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    causal: bool,
+    window: int | None = None,
+    scale: float | None = None,
+    mask: jax.Array | None = None,
+) -> jax.Array:
+    """Attention as two einsums over [B, kv_heads, group, S, head_dim], with its backward
+    written out (the `vjp` attention kernel of select_kernels).
+
+    q [B, S, heads, head_dim], k [B, S, kv_heads, head_dim], v [B, S, kv_heads, v_head_dim]
+    -> [B, S, heads, v_head_dim]; query head h reads kv head h // (heads // kv_heads). The
+    logits q.k * scale (None: 1 / sqrt(head_dim)) drop keys by causal, the sliding `window` and
+    `mask` (True: attend; broadcasts to [B, heads, S, S]); the softmax runs in float32. The same
+    values as jax.nn.dot_product_attention. The backward keeps the probabilities and takes the
+    softmax's row term from the output (rowsum(dy * y)), so XLA:CPU runs no [S, S] reduction
+    fused into a matmul and no transposed copies of the [B, heads, S, S] tensors.
+    """
+    return _vjp_attention_fwd(q, k, v, causal, window, scale, mask)[0]
+
+
+def _vjp_attention_fwd(q, k, v, causal, window, scale, mask):
+    batch, seq, heads, head_dim = q.shape
+    kv_seq, kv_heads = k.shape[1], k.shape[2]
+    group = heads // kv_heads
+    scale = head_dim**-0.5 if scale is None else scale
+    qg = q.reshape(batch, seq, kv_heads, group, head_dim).transpose(0, 2, 3, 1, 4)
+    kt, vt = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)  # [B, kv_heads, S_kv, d]
+    logits = jnp.einsum("bkgqd,bksd->bkgqs", qg, kt, preferred_element_type=jnp.float32) * scale
+    query_pos, key_pos = jnp.arange(seq)[:, None], jnp.arange(kv_seq)[None, :]
+    keep = jnp.ones((seq, kv_seq), dtype=bool)
+    if causal:
+        keep = keep & (key_pos <= query_pos)
+    if window:
+        keep = keep & (key_pos > query_pos - window)
+    if mask is not None:  # [B | 1, heads | 1, S, S_kv] -> [B | 1, kv_heads | 1, group | 1, S, S_kv]
+        grouped = (kv_heads, group) if mask.shape[1] == heads else (1, 1)
+        keep = keep & mask.reshape(mask.shape[0], *grouped, seq, kv_seq)
+    logits = jnp.where(keep, logits, -0.7 * jnp.finfo(jnp.float32).max)
+    probs = jax.nn.softmax(logits, axis=-1).astype(v.dtype)  # [B, kv_heads, group, S, S_kv]
+    out = jnp.einsum("bkgqs,bksd->bkgqd", probs, vt)
+    y = out.transpose(0, 3, 1, 2, 4).reshape(batch, seq, heads, v.shape[-1])
+    return y, (qg, kt, vt, probs, out, mask)
+
+
+def _vjp_attention_bwd(causal, window, scale, res, dy):
+    qg, kt, vt, probs, out, mask = res
+    batch, kv_heads, group, seq, head_dim = qg.shape
+    scale = head_dim**-0.5 if scale is None else scale
+    d_out = dy.reshape(batch, seq, kv_heads, group, -1).transpose(0, 2, 3, 1, 4)
+    d_v = jnp.einsum("bkgqs,bkgqd->bksd", probs, d_out)
+    d_probs = jnp.einsum("bkgqd,bksd->bkgqs", d_out, vt, preferred_element_type=jnp.float32)
+    row = jnp.sum(d_out.astype(jnp.float32) * out.astype(jnp.float32), axis=-1, keepdims=True)
+    d_logits = (probs.astype(jnp.float32) * (d_probs - row) * scale).astype(qg.dtype)
+    d_q = jnp.einsum("bkgqs,bksd->bkgqd", d_logits, kt)
+    d_k = jnp.einsum("bkgqs,bkgqd->bksd", d_logits, qg)
+    d_q = d_q.transpose(0, 3, 1, 2, 4).reshape(batch, seq, kv_heads * group, head_dim)
+    return d_q, d_k.transpose(0, 2, 1, 3), d_v.transpose(0, 2, 1, 3), None
+
+
+vjp_attention.defvjp(_vjp_attention_fwd, _vjp_attention_bwd)

@@ -65,7 +65,6 @@ CONFIGS = {
 
 
 # ----------------------------------------------------------------------------- layers
-# Einsum letters, one per dim in every layer function (helpers below use their own): b=B s=S q=q_rank h=heads k=qk_head_dim a=512 v=kv_b_dim i=kv_b_dim-128 d=dim
 
 
 def embedding(cfg: Config, params: dict, ids: jax.Array) -> jax.Array:
@@ -92,11 +91,11 @@ def ml_attention(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
     Used at /dense_blocks/attn, /blocks/attn.
     """
     with jax.named_scope("q_norm"):
-        q_norm_out = rms_norm(cfg, params["q_norm"], x @ params["wq_a"])  # [B, S, q_rank]
+        q_norm_out = rms_norm(cfg, params["q_norm"], dense(x, params["wq_a"]))  # [B, S, q_rank]
     q = checkpoint_name(
-        jnp.einsum("bsq,qhk->bshk", q_norm_out, params["wq_b"]), "query_proj"
+        dense(q_norm_out, params["wq_b"]), "query_proj"
     )  # [B, S, heads, qk_head_dim]
-    kv = checkpoint_name(x @ params["wkv_a"], "latent_proj")  # [B, S, kv_a_dim]
+    kv = checkpoint_name(dense(x, params["wkv_a"]), "latent_proj")  # [B, S, kv_a_dim]
     with jax.named_scope("kv_norm"):
         latent = rms_norm(cfg, params["kv_norm"], kv[..., :512])  # [B, S, 512]
     k_pe = kv[..., 512:]  # [B, S, kv_a_dim-512]
@@ -104,7 +103,7 @@ def ml_attention(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
         k_pe[..., None, :], (*k_pe.shape[:-1], cfg.heads, *k_pe.shape[-1:])
     )  # [B, S, heads, kv_a_dim-512]
     kv = checkpoint_name(
-        jnp.einsum("bsa,ahv->bshv", latent, params["wkv_b"]), "key_value_proj"
+        dense(latent, params["wkv_b"]), "key_value_proj"
     )  # [B, S, heads, kv_b_dim]
     q_pe = apply_rotary(
         q[..., 128:],
@@ -121,11 +120,11 @@ def ml_attention(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
     q = jnp.concatenate([q[..., :128], q_pe], axis=-1)  # [B, S, heads, qk_head_dim]
     k = jnp.concatenate([kv[..., :128], k_pe], axis=-1)  # [B, S, heads, qk_head_dim]
     v = kv[..., 128:]  # [B, S, heads, kv_b_dim-128]
-    # select_kernels: xla, the first of cpu's attention kernels that fits
+    # select_kernels: vjp, the first of cpu's attention kernels that fits
     o = checkpoint_name(
-        einsum_attention(q, k, v, causal=True, scale=0.1352337788608801), "context"
+        vjp_attention(q, k, v, causal=True, scale=0.1352337788608801), "context"
     )  # [B, S, heads, kv_b_dim-128]
-    y = checkpoint_name(jnp.einsum("bshi,hid->bsd", o, params["wo"]), "out_proj")  # [B, S, dim]
+    y = checkpoint_name(dense(o, params["wo"], 2), "out_proj")  # [B, S, dim]
     return y  # [B, S, dim]
 
 
@@ -135,9 +134,9 @@ def swiglu(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
     Used at /dense_blocks/mlp.
     """
     h = checkpoint_name(
-        jax.nn.silu(x @ params["w_gate"]) * (x @ params["w_up"]), "mlp_hidden"
+        jax.nn.silu(dense(x, params["w_gate"])) * dense(x, params["w_up"]), "mlp_hidden"
     )  # [B, S, ffn]
-    return h @ params["w_down"]  # [B, S, dim]
+    return dense(h, params["w_down"])  # [B, S, dim]
 
 
 def block(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
@@ -163,9 +162,9 @@ def swiglu_2(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
     Used at /blocks/mlp/shared_mlp.
     """
     h = checkpoint_name(
-        jax.nn.silu(x @ params["w_gate"]) * (x @ params["w_up"]), "mlp_hidden"
+        jax.nn.silu(dense(x, params["w_gate"])) * dense(x, params["w_up"]), "mlp_hidden"
     )  # [B, S, hidden]
-    return h @ params["w_down"]  # [B, S, dim]
+    return dense(h, params["w_down"])  # [B, S, dim]
 
 
 def deep_seek_moe(cfg: Config, params: dict, x: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -266,7 +265,7 @@ def decoder_lm_head(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
     """
     # master weights stay in cfg.param_dtype; compute runs in cfg.dtype
     params = jax.tree.map(lambda w: w.astype(cfg.dtype), params)
-    logits = x @ params["head"]  # [B, S, vocab]
+    logits = dense(x, params["head"])  # [B, S, vocab]
     return logits.astype(jnp.float32)  # [B, S, vocab]
 
 
@@ -387,11 +386,11 @@ def ml_attention_decode(
     """
     new_cache = {}
     with jax.named_scope("q_norm"):
-        q_norm_out = rms_norm(cfg, params["q_norm"], x @ params["wq_a"])  # [B, S, q_rank]
+        q_norm_out = rms_norm(cfg, params["q_norm"], dense(x, params["wq_a"]))  # [B, S, q_rank]
     q = checkpoint_name(
-        jnp.einsum("bsq,qhk->bshk", q_norm_out, params["wq_b"]), "query_proj"
+        dense(q_norm_out, params["wq_b"]), "query_proj"
     )  # [B, S, heads, qk_head_dim]
-    kv = checkpoint_name(x @ params["wkv_a"], "latent_proj")  # [B, S, kv_a_dim]
+    kv = checkpoint_name(dense(x, params["wkv_a"]), "latent_proj")  # [B, S, kv_a_dim]
     with jax.named_scope("kv_norm"):
         latent = rms_norm(cfg, params["kv_norm"], kv[..., :512])  # [B, S, 512]
     k_pe = kv[..., 512:]  # [B, S, kv_a_dim-512]
@@ -399,7 +398,7 @@ def ml_attention_decode(
         k_pe[..., None, :], (*k_pe.shape[:-1], cfg.heads, *k_pe.shape[-1:])
     )  # [B, S, heads, kv_a_dim-512]
     kv = checkpoint_name(
-        jnp.einsum("bsa,ahv->bshv", latent, params["wkv_b"]), "key_value_proj"
+        dense(latent, params["wkv_b"]), "key_value_proj"
     )  # [B, S, heads, kv_b_dim]
     q_pe = apply_rotary(
         q[..., 128:],
@@ -423,7 +422,7 @@ def ml_attention_decode(
         q, k, v, cache["k"], cache["v"], pos, scale=0.1352337788608801
     )  # [B, S, heads, kv_b_dim-128]
     o = checkpoint_name(o, "context")  # [B, S, heads, kv_b_dim-128]
-    y = checkpoint_name(jnp.einsum("bshi,hid->bsd", o, params["wo"]), "out_proj")  # [B, S, dim]
+    y = checkpoint_name(dense(o, params["wo"], 2), "out_proj")  # [B, S, dim]
     return y, new_cache  # [B, S, dim]
 
 
@@ -515,7 +514,7 @@ def decoder_lm_decode(
         )  # [B, S, dim]
     with jax.named_scope("final_norm"):
         x = rms_norm(cfg, params["final_norm"], x)  # [B, S, dim]
-    logits = x @ params["head"]  # [B, S, vocab]
+    logits = dense(x, params["head"])  # [B, S, vocab]
     return logits.astype(jnp.float32), new_cache  # [B, S, vocab]
 
 
@@ -786,6 +785,33 @@ def cached_attention(
     return out, cache_k, cache_v
 
 
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def dense(x: jax.Array, w: jax.Array, contract: int = 1) -> jax.Array:
+    """x's last `contract` dims times the weight w's first ones (jnp.tensordot): `x @ w`, or
+    [B, S, heads, head_dim] x [heads, head_dim, dim] -> [B, S, dim] with contract=2.
+
+    The same forward as the einsum; the backward computes w's gradient as one matmul of x
+    flattened to [tokens, in], transposed, with the output's gradient [tokens, out]. Left to
+    autodiff, XLA:CPU transposes the larger output gradient element by element instead."""
+    return jnp.tensordot(x, w, contract)
+
+
+def _dense_fwd(x, w, contract):
+    return jnp.tensordot(x, w, contract), (x, w)
+
+
+def _dense_bwd(contract, res, dy):
+    x, w = res
+    tokens = math.prod(x.shape[: x.ndim - contract])
+    d_w = x.reshape(tokens, -1).T @ dy.reshape(tokens, -1)
+    out_dims = tuple(range(dy.ndim - (w.ndim - contract), dy.ndim))
+    d_x = jnp.tensordot(dy, w, (out_dims, tuple(range(contract, w.ndim))))
+    return d_x.astype(x.dtype), d_w.reshape(w.shape).astype(w.dtype)
+
+
+dense.defvjp(_dense_fwd, _dense_bwd)
+
+
 def einsum_attention(
     q: jax.Array,
     k: jax.Array,
@@ -835,6 +861,72 @@ def einsum_attention(
 def rope_frequencies(rotary_dim: int, theta: float) -> jax.Array:
     """The rotary frequencies theta^(-2i / rotary_dim), i < rotary_dim / 2 (RoFormer)."""
     return 1.0 / (theta ** (jnp.arange(0, rotary_dim, 2, dtype=jnp.float32) / rotary_dim))
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5))
+def vjp_attention(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    causal: bool,
+    window: int | None = None,
+    scale: float | None = None,
+    mask: jax.Array | None = None,
+) -> jax.Array:
+    """Attention as two einsums over [B, kv_heads, group, S, head_dim], with its backward
+    written out (the `vjp` attention kernel of select_kernels).
+
+    q [B, S, heads, head_dim], k [B, S, kv_heads, head_dim], v [B, S, kv_heads, v_head_dim]
+    -> [B, S, heads, v_head_dim]; query head h reads kv head h // (heads // kv_heads). The
+    logits q.k * scale (None: 1 / sqrt(head_dim)) drop keys by causal, the sliding `window` and
+    `mask` (True: attend; broadcasts to [B, heads, S, S]); the softmax runs in float32. The same
+    values as jax.nn.dot_product_attention. The backward keeps the probabilities and takes the
+    softmax's row term from the output (rowsum(dy * y)), so XLA:CPU runs no [S, S] reduction
+    fused into a matmul and no transposed copies of the [B, heads, S, S] tensors.
+    """
+    return _vjp_attention_fwd(q, k, v, causal, window, scale, mask)[0]
+
+
+def _vjp_attention_fwd(q, k, v, causal, window, scale, mask):
+    batch, seq, heads, head_dim = q.shape
+    kv_seq, kv_heads = k.shape[1], k.shape[2]
+    group = heads // kv_heads
+    scale = head_dim**-0.5 if scale is None else scale
+    qg = q.reshape(batch, seq, kv_heads, group, head_dim).transpose(0, 2, 3, 1, 4)
+    kt, vt = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)  # [B, kv_heads, S_kv, d]
+    logits = jnp.einsum("bkgqd,bksd->bkgqs", qg, kt, preferred_element_type=jnp.float32) * scale
+    query_pos, key_pos = jnp.arange(seq)[:, None], jnp.arange(kv_seq)[None, :]
+    keep = jnp.ones((seq, kv_seq), dtype=bool)
+    if causal:
+        keep = keep & (key_pos <= query_pos)
+    if window:
+        keep = keep & (key_pos > query_pos - window)
+    if mask is not None:  # [B | 1, heads | 1, S, S_kv] -> [B | 1, kv_heads | 1, group | 1, S, S_kv]
+        grouped = (kv_heads, group) if mask.shape[1] == heads else (1, 1)
+        keep = keep & mask.reshape(mask.shape[0], *grouped, seq, kv_seq)
+    logits = jnp.where(keep, logits, -0.7 * jnp.finfo(jnp.float32).max)
+    probs = jax.nn.softmax(logits, axis=-1).astype(v.dtype)  # [B, kv_heads, group, S, S_kv]
+    out = jnp.einsum("bkgqs,bksd->bkgqd", probs, vt)
+    y = out.transpose(0, 3, 1, 2, 4).reshape(batch, seq, heads, v.shape[-1])
+    return y, (qg, kt, vt, probs, out, mask)
+
+
+def _vjp_attention_bwd(causal, window, scale, res, dy):
+    qg, kt, vt, probs, out, mask = res
+    batch, kv_heads, group, seq, head_dim = qg.shape
+    scale = head_dim**-0.5 if scale is None else scale
+    d_out = dy.reshape(batch, seq, kv_heads, group, -1).transpose(0, 2, 3, 1, 4)
+    d_v = jnp.einsum("bkgqs,bkgqd->bksd", probs, d_out)
+    d_probs = jnp.einsum("bkgqd,bksd->bkgqs", d_out, vt, preferred_element_type=jnp.float32)
+    row = jnp.sum(d_out.astype(jnp.float32) * out.astype(jnp.float32), axis=-1, keepdims=True)
+    d_logits = (probs.astype(jnp.float32) * (d_probs - row) * scale).astype(qg.dtype)
+    d_q = jnp.einsum("bkgqs,bksd->bkgqd", d_logits, kt)
+    d_k = jnp.einsum("bkgqs,bkgqd->bksd", d_logits, qg)
+    d_q = d_q.transpose(0, 3, 1, 2, 4).reshape(batch, seq, kv_heads * group, head_dim)
+    return d_q, d_k.transpose(0, 2, 1, 3), d_v.transpose(0, 2, 1, 3), None
+
+
+vjp_attention.defvjp(_vjp_attention_fwd, _vjp_attention_bwd)
 
 
 def yarn_frequencies(

@@ -73,7 +73,6 @@ CONFIGS = {
 
 
 # ----------------------------------------------------------------------------- layers
-# Einsum letters, one per dim in every layer function (helpers below use their own): b=B s=S d=dim h=heads e=head_dim k=kv_heads v=v_head_dim
 
 
 def embedding(cfg: Config, params: dict, ids: jax.Array) -> jax.Array:
@@ -99,22 +98,17 @@ def attention(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
 
     Used at /blocks/0/attn.
     """
-    q = checkpoint_name(
-        jnp.einsum("bsd,dhe->bshe", x, params["wq"]), "query_proj"
-    )  # [B, S, heads, head_dim]
-    k = checkpoint_name(
-        jnp.einsum("bsd,dke->bske", x, params["wk"]), "key_proj"
-    )  # [B, S, kv_heads, head_dim]
-    v = checkpoint_name(
-        jnp.einsum("bsd,dkv->bskv", x, params["wv"]), "value_proj"
-    )  # [B, S, kv_heads, v_head_dim]
+    q = checkpoint_name(dense(x, params["wq"]), "query_proj")  # [B, S, heads, head_dim]
+    k = checkpoint_name(dense(x, params["wk"]), "key_proj")  # [B, S, kv_heads, head_dim]
+    v = checkpoint_name(dense(x, params["wv"]), "value_proj")  # [B, S, kv_heads, v_head_dim]
     q = apply_rope(q, theta=cfg.rope_theta)  # [B, S, heads, head_dim]
     k = apply_rope(k, theta=cfg.rope_theta)  # [B, S, kv_heads, head_dim]
-    # select_kernels: xla, the first of cpu's attention kernels that fits
+    # select_kernels: xla, the first of cpu's attention kernels that fits; the ones before it:
+    # attention: vjp not used: softcap 50.0: the vjp kernel's backward has no soft-cap slope
     o = checkpoint_name(
         einsum_attention(q, k, v, causal=True, window=4096, scale=0.0625, softcap=50.0), "context"
     )  # [B, S, heads, v_head_dim]
-    y = checkpoint_name(jnp.einsum("bshv,hvd->bsd", o, params["wo"]), "out_proj")  # [B, S, dim]
+    y = checkpoint_name(dense(o, params["wo"], 2), "out_proj")  # [B, S, dim]
     return y  # [B, S, dim]
 
 
@@ -124,9 +118,9 @@ def gated_mlp(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
     Used at /blocks/0/mlp, /blocks/1/mlp.
     """
     h = checkpoint_name(
-        jax.nn.gelu(x @ params["w_gate"]) * (x @ params["w_up"]), "mlp_hidden"
+        jax.nn.gelu(dense(x, params["w_gate"])) * dense(x, params["w_up"]), "mlp_hidden"
     )  # [B, S, ffn]
-    return h @ params["w_down"]  # [B, S, dim]
+    return dense(h, params["w_down"])  # [B, S, dim]
 
 
 def block(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
@@ -155,22 +149,17 @@ def attention_2(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
 
     Used at /blocks/1/attn.
     """
-    q = checkpoint_name(
-        jnp.einsum("bsd,dhe->bshe", x, params["wq"]), "query_proj"
-    )  # [B, S, heads, head_dim]
-    k = checkpoint_name(
-        jnp.einsum("bsd,dke->bske", x, params["wk"]), "key_proj"
-    )  # [B, S, kv_heads, head_dim]
-    v = checkpoint_name(
-        jnp.einsum("bsd,dkv->bskv", x, params["wv"]), "value_proj"
-    )  # [B, S, kv_heads, v_head_dim]
+    q = checkpoint_name(dense(x, params["wq"]), "query_proj")  # [B, S, heads, head_dim]
+    k = checkpoint_name(dense(x, params["wk"]), "key_proj")  # [B, S, kv_heads, head_dim]
+    v = checkpoint_name(dense(x, params["wv"]), "value_proj")  # [B, S, kv_heads, v_head_dim]
     q = apply_rope(q, theta=cfg.rope_theta)  # [B, S, heads, head_dim]
     k = apply_rope(k, theta=cfg.rope_theta)  # [B, S, kv_heads, head_dim]
-    # select_kernels: xla, the first of cpu's attention kernels that fits
+    # select_kernels: xla, the first of cpu's attention kernels that fits; the ones before it:
+    # attention: vjp not used: softcap 50.0: the vjp kernel's backward has no soft-cap slope
     o = checkpoint_name(
         einsum_attention(q, k, v, causal=True, scale=0.0625, softcap=50.0), "context"
     )  # [B, S, heads, v_head_dim]
-    y = checkpoint_name(jnp.einsum("bshv,hvd->bsd", o, params["wo"]), "out_proj")  # [B, S, dim]
+    y = checkpoint_name(dense(o, params["wo"], 2), "out_proj")  # [B, S, dim]
     return y  # [B, S, dim]
 
 
@@ -362,15 +351,9 @@ def attention_decode(
     The decode path of `attention`; its cache is `cache`.
     """
     new_cache = {}
-    q = checkpoint_name(
-        jnp.einsum("bsd,dhe->bshe", x, params["wq"]), "query_proj"
-    )  # [B, S, heads, head_dim]
-    k = checkpoint_name(
-        jnp.einsum("bsd,dke->bske", x, params["wk"]), "key_proj"
-    )  # [B, S, kv_heads, head_dim]
-    v = checkpoint_name(
-        jnp.einsum("bsd,dkv->bskv", x, params["wv"]), "value_proj"
-    )  # [B, S, kv_heads, v_head_dim]
+    q = checkpoint_name(dense(x, params["wq"]), "query_proj")  # [B, S, heads, head_dim]
+    k = checkpoint_name(dense(x, params["wk"]), "key_proj")  # [B, S, kv_heads, head_dim]
+    v = checkpoint_name(dense(x, params["wv"]), "value_proj")  # [B, S, kv_heads, v_head_dim]
     q = apply_rope(q, theta=cfg.rope_theta, offset=pos)  # [B, S, heads, head_dim]
     k = apply_rope(k, theta=cfg.rope_theta, offset=pos)  # [B, S, kv_heads, head_dim]
     # decoding: keys and values so far are in cache['k'], cache['v']
@@ -378,7 +361,7 @@ def attention_decode(
         q, k, v, cache["k"], cache["v"], pos, window=4096, scale=0.0625, softcap=50.0
     )  # [B, S, heads, v_head_dim]
     o = checkpoint_name(o, "context")  # [B, S, heads, v_head_dim]
-    y = checkpoint_name(jnp.einsum("bshv,hvd->bsd", o, params["wo"]), "out_proj")  # [B, S, dim]
+    y = checkpoint_name(dense(o, params["wo"], 2), "out_proj")  # [B, S, dim]
     return y, new_cache  # [B, S, dim]
 
 
@@ -416,15 +399,9 @@ def attention_2_decode(
     The decode path of `attention_2`; its cache is `cache`.
     """
     new_cache = {}
-    q = checkpoint_name(
-        jnp.einsum("bsd,dhe->bshe", x, params["wq"]), "query_proj"
-    )  # [B, S, heads, head_dim]
-    k = checkpoint_name(
-        jnp.einsum("bsd,dke->bske", x, params["wk"]), "key_proj"
-    )  # [B, S, kv_heads, head_dim]
-    v = checkpoint_name(
-        jnp.einsum("bsd,dkv->bskv", x, params["wv"]), "value_proj"
-    )  # [B, S, kv_heads, v_head_dim]
+    q = checkpoint_name(dense(x, params["wq"]), "query_proj")  # [B, S, heads, head_dim]
+    k = checkpoint_name(dense(x, params["wk"]), "key_proj")  # [B, S, kv_heads, head_dim]
+    v = checkpoint_name(dense(x, params["wv"]), "value_proj")  # [B, S, kv_heads, v_head_dim]
     q = apply_rope(q, theta=cfg.rope_theta, offset=pos)  # [B, S, heads, head_dim]
     k = apply_rope(k, theta=cfg.rope_theta, offset=pos)  # [B, S, kv_heads, head_dim]
     # decoding: keys and values so far are in cache['k'], cache['v']
@@ -432,7 +409,7 @@ def attention_2_decode(
         q, k, v, cache["k"], cache["v"], pos, scale=0.0625, softcap=50.0
     )  # [B, S, heads, v_head_dim]
     o = checkpoint_name(o, "context")  # [B, S, heads, v_head_dim]
-    y = checkpoint_name(jnp.einsum("bshv,hvd->bsd", o, params["wo"]), "out_proj")  # [B, S, dim]
+    y = checkpoint_name(dense(o, params["wo"], 2), "out_proj")  # [B, S, dim]
     return y, new_cache  # [B, S, dim]
 
 
@@ -752,6 +729,33 @@ def cached_attention(
         q, cache_k, cache_v, causal=False, scale=scale, softcap=softcap, mask=seen
     )
     return out, cache_k, cache_v
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def dense(x: jax.Array, w: jax.Array, contract: int = 1) -> jax.Array:
+    """x's last `contract` dims times the weight w's first ones (jnp.tensordot): `x @ w`, or
+    [B, S, heads, head_dim] x [heads, head_dim, dim] -> [B, S, dim] with contract=2.
+
+    The same forward as the einsum; the backward computes w's gradient as one matmul of x
+    flattened to [tokens, in], transposed, with the output's gradient [tokens, out]. Left to
+    autodiff, XLA:CPU transposes the larger output gradient element by element instead."""
+    return jnp.tensordot(x, w, contract)
+
+
+def _dense_fwd(x, w, contract):
+    return jnp.tensordot(x, w, contract), (x, w)
+
+
+def _dense_bwd(contract, res, dy):
+    x, w = res
+    tokens = math.prod(x.shape[: x.ndim - contract])
+    d_w = x.reshape(tokens, -1).T @ dy.reshape(tokens, -1)
+    out_dims = tuple(range(dy.ndim - (w.ndim - contract), dy.ndim))
+    d_x = jnp.tensordot(dy, w, (out_dims, tuple(range(contract, w.ndim))))
+    return d_x.astype(x.dtype), d_w.reshape(w.shape).astype(w.dtype)
+
+
+dense.defvjp(_dense_fwd, _dense_bwd)
 
 
 def einsum_attention(

@@ -60,7 +60,6 @@ CONFIGS = {
 
 
 # ----------------------------------------------------------------------------- layers
-# Einsum letters, one per dim in every layer function (helpers below use their own): b=B s=S d=dim h=heads e=head_dim k=kv_heads v=v_head_dim
 
 
 def embedding(cfg: Config, params: dict, ids: jax.Array) -> jax.Array:
@@ -86,25 +85,17 @@ def attention(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
 
     Used at /blocks/attn.
     """
-    q = checkpoint_name(
-        jnp.einsum("bsd,dhe->bshe", x, params["wq"]), "query_proj"
-    )  # [B, S, heads, head_dim]
-    k = checkpoint_name(
-        jnp.einsum("bsd,dke->bske", x, params["wk"]), "key_proj"
-    )  # [B, S, kv_heads, head_dim]
-    v = checkpoint_name(
-        jnp.einsum("bsd,dkv->bskv", x, params["wv"]), "value_proj"
-    )  # [B, S, kv_heads, v_head_dim]
+    q = checkpoint_name(dense(x, params["wq"]), "query_proj")  # [B, S, heads, head_dim]
+    k = checkpoint_name(dense(x, params["wk"]), "key_proj")  # [B, S, kv_heads, head_dim]
+    v = checkpoint_name(dense(x, params["wv"]), "value_proj")  # [B, S, kv_heads, v_head_dim]
     q = q + params["bq"]  # [B, S, heads, head_dim]
     k = k + params["bk"]  # [B, S, kv_heads, head_dim]
     v = v + params["bv"]  # [B, S, kv_heads, v_head_dim]
     q = apply_rope(q, theta=cfg.rope_theta)  # [B, S, heads, head_dim]
     k = apply_rope(k, theta=cfg.rope_theta)  # [B, S, kv_heads, head_dim]
-    # select_kernels: xla, the first of cpu's attention kernels that fits
-    o = checkpoint_name(
-        jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation="xla"), "context"
-    )  # [B, S, heads, v_head_dim]
-    y = checkpoint_name(jnp.einsum("bshv,hvd->bsd", o, params["wo"]), "out_proj")  # [B, S, dim]
+    # select_kernels: vjp, the first of cpu's attention kernels that fits
+    o = checkpoint_name(vjp_attention(q, k, v, causal=True), "context")  # [B, S, heads, v_head_dim]
+    y = checkpoint_name(dense(o, params["wo"], 2), "out_proj")  # [B, S, dim]
     return y  # [B, S, dim]
 
 
@@ -114,9 +105,9 @@ def swiglu(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
     Used at /blocks/mlp.
     """
     h = checkpoint_name(
-        jax.nn.silu(x @ params["w_gate"]) * (x @ params["w_up"]), "mlp_hidden"
+        jax.nn.silu(dense(x, params["w_gate"])) * dense(x, params["w_up"]), "mlp_hidden"
     )  # [B, S, ffn]
-    return h @ params["w_down"]  # [B, S, dim]
+    return dense(h, params["w_down"])  # [B, S, dim]
 
 
 def block(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
@@ -171,7 +162,7 @@ def decoder_lm_head(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
     """
     # master weights stay in cfg.param_dtype; compute runs in cfg.dtype
     params = jax.tree.map(lambda w: w.astype(cfg.dtype), params)
-    logits = x @ params["head"]  # [B, S, vocab]
+    logits = dense(x, params["head"])  # [B, S, vocab]
     return logits.astype(jnp.float32)  # [B, S, vocab]
 
 
@@ -287,15 +278,9 @@ def attention_decode(
     The decode path of `attention`; its cache is `cache`.
     """
     new_cache = {}
-    q = checkpoint_name(
-        jnp.einsum("bsd,dhe->bshe", x, params["wq"]), "query_proj"
-    )  # [B, S, heads, head_dim]
-    k = checkpoint_name(
-        jnp.einsum("bsd,dke->bske", x, params["wk"]), "key_proj"
-    )  # [B, S, kv_heads, head_dim]
-    v = checkpoint_name(
-        jnp.einsum("bsd,dkv->bskv", x, params["wv"]), "value_proj"
-    )  # [B, S, kv_heads, v_head_dim]
+    q = checkpoint_name(dense(x, params["wq"]), "query_proj")  # [B, S, heads, head_dim]
+    k = checkpoint_name(dense(x, params["wk"]), "key_proj")  # [B, S, kv_heads, head_dim]
+    v = checkpoint_name(dense(x, params["wv"]), "value_proj")  # [B, S, kv_heads, v_head_dim]
     q = q + params["bq"]  # [B, S, heads, head_dim]
     k = k + params["bk"]  # [B, S, kv_heads, head_dim]
     v = v + params["bv"]  # [B, S, kv_heads, v_head_dim]
@@ -306,7 +291,7 @@ def attention_decode(
         q, k, v, cache["k"], cache["v"], pos
     )  # [B, S, heads, v_head_dim]
     o = checkpoint_name(o, "context")  # [B, S, heads, v_head_dim]
-    y = checkpoint_name(jnp.einsum("bshv,hvd->bsd", o, params["wo"]), "out_proj")  # [B, S, dim]
+    y = checkpoint_name(dense(o, params["wo"], 2), "out_proj")  # [B, S, dim]
     return y, new_cache  # [B, S, dim]
 
 
@@ -363,7 +348,7 @@ def decoder_lm_decode(
         )  # [B, S, dim]
     with jax.named_scope("final_norm"):
         x = rms_norm(cfg, params["final_norm"], x)  # [B, S, dim]
-    logits = x @ params["head"]  # [B, S, vocab]
+    logits = dense(x, params["head"])  # [B, S, vocab]
     return logits.astype(jnp.float32), new_cache  # [B, S, vocab]
 
 
@@ -584,6 +569,33 @@ def cached_attention(
     return out, cache_k, cache_v
 
 
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def dense(x: jax.Array, w: jax.Array, contract: int = 1) -> jax.Array:
+    """x's last `contract` dims times the weight w's first ones (jnp.tensordot): `x @ w`, or
+    [B, S, heads, head_dim] x [heads, head_dim, dim] -> [B, S, dim] with contract=2.
+
+    The same forward as the einsum; the backward computes w's gradient as one matmul of x
+    flattened to [tokens, in], transposed, with the output's gradient [tokens, out]. Left to
+    autodiff, XLA:CPU transposes the larger output gradient element by element instead."""
+    return jnp.tensordot(x, w, contract)
+
+
+def _dense_fwd(x, w, contract):
+    return jnp.tensordot(x, w, contract), (x, w)
+
+
+def _dense_bwd(contract, res, dy):
+    x, w = res
+    tokens = math.prod(x.shape[: x.ndim - contract])
+    d_w = x.reshape(tokens, -1).T @ dy.reshape(tokens, -1)
+    out_dims = tuple(range(dy.ndim - (w.ndim - contract), dy.ndim))
+    d_x = jnp.tensordot(dy, w, (out_dims, tuple(range(contract, w.ndim))))
+    return d_x.astype(x.dtype), d_w.reshape(w.shape).astype(w.dtype)
+
+
+dense.defvjp(_dense_fwd, _dense_bwd)
+
+
 def einsum_attention(
     q: jax.Array,
     k: jax.Array,
@@ -628,3 +640,69 @@ def einsum_attention(
     probs = probs.reshape(batch, kv_heads, heads // kv_heads, seq, kv_seq)
     out = jnp.einsum("bkgqs,bskd->bqkgd", probs, v)
     return out.reshape(batch, seq, heads, v.shape[-1])
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5))
+def vjp_attention(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    causal: bool,
+    window: int | None = None,
+    scale: float | None = None,
+    mask: jax.Array | None = None,
+) -> jax.Array:
+    """Attention as two einsums over [B, kv_heads, group, S, head_dim], with its backward
+    written out (the `vjp` attention kernel of select_kernels).
+
+    q [B, S, heads, head_dim], k [B, S, kv_heads, head_dim], v [B, S, kv_heads, v_head_dim]
+    -> [B, S, heads, v_head_dim]; query head h reads kv head h // (heads // kv_heads). The
+    logits q.k * scale (None: 1 / sqrt(head_dim)) drop keys by causal, the sliding `window` and
+    `mask` (True: attend; broadcasts to [B, heads, S, S]); the softmax runs in float32. The same
+    values as jax.nn.dot_product_attention. The backward keeps the probabilities and takes the
+    softmax's row term from the output (rowsum(dy * y)), so XLA:CPU runs no [S, S] reduction
+    fused into a matmul and no transposed copies of the [B, heads, S, S] tensors.
+    """
+    return _vjp_attention_fwd(q, k, v, causal, window, scale, mask)[0]
+
+
+def _vjp_attention_fwd(q, k, v, causal, window, scale, mask):
+    batch, seq, heads, head_dim = q.shape
+    kv_seq, kv_heads = k.shape[1], k.shape[2]
+    group = heads // kv_heads
+    scale = head_dim**-0.5 if scale is None else scale
+    qg = q.reshape(batch, seq, kv_heads, group, head_dim).transpose(0, 2, 3, 1, 4)
+    kt, vt = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)  # [B, kv_heads, S_kv, d]
+    logits = jnp.einsum("bkgqd,bksd->bkgqs", qg, kt, preferred_element_type=jnp.float32) * scale
+    query_pos, key_pos = jnp.arange(seq)[:, None], jnp.arange(kv_seq)[None, :]
+    keep = jnp.ones((seq, kv_seq), dtype=bool)
+    if causal:
+        keep = keep & (key_pos <= query_pos)
+    if window:
+        keep = keep & (key_pos > query_pos - window)
+    if mask is not None:  # [B | 1, heads | 1, S, S_kv] -> [B | 1, kv_heads | 1, group | 1, S, S_kv]
+        grouped = (kv_heads, group) if mask.shape[1] == heads else (1, 1)
+        keep = keep & mask.reshape(mask.shape[0], *grouped, seq, kv_seq)
+    logits = jnp.where(keep, logits, -0.7 * jnp.finfo(jnp.float32).max)
+    probs = jax.nn.softmax(logits, axis=-1).astype(v.dtype)  # [B, kv_heads, group, S, S_kv]
+    out = jnp.einsum("bkgqs,bksd->bkgqd", probs, vt)
+    y = out.transpose(0, 3, 1, 2, 4).reshape(batch, seq, heads, v.shape[-1])
+    return y, (qg, kt, vt, probs, out, mask)
+
+
+def _vjp_attention_bwd(causal, window, scale, res, dy):
+    qg, kt, vt, probs, out, mask = res
+    batch, kv_heads, group, seq, head_dim = qg.shape
+    scale = head_dim**-0.5 if scale is None else scale
+    d_out = dy.reshape(batch, seq, kv_heads, group, -1).transpose(0, 2, 3, 1, 4)
+    d_v = jnp.einsum("bkgqs,bkgqd->bksd", probs, d_out)
+    d_probs = jnp.einsum("bkgqd,bksd->bkgqs", d_out, vt, preferred_element_type=jnp.float32)
+    row = jnp.sum(d_out.astype(jnp.float32) * out.astype(jnp.float32), axis=-1, keepdims=True)
+    d_logits = (probs.astype(jnp.float32) * (d_probs - row) * scale).astype(qg.dtype)
+    d_q = jnp.einsum("bkgqs,bksd->bkgqd", d_logits, kt)
+    d_k = jnp.einsum("bkgqs,bkgqd->bksd", d_logits, qg)
+    d_q = d_q.transpose(0, 3, 1, 2, 4).reshape(batch, seq, kv_heads * group, head_dim)
+    return d_q, d_k.transpose(0, 2, 1, 3), d_v.transpose(0, 2, 1, 3), None
+
+
+vjp_attention.defvjp(_vjp_attention_fwd, _vjp_attention_bwd)
