@@ -5,13 +5,15 @@ bf16 training, tokens/s, MFU and peak memory against `axdsl aot`.
     python benchmarks/tpu_check.py run DIR        # on the TPU machine (jax, optax, orbax, tqdm only)
     python benchmarks/tpu_check.py --dry-run      # both on this CPU, with cpu builds of tiny_llama
 
-`prepare` builds tpu-v5e-1 code for Llama 3.2 1B (specs/llama3_2_1b.axl) cut to LAYERS layers at
+`prepare` builds tpu-v5e-1 code for Llama 3.2 1B (specs/llama3_2_1b.axl) cut to LAYERS layers, with 16
+heads of 128 (splash tiles head_dim by 128; the real model has 32 of 64), at
 seq SEQ, batch BATCH, so that its float32 master weights and AdamW state fit one 16 GiB chip: once
 as the target schedules it (splash attention, int8 matmuls), once without quantization ("bf16")
 and once with XLA's attention instead of splash ("xla"). It writes plan.json with `axdsl aot`'s
 analytic peak memory of each. `run` needs nothing of axdsl: generated code imports jax, numpy,
 optax, orbax and tqdm only. On the chip it
-1. compares the forward logits of the splash build with the xla build from the same parameters:
+1. compares the forward logits of the unquantized build (splash attention) with the xla build
+   from the same parameters:
    bound: max |splash - xla| <= ATTN_BOUND x max |xla|;
 2. trains STEPS steps of the bf16 and the int8 builds from the same initial state and data and
    compares the loss curves: bound: the mean of the last 10 losses within INT8_BOUND (relative);
@@ -43,7 +45,7 @@ CUT = """# llama3_2_1b (specs/llama3_2_1b.axl) cut to {layers} layers to fit one
 import "std/transformer.axl"
 
 model llama3_2_1b_cut = DecoderLM {{
-  vocab = 128256  dim = 2048  layers = {layers}  heads = 32  kv_heads = 8  ffn = 8192  tied = true
+  vocab = 128256  dim = 2048  layers = {layers}  heads = 16  kv_heads = 8  ffn = 8192  tied = true
   rope_theta = 500000.0  max_seq = {seq}
   norm = RMSNorm(eps = 1e-5)
   dtype = bf16  param_dtype = f32
@@ -87,9 +89,10 @@ def prepare(out: Path, dry: bool) -> dict:
 
 
 def logits_check(root: Path, splash: str, xla: str) -> float:
-    """max |splash - xla| / max |xla| of the two builds' forward logits, same parameters and tokens."""
+    """max |splash - xla| / max |xla| of the two builds' forward logits, from the same parameters
+    and one sequence of tokens (computed on the device: the logits never leave it)."""
     import jax
-    import numpy as np
+    import jax.numpy as jnp
 
     sys.path.insert(0, str(root))
     a, b = (importlib.import_module(f"{m}.model") for m in (splash, xla))
@@ -97,11 +100,15 @@ def logits_check(root: Path, splash: str, xla: str) -> float:
     tc = ta.TRAIN
     cfg = ta.CONFIGS[tc.model]
     with jax.set_mesh(ta.make_mesh()):
-        params = ta.init_state(cfg, tc, ta.make_mesh(), jax.random.key(0))["params"]
-        tokens = jax.random.randint(jax.random.key(1), (tc.batch, tc.seq), 0, cfg.vocab)
-        got = np.asarray(jax.jit(lambda p, t: a.forward(cfg, p, t))(params, tokens), np.float32)
-        want = np.asarray(jax.jit(lambda p, t: b.forward(cfg, p, t))(params, tokens), np.float32)
-    return float(np.abs(got - want).max() / np.abs(want).max())
+        params = jax.jit(lambda key: a.init_params(cfg, key))(jax.random.key(0))
+        tokens = jax.random.randint(jax.random.key(1), (1, tc.seq), 0, cfg.vocab)
+
+        @jax.jit
+        def error(params, tokens):
+            got, want = a.forward(cfg, params, tokens), b.forward(cfg, params, tokens)
+            return jnp.max(jnp.abs(got - want)) / jnp.max(jnp.abs(want))
+
+        return float(error(params, tokens))
 
 
 def _isolated(root: Path, call: str) -> dict | float:
@@ -126,15 +133,12 @@ def run(root: Path) -> int:
     plan = json.loads((root / "plan.json").read_text())
     runs, steps, failed = plan["runs"], plan["steps"], []
     began = time.perf_counter()
-    err = _isolated(root, f"logits_check(Path({str(root)!r}), {runs['int8']['module']!r}, "
-                          f"{runs['xla']['module']!r})")
-    # the int8 build's logits also carry int8 error: compare the unquantized pair when it differs
     err_bf16 = _isolated(root, f"logits_check(Path({str(root)!r}), {runs['bf16']['module']!r}, "
                                f"{runs['xla']['module']!r})")
     ok = err_bf16 <= ATTN_BOUND
     failed += [] if ok else ["attention"]
-    print(f"logits, splash vs XLA attention (unquantized): max error {err_bf16:.2e} of the max "
-          f"(bound {ATTN_BOUND:g}) {'ok' if ok else 'FAIL'}; int8 + splash vs XLA: {err:.2e}", flush=True)
+    print(f"logits, the target's attention kernel vs XLA's (unquantized): max error {err_bf16:.2e} of the max "
+          f"(bound {ATTN_BOUND:g}) {'ok' if ok else 'FAIL'}", flush=True)
     results = {name: _isolated(root, f"train_run({str(root)!r}, {runs[name]['module']!r}, {steps})")
                for name in ("bf16", "int8")}
     b, q = results["bf16"], results["int8"]

@@ -138,7 +138,8 @@ def test_xla_attention_keeps_its_scores_flash_does_not():
     """Without remat, XLA attention keeps [B, heads, S, S] scores (f32 logits and exp, a mask and
     bf16 probabilities); cuDNN flash attention keeps only q, k, v, the output and log-sum-exp."""
     seq, kw = 4096, dict(batch=8, seq=4096, remat=ir.RematPolicy("none"))
-    xla = estimate_memory(_module("llama3_8b.axl", "cpu-8"), "llama3_8b", **kw)
+    xla = estimate_memory(_forced("xla"), "llama3_8b", **kw)
+    vjp = estimate_memory(_module("llama3_8b.axl", "cpu-8"), "llama3_8b", **kw)  # cpu's vjp kernel
     flash = estimate_memory(_module("llama3_8b.axl", "gpu-h100-8"), "llama3_8b", **kw)
     scores = 32 * seq * seq  # heads x S x S, one sequence per chip
 
@@ -150,6 +151,20 @@ def test_xla_attention_keeps_its_scores_flash_does_not():
     assert kept(flash, "attention masked logits") == 0
     assert kept(flash, "attention logsumexp") == 4 * 32 * seq
     assert flash.saved_per_layer < xla.saved_per_layer - 10 * scores
+    # the vjp kernel's own backward keeps only the probabilities (and the output)
+    assert kept(vjp, "attention probabilities") == 2 * scores and kept(vjp, "attention masked logits") == 0
+    assert flash.saved_per_layer < vjp.saved_per_layer < xla.saved_per_layer - 8 * scores
+
+
+def _forced(kernel: str) -> ir.Module:
+    """llama3_8b on cpu-8 with `kernels(attention = kernel)`."""
+    import tempfile
+
+    text = (ROOT / "specs" / "llama3_8b.axl").read_text() + f'\ntarget "cpu*" {{ kernels(attention = {kernel}) }}\n'
+    with tempfile.TemporaryDirectory() as tmp:
+        spec = Path(tmp) / "llama3_8b.axl"
+        spec.write_text(text)
+        return compile_spec(spec, "cpu-8")
 
 
 def test_named_points_saved_or_offloaded():

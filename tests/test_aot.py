@@ -85,10 +85,13 @@ def test_more_chips_than_devices_lowers_in_a_subprocess(in_root):
     assert "lower_s" in r.lowering and "error" not in r.lowering
 
 
-def test_analytic_memory_within_10_percent_of_xla(tmp_path, capsys):
-    """The analytic per-chip memory against XLA's memory_analysis of the same generated step."""
+@pytest.mark.parametrize("kernel", ["xla", "vjp"])
+def test_analytic_memory_within_10_percent_of_xla(tmp_path, capsys, kernel):
+    """The analytic per-chip memory against XLA's memory_analysis of the same generated step, with
+    XLA's attention and with cpu's own vjp kernel (whose backward's temporaries the model
+    undercounts by about one [heads, S, S] float32 array at this size: its total is held to 10%)."""
     spec = tmp_path / "mid_llama.axl"
-    spec.write_text(MID_LLAMA)
+    spec.write_text(MID_LLAMA + f'target "cpu*" {{ kernels(attention = {kernel}) }}\n')
     r = analyze(spec, "cpu-8", compile=True)
     xla, e = r.lowering["xla"], r.estimate
     total = xla_total(xla)
@@ -99,7 +102,8 @@ def test_analytic_memory_within_10_percent_of_xla(tmp_path, capsys):
     # Neither side is negligible: state and activations are each at least a third of the total.
     assert e.state > total / 3 and e.activations > total / 3, figures
     assert e.state == pytest.approx(xla["argument"], rel=0.01), figures  # params + adamw + batch
-    assert e.temporaries == pytest.approx(xla["temp"], rel=0.10), figures  # grads + activations
+    if kernel == "xla":
+        assert e.temporaries == pytest.approx(xla["temp"], rel=0.10), figures  # grads + activations
     assert e.total == pytest.approx(total, rel=0.10), figures
     print(r.lowering, file=sys.stderr)
 

@@ -182,7 +182,7 @@ def test_an_alternating_pattern_is_one_scan_and_matches_the_unrolled_model(tmp_p
     want = ref_model.forward(ref_model.Config(), ref_params, tokens)
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5)
     assert code.count("jax.lax.scan(") == 1 and "jax.lax.scan(" not in ref_code
-    assert "local_window_size=(3 - 1, 0)" in code  # the local layers' static window
+    assert "vjp_attention(q, k, v, causal=True, window=3)" in code  # the local layers' static window
     # The window matters: a model of only global layers computes something else.
     only_global = _layer_swap(params)
     assert not np.allclose(np.asarray(model.forward(cfg, only_global, tokens)), np.asarray(got))

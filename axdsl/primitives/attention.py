@@ -329,9 +329,11 @@ def _memory(t, prim: ir.Prim, args, dims, label: str):
         t.save(t.internal((q.dims[0], heads, q.dims[1]), "f32", f"{label} logsumexp", (q, k)))
         return out
     scores = (q.dims[0], heads, q.dims[1], ir.Dim("S_kv", t.seq))  # keys: the full sequence
-    if kernel == "vjp":  # its backward keeps the output and the probabilities, in v's dtype
+    if kernel == "vjp":  # its backward keeps the probabilities in v's dtype and its output grouped
         t.save(out)
+        t.save(t.internal(dims, q.dtype, f"{label} grouped output", (q, k, v)))
         t.save(t.internal(scores, v.dtype, f"{label} probabilities", (q, k)))
+        t.internal(scores, "f32", f"{label} logits", (q, k))  # not kept; its backward has two such cotangents
         return out
     internals = [("f32", "masked logits"), ("f32", "exp")]
     if prim.attr("softcap").value:  # tanh's backward keeps its output and 1 - tanh^2
