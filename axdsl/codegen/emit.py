@@ -109,7 +109,9 @@ def emit_model(module: ir.Module) -> str:
     if decode or split:
         imports.add("import functools")
     custom = objective != "next_token" and fits(root, objective)
-    imports |= _template_imports(sharding is not None, loss or (custom and objective != "loss"))  # loss(): no optax
+    # optax: the plain next-token loss and the objectives' losses (fused_cross_entropy and loss() use none)
+    uses_optax = (loss and split is None) or (custom and objective != "loss")
+    imports |= _template_imports(sharding is not None, uses_optax)
     locals_, rows = _param_table(root)
     context = dict(
         version=__version__,

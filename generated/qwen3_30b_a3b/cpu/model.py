@@ -28,7 +28,6 @@ import zlib
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 from jax.ad_checkpoint import checkpoint_name
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
@@ -248,12 +247,13 @@ def _chunked_cross_entropy(head, params, x, labels, z_loss, chunk, grads):
     def step(acc, chunk_in):
         x_c, y_c, w_c = chunk_in
         logits, head_vjp = jax.vjp(head, params, x_c)  # [B, c, vocab]
-        ce = optax.softmax_cross_entropy_with_integer_labels(logits, y_c)  # [B, c]
         lse = jax.nn.logsumexp(logits, axis=-1)  # [B, c]
+        ce = lse - jnp.take_along_axis(logits, y_c[..., None], axis=-1)[..., 0]  # [B, c]
         if not grads:
             return acc, (ce, lse, None)
-        probs = jax.nn.softmax(logits, axis=-1)
-        d_ce = (probs - jax.nn.one_hot(y_c, probs.shape[-1], dtype=probs.dtype)) * w_c[..., None]
+        probs = jnp.exp(logits - lse[..., None])  # softmax, from the one logsumexp
+        is_label = jnp.arange(logits.shape[-1]) == y_c[..., None]  # one-hot, never materialized
+        d_ce = (probs - is_label) * w_c[..., None]
         gp, gx = head_vjp(d_ce)
         if z_loss:  # the gradient of z_loss * mean(lse ** 2), kept apart: the ce output has none
             gp_z, gx_z = head_vjp(probs * (2.0 * z_loss * lse * w_c)[..., None])
@@ -713,14 +713,16 @@ def _vjp_attention_bwd(causal, window, scale, res, dy):
     batch, kv_heads, group, seq, head_dim = qg.shape
     scale = head_dim**-0.5 if scale is None else scale
     d_out = dy.reshape(batch, seq, kv_heads, group, -1).transpose(0, 2, 3, 1, 4)
-    d_v = jnp.einsum("bkgqs,bkgqd->bksd", probs, d_out)
+    # the key-side gradients are computed [.., d, S_kv]: contracting the queries of a [S, S_kv]
+    # operand in place, where [.., S_kv, d] would make XLA:CPU transpose it first
+    d_v = jnp.einsum("bkgqd,bkgqs->bkds", d_out, probs)
     d_probs = jnp.einsum("bkgqd,bksd->bkgqs", d_out, vt, preferred_element_type=jnp.float32)
     row = jnp.sum(d_out.astype(jnp.float32) * out.astype(jnp.float32), axis=-1, keepdims=True)
     d_logits = (probs.astype(jnp.float32) * (d_probs - row) * scale).astype(qg.dtype)
     d_q = jnp.einsum("bkgqs,bksd->bkgqd", d_logits, kt)
-    d_k = jnp.einsum("bkgqs,bkgqd->bksd", d_logits, qg)
+    d_k = jnp.einsum("bkgqd,bkgqs->bkds", qg, d_logits)
     d_q = d_q.transpose(0, 3, 1, 2, 4).reshape(batch, seq, kv_heads * group, head_dim)
-    return d_q, d_k.transpose(0, 2, 1, 3), d_v.transpose(0, 2, 1, 3), None
+    return d_q, d_k.transpose(0, 3, 1, 2), d_v.transpose(0, 3, 1, 2), None
 
 
 vjp_attention.defvjp(_vjp_attention_fwd, _vjp_attention_bwd)

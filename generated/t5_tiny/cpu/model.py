@@ -556,14 +556,16 @@ def _vjp_attention_bwd(causal, window, scale, res, dy):
     batch, kv_heads, group, seq, head_dim = qg.shape
     scale = head_dim**-0.5 if scale is None else scale
     d_out = dy.reshape(batch, seq, kv_heads, group, -1).transpose(0, 2, 3, 1, 4)
-    d_v = jnp.einsum("bkgqs,bkgqd->bksd", probs, d_out)
+    # the key-side gradients are computed [.., d, S_kv]: contracting the queries of a [S, S_kv]
+    # operand in place, where [.., S_kv, d] would make XLA:CPU transpose it first
+    d_v = jnp.einsum("bkgqd,bkgqs->bkds", d_out, probs)
     d_probs = jnp.einsum("bkgqd,bksd->bkgqs", d_out, vt, preferred_element_type=jnp.float32)
     row = jnp.sum(d_out.astype(jnp.float32) * out.astype(jnp.float32), axis=-1, keepdims=True)
     d_logits = (probs.astype(jnp.float32) * (d_probs - row) * scale).astype(qg.dtype)
     d_q = jnp.einsum("bkgqs,bksd->bkgqd", d_logits, kt)
-    d_k = jnp.einsum("bkgqs,bkgqd->bksd", d_logits, qg)
+    d_k = jnp.einsum("bkgqd,bkgqs->bkds", qg, d_logits)
     d_q = d_q.transpose(0, 3, 1, 2, 4).reshape(batch, seq, kv_heads * group, head_dim)
-    return d_q, d_k.transpose(0, 2, 1, 3), d_v.transpose(0, 2, 1, 3), None
+    return d_q, d_k.transpose(0, 3, 1, 2), d_v.transpose(0, 3, 1, 2), None
 
 
 vjp_attention.defvjp(_vjp_attention_fwd, _vjp_attention_bwd)
