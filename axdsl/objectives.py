@@ -88,6 +88,11 @@ def batches_of(module: ir.Module) -> str:
     return LOSS_BATCHES.get(str(module.train_settings.get("data").kind), "masked_lm")
 
 
+def _input_names(root: ir.Instance) -> set[str]:
+    """The names of the root forward's inputs."""
+    return {a.name for a in root.forward.args} if root.forward is not None else set()
+
+
 def objective_args(module: ir.Module) -> dict[str, Any]:
     t = module.train_settings
     if t is None or "objective" not in dict(t.settings):
@@ -180,7 +185,7 @@ def check_call(value: Any, span: Span, table: dict, diags: Diagnostics) -> ir.Na
             diags.error(span, f"{value.fn} has no argument `{k}`",
                         did_you_mean(k, out) or f"its arguments: {', '.join(out) or 'none'}")
             continue
-        integer = k in ("mask_token", "start_token")
+        integer = k in ("mask_token", "start_token", "sep")
         if integer and not (isinstance(v, int) and not isinstance(v, bool) and v >= 0):
             diags.error(span, f"{value.fn}({k} = ...) is a token id, an integer >= 0, got {value_text(v)}")
             continue
@@ -269,7 +274,13 @@ def cross_check(values: dict[str, ir.Choice], module: ir.Module, diags: Diagnost
             diags.error(where, f"objective {name} does not fit model `{m.name}`: {why}", hint)
             return
         vocab = m.root.forward.result[-1].size if m.root.forward.result else None
-        for k in ("mask_token", "start_token"):
+        if name == "masked_lm" and args.get("sep", -1) >= 0 and "segments" not in _input_names(m.root):
+            diags.error(where, f"masked_lm(sep = {args['sep']}) packs documents into rows with segment ids, "
+                               f"but model `{m.name}`'s forward takes no `segments`",
+                        "add `segments: [B, S]` to the forward and pass it to attention(segment_ids = ...), "
+                        "or drop sep")
+            return
+        for k in ("mask_token", "start_token", "sep"):
             if k in args and vocab is not None and args[k] >= vocab:
                 diags.error(where, f"{name}({k} = {args[k]}) is not below model `{m.name}`'s vocab {vocab}",
                             "use an id the model can embed")

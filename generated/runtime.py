@@ -546,17 +546,50 @@ def split_rows(rows: dict) -> tuple[dict, dict]:
 def mlm_rows(
     tokens: np.ndarray, tc, step: int, rows: slice, inputs: tuple
 ) -> dict[str, np.ndarray]:
-    """masked_lm rows: `seq` tokens from random starts (a pure function of (seed, step)), each one
-    unpadded example (segments all 1, token types all 0); mask_tokens in model.py masks them."""
+    """masked_lm rows of `seq` tokens from random starts (a pure function of (seed, step)); token
+    types all 0; mask_tokens in model.py masks them. Without a separator (tc.sep -1) a row starts
+    anywhere and is one example (segments all 1). With one, a row starts at a document (just after
+    a tc.sep) and packs the documents that follow, each ending with tc.sep, as segments 1, 2, ...,
+    the last one cut at the row's end: attention stays inside each (segment ids)."""
     rng = np.random.default_rng([tc.seed, step])
-    starts = rng.integers(0, len(tokens) - tc.seq, size=tc.batch)[rows]
+    sep = getattr(tc, "sep", -1)
+    if sep >= 0:
+        pool = document_starts(tokens, sep, tc.seq)
+        starts = pool[rng.integers(0, len(pool), size=tc.batch)[rows]]
+    else:
+        starts = rng.integers(0, len(tokens) - tc.seq, size=tc.batch)[rows]
     batch = {
         "tokens": np.stack([np.asarray(tokens[s : s + tc.seq], dtype=np.int32) for s in starts])
     }
-    for name in ("segments", "types"):
-        if name in inputs:
-            batch[name] = np.full_like(batch["tokens"], 1 if name == "segments" else 0)
+    if "segments" in inputs:
+        ends = batch["tokens"] == sep if sep >= 0 else np.zeros_like(batch["tokens"], dtype=bool)
+        batch["segments"] = (1 + np.cumsum(ends, axis=1) - ends).astype(
+            np.int32
+        )  # a sep ends its own
+    if "types" in inputs:
+        batch["types"] = np.zeros_like(batch["tokens"])
     return batch
+
+
+_DOCUMENT_STARTS: dict = {}
+
+
+def document_starts(tokens: np.ndarray, sep: int, seq: int) -> np.ndarray:
+    """Where the documents of a token stream start (0 and just after each `sep`) with a whole row
+    of `seq` tokens after them; found once per stream. Exits when there is none."""
+    key = (id(tokens), len(tokens), sep, seq)
+    if key not in _DOCUMENT_STARTS:
+        starts = np.concatenate(
+            [[0], np.flatnonzero(np.asarray(tokens[: len(tokens) - seq]) == sep) + 1]
+        )
+        starts = starts[starts <= len(tokens) - seq]
+        if not len(starts):
+            sys.exit(
+                f"error: masked_lm(sep = {sep}): no document of the data starts a whole row of "
+                f"{seq} tokens: the data is shorter than a row"
+            )
+        _DOCUMENT_STARTS[key] = starts
+    return _DOCUMENT_STARTS[key]
 
 
 def get_examples(

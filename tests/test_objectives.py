@@ -107,3 +107,25 @@ def test_classify_loss_and_accuracy(tmp_path):
     assert float(loss) != float(got)  # smoothing changes the loss, not the reported cross-entropy
     np.testing.assert_allclose(float(m.accuracy(cfg, params, batch)),
                                (logits.argmax(-1) == batch["labels"]).mean())
+
+
+def test_masked_lm_sep_needs_a_segments_input(tmp_path, capsys):
+    """masked_lm(sep = ...) packs documents with segment ids: a model without `segments` is told so
+    at the objective's line; a model with them builds, and train.py carries the separator."""
+    from axdsl.cli import main
+
+    spec = tmp_path / "tok.axl"
+    spec.write_text('import "std/transformer.axl"\n'
+                    "layer Tok(vocab: int = 64, dim: int = 16) {\n"
+                    "  child embed = Embedding()\n"
+                    "  param head: [dim, vocab] axes(embed, vocab) init normal(0.02)\n"
+                    "  forward(tokens: [B, S]) -> [B, S, vocab] { return embed(tokens) @ head }\n"
+                    "}\n"
+                    "model tok = Tok {}\n"
+                    "train {\n  objective = masked_lm(mask_token = 3, sep = 10)\n}\n")
+    assert main(["check", str(spec)]) == 1
+    err = capsys.readouterr().err
+    assert "tok.axl:9:3: error: masked_lm(sep = 10) packs documents" in err and "takes no `segments`" in err, err
+    spec.write_text((SPECS / "mlm_tiny.axl").read_text().replace('import "std', 'import "std')
+                    + "train {\n  objective = masked_lm(mask_token = 3, sep = 10)\n}\n")
+    assert "sep: int = 10" in build_files(spec, "cpu")["train.py"]

@@ -210,3 +210,58 @@ def test_arrays_data_is_checked_before_the_first_step(tmp_path, cache):
                           cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
     assert proc.returncode != 0 and "Traceback" not in proc.stderr
     assert "labels must be integers in [0, 10)" in proc.stderr, proc.stderr[-2000:]
+
+
+def test_mlm_rows_start_at_documents_and_pack_them_as_segments(runtime):
+    """masked_lm(sep = 10): each row starts just after a separator (or at the stream's start) and
+    numbers the documents it packs 1, 2, ...; a separator belongs to the document it ends."""
+    from types import SimpleNamespace
+
+    rng = np.random.default_rng(0)
+    docs = [np.append(rng.integers(20, 90, n), 10) for n in rng.integers(2, 9, 200)]
+    stream = np.concatenate(docs).astype(np.uint16)
+    tc = SimpleNamespace(seed=3, batch=16, seq=12, sep=10)
+    rows = runtime.mlm_rows(stream, tc, 5, slice(0, 16), ("tokens", "types", "segments"))
+    starts = set(runtime.document_starts(stream, 10, 12).tolist())
+    assert 0 in starts and all(s == 0 or stream[s - 1] == 10 for s in starts)
+    assert max(starts) <= len(stream) - 12 and len(starts) > 150  # a whole row after each
+    for tokens, segments in zip(rows["tokens"], rows["segments"]):
+        at = next(s for s in sorted(starts) if np.array_equal(stream[s:s + 12], tokens))
+        assert at == 0 or stream[at - 1] == 10
+        ends = np.flatnonzero(tokens == 10)
+        want = np.ones(12, np.int32)
+        for e in ends:
+            want[e + 1:] += 1
+        np.testing.assert_array_equal(segments, want)
+    assert (rows["types"] == 0).all() and rows["segments"].max() > 1
+    plain = runtime.mlm_rows(stream, SimpleNamespace(seed=3, batch=16, seq=12, sep=-1), 5, slice(0, 16),
+                             ("tokens", "segments"))
+    assert (plain["segments"] == 1).all()
+
+
+def test_packed_mlm_documents_see_only_themselves(runtime):
+    """Two documents packed in one bert_tiny row give the logits each gives alone: the segment ids
+    from mlm_rows reach attention and restart the positions."""
+    import jax.numpy as jnp
+    from types import SimpleNamespace
+
+    import jax
+
+    sys.path.insert(0, str(ROOT))
+    from generated.bert_tiny.cpu import model
+
+    cfg = model.CONFIGS["bert_tiny"]
+    params = model.init_params(cfg, jax.random.key(0))
+    stream = np.array([10, 40, 41, 42, 43, 10, 50, 51, 52, 53, 54, 55, 56, 10, 60, 61], np.uint16)
+    tc = SimpleNamespace(seed=0, batch=1, seq=12, sep=10)
+    row = runtime.mlm_rows(stream, tc, 0, slice(0, 1), ("tokens", "types", "segments"))
+    tokens, segments = row["tokens"], row["segments"]
+    assert tokens[0, 0] != 10 and segments.max() >= 2
+    packed = np.asarray(model.forward(cfg, params, jnp.asarray(tokens), jnp.asarray(row["types"]),
+                                      jnp.asarray(segments)))
+    for k in np.unique(segments[0]):
+        at = np.flatnonzero(segments[0] == k)
+        alone = tokens[:, at]
+        ones = np.ones_like(alone)
+        want = np.asarray(model.forward(cfg, params, jnp.asarray(alone), jnp.asarray(0 * ones), jnp.asarray(ones)))
+        np.testing.assert_allclose(packed[:, at], want, atol=2e-5, rtol=2e-5)

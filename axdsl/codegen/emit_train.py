@@ -18,7 +18,7 @@ from axdsl import primitives
 from axdsl.ir import nodes as ir
 from axdsl.ir.rewrite import tree_has
 from axdsl.primitives.moe import balanced_biases
-from axdsl.objectives import BATCH_FIELDS, DATA, batches_of, inputs, objective_name
+from axdsl.objectives import BATCH_FIELDS, DATA, batches_of, inputs, objective_args, objective_name
 from axdsl.passes.annotate_sharding import spec_text
 from axdsl.targets import profiles
 
@@ -128,6 +128,9 @@ def _fields(module: ir.Module) -> list[Field]:
         add("data", str(data.kind), f"default, tokens or text ({origin['data'].origin})")
         add("data_path", data.path or "", "token file, or text file or directory")
         add("data_dtype", data.dtype or "u16", "token file element type: u16 or u32")
+    if objective_name(module) == "masked_lm":
+        add("sep", objective_args(module).get("sep", -1), "masked_lm(sep): rows start after this id and "
+            "pack the documents it ends, segment ids 1, 2, ...; -1: rows from anywhere, one segment")
     if data.tokenizer is not None:  # text as token ids; without it, text is bytes
         tok = data.tokenizer
         add("tokenizer", tok.path if tok.path is not None else "bpe",

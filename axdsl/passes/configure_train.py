@@ -47,7 +47,7 @@ DATA_SOURCES = ("default", "tokens", "text", "pairs", "arrays", "synthetic_image
 # Objectives: their arguments and defaults (None: required). See axdsl/objectives.py.
 OBJECTIVES: dict[str, dict[str, float | int | None]] = {
     "next_token": {},
-    "masked_lm": {"rate": 0.15, "mask_token": None},
+    "masked_lm": {"rate": 0.15, "mask_token": None, "sep": -1},  # sep: documents end with it; -1: none
     "seq2seq": {"start_token": 0},
     "classify": {"smoothing": 0.0},
     "loss": {},  # the root forward computes the loss itself (one number); train.py minimizes it

@@ -85,6 +85,8 @@ class TrainConfig:
     data: str = "default"  # default, tokens or text (default)
     data_path: str = ""  # token file, or text file or directory
     data_dtype: str = "u16"  # token file element type: u16 or u32
+    # masked_lm(sep): rows start after this id and pack the documents it ends, segment ids 1, 2, ...; -1: rows from anywhere, one segment
+    sep: int = -1
     init_from: str = ""  # parameters a new run starts from (params checkpoint or run); "": random
     freeze: str = ""  # parameters left as they are: comma-separated globs over paths
     # steps between checkpoints; 0: never (set at specs/bert_tiny.axl:17:3)
