@@ -684,8 +684,11 @@ def _vjp_attention_fwd(q, k, v, causal, window, scale, mask):
         keep = keep & (key_pos <= query_pos)
     if window:
         keep = keep & (key_pos > query_pos - window)
-    if mask is not None:  # [B | 1, heads | 1, S, S_kv] -> [B | 1, kv_heads | 1, group | 1, S, S_kv]
+    if (
+        mask is not None
+    ):  # [B | 1, heads | 1, S | 1, S_kv | 1] -> [B | 1, kv_heads | 1, group | 1, S, S_kv]
         grouped = (kv_heads, group) if mask.shape[1] == heads else (1, 1)
+        mask = jnp.broadcast_to(mask, (*mask.shape[:2], seq, kv_seq))
         keep = keep & mask.reshape(mask.shape[0], *grouped, seq, kv_seq)
     logits = jnp.where(keep, logits, -0.7 * jnp.finfo(jnp.float32).max)
     probs = jax.nn.softmax(logits, axis=-1).astype(v.dtype)  # [B, kv_heads, group, S, S_kv]
