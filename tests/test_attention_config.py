@@ -536,7 +536,8 @@ def test_memory_counts_the_v_head_dim_and_the_softcap_residuals(tmp_path):
 def test_vjp_kernel_values_and_gradients_match_xla(tmp_path, call, extra, v_head_dim):
     """cpu's first attention kernel, `vjp` (a hand-written backward), gives XLA's values and the
     gradients autodiff gives XLA's call: GQA, causal or not, scale, window, its own v head dim,
-    mask and segment ids."""
+    mask and segment ids; with all queries in one block, and (causal or windowed) in blocks of 2
+    that skip the keys no query of theirs sees."""
     source = _layer(call, v_head_dim=v_head_dim, extra_args=extra)
     fast, slow = _load(tmp_path, "vjp", source, "vjp"), _load(tmp_path, "xla", source, "xla")
     assert "vjp_attention(q, k, v, causal=" in fast.SOURCE and "vjp_attention" not in slow.SOURCE
@@ -550,10 +551,33 @@ def test_vjp_kernel_values_and_gradients_match_xla(tmp_path, call, extra, v_head
         f = lambda q, k, v: jnp.sum(m.forward(m.Config(), {}, q, k, v, *rest) * d_out)  # noqa: E731
         return jax.jit(jax.value_and_grad(f, argnums=(0, 1, 2)))(q, k, v)
 
-    (got, got_grads), (want, want_grads) = value_and_grads(fast), value_and_grads(slow)
-    np.testing.assert_allclose(float(got), float(want), rtol=1e-5)
-    for g, w in zip(got_grads, want_grads):
-        np.testing.assert_allclose(np.asarray(g), np.asarray(w), atol=2e-5, rtol=1e-4)
+    want, want_grads = value_and_grads(slow)
+    for block in (fast.VJP_QUERY_BLOCK, 2):  # one block of all S queries; 4 blocks of 2 queries
+        fast.VJP_QUERY_BLOCK = block
+        got, got_grads = value_and_grads(fast)
+        np.testing.assert_allclose(float(got), float(want), rtol=1e-5)
+        for g, w in zip(got_grads, want_grads):
+            np.testing.assert_allclose(np.asarray(g), np.asarray(w), atol=2e-5, rtol=1e-4)
+
+
+def test_vjp_blocks_of_the_helper_and_of_the_memory_model_agree():
+    """The generated helper's query blocks are those aot's memory model counts, and they skip
+    exactly the keys no query of a block sees."""
+    from axdsl.primitives import attention_kernels as ak
+
+    ns: dict = {}
+    exec("import functools\nimport jax\nimport jax.numpy as jnp\n" + ak.VJP_ATTENTION, ns)
+    assert ns["VJP_QUERY_BLOCK"] == ak.VJP_QUERY_BLOCK
+    for seq in (8, 100, 128, 384, 512, 1000, 8192):
+        for causal, window in ((True, None), (False, None), (True, 3), (False, 200), (True, 4096)):
+            blocks = ak.vjp_blocks(seq, seq, causal, window)
+            assert ns["_vjp_attention_blocks"](seq, seq, causal, window) == blocks
+            assert len(blocks) <= 8 and blocks[0][0] == 0 and blocks[-1][1] == seq
+            for start, end, first, last in blocks:  # every key a query of the block sees, no fewer
+                assert first == (max(0, start - window + 1) if window else 0)
+                assert last == (end if causal else seq)
+    assert ak.vjp_kept_keys(512, True, None) == 320  # 4 blocks of 128: 10 of 16 kept
+    assert ak.vjp_kept_keys(512, False, None) == 512
 
 
 def test_vjp_kernel_passes_over_soft_caps_and_biases(tmp_path):

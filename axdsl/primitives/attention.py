@@ -75,7 +75,7 @@ from axdsl.primitives.base import (Decoding, Flops, Helper, HelperSection, Kerne
                                    StaticKind)
 from axdsl.primitives.reductions import ir_fmt
 from axdsl.primitives.attention_kernels import (CACHED_ATTENTION, EINSUM_ATTENTION, SPLASH_ATTENTION,
-                                               SPLASH_IMPORTS, VJP_ATTENTION, VJP_IMPORTS)
+                                               SPLASH_IMPORTS, VJP_ATTENTION, VJP_IMPORTS, vjp_kept_keys)
 from axdsl.targets import profiles
 
 SPLASH_BLOCK = 128  # TPU lane width: splash tiles head_dim and the sequence by 128
@@ -332,8 +332,11 @@ def _memory(t, prim: ir.Prim, args, dims, label: str):
     if kernel == "vjp":  # its backward keeps the probabilities in v's dtype and its output grouped
         t.save(out)
         t.save(t.internal(dims, q.dtype, f"{label} grouped output", (q, k, v)))
-        t.save(t.internal(scores, v.dtype, f"{label} probabilities", (q, k)))
-        t.internal(scores, "f32", f"{label} logits", (q, k))  # not kept; its backward has two such cotangents
+        window = t.static(prim.attr("window"))
+        kept = vjp_kept_keys(t.seq, bool(t.static(prim.attr("causal"))), window or None)
+        blocks = (q.dims[0], heads, q.dims[1], ir.Dim("S_kv kept", kept))  # query blocks skip masked keys
+        t.save(t.internal(blocks, v.dtype, f"{label} probabilities", (q, k)))
+        t.internal(blocks, "f32", f"{label} logits", (q, k))  # not kept; its backward has two such cotangents
         return out
     internals = [("f32", "masked logits"), ("f32", "exp")]
     if prim.attr("softcap").value:  # tanh's backward keeps its output and 1 - tanh^2

@@ -646,6 +646,9 @@ def einsum_attention(
     return out.reshape(batch, seq, heads, v.shape[-1])
 
 
+VJP_QUERY_BLOCK = 128  # causal and windowed attention: queries per block, at most 8 blocks
+
+
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5))
 def vjp_attention(
     q: jax.Array,
@@ -656,8 +659,8 @@ def vjp_attention(
     scale: float | None = None,
     mask: jax.Array | None = None,
 ) -> jax.Array:
-    """Attention as two einsums over [B, kv_heads, group, S, head_dim], with its backward
-    written out (the `vjp` attention kernel of select_kernels).
+    """Attention as einsums over [B, kv_heads, group, S, head_dim], with its backward written
+    out (the `vjp` attention kernel of select_kernels).
 
     q [B, S, heads, head_dim], k [B, S, kv_heads, head_dim], v [B, S, kv_heads, v_head_dim]
     -> [B, S, heads, v_head_dim]; query head h reads kv head h // (heads // kv_heads). The
@@ -666,8 +669,26 @@ def vjp_attention(
     values as jax.nn.dot_product_attention. The backward keeps the probabilities and takes the
     softmax's row term from the output (rowsum(dy * y)), so XLA:CPU runs no [S, S] reduction
     fused into a matmul and no transposed copies of the [B, heads, S, S] tensors.
+
+    Causal or windowed attention runs a block of queries at a time over only the keys that
+    block can see (_vjp_attention_blocks): the blocks above the diagonal, all masked, are never
+    computed (at 4 blocks, 10 of 16 remain). A query whose keys `mask` drops entirely averages
+    the values of its block's keys rather than of all keys; no other output changes.
     """
     return _vjp_attention_fwd(q, k, v, causal, window, scale, mask)[0]
+
+
+def _vjp_attention_blocks(seq, kv_seq, causal, window):
+    """(first query, end query, first key, end key) of each block: the keys its queries see."""
+    if not (causal or window) or seq != kv_seq:
+        return [(0, seq, 0, kv_seq)]
+    size = max(VJP_QUERY_BLOCK, -(-seq // 8))
+    blocks = []
+    for start in range(0, seq, size):
+        end = min(seq, start + size)
+        first = max(0, start - window + 1) if window else 0
+        blocks.append((start, end, first, end if causal else kv_seq))
+    return blocks
 
 
 def _vjp_attention_fwd(q, k, v, causal, window, scale, mask):
@@ -677,39 +698,57 @@ def _vjp_attention_fwd(q, k, v, causal, window, scale, mask):
     scale = head_dim**-0.5 if scale is None else scale
     qg = q.reshape(batch, seq, kv_heads, group, head_dim).transpose(0, 2, 3, 1, 4)
     kt, vt = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)  # [B, kv_heads, S_kv, d]
-    logits = jnp.einsum("bkgqd,bksd->bkgqs", qg, kt, preferred_element_type=jnp.float32) * scale
-    query_pos, key_pos = jnp.arange(seq)[:, None], jnp.arange(kv_seq)[None, :]
-    keep = jnp.ones((seq, kv_seq), dtype=bool)
-    if causal:
-        keep = keep & (key_pos <= query_pos)
-    if window:
-        keep = keep & (key_pos > query_pos - window)
     if (
         mask is not None
     ):  # [B | 1, heads | 1, S | 1, S_kv | 1] -> [B | 1, kv_heads | 1, group | 1, S, S_kv]
         grouped = (kv_heads, group) if mask.shape[1] == heads else (1, 1)
         mask = jnp.broadcast_to(mask, (*mask.shape[:2], seq, kv_seq))
-        keep = keep & mask.reshape(mask.shape[0], *grouped, seq, kv_seq)
-    logits = jnp.where(keep, logits, -0.7 * jnp.finfo(jnp.float32).max)
-    probs = jax.nn.softmax(logits, axis=-1).astype(v.dtype)  # [B, kv_heads, group, S, S_kv]
-    out = jnp.einsum("bkgqs,bksd->bkgqd", probs, vt)
+        mask = mask.reshape(mask.shape[0], *grouped, seq, kv_seq)
+    outs, probs = [], []
+    for start, end, first, last in _vjp_attention_blocks(seq, kv_seq, causal, window):
+        q_block, k_block = qg[:, :, :, start:end], kt[:, :, first:last]
+        logits = jnp.einsum(
+            "bkgqd,bksd->bkgqs", q_block, k_block, preferred_element_type=jnp.float32
+        )
+        query_pos, key_pos = jnp.arange(start, end)[:, None], jnp.arange(first, last)[None, :]
+        keep = jnp.ones((end - start, last - first), dtype=bool)
+        if causal:
+            keep = keep & (key_pos <= query_pos)
+        if window:
+            keep = keep & (key_pos > query_pos - window)
+        if mask is not None:
+            keep = keep & mask[:, :, :, start:end, first:last]
+        logits = jnp.where(keep, logits * scale, -0.7 * jnp.finfo(jnp.float32).max)
+        probs.append(jax.nn.softmax(logits, axis=-1).astype(v.dtype))  # [B, kv_heads, group, q, k]
+        outs.append(jnp.einsum("bkgqs,bksd->bkgqd", probs[-1], vt[:, :, first:last]))
+    out = outs[0] if len(outs) == 1 else jnp.concatenate(outs, axis=3)
     y = out.transpose(0, 3, 1, 2, 4).reshape(batch, seq, heads, v.shape[-1])
-    return y, (qg, kt, vt, probs, out, mask)
+    return y, (qg, kt, vt, probs, out)
 
 
 def _vjp_attention_bwd(causal, window, scale, res, dy):
-    qg, kt, vt, probs, out, mask = res
+    qg, kt, vt, probs, out = res
     batch, kv_heads, group, seq, head_dim = qg.shape
+    kv_seq = kt.shape[2]
     scale = head_dim**-0.5 if scale is None else scale
     d_out = dy.reshape(batch, seq, kv_heads, group, -1).transpose(0, 2, 3, 1, 4)
-    # the key-side gradients are computed [.., d, S_kv]: contracting the queries of a [S, S_kv]
-    # operand in place, where [.., S_kv, d] would make XLA:CPU transpose it first
-    d_v = jnp.einsum("bkgqd,bkgqs->bkds", d_out, probs)
-    d_probs = jnp.einsum("bkgqd,bksd->bkgqs", d_out, vt, preferred_element_type=jnp.float32)
     row = jnp.sum(d_out.astype(jnp.float32) * out.astype(jnp.float32), axis=-1, keepdims=True)
-    d_logits = (probs.astype(jnp.float32) * (d_probs - row) * scale).astype(qg.dtype)
-    d_q = jnp.einsum("bkgqs,bksd->bkgqd", d_logits, kt)
-    d_k = jnp.einsum("bkgqd,bkgqs->bkds", qg, d_logits)
+    d_q, d_k, d_v = [], 0, 0
+    blocks = _vjp_attention_blocks(seq, kv_seq, causal, window)
+    for (start, end, first, last), p in zip(blocks, probs):
+        d_block, q_block = d_out[:, :, :, start:end], qg[:, :, :, start:end]
+        keys = ((0, 0), (0, 0), (0, 0), (first, kv_seq - last))  # this block's keys among all
+        # the key-side gradients are computed [.., d, S_kv]: contracting the queries of a
+        # [S, S_kv] operand in place, where [.., S_kv, d] would make XLA:CPU transpose it first
+        d_v = d_v + jnp.pad(jnp.einsum("bkgqd,bkgqs->bkds", d_block, p), keys)
+        d_probs = jnp.einsum(
+            "bkgqd,bksd->bkgqs", d_block, vt[:, :, first:last], preferred_element_type=jnp.float32
+        )
+        d_logits = p.astype(jnp.float32) * (d_probs - row[:, :, :, start:end]) * scale
+        d_logits = d_logits.astype(qg.dtype)
+        d_q.append(jnp.einsum("bkgqs,bksd->bkgqd", d_logits, kt[:, :, first:last]))
+        d_k = d_k + jnp.pad(jnp.einsum("bkgqd,bkgqs->bkds", q_block, d_logits), keys)
+    d_q = d_q[0] if len(d_q) == 1 else jnp.concatenate(d_q, axis=3)
     d_q = d_q.transpose(0, 3, 1, 2, 4).reshape(batch, seq, kv_heads * group, head_dim)
     return d_q, d_k.transpose(0, 3, 1, 2), d_v.transpose(0, 3, 1, 2), None
 
