@@ -437,20 +437,20 @@ def _vjp_attention_bwd(causal, window, scale, res, dy):
     blocks = _vjp_attention_blocks(seq, kv_seq, causal, window)
     for (start, end, first, last), p in zip(blocks, probs):
         d_block, q_block = d_out[:, :, :, start:end], qg[:, :, :, start:end]
-        keys = ((0, 0), (0, 0), (0, 0), (first, kv_seq - last))  # this block's keys among all
-        # the key-side gradients are computed [.., d, S_kv]: contracting the queries of a
-        # [S, S_kv] operand in place, where [.., S_kv, d] would make XLA:CPU transpose it first
-        d_v = d_v + jnp.pad(jnp.einsum("bkgqd,bkgqs->bkds", d_block, p), keys)
+        keys = ((0, 0), (0, 0), (first, kv_seq - last), (0, 0))  # this block's keys among all
+        # the key-side gradients come out [.., S_kv, d], so that their sum over the blocks and
+        # the transpose to [B, S_kv, kv_heads, d] (fused with what follows) read whole rows of d
+        d_v = d_v + jnp.pad(jnp.einsum("bkgqd,bkgqs->bksd", d_block, p), keys)
         d_probs = jnp.einsum(
             "bkgqd,bksd->bkgqs", d_block, vt[:, :, first:last], preferred_element_type=jnp.float32
         )
         d_logits = p.astype(jnp.float32) * (d_probs - row[:, :, :, start:end]) * scale
         d_logits = d_logits.astype(qg.dtype)
         d_q.append(jnp.einsum("bkgqs,bksd->bkgqd", d_logits, kt[:, :, first:last]))
-        d_k = d_k + jnp.pad(jnp.einsum("bkgqd,bkgqs->bkds", q_block, d_logits), keys)
+        d_k = d_k + jnp.pad(jnp.einsum("bkgqd,bkgqs->bksd", q_block, d_logits), keys)
     d_q = d_q[0] if len(d_q) == 1 else jnp.concatenate(d_q, axis=3)
     d_q = d_q.transpose(0, 3, 1, 2, 4).reshape(batch, seq, kv_heads * group, head_dim)
-    return d_q, d_k.transpose(0, 3, 1, 2), d_v.transpose(0, 3, 1, 2), None
+    return d_q, d_k.transpose(0, 2, 1, 3), d_v.transpose(0, 2, 1, 3), None
 
 
 vjp_attention.defvjp(_vjp_attention_fwd, _vjp_attention_bwd)
