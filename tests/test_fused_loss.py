@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -77,6 +78,28 @@ def test_full_logits_never_exist_in_the_train_step():
     hlo = jax.jit(jax.grad(lambda p: model.loss_fn(cfg, p, tokens)[0])).lower(params).as_text()
     full, chunk = (f"tensor<4x{n}x{cfg.vocab}xf32>" for n in (2 * model.LOSS_CHUNK, model.LOSS_CHUNK))
     assert chunk in hlo and full not in hlo
+
+
+def test_the_chunk_is_the_targets(monkeypatch):
+    """A target's profile sets the chunk (cpu's 128 keeps a chunk's logits in cache), and aot's
+    estimate of the loss's working set follows it."""
+    from dataclasses import replace
+
+    from axdsl.analysis.memory import estimate_memory
+    from axdsl.ir.head import loss_chunk
+    from axdsl.targets import profiles
+
+    root = Path(__file__).resolve().parent.parent
+    spec = root / "specs" / "llama3_8b.axl"
+    assert profiles()["cpu"].loss_chunk == 128 and profiles()["gpu-h100"].loss_chunk == 512
+    for target, dirname in (("cpu", "cpu"), ("gpu-h100", "gpu_h100")):
+        source = (root / "generated" / "llama3_8b" / dirname / "model.py").read_text()
+        assert f"LOSS_CHUNK = {loss_chunk(compile_spec(spec, target).schedule)}  #" in source
+    logits = 3 * 4 * 512 * 128256  # a 512-position chunk's float32 logits, softmax and gradient
+    small = estimate_memory(compile_spec(spec, "cpu"), "llama3_8b", batch=1, seq=2048)
+    monkeypatch.setitem(profiles(), "cpu", replace(profiles()["cpu"], loss_chunk=512))
+    large = estimate_memory(compile_spec(spec, "cpu"), "llama3_8b", batch=1, seq=2048)
+    assert small.working < logits <= large.working and large.working_kind == "loss"
 
 
 def _root(spec_text: str, tmp_path):

@@ -16,7 +16,7 @@ from axdsl.analysis.layout import DTYPE_BYTES, Layout
 from axdsl.analysis.trace import Tracer
 from axdsl.analysis.values import Scope, Val, ValKind
 from axdsl.ir import nodes as ir
-from axdsl.ir.head import LOSS_CHUNK, HeadSplit
+from axdsl.ir.head import HeadSplit
 
 
 @dataclass(frozen=True)
@@ -45,15 +45,17 @@ class _Blocks:
 
 
 def trace_activations(root: ir.Instance, layout: Layout, batch: int, seq: int,
-                      remat: ir.RematPolicy | None, split: HeadSplit | None = None) -> Activations:
+                      remat: ir.RematPolicy | None, split: HeadSplit | None = None,
+                      loss_chunk: int = 512) -> Activations:
     """Trace the model and its loss; `remat` replaces every scanned block's policy. `split`: the
-    loss is the fused cross-entropy over the model cut at its head (ir/head.py loss_split)."""
+    loss is the fused cross-entropy over the model cut at its head (ir/head.py loss_split),
+    `loss_chunk` positions at a time."""
     t = Tracer(root, layout, batch, seq)
     args = [Val(a.dims, "i32", ValKind.INPUT, f"/{a.name}") for a in root.forward.args]
     if split is None:
         loss_working, kept = loss(t, t.call(root, args)), 0.0
     else:
-        loss_working, kept = fused_loss(t, split, t.call(split.body, args))
+        loss_working, kept = fused_loss(t, split, t.call(split.body, args), loss_chunk)
     blocks = _Blocks(saved=kept + sum(t.nbytes(v) for v in t.outer.residuals.values()))
     policies = []
     for inst, layer, x in t.blocks:
@@ -151,19 +153,22 @@ def gathered_weights(t: Tracer, inst: ir.Instance) -> float:
     return total
 
 
-def fused_loss(t: Tracer, split: HeadSplit, hidden: Val) -> tuple[float, float]:
+def fused_loss(t: Tracer, split: HeadSplit, hidden: Val, loss_chunk: int) -> tuple[float, float]:
     """The generated loss_fn's fused cross-entropy (axdsl/ir/head.py): (working bytes, bytes kept
     for the backward). It keeps the gradients its forward pass took: of the hidden state (in its
-    dtype) and of the head's parameters (in theirs); its working set is one chunk of LOSS_CHUNK
+    dtype) and of the head's parameters (in theirs); its working set is one chunk of loss_chunk
     positions: the logits in float32, their softmax and gradient, and in the head's matmul dtype
     the logits and their gradient."""
     outer, t.scope = t.scope, Scope()  # the head's own residuals are never kept
     logits = t.call(split.head, [hidden])
     t.scope = outer
-    chunk = min(LOSS_CHUNK, t.seq) / t.seq
+    chunk = min(loss_chunk, t.seq) / t.seq
     f32 = t.nbytes(Val(logits.dims, "f32", ValKind.OP, "logits"))
     grads = sum(t.layout.param_elements(p) * DTYPE_BYTES[p.dtype.name] for p in _head_params(split))
-    return chunk * (3 * f32 + 2 * _low_precision_bytes(t, logits)), t.nbytes(hidden) + grads
+    kept = t.nbytes(hidden) + grads
+    if chunk < 1:  # a scan over the chunks: the hidden gradients stacked by chunk, then unchunked,
+        kept *= 2  # and the head's gradient carried from chunk to chunk besides the one returned
+    return chunk * (3 * f32 + 2 * _low_precision_bytes(t, logits)), kept
 
 
 def _head_params(split: HeadSplit) -> list[ir.Param]:

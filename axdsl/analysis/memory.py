@@ -66,7 +66,7 @@ from axdsl.analysis.activations import trace_activations
 from axdsl.analysis.layout import DTYPE_BYTES, Layout
 from axdsl.analysis.trace import compute_dtype
 from axdsl.ir import nodes as ir
-from axdsl.ir.head import loss_split
+from axdsl.ir.head import loss_chunk, loss_split
 from axdsl.lora import resolve as resolve_lora
 from axdsl.objectives import batch_fields, batches_of, inputs as forward_inputs, objective_name
 from axdsl.passes.annotate_sharding import dim_axes
@@ -197,7 +197,8 @@ def estimate_memory(module: ir.Module, model: str | None = None, *, batch: int |
         st, grads = _lora_state(m.root, layout, optimizer, train.get("lora"), st, microbatches)
     inputs = math.ceil(batch / layout.shards(rules.get("batch", ()))) * _example_bytes(module, m.root, seq)
     split = loss_split(m.root, objective_name(module))
-    act = trace_activations(m.root, layout, batch // microbatches, seq, remat, split)
+    act = trace_activations(m.root, layout, batch // microbatches, seq, remat, split,
+                            loss_chunk(module.schedule))
     return MemoryEstimate(
         model=m.name, chips=math.prod(sizes.values()), mesh=sizes, batch=batch, seq=seq,
         microbatches=microbatches, remat=policy.kind, optimizer=optimizer,

@@ -22,7 +22,7 @@ from axdsl.codegen.expressions import FunctionEmitter, LayerFunction, dims_text
 from axdsl.codegen.names import EinsumLetters, dim_label, py_str, snake
 from axdsl.errors import CompileError, Diagnostic
 from axdsl.ir import nodes as ir
-from axdsl.ir.head import LOSS_CHUNK, HeadSplit, has_lm_signature, loss_split
+from axdsl.ir.head import HeadSplit, has_lm_signature, loss_chunk, loss_split
 from axdsl.ir.nodes import DType
 from axdsl.ir.printer import value_text
 from axdsl.objectives import fits, objective_args, objective_name
@@ -138,7 +138,7 @@ def emit_model(module: ir.Module) -> str:
         root_aux=functions[-1].aux,
         root_rng=functions[-1].rng,
         loss=loss,
-        loss_chunk=LOSS_CHUNK,
+        loss_chunk=loss_chunk(module.schedule),
         head=head,
         decode=decode,
         no_decode=decode_problem(root) if loss and decode is None else None,

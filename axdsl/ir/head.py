@@ -20,10 +20,17 @@ from axdsl.ir import nodes as ir
 from axdsl.ir.nodes import RefKind, TensorType
 from axdsl.ir.rewrite import walk_expr
 from axdsl.primitives.base import Decoding
+from axdsl.targets import profiles
 
 
-# Positions per chunk of the fused cross-entropy: the generated LOSS_CHUNK, and axdsl aot's.
+# Positions per chunk of the fused cross-entropy without a target (a target's is its profile's
+# loss_chunk): the generated LOSS_CHUNK, and axdsl aot's.
 LOSS_CHUNK = 512
+
+
+def loss_chunk(schedule: ir.Schedule | None) -> int:
+    """Positions per chunk of the fused cross-entropy that `schedule`'s target runs."""
+    return profiles()[schedule.profile].loss_chunk if schedule is not None else LOSS_CHUNK
 
 
 @dataclass(frozen=True)

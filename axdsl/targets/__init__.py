@@ -45,6 +45,7 @@ class Profile:
     remat: str
     cudnn_head_dim_max: int = 128  # the largest head_dim cuDNN flash attention takes (GPUs only)
     peak_nominal: bool = False  # the peak is a placeholder, not a chip's (cpu): MFU is labelled nominal
+    loss_chunk: int = 512  # positions per chunk of the fused cross-entropy
 
     @property
     def hbm_bytes(self) -> int:
@@ -86,6 +87,7 @@ def profiles() -> dict[str, Profile]:
             remat=t.get("remat", defaults["remat"]),
             cudnn_head_dim_max=t.get("cudnn_head_dim_max", 128),
             peak_nominal=t.get("peak_nominal", False),
+            loss_chunk=t.get("loss_chunk", defaults["loss_chunk"]),
         )
     return out
 

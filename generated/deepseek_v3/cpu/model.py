@@ -286,7 +286,7 @@ def forward(cfg: Config, params: dict, tokens: jax.Array) -> jax.Array:
 
 
 HEAD_PARAMS = ("head",)  # what decoder_lm_head reads
-LOSS_CHUNK = 512  # positions per chunk of fused_cross_entropy
+LOSS_CHUNK = 128  # positions per chunk of fused_cross_entropy
 
 
 def loss_fn(

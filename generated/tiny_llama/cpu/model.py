@@ -173,7 +173,7 @@ forward = decoder_lm
 
 
 HEAD_PARAMS = ("head",)  # what decoder_lm_head reads
-LOSS_CHUNK = 512  # positions per chunk of fused_cross_entropy
+LOSS_CHUNK = 128  # positions per chunk of fused_cross_entropy
 
 
 def loss_fn(
