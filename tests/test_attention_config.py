@@ -560,23 +560,24 @@ def test_vjp_kernel_values_and_gradients_match_xla(tmp_path, call, extra, v_head
             np.testing.assert_allclose(np.asarray(g), np.asarray(w), atol=2e-5, rtol=1e-4)
 
 
-def test_vjp_blocks_of_the_helper_and_of_the_memory_model_agree():
-    """The generated helper's query blocks are those aot's memory model counts, and they skip
-    exactly the keys no query of a block sees."""
+def test_vjp_blocks_cover_what_each_query_sees_and_nothing_above_the_diagonal():
+    """The helper's query blocks (the rule aot's memory model runs too): at most 8, covering every
+    query, each over exactly the keys its queries see."""
     from axdsl.primitives import attention_kernels as ak
 
-    ns: dict = {}
-    exec("import functools\nimport jax\nimport jax.numpy as jnp\n" + ak.VJP_ATTENTION, ns)
-    assert ns["VJP_QUERY_BLOCK"] == ak.VJP_QUERY_BLOCK
+    assert ak.VJP_ATTENTION.startswith(ak.VJP_BLOCKS)  # the generated helper carries the same rule
     for seq in (8, 100, 128, 384, 512, 1000, 8192):
         for causal, window in ((True, None), (False, None), (True, 3), (False, 200), (True, 4096)):
             blocks = ak.vjp_blocks(seq, seq, causal, window)
-            assert ns["_vjp_attention_blocks"](seq, seq, causal, window) == blocks
             assert len(blocks) <= 8 and blocks[0][0] == 0 and blocks[-1][1] == seq
+            assert all(a[1] == b[0] for a, b in zip(blocks, blocks[1:]))
             for start, end, first, last in blocks:  # every key a query of the block sees, no fewer
                 assert first == (max(0, start - window + 1) if window else 0)
                 assert last == (end if causal else seq)
-    assert ak.vjp_kept_keys(512, True, None) == 320  # 4 blocks of 128: 10 of 16 kept
+    assert ak.vjp_blocks(512, 512, True, None) == [(0, 128, 0, 128), (128, 256, 0, 256), (256, 384, 0, 384),
+                                                  (384, 512, 0, 512)]
+    assert ak.vjp_blocks(16, 32, True, None) == [(0, 16, 0, 32)]  # cross attention: one block
+    assert ak.vjp_kept_keys(512, True, None) == 320  # 10 of 16 (128 x 128) tiles kept
     assert ak.vjp_kept_keys(512, False, None) == 512
 
 

@@ -49,8 +49,23 @@ EINSUM_ATTENTION = '''def einsum_attention(
     out = jnp.einsum("bkgqs,bskd->bqkgd", probs, v)
     return out.reshape(batch, seq, heads, v.shape[-1])'''
 
-VJP_ATTENTION = '''VJP_QUERY_BLOCK = 128  # causal and windowed attention: queries per block, at most 8 blocks
+VJP_BLOCKS = '''VJP_QUERY_BLOCK = 128  # causal and windowed attention: queries per block, at most 8 blocks
 
+
+def _vjp_attention_blocks(seq, kv_seq, causal, window):
+    """(first query, end query, first key, end key) of each block: the keys its queries see."""
+    if not (causal or window) or seq != kv_seq:
+        return [(0, seq, 0, kv_seq)]
+    size = max(VJP_QUERY_BLOCK, -(-seq // 8))
+    blocks = []
+    for start in range(0, seq, size):
+        end = min(seq, start + size)
+        first = max(0, start - window + 1) if window else 0
+        blocks.append((start, end, first, end if causal else kv_seq))
+    return blocks
+'''
+
+VJP_ATTENTION = VJP_BLOCKS + '''
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5))
 def vjp_attention(
@@ -79,19 +94,6 @@ def vjp_attention(
     the values of its block's keys rather than of all keys; no other output changes.
     """
     return _vjp_attention_fwd(q, k, v, causal, window, scale, mask)[0]
-
-
-def _vjp_attention_blocks(seq, kv_seq, causal, window):
-    """(first query, end query, first key, end key) of each block: the keys its queries see."""
-    if not (causal or window) or seq != kv_seq:
-        return [(0, seq, 0, kv_seq)]
-    size = max(VJP_QUERY_BLOCK, -(-seq // 8))
-    blocks = []
-    for start in range(0, seq, size):
-        end = min(seq, start + size)
-        first = max(0, start - window + 1) if window else 0
-        blocks.append((start, end, first, end if causal else kv_seq))
-    return blocks
 
 
 def _vjp_attention_fwd(q, k, v, causal, window, scale, mask):
@@ -154,22 +156,13 @@ def _vjp_attention_bwd(causal, window, scale, res, dy):
 
 vjp_attention.defvjp(_vjp_attention_fwd, _vjp_attention_bwd)'''
 
-VJP_QUERY_BLOCK = 128  # the generated helper's own constant, the same value
+_BLOCKS: dict = {}
+exec(VJP_BLOCKS, _BLOCKS)  # the helper's own block rule, which aot's memory model runs too: one home
 
 
-def vjp_blocks(seq: int, kv_seq: int, causal: bool, window: int | None,
-               query_block: int = VJP_QUERY_BLOCK) -> list[tuple[int, int, int, int]]:
-    """The query blocks the vjp helper runs, as its `_vjp_attention_blocks` computes them (a test
-    holds the two to the same answers): (first query, end query, first key, end key)."""
-    if not (causal or window) or seq != kv_seq:
-        return [(0, seq, 0, kv_seq)]
-    size = max(query_block, -(-seq // 8))
-    blocks = []
-    for start in range(0, seq, size):
-        end = min(seq, start + size)
-        first = max(0, start - window + 1) if window else 0
-        blocks.append((start, end, first, end if causal else kv_seq))
-    return blocks
+def vjp_blocks(seq: int, kv_seq: int, causal: bool, window: int | None) -> list[tuple[int, int, int, int]]:
+    """The query blocks the generated vjp helper runs: (first query, end query, first key, end key)."""
+    return _BLOCKS["_vjp_attention_blocks"](seq, kv_seq, causal, window)
 
 
 def vjp_kept_keys(seq: int, causal: bool, window: int | None) -> int:

@@ -655,6 +655,19 @@ def einsum_attention(
 VJP_QUERY_BLOCK = 128  # causal and windowed attention: queries per block, at most 8 blocks
 
 
+def _vjp_attention_blocks(seq, kv_seq, causal, window):
+    """(first query, end query, first key, end key) of each block: the keys its queries see."""
+    if not (causal or window) or seq != kv_seq:
+        return [(0, seq, 0, kv_seq)]
+    size = max(VJP_QUERY_BLOCK, -(-seq // 8))
+    blocks = []
+    for start in range(0, seq, size):
+        end = min(seq, start + size)
+        first = max(0, start - window + 1) if window else 0
+        blocks.append((start, end, first, end if causal else kv_seq))
+    return blocks
+
+
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5))
 def vjp_attention(
     q: jax.Array,
@@ -682,19 +695,6 @@ def vjp_attention(
     the values of its block's keys rather than of all keys; no other output changes.
     """
     return _vjp_attention_fwd(q, k, v, causal, window, scale, mask)[0]
-
-
-def _vjp_attention_blocks(seq, kv_seq, causal, window):
-    """(first query, end query, first key, end key) of each block: the keys its queries see."""
-    if not (causal or window) or seq != kv_seq:
-        return [(0, seq, 0, kv_seq)]
-    size = max(VJP_QUERY_BLOCK, -(-seq // 8))
-    blocks = []
-    for start in range(0, seq, size):
-        end = min(seq, start + size)
-        first = max(0, start - window + 1) if window else 0
-        blocks.append((start, end, first, end if causal else kv_seq))
-    return blocks
 
 
 def _vjp_attention_fwd(q, k, v, causal, window, scale, mask):
