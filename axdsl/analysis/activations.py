@@ -16,7 +16,7 @@ from axdsl.analysis.layout import DTYPE_BYTES, Layout
 from axdsl.analysis.trace import Tracer
 from axdsl.analysis.values import Scope, Val, ValKind
 from axdsl.ir import nodes as ir
-from axdsl.ir.head import HeadSplit
+from axdsl.ir.head import LOSS_CHUNK, HeadSplit
 
 
 @dataclass(frozen=True)
@@ -46,7 +46,7 @@ class _Blocks:
 
 def trace_activations(root: ir.Instance, layout: Layout, batch: int, seq: int,
                       remat: ir.RematPolicy | None, split: HeadSplit | None = None,
-                      loss_chunk: int = 512) -> Activations:
+                      loss_chunk: int = LOSS_CHUNK) -> Activations:
     """Trace the model and its loss; `remat` replaces every scanned block's policy. `split`: the
     loss is the fused cross-entropy over the model cut at its head (ir/head.py loss_split),
     `loss_chunk` positions at a time."""

@@ -43,9 +43,9 @@ class Profile:
     quantize: tuple[str, ...]
     default_quantize: str
     remat: str
+    loss_chunk: int  # positions per chunk of the fused cross-entropy
     cudnn_head_dim_max: int = 128  # the largest head_dim cuDNN flash attention takes (GPUs only)
     peak_nominal: bool = False  # the peak is a placeholder, not a chip's (cpu): MFU is labelled nominal
-    loss_chunk: int = 512  # positions per chunk of the fused cross-entropy
 
     @property
     def hbm_bytes(self) -> int:
