@@ -56,20 +56,25 @@ def test_suggestions_cover_remat_and_microbatches(in_root):
     assert "microbatches = 2" in text or "microbatches = 4" in text
 
 
-def test_update_model_is_the_select_the_generated_step_uses(in_root):
+def test_update_model_is_the_cond_the_generated_step_uses(in_root):
     # aot models the update from GENERATED_UPDATE_SKIP, not from train.py's text: keep that fact
-    # true of what the build emits, and the update term present exactly when there is a train step.
+    # true of what the build emits (a lax.cond that skips the update, no select over the state),
+    # and the select's update term present only when asked for.
     import re
 
-    from axdsl.analysis.memory import GENERATED_UPDATE_SKIP, UpdateSkip
+    from axdsl.analysis.memory import GENERATED_UPDATE_SKIP, UpdateSkip, estimate_memory
     from axdsl.build import build_files
+    from axdsl.pipeline import compile_spec
 
     files = build_files(Path("specs/tiny_llama.axl"), "cpu")
     emitted = "\n".join(text for name, text in files.items() if name.endswith(".py"))
-    assert GENERATED_UPDATE_SKIP is UpdateSkip.SELECT
-    assert re.search(r"jnp\.where\(ok, \w+, \w+\)", emitted)
+    assert GENERATED_UPDATE_SKIP is UpdateSkip.COND
+    assert re.search(r"jax\.lax\.cond\(\s*ok, update,", emitted)
+    assert not re.search(r"jnp\.where\(ok, \w+, \w+\)", emitted)
     r = analyze(Path("specs/tiny_llama.axl"), "cpu", lower=False)
-    assert r.estimate.update > 0
+    assert r.estimate.update == 0
+    module = compile_spec(Path("specs/tiny_llama.axl"), "cpu")
+    assert estimate_memory(module, update_select=True).update > 0
 
 
 def test_unknown_model_is_an_error(in_root, capsys):

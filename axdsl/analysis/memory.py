@@ -42,7 +42,8 @@ Step temporaries
     update          the optimizer update runs after the activations are freed; when the step
                     skips non-finite updates with `jnp.where(ok, new, old)` the new parameters
                     and moments are materialized before the select (`UPDATE_SELECT_FRACTION`);
-                    the generated step does (`GENERATED_UPDATE_SKIP`)
+                    the generated step uses jax.lax.cond instead, which writes the update in
+                    place (`GENERATED_UPDATE_SKIP`)
 
     temporaries = gradients + max(weight copies + activations, update)
 
@@ -82,9 +83,10 @@ class UpdateSkip(Enum):
     COND = "cond"  # jax.lax.cond: the update is written in place
 
 
-# The generated train step (`make_train_step` in train.py, its `keep`) keeps the old state
-# with an elementwise select; `axdsl aot` models its update with this, not by reading train.py.
-GENERATED_UPDATE_SKIP = UpdateSkip.SELECT
+# The generated train step (`make_train_step` in train.py) skips a non-finite update with
+# jax.lax.cond, so the update is written in place; `axdsl aot` models its update with this, not
+# by reading train.py.
+GENERATED_UPDATE_SKIP = UpdateSkip.COND
 # The optimizer update with a skip-on-non-finite select computes new parameters and moments
 # before selecting them, so they cannot be written in place: measured on XLA:CPU, about this
 # fraction of (parameters + moments) is live at once (0.53-0.58 over three model shapes; the

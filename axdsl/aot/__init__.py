@@ -80,7 +80,8 @@ def analyze(spec: Path, target: str, model: str | None = None, batch: int | None
     profile = profiles()[sched.profile]
     m = next(x for x in module.models if x.name == model)
     files = build_files(spec, target)
-    # The generated step's skip-on-non-finite select costs memory at the update (see memory.py).
+    # A skip-on-non-finite select would cost memory at the update; the generated step's
+    # lax.cond does not (see memory.py).
     select = "train.py" in files and GENERATED_UPDATE_SKIP is UpdateSkip.SELECT
     est = estimate_memory(module, model, batch=batch, seq=seq, update_select=select)
     pc = param_count(m)

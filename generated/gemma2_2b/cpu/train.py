@@ -213,12 +213,18 @@ def make_train_step(cfg: Config, tc: TrainConfig, mesh):
     def step(state, batch):
         grads, ce = grads_and_loss(cfg, tc, state["params"], batch)
         grad_norm = runtime.global_norm(grads)
-        updates, opt_state = optimizer.update(grads, state["opt_state"], state["params"])
-        params = optax.apply_updates(state["params"], updates)
-        # A non-finite loss or gradient skips the update: parameters are never poisoned.
+
+        def update(params, opt_state):
+            updates, opt_state = optimizer.update(grads, opt_state, params)
+            return optax.apply_updates(params, updates), opt_state
+
+        # A non-finite loss or gradient skips the update: parameters are never poisoned. Under
+        # lax.cond only the taken branch runs, so the update writes over the old state in place
+        # (a jnp.where over both would keep a copy of the optimizer state to select from).
         ok = jnp.isfinite(ce) & jnp.isfinite(grad_norm)
-        old = (state["params"], state["opt_state"])
-        params, opt_state = jax.tree.map(lambda n, o: jnp.where(ok, n, o), (params, opt_state), old)
+        params, opt_state = jax.lax.cond(
+            ok, update, lambda *old: old, state["params"], state["opt_state"]
+        )
         bad_steps = jnp.where(ok, 0, state["bad_steps"] + 1)
         new = dict(params=params, opt_state=opt_state, step=state["step"] + 1, bad_steps=bad_steps)
         lr = schedule(state["step"])
