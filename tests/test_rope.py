@@ -138,3 +138,27 @@ def test_full_rotary_equals_the_plain_helper(tmp_path):
     tokens = jnp.asarray(np.random.default_rng(3).integers(0, 64, (2, 16)))
     np.testing.assert_allclose(np.asarray(variant.forward(variant.Config(), params, tokens)),
                                np.asarray(plain.forward(cfg, params, tokens)), atol=1e-5)
+
+
+@pytest.mark.parametrize("attn", ["", 'rope_scaling = "yarn", rope_factor = 4.0, rope_original_max_seq = 16'])
+def test_rotation_tables_are_constants_not_recomputed_per_element(tmp_path, attn):
+    """Under jit with positions known at trace time, cos and sin come from numpy tables: the
+    compiled program has no cosine or sine op (XLA had fused them into the multiplies and computed
+    them for every element of the rotated tensor). A traced offset (a decode step) computes the
+    same rotation in jax."""
+    import jax
+    import jax.numpy as jnp
+
+    model, _ = _model(tmp_path, attn)
+    freqs = 1.0 / 10000.0 ** (np.arange(0, 32, 2) / 32)
+    scale = 1.0 if not attn else model.yarn_attention_factor(4.0)
+    rotate = (lambda x, offset=0: model.apply_rope(x, 10000.0, offset)) if not attn else (
+        lambda x, offset=0: model.apply_rotary(x, model.yarn_frequencies(32, 10000.0, 4.0, 16), scale=scale,
+                                               offset=offset))
+    x = jnp.asarray(np.random.default_rng(4).normal(size=(2, 24, 2, 32)).astype(np.float32))
+    hlo = jax.jit(rotate).lower(x).compile().as_text()
+    assert "cosine(" not in hlo and "sine(" not in hlo
+    traced = jax.jit(rotate)(x[:, 5:6], jnp.int32(5))  # one decode position, its offset traced
+    np.testing.assert_allclose(np.asarray(traced), np.asarray(rotate(x)[:, 5:6]), atol=1e-6)
+    if not attn:
+        np.testing.assert_allclose(np.asarray(rotate(x)), _rotate_reference(np.asarray(x), freqs, False), atol=2e-5)

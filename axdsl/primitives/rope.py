@@ -11,6 +11,10 @@ The plain form (the whole head_dim, Llama's half-split layout, no frequency scal
                    scaled and unscaled frequencies) or "yarn" (YaRN's ramp between interpolation
                    and extrapolation, with its cos/sin attention factor)
 
+Both read their cos and sin from `rotation_tables`: numpy constants when the positions are known
+as the step is traced, so that XLA never computes cos and sin per element of the rotated tensor
+(it fused them into the multiplies: 5.3% of a cpu training step, benchmarks/RESULTS.md).
+
 The frequency formulas follow the papers and Hugging Face's modeling_rope_utils, so that real
 checkpoints import exactly; tests/test_rope.py checks each against transformers.
 """
@@ -29,18 +33,32 @@ APPLY_ROPE = '''def apply_rope(x: jax.Array, theta: float, offset: int | jax.Arr
     """Rotary position embedding on x [B, S, heads, head_dim] (Llama's half-split layout), its
     tokens at positions offset, offset + 1, ... (a decode step's offset is its cache position)."""
     half = x.shape[-1] // 2
-    freqs = 1.0 / (theta ** (jnp.arange(half, dtype=jnp.float32) / half))  # [head_dim / 2]
-    positions = offset + jnp.arange(x.shape[1], dtype=jnp.float32)  # [S]
-    angles = positions[:, None] * freqs  # [S, head_dim / 2]
-    cos = jnp.cos(angles)[None, :, None, :]
-    sin = jnp.sin(angles)[None, :, None, :]
+    freqs = 1.0 / (theta ** (np.arange(half, dtype=np.float32) / half))  # [head_dim / 2]
+    cos, sin = rotation_tables(freqs, x.shape[1], offset)  # [1, S, 1, head_dim / 2]
     x1, x2 = x[..., :half].astype(jnp.float32), x[..., half:].astype(jnp.float32)
     out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
     return out.astype(x.dtype)'''
 
+ROTATION_TABLES = '''def rotation_tables(
+    freqs: np.ndarray, seq: int, offset: int | jax.Array = 0, scale: float = 1.0
+) -> tuple[np.ndarray | jax.Array, np.ndarray | jax.Array]:
+    """cos and sin [1, S, 1, len(freqs)] of the angles of positions offset, ..., offset + S - 1,
+    times `scale`.
+
+    With a Python int offset (training, prefill) they are numpy constants, computed once when the
+    step is traced: built from jax ops, they would be fused into the multiplies that read them,
+    and XLA would compute cos and sin again for every element of the [B, S, heads, head_dim]
+    tensor it rotates. A decode step's offset is traced, so its angles are computed in jax.
+    """
+    xp = np if isinstance(offset, int) else jnp
+    positions = offset + xp.arange(seq, dtype=np.float32)  # [S]
+    angles = positions[:, None] * freqs  # [S, len(freqs)]
+    cos, sin = scale * xp.cos(angles), scale * xp.sin(angles)
+    return cos[None, :, None, :].astype(np.float32), sin[None, :, None, :].astype(np.float32)'''
+
 APPLY_ROTARY = '''def apply_rotary(
     x: jax.Array,
-    freqs: jax.Array,
+    freqs: np.ndarray,
     interleaved: bool = False,
     scale: float = 1.0,
     offset: int | jax.Array = 0,
@@ -53,10 +71,7 @@ APPLY_ROTARY = '''def apply_rotary(
     offset, offset + 1, ... (a decode step's offset is its cache position).
     """
     rotary_dim = 2 * freqs.shape[0]
-    positions = offset + jnp.arange(x.shape[1], dtype=jnp.float32)  # [S]
-    angles = positions[:, None] * freqs  # [S, rotary_dim / 2]
-    cos = (scale * jnp.cos(angles))[None, :, None, :]
-    sin = (scale * jnp.sin(angles))[None, :, None, :]
+    cos, sin = rotation_tables(freqs, x.shape[1], offset, scale)  # [1, S, 1, rotary_dim / 2]
     rot, rest = x[..., :rotary_dim].astype(jnp.float32), x[..., rotary_dim:]
     if interleaved:
         x1, x2 = rot[..., 0::2], rot[..., 1::2]
@@ -66,9 +81,9 @@ APPLY_ROTARY = '''def apply_rotary(
         out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
     return jnp.concatenate([out.astype(x.dtype), rest], axis=-1)'''
 
-ROPE_FREQUENCIES = '''def rope_frequencies(rotary_dim: int, theta: float) -> jax.Array:
+ROPE_FREQUENCIES = '''def rope_frequencies(rotary_dim: int, theta: float) -> np.ndarray:
     """The rotary frequencies theta^(-2i / rotary_dim), i < rotary_dim / 2 (RoFormer)."""
-    return 1.0 / (theta ** (jnp.arange(0, rotary_dim, 2, dtype=jnp.float32) / rotary_dim))'''
+    return 1.0 / (theta ** (np.arange(0, rotary_dim, 2, dtype=np.float32) / rotary_dim))'''
 
 LLAMA3_FREQUENCIES = '''def llama3_frequencies(
     rotary_dim: int,
@@ -77,7 +92,7 @@ LLAMA3_FREQUENCIES = '''def llama3_frequencies(
     low_freq_factor: float,
     high_freq_factor: float,
     original_max_seq: int,
-) -> jax.Array:
+) -> np.ndarray:
     """Llama 3.1's frequency scaling: wavelengths longer than original_max_seq / low_freq_factor
     are divided by `factor`, shorter than original_max_seq / high_freq_factor kept, and those
     between blended smoothly."""
@@ -85,9 +100,9 @@ LLAMA3_FREQUENCIES = '''def llama3_frequencies(
     wavelen = 2 * math.pi / freqs
     smooth = (original_max_seq / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
     blended = (1 - smooth) * freqs / factor + smooth * freqs
-    scaled = jnp.where(wavelen > original_max_seq / low_freq_factor, freqs / factor, freqs)
+    scaled = np.where(wavelen > original_max_seq / low_freq_factor, freqs / factor, freqs)
     medium = (wavelen >= original_max_seq / high_freq_factor) & (wavelen <= original_max_seq / low_freq_factor)
-    return jnp.where(medium, blended, scaled)'''
+    return np.where(medium, blended, scaled)'''
 
 YARN_FREQUENCIES = '''def yarn_frequencies(
     rotary_dim: int,
@@ -97,7 +112,7 @@ YARN_FREQUENCIES = '''def yarn_frequencies(
     beta_fast: float = 32.0,
     beta_slow: float = 1.0,
     truncate: bool = True,
-) -> jax.Array:
+) -> np.ndarray:
     """YaRN (Peng et al. 2023): dims that turn fewer than beta_slow times over original_max_seq
     are interpolated (divided by `factor`), more than beta_fast times extrapolated (kept), and
     those between ramp linearly."""
@@ -110,7 +125,7 @@ YARN_FREQUENCIES = '''def yarn_frequencies(
         low, high = math.floor(low), math.ceil(high)
     low, high = max(low, 0), min(high, rotary_dim - 1)
     high = high + 0.001 if low == high else high
-    ramp = jnp.clip((jnp.arange(rotary_dim // 2, dtype=jnp.float32) - low) / (high - low), 0, 1)
+    ramp = np.clip((np.arange(rotary_dim // 2, dtype=np.float32) - low) / (high - low), 0, 1)
     freqs = rope_frequencies(rotary_dim, theta)
     return freqs / factor * ramp + freqs * (1 - ramp)
 
@@ -193,8 +208,10 @@ def _emit(ctx, prim, args: list[str], precs: list[int]) -> str:
     theta = prim.attr("theta").code
     if _is_plain(prim, head_dim):
         ctx.use_helper("apply_rope")
+        ctx.use_helper("rotation_tables")
         return f"apply_rope({args[0]}, theta={theta}{_offset(ctx)})"
     ctx.use_helper("apply_rotary")
+    ctx.use_helper("rotation_tables")
     ctx.use_helper("rope_frequencies")
     given = prim.attr("rotary_dim")
     rotary = given.code if given is not None and given.value else prim.args[0].type.dims[-1].code
@@ -234,7 +251,8 @@ def _offset(ctx) -> str:
     return f", offset={ctx.decode_pos}" if ctx.decoding else ""
 
 
-_MATH = ("import math", "import jax", "import jax.numpy as jnp")
+_NUMPY = ("import jax", "import jax.numpy as jnp", "import numpy as np")
+_MATH = ("import math", "import numpy as np")
 
 PRIMITIVES = (
     Primitive("rope", Signature(("x",), (
@@ -254,9 +272,10 @@ PRIMITIVES = (
         Static("mscale_all_dim", StaticKind.FLOAT, 0.0),
     ), doc="rotary embedding on [B, S, H, D]: partial, interleaved, linear/llama3/yarn scaling"),
         emit=_emit, shape=_rope_shape, check=_check, memory=linear_memory, decoding=Decoding.POSITIONS,
-        helpers=(Helper("apply_rope", APPLY_ROPE),
-                 Helper("apply_rotary", APPLY_ROTARY),
-                 Helper("rope_frequencies", ROPE_FREQUENCIES),
+        helpers=(Helper("apply_rope", APPLY_ROPE, _NUMPY),
+                 Helper("apply_rotary", APPLY_ROTARY, _NUMPY),
+                 Helper("rotation_tables", ROTATION_TABLES, _NUMPY),
+                 Helper("rope_frequencies", ROPE_FREQUENCIES, ("import numpy as np",)),
                  Helper("llama3_frequencies", LLAMA3_FREQUENCIES, _MATH),
                  Helper("yarn_frequencies", YARN_FREQUENCIES, _MATH))),
 )

@@ -557,7 +557,7 @@ def shard(x: jax.Array, spec: P) -> jax.Array:
 
 def apply_rotary(
     x: jax.Array,
-    freqs: jax.Array,
+    freqs: np.ndarray,
     interleaved: bool = False,
     scale: float = 1.0,
     offset: int | jax.Array = 0,
@@ -570,10 +570,7 @@ def apply_rotary(
     offset, offset + 1, ... (a decode step's offset is its cache position).
     """
     rotary_dim = 2 * freqs.shape[0]
-    positions = offset + jnp.arange(x.shape[1], dtype=jnp.float32)  # [S]
-    angles = positions[:, None] * freqs  # [S, rotary_dim / 2]
-    cos = (scale * jnp.cos(angles))[None, :, None, :]
-    sin = (scale * jnp.sin(angles))[None, :, None, :]
+    cos, sin = rotation_tables(freqs, x.shape[1], offset, scale)  # [1, S, 1, rotary_dim / 2]
     rot, rest = x[..., :rotary_dim].astype(jnp.float32), x[..., rotary_dim:]
     if interleaved:
         x1, x2 = rot[..., 0::2], rot[..., 1::2]
@@ -696,7 +693,7 @@ def llama3_frequencies(
     low_freq_factor: float,
     high_freq_factor: float,
     original_max_seq: int,
-) -> jax.Array:
+) -> np.ndarray:
     """Llama 3.1's frequency scaling: wavelengths longer than original_max_seq / low_freq_factor
     are divided by `factor`, shorter than original_max_seq / high_freq_factor kept, and those
     between blended smoothly."""
@@ -704,16 +701,34 @@ def llama3_frequencies(
     wavelen = 2 * math.pi / freqs
     smooth = (original_max_seq / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
     blended = (1 - smooth) * freqs / factor + smooth * freqs
-    scaled = jnp.where(wavelen > original_max_seq / low_freq_factor, freqs / factor, freqs)
+    scaled = np.where(wavelen > original_max_seq / low_freq_factor, freqs / factor, freqs)
     medium = (wavelen >= original_max_seq / high_freq_factor) & (
         wavelen <= original_max_seq / low_freq_factor
     )
-    return jnp.where(medium, blended, scaled)
+    return np.where(medium, blended, scaled)
 
 
-def rope_frequencies(rotary_dim: int, theta: float) -> jax.Array:
+def rope_frequencies(rotary_dim: int, theta: float) -> np.ndarray:
     """The rotary frequencies theta^(-2i / rotary_dim), i < rotary_dim / 2 (RoFormer)."""
-    return 1.0 / (theta ** (jnp.arange(0, rotary_dim, 2, dtype=jnp.float32) / rotary_dim))
+    return 1.0 / (theta ** (np.arange(0, rotary_dim, 2, dtype=np.float32) / rotary_dim))
+
+
+def rotation_tables(
+    freqs: np.ndarray, seq: int, offset: int | jax.Array = 0, scale: float = 1.0
+) -> tuple[np.ndarray | jax.Array, np.ndarray | jax.Array]:
+    """cos and sin [1, S, 1, len(freqs)] of the angles of positions offset, ..., offset + S - 1,
+    times `scale`.
+
+    With a Python int offset (training, prefill) they are numpy constants, computed once when the
+    step is traced: built from jax ops, they would be fused into the multiplies that read them,
+    and XLA would compute cos and sin again for every element of the [B, S, heads, head_dim]
+    tensor it rotates. A decode step's offset is traced, so its angles are computed in jax.
+    """
+    xp = np if isinstance(offset, int) else jnp
+    positions = offset + xp.arange(seq, dtype=np.float32)  # [S]
+    angles = positions[:, None] * freqs  # [S, len(freqs)]
+    cos, sin = scale * xp.cos(angles), scale * xp.sin(angles)
+    return cos[None, :, None, :].astype(np.float32), sin[None, :, None, :].astype(np.float32)
 
 
 VJP_QUERY_BLOCK = 128  # causal and windowed attention: queries per block, at most 8 blocks

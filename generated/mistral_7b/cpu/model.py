@@ -518,11 +518,8 @@ def apply_rope(x: jax.Array, theta: float, offset: int | jax.Array = 0) -> jax.A
     """Rotary position embedding on x [B, S, heads, head_dim] (Llama's half-split layout), its
     tokens at positions offset, offset + 1, ... (a decode step's offset is its cache position)."""
     half = x.shape[-1] // 2
-    freqs = 1.0 / (theta ** (jnp.arange(half, dtype=jnp.float32) / half))  # [head_dim / 2]
-    positions = offset + jnp.arange(x.shape[1], dtype=jnp.float32)  # [S]
-    angles = positions[:, None] * freqs  # [S, head_dim / 2]
-    cos = jnp.cos(angles)[None, :, None, :]
-    sin = jnp.sin(angles)[None, :, None, :]
+    freqs = 1.0 / (theta ** (np.arange(half, dtype=np.float32) / half))  # [head_dim / 2]
+    cos, sin = rotation_tables(freqs, x.shape[1], offset)  # [1, S, 1, head_dim / 2]
     x1, x2 = x[..., :half].astype(jnp.float32), x[..., half:].astype(jnp.float32)
     out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
     return out.astype(x.dtype)
@@ -631,6 +628,24 @@ def einsum_attention(
     probs = probs.reshape(batch, kv_heads, heads // kv_heads, seq, kv_seq)
     out = jnp.einsum("bkgqs,bskd->bqkgd", probs, v)
     return out.reshape(batch, seq, heads, v.shape[-1])
+
+
+def rotation_tables(
+    freqs: np.ndarray, seq: int, offset: int | jax.Array = 0, scale: float = 1.0
+) -> tuple[np.ndarray | jax.Array, np.ndarray | jax.Array]:
+    """cos and sin [1, S, 1, len(freqs)] of the angles of positions offset, ..., offset + S - 1,
+    times `scale`.
+
+    With a Python int offset (training, prefill) they are numpy constants, computed once when the
+    step is traced: built from jax ops, they would be fused into the multiplies that read them,
+    and XLA would compute cos and sin again for every element of the [B, S, heads, head_dim]
+    tensor it rotates. A decode step's offset is traced, so its angles are computed in jax.
+    """
+    xp = np if isinstance(offset, int) else jnp
+    positions = offset + xp.arange(seq, dtype=np.float32)  # [S]
+    angles = positions[:, None] * freqs  # [S, len(freqs)]
+    cos, sin = scale * xp.cos(angles), scale * xp.sin(angles)
+    return cos[None, :, None, :].astype(np.float32), sin[None, :, None, :].astype(np.float32)
 
 
 VJP_QUERY_BLOCK = 128  # causal and windowed attention: queries per block, at most 8 blocks

@@ -540,7 +540,7 @@ def shard(x: jax.Array, spec: P) -> jax.Array:
 
 def apply_rotary(
     x: jax.Array,
-    freqs: jax.Array,
+    freqs: np.ndarray,
     interleaved: bool = False,
     scale: float = 1.0,
     offset: int | jax.Array = 0,
@@ -553,10 +553,7 @@ def apply_rotary(
     offset, offset + 1, ... (a decode step's offset is its cache position).
     """
     rotary_dim = 2 * freqs.shape[0]
-    positions = offset + jnp.arange(x.shape[1], dtype=jnp.float32)  # [S]
-    angles = positions[:, None] * freqs  # [S, rotary_dim / 2]
-    cos = (scale * jnp.cos(angles))[None, :, None, :]
-    sin = (scale * jnp.sin(angles))[None, :, None, :]
+    cos, sin = rotation_tables(freqs, x.shape[1], offset, scale)  # [1, S, 1, rotary_dim / 2]
     rot, rest = x[..., :rotary_dim].astype(jnp.float32), x[..., rotary_dim:]
     if interleaved:
         x1, x2 = rot[..., 0::2], rot[..., 1::2]
@@ -672,9 +669,27 @@ def einsum_attention(
     return out.reshape(batch, seq, heads, v.shape[-1])
 
 
-def rope_frequencies(rotary_dim: int, theta: float) -> jax.Array:
+def rope_frequencies(rotary_dim: int, theta: float) -> np.ndarray:
     """The rotary frequencies theta^(-2i / rotary_dim), i < rotary_dim / 2 (RoFormer)."""
-    return 1.0 / (theta ** (jnp.arange(0, rotary_dim, 2, dtype=jnp.float32) / rotary_dim))
+    return 1.0 / (theta ** (np.arange(0, rotary_dim, 2, dtype=np.float32) / rotary_dim))
+
+
+def rotation_tables(
+    freqs: np.ndarray, seq: int, offset: int | jax.Array = 0, scale: float = 1.0
+) -> tuple[np.ndarray | jax.Array, np.ndarray | jax.Array]:
+    """cos and sin [1, S, 1, len(freqs)] of the angles of positions offset, ..., offset + S - 1,
+    times `scale`.
+
+    With a Python int offset (training, prefill) they are numpy constants, computed once when the
+    step is traced: built from jax ops, they would be fused into the multiplies that read them,
+    and XLA would compute cos and sin again for every element of the [B, S, heads, head_dim]
+    tensor it rotates. A decode step's offset is traced, so its angles are computed in jax.
+    """
+    xp = np if isinstance(offset, int) else jnp
+    positions = offset + xp.arange(seq, dtype=np.float32)  # [S]
+    angles = positions[:, None] * freqs  # [S, len(freqs)]
+    cos, sin = scale * xp.cos(angles), scale * xp.sin(angles)
+    return cos[None, :, None, :].astype(np.float32), sin[None, :, None, :].astype(np.float32)
 
 
 VJP_QUERY_BLOCK = 128  # causal and windowed attention: queries per block, at most 8 blocks
