@@ -1,7 +1,8 @@
 """The compiler pipeline in one place: load -> build the IR -> PASSES -> codegen.
 
     spec.axl --lark--> AST --irbuild ("resolve")--> IR --check, infer_shapes, stack_repeats--> IR
-        --configure_target, configure_train, annotate_sharding, insert_remat, quantize_matmuls, select_kernels--> IR
+        --configure_target, configure_train, annotate_sharding, insert_remat, unroll_repeats,
+          quantize_matmuls, select_kernels--> IR
         --codegen--> model.py, train.py
 
 The first passes are the algorithm (target-independent); the target passes are the schedule, and
@@ -29,6 +30,7 @@ from axdsl.passes.insert_remat import insert_remat
 from axdsl.passes.quantize_matmuls import quantize_matmuls
 from axdsl.passes.select_kernels import select_kernels
 from axdsl.passes.stack_repeats import stack_repeats
+from axdsl.passes.unroll_repeats import unroll_repeats
 from axdsl.syntax.loader import Program, load
 
 Pass = Callable[[ir.Module], ir.Module]
@@ -42,6 +44,7 @@ PASSES: tuple[tuple[str, Pass], ...] = (
     ("configure_train", configure_train),
     ("annotate_sharding", annotate_sharding),
     ("insert_remat", insert_remat),
+    ("unroll_repeats", unroll_repeats),
     ("quantize_matmuls", quantize_matmuls),
     ("select_kernels", select_kernels),
 )

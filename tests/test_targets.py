@@ -213,6 +213,31 @@ def test_remat_policies_in_generated_code(spec, tmp_path):
     assert "@functools.partial(jax.checkpoint, policy=REMAT_POLICY, prevent_cse=False)" in text["tpu-v5e-8"]
 
 
+# ----------------------------------------------------------------------------- unroll
+def test_cpu_unrolls_short_repeats_and_numerics_do_not_move(spec, tmp_path):
+    """The cpu profile's unroll(16) runs the 2-layer scan unrolled; unroll(0) (or a repeat longer
+    than the bound) keeps the rolled scan. Both compute the same loss and gradients."""
+    unrolled, _ = import_generated(spec, "cpu", tmp_path)
+    rolled_spec = spec.parent / "rolled.axl"
+    rolled_spec.write_text(SPEC.replace('target "*" { quantize(none) }',
+                                        'target "cpu" { unroll(1) }\ntarget "*" { quantize(none) }'))
+    rolled, _ = import_generated(rolled_spec, "cpu", tmp_path)
+    text = {m: Path(m.__file__).read_text() for m in (unrolled, rolled)}
+    assert 'jax.lax.scan(blocks_step, x, params["blocks"], unroll=True)' in text[unrolled]
+    assert "# unroll(16) from profile cpu: the cfg.layers steps run unrolled" in text[unrolled]
+    assert 'jax.lax.scan(blocks_step, x, params["blocks"])' in text[rolled] and "unroll=True" not in text[rolled]
+    gpu, _ = import_generated(spec, "gpu-h100-8", tmp_path)
+    assert "unroll=True" not in Path(gpu.__file__).read_text()  # gpu profiles: unroll(0)
+    cfg = unrolled.CONFIGS["lm"]
+    params = unrolled.init_params(cfg, jax.random.key(0))
+    tokens = jax.random.randint(jax.random.key(1), (4, 17), 0, cfg.vocab)
+    want_loss, want_grads = _loss_and_grads(rolled, params, tokens, cfg)
+    loss, grads = _loss_and_grads(unrolled, params, tokens, cfg)
+    np.testing.assert_allclose(float(loss), float(want_loss), rtol=1e-6)
+    for g, w in zip(jax.tree.leaves(grads), jax.tree.leaves(want_grads)):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(w), atol=1e-6, rtol=1e-5)
+
+
 def test_offload_policy_reaches_the_gpu_lowering(spec, tmp_path):
     """Host offload is a no-op on CPU; the cuda lowering must carry the pinned_host transfer."""
     path = spec.parent / "offload.axl"

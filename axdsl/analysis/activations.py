@@ -30,6 +30,7 @@ class Activations:
     layers: int
     working_kind: str  # "loss" or "layer"
     detail: dict[str, int] = field(default_factory=dict)  # saved per layer, by value
+    reused: int = 0  # unrolled blocks: gradient bytes written where freed residuals were
 
 
 @dataclass
@@ -41,6 +42,7 @@ class _Blocks:
     per_layer: float = 0.0
     layers: int = 0
     working: float = 0.0
+    reused: float = 0.0
     detail: dict[str, int] = field(default_factory=dict)
 
 
@@ -71,6 +73,7 @@ def trace_activations(root: ir.Instance, layout: Layout, batch: int, seq: int,
         saved=int(blocks.saved), working=int(working), offloaded=int(blocks.offloaded),
         saved_per_layer=int(blocks.per_layer), layers=blocks.layers, detail=blocks.detail,
         working_kind="loss" if loss_working >= blocks.working else "layer",
+        reused=int(blocks.reused),
     )
 
 
@@ -89,6 +92,8 @@ def _add_block(t: Tracer, blocks: _Blocks, inst: ir.Instance, layer: Scope, x: V
     for v in kept:
         key = f"{inst.path}: {v.label}"
         blocks.detail[key] = blocks.detail.get(key, 0) + int(t.nbytes(v))
+    if inst.unrolled:
+        blocks.reused += unrolled_reuse(t, inst, n, kept_bytes)
     # Backward of one layer: its residuals again, recomputed where remat dropped them
     # (XLA frees each as the backward consumes it, and cotangents reuse the space).
     all_res = sum(t.nbytes(v) for v in layer.residuals.values())
@@ -102,6 +107,19 @@ def _add_block(t: Tracer, blocks: _Blocks, inst: ir.Instance, layer: Scope, x: V
     if policy.kind is ir.RematKind.NONE:
         recompute = 0.0
     blocks.working = max(blocks.working, recompute + cotangents + gathered_weights(t, inst))
+
+
+def unrolled_reuse(t: Tracer, inst: ir.Instance, n: int, kept: float) -> float:
+    """Bytes of an unrolled block's gradients that reuse the space of residuals already freed.
+
+    A rolled scan keeps its residual stacks until its backward ends and accumulates the stacked
+    gradients beside them: saved + gradients. Unrolled, the backward frees a step's residuals
+    (`kept`) as it makes that step's gradients (`grad`), so the peak is the larger end of that
+    trade, saved + grad or kept + all the gradients: (n - 1) x min(kept, grad) less (measured
+    against XLA's memory_analysis on a 4-layer llama: 64.4 MB of temporaries, 64.0 modelled).
+    """
+    grad = sum(t.layout.param_elements(p) * DTYPE_BYTES[p.dtype.name] for i in inst.walk() for p in i.params) / n
+    return (n - 1) * min(kept, grad)
 
 
 def kept_values(layer: Scope, x: Val, policy: ir.RematPolicy) -> tuple[list[Val], list[Val]]:

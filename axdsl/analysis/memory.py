@@ -45,7 +45,11 @@ Step temporaries
                     the generated step uses jax.lax.cond instead, which writes the update in
                     place (`GENERATED_UPDATE_SKIP`)
 
-    temporaries = gradients + max(weight copies + activations, update)
+    unrolled      a block the target unrolls (unroll_repeats) frees each step's residuals as its
+                    backward makes that step's gradients, which reuse the space: (steps - 1) x
+                    min(one step's saved bytes, one step's gradient bytes) less in the backward
+
+    temporaries = gradients + max(weight copies + activations - unrolled reuse, update)
 
 The package splits by concern: `layout.py` (per-chip sizes on the mesh), `values.py` and
 `trace.py` (the traced forward; each primitive's memory rule sits in its registry entry,
@@ -122,6 +126,7 @@ class MemoryEstimate:
     working_kind: str = ""  # "loss" or "layer"
     detail: dict[str, int] = field(default_factory=dict)  # saved per layer, by value
     update: int = 0  # transient of the optimizer update (after the backward has freed activations)
+    reused: int = 0  # gradients of unrolled blocks written where freed residuals were
 
     @property
     def activations(self) -> int:
@@ -139,8 +144,9 @@ class MemoryEstimate:
 
     @property
     def temporaries(self) -> int:
-        """Gradients, plus the larger of the backward's and the optimizer update's transients."""
-        return self.grads + max(self.weight_copies + self.activations, self.update)
+        """Gradients, plus the larger of the backward's and the optimizer update's transients
+        (in the backward, less what gradients of unrolled blocks reuse of freed residuals)."""
+        return self.grads + max(self.weight_copies + self.activations - self.reused, self.update)
 
     @property
     def total(self) -> int:
@@ -210,6 +216,7 @@ def estimate_memory(module: ir.Module, model: str | None = None, *, batch: int |
         saved_per_layer=act.saved_per_layer, layers=act.layers,
         working_kind=act.working_kind, detail=act.detail,
         update=int(UPDATE_SELECT_FRACTION * (_trained(st) + st.moments)) if update_select else 0,
+        reused=act.reused,
     )
 
 

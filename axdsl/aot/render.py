@@ -59,6 +59,9 @@ def _memory(r: Report) -> list[str]:
         f"  activations       {gib(e.activations):>12}   saved {gib(e.saved)} "
         f"({e.layers} layers x {gib(e.saved_per_layer)} + outside the scan), "
         f"working {gib(e.working)} ({'loss' if e.working_kind == 'loss' else 'one layer backward'})")
+    if e.reused:
+        lines.append(f"  unrolled reuse    {gib(-e.reused):>12}   (gradients of unrolled layers written where "
+                     f"their freed residuals were)")
     if e.offloaded:
         lines.append(f"  offloaded to host {gib(e.offloaded):>12}   (not on the chip)")
     if e.update:

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 from axdsl import primitives
 from axdsl.codegen.names import EinsumLetters, dim_label, py_str
-from axdsl.codegen.why import kernel_why, quant_why, remat_kind, remat_why, sharding_why
+from axdsl.codegen.why import kernel_why, quant_why, remat_kind, remat_why, sharding_why, unroll_why
 from axdsl.ir import nodes as ir
 from axdsl.ir.nodes import DType, RefKind, TensorType
 from axdsl.passes.annotate_sharding import activation_spec, spec_text
@@ -193,8 +193,9 @@ class FunctionEmitter:
                 self.lines.append(f"    return {fn}(cfg, layer_params, {_carried(args)}), None")
                 xs = f"params[{py_str(call.child)}]"
             self.lines.append("")
+            unroll = self._unroll(child)
             self.lines.append(f"with jax.named_scope({py_str(call.child)}):")
-            self.lines.append(f"    {target}, _ = jax.lax.scan({step}, {args[0]}, {xs})  # {comment}")
+            self.lines.append(f"    {target}, _ = jax.lax.scan({step}, {args[0]}, {xs}{unroll})  # {comment}")
             return
         self.lines.append(f"with jax.named_scope({py_str(call.child)}):")
         self.lines.append(
@@ -284,9 +285,10 @@ class FunctionEmitter:
         aux_name = self._fresh(f"{_stem(call.child)}_aux")
         self.aux_terms.append(aux_name)
         self.lines.append("")
+        unroll = self._unroll(child)
         self.lines.append(f"with jax.named_scope({py_str(call.child)}):")
         self.lines.append(f"    ({target}, {aux_name}), _ = jax.lax.scan({step}, ({x}, jnp.zeros((), jnp.float32)), "
-                          f"{xs})  # {comment}, []")
+                          f"{xs}{unroll})  # {comment}, []")
 
     def _fresh(self, name: str) -> str:
         base, n = name, 1
@@ -295,6 +297,12 @@ class FunctionEmitter:
             name = f"{base}{n}"
         self.temps.add(name)
         return name
+
+    def _unroll(self, child: ir.Instance) -> str:
+        """`, unroll=True` for a repeat the target unrolls (after a comment saying so), else ""."""
+        if child.unrolled:
+            self.lines.append(f"# {unroll_why(self.schedule, child)}")
+        return ", unroll=True" if child.unrolled else ""
 
     def _remat_decorator(self, child: ir.Instance) -> None:
         """`@jax.checkpoint` on a scanned step when insert_remat chose a policy, with why."""

@@ -34,6 +34,13 @@ def remat_why(schedule: ir.Schedule | None, child: ir.Instance) -> str:
     return f"insert_remat: {child.remat.kind}{origin}"
 
 
+def unroll_why(schedule: ir.Schedule, child: ir.Instance) -> str:
+    """`unroll(16) from profile cpu: the cfg.layers steps run unrolled, ...` (the count as code:
+    the models of a spec share this line). unroll_repeats says why it pays."""
+    return (f"unroll({schedule.unroll.value}) from {schedule.unroll.origin}: the {child.repeat.code} steps "
+            f"run unrolled, without a scan's [steps, ...] residual stacks")
+
+
 def remat_kind(child: ir.Instance) -> str | None:
     """The remat policy insert_remat set on a repeated child, or None when nothing is recomputed."""
     return child.remat.kind if child.remat is not None and child.remat.kind is not ir.RematKind.NONE else None

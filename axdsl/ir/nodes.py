@@ -385,6 +385,7 @@ class Instance:
     repeat: HValue | None = None  # set on a `repeat(n, ...)` child (n / k for a pattern of k layers)
     pattern: bool = False  # a group of a repeated pattern: children "0".."k-1", run in order
     remat: "RematPolicy | None" = None  # set by insert_remat on repeated children
+    unrolled: bool = False  # set by unroll_repeats: this repeat runs as an unrolled loop
 
     def hparam(self, name: str) -> HParam | None:
         return next((h for h in self.hparams if h.name == name), None)

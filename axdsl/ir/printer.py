@@ -50,6 +50,7 @@ def schedule_lines(s: ir.Schedule) -> list[str]:
     lines.append(f"  quantize({q.format}, layers = [{layers}])  # {s.quantize.origin}")
     for op, c in s.kernels:
         lines.append(f"  kernels({op} = {c.value})  # {c.origin}")
+    lines.append(f"  unroll({s.unroll.value})  # {s.unroll.origin}")
     return lines
 
 
@@ -101,6 +102,8 @@ def _instance(inst: ir.Instance, depth: int, lines: list[str]) -> None:
     rep = f" x{inst.repeat.value}" if inst.repeat is not None else ""
     if inst.remat is not None:
         rep += f" remat({inst.remat.kind})"
+    if inst.unrolled:
+        rep += " unrolled"
     lines.append(f"{pad}{inst.path} : {inst.layer}{rep}")
     for h in inst.hparams:
         lines.append(f"{pad}  {h.name}: {h.type} = {value_text(h.value.value)}  # {h.origin}")

@@ -6,6 +6,7 @@
       remat(save = [context])       where it came from so `axdsl dump --target` can show it.
       quantize(fp8, layers = "blocks/*")
       kernels(attention = cudnn)
+      unroll(16)                    repeats of up to 16 layers run unrolled (0: always a rolled scan)
     }
 
 Every block is checked (a typo in a TPU block fails a CPU build too); what a chip supports
@@ -24,7 +25,7 @@ from axdsl.ir import nodes as ir
 from axdsl.ir.printer import value_text
 from axdsl.targets import MESH_AXES, QUANT_FORMATS, Target, get_target, resolve_mesh
 
-DIRECTIVES = ("mesh", "rules", "remat", "quantize", "kernels")
+DIRECTIVES = ("mesh", "rules", "remat", "quantize", "kernels", "unroll")
 # Primitives whose kernel a target chooses (their registry entries have a KernelRule).
 KERNEL_OPS = tuple(sorted(name for name, prim in primitives.REGISTRY.items() if prim.has_kernels))
 
@@ -179,6 +180,15 @@ def _parse_quantize(d: ir.Directive, diags: Diagnostics):
     return ir.QuantPolicy(ir.QuantFormat(fmt), layers)
 
 
+def _parse_unroll(d: ir.Directive, diags: Diagnostics):
+    value = d.args[0].value if len(d.args) == 1 and not d.kwargs else None
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        diags.error(d.span, "unroll takes the most layers a repeat may have and run unrolled",
+                    "for example unroll(16); unroll(0) keeps every repeat a rolled jax.lax.scan")
+        return None
+    return value
+
+
 def _parse_kernels(d: ir.Directive, diags: Diagnostics):
     if not _no_positional(d, diags):
         return None
@@ -220,7 +230,7 @@ def _schedule(t: Target, block: ir.Section | None, o: dict, diags: Diagnostics) 
         name=t.name, profile=t.profile.name, kind=t.profile.kind, chips=t.chips,
         matched=block.pattern if block else None, matched_span=block.span if block else None,
         mesh=mesh, mesh_sizes=tuple(sizes.items()), rules=_rules(ov), remat=_remat(ov),
-        quantize=_quantize(ov, diags), kernels=_kernels(ov, diags),
+        quantize=_quantize(ov, diags), kernels=_kernels(ov, diags), unroll=_unroll(ov),
     )
 
 
@@ -252,6 +262,13 @@ def _remat(ov: _Overrides) -> ir.Choice:
         policy, span = ov.parsed["remat"]
         return ir.Choice(policy, ov.origin(span))
     return ir.Choice(ir.RematPolicy(ir.RematKind(ov.target.profile.remat)), ov.default)
+
+
+def _unroll(ov: _Overrides) -> ir.Choice:
+    if "unroll" in ov.parsed:
+        value, span = ov.parsed["unroll"]
+        return ir.Choice(value, ov.origin(span))
+    return ir.Choice(ov.target.profile.unroll, ov.default)
 
 
 def _quantize(ov: _Overrides, diags: Diagnostics) -> ir.Choice:

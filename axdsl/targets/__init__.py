@@ -44,6 +44,7 @@ class Profile:
     default_quantize: str
     remat: str
     loss_chunk: int  # positions per chunk of the fused cross-entropy
+    unroll: int = 0  # repeats of at most this many steps run unrolled (jax.lax.scan(unroll=True))
     cudnn_head_dim_max: int = 128  # the largest head_dim cuDNN flash attention takes (GPUs only)
     peak_nominal: bool = False  # the peak is a placeholder, not a chip's (cpu): MFU is labelled nominal
 
@@ -88,6 +89,7 @@ def profiles() -> dict[str, Profile]:
             cudnn_head_dim_max=t.get("cudnn_head_dim_max", 128),
             peak_nominal=t.get("peak_nominal", False),
             loss_chunk=t.get("loss_chunk", defaults["loss_chunk"]),
+            unroll=t.get("unroll", defaults["unroll"]),
         )
     return out
 
