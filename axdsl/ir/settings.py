@@ -64,11 +64,11 @@ class Schedule:
     remat: Choice  # value: RematPolicy
     quantize: Choice  # value: QuantPolicy
     kernels: tuple[tuple[str, Choice], ...]  # op -> Choice(kernel name or "auto")
-    unroll: Choice  # value: int, the most steps a repeat may have and run unrolled (0: never)
+    unroll: Choice  # value: int, the most layers a repeat may have and run unrolled (0: never)
 
-    def unrolls(self, steps: int | None) -> bool:
-        """Whether a repeat of `steps` steps runs as an unrolled loop on this target."""
-        return steps is not None and 0 < steps <= self.unroll.value
+    def unrolls(self, layers: int) -> bool:
+        """Whether a repeat of `layers` layers (steps x layers per step) runs unrolled here."""
+        return 0 < layers <= self.unroll.value
 
     def rule(self, logical: str) -> tuple[str, ...]:
         return next((c.value for k, c in self.rules if k == logical), ())

@@ -1,6 +1,6 @@
 """unroll_repeats: mark the repeated children that run as an unrolled loop on this target.
 
-    unroll(16)   (the cpu profile's default)   a repeat of at most 16 steps is unrolled
+    unroll(16)   (the cpu profile's default)   a repeat of at most 16 layers is unrolled
     unroll(0)    (every other profile)          every repeat stays a rolled jax.lax.scan
 
     before:  /blocks : Block x2 remat(none)
@@ -10,11 +10,11 @@ Codegen emits `jax.lax.scan(step, x, params["blocks"], unroll=True)` for a marke
 scan over the same stacked parameters, so the numerics do not move, but XLA sees straight-line
 code. On a CPU, which runs one op at a time, the rolled loop buys only compile time and costs a
 step: the backward's residuals go into [steps, ...] buffers that are zero-filled before the first
-layer and written and read a slice at a time. Compile time grows with the steps unrolled, hence
-the bound.
+layer and written and read a slice at a time. Compile time grows with the layers unrolled, hence
+the bound, counted in layers: `repeat(26, [Local(), Global()])` runs 13 steps of 2 layers, 26.
 
 The models of one spec share their generated layer code, so a repeat is unrolled only when it has
-at most `unroll` steps in every model of the spec (a 2-layer test model beside its 32-layer
+at most `unroll` layers in every model of the spec (a 2-layer test model beside its 32-layer
 original keeps the scan, as the original must).
 """
 
@@ -26,12 +26,13 @@ from axdsl.ir import nodes as ir
 
 
 def unroll_repeats(module: ir.Module) -> ir.Module:
-    steps: dict[str, int] = {}  # a repeated child's path -> its most steps over the spec's models
+    layers: dict[str, int] = {}  # a repeated child's path -> its most layers over the spec's models
     for model in module.models:
         for inst in model.root.walk():
             if inst.repeat is not None:
-                steps[inst.path] = max(steps.get(inst.path, 0), int(inst.repeat.value))
-    unrolled = {path for path, n in steps.items() if module.schedule.unrolls(n)}
+                n = int(inst.repeat.value) * (len(inst.children) if inst.pattern else 1)
+                layers[inst.path] = max(layers.get(inst.path, 0), n)
+    unrolled = {path for path, n in layers.items() if module.schedule.unrolls(n)}
     models = tuple(replace(m, root=_mark(m.root, unrolled)) for m in module.models)
     return replace(module, models=models)
 

@@ -44,7 +44,7 @@ class Profile:
     default_quantize: str
     remat: str
     loss_chunk: int  # positions per chunk of the fused cross-entropy
-    unroll: int = 0  # repeats of at most this many steps run unrolled (jax.lax.scan(unroll=True))
+    unroll: int = 0  # repeats of at most this many layers run unrolled (jax.lax.scan(unroll=True))
     cudnn_head_dim_max: int = 128  # the largest head_dim cuDNN flash attention takes (GPUs only)
     peak_nominal: bool = False  # the peak is a placeholder, not a chip's (cpu): MFU is labelled nominal
 

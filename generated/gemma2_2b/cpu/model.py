@@ -218,9 +218,8 @@ def decoder_lm_hidden(cfg: Config, params: dict, tokens: jax.Array) -> jax.Array
         h = shard(h, P("data"))
         return blocks_pattern(cfg, layer_params, h), None
 
-    # unroll(16) from profile cpu: the cfg.layers // 2 steps run unrolled, without a scan's [steps, ...] residual stacks
     with jax.named_scope("blocks"):
-        x, _ = jax.lax.scan(blocks_step, x, params["blocks"], unroll=True)  # [B, S, dim]
+        x, _ = jax.lax.scan(blocks_step, x, params["blocks"])  # [B, S, dim]
     with jax.named_scope("final_norm"):
         x = gemma_rms_norm(cfg, params["final_norm"], x)  # [B, S, dim]
     return x  # [B, S, dim]
