@@ -38,7 +38,7 @@ def unroll_why(schedule: ir.Schedule, child: ir.Instance) -> str:
     """`unroll(16) from profile cpu: the cfg.layers steps run unrolled, ...` (the count as code:
     the models of a spec share this line). unroll_repeats says why it pays."""
     return (f"unroll({schedule.unroll.value}) from {schedule.unroll.origin}: the {child.repeat.code} steps "
-            f"run unrolled, without a scan's [steps, ...] residual stacks")
+            f"run unrolled (no stacked residuals)")
 
 
 def remat_kind(child: ir.Instance) -> str | None:

@@ -172,7 +172,7 @@ def bert_mlm(
         h = shard(h, P("data"))
         return bert_block(cfg, layer_params, h, segments), None
 
-    # unroll(16) from profile cpu: the cfg.layers steps run unrolled, without a scan's [steps, ...] residual stacks
+    # unroll(16) from profile cpu: the cfg.layers steps run unrolled (no stacked residuals)
     with jax.named_scope("blocks"):
         x, _ = jax.lax.scan(blocks_step, x, params["blocks"], unroll=True)  # [B, S, dim]
     with jax.named_scope("head_dense"):

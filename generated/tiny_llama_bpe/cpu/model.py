@@ -141,7 +141,7 @@ def decoder_lm_hidden(cfg: Config, params: dict, tokens: jax.Array) -> jax.Array
         h = shard(h, P("data"))
         return block(cfg, layer_params, h), None
 
-    # unroll(16) from profile cpu: the cfg.layers steps run unrolled, without a scan's [steps, ...] residual stacks
+    # unroll(16) from profile cpu: the cfg.layers steps run unrolled (no stacked residuals)
     with jax.named_scope("blocks"):
         x, _ = jax.lax.scan(blocks_step, x, params["blocks"], unroll=True)  # [B, S, dim]
     with jax.named_scope("final_norm"):

@@ -174,7 +174,7 @@ def vision_transformer(cfg: Config, params: dict, images: jax.Array) -> jax.Arra
         h = shard(h, P("data"))
         return block(cfg, layer_params, h), None
 
-    # unroll(16) from profile cpu: the cfg.layers steps run unrolled, without a scan's [steps, ...] residual stacks
+    # unroll(16) from profile cpu: the cfg.layers steps run unrolled (no stacked residuals)
     with jax.named_scope("blocks"):
         x, _ = jax.lax.scan(blocks_step, x, params["blocks"], unroll=True)  # [B, patches+1, dim]
     with jax.named_scope("final_norm"):
