@@ -54,9 +54,9 @@ def timed_init(*args, **kwargs):
 
 def timed_make(*args, **kwargs):
     step = real_make(*args, **kwargs)
-    def first(state, batch):
+    def first(*call):
         start = time.perf_counter()
-        out = jax.block_until_ready(step(state, batch))
+        out = jax.block_until_ready(step(*call))
         times["step"] = time.perf_counter() - start
         times["done_at"] = time.time()
         times["setup"] = time.perf_counter() - began - sum(times[k] for k in ("imports", "init", "step"))
@@ -64,8 +64,8 @@ def timed_make(*args, **kwargs):
         return out
     return first
 
-real_init, real_make = train.init_state, train.make_train_step
-train.init_state, train.make_train_step = timed_init, timed_make
+real_init, real_make = train.init_state, train.make_train_steps
+train.init_state, train.make_train_steps = timed_init, timed_make
 train.main(sys.argv[2:])
 """
 

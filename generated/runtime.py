@@ -38,7 +38,7 @@ from tqdm import tqdm
 
 # The interface train.py files call. A build rewrites this file but keeps a train.py you edited,
 # so each train.py states the API it was written for and `check_api` stops a mismatch up front.
-API = 1
+API = 2
 
 
 def check_api(expected: int) -> None:
@@ -623,6 +623,7 @@ OVERRIDES = {
     "eval_every": int,
     "log_every": int,
     "seed": int,
+    "steps_per_call": int,
 }
 
 
@@ -720,6 +721,10 @@ def check_settings(cfg, tc, mesh, sharding: NamedSharding) -> None:
             f"batch {tc.batch} must split into {tc.microbatches} micro-batches of a multiple "
             f"of {ways} sequences (the batch sharding)"
         )
+    if tc.steps_per_call < 1:
+        problems.append(
+            f"steps_per_call {tc.steps_per_call} must be at least 1 (train steps per jitted call)"
+        )
     if tc.batch % jax.process_count():
         problems.append(f"batch {tc.batch} must split evenly over {jax.process_count()} processes")
     if hasattr(tc, "seq") and tc.seq > getattr(cfg, "max_seq", tc.seq):
@@ -739,6 +744,20 @@ def check_settings(cfg, tc, mesh, sharding: NamedSharding) -> None:
             f"the rate never reaches its peak",
             file=sys.stderr,
         )
+
+
+def steps_in_call(tc, step: int) -> int:
+    """How many steps the jitted call from `step` runs: up to tc.steps_per_call, ending at the next
+    evaluation, checkpoint or the last step, which happen between calls."""
+    n = 1
+    while n < tc.steps_per_call and step + n < tc.steps and not is_event(tc, step + n):
+        n += 1
+    return n
+
+
+def is_event(tc, step: int) -> bool:
+    """Whether the loop evaluates or checkpoints after step `step`."""
+    return any(every and step % every == 0 for every in (tc.eval_every, tc.checkpoint_every))
 
 
 def no_rollback(log, step: int, bad_steps: int) -> None:
@@ -903,14 +922,15 @@ class RunLock:
 
 
 class Preemption:
-    """SIGTERM and SIGINT, turned into a save at the next step boundary and a clean exit.
+    """SIGTERM and SIGINT, turned into a save at the next call boundary and a clean exit.
 
     `runtime.Preemption()` installs the handlers (first thing in main, so that a Ctrl-C while
     loading data or compiling is caught too) and leaving `with preempt:` restores the previous
-    ones. A signal only sets `preempt.signum`, so compilation and the step in flight finish. The loop then saves a
-    checkpoint of that step and calls `preempt.exit(...)`, which writes the pending metrics, waits
-    for the save, prints one line and exits 128 + signal (143 for SIGTERM, 130 for SIGINT), with no
-    traceback. Further signals are noted and ignored: the save is never cut short by them.
+    ones. A signal only sets `preempt.signum`, so compilation and the call in flight finish (its
+    steps: up to tc.steps_per_call). The loop then saves a checkpoint of its last step and calls
+    `preempt.exit(...)`, which writes the pending metrics, waits for the save, prints one line and
+    exits 128 + signal (143 for SIGTERM, 130 for SIGINT), with no traceback. Further signals are
+    noted and ignored: the save is never cut short by them.
     With several processes every process stops at the same step: `requested` agrees across them.
     """
 
@@ -939,7 +959,7 @@ class Preemption:
 
     @property
     def requested(self) -> bool:
-        """Whether to stop at this step boundary (on every process alike: a collective when >1)."""
+        """Whether to stop at this call boundary (on every process alike: a collective when >1)."""
         if jax.process_count() == 1:
             return bool(self.signum)
         from jax.experimental import multihost_utils
@@ -947,9 +967,10 @@ class Preemption:
         return bool(np.max(multihost_utils.process_allgather(np.int32(self.signum))))
 
     def exit(self, manager: ocp.CheckpointManager, log, pending, run_dir: Path, tc) -> None:
-        """After the checkpoint of step `pending[0]` was started: log the step, finish, exit."""
+        """After the checkpoint of step `pending[0]` was started: log the steps of the last call
+        (pending: its last step, its step count, its metrics), finish, exit."""
         step = pending[0]
-        log.step(step, jax.device_get(pending[1]), last=True)
+        log.steps(step, pending[1], jax.device_get(pending[2]), last=True)
         manager.wait_until_finished()
         manager.close()
         log.close(summary=False)
@@ -1356,7 +1377,7 @@ def json_safe(row: dict) -> dict:
 
 
 class Throughput:
-    """Steps per second between two reports; the first step after a (re)start is compilation."""
+    """Steps per second between two reports; the first call after a (re)start is compilation."""
 
     def __init__(self):
         self.mark = None
@@ -1480,8 +1501,21 @@ class MetricsLog:
         if "eval_loss" in row and math.isfinite(row["eval_loss"]):
             self.bar.write(f"step {row['step']}: eval loss {row['eval_loss']:.4f}", file=sys.stderr)
 
-    def step(self, done: int, report: dict, last: bool = False) -> None:
-        """Log step `done`'s metrics: skipped updates always, the rest every log_every steps."""
+    def steps(self, done: int, n: int, report: dict, last: bool = False) -> tuple[int, int] | None:
+        """Log the n steps of one call, which ended at step `done`: `report` holds each metric
+        stacked, the call's steps first. Stops after a step that made tc.max_bad_steps non-finite
+        steps in a row and returns (that step, the count); None when none did."""
+        rate = self.meter.rate(done)
+        for i in range(n):
+            at, one = done - n + 1 + i, {key: value[i] for key, value in report.items()}
+            self.step(at, one, rate, last=last and i == n - 1)
+            if one["bad_steps"] >= self.tc.max_bad_steps:
+                return at, int(one["bad_steps"])
+        return None
+
+    def step(self, done: int, report: dict, rate: float | None, last: bool = False) -> None:
+        """Log step `done`'s metrics: skipped updates always, the rest every log_every steps.
+        `rate`: steps per second over the call that ran it (None: not measured)."""
         if not report["ok"]:
             if self.lead:
                 print(f"step {done}: non-finite loss or gradient; update skipped", file=sys.stderr)
@@ -1494,7 +1528,6 @@ class MetricsLog:
                 }
             )
             return
-        rate = self.meter.rate(done)
         if done % self.tc.log_every and not last:
             return
         row = {
@@ -1516,14 +1549,14 @@ class MetricsLog:
             self.bar.set_postfix(loss=f"{row['loss']:.3f}", **shown)
         self.write(row)
 
-    def advance(self) -> None:
-        """One more step on the progress bar (the first one also says how long compiling took)."""
+    def advance(self, n: int) -> None:
+        """n more steps on the progress bar (the first call also says how long compiling took)."""
         if self.compiling is not None and self.lead:
             self.bar.write(
                 f"compiled in {time.perf_counter() - self.compiling:.1f} s", file=sys.stderr
             )
         self.compiling = None
-        self.bar.update(1)
+        self.bar.update(n)
 
     def restored(self, at: int, bad_steps: int, step: int) -> None:
         """After `bad_steps` bad steps in a row at step `at`, training went back to `step`."""

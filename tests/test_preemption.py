@@ -176,7 +176,11 @@ def test_signal_saves_the_step_exits_and_resumes_bitwise(tmp_path, reference, ca
     out = (tmp_path / "stopped.log").read_text()
     assert "Traceback" not in out and not (run / "lock").exists()
     saved = max(complete(run))
-    assert logged < saved <= logged + 2  # the step in flight, or the one after it (one step late)
+    # the call in flight, or the one after it (a call runs up to steps_per_call steps, here up to the
+    # next checkpoint; a call's rows are written together, the signal may come among them)
+    from generated.tiny_llama.cpu import train as tm
+
+    assert logged < saved <= logged + 2 * min(EVERY, tm.TRAIN.steps_per_call)
     progress = ("warning: steps ", "compiling the train step...", "compiled in ")  # warmup note, compile lines
     lines = [line for line in out.strip().splitlines() if not line.startswith(progress)]
     assert lines == [STOP_LINE.format(name=signal.Signals(signum).name, step=saved, run=run)]
@@ -254,6 +258,13 @@ def strict(line: str) -> dict:
     return json.loads(line, parse_constant=refuse)
 
 
+def calls(reports: list[dict], most: int) -> dict[str, np.ndarray]:
+    """The metrics of one call as train.py reads them: each stacked [most], the steps' first
+    (a call of fewer steps leaves zeros after them)."""
+    pad = [{key: np.zeros_like(value) for key, value in reports[0].items()}] * (most - len(reports))
+    return {key: np.stack([np.asarray(r[key]) for r in reports + pad]) for key in reports[0]}
+
+
 def test_nonfinite_metrics_are_strict_json(tmp_path):
     from generated import runtime
     from generated.tiny_llama.cpu import train as tm
@@ -261,7 +272,7 @@ def test_nonfinite_metrics_are_strict_json(tmp_path):
     args = SimpleNamespace(out=tmp_path, no_progress=True)
     log = runtime.MetricsLog(args, tm.TRAIN, 0, (1, 1), 1.0)
     bad = {"ok": False, "loss": np.float32("nan"), "grad_norm": np.float32("inf"), "lr": 0.1, "bad_steps": 1}
-    log.step(3, bad)
+    assert log.steps(3, 1, calls([bad], 2)) is None  # one step of a call of up to 2
     log.write({"step": 4, "eval_loss": float("nan")})
     log.write({"step": 5, "eval_loss": 2.5})
     log.close()
@@ -271,6 +282,24 @@ def test_nonfinite_metrics_are_strict_json(tmp_path):
     assert rows[1:] == [{"step": 4, "eval_loss": None, "nonfinite": ["eval_loss"]}, {"step": 5, "eval_loss": 2.5}]
     assert runtime.json_safe({"train": {"clip": math.inf}}) == {"train": {"clip": None}, "nonfinite": ["train.clip"]}
     assert runs.read_metrics(tmp_path) == ([], [(5, 2.5)])
+
+
+def test_a_calls_rows_end_at_the_step_that_reaches_max_bad_steps(tmp_path):
+    """Steps 11-18 in one call, non-finite at 13, 14, 15 (max_bad_steps 3): rows 11-15 are written,
+    (15, 3) is returned for the rollback, and 16-18, which ran after it, are not logged."""
+    from generated import runtime
+    from generated.tiny_llama.cpu import train as tm
+
+    tc = dataclasses.replace(tm.TRAIN, log_every=1, max_bad_steps=3)
+    log = runtime.MetricsLog(SimpleNamespace(out=tmp_path, no_progress=True), tc, 10, (1, 1), 1.0)
+    bad = [0, 0, 1, 2, 3, 0, 0, 0]
+    reports = [{"ok": not b, "loss": np.float32(1.0 if not b else "nan"), "grad_norm": 1.0, "lr": 0.01,
+                "bad_steps": b} for b in bad]
+    assert log.steps(18, 8, calls(reports, 8)) == (15, 3)
+    log.close(summary=False)
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [11, 12, 13, 14, 15]
+    assert [r["step"] for r in rows if r.get("skipped_update")] == [13, 14, 15]
 
 
 def tensorboard_scalars(run_dir: Path, tag: str) -> list[tuple[int, float]]:
@@ -294,15 +323,15 @@ def test_tensorboard_events_match_metrics_after_a_resume(tmp_path, capsys):
     report = lambda loss: {"ok": True, "loss": np.float32(loss), "grad_norm": 1.0, "lr": 0.01, "bad_steps": 0}
     killed = runtime.MetricsLog(args, tc, 0, (1, 1), 1.0)
     assert "compiling" in capsys.readouterr().err
-    for step in range(1, 9):
-        killed.step(step, report(10.0 - step))
+    for end in (4, 8):  # two calls of 4 steps
+        killed.steps(end, 4, calls([report(10.0 - step) for step in range(end - 3, end + 1)], 4))
     killed.write({"step": 5, "eval_loss": 6.5})
     killed.close(summary=False)  # as if killed: no summary
     assert "eval loss 6.5000" in capsys.readouterr().err
     resumed = runtime.MetricsLog(args, tc, 5, (1, 1), 1.0)
-    for step in range(6, 11):
-        resumed.advance()
-        resumed.step(step, report(20.0 - step))
+    for end, n in ((7, 2), (8, 1), (10, 2)):  # calls of up to 4 steps
+        resumed.advance(n)
+        resumed.steps(end, n, calls([report(20.0 - step) for step in range(end - n + 1, end + 1)], 4))
     resumed.write({"step": 10, "eval_loss": 9.25})
     resumed.close()
     err = capsys.readouterr().err

@@ -7,6 +7,7 @@ genuine bug one line, a traceback file and exit 70.
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -230,11 +231,12 @@ def test_a_train_py_and_runtime_of_different_apis_stop_with_a_message(tmp_path, 
     root = tmp_path / "gen"
     assert _run(capsys, "build", str(SPEC), "--target", "cpu", "--out", str(root))[0] == 0
     runtime = root / "runtime.py"
-    runtime.write_text(runtime.read_text().replace("\nAPI = 1\n", "\nAPI = 2\n"))
+    api = int(re.search(r"^API = (\d+)$", runtime.read_text(), re.M).group(1))
+    runtime.write_text(runtime.read_text().replace(f"\nAPI = {api}\n", f"\nAPI = {api + 1}\n"))
     run = subprocess.run([sys.executable, "-m", "gen.tiny_llama.cpu.train", "--steps", "1"], cwd=tmp_path,
                          capture_output=True, text=True, timeout=120)
     assert run.returncode == 1 and "Traceback" not in run.stderr
-    assert "train.py was written for runtime API 1" in run.stderr and "API 2" in run.stderr
+    assert f"train.py was written for runtime API {api}" in run.stderr and f"API {api + 1}" in run.stderr
 
 
 def test_aot_says_when_it_is_not_reporting_your_edited_train_py(tmp_path, monkeypatch):

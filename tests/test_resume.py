@@ -133,6 +133,27 @@ def test_sigkill_at_a_random_step_then_rerun_is_bitwise_identical(tmp_path, refe
 
 
 @pytest.mark.slow
+def test_steps_per_call_changes_nothing_but_the_calls(tmp_path, reference, cache):
+    """The reference runs 8 steps per jitted call on cpu (calls of 8 and 2 between checkpoints);
+    --steps-per-call 1 runs the plain step, one call per step: the final state and every logged
+    loss are the same bit for bit. The schedule never changes the result."""
+    from generated.tiny_llama.cpu import train as tm
+
+    assert tm.TRAIN.steps_per_call == 8
+    run = tmp_path / "run"
+    proc = subprocess.run(command(run, cache) + ["--steps-per-call", "1"], cwd=ROOT, env=ENV,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert_bitwise_equal(checkpoint_arrays(run, STEPS), reference[1])
+
+    def losses(run_dir: Path) -> list[tuple]:
+        rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+        return [(r["step"], r["loss"], r["grad_norm"], r["lr"]) for r in rows if "loss" in r]
+
+    assert losses(run) == losses(reference[0]) and len(losses(run)) == STEPS
+
+
+@pytest.mark.slow
 def test_partial_checkpoint_is_never_restored(tmp_path, reference, cache):
     """Checkpoint 60 is cut short (no commit marker, an array file missing) and a save of 60 was
     in flight (orbax's temporary directory): the run resumes from 50, drops both, and redoes

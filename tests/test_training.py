@@ -204,11 +204,35 @@ def test_non_finite_step_leaves_the_state_alone(tiny):
 # ----------------------------------------------------------------------------- the loop
 
 
+def test_a_call_runs_steps_up_to_the_next_event():
+    """steps_in_call: calls of up to steps_per_call steps that end exactly at every evaluation,
+    checkpoint and the last step (those happen between calls), whatever the alignment."""
+    from generated.tiny_llama.cpu import train as tm
+
+    def calls(**settings) -> list[int]:
+        tc, step, out = dataclasses.replace(tm.TRAIN, **settings), 0, []
+        while step < tc.steps:
+            out.append(tm.runtime.steps_in_call(tc, step))
+            step += out[-1]
+        return out
+
+    assert calls(steps=30, steps_per_call=8, eval_every=10, checkpoint_every=15) == [8, 2, 5, 5, 8, 2]
+    assert calls(steps=20, steps_per_call=4, eval_every=0, checkpoint_every=0) == [4] * 5
+    assert calls(steps=7, steps_per_call=1, eval_every=2, checkpoint_every=3) == [1] * 7
+    assert calls(steps=5, steps_per_call=100, eval_every=0, checkpoint_every=0) == [5]
+    tc = dataclasses.replace(tm.TRAIN, steps=1000, steps_per_call=8, eval_every=100, checkpoint_every=64)
+    assert all(1 <= tm.runtime.steps_in_call(tc, s) <= 8 for s in range(1000))
+    assert not any(tm.runtime.is_event(tc, s + k) for s in range(1000)
+                   for k in range(1, tm.runtime.steps_in_call(tc, s)))  # from any step: no event inside a call
+
+
 @pytest.mark.slow
 def test_bad_steps_in_a_row_restore_the_last_checkpoint(tmp_path):
     """Corrupt tokens in the data at the windows of steps 13, 14 and 15 (found from the data order,
     a pure function of seed and step): those updates are skipped and logged; the third in a row
-    (max_bad_steps = 3) rolls back to checkpoint 10 and the run goes on with data not seen since."""
+    (max_bad_steps = 3) rolls back to checkpoint 10 and the run goes on with data not seen since.
+    The limit is reached inside a call (steps 11-18, 8 per call on cpu): the steps after it in that
+    call are not logged, and they are redone too."""
     from generated.tiny_llama.cpu import train as tm
 
     seq, batch, steps = 32, 8, 30
@@ -228,7 +252,7 @@ def test_bad_steps_in_a_row_restore_the_last_checkpoint(tmp_path):
     run = tmp_path / "run"
     # --no-data-check: the up-front scan would stop the run on the ids >= vocab (tests/test_data_checks.py)
     proc = run_train(["--out", str(run), "--data", str(data), "--no-data-check", "--steps", str(steps), "--batch", str(batch),
-                      "--seq", str(seq), "--checkpoint-every", "5", "--log-every", "1", "--eval-every", "0"],
+                      "--seq", str(seq), "--checkpoint-every", "10", "--log-every", "1", "--eval-every", "0"],
                      devices=2)
     rows = metrics(run)
     assert [r["step"] for r in rows if r.get("skipped_update")] == [13, 14, 15]
@@ -238,7 +262,7 @@ def test_bad_steps_in_a_row_restore_the_last_checkpoint(tmp_path):
     later = rows[rows.index(after) + 1:]
     assert [r["step"] for r in later if "loss" in r] == list(range(11, steps + 1))  # redone, all good
     assert all(r["loss"] is not None and not r.get("skipped_update") for r in later)
-    assert sorted(int(p.name) for p in (run / "checkpoints").iterdir()) == [20, 25, 30]
+    assert sorted(int(p.name) for p in (run / "checkpoints").iterdir()) == [10, 20, 30]
 
 
 @pytest.mark.slow

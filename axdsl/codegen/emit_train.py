@@ -121,6 +121,8 @@ def _fields(module: ir.Module) -> list[Field]:
         add(key, choice.value if choice else "", f"{what}; \"\": the model's ({choice.origin if choice else 'default'})")
     for key in ("clip", "z_loss", "eval_every", "eval_batches", "log_every", "seed", "max_bad_steps"):
         add(key, t.get(key), _doc(key, origin[key].origin))
+    calls = module.schedule.steps_per_call
+    add("steps_per_call", calls.value, f"train steps one jitted call runs, the same results; {calls.origin}")
     data = t.get("data")
     if objective in ("classify", "seq2seq"):
         _example_fields(add, objective, data, origin["data"].origin)

@@ -51,6 +51,7 @@ def schedule_lines(s: ir.Schedule) -> list[str]:
     for op, c in s.kernels:
         lines.append(f"  kernels({op} = {c.value})  # {c.origin}")
     lines.append(f"  unroll({s.unroll.value})  # {s.unroll.origin}")
+    lines.append(f"  steps_per_call({s.steps_per_call.value})  # {s.steps_per_call.origin}")
     return lines
 
 

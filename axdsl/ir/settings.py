@@ -65,6 +65,7 @@ class Schedule:
     quantize: Choice  # value: QuantPolicy
     kernels: tuple[tuple[str, Choice], ...]  # op -> Choice(kernel name or "auto")
     unroll: Choice  # value: int, the most layers a repeat may have and run unrolled (0: never)
+    steps_per_call: Choice  # value: int >= 1, train steps one jitted call runs (numerics unchanged)
 
     def unrolls(self, layers: int) -> bool:
         """Whether a repeat of `layers` layers (steps x layers per step) runs unrolled here."""

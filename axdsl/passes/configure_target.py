@@ -7,6 +7,7 @@
       quantize(fp8, layers = "blocks/*")
       kernels(attention = cudnn)
       unroll(16)                    repeats of up to 16 layers run unrolled (0: always a rolled scan)
+      steps_per_call(8)             train.py runs 8 steps per jitted call (the same results)
     }
 
 Every block is checked (a typo in a TPU block fails a CPU build too); what a chip supports
@@ -25,7 +26,7 @@ from axdsl.ir import nodes as ir
 from axdsl.ir.printer import value_text
 from axdsl.targets import MESH_AXES, QUANT_FORMATS, Target, get_target, resolve_mesh
 
-DIRECTIVES = ("mesh", "rules", "remat", "quantize", "kernels", "unroll")
+DIRECTIVES = ("mesh", "rules", "remat", "quantize", "kernels", "unroll", "steps_per_call")
 # Primitives whose kernel a target chooses (their registry entries have a KernelRule).
 KERNEL_OPS = tuple(sorted(name for name, prim in primitives.REGISTRY.items() if prim.has_kernels))
 
@@ -189,6 +190,15 @@ def _parse_unroll(d: ir.Directive, diags: Diagnostics):
     return value
 
 
+def _parse_steps_per_call(d: ir.Directive, diags: Diagnostics):
+    value = d.args[0].value if len(d.args) == 1 and not d.kwargs else None
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        diags.error(d.span, "steps_per_call takes how many train steps one jitted call runs (at least 1)",
+                    "for example steps_per_call(8); steps_per_call(1) calls the step once per step")
+        return None
+    return value
+
+
 def _parse_kernels(d: ir.Directive, diags: Diagnostics):
     if not _no_positional(d, diags):
         return None
@@ -231,6 +241,7 @@ def _schedule(t: Target, block: ir.Section | None, o: dict, diags: Diagnostics) 
         matched=block.pattern if block else None, matched_span=block.span if block else None,
         mesh=mesh, mesh_sizes=tuple(sizes.items()), rules=_rules(ov), remat=_remat(ov),
         quantize=_quantize(ov, diags), kernels=_kernels(ov, diags), unroll=_unroll(ov),
+        steps_per_call=_steps_per_call(ov),
     )
 
 
@@ -269,6 +280,13 @@ def _unroll(ov: _Overrides) -> ir.Choice:
         value, span = ov.parsed["unroll"]
         return ir.Choice(value, ov.origin(span))
     return ir.Choice(ov.target.profile.unroll, ov.default)
+
+
+def _steps_per_call(ov: _Overrides) -> ir.Choice:
+    if "steps_per_call" in ov.parsed:
+        value, span = ov.parsed["steps_per_call"]
+        return ir.Choice(value, ov.origin(span))
+    return ir.Choice(ov.target.profile.steps_per_call, ov.default)
 
 
 def _quantize(ov: _Overrides, diags: Diagnostics) -> ir.Choice:

@@ -45,6 +45,7 @@ class Profile:
     remat: str
     loss_chunk: int  # positions per chunk of the fused cross-entropy
     unroll: int = 0  # repeats of at most this many layers run unrolled (jax.lax.scan(unroll=True))
+    steps_per_call: int = 1  # train steps one jitted call runs (a loop on the device)
     cudnn_head_dim_max: int = 128  # the largest head_dim cuDNN flash attention takes (GPUs only)
     peak_nominal: bool = False  # the peak is a placeholder, not a chip's (cpu): MFU is labelled nominal
 
@@ -90,6 +91,7 @@ def profiles() -> dict[str, Profile]:
             peak_nominal=t.get("peak_nominal", False),
             loss_chunk=t.get("loss_chunk", defaults["loss_chunk"]),
             unroll=t.get("unroll", defaults["unroll"]),
+            steps_per_call=t.get("steps_per_call", defaults["steps_per_call"]),
         )
     return out
 

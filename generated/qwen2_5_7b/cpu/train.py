@@ -45,7 +45,7 @@ signal.signal(
     signal.SIGINT, signal.default_int_handler
 )  # main() installs the checkpointing handler
 
-RUNTIME_API = 1  # the runtime.py interface this file is written for
+RUNTIME_API = 2  # the runtime.py interface this file is written for
 TARGET = "cpu"
 SPEC = "specs/qwen2_5_7b.axl"
 # A nominal figure, not this machine's measured peak: the MFU shown is `mfu_nominal`.
@@ -79,6 +79,7 @@ class TrainConfig:
     log_every: int = 10  # steps between log lines; default
     seed: int = 0  # parameters and data order; default
     max_bad_steps: int = 3  # non-finite steps in a row before rolling back; default
+    steps_per_call: int = 8  # train steps one jitted call runs, the same results; profile cpu
     data: str = "default"  # default, tokens or text (default)
     data_path: str = ""  # token file, or text file or directory
     data_dtype: str = "u16"  # token file element type: u16 or u32
@@ -206,8 +207,8 @@ def grads_and_loss(cfg: Config, tc: TrainConfig, params: dict, batch: jax.Array)
     return grads, ce / tc.microbatches
 
 
-def make_train_step(cfg: Config, tc: TrainConfig, mesh):
-    """The jitted step (state, batch) -> (state, metrics); the old state's buffers are donated."""
+def train_step(cfg: Config, tc: TrainConfig):
+    """One train step (state, batch) -> (state, metrics), to be jitted."""
     optimizer, schedule = make_optimizer(tc), lr_schedule(tc)
 
     def step(state, batch):
@@ -230,9 +231,49 @@ def make_train_step(cfg: Config, tc: TrainConfig, mesh):
         lr = schedule(state["step"])
         return new, dict(loss=ce, grad_norm=grad_norm, lr=lr, ok=ok, bad_steps=bad_steps)
 
+    return step
+
+
+def make_train_step(cfg: Config, tc: TrainConfig, mesh):
+    """The jitted step (state, batch) -> (state, metrics); the old state's buffers are donated."""
     shardings = (state_shardings(cfg, tc, mesh), batch_sharding(mesh))
     return jax.jit(
-        step, in_shardings=shardings, out_shardings=(shardings[0], None), donate_argnums=0
+        train_step(cfg, tc),
+        in_shardings=shardings,
+        out_shardings=(shardings[0], None),
+        donate_argnums=0,
+    )
+
+
+def make_train_steps(cfg: Config, tc: TrainConfig, mesh):
+    """Up to tc.steps_per_call steps in one jitted call: (state, batches, n) -> (state, metrics)
+    runs the first n of the list `batches` (always tc.steps_per_call of them: one program for every
+    n) and stacks each metric [tc.steps_per_call] (entries after the n-th are 0). The old state's
+    buffers are donated.
+
+    The results equal n calls of make_train_step's step bit for bit: only fewer calls. That pays on
+    cpu, where XLA allocates a call's temporaries afresh, page by page (the target's steps_per_call).
+    """
+    step, most = train_step(cfg, tc), tc.steps_per_call
+
+    def steps(state, batches, n):
+        if most == 1:  # no loop: the step itself
+            state, metrics = step(state, batches[0])
+            return state, jax.tree.map(lambda m: m[None], metrics)
+        stacked = jax.tree.map(lambda *b: jnp.stack(b), *batches)
+
+        def body(i, carry):
+            state, metrics = carry
+            state, new = step(state, jax.tree.map(lambda b: b[i], stacked))
+            return state, jax.tree.map(lambda all_steps, m: all_steps.at[i].set(m), metrics, new)
+
+        shapes = jax.eval_shape(step, state, batches[0])[1]
+        metrics = jax.tree.map(lambda s: jnp.zeros((most, *s.shape), s.dtype), shapes)
+        return jax.lax.fori_loop(0, n, body, (state, metrics))
+
+    shardings = (state_shardings(cfg, tc, mesh), [batch_sharding(mesh)] * most, None)
+    return jax.jit(
+        steps, in_shardings=shardings, out_shardings=(shardings[0], None), donate_argnums=0
     )
 
 
@@ -244,7 +285,7 @@ def make_eval_step(cfg: Config, tc: TrainConfig, mesh):
 
 def main(argv=None) -> None:
     runtime.check_api(RUNTIME_API)
-    preempt = runtime.Preemption()  # SIGTERM/SIGINT from here on: save at the next step, then exit
+    preempt = runtime.Preemption()  # SIGTERM/SIGINT: save after the call in flight, exit
     args = runtime.parse_args(__doc__, TRAIN, CONFIGS, argv)
     runtime.set_compile_cache(args)
     runtime.join_processes(args)  # before any other JAX call
@@ -267,31 +308,35 @@ def main(argv=None) -> None:
             )
             resumed = init_state(cfg, tc, mesh, jax.random.key(tc.seed), params), 0, 0
         state, start, skipped = resumed
-        train_step, eval_step = make_train_step(cfg, tc, mesh), make_eval_step(cfg, tc, mesh)
+        train_steps, eval_step = make_train_steps(cfg, tc, mesh), make_eval_step(cfg, tc, mesh)
         sharding = batch_sharding(mesh)
         log = runtime.MetricsLog(
             args, tc, start, MODEL_FLOPS[tc.model], PEAK_FLOPS_PER_CHIP, nominal=True
         )
         pending, step = None, start
         while step < tc.steps:
-            batch = runtime.get_batch(train_tokens, tc, step + skipped, sharding)
-            state, metrics = train_step(state, batch)
-            step += 1
-            if pending is not None:  # the previous step's metrics, read while this one runs
-                report = jax.device_get(pending[1])
-                log.step(pending[0], report)
-                if report["bad_steps"] >= tc.max_bad_steps:
-                    # Back to the last checkpoint before the bad steps; go on with data not seen since.
-                    restored = runtime.rollback(manager, abstract, pending[0] - report["bad_steps"])
+            n = runtime.steps_in_call(tc, step)  # up to the next evaluation, checkpoint or the end
+            batches = [
+                runtime.get_batch(train_tokens, tc, step + skipped + i, sharding) for i in range(n)
+            ]
+            # a call always takes steps_per_call batches (one compiled program); it uses the first n
+            state, metrics = train_steps(state, batches + batches[-1:] * (tc.steps_per_call - n), n)
+            step += n
+            if pending is not None:  # the previous call's metrics, read while this one runs
+                bad = log.steps(pending[0], pending[1], jax.device_get(pending[2]))
+                if bad is not None:
+                    # tc.max_bad_steps non-finite steps in a row up to step bad[0]: back to the last
+                    # checkpoint before them; go on with data not seen since.
+                    restored = runtime.rollback(manager, abstract, bad[0] - bad[1])
                     if restored:
                         state, data = restored
                         skipped += step - data["step"]
-                        log.restored(pending[0], report["bad_steps"], data["step"])
+                        log.restored(bad[0], bad[1], data["step"])
                         step, pending = data["step"], None
                         continue
-                    runtime.no_rollback(log, pending[0], report["bad_steps"])
-            pending = (step, metrics)
-            log.advance()
+                    runtime.no_rollback(log, bad[0], bad[1])
+            pending = (step, n, metrics)
+            log.advance(n)
             last, stop = step == tc.steps, preempt.requested
             evaluate = tc.eval_every and (step % tc.eval_every == 0 or last)
             checkpoint = stop or tc.checkpoint_every and (step % tc.checkpoint_every == 0 or last)
@@ -311,7 +356,7 @@ def main(argv=None) -> None:
             if stop:
                 preempt.exit(manager, log, pending, args.out, tc)  # exits 143 (SIGTERM) or 130
         if pending is not None:
-            log.step(pending[0], jax.device_get(pending[1]), last=True)
+            log.steps(pending[0], pending[1], jax.device_get(pending[2]), last=True)
         manager.wait_until_finished()
     manager.close()
     log.close()
