@@ -760,6 +760,21 @@ def is_event(tc, step: int) -> bool:
     return any(every and step % every == 0 for every in (tc.eval_every, tc.checkpoint_every))
 
 
+def roll_back(
+    manager: ocp.CheckpointManager, abstract: dict, log, bad: tuple[int, int], skipped: int
+) -> tuple[dict, int, int]:
+    """After bad[1] non-finite steps in a row up to step bad[0]: (state, step, skipped) of the
+    newest good checkpoint before them, with the data offset moved past the data of the steps up to
+    bad[0]. That is a function of the bad step alone, so the same for any steps per call. Exits
+    with an error when there is no checkpoint to go back to."""
+    restored = rollback(manager, abstract, bad[0] - bad[1])
+    if not restored:
+        no_rollback(log, *bad)
+    state, data = restored
+    log.restored(bad[0], bad[1], data["step"])
+    return state, data["step"], skipped + bad[0] + 1 - data["step"]
+
+
 def no_rollback(log, step: int, bad_steps: int) -> None:
     """Too many non-finite steps and no checkpoint before them: stop with an error rather than
     'train' on with every update skipped."""
@@ -926,9 +941,10 @@ class Preemption:
 
     `runtime.Preemption()` installs the handlers (first thing in main, so that a Ctrl-C while
     loading data or compiling is caught too) and leaving `with preempt:` restores the previous
-    ones. A signal only sets `preempt.signum`, so compilation and the call in flight finish (its
-    steps: up to tc.steps_per_call). The loop then saves a checkpoint of its last step and calls
-    `preempt.exit(...)`, which writes the pending metrics, waits for the save, prints one line and
+    ones. A signal only sets `preempt.signum`, so compilation and the calls in flight finish (the
+    loop looks between calls, after dispatching the next one: up to two calls of up to
+    tc.steps_per_call steps each). The loop then logs the last call's metrics, saves a checkpoint
+    of its last step and calls `preempt.exit(...)`, which waits for the save, prints one line and
     exits 128 + signal (143 for SIGTERM, 130 for SIGINT), with no traceback. Further signals are
     noted and ignored: the save is never cut short by them.
     With several processes every process stops at the same step: `requested` agrees across them.
@@ -966,11 +982,8 @@ class Preemption:
 
         return bool(np.max(multihost_utils.process_allgather(np.int32(self.signum))))
 
-    def exit(self, manager: ocp.CheckpointManager, log, pending, run_dir: Path, tc) -> None:
-        """After the checkpoint of step `pending[0]` was started: log the steps of the last call
-        (pending: its last step, its step count, its metrics), finish, exit."""
-        step = pending[0]
-        log.steps(step, pending[1], jax.device_get(pending[2]), last=True)
+    def exit(self, manager: ocp.CheckpointManager, log, step: int, run_dir: Path, tc) -> None:
+        """After the checkpoint of step `step` was started (its metrics logged): finish, exit."""
         manager.wait_until_finished()
         manager.close()
         log.close(summary=False)
@@ -1501,10 +1514,12 @@ class MetricsLog:
         if "eval_loss" in row and math.isfinite(row["eval_loss"]):
             self.bar.write(f"step {row['step']}: eval loss {row['eval_loss']:.4f}", file=sys.stderr)
 
-    def steps(self, done: int, n: int, report: dict, last: bool = False) -> tuple[int, int] | None:
-        """Log the n steps of one call, which ended at step `done`: `report` holds each metric
-        stacked, the call's steps first. Stops after a step that made tc.max_bad_steps non-finite
-        steps in a row and returns (that step, the count); None when none did."""
+    def steps(self, done: int, n: int, metrics: dict, last: bool = False) -> tuple[int, int] | None:
+        """Log the n steps of one call, which ended at step `done` (waits for it): `metrics` holds
+        each metric stacked, the call's steps first. Stops after a step that made tc.max_bad_steps
+        non-finite steps in a row and returns (that step, the count); None when none did. `last`:
+        the call's last step is logged whatever log_every says."""
+        report = jax.device_get(metrics)
         rate = self.meter.rate(done)
         for i in range(n):
             at, one = done - n + 1 + i, {key: value[i] for key, value in report.items()}

@@ -230,9 +230,10 @@ def test_a_call_runs_steps_up_to_the_next_event():
 def test_bad_steps_in_a_row_restore_the_last_checkpoint(tmp_path):
     """Corrupt tokens in the data at the windows of steps 13, 14 and 15 (found from the data order,
     a pure function of seed and step): those updates are skipped and logged; the third in a row
-    (max_bad_steps = 3) rolls back to checkpoint 10 and the run goes on with data not seen since.
-    The limit is reached inside a call (steps 11-18, 8 per call on cpu): the steps after it in that
-    call are not logged, and they are redone too."""
+    (max_bad_steps = 3) rolls back to checkpoint 10 and the run goes on with the data after step
+    15's. With 8 steps per call (cpu) the limit is reached inside a call (steps 11-18): the steps
+    after it in that call are not logged, and they are redone too; with one step per call the run
+    is the same, row for row and bit for bit."""
     from generated.tiny_llama.cpu import train as tm
 
     seq, batch, steps = 32, 8, 30
@@ -249,20 +250,30 @@ def test_bad_steps_in_a_row_restore_the_last_checkpoint(tmp_path):
         tokens[pos] = 999
     data = tmp_path / "tokens.bin"
     tokens.tofile(data)
-    run = tmp_path / "run"
-    # --no-data-check: the up-front scan would stop the run on the ids >= vocab (tests/test_data_checks.py)
-    proc = run_train(["--out", str(run), "--data", str(data), "--no-data-check", "--steps", str(steps), "--batch", str(batch),
-                      "--seq", str(seq), "--checkpoint-every", "10", "--log-every", "1", "--eval-every", "0"],
-                     devices=2)
-    rows = metrics(run)
-    assert [r["step"] for r in rows if r.get("skipped_update")] == [13, 14, 15]
-    assert [r["restored"] for r in rows if "restored" in r] == [10]
-    assert "3 bad steps in a row: restored step 10" in proc.stderr
-    after = [r for r in rows if "restored" in r][0]
-    later = rows[rows.index(after) + 1:]
-    assert [r["step"] for r in later if "loss" in r] == list(range(11, steps + 1))  # redone, all good
-    assert all(r["loss"] is not None and not r.get("skipped_update") for r in later)
-    assert sorted(int(p.name) for p in (run / "checkpoints").iterdir()) == [10, 20, 30]
+    runs = {}
+    for calls in (8, 1):  # the cpu target's steps per call, and one step per call: the same run
+        run = runs[calls] = tmp_path / f"run{calls}"
+        # --no-data-check: the up-front scan would stop the run on the ids >= vocab (tests/test_data_checks.py)
+        proc = run_train(["--out", str(run), "--data", str(data), "--no-data-check", "--steps", str(steps),
+                          "--batch", str(batch), "--seq", str(seq), "--checkpoint-every", "10", "--log-every", "1",
+                          "--eval-every", "0", "--steps-per-call", str(calls)], devices=2)
+        rows = metrics(run)
+        assert [r["step"] for r in rows if r.get("skipped_update")] == [13, 14, 15]
+        assert [r["restored"] for r in rows if "restored" in r] == [10]
+        assert "3 bad steps in a row: restored step 10" in proc.stderr
+        after = [r for r in rows if "restored" in r][0]
+        later = rows[rows.index(after) + 1:]
+        assert [r["step"] for r in later if "loss" in r] == list(range(11, steps + 1))  # redone, all good
+        assert all(r["loss"] is not None and not r.get("skipped_update") for r in later)
+        assert sorted(int(p.name) for p in (run / "checkpoints").iterdir()) == [10, 20, 30]
+
+    from test_resume import assert_bitwise_equal, checkpoint_arrays
+
+    def logged(run: Path) -> list[tuple]:
+        return [(r["step"], r.get("loss"), r.get("restored")) for r in metrics(run)]
+
+    assert logged(runs[8]) == logged(runs[1])  # the rollback is a function of the bad step alone
+    assert_bitwise_equal(checkpoint_arrays(runs[8], steps), checkpoint_arrays(runs[1], steps))
 
 
 @pytest.mark.slow

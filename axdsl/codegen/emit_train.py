@@ -92,6 +92,7 @@ def emit_slurm(module: ir.Module, package: str) -> str:
         model=module.models[0].name, package=package, path=package.replace(".", "/"),
         chips=schedule.chips, profile=profile.name, kind=profile.kind,
         nodes=-(-schedule.chips // per_node), per_node=per_node, run_name=f"{spec_stem}-{module.target_name}",
+        steps_per_call=schedule.steps_per_call.value,
     )
 
 

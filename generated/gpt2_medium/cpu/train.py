@@ -322,27 +322,25 @@ def main(argv=None) -> None:
             # a call always takes steps_per_call batches (one compiled program); it uses the first n
             state, metrics = train_steps(state, batches + batches[-1:] * (tc.steps_per_call - n), n)
             step += n
-            if pending is not None:  # the previous call's metrics, read while this one runs
-                bad = log.steps(pending[0], pending[1], jax.device_get(pending[2]))
-                if bad is not None:
-                    # tc.max_bad_steps non-finite steps in a row up to step bad[0]: back to the last
-                    # checkpoint before them; go on with data not seen since.
-                    restored = runtime.rollback(manager, abstract, bad[0] - bad[1])
-                    if restored:
-                        state, data = restored
-                        skipped += step - data["step"]
-                        log.restored(bad[0], bad[1], data["step"])
-                        step, pending = data["step"], None
-                        continue
-                    runtime.no_rollback(log, bad[0], bad[1])
+            # The previous call's metrics, read while this one runs. After tc.max_bad_steps
+            # non-finite steps in a row (bad: the step and the count), back to the last checkpoint
+            # before them, to go on with the data after theirs.
+            if pending is not None and (bad := log.steps(*pending)) is not None:
+                state, step, skipped = runtime.roll_back(manager, abstract, log, bad, skipped)
+                pending = None
+                continue
             pending = (step, n, metrics)
             log.advance(n)
             last, stop = step == tc.steps, preempt.requested
             evaluate = tc.eval_every and (step % tc.eval_every == 0 or last)
             checkpoint = stop or tc.checkpoint_every and (step % tc.checkpoint_every == 0 or last)
-            if evaluate or checkpoint:  # their time is left out of the throughput
-                jax.block_until_ready(metrics)
-                began = time.perf_counter()
+            if evaluate or checkpoint or last:
+                # This call's metrics first: bad steps in it roll back rather than being saved.
+                bad, pending = log.steps(*pending, last=last or stop), None
+                if bad is not None:
+                    state, step, skipped = runtime.roll_back(manager, abstract, log, bad, skipped)
+                    continue
+                began = time.perf_counter()  # evaluating and saving are left out of the throughput
                 if evaluate:
                     batches = (
                         runtime.get_batch(eval_tokens, tc, 10**9 + i, sharding)
@@ -354,9 +352,7 @@ def main(argv=None) -> None:
                     runtime.save(manager, state, step, skipped, tc)
                 log.exclude(time.perf_counter() - began)
             if stop:
-                preempt.exit(manager, log, pending, args.out, tc)  # exits 143 (SIGTERM) or 130
-        if pending is not None:
-            log.steps(pending[0], pending[1], jax.device_get(pending[2]), last=True)
+                preempt.exit(manager, log, step, args.out, tc)  # exits 143 (SIGTERM) or 130
         manager.wait_until_finished()
     manager.close()
     log.close()

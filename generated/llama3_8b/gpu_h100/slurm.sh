@@ -14,8 +14,8 @@
 #
 # Preemption: SLURM sends SIGTERM to every task 120 s before the time limit (--signal below; give
 # another grace with `sbatch --signal=TERM@300 ...`), and on scancel or preemption SIGTERM then
-# SIGKILL after the cluster's KillWait. train.py saves a checkpoint at the next step boundary and
-# exits 143; srun, exec'd below so that it receives the signals itself, forwards them to the tasks.
+# SIGKILL after the cluster's KillWait. train.py saves a checkpoint after the jitted calls in flight
+# (1 step each, --steps-per-call) and exits 143; srun, exec'd below so that it receives the signals itself, forwards them to the tasks.
 #SBATCH --job-name=llama3_8b
 #SBATCH --nodes=1
 #SBATCH --ntasks-per-node=1
