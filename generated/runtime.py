@@ -760,11 +760,11 @@ def is_event(tc, step: int) -> bool:
     return any(every and step % every == 0 for every in (tc.eval_every, tc.checkpoint_every))
 
 
-def roll_back(
+def recover(
     manager: ocp.CheckpointManager, abstract: dict, log, bad: tuple[int, int], skipped: int
 ) -> tuple[dict, int, int]:
-    """After bad[1] non-finite steps in a row up to step bad[0]: (state, step, skipped) of the
-    newest good checkpoint before them, with the data offset moved past the data of the steps up to
+    """After bad[1] non-finite steps in a row up to step bad[0]: `rollback` to the newest good
+    checkpoint before them, logged; (state, step, skipped) to go on from, with the data offset moved past the data of the steps up to
     bad[0]. That is a function of the bad step alone, so the same for any steps per call. Exits
     with an error when there is no checkpoint to go back to."""
     restored = rollback(manager, abstract, bad[0] - bad[1])

@@ -323,7 +323,7 @@ def main(argv=None) -> None:
             # non-finite steps in a row (bad: the step and the count), back to the last checkpoint
             # before them, to go on with the data after theirs.
             if pending is not None and (bad := log.steps(*pending)) is not None:
-                state, step, skipped = runtime.roll_back(manager, abstract, log, bad, skipped)
+                state, step, skipped = runtime.recover(manager, abstract, log, bad, skipped)
                 pending = None
                 continue
             pending = (step, n, metrics)
@@ -335,7 +335,7 @@ def main(argv=None) -> None:
                 # This call's metrics first: bad steps in it roll back rather than being saved.
                 bad, pending = log.steps(*pending, last=last or stop), None
                 if bad is not None:
-                    state, step, skipped = runtime.roll_back(manager, abstract, log, bad, skipped)
+                    state, step, skipped = runtime.recover(manager, abstract, log, bad, skipped)
                     continue
                 began = time.perf_counter()  # evaluating and saving are left out of the throughput
                 if evaluate:
