@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from axdsl import __version__
-from axdsl.analysis.flops import training_flops_per_token
+from axdsl.analysis.flops import TrainingFlops, training_flops
 from axdsl.codegen.emit import emit_model
 from axdsl.codegen.emit_train import emit_runtime, emit_slurm, emit_train
 from axdsl.codegen.format import checked, formatted
@@ -79,7 +79,7 @@ def build_files(spec: Path, target: str, root: str = "generated") -> dict[str, s
     if trainable(module):  # the first model fits the train block's objective (next_token by default)
         package = f"{root}.{spec.stem}.{target_dir_name(target)}"
         per_token = batches_of(module) != "classify"  # image models have no tokens
-        flops = [(m.name, *(training_flops_per_token(m) if per_token else (0, 0))) for m in module.models]
+        flops = [training_flops(m) if per_token else TrainingFlops(m.name, 0) for m in module.models]
         files["train.py"] = formatted(emit_train(module, package, flops))
         files["slurm.sh"] = emit_slurm(module, package)
     for name, text in files.items():

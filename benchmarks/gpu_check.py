@@ -132,8 +132,7 @@ def train_run(package_root: Path, module: str, steps: int) -> dict:
             times.append(time.perf_counter() - began)
     timed = times[3:] or times
     tokens_per_s = tc.batch * tc.seq * len(timed) / sum(timed)
-    dense, attn = tm.MODEL_FLOPS[tc.model]
-    flops = (dense + attn * tc.seq) * tokens_per_s / jax.device_count()
+    flops = tm.MODEL_FLOPS[tc.model].per_token(tc.seq) * tokens_per_s / jax.device_count()
     stats = jax.devices()[0].memory_stats() or {}
     return {"losses": losses, "tokens_per_s": tokens_per_s, "mfu": flops / tm.PEAK_FLOPS_PER_CHIP,
             "peak_bytes": stats.get("peak_bytes_in_use")}

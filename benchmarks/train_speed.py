@@ -11,7 +11,7 @@ first call (compilation included) is warm-up and not timed; the timed calls are 
 back and waited for once, at the end.
 
 Model FLOPs are train.py's MODEL_FLOPS (MaxText's formula: 6 x matmul parameters per token, plus
-causal attention), not XLA's count; MFU is against the target profile's peak per chip
+each sequence mixer's work at tc.seq: runtime.ModelFlops.per_token), not XLA's count; MFU is against the target profile's peak per chip
 (PEAK_FLOPS_PER_CHIP; the cpu profile says 0.17 TFLOP/s, a measured f32 matmul peak of this kind
 of machine). Run it without XLA_FLAGS' fake devices: they split the same cores.
 """
@@ -69,8 +69,7 @@ def measure(spec: str, steps: int, warmup: int, batch: int | None, seq: int | No
         jax.block_until_ready((state, metrics))
         seconds = time.perf_counter() - began
     params = sum(math.prod(x.shape) for x in jax.tree.leaves(state["params"]))
-    dense, attn = tm.MODEL_FLOPS[tc.model]
-    flops = (dense + attn * tc.seq) * tc.batch * tc.seq * steps
+    flops = tm.MODEL_FLOPS[tc.model].per_token(tc.seq) * tc.batch * tc.seq * steps
     per_device = flops / seconds / jax.device_count()
     return {
         "spec": spec, "params_m": params / 1e6, "batch": tc.batch, "seq": tc.seq,

@@ -25,6 +25,7 @@ import sysconfig
 import time
 import zipfile
 from pathlib import Path
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -1455,6 +1456,40 @@ def tensorboard_writer(run_dir: Path, purge_step: int):
     )
 
 
+class Mixer(NamedTuple):
+    """A sequence mixer's training FLOPs: `per_key` (all its layers) for each key a token reads.
+
+    Attention reads S keys (S / 2 when causal), less those a sliding window of w drops: the
+    (S - w)^2 / 2 oldest (query, key) pairs, so a causal window reads about w - w^2 / 2S keys per
+    token. An SSD scan in chunks of c computes its whole c x c diagonal blocks: min(c, S) keys.
+    """
+
+    per_key: int
+    causal: bool = False
+    window: int = 0  # a sliding window of this many keys; 0: none
+    chunk: int = 0  # > 0: an SSD scan in chunks of this many positions
+
+    def keys(self, seq: int) -> float:
+        """The keys a token reads at sequence length `seq`."""
+        if self.chunk:
+            return min(self.chunk, seq)
+        dropped = (seq - min(seq, self.window or seq)) ** 2 / (2 * seq)
+        return (seq / 2 if self.causal else seq) - dropped
+
+
+class ModelFlops(NamedTuple):
+    """A model's training FLOPs per token (3 x forward, MaxText's formula) at any sequence length:
+    `dense` (matmuls with a parameter, an SSD's chunk states) does not grow with it, the mixers do.
+    """
+
+    dense: int
+    mixers: tuple[Mixer, ...] = ()
+
+    def per_token(self, seq: int) -> float:
+        """Training FLOPs per token of a sequence of `seq` tokens."""
+        return self.dense + sum(m.per_key * m.keys(seq) for m in self.mixers)
+
+
 class MetricsLog:
     """RUN_DIR/metrics.jsonl (one JSON object per line), the same scalars as TensorBoard events
     in RUN_DIR/tensorboard, the progress bar, eval losses and an end-of-run summary on screen.
@@ -1467,22 +1502,21 @@ class MetricsLog:
         args: argparse.Namespace,
         tc,
         start: int,
-        flops: tuple[int, int],
+        flops: ModelFlops,
         peak_flops: float,
         nominal: bool = False,
     ):
         """Append to args.out/metrics.jsonl; a progress bar from `start` unless --no-progress.
         Says "compiling..." until the first step is dispatched (jit compiles it first).
 
-        flops: the model's training FLOPs per token (matmuls, attention per token of context), for
+        flops: the model's training FLOPs per token as a function of the sequence length, for
         TFLOP/s and MFU against `peak_flops`, one chip's peak. A `nominal` peak (the cpu
         profile's, not this machine's) shows and logs the MFU as `mfu_nominal`.
         """
         self.lead = is_lead()
-        dense, attn = flops
         # Rows of tc.seq tokens; a classifier's rows are images (its FLOPs are per image)
         self.per_row, self.unit = (tc.seq, "tokens") if hasattr(tc, "seq") else (1, "images")
-        self.flops_per_step = (dense + attn * self.per_row) * tc.batch * self.per_row
+        self.flops_per_step = flops.per_token(self.per_row) * tc.batch * self.per_row
         self.tc, self.peak_flops, self.run_dir, self.start = tc, peak_flops, args.out, start
         self.mfu_key = "mfu_nominal" if nominal else "mfu"
         self.file = open_metrics(args.out / "metrics.jsonl") if self.lead else None

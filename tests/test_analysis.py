@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from axdsl.analysis import model_flops, param_count, training_flops_per_token
+from axdsl.analysis import model_flops, param_count, training_flops
 from axdsl.analysis.memory import estimate_memory
 from axdsl.ir import nodes as ir
 from axdsl.pipeline import compile_spec
@@ -49,9 +49,8 @@ def test_llama3_8b_flops_equal_maxtext_formula():
     assert 3 * f.matmul * batch * seq == weights
     assert 3 * f.attention * batch * seq == attention
     assert f.per_step(batch) == weights + attention
-    # The (dense, attention per unit of seq) pair train.py uses gives the same numbers.
-    dense, attn = training_flops_per_token(m)
-    assert (dense + attn * seq) * batch * seq == weights + attention
+    # The per-token figure train.py's MODEL_FLOPS gives at this seq is the same.
+    assert training_flops(m).per_token(seq) * batch * seq == weights + attention
 
 
 def test_gpt2_small_flops_equal_maxtext_formula_with_tied_head():

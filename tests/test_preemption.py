@@ -270,7 +270,7 @@ def test_nonfinite_metrics_are_strict_json(tmp_path):
     from generated.tiny_llama.cpu import train as tm
 
     args = SimpleNamespace(out=tmp_path, no_progress=True)
-    log = runtime.MetricsLog(args, tm.TRAIN, 0, (1, 1), 1.0)
+    log = runtime.MetricsLog(args, tm.TRAIN, 0, runtime.ModelFlops(1, (runtime.Mixer(1),)), 1.0)
     bad = {"ok": False, "loss": np.float32("nan"), "grad_norm": np.float32("inf"), "lr": 0.1, "bad_steps": 1}
     assert log.steps(3, 1, calls([bad], 2)) is None  # one step of a call of up to 2
     log.write({"step": 4, "eval_loss": float("nan")})
@@ -291,7 +291,8 @@ def test_a_calls_rows_end_at_the_step_that_reaches_max_bad_steps(tmp_path):
     from generated.tiny_llama.cpu import train as tm
 
     tc = dataclasses.replace(tm.TRAIN, log_every=1, max_bad_steps=3)
-    log = runtime.MetricsLog(SimpleNamespace(out=tmp_path, no_progress=True), tc, 10, (1, 1), 1.0)
+    flops = runtime.ModelFlops(1, (runtime.Mixer(1),))
+    log = runtime.MetricsLog(SimpleNamespace(out=tmp_path, no_progress=True), tc, 10, flops, 1.0)
     bad = [0, 0, 1, 2, 3, 0, 0, 0]
     reports = [{"ok": not b, "loss": np.float32(1.0 if not b else "nan"), "grad_norm": 1.0, "lr": 0.01,
                 "bad_steps": b} for b in bad]
@@ -321,14 +322,14 @@ def test_tensorboard_events_match_metrics_after_a_resume(tmp_path, capsys):
     args = SimpleNamespace(out=tmp_path, no_progress=True)
     tc = dataclasses.replace(tm.TRAIN, steps=10, log_every=1)
     report = lambda loss: {"ok": True, "loss": np.float32(loss), "grad_norm": 1.0, "lr": 0.01, "bad_steps": 0}
-    killed = runtime.MetricsLog(args, tc, 0, (1, 1), 1.0)
+    killed = runtime.MetricsLog(args, tc, 0, runtime.ModelFlops(1, (runtime.Mixer(1),)), 1.0)
     assert "compiling" in capsys.readouterr().err
     for end in (4, 8):  # two calls of 4 steps
         killed.steps(end, 4, calls([report(10.0 - step) for step in range(end - 3, end + 1)], 4))
     killed.write({"step": 5, "eval_loss": 6.5})
     killed.close(summary=False)  # as if killed: no summary
     assert "eval loss 6.5000" in capsys.readouterr().err
-    resumed = runtime.MetricsLog(args, tc, 5, (1, 1), 1.0)
+    resumed = runtime.MetricsLog(args, tc, 5, runtime.ModelFlops(1, (runtime.Mixer(1),)), 1.0)
     for end, n in ((7, 2), (8, 1), (10, 2)):  # calls of up to 4 steps
         resumed.advance(n)
         resumed.steps(end, n, calls([report(20.0 - step) for step in range(end - n + 1, end + 1)], 4))

@@ -1,5 +1,5 @@
 """Analytic figures from the IR: model FLOPs, parameter counts and per-chip memory (no jax)."""
 
-from axdsl.analysis.flops import FlopCount, ParamCount, model_flops, param_count, training_flops_per_token
+from axdsl.analysis.flops import FlopCount, ParamCount, model_flops, param_count, training_flops
 
-__all__ = ["FlopCount", "ParamCount", "model_flops", "param_count", "training_flops_per_token"]
+__all__ = ["FlopCount", "ParamCount", "model_flops", "param_count", "training_flops"]

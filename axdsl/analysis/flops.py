@@ -11,12 +11,14 @@ padding are not counted), as MaxText computes them for MFU:
     moe(x, logits, w_gate, w_up, w_down, top_k)       top_k x 2 x (elements of one expert's
                                                       three matrices): only routed experts work;
                                                       capacity padding is not counted (MaxText)
-    attention(q, k, v)                                4 x S x heads x head_dim      per layer
-                                                      halved when causal; a sliding window
-                                                      of w keys counts min(S, w) keys, not S
+    attention(q, k, v)                                2 x heads x (head_dim + v_head_dim) per key
+                                                      a token reads, per layer: S keys, S / 2
+                                                      causal; a sliding window of w drops the
+                                                      (S - w)^2 / 2 oldest pairs (causal: about
+                                                      w - w^2 / 2S keys per token)
     ssd(x, dt, A, B, C, chunk)                        2 x min(chunk, S) x heads x (state +
                                                       head_dim) + 4 x heads x head_dim x state
-                                                      per layer (with attention: sequence work)
+                                                      per layer: linear in S, not like attention
     training                                          3 x forward (backward = 2 x forward)
 
 Everything else (norms, activations, rope, the embedding gather, biases) is not counted, as in
@@ -28,11 +30,20 @@ MaxText. Layers under `repeat(n, ...)` count n times (nested repeats multiply).
     >>> f = model_flops(m, seq=8192)
     >>> f.train_per_token, f.per_step(batch=1)
     (51470401536, 421645529382912)
+
+Training FLOPs per token as a function of S, as train.py's MODEL_FLOPS holds them (the SSD's
+chunk caps its keys: a sequence twice as long costs twice as much, not four times):
+
+    >>> mamba = compile_spec(Path("specs/mamba2_2_7b.axl")).models[0]
+    >>> t = training_flops(mamba)
+    >>> t.per_token(4096) == t.per_token(8192) == 3 * model_flops(mamba, 8192).forward_per_token
+    True
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from axdsl import primitives
@@ -40,6 +51,7 @@ from axdsl.ir import nodes as ir
 from axdsl.ir.nodes import RefKind
 from axdsl.ir.rewrite import forward_exprs, prims_of
 from axdsl.primitives import Flops
+from axdsl.primitives.base import Keys
 from axdsl.primitives.moe import balanced_biases
 
 
@@ -73,7 +85,7 @@ class FlopCount:
     model: str
     seq: int
     matmul: int  # forward FLOPs per token of matmuls with a parameter (all layers)
-    attention: int  # forward FLOPs per token of attention (all layers), at `seq`
+    attention: int  # forward FLOPs per token of attention and other sequence mixing (SSD), at `seq`
     by_path: dict[str, int] = field(default_factory=dict)  # instance path -> forward FLOPs per token
 
     @property
@@ -124,53 +136,79 @@ def _gathered_params(root: ir.Instance) -> set[tuple[str, str]]:
 # ---------------------------------------------------------------------------- FLOPs
 @dataclass(frozen=True)
 class RuleContext:
-    """What a primitive's FLOP or parameter rule may ask: its instance, the sequence length,
-    and which parameter an operand is."""
+    """What a primitive's FLOP or parameter rule may ask: its instance, and which parameter an
+    operand is."""
 
     inst: ir.Instance
-    seq: int = 1
-    cap_window: bool = True
 
     def param_at(self, e: ir.TExpr) -> ir.Param | None:
         return param_at(self.inst, e)
 
 
-def expr_flops(inst: ir.Instance, e: ir.TExpr, seq: int, cap_window: bool = True) -> Flops:
+@dataclass(frozen=True)
+class Mixer:
+    """One kind of sequence mixing in a model: training FLOPs `per_key` (all its layers) for each
+    key a token reads, which `keys` gives at a sequence length."""
+
+    keys: Keys
+    per_key: int
+
+
+@dataclass(frozen=True)
+class TrainingFlops:
+    """Training FLOPs per token (3 x forward) as a function of the sequence length S: what
+    train.py's MODEL_FLOPS holds (runtime.ModelFlops, the same formula)."""
+
+    model: str
+    dense: int  # per token at any S: matmuls with a parameter, an SSD's chunk states
+    mixers: tuple[Mixer, ...] = ()  # one per kind of keys (causal attention, a window, a chunk)
+
+    def per_token(self, seq: int) -> int:
+        """Training FLOPs per token of a sequence of `seq` tokens."""
+        return self.dense + sum(m.keys.work(m.per_key, seq) for m in self.mixers)
+
+
+def expr_flops(inst: ir.Instance, e: ir.TExpr) -> Flops:
     """Forward FLOPs per token of one expression node (not of its operands)."""
     if isinstance(e, ir.Bin):
         return Flops(matmul=matmul_flops_per_token(inst, e))
     if isinstance(e, ir.Prim) and primitives.get(e.name).flops is not None:
-        return primitives.get(e.name).flops(RuleContext(inst, seq, cap_window), e)
+        return primitives.get(e.name).flops(RuleContext(inst), e)
     return Flops()
+
+
+def _model_exprs(model: ir.Model) -> Iterator[tuple[ir.Instance, int, Flops]]:
+    """(instance, how many times it runs, forward FLOPs) of every expression of `model`."""
+    for inst in model.root.walk():
+        layers = layer_count(model.root, inst)
+        for e in forward_exprs(inst):
+            yield inst, layers, expr_flops(inst, e)
 
 
 def model_flops(model: ir.Model, seq: int) -> FlopCount:
     """Forward model FLOPs per token of `model` at sequence length `seq` (see the module doc)."""
     matmul = attention = 0
     by_path: dict[str, int] = {}
-    for inst in model.root.walk():
-        layers = layer_count(model.root, inst)
-        here = 0
-        for e in forward_exprs(inst):
-            f = expr_flops(inst, e, seq)
-            matmul += f.matmul * layers
-            attention += f.attention * layers
-            here += (f.matmul + f.attention) * layers
-        if here:
-            by_path[inst.path] = here
+    for inst, layers, f in _model_exprs(model):
+        matmul += f.matmul * layers
+        attention += f.sequence(seq) * layers
+        if f.matmul or f.sequence(seq):
+            by_path[inst.path] = by_path.get(inst.path, 0) + (f.matmul + f.sequence(seq)) * layers
     return FlopCount(model.name, seq, matmul, attention, by_path)
 
 
-def training_flops_per_token(model: ir.Model) -> tuple[int, int]:
-    """(matmul FLOPs, attention FLOPs per unit of sequence length) per token, forward + backward.
+def training_flops(model: ir.Model) -> TrainingFlops:
+    """Training FLOPs per token of `model` as a function of S: 3 x forward, per kind of keys.
 
-    Training FLOPs per token at sequence length S are `dense + attn * S` (sliding windows are
-    counted at full length here; `model_flops` caps them).
-    """
-    dense = model_flops(model, seq=1).matmul
-    attn = sum(expr_flops(inst, e, seq=1, cap_window=False).attention * layer_count(model.root, inst)
-               for inst in model.root.walk() for e in forward_exprs(inst))
-    return 3 * dense, 3 * attn
+    Attention's work grows with S (causal: S / 2 keys), a sliding window's and an SSD's stop
+    growing at w or the chunk: one `dense + attn * S` pair cannot say both."""
+    dense = 0
+    per_key: dict[Keys, int] = {}
+    for _, layers, f in _model_exprs(model):
+        dense += 3 * (f.matmul + f.mixing) * layers
+        if f.per_key:
+            per_key[f.keys] = per_key.get(f.keys, 0) + 3 * f.per_key * layers
+    return TrainingFlops(model.name, dense, tuple(Mixer(k, n) for k, n in per_key.items()))
 
 
 def layer_count(root: ir.Instance, inst: ir.Instance) -> int:
@@ -222,5 +260,5 @@ def matmul_flops_per_token(inst: ir.Instance, e: ir.TExpr) -> int:
                 return 2 * math.prod(d.size for d in p.dims)
         return 0
     if isinstance(e, ir.Prim):
-        return expr_flops(inst, e, seq=1).matmul
+        return expr_flops(inst, e).matmul
     return 0

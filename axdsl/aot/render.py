@@ -93,9 +93,9 @@ def _compute(r: Report) -> list[str]:
     step_flops = f.per_step(e.batch)
     ideal = step_flops / (peak * e.chips)
     return [
-        "compute (model FLOPs, MaxText's formula: 6 x params-in-matmuls + attention)",
+        "compute (model FLOPs, MaxText's formula: 6 x params-in-matmuls + sequence mixing)",
         f"  per token (train)    {_si(f.train_per_token)}FLOP   (matmuls {_si(3 * f.matmul)}FLOP, "
-        f"attention {_si(3 * f.attention)}FLOP at seq {f.seq})",
+        f"attention/SSD {_si(3 * f.attention)}FLOP at seq {f.seq})",
         f"  per step             {_si(step_flops)}FLOP   ({e.batch * e.seq:,} tokens)",
         f"  ideal step time      {ideal * 1e3:.4g} ms at the bf16 peak ({_si(peak)}FLOP/s x {e.chips} chips, "
         f"100% MFU); {ideal / 0.4 * 1e3:.4g} ms at 40% MFU",

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from axdsl import __version__, lora
+from axdsl.analysis.flops import TrainingFlops
 from axdsl.codegen.emit import render_template
 from axdsl.codegen.names import py_str
 from axdsl import primitives
@@ -36,7 +37,7 @@ class Field:
         return len(f"    {self.name}: {self.type} = {self.default}  # {self.comment}") <= 100
 
 
-def emit_train(module: ir.Module, package: str, flops: list[tuple[str, int, int]]) -> str:
+def emit_train(module: ir.Module, package: str, flops: list[TrainingFlops]) -> str:
     """The unformatted source of generated/<spec>/<target>/train.py."""
     t = module.train_settings
     fields = _fields(module)

@@ -9,8 +9,9 @@ causal, the sliding `window`, the boolean `mask` (True: attend) and `segment_ids
 sequences: a query sees only its own segment) drop keys. bias and mask broadcast to
 [B, heads, S, S]; the shape rule checks every operand and points at the one that is wrong.
 
-FLOPs: 2 x keys x heads x (head_dim + v_head_dim) per token (QK^T and PV), halved when causal
-(MaxText's convention); a sliding window of w keys counts min(S, w) keys when `cap_window` is set.
+FLOPs: 2 x heads x (head_dim + v_head_dim) per key a token reads (QK^T and PV): S keys, S / 2
+when causal (MaxText's convention), and a sliding window of w drops the (S - w)^2 / 2 oldest pairs
+(a causal window reads about w - w^2 / 2S keys per token: base.Keys).
 
 Kernels: the profile lists them in order of preference (`kernels = { attention = [...] }` in
 profiles.toml); `kernel_violations` says why one cannot run a call, and select_kernels takes the
@@ -71,8 +72,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from axdsl.ir import nodes as ir
-from axdsl.primitives.base import (Decoding, Flops, Helper, HelperSection, KernelRule, Primitive, Signature, Static,
-                                   StaticKind)
+from axdsl.primitives.base import (Decoding, Flops, Helper, HelperSection, KernelRule, Keys, Primitive,
+                                   Signature, Static, StaticKind)
 from axdsl.primitives.reductions import ir_fmt
 from axdsl.primitives.attention_kernels import (CACHED_ATTENTION, EINSUM_ATTENTION, SPLASH_ATTENTION,
                                                SPLASH_IMPORTS, VJP_ATTENTION, VJP_IMPORTS, vjp_kept_keys)
@@ -216,20 +217,11 @@ def _set(value) -> bool:
     return value is not None and bool(value.value)
 
 
-def work(prim: ir.Prim, seq: int, cap_window: bool) -> int:
-    """Forward FLOPs per token at sequence length `seq`: 2 x keys x heads x (head_dim + v_head_dim)
-    (QK^T, then PV)."""
-    q, v = prim.args[0].type.dims, prim.args[2].type.dims  # [B, S, heads, head_dim], v_head_dim
-    heads, width = q[-2].size, q[-1].size + v[-1].size
-    window = prim.attr("window").value
-    if cap_window and window and window < seq:
-        return 2 * window * heads * width  # every query sees (about) `window` keys
-    full = 2 * seq * heads * width
-    return full // 2 if prim.attr("causal").value else full
-
-
 def _flops(ctx, prim: ir.Prim) -> Flops:
-    return Flops(attention=work(prim, ctx.seq, ctx.cap_window))
+    """2 x heads x (head_dim + v_head_dim) per key (QK^T, then PV); which keys: causal and window."""
+    q, v = prim.args[0].type.dims, prim.args[2].type.dims  # [B, S, heads, head_dim], v_head_dim
+    keys = Keys(causal=bool(prim.attr("causal").value), window=prim.attr("window").value or 0)
+    return Flops(per_key=2 * q[-2].size * (q[-1].size + v[-1].size), keys=keys)
 
 
 def _compute_dtype(model: ir.Model) -> str:

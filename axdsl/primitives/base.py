@@ -15,7 +15,7 @@ The contexts each rule receives are small protocols implemented by the stage tha
                    in the KV-cache decode path (axdsl/codegen/decode.py) `decoding` is True,
                    `decode_pos` names the new tokens' first position, `is_sequence(dim)` tells
                    the sequence dim and `cache_slot(prim)` gives an attention call its cache keys
-    FlopContext    inst (the instance), seq, cap_window, param_at(expr) -> ir.Param | None
+    FlopContext    inst (the instance), param_at(expr) -> ir.Param | None
 """
 
 from __future__ import annotations
@@ -59,11 +59,43 @@ class Signature:
 
 
 @dataclass(frozen=True)
-class Flops:
-    """Forward model FLOPs per token of one primitive call (see axdsl/analysis/flops.py)."""
+class Keys:
+    """Which keys a token of a sequence mixer reads, as a function of the sequence length S.
 
-    matmul: int = 0
-    attention: int = 0
+    Attention reads S keys (S / 2 when causal, MaxText's convention), less those a sliding window
+    of w drops: the (S - w)^2 / 2 oldest (query, key) pairs, so a causal window reads about
+    w - w^2 / 2S keys per token. An SSD scan in chunks of c computes its whole c x c diagonal
+    blocks: min(c, S) keys. The generated runtime's `Mixer.keys` is the same formula.
+    """
+
+    causal: bool = False
+    window: int = 0  # a sliding window of this many keys; 0: none
+    chunk: int = 0  # > 0: an SSD scan in chunks of this many positions (causal and window unused)
+
+    def work(self, per_key: int, seq: int) -> int:
+        """`per_key` x the keys a token reads at sequence length `seq`, in whole FLOPs."""
+        if self.chunk:
+            return per_key * min(self.chunk, seq)
+        dropped = (seq - min(seq, self.window or seq)) ** 2  # 2 S x the keys dropped per token
+        read = seq * seq if self.causal else 2 * seq * seq  # 2 S x the keys read without a window
+        return per_key * (read - dropped) // (2 * seq)
+
+
+@dataclass(frozen=True)
+class Flops:
+    """Forward model FLOPs per token of one primitive call (see axdsl/analysis/flops.py).
+
+    `matmul` and `mixing` do not depend on the sequence length; a sequence mixer's work that does
+    is `per_key` for each key a token reads (`keys`), so it can be counted at any S."""
+
+    matmul: int = 0  # matmuls with a parameter
+    mixing: int = 0  # sequence mixing that does not grow with S (an SSD's chunk states)
+    per_key: int = 0  # sequence mixing per key a token reads (QK^T and PV: 2 heads (hd + v_hd))
+    keys: Keys = Keys()
+
+    def sequence(self, seq: int) -> int:
+        """The sequence mixing per token at sequence length `seq`."""
+        return self.mixing + self.keys.work(self.per_key, seq)
 
 
 @dataclass(frozen=True)

@@ -15,15 +15,16 @@ SSD does it: within each chunk of `chunk` positions a masked, attention-like pro
 the next. Everything runs in float32, as transformers' `torch_forward` does; S need not be a
 multiple of the chunk size (the helper pads with zeros, which leave the state unchanged: dt = 0).
 
-FLOPs per token (not parameter matmuls, counted with attention's sequence work): within a chunk
-2 chunk heads (state + head_dim) for the scores and their product with x; across chunks
-4 heads head_dim state for the chunk states and their read-out.
+FLOPs per token (sequence mixing, not parameter matmuls): within a chunk 2 min(chunk, S) heads
+(state + head_dim) for the scores and their product with x; across chunks 4 heads head_dim state
+for the chunk states and their read-out. Linear in S, unlike attention: at S >= chunk a fixed
+figure per token, which train.py's MODEL_FLOPS keeps as a chunk term (runtime.Mixer).
 """
 
 from __future__ import annotations
 
 from axdsl.ir import nodes as ir
-from axdsl.primitives.base import Decoding, Flops, Helper, Primitive, Signature, Static, StaticKind
+from axdsl.primitives.base import Decoding, Flops, Helper, Keys, Primitive, Signature, Static, StaticKind
 from axdsl.primitives.reductions import ir_fmt
 
 SSD = '''def segment_sum(a: jax.Array) -> jax.Array:
@@ -121,10 +122,12 @@ def _emit(ctx, prim: ir.Prim, args: list[str], precs: list[int]) -> str:
 
 
 def _flops(ctx, prim: ir.Prim) -> Flops:
+    """Per key of a chunk (min(chunk, S) keys: the whole diagonal block is computed), and the
+    chunk states, which do not grow with S."""
     heads, head_dim = (d.size for d in prim.args[0].type.dims[2:])
     state = prim.args[3].type.dims[3].size
-    chunk = min(prim.attr("chunk").value, ctx.seq)
-    return Flops(attention=2 * chunk * heads * (state + head_dim) + 4 * heads * head_dim * state)
+    return Flops(mixing=4 * heads * head_dim * state, per_key=2 * heads * (state + head_dim),
+                 keys=Keys(chunk=prim.attr("chunk").value))
 
 
 def _memory(t, prim: ir.Prim, args, dims, label: str):

@@ -50,8 +50,13 @@ RUNTIME_API = 2  # the runtime.py interface this file is written for
 TARGET = "gpu-h100"
 SPEC = "specs/bert_tiny.axl"
 PEAK_FLOPS_PER_CHIP = 9.89e14  # dense bf16 FLOP/s of one gpu-h100 chip (for MFU)
-# Model FLOPs per token for training (3x forward, MaxText's formula): matmuls + attention * seq.
-MODEL_FLOPS = {"bert_tiny": (811008, 1536)}
+# Model FLOPs per token for training (3x forward, MaxText's formula) at sequence length S: `dense`
+# (matmuls with a parameter) plus, per sequence mixer, FLOPs per key x the keys a token reads
+# (runtime.Mixer.keys: causal attention S / 2, a causal window of w about w - w^2 / 2S, an SSD
+# chunk of c min(c, S)).
+MODEL_FLOPS = {
+    "bert_tiny": runtime.ModelFlops(dense=811008, mixers=(runtime.Mixer(per_key=1536),)),
+}
 OBJECTIVE = "masked_lm"  # the train block's objective: model.loss_fn says what it computes
 INPUTS = ("tokens", "types", "segments")  # the model's forward inputs, in order: the batch's fields
 

@@ -50,8 +50,18 @@ TARGET = "cpu"
 SPEC = "specs/deepseek_v3.axl"
 # A nominal figure, not this machine's measured peak: the MFU shown is `mfu_nominal`.
 PEAK_FLOPS_PER_CHIP = 1.7e11  # FLOP/s of one cpu chip (for MFU)
-# Model FLOPs per token for training (3x forward, MaxText's formula): matmuls + attention * seq.
-MODEL_FLOPS = {"deepseek_v3": (219747581952, 7495680), "deepseek_v3_tiny": (38498304, 11520)}
+# Model FLOPs per token for training (3x forward, MaxText's formula) at sequence length S: `dense`
+# (matmuls with a parameter) plus, per sequence mixer, FLOPs per key x the keys a token reads
+# (runtime.Mixer.keys: causal attention S / 2, a causal window of w about w - w^2 / 2S, an SSD
+# chunk of c min(c, S)).
+MODEL_FLOPS = {
+    "deepseek_v3": runtime.ModelFlops(
+        dense=219747581952, mixers=(runtime.Mixer(per_key=14991360, causal=True),)
+    ),
+    "deepseek_v3_tiny": runtime.ModelFlops(
+        dense=38498304, mixers=(runtime.Mixer(per_key=23040, causal=True),)
+    ),
+}
 
 
 @dataclasses.dataclass(frozen=True)

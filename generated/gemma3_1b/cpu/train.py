@@ -50,8 +50,26 @@ TARGET = "cpu"
 SPEC = "specs/gemma3_1b.axl"
 # A nominal figure, not this machine's measured peak: the MFU shown is `mfu_nominal`.
 PEAK_FLOPS_PER_CHIP = 1.7e11  # FLOP/s of one cpu chip (for MFU)
-# Model FLOPs per token for training (3x forward, MaxText's formula): matmuls + attention * seq.
-MODEL_FLOPS = {"gemma3_1b": (5998510080, 159744), "gemma3_tiny": (38535168, 24576)}
+# Model FLOPs per token for training (3x forward, MaxText's formula) at sequence length S: `dense`
+# (matmuls with a parameter) plus, per sequence mixer, FLOPs per key x the keys a token reads
+# (runtime.Mixer.keys: causal attention S / 2, a causal window of w about w - w^2 / 2S, an SSD
+# chunk of c min(c, S)).
+MODEL_FLOPS = {
+    "gemma3_1b": runtime.ModelFlops(
+        dense=5998510080,
+        mixers=(
+            runtime.Mixer(per_key=270336, causal=True, window=512),
+            runtime.Mixer(per_key=49152, causal=True),
+        ),
+    ),
+    "gemma3_tiny": runtime.ModelFlops(
+        dense=38535168,
+        mixers=(
+            runtime.Mixer(per_key=43008, causal=True, window=512),
+            runtime.Mixer(per_key=6144, causal=True),
+        ),
+    ),
+}
 
 
 @dataclasses.dataclass(frozen=True)

@@ -50,8 +50,18 @@ TARGET = "cpu"
 SPEC = "specs/gpt2_medium.axl"
 # A nominal figure, not this machine's measured peak: the MFU shown is `mfu_nominal`.
 PEAK_FLOPS_PER_CHIP = 1.7e11  # FLOP/s of one cpu chip (for MFU)
-# Model FLOPs per token for training (3x forward, MaxText's formula): matmuls + attention * seq.
-MODEL_FLOPS = {"gpt2_medium": (2120718336, 147456), "gpt2_medium_tiny": (688128, 768)}
+# Model FLOPs per token for training (3x forward, MaxText's formula) at sequence length S: `dense`
+# (matmuls with a parameter) plus, per sequence mixer, FLOPs per key x the keys a token reads
+# (runtime.Mixer.keys: causal attention S / 2, a causal window of w about w - w^2 / 2S, an SSD
+# chunk of c min(c, S)).
+MODEL_FLOPS = {
+    "gpt2_medium": runtime.ModelFlops(
+        dense=2120718336, mixers=(runtime.Mixer(per_key=294912, causal=True),)
+    ),
+    "gpt2_medium_tiny": runtime.ModelFlops(
+        dense=688128, mixers=(runtime.Mixer(per_key=1536, causal=True),)
+    ),
+}
 
 
 @dataclasses.dataclass(frozen=True)

@@ -49,8 +49,18 @@ RUNTIME_API = 2  # the runtime.py interface this file is written for
 TARGET = "gpu-h100"
 SPEC = "specs/gpt2_small.axl"
 PEAK_FLOPS_PER_CHIP = 9.89e14  # dense bf16 FLOP/s of one gpu-h100 chip (for MFU)
-# Model FLOPs per token for training (3x forward, MaxText's formula): matmuls + attention * seq.
-MODEL_FLOPS = {"gpt2_small": (741192192, 55296), "gpt2_tiny": (688128, 768)}
+# Model FLOPs per token for training (3x forward, MaxText's formula) at sequence length S: `dense`
+# (matmuls with a parameter) plus, per sequence mixer, FLOPs per key x the keys a token reads
+# (runtime.Mixer.keys: causal attention S / 2, a causal window of w about w - w^2 / 2S, an SSD
+# chunk of c min(c, S)).
+MODEL_FLOPS = {
+    "gpt2_small": runtime.ModelFlops(
+        dense=741192192, mixers=(runtime.Mixer(per_key=110592, causal=True),)
+    ),
+    "gpt2_tiny": runtime.ModelFlops(
+        dense=688128, mixers=(runtime.Mixer(per_key=1536, causal=True),)
+    ),
+}
 
 
 @dataclasses.dataclass(frozen=True)

@@ -49,8 +49,18 @@ RUNTIME_API = 2  # the runtime.py interface this file is written for
 TARGET = "gpu-h100"
 SPEC = "specs/llama3_2_1b.axl"
 PEAK_FLOPS_PER_CHIP = 9.89e14  # dense bf16 FLOP/s of one gpu-h100 chip (for MFU)
-# Model FLOPs per token for training (3x forward, MaxText's formula): matmuls + attention * seq.
-MODEL_FLOPS = {"llama3_2_1b": (7414480896, 196608), "llama3_2_tiny": (2162688, 1536)}
+# Model FLOPs per token for training (3x forward, MaxText's formula) at sequence length S: `dense`
+# (matmuls with a parameter) plus, per sequence mixer, FLOPs per key x the keys a token reads
+# (runtime.Mixer.keys: causal attention S / 2, a causal window of w about w - w^2 / 2S, an SSD
+# chunk of c min(c, S)).
+MODEL_FLOPS = {
+    "llama3_2_1b": runtime.ModelFlops(
+        dense=7414480896, mixers=(runtime.Mixer(per_key=393216, causal=True),)
+    ),
+    "llama3_2_tiny": runtime.ModelFlops(
+        dense=2162688, mixers=(runtime.Mixer(per_key=3072, causal=True),)
+    ),
+}
 
 
 @dataclasses.dataclass(frozen=True)

@@ -49,8 +49,18 @@ RUNTIME_API = 2  # the runtime.py interface this file is written for
 TARGET = "tpu-v5e"
 SPEC = "specs/llama3_8b.axl"
 PEAK_FLOPS_PER_CHIP = 1.97e14  # dense bf16 FLOP/s of one tpu-v5e chip (for MFU)
-# Model FLOPs per token for training (3x forward, MaxText's formula): matmuls + attention * seq.
-MODEL_FLOPS = {"llama3_8b": (45027950592, 786432), "llama3_8b_tiny": (7864320, 3072)}
+# Model FLOPs per token for training (3x forward, MaxText's formula) at sequence length S: `dense`
+# (matmuls with a parameter) plus, per sequence mixer, FLOPs per key x the keys a token reads
+# (runtime.Mixer.keys: causal attention S / 2, a causal window of w about w - w^2 / 2S, an SSD
+# chunk of c min(c, S)).
+MODEL_FLOPS = {
+    "llama3_8b": runtime.ModelFlops(
+        dense=45027950592, mixers=(runtime.Mixer(per_key=1572864, causal=True),)
+    ),
+    "llama3_8b_tiny": runtime.ModelFlops(
+        dense=7864320, mixers=(runtime.Mixer(per_key=6144, causal=True),)
+    ),
+}
 
 
 @dataclasses.dataclass(frozen=True)

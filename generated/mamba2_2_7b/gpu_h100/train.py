@@ -49,8 +49,18 @@ RUNTIME_API = 2  # the runtime.py interface this file is written for
 TARGET = "gpu-h100"
 SPEC = "specs/mamba2_2_7b.axl"
 PEAK_FLOPS_PER_CHIP = 9.89e14  # dense bf16 FLOP/s of one gpu-h100 chip (for MFU)
-# Model FLOPs per token for training (3x forward, MaxText's formula): matmuls + attention * seq.
-MODEL_FLOPS = {"mamba2_2_7b": (16212443136, 509214720), "mamba2_tiny": (709632, 397824)}
+# Model FLOPs per token for training (3x forward, MaxText's formula) at sequence length S: `dense`
+# (matmuls with a parameter) plus, per sequence mixer, FLOPs per key x the keys a token reads
+# (runtime.Mixer.keys: causal attention S / 2, a causal window of w about w - w^2 / 2S, an SSD
+# chunk of c min(c, S)).
+MODEL_FLOPS = {
+    "mamba2_2_7b": runtime.ModelFlops(
+        dense=16715759616, mixers=(runtime.Mixer(per_key=5898240, chunk=256),)
+    ),
+    "mamba2_tiny": runtime.ModelFlops(
+        dense=1102848, mixers=(runtime.Mixer(per_key=4608, chunk=256),)
+    ),
+}
 
 
 @dataclasses.dataclass(frozen=True)

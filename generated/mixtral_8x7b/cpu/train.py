@@ -50,8 +50,18 @@ TARGET = "cpu"
 SPEC = "specs/mixtral_8x7b.axl"
 # A nominal figure, not this machine's measured peak: the MFU shown is `mfu_nominal`.
 PEAK_FLOPS_PER_CHIP = 1.7e11  # FLOP/s of one cpu chip (for MFU)
-# Model FLOPs per token for training (3x forward, MaxText's formula): matmuls + attention * seq.
-MODEL_FLOPS = {"mixtral_8x7b": (76491522048, 786432), "mixtral_8x7b_tiny": (12607488, 3072)}
+# Model FLOPs per token for training (3x forward, MaxText's formula) at sequence length S: `dense`
+# (matmuls with a parameter) plus, per sequence mixer, FLOPs per key x the keys a token reads
+# (runtime.Mixer.keys: causal attention S / 2, a causal window of w about w - w^2 / 2S, an SSD
+# chunk of c min(c, S)).
+MODEL_FLOPS = {
+    "mixtral_8x7b": runtime.ModelFlops(
+        dense=76491522048, mixers=(runtime.Mixer(per_key=1572864, causal=True),)
+    ),
+    "mixtral_8x7b_tiny": runtime.ModelFlops(
+        dense=12607488, mixers=(runtime.Mixer(per_key=6144, causal=True),)
+    ),
+}
 
 
 @dataclasses.dataclass(frozen=True)

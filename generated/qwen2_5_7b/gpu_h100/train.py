@@ -49,8 +49,18 @@ RUNTIME_API = 2  # the runtime.py interface this file is written for
 TARGET = "gpu-h100"
 SPEC = "specs/qwen2_5_7b.axl"
 PEAK_FLOPS_PER_CHIP = 9.89e14  # dense bf16 FLOP/s of one gpu-h100 chip (for MFU)
-# Model FLOPs per token for training (3x forward, MaxText's formula): matmuls + attention * seq.
-MODEL_FLOPS = {"qwen2_5_7b": (42421714944, 602112), "qwen2_5_tiny": (41287680, 10752)}
+# Model FLOPs per token for training (3x forward, MaxText's formula) at sequence length S: `dense`
+# (matmuls with a parameter) plus, per sequence mixer, FLOPs per key x the keys a token reads
+# (runtime.Mixer.keys: causal attention S / 2, a causal window of w about w - w^2 / 2S, an SSD
+# chunk of c min(c, S)).
+MODEL_FLOPS = {
+    "qwen2_5_7b": runtime.ModelFlops(
+        dense=42421714944, mixers=(runtime.Mixer(per_key=1204224, causal=True),)
+    ),
+    "qwen2_5_tiny": runtime.ModelFlops(
+        dense=41287680, mixers=(runtime.Mixer(per_key=21504, causal=True),)
+    ),
+}
 
 
 @dataclasses.dataclass(frozen=True)

@@ -49,8 +49,18 @@ RUNTIME_API = 2  # the runtime.py interface this file is written for
 TARGET = "tpu-v5e"
 SPEC = "specs/qwen3_30b_a3b.axl"
 PEAK_FLOPS_PER_CHIP = 1.97e14  # dense bf16 FLOP/s of one tpu-v5e chip (for MFU)
-# Model FLOPs per token for training (3x forward, MaxText's formula): matmuls + attention * seq.
-MODEL_FLOPS = {"qwen3_30b_a3b": (18249940992, 1179648), "qwen3_30b_a3b_tiny": (8257536, 6144)}
+# Model FLOPs per token for training (3x forward, MaxText's formula) at sequence length S: `dense`
+# (matmuls with a parameter) plus, per sequence mixer, FLOPs per key x the keys a token reads
+# (runtime.Mixer.keys: causal attention S / 2, a causal window of w about w - w^2 / 2S, an SSD
+# chunk of c min(c, S)).
+MODEL_FLOPS = {
+    "qwen3_30b_a3b": runtime.ModelFlops(
+        dense=18249940992, mixers=(runtime.Mixer(per_key=2359296, causal=True),)
+    ),
+    "qwen3_30b_a3b_tiny": runtime.ModelFlops(
+        dense=8257536, mixers=(runtime.Mixer(per_key=12288, causal=True),)
+    ),
+}
 
 
 @dataclasses.dataclass(frozen=True)

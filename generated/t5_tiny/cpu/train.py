@@ -50,8 +50,19 @@ TARGET = "cpu"
 SPEC = "specs/t5_tiny.axl"
 # A nominal figure, not this machine's measured peak: the MFU shown is `mfu_nominal`.
 PEAK_FLOPS_PER_CHIP = 1.7e11  # FLOP/s of one cpu chip (for MFU)
-# Model FLOPs per token for training (3x forward, MaxText's formula): matmuls + attention * seq.
-MODEL_FLOPS = {"t5_tiny": (1277952, 3840)}
+# Model FLOPs per token for training (3x forward, MaxText's formula) at sequence length S: `dense`
+# (matmuls with a parameter) plus, per sequence mixer, FLOPs per key x the keys a token reads
+# (runtime.Mixer.keys: causal attention S / 2, a causal window of w about w - w^2 / 2S, an SSD
+# chunk of c min(c, S)).
+MODEL_FLOPS = {
+    "t5_tiny": runtime.ModelFlops(
+        dense=1277952,
+        mixers=(
+            runtime.Mixer(per_key=3072),
+            runtime.Mixer(per_key=1536, causal=True),
+        ),
+    ),
+}
 OBJECTIVE = "seq2seq"  # the train block's objective: model.loss_fn says what it computes
 INPUTS = (
     "tokens",

@@ -49,8 +49,15 @@ RUNTIME_API = 2  # the runtime.py interface this file is written for
 TARGET = "gpu-h100"
 SPEC = "specs/tiny_llama.axl"
 PEAK_FLOPS_PER_CHIP = 9.89e14  # dense bf16 FLOP/s of one gpu-h100 chip (for MFU)
-# Model FLOPs per token for training (3x forward, MaxText's formula): matmuls + attention * seq.
-MODEL_FLOPS = {"tiny_llama": (540672, 768)}
+# Model FLOPs per token for training (3x forward, MaxText's formula) at sequence length S: `dense`
+# (matmuls with a parameter) plus, per sequence mixer, FLOPs per key x the keys a token reads
+# (runtime.Mixer.keys: causal attention S / 2, a causal window of w about w - w^2 / 2S, an SSD
+# chunk of c min(c, S)).
+MODEL_FLOPS = {
+    "tiny_llama": runtime.ModelFlops(
+        dense=540672, mixers=(runtime.Mixer(per_key=1536, causal=True),)
+    ),
+}
 
 
 @dataclasses.dataclass(frozen=True)

@@ -50,8 +50,15 @@ TARGET = "cpu"
 SPEC = "specs/tiny_llama_bpe.axl"
 # A nominal figure, not this machine's measured peak: the MFU shown is `mfu_nominal`.
 PEAK_FLOPS_PER_CHIP = 1.7e11  # FLOP/s of one cpu chip (for MFU)
-# Model FLOPs per token for training (3x forward, MaxText's formula): matmuls + attention * seq.
-MODEL_FLOPS = {"tiny_llama_bpe": (1228800, 768)}
+# Model FLOPs per token for training (3x forward, MaxText's formula) at sequence length S: `dense`
+# (matmuls with a parameter) plus, per sequence mixer, FLOPs per key x the keys a token reads
+# (runtime.Mixer.keys: causal attention S / 2, a causal window of w about w - w^2 / 2S, an SSD
+# chunk of c min(c, S)).
+MODEL_FLOPS = {
+    "tiny_llama_bpe": runtime.ModelFlops(
+        dense=1228800, mixers=(runtime.Mixer(per_key=1536, causal=True),)
+    ),
+}
 
 
 @dataclasses.dataclass(frozen=True)

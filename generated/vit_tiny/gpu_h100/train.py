@@ -51,7 +51,9 @@ TARGET = "gpu-h100"
 SPEC = "specs/vit_tiny.axl"
 PEAK_FLOPS_PER_CHIP = 9.89e14  # dense bf16 FLOP/s of one gpu-h100 chip (for MFU)
 # Model FLOPs are counted per token of a sequence; an image model's are not counted (0: no MFU).
-MODEL_FLOPS = {"vit_tiny": (0, 0)}
+MODEL_FLOPS = {
+    "vit_tiny": runtime.ModelFlops(dense=0),
+}
 OBJECTIVE = "classify"  # the train block's objective: model.loss_fn says what it computes
 INPUTS = ("images",)  # the model's forward inputs, in order: the batch's fields
 # Each model's image shape [H, W, C] and number of classes, read from its forward.
