@@ -384,13 +384,13 @@ def _wide(tmp_path: Path, call: str, vd: int = 128, extra: str = "") -> Path:
 
 
 def test_v_head_dim_rules_out_cudnn_with_the_reason(tmp_path):
-    spec = _wide(tmp_path, "attention(q, k, v, causal = true)", vd=64)
+    spec = _wide(tmp_path, "attention(q, k, v, causal = true)", vd=32)
     gpu = build_files(spec, "gpu-h100-8")["model.py"]
-    assert ("# attention: cudnn not used: v_head_dim 64 differs from head_dim 128; "
+    assert ("# attention: cudnn not used: v_head_dim 32 differs from head_dim 128; "
             "jax.nn.dot_product_attention needs v shaped like k") in gpu
     assert _has(gpu, "einsum_attention(q, k, v, causal=True)")
     tpu = build_files(spec, "tpu-v5e-8")["model.py"]
-    assert "# attention: splash not used: m has v_head_dim 64; splash needs a multiple of 128" in tpu
+    assert "# attention: splash not used: m has v_head_dim 32; splash needs a multiple of 64" in tpu
 
 
 def test_bias_and_segment_ids_run_on_cudnn_as_a_dense_bias(tmp_path):
