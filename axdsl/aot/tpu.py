@@ -26,6 +26,8 @@ TPU_TOPOLOGY_2D = {1: "1x1", 2: "1x2", 4: "2x2", 8: "2x4", 16: "4x4", 32: "4x8",
                    128: "8x16", 256: "16x16"}
 TPU_TOPOLOGY_3D = {1: "1x1x1", 2: "1x1x2", 4: "2x2x1", 8: "2x2x2", 16: "2x2x4", 32: "2x4x4",
                    64: "4x4x4", 128: "4x4x8", 256: "4x8x8"}
+# libtpu's name of one host of each generation (TPU_ACCELERATOR_TYPE).
+_ACCELERATOR_TYPES = {"v4": "v4-8", "v5e": "v5litepod-8", "v5p": "v5p-8", "v6e": "v6e-8"}
 # What `build(devices)` returns: the mesh, the jitted step and its abstract arguments.
 Build = Callable[[list], tuple[Any, Any, tuple]]
 _HBM_AVAILABLE: dict[str, int | None] = {}  # device kind -> XLA's HBM for a program, per process
@@ -78,10 +80,14 @@ def compile_for_topology(target: str, chips: int, chips_per_host: int, build: Bu
 def _devices(name: str, bounds: list[int]) -> list:
     """The slice's compile-only devices. libtpu takes a lock file (/tmp/libtpu_lockfile) that
     makes a second process fail while one holds it; compiling without a chip shares nothing, so
-    this process does not take it (unless the environment says otherwise)."""
+    this process does not take it. Off a TPU VM, libtpu prints errors about the accelerator type
+    and worker hostnames it cannot find; naming them (a host of the same generation) keeps it
+    quiet. Variables already set are left alone; all are read once, when libtpu loads."""
     from jax.experimental import topologies
 
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+    os.environ.setdefault("TPU_ACCELERATOR_TYPE", _ACCELERATOR_TYPES.get(name.split(":")[0], "v5litepod-8"))
+    os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
 
     return list(topologies.get_topology_desc(name, "tpu", chips_per_host_bounds=bounds).devices)
 
