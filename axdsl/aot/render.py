@@ -76,11 +76,7 @@ def _memory(r: Report) -> list[str]:
                      f"skip-if-not-finite select; after the backward, so only the larger counts)")
     phase = "the optimizer update" if e.peak_phase == "update" else "the backward pass"
     lines.append(f"  peak:             {phase}")
-    lines += [
-        f"  batch             {gib(e.inputs):>12}",
-        f"  total             {gib(e.total):>12}   of {gib(r.hbm)} HBM "
-        f"({100 * e.total / r.hbm:.0f}%; usable {USABLE_FRACTION:.0%}: {gib(r.usable)})",
-    ]
+    lines.append(f"  batch             {gib(e.inputs):>12}")
     lines += _verdict_xla(r) if r.xla_decides else _verdict_analytic(r)
     if not r.fits:
         scaled = " (found with the analytic model; figures scaled by XLA's ratio)" if r.ratio != 1.0 else ""
@@ -90,23 +86,27 @@ def _memory(r: Report) -> list[str]:
 
 
 def _verdict_analytic(r: Report) -> list[str]:
+    """The analytic total against the usable fraction of the HBM: the verdict without XLA."""
     e = r.estimate
+    total = (f"  total             {gib(e.total):>12}   of {gib(r.hbm)} HBM "
+             f"({100 * e.total / r.hbm:.0f}%; usable {USABLE_FRACTION:.0%}: {gib(r.usable)})")
     if r.fits:
-        return [f"  => fits (analytic): {gib(r.usable - e.total)} to spare"]
-    return [f"  => does NOT fit (analytic): {gib(e.total - r.usable)} over the usable memory"]
+        return [total, f"  => fits (analytic): {gib(r.usable - e.total)} to spare"]
+    return [total, f"  => does NOT fit (analytic): {gib(e.total - r.usable)} over the usable memory"]
 
 
 def _verdict_xla(r: Report) -> list[str]:
     """XLA's per-chip figure against the HBM it gives a program; the analytic total beside it."""
     e, where = r.estimate, f"TPU topology {r.lowering.get('tpu_topology')}"
+    total = f"  total (analytic)  {gib(e.total):>12}   of {gib(r.hbm)} HBM"
     if r.peak is None:  # ran out of HBM; the message gave no figure
-        return [f"  => does NOT fit (XLA, {where}): its compile ran out of HBM "
+        return [total, f"  => does NOT fit (XLA, {where}): its compile ran out of HBM "
                 f"({gib(r.limit)} available)", f"  analytic: {gib(e.total)}"]
     how = ("its compile ran out of HBM: temporaries + analytic arguments" if r.out_of_memory
            else "memory_analysis(): arguments + temporaries + outputs not donated")
     verdict = (f"=> fits (XLA): {gib(r.limit - r.peak)} to spare" if r.fits
                else f"=> does NOT fit (XLA): {gib(r.peak - r.limit)} over")
-    return [f"  XLA ({where}) {gib(r.peak):>9}   of {gib(r.limit)} XLA gives a program per chip ({how})",
+    return [total, f"  XLA ({where}) {gib(r.peak):>9}   of {gib(r.limit)} XLA gives a program per chip ({how})",
             f"  {verdict}",
             f"  analytic: {gib(e.total)} ({100 * (e.total - r.peak) / r.peak:+.0f}% of XLA's)"]
 
