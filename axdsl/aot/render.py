@@ -102,7 +102,7 @@ def _verdict_xla(r: Report) -> list[str]:
     if r.peak is None:  # ran out of HBM; the message gave no figure
         return [total, f"  => does NOT fit (XLA, {where}): its compile ran out of HBM "
                 f"({gib(r.limit)} available)", f"  analytic: {gib(e.total)}"]
-    how = ("its compile ran out of HBM: temporaries + analytic arguments" if r.out_of_memory
+    how = ("its compile ran out of HBM: what it says the program needs" if r.out_of_memory
            else "memory_analysis(): arguments + temporaries + outputs not donated")
     verdict = (f"=> fits (XLA): {gib(r.limit - r.peak)} to spare" if r.fits
                else f"=> does NOT fit (XLA): {gib(r.peak - r.limit)} over")
@@ -163,10 +163,10 @@ def _xla(r: Report) -> tuple[list[str], dict | None]:
     lo, e = r.lowering, r.estimate
     xla = lo.get("xla")
     if r.out_of_memory is not None:
-        temp = r.out_of_memory.get("temp")
+        need = r.out_of_memory.get("required")
         return [f"  compiled for TPU topology {lo['tpu_topology']} in {lo.get('compile_s')} s: "
-                f"RESOURCE_EXHAUSTED, XLA's temporaries "
-                f"{gib(temp) if temp else '(no figure)'} exceed the {gib(r.limit)} of HBM it has"], None
+                f"RESOURCE_EXHAUSTED, the program needs {gib(need) if need else '(no figure)'} per chip "
+                f"(arguments and temporaries), above the {gib(r.limit)} of HBM it has"], None
     if not xla:
         return [], xla
     where = f"TPU topology {lo['tpu_topology']}" if lo.get("tpu_topology") else "this CPU"

@@ -52,7 +52,7 @@ class Report:
 
     @property
     def out_of_memory(self) -> dict | None:
-        """XLA's RESOURCE_EXHAUSTED figures (temp, available), when the TPU compile ran out of HBM."""
+        """XLA's RESOURCE_EXHAUSTED figures (required, available), when the TPU compile ran out of HBM."""
         return self.lowering.get("xla_oom")
 
     @property
@@ -72,11 +72,10 @@ class Report:
 
     @property
     def peak(self) -> int | None:
-        """The deciding per-chip figure: XLA's, or when its compile ran out of HBM, the
-        temporaries it asked for plus the analytic arguments (None if its message gave none)."""
+        """The deciding per-chip figure: XLA's, or when its compile ran out of HBM, what its
+        message says the program needs (None if it gave no figure)."""
         if self.out_of_memory is not None:
-            temp = self.out_of_memory.get("temp")
-            return temp + self.estimate.state if temp else None
+            return self.out_of_memory.get("required")
         return self.xla_peak if self.xla_peak is not None else self.estimate.total
 
     @property

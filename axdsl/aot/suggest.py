@@ -164,8 +164,8 @@ def _lora(s: _Search) -> list[str]:
     t = replace(s, module=module).total()
     if not s.ok(t):
         return []
-    return [f"if you fine-tune: LoRA adapters, base weights frozen, `train {{ lora(rank = 8, "
-            f"targets = \"blocks/*/attn/w[qv]\") init_from = ... }}` -> {s.shown(t)} per chip"]
+    return [f"if you fine-tune: LoRA adapters, base weights frozen, `train {{ init_from = \"PATH\"  "
+            f"lora(rank = 8, targets = \"blocks/*/attn/w[qv]\") }}` -> {s.shown(t)} per chip"]
 
 
 def _together(s: _Search) -> list[str]:

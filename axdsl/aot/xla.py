@@ -10,7 +10,10 @@ from __future__ import annotations
 import re
 
 # XLA's TPU compiler: "... the total memory required for HLO temporaries (20.31G) exceeds
-# available HBM (15.75G)." (G is GiB: v5e's bytes_limit is 15.75 GiB.)
+# available HBM (15.75G)." (G is GiB: v5e's bytes_limit is 15.75 GiB.) Despite the words, the
+# first figure counts the arguments too: a donated 20 GiB argument with no temporaries fails with
+# "HLO temporaries (20.00G)", and llama3_8b on v5e-8 with 16.43G (analytic state 11.22 GiB +
+# temporaries 5.31 GiB).
 _TEMPS_RE = re.compile(r"HLO temporaries \((?P<n>[\d.]+)(?P<unit>[KMGT])\)")
 _AVAILABLE_RE = re.compile(r"available HBM \((?P<n>[\d.]+)(?P<unit>[KMGT])\)")
 _UNITS = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
@@ -40,8 +43,8 @@ def is_out_of_memory(message: str) -> bool:
 
 def out_of_memory(message: str) -> dict[str, int | None]:
     """The figures of XLA's RESOURCE_EXHAUSTED message, in bytes (None where it gives none):
-    `temp` the temporaries it needed, `available` the HBM it had for them."""
-    return {"temp": _bytes(_TEMPS_RE.search(message)), "available": _bytes(_AVAILABLE_RE.search(message))}
+    `required` the HBM the program needs per chip (arguments included), `available` what it has."""
+    return {"required": _bytes(_TEMPS_RE.search(message)), "available": _bytes(_AVAILABLE_RE.search(message))}
 
 
 def _bytes(m: re.Match | None) -> int | None:
