@@ -9,19 +9,23 @@ Before anything is launched on real hardware:
    (`train.abstract_state`, `train.batch_sharding`) over as many fake CPU devices as the target
    has chips, laid out by the generated `make_mesh`: nothing is allocated. GPU and TPU targets are
    lowered for their own platform (`lowering_platforms`), so the StableHLO is the target's;
-4. with libtpu installed, TPU targets are also compiled for the real topology
-   (`jax.experimental.topologies`) and XLA's exact per-chip memory is printed; with `--compile`,
-   CPU targets are compiled on this machine and XLA's `memory_analysis()` is printed beside the
-   analytic figures (a GPU or TPU step is never compiled for the CPU and reported as the target's).
+4. with libtpu installed (`pip install -e '.[tpu]'`), TPU targets are also compiled for the real
+   topology (`jax.experimental.topologies`, tpu.py), one chip included, and XLA's per-chip memory
+   DECIDES the verdict, against the HBM XLA gives a program (v5e: 15.75 GiB); a compile that runs
+   out of HBM is XLA's "does not fit". The analytic total is printed beside it. Otherwise the
+   verdict is analytic (USABLE_FRACTION of the HBM) and says so. With `--compile`, CPU targets are
+   compiled on this machine and XLA's `memory_analysis()` is printed beside the analytic figures
+   (a GPU or TPU step is never compiled for the CPU and reported as the target's).
 
-Exit codes: 0 fits, 3 does not fit (with concrete suggestions), 1 the generated step failed to
-lower. Compile errors in the spec raise CompileError, which the CLI prints (exit 1).
+Exit codes: 0 fits, 3 does not fit (with concrete suggestions, found with the analytic model and
+shown scaled by XLA's ratio when XLA decided), 1 the generated step failed to lower. Compile errors in the spec raise CompileError, which the CLI prints (exit 1).
 
 jax is imported only here, lazily, after XLA_FLAGS asks for enough host devices. When jax is
 already imported with fewer devices (a test process, a notebook), the lowering runs in a
 subprocess, `python -m axdsl.aot --lower ...`, which prints its result as one JSON line.
 
-The package: `report.py` (Report, exit codes), `lower.py` (lowering and compiling),
+The package: `report.py` (Report, who decides, exit codes), `lower.py` (lowering and compiling),
+`tpu.py` (compiling for a TPU topology without a TPU), `xla.py` (XLA's figures and messages),
 `suggest.py` (the search for a layout that fits), `render.py` (the text), `__main__.py`
 (the subprocess side).
 """
@@ -33,10 +37,11 @@ from pathlib import Path
 
 from axdsl.analysis.flops import model_flops, param_count
 from axdsl.analysis.memory import GENERATED_UPDATE_SKIP, UpdateSkip, estimate_memory
-from axdsl.aot.lower import lower_step, xla_total
+from axdsl.aot.lower import lower_step
 from axdsl.aot.render import render
 from axdsl.aot.report import EXIT_ERROR, EXIT_FITS, EXIT_NO_FIT, USABLE_FRACTION, Report
 from axdsl.aot.suggest import suggest
+from axdsl.aot.xla import xla_total
 from axdsl.objectives import batches_of
 from axdsl.targets import profiles
 
@@ -88,8 +93,6 @@ def analyze(spec: Path, target: str, model: str | None = None, batch: int | None
     report = Report(spec=spec, target=target, profile=profile, model=model, estimate=est,
                     flops=model_flops(m, seq), params_total=pc.total, params_embedding=pc.embedding,
                     hbm=profile.hbm_bytes, images=batches_of(module) == "classify")
-    if not report.fits:
-        report.suggestions = suggest(module, model, est, report.usable, target, select)
     edited = edited_files(default_out_dir(spec, target))
     if edited:
         report.notes.append(f"you edited {default_out_dir(spec, target)}/{edited[0]}: this report is for "
@@ -100,4 +103,6 @@ def analyze(spec: Path, target: str, model: str | None = None, batch: int | None
         else:
             report.lowering = lower_step(files, spec, target, model, batch, seq, sched.chips,
                                          sched.kind, compile)
+    if not report.fits:  # searched with the analytic model, scaled by XLA's ratio when it decided
+        report.suggestions = suggest(module, model, est, report.limit, target, select, report.ratio)
     return report

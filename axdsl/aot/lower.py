@@ -20,11 +20,13 @@ import tempfile
 import time
 from pathlib import Path
 
+from axdsl.aot.tpu import compile_for_topology
+from axdsl.aot.xla import memory_stats, short, xla_total
+
+__all__ = ["RESULT_TAG", "abstract_batch", "lower_here", "lower_step", "request_devices", "xla_total"]
+
 RESULT_TAG = "AXDSL_AOT_RESULT "
 PLATFORMS = {"cpu": "cpu", "gpu": "cuda", "tpu": "tpu"}
-# TPU topologies by chip count for jax.experimental.topologies (2-D tori for v5e/v6e, 3-D for v4/v5p).
-TPU_TOPOLOGY_2D = {1: "1x1", 4: "2x2", 8: "2x4", 16: "4x4", 32: "4x8", 64: "8x8", 128: "8x16", 256: "16x16"}
-TPU_TOPOLOGY_3D = {4: "2x2x1", 8: "2x2x2", 16: "2x2x4", 32: "2x4x4", 64: "4x4x4", 128: "4x4x8", 256: "4x8x8"}
 
 
 # ---------------------------------------------------------------------------- lowering
@@ -91,7 +93,7 @@ def lower_here(files: dict[str, str], model: str, batch: int, seq: int, chips: i
         mod = importlib.import_module(f"{package}.spec.target.model")
         _lower_generated(train, mod, result, model, batch, seq, chips, kind, compile)
     except Exception as exc:  # noqa: BLE001 - the generated code failed: say so, exit 1
-        msg = _short(exc)
+        msg = short(exc)
         if "cuDNN" in msg or "cudnn" in msg:
             result["skipped"] = ("the step uses cuDNN attention, which jax traces only on a machine "
                                  "with an NVIDIA GPU; the figures are analytic only")
@@ -136,12 +138,26 @@ def _lower_generated(train, mod, result: dict, model: str, batch: int, seq: int,
             t0 = time.perf_counter()
             compiled = lowered.compile()
             result["compile_s"] = round(time.perf_counter() - t0, 2)
-            result["xla"] = _memory_stats(compiled.memory_analysis())
+            result["xla"] = memory_stats(compiled.memory_analysis())
         elif compile:
             result["compile_note"] = (f"not compiled: a {kind} step compiled for this CPU would not "
                                       f"give the {kind}'s memory")
     if kind == "tpu":
-        result.update(_tpu_compile(train, mod, cfg, tc, chips))
+        result.update(_compile_for_tpu(train, mod, cfg, tc, chips))
+
+
+def _compile_for_tpu(train, mod, cfg, tc, chips: int) -> dict:
+    """Compile the same step for the target's real TPU topology (tpu.py), when libtpu is here."""
+    from axdsl.targets import parse_target, profiles
+
+    def build(devices: list):
+        mesh = mod.make_mesh(devices)
+        # abstract_state's PRNG key runs on the default (CPU) device: a topology has no chips to run it.
+        args = (train.abstract_state(cfg, tc, mesh), abstract_batch(train, tc, mesh))
+        return mesh, train.make_train_step(cfg, tc, mesh), args
+
+    profile = profiles()[parse_target(train.TARGET)[0]]
+    return compile_for_topology(train.TARGET, chips, profile.chips_per_host, build)
 
 
 def abstract_batch(train, tc, mesh):
@@ -174,64 +190,6 @@ def _lower_for_platform(step, state, tokens, result: dict):
     except Exception as exc:  # noqa: BLE001 - report why, then fall back to the CPU lowering
         if platform == "cpu":
             raise
-        result["note"] = f"lowering for {platform} failed ({_short(exc)}); lowered for cpu instead"
+        result["note"] = f"lowering for {platform} failed ({short(exc)}); lowered for cpu instead"
         result["platform"] = "cpu"
         return step.trace(state, tokens).lower(lowering_platforms=("cpu",))
-
-
-def _tpu_compile(train, mod, cfg, tc, chips: int) -> dict:
-    """Compile for the real TPU topology when libtpu is installed (exact per-chip memory)."""
-    import importlib.util
-
-    if importlib.util.find_spec("libtpu") is None:
-        return {"tpu": "libtpu is not installed: figures are analytic. For XLA's exact per-chip "
-                       "memory of this TPU, `pip install libtpu` (the version jax[tpu] pins) and rerun"}
-    import jax
-    import jax.numpy as jnp
-    from jax.experimental import topologies
-
-    name = _tpu_topology_name(train.TARGET, chips)
-    if name is None:
-        return {"tpu": f"no known TPU topology for {chips} chips of {train.TARGET}"}
-    try:
-        topo = topologies.get_topology_desc(name, "tpu")
-        mesh = mod.make_mesh(list(topo.devices))
-        state = train.abstract_state(cfg, tc, mesh)  # (its PRNG key cannot run on a topology)
-        tokens = abstract_batch(train, tc, mesh)
-        t0 = time.perf_counter()
-        step = train.make_train_step(cfg, tc, mesh)
-        with jax.set_mesh(mesh):
-            compiled = step.lower(state, tokens).compile()
-        seconds = round(time.perf_counter() - t0, 2)
-        return {"tpu_topology": name, "xla": _memory_stats(compiled.memory_analysis()), "compile_s": seconds}
-    except Exception as exc:  # noqa: BLE001
-        return {"tpu": f"compiling for TPU topology {name} failed: {_short(exc)}"}
-
-
-def _tpu_topology_name(target: str, chips: int) -> str | None:
-    m = re.match(r"tpu-(v\d+[a-z]*)", target)
-    if not m:
-        return None
-    gen = m.group(1)
-    table = TPU_TOPOLOGY_2D if gen in ("v5e", "v6e") else TPU_TOPOLOGY_3D
-    shape = table.get(chips)
-    return f"{gen}:{shape}" if shape else None
-
-
-def _memory_stats(ma) -> dict:
-    if ma is None:
-        return {}
-    keys = ("argument_size_in_bytes", "output_size_in_bytes", "alias_size_in_bytes",
-            "temp_size_in_bytes", "generated_code_size_in_bytes")
-    return {k.replace("_size_in_bytes", ""): int(getattr(ma, k, 0) or 0) for k in keys}
-
-
-def xla_total(xla: dict) -> int:
-    """Peak bytes per device by XLA's accounting: arguments + temporaries + non-donated outputs."""
-    return xla["argument"] + xla["temp"] + max(xla["output"] - xla["alias"], 0)
-
-
-def _short(exc: Exception) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0][:300] if text else type(exc).__name__
-

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from axdsl.aot.lower import xla_total
+from axdsl.aot.xla import xla_total
 from axdsl.aot.report import USABLE_FRACTION, Report, gib
 
 
@@ -23,9 +23,16 @@ def render(r: Report) -> str:
     """The whole report, as `axdsl aot` prints it."""
     lines = _header(r) + [f"  note: {n}" for n in r.notes] + [""] + _memory(r) + [""] + _compute(r)
     lines += ["", "XLA"] + _render_lowering(r)
-    lines += ["", "Memory and FLOPs above are analytic (from the IR); XLA's own figures are shown "
-                  "only where it compiled for the target."]
+    lines += ["", _footer(r)]
     return "\n".join(lines)
+
+
+def _footer(r: Report) -> str:
+    if r.xla_decides:
+        return ("The verdict is XLA's: it compiled the step for the target's TPU topology. The memory "
+                "terms and FLOPs above are analytic (from the IR).")
+    return ("The verdict is analytic (axdsl/analysis/memory.py, against 90% of the HBM), as are the "
+            "memory and FLOPs above; XLA's own figures are shown only where it compiled for the target.")
 
 
 def _header(r: Report) -> list[str]:
@@ -69,18 +76,39 @@ def _memory(r: Report) -> list[str]:
                      f"skip-if-not-finite select; after the backward, so only the larger counts)")
     phase = "the optimizer update" if e.peak_phase == "update" else "the backward pass"
     lines.append(f"  peak:             {phase}")
-    lines += [
-        f"  batch             {gib(e.inputs):>12}",
-        f"  total             {gib(e.total):>12}   of {gib(r.hbm)} HBM "
-        f"({100 * e.total / r.hbm:.0f}%; usable {USABLE_FRACTION:.0%}: {gib(r.usable)})",
-    ]
-    if r.fits:
-        lines.append(f"  => fits: {gib(r.usable - e.total)} to spare")
-    else:
-        lines.append(f"  => does NOT fit: {gib(e.total - r.usable)} over the usable memory")
-        lines.append("  to make it fit, any of:")
+    lines.append(f"  batch             {gib(e.inputs):>12}")
+    lines += _verdict_xla(r) if r.xla_decides else _verdict_analytic(r)
+    if not r.fits:
+        scaled = " (found with the analytic model; figures scaled by XLA's ratio)" if r.ratio != 1.0 else ""
+        lines.append(f"  to make it fit, any of{scaled}:")
         lines += [f"    - {s}" for s in r.suggestions]
     return lines
+
+
+def _verdict_analytic(r: Report) -> list[str]:
+    """The analytic total against the usable fraction of the HBM: the verdict without XLA."""
+    e = r.estimate
+    total = (f"  total             {gib(e.total):>12}   of {gib(r.hbm)} HBM "
+             f"({100 * e.total / r.hbm:.0f}%; usable {USABLE_FRACTION:.0%}: {gib(r.usable)})")
+    if r.fits:
+        return [total, f"  => fits (analytic): {gib(r.usable - e.total)} to spare"]
+    return [total, f"  => does NOT fit (analytic): {gib(e.total - r.usable)} over the usable memory"]
+
+
+def _verdict_xla(r: Report) -> list[str]:
+    """XLA's per-chip figure against the HBM it gives a program; the analytic total beside it."""
+    e, where = r.estimate, f"TPU topology {r.lowering.get('tpu_topology')}"
+    total = f"  total (analytic)  {gib(e.total):>12}   of {gib(r.hbm)} HBM"
+    if r.peak is None:  # ran out of HBM; the message gave no figure
+        return [total, f"  => does NOT fit (XLA, {where}): its compile ran out of HBM "
+                f"({gib(r.limit)} available)", f"  analytic: {gib(e.total)}"]
+    how = ("its compile ran out of HBM: what it says the program needs" if r.out_of_memory
+           else "memory_analysis(): arguments + temporaries + outputs not donated")
+    verdict = (f"=> fits (XLA): {gib(r.limit - r.peak)} to spare" if r.fits
+               else f"=> does NOT fit (XLA): {gib(r.peak - r.limit)} over")
+    return [total, f"  XLA ({where}) {gib(r.peak):>9}   of {gib(r.limit)} XLA gives a program per chip ({how})",
+            f"  {verdict}",
+            f"  analytic: {gib(e.total)} ({100 * (e.total - r.peak) / r.peak:+.0f}% of XLA's)"]
 
 
 def _compute(r: Report) -> list[str]:
@@ -134,14 +162,11 @@ def _xla(r: Report) -> tuple[list[str], dict | None]:
     """XLA's memory_analysis() beside the analytic figures; and the figures, when they count."""
     lo, e = r.lowering, r.estimate
     xla = lo.get("xla")
-    if xla and lo.get("tpu_topology") and not xla["temp"]:
-        return [
-            f"  compiled for TPU topology {lo['tpu_topology']} in {lo.get('compile_s')} s: XLA reports "
-            f"arguments {gib(xla['argument'])} per chip (analytic {gib(e.state)}; TPU pads the two "
-            f"minor dims of every array to (8, 128) tiles, which the analytic figures do not model)",
-            "  this ahead-of-time TPU executable reports no temporaries (temp_size 0), so activations "
-            "and the total stay analytic",
-        ], None
+    if r.out_of_memory is not None:
+        need = r.out_of_memory.get("required")
+        return [f"  compiled for TPU topology {lo['tpu_topology']} in {lo.get('compile_s')} s: "
+                f"RESOURCE_EXHAUSTED, the program needs {gib(need) if need else '(no figure)'} per chip "
+                f"(arguments and temporaries), above the {gib(r.limit)} of HBM it has"], None
     if not xla:
         return [], xla
     where = f"TPU topology {lo['tpu_topology']}" if lo.get("tpu_topology") else "this CPU"
@@ -156,4 +181,12 @@ def _xla(r: Report) -> tuple[list[str], dict | None]:
         f"    outputs not donated        XLA {gib(max(xla['output'] - xla['alias'], 0)):>11}",
         f"    total                      XLA {gib(total):>11}   analytic {gib(e.total):>11}"
         f"   ({_pct(e.total, total)})",
-    ], xla
+    ] + _no_temporaries(lo, xla), xla
+
+
+def _no_temporaries(lo: dict, xla: dict) -> list[str]:
+    """A TPU step whose temporaries XLA does not count in HBM (seen for small one-chip steps)."""
+    if not lo.get("tpu_topology") or xla["temp"]:
+        return []
+    return [f"    XLA counts no temporaries in HBM for this step (temp_size 0; its peak_memory_in_bytes "
+            f"is {gib(xla.get('peak', 0))})"]

@@ -1,4 +1,10 @@
-"""What `axdsl aot` reports: the figures behind the fit verdict, its exit codes and byte formatting."""
+"""What `axdsl aot` reports: the figures behind the fit verdict, its exit codes and byte formatting.
+
+Who decides the verdict: XLA, when it compiled the step for the target's TPU topology (tpu.py):
+its per-chip memory (arguments + temporaries + outputs not donated) against the HBM XLA gives a
+program, or a compile that ran out of HBM. Otherwise the analytic total (memory.py) against
+USABLE_FRACTION of the chip's HBM, and the report says the verdict is analytic.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +13,7 @@ from pathlib import Path
 
 from axdsl.analysis.flops import FlopCount
 from axdsl.analysis.memory import MemoryEstimate
+from axdsl.aot.xla import xla_total
 from axdsl.targets import Profile
 
 EXIT_FITS, EXIT_ERROR, EXIT_NO_FIT = 0, 1, 3
@@ -35,11 +42,55 @@ class Report:
 
     @property
     def usable(self) -> int:
+        """The analytic verdict's bound: a margin below the HBM for what the model misses."""
         return int(self.hbm * USABLE_FRACTION)
 
     @property
+    def xla_decides(self) -> bool:
+        """Whether XLA compiled for the target (or ran out of HBM compiling): then it decides."""
+        return self.out_of_memory is not None or self.xla_peak is not None
+
+    @property
+    def out_of_memory(self) -> dict | None:
+        """XLA's RESOURCE_EXHAUSTED figures (required, available), when the TPU compile ran out of HBM."""
+        return self.lowering.get("xla_oom")
+
+    @property
+    def xla_peak(self) -> int | None:
+        """XLA's per-chip HBM bytes for the target, when it compiled for the TPU topology."""
+        lo = self.lowering
+        return xla_total(lo["xla"]) if lo.get("tpu_topology") and lo.get("xla") else None
+
+    @property
+    def limit(self) -> int:
+        """What the deciding figure is held to: XLA's available HBM (what its own out-of-memory
+        check uses; v5e 15.75 GiB), or the usable fraction of the HBM for the analytic figure."""
+        if self.xla_decides:
+            oom = self.out_of_memory or {}
+            return oom.get("available") or self.lowering.get("hbm_available") or self.hbm
+        return self.usable
+
+    @property
+    def peak(self) -> int | None:
+        """The deciding per-chip figure: XLA's, or when its compile ran out of HBM, what its
+        message says the program needs (None if it gave no figure)."""
+        if self.out_of_memory is not None:
+            return self.out_of_memory.get("required")
+        return self.xla_peak if self.xla_peak is not None else self.estimate.total
+
+    @property
+    def ratio(self) -> float:
+        """XLA's figure over the analytic total for this configuration (1.0 when XLA gave none):
+        the correction the suggestions' analytic figures are shown with."""
+        if not self.xla_decides or not self.peak or not self.estimate.total:
+            return 1.0
+        return self.peak / self.estimate.total
+
+    @property
     def fits(self) -> bool:
-        return self.estimate.total <= self.usable
+        if self.out_of_memory is not None:
+            return False
+        return self.peak <= self.limit
 
 
 def gib(n: float) -> str:
