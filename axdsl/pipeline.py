@@ -2,7 +2,7 @@
 
     spec.axl --lark--> AST --irbuild ("resolve")--> IR --check, infer_shapes, stack_repeats--> IR
         --configure_target, configure_train, annotate_sharding, insert_remat, unroll_repeats,
-          quantize_matmuls, select_kernels--> IR
+          quantize_matmuls, select_kernels, fit_remat--> IR
         --codegen--> model.py, train.py
 
 The first passes are the algorithm (target-independent); the target passes are the schedule, and
@@ -26,6 +26,7 @@ from axdsl.passes.check import check
 from axdsl.passes.configure_target import configure_target
 from axdsl.passes.configure_train import configure_train
 from axdsl.passes.infer_shapes import infer_shapes
+from axdsl.passes.fit_remat import fit_remat
 from axdsl.passes.insert_remat import insert_remat
 from axdsl.passes.quantize_matmuls import quantize_matmuls
 from axdsl.passes.select_kernels import select_kernels
@@ -47,6 +48,7 @@ PASSES: tuple[tuple[str, Pass], ...] = (
     ("unroll_repeats", unroll_repeats),
     ("quantize_matmuls", quantize_matmuls),
     ("select_kernels", select_kernels),
+    ("fit_remat", fit_remat),
 )
 PASS_NAMES = ("resolve",) + tuple(name for name, _ in PASSES)
 

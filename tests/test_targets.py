@@ -205,12 +205,25 @@ def test_tensor_parallel_and_offload_remat_keep_numerics(spec, tmp_path):
 
 # ----------------------------------------------------------------------------- remat
 def test_remat_policies_in_generated_code(spec, tmp_path):
+    """cpu keeps every activation (its profile's none); accelerators choose by fit, and this small
+    step fits with nothing recomputed; a target block's policy is emitted as written."""
     src = {t: (import_generated(spec, t, tmp_path)[0].__file__) for t in ("cpu", "gpu-h100-8", "tpu-v5e-8")}
     text = {t: Path(f).read_text() for t, f in src.items()}
     assert "REMAT_POLICY" not in text["cpu"]  # cpu profile: remat(none)
-    assert "REMAT_POLICY = jax.checkpoint_policies.dots_with_no_batch_dims_saveable" in text["gpu-h100-8"]
+    for target, profile in (("gpu-h100-8", "gpu-h100"), ("tpu-v5e-8", "tpu-v5e")):
+        assert "REMAT_POLICY" not in text[target]
+        assert f"# insert_remat: remat(none) from fit_remat (profile {profile})" in text[target]
+        assert "none 0.0" in text[target] and "GiB: none fits" in text[target]
+    written = spec.parent / "written.axl"
+    written.write_text(SPEC.replace('target "*" { quantize(none) }',
+                                    'target "gpu*" { remat(save_dots) }\ntarget "tpu*" { remat(full) }'))
+    text = {t: Path(import_generated(written, t, tmp_path)[0].__file__).read_text() for t in ("gpu-h100-8", "tpu-v5e-8")}
+    # fp8 matmuls (the gpu-h100 default): save_dots also saves the helpers' named outputs
+    assert "jax.checkpoint_policies.dots_with_no_batch_dims_saveable," in text["gpu-h100-8"]
+    assert 'jax.checkpoint_policies.save_only_these_names("quantized_matmul")' in text["gpu-h100-8"]
     assert "REMAT_POLICY = jax.checkpoint_policies.nothing_saveable" in text["tpu-v5e-8"]
     assert "@functools.partial(jax.checkpoint, policy=REMAT_POLICY, prevent_cse=False)" in text["tpu-v5e-8"]
+    assert "fit_remat" not in text["tpu-v5e-8"]
 
 
 # ----------------------------------------------------------------------------- unroll

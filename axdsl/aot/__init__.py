@@ -41,6 +41,7 @@ from axdsl.aot.lower import lower_step
 from axdsl.aot.render import render
 from axdsl.aot.report import EXIT_ERROR, EXIT_FITS, EXIT_NO_FIT, USABLE_FRACTION, Report
 from axdsl.aot.suggest import suggest
+from axdsl.ir.printer import fit_lines
 from axdsl.aot.xla import xla_total
 from axdsl.objectives import batches_of
 from axdsl.targets import profiles
@@ -93,6 +94,13 @@ def analyze(spec: Path, target: str, model: str | None = None, batch: int | None
     report = Report(spec=spec, target=target, profile=profile, model=model, estimate=est,
                     flops=model_flops(m, seq), params_total=pc.total, params_embedding=pc.embedding,
                     hbm=profile.hbm_bytes, images=batches_of(module) == "classify")
+    if sched.remat_fit is not None:  # say what fit_remat chose, and from which figures
+        fit = sched.remat_fit
+        report.notes.append(" ".join(fit_lines(fit)))
+        if (fit.batch, fit.seq) != (est.batch, est.seq):
+            report.notes.append(f"remat({est.remat}) was chosen for batch {fit.batch} x seq {fit.seq}; "
+                                f"for batch {est.batch} x seq {est.seq}, set remat(...) in a target block "
+                                "if this report says it does not fit")
     edited = edited_files(default_out_dir(spec, target))
     if edited:
         report.notes.append(f"you edited {default_out_dir(spec, target)}/{edited[0]}: this report is for "

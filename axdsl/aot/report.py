@@ -14,12 +14,9 @@ from pathlib import Path
 from axdsl.analysis.flops import FlopCount
 from axdsl.analysis.memory import MemoryEstimate
 from axdsl.aot.xla import xla_total
-from axdsl.targets import Profile
+from axdsl.targets import USABLE_FRACTION, Profile
 
 EXIT_FITS, EXIT_ERROR, EXIT_NO_FIT = 0, 1, 3
-# Memory the step may use: XLA and the runtime keep some for themselves (buffers of the
-# collectives, fragmentation), and the analytic figures are good to about 10%.
-USABLE_FRACTION = 0.9
 
 
 @dataclasses.dataclass

@@ -24,6 +24,8 @@ from axdsl.errors import CompileError, Diagnostic
 from axdsl.ir import nodes as ir
 from axdsl.ir.head import HeadSplit, has_lm_signature, loss_chunk, loss_split
 from axdsl.ir.nodes import DType
+from axdsl.ir.printer import fit_lines
+from axdsl.primitives.quantized import QUANTIZED_POINT
 from axdsl.ir.printer import value_text
 from axdsl.objectives import fits, objective_args, objective_name
 from axdsl import primitives
@@ -421,10 +423,16 @@ _REMAT_DOC = {
 }
 
 
-def _remat_policy(r: ir.RematPolicy) -> str:
+def _remat_policy(r: ir.RematPolicy, quantized: bool) -> str:
+    """The jax policy of `r`; save_dots also saves the fp8/int8 helpers' outputs when matmuls are
+    quantized (their custom VJPs hide the dots from dots_with_no_batch_dims_saveable)."""
     names = lambda xs: "[" + ", ".join(py_str(x) for x in xs) + "]"  # noqa: E731
     if r.kind is ir.RematKind.FULL:
         return "jax.checkpoint_policies.nothing_saveable"
+    if r.kind is ir.RematKind.SAVE_DOTS and quantized:
+        return ("jax.checkpoint_policies.save_from_both_policies(\n"
+                "    jax.checkpoint_policies.dots_with_no_batch_dims_saveable,\n"
+                f"    jax.checkpoint_policies.save_only_these_names({py_str(QUANTIZED_POINT)}),\n)")
     if r.kind is ir.RematKind.SAVE_DOTS:
         return "jax.checkpoint_policies.dots_with_no_batch_dims_saveable"
     if r.kind is ir.RematKind.SAVE:
@@ -451,7 +459,9 @@ def _sharding_context(s: ir.Schedule | None, root: ir.Instance) -> dict | None:
         mesh_shape="{" + ", ".join(f"{py_str(a)}: {n}" for a, n in mesh.items()) + "}",
         rules="; ".join(rules) or "everything replicated but the batch",
         rules_origin=f", from {origins.pop()}" if len(origins) == 1 else "",
-        remat=(r.kind, _REMAT_DOC[r.kind], s.remat.origin, _remat_policy(r)) if uses_remat else None,
+        remat=(r.kind, _REMAT_DOC[r.kind], s.remat.origin,
+               _remat_policy(r, s.quantize.value.format is not ir.QuantFormat.NONE)) if uses_remat else None,
+        remat_fit=fit_lines(s.remat_fit) if s.remat_fit is not None else [],
         no_remat=f"remat({r.kind}) from {s.remat.origin}" if not uses_remat else None,
         quantize=_quantize_line(s.quantize),
     )

@@ -68,7 +68,17 @@ def emit_train(module: ir.Module, package: str, flops: list[TrainingFlops]) -> s
         lora_origin=str(t.choice("lora").origin) if "lora" in dict(t.settings) else "",
         # LoRA trains adapters only: the selection biases stay as they are, like every base weight
         balance=[] if "lora" in dict(t.settings) else balanced_biases(module.models[0].root),
+        remat_fit=_remat_fit(module.schedule) if batches_of(module) != "classify" else None,
     )
+
+
+def _remat_fit(schedule: ir.Schedule) -> dict | None:
+    """What check_config says when a run's step is larger than the one fit_remat sized its
+    policy for (nothing when it chose full: no policy recomputes more; images have no seq)."""
+    fit = schedule.remat_fit
+    if fit is None or schedule.remat.value.kind is ir.RematKind.FULL:
+        return None
+    return dict(tokens=fit.batch * fit.seq, batch=fit.batch, seq=fit.seq, kind=str(schedule.remat.value.kind))
 
 
 def emit_runtime() -> str:

@@ -21,8 +21,8 @@ from axdsl.ir.sections import (  # noqa: F401
     CallValue, Directive, DirectiveArg, NameValue, Section, SectionKind, SectionValue, Setting,
 )
 from axdsl.ir.settings import (  # noqa: F401
-    CheckpointPolicy, DataKind, DataSource, NamedCall, QuantFormat, QuantPolicy, RematKind,
-    RematPolicy, Schedule, Tokenizer, TrainSettings,
+    CheckpointPolicy, DataKind, DataSource, FitTry, NamedCall, QuantFormat, QuantPolicy, RematFit,
+    RematKind, RematPolicy, Schedule, Tokenizer, TrainSettings,
 )
 
 # Logical axis names a parameter or activation dim may carry; target rules map them to mesh axes.

@@ -17,6 +17,7 @@ class OriginKind(Enum):
     DEFAULT = "default"  # the declaration's or the compiler's default
     PROFILE = "profile"  # a hardware profile's default (targets/profiles.toml)
     TARGET_BLOCK = "target"  # a directive in a matching `target "pattern" { }` block
+    FIT = "fit"  # chosen by a pass from the memory model; `where` says who asked (fit_remat)
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,8 @@ class Origin:
                 return f"profile {self.where}"
             case OriginKind.TARGET_BLOCK:
                 return f'target "{self.where}" at {self.span}'
+            case OriginKind.FIT:
+                return f"fit_remat ({self.where})"
         return f"default ({self.note})" if self.note else "default"
 
     @property

@@ -42,9 +42,9 @@ def schedule_lines(s: ir.Schedule) -> list[str]:
         axes = "[" + ", ".join(c.value) + "]"
         lines.append(f"  rule {logical} -> {axes}  # {c.origin}")
     r = s.remat.value
-    parts = [r.kind] if r.kind in (ir.RematKind.NONE, ir.RematKind.FULL, ir.RematKind.SAVE_DOTS) else \
-        [f"save = [{', '.join(r.save)}]", f"offload = [{', '.join(r.offload)}]"][: 2 if r.offload else 1]
-    lines.append(f"  remat({', '.join(parts)})  # {s.remat.origin}")
+    lines.append(f"  remat({remat_text(s.remat.value)})  # {s.remat.origin}")
+    if s.remat_fit is not None:
+        lines.extend(f"  # {line}" for line in fit_lines(s.remat_fit))
     q = s.quantize.value
     layers = ", ".join(f'"{p}"' for p in q.layers)
     lines.append(f"  quantize({q.format}, layers = [{layers}])  # {s.quantize.origin}")
@@ -53,6 +53,26 @@ def schedule_lines(s: ir.Schedule) -> list[str]:
     lines.append(f"  unroll({s.unroll.value})  # {s.unroll.origin}")
     lines.append(f"  steps_per_call({s.steps_per_call.value})  # {s.steps_per_call.origin}")
     return lines
+
+
+def remat_text(r: ir.RematPolicy) -> str:
+    """A policy as a target block writes it: `save_dots`, `save = [context]`."""
+    if r.kind in (ir.RematKind.SAVE, ir.RematKind.OFFLOAD):
+        parts = [f"save = [{', '.join(r.save)}]", f"offload = [{', '.join(r.offload)}]"]
+        return ", ".join(parts[: 2 if r.offload else 1])
+    return str(r.kind)
+
+
+def fit_lines(fit: ir.RematFit) -> list[str]:
+    """What fit_remat weighed, in two lines (for `axdsl dump` and the generated comment)."""
+    tried = ", ".join(f"{_short_policy(t.policy)} {t.bytes / 2**30:.2f}" for t in fit.tried) + " GiB"
+    verdict = f"{_short_policy(fit.tried[-1].policy)} fits" if fit.fits else "nothing fits, so full"
+    return [f"fit_remat, for {fit.model} at batch {fit.batch} x seq {fit.seq}, "
+            f"{fit.usable / 2**30:.2f} GiB usable per chip (analytic):", f"{tried}: {verdict}"]
+
+
+def _short_policy(r: ir.RematPolicy) -> str:
+    return "save(points)" if r.kind is ir.RematKind.SAVE else str(r.kind)
 
 
 def value_text(v) -> str:

@@ -17,6 +17,7 @@ class RematKind(StrEnum):
     SAVE_DOTS = "save_dots"  # keep matmul outputs without batch dims
     SAVE = "save"  # keep the named points listed
     OFFLOAD = "offload"  # move some named points to host memory, keep others
+    FIT = "fit"  # a request, resolved by fit_remat: the least recomputation that fits the chip
 
 
 @dataclass(frozen=True)
@@ -29,6 +30,31 @@ class RematPolicy:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "kind", RematKind(self.kind))  # "full" is accepted as RematKind.FULL
+
+
+@dataclass(frozen=True)
+class FitTry:
+    """One policy fit_remat weighed: its analytic per-chip bytes for the train step."""
+
+    policy: RematPolicy
+    bytes: int
+
+
+@dataclass(frozen=True)
+class RematFit:
+    """How fit_remat chose the remat policy: what it tried in order (the last one tried is the
+    choice, unless nothing fitted), against which per-chip budget and for which step."""
+
+    tried: tuple[FitTry, ...]
+    usable: int  # per-chip bytes a step may use (the chip's memory x USABLE_FRACTION)
+    model: str
+    batch: int
+    seq: int
+
+    @property
+    def fits(self) -> bool:
+        """Whether the chosen policy fits (else it is the strongest, and nothing fitted)."""
+        return self.tried[-1].bytes <= self.usable
 
 
 class QuantFormat(StrEnum):
@@ -66,6 +92,7 @@ class Schedule:
     kernels: tuple[tuple[str, Choice], ...]  # op -> Choice(kernel name or "auto")
     unroll: Choice  # value: int, the most layers a repeat may have and run unrolled (0: never)
     steps_per_call: Choice  # value: int >= 1, train steps one jitted call runs (numerics unchanged)
+    remat_fit: RematFit | None = None  # set by fit_remat when it chose `remat` by memory
 
     def unrolls(self, layers: int) -> bool:
         """Whether a repeat of `layers` layers (steps x layers per step) runs unrolled here."""

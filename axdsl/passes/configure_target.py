@@ -134,10 +134,11 @@ def _parse_rules(d: ir.Directive, diags: Diagnostics):
 
 
 def _parse_remat(d: ir.Directive, diags: Diagnostics):
-    simple = ("none", "full", "save_dots")
+    simple = ("none", "full", "save_dots", "fit")
     if d.args:
         if len(d.args) != 1 or d.kwargs or _name(d.args[0].value) not in simple:
-            diags.error(d.span, "remat takes one of none, full, save_dots, or save = [...] and/or offload = [...]",
+            diags.error(d.span, "remat takes one of none, full, save_dots, fit, or save = [...] and/or "
+                        "offload = [...]",
                         "for example remat(full) or remat(save = [query_proj, out_proj])")
             return None
         return ir.RematPolicy(ir.RematKind(_name(d.args[0].value)))

@@ -5,6 +5,7 @@
     remat(save_dots)            keep matmul outputs without batch dims (XLA's common choice)
     remat(save = [a, b])        keep the named points a, b; recompute the rest
     remat(offload = [a], save = [b])  keep b on device, move a to host memory, recompute the rest
+    remat(fit)                  the least recomputation that fits the chip: fit_remat chooses
 
 Names are the spec's named points (`q = x @ wq as query_proj`); an unknown name is an error that
 lists the points the model has. Codegen emits the policy as `jax.checkpoint(step, policy=...)`.
@@ -34,7 +35,7 @@ def insert_remat(module: ir.Module) -> ir.Module:
         if both:
             diags.error(choice.span, f"`{sorted(both)[0]}` is both saved and offloaded", "list it once")
     diags.raise_if_any()
-    models = tuple(replace(m, root=_attach(m.root, policy)) for m in module.models)
+    models = tuple(replace(m, root=attach_remat(m.root, policy)) for m in module.models)
     return replace(module, models=models)
 
 
@@ -43,6 +44,7 @@ def named_points(root: ir.Instance) -> set[str]:
             if isinstance(s, ir.Let) and s.point}
 
 
-def _attach(inst: ir.Instance, policy: ir.RematPolicy) -> ir.Instance:
-    children = tuple(_attach(c, policy) for c in inst.children)
+def attach_remat(inst: ir.Instance, policy: ir.RematPolicy) -> ir.Instance:
+    """`inst` with `policy` on every repeated child below it (and nothing elsewhere)."""
+    children = tuple(attach_remat(c, policy) for c in inst.children)
     return replace(inst, children=children, remat=policy if inst.repeat is not None else None)

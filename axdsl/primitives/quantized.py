@@ -73,8 +73,15 @@ FP8_EINSUM = '''def _fp8_quantize(x: jax.Array, dtype) -> tuple[jax.Array, jax.A
     return q, scale
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
 def fp8_einsum(spec: str, x: jax.Array, w: jax.Array) -> jax.Array:
+    """jnp.einsum(spec, x, w) computed in fp8 (_fp8_einsum), its output named for remat: a custom
+    VJP hides its matmuls from jax.checkpoint_policies.dots_with_no_batch_dims_saveable, so
+    REMAT_POLICY's save_dots also saves the outputs named "quantized_matmul"."""
+    return checkpoint_name(_fp8_einsum(spec, x, w), "quantized_matmul")
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _fp8_einsum(spec: str, x: jax.Array, w: jax.Array) -> jax.Array:
     """jnp.einsum(spec, x, w) computed in fp8, as on H100/B200 tensor cores.
 
     Forward: both operands in e4m3 (3 mantissa bits, range +-448). Backward: the incoming
@@ -114,7 +121,7 @@ def _fp8_einsum_bwd(spec: str, residuals, g: jax.Array):
     return dx.astype(x_like.dtype), dw.astype(w_like.dtype)
 
 
-fp8_einsum.defvjp(_fp8_einsum_fwd, _fp8_einsum_bwd)'''
+_fp8_einsum.defvjp(_fp8_einsum_fwd, _fp8_einsum_bwd)'''
 
 INT8_EINSUM = '''def _int8_quantize(x: jax.Array, axes: tuple[int, ...]) -> tuple[jax.Array, ...]:
     """x ~= q * scale: q int8 in [-127, 127], one f32 scale per slice over `axes` (kept, size 1)."""
@@ -133,8 +140,15 @@ def _summed_axes(term: str, out: str) -> tuple[int, ...]:
     )
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
 def int8_einsum(spec: str, x: jax.Array, w: jax.Array) -> jax.Array:
+    """jnp.einsum(spec, x, w) computed in int8 (_int8_einsum), its output named for remat: a custom
+    VJP hides its matmuls from jax.checkpoint_policies.dots_with_no_batch_dims_saveable, so
+    REMAT_POLICY's save_dots also saves the outputs named "quantized_matmul"."""
+    return checkpoint_name(_int8_einsum(spec, x, w), "quantized_matmul")
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _int8_einsum(spec: str, x: jax.Array, w: jax.Array) -> jax.Array:
     """jnp.einsum(spec, x, w) computed as int8 x int8 -> int32, as on TPU v5e/v5p MXUs.
 
     Symmetric quantization with one scale per slice of the contracted dims: per output channel
@@ -157,7 +171,7 @@ def int8_einsum(spec: str, x: jax.Array, w: jax.Array) -> jax.Array:
 
 
 def _int8_einsum_fwd(spec: str, x: jax.Array, w: jax.Array):
-    return int8_einsum(spec, x, w), (x, w)
+    return _int8_einsum(spec, x, w), (x, w)
 
 
 def _int8_einsum_bwd(spec: str, residuals, g: jax.Array):
@@ -166,10 +180,13 @@ def _int8_einsum_bwd(spec: str, residuals, g: jax.Array):
     return einsum_vjp(g)  # (dx, dw) of the unquantized einsum
 
 
-int8_einsum.defvjp(_int8_einsum_fwd, _int8_einsum_bwd)'''
+_int8_einsum.defvjp(_int8_einsum_fwd, _int8_einsum_bwd)'''
 
 
-_IMPORTS = ("import functools", "import jax", "import jax.numpy as jnp")
+_IMPORTS = ("import functools", "import jax", "import jax.numpy as jnp",
+            "from jax.ad_checkpoint import checkpoint_name")
+# The name the helpers give their outputs: save_dots saves it (codegen's REMAT_POLICY).
+QUANTIZED_POINT = "quantized_matmul"
 _HELPERS = (Helper("fp8_einsum", FP8_EINSUM, _IMPORTS, HelperSection.MATMUL),
             Helper("int8_einsum", INT8_EINSUM, _IMPORTS, HelperSection.MATMUL))
 
