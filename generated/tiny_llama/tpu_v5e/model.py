@@ -95,7 +95,7 @@ def attention(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
     q = apply_rope(q, theta=cfg.rope_theta)  # [B, S, heads, head_dim]
     k = apply_rope(k, theta=cfg.rope_theta)  # [B, S, kv_heads, head_dim]
     # select_kernels: xla, the first of tpu-v5e's attention kernels that fits; the ones before it:
-    # attention: splash not used: tiny_llama has head_dim 16; splash needs a multiple of 128
+    # attention: splash not used: tiny_llama has head_dim 16; splash needs a multiple of 64
     o = checkpoint_name(
         jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation="xla"), "context"
     )  # [B, S, heads, v_head_dim]
