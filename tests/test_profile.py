@@ -1,9 +1,9 @@
 """`train.py --profile START:STOP`: a jax.profiler trace of exactly those steps in RUN_DIR/profile,
-whose XLA ops carry the spec's layer scopes; bad windows are one-line errors.
+whose XLA ops carry the spec's layer and named-point scopes; bad windows are one-line errors.
 
 The trace is read as raw bytes (no xprof/tensorboard-plugin-profile here): the .xplane.pb holds
 the compiled program's HLO with each op's `op_name` metadata, the scope path
-`jit(steps)/.../blocks/closed_call/attn/dot_general`; trace.json.gz holds the host
+`jit(steps)/.../blocks/closed_call/attn/query_proj/dot_general`; trace.json.gz holds the host
 events, among them one "train" step per jitted call.
 """
 
@@ -38,8 +38,8 @@ def test_profile_traces_the_window_with_layer_and_point_names(tmp_path):
     assert f"profile of steps 2..3 in {tmp_path / 'run' / 'profile'}" in proc.stderr
     [xplane] = (tmp_path / "run" / "profile").glob("plugins/profile/*/*.xplane.pb")
     ops = xplane.read_bytes()
-    for scope in (b"/attn/", b"/mlp/", b"/attn_norm/"):
-        assert scope in ops, scope  # the layers' jax.named_scope
+    for scope in (b"/attn/", b"/mlp/", b"/attn_norm/", b"/attn/query_proj/", b"/mlp/mlp_hidden/"):
+        assert scope in ops, scope  # layers (jax.named_scope) and named points (`as mlp_hidden`)
     [events] = xplane.parent.glob("*.trace.json.gz")
     steps = [e["args"]["step_num"] for e in json.loads(gzip.decompress(events.read_bytes()))["traceEvents"]
              if e.get("name") == "train"]
