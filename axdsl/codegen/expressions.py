@@ -6,10 +6,11 @@ shows the spec's layer paths; a repeated child becomes a `jax.lax.scan` over sta
 
 from __future__ import annotations
 
+import textwrap
 from dataclasses import dataclass, field
 
 from axdsl import primitives
-from axdsl.codegen.names import EinsumLetters, dim_label, py_str
+from axdsl.codegen.names import EinsumLetters, dim_label, distinct_labels, py_str
 from axdsl.codegen.why import kernel_why, quant_why, remat_kind, remat_why, sharding_why, unroll_why
 from axdsl.ir import nodes as ir
 from axdsl.ir.nodes import DType, RefKind, TensorType
@@ -143,11 +144,16 @@ class FunctionEmitter:
         if isinstance(stmt.value, ir.CallChild) and stmt.point is None:
             self._child_call(stmt.value, stmt.name)
             return
+        first = len(self.lines)  # a named point's scope also holds the statements its value hoists
         code, _ = self.expr(stmt.value)
-        if stmt.point is not None:
-            code = f"checkpoint_name({code}, {py_str(stmt.point)})"
-            self.imports.add("from jax.ad_checkpoint import checkpoint_name")
-        self.lines.append(f"{stmt.name} = {code}  # {shape_comment(stmt.value.type)}")
+        if stmt.point is None:
+            self.lines.append(f"{stmt.name} = {code}  # {shape_comment(stmt.value.type)}")
+            return
+        # `jax.named_scope(point)`: the point's ops carry its name in profiles, as a layer's do
+        self.imports.add("from jax.ad_checkpoint import checkpoint_name")
+        name = py_str(stmt.point)
+        body = [*self.lines[first:], f"{stmt.name} = checkpoint_name({code}, {name})  # {shape_comment(stmt.value.type)}"]
+        self.lines[first:] = [f"with jax.named_scope({name}):", *(textwrap.indent(line, "    ") for line in body)]
 
     # ---------------------------------------------------------------- child calls
     def _child_call(self, call: ir.CallChild, target: str) -> None:
@@ -427,7 +433,7 @@ class FunctionEmitter:
     # ---------------------------------------------------------------- einsum letters
     def _matmul_spec(self, lt, rt) -> str:
         """`left @ right` as an einsum: left's last dim contracts with right's first; `...` kept."""
-        keys = _distinct([_key(d) for d in lt if not d.is_ellipsis] + [_key(d) for d in rt[1:]])
+        keys = distinct_labels([_key(d) for d in lt if not d.is_ellipsis] + [_key(d) for d in rt[1:]])
         n_left = len([d for d in lt if not d.is_ellipsis])
         left = "..." * any(d.is_ellipsis for d in lt) + "".join(self.letters[k] for k in keys[:n_left])
         right = left[-1] + "".join(self.letters[k] for k in keys[n_left:])
@@ -441,7 +447,7 @@ class FunctionEmitter:
         for names, t in [*zip(operands, (a.type for a in e.args)), (out, e.type)]:
             for n, d in zip(names, t.dims):
                 label.setdefault(n, _key(d))
-        keys = dict(zip(label, _distinct(list(label.values()))))
+        keys = dict(zip(label, distinct_labels(list(label.values()))))
         term = lambda names: "".join(self.letters[keys[n]] for n in names)  # noqa: E731
         return ",".join(term(op) for op in operands) + "->" + term(out)
 
@@ -489,12 +495,3 @@ def _carried(args: list[str]) -> str:
 def _key(d: ir.Dim) -> str:
     return dim_label(d.name, d.code)
 
-
-def _distinct(keys: list[str]) -> list[str]:
-    """Prime repeated keys (dim, dim -> dim, dim') so two dims of one einsum never share a letter."""
-    out: list[str] = []
-    for k in keys:
-        while k in out:
-            k += "'"
-        out.append(k)
-    return out

@@ -29,6 +29,16 @@ def dim_label(name: str, code: str = "") -> str:
     return m.group(1) if m else name
 
 
+def distinct_labels(keys: list[str]) -> list[str]:
+    """Prime repeated keys (dim, dim -> dim, dim') so two dims of one einsum never share a letter."""
+    out: list[str] = []
+    for k in keys:
+        while k in out:
+            k += "'"
+        out.append(k)
+    return out
+
+
 class EinsumLetters:
     """One einsum letter per dim label for a whole model, assigned on first use and never reused.
 

@@ -84,21 +84,26 @@ def bert_attention(cfg: Config, params: dict, x: jax.Array, segments: jax.Array)
 
     Used at /blocks/attn.
     """
-    q = checkpoint_name(
-        dense(x, params["wq"]) + params["bq"], "query_proj"
-    )  # [B, S, heads, head_dim]
-    k = checkpoint_name(
-        dense(x, params["wk"]) + params["bk"], "key_proj"
-    )  # [B, S, heads, head_dim]
-    v = checkpoint_name(
-        dense(x, params["wv"]) + params["bv"], "value_proj"
-    )  # [B, S, heads, head_dim]
-    same_segment = segments[:, None, :, None] == segments[:, None, None, :]  # [B, 1, S, S]
-    # select_kernels: vjp, the first of cpu's attention kernels that fits
-    o = checkpoint_name(
-        vjp_attention(q, k, v, causal=False, mask=same_segment), "context"
-    )  # [B, S, heads, head_dim]
-    y = checkpoint_name(dense(o, params["wo"], 2), "out_proj")  # [B, S, dim]
+    with jax.named_scope("query_proj"):
+        q = checkpoint_name(
+            dense(x, params["wq"]) + params["bq"], "query_proj"
+        )  # [B, S, heads, head_dim]
+    with jax.named_scope("key_proj"):
+        k = checkpoint_name(
+            dense(x, params["wk"]) + params["bk"], "key_proj"
+        )  # [B, S, heads, head_dim]
+    with jax.named_scope("value_proj"):
+        v = checkpoint_name(
+            dense(x, params["wv"]) + params["bv"], "value_proj"
+        )  # [B, S, heads, head_dim]
+    with jax.named_scope("context"):
+        same_segment = segments[:, None, :, None] == segments[:, None, None, :]  # [B, 1, S, S]
+        # select_kernels: vjp, the first of cpu's attention kernels that fits
+        o = checkpoint_name(
+            vjp_attention(q, k, v, causal=False, mask=same_segment), "context"
+        )  # [B, S, heads, head_dim]
+    with jax.named_scope("out_proj"):
+        y = checkpoint_name(dense(o, params["wo"], 2), "out_proj")  # [B, S, dim]
     return y + params["bo"]  # [B, S, dim]
 
 
@@ -109,7 +114,8 @@ def mlp(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
     """
     h = dense(x, params["w_in"])  # [B, S, ffn]
     h = h + params["b_in"]  # [B, S, ffn]
-    h = checkpoint_name(jax.nn.gelu(h, approximate=False), "mlp_hidden")  # [B, S, ffn]
+    with jax.named_scope("mlp_hidden"):
+        h = checkpoint_name(jax.nn.gelu(h, approximate=False), "mlp_hidden")  # [B, S, ffn]
     y = dense(h, params["w_out"])  # [B, S, dim]
     y = y + params["b_out"]  # [B, S, dim]
     return y  # [B, S, dim]

@@ -85,26 +85,31 @@ def bert_attention(cfg: Config, params: dict, x: jax.Array, segments: jax.Array)
 
     Used at /blocks/attn.
     """
-    # quantize_matmuls: fp8 on blocks/* (profile gpu-h100)
-    q = checkpoint_name(
-        fp8_einsum("bsd,dhe->bshe", x, params["wq"]) + params["bq"], "query_proj"
-    )  # [B, S, heads, head_dim]
-    k = checkpoint_name(
-        fp8_einsum("bsd,dhe->bshe", x, params["wk"]) + params["bk"], "key_proj"
-    )  # [B, S, heads, head_dim]
-    v = checkpoint_name(
-        fp8_einsum("bsd,dhe->bshe", x, params["wv"]) + params["bv"], "value_proj"
-    )  # [B, S, heads, head_dim]
-    same_segment = segments[:, None, :, None] == segments[:, None, None, :]  # [B, 1, S, S]
-    # select_kernels: xla, the first of gpu-h100's attention kernels that fits; the ones before it:
-    # attention: cudnn not used: bert_tiny computes in f32; cuDNN flash attention needs bf16 or f16
-    o = checkpoint_name(
-        jax.nn.dot_product_attention(
-            q, k, v, is_causal=False, mask=same_segment, implementation="xla"
-        ),
-        "context",
-    )  # [B, S, heads, head_dim]
-    y = checkpoint_name(fp8_einsum("bshe,hed->bsd", o, params["wo"]), "out_proj")  # [B, S, dim]
+    with jax.named_scope("query_proj"):
+        # quantize_matmuls: fp8 on blocks/* (profile gpu-h100)
+        q = checkpoint_name(
+            fp8_einsum("bsd,dhe->bshe", x, params["wq"]) + params["bq"], "query_proj"
+        )  # [B, S, heads, head_dim]
+    with jax.named_scope("key_proj"):
+        k = checkpoint_name(
+            fp8_einsum("bsd,dhe->bshe", x, params["wk"]) + params["bk"], "key_proj"
+        )  # [B, S, heads, head_dim]
+    with jax.named_scope("value_proj"):
+        v = checkpoint_name(
+            fp8_einsum("bsd,dhe->bshe", x, params["wv"]) + params["bv"], "value_proj"
+        )  # [B, S, heads, head_dim]
+    with jax.named_scope("context"):
+        same_segment = segments[:, None, :, None] == segments[:, None, None, :]  # [B, 1, S, S]
+        # select_kernels: xla, the first of gpu-h100's attention kernels that fits; the ones before it:
+        # attention: cudnn not used: bert_tiny computes in f32; cuDNN flash attention needs bf16 or f16
+        o = checkpoint_name(
+            jax.nn.dot_product_attention(
+                q, k, v, is_causal=False, mask=same_segment, implementation="xla"
+            ),
+            "context",
+        )  # [B, S, heads, head_dim]
+    with jax.named_scope("out_proj"):
+        y = checkpoint_name(fp8_einsum("bshe,hed->bsd", o, params["wo"]), "out_proj")  # [B, S, dim]
     return y + params["bo"]  # [B, S, dim]
 
 
@@ -116,7 +121,8 @@ def mlp(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
     # quantize_matmuls: fp8 on blocks/* (profile gpu-h100)
     h = fp8_einsum("bsd,df->bsf", x, params["w_in"])  # [B, S, ffn]
     h = h + params["b_in"]  # [B, S, ffn]
-    h = checkpoint_name(jax.nn.gelu(h, approximate=False), "mlp_hidden")  # [B, S, ffn]
+    with jax.named_scope("mlp_hidden"):
+        h = checkpoint_name(jax.nn.gelu(h, approximate=False), "mlp_hidden")  # [B, S, ffn]
     y = fp8_einsum("bsf,fd->bsd", h, params["w_out"])  # [B, S, dim]
     y = y + params["b_out"]  # [B, S, dim]
     return y  # [B, S, dim]

@@ -89,21 +89,24 @@ def ml_attention(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
 
     Used at /dense_blocks/attn, /blocks/attn.
     """
-    with jax.named_scope("q_norm"):
-        q_norm_out = rms_norm(cfg, params["q_norm"], dense(x, params["wq_a"]))  # [B, S, q_rank]
-    q = checkpoint_name(
-        dense(q_norm_out, params["wq_b"]), "query_proj"
-    )  # [B, S, heads, qk_head_dim]
-    kv = checkpoint_name(dense(x, params["wkv_a"]), "latent_proj")  # [B, S, kv_a_dim]
+    with jax.named_scope("query_proj"):
+        with jax.named_scope("q_norm"):
+            q_norm_out = rms_norm(cfg, params["q_norm"], dense(x, params["wq_a"]))  # [B, S, q_rank]
+        q = checkpoint_name(
+            dense(q_norm_out, params["wq_b"]), "query_proj"
+        )  # [B, S, heads, qk_head_dim]
+    with jax.named_scope("latent_proj"):
+        kv = checkpoint_name(dense(x, params["wkv_a"]), "latent_proj")  # [B, S, kv_a_dim]
     with jax.named_scope("kv_norm"):
         latent = rms_norm(cfg, params["kv_norm"], kv[..., :512])  # [B, S, 512]
     k_pe = kv[..., 512:]  # [B, S, kv_a_dim-512]
     k_pe = jnp.broadcast_to(
         k_pe[..., None, :], (*k_pe.shape[:-1], cfg.heads, *k_pe.shape[-1:])
     )  # [B, S, heads, kv_a_dim-512]
-    kv = checkpoint_name(
-        dense(latent, params["wkv_b"]), "key_value_proj"
-    )  # [B, S, heads, kv_b_dim]
+    with jax.named_scope("key_value_proj"):
+        kv = checkpoint_name(
+            dense(latent, params["wkv_b"]), "key_value_proj"
+        )  # [B, S, heads, kv_b_dim]
     q_pe = apply_rotary(
         q[..., 128:],
         yarn_frequencies(64, cfg.rope_theta, factor=40.0, original_max_seq=4096),
@@ -119,11 +122,13 @@ def ml_attention(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
     q = jnp.concatenate([q[..., :128], q_pe], axis=-1)  # [B, S, heads, qk_head_dim]
     k = jnp.concatenate([kv[..., :128], k_pe], axis=-1)  # [B, S, heads, qk_head_dim]
     v = kv[..., 128:]  # [B, S, heads, kv_b_dim-128]
-    # select_kernels: vjp, the first of cpu's attention kernels that fits
-    o = checkpoint_name(
-        vjp_attention(q, k, v, causal=True, scale=0.1352337788608801), "context"
-    )  # [B, S, heads, kv_b_dim-128]
-    y = checkpoint_name(dense(o, params["wo"], 2), "out_proj")  # [B, S, dim]
+    with jax.named_scope("context"):
+        # select_kernels: vjp, the first of cpu's attention kernels that fits
+        o = checkpoint_name(
+            vjp_attention(q, k, v, causal=True, scale=0.1352337788608801), "context"
+        )  # [B, S, heads, kv_b_dim-128]
+    with jax.named_scope("out_proj"):
+        y = checkpoint_name(dense(o, params["wo"], 2), "out_proj")  # [B, S, dim]
     return y  # [B, S, dim]
 
 
@@ -132,9 +137,10 @@ def swiglu(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
 
     Used at /dense_blocks/mlp.
     """
-    h = checkpoint_name(
-        jax.nn.silu(dense(x, params["w_gate"])) * dense(x, params["w_up"]), "mlp_hidden"
-    )  # [B, S, ffn]
+    with jax.named_scope("mlp_hidden"):
+        h = checkpoint_name(
+            jax.nn.silu(dense(x, params["w_gate"])) * dense(x, params["w_up"]), "mlp_hidden"
+        )  # [B, S, ffn]
     return dense(h, params["w_down"])  # [B, S, dim]
 
 
@@ -160,9 +166,10 @@ def swiglu_2(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
 
     Used at /blocks/mlp/shared_mlp.
     """
-    h = checkpoint_name(
-        jax.nn.silu(dense(x, params["w_gate"])) * dense(x, params["w_up"]), "mlp_hidden"
-    )  # [B, S, hidden]
+    with jax.named_scope("mlp_hidden"):
+        h = checkpoint_name(
+            jax.nn.silu(dense(x, params["w_gate"])) * dense(x, params["w_up"]), "mlp_hidden"
+        )  # [B, S, hidden]
     return dense(h, params["w_down"])  # [B, S, dim]
 
 
@@ -171,27 +178,29 @@ def deep_seek_moe(cfg: Config, params: dict, x: jax.Array) -> tuple[jax.Array, j
 
     Used at /blocks/mlp.
     """
-    logits = checkpoint_name(
-        x.astype(jnp.float32) @ params["router"].astype(jnp.float32), "router_logits"
-    )  # [B, S, experts]
-    moe_y, moe_aux = moe_swiglu(
-        x,
-        logits,
-        params["w_gate"],
-        params["w_up"],
-        params["w_down"],
-        top_k=8,
-        normalize=True,
-        aux_weight=0.0,
-        z_weight=0.0,
-        score="sigmoid",
-        groups=8,
-        top_groups=4,
-        scale=2.5,
-        bias=params["score_bias"],
-        balance=True,
-    )  # [B, S, dim], []
-    y = checkpoint_name(moe_y, "moe_out")  # [B, S, dim]
+    with jax.named_scope("router_logits"):
+        logits = checkpoint_name(
+            x.astype(jnp.float32) @ params["router"].astype(jnp.float32), "router_logits"
+        )  # [B, S, experts]
+    with jax.named_scope("moe_out"):
+        moe_y, moe_aux = moe_swiglu(
+            x,
+            logits,
+            params["w_gate"],
+            params["w_up"],
+            params["w_down"],
+            top_k=8,
+            normalize=True,
+            aux_weight=0.0,
+            z_weight=0.0,
+            score="sigmoid",
+            groups=8,
+            top_groups=4,
+            scale=2.5,
+            bias=params["score_bias"],
+            balance=True,
+        )  # [B, S, dim], []
+        y = checkpoint_name(moe_y, "moe_out")  # [B, S, dim]
     with jax.named_scope("shared_mlp"):
         shared_mlp_out = swiglu_2(cfg, params["shared_mlp"], x)  # [B, S, dim]
     y = y + shared_mlp_out  # [B, S, dim]
@@ -388,21 +397,24 @@ def ml_attention_decode(
     The decode path of `ml_attention`; its cache is `cache`.
     """
     new_cache = {}
-    with jax.named_scope("q_norm"):
-        q_norm_out = rms_norm(cfg, params["q_norm"], dense(x, params["wq_a"]))  # [B, S, q_rank]
-    q = checkpoint_name(
-        dense(q_norm_out, params["wq_b"]), "query_proj"
-    )  # [B, S, heads, qk_head_dim]
-    kv = checkpoint_name(dense(x, params["wkv_a"]), "latent_proj")  # [B, S, kv_a_dim]
+    with jax.named_scope("query_proj"):
+        with jax.named_scope("q_norm"):
+            q_norm_out = rms_norm(cfg, params["q_norm"], dense(x, params["wq_a"]))  # [B, S, q_rank]
+        q = checkpoint_name(
+            dense(q_norm_out, params["wq_b"]), "query_proj"
+        )  # [B, S, heads, qk_head_dim]
+    with jax.named_scope("latent_proj"):
+        kv = checkpoint_name(dense(x, params["wkv_a"]), "latent_proj")  # [B, S, kv_a_dim]
     with jax.named_scope("kv_norm"):
         latent = rms_norm(cfg, params["kv_norm"], kv[..., :512])  # [B, S, 512]
     k_pe = kv[..., 512:]  # [B, S, kv_a_dim-512]
     k_pe = jnp.broadcast_to(
         k_pe[..., None, :], (*k_pe.shape[:-1], cfg.heads, *k_pe.shape[-1:])
     )  # [B, S, heads, kv_a_dim-512]
-    kv = checkpoint_name(
-        dense(latent, params["wkv_b"]), "key_value_proj"
-    )  # [B, S, heads, kv_b_dim]
+    with jax.named_scope("key_value_proj"):
+        kv = checkpoint_name(
+            dense(latent, params["wkv_b"]), "key_value_proj"
+        )  # [B, S, heads, kv_b_dim]
     q_pe = apply_rotary(
         q[..., 128:],
         yarn_frequencies(64, cfg.rope_theta, factor=40.0, original_max_seq=4096),
@@ -420,12 +432,14 @@ def ml_attention_decode(
     q = jnp.concatenate([q[..., :128], q_pe], axis=-1)  # [B, S, heads, qk_head_dim]
     k = jnp.concatenate([kv[..., :128], k_pe], axis=-1)  # [B, S, heads, qk_head_dim]
     v = kv[..., 128:]  # [B, S, heads, kv_b_dim-128]
-    # decoding: keys and values so far are in cache['k'], cache['v']
-    o, new_cache["k"], new_cache["v"] = cached_attention(
-        q, k, v, cache["k"], cache["v"], pos, scale=0.1352337788608801
-    )  # [B, S, heads, kv_b_dim-128]
-    o = checkpoint_name(o, "context")  # [B, S, heads, kv_b_dim-128]
-    y = checkpoint_name(dense(o, params["wo"], 2), "out_proj")  # [B, S, dim]
+    with jax.named_scope("context"):
+        # decoding: keys and values so far are in cache['k'], cache['v']
+        o, new_cache["k"], new_cache["v"] = cached_attention(
+            q, k, v, cache["k"], cache["v"], pos, scale=0.1352337788608801
+        )  # [B, S, heads, kv_b_dim-128]
+        o = checkpoint_name(o, "context")  # [B, S, heads, kv_b_dim-128]
+    with jax.named_scope("out_proj"):
+        y = checkpoint_name(dense(o, params["wo"], 2), "out_proj")  # [B, S, dim]
     return y, new_cache  # [B, S, dim]
 
 

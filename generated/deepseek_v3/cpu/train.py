@@ -309,6 +309,9 @@ def main(argv=None) -> None:
     runtime.set_compile_cache(args)
     runtime.join_processes(args)  # before any other JAX call
     tc = runtime.train_config(args, TRAIN, CONFIGS)
+    profile = runtime.Profile(
+        args, tc
+    )  # --profile START:STOP: a trace of those steps in RUN_DIR/profile
     cfg, mesh = model_config(tc), make_mesh()
     check_config(cfg, tc, mesh)
     train_tokens, eval_tokens = runtime.load_data(
@@ -316,7 +319,7 @@ def main(argv=None) -> None:
     )
     runtime.start_run(args.out, tc, __package__, __file__, SPEC, TARGET)  # RUN_DIR/run.json
     manager = runtime.checkpoint_manager(args.out, tc)
-    with jax.set_mesh(mesh), preempt:
+    with jax.set_mesh(mesh), preempt, profile:
         abstract = abstract_state(cfg, tc, mesh)
         if not (resumed := runtime.resume(manager, abstract, tc, args.out)):
             # A new run: random parameters, or (fine-tuning) those of tc.init_from
@@ -334,13 +337,21 @@ def main(argv=None) -> None:
         )
         pending, step = None, start
         while step < tc.steps:
-            n = runtime.steps_in_call(tc, step)  # up to the next evaluation, checkpoint or the end
+            n = runtime.steps_in_call(
+                tc, step, profile.bounds
+            )  # up to the next evaluation, checkpoint or the end
+            profile.before(step, state)  # starts the trace at the window's first step
             batches = [
                 runtime.get_batch(train_tokens, tc, step + skipped + i, sharding) for i in range(n)
             ]
-            # a call always takes steps_per_call batches (one compiled program); it uses the first n
-            state, metrics = train_steps(state, batches + batches[-1:] * (tc.steps_per_call - n), n)
+            # a call always takes steps_per_call batches (one compiled program); it uses the first n.
+            # In a profile, each call is one "train" step numbered by its first step (a call of n steps).
+            with jax.profiler.StepTraceAnnotation("train", step_num=step):
+                state, metrics = train_steps(
+                    state, batches + batches[-1:] * (tc.steps_per_call - n), n
+                )
             step += n
+            profile.after(step, (state, metrics))  # stops the trace once step STOP - 1 is done
             # The previous call's metrics, read while this one runs. After tc.max_bad_steps
             # non-finite steps in a row (bad: the step and the count), back to the last checkpoint
             # before them, to go on with the data after theirs.

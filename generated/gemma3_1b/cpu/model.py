@@ -122,20 +122,25 @@ def attention(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
 
     Used at /blocks/groups/0/attn, /blocks/groups/1/attn, /blocks/groups/2/attn, /blocks/groups/3/attn, /blocks/groups/4/attn, /blocks/tail/0/attn, /blocks/tail/1/attn.
     """
-    q = checkpoint_name(dense(x, params["wq"]), "query_proj")  # [B, S, heads, head_dim]
-    k = checkpoint_name(dense(x, params["wk"]), "key_proj")  # [B, S, kv_heads, head_dim]
-    v = checkpoint_name(dense(x, params["wv"]), "value_proj")  # [B, S, kv_heads, v_head_dim]
+    with jax.named_scope("query_proj"):
+        q = checkpoint_name(dense(x, params["wq"]), "query_proj")  # [B, S, heads, head_dim]
+    with jax.named_scope("key_proj"):
+        k = checkpoint_name(dense(x, params["wk"]), "key_proj")  # [B, S, kv_heads, head_dim]
+    with jax.named_scope("value_proj"):
+        v = checkpoint_name(dense(x, params["wv"]), "value_proj")  # [B, S, kv_heads, v_head_dim]
     with jax.named_scope("q_norm"):
         q = gemma_rms_norm(cfg, params["q_norm"], q)  # [B, S, heads, head_dim]
     with jax.named_scope("k_norm"):
         k = gemma_rms_norm(cfg, params["k_norm"], k)  # [B, S, kv_heads, head_dim]
     q = apply_rope(q, theta=10000.0)  # [B, S, heads, head_dim]
     k = apply_rope(k, theta=10000.0)  # [B, S, kv_heads, head_dim]
-    # select_kernels: vjp, the first of cpu's attention kernels that fits
-    o = checkpoint_name(
-        vjp_attention(q, k, v, causal=True, window=512, scale=0.0625), "context"
-    )  # [B, S, heads, v_head_dim]
-    y = checkpoint_name(dense(o, params["wo"], 2), "out_proj")  # [B, S, dim]
+    with jax.named_scope("context"):
+        # select_kernels: vjp, the first of cpu's attention kernels that fits
+        o = checkpoint_name(
+            vjp_attention(q, k, v, causal=True, window=512, scale=0.0625), "context"
+        )  # [B, S, heads, v_head_dim]
+    with jax.named_scope("out_proj"):
+        y = checkpoint_name(dense(o, params["wo"], 2), "out_proj")  # [B, S, dim]
     return y  # [B, S, dim]
 
 
@@ -144,9 +149,10 @@ def gated_mlp(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
 
     Used at /blocks/groups/0/mlp, /blocks/groups/1/mlp, /blocks/groups/2/mlp, /blocks/groups/3/mlp, /blocks/groups/4/mlp, /blocks/groups/5/mlp, /blocks/tail/0/mlp, /blocks/tail/1/mlp.
     """
-    h = checkpoint_name(
-        jax.nn.gelu(dense(x, params["w_gate"])) * dense(x, params["w_up"]), "mlp_hidden"
-    )  # [B, S, ffn]
+    with jax.named_scope("mlp_hidden"):
+        h = checkpoint_name(
+            jax.nn.gelu(dense(x, params["w_gate"])) * dense(x, params["w_up"]), "mlp_hidden"
+        )  # [B, S, ffn]
     return dense(h, params["w_down"])  # [B, S, dim]
 
 
@@ -176,20 +182,25 @@ def attention_2(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
 
     Used at /blocks/groups/5/attn.
     """
-    q = checkpoint_name(dense(x, params["wq"]), "query_proj")  # [B, S, heads, head_dim]
-    k = checkpoint_name(dense(x, params["wk"]), "key_proj")  # [B, S, kv_heads, head_dim]
-    v = checkpoint_name(dense(x, params["wv"]), "value_proj")  # [B, S, kv_heads, v_head_dim]
+    with jax.named_scope("query_proj"):
+        q = checkpoint_name(dense(x, params["wq"]), "query_proj")  # [B, S, heads, head_dim]
+    with jax.named_scope("key_proj"):
+        k = checkpoint_name(dense(x, params["wk"]), "key_proj")  # [B, S, kv_heads, head_dim]
+    with jax.named_scope("value_proj"):
+        v = checkpoint_name(dense(x, params["wv"]), "value_proj")  # [B, S, kv_heads, v_head_dim]
     with jax.named_scope("q_norm"):
         q = gemma_rms_norm(cfg, params["q_norm"], q)  # [B, S, heads, head_dim]
     with jax.named_scope("k_norm"):
         k = gemma_rms_norm(cfg, params["k_norm"], k)  # [B, S, kv_heads, head_dim]
     q = apply_rope(q, theta=1000000.0)  # [B, S, heads, head_dim]
     k = apply_rope(k, theta=1000000.0)  # [B, S, kv_heads, head_dim]
-    # select_kernels: vjp, the first of cpu's attention kernels that fits
-    o = checkpoint_name(
-        vjp_attention(q, k, v, causal=True, scale=0.0625), "context"
-    )  # [B, S, heads, v_head_dim]
-    y = checkpoint_name(dense(o, params["wo"], 2), "out_proj")  # [B, S, dim]
+    with jax.named_scope("context"):
+        # select_kernels: vjp, the first of cpu's attention kernels that fits
+        o = checkpoint_name(
+            vjp_attention(q, k, v, causal=True, scale=0.0625), "context"
+        )  # [B, S, heads, v_head_dim]
+    with jax.named_scope("out_proj"):
+        y = checkpoint_name(dense(o, params["wo"], 2), "out_proj")  # [B, S, dim]
     return y  # [B, S, dim]
 
 
@@ -418,21 +429,26 @@ def attention_decode(
     The decode path of `attention`; its cache is `cache`.
     """
     new_cache = {}
-    q = checkpoint_name(dense(x, params["wq"]), "query_proj")  # [B, S, heads, head_dim]
-    k = checkpoint_name(dense(x, params["wk"]), "key_proj")  # [B, S, kv_heads, head_dim]
-    v = checkpoint_name(dense(x, params["wv"]), "value_proj")  # [B, S, kv_heads, v_head_dim]
+    with jax.named_scope("query_proj"):
+        q = checkpoint_name(dense(x, params["wq"]), "query_proj")  # [B, S, heads, head_dim]
+    with jax.named_scope("key_proj"):
+        k = checkpoint_name(dense(x, params["wk"]), "key_proj")  # [B, S, kv_heads, head_dim]
+    with jax.named_scope("value_proj"):
+        v = checkpoint_name(dense(x, params["wv"]), "value_proj")  # [B, S, kv_heads, v_head_dim]
     with jax.named_scope("q_norm"):
         q = gemma_rms_norm(cfg, params["q_norm"], q)  # [B, S, heads, head_dim]
     with jax.named_scope("k_norm"):
         k = gemma_rms_norm(cfg, params["k_norm"], k)  # [B, S, kv_heads, head_dim]
     q = apply_rope(q, theta=10000.0, offset=pos)  # [B, S, heads, head_dim]
     k = apply_rope(k, theta=10000.0, offset=pos)  # [B, S, kv_heads, head_dim]
-    # decoding: keys and values so far are in cache['k'], cache['v']
-    o, new_cache["k"], new_cache["v"] = cached_attention(
-        q, k, v, cache["k"], cache["v"], pos, window=512, scale=0.0625
-    )  # [B, S, heads, v_head_dim]
-    o = checkpoint_name(o, "context")  # [B, S, heads, v_head_dim]
-    y = checkpoint_name(dense(o, params["wo"], 2), "out_proj")  # [B, S, dim]
+    with jax.named_scope("context"):
+        # decoding: keys and values so far are in cache['k'], cache['v']
+        o, new_cache["k"], new_cache["v"] = cached_attention(
+            q, k, v, cache["k"], cache["v"], pos, window=512, scale=0.0625
+        )  # [B, S, heads, v_head_dim]
+        o = checkpoint_name(o, "context")  # [B, S, heads, v_head_dim]
+    with jax.named_scope("out_proj"):
+        y = checkpoint_name(dense(o, params["wo"], 2), "out_proj")  # [B, S, dim]
     return y, new_cache  # [B, S, dim]
 
 
@@ -470,21 +486,26 @@ def attention_2_decode(
     The decode path of `attention_2`; its cache is `cache`.
     """
     new_cache = {}
-    q = checkpoint_name(dense(x, params["wq"]), "query_proj")  # [B, S, heads, head_dim]
-    k = checkpoint_name(dense(x, params["wk"]), "key_proj")  # [B, S, kv_heads, head_dim]
-    v = checkpoint_name(dense(x, params["wv"]), "value_proj")  # [B, S, kv_heads, v_head_dim]
+    with jax.named_scope("query_proj"):
+        q = checkpoint_name(dense(x, params["wq"]), "query_proj")  # [B, S, heads, head_dim]
+    with jax.named_scope("key_proj"):
+        k = checkpoint_name(dense(x, params["wk"]), "key_proj")  # [B, S, kv_heads, head_dim]
+    with jax.named_scope("value_proj"):
+        v = checkpoint_name(dense(x, params["wv"]), "value_proj")  # [B, S, kv_heads, v_head_dim]
     with jax.named_scope("q_norm"):
         q = gemma_rms_norm(cfg, params["q_norm"], q)  # [B, S, heads, head_dim]
     with jax.named_scope("k_norm"):
         k = gemma_rms_norm(cfg, params["k_norm"], k)  # [B, S, kv_heads, head_dim]
     q = apply_rope(q, theta=1000000.0, offset=pos)  # [B, S, heads, head_dim]
     k = apply_rope(k, theta=1000000.0, offset=pos)  # [B, S, kv_heads, head_dim]
-    # decoding: keys and values so far are in cache['k'], cache['v']
-    o, new_cache["k"], new_cache["v"] = cached_attention(
-        q, k, v, cache["k"], cache["v"], pos, scale=0.0625
-    )  # [B, S, heads, v_head_dim]
-    o = checkpoint_name(o, "context")  # [B, S, heads, v_head_dim]
-    y = checkpoint_name(dense(o, params["wo"], 2), "out_proj")  # [B, S, dim]
+    with jax.named_scope("context"):
+        # decoding: keys and values so far are in cache['k'], cache['v']
+        o, new_cache["k"], new_cache["v"] = cached_attention(
+            q, k, v, cache["k"], cache["v"], pos, scale=0.0625
+        )  # [B, S, heads, v_head_dim]
+        o = checkpoint_name(o, "context")  # [B, S, heads, v_head_dim]
+    with jax.named_scope("out_proj"):
+        y = checkpoint_name(dense(o, params["wo"], 2), "out_proj")  # [B, S, dim]
     return y, new_cache  # [B, S, dim]
 
 

@@ -123,36 +123,41 @@ def attention(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
 
     Used at /blocks/groups/0/attn, /blocks/groups/1/attn, /blocks/groups/2/attn, /blocks/groups/3/attn, /blocks/groups/4/attn, /blocks/tail/0/attn, /blocks/tail/1/attn.
     """
-    # quantize_matmuls: fp8 on blocks/* (profile gpu-h100)
-    q = checkpoint_name(
-        fp8_einsum("bsd,dhe->bshe", x, params["wq"]), "query_proj"
-    )  # [B, S, heads, head_dim]
-    k = checkpoint_name(
-        fp8_einsum("bsd,dke->bske", x, params["wk"]), "key_proj"
-    )  # [B, S, kv_heads, head_dim]
-    v = checkpoint_name(
-        fp8_einsum("bsd,dkv->bskv", x, params["wv"]), "value_proj"
-    )  # [B, S, kv_heads, v_head_dim]
+    with jax.named_scope("query_proj"):
+        # quantize_matmuls: fp8 on blocks/* (profile gpu-h100)
+        q = checkpoint_name(
+            fp8_einsum("bsd,dhe->bshe", x, params["wq"]), "query_proj"
+        )  # [B, S, heads, head_dim]
+    with jax.named_scope("key_proj"):
+        k = checkpoint_name(
+            fp8_einsum("bsd,dke->bske", x, params["wk"]), "key_proj"
+        )  # [B, S, kv_heads, head_dim]
+    with jax.named_scope("value_proj"):
+        v = checkpoint_name(
+            fp8_einsum("bsd,dkv->bskv", x, params["wv"]), "value_proj"
+        )  # [B, S, kv_heads, v_head_dim]
     with jax.named_scope("q_norm"):
         q = gemma_rms_norm(cfg, params["q_norm"], q)  # [B, S, heads, head_dim]
     with jax.named_scope("k_norm"):
         k = gemma_rms_norm(cfg, params["k_norm"], k)  # [B, S, kv_heads, head_dim]
     q = apply_rope(q, theta=10000.0)  # [B, S, heads, head_dim]
     k = apply_rope(k, theta=10000.0)  # [B, S, kv_heads, head_dim]
-    # select_kernels: cudnn, the first of gpu-h100's attention kernels that fits
-    o = checkpoint_name(
-        jax.nn.dot_product_attention(
-            q,
-            k,
-            v,
-            is_causal=True,
-            scale=0.0625,
-            local_window_size=(512 - 1, 0),
-            implementation="cudnn",
-        ),
-        "context",
-    )  # [B, S, heads, v_head_dim]
-    y = checkpoint_name(fp8_einsum("bshv,hvd->bsd", o, params["wo"]), "out_proj")  # [B, S, dim]
+    with jax.named_scope("context"):
+        # select_kernels: cudnn, the first of gpu-h100's attention kernels that fits
+        o = checkpoint_name(
+            jax.nn.dot_product_attention(
+                q,
+                k,
+                v,
+                is_causal=True,
+                scale=0.0625,
+                local_window_size=(512 - 1, 0),
+                implementation="cudnn",
+            ),
+            "context",
+        )  # [B, S, heads, v_head_dim]
+    with jax.named_scope("out_proj"):
+        y = checkpoint_name(fp8_einsum("bshv,hvd->bsd", o, params["wo"]), "out_proj")  # [B, S, dim]
     return y  # [B, S, dim]
 
 
@@ -161,12 +166,13 @@ def gated_mlp(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
 
     Used at /blocks/groups/0/mlp, /blocks/groups/1/mlp, /blocks/groups/2/mlp, /blocks/groups/3/mlp, /blocks/groups/4/mlp, /blocks/groups/5/mlp, /blocks/tail/0/mlp, /blocks/tail/1/mlp.
     """
-    # quantize_matmuls: fp8 on blocks/* (profile gpu-h100)
-    h = checkpoint_name(
-        jax.nn.gelu(fp8_einsum("bsd,df->bsf", x, params["w_gate"]))
-        * fp8_einsum("bsd,df->bsf", x, params["w_up"]),
-        "mlp_hidden",
-    )  # [B, S, ffn]
+    with jax.named_scope("mlp_hidden"):
+        # quantize_matmuls: fp8 on blocks/* (profile gpu-h100)
+        h = checkpoint_name(
+            jax.nn.gelu(fp8_einsum("bsd,df->bsf", x, params["w_gate"]))
+            * fp8_einsum("bsd,df->bsf", x, params["w_up"]),
+            "mlp_hidden",
+        )  # [B, S, ffn]
     return fp8_einsum("bsf,fd->bsd", h, params["w_down"])  # [B, S, dim]
 
 
@@ -196,28 +202,35 @@ def attention_2(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
 
     Used at /blocks/groups/5/attn.
     """
-    # quantize_matmuls: fp8 on blocks/* (profile gpu-h100)
-    q = checkpoint_name(
-        fp8_einsum("bsd,dhe->bshe", x, params["wq"]), "query_proj"
-    )  # [B, S, heads, head_dim]
-    k = checkpoint_name(
-        fp8_einsum("bsd,dke->bske", x, params["wk"]), "key_proj"
-    )  # [B, S, kv_heads, head_dim]
-    v = checkpoint_name(
-        fp8_einsum("bsd,dkv->bskv", x, params["wv"]), "value_proj"
-    )  # [B, S, kv_heads, v_head_dim]
+    with jax.named_scope("query_proj"):
+        # quantize_matmuls: fp8 on blocks/* (profile gpu-h100)
+        q = checkpoint_name(
+            fp8_einsum("bsd,dhe->bshe", x, params["wq"]), "query_proj"
+        )  # [B, S, heads, head_dim]
+    with jax.named_scope("key_proj"):
+        k = checkpoint_name(
+            fp8_einsum("bsd,dke->bske", x, params["wk"]), "key_proj"
+        )  # [B, S, kv_heads, head_dim]
+    with jax.named_scope("value_proj"):
+        v = checkpoint_name(
+            fp8_einsum("bsd,dkv->bskv", x, params["wv"]), "value_proj"
+        )  # [B, S, kv_heads, v_head_dim]
     with jax.named_scope("q_norm"):
         q = gemma_rms_norm(cfg, params["q_norm"], q)  # [B, S, heads, head_dim]
     with jax.named_scope("k_norm"):
         k = gemma_rms_norm(cfg, params["k_norm"], k)  # [B, S, kv_heads, head_dim]
     q = apply_rope(q, theta=1000000.0)  # [B, S, heads, head_dim]
     k = apply_rope(k, theta=1000000.0)  # [B, S, kv_heads, head_dim]
-    # select_kernels: cudnn, the first of gpu-h100's attention kernels that fits
-    o = checkpoint_name(
-        jax.nn.dot_product_attention(q, k, v, is_causal=True, scale=0.0625, implementation="cudnn"),
-        "context",
-    )  # [B, S, heads, v_head_dim]
-    y = checkpoint_name(fp8_einsum("bshv,hvd->bsd", o, params["wo"]), "out_proj")  # [B, S, dim]
+    with jax.named_scope("context"):
+        # select_kernels: cudnn, the first of gpu-h100's attention kernels that fits
+        o = checkpoint_name(
+            jax.nn.dot_product_attention(
+                q, k, v, is_causal=True, scale=0.0625, implementation="cudnn"
+            ),
+            "context",
+        )  # [B, S, heads, v_head_dim]
+    with jax.named_scope("out_proj"):
+        y = checkpoint_name(fp8_einsum("bshv,hvd->bsd", o, params["wo"]), "out_proj")  # [B, S, dim]
     return y  # [B, S, dim]
 
 
@@ -446,28 +459,33 @@ def attention_decode(
     The decode path of `attention`; its cache is `cache`.
     """
     new_cache = {}
-    # quantize_matmuls: fp8 on blocks/* (profile gpu-h100)
-    q = checkpoint_name(
-        fp8_einsum("bsd,dhe->bshe", x, params["wq"]), "query_proj"
-    )  # [B, S, heads, head_dim]
-    k = checkpoint_name(
-        fp8_einsum("bsd,dke->bske", x, params["wk"]), "key_proj"
-    )  # [B, S, kv_heads, head_dim]
-    v = checkpoint_name(
-        fp8_einsum("bsd,dkv->bskv", x, params["wv"]), "value_proj"
-    )  # [B, S, kv_heads, v_head_dim]
+    with jax.named_scope("query_proj"):
+        # quantize_matmuls: fp8 on blocks/* (profile gpu-h100)
+        q = checkpoint_name(
+            fp8_einsum("bsd,dhe->bshe", x, params["wq"]), "query_proj"
+        )  # [B, S, heads, head_dim]
+    with jax.named_scope("key_proj"):
+        k = checkpoint_name(
+            fp8_einsum("bsd,dke->bske", x, params["wk"]), "key_proj"
+        )  # [B, S, kv_heads, head_dim]
+    with jax.named_scope("value_proj"):
+        v = checkpoint_name(
+            fp8_einsum("bsd,dkv->bskv", x, params["wv"]), "value_proj"
+        )  # [B, S, kv_heads, v_head_dim]
     with jax.named_scope("q_norm"):
         q = gemma_rms_norm(cfg, params["q_norm"], q)  # [B, S, heads, head_dim]
     with jax.named_scope("k_norm"):
         k = gemma_rms_norm(cfg, params["k_norm"], k)  # [B, S, kv_heads, head_dim]
     q = apply_rope(q, theta=10000.0, offset=pos)  # [B, S, heads, head_dim]
     k = apply_rope(k, theta=10000.0, offset=pos)  # [B, S, kv_heads, head_dim]
-    # decoding: keys and values so far are in cache['k'], cache['v']
-    o, new_cache["k"], new_cache["v"] = cached_attention(
-        q, k, v, cache["k"], cache["v"], pos, window=512, scale=0.0625
-    )  # [B, S, heads, v_head_dim]
-    o = checkpoint_name(o, "context")  # [B, S, heads, v_head_dim]
-    y = checkpoint_name(fp8_einsum("bshv,hvd->bsd", o, params["wo"]), "out_proj")  # [B, S, dim]
+    with jax.named_scope("context"):
+        # decoding: keys and values so far are in cache['k'], cache['v']
+        o, new_cache["k"], new_cache["v"] = cached_attention(
+            q, k, v, cache["k"], cache["v"], pos, window=512, scale=0.0625
+        )  # [B, S, heads, v_head_dim]
+        o = checkpoint_name(o, "context")  # [B, S, heads, v_head_dim]
+    with jax.named_scope("out_proj"):
+        y = checkpoint_name(fp8_einsum("bshv,hvd->bsd", o, params["wo"]), "out_proj")  # [B, S, dim]
     return y, new_cache  # [B, S, dim]
 
 
@@ -505,28 +523,33 @@ def attention_2_decode(
     The decode path of `attention_2`; its cache is `cache`.
     """
     new_cache = {}
-    # quantize_matmuls: fp8 on blocks/* (profile gpu-h100)
-    q = checkpoint_name(
-        fp8_einsum("bsd,dhe->bshe", x, params["wq"]), "query_proj"
-    )  # [B, S, heads, head_dim]
-    k = checkpoint_name(
-        fp8_einsum("bsd,dke->bske", x, params["wk"]), "key_proj"
-    )  # [B, S, kv_heads, head_dim]
-    v = checkpoint_name(
-        fp8_einsum("bsd,dkv->bskv", x, params["wv"]), "value_proj"
-    )  # [B, S, kv_heads, v_head_dim]
+    with jax.named_scope("query_proj"):
+        # quantize_matmuls: fp8 on blocks/* (profile gpu-h100)
+        q = checkpoint_name(
+            fp8_einsum("bsd,dhe->bshe", x, params["wq"]), "query_proj"
+        )  # [B, S, heads, head_dim]
+    with jax.named_scope("key_proj"):
+        k = checkpoint_name(
+            fp8_einsum("bsd,dke->bske", x, params["wk"]), "key_proj"
+        )  # [B, S, kv_heads, head_dim]
+    with jax.named_scope("value_proj"):
+        v = checkpoint_name(
+            fp8_einsum("bsd,dkv->bskv", x, params["wv"]), "value_proj"
+        )  # [B, S, kv_heads, v_head_dim]
     with jax.named_scope("q_norm"):
         q = gemma_rms_norm(cfg, params["q_norm"], q)  # [B, S, heads, head_dim]
     with jax.named_scope("k_norm"):
         k = gemma_rms_norm(cfg, params["k_norm"], k)  # [B, S, kv_heads, head_dim]
     q = apply_rope(q, theta=1000000.0, offset=pos)  # [B, S, heads, head_dim]
     k = apply_rope(k, theta=1000000.0, offset=pos)  # [B, S, kv_heads, head_dim]
-    # decoding: keys and values so far are in cache['k'], cache['v']
-    o, new_cache["k"], new_cache["v"] = cached_attention(
-        q, k, v, cache["k"], cache["v"], pos, scale=0.0625
-    )  # [B, S, heads, v_head_dim]
-    o = checkpoint_name(o, "context")  # [B, S, heads, v_head_dim]
-    y = checkpoint_name(fp8_einsum("bshv,hvd->bsd", o, params["wo"]), "out_proj")  # [B, S, dim]
+    with jax.named_scope("context"):
+        # decoding: keys and values so far are in cache['k'], cache['v']
+        o, new_cache["k"], new_cache["v"] = cached_attention(
+            q, k, v, cache["k"], cache["v"], pos, scale=0.0625
+        )  # [B, S, heads, v_head_dim]
+        o = checkpoint_name(o, "context")  # [B, S, heads, v_head_dim]
+    with jax.named_scope("out_proj"):
+        y = checkpoint_name(fp8_einsum("bshv,hvd->bsd", o, params["wo"]), "out_proj")  # [B, S, dim]
     return y, new_cache  # [B, S, dim]
 
 

@@ -85,23 +85,28 @@ def attention(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
 
     Used at /blocks/attn.
     """
-    # quantize_matmuls: fp8 on blocks/* (profile gpu-h100)
-    q = checkpoint_name(
-        fp8_einsum("bsd,dhe->bshe", x, params["wq"]), "query_proj"
-    )  # [B, S, heads, head_dim]
-    k = checkpoint_name(
-        fp8_einsum("bsd,dke->bske", x, params["wk"]), "key_proj"
-    )  # [B, S, kv_heads, head_dim]
-    v = checkpoint_name(
-        fp8_einsum("bsd,dkv->bskv", x, params["wv"]), "value_proj"
-    )  # [B, S, kv_heads, v_head_dim]
+    with jax.named_scope("query_proj"):
+        # quantize_matmuls: fp8 on blocks/* (profile gpu-h100)
+        q = checkpoint_name(
+            fp8_einsum("bsd,dhe->bshe", x, params["wq"]), "query_proj"
+        )  # [B, S, heads, head_dim]
+    with jax.named_scope("key_proj"):
+        k = checkpoint_name(
+            fp8_einsum("bsd,dke->bske", x, params["wk"]), "key_proj"
+        )  # [B, S, kv_heads, head_dim]
+    with jax.named_scope("value_proj"):
+        v = checkpoint_name(
+            fp8_einsum("bsd,dkv->bskv", x, params["wv"]), "value_proj"
+        )  # [B, S, kv_heads, v_head_dim]
     q = apply_rope(q, theta=cfg.rope_theta)  # [B, S, heads, head_dim]
     k = apply_rope(k, theta=cfg.rope_theta)  # [B, S, kv_heads, head_dim]
-    # select_kernels: cudnn, the first of gpu-h100's attention kernels that fits
-    o = checkpoint_name(
-        jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation="cudnn"), "context"
-    )  # [B, S, heads, v_head_dim]
-    y = checkpoint_name(fp8_einsum("bshv,hvd->bsd", o, params["wo"]), "out_proj")  # [B, S, dim]
+    with jax.named_scope("context"):
+        # select_kernels: cudnn, the first of gpu-h100's attention kernels that fits
+        o = checkpoint_name(
+            jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation="cudnn"), "context"
+        )  # [B, S, heads, v_head_dim]
+    with jax.named_scope("out_proj"):
+        y = checkpoint_name(fp8_einsum("bshv,hvd->bsd", o, params["wo"]), "out_proj")  # [B, S, dim]
     return y  # [B, S, dim]
 
 
@@ -110,12 +115,13 @@ def swiglu(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
 
     Used at /blocks/mlp.
     """
-    # quantize_matmuls: fp8 on blocks/* (profile gpu-h100)
-    h = checkpoint_name(
-        jax.nn.silu(fp8_einsum("bsd,df->bsf", x, params["w_gate"]))
-        * fp8_einsum("bsd,df->bsf", x, params["w_up"]),
-        "mlp_hidden",
-    )  # [B, S, ffn]
+    with jax.named_scope("mlp_hidden"):
+        # quantize_matmuls: fp8 on blocks/* (profile gpu-h100)
+        h = checkpoint_name(
+            jax.nn.silu(fp8_einsum("bsd,df->bsf", x, params["w_gate"]))
+            * fp8_einsum("bsd,df->bsf", x, params["w_up"]),
+            "mlp_hidden",
+        )  # [B, S, ffn]
     return fp8_einsum("bsf,fd->bsd", h, params["w_down"])  # [B, S, dim]
 
 
@@ -288,24 +294,29 @@ def attention_decode(
     The decode path of `attention`; its cache is `cache`.
     """
     new_cache = {}
-    # quantize_matmuls: fp8 on blocks/* (profile gpu-h100)
-    q = checkpoint_name(
-        fp8_einsum("bsd,dhe->bshe", x, params["wq"]), "query_proj"
-    )  # [B, S, heads, head_dim]
-    k = checkpoint_name(
-        fp8_einsum("bsd,dke->bske", x, params["wk"]), "key_proj"
-    )  # [B, S, kv_heads, head_dim]
-    v = checkpoint_name(
-        fp8_einsum("bsd,dkv->bskv", x, params["wv"]), "value_proj"
-    )  # [B, S, kv_heads, v_head_dim]
+    with jax.named_scope("query_proj"):
+        # quantize_matmuls: fp8 on blocks/* (profile gpu-h100)
+        q = checkpoint_name(
+            fp8_einsum("bsd,dhe->bshe", x, params["wq"]), "query_proj"
+        )  # [B, S, heads, head_dim]
+    with jax.named_scope("key_proj"):
+        k = checkpoint_name(
+            fp8_einsum("bsd,dke->bske", x, params["wk"]), "key_proj"
+        )  # [B, S, kv_heads, head_dim]
+    with jax.named_scope("value_proj"):
+        v = checkpoint_name(
+            fp8_einsum("bsd,dkv->bskv", x, params["wv"]), "value_proj"
+        )  # [B, S, kv_heads, v_head_dim]
     q = apply_rope(q, theta=cfg.rope_theta, offset=pos)  # [B, S, heads, head_dim]
     k = apply_rope(k, theta=cfg.rope_theta, offset=pos)  # [B, S, kv_heads, head_dim]
-    # decoding: keys and values so far are in cache['k'], cache['v']
-    o, new_cache["k"], new_cache["v"] = cached_attention(
-        q, k, v, cache["k"], cache["v"], pos
-    )  # [B, S, heads, v_head_dim]
-    o = checkpoint_name(o, "context")  # [B, S, heads, v_head_dim]
-    y = checkpoint_name(fp8_einsum("bshv,hvd->bsd", o, params["wo"]), "out_proj")  # [B, S, dim]
+    with jax.named_scope("context"):
+        # decoding: keys and values so far are in cache['k'], cache['v']
+        o, new_cache["k"], new_cache["v"] = cached_attention(
+            q, k, v, cache["k"], cache["v"], pos
+        )  # [B, S, heads, v_head_dim]
+        o = checkpoint_name(o, "context")  # [B, S, heads, v_head_dim]
+    with jax.named_scope("out_proj"):
+        y = checkpoint_name(fp8_einsum("bshv,hvd->bsd", o, params["wo"]), "out_proj")  # [B, S, dim]
     return y, new_cache  # [B, S, dim]
 
 

@@ -125,7 +125,8 @@ def mamba2_mixer(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
         dense(x, params["in_dt"]).astype(jnp.float32) + params["dt_bias"]
     )  # [B, S, heads]
     a = -jnp.exp(params["A_log"].astype(jnp.float32))  # [heads]
-    y = checkpoint_name(ssd(xs, dt, a, b, c, chunk=256), "ssd_out")  # [B, S, heads, head_dim]
+    with jax.named_scope("ssd_out"):
+        y = checkpoint_name(ssd(xs, dt, a, b, c, chunk=256), "ssd_out")  # [B, S, heads, head_dim]
     y = y + jnp.einsum(
         "bshe,h->bshe", xs.astype(jnp.float32), params["D"].astype(jnp.float32)
     )  # [B, S, heads, head_dim]
@@ -133,7 +134,8 @@ def mamba2_mixer(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
         y = gated_rms_norm(
             cfg, params["norm"], y.reshape(*y.shape[:-2], -1), z
         )  # [B, S, heads*head_dim]
-    y = checkpoint_name(dense(y, params["out_proj"]), "out_proj")  # [B, S, dim]
+    with jax.named_scope("out_proj"):
+        y = checkpoint_name(dense(y, params["out_proj"]), "out_proj")  # [B, S, dim]
     return y  # [B, S, dim]
 
 

@@ -94,26 +94,31 @@ def attention(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
 
     Used at /blocks/attn.
     """
-    # quantize_matmuls: fp8 on blocks/* (profile gpu-h100)
-    q = checkpoint_name(
-        fp8_einsum("bsd,dhe->bshe", x, params["wq"]), "query_proj"
-    )  # [B, S, heads, head_dim]
-    k = checkpoint_name(
-        fp8_einsum("bsd,dke->bske", x, params["wk"]), "key_proj"
-    )  # [B, S, kv_heads, head_dim]
-    v = checkpoint_name(
-        fp8_einsum("bsd,dkv->bskv", x, params["wv"]), "value_proj"
-    )  # [B, S, kv_heads, v_head_dim]
+    with jax.named_scope("query_proj"):
+        # quantize_matmuls: fp8 on blocks/* (profile gpu-h100)
+        q = checkpoint_name(
+            fp8_einsum("bsd,dhe->bshe", x, params["wq"]), "query_proj"
+        )  # [B, S, heads, head_dim]
+    with jax.named_scope("key_proj"):
+        k = checkpoint_name(
+            fp8_einsum("bsd,dke->bske", x, params["wk"]), "key_proj"
+        )  # [B, S, kv_heads, head_dim]
+    with jax.named_scope("value_proj"):
+        v = checkpoint_name(
+            fp8_einsum("bsd,dkv->bskv", x, params["wv"]), "value_proj"
+        )  # [B, S, kv_heads, v_head_dim]
     q = q + params["bq"]  # [B, S, heads, head_dim]
     k = k + params["bk"]  # [B, S, kv_heads, head_dim]
     v = v + params["bv"]  # [B, S, kv_heads, v_head_dim]
     q = apply_rotary(q, rope_frequencies(32, cfg.rope_theta))  # [B, S, heads, head_dim]
     k = apply_rotary(k, rope_frequencies(32, cfg.rope_theta))  # [B, S, kv_heads, head_dim]
-    # select_kernels: cudnn, the first of gpu-h100's attention kernels that fits
-    o = checkpoint_name(
-        jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation="cudnn"), "context"
-    )  # [B, S, heads, v_head_dim]
-    y = checkpoint_name(fp8_einsum("bshv,hvd->bsd", o, params["wo"]), "out_proj")  # [B, S, dim]
+    with jax.named_scope("context"):
+        # select_kernels: cudnn, the first of gpu-h100's attention kernels that fits
+        o = checkpoint_name(
+            jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation="cudnn"), "context"
+        )  # [B, S, heads, v_head_dim]
+    with jax.named_scope("out_proj"):
+        y = checkpoint_name(fp8_einsum("bshv,hvd->bsd", o, params["wo"]), "out_proj")  # [B, S, dim]
     y = y + params["bo"]  # [B, S, dim]
     return y  # [B, S, dim]
 
@@ -126,7 +131,8 @@ def mlp(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
     # quantize_matmuls: fp8 on blocks/* (profile gpu-h100)
     h = fp8_einsum("bsd,df->bsf", x, params["w_in"])  # [B, S, ffn]
     h = h + params["b_in"]  # [B, S, ffn]
-    h = checkpoint_name(jax.nn.gelu(h), "mlp_hidden")  # [B, S, ffn]
+    with jax.named_scope("mlp_hidden"):
+        h = checkpoint_name(jax.nn.gelu(h), "mlp_hidden")  # [B, S, ffn]
     y = fp8_einsum("bsf,fd->bsd", h, params["w_out"])  # [B, S, dim]
     y = y + params["b_out"]  # [B, S, dim]
     return y  # [B, S, dim]
@@ -299,16 +305,19 @@ def attention_decode(
     The decode path of `attention`; its cache is `cache`.
     """
     new_cache = {}
-    # quantize_matmuls: fp8 on blocks/* (profile gpu-h100)
-    q = checkpoint_name(
-        fp8_einsum("bsd,dhe->bshe", x, params["wq"]), "query_proj"
-    )  # [B, S, heads, head_dim]
-    k = checkpoint_name(
-        fp8_einsum("bsd,dke->bske", x, params["wk"]), "key_proj"
-    )  # [B, S, kv_heads, head_dim]
-    v = checkpoint_name(
-        fp8_einsum("bsd,dkv->bskv", x, params["wv"]), "value_proj"
-    )  # [B, S, kv_heads, v_head_dim]
+    with jax.named_scope("query_proj"):
+        # quantize_matmuls: fp8 on blocks/* (profile gpu-h100)
+        q = checkpoint_name(
+            fp8_einsum("bsd,dhe->bshe", x, params["wq"]), "query_proj"
+        )  # [B, S, heads, head_dim]
+    with jax.named_scope("key_proj"):
+        k = checkpoint_name(
+            fp8_einsum("bsd,dke->bske", x, params["wk"]), "key_proj"
+        )  # [B, S, kv_heads, head_dim]
+    with jax.named_scope("value_proj"):
+        v = checkpoint_name(
+            fp8_einsum("bsd,dkv->bskv", x, params["wv"]), "value_proj"
+        )  # [B, S, kv_heads, v_head_dim]
     q = q + params["bq"]  # [B, S, heads, head_dim]
     k = k + params["bk"]  # [B, S, kv_heads, head_dim]
     v = v + params["bv"]  # [B, S, kv_heads, v_head_dim]
@@ -316,12 +325,14 @@ def attention_decode(
     k = apply_rotary(
         k, rope_frequencies(32, cfg.rope_theta), offset=pos
     )  # [B, S, kv_heads, head_dim]
-    # decoding: keys and values so far are in cache['k'], cache['v']
-    o, new_cache["k"], new_cache["v"] = cached_attention(
-        q, k, v, cache["k"], cache["v"], pos
-    )  # [B, S, heads, v_head_dim]
-    o = checkpoint_name(o, "context")  # [B, S, heads, v_head_dim]
-    y = checkpoint_name(fp8_einsum("bshv,hvd->bsd", o, params["wo"]), "out_proj")  # [B, S, dim]
+    with jax.named_scope("context"):
+        # decoding: keys and values so far are in cache['k'], cache['v']
+        o, new_cache["k"], new_cache["v"] = cached_attention(
+            q, k, v, cache["k"], cache["v"], pos
+        )  # [B, S, heads, v_head_dim]
+        o = checkpoint_name(o, "context")  # [B, S, heads, v_head_dim]
+    with jax.named_scope("out_proj"):
+        y = checkpoint_name(fp8_einsum("bshv,hvd->bsd", o, params["wo"]), "out_proj")  # [B, S, dim]
     y = y + params["bo"]  # [B, S, dim]
     return y, new_cache  # [B, S, dim]
 

@@ -86,18 +86,25 @@ def attention(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
 
     Used at /blocks/attn.
     """
-    q = checkpoint_name(dense(x, params["wq"]), "query_proj")  # [B, S, heads, head_dim]
-    k = checkpoint_name(dense(x, params["wk"]), "key_proj")  # [B, S, kv_heads, head_dim]
-    v = checkpoint_name(dense(x, params["wv"]), "value_proj")  # [B, S, kv_heads, v_head_dim]
+    with jax.named_scope("query_proj"):
+        q = checkpoint_name(dense(x, params["wq"]), "query_proj")  # [B, S, heads, head_dim]
+    with jax.named_scope("key_proj"):
+        k = checkpoint_name(dense(x, params["wk"]), "key_proj")  # [B, S, kv_heads, head_dim]
+    with jax.named_scope("value_proj"):
+        v = checkpoint_name(dense(x, params["wv"]), "value_proj")  # [B, S, kv_heads, v_head_dim]
     with jax.named_scope("q_norm"):
         q = rms_norm(cfg, params["q_norm"], q)  # [B, S, heads, head_dim]
     with jax.named_scope("k_norm"):
         k = rms_norm(cfg, params["k_norm"], k)  # [B, S, kv_heads, head_dim]
     q = apply_rope(q, theta=cfg.rope_theta)  # [B, S, heads, head_dim]
     k = apply_rope(k, theta=cfg.rope_theta)  # [B, S, kv_heads, head_dim]
-    # select_kernels: vjp, the first of cpu's attention kernels that fits
-    o = checkpoint_name(vjp_attention(q, k, v, causal=True), "context")  # [B, S, heads, v_head_dim]
-    y = checkpoint_name(dense(o, params["wo"], 2), "out_proj")  # [B, S, dim]
+    with jax.named_scope("context"):
+        # select_kernels: vjp, the first of cpu's attention kernels that fits
+        o = checkpoint_name(
+            vjp_attention(q, k, v, causal=True), "context"
+        )  # [B, S, heads, v_head_dim]
+    with jax.named_scope("out_proj"):
+        y = checkpoint_name(dense(o, params["wo"], 2), "out_proj")  # [B, S, dim]
     return y  # [B, S, dim]
 
 
@@ -106,19 +113,21 @@ def moe(cfg: Config, params: dict, x: jax.Array) -> tuple[jax.Array, jax.Array]:
 
     Used at /blocks/mlp.
     """
-    logits = checkpoint_name(dense(x, params["router"]), "router_logits")  # [B, S, experts]
-    moe_y, moe_aux = moe_swiglu(
-        x,
-        logits,
-        params["w_gate"],
-        params["w_up"],
-        params["w_down"],
-        top_k=8,
-        normalize=True,
-        aux_weight=0.01,
-        z_weight=0.001,
-    )  # [B, S, dim], []
-    y = checkpoint_name(moe_y, "moe_out")  # [B, S, dim]
+    with jax.named_scope("router_logits"):
+        logits = checkpoint_name(dense(x, params["router"]), "router_logits")  # [B, S, experts]
+    with jax.named_scope("moe_out"):
+        moe_y, moe_aux = moe_swiglu(
+            x,
+            logits,
+            params["w_gate"],
+            params["w_up"],
+            params["w_down"],
+            top_k=8,
+            normalize=True,
+            aux_weight=0.01,
+            z_weight=0.001,
+        )  # [B, S, dim], []
+        y = checkpoint_name(moe_y, "moe_out")  # [B, S, dim]
     return y, moe_aux  # [B, S, dim], []
 
 
@@ -299,21 +308,26 @@ def attention_decode(
     The decode path of `attention`; its cache is `cache`.
     """
     new_cache = {}
-    q = checkpoint_name(dense(x, params["wq"]), "query_proj")  # [B, S, heads, head_dim]
-    k = checkpoint_name(dense(x, params["wk"]), "key_proj")  # [B, S, kv_heads, head_dim]
-    v = checkpoint_name(dense(x, params["wv"]), "value_proj")  # [B, S, kv_heads, v_head_dim]
+    with jax.named_scope("query_proj"):
+        q = checkpoint_name(dense(x, params["wq"]), "query_proj")  # [B, S, heads, head_dim]
+    with jax.named_scope("key_proj"):
+        k = checkpoint_name(dense(x, params["wk"]), "key_proj")  # [B, S, kv_heads, head_dim]
+    with jax.named_scope("value_proj"):
+        v = checkpoint_name(dense(x, params["wv"]), "value_proj")  # [B, S, kv_heads, v_head_dim]
     with jax.named_scope("q_norm"):
         q = rms_norm(cfg, params["q_norm"], q)  # [B, S, heads, head_dim]
     with jax.named_scope("k_norm"):
         k = rms_norm(cfg, params["k_norm"], k)  # [B, S, kv_heads, head_dim]
     q = apply_rope(q, theta=cfg.rope_theta, offset=pos)  # [B, S, heads, head_dim]
     k = apply_rope(k, theta=cfg.rope_theta, offset=pos)  # [B, S, kv_heads, head_dim]
-    # decoding: keys and values so far are in cache['k'], cache['v']
-    o, new_cache["k"], new_cache["v"] = cached_attention(
-        q, k, v, cache["k"], cache["v"], pos
-    )  # [B, S, heads, v_head_dim]
-    o = checkpoint_name(o, "context")  # [B, S, heads, v_head_dim]
-    y = checkpoint_name(dense(o, params["wo"], 2), "out_proj")  # [B, S, dim]
+    with jax.named_scope("context"):
+        # decoding: keys and values so far are in cache['k'], cache['v']
+        o, new_cache["k"], new_cache["v"] = cached_attention(
+            q, k, v, cache["k"], cache["v"], pos
+        )  # [B, S, heads, v_head_dim]
+        o = checkpoint_name(o, "context")  # [B, S, heads, v_head_dim]
+    with jax.named_scope("out_proj"):
+        y = checkpoint_name(dense(o, params["wo"], 2), "out_proj")  # [B, S, dim]
     return y, new_cache  # [B, S, dim]
 
 

@@ -104,19 +104,31 @@ def t5_attention(
 
     Used at /encoder/attn.
     """
-    q = checkpoint_name(dense(x, params["wq"]), "query_proj")  # [B, S, heads, head_dim]
-    k = checkpoint_name(dense(x, params["wk"]), "key_proj")  # [B, S, heads, head_dim]
-    v = checkpoint_name(dense(x, params["wv"]), "value_proj")  # [B, S, heads, head_dim]
-    same_segment = segments[:, None, :, None] == segments[:, None, None, :]  # [B, 1, S, S]
-    # select_kernels: xla, the first of cpu's attention kernels that fits; the ones before it:
-    # attention: vjp not used: an additive bias; the vjp kernel's backward gives it no gradient
-    o = checkpoint_name(
-        jax.nn.dot_product_attention(
-            q, k, v, is_causal=False, bias=bias, mask=same_segment, scale=1.0, implementation="xla"
-        ),
-        "context",
-    )  # [B, S, heads, head_dim]
-    y = checkpoint_name(dense(o, params["wo"], 2), "out_proj")  # [B, S, dim]
+    with jax.named_scope("query_proj"):
+        q = checkpoint_name(dense(x, params["wq"]), "query_proj")  # [B, S, heads, head_dim]
+    with jax.named_scope("key_proj"):
+        k = checkpoint_name(dense(x, params["wk"]), "key_proj")  # [B, S, heads, head_dim]
+    with jax.named_scope("value_proj"):
+        v = checkpoint_name(dense(x, params["wv"]), "value_proj")  # [B, S, heads, head_dim]
+    with jax.named_scope("context"):
+        same_segment = segments[:, None, :, None] == segments[:, None, None, :]  # [B, 1, S, S]
+        # select_kernels: xla, the first of cpu's attention kernels that fits; the ones before it:
+        # attention: vjp not used: an additive bias; the vjp kernel's backward gives it no gradient
+        o = checkpoint_name(
+            jax.nn.dot_product_attention(
+                q,
+                k,
+                v,
+                is_causal=False,
+                bias=bias,
+                mask=same_segment,
+                scale=1.0,
+                implementation="xla",
+            ),
+            "context",
+        )  # [B, S, heads, head_dim]
+    with jax.named_scope("out_proj"):
+        y = checkpoint_name(dense(o, params["wo"], 2), "out_proj")  # [B, S, dim]
     return y  # [B, S, dim]
 
 
@@ -125,9 +137,10 @@ def gated_mlp(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
 
     Used at /encoder/mlp, /decoder/mlp.
     """
-    h = checkpoint_name(
-        jax.nn.gelu(dense(x, params["w_gate"])) * dense(x, params["w_up"]), "mlp_hidden"
-    )  # [B, S, ffn]
+    with jax.named_scope("mlp_hidden"):
+        h = checkpoint_name(
+            jax.nn.gelu(dense(x, params["w_gate"])) * dense(x, params["w_up"]), "mlp_hidden"
+        )  # [B, S, ffn]
     return dense(h, params["w_down"])  # [B, S, dim]
 
 
@@ -179,19 +192,31 @@ def t5_attention_2(
 
     Used at /decoder/attn.
     """
-    q = checkpoint_name(dense(x, params["wq"]), "query_proj")  # [B, S, heads, head_dim]
-    k = checkpoint_name(dense(x, params["wk"]), "key_proj")  # [B, S, heads, head_dim]
-    v = checkpoint_name(dense(x, params["wv"]), "value_proj")  # [B, S, heads, head_dim]
-    same_segment = segments[:, None, :, None] == segments[:, None, None, :]  # [B, 1, S, S]
-    # select_kernels: xla, the first of cpu's attention kernels that fits; the ones before it:
-    # attention: vjp not used: an additive bias; the vjp kernel's backward gives it no gradient
-    o = checkpoint_name(
-        jax.nn.dot_product_attention(
-            q, k, v, is_causal=True, bias=bias, mask=same_segment, scale=1.0, implementation="xla"
-        ),
-        "context",
-    )  # [B, S, heads, head_dim]
-    y = checkpoint_name(dense(o, params["wo"], 2), "out_proj")  # [B, S, dim]
+    with jax.named_scope("query_proj"):
+        q = checkpoint_name(dense(x, params["wq"]), "query_proj")  # [B, S, heads, head_dim]
+    with jax.named_scope("key_proj"):
+        k = checkpoint_name(dense(x, params["wk"]), "key_proj")  # [B, S, heads, head_dim]
+    with jax.named_scope("value_proj"):
+        v = checkpoint_name(dense(x, params["wv"]), "value_proj")  # [B, S, heads, head_dim]
+    with jax.named_scope("context"):
+        same_segment = segments[:, None, :, None] == segments[:, None, None, :]  # [B, 1, S, S]
+        # select_kernels: xla, the first of cpu's attention kernels that fits; the ones before it:
+        # attention: vjp not used: an additive bias; the vjp kernel's backward gives it no gradient
+        o = checkpoint_name(
+            jax.nn.dot_product_attention(
+                q,
+                k,
+                v,
+                is_causal=True,
+                bias=bias,
+                mask=same_segment,
+                scale=1.0,
+                implementation="xla",
+            ),
+            "context",
+        )  # [B, S, heads, head_dim]
+    with jax.named_scope("out_proj"):
+        y = checkpoint_name(dense(o, params["wo"], 2), "out_proj")  # [B, S, dim]
     return y  # [B, S, dim]
 
 
@@ -202,14 +227,19 @@ def t5_cross_attention(
 
     Used at /decoder/cross.
     """
-    q = checkpoint_name(dense(x, params["wq"]), "query_proj")  # [B, S, heads, head_dim]
-    k = checkpoint_name(dense(mem, params["wk"]), "key_proj")  # [B, M, heads, head_dim]
-    v = checkpoint_name(dense(mem, params["wv"]), "value_proj")  # [B, M, heads, head_dim]
-    # select_kernels: vjp, the first of cpu's attention kernels that fits
-    o = checkpoint_name(
-        vjp_attention(q, k, v, causal=False, scale=1.0, mask=keep), "context"
-    )  # [B, S, heads, head_dim]
-    y = checkpoint_name(dense(o, params["wo"], 2), "out_proj")  # [B, S, dim]
+    with jax.named_scope("query_proj"):
+        q = checkpoint_name(dense(x, params["wq"]), "query_proj")  # [B, S, heads, head_dim]
+    with jax.named_scope("key_proj"):
+        k = checkpoint_name(dense(mem, params["wk"]), "key_proj")  # [B, M, heads, head_dim]
+    with jax.named_scope("value_proj"):
+        v = checkpoint_name(dense(mem, params["wv"]), "value_proj")  # [B, M, heads, head_dim]
+    with jax.named_scope("context"):
+        # select_kernels: vjp, the first of cpu's attention kernels that fits
+        o = checkpoint_name(
+            vjp_attention(q, k, v, causal=False, scale=1.0, mask=keep), "context"
+        )  # [B, S, heads, head_dim]
+    with jax.named_scope("out_proj"):
+        y = checkpoint_name(dense(o, params["wo"], 2), "out_proj")  # [B, S, dim]
     return y  # [B, S, dim]
 
 

@@ -103,25 +103,37 @@ def t5_attention(
 
     Used at /encoder/attn.
     """
-    q = checkpoint_name(
-        jnp.einsum("bsd,dhe->bshe", x, params["wq"]), "query_proj"
-    )  # [B, S, heads, head_dim]
-    k = checkpoint_name(
-        jnp.einsum("bsd,dhe->bshe", x, params["wk"]), "key_proj"
-    )  # [B, S, heads, head_dim]
-    v = checkpoint_name(
-        jnp.einsum("bsd,dhe->bshe", x, params["wv"]), "value_proj"
-    )  # [B, S, heads, head_dim]
-    same_segment = segments[:, None, :, None] == segments[:, None, None, :]  # [B, 1, S, S]
-    # select_kernels: xla, the first of gpu-h100's attention kernels that fits; the ones before it:
-    # attention: cudnn not used: t5_tiny computes in f32; cuDNN flash attention needs bf16 or f16
-    o = checkpoint_name(
-        jax.nn.dot_product_attention(
-            q, k, v, is_causal=False, bias=bias, mask=same_segment, scale=1.0, implementation="xla"
-        ),
-        "context",
-    )  # [B, S, heads, head_dim]
-    y = checkpoint_name(jnp.einsum("bshe,hed->bsd", o, params["wo"]), "out_proj")  # [B, S, dim]
+    with jax.named_scope("query_proj"):
+        q = checkpoint_name(
+            jnp.einsum("bsd,dhe->bshe", x, params["wq"]), "query_proj"
+        )  # [B, S, heads, head_dim]
+    with jax.named_scope("key_proj"):
+        k = checkpoint_name(
+            jnp.einsum("bsd,dhe->bshe", x, params["wk"]), "key_proj"
+        )  # [B, S, heads, head_dim]
+    with jax.named_scope("value_proj"):
+        v = checkpoint_name(
+            jnp.einsum("bsd,dhe->bshe", x, params["wv"]), "value_proj"
+        )  # [B, S, heads, head_dim]
+    with jax.named_scope("context"):
+        same_segment = segments[:, None, :, None] == segments[:, None, None, :]  # [B, 1, S, S]
+        # select_kernels: xla, the first of gpu-h100's attention kernels that fits; the ones before it:
+        # attention: cudnn not used: t5_tiny computes in f32; cuDNN flash attention needs bf16 or f16
+        o = checkpoint_name(
+            jax.nn.dot_product_attention(
+                q,
+                k,
+                v,
+                is_causal=False,
+                bias=bias,
+                mask=same_segment,
+                scale=1.0,
+                implementation="xla",
+            ),
+            "context",
+        )  # [B, S, heads, head_dim]
+    with jax.named_scope("out_proj"):
+        y = checkpoint_name(jnp.einsum("bshe,hed->bsd", o, params["wo"]), "out_proj")  # [B, S, dim]
     return y  # [B, S, dim]
 
 
@@ -130,9 +142,10 @@ def gated_mlp(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
 
     Used at /encoder/mlp, /decoder/mlp.
     """
-    h = checkpoint_name(
-        jax.nn.gelu(x @ params["w_gate"]) * (x @ params["w_up"]), "mlp_hidden"
-    )  # [B, S, ffn]
+    with jax.named_scope("mlp_hidden"):
+        h = checkpoint_name(
+            jax.nn.gelu(x @ params["w_gate"]) * (x @ params["w_up"]), "mlp_hidden"
+        )  # [B, S, ffn]
     return h @ params["w_down"]  # [B, S, dim]
 
 
@@ -184,25 +197,37 @@ def t5_attention_2(
 
     Used at /decoder/attn.
     """
-    q = checkpoint_name(
-        jnp.einsum("bsd,dhe->bshe", x, params["wq"]), "query_proj"
-    )  # [B, S, heads, head_dim]
-    k = checkpoint_name(
-        jnp.einsum("bsd,dhe->bshe", x, params["wk"]), "key_proj"
-    )  # [B, S, heads, head_dim]
-    v = checkpoint_name(
-        jnp.einsum("bsd,dhe->bshe", x, params["wv"]), "value_proj"
-    )  # [B, S, heads, head_dim]
-    same_segment = segments[:, None, :, None] == segments[:, None, None, :]  # [B, 1, S, S]
-    # select_kernels: xla, the first of gpu-h100's attention kernels that fits; the ones before it:
-    # attention: cudnn not used: t5_tiny computes in f32; cuDNN flash attention needs bf16 or f16
-    o = checkpoint_name(
-        jax.nn.dot_product_attention(
-            q, k, v, is_causal=True, bias=bias, mask=same_segment, scale=1.0, implementation="xla"
-        ),
-        "context",
-    )  # [B, S, heads, head_dim]
-    y = checkpoint_name(jnp.einsum("bshe,hed->bsd", o, params["wo"]), "out_proj")  # [B, S, dim]
+    with jax.named_scope("query_proj"):
+        q = checkpoint_name(
+            jnp.einsum("bsd,dhe->bshe", x, params["wq"]), "query_proj"
+        )  # [B, S, heads, head_dim]
+    with jax.named_scope("key_proj"):
+        k = checkpoint_name(
+            jnp.einsum("bsd,dhe->bshe", x, params["wk"]), "key_proj"
+        )  # [B, S, heads, head_dim]
+    with jax.named_scope("value_proj"):
+        v = checkpoint_name(
+            jnp.einsum("bsd,dhe->bshe", x, params["wv"]), "value_proj"
+        )  # [B, S, heads, head_dim]
+    with jax.named_scope("context"):
+        same_segment = segments[:, None, :, None] == segments[:, None, None, :]  # [B, 1, S, S]
+        # select_kernels: xla, the first of gpu-h100's attention kernels that fits; the ones before it:
+        # attention: cudnn not used: t5_tiny computes in f32; cuDNN flash attention needs bf16 or f16
+        o = checkpoint_name(
+            jax.nn.dot_product_attention(
+                q,
+                k,
+                v,
+                is_causal=True,
+                bias=bias,
+                mask=same_segment,
+                scale=1.0,
+                implementation="xla",
+            ),
+            "context",
+        )  # [B, S, heads, head_dim]
+    with jax.named_scope("out_proj"):
+        y = checkpoint_name(jnp.einsum("bshe,hed->bsd", o, params["wo"]), "out_proj")  # [B, S, dim]
     return y  # [B, S, dim]
 
 
@@ -213,24 +238,29 @@ def t5_cross_attention(
 
     Used at /decoder/cross.
     """
-    q = checkpoint_name(
-        jnp.einsum("bsd,dhe->bshe", x, params["wq"]), "query_proj"
-    )  # [B, S, heads, head_dim]
-    k = checkpoint_name(
-        jnp.einsum("bmd,dhe->bmhe", mem, params["wk"]), "key_proj"
-    )  # [B, M, heads, head_dim]
-    v = checkpoint_name(
-        jnp.einsum("bmd,dhe->bmhe", mem, params["wv"]), "value_proj"
-    )  # [B, M, heads, head_dim]
-    # select_kernels: xla, the first of gpu-h100's attention kernels that fits; the ones before it:
-    # attention: cudnn not used: t5_tiny computes in f32; cuDNN flash attention needs bf16 or f16
-    o = checkpoint_name(
-        jax.nn.dot_product_attention(
-            q, k, v, is_causal=False, mask=keep, scale=1.0, implementation="xla"
-        ),
-        "context",
-    )  # [B, S, heads, head_dim]
-    y = checkpoint_name(jnp.einsum("bshe,hed->bsd", o, params["wo"]), "out_proj")  # [B, S, dim]
+    with jax.named_scope("query_proj"):
+        q = checkpoint_name(
+            jnp.einsum("bsd,dhe->bshe", x, params["wq"]), "query_proj"
+        )  # [B, S, heads, head_dim]
+    with jax.named_scope("key_proj"):
+        k = checkpoint_name(
+            jnp.einsum("bmd,dhe->bmhe", mem, params["wk"]), "key_proj"
+        )  # [B, M, heads, head_dim]
+    with jax.named_scope("value_proj"):
+        v = checkpoint_name(
+            jnp.einsum("bmd,dhe->bmhe", mem, params["wv"]), "value_proj"
+        )  # [B, M, heads, head_dim]
+    with jax.named_scope("context"):
+        # select_kernels: xla, the first of gpu-h100's attention kernels that fits; the ones before it:
+        # attention: cudnn not used: t5_tiny computes in f32; cuDNN flash attention needs bf16 or f16
+        o = checkpoint_name(
+            jax.nn.dot_product_attention(
+                q, k, v, is_causal=False, mask=keep, scale=1.0, implementation="xla"
+            ),
+            "context",
+        )  # [B, S, heads, head_dim]
+    with jax.named_scope("out_proj"):
+        y = checkpoint_name(jnp.einsum("bshe,hed->bsd", o, params["wo"]), "out_proj")  # [B, S, dim]
     return y  # [B, S, dim]
 
 

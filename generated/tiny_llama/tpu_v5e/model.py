@@ -82,24 +82,31 @@ def attention(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
 
     Used at /blocks/attn.
     """
-    # quantize_matmuls: int8 on blocks/* (profile tpu-v5e)
-    q = checkpoint_name(
-        int8_einsum("bsd,dhe->bshe", x, params["wq"]), "query_proj"
-    )  # [B, S, heads, head_dim]
-    k = checkpoint_name(
-        int8_einsum("bsd,dke->bske", x, params["wk"]), "key_proj"
-    )  # [B, S, kv_heads, head_dim]
-    v = checkpoint_name(
-        int8_einsum("bsd,dkv->bskv", x, params["wv"]), "value_proj"
-    )  # [B, S, kv_heads, v_head_dim]
+    with jax.named_scope("query_proj"):
+        # quantize_matmuls: int8 on blocks/* (profile tpu-v5e)
+        q = checkpoint_name(
+            int8_einsum("bsd,dhe->bshe", x, params["wq"]), "query_proj"
+        )  # [B, S, heads, head_dim]
+    with jax.named_scope("key_proj"):
+        k = checkpoint_name(
+            int8_einsum("bsd,dke->bske", x, params["wk"]), "key_proj"
+        )  # [B, S, kv_heads, head_dim]
+    with jax.named_scope("value_proj"):
+        v = checkpoint_name(
+            int8_einsum("bsd,dkv->bskv", x, params["wv"]), "value_proj"
+        )  # [B, S, kv_heads, v_head_dim]
     q = apply_rope(q, theta=cfg.rope_theta)  # [B, S, heads, head_dim]
     k = apply_rope(k, theta=cfg.rope_theta)  # [B, S, kv_heads, head_dim]
-    # select_kernels: xla, the first of tpu-v5e's attention kernels that fits; the ones before it:
-    # attention: splash not used: tiny_llama has head_dim 16; splash needs a multiple of 64
-    o = checkpoint_name(
-        jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation="xla"), "context"
-    )  # [B, S, heads, v_head_dim]
-    y = checkpoint_name(int8_einsum("bshv,hvd->bsd", o, params["wo"]), "out_proj")  # [B, S, dim]
+    with jax.named_scope("context"):
+        # select_kernels: xla, the first of tpu-v5e's attention kernels that fits; the ones before it:
+        # attention: splash not used: tiny_llama has head_dim 16; splash needs a multiple of 64
+        o = checkpoint_name(
+            jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation="xla"), "context"
+        )  # [B, S, heads, v_head_dim]
+    with jax.named_scope("out_proj"):
+        y = checkpoint_name(
+            int8_einsum("bshv,hvd->bsd", o, params["wo"]), "out_proj"
+        )  # [B, S, dim]
     return y  # [B, S, dim]
 
 
@@ -108,12 +115,13 @@ def swiglu(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
 
     Used at /blocks/mlp.
     """
-    # quantize_matmuls: int8 on blocks/* (profile tpu-v5e)
-    h = checkpoint_name(
-        jax.nn.silu(int8_einsum("bsd,df->bsf", x, params["w_gate"]))
-        * int8_einsum("bsd,df->bsf", x, params["w_up"]),
-        "mlp_hidden",
-    )  # [B, S, ffn]
+    with jax.named_scope("mlp_hidden"):
+        # quantize_matmuls: int8 on blocks/* (profile tpu-v5e)
+        h = checkpoint_name(
+            jax.nn.silu(int8_einsum("bsd,df->bsf", x, params["w_gate"]))
+            * int8_einsum("bsd,df->bsf", x, params["w_up"]),
+            "mlp_hidden",
+        )  # [B, S, ffn]
     return int8_einsum("bsf,fd->bsd", h, params["w_down"])  # [B, S, dim]
 
 
@@ -286,24 +294,31 @@ def attention_decode(
     The decode path of `attention`; its cache is `cache`.
     """
     new_cache = {}
-    # quantize_matmuls: int8 on blocks/* (profile tpu-v5e)
-    q = checkpoint_name(
-        int8_einsum("bsd,dhe->bshe", x, params["wq"]), "query_proj"
-    )  # [B, S, heads, head_dim]
-    k = checkpoint_name(
-        int8_einsum("bsd,dke->bske", x, params["wk"]), "key_proj"
-    )  # [B, S, kv_heads, head_dim]
-    v = checkpoint_name(
-        int8_einsum("bsd,dkv->bskv", x, params["wv"]), "value_proj"
-    )  # [B, S, kv_heads, v_head_dim]
+    with jax.named_scope("query_proj"):
+        # quantize_matmuls: int8 on blocks/* (profile tpu-v5e)
+        q = checkpoint_name(
+            int8_einsum("bsd,dhe->bshe", x, params["wq"]), "query_proj"
+        )  # [B, S, heads, head_dim]
+    with jax.named_scope("key_proj"):
+        k = checkpoint_name(
+            int8_einsum("bsd,dke->bske", x, params["wk"]), "key_proj"
+        )  # [B, S, kv_heads, head_dim]
+    with jax.named_scope("value_proj"):
+        v = checkpoint_name(
+            int8_einsum("bsd,dkv->bskv", x, params["wv"]), "value_proj"
+        )  # [B, S, kv_heads, v_head_dim]
     q = apply_rope(q, theta=cfg.rope_theta, offset=pos)  # [B, S, heads, head_dim]
     k = apply_rope(k, theta=cfg.rope_theta, offset=pos)  # [B, S, kv_heads, head_dim]
-    # decoding: keys and values so far are in cache['k'], cache['v']
-    o, new_cache["k"], new_cache["v"] = cached_attention(
-        q, k, v, cache["k"], cache["v"], pos
-    )  # [B, S, heads, v_head_dim]
-    o = checkpoint_name(o, "context")  # [B, S, heads, v_head_dim]
-    y = checkpoint_name(int8_einsum("bshv,hvd->bsd", o, params["wo"]), "out_proj")  # [B, S, dim]
+    with jax.named_scope("context"):
+        # decoding: keys and values so far are in cache['k'], cache['v']
+        o, new_cache["k"], new_cache["v"] = cached_attention(
+            q, k, v, cache["k"], cache["v"], pos
+        )  # [B, S, heads, v_head_dim]
+        o = checkpoint_name(o, "context")  # [B, S, heads, v_head_dim]
+    with jax.named_scope("out_proj"):
+        y = checkpoint_name(
+            int8_einsum("bshv,hvd->bsd", o, params["wo"]), "out_proj"
+        )  # [B, S, dim]
     return y, new_cache  # [B, S, dim]
 
 

@@ -100,17 +100,22 @@ def attention(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
 
     Used at /blocks/attn.
     """
-    q = checkpoint_name(dense(x, params["wq"]), "query_proj")  # [B, S, heads, head_dim]
-    k = checkpoint_name(dense(x, params["wk"]), "key_proj")  # [B, S, heads, head_dim]
-    v = checkpoint_name(dense(x, params["wv"]), "value_proj")  # [B, S, heads, v_head_dim]
+    with jax.named_scope("query_proj"):
+        q = checkpoint_name(dense(x, params["wq"]), "query_proj")  # [B, S, heads, head_dim]
+    with jax.named_scope("key_proj"):
+        k = checkpoint_name(dense(x, params["wk"]), "key_proj")  # [B, S, heads, head_dim]
+    with jax.named_scope("value_proj"):
+        v = checkpoint_name(dense(x, params["wv"]), "value_proj")  # [B, S, heads, v_head_dim]
     q = q + params["bq"]  # [B, S, heads, head_dim]
     k = k + params["bk"]  # [B, S, heads, head_dim]
     v = v + params["bv"]  # [B, S, heads, v_head_dim]
-    # select_kernels: vjp, the first of cpu's attention kernels that fits
-    o = checkpoint_name(
-        vjp_attention(q, k, v, causal=False), "context"
-    )  # [B, S, heads, v_head_dim]
-    y = checkpoint_name(dense(o, params["wo"], 2), "out_proj")  # [B, S, dim]
+    with jax.named_scope("context"):
+        # select_kernels: vjp, the first of cpu's attention kernels that fits
+        o = checkpoint_name(
+            vjp_attention(q, k, v, causal=False), "context"
+        )  # [B, S, heads, v_head_dim]
+    with jax.named_scope("out_proj"):
+        y = checkpoint_name(dense(o, params["wo"], 2), "out_proj")  # [B, S, dim]
     y = y + params["bo"]  # [B, S, dim]
     return y  # [B, S, dim]
 
@@ -122,7 +127,8 @@ def mlp(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
     """
     h = dense(x, params["w_in"])  # [B, S, ffn]
     h = h + params["b_in"]  # [B, S, ffn]
-    h = checkpoint_name(jax.nn.gelu(h, approximate=False), "mlp_hidden")  # [B, S, ffn]
+    with jax.named_scope("mlp_hidden"):
+        h = checkpoint_name(jax.nn.gelu(h, approximate=False), "mlp_hidden")  # [B, S, ffn]
     y = dense(h, params["w_out"])  # [B, S, dim]
     y = y + params["b_out"]  # [B, S, dim]
     return y  # [B, S, dim]
