@@ -44,7 +44,7 @@ class Origin:
             case OriginKind.TARGET_BLOCK:
                 return f'target "{self.where}" at {self.span}'
             case OriginKind.FIT:
-                return f"fit_remat ({self.where})"
+                return f"fit_remat, for {self.where}"
         return f"default ({self.note})" if self.note else "default"
 
     @property

@@ -297,7 +297,7 @@ def decoder_lm_hidden(cfg: Config, params: dict, tokens: jax.Array) -> tuple[jax
     with jax.named_scope("embed"):
         x = embedding(cfg, params["embed"], tokens)  # [B, S, dim]
 
-    # insert_remat: full (fit_remat (profile gpu-h100))
+    # insert_remat: full (fit_remat, for profile gpu-h100)
     @functools.partial(jax.checkpoint, policy=REMAT_POLICY, prevent_cse=False)
     def dense_blocks_step(h, layer_params):  # one of cfg.dense_layers stacked layers
         # this layer's weights in cfg.dtype
@@ -309,7 +309,7 @@ def decoder_lm_hidden(cfg: Config, params: dict, tokens: jax.Array) -> tuple[jax
     with jax.named_scope("dense_blocks"):
         x, _ = jax.lax.scan(dense_blocks_step, x, params["dense_blocks"])  # [B, S, dim]
 
-    # insert_remat: full (fit_remat (profile gpu-h100))
+    # insert_remat: full (fit_remat, for profile gpu-h100)
     @functools.partial(jax.checkpoint, policy=REMAT_POLICY, prevent_cse=False)
     def blocks_step(carry, layer_params):  # one of cfg.layers stacked layers
         h, aux = carry
@@ -832,7 +832,7 @@ MESH_SHAPE = {
     "seq": 1,
     "model": 1,
 }  # -1 takes the chips the other axes leave
-# Rematerialization of each scanned layer, remat(full) from fit_remat (profile gpu-h100):
+# Rematerialization of each scanned layer, remat(full) from fit_remat, for profile gpu-h100:
 # keep only each layer's input; recompute the rest in the backward pass.
 # fit_remat, for deepseek_v3 at batch 8 x seq 128, 72.00 GiB usable per chip (analytic):
 # none 1501.83, save(points) 1323.21, save_dots 1323.02, full 1321.97 GiB: nothing fits, so full

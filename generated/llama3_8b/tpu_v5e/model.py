@@ -160,7 +160,7 @@ def decoder_lm_hidden(cfg: Config, params: dict, tokens: jax.Array) -> jax.Array
     with jax.named_scope("embed"):
         x = embedding(cfg, params["embed"], tokens)  # [B, S, dim]
 
-    # insert_remat: full (fit_remat (profile tpu-v5e))
+    # insert_remat: full (fit_remat, for profile tpu-v5e)
     @functools.partial(jax.checkpoint, policy=REMAT_POLICY, prevent_cse=False)
     def blocks_step(h, layer_params):  # one of cfg.layers stacked layers
         # this layer's weights in cfg.dtype
@@ -523,7 +523,7 @@ MESH_SHAPE = {
     "seq": 1,
     "model": 1,
 }  # -1 takes the chips the other axes leave
-# Rematerialization of each scanned layer, remat(full) from fit_remat (profile tpu-v5e):
+# Rematerialization of each scanned layer, remat(full) from fit_remat, for profile tpu-v5e:
 # keep only each layer's input; recompute the rest in the backward pass.
 # fit_remat, for llama3_8b at batch 8 x seq 128, 14.40 GiB usable per chip (analytic):
 # none 25.40, save(points) 16.74, save_dots 16.82, full 16.53 GiB: nothing fits, so full

@@ -518,7 +518,7 @@ MESH_SHAPE = {
     "seq": 1,
     "model": 1,
 }  # -1 takes the chips the other axes leave
-# insert_remat: remat(none) from fit_remat (profile gpu-h100): scanned layers keep every activation.
+# insert_remat: remat(none) from fit_remat, for profile gpu-h100: scanned layers keep every activation.
 # fit_remat, for mistral_7b at batch 8 x seq 128, 72.00 GiB usable per chip (analytic):
 # none 23.38 GiB: none fits
 

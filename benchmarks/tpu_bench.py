@@ -1,0 +1,289 @@
+"""Model FLOP utilization of generated tpu-v5e-1 code on one TPU v5e chip, real shapes cut to fit.
+
+    python benchmarks/tpu_bench.py prepare DIR [--variants]  # here: build every config, plan.json
+    python benchmarks/tpu_bench.py run DIR [--only NAME ...]  # on the chip: jax, optax, orbax, tqdm
+    python benchmarks/tpu_bench.py --dry-run                  # tiny cpu builds of the same configs
+
+`prepare` cuts real shapes from specs/ to one 16 GiB chip (fewer layers or experts; every width,
+head count, head_dim, vocabulary and attention feature kept) and builds each with `axdsl build
+--target tpu-v5e-1`: once as the compiler schedules it (its remat, quantization and kernels:
+"chosen") and, with --variants, once per schedule written in a target block, to weigh the levers.
+It records each build's analytic memory (`axdsl aot` without lowering) and model FLOPs.
+
+`run` needs nothing of axdsl. Each config runs in a process of its own (one program holds the chip
+at a time); for each build it compiles the generated `make_train_step`, records XLA's
+`memory_analysis()` and `cost_analysis()` (hardware FLOPs, remat included), runs WARMUP + STEPS
+steps on the default data and prints tokens/s and MFU: the generated train.py's model FLOPs per
+token (MODEL_FLOPS, MaxText's formula) x tokens/s over the chip's 197 TFLOP/s bf16 peak. A build
+XLA refuses for memory is reported as "does not fit" with XLA's figure. Results are also written
+as JSON lines to RESULTS (default DIR/results.jsonl). It prints a markdown table for
+benchmarks/RESULTS.md. The goals (issue 34): dense >= 55%, 32k context >= 55%, MoE >= 35%,
+Mamba-2 >= 30%.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib
+import json
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+TARGET = "tpu-v5e-1"
+PEAK = 197e12  # bf16 FLOP/s of one v5e chip (the profile's peak_tflops)
+WARMUP, STEPS = 2, 8
+GOALS = {"dense": 0.55, "long": 0.55, "moe": 0.35, "ssm": 0.30}
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """One real shape cut to one chip: `spec` is copied, `cut` extends its first model."""
+
+    name: str
+    kind: str  # a key of GOALS
+    spec: str  # specs/<spec>.axl
+    base: str  # the model the cut extends
+    tiny: str  # the spec's test-size model, which a dry run extends instead
+    cut: str  # the settings that differ from `base`, in .axl
+    batch: int
+    seq: int
+    why: str  # what was cut and why
+
+
+CONFIGS = (
+    Config("llama1b", "dense", "llama3_2_1b", "llama3_2_1b", "llama3_2_tiny",
+           "max_seq = 2048  param_dtype = bf16", 4, 2048,
+           "Llama 3.2 1B whole (16 layers, 32 heads of 64): bf16 weights and AdamW moments"),
+    Config("llama_32k", "long", "llama3_2_1b", "llama3_2_1b", "llama3_2_tiny",
+           "layers = 2  heads = 16  kv_heads = 8  max_seq = 32768", 1, 32768,
+           "Llama 3.2 1B width, 2 layers of 16 heads of 128, one sequence of 32,768 tokens"),
+    Config("gemma2", "dense", "gemma2_2b", "gemma2_2b", "gemma2_tiny",
+           "layers = 6  param_dtype = bf16", 1, 8192,
+           "Gemma 2 2B cut to 6 layers (local and global, head_dim 256, soft caps), bf16 weights"),
+    Config("qwen3_moe", "moe", "qwen3_30b_a3b", "qwen3_30b_a3b", "qwen3_30b_a3b_tiny",
+           "layers = 2  param_dtype = bf16  max_seq = 2048\n  block = Block(attn = Attention("
+           "head_dim = 128, qk_norm = true),\n    mlp = MoE(hidden = ffn, experts = 16, top_k = 8, "
+           "capacity_factor = 0.0))", 2, 2048,
+           "Qwen3-30B-A3B cut to 2 layers of 16 experts (top 8 of 768 wide, as in the model: the "
+           "same work per token), bf16 weights"),
+    Config("qwen3_moe_l1", "moe", "qwen3_30b_a3b", "qwen3_30b_a3b", "qwen3_30b_a3b_tiny",
+           "layers = 1  param_dtype = bf16  max_seq = 2048\n  block = Block(attn = Attention("
+           "head_dim = 128, qk_norm = true),\n    mlp = MoE(hidden = ffn, experts = 32, top_k = 8, "
+           "capacity_factor = 0.0))", 2, 2048,
+           "Qwen3-30B-A3B cut to 1 layer of 32 experts (top 8 of 768 wide), bf16 weights"),
+    Config("mamba2", "ssm", "mamba2_2_7b", "mamba2_2_7b", "mamba2_tiny", "layers = 4", 4, 2048,
+           "Mamba-2 2.7B cut to 4 layers (80 heads, dim 2560), f32 weights"),
+)
+# schedule variants weighed with --variants (target-block lines; they keep the target's int8),
+# and the configs each is tried on
+VARIANTS = {
+    "save_dots": ("remat(save_dots)", ("llama1b", "llama_32k", "gemma2", "qwen3_moe", "qwen3_moe_l1",
+                                       "mamba2")),
+    "save_ctx": ("remat(save = [context])", ("llama1b", "llama_32k", "gemma2")),
+    "save_qkv": ("remat(save = [query_proj, key_proj, value_proj, context])", ("llama1b",)),
+    "remat_none": ("remat(none)", ()),
+    "bf16": ("quantize(none)", ()),
+    "bf16_xla": ("quantize(none) kernels(attention = xla)", ()),
+}
+TRAIN = """
+train {{
+  batch = {batch}  seq = {seq}  steps = 100
+  optimizer = adamw(lr = 3e-4, b1 = 0.9, b2 = 0.95, weight_decay = 0.1)
+  schedule = cosine(warmup = 5, final = 0.1)
+}}
+"""
+
+
+# ---------------------------------------------------------------------------- prepare (here)
+def cut_spec(config: Config, out: Path, schedule: str, dry: bool) -> Path:
+    """specs/<spec>.axl with the cut model appended (the tiny variant's sizes on a dry run)."""
+    text = (REPO / "specs" / f"{config.spec}.axl").read_text()
+    if not dry:  # the train block's seq is checked against every model: drop the test-size one
+        text = re.sub(rf"\nmodel {config.tiny} extends .*?\n}}\n", "\n", text, flags=re.S)
+    base, cut = (config.tiny, "layers = 2") if dry else (config.base, config.cut)
+    # the cut comes first: the train block trains a spec's first model, and fit_remat sizes for it
+    imports = re.match(r"(?:\s*(?:#[^\n]*|import [^\n]*)\n)*", text).end()
+    text = f"{text[:imports]}\nmodel {config.name}_cut extends {base} {{\n  {cut}\n}}\n{text[imports:]}"
+    text += TRAIN.format(batch=2 if dry else config.batch, seq=128 if dry else config.seq)
+    if schedule:
+        text += f'\ntarget "*" {{ {schedule} }}\n'
+    path = out / f"{config.name}.axl"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return path
+
+
+def prepare(out: Path, variants: bool, dry: bool) -> dict:
+    """Build every config (and variant) under `out`, a package root; write and return plan.json."""
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    from gpu_check import build
+
+    from axdsl.aot import analyze
+
+    target = "cpu" if dry else TARGET
+    plan: dict = {"target": target, "runs": []}
+    for config in CONFIGS:
+        tried = {k: line for k, (line, names) in VARIANTS.items() if config.name in names}
+        schedules = {"chosen": ""} | (tried if variants and not dry else {})
+        for name, schedule in schedules.items():
+            spec = cut_spec(config, out / f"spec_{config.name}_{name}", schedule, dry)
+            model, package = f"{config.name}_cut", f"gen_{config.name}_{name}"
+            gen = build(spec, target, out / package)
+            report = analyze(spec, target, model=model, lower=False)
+            plan["runs"].append({
+                "config": config.name, "kind": config.kind, "variant": name, "model": model,
+                "module": f"{package}.{gen.parent.name}.{gen.name}.train", "why": config.why,
+                "batch": 2 if dry else config.batch, "seq": 128 if dry else config.seq,
+                "analytic_bytes": report.estimate.total, "remat": str(report.estimate.remat),
+            })
+    (out / "__init__.py").touch()
+    (out / "plan.json").write_text(json.dumps(plan, indent=1))
+    return plan
+
+
+# ---------------------------------------------------------------------------- run (on the chip)
+def measure(root: str, run: dict, steps: int) -> dict:
+    """Compile one build's train step, then time `steps` steps after WARMUP: its figures."""
+    import jax
+
+    sys.path.insert(0, root)
+    tm = importlib.import_module(run["module"])
+    tc = dataclasses.replace(tm.TRAIN, model=run["model"], batch=run["batch"], seq=run["seq"])
+    cfg = tm.CONFIGS[tc.model]
+    mesh = tm.make_mesh()
+    out: dict = {k: run[k] for k in ("config", "variant", "batch", "seq", "analytic_bytes", "remat")}
+    with jax.set_mesh(mesh):
+        sharding = tm.batch_sharding(mesh)
+        began = time.perf_counter()
+        step = tm.make_train_step(cfg, tc, mesh)
+        abstract = tm.abstract_state(cfg, tc, mesh)
+        batch_shape = jax.ShapeDtypeStruct((tc.batch, tc.seq + 1), "int32", sharding=sharding)
+        try:
+            compiled = step.lower(abstract, batch_shape).compile()
+        except Exception as exc:  # noqa: BLE001 - XLA refusing the step is a result, not a crash
+            out["error"] = str(exc).strip().splitlines()[0][:400]
+            return out
+        out["compile_s"] = round(time.perf_counter() - began, 1)
+        ma = compiled.memory_analysis()
+        out["xla"] = {k: int(getattr(ma, f"{k}_size_in_bytes")) for k in ("argument", "output", "alias", "temp")}
+        out["xla_bytes"] = out["xla"]["argument"] + out["xla"]["temp"] + max(out["xla"]["output"] - out["xla"]["alias"], 0)
+        cost = compiled.cost_analysis()
+        cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+        out["hw_flops"] = float((cost or {}).get("flops", 0.0))
+        tokens, _ = tm.runtime.split(tm.runtime.stdlib_bytes(8 << 20))
+        state = tm.init_state(cfg, tc, mesh, jax.random.key(tc.seed))
+        times, losses = [], []
+        for i in range(WARMUP + steps):
+            batch = tm.runtime.get_batch(tokens, tc, i, sharding)
+            t0 = time.perf_counter()
+            state, metrics = compiled(state, batch)
+            losses.append(float(metrics["loss"]))  # waits for the step
+            times.append(time.perf_counter() - t0)
+    timed = sorted(times[WARMUP:])
+    step_s = timed[len(timed) // 2]  # the median step
+    per_token = tm.MODEL_FLOPS[tc.model].per_token(tc.seq)
+    out.update(step_s=step_s, tokens_per_s=tc.batch * tc.seq / step_s, losses=losses,
+               model_flops_per_token=per_token, mfu=per_token * tc.batch * tc.seq / step_s / PEAK,
+               hfu=out["hw_flops"] / step_s / PEAK)
+    return out
+
+
+def _measure_config(root: Path, config: str, steps: int, results: Path) -> None:
+    """Every build of one config, in this process (one chip holder), each result appended."""
+    plan = json.loads((root / "plan.json").read_text())
+    for run in (r for r in plan["runs"] if r["config"] == config):
+        began = time.perf_counter()
+        try:
+            r = measure(str(root), run, steps)
+        except Exception as exc:  # noqa: BLE001 - one build failing must not hide the others
+            r = {"config": config, "variant": run["variant"], "error": f"{type(exc).__name__}: {exc}"[:400]}
+        r["wall_s"] = round(time.perf_counter() - began, 1)
+        with results.open("a") as f:
+            f.write(json.dumps(r) + "\n")
+        print(_line(r), flush=True)
+        import gc
+
+        gc.collect()
+
+
+def _line(r: dict) -> str:
+    if "error" in r:
+        return f"{r['config']:10s} {r['variant']:10s} ERROR {r['error'][:300]}"
+    return (f"{r['config']:10s} {r['variant']:10s} {r['tokens_per_s']:9.0f} tok/s  MFU {r['mfu']:6.1%}  "
+            f"HFU {r['hfu']:6.1%}  step {r['step_s'] * 1e3:7.1f} ms  XLA {r['xla_bytes'] / 2**30:5.2f} GiB  "
+            f"analytic {r['analytic_bytes'] / 2**30:5.2f} GiB  compile {r['compile_s']} s  "
+            f"loss {r['losses'][0]:.3f}->{r['losses'][-1]:.3f}")
+
+
+def run(root: Path, only: list[str], steps: int, results: Path, timeout: int) -> int:
+    """Each config in a fresh process; then the table."""
+    plan = json.loads((root / "plan.json").read_text())
+    configs = list(dict.fromkeys(r["config"] for r in plan["runs"] if not only or r["config"] in only))
+    for config in configs:
+        code = (f"import sys; sys.path.insert(0, {str(REPO / 'benchmarks')!r}); import tpu_bench; "
+                f"from pathlib import Path; tpu_bench._measure_config(Path({str(root)!r}), {config!r}, "
+                f"{steps}, Path({str(results)!r}))")
+        try:
+            proc = subprocess.run([sys.executable, "-c", code], timeout=timeout, capture_output=True, text=True)
+            print(proc.stdout, end="", flush=True)
+            if proc.returncode:
+                print(f"{config}: exited {proc.returncode}: {proc.stderr[-1500:]}", flush=True)
+        except subprocess.TimeoutExpired:
+            print(f"{config}: over {timeout} s, stopped", flush=True)
+    table(results)
+    return 0
+
+
+def table(results: Path) -> None:
+    """The markdown table of every result line."""
+    rows = [json.loads(line) for line in results.read_text().splitlines()] if results.exists() else []
+    print("\n| config | schedule | tokens/s | MFU | HFU | step | XLA memory | analytic | analytic/XLA |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        if "error" in r:
+            print(f"| {r['config']} | {r['variant']} | - | - | - | - | {r['error'][:120]} | - | - |")
+            continue
+        print(f"| {r['config']} | {r['variant']} ({r.get('remat')}) | {r['tokens_per_s']:,.0f} | "
+              f"{r['mfu']:.1%} | {r['hfu']:.1%} | {r['step_s'] * 1e3:.0f} ms | "
+              f"{r['xla_bytes'] / 2**30:.2f} GiB | {r['analytic_bytes'] / 2**30:.2f} GiB | "
+              f"{r['analytic_bytes'] / r['xla_bytes'] - 1:+.0%} |")
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("stage", nargs="?", choices=("prepare", "run"), help="prepare here, run on the TPU")
+    p.add_argument("dir", nargs="?", type=Path, help="the prepared directory")
+    p.add_argument("--variants", action="store_true", help="prepare: also each schedule of VARIANTS")
+    p.add_argument("--only", nargs="*", default=[], help="run: these configs only")
+    p.add_argument("--steps", type=int, default=STEPS, help="timed steps per build")
+    p.add_argument("--results", type=Path, help="run: JSON lines out (default DIR/results.jsonl)")
+    p.add_argument("--timeout", type=int, default=300, help="run: seconds per config's process")
+    p.add_argument("--dry-run", action="store_true", help="prepare and run tiny cpu builds here")
+    args = p.parse_args(argv)
+    if args.dry_run:
+        tmp = Path(tempfile.mkdtemp(prefix="tpu_bench_"))
+        try:
+            prepare(tmp, variants=False, dry=True)
+            return run(tmp, args.only, 2, tmp / "results.jsonl", args.timeout)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    if args.stage is None or args.dir is None:
+        p.error("give prepare DIR or run DIR, or --dry-run")
+    if args.stage == "prepare":
+        plan = prepare(args.dir, args.variants, dry=False)
+        for r in plan["runs"]:
+            print(f"{r['config']:10s} {r['variant']:10s} remat {r['remat']:10s} analytic "
+                  f"{r['analytic_bytes'] / 2**30:.2f} GiB")
+        return 0
+    return run(args.dir, args.only, args.steps, args.results or args.dir / "results.jsonl", args.timeout)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
