@@ -70,3 +70,19 @@ def test_tpu_analytic_within_10_percent_of_deviceless_compile(tmp_path):
     r = analyze(spec, "tpu-v5e-1")
     assert r.lowering.get("tpu_topology") == "v5e:1x1", r.lowering
     _check(r)
+
+
+def test_analytic_verdict_never_refuses_within_the_measured_overestimate(in_root):
+    """Without XLA's figure, a TPU total up to 10% over the 15.75 GiB XLA gives a program fits
+    (borderline), since the model overestimates steps that fit by up to that much; beyond, no."""
+    import dataclasses
+
+    from axdsl.aot.render import render
+
+    r = analyze(Path("specs/tiny_llama.axl"), "tpu-v5e-1", lower=False)
+    assert r.usable == int(15.75 * 2**30) and not r.xla_decides
+    extra = lambda total: dataclasses.replace(r.estimate, inputs=r.estimate.inputs + total - r.estimate.total)
+    r.estimate = extra(int(r.usable * 1.05))
+    assert r.fits and r.borderline and "fits (analytic, borderline)" in render(r)
+    r.estimate = extra(int(r.usable * 1.11))
+    assert not r.fits and not r.borderline

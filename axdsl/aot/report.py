@@ -90,10 +90,19 @@ class Report:
         return self.peak / self.estimate.total
 
     @property
+    def borderline(self) -> bool:
+        """An analytic total over the usable memory by no more than the model's measured
+        overestimate on this platform (platforms.py): it may fit, so it is not refused."""
+        if self.xla_decides:
+            return False
+        over = facts(self.profile.kind).overestimate
+        return self.limit < self.estimate.total <= self.limit * (1 + over)
+
+    @property
     def fits(self) -> bool:
         if self.out_of_memory is not None:
             return False
-        return self.peak <= self.limit
+        return self.peak <= self.limit or self.borderline
 
 
 def gib(n: float) -> str:
