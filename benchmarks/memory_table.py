@@ -143,6 +143,8 @@ CONFIGS = (
     Config("gemma2 none", "soft-capped, remat none", GEMMA2, 1, 8192, tpu("none")),
     Config("qwen3-moe full", "MoE 32 experts top-8", QWEN3_MOE, 4, 2048, tpu("full")),
     Config("qwen3-moe 2x1024 full", "MoE, half the tokens", QWEN3_MOE, 2, 1024, tpu("full")),
+    Config("qwen3-moe full int8", "MoE, int8 attention (v5e's default)", QWEN3_MOE, 4, 2048,
+           "remat(full)"),
     Config("mamba2 full", "Mamba-2 SSD", MAMBA2, 4, 2048, tpu("full"), quick=True),
     Config("mamba2 none", "Mamba-2, remat none", MAMBA2, 4, 2048, tpu("none")),
     Config("cpu llama none", "CPU: dense GQA, f32", LLAMA_SMALL, 8, 256,

@@ -35,6 +35,9 @@ class PlatformFacts:
     # Lanes of a tensor's minor dimension: XLA:TPU lays arrays out in tiles of 128 lanes, so a
     # minor dimension of 64 (a head_dim) takes 128 (0: no padding).
     lanes: int
+    # 32-bit copies of a dropless MoE's dispatched tokens [B, S, top_k, dim] in the backward
+    # (XLA:TPU sorts, gathers and scatters bf16 rows as u32).
+    moe_dispatch_u32: int
     # Memory a program may use per chip, as a fraction of the HBM: what the analytic verdict
     # holds the total to (XLA keeps the rest for itself).
     usable_fraction: float
@@ -44,7 +47,7 @@ class PlatformFacts:
     overestimate: float = 0.0
 
 
-CPU = PlatformFacts(loss_f32=3, loss_low=2, loss_head_grads=2, layer_recompute=1.0, lanes=0,
+CPU = PlatformFacts(loss_f32=3, loss_low=2, loss_head_grads=2, layer_recompute=1.0, lanes=0, moe_dispatch_u32=0,
                     usable_fraction=0.9)
 # tpu-v5e-1, llama 3.2 1B at 4 layers, 4 x 2048, vocab 128256, loss chunk 512: the loss's only
 # large buffers are one f32[4, 512, 128256] (1002 MiB) and one bf16 (501 MiB), and the six
@@ -57,8 +60,11 @@ CPU = PlatformFacts(loss_f32=3, loss_low=2, loss_head_grads=2, layer_recompute=1
 # (4 x 2048) 5.54 / 7.20, llama 1B with XLA attention (4 x 2048) 5.76 / 8.58: 0.58-0.77; 0.7.
 # Lanes: llama 1B at 4 layers with remat(save = [query_proj, ...]) stacks its saved queries as
 # bf16[4, 4, 2048, 32, 64] in a 256 MiB buffer, twice their 128 MiB.
+# MoE: a 2-layer, 1024-wide model with 32 experts, top-8, 4 x 2048, keeps u32[65536, 1024]
+# buffers of 256 MiB (four, two live at once beside the bf16 ones) that the model missed: 2.38 ->
+# 2.88 GiB against XLA's 2.88.
 # Overestimate: benchmarks/memory_table.py, steps XLA fits: at most +9.7% (llama 32k, remat full).
-TPU = PlatformFacts(loss_f32=1, loss_low=1, loss_head_grads=1, layer_recompute=0.7, lanes=128,
+TPU = PlatformFacts(loss_f32=1, loss_low=1, loss_head_grads=1, layer_recompute=0.7, lanes=128, moe_dispatch_u32=2,
                     usable_fraction=15.75 / 16, overestimate=0.10)
 
 FACTS = {"cpu": CPU, "gpu": CPU, "trn": CPU, "tpu": TPU}
