@@ -1,6 +1,6 @@
 """The analytic per-chip memory (axdsl/analysis/memory.py) against XLA's TPU compile, per config.
 
-    python benchmarks/memory_table.py            # 14 TPU configs + 4 CPU ones
+    python benchmarks/memory_table.py            # 15 TPU configs + 4 CPU ones
     python benchmarks/memory_table.py --quick    # 5 TPU configs + 1 CPU one
 
 On the 2 shared cores here a TPU compile takes 15-220 s (25 min for all, with other compiles
