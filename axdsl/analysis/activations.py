@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from axdsl.analysis.layout import DTYPE_BYTES, Layout
+from axdsl.analysis.platforms import CPU, PlatformFacts
 from axdsl.analysis.trace import Tracer
 from axdsl.analysis.values import Scope, Val, ValKind
 from axdsl.ir import nodes as ir
@@ -48,11 +49,12 @@ class _Blocks:
 
 def trace_activations(root: ir.Instance, layout: Layout, batch: int, seq: int,
                       remat: ir.RematPolicy | None, split: HeadSplit | None = None,
-                      loss_chunk: int = LOSS_CHUNK) -> Activations:
+                      loss_chunk: int = LOSS_CHUNK, platform: PlatformFacts = CPU) -> Activations:
     """Trace the model and its loss; `remat` replaces every scanned block's policy. `split`: the
     loss is the fused cross-entropy over the model cut at its head (ir/head.py loss_split),
-    `loss_chunk` positions at a time."""
+    `loss_chunk` positions at a time. `platform`: how many transients XLA keeps at once there."""
     t = Tracer(root, layout, batch, seq)
+    t.platform = platform
     args = [Val(a.dims, "i32", ValKind.INPUT, f"/{a.name}") for a in root.forward.args]
     if split is None:
         loss_working, kept = loss(t, t.call(root, args)), 0.0
@@ -104,9 +106,12 @@ def _add_block(t: Tracer, blocks: _Blocks, inst: ir.Instance, layer: Scope, x: V
     # residuals stay allocated until the scan's backward ends, and the two largest are live at once.
     sizes = sorted((t.nbytes(v) for v in layer.values if v.dims), reverse=True)
     cotangents = sum(sizes[:1] if policy.kind is not ir.RematKind.NONE else sizes[:2])
+    transient = recompute + cotangents
     if policy.kind is ir.RematKind.NONE:
-        recompute = 0.0
-    blocks.working = max(blocks.working, recompute + cotangents + gathered_weights(t, inst))
+        transient = cotangents
+    else:  # XLA:TPU fuses the elementwise recomputation into its consumers (platforms.py)
+        transient *= t.platform.layer_recompute
+    blocks.working = max(blocks.working, transient + gathered_weights(t, inst))
 
 
 def unrolled_reuse(t: Tracer, inst: ir.Instance, n: int, kept: float) -> float:
@@ -180,13 +185,14 @@ def fused_loss(t: Tracer, split: HeadSplit, hidden: Val, loss_chunk: int) -> tup
     outer, t.scope = t.scope, Scope()  # the head's own residuals are never kept
     logits = t.call(split.head, [hidden])
     t.scope = outer
-    chunk = min(loss_chunk, t.seq) / t.seq
+    chunk, facts = min(loss_chunk, t.seq) / t.seq, t.platform
     f32 = t.nbytes(Val(logits.dims, "f32", ValKind.OP, "logits"))
     grads = sum(t.layout.param_elements(p) * DTYPE_BYTES[p.dtype.name] for p in _head_params(split))
     kept = t.nbytes(hidden) + grads
     if chunk < 1:  # a scan over the chunks: the hidden gradients stacked by chunk, then unchunked,
-        kept *= 2  # and the head's gradient carried from chunk to chunk besides the one returned
-    return chunk * (3 * f32 + 2 * _low_precision_bytes(t, logits)), kept
+        # and the head's gradient carried from chunk to chunk besides the one returned (CPU)
+        kept = 2 * t.nbytes(hidden) + facts.loss_head_grads * grads
+    return chunk * (facts.loss_f32 * f32 + facts.loss_low * _low_precision_bytes(t, logits)), kept
 
 
 def _head_params(split: HeadSplit) -> list[ir.Param]:

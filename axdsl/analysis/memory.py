@@ -53,8 +53,10 @@ Step temporaries
 
 The package splits by concern: `layout.py` (per-chip sizes on the mesh), `values.py` and
 `trace.py` (the traced forward; each primitive's memory rule sits in its registry entry,
-axdsl/primitives/), `residuals.py` (what each binary operator saves), `activations.py` (remat policies, saved and working bytes), this module (state,
-gradients, the update and the total).
+axdsl/primitives/), `residuals.py` (what each binary operator saves), `activations.py` (remat policies, saved and working bytes), `platforms.py` (what
+XLA keeps at once on each platform: the loss's chunk buffers, the layer backward's share of its
+recomputation, TPU's 128-lane padding, the usable memory; each fact with its measurement), this
+module (state, gradients, the update and the total).
 
 This is an analytic model: XLA's buffer assignment fuses, reorders and reuses buffers, so
 expect agreement within about 10% of `compiled.memory_analysis()` (argument + temp), not exact
@@ -69,12 +71,14 @@ from enum import Enum
 
 from axdsl.analysis.activations import trace_activations
 from axdsl.analysis.layout import DTYPE_BYTES, Layout
+from axdsl.analysis.platforms import CPU, PlatformFacts, facts
 from axdsl.analysis.trace import compute_dtype
 from axdsl.ir import nodes as ir
 from axdsl.ir.head import loss_chunk, loss_split
 from axdsl.lora import resolve as resolve_lora
 from axdsl.objectives import batch_fields, batches_of, inputs as forward_inputs, objective_name
 from axdsl.passes.annotate_sharding import dim_axes
+from axdsl.targets import profiles
 
 __all__ = ["DTYPE_BYTES", "GENERATED_UPDATE_SKIP", "Layout", "MemoryEstimate", "OPT_MOMENTS",
            "UPDATE_SELECT_FRACTION", "UpdateSkip", "estimate_memory"]
@@ -206,7 +210,7 @@ def estimate_memory(module: ir.Module, model: str | None = None, *, batch: int |
     inputs = math.ceil(batch / layout.shards(rules.get("batch", ()))) * _example_bytes(module, m.root, seq)
     split = loss_split(m.root, objective_name(module))
     act = trace_activations(m.root, layout, batch // microbatches, seq, remat, split,
-                            loss_chunk(module.schedule))
+                            loss_chunk(module.schedule), platform_of(module))
     return MemoryEstimate(
         model=m.name, chips=math.prod(sizes.values()), mesh=sizes, batch=batch, seq=seq,
         microbatches=microbatches, remat=policy.kind, optimizer=optimizer,
@@ -263,6 +267,13 @@ def _lora_state(root: ir.Instance, layout: Layout, optimizer: str, settings, bas
         merged += layout.param_elements(t.param) * b
     state = _State(base.params + adapters, moments, base.weight_copies // 2 + merged, f32, adapters)
     return state, adapters + (f32 if microbatches > 1 else 0)
+
+
+def platform_of(module: ir.Module) -> PlatformFacts:
+    """The facts of the platform the module's target compiles for (CPU's without a target)."""
+    if module.schedule is None:
+        return CPU
+    return facts(profiles()[module.schedule.profile].kind)
 
 
 def _trained(st: _State) -> int:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from axdsl import primitives
 from axdsl.analysis import residuals
 from axdsl.analysis.layout import DTYPE_BYTES, Layout
+from axdsl.analysis.platforms import CPU
 from axdsl.analysis.values import Scope, Val, ValKind, attr_value, promote
 from axdsl.primitives.base import elementwise_memory
 from axdsl.ir import nodes as ir
@@ -29,6 +30,7 @@ class Tracer:
 
     def __init__(self, root: ir.Instance, layout: Layout, batch: int, seq: int) -> None:
         self.root, self.layout, self.batch, self.seq = root, layout, batch, seq
+        self.platform = CPU  # what XLA keeps at once on the target (analysis/platforms.py)
         self.compute = compute_dtype(root)
         self.outer = Scope()
         self.scope = self.outer
@@ -36,7 +38,17 @@ class Tracer:
 
     def nbytes(self, v: Val) -> float:
         """Bytes of `v` on one chip."""
-        return self.layout.elements(v.dims, self.batch, self.seq, v.weight) * DTYPE_BYTES[v.dtype]
+        n = self.layout.elements(v.dims, self.batch, self.seq, v.weight) * DTYPE_BYTES[v.dtype]
+        return n * self.lane_padding(v)
+
+    def lane_padding(self, v: Val) -> float:
+        """How much larger `v` is in the platform's layout: a minor dimension of fixed size
+        padded to a multiple of its lanes (TPU: 128), 1.0 elsewhere."""
+        lanes = self.platform.lanes
+        last = v.dims[-1] if v.dims else None
+        if not lanes or last is None or last.size is None or last.size % lanes == 0:
+            return 1.0
+        return -(-last.size // lanes) * lanes / last.size
 
     def new(self, dims, dtype, label, inputs=(), kind=ValKind.OP, **kw) -> Val:
         """A value computed in the current scope."""

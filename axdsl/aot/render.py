@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from axdsl.aot.xla import xla_total
-from axdsl.aot.report import USABLE_FRACTION, Report, gib
+from axdsl.aot.report import Report, gib
 
 
 def _si(n: float) -> str:
@@ -89,7 +89,11 @@ def _verdict_analytic(r: Report) -> list[str]:
     """The analytic total against the usable fraction of the HBM: the verdict without XLA."""
     e = r.estimate
     total = (f"  total             {gib(e.total):>12}   of {gib(r.hbm)} HBM "
-             f"({100 * e.total / r.hbm:.0f}%; usable {USABLE_FRACTION:.0%}: {gib(r.usable)})")
+             f"({100 * e.total / r.hbm:.0f}%; usable {r.usable / r.hbm:.0%}: {gib(r.usable)})")
+    if r.borderline:
+        return [total, f"  => fits (analytic, borderline): {gib(e.total - r.usable)} over the usable "
+                       "memory, within what the model overestimates steps that fit by on this "
+                       "platform; compile for the target (libtpu) to be sure"]
     if r.fits:
         return [total, f"  => fits (analytic): {gib(r.usable - e.total)} to spare"]
     return [total, f"  => does NOT fit (analytic): {gib(e.total - r.usable)} over the usable memory"]

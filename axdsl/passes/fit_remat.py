@@ -10,8 +10,9 @@ choose it: it weighs, in order of less recomputation,
     full                  keep only each layer's input
 
 and takes the first whose analytic per-chip memory (analysis/memory.py, the figure `axdsl aot`
-prints, for the train block's batch and seq) is within the chip's usable memory. When none fits,
-it takes `full` and says so: `axdsl aot` then suggests what would fit. The decision is recorded
+prints, for the train block's batch and seq) is within the chip's usable memory (the platform's
+usable fraction, analysis/platforms.py; not aot's borderline band, which risks running out).
+When none fits, it takes `full` and says so: `axdsl aot` then suggests what would fit. The decision is recorded
 in the schedule (`Schedule.remat_fit`: each policy tried with its bytes), so `axdsl dump`, the
 generated comment and `axdsl aot` all say what was chosen and why.
 
@@ -28,6 +29,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from axdsl.analysis.memory import GENERATED_UPDATE_SKIP, UpdateSkip, estimate_memory
+from axdsl.analysis.platforms import facts
 from axdsl.ir import nodes as ir
 from axdsl.passes.insert_remat import attach_remat, named_points
 from axdsl.targets import profiles
@@ -43,7 +45,8 @@ def fit_remat(module: ir.Module) -> ir.Module:
     train = module.models[0]  # the model the train block trains, as `axdsl aot` assumes
     if not any(i.repeat is not None for i in train.root.walk()):
         return _decide(module, ir.RematPolicy(ir.RematKind.NONE), choice, None)
-    usable = profiles()[module.schedule.profile].usable_bytes
+    profile = profiles()[module.schedule.profile]
+    usable = int(profile.hbm_bytes * facts(profile.kind).usable_fraction)  # no borderline band
     tried: list[ir.FitTry] = []
     for policy in candidates(train.root):
         est = estimate_memory(module, train.name, remat=policy,

@@ -190,6 +190,9 @@ def _memory(t, prim: ir.Prim, args, dims, label: str):
              ("silu residual", hidden), ("up", hidden), ("hidden", hidden), ("expert outputs", model_dim)]
     for what, d in inner:
         t.save(t.internal(slot + (d,), x.dtype, f"{label} {what}", (x, logits)))
+    if cf <= 0:  # XLA:TPU sorts and scatters the dispatched tokens in 32 bits (analysis/platforms.py)
+        for _ in range(t.platform.moe_dispatch_u32):
+            t.save(t.internal(slot + (model_dim,), "u32", f"{label} 32-bit dispatch", (x, logits)))
     return out
 
 

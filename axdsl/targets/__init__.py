@@ -22,9 +22,9 @@ REMAT_KINDS = ("none", "full", "save_dots", "save", "offload")
 QUANT_FORMATS = ("none", "fp8", "int8")
 
 
-# Memory an analytic verdict lets a step use: XLA and the runtime keep some for themselves (buffers
-# of the collectives, fragmentation), and the analytic figures are good to about 10%. `axdsl aot`
-# and fit_remat judge by it; where XLA compiles for the chip (TPU with libtpu), XLA's own bound.
+# Memory an analytic verdict lets a step use where no platform measured its own
+# (analysis/platforms.py): XLA and the runtime keep some for themselves (buffers of the
+# collectives, fragmentation), and the analytic figures are good to about 10%.
 USABLE_FRACTION = 0.9
 
 
@@ -58,11 +58,6 @@ class Profile:
     @property
     def hbm_bytes(self) -> int:
         return int(self.hbm_gib * 2**30)
-
-    @property
-    def usable_bytes(self) -> int:
-        """What an analytic verdict lets one chip's step use (USABLE_FRACTION of its memory)."""
-        return int(self.hbm_bytes * USABLE_FRACTION)
 
     def peak_flops(self, fmt: str = "bf16") -> float:
         """Dense peak FLOP/s per chip for a number format (bf16 when the format has no entry)."""

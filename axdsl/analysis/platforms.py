@@ -1,0 +1,75 @@
+"""What XLA does differently per platform, as facts the memory model reads (measured, not guessed).
+
+The memory model (memory.py, activations.py) counts the buffers a step needs; how many of them
+XLA keeps at once depends on its compiler for the platform. XLA:CPU fuses little and runs one op
+at a time; XLA:TPU fuses elementwise chains into the matmuls and reductions around them and
+writes many results in place. Each fact below is one such difference, with the measurement that
+justifies it (buffer assignments: `XLA_FLAGS=--xla_dump_to=DIR --xla_dump_hlo_as_text`, then the
+step's `*memory-usage-report.txt`; TPU figures from deviceless tpu-v5e-1 compiles with libtpu,
+checked against a real v5e chip in /work/tpu_results, benchmarks/memory_table.py).
+
+GPU and Trainium targets use the CPU facts until they are measured: those are the conservative
+ones (more buffers live), so their analytic verdicts err towards "does not fit".
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class PlatformFacts:
+    """How many buffers of each transient XLA keeps at once on one platform."""
+
+    # The fused cross-entropy's working set, per chunk of positions: float32 [B, chunk, vocab]
+    # buffers (logits, softmax, gradient) and ones in the head matmul's dtype (logits, gradient).
+    loss_f32: int
+    loss_low: int
+    # The chunk scan's head-parameter gradient: carried from chunk to chunk beside the one
+    # returned (2), or accumulated in place (1).
+    loss_head_grads: int
+    # A rematerialized layer's backward: the fraction of (its recomputed residuals + the
+    # largest cotangent) live at once. XLA:TPU recomputes elementwise residuals (casts, the
+    # activations' and norms' products) inside the fusions that consume them, so fewer exist.
+    layer_recompute: float
+    # Lanes of a tensor's minor dimension: XLA:TPU lays arrays out in tiles of 128 lanes, so a
+    # minor dimension of 64 (a head_dim) takes 128 (0: no padding).
+    lanes: int
+    # 32-bit copies of a dropless MoE's dispatched tokens [B, S, top_k, dim] in the backward
+    # (XLA:TPU sorts, gathers and scatters bf16 rows as u32).
+    moe_dispatch_u32: int
+    # Memory a program may use per chip, as a fraction of the HBM: what the analytic verdict
+    # holds the total to (XLA keeps the rest for itself).
+    usable_fraction: float
+    # The largest analytic overestimate measured on steps XLA fits, as a fraction: the analytic
+    # verdict says "fits (borderline)" up to usable x (1 + this), so that it never refuses a step
+    # the compiler would fit (the price: a step in that band may not fit; the report says so).
+    overestimate: float = 0.0
+
+
+CPU = PlatformFacts(loss_f32=3, loss_low=2, loss_head_grads=2, layer_recompute=1.0, lanes=0, moe_dispatch_u32=0,
+                    usable_fraction=0.9)
+# tpu-v5e-1, llama 3.2 1B at 4 layers, 4 x 2048, vocab 128256, loss chunk 512: the loss's only
+# large buffers are one f32[4, 512, 128256] (1002 MiB) and one bf16 (501 MiB), and the six
+# bf16[128256, 2048] gradient values of the tied head share one 501 MiB buffer (was modelled as
+# 3 x f32 + 2 x bf16 and two gradients: +2.5 GiB). XLA gives a program 15.75 of v5e's 16 GiB
+# (its RESOURCE_EXHAUSTED message, tpu.py hbm_available): 0.984.
+# Remat full, layer backward, XLA's temporaries less gradients, weight copies and what is saved,
+# over the modelled recompute + cotangent: llama 32k (1 x 32768) 3.0 / 4.99 GiB (four
+# bf16[32768, 8192] MLP buffers and the attention's), gemma 2 (1 x 8192) 2.26 / 3.92, Mamba-2
+# (4 x 2048) 5.54 / 7.20, llama 1B with XLA attention (4 x 2048) 5.76 / 8.58: 0.58-0.77; 0.7.
+# Lanes: llama 1B at 4 layers with remat(save = [query_proj, ...]) stacks its saved queries as
+# bf16[4, 4, 2048, 32, 64] in a 256 MiB buffer, twice their 128 MiB.
+# MoE: a 2-layer, 1024-wide model with 32 experts, top-8, 4 x 2048, keeps u32[65536, 1024]
+# buffers of 256 MiB (four, two live at once beside the bf16 ones) that the model missed: 2.38 ->
+# 2.88 GiB against XLA's 2.88.
+# Overestimate: benchmarks/memory_table.py, steps XLA fits: at most +9.7% (llama 32k, remat full).
+TPU = PlatformFacts(loss_f32=1, loss_low=1, loss_head_grads=1, layer_recompute=0.7, lanes=128, moe_dispatch_u32=2,
+                    usable_fraction=15.75 / 16, overestimate=0.10)
+
+FACTS = {"cpu": CPU, "gpu": CPU, "trn": CPU, "tpu": TPU}
+
+
+def facts(kind: str) -> PlatformFacts:
+    """The facts of a target kind (cpu, gpu, tpu, trn); unknown kinds get the CPU's."""
+    return FACTS.get(kind, CPU)
