@@ -12,7 +12,7 @@ It records each build's analytic memory (`axdsl aot` without lowering) and model
 
 `run` needs nothing of axdsl. Each config runs in a process of its own (one program holds the chip
 at a time); for each build it compiles the generated `make_train_step`, records XLA's
-`memory_analysis()` and `cost_analysis()` (hardware FLOPs, remat included), runs WARMUP + STEPS
+`memory_analysis()` (not `cost_analysis()`: it counts a scan's body once), runs WARMUP + STEPS
 steps on the default data and prints tokens/s and MFU: the generated train.py's model FLOPs per
 token (MODEL_FLOPS, MaxText's formula) x tokens/s over the chip's 197 TFLOP/s bf16 peak. A build
 XLA refuses for memory is reported as "does not fit" with XLA's figure. Results are also written
@@ -174,9 +174,6 @@ def measure(root: str, run: dict, steps: int) -> dict:
         ma = compiled.memory_analysis()
         out["xla"] = {k: int(getattr(ma, f"{k}_size_in_bytes")) for k in ("argument", "output", "alias", "temp")}
         out["xla_bytes"] = out["xla"]["argument"] + out["xla"]["temp"] + max(out["xla"]["output"] - out["xla"]["alias"], 0)
-        cost = compiled.cost_analysis()
-        cost = cost[0] if isinstance(cost, (list, tuple)) else cost
-        out["hw_flops"] = float((cost or {}).get("flops", 0.0))
         tokens, _ = tm.runtime.split(tm.runtime.stdlib_bytes(8 << 20))
         state = tm.init_state(cfg, tc, mesh, jax.random.key(tc.seed))
         times, losses = [], []
@@ -190,8 +187,7 @@ def measure(root: str, run: dict, steps: int) -> dict:
     step_s = timed[len(timed) // 2]  # the median step
     per_token = tm.MODEL_FLOPS[tc.model].per_token(tc.seq)
     out.update(step_s=step_s, tokens_per_s=tc.batch * tc.seq / step_s, losses=losses,
-               model_flops_per_token=per_token, mfu=per_token * tc.batch * tc.seq / step_s / PEAK,
-               hfu=out["hw_flops"] / step_s / PEAK)
+               model_flops_per_token=per_token, mfu=per_token * tc.batch * tc.seq / step_s / PEAK)
     return out
 
 
@@ -217,7 +213,7 @@ def _line(r: dict) -> str:
     if "error" in r:
         return f"{r['config']:10s} {r['variant']:10s} ERROR {r['error'][:300]}"
     return (f"{r['config']:10s} {r['variant']:10s} {r['tokens_per_s']:9.0f} tok/s  MFU {r['mfu']:6.1%}  "
-            f"HFU {r['hfu']:6.1%}  step {r['step_s'] * 1e3:7.1f} ms  XLA {r['xla_bytes'] / 2**30:5.2f} GiB  "
+            f"step {r['step_s'] * 1e3:7.1f} ms  XLA {r['xla_bytes'] / 2**30:5.2f} GiB  "
             f"analytic {r['analytic_bytes'] / 2**30:5.2f} GiB  compile {r['compile_s']} s  "
             f"loss {r['losses'][0]:.3f}->{r['losses'][-1]:.3f}")
 
@@ -244,14 +240,14 @@ def run(root: Path, only: list[str], steps: int, results: Path, timeout: int) ->
 def table(results: Path) -> None:
     """The markdown table of every result line."""
     rows = [json.loads(line) for line in results.read_text().splitlines()] if results.exists() else []
-    print("\n| config | schedule | tokens/s | MFU | HFU | step | XLA memory | analytic | analytic/XLA |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("\n| config | schedule | tokens/s | MFU | step | XLA memory | analytic | analytic/XLA |")
+    print("|---|---|---|---|---|---|---|---|")
     for r in rows:
         if "error" in r:
-            print(f"| {r['config']} | {r['variant']} | - | - | - | - | {r['error'][:120]} | - | - |")
+            print(f"| {r['config']} | {r['variant']} | - | - | - | {r['error'][:120]} | - | - |")
             continue
         print(f"| {r['config']} | {r['variant']} ({r.get('remat')}) | {r['tokens_per_s']:,.0f} | "
-              f"{r['mfu']:.1%} | {r['hfu']:.1%} | {r['step_s'] * 1e3:.0f} ms | "
+              f"{r['mfu']:.1%} | {r['step_s'] * 1e3:.0f} ms | "
               f"{r['xla_bytes'] / 2**30:.2f} GiB | {r['analytic_bytes'] / 2**30:.2f} GiB | "
               f"{r['analytic_bytes'] / r['xla_bytes'] - 1:+.0%} |")
 
