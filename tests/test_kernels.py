@@ -290,3 +290,20 @@ def test_models_of_different_structures_are_an_error_not_a_crash(tmp_path):
                     "model other = Id {}\n")
     with pytest.raises(CompileError, match="has a different structure"):
         build_files(spec, "gpu-h100")
+
+
+def test_models_whose_parameters_differ_inside_a_block_are_an_error(tmp_path):
+    """Models of a spec share one parameter table sized by Config fields: a size written inside a
+    block (`MoE(experts = 4)`) that differs from the first model's was silently the first
+    model's (a 128-expert table for a 32-expert model); now it is a located error."""
+    from axdsl.build import build_files
+    from axdsl.errors import CompileError
+
+    spec = tmp_path / "moe.axl"
+    spec.write_text('import "std/transformer.axl"\n'
+                    "model big = DecoderLM { vocab = 64  dim = 64  layers = 2  heads = 2  ffn = 32\n"
+                    "  block = Block(mlp = MoE(hidden = ffn, experts = 8, top_k = 2)) }\n"
+                    "model cut extends big {\n"
+                    "  block = Block(mlp = MoE(hidden = ffn, experts = 4, top_k = 2)) }\n")
+    with pytest.raises(CompileError, match="`cut` has parameters of other shapes than `big`.*experts = 4"):
+        build_files(spec, "cpu")

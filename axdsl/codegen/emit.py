@@ -80,6 +80,7 @@ def shared_functions(module: ir.Module) -> tuple[list[list[LayerFunction]], Eins
     letters = EinsumLetters()  # one table for every model: they share the layer functions
     per_model = [_functions(m.root, module.schedule, letters) for m in module.models]
     first = [(f.name, f.body) for f in per_model[0]]
+    table = _param_table(module.models[0].root)
     for model, fns in zip(module.models[1:], per_model[1:]):
         if [(f.name, f.body) for f in fns] != first:
             raise CompileError([Diagnostic(
@@ -87,7 +88,22 @@ def shared_functions(module: ir.Module) -> tuple[list[list[LayerFunction]], Eins
                 f"model `{model.name}` has a different structure from `{module.models[0].name}`",
                 "models in one spec share generated layer code; put this model in its own spec file",
             )])
+        if _param_table(model.root) != table:  # a size written inside a block (`MoE(experts = 32)`)
+            raise CompileError([Diagnostic(
+                model.span,
+                f"model `{model.name}` has parameters of other shapes than `{module.models[0].name}` "
+                f"where no hyperparameter says so: {_first_difference(_param_table(model.root), table)}",
+                "models in one spec share one parameter table, sized by Config fields; set the size "
+                "as a model hyperparameter, or put this model in its own spec file",
+            )])
     return per_model, letters
+
+
+def _first_difference(table: tuple[list[str], list], first: tuple[list[str], list]) -> str:
+    """The first size or parameter row of `table` that the first model's table does not have."""
+    theirs = {" ".join(str(x).split()) for x in first[0] + first[1]}
+    mine = [" ".join(str(x).split()) for x in table[0] + table[1]]
+    return next((f"`{line}`" for line in mine if line not in theirs), "another parameter list")
 
 
 def emit_model(module: ir.Module) -> str:
