@@ -55,6 +55,7 @@ class Config:
     batch: int
     seq: int
     why: str  # what was cut and why
+    edit: tuple[str, str] = ("", "")  # a size inside a block, replaced in the copied spec (old, new)
 
 
 CONFIGS = (
@@ -68,16 +69,13 @@ CONFIGS = (
            "layers = 6  param_dtype = bf16", 1, 8192,
            "Gemma 2 2B cut to 6 layers (local and global, head_dim 256, soft caps), bf16 weights"),
     Config("qwen3_moe", "moe", "qwen3_30b_a3b", "qwen3_30b_a3b", "qwen3_30b_a3b_tiny",
-           "layers = 2  param_dtype = bf16  max_seq = 2048\n  block = Block(attn = Attention("
-           "head_dim = 128, qk_norm = true),\n    mlp = MoE(hidden = ffn, experts = 16, top_k = 8, "
-           "capacity_factor = 0.0))", 2, 2048,
+           "layers = 2  param_dtype = bf16  max_seq = 2048", 2, 2048,
            "Qwen3-30B-A3B cut to 2 layers of 16 experts (top 8 of 768 wide, as in the model: the "
-           "same work per token), bf16 weights"),
+           "same work per token), bf16 weights", ("experts = 128", "experts = 16")),
     Config("qwen3_moe_l1", "moe", "qwen3_30b_a3b", "qwen3_30b_a3b", "qwen3_30b_a3b_tiny",
-           "layers = 1  param_dtype = bf16  max_seq = 2048\n  block = Block(attn = Attention("
-           "head_dim = 128, qk_norm = true),\n    mlp = MoE(hidden = ffn, experts = 32, top_k = 8, "
-           "capacity_factor = 0.0))", 2, 2048,
-           "Qwen3-30B-A3B cut to 1 layer of 32 experts (top 8 of 768 wide), bf16 weights"),
+           "layers = 1  param_dtype = bf16  max_seq = 2048", 2, 2048,
+           "Qwen3-30B-A3B cut to 1 layer of 32 experts (top 8 of 768 wide), bf16 weights",
+           ("experts = 128", "experts = 32")),
     Config("mamba2", "ssm", "mamba2_2_7b", "mamba2_2_7b", "mamba2_tiny", "layers = 4", 4, 2048,
            "Mamba-2 2.7B cut to 4 layers (80 heads, dim 2560), f32 weights"),
 )
@@ -107,6 +105,9 @@ def cut_spec(config: Config, out: Path, schedule: str, dry: bool) -> Path:
     text = (REPO / "specs" / f"{config.spec}.axl").read_text()
     if not dry:  # the train block's seq is checked against every model: drop the test-size one
         text = re.sub(rf"\nmodel {config.tiny} extends .*?\n}}\n", "\n", text, flags=re.S)
+        # a size inside a block: the models of a spec share one parameter table, so it is
+        # changed where it is written (the base model's) rather than by the cut's `extends`
+        text = text.replace(*config.edit) if config.edit[0] else text
     base, cut = (config.tiny, "layers = 2") if dry else (config.base, config.cut)
     # the cut comes first: the train block trains a spec's first model, and fit_remat sizes for it
     imports = re.match(r"(?:\s*(?:#[^\n]*|import [^\n]*)\n)*", text).end()
