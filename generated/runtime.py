@@ -1040,7 +1040,8 @@ class RunLock:
 
 
 class Preemption:
-    """SIGTERM and SIGINT, turned into a save at the next call boundary and a clean exit.
+    """SIGTERM, SIGINT and SIGHUP (a dropped ssh session), turned into a save at the next call
+    boundary and a clean exit.
 
     `runtime.Preemption()` installs the handlers (first thing in main, so that a Ctrl-C while
     loading data or compiling is caught too) and leaving `with preempt:` restores the previous
@@ -1048,12 +1049,12 @@ class Preemption:
     loop looks between calls, after dispatching the next one: up to two calls of up to
     tc.steps_per_call steps each). The loop then logs the last call's metrics, saves a checkpoint
     of its last step and calls `preempt.exit(...)`, which waits for the save, prints one line and
-    exits 128 + signal (143 for SIGTERM, 130 for SIGINT), with no traceback. Further signals are
+    exits 128 + signal (143 for SIGTERM, 130 for SIGINT, 129 for SIGHUP), with no traceback. Further signals are
     noted and ignored: the save is never cut short by them.
     With several processes every process stops at the same step: `requested` agrees across them.
     """
 
-    SIGNALS = (signal.SIGTERM, signal.SIGINT)
+    SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
     def __init__(self):
         self.signum = 0

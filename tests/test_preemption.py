@@ -434,3 +434,15 @@ def test_ctrl_c_while_jax_loads_is_one_line_and_exit_130(tmp_path):
     assert proc.returncode == 130, (out, err)
     assert "Traceback" not in err and err.strip() == "train.py: interrupted while starting; nothing to save"
     assert not (run / "checkpoints").exists()
+
+
+def test_sighup_is_a_preemption_not_a_death(tmp_path):
+    """A dropped ssh session sends SIGHUP: the trainer's handler takes it like SIGTERM (save at
+    the next call boundary, exit 129). Before, SIGHUP killed the trainer with nothing saved."""
+    code = ("import os, signal, sys; sys.path.insert(0, sys.argv[1]); from generated import runtime; "
+            "p = runtime.Preemption(); os.kill(os.getpid(), signal.SIGHUP); "
+            "print(signal.Signals(p.signum).name, p.requested)")
+    out = subprocess.run([sys.executable, "-c", code, str(ROOT)], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "JAX_PLATFORMS": "cpu"})
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["SIGHUP", "True"]

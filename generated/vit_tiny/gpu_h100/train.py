@@ -307,7 +307,7 @@ def make_eval_step(cfg: Config, tc: TrainConfig, mesh):
 
 def main(argv=None) -> None:
     runtime.check_api(RUNTIME_API)
-    preempt = runtime.Preemption()  # SIGTERM/SIGINT: save after the call in flight, exit
+    preempt = runtime.Preemption()  # SIGTERM/SIGINT/SIGHUP: save after the call in flight, exit
     args = runtime.parse_args(__doc__, TRAIN, CONFIGS, argv)
     runtime.set_compile_cache(args)
     runtime.join_processes(args)  # before any other JAX call
