@@ -297,7 +297,10 @@ def test_a_mixed_pattern_trains_and_every_schedule_computes_the_same(tmp_path):
     spec = tmp_path / "mixed.axl"
     spec.write_text(MIXED, encoding="utf-8")
     ref, _ = import_generated(spec, "cpu", tmp_path)
-    gpu, _ = import_generated(spec, "gpu-h100-8", tmp_path)
+    remat = tmp_path / "mixed_remat.axl"  # fit_remat keeps everything of so small a step: ask for full
+    remat.write_text(MIXED.replace('target "*" { quantize(none) }',
+                                   'target "gpu*" { quantize(none) remat(full) }'), encoding="utf-8")
+    gpu, _ = import_generated(remat, "gpu-h100-8", tmp_path)
     cfg = ref.Config()
     params = ref.init_params(cfg, jax.random.key(0))
     batch = jax.random.randint(jax.random.key(1), (8, 17), 0, 256)
