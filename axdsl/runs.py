@@ -116,7 +116,8 @@ def run_child(cmd: list[str]) -> int:
     """
     proc = subprocess.Popen(cmd, process_group=0, preexec_fn=_die_with_parent(os.getpid()))
     forward = threading.current_thread() is threading.main_thread()  # where Python allows handlers
-    previous = {s: signal.signal(s, lambda signum, _: proc.send_signal(signum)) for s in FORWARDED if forward}
+    forwarded = [s for s in FORWARDED if forward and signal.getsignal(s) is not signal.SIG_IGN]  # nohup: stays ignored
+    previous = {s: signal.signal(s, lambda signum, _: proc.send_signal(signum)) for s in forwarded}
     try:
         code = proc.wait()
     finally:

@@ -1058,7 +1058,11 @@ class Preemption:
 
     def __init__(self):
         self.signum = 0
-        self.previous = {signum: signal.signal(signum, self._handle) for signum in self.SIGNALS}
+        # a signal already ignored stays ignored: under `nohup` a hang-up must not stop the run
+        ignored = {s for s in self.SIGNALS if signal.getsignal(s) is signal.SIG_IGN}
+        self.previous = {
+            s: signal.signal(s, self._handle) for s in self.SIGNALS if s not in ignored
+        }
 
     def __enter__(self) -> "Preemption":
         return self

@@ -57,10 +57,11 @@ def test_llama3_8b_does_not_fit_on_v5e_8_and_says_what_would(in_root, capsys):
 
 def test_suggestions_cover_remat_and_microbatches(in_root, tmp_path):
     # 4 sequences of 8192 tokens per chip: activations dominate; fewer tokens at once fix it.
-    # fit_remat sized llama3_8b's policy for 8 x 128 (none): a stronger remat is suggested first.
+    # fit_remat sized llama3_8b's policy for 8 x 8192 (its max_seq; the spec sets no seq): at 4x
+    # the batch a stronger remat and micro-batches are suggested, and the note says why.
     r = analyze(Path("specs/llama3_8b.axl"), "gpu-h100-8", batch=32, seq=8192, lower=False)
     assert not r.fits and "remat(full)" in "\n".join(r.suggestions)
-    assert any("was chosen for batch 8 x seq 128" in n for n in r.notes)
+    assert any("was chosen for batch 8 x seq 8192" in n for n in r.notes)
     # Under remat(full) written in a target block, smaller micro-batches are what is left.
     spec = tmp_path / "llama3_8b.axl"
     spec.write_text(Path("specs/llama3_8b.axl").read_text() + '\ntarget "gpu*" { remat(full) }\n')

@@ -446,3 +446,14 @@ def test_sighup_is_a_preemption_not_a_death(tmp_path):
                          env={**os.environ, "JAX_PLATFORMS": "cpu"})
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split() == ["SIGHUP", "True"]
+
+
+def test_sighup_under_nohup_stays_ignored():
+    """`nohup` ignores SIGHUP before the trainer starts: a hang-up then must not stop the run."""
+    code = ("import os, signal, sys; sys.path.insert(0, sys.argv[1]); from generated import runtime; "
+            "signal.signal(signal.SIGHUP, signal.SIG_IGN); p = runtime.Preemption(); "
+            "os.kill(os.getpid(), signal.SIGHUP); print(p.signum, p.requested)")
+    out = subprocess.run([sys.executable, "-c", code, str(ROOT)], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "JAX_PLATFORMS": "cpu"})
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["0", "False"]

@@ -91,10 +91,11 @@ def shared_functions(module: ir.Module) -> tuple[list[list[LayerFunction]], Eins
         if _param_table(model.root) != table:  # a size written inside a block (`MoE(experts = 32)`)
             raise CompileError([Diagnostic(
                 model.span,
-                f"model `{model.name}` has parameters of other shapes than `{module.models[0].name}` "
-                f"where no hyperparameter says so: {_first_difference(_param_table(model.root), table)}",
-                "models in one spec share one parameter table, sized by Config fields; set the size "
-                "as a model hyperparameter, or put this model in its own spec file",
+                f"model `{model.name}` has a parameter table (shapes, initializers or dtypes) other than "
+                f"`{module.models[0].name}`'s where no hyperparameter says so: "
+                f"{_first_difference(_param_table(model.root), table)}",
+                "models in one spec share one parameter table, set by Config fields; make what differs "
+                "a model hyperparameter, or put this model in its own spec file",
             )])
     return per_model, letters
 
@@ -103,7 +104,9 @@ def _first_difference(table: tuple[list[str], list], first: tuple[list[str], lis
     """The first size or parameter row of `table` that the first model's table does not have."""
     theirs = {" ".join(str(x).split()) for x in first[0] + first[1]}
     mine = [" ".join(str(x).split()) for x in table[0] + table[1]]
-    return next((f"`{line}`" for line in mine if line not in theirs), "another parameter list")
+    extra = next((f"`{line}`" for line in mine if line not in theirs), None)
+    missing = next((f"`{line}`" for line in sorted(theirs - set(mine))), None)
+    return extra or f"it lacks {missing}"
 
 
 def emit_model(module: ir.Module) -> str:

@@ -46,7 +46,7 @@ class RematFit:
     choice, unless nothing fitted), against which per-chip budget and for which step."""
 
     tried: tuple[FitTry, ...]
-    usable: int  # per-chip bytes a step may use (the chip's memory x USABLE_FRACTION)
+    usable: int  # per-chip bytes a chosen step may use (the platform's usable memory, less FIT_MARGIN)
     model: str
     batch: int
     seq: int

@@ -18,7 +18,7 @@ from axdsl.errors import did_you_mean
 # Mesh axes, least to most communication per step (AXLearn's order): `model` is innermost, so
 # tensor-parallel peers sit on the fastest links.
 MESH_AXES = ("data", "expert", "fsdp", "seq", "model")
-REMAT_KINDS = ("none", "full", "save_dots", "save", "offload")
+REMAT_KINDS = ("none", "full", "save_dots", "save", "offload", "fit")
 QUANT_FORMATS = ("none", "fp8", "int8")
 
 

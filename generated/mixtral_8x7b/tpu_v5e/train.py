@@ -370,7 +370,7 @@ def main(argv=None) -> None:
                     runtime.save(manager, state, step, skipped, tc)
                 log.exclude(time.perf_counter() - began)
             if stop:
-                preempt.exit(manager, log, step, args.out, tc)  # exits 143 (SIGTERM) or 130
+                preempt.exit(manager, log, step, args.out, tc)  # exits 128 + the signal's number
         manager.wait_until_finished()
     manager.close()
     log.close()

@@ -117,10 +117,10 @@ def model_config(tc: TrainConfig) -> Config:
 def check_config(cfg: Config, tc: TrainConfig, mesh) -> None:
     """Exit with a message when flags break the batch split, max_seq or the vocabulary."""
     runtime.check_settings(cfg, tc, mesh, batch_sharding(mesh))
-    # fit_remat chose model.REMAT_POLICY, remat(none), for batch 8 x seq 128
-    if tc.batch * tc.seq > 1024 and runtime.is_lead():
+    # fit_remat chose model.REMAT_POLICY, remat(none), for batch 8 x seq 2048
+    if tc.batch * tc.seq > 16384 and runtime.is_lead():
         print(
-            "note: remat(none) was chosen to fit 1024 tokens a step; this run "
+            "note: remat(none) was chosen to fit 16384 tokens a step; this run "
             f"takes {tc.batch * tc.seq}. If it runs out of memory, rebuild with remat(full) in a "
             "target block, or check the step with `axdsl aot specs/phi2.axl --target gpu-h100 "
             f"--batch {tc.batch} --seq {tc.seq}`",
@@ -379,7 +379,7 @@ def main(argv=None) -> None:
                     runtime.save(manager, state, step, skipped, tc)
                 log.exclude(time.perf_counter() - began)
             if stop:
-                preempt.exit(manager, log, step, args.out, tc)  # exits 143 (SIGTERM) or 130
+                preempt.exit(manager, log, step, args.out, tc)  # exits 128 + the signal's number
         manager.wait_until_finished()
     manager.close()
     log.close()
