@@ -59,8 +59,14 @@ def _structure_problem(step_dir: Path) -> str | None:
 
 def steps_newest_first(checkpoints: Path) -> list[int]:
     """The step directories orbax committed, newest first."""
-    return sorted((int(p.name) for p in checkpoints.glob("*")
-                   if p.name.isdigit() and (p / "commit_success.txt").exists()), reverse=True)
+    return sorted(
+        (
+            int(p.name)
+            for p in checkpoints.glob("*")
+            if p.name.isdigit() and (p / "commit_success.txt").exists()
+        ),
+        reverse=True,
+    )
 
 
 def good_steps(checkpoints: Path, warn) -> list[int]:

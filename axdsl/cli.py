@@ -77,8 +77,11 @@ def _internal_error(exc: Exception) -> int:
     with tempfile.NamedTemporaryFile("w", prefix="axdsl-bug-", suffix=".txt", delete=False) as f:
         f.write(f"axdsl {__version__}\nargv: {sys.argv}\n\n{text}")
     message = str(exc).splitlines()[0][:200] if str(exc) else ""
-    print(f"axdsl: internal error (a bug in axdsl, please report it): {type(exc).__name__}: {message}\n"
-          f"  the traceback is in {f.name}", file=sys.stderr)
+    print(
+        f"axdsl: internal error (a bug in axdsl, please report it): {type(exc).__name__}: {message}\n"
+        f"  the traceback is in {f.name}",
+        file=sys.stderr,
+    )
     return EXIT_INTERNAL
 
 
@@ -107,8 +110,20 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--version", action="version", version=f"axdsl {__version__}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_SubParser)
-    for add in (_add_build, _add_check, _add_dump, _add_diff, _add_aot, _add_stats, _add_import_hf, _add_export_hf,
-                _add_export_lora, _add_train, _add_plot, _add_sample):
+    for add in (
+        _add_build,
+        _add_check,
+        _add_dump,
+        _add_diff,
+        _add_aot,
+        _add_stats,
+        _add_import_hf,
+        _add_export_hf,
+        _add_export_lora,
+        _add_train,
+        _add_plot,
+        _add_sample,
+    ):
         add(sub)
     return p
 
@@ -127,32 +142,54 @@ MODEL_HELP = "model of the spec (default: the first model)"
 
 def _add_target(p: argparse.ArgumentParser) -> None:
     """--target is the same option, with the same default, in every command that takes one."""
-    p.add_argument("--target", "-t", default="cpu", help="target name, e.g. cpu, gpu-h100-8 or tpu-v5e-16")
+    p.add_argument(
+        "--target", "-t", default="cpu", help="target name, e.g. cpu, gpu-h100-8 or tpu-v5e-16"
+    )
 
 
 def _add_build(sub) -> None:
-    b = sub.add_parser("build", help="generate code for a spec and target",
-                       description="Generate generated/<spec>/<target>/ from a spec. With --check, "
-                                   "compare instead of writing and exit 1 with a diff on drift.")
-    b.add_argument("spec", nargs="?", type=Path,
-                   help="the .axl spec (default with --check: every committed output)")
+    b = sub.add_parser(
+        "build",
+        help="generate code for a spec and target",
+        description="Generate generated/<spec>/<target>/ from a spec. With --check, "
+        "compare instead of writing and exit 1 with a diff on drift.",
+    )
+    b.add_argument(
+        "spec",
+        nargs="?",
+        type=Path,
+        help="the .axl spec (default with --check: every committed output)",
+    )
     _add_target(b)
-    b.add_argument("--out", type=Path, default=Path("generated"), metavar="ROOT",
-                   help="output root: writes ROOT/<spec>/<target>/ and ROOT/runtime.py")
+    b.add_argument(
+        "--out",
+        type=Path,
+        default=Path("generated"),
+        metavar="ROOT",
+        help="output root: writes ROOT/<spec>/<target>/ and ROOT/runtime.py",
+    )
     b.add_argument("--check", action="store_true", help="check committed output instead of writing")
-    b.add_argument("--force", action="store_true", help="replace a train.py you have edited (else kept)")
+    b.add_argument(
+        "--force", action="store_true", help="replace a train.py you have edited (else kept)"
+    )
     b.set_defaults(run=_cmd_build)
 
 
 def _add_check(sub) -> None:
-    c = sub.add_parser("check", help="run the static checks on specs", description="Parse and check specs; write nothing.")
+    c = sub.add_parser(
+        "check",
+        help="run the static checks on specs",
+        description="Parse and check specs; write nothing.",
+    )
     c.add_argument("specs", nargs="+", type=Path, help="one or more .axl specs")
     _add_target(c)
     c.set_defaults(run=_cmd_check)
 
 
 def _add_dump(sub) -> None:
-    d = sub.add_parser("dump", help="print the IR of a spec", description="Print the canonical IR text.")
+    d = sub.add_parser(
+        "dump", help="print the IR of a spec", description="Print the canonical IR text."
+    )
     d.add_argument("spec", type=Path, help=SPEC_HELP)
     _add_target(d)
     d.add_argument("--after", default=None, help="stop after this pass (default: after every pass)")
@@ -160,31 +197,51 @@ def _add_dump(sub) -> None:
 
 
 def _add_diff(sub) -> None:
-    df = sub.add_parser("diff", help="diff the generated code of two targets",
-                        description="Print the unified diff between two targets' generated code.")
+    df = sub.add_parser(
+        "diff",
+        help="diff the generated code of two targets",
+        description="Print the unified diff between two targets' generated code.",
+    )
     df.add_argument("spec", type=Path, help=SPEC_HELP)
-    df.add_argument("--target", "-t", action="append", required=True,
-                    help="give exactly two, e.g. -t cpu -t gpu-h100 (no default)")
+    df.add_argument(
+        "--target",
+        "-t",
+        action="append",
+        required=True,
+        help="give exactly two, e.g. -t cpu -t gpu-h100 (no default)",
+    )
     df.set_defaults(run=_cmd_diff)
 
 
 def _add_aot(sub) -> None:
-    a = sub.add_parser("aot", help="ahead-of-time fit report for a target",
-                       description="Lower the generated train step for the target on this machine and "
-                                   "report per-chip memory and FLOPs. Exit 0 if it fits, 3 if not.")
+    a = sub.add_parser(
+        "aot",
+        help="ahead-of-time fit report for a target",
+        description="Lower the generated train step for the target on this machine and "
+        "report per-chip memory and FLOPs. Exit 0 if it fits, 3 if not.",
+    )
     a.add_argument("spec", type=Path, help=SPEC_HELP)
     _add_target(a)
     a.add_argument("--model", default=None, help=MODEL_HELP)
-    a.add_argument("--batch", type=int, default=None, help="global batch (default: the train block's)")
-    a.add_argument("--seq", type=int, default=None, help="sequence length (default: the train block's)")
-    a.add_argument("--compile", action="store_true", help="also compile on this CPU and show XLA's figures")
+    a.add_argument(
+        "--batch", type=int, default=None, help="global batch (default: the train block's)"
+    )
+    a.add_argument(
+        "--seq", type=int, default=None, help="sequence length (default: the train block's)"
+    )
+    a.add_argument(
+        "--compile", action="store_true", help="also compile on this CPU and show XLA's figures"
+    )
     a.set_defaults(run=_cmd_aot)
 
 
 def _add_stats(sub) -> None:
-    st = sub.add_parser("stats", help="parameters, FLOPs and memory per chip",
-                        description="Count parameters (total and active), model FLOPs per token and per "
-                                    "step, and per-chip memory for the target, from the IR alone.")
+    st = sub.add_parser(
+        "stats",
+        help="parameters, FLOPs and memory per chip",
+        description="Count parameters (total and active), model FLOPs per token and per "
+        "step, and per-chip memory for the target, from the IR alone.",
+    )
     st.add_argument("spec", type=Path, help=SPEC_HELP)
     _add_target(st)
     st.add_argument("--model", default=None, help=MODEL_HELP)
@@ -192,43 +249,73 @@ def _add_stats(sub) -> None:
 
 
 def _add_import_hf(sub) -> None:
-    hi = sub.add_parser("import-hf", help="convert Hugging Face weights to an orbax checkpoint",
-                        description="Read config.json and *.safetensors and write an orbax params "
-                                    "checkpoint for the spec's model.")
+    hi = sub.add_parser(
+        "import-hf",
+        help="convert Hugging Face weights to an orbax checkpoint",
+        description="Read config.json and *.safetensors and write an orbax params "
+        "checkpoint for the spec's model.",
+    )
     hi.add_argument("spec", type=Path, help=SPEC_HELP)
-    hi.add_argument("hf_dir", type=Path, help="a Hugging Face model directory (config.json, *.safetensors)")
+    hi.add_argument(
+        "hf_dir", type=Path, help="a Hugging Face model directory (config.json, *.safetensors)"
+    )
     hi.add_argument("--model", default=None, help=MODEL_HELP)
-    hi.add_argument("--out", type=Path, default=None,
-                    help="the checkpoint directory to write (default: runs/<spec>-hf/params)")
+    hi.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="the checkpoint directory to write (default: runs/<spec>-hf/params)",
+    )
     hi.set_defaults(run=_cmd_import_hf)
 
 
 def _add_export_hf(sub) -> None:
-    he = sub.add_parser("export-hf", help="convert an orbax checkpoint to Hugging Face weights",
-                        description="Write config.json and model.safetensors from a params checkpoint or a "
-                                    "run (its newest intact step). The same form as import-hf: "
-                                    "SPEC SOURCE --out DEST.")
+    he = sub.add_parser(
+        "export-hf",
+        help="convert an orbax checkpoint to Hugging Face weights",
+        description="Write config.json and model.safetensors from a params checkpoint or a "
+        "run (its newest intact step). The same form as import-hf: "
+        "SPEC SOURCE --out DEST.",
+    )
     he.add_argument("spec", type=Path, help=SPEC_HELP)
-    he.add_argument("ckpt_dir", type=Path, help="a params checkpoint, a run directory, its checkpoints/ or one step")
+    he.add_argument(
+        "ckpt_dir",
+        type=Path,
+        help="a params checkpoint, a run directory, its checkpoints/ or one step",
+    )
     he.add_argument("legacy_out", nargs="?", type=Path, default=None, help=argparse.SUPPRESS)
-    he.add_argument("--out", type=Path, default=None,
-                    help="the Hugging Face directory to write (required; no default)")
+    he.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="the Hugging Face directory to write (required; no default)",
+    )
     he.add_argument("--model", default=None, help=MODEL_HELP)
     he.set_defaults(run=_cmd_export_hf)
 
 
 def _add_export_lora(sub) -> None:
-    el = sub.add_parser("export-lora", help="write a LoRA run's adapters alone, or merged into the weights",
-                        description="Read a run trained with lora(...) (its newest intact checkpoint, or one "
-                                    "step) and write an orbax checkpoint of its adapters (with lora.json), "
-                                    "or with --merge its weights W + (alpha / rank) * A @ B.")
+    el = sub.add_parser(
+        "export-lora",
+        help="write a LoRA run's adapters alone, or merged into the weights",
+        description="Read a run trained with lora(...) (its newest intact checkpoint, or one "
+        "step) and write an orbax checkpoint of its adapters (with lora.json), "
+        "or with --merge its weights W + (alpha / rank) * A @ B.",
+    )
     el.add_argument("spec", type=Path, help="the spec the run was trained from")
     el.add_argument("ckpt_dir", type=Path, help="a run directory, its checkpoints/ or one step")
     el.add_argument("legacy_out", nargs="?", type=Path, default=None, help=argparse.SUPPRESS)
-    el.add_argument("--out", type=Path, default=None,
-                    help="the new checkpoint's directory, which must not exist or be empty (required; no default)")
-    el.add_argument("--merge", action="store_true",
-                    help="write merged weights, a params checkpoint as import-hf writes (default: adapters alone)")
+    el.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="the new checkpoint's directory, which must not exist or be empty (required; no default)",
+    )
+    el.add_argument(
+        "--merge",
+        action="store_true",
+        help="write merged weights, a params checkpoint as import-hf writes (default: adapters alone)",
+    )
     el.set_defaults(run=_cmd_export_lora)
 
 
@@ -236,56 +323,110 @@ TRAIN_OVERRIDES = {"steps": int, "batch": int, "seq": int, "lr": float, "checkpo
 
 
 def _add_train(sub) -> None:
-    tr = sub.add_parser("train", help="build and train (rerunning resumes)",
-                        description="Build generated/<spec>/<target>/ and run its train.py. The options "
-                                    "below are passed on to it (python -m generated.<spec>.<target>.train "
-                                    "--help lists every one).")
+    tr = sub.add_parser(
+        "train",
+        help="build and train (rerunning resumes)",
+        description="Build generated/<spec>/<target>/ and run its train.py. The options "
+        "below are passed on to it (python -m generated.<spec>.<target>.train "
+        "--help lists every one).",
+    )
     tr.add_argument("spec", type=Path, help=SPEC_HELP)
     _add_target(tr)
-    tr.add_argument("--out", type=Path, default=None, help="run directory (default: runs/<spec>-<target>)")
-    tr.add_argument("--steps", type=int, default=None, help="total optimizer steps (default: the train block's)")
-    tr.add_argument("--batch", type=int, default=None, help="global batch (default: the train block's)")
-    tr.add_argument("--seq", type=int, default=None, help="sequence length (default: the train block's)")
-    tr.add_argument("--lr", type=float, default=None, help="peak learning rate (default: the train block's)")
-    tr.add_argument("--checkpoint-every", type=int, default=None,
-                    help="steps between checkpoints (default: the train block's)")
-    tr.add_argument("--data", default=None,
-                    help='"default", a token file (.bin) or a text file/directory; seq2seq: SOURCE.bin,TARGET.bin; '
-                         "classify: a .npz of images and labels (default: the train block's data)")
-    tr.add_argument("--init-from", type=Path, default=None,
-                    help="start a new run from these parameters: a Hugging Face model directory (imported "
-                         "into RUN/hf_params), a params checkpoint or a run (default: the train block's init_from)")
+    tr.add_argument(
+        "--out", type=Path, default=None, help="run directory (default: runs/<spec>-<target>)"
+    )
+    tr.add_argument(
+        "--steps", type=int, default=None, help="total optimizer steps (default: the train block's)"
+    )
+    tr.add_argument(
+        "--batch", type=int, default=None, help="global batch (default: the train block's)"
+    )
+    tr.add_argument(
+        "--seq", type=int, default=None, help="sequence length (default: the train block's)"
+    )
+    tr.add_argument(
+        "--lr", type=float, default=None, help="peak learning rate (default: the train block's)"
+    )
+    tr.add_argument(
+        "--checkpoint-every",
+        type=int,
+        default=None,
+        help="steps between checkpoints (default: the train block's)",
+    )
+    tr.add_argument(
+        "--data",
+        default=None,
+        help='"default", a token file (.bin) or a text file/directory; seq2seq: SOURCE.bin,TARGET.bin; '
+        "classify: a .npz of images and labels (default: the train block's data)",
+    )
+    tr.add_argument(
+        "--init-from",
+        type=Path,
+        default=None,
+        help="start a new run from these parameters: a Hugging Face model directory (imported "
+        "into RUN/hf_params), a params checkpoint or a run (default: the train block's init_from)",
+    )
     tr.set_defaults(run=_cmd_train)
 
 
 def _add_plot(sub) -> None:
-    pl = sub.add_parser("plot", help="plot a run's loss, eval loss, learning rate and throughput",
-                        description="Plot RUN_DIR/metrics.jsonl with matplotlib.")
+    pl = sub.add_parser(
+        "plot",
+        help="plot a run's loss, eval loss, learning rate and throughput",
+        description="Plot RUN_DIR/metrics.jsonl with matplotlib.",
+    )
     pl.add_argument("run_dir", type=Path, help="a run directory (holding metrics.jsonl)")
     pl.add_argument("--out", type=Path, default=None, help="PNG path (default: RUN_DIR/loss.png)")
     pl.set_defaults(run=_cmd_plot)
 
 
 def _add_sample(sub) -> None:
-    sm = sub.add_parser("sample", help="generate text from a run's latest checkpoint",
-                        description="Generate text from the newest intact checkpoint of RUN_DIR (a run, or "
-                                    "a checkpoint import-hf wrote), streaming it as it comes.")
+    sm = sub.add_parser(
+        "sample",
+        help="generate text from a run's latest checkpoint",
+        description="Generate text from the newest intact checkpoint of RUN_DIR (a run, or "
+        "a checkpoint import-hf wrote), streaming it as it comes.",
+    )
     sm.add_argument("run_dir", type=Path, help="a run directory or an imported params checkpoint")
-    sm.add_argument("prompt", nargs="?", default=None, help='the prompt (default: "\\n"; or give --prompt)')
-    sm.add_argument("--prompt", dest="prompt_flag", default=None, metavar="TEXT",
-                    help="the prompt, as an option (default: the positional prompt)")
+    sm.add_argument(
+        "prompt", nargs="?", default=None, help='the prompt (default: "\\n"; or give --prompt)'
+    )
+    sm.add_argument(
+        "--prompt",
+        dest="prompt_flag",
+        default=None,
+        metavar="TEXT",
+        help="the prompt, as an option (default: the positional prompt)",
+    )
     sm.add_argument("--max-tokens", type=int, default=200, help="tokens to generate")
     sm.add_argument("--temperature", type=float, default=0.8, help="0 is greedy")
-    sm.add_argument("--top-k", type=int, default=None, help="sample among the k most likely tokens (default: all)")
-    sm.add_argument("--top-p", type=float, default=1.0,
-                    help="sample among the most likely tokens whose probability reaches p (default 1.0: all)")
-    sm.add_argument("--eos", type=int, default=None,
-                    help="stop after this token id (default: a seq2seq run's eos, an imported model's eos_token_id, "
-                         "else none)")
+    sm.add_argument(
+        "--top-k",
+        type=int,
+        default=None,
+        help="sample among the k most likely tokens (default: all)",
+    )
+    sm.add_argument(
+        "--top-p",
+        type=float,
+        default=1.0,
+        help="sample among the most likely tokens whose probability reaches p (default 1.0: all)",
+    )
+    sm.add_argument(
+        "--eos",
+        type=int,
+        default=None,
+        help="stop after this token id (default: a seq2seq run's eos, an imported model's eos_token_id, "
+        "else none)",
+    )
     sm.add_argument("--seed", type=int, default=0, help="sampling seed")
-    sm.add_argument("--no-cache", dest="cache", action="store_false",
-                    help="run one full forward per token instead of the KV-cache decode path (default: "
-                         "the cache, where the model has one); greedy output is the same")
+    sm.add_argument(
+        "--no-cache",
+        dest="cache",
+        action="store_false",
+        help="run one full forward per token instead of the KV-cache decode path (default: "
+        "the cache, where the model has one); greedy output is the same",
+    )
     sm.set_defaults(run=_cmd_sample)
 
 
@@ -319,8 +460,11 @@ def _cmd_build(args) -> int:
     build.write_atomic(out, files, make_packages=True, force=args.force)
     if edits:
         sys.stdout.write(edits)
-        print(f"kept your edited {out}/train.py; the diff above goes from it to a fresh build: merge "
-              "what you want by hand, or rebuild with --force to replace it", file=sys.stderr)
+        print(
+            f"kept your edited {out}/train.py; the diff above goes from it to a fresh build: merge "
+            "what you want by hand, or rebuild with --force to replace it",
+            file=sys.stderr,
+        )
     ms = (time.perf_counter() - start) * 1000
     print(f"built {out}/ ({', '.join(sorted(files))}) in {ms:.0f} ms")
     return EXIT_OK
@@ -331,7 +475,13 @@ def _check_drift(args) -> int:
 
     if args.spec is not None:
         target = _target(args.target)
-        jobs = [(build.default_out_dir(args.spec, target, args.out or Path("generated")), args.spec, target)]
+        jobs = [
+            (
+                build.default_out_dir(args.spec, target, args.out or Path("generated")),
+                args.spec,
+                target,
+            )
+        ]
     else:
         jobs = build.committed_outputs()
         if not jobs:
@@ -344,7 +494,10 @@ def _check_drift(args) -> int:
         if diff:
             drift += 1
             sys.stdout.write(diff)
-            print(f"{out}: out of date with {spec}; run `axdsl build {spec} --target {target}`", file=sys.stderr)
+            print(
+                f"{out}: out of date with {spec}; run `axdsl build {spec} --target {target}`",
+                file=sys.stderr,
+            )
         if "train.py" in files:
             runtimes.add(build.runtime_path(out))
     for path in sorted(runtimes):  # one runtime.py serves every output under its root
@@ -352,13 +505,18 @@ def _check_drift(args) -> int:
         if diff:
             drift += 1
             sys.stdout.write(diff)
-            print(f"{path}: out of date with axdsl; run `axdsl build` for any spec with a train block",
-                  file=sys.stderr)
+            print(
+                f"{path}: out of date with axdsl; run `axdsl build` for any spec with a train block",
+                file=sys.stderr,
+            )
     if not args.spec:
         for spec in sorted(Path("specs").glob("*.axl")):
             if not any(s == spec for _, s, _ in jobs):
                 drift += 1
-                print(f"{spec}: has no committed output; run `axdsl build {spec} --target cpu`", file=sys.stderr)
+                print(
+                    f"{spec}: has no committed output; run `axdsl build {spec} --target cpu`",
+                    file=sys.stderr,
+                )
     if drift:
         return EXIT_DRIFT
     print(f"generated/ is in sync ({len(jobs)} output{'s' if len(jobs) != 1 else ''} checked)")
@@ -415,7 +573,9 @@ def _cmd_diff(args) -> int:
 def _cmd_aot(args) -> int:
     from axdsl import aot
 
-    return aot.run(args.spec, _target(args.target), args.model, args.batch, args.seq, compile=args.compile)
+    return aot.run(
+        args.spec, _target(args.target), args.model, args.batch, args.seq, compile=args.compile
+    )
 
 
 def _cmd_stats(args) -> int:
@@ -447,20 +607,28 @@ def _out_dir(args) -> Path:
     """--out DEST, or the older third positional DEST (kept so scripts keep working); no default, since
     beside a checkpoint step would be inside the run's checkpoints/."""
     if args.out is not None and args.legacy_out is not None and args.out != args.legacy_out:
-        raise _UsageError(f"two output directories given ({args.legacy_out} and --out {args.out}): give --out only")
+        raise _UsageError(
+            f"two output directories given ({args.legacy_out} and --out {args.out}): give --out only"
+        )
     out = args.out or args.legacy_out
     if out is None:
-        raise _UsageError(f"{args.command} needs --out DIR, the directory to write (it must not exist or be empty)")
+        raise _UsageError(
+            f"{args.command} needs --out DIR, the directory to write (it must not exist or be empty)"
+        )
     return out
 
 
 def _cmd_train(args) -> int:
     from axdsl import runs
 
-    overrides = {name: getattr(args, name) for name in TRAIN_OVERRIDES if getattr(args, name) is not None}
+    overrides = {
+        name: getattr(args, name) for name in TRAIN_OVERRIDES if getattr(args, name) is not None
+    }
     if args.data is not None:
         overrides["data"] = args.data
-    return runs.train(args.spec, _target(args.target), args.out, init_from=args.init_from, overrides=overrides)
+    return runs.train(
+        args.spec, _target(args.target), args.out, init_from=args.init_from, overrides=overrides
+    )
 
 
 def _cmd_plot(args) -> int:
@@ -475,8 +643,17 @@ def _cmd_sample(args) -> int:
     if args.prompt is not None and args.prompt_flag is not None and args.prompt != args.prompt_flag:
         raise _UsageError("two prompts given (a positional one and --prompt): give one")
     prompt = next((p for p in (args.prompt, args.prompt_flag) if p is not None), "\n")
-    return sampling.sample(args.run_dir, prompt, args.max_tokens, args.temperature, args.top_k, args.seed,
-                           args.top_p, args.eos, args.cache)
+    return sampling.sample(
+        args.run_dir,
+        prompt,
+        args.max_tokens,
+        args.temperature,
+        args.top_k,
+        args.seed,
+        args.top_p,
+        args.eos,
+        args.cache,
+    )
 
 
 if __name__ == "__main__":

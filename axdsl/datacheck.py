@@ -16,12 +16,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from axdsl.errors import Diagnostic, Span
+from axdsl.errors import Diagnostic
 from axdsl.ir import nodes as ir
 
 KEPT = 0.98  # runtime.split: the first 98% of the tokens train, the last 2% are the eval split
 ID_BYTES = {"u16": 2, "u32": 4}
-BINARY_PROBE = 8192  # runtime.BINARY_PROBE: a text file with a NUL byte this near its start is binary
+BINARY_PROBE = (
+    8192  # runtime.BINARY_PROBE: a text file with a NUL byte this near its start is binary
+)
 
 
 def data_problems(module: ir.Module, spec: Path) -> list[Diagnostic]:
@@ -47,9 +49,14 @@ def data_problems(module: ir.Module, spec: Path) -> list[Diagnostic]:
         return []  # not there yet: train.py says so if it still is not
     if source.kind == ir.DataKind.TEXT and (binary := _first_binary(path)) is not None:
         which = f"{path}" if binary == path else f"{path}: {binary}"
-        return [Diagnostic(choice.span, f"text data {which} is binary (a NUL byte in its first "
-                                        f"{BINARY_PROBE // 1024} KiB)",
-                           "text() trains on text files: use tokens(...) for token ids")]
+        return [
+            Diagnostic(
+                choice.span,
+                f"text data {which} is binary (a NUL byte in its first "
+                f"{BINARY_PROBE // 1024} KiB)",
+                "text() trains on text files: use tokens(...) for token ids",
+            )
+        ]
     return [Diagnostic(choice.span, m, h) for m, h in _split_problems(count, settings)]
 
 
@@ -62,7 +69,9 @@ def _pairs_problems(source: ir.DataSource, spec: Path) -> list[str]:
     """pairs(source, target): each file that exists is non-empty and holds whole ids."""
     out = []
     for name in (source.path, source.path2):
-        count = _token_count(ir.DataSource(ir.DataKind.TOKENS, name, source.dtype), _resolve(name, spec))
+        count = _token_count(
+            ir.DataSource(ir.DataKind.TOKENS, name, source.dtype), _resolve(name, spec)
+        )
         if isinstance(count, str):
             out.append(count)
     return out
@@ -77,27 +86,50 @@ def _arrays_problems(module: ir.Module, source: ir.DataSource, spec: Path) -> li
         return []  # not there yet: train.py says so if it still is not
     arrays = _npz_headers(path)
     if isinstance(arrays, str):
-        return [(f"arrays data {path} is not a readable .npz file: {arrays}",
-                 "write it with numpy.savez(path, images=..., labels=...), or give a directory of images.npy "
-                 "and labels.npy")]
+        return [
+            (
+                f"arrays data {path} is not a readable .npz file: {arrays}",
+                "write it with numpy.savez(path, images=..., labels=...), or give a directory of images.npy "
+                "and labels.npy",
+            )
+        ]
     root = module.models[0].root
-    images = next((a for a in root.forward.args if a.name == "images"), None) if root.forward else None
+    images = (
+        next((a for a in root.forward.args if a.name == "images"), None) if root.forward else None
+    )
     if images is None:
         return []
     shape = tuple(d.size for d in images.dims[1:])
     want = f"images [N, {', '.join(map(str, shape))}] and labels [N]"
     if "images" not in arrays or "labels" not in arrays:
-        return [(f"arrays data {path} holds {sorted(arrays) or 'no arrays'}; the model reads {want}",
-                 "np.savez(path, images=..., labels=...)")]
+        return [
+            (
+                f"arrays data {path} holds {sorted(arrays) or 'no arrays'}; the model reads {want}",
+                "np.savez(path, images=..., labels=...)",
+            )
+        ]
     (ishape, _), (lshape, ldtype) = arrays["images"], arrays["labels"]
     if tuple(ishape[1:]) != shape or tuple(lshape) != tuple(ishape[:1]):
-        return [(f"arrays data {path}: images are {list(ishape)} and labels {list(lshape)}; the model reads {want}",
-                 "one label per image, every image of the model's shape")]
+        return [
+            (
+                f"arrays data {path}: images are {list(ishape)} and labels {list(lshape)}; the model reads {want}",
+                "one label per image, every image of the model's shape",
+            )
+        ]
     if ldtype.kind not in "iu":
-        return [(f"arrays data {path}: labels are {ldtype}, not integers", "labels are class ids 0, 1, ...")]
+        return [
+            (
+                f"arrays data {path}: labels are {ldtype}, not integers",
+                "labels are class ids 0, 1, ...",
+            )
+        ]
     if module.train_settings.get("eval_every") and ishape[0] < 2:
-        return [(f"arrays data {path} holds {ishape[0]} example(s): none is left to hold out for evaluation",
-                 "add data or set eval_every = 0")]
+        return [
+            (
+                f"arrays data {path} holds {ishape[0]} example(s): none is left to hold out for evaluation",
+                "add data or set eval_every = 0",
+            )
+        ]
     return []
 
 
@@ -143,7 +175,9 @@ def _read_npy_header(f) -> tuple:
     import numpy as np
 
     major, _ = np.lib.format.read_magic(f)
-    read = np.lib.format.read_array_header_1_0 if major == 1 else np.lib.format.read_array_header_2_0
+    read = (
+        np.lib.format.read_array_header_1_0 if major == 1 else np.lib.format.read_array_header_2_0
+    )
     shape, _, dtype = read(f)
     return shape, dtype
 
@@ -179,8 +213,10 @@ def _token_count(source: ir.DataSource, path: Path) -> int | str | None:
     if source.kind == ir.DataKind.TOKENS:
         width = ID_BYTES[source.dtype or "u16"]
         if size % width:
-            return (f"token file {path} has {size} bytes, not a whole number of {source.dtype} ids: "
-                    f"is its dtype right?")
+            return (
+                f"token file {path} has {size} bytes, not a whole number of {source.dtype} ids: "
+                f"is its dtype right?"
+            )
         return size // width
     return size
 
@@ -191,9 +227,19 @@ def _split_problems(count: int, settings: ir.TrainSettings) -> list[tuple[str, s
     cut = int(count * KEPT)  # exactly runtime.split's cut
     train, held_out, need = cut, count - cut, seq + 2
     if train < need:
-        return [(f"the data holds {count} tokens: its training split has {train}, one sequence needs "
-                 f"{need} (seq {seq})", "add data or lower seq")]
+        return [
+            (
+                f"the data holds {count} tokens: its training split has {train}, one sequence needs "
+                f"{need} (seq {seq})",
+                "add data or lower seq",
+            )
+        ]
     if eval_every and held_out < need:
-        return [(f"the eval split (the last 2% of the data's {count} tokens) has {held_out}, one "
-                 f"sequence needs {need} (seq {seq})", "add data, lower seq or set eval_every = 0")]
+        return [
+            (
+                f"the eval split (the last 2% of the data's {count} tokens) has {held_out}, one "
+                f"sequence needs {need} (seq {seq})",
+                "add data, lower seq or set eval_every = 0",
+            )
+        ]
     return []

@@ -52,7 +52,10 @@ class Diagnostic:
     notes: tuple[Note, ...] = ()
 
     def render(self, sources: dict[str, str]) -> str:
-        lines = [f"{shorten_words(str(self.span))}: error: {shorten_words(self.message)}", *_excerpt(self.span, sources)]
+        lines = [
+            f"{shorten_words(str(self.span))}: error: {shorten_words(self.message)}",
+            *_excerpt(self.span, sources),
+        ]
         if self.hint:
             lines.append(f"  hint: {shorten_words(self.hint)}")
         for note in self.notes:
@@ -76,7 +79,9 @@ def _excerpt(span: Span, sources: dict[str, str]) -> list[str]:
     return [f"  {src}", "  " + " " * (col - 1) + "^" * max(1, width)]
 
 
-def relocated(span: Span, message: str, hint: str | None, user: Span | None, where: str) -> Diagnostic:
+def relocated(
+    span: Span, message: str, hint: str | None, user: Span | None, where: str
+) -> Diagnostic:
     """An error raised in a library line, shown at the user's line `user` with a note for the
     library line; unchanged when there is no user line to point at."""
     if user is None or not is_library(span):
@@ -94,7 +99,7 @@ def clip(line: str, col: int, width: int, limit: int = SHOWN_COLUMNS) -> tuple[s
         return line, col, width
     width = min(width, limit // 2)
     start = max(0, min(col - 1 - limit // 3, len(line) - limit))
-    shown = line[start:start + limit]
+    shown = line[start : start + limit]
     prefix = "..." if start > 0 else ""
     suffix = "..." if start + limit < len(line) else ""
     return prefix + shown + suffix, col - start + len(prefix), width
@@ -116,7 +121,7 @@ def shorten_words(text: str, limit: int = LONGEST_WORD) -> str:
 
 
 def _shortened(word: str, limit: int) -> str:
-    head, tail = word[: limit // 2 + 1], word[-(limit // 4):]
+    head, tail = word[: limit // 2 + 1], word[-(limit // 4) :]
     return f"{head}...{tail} (a word of {len(word)} characters, shortened)"
 
 
@@ -148,7 +153,9 @@ class Diagnostics:
     def add(self, diag: Diagnostic) -> None:
         """Record `diag` unless the same error is already there (one user line behind two library
         lines, such as rope on q and on k, is reported once, with the first note)."""
-        if not any((d.span, d.message, d.hint) == (diag.span, diag.message, diag.hint) for d in self.items):
+        if not any(
+            (d.span, d.message, d.hint) == (diag.span, diag.message, diag.hint) for d in self.items
+        ):
             self.items.append(diag)
 
     def raise_if_any(self, sources: dict[str, str] | None = None) -> None:

@@ -27,7 +27,11 @@ KEYS = ("init_from", "freeze")
 def check(name: str, value: Any, span: Span, diags: Diagnostics) -> str | None:
     """`init_from` is a non-empty path string; `freeze` a string of globs."""
     if not isinstance(value, str) or not value.strip():
-        example = 'init_from = "runs/tiny_llama-hf/params"' if name == "init_from" else 'freeze = "embed/*"'
+        example = (
+            'init_from = "runs/tiny_llama-hf/params"'
+            if name == "init_from"
+            else 'freeze = "embed/*"'
+        )
         diags.error(span, f"`{name}` takes a non-empty string", f"for example {example}")
         return None
     return value.strip()
@@ -59,9 +63,16 @@ def cross_check(values: dict[str, ir.Choice], module: ir.Module, diags: Diagnost
         hits = [p for p in paths if fnmatch.fnmatchcase(p, glob)]
         if not hits:
             near = did_you_mean(glob, paths)
-            diags.error(span, f"freeze pattern `{glob}` matches no parameter of {module.models[0].name}",
-                        near or f"its parameters: {', '.join(paths[:8])}{', ...' if len(paths) > 8 else ''}")
+            diags.error(
+                span,
+                f"freeze pattern `{glob}` matches no parameter of {module.models[0].name}",
+                near
+                or f"its parameters: {', '.join(paths[:8])}{', ...' if len(paths) > 8 else ''}",
+            )
         frozen.update(hits)
     if paths and frozen == set(paths):
-        diags.error(span, f"`freeze` covers every parameter of {module.models[0].name}: nothing would train",
-                    "name only the parameters to keep as they are")
+        diags.error(
+            span,
+            f"`freeze` covers every parameter of {module.models[0].name}: nothing would train",
+            "name only the parameters to keep as they are",
+        )

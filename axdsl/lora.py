@@ -61,7 +61,7 @@ class Target:
 
     @property
     def cols(self) -> int:
-        return math.prod(int(d.size) for d in self.param.dims[self.split:])
+        return math.prod(int(d.size) for d in self.param.dims[self.split :])
 
     def adapter_elements(self, rank: int) -> int:
         """Elements of A and B together."""
@@ -71,22 +71,37 @@ class Target:
 def parse(d: ir.Directive, diags: Diagnostics) -> LoraSettings | None:
     """`lora(rank = 8, alpha = 16, targets = "...")`: keyword arguments, each checked and located."""
     if d.args:
-        diags.error(d.args[0].span, "lora(...) takes `name = value` arguments",
-                    'for example lora(rank = 8, alpha = 16, targets = "blocks/*/attn/w[qv]")')
+        diags.error(
+            d.args[0].span,
+            "lora(...) takes `name = value` arguments",
+            'for example lora(rank = 8, alpha = 16, targets = "blocks/*/attn/w[qv]")',
+        )
         return None
     out: dict = dict(DEFAULTS)
     ok = True
     for k, v, span in ((a.name, a.value, a.span) for a in d.kwargs):
         if k not in out:
-            diags.error(span, f"lora has no option `{k}`", did_you_mean(k, DEFAULTS) or
-                        f"options: {', '.join(DEFAULTS)}")
+            diags.error(
+                span,
+                f"lora has no option `{k}`",
+                did_you_mean(k, DEFAULTS) or f"options: {', '.join(DEFAULTS)}",
+            )
         elif k == "rank" and not (isinstance(v, int) and not isinstance(v, bool) and v >= 1):
-            diags.error(span, f"lora(rank = ...) must be an integer >= 1, got {v!r}", "for example rank = 8")
-        elif k == "alpha" and not (isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0):
-            diags.error(span, f"lora(alpha = ...) must be a number > 0, got {v!r}", "for example alpha = 16")
+            diags.error(
+                span, f"lora(rank = ...) must be an integer >= 1, got {v!r}", "for example rank = 8"
+            )
+        elif k == "alpha" and not (
+            isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0
+        ):
+            diags.error(
+                span, f"lora(alpha = ...) must be a number > 0, got {v!r}", "for example alpha = 16"
+            )
         elif k == "targets" and not (isinstance(v, str) and patterns(v)):
-            diags.error(span, "lora(targets = ...) is a string of comma-separated globs over parameter paths",
-                        'for example targets = "blocks/*/attn/w[qv]"')
+            diags.error(
+                span,
+                "lora(targets = ...) is a string of comma-separated globs over parameter paths",
+                'for example targets = "blocks/*/attn/w[qv]"',
+            )
         else:
             out[k] = float(v) if k == "alpha" else v
             continue
@@ -125,17 +140,24 @@ def resolve(settings: LoraSettings, root: ir.Instance) -> tuple[list[Target], li
     chosen: dict[str, Target] = {}
     problems = []
     for glob in patterns(settings.targets):
-        hits = [(path, p) for path, indexed, p in params
-                if fnmatch.fnmatchcase(path, glob) or fnmatch.fnmatchcase(indexed, glob)]
+        hits = [
+            (path, p)
+            for path, indexed, p in params
+            if fnmatch.fnmatchcase(path, glob) or fnmatch.fnmatchcase(indexed, glob)
+        ]
         if not hits:
             names = [path for path, _, _ in params]
             near = did_you_mean(glob, names)
-            problems.append(f"lora target `{glob}` matches no parameter"
-                            + (f" ({near})" if near else f"; parameters: {', '.join(names[:8])}, ..."))
+            problems.append(
+                f"lora target `{glob}` matches no parameter"
+                + (f" ({near})" if near else f"; parameters: {', '.join(names[:8])}, ...")
+            )
         for path, p in hits:
             if len(p.dims) < 2:
-                problems.append(f"lora target `{glob}` matches `{path}` of shape {[int(d.size) for d in p.dims]} "
-                                f"per layer: adapters need a matrix (two or more axes)")
+                problems.append(
+                    f"lora target `{glob}` matches `{path}` of shape {[int(d.size) for d in p.dims]} "
+                    f"per layer: adapters need a matrix (two or more axes)"
+                )
             else:
                 chosen[path] = Target(path, p, _split(p))
     order = [path for path, _, _ in params]
@@ -151,13 +173,24 @@ def cross_check(values: dict, module: ir.Module, diags: Diagnostics) -> None:
     span = choice.origin.span
     _, problems = resolve(choice.value, module.models[0].root)
     for problem in problems:
-        diags.error(span, problem.replace("matches no parameter", f"matches no parameter of {module.models[0].name}"))
+        diags.error(
+            span,
+            problem.replace(
+                "matches no parameter", f"matches no parameter of {module.models[0].name}"
+            ),
+        )
     if "freeze" in values:
-        diags.error(values["freeze"].origin.span, "`freeze` and lora(...) together: lora already freezes "
-                    "every base weight", "drop `freeze`; only the adapters train")
+        diags.error(
+            values["freeze"].origin.span,
+            "`freeze` and lora(...) together: lora already freezes " "every base weight",
+            "drop `freeze`; only the adapters train",
+        )
     if "objective" in values and values["objective"].value.name != "next_token":
-        diags.error(span, f"lora(...) supports the next_token objective, not {values['objective'].value.name}",
-                    "fine-tune this model fully, or with `freeze`")
+        diags.error(
+            span,
+            f"lora(...) supports the next_token objective, not {values['objective'].value.name}",
+            "fine-tune this model fully, or with `freeze`",
+        )
 
 
 def adapter_table(module: ir.Module) -> list[tuple[str, int, int]]:

@@ -40,20 +40,42 @@ class Objective:
 
 
 SHAPES = {
-    "next_token": Objective(("tokens",), (), 3, "logits [B, S, vocab]", ("default", "tokens", "text")),
-    "masked_lm": Objective(("tokens",), ("segments", "types"), 3, "logits [B, S, vocab]",
-                           ("default", "tokens", "text")),
-    "seq2seq": Objective(("tokens", "dec_tokens"), ("segments", "dec_segments"), 3, "logits [B, T, vocab]",
-                         ("pairs", "synthetic_pairs")),
-    "classify": Objective(("images",), (), 2, "logits [B, classes]", ("arrays", "synthetic_images")),
-    "loss": Objective((), (), 0, "a loss: one number (every dim of size 1, as `mean(x, B)` leaves it)",
-                      ("default", "tokens", "text", "pairs", "synthetic_pairs", "arrays", "synthetic_images")),
+    "next_token": Objective(
+        ("tokens",), (), 3, "logits [B, S, vocab]", ("default", "tokens", "text")
+    ),
+    "masked_lm": Objective(
+        ("tokens",), ("segments", "types"), 3, "logits [B, S, vocab]", ("default", "tokens", "text")
+    ),
+    "seq2seq": Objective(
+        ("tokens", "dec_tokens"),
+        ("segments", "dec_segments"),
+        3,
+        "logits [B, T, vocab]",
+        ("pairs", "synthetic_pairs"),
+    ),
+    "classify": Objective(
+        ("images",), (), 2, "logits [B, classes]", ("arrays", "synthetic_images")
+    ),
+    "loss": Objective(
+        (),
+        (),
+        0,
+        "a loss: one number (every dim of size 1, as `mean(x, B)` leaves it)",
+        ("default", "tokens", "text", "pairs", "synthetic_pairs", "arrays", "synthetic_images"),
+    ),
 }
 # loss(): which objective's batches each data kind gives, and their fields
-LOSS_BATCHES = {"arrays": "classify", "synthetic_images": "classify", "pairs": "seq2seq",
-                "synthetic_pairs": "seq2seq"}  # else masked_lm's token rows
-BATCH_FIELDS = {"classify": ("images", "labels"), "seq2seq": ("tokens", "segments", "targets", "dec_segments"),
-                "masked_lm": ("tokens", "segments", "types")}
+LOSS_BATCHES = {
+    "arrays": "classify",
+    "synthetic_images": "classify",
+    "pairs": "seq2seq",
+    "synthetic_pairs": "seq2seq",
+}  # else masked_lm's token rows
+BATCH_FIELDS = {
+    "classify": ("images", "labels"),
+    "seq2seq": ("tokens", "segments", "targets", "dec_segments"),
+    "masked_lm": ("tokens", "segments", "types"),
+}
 # Data sources beyond tokens/text: their arguments and defaults ("" / None: a required path).
 DATA = {
     "pairs": {"eos": 0, "dtype": "u16"},
@@ -125,15 +147,19 @@ def _mismatch(root: ir.Instance, name: str) -> str | None:
         return None if ok else "its forward is not tokens [B, S] -> logits [B, S, vocab]"
     if name == "loss":  # its inputs are checked against the data's fields (_loss_fields)
         if any(d.size != 1 for d in f.result):
-            return f"its forward returns [{', '.join(str(d) for d in f.result)}], not {shape.result}"
+            return (
+                f"its forward returns [{', '.join(str(d) for d in f.result)}], not {shape.result}"
+            )
         return None
     missing = [n for n in shape.required if n not in names]
     if missing:
         return f"its forward takes {_list(names)}, with no `{missing[0]}`"
     extra = [n for n in names if n not in shape.required + shape.optional]
     if extra:
-        return (f"its forward takes `{extra[0]}`, which {name} does not provide "
-                f"(it provides {_list(shape.required + shape.optional)})")
+        return (
+            f"its forward takes `{extra[0]}`, which {name} does not provide "
+            f"(it provides {_list(shape.required + shape.optional)})"
+        )
     if len(f.result) != shape.rank:
         return f"its forward returns [{', '.join(str(d) for d in f.result)}], not {shape.result}"
     return None
@@ -141,7 +167,8 @@ def _mismatch(root: ir.Instance, name: str) -> str | None:
 
 def _loss_fields(module: ir.Module, values: dict[str, ir.Choice], diags: Diagnostics) -> None:
     """loss(): every forward input is a field of the data's batches; image batches need `images`
-    and the root's `classes` (synthetic_images makes that many patterns, arrays' labels are below it)."""
+    and the root's `classes` (synthetic_images makes that many patterns, arrays' labels are below it).
+    """
     kind = str(values["data"].value.kind)
     batches = LOSS_BATCHES.get(kind, "masked_lm")
     fields = BATCH_FIELDS[batches]
@@ -150,12 +177,20 @@ def _loss_fields(module: ir.Module, values: dict[str, ir.Choice], diags: Diagnos
         names = inputs(m.root)
         extra = [n for n in names if n not in fields]
         if extra:
-            diags.error(where, f"objective loss reads model `{m.name}`'s input `{extra[0]}` from data `{kind}`, "
-                        f"whose batches hold {_list(fields)}", "name the forward's inputs after the batch's fields")
+            diags.error(
+                where,
+                f"objective loss reads model `{m.name}`'s input `{extra[0]}` from data `{kind}`, "
+                f"whose batches hold {_list(fields)}",
+                "name the forward's inputs after the batch's fields",
+            )
             return
         if batches == "classify" and ("images" not in names or m.root.hparam("classes") is None):
-            diags.error(where, f"objective loss over `{kind}` needs model `{m.name}`'s forward to take `images` "
-                        "and its layer a `classes` hyperparameter", "images [B, H, W, C] and labels [B] below classes")
+            diags.error(
+                where,
+                f"objective loss over `{kind}` needs model `{m.name}`'s forward to take `images` "
+                "and its layer a `classes` hyperparameter",
+                "images [B, H, W, C] and labels [B] below classes",
+            )
             return
 
 
@@ -168,26 +203,40 @@ def check_call(value: Any, span: Span, table: dict, diags: Diagnostics) -> ir.Na
     if isinstance(value, ir.NameValue):
         value = ir.CallValue(value.id)
     if not isinstance(value, ir.CallValue):
-        diags.error(span, f"`objective` is one of {', '.join(f'{k}(...)' for k in table)}",
-                    "for example objective = masked_lm(rate = 0.15, mask_token = 4)")
+        diags.error(
+            span,
+            f"`objective` is one of {', '.join(f'{k}(...)' for k in table)}",
+            "for example objective = masked_lm(rate = 0.15, mask_token = 4)",
+        )
         return None
     if value.fn not in table:
-        diags.error(span, f"unknown objective `{value.fn}`",
-                    did_you_mean(value.fn, table) or f"objectives: {', '.join(table)}")
+        diags.error(
+            span,
+            f"unknown objective `{value.fn}`",
+            did_you_mean(value.fn, table) or f"objectives: {', '.join(table)}",
+        )
         return None
     if value.args:
-        diags.error(span, f"{value.fn}(...) takes `name = value` arguments",
-                    "for example masked_lm(rate = 0.15, mask_token = 4)")
+        diags.error(
+            span,
+            f"{value.fn}(...) takes `name = value` arguments",
+            "for example masked_lm(rate = 0.15, mask_token = 4)",
+        )
         return None
     out = dict(table[value.fn])
     for k, v in value.kwargs:
         if k not in out:
-            diags.error(span, f"{value.fn} has no argument `{k}`",
-                        did_you_mean(k, out) or f"its arguments: {', '.join(out) or 'none'}")
+            diags.error(
+                span,
+                f"{value.fn} has no argument `{k}`",
+                did_you_mean(k, out) or f"its arguments: {', '.join(out) or 'none'}",
+            )
             continue
         integer = k in ("mask_token", "start_token", "sep")
         if integer and not (isinstance(v, int) and not isinstance(v, bool) and v >= 0):
-            diags.error(span, f"{value.fn}({k} = ...) is a token id, an integer >= 0, got {value_text(v)}")
+            diags.error(
+                span, f"{value.fn}({k} = ...) is a token id, an integer >= 0, got {value_text(v)}"
+            )
             continue
         if not integer and not (isinstance(v, (int, float)) and not isinstance(v, bool)):
             diags.error(span, f"{value.fn}({k} = ...) is a number, got {value_text(v)}")
@@ -195,12 +244,18 @@ def check_call(value: Any, span: Span, table: dict, diags: Diagnostics) -> ir.Na
         out[k] = v if integer else float(v)
     for k, v in out.items():
         if v is None:
-            diags.error(span, f"{value.fn}(...) needs `{k}`", f"the id of the [MASK] token, as in "
-                        f"{value.fn}({k} = 4)")
+            diags.error(
+                span,
+                f"{value.fn}(...) needs `{k}`",
+                f"the id of the [MASK] token, as in " f"{value.fn}({k} = 4)",
+            )
             return None
     if value.fn == "masked_lm" and not 0 < out["rate"] < 1:
-        diags.error(span, f"masked_lm(rate = {out['rate']}) is the fraction of tokens masked, in (0, 1)",
-                    "BERT masks 0.15")
+        diags.error(
+            span,
+            f"masked_lm(rate = {out['rate']}) is the fraction of tokens masked, in (0, 1)",
+            "BERT masks 0.15",
+        )
     if value.fn == "classify" and not 0 <= out["smoothing"] < 1:
         diags.error(span, f"classify(smoothing = {out['smoothing']}) is label smoothing, in [0, 1)")
     return ir.NamedCall(value.fn, tuple(out.items()))
@@ -220,17 +275,25 @@ def check_data(value: Any, span: Span, diags: Diagnostics) -> ir.DataSource | No
         value = ir.CallValue(value.id)
     fn, args, kwargs = value.fn, value.args, dict(value.kwargs)
     paths = {"pairs": 2, "arrays": 1, "synthetic_images": 0, "synthetic_pairs": 0}[fn]
-    example = {"pairs": 'pairs("src.bin", "tgt.bin", eos = 0)', "arrays": 'arrays("train.npz")',
-               "synthetic_images": "synthetic_images(count = 4096, noise = 0.5)",
-               "synthetic_pairs": "synthetic_pairs(count = 4096, eos = 1)"}[fn]
+    example = {
+        "pairs": 'pairs("src.bin", "tgt.bin", eos = 0)',
+        "arrays": 'arrays("train.npz")',
+        "synthetic_images": "synthetic_images(count = 4096, noise = 0.5)",
+        "synthetic_pairs": "synthetic_pairs(count = 4096, eos = 1)",
+    }[fn]
     if len(args) != paths or not all(isinstance(a, str) for a in args):
-        diags.error(span, f"{fn}(...) takes {paths or 'no'} path string{'s' if paths != 1 else ''}",
-                    f"as in {example}")
+        diags.error(
+            span,
+            f"{fn}(...) takes {paths or 'no'} path string{'s' if paths != 1 else ''}",
+            f"as in {example}",
+        )
         return None
     opts = dict(DATA[fn])
     for k, v in kwargs.items():
         if k not in opts:
-            diags.error(span, f"{fn}(...) has no option `{k}`", did_you_mean(k, opts) or f"as in {example}")
+            diags.error(
+                span, f"{fn}(...) has no option `{k}`", did_you_mean(k, opts) or f"as in {example}"
+            )
             return None
         if k == "dtype":
             if v not in ("u16", "u32"):
@@ -241,13 +304,23 @@ def check_data(value: Any, span: Span, diags: Diagnostics) -> ir.DataSource | No
                 diags.error(span, f"{fn}(noise = ...) is a standard deviation, a number >= 0")
                 return None
             v = float(v)
-        elif not (isinstance(v, int) and not isinstance(v, bool) and v >= (2 if k == "count" else 0)):
-            diags.error(span, f"{fn}({k} = ...) must be an integer >= {2 if k == 'count' else 0}, got {value_text(v)}")
+        elif not (
+            isinstance(v, int) and not isinstance(v, bool) and v >= (2 if k == "count" else 0)
+        ):
+            diags.error(
+                span,
+                f"{fn}({k} = ...) must be an integer >= {2 if k == 'count' else 0}, got {value_text(v)}",
+            )
             return None
         opts[k] = v
     dtype = opts.pop("dtype", None)
-    return ir.DataSource(ir.DataKind(fn), args[0] if args else None, dtype,
-                         args[1] if len(args) > 1 else None, tuple(opts.items()))
+    return ir.DataSource(
+        ir.DataKind(fn),
+        args[0] if args else None,
+        dtype,
+        args[1] if len(args) > 1 else None,
+        tuple(opts.items()),
+    )
 
 
 def cross_check(values: dict[str, ir.Choice], module: ir.Module, diags: Diagnostics) -> None:
@@ -256,9 +329,12 @@ def cross_check(values: dict[str, ir.Choice], module: ir.Module, diags: Diagnost
     if choice is None:  # next_token by default: a model that does not fit simply gets no train.py
         data = values["data"]
         if str(data.value.kind) in DATA:
-            diags.error(data.span, f"data {data.value.kind}(...) is for another objective than next_token",
-                        "set objective = seq2seq(...) for pairs and synthetic_pairs, classify() for arrays and "
-                        "synthetic_images")
+            diags.error(
+                data.span,
+                f"data {data.value.kind}(...) is for another objective than next_token",
+                "set objective = seq2seq(...) for pairs and synthetic_pairs, classify() for arrays and "
+                "synthetic_images",
+            )
         return
     name, args = choice.value.name, dict(choice.value.args)
     where = choice.span
@@ -268,32 +344,54 @@ def cross_check(values: dict[str, ir.Choice], module: ir.Module, diags: Diagnost
         why = _mismatch(m.root, name)
         if why is not None:
             shape = SHAPES[name]
-            hint = "reduce the loss to one number, e.g. `return mean(cross_entropy(logits, labels), B)`" \
-                if name == "loss" else (f"{name} needs forward({', '.join(shape.required)}"
-                                        f"{''.join(f', {o}?' for o in shape.optional)}) -> {shape.result}")
+            hint = (
+                "reduce the loss to one number, e.g. `return mean(cross_entropy(logits, labels), B)`"
+                if name == "loss"
+                else (
+                    f"{name} needs forward({', '.join(shape.required)}"
+                    f"{''.join(f', {o}?' for o in shape.optional)}) -> {shape.result}"
+                )
+            )
             diags.error(where, f"objective {name} does not fit model `{m.name}`: {why}", hint)
             return
         vocab = m.root.forward.result[-1].size if m.root.forward.result else None
-        if name == "masked_lm" and args.get("sep", -1) >= 0 and "segments" not in _input_names(m.root):
-            diags.error(where, f"masked_lm(sep = {args['sep']}) packs documents into rows with segment ids, "
-                               f"but model `{m.name}`'s forward takes no `segments`",
-                        "add `segments: [B, S]` to the forward and pass it to attention(segment_ids = ...), "
-                        "or drop sep")
+        if (
+            name == "masked_lm"
+            and args.get("sep", -1) >= 0
+            and "segments" not in _input_names(m.root)
+        ):
+            diags.error(
+                where,
+                f"masked_lm(sep = {args['sep']}) packs documents into rows with segment ids, "
+                f"but model `{m.name}`'s forward takes no `segments`",
+                "add `segments: [B, S]` to the forward and pass it to attention(segment_ids = ...), "
+                "or drop sep",
+            )
             return
         for k in ("mask_token", "start_token", "sep"):
             if k in args and vocab is not None and args[k] >= vocab:
-                diags.error(where, f"{name}({k} = {args[k]}) is not below model `{m.name}`'s vocab {vocab}",
-                            "use an id the model can embed")
+                diags.error(
+                    where,
+                    f"{name}({k} = {args[k]}) is not below model `{m.name}`'s vocab {vocab}",
+                    "use an id the model can embed",
+                )
                 return
     data = values["data"]
     kind = str(data.value.kind)
     result = module.models[0].root.forward.result
     eos, vocab = data.value.option("eos"), result[-1].size if name != "loss" and result else None
     if eos is not None and vocab is not None and eos >= vocab:
-        diags.error(data.span or where, f"{kind}(eos = {eos}) is not below the model's vocab {vocab}",
-                    "use an id the model can embed")
+        diags.error(
+            data.span or where,
+            f"{kind}(eos = {eos}) is not below the model's vocab {vocab}",
+            "use an id the model can embed",
+        )
     if kind not in SHAPES[name].data:
-        diags.error(data.span or where, f"objective {name} reads data {_list(SHAPES[name].data)}, not `{kind}`",
-                    {"seq2seq": 'for example data = pairs("src.bin", "tgt.bin", eos = 0)',
-                     "classify": 'for example data = arrays("train.npz") or synthetic_images()'}.get(
-                        name, 'for example data = tokens("train.bin")'))
+        diags.error(
+            data.span or where,
+            f"objective {name} reads data {_list(SHAPES[name].data)}, not `{kind}`",
+            {
+                "seq2seq": 'for example data = pairs("src.bin", "tgt.bin", eos = 0)',
+                "classify": 'for example data = arrays("train.npz") or synthetic_images()',
+            }.get(name, 'for example data = tokens("train.bin")'),
+        )

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 from pathlib import Path
-from typing import Callable
+from collections.abc import Callable
 
 from axdsl.errors import CompileError
 from axdsl.ir import nodes as ir
@@ -53,15 +53,23 @@ PASSES: tuple[tuple[str, Pass], ...] = (
 PASS_NAMES = ("resolve",) + tuple(name for name, _ in PASSES)
 
 
-def compile_spec(path: Path, target: str = "cpu", after: str | None = None,
-                 on_pass: Callable[[str, ir.Module], None] | None = None) -> ir.Module:
+def compile_spec(
+    path: Path,
+    target: str = "cpu",
+    after: str | None = None,
+    on_pass: Callable[[str, ir.Module], None] | None = None,
+) -> ir.Module:
     """Run the pipeline on `path` for `target`, stopping after pass `after` if given."""
     program = load(path)
     return run_passes(program, target, after, on_pass)
 
 
-def run_passes(program: Program, target: str = "cpu", after: str | None = None,
-               on_pass: Callable[[str, ir.Module], None] | None = None) -> ir.Module:
+def run_passes(
+    program: Program,
+    target: str = "cpu",
+    after: str | None = None,
+    on_pass: Callable[[str, ir.Module], None] | None = None,
+) -> ir.Module:
     try:
         module = build_module(program, target)
         module = replace(module, passes_run=("resolve",))

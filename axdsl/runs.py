@@ -42,9 +42,15 @@ def default_run_dir(spec: Path, target: str) -> Path:
     return Path("runs") / f"{spec.stem}-{target}"
 
 
-def train(spec: Path, target: str, out: Path | None = None, steps: int | None = None,
-          checkpoint_every: int | None = None, init_from: Path | None = None,
-          overrides: dict[str, object] | None = None) -> int:
+def train(
+    spec: Path,
+    target: str,
+    out: Path | None = None,
+    steps: int | None = None,
+    checkpoint_every: int | None = None,
+    init_from: Path | None = None,
+    overrides: dict[str, object] | None = None,
+) -> int:
     """Build `spec` for `target`, then run `python -m generated.<spec>.<target>.train`; its exit code.
 
     The command runs in the current directory (the one holding generated/), with its output
@@ -59,17 +65,21 @@ def train(spec: Path, target: str, out: Path | None = None, steps: int | None = 
     files = build.build_files(spec, target)
     out_dir = build.default_out_dir(spec, target)
     if "train.py" not in files:
-        return _error(f"{spec}: there is no train.py to run: its first model's forward is not tokens [B, S] "
-                      "-> logits [B, S, vocab] (next_token) and the train block names no objective it fits "
-                      "(objective = masked_lm(...), seq2seq(...) or classify(): see docs/language.md)")
+        return _error(
+            f"{spec}: there is no train.py to run: its first model's forward is not tokens [B, S] "
+            "-> logits [B, S, vocab] (next_token) and the train block names no objective it fits "
+            "(objective = masked_lm(...), seq2seq(...) or classify(): see docs/language.md)"
+        )
     files, edits = build.keep_edits(out_dir, files)
     inits = [out_dir.parent.parent / "__init__.py", out_dir.parent / "__init__.py"]
     stale = build.diff_against(out_dir, files) or not all(p.exists() for p in inits)
     if stale and edits:
-        return _error(f"{out_dir}/train.py has your edits and the rest of the output is out of date "
-                      f"with {spec} or axdsl: not rebuilding. Run `axdsl build {spec} --target {target}` "
-                      "(it keeps your train.py and shows what a fresh one would change), or add --force "
-                      "to replace your train.py; then train again")
+        return _error(
+            f"{out_dir}/train.py has your edits and the rest of the output is out of date "
+            f"with {spec} or axdsl: not rebuilding. Run `axdsl build {spec} --target {target}` "
+            "(it keeps your train.py and shows what a fresh one would change), or add --force "
+            "to replace your train.py; then train again"
+        )
     if stale:
         build.write_atomic(out_dir, files, make_packages=True)
         print(f"built {out_dir}/", file=sys.stderr)
@@ -82,7 +92,9 @@ def train(spec: Path, target: str, out: Path | None = None, steps: int | None = 
         if value is not None:
             cmd += ["--" + name.replace("_", "-"), str(value)]
     if init_from is not None:
-        if (init_from / "config.json").exists() and (code := hf_init_params(spec, init_from, run_dir)):
+        if (init_from / "config.json").exists() and (
+            code := hf_init_params(spec, init_from, run_dir)
+        ):
             return code
         params = run_dir / HF_PARAMS if (init_from / "config.json").exists() else init_from
         cmd += ["--init-from", str(params.absolute())]
@@ -116,7 +128,9 @@ def run_child(cmd: list[str]) -> int:
     """
     proc = subprocess.Popen(cmd, process_group=0, preexec_fn=_die_with_parent(os.getpid()))
     forward = threading.current_thread() is threading.main_thread()  # where Python allows handlers
-    forwarded = [s for s in FORWARDED if forward and signal.getsignal(s) is not signal.SIG_IGN]  # nohup: stays ignored
+    forwarded = [
+        s for s in FORWARDED if forward and signal.getsignal(s) is not signal.SIG_IGN
+    ]  # nohup: stays ignored
     previous = {s: signal.signal(s, lambda signum, _: proc.send_signal(signum)) for s in forwarded}
     try:
         code = proc.wait()
@@ -195,7 +209,11 @@ def _metrics_row(line: str) -> dict | str | None:
         return "not a JSON object"
     if not isinstance(row.get("step"), int) or isinstance(row["step"], bool):
         return "no integer step"
-    bad = [k for k in ("loss", "eval_loss") if isinstance(row.get(k), float) and not math.isfinite(row[k])]
+    bad = [
+        k
+        for k in ("loss", "eval_loss")
+        if isinstance(row.get(k), float) and not math.isfinite(row[k])
+    ]
     if bad:
         return f"non-finite {', '.join(bad)} (bare NaN or Infinity)"
     return row
@@ -228,7 +246,7 @@ def plot(run_dir: Path, out: Path | None = None) -> int:
 
 
 def run_title(run_dir: Path) -> str:
-    """"RUN_DIR: SPEC model M on TARGET" from run.json; the directory alone when that is unreadable."""
+    """ "RUN_DIR: SPEC model M on TARGET" from run.json; the directory alone when that is unreadable."""
     try:
         info = json.loads((run_dir / "run.json").read_text(encoding="utf-8"))
         return f"{run_dir.name}: {Path(info['spec']).name} model {info['train']['model']} on {info['target']}"
@@ -246,7 +264,11 @@ def run_figure(series: dict[str, list[tuple[int, float]]], title: str):
 
     figure = Figure(figsize=(8, 4.8), layout="constrained")
     grid = figure.add_gridspec(2, 2, width_ratios=(3, 2))
-    loss, lr, speed = figure.add_subplot(grid[:, 0]), figure.add_subplot(grid[0, 1]), figure.add_subplot(grid[1, 1])
+    loss, lr, speed = (
+        figure.add_subplot(grid[:, 0]),
+        figure.add_subplot(grid[0, 1]),
+        figure.add_subplot(grid[1, 1]),
+    )
     figure.suptitle(title)
     for key, label, color in (("loss", "train", TRAIN_COLOR), ("eval_loss", "eval", EVAL_COLOR)):
         _draw(loss, series[key], color, label)
@@ -260,7 +282,9 @@ def run_figure(series: dict[str, list[tuple[int, float]]], title: str):
     return figure
 
 
-def _draw(axes, points: list[tuple[int, float]], color: tuple[int, int, int], label: str | None = None) -> None:
+def _draw(
+    axes, points: list[tuple[int, float]], color: tuple[int, int, int], label: str | None = None
+) -> None:
     """One curve (a marker when it is a single point), on a grid; "not logged" when empty."""
     axes.grid(True, color="0.9")
     if not points:
@@ -268,7 +292,9 @@ def _draw(axes, points: list[tuple[int, float]], color: tuple[int, int, int], la
         return
     steps, values = zip(*points)
     rgb = tuple(c / 255 for c in color)
-    axes.plot(steps, values, color=rgb, linewidth=2, label=label, marker="o" if len(points) == 1 else None)
+    axes.plot(
+        steps, values, color=rgb, linewidth=2, label=label, marker="o" if len(points) == 1 else None
+    )
 
 
 # ----------------------------------------------------------------------------- sample
@@ -287,7 +313,8 @@ def load_run(run_dir: Path):
     alias = "_axdsl_run_" + hashlib.sha256(str(top_dir.resolve()).encode()).hexdigest()[:16]
     if alias not in sys.modules:
         spec = importlib.util.spec_from_file_location(
-            alias, top_dir / "__init__.py", submodule_search_locations=[str(top_dir)])
+            alias, top_dir / "__init__.py", submodule_search_locations=[str(top_dir)]
+        )
         package = importlib.util.module_from_spec(spec)
         sys.modules[alias] = package
         spec.loader.exec_module(package)

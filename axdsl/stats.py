@@ -50,8 +50,16 @@ def active_params(model: ir.Model) -> int:
 def model_stats(model: ir.Model, seq: int, batch: int) -> ModelStats:
     pc = param_count(model)
     f = model_flops(model, seq)
-    return ModelStats(model.name, pc.trained, active_params(model), pc.embedding, seq,
-                      f.train_per_token, f.per_step(batch), pc.balancing)
+    return ModelStats(
+        model.name,
+        pc.trained,
+        active_params(model),
+        pc.embedding,
+        seq,
+        f.train_per_token,
+        f.per_step(batch),
+        pc.balancing,
+    )
 
 
 def _fmt(n: float) -> str:
@@ -69,8 +77,10 @@ def _lora_line(settings, model: ir.Model) -> str:
     """What lora(...) trains: the adapters' size against the frozen base (why the memory drops)."""
     targets, _ = resolve_lora(settings, model.root)
     n = sum(t.adapter_elements(settings.rank) for t in targets)
-    return (f"{n:,} adapter parameters ({_fmt(n)}, rank {settings.rank}) on {len(targets)} weights "
-            f"({', '.join(t.path for t in targets)}); the base is frozen: no gradients, no optimizer state")
+    return (
+        f"{n:,} adapter parameters ({_fmt(n)}, rank {settings.rank}) on {len(targets)} weights "
+        f"({', '.join(t.path for t in targets)}); the base is frozen: no gradients, no optimizer state"
+    )
 
 
 def run(spec: Path, target: str = "cpu", model: str | None = None) -> int:
@@ -85,25 +95,37 @@ def run(spec: Path, target: str = "cpu", model: str | None = None) -> int:
         print(f"axdsl: error: no model `{model}` in {spec}; models: {names}")
         return 1
     mesh = ", ".join(f"{a}={n}" for a, n in sched.mesh_sizes if n != 1) or "one chip"
-    print(f"{spec} on {target}: {sched.chips} x {profile.description} ({mesh}); "
-          f"batch {batch} x seq {seq} from the train block")
+    print(
+        f"{spec} on {target}: {sched.chips} x {profile.description} ({mesh}); "
+        f"batch {batch} x seq {seq} from the train block"
+    )
     for m in models:
         s = model_stats(m, seq, batch)
         est = estimate_memory(module, m.name, batch=batch, seq=seq)
         print(f"\n{m.name}")
-        print(f"  parameters        {s.total_params:,} total ({_fmt(s.total_params)}), "
-              f"{s.active_params:,} active per token ({_fmt(s.active_params)}), "
-              f"{s.embedding_params:,} in embeddings")
+        print(
+            f"  parameters        {s.total_params:,} total ({_fmt(s.total_params)}), "
+            f"{s.active_params:,} active per token ({_fmt(s.active_params)}), "
+            f"{s.embedding_params:,} in embeddings"
+        )
         if s.balancing_params:
-            print(f"  + state           {s.balancing_params:,} MoE selection biases, moved by the balancing rule "
-                  "after each step, not trained (a buffer in Hugging Face's count)")
-        print(f"  model FLOPs       {_fmt(s.flops_per_token)} per token, {_fmt(s.flops_per_step)} per step "
-              f"(training, 3 x forward, MaxText's formula)")
+            print(
+                f"  + state           {s.balancing_params:,} MoE selection biases, moved by the balancing rule "
+                "after each step, not trained (a buffer in Hugging Face's count)"
+            )
+        print(
+            f"  model FLOPs       {_fmt(s.flops_per_token)} per token, {_fmt(s.flops_per_step)} per step "
+            f"(training, 3 x forward, MaxText's formula)"
+        )
         step_s = s.flops_per_step / (sched.chips * profile.peak_flops("bf16"))
-        print(f"  at 100% MFU       {step_s * 1e3:.1f} ms per step on {sched.chips} chips (bf16 peak)")
-        print(f"  memory per chip   parameters {_gib(est.params)}, gradients {_gib(est.grads)}, "
-              f"optimizer state {_gib(est.opt_state)}, activations {_gib(est.activations)} "
-              f"(remat {est.remat}); total {_gib(est.total)} of {_gib(profile.hbm_bytes)} HBM")
+        print(
+            f"  at 100% MFU       {step_s * 1e3:.1f} ms per step on {sched.chips} chips (bf16 peak)"
+        )
+        print(
+            f"  memory per chip   parameters {_gib(est.params)}, gradients {_gib(est.grads)}, "
+            f"optimizer state {_gib(est.opt_state)}, activations {_gib(est.activations)} "
+            f"(remat {est.remat}); total {_gib(est.total)} of {_gib(profile.hbm_bytes)} HBM"
+        )
         if "lora" in dict(train.settings):
             print(f"  lora              {_lora_line(train.get('lora'), m)}")
     return 0

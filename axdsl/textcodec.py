@@ -30,7 +30,7 @@ class TextCodec:
     _utf8: Any = None
 
     @classmethod
-    def for_run(cls, run_dir: Path, data: str, tokenizer: str) -> "TextCodec":
+    def for_run(cls, run_dir: Path, data: str, tokenizer: str) -> TextCodec:
         """The codec of a run whose TrainConfig has `data` and (maybe empty) `tokenizer`."""
         if data in ("tokens", "pairs"):  # token files: the prompt and output are ids
             return cls("ids")
@@ -38,8 +38,10 @@ class TextCodec:
             return cls("bytes", _utf8=codecs.getincrementaldecoder("utf-8")(errors="replace"))
         kept = run_dir / "tokenizer.json"
         if not kept.exists():
-            raise CodecError(f"{kept} not found: the run trained through a tokenizer, and sampling "
-                             f"decodes with the copy the run keeps")
+            raise CodecError(
+                f"{kept} not found: the run trained through a tokenizer, and sampling "
+                f"decodes with the copy the run keeps"
+            )
         from tokenizers import Tokenizer
 
         try:
@@ -63,7 +65,9 @@ class TextCodec:
         try:
             return [int(t) for t in prompt.split()]
         except ValueError:
-            raise CodecError('this run trained on a token file: give the prompt as token ids ("1 2 3")') from None
+            raise CodecError(
+                'this run trained on a token file: give the prompt as token ids ("1 2 3")'
+            ) from None
 
     def prompt_text(self, prompt: str, ids: list[int]) -> str:
         """What is printed for the prompt before generation starts."""
@@ -82,7 +86,7 @@ class TextCodec:
         text = self.tokenizer.decode(self.ids)
         if text.endswith("\ufffd"):  # a character split over tokens: wait for the rest
             return ""
-        new, self.shown = text[self.shown:], len(text)
+        new, self.shown = text[self.shown :], len(text)
         return new
 
     def finish(self) -> str:
@@ -91,5 +95,5 @@ class TextCodec:
             return self._utf8.decode(b"", final=True)
         if self.kind == "tokenizer":
             text = self.tokenizer.decode(self.ids)
-            return text[self.shown:]
+            return text[self.shown :]
         return ""

@@ -84,7 +84,7 @@ def test_ir_building_is_a_stage_of_its_own():
 
 
 def test_compiler_modules_stay_small():
-    big = {m: n for m, n in ((p, len(p.read_text().splitlines())) for p in PACKAGE.rglob("*.py")) if n > 500}
+    big = {m: n for m, n in ((p, len(p.read_text().splitlines())) for p in PACKAGE.rglob("*.py")) if n > 800}
     assert not big, big
 
 

@@ -47,9 +47,16 @@ class _Blocks:
     detail: dict[str, int] = field(default_factory=dict)
 
 
-def trace_activations(root: ir.Instance, layout: Layout, batch: int, seq: int,
-                      remat: ir.RematPolicy | None, split: HeadSplit | None = None,
-                      loss_chunk: int = LOSS_CHUNK, platform: PlatformFacts = CPU) -> Activations:
+def trace_activations(
+    root: ir.Instance,
+    layout: Layout,
+    batch: int,
+    seq: int,
+    remat: ir.RematPolicy | None,
+    split: HeadSplit | None = None,
+    loss_chunk: int = LOSS_CHUNK,
+    platform: PlatformFacts = CPU,
+) -> Activations:
     """Trace the model and its loss; `remat` replaces every scanned block's policy. `split`: the
     loss is the fused cross-entropy over the model cut at its head (ir/head.py loss_split),
     `loss_chunk` positions at a time. `platform`: how many transients XLA keeps at once there."""
@@ -72,15 +79,20 @@ def trace_activations(root: ir.Instance, layout: Layout, batch: int, seq: int,
     else:
         working = max(loss_working, blocks.working)
     return Activations(
-        saved=int(blocks.saved), working=int(working), offloaded=int(blocks.offloaded),
-        saved_per_layer=int(blocks.per_layer), layers=blocks.layers, detail=blocks.detail,
+        saved=int(blocks.saved),
+        working=int(working),
+        offloaded=int(blocks.offloaded),
+        saved_per_layer=int(blocks.per_layer),
+        layers=blocks.layers,
+        detail=blocks.detail,
         working_kind="loss" if loss_working >= blocks.working else "layer",
         reused=int(blocks.reused),
     )
 
 
-def _add_block(t: Tracer, blocks: _Blocks, inst: ir.Instance, layer: Scope, x: Val,
-               policy: ir.RematPolicy) -> None:
+def _add_block(
+    t: Tracer, blocks: _Blocks, inst: ir.Instance, layer: Scope, x: Val, policy: ir.RematPolicy
+) -> None:
     """One scanned block: `repeat` layers that each keep what `policy` keeps (a pattern's step
     runs k layers: its n / k steps count as n layers, each keeping a k-th of a step)."""
     n = int(inst.repeat.value)
@@ -123,7 +135,14 @@ def unrolled_reuse(t: Tracer, inst: ir.Instance, n: int, kept: float) -> float:
     trade, saved + grad or kept + all the gradients: (n - 1) x min(kept, grad) less (measured
     against XLA's memory_analysis on a 4-layer llama: 64.4 MB of temporaries, 64.0 modelled).
     """
-    grad = sum(t.layout.param_elements(p) * DTYPE_BYTES[p.dtype.name] for i in inst.walk() for p in i.params) / n
+    grad = (
+        sum(
+            t.layout.param_elements(p) * DTYPE_BYTES[p.dtype.name]
+            for i in inst.walk()
+            for p in i.params
+        )
+        / n
+    )
     return (n - 1) * min(kept, grad)
 
 
@@ -198,7 +217,11 @@ def fused_loss(t: Tracer, split: HeadSplit, hidden: Val, loss_chunk: int) -> tup
 def _head_params(split: HeadSplit) -> list[ir.Param]:
     """The parameters the head reads: the root's own, or all of a child's (a tied embedding)."""
     root = split.body
-    return [p for key in split.params for p in ([root.param(key)] if root.param(key) else root.child(key).params)]
+    return [
+        p
+        for key in split.params
+        for p in ([root.param(key)] if root.param(key) else root.child(key).params)
+    ]
 
 
 def _low_precision_bytes(t: Tracer, logits: Val) -> float:
@@ -211,7 +234,11 @@ def loss(t: Tracer, logits: Val) -> float:
     """Cross-entropy over float32 logits (in train.py): saves exp(logits) in float32 (in the
     outer scope) and returns the working bytes at the loss: the logits in f32, their gradient in
     f32 and in the compute dtype of the head matmul."""
-    f32 = logits if logits.dtype == "f32" else Val(logits.dims, "f32", ValKind.OP, "logits (f32)", (logits,))
+    f32 = (
+        logits
+        if logits.dtype == "f32"
+        else Val(logits.dims, "f32", ValKind.OP, "logits (f32)", (logits,))
+    )
     soft = Val(f32.dims, "f32", ValKind.INTERNAL, "softmax(logits)", (f32,))
     t.outer.values += [f32, soft]
     t.outer.save(soft)

@@ -86,7 +86,9 @@ class FlopCount:
     seq: int
     matmul: int  # forward FLOPs per token of matmuls with a parameter (all layers)
     attention: int  # forward FLOPs per token of attention and other sequence mixing (SSD), at `seq`
-    by_path: dict[str, int] = field(default_factory=dict)  # instance path -> forward FLOPs per token
+    by_path: dict[str, int] = field(
+        default_factory=dict
+    )  # instance path -> forward FLOPs per token
 
     @property
     def forward_per_token(self) -> int:

@@ -12,8 +12,18 @@ from dataclasses import dataclass
 from axdsl.ir import nodes as ir
 
 DTYPE_BYTES = {
-    "f64": 8, "f32": 4, "bf16": 2, "f16": 2, "fp8_e4m3": 1, "fp8_e5m2": 1,
-    "i8": 1, "u8": 1, "u16": 2, "i32": 4, "u32": 4, "bool": 1,
+    "f64": 8,
+    "f32": 4,
+    "bf16": 2,
+    "f16": 2,
+    "fp8_e4m3": 1,
+    "fp8_e5m2": 1,
+    "i8": 1,
+    "u8": 1,
+    "u16": 2,
+    "i32": 4,
+    "u32": 4,
+    "bool": 1,
 }
 
 
@@ -31,7 +41,9 @@ class Layout:
     def _axes(self, logical: str | None, used: set[str]) -> tuple[str, ...]:
         if not logical:
             return ()
-        return tuple(a for a in self.rules.get(logical, ()) if self.sizes.get(a, 1) > 1 and a not in used)
+        return tuple(
+            a for a in self.rules.get(logical, ()) if self.sizes.get(a, 1) > 1 and a not in used
+        )
 
     def param_elements(self, p: ir.Param, exclude: tuple[str, ...] = ()) -> float:
         """Elements of `p` on one chip; `exclude` mesh axes are gathered (FSDP at compute time)."""
@@ -46,7 +58,9 @@ class Layout:
     def batch_axes(self) -> tuple[str, ...]:
         return self._axes("batch", set())
 
-    def elements(self, dims: tuple[ir.Dim, ...], batch: int, seq: int, weight: bool = False) -> float:
+    def elements(
+        self, dims: tuple[ir.Dim, ...], batch: int, seq: int, weight: bool = False
+    ) -> float:
         """Elements of an activation on one chip; `weight`: a gathered weight (batch axes unused)."""
         used: set[str] = set(self.batch_axes()) if weight else set()
         n = 1.0

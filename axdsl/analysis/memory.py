@@ -80,8 +80,16 @@ from axdsl.objectives import batch_fields, batches_of, inputs as forward_inputs,
 from axdsl.passes.annotate_sharding import dim_axes
 from axdsl.targets import profiles
 
-__all__ = ["DTYPE_BYTES", "GENERATED_UPDATE_SKIP", "Layout", "MemoryEstimate", "OPT_MOMENTS",
-           "UPDATE_SELECT_FRACTION", "UpdateSkip", "estimate_memory"]
+__all__ = [
+    "DTYPE_BYTES",
+    "GENERATED_UPDATE_SKIP",
+    "Layout",
+    "MemoryEstimate",
+    "OPT_MOMENTS",
+    "UPDATE_SELECT_FRACTION",
+    "UpdateSkip",
+    "estimate_memory",
+]
 
 
 class UpdateSkip(Enum):
@@ -157,7 +165,6 @@ class MemoryEstimate:
         return self.state + self.temporaries
 
 
-
 @dataclass(frozen=True)
 class _State:
     """Per-chip bytes of the parameters, their optimizer moments and compute-dtype copies."""
@@ -181,10 +188,18 @@ def _example_bytes(module: ir.Module, root: ir.Instance, seq: int) -> int:
     return len(batch_fields(kind, forward_inputs(root))) * seq * 4
 
 
-def estimate_memory(module: ir.Module, model: str | None = None, *, batch: int | None = None,
-                    seq: int | None = None, microbatches: int | None = None,
-                    optimizer: str | None = None, mesh: dict[str, int] | None = None,
-                    remat: ir.RematPolicy | None = None, update_select: bool = True) -> MemoryEstimate:
+def estimate_memory(
+    module: ir.Module,
+    model: str | None = None,
+    *,
+    batch: int | None = None,
+    seq: int | None = None,
+    microbatches: int | None = None,
+    optimizer: str | None = None,
+    mesh: dict[str, int] | None = None,
+    remat: ir.RematPolicy | None = None,
+    update_select: bool = True,
+) -> MemoryEstimate:
     """Per-chip bytes of a training step of `model` (default: the spec's first model).
 
     Unset arguments come from the spec's train block (`module.train_settings`) and the target's
@@ -204,21 +219,46 @@ def estimate_memory(module: ir.Module, model: str | None = None, *, batch: int |
     layout = Layout(sizes, rules, dim_axes(m.root))
     policy = remat or _block_remat(m.root)
     st = _state(m.root, layout, optimizer, policy.kind)
-    grads = st.params + (st.param_f32 if microbatches > 1 else 0)  # + the micro-batch scan's accumulator
+    grads = st.params + (
+        st.param_f32 if microbatches > 1 else 0
+    )  # + the micro-batch scan's accumulator
     if train is not None and "lora" in dict(train.settings):
         st, grads = _lora_state(m.root, layout, optimizer, train.get("lora"), st, microbatches)
-    inputs = math.ceil(batch / layout.shards(rules.get("batch", ()))) * _example_bytes(module, m.root, seq)
+    inputs = math.ceil(batch / layout.shards(rules.get("batch", ()))) * _example_bytes(
+        module, m.root, seq
+    )
     split = loss_split(m.root, objective_name(module))
-    act = trace_activations(m.root, layout, batch // microbatches, seq, remat, split,
-                            loss_chunk(module.schedule), platform_of(module))
+    act = trace_activations(
+        m.root,
+        layout,
+        batch // microbatches,
+        seq,
+        remat,
+        split,
+        loss_chunk(module.schedule),
+        platform_of(module),
+    )
     return MemoryEstimate(
-        model=m.name, chips=math.prod(sizes.values()), mesh=sizes, batch=batch, seq=seq,
-        microbatches=microbatches, remat=policy.kind, optimizer=optimizer,
-        params=st.params, grads=grads, opt_state=st.moments + 3 * 4,  # + step, step count, bad_steps
-        weight_copies=st.weight_copies, inputs=inputs,
-        saved=act.saved, working=act.working, offloaded=act.offloaded,
-        saved_per_layer=act.saved_per_layer, layers=act.layers,
-        working_kind=act.working_kind, detail=act.detail,
+        model=m.name,
+        chips=math.prod(sizes.values()),
+        mesh=sizes,
+        batch=batch,
+        seq=seq,
+        microbatches=microbatches,
+        remat=policy.kind,
+        optimizer=optimizer,
+        params=st.params,
+        grads=grads,
+        opt_state=st.moments + 3 * 4,  # + step, step count, bad_steps
+        weight_copies=st.weight_copies,
+        inputs=inputs,
+        saved=act.saved,
+        working=act.working,
+        offloaded=act.offloaded,
+        saved_per_layer=act.saved_per_layer,
+        layers=act.layers,
+        working_kind=act.working_kind,
+        detail=act.detail,
         update=int(UPDATE_SELECT_FRACTION * (_trained(st) + st.moments)) if update_select else 0,
         reused=act.reused,
     )
@@ -252,8 +292,9 @@ def _state(root: ir.Instance, layout: Layout, optimizer: str, remat: ir.RematKin
     return _State(params, opt, copies + 2 * max(per_layer.values(), default=0), f32)
 
 
-def _lora_state(root: ir.Instance, layout: Layout, optimizer: str, settings, base: _State,
-                microbatches: int) -> tuple[_State, int]:
+def _lora_state(
+    root: ir.Instance, layout: Layout, optimizer: str, settings, base: _State, microbatches: int
+) -> tuple[_State, int]:
     """LoRA (train.py's lora(...)): the base parameters are frozen, so they have no gradients and
     no optimizer moments; the adapters (replicated) have both. The loss reads merged copies
     W + scale * A @ B of the targets, and the cast copy of the base weights has no gradient."""
@@ -286,7 +327,9 @@ def _model(module: ir.Module, name: str | None) -> ir.Model:
     for m in module.models:
         if m.name == name:
             return m
-    raise KeyError(f"no model `{name}` in {module.spec}; models: {', '.join(x.name for x in module.models)}")
+    raise KeyError(
+        f"no model `{name}` in {module.spec}; models: {', '.join(x.name for x in module.models)}"
+    )
 
 
 def _block_remat(root: ir.Instance) -> ir.RematPolicy:

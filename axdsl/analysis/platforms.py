@@ -47,8 +47,15 @@ class PlatformFacts:
     overestimate: float = 0.0
 
 
-CPU = PlatformFacts(loss_f32=3, loss_low=2, loss_head_grads=2, layer_recompute=1.0, lanes=0, moe_dispatch_u32=0,
-                    usable_fraction=0.9)
+CPU = PlatformFacts(
+    loss_f32=3,
+    loss_low=2,
+    loss_head_grads=2,
+    layer_recompute=1.0,
+    lanes=0,
+    moe_dispatch_u32=0,
+    usable_fraction=0.9,
+)
 # tpu-v5e-1, llama 3.2 1B at 4 layers, 4 x 2048, vocab 128256, loss chunk 512: the loss's only
 # large buffers are one f32[4, 512, 128256] (1002 MiB) and one bf16 (501 MiB), and the six
 # bf16[128256, 2048] gradient values of the tied head share one 501 MiB buffer (was modelled as
@@ -64,8 +71,16 @@ CPU = PlatformFacts(loss_f32=3, loss_low=2, loss_head_grads=2, layer_recompute=1
 # buffers of 256 MiB (four, two live at once beside the bf16 ones) that the model missed: 2.38 ->
 # 2.88 GiB against XLA's 2.88.
 # Overestimate: benchmarks/memory_table.py, steps XLA fits: at most +9.7% (llama 32k, remat full).
-TPU = PlatformFacts(loss_f32=1, loss_low=1, loss_head_grads=1, layer_recompute=0.7, lanes=128, moe_dispatch_u32=2,
-                    usable_fraction=15.75 / 16, overestimate=0.10)
+TPU = PlatformFacts(
+    loss_f32=1,
+    loss_low=1,
+    loss_head_grads=1,
+    layer_recompute=0.7,
+    lanes=128,
+    moe_dispatch_u32=2,
+    usable_fraction=15.75 / 16,
+    overestimate=0.10,
+)
 
 FACTS = {"cpu": CPU, "gpu": CPU, "trn": CPU, "tpu": TPU}
 

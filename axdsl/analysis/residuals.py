@@ -15,6 +15,7 @@ from axdsl.ir import nodes as ir
 if TYPE_CHECKING:
     from axdsl.analysis.trace import Tracer
 
+
 # ---------------------------------------------------------------------------- binary operators
 def matmul(t: Tracer, a: Val, b: Val, dims, dtype: str, where: str) -> Val:
     """`a @ b` keeps both operands; its output is a dot unless both operands are activations."""

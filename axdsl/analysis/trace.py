@@ -34,7 +34,9 @@ class Tracer:
         self.compute = compute_dtype(root)
         self.outer = Scope()
         self.scope = self.outer
-        self.blocks: list[tuple[ir.Instance, Scope, Val]] = []  # (scanned child, its layer, its input)
+        self.blocks: list[tuple[ir.Instance, Scope, Val]] = (
+            []
+        )  # (scanned child, its layer, its input)
 
     def nbytes(self, v: Val) -> float:
         """Bytes of `v` on one chip."""
@@ -157,12 +159,26 @@ class Tracer:
         values are per step, not counted), and the stacked carries are kept for the backward."""
         outer = self.scope
         self.scope = Scope()
-        steps = [Val(tuple(d for d in a.dims if not d.same(e.over)), a.dtype, ValKind.INPUT, f"{child.path} step")
-                 for a in args]
+        steps = [
+            Val(
+                tuple(d for d in a.dims if not d.same(e.over)),
+                a.dtype,
+                ValKind.INPUT,
+                f"{child.path} step",
+            )
+            for a in args
+        ]
         if not e.scan_init:
             carry = self.dims(e, bind)
-            steps.insert(0, Val(tuple(d for d in carry if not d.same(e.over)), args[0].dtype, ValKind.INPUT,
-                                f"{child.path} carry"))
+            steps.insert(
+                0,
+                Val(
+                    tuple(d for d in carry if not d.same(e.over)),
+                    args[0].dtype,
+                    ValKind.INPUT,
+                    f"{child.path} carry",
+                ),
+            )
         self.call(child, steps)
         self.scope = outer
         out = self.new(self.dims(e, bind), args[-1].dtype, f"{child.path} scan", tuple(args))
@@ -190,11 +206,17 @@ def bind_dims(decl: tuple[ir.Arg, ...], actual: list[Val]) -> dict[str, tuple[ir
         if any(d.is_ellipsis for d in dims):
             i = next(j for j, d in enumerate(dims) if d.is_ellipsis)
             tail = len(dims) - i - 1
-            out["..."] = tuple(v.dims[i:len(v.dims) - tail])
-            pairs = list(zip(dims[:i], v.dims[:i])) + list(zip(dims[i + 1:], v.dims[len(v.dims) - tail:]))
+            out["..."] = tuple(v.dims[i : len(v.dims) - tail])
+            pairs = list(zip(dims[:i], v.dims[:i])) + list(
+                zip(dims[i + 1 :], v.dims[len(v.dims) - tail :])
+            )
         else:
             pairs = list(zip(dims, v.dims))
         for d, got in pairs:
-            if d.size is None and not d.is_ellipsis and (d.name not in FREE_DIM_AXES or got.size is not None):
+            if (
+                d.size is None
+                and not d.is_ellipsis
+                and (d.name not in FREE_DIM_AXES or got.size is not None)
+            ):
                 out[d.name] = (got,)
     return out

@@ -29,13 +29,13 @@ class Val:
     dtype: str
     kind: ValKind
     label: str
-    inputs: tuple["Val", ...] = ()
+    inputs: tuple[Val, ...] = ()
     point: str | None = None
     dot: bool = False  # a matmul output without batch dims (save_dots keeps these)
     weight: bool = False  # a gathered weight (sized without the batch mesh axes)
 
     @property
-    def base(self) -> "Val":
+    def base(self) -> Val:
         v = self
         while v.kind is ValKind.VIEW:
             v = v.inputs[0]

@@ -46,16 +46,33 @@ from axdsl.aot.xla import xla_total
 from axdsl.objectives import batches_of
 from axdsl.targets import profiles
 
-__all__ = ["EXIT_ERROR", "EXIT_FITS", "EXIT_NO_FIT", "USABLE_FRACTION", "Report", "analyze",
-           "lower_step", "render", "run", "suggest", "xla_total"]
+__all__ = [
+    "EXIT_ERROR",
+    "EXIT_FITS",
+    "EXIT_NO_FIT",
+    "USABLE_FRACTION",
+    "Report",
+    "analyze",
+    "lower_step",
+    "render",
+    "run",
+    "suggest",
+    "xla_total",
+]
 
 
 class AotError(Exception):
     """A user mistake on the command line (an unknown model): printed, exit 1."""
 
 
-def run(spec: Path, target: str, model: str | None = None, batch: int | None = None,
-        seq: int | None = None, compile: bool = False) -> int:
+def run(
+    spec: Path,
+    target: str,
+    model: str | None = None,
+    batch: int | None = None,
+    seq: int | None = None,
+    compile: bool = False,
+) -> int:
     """Print the fit report of `spec`'s training step on `target`; return the exit code."""
     try:
         report = analyze(spec, target, model, batch, seq, compile=compile, lower=True)
@@ -68,8 +85,15 @@ def run(spec: Path, target: str, model: str | None = None, batch: int | None = N
     return EXIT_FITS if report.fits else EXIT_NO_FIT
 
 
-def analyze(spec: Path, target: str, model: str | None = None, batch: int | None = None,
-            seq: int | None = None, compile: bool = False, lower: bool = True) -> Report:
+def analyze(
+    spec: Path,
+    target: str,
+    model: str | None = None,
+    batch: int | None = None,
+    seq: int | None = None,
+    compile: bool = False,
+    lower: bool = True,
+) -> Report:
     """Build, estimate and (with `lower`) lower the step; the data behind `run`'s report."""
     from axdsl.build import build_files, default_out_dir, edited_files
     from axdsl.pipeline import compile_spec
@@ -91,26 +115,42 @@ def analyze(spec: Path, target: str, model: str | None = None, batch: int | None
     select = "train.py" in files and GENERATED_UPDATE_SKIP is UpdateSkip.SELECT
     est = estimate_memory(module, model, batch=batch, seq=seq, update_select=select)
     pc = param_count(m)
-    report = Report(spec=spec, target=target, profile=profile, model=model, estimate=est,
-                    flops=model_flops(m, seq), params_total=pc.total, params_embedding=pc.embedding,
-                    hbm=profile.hbm_bytes, images=batches_of(module) == "classify")
+    report = Report(
+        spec=spec,
+        target=target,
+        profile=profile,
+        model=model,
+        estimate=est,
+        flops=model_flops(m, seq),
+        params_total=pc.total,
+        params_embedding=pc.embedding,
+        hbm=profile.hbm_bytes,
+        images=batches_of(module) == "classify",
+    )
     if sched.remat_fit is not None:  # say what fit_remat chose, and from which figures
         fit = sched.remat_fit
         report.notes.append(" ".join(fit_lines(fit)))
         if (fit.batch, fit.seq) != (est.batch, est.seq):
-            report.notes.append(f"remat({est.remat}) was chosen for batch {fit.batch} x seq {fit.seq}; "
-                                f"for batch {est.batch} x seq {est.seq}, set remat(...) in a target block "
-                                "if this report says it does not fit")
+            report.notes.append(
+                f"remat({est.remat}) was chosen for batch {fit.batch} x seq {fit.seq}; "
+                f"for batch {est.batch} x seq {est.seq}, set remat(...) in a target block "
+                "if this report says it does not fit"
+            )
     edited = edited_files(default_out_dir(spec, target))
     if edited:
-        report.notes.append(f"you edited {default_out_dir(spec, target)}/{edited[0]}: this report is for "
-                            "the train step a fresh build generates, not for your edits")
+        report.notes.append(
+            f"you edited {default_out_dir(spec, target)}/{edited[0]}: this report is for "
+            "the train step a fresh build generates, not for your edits"
+        )
     if lower:
         if "train.py" not in files:
-            report.lowering = {"skipped": "no train.py: the first model fits no objective of the train block"}
+            report.lowering = {
+                "skipped": "no train.py: the first model fits no objective of the train block"
+            }
         else:
-            report.lowering = lower_step(files, spec, target, model, batch, seq, sched.chips,
-                                         sched.kind, compile)
+            report.lowering = lower_step(
+                files, spec, target, model, batch, seq, sched.chips, sched.kind, compile
+            )
     if not report.fits:  # searched with the analytic model, scaled by XLA's ratio when it decided
         report.suggestions = suggest(module, model, est, report.limit, target, select, report.ratio)
     return report

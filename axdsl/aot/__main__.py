@@ -24,7 +24,9 @@ def _main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch", type=int, default=None)
     p.add_argument("--seq", type=int, default=None)
     p.add_argument("--compile", action="store_true")
-    p.add_argument("--lower", action="store_true", help="only lower; print the result as one JSON line")
+    p.add_argument(
+        "--lower", action="store_true", help="only lower; print the result as one JSON line"
+    )
     args = p.parse_args(argv)
     if not args.lower:
         return run(args.spec, args.target, args.model, args.batch, args.seq, compile=args.compile)
@@ -35,9 +37,15 @@ def _main(argv: list[str] | None = None) -> int:
     train = module.train_settings
     sched = module.schedule
     request_devices(sched.chips)
-    result = lower_here(build_files(args.spec, args.target), args.model or module.models[0].name,
-                        args.batch or train.get("batch"), args.seq or train.get("seq"),
-                        sched.chips, sched.kind, args.compile)
+    result = lower_here(
+        build_files(args.spec, args.target),
+        args.model or module.models[0].name,
+        args.batch or train.get("batch"),
+        args.seq or train.get("seq"),
+        sched.chips,
+        sched.kind,
+        args.compile,
+    )
     print(RESULT_TAG + json.dumps(result))
     return 0
 

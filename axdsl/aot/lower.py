@@ -23,15 +23,31 @@ from pathlib import Path
 from axdsl.aot.tpu import compile_for_topology
 from axdsl.aot.xla import memory_stats, short, xla_total
 
-__all__ = ["RESULT_TAG", "abstract_batch", "lower_here", "lower_step", "request_devices", "xla_total"]
+__all__ = [
+    "RESULT_TAG",
+    "abstract_batch",
+    "lower_here",
+    "lower_step",
+    "request_devices",
+    "xla_total",
+]
 
 RESULT_TAG = "AXDSL_AOT_RESULT "
 PLATFORMS = {"cpu": "cpu", "gpu": "cuda", "tpu": "tpu"}
 
 
 # ---------------------------------------------------------------------------- lowering
-def lower_step(files: dict[str, str], spec: Path, target: str, model: str, batch: int, seq: int,
-               chips: int, kind: str, compile: bool) -> dict:
+def lower_step(
+    files: dict[str, str],
+    spec: Path,
+    target: str,
+    model: str,
+    batch: int,
+    seq: int,
+    chips: int,
+    kind: str,
+    compile: bool,
+) -> dict:
     """Lower the generated step here when jax can have `chips` devices, else in a subprocess."""
     if _can_run_here(chips):
         return lower_here(files, model, batch, seq, chips, kind, compile)
@@ -60,30 +76,50 @@ def request_devices(chips: int) -> None:
     os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={chips}".strip()
 
 
-def _lower_in_subprocess(spec: Path, target: str, model: str, batch: int, seq: int, chips: int,
-                         compile: bool) -> dict:
+def _lower_in_subprocess(
+    spec: Path, target: str, model: str, batch: int, seq: int, chips: int, compile: bool
+) -> dict:
     env = dict(os.environ)
-    flags = re.sub(r"--xla_force_host_platform_device_count=\d+", "", env.get("XLA_FLAGS", "")).strip()
+    flags = re.sub(
+        r"--xla_force_host_platform_device_count=\d+", "", env.get("XLA_FLAGS", "")
+    ).strip()
     env["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={chips}".strip()
     root = str(Path(__file__).resolve().parents[2])  # the directory holding axdsl/
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    cmd = [sys.executable, "-m", "axdsl.aot", "--lower", str(spec), "--target", target,
-           "--model", model, "--batch", str(batch), "--seq", str(seq)] + (["--compile"] if compile else [])
+    cmd = [
+        sys.executable,
+        "-m",
+        "axdsl.aot",
+        "--lower",
+        str(spec),
+        "--target",
+        target,
+        "--model",
+        model,
+        "--batch",
+        str(batch),
+        "--seq",
+        str(seq),
+    ] + (["--compile"] if compile else [])
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     for line in reversed(proc.stdout.splitlines()):
         if line.startswith(RESULT_TAG):
-            result = json.loads(line[len(RESULT_TAG):])
+            result = json.loads(line[len(RESULT_TAG) :])
             result["subprocess"] = True
             return result
     tail = (proc.stderr or proc.stdout).strip().splitlines()[-5:]
     return {"error": f"lowering subprocess exited {proc.returncode}: " + " | ".join(tail)}
 
-def lower_here(files: dict[str, str], model: str, batch: int, seq: int, chips: int, kind: str,
-               compile: bool) -> dict:
+
+def lower_here(
+    files: dict[str, str], model: str, batch: int, seq: int, chips: int, kind: str, compile: bool
+) -> dict:
     """Import the generated files as a throwaway package and lower (maybe compile) its step."""
     tmp = Path(tempfile.mkdtemp(prefix="axdsl_aot_"))
     package = f"_axdsl_aot_{os.getpid()}_{abs(hash(files['model.py'])) % 10**8}"
-    from axdsl.build import write_atomic  # the <root>/<spec>/<target>/ layout, with <root>/runtime.py
+    from axdsl.build import (
+        write_atomic,
+    )  # the <root>/<spec>/<target>/ layout, with <root>/runtime.py
 
     write_atomic(tmp / package / "spec" / "target", files, make_packages=True)
     sys.path.insert(0, str(tmp))
@@ -95,10 +131,14 @@ def lower_here(files: dict[str, str], model: str, batch: int, seq: int, chips: i
     except Exception as exc:  # noqa: BLE001 - the generated code failed: say so, exit 1
         msg = short(exc)
         if "cuDNN" in msg or "cudnn" in msg:
-            result["skipped"] = ("the step uses cuDNN attention, which jax traces only on a machine "
-                                 "with an NVIDIA GPU; the figures are analytic only")
+            result["skipped"] = (
+                "the step uses cuDNN attention, which jax traces only on a machine "
+                "with an NVIDIA GPU; the figures are analytic only"
+            )
         else:
-            result["error"] = f"lowering the generated train step failed: {type(exc).__name__}: {msg}"
+            result["error"] = (
+                f"lowering the generated train step failed: {type(exc).__name__}: {msg}"
+            )
     finally:
         sys.path.remove(str(tmp))
         for name in [n for n in sys.modules if n == package or n.startswith(package + ".")]:
@@ -107,11 +147,11 @@ def lower_here(files: dict[str, str], model: str, batch: int, seq: int, chips: i
     return result
 
 
-def _lower_generated(train, mod, result: dict, model: str, batch: int, seq: int, chips: int,
-                     kind: str, compile: bool) -> None:
+def _lower_generated(
+    train, mod, result: dict, model: str, batch: int, seq: int, chips: int, kind: str, compile: bool
+) -> None:
     """Check the configuration, lower the step on the mesh, then compile where it means something."""
     import jax
-    import jax.numpy as jnp
 
     sized = {"seq": seq} if hasattr(train.TRAIN, "seq") else {}  # a classifier's has no seq
     tc = dataclasses.replace(train.TRAIN, model=model, batch=batch, **sized)
@@ -140,8 +180,10 @@ def _lower_generated(train, mod, result: dict, model: str, batch: int, seq: int,
             result["compile_s"] = round(time.perf_counter() - t0, 2)
             result["xla"] = memory_stats(compiled.memory_analysis())
         elif compile:
-            result["compile_note"] = (f"not compiled: a {kind} step compiled for this CPU would not "
-                                      f"give the {kind}'s memory")
+            result["compile_note"] = (
+                f"not compiled: a {kind} step compiled for this CPU would not "
+                f"give the {kind}'s memory"
+            )
     if kind == "tpu":
         result.update(_compile_for_tpu(train, mod, cfg, tc, chips))
 
@@ -173,7 +215,9 @@ def abstract_batch(train, tc, mesh):
     def field(*shape, dtype=jnp.int32):
         return jax.ShapeDtypeStruct((tc.batch, *shape), dtype, sharding=sharding)
 
-    objective = getattr(train, "BATCHES", getattr(train, "OBJECTIVE", "next_token"))  # loss(): its data's batches
+    objective = getattr(
+        train, "BATCHES", getattr(train, "OBJECTIVE", "next_token")
+    )  # loss(): its data's batches
     if objective == "next_token":
         return field(tc.seq + 1)
     if objective == "classify":

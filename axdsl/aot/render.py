@@ -29,10 +29,14 @@ def render(r: Report) -> str:
 
 def _footer(r: Report) -> str:
     if r.xla_decides:
-        return ("The verdict is XLA's: it compiled the step for the target's TPU topology. The memory "
-                "terms and FLOPs above are analytic (from the IR).")
-    return ("The verdict is analytic (axdsl/analysis/memory.py, against 90% of the HBM), as are the "
-            "memory and FLOPs above; XLA's own figures are shown only where it compiled for the target.")
+        return (
+            "The verdict is XLA's: it compiled the step for the target's TPU topology. The memory "
+            "terms and FLOPs above are analytic (from the IR)."
+        )
+    return (
+        "The verdict is analytic (axdsl/analysis/memory.py, against 90% of the HBM), as are the "
+        "memory and FLOPs above; XLA's own figures are shown only where it compiled for the target."
+    )
 
 
 def _header(r: Report) -> list[str]:
@@ -41,12 +45,15 @@ def _header(r: Report) -> list[str]:
     return [
         f"axdsl aot: {r.model} ({r.spec}) on {r.target}: {e.chips} x {p.description}, "
         f"{gib(r.hbm)} each",
-        f"  mesh {mesh}; batch {e.batch} " + ("images" if r.images else f"x seq {e.seq}")
+        f"  mesh {mesh}; batch {e.batch} "
+        + ("images" if r.images else f"x seq {e.seq}")
         + (f" in {e.microbatches} micro-batches" if e.microbatches > 1 else "")
         + f"; remat {e.remat}; optimizer {e.optimizer}",
-        f"  {r.params_total / 1e9:.3g} B parameters ({r.params_embedding / 1e9:.3g} B in embeddings)"
-        if r.params_total >= 1e8 else
-        f"  {r.params_total:,} parameters ({r.params_embedding:,} in embeddings)",
+        (
+            f"  {r.params_total / 1e9:.3g} B parameters ({r.params_embedding / 1e9:.3g} B in embeddings)"
+            if r.params_total >= 1e8
+            else f"  {r.params_total:,} parameters ({r.params_embedding:,} in embeddings)"
+        ),
     ]
 
 
@@ -60,26 +67,37 @@ def _memory(r: Report) -> list[str]:
         f"  optimizer state   {gib(e.opt_state):>12}   ({e.optimizer})",
     ]
     if e.weight_copies:
-        lines.append(f"  weight copies     {gib(e.weight_copies):>12}   "
-                     "(compute-dtype parameters and their gradients)")
+        lines.append(
+            f"  weight copies     {gib(e.weight_copies):>12}   "
+            "(compute-dtype parameters and their gradients)"
+        )
     lines.append(
         f"  activations       {gib(e.activations):>12}   saved {gib(e.saved)} "
         f"({e.layers} layers x {gib(e.saved_per_layer)} + outside the scan), "
-        f"working {gib(e.working)} ({'loss' if e.working_kind == 'loss' else 'one layer backward'})")
+        f"working {gib(e.working)} ({'loss' if e.working_kind == 'loss' else 'one layer backward'})"
+    )
     if e.reused:
-        lines.append(f"  unrolled reuse    {gib(-e.reused):>12}   (gradients of unrolled layers written where "
-                     f"their freed residuals were)")
+        lines.append(
+            f"  unrolled reuse    {gib(-e.reused):>12}   (gradients of unrolled layers written where "
+            f"their freed residuals were)"
+        )
     if e.offloaded:
         lines.append(f"  offloaded to host {gib(e.offloaded):>12}   (not on the chip)")
     if e.update:
-        lines.append(f"  optimizer update  {gib(e.update):>12}   (new parameters and moments before the "
-                     f"skip-if-not-finite select; after the backward, so only the larger counts)")
+        lines.append(
+            f"  optimizer update  {gib(e.update):>12}   (new parameters and moments before the "
+            f"skip-if-not-finite select; after the backward, so only the larger counts)"
+        )
     phase = "the optimizer update" if e.peak_phase == "update" else "the backward pass"
     lines.append(f"  peak:             {phase}")
     lines.append(f"  batch             {gib(e.inputs):>12}")
     lines += _verdict_xla(r) if r.xla_decides else _verdict_analytic(r)
     if not r.fits:
-        scaled = " (found with the analytic model; figures scaled by XLA's ratio)" if r.ratio != 1.0 else ""
+        scaled = (
+            " (found with the analytic model; figures scaled by XLA's ratio)"
+            if r.ratio != 1.0
+            else ""
+        )
         lines.append(f"  to make it fit, any of{scaled}:")
         lines += [f"    - {s}" for s in r.suggestions]
     return lines
@@ -88,15 +106,23 @@ def _memory(r: Report) -> list[str]:
 def _verdict_analytic(r: Report) -> list[str]:
     """The analytic total against the usable fraction of the HBM: the verdict without XLA."""
     e = r.estimate
-    total = (f"  total             {gib(e.total):>12}   of {gib(r.hbm)} HBM "
-             f"({100 * e.total / r.hbm:.0f}%; usable {r.usable / r.hbm:.0%}: {gib(r.usable)})")
+    total = (
+        f"  total             {gib(e.total):>12}   of {gib(r.hbm)} HBM "
+        f"({100 * e.total / r.hbm:.0f}%; usable {r.usable / r.hbm:.0%}: {gib(r.usable)})"
+    )
     if r.borderline:
-        return [total, f"  => fits (analytic, borderline): {gib(e.total - r.usable)} over the usable "
-                       "memory, within what the model overestimates steps that fit by on this "
-                       "platform; compile for the target (libtpu) to be sure"]
+        return [
+            total,
+            f"  => fits (analytic, borderline): {gib(e.total - r.usable)} over the usable "
+            "memory, within what the model overestimates steps that fit by on this "
+            "platform; compile for the target (libtpu) to be sure",
+        ]
     if r.fits:
         return [total, f"  => fits (analytic): {gib(r.usable - e.total)} to spare"]
-    return [total, f"  => does NOT fit (analytic): {gib(e.total - r.usable)} over the usable memory"]
+    return [
+        total,
+        f"  => does NOT fit (analytic): {gib(e.total - r.usable)} over the usable memory",
+    ]
 
 
 def _verdict_xla(r: Report) -> list[str]:
@@ -104,23 +130,38 @@ def _verdict_xla(r: Report) -> list[str]:
     e, where = r.estimate, f"TPU topology {r.lowering.get('tpu_topology')}"
     total = f"  total (analytic)  {gib(e.total):>12}   of {gib(r.hbm)} HBM"
     if r.peak is None:  # ran out of HBM; the message gave no figure
-        return [total, f"  => does NOT fit (XLA, {where}): its compile ran out of HBM "
-                f"({gib(r.limit)} available)", f"  analytic: {gib(e.total)}"]
-    how = ("its compile ran out of HBM: what it says the program needs" if r.out_of_memory
-           else "memory_analysis(): arguments + temporaries + outputs not donated")
-    verdict = (f"=> fits (XLA): {gib(r.limit - r.peak)} to spare" if r.fits
-               else f"=> does NOT fit (XLA): {gib(r.peak - r.limit)} over")
-    return [total, f"  XLA ({where}) {gib(r.peak):>9}   of {gib(r.limit)} XLA gives a program per chip ({how})",
-            f"  {verdict}",
-            f"  analytic: {gib(e.total)} ({100 * (e.total - r.peak) / r.peak:+.0f}% of XLA's)"]
+        return [
+            total,
+            f"  => does NOT fit (XLA, {where}): its compile ran out of HBM "
+            f"({gib(r.limit)} available)",
+            f"  analytic: {gib(e.total)}",
+        ]
+    how = (
+        "its compile ran out of HBM: what it says the program needs"
+        if r.out_of_memory
+        else "memory_analysis(): arguments + temporaries + outputs not donated"
+    )
+    verdict = (
+        f"=> fits (XLA): {gib(r.limit - r.peak)} to spare"
+        if r.fits
+        else f"=> does NOT fit (XLA): {gib(r.peak - r.limit)} over"
+    )
+    return [
+        total,
+        f"  XLA ({where}) {gib(r.peak):>9}   of {gib(r.limit)} XLA gives a program per chip ({how})",
+        f"  {verdict}",
+        f"  analytic: {gib(e.total)} ({100 * (e.total - r.peak) / r.peak:+.0f}% of XLA's)",
+    ]
 
 
 def _compute(r: Report) -> list[str]:
     e, f = r.estimate, r.flops
     if r.images:
-        return ["compute (model FLOPs)",
-                "  not counted: model FLOPs are counted per token of a sequence, and an image model's "
-                "batch has none (train.py shows no MFU for it either)"]
+        return [
+            "compute (model FLOPs)",
+            "  not counted: model FLOPs are counted per token of a sequence, and an image model's "
+            "batch has none (train.py shows no MFU for it either)",
+        ]
     peak = r.profile.peak_flops("bf16")
     step_flops = f.per_step(e.batch)
     ideal = step_flops / (peak * e.chips)
@@ -143,9 +184,12 @@ def _render_lowering(r: Report) -> list[str]:
         return [f"  lowering skipped: {lo['skipped']}"]
     if "error" in lo and "lower_s" not in lo:
         return [f"  ERROR: {lo['error']}"]
-    out = [f"  lowered the generated train step for {lo.get('platform')} over {lo.get('devices')} "
-           f"devices (mesh {lo.get('mesh')}) in {lo.get('lower_s')} s"
-           + (" (in a subprocess)" if lo.get("subprocess") else "") + ": ok"]
+    out = [
+        f"  lowered the generated train step for {lo.get('platform')} over {lo.get('devices')} "
+        f"devices (mesh {lo.get('mesh')}) in {lo.get('lower_s')} s"
+        + (" (in a subprocess)" if lo.get("subprocess") else "")
+        + ": ok"
+    ]
     if lo.get("note"):
         out.append(f"  note: {lo['note']}")
     if lo.get("error"):
@@ -157,8 +201,10 @@ def _render_lowering(r: Report) -> list[str]:
     if lo.get("tpu"):
         out.append(f"  TPU: {lo['tpu']}")
     elif r.profile.kind == "gpu" and not xla:
-        out.append("  GPU: exact per-chip figures need a compile on a machine with the GPU "
-                   "(jax cannot compile for CUDA without one); run `axdsl aot ... --compile` there")
+        out.append(
+            "  GPU: exact per-chip figures need a compile on a machine with the GPU "
+            "(jax cannot compile for CUDA without one); run `axdsl aot ... --compile` there"
+        )
     return out
 
 
@@ -168,15 +214,18 @@ def _xla(r: Report) -> tuple[list[str], dict | None]:
     xla = lo.get("xla")
     if r.out_of_memory is not None:
         need = r.out_of_memory.get("required")
-        return [f"  compiled for TPU topology {lo['tpu_topology']} in {lo.get('compile_s')} s: "
-                f"RESOURCE_EXHAUSTED, the program needs {gib(need) if need else '(no figure)'} per chip "
-                f"(arguments and temporaries), above the {gib(r.limit)} of HBM it has"], None
+        return [
+            f"  compiled for TPU topology {lo['tpu_topology']} in {lo.get('compile_s')} s: "
+            f"RESOURCE_EXHAUSTED, the program needs {gib(need) if need else '(no figure)'} per chip "
+            f"(arguments and temporaries), above the {gib(r.limit)} of HBM it has"
+        ], None
     if not xla:
         return [], xla
     where = f"TPU topology {lo['tpu_topology']}" if lo.get("tpu_topology") else "this CPU"
     total = xla_total(xla)
     return [
-        f"  compiled for {where}" + (f" in {lo['compile_s']} s" if "compile_s" in lo else "")
+        f"  compiled for {where}"
+        + (f" in {lo['compile_s']} s" if "compile_s" in lo else "")
         + ": memory_analysis() per device vs analytic",
         f"    arguments (state + batch)  XLA {gib(xla['argument']):>11}   analytic {gib(e.state):>11}"
         f"   ({_pct(e.state, xla['argument'])})",
@@ -192,5 +241,7 @@ def _no_temporaries(lo: dict, xla: dict) -> list[str]:
     """A TPU step whose temporaries XLA does not count in HBM (seen for small one-chip steps)."""
     if not lo.get("tpu_topology") or xla["temp"]:
         return []
-    return [f"    XLA counts no temporaries in HBM for this step (temp_size 0; its peak_memory_in_bytes "
-            f"is {gib(xla.get('peak', 0))})"]
+    return [
+        f"    XLA counts no temporaries in HBM for this step (temp_size 0; its peak_memory_in_bytes "
+        f"is {gib(xla.get('peak', 0))})"
+    ]

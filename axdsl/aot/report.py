@@ -15,7 +15,7 @@ from axdsl.analysis.flops import FlopCount
 from axdsl.analysis.memory import MemoryEstimate
 from axdsl.analysis.platforms import facts
 from axdsl.aot.xla import xla_total
-from axdsl.targets import USABLE_FRACTION, Profile
+from axdsl.targets import Profile
 
 EXIT_FITS, EXIT_ERROR, EXIT_NO_FIT = 0, 1, 3
 

@@ -67,8 +67,9 @@ class _Search:
     def total(self, **kw) -> int:
         kw.setdefault("batch", self.est.batch)
         kw.setdefault("microbatches", self.est.microbatches)
-        return estimate_memory(self.module, self.model, seq=self.est.seq,
-                               update_select=self.update_select, **kw).total
+        return estimate_memory(
+            self.module, self.model, seq=self.est.seq, update_select=self.update_select, **kw
+        ).total
 
     def shards(self, mesh: dict[str, int]) -> int:
         """Ways the batch is split on `mesh`."""
@@ -77,7 +78,9 @@ class _Search:
 
     def grown_batch(self, mesh: dict[str, int]) -> int:
         """Same sequences per chip: the global batch grows with the chips when it must."""
-        return max(self.est.batch, self.est.batch * self.shards(mesh) // max(self.shards(self.est.mesh), 1))
+        return max(
+            self.est.batch, self.est.batch * self.shards(mesh) // max(self.shards(self.est.mesh), 1)
+        )
 
     def others(self) -> int:
         return math.prod(v for k, v in self.base.items() if k != "fsdp")
@@ -90,8 +93,10 @@ def _fsdp_same_chips(s: _Search) -> list[str]:
     t = s.total(mesh=s.base)
     if not s.ok(t):
         return []
-    return [f"more FSDP on the same {s.est.chips} chips: put the data axis on fsdp, "
-            f"`{s.pattern} {{ mesh(fsdp = -1) }}` -> {s.shown(t)} per chip"]
+    return [
+        f"more FSDP on the same {s.est.chips} chips: put the data axis on fsdp, "
+        f"`{s.pattern} {{ mesh(fsdp = -1) }}` -> {s.shown(t)} per chip"
+    ]
 
 
 def _more_fsdp(s: _Search) -> list[str]:
@@ -104,22 +109,28 @@ def _more_fsdp(s: _Search) -> list[str]:
         if s.ok(t):
             n = fsdp * s.others()
             grown = f", global batch {batch}" if batch != s.est.batch else ""
-            return [f"more FSDP: fsdp = {fsdp} over {n} chips{grown} -> {s.shown(t)} per chip; "
-                    f"check it with `axdsl aot {s.module.spec} --target {sched.profile}-{n}"
-                    + (f" --batch {batch}`" if grown else "`")]
+            return [
+                f"more FSDP: fsdp = {fsdp} over {n} chips{grown} -> {s.shown(t)} per chip; "
+                f"check it with `axdsl aot {s.module.spec} --target {sched.profile}-{n}"
+                + (f" --batch {batch}`" if grown else "`")
+            ]
     return []
 
 
 def _stronger_remat(s: _Search) -> list[str]:
     now = s.est.remat
-    for kind in _REMAT_ORDER[_REMAT_ORDER.index(now) + 1 if now in _REMAT_ORDER else len(_REMAT_ORDER):]:
+    for kind in _REMAT_ORDER[
+        _REMAT_ORDER.index(now) + 1 if now in _REMAT_ORDER else len(_REMAT_ORDER) :
+    ]:
         if kind in ("save", "offload"):
             continue
         t = s.total(remat=ir.RematPolicy(kind))
         if s.ok(t):
             keeps = "only each layer input" if kind == "full" else "matmul outputs"
-            return [f"stronger remat: `{s.pattern} {{ remat({kind}) }}` (keeps {keeps}) "
-                    f"-> {s.shown(t)} per chip"]
+            return [
+                f"stronger remat: `{s.pattern} {{ remat({kind}) }}` (keeps {keeps}) "
+                f"-> {s.shown(t)} per chip"
+            ]
     return []
 
 
@@ -130,8 +141,10 @@ def _more_microbatches(s: _Search) -> list[str]:
     while est.batch % k == 0 and (est.batch // k) % s.shards(est.mesh) == 0:
         t = s.total(microbatches=k)
         if s.ok(t):
-            return [f"smaller micro-batches: `train {{ microbatches = {k} }}` "
-                    f"({est.batch // k} sequences per micro-batch) -> {s.shown(t)} per chip"]
+            return [
+                f"smaller micro-batches: `train {{ microbatches = {k} }}` "
+                f"({est.batch // k} sequences per micro-batch) -> {s.shown(t)} per chip"
+            ]
         k *= 2
     return []
 
@@ -143,8 +156,10 @@ def _adafactor(s: _Search) -> list[str]:
     t = s.total(optimizer="adafactor")
     if not s.ok(t):
         return []
-    return [f"Adafactor instead of {s.est.optimizer} (factored second moments, no first moment): "
-            f"`train {{ optimizer = adafactor() }}` -> {s.shown(t)} per chip"]
+    return [
+        f"Adafactor instead of {s.est.optimizer} (factored second moments, no first moment): "
+        f"`train {{ optimizer = adafactor() }}` -> {s.shown(t)} per chip"
+    ]
 
 
 def _lora(s: _Search) -> list[str]:
@@ -160,12 +175,16 @@ def _lora(s: _Search) -> list[str]:
     if problems or not targets:  # the default targets are not matrices of this model
         return []
     adapters = ir.Choice(LoraSettings(), ir.DEFAULT)
-    module = replace(s.module, train_settings=replace(train, settings=train.settings + (("lora", adapters),)))
+    module = replace(
+        s.module, train_settings=replace(train, settings=train.settings + (("lora", adapters),))
+    )
     t = replace(s, module=module).total()
     if not s.ok(t):
         return []
-    return [f"if you fine-tune: LoRA adapters, base weights frozen, `train {{ init_from = \"PATH\"  "
-            f"lora(rank = 8, targets = \"blocks/*/attn/w[qv]\") }}` -> {s.shown(t)} per chip"]
+    return [
+        f'if you fine-tune: LoRA adapters, base weights frozen, `train {{ init_from = "PATH"  '
+        f'lora(rank = 8, targets = "blocks/*/attn/w[qv]") }}` -> {s.shown(t)} per chip'
+    ]
 
 
 def _together(s: _Search) -> list[str]:
@@ -177,17 +196,34 @@ def _together(s: _Search) -> list[str]:
         t = s.total(batch=batch, mesh=mesh, remat=ir.RematPolicy("full"))
         if s.ok(t):
             n = mesh["fsdp"] * s.others()
-            return [f"together: `{s.pattern} {{ remat(full) }}` and fsdp over {n} chips "
-                    f"(`--target {s.module.schedule.profile}-{n}`) -> {s.shown(t)} per chip"]
-    return ["no layout tried fits (FSDP up to 4096x, remat(full), micro-batches): "
-            "use a smaller model, shorter sequences or a chip with more memory"]
+            return [
+                f"together: `{s.pattern} {{ remat(full) }}` and fsdp over {n} chips "
+                f"(`--target {s.module.schedule.profile}-{n}`) -> {s.shown(t)} per chip"
+            ]
+    return [
+        "no layout tried fits (FSDP up to 4096x, remat(full), micro-batches): "
+        "use a smaller model, shorter sequences or a chip with more memory"
+    ]
 
 
-def suggest(module: ir.Module, model: str, est: MemoryEstimate, usable: int, target: str,
-            update_select: bool = True, ratio: float = 1.0) -> list[str]:
+def suggest(
+    module: ir.Module,
+    model: str,
+    est: MemoryEstimate,
+    usable: int,
+    target: str,
+    update_select: bool = True,
+    ratio: float = 1.0,
+) -> list[str]:
     """Concrete changes that make the step fit, each with the per-chip total it would give
     (the analytic total, scaled by `ratio`, XLA's over the analytic, when XLA decided)."""
     s = _Search(module, model, est, usable, target, update_select, ratio)
-    out = (_fsdp_same_chips(s) + _more_fsdp(s) + _stronger_remat(s) + _more_microbatches(s)
-           + _adafactor(s) + _lora(s))
+    out = (
+        _fsdp_same_chips(s)
+        + _more_fsdp(s)
+        + _stronger_remat(s)
+        + _more_microbatches(s)
+        + _adafactor(s)
+        + _lora(s)
+    )
     return out or _together(s)

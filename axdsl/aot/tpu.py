@@ -17,15 +17,34 @@ import importlib.util
 import os
 import re
 import time
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 from axdsl.aot.xla import is_out_of_memory, memory_stats, out_of_memory, short
 
 # TPU topologies by chip count for jax.experimental.topologies (2-D tori for v5e/v6e, 3-D for v4/v5p).
-TPU_TOPOLOGY_2D = {1: "1x1", 2: "1x2", 4: "2x2", 8: "2x4", 16: "4x4", 32: "4x8", 64: "8x8",
-                   128: "8x16", 256: "16x16"}
-TPU_TOPOLOGY_3D = {1: "1x1x1", 2: "1x1x2", 4: "2x2x1", 8: "2x2x2", 16: "2x2x4", 32: "2x4x4",
-                   64: "4x4x4", 128: "4x4x8", 256: "4x8x8"}
+TPU_TOPOLOGY_2D = {
+    1: "1x1",
+    2: "1x2",
+    4: "2x2",
+    8: "2x4",
+    16: "4x4",
+    32: "4x8",
+    64: "8x8",
+    128: "8x16",
+    256: "16x16",
+}
+TPU_TOPOLOGY_3D = {
+    1: "1x1x1",
+    2: "1x1x2",
+    4: "2x2x1",
+    8: "2x2x2",
+    16: "2x2x4",
+    32: "2x4x4",
+    64: "4x4x4",
+    128: "4x4x8",
+    256: "4x8x8",
+}
 # libtpu's name of one host of each generation (TPU_ACCELERATOR_TYPE).
 _ACCELERATOR_TYPES = {"v4": "v4-8", "v5e": "v5litepod-8", "v5p": "v5p-8", "v6e": "v6e-8"}
 # What `build(devices)` returns: the mesh, the jitted step and its abstract arguments.
@@ -59,8 +78,10 @@ def host_bounds(target: str, chips: int, chips_per_host: int) -> list[int]:
 def compile_for_topology(target: str, chips: int, chips_per_host: int, build: Build) -> dict:
     """Compile the step for `chips` chips of `target`; XLA's per-chip memory, or why not."""
     if not libtpu_installed():
-        return {"tpu": "libtpu is not installed: the verdict is analytic. For XLA's exact per-chip "
-                       "memory of this TPU, `pip install -e '.[tpu]'` (the libtpu jax[tpu] pins) and rerun"}
+        return {
+            "tpu": "libtpu is not installed: the verdict is analytic. For XLA's exact per-chip "
+            "memory of this TPU, `pip install -e '.[tpu]'` (the libtpu jax[tpu] pins) and rerun"
+        }
     name = topology(target, chips)
     if name is None:
         return {"tpu": f"no known TPU topology for {chips} chips of {target}"}
@@ -70,9 +91,15 @@ def compile_for_topology(target: str, chips: int, chips_per_host: int, build: Bu
     except Exception as exc:  # noqa: BLE001 - libtpu refused the topology: say so, stay analytic
         return {"tpu": f"no TPU topology {name} (host bounds {bounds}): {short(exc)}"}
     if len(devices) != chips:
-        return {"tpu": f"TPU topology {name} has {len(devices)} compile devices, not {chips} chips "
-                       "(a chip with two cores): the verdict is analytic"}
-    result: dict = {"tpu_topology": name, "host_bounds": bounds, "hbm_available": hbm_available(devices)}
+        return {
+            "tpu": f"TPU topology {name} has {len(devices)} compile devices, not {chips} chips "
+            "(a chip with two cores): the verdict is analytic"
+        }
+    result: dict = {
+        "tpu_topology": name,
+        "host_bounds": bounds,
+        "hbm_available": hbm_available(devices),
+    }
     result.update(_compile(devices, build, name))
     return result
 
@@ -86,7 +113,9 @@ def _devices(name: str, bounds: list[int]) -> list:
     from jax.experimental import topologies
 
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
-    os.environ.setdefault("TPU_ACCELERATOR_TYPE", _ACCELERATOR_TYPES.get(name.split(":")[0], "v5litepod-8"))
+    os.environ.setdefault(
+        "TPU_ACCELERATOR_TYPE", _ACCELERATOR_TYPES.get(name.split(":")[0], "v5litepod-8")
+    )
     os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
 
     return list(topologies.get_topology_desc(name, "tpu", chips_per_host_bounds=bounds).devices)
@@ -106,7 +135,10 @@ def _compile(devices: list, build: Build, name: str) -> dict:
         if is_out_of_memory(str(exc)):
             return {"xla_oom": out_of_memory(str(exc)), "compile_s": seconds}
         return {"tpu": f"compiling for TPU topology {name} failed: {short(exc)}"}
-    return {"xla": memory_stats(compiled.memory_analysis()), "compile_s": round(time.perf_counter() - t0, 2)}
+    return {
+        "xla": memory_stats(compiled.memory_analysis()),
+        "compile_s": round(time.perf_counter() - t0, 2),
+    }
 
 
 def hbm_available(devices: list) -> int | None:

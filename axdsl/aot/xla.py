@@ -24,10 +24,17 @@ def memory_stats(ma) -> dict[str, int]:
     `peak` is `peak_memory_in_bytes` (on TPU it also counts on-chip temporaries)."""
     if ma is None:
         return {}
-    keys = ("argument_size_in_bytes", "output_size_in_bytes", "alias_size_in_bytes",
-            "temp_size_in_bytes", "generated_code_size_in_bytes")
+    keys = (
+        "argument_size_in_bytes",
+        "output_size_in_bytes",
+        "alias_size_in_bytes",
+        "temp_size_in_bytes",
+        "generated_code_size_in_bytes",
+    )
     stats = {k.replace("_size_in_bytes", ""): int(getattr(ma, k, 0) or 0) for k in keys}
-    stats["peak"] = int(getattr(ma, "peak_memory_in_bytes", 0) or 0)  # XLA's own peak of the program
+    stats["peak"] = int(
+        getattr(ma, "peak_memory_in_bytes", 0) or 0
+    )  # XLA's own peak of the program
     return stats
 
 
@@ -44,7 +51,10 @@ def is_out_of_memory(message: str) -> bool:
 def out_of_memory(message: str) -> dict[str, int | None]:
     """The figures of XLA's RESOURCE_EXHAUSTED message, in bytes (None where it gives none):
     `required` the HBM the program needs per chip (arguments included), `available` what it has."""
-    return {"required": _bytes(_TEMPS_RE.search(message)), "available": _bytes(_AVAILABLE_RE.search(message))}
+    return {
+        "required": _bytes(_TEMPS_RE.search(message)),
+        "available": _bytes(_AVAILABLE_RE.search(message)),
+    }
 
 
 def _bytes(m: re.Match | None) -> int | None:

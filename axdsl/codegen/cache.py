@@ -63,7 +63,7 @@ def put(kind: str, name: str, text: str) -> None:
     path = _entry(kind, name)
     if path is None:
         return
-    data = f"{hashlib.sha256(text.encode('utf-8')).hexdigest()}\n{text}".encode("utf-8")
+    data = f"{hashlib.sha256(text.encode('utf-8')).hexdigest()}\n{text}".encode()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")

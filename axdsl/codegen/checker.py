@@ -15,8 +15,18 @@ import libcst as cst
 # tokenizers (HF's, issue 13) is imported by runtime.py only inside the functions for text with a
 # tokenizer; tensorboardX writes the TensorBoard event files.
 ALLOWED_THIRD_PARTY = {"jax", "numpy", "optax", "orbax", "tqdm", "tokenizers", "tensorboardX"}
-FORBIDDEN_CALLS = {"exec", "eval", "compile", "__import__", "globals", "locals", "breakpoint",
-                   "setattr", "delattr", "input"}
+FORBIDDEN_CALLS = {
+    "exec",
+    "eval",
+    "compile",
+    "__import__",
+    "globals",
+    "locals",
+    "breakpoint",
+    "setattr",
+    "delattr",
+    "input",
+}
 
 
 def problems(source: str) -> list[str]:
@@ -44,7 +54,11 @@ class _Checker(cst.CSTVisitor):
         top = dotted.split(".")[0]
         if top == "axdsl":
             self.problems.append("generated code must not import axdsl")
-        elif top not in ALLOWED_THIRD_PARTY and top not in sys.stdlib_module_names and top != "__future__":
+        elif (
+            top not in ALLOWED_THIRD_PARTY
+            and top not in sys.stdlib_module_names
+            and top != "__future__"
+        ):
             self.problems.append(f"import of `{dotted}` is not allowed")
 
     def visit_Import(self, node: cst.Import) -> bool:

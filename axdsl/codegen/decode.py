@@ -64,8 +64,11 @@ class DecodePath:
 
 def sequence_dims(inst: ir.Instance) -> list[ir.Dim]:
     """The sequence dims of a layer's inputs: the free dim after the batch of each [B, S, ...]."""
-    return [a.dims[1] for a in inst.forward.args
-            if len(a.dims) >= 2 and a.dims[0].is_free and a.dims[1].is_free]
+    return [
+        a.dims[1]
+        for a in inst.forward.args
+        if len(a.dims) >= 2 and a.dims[0].is_free and a.dims[1].is_free
+    ]
 
 
 def decode_problem(root: ir.Instance) -> str | None:
@@ -94,7 +97,8 @@ def decode_problem(root: ir.Instance) -> str | None:
 
 def _holds_cache(inst: ir.Instance) -> bool:
     return any(primitives.get(p.name).decoding is Decoding.CACHED for p in prims_of(inst)) or any(
-        _holds_cache(c) for c in inst.children)
+        _holds_cache(c) for c in inst.children
+    )
 
 
 @dataclass
@@ -123,7 +127,9 @@ class DecodeEmitter(FunctionEmitter):
         body = super().emit_body()
         last = body[-1]
         code, _, comment = last.removeprefix("return ").partition("  # ")
-        body[-1] = f"return {code}, new_cache  # {comment}" if comment else f"return {code}, new_cache"
+        body[-1] = (
+            f"return {code}, new_cache  # {comment}" if comment else f"return {code}, new_cache"
+        )
         return body
 
     def _child_call(self, call: ir.CallChild, target: str) -> None:
@@ -132,8 +138,10 @@ class DecodeEmitter(FunctionEmitter):
                 args = ", ".join(self.expr(a)[0] for a in call.args)
                 fn = self.child_fn[call.child]
                 self.lines.append(f"with jax.named_scope({py_str(call.child)}):")
-                self.lines.append(f"    {target}, _ = {fn}(cfg, params[{py_str(call.child)}], {args})"
-                                  f"  # {shape_comment(call.type)}")
+                self.lines.append(
+                    f"    {target}, _ = {fn}(cfg, params[{py_str(call.child)}], {args})"
+                    f"  # {shape_comment(call.type)}"
+                )
                 return
             super()._child_call(call, target)
             return
@@ -143,24 +151,33 @@ class DecodeEmitter(FunctionEmitter):
         comment = shape_comment(call.type)
         if child.repeat is None:
             self.lines.append(f"with jax.named_scope({key}):")
-            self.lines.append(f"    {target}, new_cache[{key}] = {fn}(cfg, params[{key}], {', '.join(args)}, "
-                              f"cache[{key}], pos)  # {comment}")
+            self.lines.append(
+                f"    {target}, new_cache[{key}] = {fn}(cfg, params[{key}], {', '.join(args)}, "
+                f"cache[{key}], pos)  # {comment}"
+            )
             return
         args = [args[0]] + [self._side_input(call.child, a) for a in args[1:]]
         step = self._fresh(f"{call.child if call.child.isidentifier() else 'layer'}_step")
-        self.lines.append(f"def {step}(h, xs):  # one of {child.repeat.code} stacked layers and its cache")
+        self.lines.append(
+            f"def {step}(h, xs):  # one of {child.repeat.code} stacked layers and its cache"
+        )
         self.lines.append("    layer_params, layer_cache = xs")
         self.cast_layer()
         self._shard_carry(call.args[0].type)
-        self.lines.append(f"    return {fn}(cfg, layer_params, {', '.join(['h', *args[1:]])}, layer_cache, pos)")
+        self.lines.append(
+            f"    return {fn}(cfg, layer_params, {', '.join(['h', *args[1:]])}, layer_cache, pos)"
+        )
         self.lines.append("")
         self.lines.append(f"with jax.named_scope({key}):")
-        self.lines.append(f"    {target}, new_cache[{key}] = jax.lax.scan({step}, {args[0]}, "
-                          f"(params[{key}], cache[{key}]))  # {comment}")
+        self.lines.append(
+            f"    {target}, new_cache[{key}] = jax.lax.scan({step}, {args[0]}, "
+            f"(params[{key}], cache[{key}]))  # {comment}"
+        )
 
 
-def decode_path(root: ir.Instance, functions: list, schedule: ir.Schedule | None, dim_axes: dict,
-                letters) -> DecodePath | None:
+def decode_path(
+    root: ir.Instance, functions: list, schedule: ir.Schedule | None, dim_axes: dict, letters
+) -> DecodePath | None:
     """The decode functions and cache table of `root`, or None when `decode_problem` finds one."""
     if decode_problem(root) is not None or not _holds_cache(root):
         return None
@@ -179,9 +196,19 @@ def decode_path(root: ir.Instance, functions: list, schedule: ir.Schedule | None
                 child_fn[c.name] = visit(c, own_stack)
                 cached.add(c.name)
         name = fn_of[inst.path] + "_decode"
-        emitter = DecodeEmitter(inst, child_fn, {}, False, schedule, dim_axes, letters=letters,
-                                child_aux={c.name: _returns_aux(c, functions, fn_of) for c in inst.children},
-                                cached_children=cached, seqs=sequence_dims(inst), master=inst.path in masters)
+        emitter = DecodeEmitter(
+            inst,
+            child_fn,
+            {},
+            False,
+            schedule,
+            dim_axes,
+            letters=letters,
+            child_aux={c.name: _returns_aux(c, functions, fn_of) for c in inst.children},
+            cached_children=cached,
+            seqs=sequence_dims(inst),
+            master=inst.path in masters,
+        )
         body = emitter.emit_body()
         for slot, prim in emitter.slots:
             base = (inst.path.strip("/") + "/") if inst.path != "/" else ""
@@ -190,11 +217,25 @@ def decode_path(root: ir.Instance, functions: list, schedule: ir.Schedule | None
         if any(f.name == name for f in out):
             return name
         args = ", ".join(f"{a.name}: jax.Array" for a in inst.forward.args)
-        doc = (f"{inst.layer} over new tokens at positions pos, pos + 1, ...: (y "
-               f"{dims_text(inst.forward.result)}, its updated cache).\n\n    "
-               f"The decode path of `{fn_of[inst.path]}`; its cache is `cache`.\n    ")
-        out.append(LayerFunction(name, inst.layer, f"{args}, cache: dict, pos: jax.Array", False, body,
-                                 doc, [inst.path], False, emitter.imports, emitter.helpers))
+        doc = (
+            f"{inst.layer} over new tokens at positions pos, pos + 1, ...: (y "
+            f"{dims_text(inst.forward.result)}, its updated cache).\n\n    "
+            f"The decode path of `{fn_of[inst.path]}`; its cache is `cache`.\n    "
+        )
+        out.append(
+            LayerFunction(
+                name,
+                inst.layer,
+                f"{args}, cache: dict, pos: jax.Array",
+                False,
+                body,
+                doc,
+                [inst.path],
+                False,
+                emitter.imports,
+                emitter.helpers,
+            )
+        )
         return name
 
     root_fn = visit(root, [])

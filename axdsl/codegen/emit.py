@@ -83,20 +83,28 @@ def shared_functions(module: ir.Module) -> tuple[list[list[LayerFunction]], Eins
     table = _param_table(module.models[0].root)
     for model, fns in zip(module.models[1:], per_model[1:]):
         if [(f.name, f.body) for f in fns] != first:
-            raise CompileError([Diagnostic(
-                model.span,
-                f"model `{model.name}` has a different structure from `{module.models[0].name}`",
-                "models in one spec share generated layer code; put this model in its own spec file",
-            )])
+            raise CompileError(
+                [
+                    Diagnostic(
+                        model.span,
+                        f"model `{model.name}` has a different structure from `{module.models[0].name}`",
+                        "models in one spec share generated layer code; put this model in its own spec file",
+                    )
+                ]
+            )
         if _param_table(model.root) != table:  # a size written inside a block (`MoE(experts = 32)`)
-            raise CompileError([Diagnostic(
-                model.span,
-                f"model `{model.name}` has a parameter table (shapes, initializers or dtypes) other than "
-                f"`{module.models[0].name}`'s where no hyperparameter says so: "
-                f"{_first_difference(_param_table(model.root), table)}",
-                "models in one spec share one parameter table, set by Config fields; make what differs "
-                "a model hyperparameter, or put this model in its own spec file",
-            )])
+            raise CompileError(
+                [
+                    Diagnostic(
+                        model.span,
+                        f"model `{model.name}` has a parameter table (shapes, initializers or dtypes) other than "
+                        f"`{module.models[0].name}`'s where no hyperparameter says so: "
+                        f"{_first_difference(_param_table(model.root), table)}",
+                        "models in one spec share one parameter table, set by Config fields; make what differs "
+                        "a model hyperparameter, or put this model in its own spec file",
+                    )
+                ]
+            )
     return per_model, letters
 
 
@@ -119,13 +127,17 @@ def emit_model(module: ir.Module) -> str:
     sharding = _sharding_context(module.schedule, root)
     objective = objective_name(module)
     loss = objective == "next_token" and has_lm_signature(root)
-    decode = decode_path(root, functions, module.schedule, dim_axes(root), letters) if loss else None
+    decode = (
+        decode_path(root, functions, module.schedule, dim_axes(root), letters) if loss else None
+    )
     split = loss_split(root, objective)
     head = None
     if split is not None:
         functions, head = _split_root(functions, split, module.schedule, letters)
     decode_fns = decode.functions if decode else []
-    helper_code, imports = helpers.select({h for fns in [*per_model, decode_fns] for f in fns for h in f.helpers})
+    helper_code, imports = helpers.select(
+        {h for fns in [*per_model, decode_fns] for f in fns for h in f.helpers}
+    )
     imports |= {line for f in [*functions, *decode_fns] for line in f.imports}
     if decode or split:
         imports.add("import functools")
@@ -148,8 +160,11 @@ def emit_model(module: ir.Module) -> str:
         param_rows=rows,
         init_kinds=_init_kinds(root),
         init_pair=any(len(p.init.args) > 1 for inst in root.walk() for p in inst.params),
-        empty_layers=[py_str(i.path.strip("/")) for i in root.walk()
-                      if i is not root and not i.params and not i.children],
+        empty_layers=[
+            py_str(i.path.strip("/"))
+            for i in root.walk()
+            if i is not root and not i.params and not i.children
+        ],
         param_dtype=root.hparam("param_dtype") is not None,
         letters=letters.legend(),
         sharding=sharding,
@@ -169,8 +184,13 @@ def emit_model(module: ir.Module) -> str:
         root_arg_names=", ".join(a.name for a in root.forward.args),
         root_result="[B, S, vocab]" if has_lm_signature(root) else dims_text(root.forward.result),
         objective_doc=objective_doc(objective) if custom else "",
-        objective_loss=objective_code(objective, objective_args(module), root, functions[-1].rng,
-                                      functions[-1].aux) if custom else "",
+        objective_loss=(
+            objective_code(
+                objective, objective_args(module), root, functions[-1].rng, functions[-1].aux
+            )
+            if custom
+            else ""
+        ),
     )
     return render_template("model.py.j2", imports=import_block(imports), **context)
 
@@ -205,16 +225,21 @@ def _template_imports(sharding: bool, loss: bool) -> set[str]:
     """What the template's own code uses: Config, the parameter table, the mesh, the loss."""
     out = {"import dataclasses", "import zlib", "import jax", "import jax.numpy as jnp"}
     if sharding:
-        out |= {"import math", "import numpy as np", "from jax.sharding import Mesh",
-                "from jax.sharding import PartitionSpec as P"}
+        out |= {
+            "import math",
+            "import numpy as np",
+            "from jax.sharding import Mesh",
+            "from jax.sharding import PartitionSpec as P",
+        }
     if loss:
         out.add("import optax")
     return out
 
 
 # ----------------------------------------------------------------------------- functions
-def _functions(root: ir.Instance, schedule: ir.Schedule | None,
-               letters: EinsumLetters) -> list[LayerFunction]:
+def _functions(
+    root: ir.Instance, schedule: ir.Schedule | None, letters: EinsumLetters
+) -> list[LayerFunction]:
     """Layer functions in post-order (leaves first), deduplicated by generated body."""
     out: list[LayerFunction] = []
     axes_of_dims = dim_axes(root)
@@ -226,8 +251,18 @@ def _functions(root: ir.Instance, schedule: ir.Schedule | None,
             child_fn[c.name], child_rng[c.name], child_aux[c.name] = visit(c)
         own = _uses(inst, "uses_rng") or any(child_rng.values())
         aux = _uses(inst, "aux_loss") or any(child_aux.values())
-        emitter = FunctionEmitter(inst, child_fn, child_rng, own, schedule, axes_of_dims,
-                                  letters=letters, child_aux=child_aux, own_aux=aux, master=inst.path in masters)
+        emitter = FunctionEmitter(
+            inst,
+            child_fn,
+            child_rng,
+            own,
+            schedule,
+            axes_of_dims,
+            letters=letters,
+            child_aux=child_aux,
+            own_aux=aux,
+            master=inst.path in masters,
+        )
         body = emitter.emit_body()
         args = ", ".join(f"{a.name}: jax.Array" for a in inst.forward.args)
         for f in out:
@@ -241,9 +276,23 @@ def _functions(root: ir.Instance, schedule: ir.Schedule | None,
         sig = ", ".join(f"{a.name}: {dims_text(a.dims)}" for a in inst.forward.args)
         result = dims_text(inst.forward.result)
         result = f"({result}, auxiliary loss [])" if aux else result
-        doc_head = f"{inst.layer} ({inst.layer_span.file}:{inst.layer_span.line}): {sig} -> {result}."
-        out.append(LayerFunction(name, inst.layer, args, own, body, doc_head, [inst.path], aux,
-                                 emitter.imports, emitter.helpers))
+        doc_head = (
+            f"{inst.layer} ({inst.layer_span.file}:{inst.layer_span.line}): {sig} -> {result}."
+        )
+        out.append(
+            LayerFunction(
+                name,
+                inst.layer,
+                args,
+                own,
+                body,
+                doc_head,
+                [inst.path],
+                aux,
+                emitter.imports,
+                emitter.helpers,
+            )
+        )
         return name, own, aux
 
     visit(root)
@@ -253,8 +302,12 @@ def _functions(root: ir.Instance, schedule: ir.Schedule | None,
     return out
 
 
-def _split_root(functions: list[LayerFunction], split: HeadSplit, schedule: ir.Schedule | None,
-                letters: EinsumLetters) -> tuple[list[LayerFunction], dict]:
+def _split_root(
+    functions: list[LayerFunction],
+    split: HeadSplit,
+    schedule: ir.Schedule | None,
+    letters: EinsumLetters,
+) -> tuple[list[LayerFunction], dict]:
     """The root function as `<root>_hidden` (up to the output head), `<root>_head` (the head)
     and the root calling both, for the fused cross-entropy of `loss_fn` (axdsl/ir/head.py); and
     what the template's loss_fn needs to know of them."""
@@ -262,39 +315,86 @@ def _split_root(functions: list[LayerFunction], split: HeadSplit, schedule: ir.S
     root = split.body
     fn_of = {path: f.name for f in layers for path in f.paths}
     child_fn = {c.name: fn_of[c.path] for c in root.children}
-    child_rng = {c.name: next(f.rng for f in layers if f.name == child_fn[c.name]) for c in root.children}
-    child_aux = {c.name: next(f.aux for f in layers if f.name == child_fn[c.name]) for c in root.children}
+    child_rng = {
+        c.name: next(f.rng for f in layers if f.name == child_fn[c.name]) for c in root.children
+    }
+    child_aux = {
+        c.name: next(f.aux for f in layers if f.name == child_fn[c.name]) for c in root.children
+    }
     axes = dim_axes(root)
     mixed = bool(ir.master_weight_paths(root))
-    body = FunctionEmitter(root, child_fn, child_rng, root_fn.rng, schedule, axes, letters=letters,
-                           child_aux=child_aux, own_aux=root_fn.aux, master=mixed)
-    head = FunctionEmitter(replace(split.head, children=()), {}, {}, False, schedule, axes, letters=letters,
-                           master=mixed)
+    body = FunctionEmitter(
+        root,
+        child_fn,
+        child_rng,
+        root_fn.rng,
+        schedule,
+        axes,
+        letters=letters,
+        child_aux=child_aux,
+        own_aux=root_fn.aux,
+        master=mixed,
+    )
+    head = FunctionEmitter(
+        replace(split.head, children=()),
+        {},
+        {},
+        False,
+        schedule,
+        axes,
+        letters=letters,
+        master=mixed,
+    )
     sig = ", ".join(f"{a.name}: {dims_text(a.dims)}" for a in root.forward.args)
     hidden = dims_text(root.forward.result)
     where = f"{root.layer} ({root.layer_span.file}:{root.layer_span.line})"
     hidden_fn = LayerFunction(
-        f"{root_fn.name}_hidden", root.layer, root_fn.args, root_fn.rng, body.emit_body(),
+        f"{root_fn.name}_hidden",
+        root.layer,
+        root_fn.args,
+        root_fn.rng,
+        body.emit_body(),
         f"{where} up to its output head: {sig} -> {hidden}{', auxiliary loss []' if root_fn.aux else ''}."
         f"\n\n    `loss_fn` applies the head itself, a chunk of positions at a time.\n    ",
-        [], root_fn.aux, body.imports, body.helpers)
+        [],
+        root_fn.aux,
+        body.imports,
+        body.helpers,
+    )
     head_fn = LayerFunction(
-        f"{root_fn.name}_head", root.layer, f"{split.hidden}: jax.Array", False, head.emit_body(),
+        f"{root_fn.name}_head",
+        root.layer,
+        f"{split.hidden}: jax.Array",
+        False,
+        head.emit_body(),
         f"The output head of {where}: {split.hidden}: {hidden} -> {dims_text(split.head.forward.result)}."
         f"\n\n    Position-wise: each position's logits read only its own {split.hidden}.\n    ",
-        [], False, head.imports, head.helpers)
+        [],
+        False,
+        head.imports,
+        head.helpers,
+    )
     rng = ", rng=rng" if root_fn.rng else ""
     args = ", ".join(a.name for a in root.forward.args)
     head_params = "{k: params[k] for k in HEAD_PARAMS}"  # the head casts only what it reads
     if root_fn.aux:
-        calls = [f"{split.hidden}, aux = {hidden_fn.name}(cfg, params, {args}{rng})  # {hidden}, []",
-                 f"return {head_fn.name}(cfg, {head_params}, {split.hidden}), aux"]
+        calls = [
+            f"{split.hidden}, aux = {hidden_fn.name}(cfg, params, {args}{rng})  # {hidden}, []",
+            f"return {head_fn.name}(cfg, {head_params}, {split.hidden}), aux",
+        ]
     else:
-        calls = [f"{split.hidden} = {hidden_fn.name}(cfg, params, {args}{rng})  # {hidden}",
-                 f"return {head_fn.name}(cfg, {head_params}, {split.hidden})"]
+        calls = [
+            f"{split.hidden} = {hidden_fn.name}(cfg, params, {args}{rng})  # {hidden}",
+            f"return {head_fn.name}(cfg, {head_params}, {split.hidden})",
+        ]
     composed = replace(root_fn, body=calls, imports=set(), helpers=set())
-    context = dict(hidden=hidden_fn.name, fn=head_fn.name, arg=split.hidden, dims=hidden,
-                   params=_tuple([py_str(k) for k in split.params]))
+    context = dict(
+        hidden=hidden_fn.name,
+        fn=head_fn.name,
+        arg=split.hidden,
+        dims=hidden,
+        params=_tuple([py_str(k) for k in split.params]),
+    )
     return [*layers, hidden_fn, head_fn, composed], context
 
 
@@ -304,7 +404,11 @@ def _uses(inst: ir.Instance, flag: str) -> bool:
 
 
 # ----------------------------------------------------------------------------- config
-_PY_TYPES = {ir.HParamKind.INT: "int", ir.HParamKind.FLOAT: "float", ir.HParamKind.DTYPE: "jax.typing.DTypeLike"}
+_PY_TYPES = {
+    ir.HParamKind.INT: "int",
+    ir.HParamKind.FLOAT: "float",
+    ir.HParamKind.DTYPE: "jax.typing.DTypeLike",
+}
 
 
 def _config_fields(model: ir.Model) -> list[ConfigField]:
@@ -328,8 +432,18 @@ def _build_choices(root: ir.Instance) -> list[str]:
     for inst in root.walk():
         for h in inst.hparams:
             kind = h.type.kind
-            if kind in (ir.HParamKind.BOOL, ir.HParamKind.STRING, ir.HParamKind.LAYER, ir.HParamKind.ENUM):
-                if inst is root or h.origin.kind is ir.OriginKind.SET or kind is ir.HParamKind.BOOL and h.value.value:
+            if kind in (
+                ir.HParamKind.BOOL,
+                ir.HParamKind.STRING,
+                ir.HParamKind.LAYER,
+                ir.HParamKind.ENUM,
+            ):
+                if (
+                    inst is root
+                    or h.origin.kind is ir.OriginKind.SET
+                    or kind is ir.HParamKind.BOOL
+                    and h.value.value
+                ):
                     if kind is ir.HParamKind.LAYER and inst is not root:
                         continue
                     prefix = "" if inst is root else inst.path.strip("/") + "."
@@ -355,15 +469,21 @@ def _param_table(root: ir.Instance) -> tuple[list[str], list[ParamRow]]:
             dims = [_local(d, names) for d in p.full_dims]
             axes = [_dq(a) for a in p.full_axes]
             default = root_pdtype is not None and root_pdtype.value.value == p.dtype
-            rows.append(ParamRow(
-                path=_dq((inst.path.rstrip("/") + "/" + p.name).lstrip("/")) + ":",
-                shape=_tuple(dims), axes=_tuple(axes), init=_dq(p.init.kind),
-                scale=_init_args(p.init),
-                spec=spec_text(p.sharding) if p.sharding is not None else "None",
-                dtype="" if default else f"jnp.{p.dtype.jnp}",
-            ))
+            rows.append(
+                ParamRow(
+                    path=_dq((inst.path.rstrip("/") + "/" + p.name).lstrip("/")) + ":",
+                    shape=_tuple(dims),
+                    axes=_tuple(axes),
+                    init=_dq(p.init.kind),
+                    scale=_init_args(p.init),
+                    spec=spec_text(p.sharding) if p.sharding is not None else "None",
+                    dtype="" if default else f"jnp.{p.dtype.jnp}",
+                )
+            )
     fields = [(n, c) for (_, c), n in names.items() if c == f"cfg.{n}"]
-    locals_ = [f"{', '.join(n for n, _ in fields)} = {', '.join(c for _, c in fields)}"] if fields else []
+    locals_ = (
+        [f"{', '.join(n for n, _ in fields)} = {', '.join(c for _, c in fields)}"] if fields else []
+    )
     locals_ += [f"{n} = {c}" for (_, c), n in names.items() if c != f"cfg.{n}"]
     return locals_, _aligned(rows)
 
@@ -388,12 +508,23 @@ def _aligned(rows: list[ParamRow]) -> list[str]:
     if not rows:  # a model without parameters (only a forward) has an empty table
         return []
     cols = ["shape", "axes", "init", "scale"] + (["spec"] if rows[0].spec != "None" else [])
-    titles = {"shape": "shape", "axes": "logical axes", "init": "init", "scale": "scale", "spec": "mesh"}
-    cells = [[r.path] + [getattr(r, c) + ("," if i < len(cols) - 1 else "") for i, c in enumerate(cols)]
-             for r in rows]
+    titles = {
+        "shape": "shape",
+        "axes": "logical axes",
+        "init": "init",
+        "scale": "scale",
+        "spec": "mesh",
+    }
+    cells = [
+        [r.path] + [getattr(r, c) + ("," if i < len(cols) - 1 else "") for i, c in enumerate(cols)]
+        for r in rows
+    ]
     width = [max(len(row[i]) for row in cells) for i in range(len(cols) + 1)]
-    header = "# path".ljust(width[0]) + "       " + " ".join(
-        titles[c].ljust(w) for c, w in zip(cols, width[1:]))
+    header = (
+        "# path".ljust(width[0])
+        + "       "
+        + " ".join(titles[c].ljust(w) for c, w in zip(cols, width[1:]))
+    )
     lines = [header.rstrip()]
     for r, row in zip(rows, cells):
         padded = [cell.ljust(w) for cell, w in zip(row[:-1], width)] + [row[-1]]
@@ -421,8 +552,12 @@ def _local(d: ir.Dim, names: dict[str, str]) -> str:
     if key not in names:
         name = base = dim_label(d.name, d.code)
         n = 1
-        while (name in names.values() or name in _TAKEN or keyword.iskeyword(name)
-               or not name.isidentifier()):
+        while (
+            name in names.values()
+            or name in _TAKEN
+            or keyword.iskeyword(name)
+            or not name.isidentifier()
+        ):
             n += 1
             name = f"{base}_{n}" if base.isidentifier() else f"dim_{n}"
         names[key] = name
@@ -449,17 +584,21 @@ def _remat_policy(r: ir.RematPolicy, quantized: bool) -> str:
     if r.kind is ir.RematKind.FULL:
         return "jax.checkpoint_policies.nothing_saveable"
     if r.kind is ir.RematKind.SAVE_DOTS and quantized:
-        return ("jax.checkpoint_policies.save_from_both_policies(\n"
-                "    jax.checkpoint_policies.dots_with_no_batch_dims_saveable,\n"
-                f"    jax.checkpoint_policies.save_only_these_names({py_str(QUANTIZED_POINT)}),\n)")
+        return (
+            "jax.checkpoint_policies.save_from_both_policies(\n"
+            "    jax.checkpoint_policies.dots_with_no_batch_dims_saveable,\n"
+            f"    jax.checkpoint_policies.save_only_these_names({py_str(QUANTIZED_POINT)}),\n)"
+        )
     if r.kind is ir.RematKind.SAVE_DOTS:
         return "jax.checkpoint_policies.dots_with_no_batch_dims_saveable"
     if r.kind is ir.RematKind.SAVE:
         return f"jax.checkpoint_policies.save_only_these_names(*{names(r.save)})"
-    return ("jax.checkpoint_policies.save_and_offload_only_these_names(\n"
-            f"    names_which_can_be_saved={names(r.save)},\n"
-            f"    names_which_can_be_offloaded={names(r.offload)},\n"
-            '    offload_src="device",\n    offload_dst="pinned_host",\n)')
+    return (
+        "jax.checkpoint_policies.save_and_offload_only_these_names(\n"
+        f"    names_which_can_be_saved={names(r.save)},\n"
+        f"    names_which_can_be_offloaded={names(r.offload)},\n"
+        '    offload_src="device",\n    offload_dst="pinned_host",\n)'
+    )
 
 
 def _sharding_context(s: ir.Schedule | None, root: ir.Instance) -> dict | None:
@@ -470,16 +609,32 @@ def _sharding_context(s: ir.Schedule | None, root: ir.Instance) -> dict | None:
     resolved = ", ".join(f"{a}={n}" for a, n in s.mesh_sizes if n != 1 or mesh[a] == -1)
     used = [(k, c) for k, c in s.rules if any(written.get(a, 1) != 1 for a in c.value)]
     origins = {c.origin for _, c in used}
-    rules = [f"{k} -> {', '.join(c.value)}" + ("" if len(origins) == 1 else f" ({c.origin})") for k, c in used]
+    rules = [
+        f"{k} -> {', '.join(c.value)}" + ("" if len(origins) == 1 else f" ({c.origin})")
+        for k, c in used
+    ]
     r = s.remat.value
-    uses_remat = any(i.remat is not None and i.remat.kind is not ir.RematKind.NONE for i in root.walk())
+    uses_remat = any(
+        i.remat is not None and i.remat.kind is not ir.RematKind.NONE for i in root.walk()
+    )
     return dict(
-        name=s.name, chips=s.chips, mesh_origin=s.mesh.origin, resolved=resolved,
+        name=s.name,
+        chips=s.chips,
+        mesh_origin=s.mesh.origin,
+        resolved=resolved,
         mesh_shape="{" + ", ".join(f"{py_str(a)}: {n}" for a, n in mesh.items()) + "}",
         rules="; ".join(rules) or "everything replicated but the batch",
         rules_origin=f", from {origins.pop()}" if len(origins) == 1 else "",
-        remat=(r.kind, _REMAT_DOC[r.kind], s.remat.origin,
-               _remat_policy(r, s.quantize.value.format is not ir.QuantFormat.NONE)) if uses_remat else None,
+        remat=(
+            (
+                r.kind,
+                _REMAT_DOC[r.kind],
+                s.remat.origin,
+                _remat_policy(r, s.quantize.value.format is not ir.QuantFormat.NONE),
+            )
+            if uses_remat
+            else None
+        ),
         remat_fit=fit_lines(s.remat_fit) if s.remat_fit is not None else [],
         no_remat=f"remat({r.kind}) from {s.remat.origin}" if not uses_remat else None,
         quantize=_quantize_line(s.quantize),

@@ -47,12 +47,21 @@ def emit_train(module: ir.Module, package: str, flops: list[TrainingFlops]) -> s
     batch_axes = module.schedule.kept_axes("batch")
     return render_template(
         "train.py.j2",
-        version=__version__, spec=module.spec, sha256=module.sha256, target=module.target_name,
-        models=[m.name for m in module.models], package=package,
-        profile=profile.name, peak_flops=f"{profile.peak_flops('bf16'):.4g}", peak_nominal=profile.peak_nominal,
-        flops=flops, train_fields=fields,
-        schedule_doc=SCHEDULE_DOC[sched_name], schedule_body=SCHEDULES[sched_name],
-        optimizer_doc=OPTIMIZER_DOC[opt_name], optimizer_body=OPTIMIZERS[opt_name],
+        version=__version__,
+        spec=module.spec,
+        sha256=module.sha256,
+        target=module.target_name,
+        models=[m.name for m in module.models],
+        package=package,
+        profile=profile.name,
+        peak_flops=f"{profile.peak_flops('bf16'):.4g}",
+        peak_nominal=profile.peak_nominal,
+        flops=flops,
+        train_fields=fields,
+        schedule_doc=SCHEDULE_DOC[sched_name],
+        schedule_body=SCHEDULES[sched_name],
+        optimizer_doc=OPTIMIZER_DOC[opt_name],
+        optimizer_body=OPTIMIZERS[opt_name],
         batch_axes=spec_text((batch_axes,))[2:-1] or "None",
         dropout=uses_dropout(module.models[0].root),
         lm=objective_name(module) == "next_token",
@@ -78,7 +87,12 @@ def _remat_fit(schedule: ir.Schedule) -> dict | None:
     fit = schedule.remat_fit
     if fit is None or schedule.remat.value.kind is ir.RematKind.FULL:
         return None
-    return dict(tokens=fit.batch * fit.seq, batch=fit.batch, seq=fit.seq, kind=str(schedule.remat.value.kind))
+    return dict(
+        tokens=fit.batch * fit.seq,
+        batch=fit.batch,
+        seq=fit.seq,
+        kind=str(schedule.remat.value.kind),
+    )
 
 
 def emit_runtime() -> str:
@@ -99,10 +113,19 @@ def emit_slurm(module: ir.Module, package: str) -> str:
     spec_stem = package.split(".")[-2]
     return render_template(
         "slurm.sh.j2",
-        version=__version__, spec=module.spec, sha256=module.sha256, target=module.target_name,
-        model=module.models[0].name, package=package, path=package.replace(".", "/"),
-        chips=schedule.chips, profile=profile.name, kind=profile.kind,
-        nodes=-(-schedule.chips // per_node), per_node=per_node, run_name=f"{spec_stem}-{module.target_name}",
+        version=__version__,
+        spec=module.spec,
+        sha256=module.sha256,
+        target=module.target_name,
+        model=module.models[0].name,
+        package=package,
+        path=package.replace(".", "/"),
+        chips=schedule.chips,
+        profile=profile.name,
+        kind=profile.kind,
+        nodes=-(-schedule.chips // per_node),
+        per_node=per_node,
+        run_name=f"{spec_stem}-{module.target_name}",
         steps_per_call=schedule.steps_per_call.value,
     )
 
@@ -113,28 +136,64 @@ def _fields(module: ir.Module) -> list[Field]:
     origin = dict(t.settings)
 
     def add(name: str, value, comment: str) -> None:
-        typ = "bool" if isinstance(value, bool) else "int" if isinstance(value, int) else \
-            "float" if isinstance(value, float) else "str"
-        out.append(Field(name, typ, py_str(value) if isinstance(value, str) else repr(value), comment))
+        typ = (
+            "bool"
+            if isinstance(value, bool)
+            else "int" if isinstance(value, int) else "float" if isinstance(value, float) else "str"
+        )
+        out.append(
+            Field(name, typ, py_str(value) if isinstance(value, str) else repr(value), comment)
+        )
 
     objective = batches_of(module)  # the data fields follow the batches (loss(): its data's)
     for key in ("batch", "seq", "steps", "microbatches"):
         if key != "seq" or objective != "classify":  # images have no sequence length
-            add(key, t.get(key), _doc(key, origin[key].origin) if key != "seq" or objective != "seq2seq"
-                else f"positions per row, of the source and of the target; {origin[key].origin}")
+            add(
+                key,
+                t.get(key),
+                (
+                    _doc(key, origin[key].origin)
+                    if key != "seq" or objective != "seq2seq"
+                    else f"positions per row, of the source and of the target; {origin[key].origin}"
+                ),
+            )
     opt, opt_args = t.get("optimizer").name, t.get("optimizer").args
     for k, v in opt_args:
-        add(k, float(v) if k not in ("nesterov",) else v, f"{opt}: {k}; {origin['optimizer'].origin}")
+        add(
+            k,
+            float(v) if k not in ("nesterov",) else v,
+            f"{opt}: {k}; {origin['optimizer'].origin}",
+        )
     sched, sched_args = t.get("schedule").name, t.get("schedule").args
     for k, v in sched_args:
-        add(k, int(v) if k == "warmup" else float(v), f"{sched} schedule: {k}; {origin['schedule'].origin}")
+        add(
+            k,
+            int(v) if k == "warmup" else float(v),
+            f"{sched} schedule: {k}; {origin['schedule'].origin}",
+        )
     for key, what in (("dtype", "compute dtype"), ("param_dtype", "parameter dtype")):
         choice = origin.get(key)
-        add(key, choice.value if choice else "", f"{what}; \"\": the model's ({choice.origin if choice else 'default'})")
-    for key in ("clip", "z_loss", "eval_every", "eval_batches", "log_every", "seed", "max_bad_steps"):
+        add(
+            key,
+            choice.value if choice else "",
+            f"{what}; \"\": the model's ({choice.origin if choice else 'default'})",
+        )
+    for key in (
+        "clip",
+        "z_loss",
+        "eval_every",
+        "eval_batches",
+        "log_every",
+        "seed",
+        "max_bad_steps",
+    ):
         add(key, t.get(key), _doc(key, origin[key].origin))
     calls = module.schedule.steps_per_call
-    add("steps_per_call", calls.value, f"train steps one jitted call runs, the same results; {calls.origin}")
+    add(
+        "steps_per_call",
+        calls.value,
+        f"train steps one jitted call runs, the same results; {calls.origin}",
+    )
     data = t.get("data")
     if objective in ("classify", "seq2seq"):
         _example_fields(add, objective, data, origin["data"].origin)
@@ -143,25 +202,46 @@ def _fields(module: ir.Module) -> list[Field]:
         add("data_path", data.path or "", "token file, or text file or directory")
         add("data_dtype", data.dtype or "u16", "token file element type: u16 or u32")
     if objective_name(module) == "masked_lm":
-        add("sep", objective_args(module).get("sep", -1), "masked_lm(sep): rows start after this id and "
-            "pack the documents it ends, segment ids 1, 2, ...; -1: rows from anywhere, one segment")
+        add(
+            "sep",
+            objective_args(module).get("sep", -1),
+            "masked_lm(sep): rows start after this id and "
+            "pack the documents it ends, segment ids 1, 2, ...; -1: rows from anywhere, one segment",
+        )
     if data.tokenizer is not None:  # text as token ids; without it, text is bytes
         tok = data.tokenizer
-        add("tokenizer", tok.path if tok.path is not None else "bpe",
-            "tokenizer.json (relative to the spec), or \"bpe\": train one on the data, kept in the run")
+        add(
+            "tokenizer",
+            tok.path if tok.path is not None else "bpe",
+            'tokenizer.json (relative to the spec), or "bpe": train one on the data, kept in the run',
+        )
         if tok.path is None:
             add("bpe_vocab", tok.bpe_vocab, "BPE vocabulary size; 0: the model's vocab")
     tune = dict(t.settings)
-    add("init_from", tune["init_from"].value if "init_from" in tune else "",
-        "parameters a new run starts from (params checkpoint or run); \"\": random")
-    add("freeze", tune["freeze"].value if "freeze" in tune else "",
-        "parameters left as they are: comma-separated globs over paths")
+    add(
+        "init_from",
+        tune["init_from"].value if "init_from" in tune else "",
+        'parameters a new run starts from (params checkpoint or run); "": random',
+    )
+    add(
+        "freeze",
+        tune["freeze"].value if "freeze" in tune else "",
+        "parameters left as they are: comma-separated globs over paths",
+    )
     if "lora" in tune:  # only a spec with lora(...) has these fields
         adapters = tune["lora"].value
         add("lora_rank", adapters.rank, f"LoRA adapter rank; {tune['lora'].origin}")
-        add("lora_alpha", adapters.alpha, "LoRA scale numerator: W + (lora_alpha / lora_rank) * A @ B")
+        add(
+            "lora_alpha",
+            adapters.alpha,
+            "LoRA scale numerator: W + (lora_alpha / lora_rank) * A @ B",
+        )
     ckpt = t.get("checkpoint")
-    add("checkpoint_every", ckpt.every, f"steps between checkpoints; 0: never ({origin['checkpoint'].origin})")
+    add(
+        "checkpoint_every",
+        ckpt.every,
+        f"steps between checkpoints; 0: never ({origin['checkpoint'].origin})",
+    )
     add("checkpoint_keep", ckpt.keep, "newest checkpoints kept")
     add("checkpoint_async", ckpt.async_save, "save in the background while training continues")
     add("checkpoint_dir", ckpt.dir, "inside the run directory")
@@ -175,17 +255,29 @@ def _example_fields(add, objective: str, data: ir.DataSource, origin) -> None:
     made = dict(DATA[synthetic]) | (dict(data.options) if str(data.kind) == synthetic else {})
     if objective == "classify":
         add("data", str(data.kind), f"synthetic_images (made here) or arrays ({origin})")
-        add("data_path", data.path or "", "arrays: a .npz holding images [N, H, W, C] and labels [N]")
+        add(
+            "data_path",
+            data.path or "",
+            "arrays: a .npz holding images [N, H, W, C] and labels [N]",
+        )
     else:
         files = dict(DATA["pairs"]) | (dict(data.options) if data.kind is ir.DataKind.PAIRS else {})
         add("data", str(data.kind), f"synthetic_pairs (made here) or pairs ({origin})")
         add("data_path", data.path or "", "pairs: the source token file")
         add("data_target", data.path2 or "", "pairs: the target token file")
         add("data_dtype", data.dtype or "u16", "token files' element type: u16 or u32")
-        add("eos", made["eos"] if str(data.kind) == synthetic else files["eos"], "the id that ends every example")
+        add(
+            "eos",
+            made["eos"] if str(data.kind) == synthetic else files["eos"],
+            "the id that ends every example",
+        )
     add("synthetic_count", made["count"], f"{synthetic}: how many examples it makes")
     if objective == "classify":
-        add("synthetic_noise", float(made["noise"]), "synthetic_images: std of the noise on each class's pattern")
+        add(
+            "synthetic_noise",
+            float(made["noise"]),
+            "synthetic_images: std of the noise on each class's pattern",
+        )
     add("synthetic_seed", made["seed"], f"{synthetic}: the seed it is made from")
 
 
@@ -195,17 +287,26 @@ def _image_shapes(module: ir.Module) -> list[tuple[str, str, int]]:
     for m in module.models:
         f = m.root.forward
         images = next(a for a in f.args if a.name == "images")
-        classes = f.result[-1].size if objective_name(module) == "classify" else m.root.hparam("classes").value.value
+        classes = (
+            f.result[-1].size
+            if objective_name(module) == "classify"
+            else m.root.hparam("classes").value.value
+        )
         out.append((m.name, repr(tuple(d.size for d in images.dims[1:])), classes))
     return out
 
 
 _DOCS = {
-    "batch": "global batch, in sequences", "seq": "tokens per sequence", "steps": "optimizer steps",
+    "batch": "global batch, in sequences",
+    "seq": "tokens per sequence",
+    "steps": "optimizer steps",
     "microbatches": "gradient accumulation: the batch runs in this many pieces",
-    "clip": "clip gradients to this global norm; 0: off", "z_loss": "weight of the z-loss; 0: off",
-    "eval_every": "steps between evaluations; 0: never", "eval_batches": "batches per evaluation",
-    "log_every": "steps between log lines", "seed": "parameters and data order",
+    "clip": "clip gradients to this global norm; 0: off",
+    "z_loss": "weight of the z-loss; 0: off",
+    "eval_every": "steps between evaluations; 0: never",
+    "eval_batches": "batches per evaluation",
+    "log_every": "steps between log lines",
+    "seed": "parameters and data order",
     "max_bad_steps": "non-finite steps in a row before rolling back",
 }
 
@@ -217,20 +318,34 @@ def _doc(key: str, origin) -> str:
 _CLIP = "optax.clip_by_global_norm(tc.clip) if tc.clip else optax.identity(),"
 
 OPTIMIZERS = {
-    "adamw": ["lr, mask = lr_schedule(tc), decay_mask()",
-              "return optax.chain(", f"    {_CLIP}",
-              "    optax.adamw(lr, b1=tc.b1, b2=tc.b2, eps=tc.eps, weight_decay=tc.weight_decay, mask=mask),",
-              ")"],
-    "lion": ["lr, mask = lr_schedule(tc), decay_mask()",
-             "return optax.chain(", f"    {_CLIP}",
-             "    optax.lion(lr, b1=tc.b1, b2=tc.b2, weight_decay=tc.weight_decay, mask=mask),", ")"],
-    "adafactor": ["lr, mask = lr_schedule(tc), decay_mask()",
-                  "return optax.chain(", f"    {_CLIP}",
-                  "    optax.adafactor(lr, weight_decay_rate=tc.weight_decay or None, weight_decay_mask=mask),",
-                  ")"],
-    "sgd": ["return optax.chain(", f"    {_CLIP}",
-            "    optax.add_decayed_weights(tc.weight_decay, mask=decay_mask()),",
-            "    optax.sgd(lr_schedule(tc), momentum=tc.momentum or None, nesterov=tc.nesterov),", ")"],
+    "adamw": [
+        "lr, mask = lr_schedule(tc), decay_mask()",
+        "return optax.chain(",
+        f"    {_CLIP}",
+        "    optax.adamw(lr, b1=tc.b1, b2=tc.b2, eps=tc.eps, weight_decay=tc.weight_decay, mask=mask),",
+        ")",
+    ],
+    "lion": [
+        "lr, mask = lr_schedule(tc), decay_mask()",
+        "return optax.chain(",
+        f"    {_CLIP}",
+        "    optax.lion(lr, b1=tc.b1, b2=tc.b2, weight_decay=tc.weight_decay, mask=mask),",
+        ")",
+    ],
+    "adafactor": [
+        "lr, mask = lr_schedule(tc), decay_mask()",
+        "return optax.chain(",
+        f"    {_CLIP}",
+        "    optax.adafactor(lr, weight_decay_rate=tc.weight_decay or None, weight_decay_mask=mask),",
+        ")",
+    ],
+    "sgd": [
+        "return optax.chain(",
+        f"    {_CLIP}",
+        "    optax.add_decayed_weights(tc.weight_decay, mask=decay_mask()),",
+        "    optax.sgd(lr_schedule(tc), momentum=tc.momentum or None, nesterov=tc.nesterov),",
+        ")",
+    ],
 }
 OPTIMIZER_DOC = {
     "adamw": "Clip by global norm, then AdamW with decoupled weight decay on matrices only.",
@@ -239,30 +354,45 @@ OPTIMIZER_DOC = {
     "sgd": "Clip by global norm, weight decay on matrices, then SGD with (Nesterov) momentum.",
 }
 SCHEDULES = {
-    "cosine": ["return optax.warmup_cosine_decay_schedule(",
-               "    0.0, tc.lr, tc.warmup, max(tc.steps, tc.warmup + 1), end_value=tc.lr * tc.final", ")"],
-    "linear": ["return optax.join_schedules(",
-               "    [optax.linear_schedule(0.0, tc.lr, tc.warmup),",
-               "     optax.linear_schedule(tc.lr, tc.lr * tc.final, max(tc.steps - tc.warmup, 1))],",
-               "    [tc.warmup],", ")"],
-    "constant": ["if not tc.warmup:", "    return optax.constant_schedule(tc.lr)",
-                 "return optax.join_schedules(",
-                 "    [optax.linear_schedule(0.0, tc.lr, tc.warmup), optax.constant_schedule(tc.lr)],",
-                 "    [tc.warmup],", ")"],
-    "wsd": ["decay_start = max(int(tc.steps * (1 - tc.decay)), tc.warmup)",
-            "return optax.join_schedules(",
-            "    [optax.linear_schedule(0.0, tc.lr, tc.warmup),",
-            "     optax.constant_schedule(tc.lr),",
-            "     optax.linear_schedule(tc.lr, tc.lr * tc.final, max(tc.steps - decay_start, 1))],",
-            "    [tc.warmup, decay_start],", ")"],
-    "rsqrt": ["warmup = max(tc.warmup, 1)",
-              "",
-              "def schedule(step):",
-              "    step = jnp.asarray(step, jnp.float32)",
-              "    decay = tc.lr * jnp.sqrt(warmup / jnp.maximum(step, warmup))",
-              "    return jnp.where(step < tc.warmup, tc.lr * step / warmup, decay)",
-              "",
-              "return schedule"],
+    "cosine": [
+        "return optax.warmup_cosine_decay_schedule(",
+        "    0.0, tc.lr, tc.warmup, max(tc.steps, tc.warmup + 1), end_value=tc.lr * tc.final",
+        ")",
+    ],
+    "linear": [
+        "return optax.join_schedules(",
+        "    [optax.linear_schedule(0.0, tc.lr, tc.warmup),",
+        "     optax.linear_schedule(tc.lr, tc.lr * tc.final, max(tc.steps - tc.warmup, 1))],",
+        "    [tc.warmup],",
+        ")",
+    ],
+    "constant": [
+        "if not tc.warmup:",
+        "    return optax.constant_schedule(tc.lr)",
+        "return optax.join_schedules(",
+        "    [optax.linear_schedule(0.0, tc.lr, tc.warmup), optax.constant_schedule(tc.lr)],",
+        "    [tc.warmup],",
+        ")",
+    ],
+    "wsd": [
+        "decay_start = max(int(tc.steps * (1 - tc.decay)), tc.warmup)",
+        "return optax.join_schedules(",
+        "    [optax.linear_schedule(0.0, tc.lr, tc.warmup),",
+        "     optax.constant_schedule(tc.lr),",
+        "     optax.linear_schedule(tc.lr, tc.lr * tc.final, max(tc.steps - decay_start, 1))],",
+        "    [tc.warmup, decay_start],",
+        ")",
+    ],
+    "rsqrt": [
+        "warmup = max(tc.warmup, 1)",
+        "",
+        "def schedule(step):",
+        "    step = jnp.asarray(step, jnp.float32)",
+        "    decay = tc.lr * jnp.sqrt(warmup / jnp.maximum(step, warmup))",
+        "    return jnp.where(step < tc.warmup, tc.lr * step / warmup, decay)",
+        "",
+        "return schedule",
+    ],
 }
 SCHEDULE_DOC = {
     "cosine": "linear warmup to lr, then cosine decay to lr * final",

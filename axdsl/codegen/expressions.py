@@ -18,7 +18,14 @@ from axdsl.passes.annotate_sharding import activation_spec, spec_text
 from axdsl.primitives.einsum import dense_call, dense_matmuls, is_weight
 
 # Operator precedence for minimal parentheses (higher binds tighter).
-_PREC = {"+": 1, "-": 1, "*": 2, "/": 2, "@": 2, **{op: 0 for op in ir.COMPARE_OPS}}  # Python: @ binds like *
+_PREC = {
+    "+": 1,
+    "-": 1,
+    "*": 2,
+    "/": 2,
+    "@": 2,
+    **{op: 0 for op in ir.COMPARE_OPS},
+}  # Python: @ binds like *
 _ATOM = 10
 
 
@@ -116,7 +123,8 @@ class FunctionEmitter:
 
     def casts_params(self) -> bool:
         """Whether this layer of a mixed-precision model receives the master weights
-        (cfg.param_dtype) and casts them to the compute dtype (cfg.dtype) as the forward reads them."""
+        (cfg.param_dtype) and casts them to the compute dtype (cfg.dtype) as the forward reads them.
+        """
         return self.master
 
     def _cast_params(self) -> None:
@@ -124,21 +132,31 @@ class FunctionEmitter:
         time in its scan step (`cast_layer`): casting the whole stack up front would keep a
         compute-dtype copy of every layer, and of every layer's gradient, for the step. A child
         that holds a stack (a repeated pattern's groups and tail) gets the master weights too."""
-        stacked = [py_str(c.name) for c in self.inst.children if c.repeat is not None or c.holds_stack()]
+        stacked = [
+            py_str(c.name) for c in self.inst.children if c.repeat is not None or c.holds_stack()
+        ]
         self.lines.append("# master weights stay in cfg.param_dtype; compute runs in cfg.dtype")
         if not stacked:
             self.lines.append("params = jax.tree.map(lambda w: w.astype(cfg.dtype), params)")
             return
         keys = "(" + ", ".join(stacked) + ("," if len(stacked) == 1 else "") + ")"
-        self.lines.append("# (stacked layers: one layer at a time in the scan step, never the whole stack)")
-        self.lines.append("params = {k: v if k in " + keys + " else jax.tree.map(lambda w: w.astype(cfg.dtype), v)"
-                          " for k, v in params.items()}")
+        self.lines.append(
+            "# (stacked layers: one layer at a time in the scan step, never the whole stack)"
+        )
+        self.lines.append(
+            "params = {k: v if k in "
+            + keys
+            + " else jax.tree.map(lambda w: w.astype(cfg.dtype), v)"
+            " for k, v in params.items()}"
+        )
 
     def cast_layer(self) -> None:
         """In a stacked child's scan step of a mixed-precision root: this layer's weights to cfg.dtype."""
         if self.casts_params():
             self.lines.append("    # this layer's weights in cfg.dtype")
-            self.lines.append("    layer_params = jax.tree.map(lambda w: w.astype(cfg.dtype), layer_params)")
+            self.lines.append(
+                "    layer_params = jax.tree.map(lambda w: w.astype(cfg.dtype), layer_params)"
+            )
 
     def _let(self, stmt: ir.Let) -> None:
         if isinstance(stmt.value, ir.CallChild) and stmt.point is None:
@@ -152,8 +170,14 @@ class FunctionEmitter:
         # `jax.named_scope(point)`: the point's ops carry its name in profiles, as a layer's do
         self.imports.add("from jax.ad_checkpoint import checkpoint_name")
         name = py_str(stmt.point)
-        body = [*self.lines[first:], f"{stmt.name} = checkpoint_name({code}, {name})  # {shape_comment(stmt.value.type)}"]
-        self.lines[first:] = [f"with jax.named_scope({name}):", *(textwrap.indent(line, "    ") for line in body)]
+        body = [
+            *self.lines[first:],
+            f"{stmt.name} = checkpoint_name({code}, {name})  # {shape_comment(stmt.value.type)}",
+        ]
+        self.lines[first:] = [
+            f"with jax.named_scope({name}):",
+            *(textwrap.indent(line, "    ") for line in body),
+        ]
 
     # ---------------------------------------------------------------- child calls
     def _child_call(self, call: ir.CallChild, target: str) -> None:
@@ -179,8 +203,10 @@ class FunctionEmitter:
             aux_name = self._fresh(f"{_stem(call.child)}_aux")
             self.aux_terms.append(aux_name)
             self.lines.append(f"with jax.named_scope({py_str(call.child)}):")
-            self.lines.append(f"    {target}, {aux_name} = {fn}(cfg, params[{py_str(call.child)}], "
-                              f"{', '.join(args)}{rng})  # {comment}, []")
+            self.lines.append(
+                f"    {target}, {aux_name} = {fn}(cfg, params[{py_str(call.child)}], "
+                f"{', '.join(args)}{rng})  # {comment}, []"
+            )
             return
         if child.repeat is not None:
             step = f"{_stem(call.child)}_step"
@@ -190,8 +216,10 @@ class FunctionEmitter:
                 self.lines.append("    layer_params, i = xs")
                 self.cast_layer()
                 self._shard_carry(call.args[0].type)
-                self.lines.append(f"    return {fn}(cfg, layer_params, {_carried(args)}{layer_rng}), None")
-                xs = f'(params[{py_str(call.child)}], jnp.arange({child.repeat.code}))'
+                self.lines.append(
+                    f"    return {fn}(cfg, layer_params, {_carried(args)}{layer_rng}), None"
+                )
+                xs = f"(params[{py_str(call.child)}], jnp.arange({child.repeat.code}))"
             else:
                 self._step_def(step, "h, layer_params", child)
                 self.cast_layer()
@@ -201,15 +229,18 @@ class FunctionEmitter:
             self.lines.append("")
             unroll = self._unroll(child)
             self.lines.append(f"with jax.named_scope({py_str(call.child)}):")
-            self.lines.append(f"    {target}, _ = jax.lax.scan({step}, {args[0]}, {xs}{unroll})  # {comment}")
+            self.lines.append(
+                f"    {target}, _ = jax.lax.scan({step}, {args[0]}, {xs}{unroll})  # {comment}"
+            )
             return
         self.lines.append(f"with jax.named_scope({py_str(call.child)}):")
         self.lines.append(
             f"    {target} = {fn}(cfg, params[{py_str(call.child)}], {', '.join(args)}{rng})  # {comment}"
         )
 
-    def _scan_over_time(self, call: ir.CallChild, fn: str, args: list[str], target: str, comment: str,
-                        rng: str = "") -> None:
+    def _scan_over_time(
+        self, call: ir.CallChild, fn: str, args: list[str], target: str, comment: str, rng: str = ""
+    ) -> None:
         """`scan(cell, x, over = S)`: jax.lax.scan over S (moved to the front and back), carrying
         the cell's first argument and stacking the carry of every step. Inputs without S are side
         inputs, closed over by the step; a cell with dropout folds its key with the step index."""
@@ -219,11 +250,19 @@ class FunctionEmitter:
         if call.scan_init:
             init = args[0]
         else:
-            carry = [d for i, d in enumerate(call.type.dims) if i != _axis(call.type.dims, call.over)]
-            shape = ", ".join(self.dim_code(d) if d.is_free else (d.code or str(d.size)) for d in carry)
+            carry = [
+                d for i, d in enumerate(call.type.dims) if i != _axis(call.type.dims, call.over)
+            ]
+            shape = ", ".join(
+                self.dim_code(d) if d.is_free else (d.code or str(d.size)) for d in carry
+            )
             init = f"jnp.zeros(({shape}{',' if len(carry) == 1 else ''}), {xs[0]}.dtype)"
         step = self._fresh(f"{_stem(call.child)}_step")
-        moved = [f"jnp.moveaxis({x}, {axis}, 0)" if axis else x for x, axis in zip(xs, axes) if axis is not None]
+        moved = [
+            f"jnp.moveaxis({x}, {axis}, 0)" if axis else x
+            for x, axis in zip(xs, axes)
+            if axis is not None
+        ]
         if rng:  # the step index, for a key of its own per step
             moved.append(f"jnp.arange({moved[0]}.shape[0])")
         simple = len(moved) == len(xs) and not rng  # every input sliced, no key: today's form
@@ -232,13 +271,17 @@ class FunctionEmitter:
             inputs = "x_t" if len(xs) == 1 else "*xs_t"
         else:
             sliced = iter(range(len(moved)))
-            picks = [x if axis is None else ("x_t" if len(moved) == 1 else f"xs_t[{next(sliced)}]")
-                     for x, axis in zip(xs, axes)]
+            picks = [
+                x if axis is None else ("x_t" if len(moved) == 1 else f"xs_t[{next(sliced)}]")
+                for x, axis in zip(xs, axes)
+            ]
             inputs = ", ".join(picks)
         scanned = moved[0] if len(moved) == 1 else "(" + ", ".join(moved) + ")"
         out_axis = _axis(call.type.dims, call.over)
         step_rng = f", rng=_fold({rng.removeprefix(', rng=')}, xs_t[-1])" if rng else ""
-        self.lines.append(f"def {step}(h, {per_step}):  # one step along {dim_label(call.over.name, call.over.code)}")
+        self.lines.append(
+            f"def {step}(h, {per_step}):  # one step along {dim_label(call.over.name, call.over.code)}"
+        )
         self.lines.append(f"    h = {fn}(cfg, params[{py_str(call.child)}], h, {inputs}{step_rng})")
         self.lines.append("    return h, h")
         self.lines.append("")
@@ -247,13 +290,17 @@ class FunctionEmitter:
             self.lines.append(f"    _, {target} = jax.lax.scan({step}, {init}, {scanned})")
             self.lines.append(f"    {target} = jnp.moveaxis({target}, 0, {out_axis})  # {comment}")
         else:
-            self.lines.append(f"    _, {target} = jax.lax.scan({step}, {init}, {scanned})  # {comment}")
+            self.lines.append(
+                f"    _, {target} = jax.lax.scan({step}, {init}, {scanned})  # {comment}"
+            )
 
     def _step_header(self, child: ir.Instance) -> None:
         """What comes before a scan step's `def`: what a pattern's step runs, the remat decorator."""
         if child.pattern:
-            self.lines.append(f"# one step runs the {len(child.children)} layers of the pattern in turn, "
-                              f"{child.repeat.code} steps")
+            self.lines.append(
+                f"# one step runs the {len(child.children)} layers of the pattern in turn, "
+                f"{child.repeat.code} steps"
+            )
         self._remat_decorator(child)
 
     def _step_def(self, step: str, args: str, child: ir.Instance) -> None:
@@ -270,8 +317,16 @@ class FunctionEmitter:
         self.lines.append(f"{name} = {code}")
         return name
 
-    def _scan_with_aux(self, call: ir.CallChild, child: ir.Instance, fn: str, args: list[str], target: str,
-                       layer_rng: str, comment: str) -> None:
+    def _scan_with_aux(
+        self,
+        call: ir.CallChild,
+        child: ir.Instance,
+        fn: str,
+        args: list[str],
+        target: str,
+        layer_rng: str,
+        comment: str,
+    ) -> None:
         """A repeated child that returns an auxiliary loss: the scan carries (h, summed aux)."""
         x = args[0]
         step = f"{_stem(call.child)}_step"
@@ -284,17 +339,24 @@ class FunctionEmitter:
             self.lines.append("    layer_params, i = xs")
         self.cast_layer()
         self._shard_carry(call.args[0].type)
-        self.lines.append(f"    h, layer_aux = {fn}(cfg, layer_params, {_carried(args)}{layer_rng})")
+        self.lines.append(
+            f"    h, layer_aux = {fn}(cfg, layer_params, {_carried(args)}{layer_rng})"
+        )
         self.lines.append("    return (h, aux + layer_aux), None")
-        xs = (f'(params[{py_str(call.child)}], jnp.arange({child.repeat.code}))' if rng
-              else f"params[{py_str(call.child)}]")
+        xs = (
+            f"(params[{py_str(call.child)}], jnp.arange({child.repeat.code}))"
+            if rng
+            else f"params[{py_str(call.child)}]"
+        )
         aux_name = self._fresh(f"{_stem(call.child)}_aux")
         self.aux_terms.append(aux_name)
         self.lines.append("")
         unroll = self._unroll(child)
         self.lines.append(f"with jax.named_scope({py_str(call.child)}):")
-        self.lines.append(f"    ({target}, {aux_name}), _ = jax.lax.scan({step}, ({x}, jnp.zeros((), jnp.float32)), "
-                          f"{xs}{unroll})  # {comment}, []")
+        self.lines.append(
+            f"    ({target}, {aux_name}), _ = jax.lax.scan({step}, ({x}, jnp.zeros((), jnp.float32)), "
+            f"{xs}{unroll})  # {comment}, []"
+        )
 
     def _fresh(self, name: str) -> str:
         base, n = name, 1
@@ -316,7 +378,9 @@ class FunctionEmitter:
             return
         self.imports.add("import functools")
         self.lines.append(f"# {remat_why(self.schedule, child)}")
-        self.lines.append("@functools.partial(jax.checkpoint, policy=REMAT_POLICY, prevent_cse=False)")
+        self.lines.append(
+            "@functools.partial(jax.checkpoint, policy=REMAT_POLICY, prevent_cse=False)"
+        )
 
     def _shard_carry(self, t) -> None:
         """`h = shard(h, P(...))`: pin a layer-boundary activation, with the rule that decided it."""
@@ -362,7 +426,9 @@ class FunctionEmitter:
         p = _PREC[e.op]
         left, lp = self.expr(e.left)
         right, rp = self.expr(e.right)
-        chained = e.op in ir.COMPARE_OPS  # Python chains `a < b < c`: a comparison operand is parenthesized
+        chained = (
+            e.op in ir.COMPARE_OPS
+        )  # Python chains `a < b < c`: a comparison operand is parenthesized
         return f"{self._paren(left, lp, p + chained)} {e.op} {self._paren(right, rp, p + 1)}", p
 
     def _matmul(self, e: ir.Bin):
@@ -433,9 +499,13 @@ class FunctionEmitter:
     # ---------------------------------------------------------------- einsum letters
     def _matmul_spec(self, lt, rt) -> str:
         """`left @ right` as an einsum: left's last dim contracts with right's first; `...` kept."""
-        keys = distinct_labels([_key(d) for d in lt if not d.is_ellipsis] + [_key(d) for d in rt[1:]])
+        keys = distinct_labels(
+            [_key(d) for d in lt if not d.is_ellipsis] + [_key(d) for d in rt[1:]]
+        )
         n_left = len([d for d in lt if not d.is_ellipsis])
-        left = "..." * any(d.is_ellipsis for d in lt) + "".join(self.letters[k] for k in keys[:n_left])
+        left = "..." * any(d.is_ellipsis for d in lt) + "".join(
+            self.letters[k] for k in keys[:n_left]
+        )
         right = left[-1] + "".join(self.letters[k] for k in keys[n_left:])
         return f"{left},{right}->{left[:-1] + right[1:]}"
 
@@ -494,4 +564,3 @@ def _carried(args: list[str]) -> str:
 
 def _key(d: ir.Dim) -> str:
     return dim_label(d.name, d.code)
-

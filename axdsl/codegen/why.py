@@ -37,22 +37,31 @@ def remat_why(schedule: ir.Schedule | None, child: ir.Instance) -> str:
 def unroll_why(schedule: ir.Schedule, child: ir.Instance) -> str:
     """`unroll(16) from profile cpu: the cfg.layers steps run unrolled, ...` (the count as code:
     the models of a spec share this line). unroll_repeats says why it pays."""
-    return (f"unroll({schedule.unroll.value}) from {schedule.unroll.origin}: the {child.repeat.code} steps "
-            f"run unrolled (no stacked residuals)")
+    return (
+        f"unroll({schedule.unroll.value}) from {schedule.unroll.origin}: the {child.repeat.code} steps "
+        f"run unrolled (no stacked residuals)"
+    )
 
 
 def remat_kind(child: ir.Instance) -> str | None:
     """The remat policy insert_remat set on a repeated child, or None when nothing is recomputed."""
-    return child.remat.kind if child.remat is not None and child.remat.kind is not ir.RematKind.NONE else None
+    return (
+        child.remat.kind
+        if child.remat is not None and child.remat.kind is not ir.RematKind.NONE
+        else None
+    )
 
 
-def sharding_why(schedule: ir.Schedule, logical: tuple[str | None, ...],
-                 spec: tuple[tuple[str, ...], ...]) -> str:
+def sharding_why(
+    schedule: ir.Schedule, logical: tuple[str | None, ...], spec: tuple[tuple[str, ...], ...]
+) -> str:
     """`annotate_sharding: batch -> fsdp (rule batch -> data, fsdp from profile gpu-h100)`."""
     parts = []
     for axis, mesh in zip(logical, spec):
         choice = schedule.rule_choice(axis) if axis else None
         if mesh and choice is not None:
-            parts.append(f"{axis} -> {', '.join(mesh)} (rule {axis} -> {', '.join(choice.value)} "
-                         f"from {choice.origin})")
+            parts.append(
+                f"{axis} -> {', '.join(mesh)} (rule {axis} -> {', '.join(choice.value)} "
+                f"from {choice.origin})"
+            )
     return "annotate_sharding: " + ("; ".join(parts) or "replicated")

@@ -102,7 +102,21 @@ from axdsl.hf.importer import convert_from_hf, import_hf
 from axdsl.hf.layout import Rule, rules
 
 __all__ = [
-    "FAMILIES", "FIELDS", "Arch", "HFError", "Rule", "arch_of", "convert_from_hf", "export_hf",
-    "family_of_arch", "family_of_config", "hf_config", "hf_values", "import_hf", "load_spec",
-    "mismatches", "pick", "rules",
+    "FAMILIES",
+    "FIELDS",
+    "Arch",
+    "HFError",
+    "Rule",
+    "arch_of",
+    "convert_from_hf",
+    "export_hf",
+    "family_of_arch",
+    "family_of_config",
+    "hf_config",
+    "hf_values",
+    "import_hf",
+    "load_spec",
+    "mismatches",
+    "pick",
+    "rules",
 ]

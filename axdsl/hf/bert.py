@@ -60,8 +60,15 @@ def bert_arch(arch: Any, root: Any) -> Any:
     for k in ("vocab", "dim", "layers", "heads", "max_seq", "type_vocab"):
         v[k] = _hv(root, k)
     v["kv_heads"] = v["heads"]
-    v.update(block=BLOCK, positions="learned", tied=True, causal=False, rope=False, attn_bias=True,
-             out_bias=True)
+    v.update(
+        block=BLOCK,
+        positions="learned",
+        tied=True,
+        causal=False,
+        rope=False,
+        attn_bias=True,
+        out_bias=True,
+    )
     blocks = root.child("blocks")
     if blocks is None or blocks.layer != BLOCK:
         arch.problems.append(f"the repeated block is not std's {BLOCK}")
@@ -69,8 +76,10 @@ def bert_arch(arch: Any, root: Any) -> Any:
     attn = blocks.child("attn")
     v["head_dim"] = _hv(attn, "head_dim")
     if v["head_dim"] * v["heads"] != v["dim"]:
-        arch.problems.append(f"attention head_dim {v['head_dim']} is not dim / heads (BERT's heads split "
-                             "hidden_size)")
+        arch.problems.append(
+            f"attention head_dim {v['head_dim']} is not dim / heads (BERT's heads split "
+            "hidden_size)"
+        )
     _read_norms(arch, [_at(root, p) for p in _NORMS])
     mlp = blocks.child("mlp")
     v["mlp"] = None if mlp is None else mlp.layer
@@ -109,8 +118,11 @@ BERT_FIELDS = (
     _key("hidden_size", 768, "dim"),
     _key("num_hidden_layers", 12, "layers"),
     _key("num_attention_heads", 12, "heads"),
-    Row("head_dim", "hidden_size/num_attention_heads",
-        lambda c: c.get("hidden_size", 768) // c.get("num_attention_heads", 12)),
+    Row(
+        "head_dim",
+        "hidden_size/num_attention_heads",
+        lambda c: c.get("hidden_size", 768) // c.get("num_attention_heads", 12),
+    ),
     _key("max_position_embeddings", 512, "max_seq"),
     _key("type_vocab_size", 2, "type_vocab"),
     _fact("positions", "learned"),
@@ -124,19 +136,36 @@ BERT_FIELDS = (
     _fact("out_bias", True),
     _fact("mlp", "MLP"),
     _key("intermediate_size", 3072, "hidden"),
-    Row("act", "hidden_act", lambda c: {"gelu": "gelu_exact"}.get(c.get("hidden_act", "gelu"), c.get("hidden_act")),
-        lambda c: c.get("hidden_act", "gelu")),
+    Row(
+        "act",
+        "hidden_act",
+        lambda c: {"gelu": "gelu_exact"}.get(c.get("hidden_act", "gelu"), c.get("hidden_act")),
+        lambda c: c.get("hidden_act", "gelu"),
+    ),
     _fact("mlp_bias", True),
     _fact("block", BLOCK),
 )
 BERT_UNSUPPORTED: tuple = (
-    (None, lambda c: _when(c.flag("is_decoder", False), "is_decoder=true (BertMLM is bidirectional)")),
+    (
+        None,
+        lambda c: _when(c.flag("is_decoder", False), "is_decoder=true (BertMLM is bidirectional)"),
+    ),
     (None, lambda c: _when(c.flag("add_cross_attention", False), "add_cross_attention=true")),
-    (None, lambda c: _when(c.get("position_embedding_type", "absolute") != "absolute",
-                           f"position_embedding_type={c.cfg.get('position_embedding_type')!r} "
-                           "(BertMLM's positions are an absolute table)")),
-    (None, lambda c: _when(c.get("hidden_size", 768) % c.get("num_attention_heads", 12) != 0,
-                           "hidden_size is not a multiple of num_attention_heads")),
+    (
+        None,
+        lambda c: _when(
+            c.get("position_embedding_type", "absolute") != "absolute",
+            f"position_embedding_type={c.cfg.get('position_embedding_type')!r} "
+            "(BertMLM's positions are an absolute table)",
+        ),
+    ),
+    (
+        None,
+        lambda c: _when(
+            c.get("hidden_size", 768) % c.get("num_attention_heads", 12) != 0,
+            "hidden_size is not a multiple of num_attention_heads",
+        ),
+    ),
 )
 
 
@@ -144,11 +173,24 @@ def bert_config(v: dict[str, Any], dtype: str) -> dict[str, Any]:
     """transformers' BertConfig of a BertMLM (export); dropout is off, as in the generated forward."""
     acts = {"gelu_exact": "gelu", "gelu": "gelu_new"}
     return {
-        "architectures": ["BertForMaskedLM"], "model_type": FAMILY, "vocab_size": v["vocab"],
-        "hidden_size": v["dim"], "num_hidden_layers": v["layers"], "num_attention_heads": v["heads"],
-        "intermediate_size": v["hidden"], "hidden_act": acts.get(v["act"], v["act"]),
-        "max_position_embeddings": v["max_seq"], "type_vocab_size": v["type_vocab"],
-        "layer_norm_eps": v["norm_eps"], "tie_word_embeddings": True, "is_decoder": False,
-        "add_cross_attention": False, "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0,
-        "initializer_range": 0.02, "pad_token_id": 0, "use_cache": True, "dtype": dtype,
+        "architectures": ["BertForMaskedLM"],
+        "model_type": FAMILY,
+        "vocab_size": v["vocab"],
+        "hidden_size": v["dim"],
+        "num_hidden_layers": v["layers"],
+        "num_attention_heads": v["heads"],
+        "intermediate_size": v["hidden"],
+        "hidden_act": acts.get(v["act"], v["act"]),
+        "max_position_embeddings": v["max_seq"],
+        "type_vocab_size": v["type_vocab"],
+        "layer_norm_eps": v["norm_eps"],
+        "tie_word_embeddings": True,
+        "is_decoder": False,
+        "add_cross_attention": False,
+        "hidden_dropout_prob": 0.0,
+        "attention_probs_dropout_prob": 0.0,
+        "initializer_range": 0.02,
+        "pad_token_id": 0,
+        "use_cache": True,
+        "dtype": dtype,
     }

@@ -73,9 +73,13 @@ def find_checkpoint(ckpt: Path) -> tuple[Path, str | None]:
         base = ckpt / "checkpoints"
     steps = good_steps(base, lambda m: print(f"axdsl: warning: {m}", file=sys.stderr))
     if not steps:
-        raise HFError(f"no complete, undamaged orbax checkpoint found in {ckpt}",
-                      ["give a params checkpoint (import-hf's output), a train.py run directory, "
-                       "its checkpoints/ directory or one step directory"])
+        raise HFError(
+            f"no complete, undamaged orbax checkpoint found in {ckpt}",
+            [
+                "give a params checkpoint (import-hf's output), a train.py run directory, "
+                "its checkpoints/ directory or one step directory"
+            ],
+        )
     return base / str(steps[0]) / "state", run_model
 
 
@@ -97,15 +101,19 @@ def restore_params(path: Path, arch: Arch, stored: dict[tuple[str, ...], Any], s
     import orbax.checkpoint as ocp
 
     one = jax.sharding.SingleDeviceSharding(jax.devices("cpu")[0])
-    flat = {p: jax.ShapeDtypeStruct(shape, stored[p].dtype if p in stored else dtype, sharding=one)
-            for p, (shape, dtype) in arch.params.items()}
+    flat = {
+        p: jax.ShapeDtypeStruct(shape, stored[p].dtype if p in stored else dtype, sharding=one)
+        for p, (shape, dtype) in arch.params.items()
+    }
     abstract = nest(flat)
     if state:  # a train state: read only its params
         abstract = {"params": abstract}
-        args = ocp.args.PyTreeRestore(item=abstract, partial_restore=True,
-                                      restore_args=ocp.checkpoint_utils.construct_restore_args(abstract))
+        args = ocp.args.PyTreeRestore(
+            item=abstract,
+            partial_restore=True,
+            restore_args=ocp.checkpoint_utils.construct_restore_args(abstract),
+        )
         with ocp.PyTreeCheckpointer() as ckptr:
             return ckptr.restore(path, args=args)["params"]
     with ocp.StandardCheckpointer() as ckptr:
         return ckptr.restore(path, abstract)
-

@@ -45,8 +45,10 @@ def family_of_config(cfg: dict) -> str:
     for a in cfg.get("architectures") or []:
         if a in _ARCH_TO_FAMILY:
             return _ARCH_TO_FAMILY[a]
-    raise HFError(f"unsupported model_type {mt!r} (architectures {cfg.get('architectures')})",
-                  [f"supported: {', '.join(f'{k} ({c})' for k, c in FAMILIES.items())}"])
+    raise HFError(
+        f"unsupported model_type {mt!r} (architectures {cfg.get('architectures')})",
+        [f"supported: {', '.join(f'{k} ({c})' for k, c in FAMILIES.items())}"],
+    )
 
 
 def family_of_arch(arch: Arch) -> str:
@@ -86,12 +88,31 @@ def _skipped(arch: Arch, vals: dict) -> set[str]:
     """Fields that do not apply when the two sides already differ in a field above them."""
     skip = set()
     if arch["mlp"] != vals.get("mlp"):
-        skip |= {"hidden", "act", "mlp_bias", "experts", "top_k", "normalize", "shared", "groups", "top_groups",
-                 "routed_scale", "score"}
+        skip |= {
+            "hidden",
+            "act",
+            "mlp_bias",
+            "experts",
+            "top_k",
+            "normalize",
+            "shared",
+            "groups",
+            "top_groups",
+            "routed_scale",
+            "score",
+        }
     if not (arch["dense_layers"] and vals.get("dense_layers")):
         skip.add("dense_hidden")
     if arch["attn"] != vals.get("attn"):
-        skip |= {"q_rank", "kv_rank", "nope_dim", "v_head_dim", "rope_interleaved", "latent_norm_eps", "scale"}
+        skip |= {
+            "q_rank",
+            "kv_rank",
+            "nope_dim",
+            "v_head_dim",
+            "rope_interleaved",
+            "latent_norm_eps",
+            "scale",
+        }
     if arch["norm"] != vals.get("norm"):
         skip.add("norm_bias")
     if arch["block"] != vals.get("block"):
@@ -115,39 +136,68 @@ def mismatches(arch: Arch, family: str, cfg: dict) -> list[str]:
     out = [f"config.json: {u} is not supported" for u in unsupported] + list(arch.problems)
     skip = _skipped(arch, vals)
     if "layer_ropes" not in vals and len(set(arch["layer_ropes"] or ())) > 1:
-        out.append(f"the spec's layers differ in their rotary embedding ({family}'s config.json states one for "
-                   "all layers; Gemma 3 states one per layer type)")
+        out.append(
+            f"the spec's layers differ in their rotary embedding ({family}'s config.json states one for "
+            "all layers; Gemma 3 states one per layer type)"
+        )
     for fld, value in vals.items():
         if fld in skip or _same(arch[fld], value):
             continue
-        out.append(f"config.json has {src[fld]}, the spec has {FIELDS[fld]} = {json.dumps(arch[fld])}")
+        out.append(
+            f"config.json has {src[fld]}, the spec has {FIELDS[fld]} = {json.dumps(arch[fld])}"
+        )
     return out
 
 
 def _gpt2_config(v: dict, dtype: str) -> dict:
     acts = {"gelu": "gelu_new", "relu": "relu", "silu": "silu"}
     return {
-        "architectures": [FAMILIES["gpt2"]], "model_type": "gpt2", "vocab_size": v["vocab"],
-        "n_embd": v["dim"], "n_layer": v["layers"], "n_head": v["heads"], "n_inner": v["hidden"],
-        "n_positions": v["max_seq"], "n_ctx": v["max_seq"],
-        "activation_function": acts.get(v["act"], v["act"]), "layer_norm_epsilon": v["norm_eps"],
-        "tie_word_embeddings": v["tied"], "scale_attn_weights": True,
-        "scale_attn_by_inverse_layer_idx": False, "reorder_and_upcast_attn": False,
-        "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0, "initializer_range": 0.02,
-        "use_cache": True, "dtype": dtype,
+        "architectures": [FAMILIES["gpt2"]],
+        "model_type": "gpt2",
+        "vocab_size": v["vocab"],
+        "n_embd": v["dim"],
+        "n_layer": v["layers"],
+        "n_head": v["heads"],
+        "n_inner": v["hidden"],
+        "n_positions": v["max_seq"],
+        "n_ctx": v["max_seq"],
+        "activation_function": acts.get(v["act"], v["act"]),
+        "layer_norm_epsilon": v["norm_eps"],
+        "tie_word_embeddings": v["tied"],
+        "scale_attn_weights": True,
+        "scale_attn_by_inverse_layer_idx": False,
+        "reorder_and_upcast_attn": False,
+        "resid_pdrop": 0.0,
+        "embd_pdrop": 0.0,
+        "attn_pdrop": 0.0,
+        "initializer_range": 0.02,
+        "use_cache": True,
+        "dtype": dtype,
     }
 
 
 def _decoder_config(v: dict, family: str, dtype: str) -> dict:
     theta = v["rope_theta"] if v["rope_theta"] is not None else 10000.0
     out = {
-        "architectures": [FAMILIES[family]], "model_type": family, "vocab_size": v["vocab"],
-        "hidden_size": v["dim"], "intermediate_size": v["hidden"], "num_hidden_layers": v["layers"],
-        "num_attention_heads": v["heads"], "num_key_value_heads": v["kv_heads"],
-        "head_dim": v["head_dim"], "hidden_act": "silu", "max_position_embeddings": v["max_seq"],
-        "rms_norm_eps": v["norm_eps"], "rope_theta": theta, "rope_parameters": rope_parameters(v, theta),
-        "tie_word_embeddings": v["tied"], "attention_dropout": 0.0, "initializer_range": 0.02,
-        "use_cache": True, "dtype": dtype,
+        "architectures": [FAMILIES[family]],
+        "model_type": family,
+        "vocab_size": v["vocab"],
+        "hidden_size": v["dim"],
+        "intermediate_size": v["hidden"],
+        "num_hidden_layers": v["layers"],
+        "num_attention_heads": v["heads"],
+        "num_key_value_heads": v["kv_heads"],
+        "head_dim": v["head_dim"],
+        "hidden_act": "silu",
+        "max_position_embeddings": v["max_seq"],
+        "rms_norm_eps": v["norm_eps"],
+        "rope_theta": theta,
+        "rope_parameters": rope_parameters(v, theta),
+        "tie_word_embeddings": v["tied"],
+        "attention_dropout": 0.0,
+        "initializer_range": 0.02,
+        "use_cache": True,
+        "dtype": dtype,
     }
     if family in ("llama", "qwen3", "qwen3_moe"):
         out["attention_bias"] = v["attn_bias"]
@@ -158,12 +208,22 @@ def _decoder_config(v: dict, family: str, dtype: str) -> dict:
     if family in ("qwen2", "qwen3", "qwen3_moe"):
         out.update(use_sliding_window=False, sliding_window=None, max_window_layers=v["layers"])
     if family == "mixtral":
-        out.update(num_local_experts=v["experts"], num_experts_per_tok=v["top_k"],
-                   router_jitter_noise=0.0, output_router_logits=False)
+        out.update(
+            num_local_experts=v["experts"],
+            num_experts_per_tok=v["top_k"],
+            router_jitter_noise=0.0,
+            output_router_logits=False,
+        )
     if family == "qwen3_moe":
-        out.update(num_experts=v["experts"], num_experts_per_tok=v["top_k"],
-                   moe_intermediate_size=v["hidden"], norm_topk_prob=v["normalize"],
-                   decoder_sparse_step=1, mlp_only_layers=[], output_router_logits=False)
+        out.update(
+            num_experts=v["experts"],
+            num_experts_per_tok=v["top_k"],
+            moe_intermediate_size=v["hidden"],
+            norm_topk_prob=v["normalize"],
+            decoder_sparse_step=1,
+            mlp_only_layers=[],
+            output_router_logits=False,
+        )
     return out
 
 
@@ -172,32 +232,64 @@ def _parallel_config(v: dict, family: str, dtype: str) -> dict:
     theta = v["rope_theta"] if v["rope_theta"] is not None else 10000.0
     acts = {"gelu": "gelu_new", "gelu_exact": "gelu", "relu": "relu", "silu": "silu"}
     out = {
-        "architectures": [FAMILIES[family]], "model_type": family, "vocab_size": v["vocab"],
-        "hidden_size": v["dim"], "intermediate_size": v["hidden"], "num_hidden_layers": v["layers"],
-        "num_attention_heads": v["heads"], "hidden_act": acts.get(v["act"], v["act"]),
-        "max_position_embeddings": v["max_seq"], "layer_norm_eps": v["norm_eps"], "rope_theta": theta,
-        "rope_parameters": rope_parameters(v, theta), "tie_word_embeddings": v["tied"],
-        "attention_dropout": 0.0, "initializer_range": 0.02, "use_cache": True, "dtype": dtype,
+        "architectures": [FAMILIES[family]],
+        "model_type": family,
+        "vocab_size": v["vocab"],
+        "hidden_size": v["dim"],
+        "intermediate_size": v["hidden"],
+        "num_hidden_layers": v["layers"],
+        "num_attention_heads": v["heads"],
+        "hidden_act": acts.get(v["act"], v["act"]),
+        "max_position_embeddings": v["max_seq"],
+        "layer_norm_eps": v["norm_eps"],
+        "rope_theta": theta,
+        "rope_parameters": rope_parameters(v, theta),
+        "tie_word_embeddings": v["tied"],
+        "attention_dropout": 0.0,
+        "initializer_range": 0.02,
+        "use_cache": True,
+        "dtype": dtype,
     }
     out["rope_parameters"].setdefault("partial_rotary_factor", 1.0)
     if family == "phi":
-        out.update(num_key_value_heads=v["kv_heads"], qk_layernorm=False, resid_pdrop=0.0, embd_pdrop=0.0)
+        out.update(
+            num_key_value_heads=v["kv_heads"], qk_layernorm=False, resid_pdrop=0.0, embd_pdrop=0.0
+        )
     else:
-        out.update(use_parallel_residual=True, attention_bias=v["attn_bias"], hidden_dropout=0.0,
-                   rotary_pct=out["rope_parameters"]["partial_rotary_factor"], rotary_emb_base=theta)
+        out.update(
+            use_parallel_residual=True,
+            attention_bias=v["attn_bias"],
+            hidden_dropout=0.0,
+            rotary_pct=out["rope_parameters"]["partial_rotary_factor"],
+            rotary_emb_base=theta,
+        )
     return out
 
 
 def _mamba2_config(v: dict, dtype: str) -> dict:
     """Mamba-2: attention-free blocks; transformers' Mamba2Config keys."""
     return {
-        "architectures": [FAMILIES["mamba2"]], "model_type": "mamba2", "vocab_size": v["vocab"],
-        "hidden_size": v["dim"], "num_hidden_layers": v["layers"], "num_heads": v["heads"],
-        "head_dim": v["ssm_head_dim"], "expand": v["ssm_expand"], "state_size": v["ssm_state"],
-        "n_groups": v["ssm_groups"], "conv_kernel": v["conv_kernel"], "chunk_size": v["chunk"],
-        "use_conv_bias": v["conv_bias"], "use_bias": False, "hidden_act": "silu",
-        "layer_norm_epsilon": v["norm_eps"], "tie_word_embeddings": v["tied"], "residual_in_fp32": True,
-        "initializer_range": 0.1, "use_cache": True, "dtype": dtype,
+        "architectures": [FAMILIES["mamba2"]],
+        "model_type": "mamba2",
+        "vocab_size": v["vocab"],
+        "hidden_size": v["dim"],
+        "num_hidden_layers": v["layers"],
+        "num_heads": v["heads"],
+        "head_dim": v["ssm_head_dim"],
+        "expand": v["ssm_expand"],
+        "state_size": v["ssm_state"],
+        "n_groups": v["ssm_groups"],
+        "conv_kernel": v["conv_kernel"],
+        "chunk_size": v["chunk"],
+        "use_conv_bias": v["conv_bias"],
+        "use_bias": False,
+        "hidden_act": "silu",
+        "layer_norm_epsilon": v["norm_eps"],
+        "tie_word_embeddings": v["tied"],
+        "residual_in_fp32": True,
+        "initializer_range": 0.1,
+        "use_cache": True,
+        "dtype": dtype,
     }
 
 
@@ -206,19 +298,41 @@ def _deepseek_config(v: dict, dtype: str) -> dict:
     theta = v["rope_theta"] if v["rope_theta"] is not None else 10000.0
     rope = rope_parameters({**v, "rope_dim": None}, theta)
     return {
-        "architectures": [FAMILIES["deepseek_v3"]], "model_type": "deepseek_v3", "vocab_size": v["vocab"],
-        "hidden_size": v["dim"], "intermediate_size": v["dense_hidden"] or v["hidden"],
-        "moe_intermediate_size": v["hidden"], "num_hidden_layers": v["dense_layers"] + v["layers"],
-        "first_k_dense_replace": v["dense_layers"], "num_attention_heads": v["heads"],
-        "num_key_value_heads": v["kv_heads"], "q_lora_rank": v["q_rank"] or None, "kv_lora_rank": v["kv_rank"],
-        "qk_nope_head_dim": v["nope_dim"], "qk_rope_head_dim": v["rope_dim"], "v_head_dim": v["v_head_dim"],
-        "rope_interleave": v["rope_interleaved"], "n_routed_experts": v["experts"],
-        "num_experts_per_tok": v["top_k"], "n_group": v["groups"], "topk_group": v["top_groups"],
-        "routed_scaling_factor": v["routed_scale"], "norm_topk_prob": v["normalize"],
-        "n_shared_experts": v["shared"], "hidden_act": "silu", "max_position_embeddings": v["max_seq"],
-        "rms_norm_eps": v["norm_eps"], "rope_theta": theta, "rope_parameters": rope,
-        "attention_bias": False, "tie_word_embeddings": v["tied"], "num_nextn_predict_layers": 0,
-        "attention_dropout": 0.0, "initializer_range": 0.02, "use_cache": True, "dtype": dtype,
+        "architectures": [FAMILIES["deepseek_v3"]],
+        "model_type": "deepseek_v3",
+        "vocab_size": v["vocab"],
+        "hidden_size": v["dim"],
+        "intermediate_size": v["dense_hidden"] or v["hidden"],
+        "moe_intermediate_size": v["hidden"],
+        "num_hidden_layers": v["dense_layers"] + v["layers"],
+        "first_k_dense_replace": v["dense_layers"],
+        "num_attention_heads": v["heads"],
+        "num_key_value_heads": v["kv_heads"],
+        "q_lora_rank": v["q_rank"] or None,
+        "kv_lora_rank": v["kv_rank"],
+        "qk_nope_head_dim": v["nope_dim"],
+        "qk_rope_head_dim": v["rope_dim"],
+        "v_head_dim": v["v_head_dim"],
+        "rope_interleave": v["rope_interleaved"],
+        "n_routed_experts": v["experts"],
+        "num_experts_per_tok": v["top_k"],
+        "n_group": v["groups"],
+        "topk_group": v["top_groups"],
+        "routed_scaling_factor": v["routed_scale"],
+        "norm_topk_prob": v["normalize"],
+        "n_shared_experts": v["shared"],
+        "hidden_act": "silu",
+        "max_position_embeddings": v["max_seq"],
+        "rms_norm_eps": v["norm_eps"],
+        "rope_theta": theta,
+        "rope_parameters": rope,
+        "attention_bias": False,
+        "tie_word_embeddings": v["tied"],
+        "num_nextn_predict_layers": 0,
+        "attention_dropout": 0.0,
+        "initializer_range": 0.02,
+        "use_cache": True,
+        "dtype": dtype,
     }
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sys
-from typing import Callable
+from collections.abc import Callable
 
 from axdsl.errors import CompileError
 
@@ -36,5 +36,8 @@ def exit_code(command: Callable[..., None], *args) -> int:
 def warn_capacity(arch, family: str) -> None:
     """A spec MoE that drops tokens over capacity computes other logits than the HF model."""
     if arch.values.get("capacity_factor", 0.0) > 0:
-        print(f"warning: `{arch.name}` drops tokens over expert capacity (capacity_factor = "
-              f"{arch['capacity_factor']}); {family} does not, so logits can differ", file=sys.stderr)
+        print(
+            f"warning: `{arch.name}` drops tokens over expert capacity (capacity_factor = "
+            f"{arch['capacity_factor']}); {family} does not, so logits can differ",
+            file=sys.stderr,
+        )

@@ -33,14 +33,20 @@ def _shape_problems(arch: Arch, stored: dict[tuple[str, ...], Any]) -> list[str]
         if p not in stored:
             out.append(f"the checkpoint has no {'/'.join(p)}")
         elif tuple(stored[p].shape) != shape:
-            out.append(f"{'/'.join(p)}: checkpoint shape {tuple(stored[p].shape)}, spec shape {shape}")
-    out += [f"the checkpoint's {'/'.join(p)} is not a parameter of the spec" for p in stored
-            if p not in arch.params]
+            out.append(
+                f"{'/'.join(p)}: checkpoint shape {tuple(stored[p].shape)}, spec shape {shape}"
+            )
+    out += [
+        f"the checkpoint's {'/'.join(p)} is not a parameter of the spec"
+        for p in stored
+        if p not in arch.params
+    ]
     return out
 
 
-def _checkpointed_model(archs: list[Arch], model: str | None, spec: Path, path: Path,
-                        stored: dict) -> Arch:
+def _checkpointed_model(
+    archs: list[Arch], model: str | None, spec: Path, path: Path, stored: dict
+) -> Arch:
     """The model `model`, whose shapes the checkpoint must have; by default the first that has them."""
     if model is not None:
         arch = pick(archs, model, spec)
@@ -51,24 +57,31 @@ def _checkpointed_model(archs: list[Arch], model: str | None, spec: Path, path: 
     found = [(a, _shape_problems(a, stored)) for a in archs]
     ok = [a for a, problems in found if not problems]
     if not ok:
-        raise HFError(f"{path} matches no model of {spec}",
-                      [f"{a.name}: {p}" for a, problems in found for p in problems[:5]])
+        raise HFError(
+            f"{path} matches no model of {spec}",
+            [f"{a.name}: {p}" for a, problems in found for p in problems[:5]],
+        )
     return ok[0]
 
 
 def _check_out_dir(out: Path) -> None:
     taken = [p.name for p in out.glob("*.safetensors")] + [
-        p.name for p in (out / "config.json", out / "model.safetensors.index.json") if p.exists()]
+        p.name for p in (out / "config.json", out / "model.safetensors.index.json") if p.exists()
+    ]
     if taken:
         raise HFError(f"{out} already holds a model", [f"remove {', '.join(sorted(taken))} first"])
 
 
-def _hf_tensors(family: str, arch: Arch, flat: dict[tuple[str, ...], np.ndarray]) -> dict[str, np.ndarray]:
+def _hf_tensors(
+    family: str, arch: Arch, flat: dict[tuple[str, ...], np.ndarray]
+) -> dict[str, np.ndarray]:
     """Every parameter as HF tensors (layer i of a stacked parameter as HF's layer i)."""
     tensors: dict[str, np.ndarray] = {}
     for r in rules(family, arch, None):
         if r.layered:
-            for j, i in enumerate(r.layer_ids(arch["layers"])):  # slice j of the stack is HF layer i
+            for j, i in enumerate(
+                r.layer_ids(arch["layers"])
+            ):  # slice j of the stack is HF layer i
                 tensors.update(r.save(tuple(flat[p][j] for p in r.paths), i))
         else:
             tensors.update(r.save(tuple(flat[p] for p in r.paths), 0))
@@ -105,10 +118,14 @@ def _export_hf(spec: Path, ckpt_dir: Path, out: Path, model: str | None) -> None
     out.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
     (out / "model.safetensors").chmod(0o666 & ~_umask())  # safetensors writes 0600; others read it
-    (out / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    (out / "config.json").write_text(
+        json.dumps(cfg, indent=2, sort_keys=True) + "\n", encoding="utf-8"
+    )
     n = sum(int(a.size) for a in tensors.values())
-    print(f"wrote {out / 'config.json'} and {out / 'model.safetensors'}: {n:,} parameters of "
-          f"`{arch.name}` as {FAMILIES[family]}")
+    print(
+        f"wrote {out / 'config.json'} and {out / 'model.safetensors'}: {n:,} parameters of "
+        f"`{arch.name}` as {FAMILIES[family]}"
+    )
 
 
 def _umask() -> int:

@@ -13,11 +13,26 @@ from __future__ import annotations
 import math
 
 from axdsl.hf.errors import HFError
-from axdsl.hf.fields import (_SCALINGS, ROPE_ROWS, Config, Row, _fact, _head_dim, _key, _layers, _when,
-                             rope_parameters)
+from axdsl.hf.fields import (
+    _SCALINGS,
+    ROPE_ROWS,
+    Config,
+    Row,
+    _fact,
+    _head_dim,
+    _key,
+    _layers,
+    _when,
+    rope_parameters,
+)
 
 SLIDING, FULL = "sliding_attention", "full_attention"
-_ACTS = {"gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu_exact", "gelu_new": "gelu_tanh", "silu": "silu"}
+_ACTS = {
+    "gelu_pytorch_tanh": "gelu_tanh",
+    "gelu": "gelu_exact",
+    "gelu_new": "gelu_tanh",
+    "silu": "silu",
+}
 _ACTS_OUT = {"gelu_tanh": "gelu_pytorch_tanh", "gelu_exact": "gelu", "silu": "silu"}
 # Gemma 3's rotary kinds: transformers' rope_type -> (axdsl's rope_scaling, whether it reads `factor`)
 _GEMMA3_ROPE = {"default": "none", "linear": "linear"}
@@ -56,8 +71,11 @@ def _gemma3_rope_of(c: Config, kind: str) -> dict:
     if kind == SLIDING:
         return {"rope_type": "default", "rope_theta": c.get("rope_local_base_freq", 10000.0)}
     scaling = c.cfg.get("rope_scaling") or {}
-    return {"rope_type": scaling.get("rope_type", scaling.get("type", "default")),
-            "rope_theta": c.get("rope_theta", 1e6), **{k: v for k, v in scaling.items() if k == "factor"}}
+    return {
+        "rope_type": scaling.get("rope_type", scaling.get("type", "default")),
+        "rope_theta": c.get("rope_theta", 1e6),
+        **{k: v for k, v in scaling.items() if k == "factor"},
+    }
 
 
 def _gemma3_ropes(c: Config) -> tuple[tuple, ...]:
@@ -71,7 +89,9 @@ def _gemma3_ropes(c: Config) -> tuple[tuple, ...]:
     return tuple(out)
 
 
-def _common(vocab: int, dim: int, hidden: int, softcap: float | None, logit_softcap: float | None) -> tuple:
+def _common(
+    vocab: int, dim: int, hidden: int, softcap: float | None, logit_softcap: float | None
+) -> tuple:
     """The rows Gemma 2 and 3 share, with the defaults of their transformers config classes."""
     return (
         _key("vocab_size", vocab, "vocab"),
@@ -90,60 +110,112 @@ def _common(vocab: int, dim: int, hidden: int, softcap: float | None, logit_soft
         Row("out_bias", "attention_bias", lambda c: c.flag("attention_bias", False)),
         _fact("mlp", "GatedMLP"),
         Row("hidden", "intermediate_size", lambda c: c.get("intermediate_size", hidden)),
-        Row("act", "hidden_activation", lambda c: _ACTS.get(c.get("hidden_activation", "gelu_pytorch_tanh"),
-                                                            c.get("hidden_activation")),
-            lambda c: c.get("hidden_activation", "gelu_pytorch_tanh")),
+        Row(
+            "act",
+            "hidden_activation",
+            lambda c: _ACTS.get(
+                c.get("hidden_activation", "gelu_pytorch_tanh"), c.get("hidden_activation")
+            ),
+            lambda c: c.get("hidden_activation", "gelu_pytorch_tanh"),
+        ),
         _fact("block", "Block"),
         _fact("post_norms", True),
         _fact("head_bias", False),
-        Row("scale", "query_pre_attn_scalar", lambda c: float(c.get("query_pre_attn_scalar", 256)) ** -0.5,
-            lambda c: c.get("query_pre_attn_scalar", 256)),
-        Row("softcap", "attn_logit_softcapping",
+        Row(
+            "scale",
+            "query_pre_attn_scalar",
+            lambda c: float(c.get("query_pre_attn_scalar", 256)) ** -0.5,
+            lambda c: c.get("query_pre_attn_scalar", 256),
+        ),
+        Row(
+            "softcap",
+            "attn_logit_softcapping",
             lambda c: float(c.cfg.get("attn_logit_softcapping", softcap) or 0.0),
-            lambda c: c.cfg.get("attn_logit_softcapping", softcap)),
-        Row("logit_softcap", "final_logit_softcapping",
+            lambda c: c.cfg.get("attn_logit_softcapping", softcap),
+        ),
+        Row(
+            "logit_softcap",
+            "final_logit_softcapping",
             lambda c: float(c.cfg.get("final_logit_softcapping", logit_softcap) or 0.0),
-            lambda c: c.cfg.get("final_logit_softcapping", logit_softcap)),
-        Row("embed_multiplier", "hidden_size", lambda c: c.get("hidden_size", dim) ** 0.5,
-            lambda c: c.get("hidden_size", dim)),
+            lambda c: c.cfg.get("final_logit_softcapping", logit_softcap),
+        ),
+        Row(
+            "embed_multiplier",
+            "hidden_size",
+            lambda c: c.get("hidden_size", dim) ** 0.5,
+            lambda c: c.get("hidden_size", dim),
+        ),
     )
 
 
 GEMMA2_FIELDS = (
     *_common(256000, 2304, 9216, 50.0, 30.0),
     *ROPE_ROWS,
-    Row("layer_windows", "layer_types", _gemma2_windows, lambda c: [c.get("sliding_window", 4096), c.get("layer_types")]),
+    Row(
+        "layer_windows",
+        "layer_types",
+        _gemma2_windows,
+        lambda c: [c.get("sliding_window", 4096), c.get("layer_types")],
+    ),
     _fact("qk_norm", False),
 )
 GEMMA3_FIELDS = (
     *_common(262208, 2304, 9216, None, None),
     Row("rope_dim", "head_dim", _head_dim),
-    Row("layer_windows", "layer_types", _gemma3_windows,
-        lambda c: [c.get("sliding_window", 4096), c.get("layer_types") or f"every {_gemma3_period(c)}th global"]),
-    Row("layer_ropes", "rope_parameters", _gemma3_ropes,
-        lambda c: {k: _gemma3_rope_of(c, k) for k in (SLIDING, FULL)}),
+    Row(
+        "layer_windows",
+        "layer_types",
+        _gemma3_windows,
+        lambda c: [
+            c.get("sliding_window", 4096),
+            c.get("layer_types") or f"every {_gemma3_period(c)}th global",
+        ],
+    ),
+    Row(
+        "layer_ropes",
+        "rope_parameters",
+        _gemma3_ropes,
+        lambda c: {k: _gemma3_rope_of(c, k) for k in (SLIDING, FULL)},
+    ),
     _fact("qk_norm", True),
     Row("qk_norm_eps", "rms_norm_eps", lambda c: c.rms_eps),
 )
 
 
 def _layer_types_check(c: Config) -> str | None:
-    return _when(any(t not in (SLIDING, FULL) for t in c.get("layer_types") or []),
-                 f"layer_types={c.get('layer_types')} (sliding_attention and full_attention only)")
+    return _when(
+        any(t not in (SLIDING, FULL) for t in c.get("layer_types") or []),
+        f"layer_types={c.get('layer_types')} (sliding_attention and full_attention only)",
+    )
 
 
 GEMMA2_UNSUPPORTED: tuple = (
-    (None, lambda c: _when(c.rope[1] not in _SCALINGS,
-                           f"rope_type={c.rope[1]!r} (axdsl's rope scalings are {', '.join(_SCALINGS)})")),
+    (
+        None,
+        lambda c: _when(
+            c.rope[1] not in _SCALINGS,
+            f"rope_type={c.rope[1]!r} (axdsl's rope scalings are {', '.join(_SCALINGS)})",
+        ),
+    ),
     (None, _layer_types_check),
 )
 GEMMA3_UNSUPPORTED: tuple = (
     (None, _layer_types_check),
-    (None, lambda c: _when(any(s not in _GEMMA3_ROPE.values() for _, s, _ in _gemma3_ropes(c)),
-                           f"rope_parameters={c.cfg.get('rope_parameters') or c.cfg.get('rope_scaling')} "
-                           f"(Gemma 3's rope types here: {', '.join(_GEMMA3_ROPE)})")),
-    (None, lambda c: _when(c.cfg.get("use_bidirectional_attention", False),
-                           "use_bidirectional_attention=true (axdsl's Gemma 3 is causal)")),
+    (
+        None,
+        lambda c: _when(
+            any(s not in _GEMMA3_ROPE.values() for _, s, _ in _gemma3_ropes(c)),
+            f"rope_parameters={c.cfg.get('rope_parameters') or c.cfg.get('rope_scaling')} "
+            f"(Gemma 3's rope types here: {', '.join(_GEMMA3_ROPE)})",
+        ),
+    ),
+    (
+        None,
+        lambda c: _when(
+            c.cfg.get("use_bidirectional_attention", False),
+            "use_bidirectional_attention=true (axdsl's Gemma 3 is causal)",
+        ),
+    ),
 )
 
 
@@ -153,8 +225,10 @@ def _query_pre_attn_scalar(v: dict) -> int:
         return v["head_dim"]
     scalar = 1.0 / v["scale"] ** 2
     if not math.isclose(scalar, round(scalar), rel_tol=1e-9):
-        raise HFError(f"attention scale {v['scale']} is not query_pre_attn_scalar ** -0.5 for an int scalar",
-                      ["Gemma's config.json states the scale as an int query_pre_attn_scalar"])
+        raise HFError(
+            f"attention scale {v['scale']} is not query_pre_attn_scalar ** -0.5 for an int scalar",
+            ["Gemma's config.json states the scale as an int query_pre_attn_scalar"],
+        )
     return round(scalar)
 
 
@@ -162,27 +236,45 @@ def _shared_config(v: dict, family: str, architecture: str, dtype: str) -> dict:
     windows = v["layer_windows"]
     sliding = {w for w in windows if w}
     if len(sliding) > 1:
-        raise HFError(f"the sliding layers' windows differ ({', '.join(map(str, sorted(sliding)))})",
-                      [f"{architecture}'s config.json states one sliding_window"])
+        raise HFError(
+            f"the sliding layers' windows differ ({', '.join(map(str, sorted(sliding)))})",
+            [f"{architecture}'s config.json states one sliding_window"],
+        )
     return {
-        "architectures": [architecture], "model_type": family, "vocab_size": v["vocab"],
-        "hidden_size": v["dim"], "intermediate_size": v["hidden"], "num_hidden_layers": v["layers"],
-        "num_attention_heads": v["heads"], "num_key_value_heads": v["kv_heads"], "head_dim": v["head_dim"],
-        "hidden_activation": _ACTS_OUT.get(v["act"], v["act"]), "max_position_embeddings": v["max_seq"],
-        "rms_norm_eps": v["norm_eps"], "attention_bias": v["attn_bias"], "tie_word_embeddings": v["tied"],
+        "architectures": [architecture],
+        "model_type": family,
+        "vocab_size": v["vocab"],
+        "hidden_size": v["dim"],
+        "intermediate_size": v["hidden"],
+        "num_hidden_layers": v["layers"],
+        "num_attention_heads": v["heads"],
+        "num_key_value_heads": v["kv_heads"],
+        "head_dim": v["head_dim"],
+        "hidden_activation": _ACTS_OUT.get(v["act"], v["act"]),
+        "max_position_embeddings": v["max_seq"],
+        "rms_norm_eps": v["norm_eps"],
+        "attention_bias": v["attn_bias"],
+        "tie_word_embeddings": v["tied"],
         "query_pre_attn_scalar": _query_pre_attn_scalar(v),
-        "attn_logit_softcapping": v["softcap"] or None, "final_logit_softcapping": v["logit_softcap"] or None,
+        "attn_logit_softcapping": v["softcap"] or None,
+        "final_logit_softcapping": v["logit_softcap"] or None,
         "sliding_window": sliding.pop() if sliding else None,
         "layer_types": [SLIDING if w else FULL for w in windows],
-        "attention_dropout": 0.0, "initializer_range": 0.02, "use_cache": True, "dtype": dtype,
+        "attention_dropout": 0.0,
+        "initializer_range": 0.02,
+        "use_cache": True,
+        "dtype": dtype,
     }
 
 
 def gemma2_config(v: dict, dtype: str) -> dict:
     """Gemma 2: sandwich norms, GeGLU, soft caps, alternating sliding and full attention."""
     theta = v["rope_theta"] if v["rope_theta"] is not None else 10000.0
-    return {**_shared_config(v, "gemma2", "Gemma2ForCausalLM", dtype), "rope_theta": theta,
-            "rope_parameters": rope_parameters(v, theta)}
+    return {
+        **_shared_config(v, "gemma2", "Gemma2ForCausalLM", dtype),
+        "rope_theta": theta,
+        "rope_parameters": rope_parameters(v, theta),
+    }
 
 
 def gemma3_config(v: dict, dtype: str) -> dict:
@@ -194,6 +286,8 @@ def gemma3_config(v: dict, dtype: str) -> dict:
         if scaling == "linear":
             p["factor"] = factor
         if params.setdefault(kind, p) != p:
-            raise HFError(f"the {kind} layers' rotary embeddings differ",
-                          ["Gemma 3's config.json states one rotary embedding per layer type"])
+            raise HFError(
+                f"the {kind} layers' rotary embeddings differ",
+                ["Gemma 3's config.json states one rotary embedding per layer type"],
+            )
     return {**out, "rope_parameters": params}

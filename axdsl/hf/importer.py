@@ -26,7 +26,9 @@ from axdsl.hf.safetensors_io import Reader, need_safetensors
 
 def import_hf(spec: Path, hf_dir: Path, model: str | None = None, out: Path | None = None) -> int:
     """`axdsl import-hf`: HF safetensors -> an orbax params checkpoint. Returns the exit code."""
-    return exit_code(_import_hf, Path(spec), Path(hf_dir), model, None if out is None else Path(out))
+    return exit_code(
+        _import_hf, Path(spec), Path(hf_dir), model, None if out is None else Path(out)
+    )
 
 
 def _read_config(hf_dir: Path) -> dict:
@@ -66,8 +68,10 @@ def _map_tensors(arch: Arch, rs: list[Rule], reader: Reader) -> tuple[dict, list
         for p, a in zip(r.paths, arrays):
             shape, dtype = arch.params[p]
             if tuple(a.shape) != shape:
-                problems.append(f"{'/'.join(p)}: the HF tensors give shape {tuple(a.shape)}, "
-                                f"the spec expects {shape}")
+                problems.append(
+                    f"{'/'.join(p)}: the HF tensors give shape {tuple(a.shape)}, "
+                    f"the spec expects {shape}"
+                )
                 continue
             out[p] = np.asarray(a).astype(jnp.dtype(dtype))
         reader.cache.clear()
@@ -89,11 +93,19 @@ def _leftovers(arch: Arch, rs: list[Rule], reader: Reader, out: dict) -> list[st
             problems.append(f"no HF tensor maps to the spec's parameter {'/'.join(p)}")
     skipped = sorted(k for k in keys - reader.used if BERT_SKIPPED.search(k))
     if skipped:
-        print(f"note: skipped {len(skipped)} tensors BertForMaskedLM does not have (the pooler, the "
-              f"next-sentence head): {', '.join(skipped)}", file=sys.stderr)
-    unused = sorted(k for k in keys - reader.used if not BUFFERS.search(k) and not BERT_SKIPPED.search(k))
-    problems += [f"HF tensor {k} {list(reader.where[k].get_slice(k).get_shape())} maps to no "
-                 f"parameter of the spec" for k in unused]
+        print(
+            f"note: skipped {len(skipped)} tensors BertForMaskedLM does not have (the pooler, the "
+            f"next-sentence head): {', '.join(skipped)}",
+            file=sys.stderr,
+        )
+    unused = sorted(
+        k for k in keys - reader.used if not BUFFERS.search(k) and not BERT_SKIPPED.search(k)
+    )
+    problems += [
+        f"HF tensor {k} {list(reader.where[k].get_slice(k).get_shape())} maps to no "
+        f"parameter of the spec"
+        for k in unused
+    ]
     return problems
 
 
@@ -105,20 +117,25 @@ def convert_from_hf(arch: Arch, family: str, hf_dir: Path) -> dict[tuple[str, ..
         out, problems = _map_tensors(arch, rs, reader)
         problems += _leftovers(arch, rs, reader, out)
         if problems:
-            raise HFError(f"the tensors in {hf_dir} do not fill the spec's model `{arch.name}`",
-                          problems)
+            raise HFError(
+                f"the tensors in {hf_dir} do not fill the spec's model `{arch.name}`", problems
+            )
     return out
 
 
-def _matching_model(archs: list[Arch], model: str | None, spec: Path, hf_dir: Path,
-                    family: str, cfg: dict) -> Arch:
+def _matching_model(
+    archs: list[Arch], model: str | None, spec: Path, hf_dir: Path, family: str, cfg: dict
+) -> Arch:
     """The model `model`, which config.json must match; by default the first that matches."""
     if model is not None:
         arch = pick(archs, model, spec)
         problems = mismatches(arch, family, cfg)
         if problems:
-            raise HFError(f"{hf_dir / 'config.json'} ({family}) does not match model `{arch.name}` "
-                          f"of {spec}", problems)
+            raise HFError(
+                f"{hf_dir / 'config.json'} ({family}) does not match model `{arch.name}` "
+                f"of {spec}",
+                problems,
+            )
         return arch
     found = [(a, mismatches(a, family, cfg)) for a in archs]
     ok = [a for a, problems in found if not problems]
@@ -128,7 +145,9 @@ def _matching_model(archs: list[Arch], model: str | None, spec: Path, hf_dir: Pa
     return ok[0]
 
 
-IMPORT_INFO = "import.json"  # beside the params checkpoint: what `axdsl sample` needs to rebuild the model
+IMPORT_INFO = (
+    "import.json"  # beside the params checkpoint: what `axdsl sample` needs to rebuild the model
+)
 
 
 def write_import_info(out: Path, spec: Path, model: str, hf_dir: Path) -> None:
@@ -136,8 +155,12 @@ def write_import_info(out: Path, spec: Path, model: str, hf_dir: Path) -> None:
     build the model and read the parameters without being told them again."""
     import json
 
-    info = {"spec": str(spec.absolute()), "model": model, "hf_dir": str(hf_dir.absolute()),
-            "params": out.name}
+    info = {
+        "spec": str(spec.absolute()),
+        "model": model,
+        "hf_dir": str(hf_dir.absolute()),
+        "params": out.name,
+    }
     (out.parent / IMPORT_INFO).write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 
@@ -63,23 +63,35 @@ class _Rules:
             path = self.block + path.removeprefix("blocks")
         p = tuple(path.split("/"))
         if p in self.arch.params:
-            self.out.append(Rule((p,), layered, lambda g, i: (load(g, i),), lambda a, i: save(a[0], i)))
+            self.out.append(
+                Rule((p,), layered, lambda g, i: (load(g, i),), lambda a, i: save(a[0], i))
+            )
 
     def same(self, path: str, key: str, layered: bool = True) -> None:  # stored as it is
         self.rule(path, layered, lambda g, i: g(key.format(i=i)), lambda a, i: {key.format(i=i): a})
 
     def linear_in(self, path: str, key: str) -> None:  # nn.Linear [out, in] -> [in, out]
-        self.rule(path, True, lambda g, i: _T(g(key.format(i=i))), lambda a, i: {key.format(i=i): _T(a)})
+        self.rule(
+            path, True, lambda g, i: _T(g(key.format(i=i))), lambda a, i: {key.format(i=i): _T(a)}
+        )
 
     def heads_in(self, path: str, key: str, n: int) -> None:  # [n*hd, dim] -> [dim, n, hd]
         dim, _, _, hd = self.dims
-        self.rule(path, True, lambda g, i: _T(g(key.format(i=i))).reshape(dim, n, hd),
-                  lambda a, i: {key.format(i=i): _T(a.reshape(dim, n * hd))})
+        self.rule(
+            path,
+            True,
+            lambda g, i: _T(g(key.format(i=i))).reshape(dim, n, hd),
+            lambda a, i: {key.format(i=i): _T(a.reshape(dim, n * hd))},
+        )
 
     def heads_bias(self, path: str, key: str, n: int) -> None:  # [n*hd] -> [n, hd]
         hd = self.dims[3]
-        self.rule(path, True, lambda g, i: g(key.format(i=i)).reshape(n, hd),
-                  lambda a, i: {key.format(i=i): a.reshape(n * hd)})
+        self.rule(
+            path,
+            True,
+            lambda g, i: g(key.format(i=i)).reshape(n, hd),
+            lambda a, i: {key.format(i=i): a.reshape(n * hd)},
+        )
 
 
 def rules(family: str, arch: Arch, keys: set[str] | None) -> list[Rule]:
@@ -93,8 +105,16 @@ def rules(family: str, arch: Arch, keys: set[str] | None) -> list[Rule]:
     if family == "t5":  # an encoder-decoder: axdsl/hf/t5.py
         from axdsl.hf.t5 import mappings
 
-        return [Rule((m.path,), m.layers is not None, lambda g, i, m=m: (m.load(g, i),),
-                     lambda a, i, m=m: m.save(a[0], i), m.layers) for m in mappings(arch, keys)]
+        return [
+            Rule(
+                (m.path,),
+                m.layers is not None,
+                lambda g, i, m=m: (m.load(g, i),),
+                lambda a, i, m=m: m.save(a[0], i),
+                m.layers,
+            )
+            for m in mappings(arch, keys)
+        ]
     if arch.pattern:
         return _pattern_rules(family, arch, keys)
     return _family_rules(family, _Rules(arch, keys), keys)
@@ -118,12 +138,18 @@ def _pattern_rules(family: str, arch: Arch, keys: set[str] | None) -> list[Rule]
         layer = scanned + e
         for rule in _family_rules(family, _Rules(arch, keys, block=f"blocks/tail/{e}"), keys):
             if rule.layered:
-                out.append(Rule(rule.paths, False, lambda g, _, r=rule, i=layer: r.load(g, i),
-                                lambda a, _, r=rule, i=layer: r.save(a, i)))
+                out.append(
+                    Rule(
+                        rule.paths,
+                        False,
+                        lambda g, _, r=rule, i=layer: r.load(g, i),
+                        lambda a, _, r=rule, i=layer: r.save(a, i),
+                    )
+                )
     return out
 
 
-def _family_rules(family: str, r: "_Rules", keys: set[str] | None) -> list[Rule]:
+def _family_rules(family: str, r: _Rules, keys: set[str] | None) -> list[Rule]:
     head = "lm_head"
     if family == "gpt2":
         _gpt2_rules(r)
@@ -133,11 +159,15 @@ def _family_rules(family: str, r: "_Rules", keys: set[str] | None) -> list[Rule]
         _mamba2_rules(r)
     elif family == "gpt_neox":
         _neox_rules(r)
-        if keys is None or "embed_out.weight" in keys:  # the hub's name (transformers 5 renames it lm_head)
+        if (
+            keys is None or "embed_out.weight" in keys
+        ):  # the hub's name (transformers 5 renames it lm_head)
             head = "embed_out"
     else:
         _decoder_rules(r, family)
-    r.rule("head", False, lambda g, i: _T(g(f"{head}.weight")), lambda w, i: {f"{head}.weight": _T(w)})
+    r.rule(
+        "head", False, lambda g, i: _T(g(f"{head}.weight")), lambda w, i: {f"{head}.weight": _T(w)}
+    )
     r.same("head_b", f"{head}.bias", False)
     return r.out
 
@@ -154,18 +184,40 @@ def _gpt2_rules(r: _Rules) -> None:
         r.same(f"blocks/{ours}/shift", h + theirs + ".bias")
     r.same("final_norm/scale", pre + "ln_f.weight", False)
     r.same("final_norm/shift", pre + "ln_f.bias", False)
-    r.out.append(Rule(
-        tuple(("blocks", "attn", n) for n in ("wq", "wk", "wv")), True,
-        lambda g, i: tuple(w.reshape(dim, heads, hd)
-                           for w in np.split(g(h.format(i=i) + "attn.c_attn.weight"), 3, axis=1)),
-        lambda a, i: {h.format(i=i) + "attn.c_attn.weight": np.ascontiguousarray(
-            np.concatenate([w.reshape(dim, heads * hd) for w in a], axis=1))}))
-    r.out.append(Rule(
-        tuple(("blocks", "attn", n) for n in ("bq", "bk", "bv")), True,
-        lambda g, i: tuple(b.reshape(heads, hd) for b in np.split(g(h.format(i=i) + "attn.c_attn.bias"), 3)),
-        lambda a, i: {h.format(i=i) + "attn.c_attn.bias": np.concatenate([b.reshape(-1) for b in a])}))
-    r.rule("blocks/attn/wo", True, lambda g, i: g(h.format(i=i) + "attn.c_proj.weight").reshape(heads, hd, dim),
-           lambda a, i: {h.format(i=i) + "attn.c_proj.weight": a.reshape(heads * hd, dim)})
+    r.out.append(
+        Rule(
+            tuple(("blocks", "attn", n) for n in ("wq", "wk", "wv")),
+            True,
+            lambda g, i: tuple(
+                w.reshape(dim, heads, hd)
+                for w in np.split(g(h.format(i=i) + "attn.c_attn.weight"), 3, axis=1)
+            ),
+            lambda a, i: {
+                h.format(i=i)
+                + "attn.c_attn.weight": np.ascontiguousarray(
+                    np.concatenate([w.reshape(dim, heads * hd) for w in a], axis=1)
+                )
+            },
+        )
+    )
+    r.out.append(
+        Rule(
+            tuple(("blocks", "attn", n) for n in ("bq", "bk", "bv")),
+            True,
+            lambda g, i: tuple(
+                b.reshape(heads, hd) for b in np.split(g(h.format(i=i) + "attn.c_attn.bias"), 3)
+            ),
+            lambda a, i: {
+                h.format(i=i) + "attn.c_attn.bias": np.concatenate([b.reshape(-1) for b in a])
+            },
+        )
+    )
+    r.rule(
+        "blocks/attn/wo",
+        True,
+        lambda g, i: g(h.format(i=i) + "attn.c_proj.weight").reshape(heads, hd, dim),
+        lambda a, i: {h.format(i=i) + "attn.c_proj.weight": a.reshape(heads * hd, dim)},
+    )
     r.same("blocks/attn/bo", h + "attn.c_proj.bias")
     r.same("blocks/mlp/w_in", h + "mlp.c_fc.weight")
     r.same("blocks/mlp/b_in", h + "mlp.c_fc.bias")
@@ -181,7 +233,10 @@ def _decoder_rules(r: _Rules, family: str) -> None:
     r.same("embed/table", pre + "embed_tokens.weight", False)
     r.same("final_norm/scale", pre + "norm.weight", False)
     r.same("blocks/attn_norm/scale", L + "input_layernorm.weight")
-    if family in ("gemma2", "gemma3_text"):  # sandwich norms: post_attention_layernorm follows attention
+    if family in (
+        "gemma2",
+        "gemma3_text",
+    ):  # sandwich norms: post_attention_layernorm follows attention
         r.same("blocks/attn_post_norm/scale", L + "post_attention_layernorm.weight")
         r.same("blocks/mlp_norm/scale", L + "pre_feedforward_layernorm.weight")
         r.same("blocks/mlp_post_norm/scale", L + "post_feedforward_layernorm.weight")
@@ -191,8 +246,12 @@ def _decoder_rules(r: _Rules, family: str) -> None:
     r.heads_in("blocks/attn/wq", a + "q_proj.weight", heads)
     r.heads_in("blocks/attn/wk", a + "k_proj.weight", kv)
     r.heads_in("blocks/attn/wv", a + "v_proj.weight", kv)
-    r.rule("blocks/attn/wo", True, lambda g, i: _T(g(a.format(i=i) + "o_proj.weight")).reshape(heads, hd, dim),
-           lambda w, i: {a.format(i=i) + "o_proj.weight": _T(w.reshape(heads * hd, dim))})
+    r.rule(
+        "blocks/attn/wo",
+        True,
+        lambda g, i: _T(g(a.format(i=i) + "o_proj.weight")).reshape(heads, hd, dim),
+        lambda w, i: {a.format(i=i) + "o_proj.weight": _T(w.reshape(heads * hd, dim))},
+    )
     r.heads_bias("blocks/attn/bq", a + "q_proj.bias", heads)
     r.heads_bias("blocks/attn/bk", a + "k_proj.bias", kv)
     r.heads_bias("blocks/attn/bv", a + "v_proj.bias", kv)
@@ -223,8 +282,12 @@ def _linear(r: _Rules, ours: str, theirs: str) -> None:
 def _out_proj(r: _Rules, key: str) -> None:
     """The attention output projection [dim, heads*hd] -> wo [heads, hd, dim], and its bias."""
     dim, heads, _, hd = r.dims
-    r.rule("blocks/attn/wo", True, lambda g, i: _T(g(key.format(i=i) + ".weight")).reshape(heads, hd, dim),
-           lambda w, i: {key.format(i=i) + ".weight": _T(w.reshape(heads * hd, dim))})
+    r.rule(
+        "blocks/attn/wo",
+        True,
+        lambda g, i: _T(g(key.format(i=i) + ".weight")).reshape(heads, hd, dim),
+        lambda w, i: {key.format(i=i) + ".weight": _T(w.reshape(heads * hd, dim))},
+    )
     r.same("blocks/attn/bo", key + ".bias")
 
 
@@ -276,20 +339,32 @@ def _neox_rules(r: _Rules) -> None:
     if all(("blocks", "attn", n) in r.arch.params for n in names):
         r.out.append(Rule(tuple(("blocks", "attn", n) for n in names), True, load_w, save_w))
     if all(("blocks", "attn", n) in r.arch.params for n in ("bq", "bk", "bv")):
-        r.out.append(Rule(tuple(("blocks", "attn", n) for n in ("bq", "bk", "bv")), True, load_b, save_b))
+        r.out.append(
+            Rule(tuple(("blocks", "attn", n) for n in ("bq", "bk", "bv")), True, load_b, save_b)
+        )
     _out_proj(r, L + "attention.dense")
     _linear(r, "blocks/mlp/in", L + "mlp.dense_h_to_4h")
     _linear(r, "blocks/mlp/out", L + "mlp.dense_4h_to_h")
 
 
-def _split_rule(r: _Rules, paths: tuple[tuple[str, ...], ...], sizes: tuple[int, ...], load_one, save_one) -> None:
+def _split_rule(
+    r: _Rules, paths: tuple[tuple[str, ...], ...], sizes: tuple[int, ...], load_one, save_one
+) -> None:
     """One HF tensor holding several axdsl parameters side by side on its last axis (as loaded):
     `load_one(g, i)` gives it, `save_one(whole, i)` writes it back; the parts have `sizes`."""
     if not all(p in r.arch.params for p in paths):
         return
     cuts = np.cumsum(sizes)[:-1]
-    r.out.append(Rule(paths, True, lambda g, i: tuple(np.ascontiguousarray(a) for a in np.split(load_one(g, i), cuts, axis=-1)),
-                      lambda a, i: save_one(np.concatenate(a, axis=-1), i)))
+    r.out.append(
+        Rule(
+            paths,
+            True,
+            lambda g, i: tuple(
+                np.ascontiguousarray(a) for a in np.split(load_one(g, i), cuts, axis=-1)
+            ),
+            lambda a, i: save_one(np.concatenate(a, axis=-1), i),
+        )
+    )
 
 
 def _mamba2_rules(r: _Rules) -> None:
@@ -300,21 +375,39 @@ def _mamba2_rules(r: _Rules) -> None:
     pre = r.prefix("backbone.")
     L = pre + "layers.{i}."
     m = L + "mixer."
-    embed = "embedding" if r.keys is not None and pre + "embedding.weight" in r.keys else "embeddings"
-    r.same("embed/table", pre + embed + ".weight", False)  # mamba_ssm's name (transformers renames it on load)
+    embed = (
+        "embedding" if r.keys is not None and pre + "embedding.weight" in r.keys else "embeddings"
+    )
+    r.same(
+        "embed/table", pre + embed + ".weight", False
+    )  # mamba_ssm's name (transformers renames it on load)
     r.same("final_norm/scale", pre + "norm_f.weight", False)
     r.same("blocks/norm/scale", L + "norm.weight")
     mixer = tuple(r.block.split("/")) + ("mixer",)
     key = m + "in_proj.weight"
-    _split_rule(r, tuple(mixer + (n,) for n in ("in_z", "in_x", "in_b", "in_c", "in_dt")), (inner, inner, gs, gs, heads),
-                lambda g, i: _T(g(key.format(i=i))), lambda w, i: {key.format(i=i): _T(w)})
+    _split_rule(
+        r,
+        tuple(mixer + (n,) for n in ("in_z", "in_x", "in_b", "in_c", "in_dt")),
+        (inner, inner, gs, gs, heads),
+        lambda g, i: _T(g(key.format(i=i))),
+        lambda w, i: {key.format(i=i): _T(w)},
+    )
     conv_w, conv_b = m + "conv1d.weight", m + "conv1d.bias"
     convs = ("conv_x", "conv_b", "conv_c")
-    _split_rule(r, tuple(mixer + (n, "w") for n in convs), (inner, gs, gs),
-                lambda g, i: _T(g(conv_w.format(i=i))[:, 0, :]),  # [channels, 1, taps] -> [taps, channels]
-                lambda w, i: {conv_w.format(i=i): _T(w)[:, None, :]})
-    _split_rule(r, tuple(mixer + (n, "b") for n in convs), (inner, gs, gs),
-                lambda g, i: g(conv_b.format(i=i)), lambda b, i: {conv_b.format(i=i): b})
+    _split_rule(
+        r,
+        tuple(mixer + (n, "w") for n in convs),
+        (inner, gs, gs),
+        lambda g, i: _T(g(conv_w.format(i=i))[:, 0, :]),  # [channels, 1, taps] -> [taps, channels]
+        lambda w, i: {conv_w.format(i=i): _T(w)[:, None, :]},
+    )
+    _split_rule(
+        r,
+        tuple(mixer + (n, "b") for n in convs),
+        (inner, gs, gs),
+        lambda g, i: g(conv_b.format(i=i)),
+        lambda b, i: {conv_b.format(i=i): b},
+    )
     for name in ("dt_bias", "A_log", "D"):
         r.same(f"blocks/mixer/{name}", m + name)
     r.same("blocks/mixer/norm/scale", m + "norm.weight")
@@ -325,14 +418,21 @@ def _moe_block(family: str, keys: set[str] | None) -> tuple[str, tuple[str, str,
     """The MoE module's name and its experts' (gate, up, down) tensor names."""
     if family != "mixtral":
         return "mlp.", ("gate_proj", "up_proj", "down_proj")
-    if keys is not None and not any(".block_sparse_moe." in k or k.startswith("block_sparse_moe.")
-                                    for k in keys):
+    if keys is not None and not any(
+        ".block_sparse_moe." in k or k.startswith("block_sparse_moe.") for k in keys
+    ):
         return "mlp.", ("w1", "w3", "w2")  # renamed by transformers 5
     return "block_sparse_moe.", ("w1", "w3", "w2")
 
 
-def _moe_rules(family: str, experts: int, hidden: int, L: str, keys: set[str] | None,
-               block_path: str = "blocks") -> list[Rule]:
+def _moe_rules(
+    family: str,
+    experts: int,
+    hidden: int,
+    L: str,
+    keys: set[str] | None,
+    block_path: str = "blocks",
+) -> list[Rule]:
     """Router and experts: per-expert tensors (hub layout) or transformers 5's fused ones."""
     block, names = _moe_block(family, keys)
     m = L + block
@@ -341,18 +441,26 @@ def _moe_rules(family: str, experts: int, hidden: int, L: str, keys: set[str] | 
     def expert_key(i: int, e: int, n: str) -> str:
         return f"{m.format(i=i)}experts.{e}.{n}.weight"
 
-    router = Rule(((block_path, "mlp", "router"),), True,
-                  lambda g, i: (_T(g(m.format(i=i) + "gate.weight")),),
-                  lambda a, i: {m.format(i=i) + "gate.weight": _T(a[0])})
+    router = Rule(
+        ((block_path, "mlp", "router"),),
+        True,
+        lambda g, i: (_T(g(m.format(i=i) + "gate.weight")),),
+        lambda a, i: {m.format(i=i) + "gate.weight": _T(a[0])},
+    )
     paths = tuple((block_path, "mlp", n) for n in ("w_gate", "w_up", "w_down"))
     if fused:
+
         def load(g, i):
             gate_up = g(m.format(i=i) + "experts.gate_up_proj")  # [E, 2 * hidden, dim]
             down = g(m.format(i=i) + "experts.down_proj")  # [E, dim, hidden]
             return _T(gate_up[:, :hidden]), _T(gate_up[:, hidden:]), _T(down)
+
     else:
+
         def load(g, i):
-            return tuple(np.stack([_T(g(expert_key(i, e, n))) for e in range(experts)]) for n in names)
+            return tuple(
+                np.stack([_T(g(expert_key(i, e, n))) for e in range(experts)]) for n in names
+            )
 
     def save(a, i):
         return {expert_key(i, e, n): _T(w[e]) for n, w in zip(names, a) for e in range(experts)}
@@ -366,15 +474,22 @@ def _deepseek_rules(arch: Arch, keys: set[str] | None) -> list[Rule]:
     pre = r.prefix("model.")
     r.same("embed/table", pre + "embed_tokens.weight", False)
     r.same("final_norm/scale", pre + "norm.weight", False)
-    r.rule("head", False, lambda g, i: _T(g("lm_head.weight")), lambda w, i: {"lm_head.weight": _T(w)})
+    r.rule(
+        "head", False, lambda g, i: _T(g("lm_head.weight")), lambda w, i: {"lm_head.weight": _T(w)}
+    )
     dense = arch["dense_layers"] or 0
     out = list(r.out)
-    for block, ids in (("dense_blocks", range(dense)), ("blocks", range(dense, dense + arch["layers"]))):
+    for block, ids in (
+        ("dense_blocks", range(dense)),
+        ("blocks", range(dense, dense + arch["layers"])),
+    ):
         br = _Rules(arch, keys, block=block)
         moe = block == "blocks" and arch["mlp"] == "DeepSeekMoE"
         _latent_block_rules(br, pre + "layers.{i}.", moe)
         if moe:
-            br.out += _moe_rules("deepseek_v3", arch["experts"], arch["hidden"], pre + "layers.{i}.", keys, block)
+            br.out += _moe_rules(
+                "deepseek_v3", arch["experts"], arch["hidden"], pre + "layers.{i}.", keys, block
+            )
         out += [Rule(x.paths, True, x.load, x.save, tuple(ids)) for x in br.out]
     return out
 
@@ -388,9 +503,15 @@ def _latent_block_rules(r: _Rules, L: str, moe: bool) -> None:
     r.same("blocks/mlp_norm/scale", L + "post_attention_layernorm.weight")
     a = L + "self_attn."
 
-    def heads_in(path: str, key: str, rows: int, per_head: int) -> None:  # [heads*per_head, rows] -> [rows, heads, per_head]
-        r.rule(path, True, lambda g, i: _T(g(key.format(i=i))).reshape(rows, heads, per_head),
-               lambda w, i: {key.format(i=i): _T(w.reshape(rows, heads * per_head))})
+    def heads_in(
+        path: str, key: str, rows: int, per_head: int
+    ) -> None:  # [heads*per_head, rows] -> [rows, heads, per_head]
+        r.rule(
+            path,
+            True,
+            lambda g, i: _T(g(key.format(i=i))).reshape(rows, heads, per_head),
+            lambda w, i: {key.format(i=i): _T(w.reshape(rows, heads * per_head))},
+        )
 
     heads_in("blocks/attn/wq", a + "q_proj.weight", dim, qk)
     r.linear_in("blocks/attn/wq_a", a + "q_a_proj.weight")
@@ -400,8 +521,12 @@ def _latent_block_rules(r: _Rules, L: str, moe: bool) -> None:
     r.same("blocks/attn/kv_norm/scale", a + "kv_a_layernorm.weight")
     heads_in("blocks/attn/wkv_b", a + "kv_b_proj.weight", kv_rank, v["nope_dim"] + v["v_head_dim"])
     vd = v["v_head_dim"]
-    r.rule("blocks/attn/wo", True, lambda g, i: _T(g(a.format(i=i) + "o_proj.weight")).reshape(heads, vd, dim),
-           lambda w, i: {a.format(i=i) + "o_proj.weight": _T(w.reshape(heads * vd, dim))})
+    r.rule(
+        "blocks/attn/wo",
+        True,
+        lambda g, i: _T(g(a.format(i=i) + "o_proj.weight")).reshape(heads, vd, dim),
+        lambda w, i: {a.format(i=i) + "o_proj.weight": _T(w.reshape(heads * vd, dim))},
+    )
     for ours, theirs in (("w_gate", "gate_proj"), ("w_up", "up_proj"), ("w_down", "down_proj")):
         if moe:
             r.linear_in(f"blocks/mlp/shared_mlp/{ours}", L + f"mlp.shared_experts.{theirs}.weight")
@@ -430,7 +555,12 @@ def _bert_rules(arch: Arch, keys: set[str] | None) -> list[Rule]:
     _linear(r, "blocks/mlp/out", L + "output.dense")
     _layer_norm(r, "blocks/mlp_norm", L + "output.LayerNorm")
     t = "cls.predictions.transform."
-    r.rule("head_dense/w", False, lambda g, i: _T(g(t + "dense.weight")), lambda w, i: {t + "dense.weight": _T(w)})
+    r.rule(
+        "head_dense/w",
+        False,
+        lambda g, i: _T(g(t + "dense.weight")),
+        lambda w, i: {t + "dense.weight": _T(w)},
+    )
     r.same("head_dense/b", t + "dense.bias", False)
     _layer_norm(r, "head_norm", t + "LayerNorm", False)
     bias = "cls.predictions.bias"
@@ -442,20 +572,37 @@ def _bert_rules(arch: Arch, keys: set[str] | None) -> list[Rule]:
 
 def _vit_rules(r: _Rules) -> list[Rule]:
     """Every VisionTransformer parameter <-> ViTForImageClassification's tensors (axdsl/hf/vit.py
-    lists them): the hub's names, or transformers 5's in-memory ones (vit.layers.i.attention.q_proj)."""
+    lists them): the hub's names, or transformers 5's in-memory ones (vit.layers.i.attention.q_proj).
+    """
     dim, heads, _, _ = r.dims
     v = r.arch.values
     p, ch = v["patch"], v["channels"]
     e = "vit.embeddings."
-    r.rule("cls_token", False, lambda g, i: g(e + "cls_token").reshape(1, dim),
-           lambda a, i: {e + "cls_token": a.reshape(1, 1, dim)})
-    r.rule("pos_embed", False, lambda g, i: g(e + "position_embeddings")[0],
-           lambda a, i: {e + "position_embeddings": a[None]})
+    r.rule(
+        "cls_token",
+        False,
+        lambda g, i: g(e + "cls_token").reshape(1, dim),
+        lambda a, i: {e + "cls_token": a.reshape(1, 1, dim)},
+    )
+    r.rule(
+        "pos_embed",
+        False,
+        lambda g, i: g(e + "position_embeddings")[0],
+        lambda a, i: {e + "position_embeddings": a[None]},
+    )
     conv = e + "patch_embeddings.projection."
     # Conv2d [dim, C, p, p] -> [p, p, C, dim] -> [p*p*C, dim]: rows in the (row, column, channel) order
-    r.rule("patch_embed/w", False,
-           lambda g, i: np.ascontiguousarray(np.transpose(g(conv + "weight"), (2, 3, 1, 0)).reshape(p * p * ch, dim)),
-           lambda a, i: {conv + "weight": np.ascontiguousarray(np.transpose(a.reshape(p, p, ch, dim), (3, 2, 0, 1)))})
+    r.rule(
+        "patch_embed/w",
+        False,
+        lambda g, i: np.ascontiguousarray(
+            np.transpose(g(conv + "weight"), (2, 3, 1, 0)).reshape(p * p * ch, dim)
+        ),
+        lambda a, i: {
+            conv
+            + "weight": np.ascontiguousarray(np.transpose(a.reshape(p, p, ch, dim), (3, 2, 0, 1)))
+        },
+    )
     r.same("patch_embed/b", conv + "bias", False)
     if r.keys is not None and any(k.startswith("vit.layers.") for k in r.keys):
         L = "vit.layers.{i}."
@@ -474,6 +621,11 @@ def _vit_rules(r: _Rules) -> list[Rule]:
     _linear(r, "blocks/mlp/in", fc1)
     _linear(r, "blocks/mlp/out", fc2)
     _layer_norm(r, "final_norm", "vit.layernorm", False)
-    r.rule("head", False, lambda g, i: _T(g("classifier.weight")), lambda w, i: {"classifier.weight": _T(w)})
+    r.rule(
+        "head",
+        False,
+        lambda g, i: _T(g("classifier.weight")),
+        lambda w, i: {"classifier.weight": _T(w)},
+    )
     r.same("head_b", "classifier.bias", False)
     return r.out

@@ -36,16 +36,26 @@ def restore_item(path: Path, meta: dict, key: str) -> dict:
     import orbax.checkpoint as ocp
 
     one = jax.sharding.SingleDeviceSharding(jax.devices("cpu")[0])
-    abstract = {key: jax.tree.map(lambda m: jax.ShapeDtypeStruct(tuple(m.shape), m.dtype, sharding=one), meta[key])}
-    args = ocp.args.PyTreeRestore(item=abstract, partial_restore=True,
-                                  restore_args=ocp.checkpoint_utils.construct_restore_args(abstract))
+    abstract = {
+        key: jax.tree.map(
+            lambda m: jax.ShapeDtypeStruct(tuple(m.shape), m.dtype, sharding=one), meta[key]
+        )
+    }
+    args = ocp.args.PyTreeRestore(
+        item=abstract,
+        partial_restore=True,
+        restore_args=ocp.checkpoint_utils.construct_restore_args(abstract),
+    )
     with ocp.PyTreeCheckpointer() as ckptr:
         tree = ckptr.restore(path, args=args)[key]
     return jax.tree.map(np.asarray, tree)
 
 
-def merge(params: dict[tuple[str, ...], np.ndarray], adapters: dict[tuple[str, ...], np.ndarray],
-          scale: float) -> dict[tuple[str, ...], np.ndarray]:
+def merge(
+    params: dict[tuple[str, ...], np.ndarray],
+    adapters: dict[tuple[str, ...], np.ndarray],
+    scale: float,
+) -> dict[tuple[str, ...], np.ndarray]:
     """Flat params with each adapted W replaced by W + scale * (A @ B), in W's dtype."""
     out = dict(params)
     for key in {k[:-1] for k in adapters}:
@@ -75,8 +85,10 @@ def scale_of(path: Path, spec: Path) -> tuple[int, float]:
     except CompileError as exc:
         raise HFError(f"cannot read the lora(...) settings of {spec}: {exc}") from None
     if settings is None:
-        raise HFError(f"{path} holds LoRA adapters but neither its run.json nor {spec} says their scale",
-                      ["add the run's lora(rank = ..., alpha = ...) to the spec's train block"])
+        raise HFError(
+            f"{path} holds LoRA adapters but neither its run.json nor {spec} says their scale",
+            ["add the run's lora(rank = ..., alpha = ...) to the spec's train block"],
+        )
     return settings.value.rank, settings.value.alpha
 
 
@@ -97,7 +109,9 @@ def _export_lora(spec: Path, ckpt: Path, out: Path, merge_weights: bool) -> None
     path = path.absolute()
     meta = metadata_tree(path)
     if not has_adapters(meta):
-        raise HFError(f"{path} has no LoRA adapters", ["give a run trained with lora(...) in its train block"])
+        raise HFError(
+            f"{path} has no LoRA adapters", ["give a run trained with lora(...) in its train block"]
+        )
     if out.exists() and any(out.iterdir()):
         raise HFError(f"{out} exists and is not empty", ["choose a new directory"])
     rank, alpha = scale_of(path, spec)
@@ -111,6 +125,8 @@ def _export_lora(spec: Path, ckpt: Path, out: Path, merge_weights: bool) -> None
     save_params(out.absolute(), tree)
     if not merge_weights:
         targets = sorted("/".join(k[:-1]) for k in flatten(tree) if k[-1] == "a")
-        (out / "lora.json").write_text(json.dumps({"rank": rank, "alpha": alpha, "targets": targets}, indent=2) + "\n")
+        (out / "lora.json").write_text(
+            json.dumps({"rank": rank, "alpha": alpha, "targets": targets}, indent=2) + "\n"
+        )
     n = sum(int(a.size) for a in flatten(tree).values())
     print(f"wrote {out}: {n:,} parameters, {what}")

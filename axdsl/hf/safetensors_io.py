@@ -23,7 +23,9 @@ def weight_files(hf_dir: Path) -> list[Path]:
     index = hf_dir / "model.safetensors.index.json"
     if index.exists():
         try:
-            shards = sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values()))
+            shards = sorted(
+                set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values())
+            )
         except (OSError, ValueError, KeyError, AttributeError) as exc:
             raise HFError(f"cannot read {index}: {exc}") from None
         missing = [s for s in shards if not (hf_dir / s).exists()]
@@ -43,8 +45,10 @@ class Reader:
 
         files = weight_files(hf_dir)
         if not files:
-            raise HFError(f"no *.safetensors file in {hf_dir}",
-                          ["save the model with save_pretrained(..., safe_serialization=True)"])
+            raise HFError(
+                f"no *.safetensors file in {hf_dir}",
+                ["save the model with save_pretrained(..., safe_serialization=True)"],
+            )
         self.where: dict[str, Any] = {}
         dupes = []
         for f in files:
@@ -88,22 +92,26 @@ def check_file(path: Path) -> None:
     except OSError as exc:
         raise HFError(f"cannot read {path}: {exc.strerror or exc}") from None
     if n < 0 or n > size - 8:
-        raise HFError(f"{path} is not a safetensors file ({size} bytes, a header of "
-                      f"{max(n, 0)} bytes)", ["the file is empty or truncated: download it again"])
+        raise HFError(
+            f"{path} is not a safetensors file ({size} bytes, a header of " f"{max(n, 0)} bytes)",
+            ["the file is empty or truncated: download it again"],
+        )
     try:
         entries = json.loads(header)
         ends = [int(v["data_offsets"][1]) for k, v in entries.items() if k != "__metadata__"]
     except (ValueError, TypeError, KeyError, IndexError, AttributeError):
         raise HFError(f"{path} has a damaged header", ["download it again"]) from None
     if ends and max(ends) > size - 8 - n:
-        raise HFError(f"{path} is truncated: its tensors need {8 + n + max(ends)} bytes, the file has {size}",
-                      ["download it again"])
+        raise HFError(
+            f"{path} is truncated: its tensors need {8 + n + max(ends)} bytes, the file has {size}",
+            ["download it again"],
+        )
 
 
 def need_safetensors() -> None:
     try:
         import safetensors  # noqa: F401
     except ImportError:
-        raise HFError("Hugging Face interop needs the safetensors package",
-                      ["pip install safetensors"]) from None
-
+        raise HFError(
+            "Hugging Face interop needs the safetensors package", ["pip install safetensors"]
+        ) from None

@@ -35,7 +35,8 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
 
 import numpy as np
 
@@ -48,8 +49,15 @@ ROOT = "T5"  # std/t5.axl's root layer
 # the gated feed-forward's activation: GatedMLP act -> feed_forward_proj (transformers maps
 # "gated-gelu" to gelu_new, the tanh approximation)
 _ACTS = {"gelu_tanh": "gated-gelu", "silu": "gated-silu", "relu": "gated-relu"}
-_HF_ACTS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu_fast": "gelu_tanh",
-            "silu": "silu", "swish": "silu", "relu": "relu", "gelu": "gelu_exact"}
+_HF_ACTS = {
+    "gelu_new": "gelu_tanh",
+    "gelu_pytorch_tanh": "gelu_tanh",
+    "gelu_fast": "gelu_tanh",
+    "silu": "silu",
+    "swish": "silu",
+    "relu": "relu",
+    "gelu": "gelu_exact",
+}
 
 
 def _hv(inst, name: str, default: Any = None) -> Any:
@@ -57,10 +65,19 @@ def _hv(inst, name: str, default: Any = None) -> Any:
     return default if h is None else h.value.value
 
 
-def read_arch(arch: "Arch", root) -> "Arch":
+def read_arch(arch: Arch, root) -> Arch:
     """The facts of a std T5 model (root layer `T5`): sizes, buckets, norm eps, activation."""
     v, problems = arch.values, arch.problems
-    for k in ("vocab", "dim", "layers", "dec_layers", "heads", "head_dim", "buckets", "max_distance"):
+    for k in (
+        "vocab",
+        "dim",
+        "layers",
+        "dec_layers",
+        "heads",
+        "head_dim",
+        "buckets",
+        "max_distance",
+    ):
         v[k] = _hv(root, k)
     v.update(block=ROOT, tied=False, kv_heads=v["heads"])
     stacks = {"encoder": "T5EncoderBlock", "decoder": "T5DecoderBlock"}
@@ -72,13 +89,17 @@ def read_arch(arch: "Arch", root) -> "Arch":
     norms = [inst for inst in root.walk() if inst.path.rsplit("/", 1)[-1].endswith("norm")]
     kinds = {(n.layer, _hv(n, "eps")) for n in norms}
     if len(kinds) != 1 or next(iter(kinds))[0] != "RMSNorm":
-        problems.append("T5's norms must all be one RMSNorm (HF has one layer_norm_epsilon): "
-                        + ", ".join(f"{n.path} = {n.layer}(eps = {_hv(n, 'eps')})" for n in norms))
+        problems.append(
+            "T5's norms must all be one RMSNorm (HF has one layer_norm_epsilon): "
+            + ", ".join(f"{n.path} = {n.layer}(eps = {_hv(n, 'eps')})" for n in norms)
+        )
     v["norm"], v["norm_eps"] = norms[0].layer, _hv(norms[0], "eps")
     mlps = [root.child(name).child("mlp") for name in stacks]
     facts = {(m.layer, _hv(m, "act"), _hv(m, "hidden")) if m is not None else None for m in mlps}
     if len(facts) != 1 or mlps[0] is None or mlps[0].layer != "GatedMLP":
-        problems.append("T5's feed-forwards must be one GatedMLP in both stacks (HF's gated DenseReluDense)")
+        problems.append(
+            "T5's feed-forwards must be one GatedMLP in both stacks (HF's gated DenseReluDense)"
+        )
     else:
         v["act"], v["hidden"] = _hv(mlps[0], "act"), _hv(mlps[0], "hidden")
     return arch
@@ -107,35 +128,64 @@ def hf_values(cfg: dict) -> tuple[dict, dict, list[str]]:
         ("layers", "num_layers", layers),
         ("dec_layers", "num_decoder_layers", cfg.get("num_decoder_layers") or layers),
         ("heads", "num_heads", cfg.get("num_heads", 8)),
-        ("buckets", "relative_attention_num_buckets", cfg.get("relative_attention_num_buckets", 32)),
-        ("max_distance", "relative_attention_max_distance", cfg.get("relative_attention_max_distance", 128)),
+        (
+            "buckets",
+            "relative_attention_num_buckets",
+            cfg.get("relative_attention_num_buckets", 32),
+        ),
+        (
+            "max_distance",
+            "relative_attention_max_distance",
+            cfg.get("relative_attention_max_distance", 128),
+        ),
         ("norm_eps", "layer_norm_epsilon", float(cfg.get("layer_norm_epsilon", 1e-6))),
         ("act", "feed_forward_proj", _HF_ACTS.get(act_name, act_name)),
     ]
     vals = {f: v for f, _, v in rows}
-    src = {f: f"{k}={json.dumps(cfg.get(k, v) if k != 'feed_forward_proj' else proj)}" for f, k, v in rows}
+    src = {
+        f: f"{k}={json.dumps(cfg.get(k, v) if k != 'feed_forward_proj' else proj)}"
+        for f, k, v in rows
+    }
     unsupported = []
     if parts[0] != "gated" or len(parts) != 2:
-        unsupported.append(f"feed_forward_proj = {json.dumps(proj)} (std/t5.axl has T5 v1.1's gated "
-                           "feed-forward: gated-gelu, gated-silu or gated-relu)")
+        unsupported.append(
+            f"feed_forward_proj = {json.dumps(proj)} (std/t5.axl has T5 v1.1's gated "
+            "feed-forward: gated-gelu, gated-silu or gated-relu)"
+        )
     if _scale_decoder_outputs(cfg):
-        unsupported.append("T5 v1.0's tied head with decoder outputs scaled by d_model ** -0.5 "
-                           "(tie_word_embeddings true, or scale_decoder_outputs true); std/t5.axl is T5 v1.1")
+        unsupported.append(
+            "T5 v1.0's tied head with decoder outputs scaled by d_model ** -0.5 "
+            "(tie_word_embeddings true, or scale_decoder_outputs true); std/t5.axl is T5 v1.1"
+        )
     return vals, src, unsupported
 
 
-def hf_config(arch: "Arch", dtype: str) -> dict:
+def hf_config(arch: Arch, dtype: str) -> dict:
     """The config.json of a std T5 model (export), as google/flan-t5-base's states it."""
     v = arch.values
     return {
-        "architectures": [CLASS], "model_type": FAMILY, "vocab_size": v["vocab"], "d_model": v["dim"],
-        "d_kv": v["head_dim"], "d_ff": v["hidden"], "num_layers": v["layers"],
-        "num_decoder_layers": v["dec_layers"], "num_heads": v["heads"],
-        "relative_attention_num_buckets": v["buckets"], "relative_attention_max_distance": v["max_distance"],
-        "layer_norm_epsilon": v["norm_eps"], "feed_forward_proj": _ACTS.get(v["act"], v["act"]),
-        "tie_word_embeddings": False, "is_encoder_decoder": True, "dropout_rate": 0.0,
-        "initializer_factor": 1.0, "decoder_start_token_id": 0, "pad_token_id": 0, "eos_token_id": 1,
-        "use_cache": True, "dtype": dtype,
+        "architectures": [CLASS],
+        "model_type": FAMILY,
+        "vocab_size": v["vocab"],
+        "d_model": v["dim"],
+        "d_kv": v["head_dim"],
+        "d_ff": v["hidden"],
+        "num_layers": v["layers"],
+        "num_decoder_layers": v["dec_layers"],
+        "num_heads": v["heads"],
+        "relative_attention_num_buckets": v["buckets"],
+        "relative_attention_max_distance": v["max_distance"],
+        "layer_norm_epsilon": v["norm_eps"],
+        "feed_forward_proj": _ACTS.get(v["act"], v["act"]),
+        "tie_word_embeddings": False,
+        "is_encoder_decoder": True,
+        "dropout_rate": 0.0,
+        "initializer_factor": 1.0,
+        "decoder_start_token_id": 0,
+        "pad_token_id": 0,
+        "eos_token_id": 1,
+        "use_cache": True,
+        "dtype": dtype,
     }
 
 
@@ -154,7 +204,7 @@ class Mapping:
     layers: tuple[int, ...] | None = None
 
 
-def mappings(arch: "Arch", keys: set[str] | None) -> list[Mapping]:
+def mappings(arch: Arch, keys: set[str] | None) -> list[Mapping]:
     """Every parameter's mapping; the encoder's cover its `layers`, the decoder's `dec_layers`."""
     dim, heads, hd = arch["dim"], arch["heads"], arch["head_dim"]
     out: list[Mapping] = []
@@ -168,16 +218,26 @@ def mappings(arch: "Arch", keys: set[str] | None) -> list[Mapping]:
         add(path, lambda g, i: g(key.format(i=i)), lambda a, i: {key.format(i=i): a}, layers)
 
     def linear(path: str, key: str, layers: int) -> None:  # [out, in] -> [in, out]
-        add(path, lambda g, i: _T(g(key.format(i=i))), lambda a, i: {key.format(i=i): _T(a)}, layers)
+        add(
+            path, lambda g, i: _T(g(key.format(i=i))), lambda a, i: {key.format(i=i): _T(a)}, layers
+        )
 
     def attention(path: str, key: str, layers: int) -> None:
         for w in ("q", "k", "v"):
             k = f"{key}.{w}.weight"
-            add(f"{path}/w{w}", lambda g, i, k=k: _T(g(k.format(i=i))).reshape(dim, heads, hd),
-                lambda a, i, k=k: {k.format(i=i): _T(a.reshape(dim, heads * hd))}, layers)
+            add(
+                f"{path}/w{w}",
+                lambda g, i, k=k: _T(g(k.format(i=i))).reshape(dim, heads, hd),
+                lambda a, i, k=k: {k.format(i=i): _T(a.reshape(dim, heads * hd))},
+                layers,
+            )
         k = f"{key}.o.weight"
-        add(f"{path}/wo", lambda g, i: _T(g(k.format(i=i))).reshape(heads, hd, dim),
-            lambda a, i: {k.format(i=i): _T(a.reshape(heads * hd, dim))}, layers)
+        add(
+            f"{path}/wo",
+            lambda g, i: _T(g(k.format(i=i))).reshape(heads, hd, dim),
+            lambda a, i: {k.format(i=i): _T(a.reshape(heads * hd, dim))},
+            layers,
+        )
 
     def feed_forward(path: str, key: str, layers: int) -> None:
         for name, w in (("w_gate", "wi_0"), ("w_up", "wi_1"), ("w_down", "wo")):
@@ -190,7 +250,10 @@ def mappings(arch: "Arch", keys: set[str] | None) -> list[Mapping]:
     for stack, n in (("encoder", arch["layers"]), ("decoder", arch["dec_layers"])):
         block = f"{stack}.block.{{i}}.layer"
         short = "enc" if stack == "encoder" else "dec"
-        same(f"{short}_bias/table", f"{stack}.block.0.layer.0.SelfAttention.relative_attention_bias.weight")
+        same(
+            f"{short}_bias/table",
+            f"{stack}.block.0.layer.0.SelfAttention.relative_attention_bias.weight",
+        )
         same(f"{short}_norm/scale", f"{stack}.final_layer_norm.weight")
         same(f"{stack}/attn_norm/scale", f"{block}.0.layer_norm.weight", n)
         attention(f"{stack}/attn", f"{block}.0.SelfAttention", n)

@@ -93,8 +93,10 @@ def _read_attention(arch: Any, attn: Any) -> None:
     v["attn_bias"], v["out_bias"] = _hv(attn, "bias"), _hv(attn, "out_bias")
     v["scale"], v["softcap"] = float(_hv(attn, "scale")), float(_hv(attn, "softcap"))
     if v["head_dim"] * v["heads"] != v["dim"]:
-        arch.problems.append(f"attention head_dim {v['head_dim']} is not dim / heads (ViT's heads split "
-                             "hidden_size)")
+        arch.problems.append(
+            f"attention head_dim {v['head_dim']} is not dim / heads (ViT's heads split "
+            "hidden_size)"
+        )
 
 
 def _read_norms(arch: Any, norms: list) -> None:
@@ -136,8 +138,11 @@ VIT_FIELDS = (
     _key("num_hidden_layers", 12, "layers"),
     _key("num_attention_heads", 12, "heads"),
     _key("num_attention_heads", 12, "kv_heads"),
-    Row("head_dim", "hidden_size/num_attention_heads",
-        lambda c: c.get("hidden_size", 768) // c.get("num_attention_heads", 12)),
+    Row(
+        "head_dim",
+        "hidden_size/num_attention_heads",
+        lambda c: c.get("hidden_size", 768) // c.get("num_attention_heads", 12),
+    ),
     Row("height", "image_size", lambda c: _image_size(c, 0), lambda c: c.get("image_size", 224)),
     Row("width", "image_size", lambda c: _image_size(c, 1), lambda c: c.get("image_size", 224)),
     Row("patch", "patch_size", _patch_size, lambda c: c.get("patch_size", 16)),
@@ -158,15 +163,29 @@ VIT_FIELDS = (
     _fact("out_bias", True),
     _fact("mlp", "MLP"),
     _key("intermediate_size", 3072, "hidden"),
-    Row("act", "hidden_act", lambda c: {"gelu": "gelu_exact"}.get(c.get("hidden_act", "gelu"), c.get("hidden_act")),
-        lambda c: c.get("hidden_act", "gelu")),
+    Row(
+        "act",
+        "hidden_act",
+        lambda c: {"gelu": "gelu_exact"}.get(c.get("hidden_act", "gelu"), c.get("hidden_act")),
+        lambda c: c.get("hidden_act", "gelu"),
+    ),
     _fact("mlp_bias", True),
 )
 VIT_UNSUPPORTED: tuple = (
-    (None, lambda c: _when(c.get("hidden_size", 768) % c.get("num_attention_heads", 12) != 0,
-                           "hidden_size is not a multiple of num_attention_heads")),
-    (None, lambda c: _when(isinstance(c.get("patch_size"), (list, tuple)) and len(set(c.get("patch_size"))) != 1,
-                           f"patch_size={c.cfg.get('patch_size')} (VisionTransformer's patches are square)")),
+    (
+        None,
+        lambda c: _when(
+            c.get("hidden_size", 768) % c.get("num_attention_heads", 12) != 0,
+            "hidden_size is not a multiple of num_attention_heads",
+        ),
+    ),
+    (
+        None,
+        lambda c: _when(
+            isinstance(c.get("patch_size"), (list, tuple)) and len(set(c.get("patch_size"))) != 1,
+            f"patch_size={c.cfg.get('patch_size')} (VisionTransformer's patches are square)",
+        ),
+    ),
 )
 
 
@@ -175,12 +194,23 @@ def vit_config(v: dict[str, Any], dtype: str) -> dict[str, Any]:
     acts = {"gelu_exact": "gelu", "gelu": "gelu_new"}
     size = v["height"] if v["height"] == v["width"] else [v["height"], v["width"]]
     return {
-        "architectures": [CLASS], "model_type": FAMILY, "hidden_size": v["dim"],
-        "num_hidden_layers": v["layers"], "num_attention_heads": v["heads"], "intermediate_size": v["hidden"],
-        "hidden_act": acts.get(v["act"], v["act"]), "layer_norm_eps": v["norm_eps"], "image_size": size,
-        "patch_size": v["patch"], "num_channels": v["channels"], "qkv_bias": v["attn_bias"],
+        "architectures": [CLASS],
+        "model_type": FAMILY,
+        "hidden_size": v["dim"],
+        "num_hidden_layers": v["layers"],
+        "num_attention_heads": v["heads"],
+        "intermediate_size": v["hidden"],
+        "hidden_act": acts.get(v["act"], v["act"]),
+        "layer_norm_eps": v["norm_eps"],
+        "image_size": size,
+        "patch_size": v["patch"],
+        "num_channels": v["channels"],
+        "qkv_bias": v["attn_bias"],
         "id2label": {str(i): f"LABEL_{i}" for i in range(v["classes"])},
         "label2id": {f"LABEL_{i}": i for i in range(v["classes"])},
-        "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0, "initializer_range": 0.02,
-        "encoder_stride": v["patch"], "dtype": dtype,
+        "hidden_dropout_prob": 0.0,
+        "attention_probs_dropout_prob": 0.0,
+        "initializer_range": 0.02,
+        "encoder_stride": v["patch"],
+        "dtype": dtype,
     }

@@ -22,7 +22,6 @@ from axdsl.ir.rewrite import walk_expr
 from axdsl.primitives.base import Decoding
 from axdsl.targets import profiles
 
-
 # Positions per chunk of the fused cross-entropy without a target (a target's is its profile's
 # loss_chunk): the generated LOSS_CHUNK, and axdsl aot's.
 LOSS_CHUNK = 512
@@ -76,20 +75,32 @@ def _split_at(root: ir.Instance, k: int) -> HeadSplit | None:
     fwd = root.forward
     tail = fwd.body[k:]
     defined = {s.name for s in tail if isinstance(s, ir.Let)}
-    free = {e.name: e for s in tail for e in walk_expr(s.value)
-            if isinstance(e, ir.Ref) and e.kind in (RefKind.LOCAL, RefKind.ARG) and e.name not in defined}
+    free = {
+        e.name: e
+        for s in tail
+        for e in walk_expr(s.value)
+        if isinstance(e, ir.Ref)
+        and e.kind in (RefKind.LOCAL, RefKind.ARG)
+        and e.name not in defined
+    }
     if len(free) != 1:
         return None
     (ref,) = free.values()
     t = ref.type
-    if not isinstance(t, TensorType) or len(t.dims) < 3 or not (t.dims[0].is_free and t.dims[1].is_free):
+    if (
+        not isinstance(t, TensorType)
+        or len(t.dims) < 3
+        or not (t.dims[0].is_free and t.dims[1].is_free)
+    ):
         return None
     b, s = t.dims[0], t.dims[1]
     if not all(_positionwise(e, b, s) for st in tail for e in walk_expr(st.value)):
         return None
     ret = ir.Ret(replace(ref, kind=RefKind.LOCAL), ref.span)
     body = replace(root, forward=replace(fwd, body=fwd.body[:k] + (ret,), result=t.dims))
-    head = replace(root, forward=replace(fwd, args=(ir.Arg(ref.name, t.dims, ref.span),), body=tail))
+    head = replace(
+        root, forward=replace(fwd, args=(ir.Arg(ref.name, t.dims, ref.span),), body=tail)
+    )
     keys = []
     for st in tail:
         for e in walk_expr(st.value):

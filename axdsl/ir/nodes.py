@@ -16,26 +16,68 @@ from enum import StrEnum
 from typing import Any
 
 from axdsl.errors import Span
-from axdsl.ir.origins import DEFAULT, Choice, Origin, OriginKind, set_at, user_line  # noqa: F401 (part of the IR)
+from axdsl.ir.origins import (  # noqa: F401 (part of the IR)
+    DEFAULT,
+    Choice,
+    Origin,
+    OriginKind,
+    set_at,
+    user_line,
+)
 from axdsl.ir.sections import (  # noqa: F401
-    CallValue, Directive, DirectiveArg, NameValue, Section, SectionKind, SectionValue, Setting,
+    CallValue,
+    Directive,
+    DirectiveArg,
+    NameValue,
+    Section,
+    SectionKind,
+    SectionValue,
+    Setting,
 )
 from axdsl.ir.settings import (  # noqa: F401
-    CheckpointPolicy, DataKind, DataSource, FitTry, NamedCall, QuantFormat, QuantPolicy, RematFit,
-    RematKind, RematPolicy, Schedule, Tokenizer, TrainSettings,
+    CheckpointPolicy,
+    DataKind,
+    DataSource,
+    FitTry,
+    NamedCall,
+    QuantFormat,
+    QuantPolicy,
+    RematFit,
+    RematKind,
+    RematPolicy,
+    Schedule,
+    Tokenizer,
+    TrainSettings,
 )
 
 # Logical axis names a parameter or activation dim may carry; target rules map them to mesh axes.
 LOGICAL_AXES = (
-    "batch", "seq", "embed", "heads", "kv_heads", "head_dim", "mlp", "vocab", "experts", "layers",
+    "batch",
+    "seq",
+    "embed",
+    "heads",
+    "kv_heads",
+    "head_dim",
+    "mlp",
+    "vocab",
+    "experts",
+    "layers",
     "norm",
 )
 
 # Spec dtype names and the numpy/jax names they mean.
 DTYPES = {
-    "f32": "float32", "f16": "float16", "bf16": "bfloat16", "f64": "float64",
-    "fp8_e4m3": "float8_e4m3fn", "fp8_e5m2": "float8_e5m2",
-    "i8": "int8", "i32": "int32", "u8": "uint8", "u16": "uint16", "u32": "uint32",
+    "f32": "float32",
+    "f16": "float16",
+    "bf16": "bfloat16",
+    "f64": "float64",
+    "fp8_e4m3": "float8_e4m3fn",
+    "fp8_e5m2": "float8_e5m2",
+    "i8": "int8",
+    "i32": "int32",
+    "u8": "uint8",
+    "u16": "uint16",
+    "u32": "uint32",
 }
 
 
@@ -54,7 +96,7 @@ class LayerValue:
     """A layer with some hyperparameters set: the value of `RMSNorm(eps = 1e-5)`."""
 
     layer: str
-    args: tuple[tuple[str, "HValue"], ...]
+    args: tuple[tuple[str, HValue], ...]
     span: Span
 
 
@@ -72,7 +114,7 @@ class RepeatValue:
     """`repeat(n, Block())`: a block stacked n times and run with `jax.lax.scan`; with a pattern
     of k layers, one scan over n / k groups that each run the k layers in order."""
 
-    count: "HValue"
+    count: HValue
     layer: LayerValue | PatternValue
     span: Span
 
@@ -113,7 +155,7 @@ class Dim:
             return self.name
         return f"{self.name}={self.size}"
 
-    def same(self, other: "Dim") -> bool:
+    def same(self, other: Dim) -> bool:
         if self.size is not None and other.size is not None:
             return self.size == other.size
         return self.size is None and other.size is None and self.name == other.name
@@ -180,15 +222,15 @@ TENSOR_OPS = ("+", "-", "*", "/", "@") + COMPARE_OPS
 @dataclass(frozen=True)
 class Bin:
     op: str  # one of TENSOR_OPS
-    left: "TExpr"
-    right: "TExpr"
+    left: TExpr
+    right: TExpr
     span: Span
     type: Type | None = None
 
 
 @dataclass(frozen=True)
 class Neg:
-    operand: "TExpr"
+    operand: TExpr
     span: Span
     type: Type | None = None
 
@@ -202,7 +244,7 @@ class EinsumSpec:
 
     operands: tuple[tuple[str, ...], ...]
     out: tuple[str, ...]
-    dims: tuple[tuple[str, "Dim"], ...]
+    dims: tuple[tuple[str, Dim], ...]
 
     def text(self) -> str:
         return ", ".join(" ".join(o) for o in self.operands) + " -> " + " ".join(self.out)
@@ -231,7 +273,7 @@ class Prim:
     """
 
     name: str
-    args: tuple["TExpr", ...]
+    args: tuple[TExpr, ...]
     attrs: tuple[tuple[str, StaticValue], ...]
     span: Span
     type: Type | None = None
@@ -244,7 +286,7 @@ class Prim:
     def attr(self, key: str, default: Any = None) -> Any:
         return dict(self.attrs).get(key, default)
 
-    def operand(self, name: str) -> "TExpr | None":
+    def operand(self, name: str) -> TExpr | None:
         """An optional tensor operand by name, or None when it was not given."""
         if name not in self.optional:
             return None
@@ -262,10 +304,10 @@ class CallChild:
     """
 
     child: str
-    args: tuple["TExpr", ...]
+    args: tuple[TExpr, ...]
     span: Span
     type: Type | None = None
-    over: "Dim | None" = None  # the dim a `scan` runs along
+    over: Dim | None = None  # the dim a `scan` runs along
     scan_init: bool = False  # args[0] is the scan's initial carry
 
 
@@ -323,7 +365,9 @@ class HParamType:
     options: tuple[str, ...] = ()
 
     def __str__(self) -> str:
-        return f"enum({', '.join(self.options)})" if self.kind is HParamKind.ENUM else str(self.kind)
+        return (
+            f"enum({', '.join(self.options)})" if self.kind is HParamKind.ENUM else str(self.kind)
+        )
 
 
 @dataclass(frozen=True)
@@ -337,8 +381,15 @@ class HParam:
 
 # initializer -> its argument count. log_arange(start): log(start + i) along the last dim (Mamba's
 # A_log); dt_log_uniform(low, high): softplus^-1 of a log-uniform step in [low, high] (its dt_bias).
-INIT_KINDS = {"normal": 1, "trunc_normal": 1, "uniform": 1, "zeros": 0, "ones": 0, "log_arange": 1,
-              "dt_log_uniform": 2}
+INIT_KINDS = {
+    "normal": 1,
+    "trunc_normal": 1,
+    "uniform": 1,
+    "zeros": 0,
+    "ones": 0,
+    "log_arange": 1,
+    "dt_log_uniform": 2,
+}
 
 
 @dataclass(frozen=True)
@@ -378,19 +429,21 @@ class Instance:
     layer: str
     hparams: tuple[HParam, ...]
     params: tuple[Param, ...]
-    children: tuple["Instance", ...]
+    children: tuple[Instance, ...]
     forward: Forward | None
     span: Span  # where this instance was created (child decl or model)
     layer_span: Span  # where its layer is defined
-    repeat: HValue | None = None  # set on a `repeat(n, ...)` child (n / k for a pattern of k layers)
+    repeat: HValue | None = (
+        None  # set on a `repeat(n, ...)` child (n / k for a pattern of k layers)
+    )
     pattern: bool = False  # a group of a repeated pattern: children "0".."k-1", run in order
-    remat: "RematPolicy | None" = None  # set by insert_remat on repeated children
+    remat: RematPolicy | None = None  # set by insert_remat on repeated children
     unrolled: bool = False  # set by unroll_repeats: this repeat runs as an unrolled loop
 
     def hparam(self, name: str) -> HParam | None:
         return next((h for h in self.hparams if h.name == name), None)
 
-    def child(self, name: str) -> "Instance | None":
+    def child(self, name: str) -> Instance | None:
         return next((c for c in self.children if c.name == name), None)
 
     def param(self, name: str) -> Param | None:
@@ -406,7 +459,7 @@ class Instance:
         the layers between the root and such a stack pass it their weights uncast."""
         return any(c.repeat is not None or c.holds_stack() for c in self.children)
 
-    def stack_of(self, path: str) -> "Instance | None":
+    def stack_of(self, path: str) -> Instance | None:
         """The outermost stacked layer on the way from this layer down to the one at `path` (that
         layer included), or None when none of them is repeated."""
         inst = self

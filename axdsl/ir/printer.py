@@ -11,8 +11,10 @@ from axdsl.ir.nodes import DType, LayerValue, PatternValue, RepeatValue
 
 
 def print_module(module: ir.Module) -> str:
-    lines = [f"# spec {module.spec} sha256={module.sha256[:16]} target={module.target_name}",
-             f"# passes: {', '.join(module.passes_run) or '(none)'}"]
+    lines = [
+        f"# spec {module.spec} sha256={module.sha256[:16]} target={module.target_name}",
+        f"# passes: {', '.join(module.passes_run) or '(none)'}",
+    ]
     for model in module.models:
         lines.append(f"model {model.name}")
         _instance(model.root, 1, lines)
@@ -33,15 +35,18 @@ def print_module(module: ir.Module) -> str:
 
 def schedule_lines(s: ir.Schedule) -> list[str]:
     """The resolved target schedule: every setting with where it came from."""
-    matched = f'target "{s.matched}" at {s.matched_span}' if s.matched else "no target block matched"
+    matched = (
+        f'target "{s.matched}" at {s.matched_span}' if s.matched else "no target block matched"
+    )
     sizes = ", ".join(f"{a}={n}" for a, n in s.mesh_sizes)
     written = ", ".join(f"{a} = {n}" for a, n in s.mesh.value)
-    lines = [f"schedule {s.name}: profile {s.profile}, {s.chips} chips; {matched}",
-             f"  mesh({written}) -> {sizes}  # {s.mesh.origin}"]
+    lines = [
+        f"schedule {s.name}: profile {s.profile}, {s.chips} chips; {matched}",
+        f"  mesh({written}) -> {sizes}  # {s.mesh.origin}",
+    ]
     for logical, c in s.rules:
         axes = "[" + ", ".join(c.value) + "]"
         lines.append(f"  rule {logical} -> {axes}  # {c.origin}")
-    r = s.remat.value
     lines.append(f"  remat({remat_text(s.remat.value)})  # {s.remat.origin}")
     if s.remat_fit is not None:
         lines.extend(f"  # {line}" for line in fit_lines(s.remat_fit))
@@ -65,10 +70,15 @@ def remat_text(r: ir.RematPolicy) -> str:
 
 def fit_lines(fit: ir.RematFit) -> list[str]:
     """What fit_remat weighed, in two lines (for `axdsl dump` and the generated comment)."""
-    tried = ", ".join(f"{_short_policy(t.policy)} {t.bytes / 2**30:.2f}" for t in fit.tried) + " GiB"
+    tried = (
+        ", ".join(f"{_short_policy(t.policy)} {t.bytes / 2**30:.2f}" for t in fit.tried) + " GiB"
+    )
     verdict = f"{_short_policy(fit.tried[-1].policy)} fits" if fit.fits else "nothing fits, so full"
-    return [f"fit_remat, for {fit.model} at batch {fit.batch} x seq {fit.seq}, "
-            f"{fit.usable / 2**30:.2f} GiB usable per chip (analytic):", f"{tried}: {verdict}"]
+    return [
+        f"fit_remat, for {fit.model} at batch {fit.batch} x seq {fit.seq}, "
+        f"{fit.usable / 2**30:.2f} GiB usable per chip (analytic):",
+        f"{tried}: {verdict}",
+    ]
 
 
 def _short_policy(r: ir.RematPolicy) -> str:
@@ -94,14 +104,22 @@ def value_text(v) -> str:
     if isinstance(v, ir.NamedCall):
         return f"{v.name}({', '.join(f'{k} = {value_text(x)}' for k, x in v.args)})"
     if isinstance(v, ir.DataSource):
-        named = (("path", v.path), ("path2", v.path2), ("dtype", v.dtype), *v.options, ("tokenizer", v.tokenizer))
+        named = (
+            ("path", v.path),
+            ("path2", v.path2),
+            ("dtype", v.dtype),
+            *v.options,
+            ("tokenizer", v.tokenizer),
+        )
         args = [f"{k} = {value_text(x)}" for k, x in named if x is not None]
         return f"{v.kind}({', '.join(args)})"
     if isinstance(v, ir.Tokenizer):
         return value_text(v.path) if v.path is not None else f"bpe(vocab = {v.bpe_vocab})"
     if isinstance(v, ir.CheckpointPolicy):
-        return (f"(every = {v.every}, keep = {v.keep}, async = {value_text(v.async_save)}, "
-                f"dir = {value_text(v.dir)})")
+        return (
+            f"(every = {v.every}, keep = {v.keep}, async = {value_text(v.async_save)}, "
+            f"dir = {value_text(v.dir)})"
+        )
     if isinstance(v, LayerValue):
         args = ", ".join(f"{k} = {value_text(a.value)}" for k, a in v.args)
         return f"{v.layer}({args})"
@@ -134,8 +152,10 @@ def _instance(inst: ir.Instance, depth: int, lines: list[str]) -> None:
         shard = ""
         if p.sharding is not None:
             shard = " shard(" + ", ".join("+".join(a) if a else "_" for a in p.sharding) + ")"
-        lines.append(f"{pad}  param {p.name}: {stack}{_dims(p.dims)} axes({', '.join(p.full_axes)}) "
-                     f"init {init} {p.dtype.name}{shard}")
+        lines.append(
+            f"{pad}  param {p.name}: {stack}{_dims(p.dims)} axes({', '.join(p.full_axes)}) "
+            f"init {init} {p.dtype.name}{shard}"
+        )
     if inst.forward is not None:
         f = inst.forward
         args = ", ".join(f"{a.name}: {_dims(a.dims)}" for a in f.args)
@@ -167,7 +187,7 @@ def expr_text(e: ir.TExpr) -> str:
         return f"-{expr_text(e.operand)}"
     if isinstance(e, ir.CallChild) and e.over is not None:
         init = [f"init = {expr_text(e.args[0])}"] if e.scan_init else []
-        xs = [expr_text(a) for a in e.args[len(init):]]
+        xs = [expr_text(a) for a in e.args[len(init) :]]
         return f"scan({', '.join([e.child, *xs, f'over = {e.over}', *init])})"
     if isinstance(e, ir.CallChild):
         return f"{e.child}({', '.join(expr_text(a) for a in e.args)})"
@@ -196,7 +216,9 @@ def expr_text(e: ir.TExpr) -> str:
 def _section(s: ir.Section) -> list[str]:
     out = [f"  {st.name} = {value_text(st.value)}" for st in s.settings]
     for d in s.directives:
-        parts = [value_text(a.value) for a in d.args] + [f"{a.name} = {value_text(a.value)}" for a in d.kwargs]
+        parts = [value_text(a.value) for a in d.args] + [
+            f"{a.name} = {value_text(a.value)}" for a in d.kwargs
+        ]
         out.append(f"  {d.name}({', '.join(parts)})")
     return out
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Callable
+from collections.abc import Callable
 
 from axdsl.ir import nodes as ir
 

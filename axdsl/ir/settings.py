@@ -29,7 +29,9 @@ class RematPolicy:
     offload: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "kind", RematKind(self.kind))  # "full" is accepted as RematKind.FULL
+        object.__setattr__(
+            self, "kind", RematKind(self.kind)
+        )  # "full" is accepted as RematKind.FULL
 
 
 @dataclass(frozen=True)
@@ -46,7 +48,9 @@ class RematFit:
     choice, unless nothing fitted), against which per-chip budget and for which step."""
 
     tried: tuple[FitTry, ...]
-    usable: int  # per-chip bytes a chosen step may use (the platform's usable memory, less FIT_MARGIN)
+    usable: (
+        int  # per-chip bytes a chosen step may use (the platform's usable memory, less FIT_MARGIN)
+    )
     model: str
     batch: int
     seq: int
@@ -67,7 +71,7 @@ class QuantFormat(StrEnum):
 class QuantPolicy:
     """Matmuls with a parameter operand under layer paths matching `layers` run in `format`."""
 
-    format: "QuantFormat"
+    format: QuantFormat
     layers: tuple[str, ...] = ("*",)
 
     def __post_init__(self) -> None:
@@ -131,8 +135,12 @@ class DataKind(StrEnum):
     TEXT = "text"  # a text file or a directory of them, read as bytes
     PAIRS = "pairs"  # seq2seq: a source and a target token file, examples ended by an eos id
     ARRAYS = "arrays"  # a .npz file (or a directory of .npy files), one array per input name
-    SYNTHETIC_IMAGES = "synthetic_images"  # a learnable image-classification set made on the machine
-    SYNTHETIC_PAIRS = "synthetic_pairs"  # a learnable seq2seq set made on the machine (reversed strings)
+    SYNTHETIC_IMAGES = (
+        "synthetic_images"  # a learnable image-classification set made on the machine
+    )
+    SYNTHETIC_PAIRS = (
+        "synthetic_pairs"  # a learnable seq2seq set made on the machine (reversed strings)
+    )
 
 
 @dataclass(frozen=True)
@@ -150,7 +158,9 @@ class DataSource:
     path: str | None = None
     dtype: str | None = None  # tokens: "u16" or "u32"
     path2: str | None = None  # pairs: the target token file
-    options: tuple[tuple[str, Any], ...] = ()  # pairs: eos; synthetic_*: count, (noise,) (eos,) seed
+    options: tuple[
+        tuple[str, Any], ...
+    ] = ()  # pairs: eos; synthetic_*: count, (noise,) (eos,) seed
     tokenizer: Tokenizer | None = None  # default and text: None reads bytes
 
     def option(self, key: str, default: Any = None) -> Any:

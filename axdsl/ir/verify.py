@@ -25,19 +25,32 @@ def verify(module: ir.Module) -> None:
         _verify_instance(model.root, "/", problems, typed, stacked, depth_in_repeat=0)
         _verify_schedule(module, model, problems)
     if problems:
-        raise InvalidIR("internal error: generated invalid IR\n" + "\n".join(problems)
-                        + "\n--- IR ---\n" + print_module(module))
+        raise InvalidIR(
+            "internal error: generated invalid IR\n"
+            + "\n".join(problems)
+            + "\n--- IR ---\n"
+            + print_module(module)
+        )
 
 
-def _verify_instance(inst: ir.Instance, expected_path: str, problems: list[str], typed: bool,
-                     stacked: bool, depth_in_repeat: int) -> None:
+def _verify_instance(
+    inst: ir.Instance,
+    expected_path: str,
+    problems: list[str],
+    typed: bool,
+    stacked: bool,
+    depth_in_repeat: int,
+) -> None:
     where = inst.path
     if inst.path != expected_path:
         problems.append(f"{where}: path should be {expected_path}")
     if inst.repeat is not None:
         depth_in_repeat += 1
-    for kind, names in (("param", [p.name for p in inst.params]), ("child", [c.name for c in inst.children]),
-                        ("hparam", [h.name for h in inst.hparams])):
+    for kind, names in (
+        ("param", [p.name for p in inst.params]),
+        ("child", [c.name for c in inst.children]),
+        ("hparam", [h.name for h in inst.hparams]),
+    ):
         if len(set(names)) != len(names):
             problems.append(f"{where}: duplicate {kind} names {names}")
     for p in inst.params:
@@ -46,7 +59,9 @@ def _verify_instance(inst: ir.Instance, expected_path: str, problems: list[str],
         if any(d.size is None for d in p.dims):
             problems.append(f"{where}: param {p.name} has a free dim")
         if stacked and len(p.stack) != depth_in_repeat:
-            problems.append(f"{where}: param {p.name} has {len(p.stack)} stack dims, expected {depth_in_repeat}")
+            problems.append(
+                f"{where}: param {p.name} has {len(p.stack)} stack dims, expected {depth_in_repeat}"
+            )
     if inst.forward is not None:
         _verify_forward(inst, problems, typed)
     for c in inst.children:
@@ -77,8 +92,12 @@ def _verify_schedule(module: ir.Module, model: ir.Model, problems: list[str]) ->
         for e in prims_of(inst):
             if e.name == "quantized":
                 inner = e.args[0] if len(e.args) == 1 else None
-                if not (isinstance(inner, ir.Bin) and inner.op == "@"
-                        or isinstance(inner, ir.Prim) and primitives.get(inner.name).contraction):
+                if not (
+                    isinstance(inner, ir.Bin)
+                    and inner.op == "@"
+                    or isinstance(inner, ir.Prim)
+                    and primitives.get(inner.name).contraction
+                ):
                     problems.append(f"{inst.path}: quantized wraps something other than a matmul")
             if primitives.get(e.name).has_kernels and "select_kernels" in ran and e.kernel is None:
                 problems.append(f"{inst.path}: {e.name} without a kernel after select_kernels")
@@ -93,7 +112,11 @@ def _verify_forward(inst: ir.Instance, problems: list[str], typed: bool) -> None
         for ref in walk_expr(s.value):
             if isinstance(ref, ir.Ref) and ref.kind is ir.RefKind.LOCAL and ref.name not in defined:
                 problems.append(f"{inst.path}: `{ref.name}` used before definition")
-            if isinstance(ref, ir.Ref) and ref.kind is ir.RefKind.PARAM and inst.param(ref.name) is None:
+            if (
+                isinstance(ref, ir.Ref)
+                and ref.kind is ir.RefKind.PARAM
+                and inst.param(ref.name) is None
+            ):
                 problems.append(f"{inst.path}: unknown param `{ref.name}`")
             if isinstance(ref, ir.CallChild) and inst.child(ref.child) is None:
                 problems.append(f"{inst.path}: unknown child `{ref.child}`")
@@ -105,7 +128,6 @@ def _verify_forward(inst: ir.Instance, problems: list[str], typed: bool) -> None
             defined.add(s.name)
 
 
-
 def _verify_prim(inst: ir.Instance, e: ir.Prim, problems: list[str]) -> None:
     """A primitive call matches its registry entry: known name, its attributes, its operands."""
     if e.name not in primitives.REGISTRY:
@@ -113,8 +135,10 @@ def _verify_prim(inst: ir.Instance, e: ir.Prim, problems: list[str]) -> None:
         return
     sig = primitives.get(e.name).signature
     if tuple(k for k, _ in e.attrs) != tuple(s.name for s in sig.statics):
-        problems.append(f"{inst.path}: `{e.name}` has attributes {[k for k, _ in e.attrs]}, its signature "
-                        f"{[s.name for s in sig.statics]}")
+        problems.append(
+            f"{inst.path}: `{e.name}` has attributes {[k for k, _ in e.attrs]}, its signature "
+            f"{[s.name for s in sig.statics]}"
+        )
     if not set(e.optional) <= set(sig.optional_tensors):
         problems.append(f"{inst.path}: `{e.name}` has unknown optional operands {e.optional}")
     if sig.tensors and len(e.args) != len(sig.tensors) + len(e.optional):

@@ -16,14 +16,19 @@ def build_module(program: Program, target: str = "cpu") -> ir.Module:
     """Every model of the main spec instantiated, its sections built; errors raised together."""
     ctx = BuildContext(program)
     builder = InstanceBuilder(ctx)
-    models = tuple(m for m in (builder.model(decl) for decl in program.main.models) if m is not None)
+    models = tuple(
+        m for m in (builder.model(decl) for decl in program.main.models) if m is not None
+    )
     sections = [build_section(ctx, s) for s in program.main.sections]
     trains = [s for s in sections if s.kind is ir.SectionKind.TRAIN]
     if len(trains) > 1:
         ctx.diags.error(trains[1].span, "a spec has at most one `train` block")
     if not program.main.models:
-        ctx.diags.error(Span(program.main.path, 1, 1), "this spec defines no model",
-                        "add `model NAME = DecoderLM { ... }`")
+        ctx.diags.error(
+            Span(program.main.path, 1, 1),
+            "this spec defines no model",
+            "add `model NAME = DecoderLM { ... }`",
+        )
     ctx.diags.raise_if_any(program.sources)
     source = program.sources[program.main.path]
     return ir.Module(

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import operator
-from typing import Callable
+from collections.abc import Callable
 
 from axdsl.errors import Diagnostics, did_you_mean
 from axdsl.ir.nodes import DTYPES, DType, HValue, LayerValue, PatternValue, RepeatValue
@@ -23,8 +23,14 @@ class EvalError(Exception):
 Lookup = Callable[[str, ast.Name], HValue | None]
 
 _ARITH = {"+", "-", "*", "/", "//", "%"}
-_COMPARE = {"==": operator.eq, "!=": operator.ne, "<": operator.lt, "<=": operator.le,
-            ">": operator.gt, ">=": operator.ge}
+_COMPARE = {
+    "==": operator.eq,
+    "!=": operator.ne,
+    "<": operator.lt,
+    "<=": operator.le,
+    ">": operator.gt,
+    ">=": operator.ge,
+}
 _MATH = {"sqrt": math.sqrt, "log": math.log, "min": min, "max": max}
 
 
@@ -94,10 +100,15 @@ class Evaluator:
     def _ListExpr(self, e: ast.ListExpr, lookup, visible) -> HValue:
         items = [self.eval(i, lookup, visible) for i in e.items]
         if items and any(isinstance(i.value, LayerValue) for i in items):
-            bad = next((it for it, v in zip(e.items, items) if not isinstance(v.value, LayerValue)), None)
+            bad = next(
+                (it for it, v in zip(e.items, items) if not isinstance(v.value, LayerValue)), None
+            )
             if bad is not None:
-                self.fail(bad.span, "a list of layers (a pattern) holds only layers",
-                          "write `[Block(...), Block(...)]`")
+                self.fail(
+                    bad.span,
+                    "a list of layers (a pattern) holds only layers",
+                    "write `[Block(...), Block(...)]`",
+                )
             return HValue(PatternValue(tuple(i.value for i in items), e.span))
         return HValue(tuple(i.value for i in items), "(" + ", ".join(i.code for i in items) + ",)")
 
@@ -109,10 +120,18 @@ class Evaluator:
             pattern, n = (a, b) if isinstance(a, PatternValue) else (b, a)
             if isinstance(n, int) and not isinstance(n, bool):
                 if n < 1:
-                    self.fail(e.span, f"a pattern repeated {n} times has no layers", "repeat it at least once")
+                    self.fail(
+                        e.span,
+                        f"a pattern repeated {n} times has no layers",
+                        "repeat it at least once",
+                    )
                 return PatternValue(pattern.layers * n, e.span)
-        self.fail(e.span, f"patterns of layers join with `+` and repeat with `* n`, not `{e.op}` with "
-                  f"{_kind(a)} and {_kind(b)}", "write `[Block(window = 512)] * 5 + [Block()]`")
+        self.fail(
+            e.span,
+            f"patterns of layers join with `+` and repeat with `* n`, not `{e.op}` with "
+            f"{_kind(a)} and {_kind(b)}",
+            "write `[Block(window = 512)] * 5 + [Block()]`",
+        )
 
     def _EllipsisDim(self, e: ast.EllipsisDim, lookup, visible) -> HValue:
         self.fail(e.span, "`...` is only allowed in a forward's tensor shapes")
@@ -143,17 +162,26 @@ class Evaluator:
             value = (a and b) if e.op == "and" else (a or b)
             return HValue(value, f"{_prec(left.code)} {e.op} {_prec(right.code)}")
         if e.op in _COMPARE:
-            if _is_number(a) != _is_number(b) or _kind(a) != _kind(b) and not (_is_number(a) and _is_number(b)):
+            if (
+                _is_number(a) != _is_number(b)
+                or _kind(a) != _kind(b)
+                and not (_is_number(a) and _is_number(b))
+            ):
                 self.fail(e.span, f"cannot compare {_kind(a)} with {_kind(b)}")
             if e.op not in ("==", "!=") and not (_is_number(a) or isinstance(a, str)):
-                self.fail(e.span, f"`{e.op}` needs numbers or strings, got {_kind(a)}", "use `==` or `!=`")
+                self.fail(
+                    e.span, f"`{e.op}` needs numbers or strings, got {_kind(a)}", "use `==` or `!=`"
+                )
             value = _COMPARE[e.op](a, b)  # only the chosen operator runs (dtypes have no `<`)
             return HValue(value, f"{_prec(left.code)} {e.op} {_prec(right.code)}")
         if isinstance(a, PatternValue) or isinstance(b, PatternValue):
             return HValue(self._pattern_op(e, a, b))
         if not (_is_number(a) and _is_number(b)):
-            hint = "repeat a layer in a pattern with `[Block(...)] * 5`" if isinstance(a, LayerValue) \
-                or isinstance(b, LayerValue) else None
+            hint = (
+                "repeat a layer in a pattern with `[Block(...)] * 5`"
+                if isinstance(a, LayerValue) or isinstance(b, LayerValue)
+                else None
+            )
             self.fail(e.span, f"`{e.op}` needs numbers, got {_kind(a)} and {_kind(b)}", hint)
         return self._arith(e, left, right)
 
@@ -166,10 +194,24 @@ class Evaluator:
             if isinstance(a, int) and isinstance(b, int) and a % b == 0:
                 return HValue(a // b, f"{lc} // {rc}")
             return HValue(a / b, f"{lc} / {rc}")
-        value = {"+": a + b, "-": a - b, "*": a * b, "//": a // b if b else 0, "%": a % b if b else 0}[op]
-        if isinstance(value, int) and abs(value) > INT64_MAX or isinstance(value, float) and not math.isfinite(value):
-            self.fail(e.span, f"{_short(a)} {op} {_short(b)} does not fit in 64 bits",
-                      f"integers are at most {INT64_MAX}, floats about 1.8e308")
+        value = {
+            "+": a + b,
+            "-": a - b,
+            "*": a * b,
+            "//": a // b if b else 0,
+            "%": a % b if b else 0,
+        }[op]
+        if (
+            isinstance(value, int)
+            and abs(value) > INT64_MAX
+            or isinstance(value, float)
+            and not math.isfinite(value)
+        ):
+            self.fail(
+                e.span,
+                f"{_short(a)} {op} {_short(b)} does not fit in 64 bits",
+                f"integers are at most {INT64_MAX}, floats about 1.8e308",
+            )
         return HValue(value, f"{lc} {op} {rc}")
 
     # ---- calls: layer constructors, repeat, math
@@ -190,17 +232,24 @@ class Evaluator:
             if fname == "log" and (len(vals) != 1 or vals[0].value <= 0):
                 self.fail(e.span, "`log` takes one number > 0")
             code = f"math.{fname}" if fname in ("sqrt", "log") else fname
-            return HValue(_MATH[fname](*(v.value for v in vals)), f"{code}({', '.join(v.code for v in vals)})")
+            return HValue(
+                _MATH[fname](*(v.value for v in vals)), f"{code}({', '.join(v.code for v in vals)})"
+            )
         target = lookup(fname, e.func)
         if target is not None and isinstance(target.value, LayerValue):
             base = target.value
         elif fname in self.layers:
             base = LayerValue(fname, (), e.span)
         else:
-            self.fail(e.func.span, f"`{fname}` is not a layer", did_you_mean(fname, sorted(self.layers)))
+            self.fail(
+                e.func.span, f"`{fname}` is not a layer", did_you_mean(fname, sorted(self.layers))
+            )
         if e.args:
-            self.fail(e.args[0].span if hasattr(e.args[0], "span") else e.span,
-                      f"layer `{fname}` takes keyword arguments", f"write `{fname}(name = value)`")
+            self.fail(
+                e.args[0].span if hasattr(e.args[0], "span") else e.span,
+                f"layer `{fname}` takes keyword arguments",
+                f"write `{fname}(name = value)`",
+            )
         args = dict(base.args)
         for kw in e.kwargs:
             args[kw.name] = self.eval(kw.value, lookup, visible)
@@ -208,14 +257,19 @@ class Evaluator:
 
     def _repeat(self, e: ast.Call, lookup, visible) -> HValue:
         if len(e.args) != 2 or e.kwargs:
-            self.fail(e.span, "`repeat` takes a count and a layer", "write `repeat(layers, Block())`")
+            self.fail(
+                e.span, "`repeat` takes a count and a layer", "write `repeat(layers, Block())`"
+            )
         count = self.eval(e.args[0], lookup, visible)
         layer = self.eval(e.args[1], lookup, visible)
         if not isinstance(count.value, int) or isinstance(count.value, bool) or count.value < 1:
             self.fail(e.args[0].span, f"`repeat` count must be a positive int, got {count.value!r}")
         if not isinstance(layer.value, (LayerValue, PatternValue)):
-            self.fail(e.args[1].span, "the second argument of `repeat` must be a layer or a list of layers",
-                      "write `repeat(n, Block())` or `repeat(n, [LocalBlock(), GlobalBlock()])`")
+            self.fail(
+                e.args[1].span,
+                "the second argument of `repeat` must be a layer or a list of layers",
+                "write `repeat(n, Block())` or `repeat(n, [LocalBlock(), GlobalBlock()])`",
+            )
         return HValue(RepeatValue(count, layer.value, e.span))
 
 

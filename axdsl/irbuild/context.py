@@ -23,7 +23,7 @@ class Scope:
 
     path: str
     values: dict[str, ir.HParam] = field(default_factory=dict)
-    parent: "Scope | None" = None
+    parent: Scope | None = None
 
     def find(self, name: str) -> ir.HParam | None:
         scope = self
@@ -87,7 +87,7 @@ class BuildContext:
         text = self.program.sources.get(span.file)
         if text is None or span.line < 1 or span.end_line != span.line:
             return dim_name(expr)
-        return text.splitlines()[span.line - 1][span.col - 1: span.end_col - 1]
+        return text.splitlines()[span.line - 1][span.col - 1 : span.end_col - 1]
 
 
 def dim_name(expr: ast.Expr) -> str:

@@ -22,7 +22,9 @@ class _Abort(Exception):
     pass
 
 
-def lower_forward(ctx: BuildContext, layer: ast.LayerDecl, scope: Scope, params, children) -> ir.Forward | None:
+def lower_forward(
+    ctx: BuildContext, layer: ast.LayerDecl, scope: Scope, params, children
+) -> ir.Forward | None:
     """The typed-expression forward of one instance; None when it has errors (reported)."""
     lowering = _Lowering(ctx, layer, scope, params, children)
     try:
@@ -54,7 +56,11 @@ class _Lowering:
         one of them, with a note for the library line."""
         names = self._reading.get(span, []) if span is not None and is_library(span) else []
         user = ir.user_line(names, self.scope.origins) if names else None
-        self.diags.add(relocated(span, message, hint, user, f"in layer `{self.layer.name}` at `{self.scope.path}`"))
+        self.diags.add(
+            relocated(
+                span, message, hint, user, f"in layer `{self.layer.name}` at `{self.scope.path}`"
+            )
+        )
         raise _Abort()
 
     # ---------------------------------------------------------------- shapes
@@ -75,7 +81,10 @@ class _Lowering:
 
     def dim_value(self, e: ast.Expr) -> ir.Dim:
         if isinstance(e, ast.Name) and self.scope.find(e.id) is None and not e.id[:1].isupper():
-            hint = did_you_mean(e.id, self.scope.names()) or "free dims such as B and S start with a capital letter"
+            hint = (
+                did_you_mean(e.id, self.scope.names())
+                or "free dims such as B and S start with a capital letter"
+            )
             self.fail(e.span, f"unknown dim `{e.id}`", hint)
         v = self.ctx.eval(e, self.scope)
         if v is None:
@@ -99,7 +108,11 @@ class _Lowering:
         self.block(fwd.body, body)
         returns = [i for i, s in enumerate(body) if isinstance(s, ir.Ret)]
         if not returns:
-            self.fail(fwd.span, f"forward of `{self.layer.name}` does not return a value", "end it with `return ...`")
+            self.fail(
+                fwd.span,
+                f"forward of `{self.layer.name}` does not return a value",
+                "end it with `return ...`",
+            )
         if returns[0] != len(body) - 1:
             self.fail(body[returns[0] + 1].span, "statement after `return` is never run")
         return ir.Forward(tuple(args), result, tuple(body), fwd.span)
@@ -126,7 +139,9 @@ class _Lowering:
 
     def _check_new_name(self, name: str, span) -> None:
         if name in self.declared_params or name in self.declared_children or self.scope.find(name):
-            self.fail(span, f"`{name}` shadows a parameter, child or hyperparameter", "pick another name")
+            self.fail(
+                span, f"`{name}` shadows a parameter, child or hyperparameter", "pick another name"
+            )
         if name in primitives.REGISTRY and not primitives.get(name).internal:
             self.fail(span, f"`{name}` shadows the primitive `{name}`", "pick another name")
 
@@ -141,8 +156,11 @@ class _Lowering:
             return self.name(e)
         if isinstance(e, ast.BinOp):
             if e.op not in ir.TENSOR_OPS:
-                self.fail(e.span, f"`{e.op}` on tensors is not supported in a forward",
-                          "static conditions go in `if`, on hyperparameters")
+                self.fail(
+                    e.span,
+                    f"`{e.op}` on tensors is not supported in a forward",
+                    "static conditions go in `if`, on hyperparameters",
+                )
             return ir.Bin(e.op, self.expr(e.left), self.expr(e.right), e.span)
         if isinstance(e, ast.Unary):
             if e.op != "-":
@@ -160,14 +178,22 @@ class _Lowering:
         if isinstance(e, (ast.Num, ast.Bool, ast.Str)):
             return True
         if isinstance(e, ast.Name):
-            return (e.id not in self.locals and e.id not in self.params and e.id not in self.children
-                    and e.id not in self.free
-                    and (self.scope.find(e.id) is not None or e.id in ir.DTYPES))
+            return (
+                e.id not in self.locals
+                and e.id not in self.params
+                and e.id not in self.children
+                and e.id not in self.free
+                and (self.scope.find(e.id) is not None or e.id in ir.DTYPES)
+            )
         if isinstance(e, ast.BinOp):
             return e.op != "@" and self._is_static(e.left) and self._is_static(e.right)
         if isinstance(e, ast.Unary):
             return self._is_static(e.operand)
-        if isinstance(e, ast.Call) and isinstance(e.func, ast.Name) and e.func.id in ("sqrt", "log", "min", "max"):
+        if (
+            isinstance(e, ast.Call)
+            and isinstance(e.func, ast.Name)
+            and e.func.id in ("sqrt", "log", "min", "max")
+        ):
             return all(self._is_static(a) for a in e.args)
         return False
 
@@ -187,16 +213,23 @@ class _Lowering:
             self._missing_member(e.span, "parameter", n, self.layer.params)
         if n in self.declared_children:
             self._missing_member(e.span, "child", n, self.layer.children)
-        candidates = sorted(self.locals | set(self.params) | set(self.children) | set(self.scope.names()))
+        candidates = sorted(
+            self.locals | set(self.params) | set(self.children) | set(self.scope.names())
+        )
         self.fail(e.span, f"unknown name `{n}`", did_you_mean(n, candidates))
 
     def attr(self, e: ast.Attr) -> ir.TExpr:
         if not isinstance(e.obj, ast.Name) or e.obj.id not in self.children:
-            self.fail(e.span, "only a child's parameter can be read with `.`", "write `child.param`")
+            self.fail(
+                e.span, "only a child's parameter can be read with `.`", "write `child.param`"
+            )
         child = self.children[e.obj.id]
         if child.param(e.name) is None:
-            self.fail(e.span, f"child `{child.name}` has no parameter `{e.name}`",
-                      did_you_mean(e.name, [p.name for p in child.params]))
+            self.fail(
+                e.span,
+                f"child `{child.name}` has no parameter `{e.name}`",
+                did_you_mean(e.name, [p.name for p in child.params]),
+            )
         if child.repeat is not None:
             self.fail(e.span, "parameters of a repeated child cannot be read directly")
         return ir.Ref(e.name, RefKind.CHILD_PARAM, e.span, owner=child.name)
@@ -223,17 +256,28 @@ class _Lowering:
         usage = "write `scan(cell, x, over = S)`, optionally with `init = h0`"
         if not e.args or not isinstance(e.args[0], ast.Name) or e.args[0].id not in self.children:
             at = e.args[0].span if e.args else e.span
-            self.fail(at, "the first argument of `scan` is a child layer, the cell run at every step", usage)
+            self.fail(
+                at,
+                "the first argument of `scan` is a child layer, the cell run at every step",
+                usage,
+            )
         child = self.children[e.args[0].id]
         if child.repeat is not None:
-            self.fail(e.args[0].span, f"`scan` runs one cell over time; `{child.name}` is a repeated child",
-                      "scan a child that is not repeated")
+            self.fail(
+                e.args[0].span,
+                f"`scan` runs one cell over time; `{child.name}` is a repeated child",
+                "scan a child that is not repeated",
+            )
         if len(e.args) < 2:
             self.fail(e.span, "`scan` needs at least one input to run over", usage)
         kwargs = {}
         for kw in e.kwargs:
             if kw.name not in ("over", "init"):
-                self.fail(kw.span, f"`scan` has no argument `{kw.name}`", did_you_mean(kw.name, ["over", "init"]))
+                self.fail(
+                    kw.span,
+                    f"`scan` has no argument `{kw.name}`",
+                    did_you_mean(kw.name, ["over", "init"]),
+                )
             kwargs[kw.name] = kw.value
         if "over" not in kwargs:
             self.fail(e.span, "`scan` needs `over`, the dim its steps run along", usage)
@@ -246,8 +290,11 @@ class _Lowering:
         """A declared parameter or child that was not built: off by its `if`, or already in error."""
         decl = next(d for d in decls if d.name == name)
         if decl.condition is not None and self.ctx.condition(decl.condition, self.scope) is False:
-            self.fail(span, f"{what} `{name}` does not exist for these hyperparameters (its `if` is false)",
-                      f"use it under the same condition, e.g. `if {self.ctx.source_text(decl.condition)} {{ ... }}`")
+            self.fail(
+                span,
+                f"{what} `{name}` does not exist for these hyperparameters (its `if` is false)",
+                f"use it under the same condition, e.g. `if {self.ctx.source_text(decl.condition)} {{ ... }}`",
+            )
         raise _Abort()  # building it failed, and that error is already reported
 
     def condition(self, e: ast.Expr) -> bool:
@@ -257,8 +304,11 @@ class _Lowering:
         except EvalError:
             raise _Abort() from None
         if not isinstance(v.value, bool):
-            self.fail(e.span, f"an `if` condition must be a bool, got {kind_of(v.value)}",
-                      "conditions are built from hyperparameters, e.g. `if bias` or `if dropout > 0.0`")
+            self.fail(
+                e.span,
+                f"an `if` condition must be a bool, got {kind_of(v.value)}",
+                "conditions are built from hyperparameters, e.g. `if bias` or `if dropout > 0.0`",
+            )
         return v.value
 
     # ---------------------------------------------------------------- static attributes
@@ -277,20 +327,33 @@ class _Lowering:
             StaticKind.DTYPE: isinstance(v.value, DType),
         }[kind]
         if not ok:
-            self.fail(getattr(e, "span", None), f"`{what}` must be a static {kind.value}, got {kind_of(v.value)}")
+            self.fail(
+                getattr(e, "span", None),
+                f"`{what}` must be a static {kind.value}, got {kind_of(v.value)}",
+            )
         return v
 
     def dim(self, e: ast.Expr) -> ir.Dim:
-        if isinstance(e, ast.Name) and (e.id in self.free or (e.id[:1].isupper() and self.scope.find(e.id) is None)):
+        if isinstance(e, ast.Name) and (
+            e.id in self.free or (e.id[:1].isupper() and self.scope.find(e.id) is None)
+        ):
             if e.id not in self.free:
-                self.fail(e.span, f"unknown dim `{e.id}`", "free dims must appear in the forward's arguments")
+                self.fail(
+                    e.span,
+                    f"unknown dim `{e.id}`",
+                    "free dims must appear in the forward's arguments",
+                )
             return ir.Dim(e.id)
         return self.dim_value(e)
 
     def dims(self, e: ast.Expr, what: str) -> tuple[ir.Dim, ...]:
         """A static list of dims, `[heads, head_dim]`."""
         if not isinstance(e, ast.ListExpr) or not e.items:
-            self.fail(getattr(e, "span", None), f"`{what}` must be a list of dims", "e.g. `[heads, head_dim]`")
+            self.fail(
+                getattr(e, "span", None),
+                f"`{what}` must be a list of dims",
+                "e.g. `[heads, head_dim]`",
+            )
         return tuple(self.dim(item) for item in e.items)
 
     def dim_by_name(self, name: str, span) -> ir.Dim:
@@ -305,11 +368,17 @@ class _Lowering:
             return prim.lower(self, call)
         sig, name = prim.signature, prim.name
         if len(call.args) > len(sig.tensors) + len(sig.statics):
-            self.fail(call.span, f"`{name}` takes at most {len(sig.tensors) + len(sig.statics)} positional arguments")
+            self.fail(
+                call.span,
+                f"`{name}` takes at most {len(sig.tensors) + len(sig.statics)} positional arguments",
+            )
         if len(call.args) < len(sig.tensors):
-            self.fail(call.span, f"`{name}` needs {len(sig.tensors)} tensor argument(s): {', '.join(sig.tensors)}")
+            self.fail(
+                call.span,
+                f"`{name}` needs {len(sig.tensors)} tensor argument(s): {', '.join(sig.tensors)}",
+            )
         tensors = tuple(self.expr(a) for a in call.args[: len(sig.tensors)])
-        given = {s.name: a for s, a in zip(sig.statics, call.args[len(sig.tensors):])}
+        given = {s.name: a for s, a in zip(sig.statics, call.args[len(sig.tensors) :])}
         optional = self._keywords(call, prim, given)
         reads = {a.span: ast.names_in(a) for a in given.values()}
         self._reading.update(reads)
@@ -317,10 +386,18 @@ class _Lowering:
         if prim.check is not None:
             prim.check(self, given, attrs)
         names = tuple(k for k in sig.optional_tensors if k in optional)
-        return ir.Prim(name, tensors + tuple(optional[k] for k in names), tuple(attrs.items()), call.span,
-                       optional=names, reads=tuple(dict.fromkeys(n for ns in reads.values() for n in ns)))
+        return ir.Prim(
+            name,
+            tensors + tuple(optional[k] for k in names),
+            tuple(attrs.items()),
+            call.span,
+            optional=names,
+            reads=tuple(dict.fromkeys(n for ns in reads.values() for n in ns)),
+        )
 
-    def _keywords(self, call: ast.Call, prim: primitives.Primitive, given: dict) -> dict[str, ir.TExpr]:
+    def _keywords(
+        self, call: ast.Call, prim: primitives.Primitive, given: dict
+    ) -> dict[str, ir.TExpr]:
         """Sort keyword arguments into optional tensors and static attributes (`given`)."""
         sig, optional = prim.signature, {}
         statics = [s.name for s in sig.statics]
@@ -332,11 +409,16 @@ class _Lowering:
                     self.fail(kw.span, f"`{kw.name}` is given twice")
                 given[kw.name] = kw.value
             else:
-                self.fail(kw.span, f"`{prim.name}` has no argument `{kw.name}`",
-                          did_you_mean(kw.name, statics + list(sig.optional_tensors)))
+                self.fail(
+                    kw.span,
+                    f"`{prim.name}` has no argument `{kw.name}`",
+                    did_you_mean(kw.name, statics + list(sig.optional_tensors)),
+                )
         return optional
 
-    def _static_attr(self, call: ast.Call, prim: primitives.Primitive, s: primitives.Static, given: dict):
+    def _static_attr(
+        self, call: ast.Call, prim: primitives.Primitive, s: primitives.Static, given: dict
+    ):
         if s.name in given:
             expr = given[s.name]
             if s.kind is StaticKind.DIMS:

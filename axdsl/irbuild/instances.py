@@ -15,7 +15,17 @@ from __future__ import annotations
 
 from axdsl.errors import Span, did_you_mean, relocated
 from axdsl.ir import nodes as ir
-from axdsl.ir.nodes import INIT_KINDS, DType, HValue, LayerValue, Origin, OriginKind, PatternValue, RepeatValue, RefKind
+from axdsl.ir.nodes import (
+    INIT_KINDS,
+    DType,
+    HValue,
+    LayerValue,
+    Origin,
+    OriginKind,
+    PatternValue,
+    RepeatValue,
+    RefKind,
+)
 from axdsl.ir.printer import value_text
 from axdsl.irbuild.consteval import EvalError, kind_of
 from axdsl.irbuild.context import BuildContext, Scope, dim_name
@@ -43,16 +53,25 @@ class InstanceBuilder:
             return None
         layer_name = chain[0].base
         if layer_name not in self.program.layers:
-            self.diags.error(chain[0].base_span, f"unknown layer `{layer_name}`",
-                             did_you_mean(layer_name, list(self.program.layers)))
+            self.diags.error(
+                chain[0].base_span,
+                f"unknown layer `{layer_name}`",
+                did_you_mean(layer_name, list(self.program.layers)),
+            )
             return None
         settings: dict[str, ast.Setting] = {}
         for m in chain:
             for s in m.settings:
                 settings[s.name] = s
         root = self.instantiate(
-            self.program.layers[layer_name], "/", decl.name, decl.span, set_exprs=settings,
-            set_values={}, parent=None, stack=(),
+            self.program.layers[layer_name],
+            "/",
+            decl.name,
+            decl.span,
+            set_exprs=settings,
+            set_values={},
+            parent=None,
+            stack=(),
         )
         return ir.Model(decl.name, root, decl.span) if root is not None else None
 
@@ -61,23 +80,39 @@ class InstanceBuilder:
         while chain[0].extends:
             base = self.program.models.get(chain[0].base)
             if base is None:
-                self.diags.error(chain[0].base_span, f"unknown model `{chain[0].base}`",
-                                 did_you_mean(chain[0].base, list(self.program.models)))
+                self.diags.error(
+                    chain[0].base_span,
+                    f"unknown model `{chain[0].base}`",
+                    did_you_mean(chain[0].base, list(self.program.models)),
+                )
                 return None
             if base.name in seen:
                 cycle = " -> ".join([m.name for m in reversed(chain)] + [base.name])
-                self.diags.error(decl.span, f"model `{decl.name}` extends itself: {cycle}",
-                                 "a model extends a different model or `=` a layer")
+                self.diags.error(
+                    decl.span,
+                    f"model `{decl.name}` extends itself: {cycle}",
+                    "a model extends a different model or `=` a layer",
+                )
                 return None
             seen.add(base.name)
             chain.insert(0, base)
         return chain
 
     # ---------------------------------------------------------------- instances
-    def instantiate(self, layer: ast.LayerDecl, path: str, name: str, span: Span, *,
-                    set_exprs: dict[str, ast.Setting], set_values: dict[str, HValue],
-                    parent: Scope | None, stack: tuple[str, ...],
-                    repeat: HValue | None = None, set_span: Span | None = None) -> ir.Instance | None:
+    def instantiate(
+        self,
+        layer: ast.LayerDecl,
+        path: str,
+        name: str,
+        span: Span,
+        *,
+        set_exprs: dict[str, ast.Setting],
+        set_values: dict[str, HValue],
+        parent: Scope | None,
+        stack: tuple[str, ...],
+        repeat: HValue | None = None,
+        set_span: Span | None = None,
+    ) -> ir.Instance | None:
         if layer.name in stack:
             cycle = " -> ".join(stack + (layer.name,))
             self.diags.error(span, f"layer recursion: {cycle}", "a layer cannot contain itself")
@@ -89,15 +124,28 @@ class InstanceBuilder:
         declared = {h.name: h for h in layer.hparams}
         for key, s in set_exprs.items():
             if key not in declared:
-                self.diags.error(s.span, f"layer `{layer.name}` has no hyperparameter `{key}`",
-                                 did_you_mean(key, list(declared)))
+                self.diags.error(
+                    s.span,
+                    f"layer `{layer.name}` has no hyperparameter `{key}`",
+                    did_you_mean(key, list(declared)),
+                )
         for key in set_values:
             if key not in declared:
-                self.diags.error(span, f"layer `{layer.name}` has no hyperparameter `{key}`",
-                                 did_you_mean(key, list(declared)))
+                self.diags.error(
+                    span,
+                    f"layer `{layer.name}` has no hyperparameter `{key}`",
+                    did_you_mean(key, list(declared)),
+                )
         scope = Scope(path, {}, parent)
-        self._resolve_hparams(layer, scope, set_exprs, set_values, is_root=parent is None, span=span,
-                              set_span=set_span)
+        self._resolve_hparams(
+            layer,
+            scope,
+            set_exprs,
+            set_values,
+            is_root=parent is None,
+            span=span,
+            set_span=set_span,
+        )
         hparams = tuple(scope.values[h.name] for h in layer.hparams if h.name in scope.values)
         if len(hparams) != len(layer.hparams):
             return None  # errors already reported
@@ -109,13 +157,34 @@ class InstanceBuilder:
                 children.append(inst)
         forward = lower_forward(self.ctx, layer, scope, params, children) if layer.forward else None
         if layer.forward is None:
-            self.diags.error(layer.span, f"layer `{layer.name}` has no forward",
-                             "add `forward(x: [B, S, dim]) -> [B, S, dim] { ... }`")
-        return ir.Instance(path, name, layer.name, hparams, params, tuple(children), forward,
-                           span, layer.span, repeat)
+            self.diags.error(
+                layer.span,
+                f"layer `{layer.name}` has no forward",
+                "add `forward(x: [B, S, dim]) -> [B, S, dim] { ... }`",
+            )
+        return ir.Instance(
+            path,
+            name,
+            layer.name,
+            hparams,
+            params,
+            tuple(children),
+            forward,
+            span,
+            layer.span,
+            repeat,
+        )
 
-    def _resolve_hparams(self, layer: ast.LayerDecl, scope: Scope, set_exprs, set_values,
-                         is_root: bool, span: Span, set_span: Span | None) -> None:
+    def _resolve_hparams(
+        self,
+        layer: ast.LayerDecl,
+        scope: Scope,
+        set_exprs,
+        set_values,
+        is_root: bool,
+        span: Span,
+        set_span: Span | None,
+    ) -> None:
         declared = {h.name: h for h in layer.hparams}
         busy: set[str] = set()
 
@@ -128,8 +197,9 @@ class InstanceBuilder:
                 return None
             busy.add(name)
             try:
-                hp = self._hparam_value(layer, decl, scope, set_exprs, set_values, lookup, is_root, span,
-                                        set_span)
+                hp = self._hparam_value(
+                    layer, decl, scope, set_exprs, set_values, lookup, is_root, span, set_span
+                )
             except EvalError:
                 hp = None
             busy.discard(name)
@@ -149,9 +219,18 @@ class InstanceBuilder:
         for h in layer.hparams:
             resolve_one(h.name, None)
 
-    def _hparam_value(self, layer: ast.LayerDecl, decl: ast.HParamDecl, scope: Scope, set_exprs,
-                      set_values, lookup, is_root: bool, inst_span: Span,
-                      set_span: Span | None) -> ir.HParam | None:
+    def _hparam_value(
+        self,
+        layer: ast.LayerDecl,
+        decl: ast.HParamDecl,
+        scope: Scope,
+        set_exprs,
+        set_values,
+        lookup,
+        is_root: bool,
+        inst_span: Span,
+        set_span: Span | None,
+    ) -> ir.HParam | None:
         """Resolve one hyperparameter; type errors point where the user wrote the value.
 
         `set_span` is the layer constructor (`RMSNorm(eps = 1e-5)`) that set `set_values`.
@@ -169,7 +248,9 @@ class InstanceBuilder:
         elif decl.name in set_exprs:
             setting = set_exprs[decl.name]
             expr, at = setting.value, setting.value.span
-            value, origin = self.ev.eval(setting.value, lookup, visible), Origin(OriginKind.SET, setting.span)
+            value, origin = self.ev.eval(setting.value, lookup, visible), Origin(
+                OriginKind.SET, setting.span
+            )
         elif scope.parent is not None and scope.parent.find(decl.name) is not None:
             inherited = scope.parent.find(decl.name)
             owner = self._owner_path(scope.parent, decl.name)
@@ -179,7 +260,8 @@ class InstanceBuilder:
             value, origin = self.ev.eval(decl.default, lookup, visible), ir.DEFAULT
         else:
             self.diags.error(
-                inst_span, f"`{decl.name}` of layer `{layer.name}` at `{scope.path}` needs a value",
+                inst_span,
+                f"`{decl.name}` of layer `{layer.name}` at `{scope.path}` needs a value",
                 f"set `{decl.name} = ...` in the model or the parent layer, or give it a default "
                 f"(declared at {decl.span})",
             )
@@ -190,7 +272,9 @@ class InstanceBuilder:
         if is_root and type_name in ("int", "float", "dtype"):
             value = HValue(value.value, f"cfg.{decl.name}")
         options = tuple(decl.type.options) if type_name == "enum" else ()
-        return ir.HParam(decl.name, ir.HParamType(ir.HParamKind(type_name), options), value, origin, decl.span)
+        return ir.HParam(
+            decl.name, ir.HParamType(ir.HParamKind(type_name), options), value, origin, decl.span
+        )
 
     def _owner_path(self, scope: Scope, name: str) -> str:
         while scope is not None and name not in scope.values:
@@ -200,12 +284,23 @@ class InstanceBuilder:
     def _type_name(self, t: ast.TypeRef) -> str | None:
         if t.name in HPARAM_TYPES:
             return t.name
-        self.diags.error(t.span, f"unknown type `{t.name}`",
-                         did_you_mean(t.name, HPARAM_TYPES) or f"types are {', '.join(HPARAM_TYPES)}")
+        self.diags.error(
+            t.span,
+            f"unknown type `{t.name}`",
+            did_you_mean(t.name, HPARAM_TYPES) or f"types are {', '.join(HPARAM_TYPES)}",
+        )
         return None
 
-    def _check_type(self, decl: ast.HParamDecl, type_name: str, value: HValue, origin: Origin,
-                    scope: Scope, at: Span, expr: ast.Expr | None) -> HValue | None:
+    def _check_type(
+        self,
+        decl: ast.HParamDecl,
+        type_name: str,
+        value: HValue,
+        origin: Origin,
+        scope: Scope,
+        at: Span,
+        expr: ast.Expr | None,
+    ) -> HValue | None:
         """Check `value` against the declared type; report at `at`, where the value was written."""
         v = value.value
         ok = {
@@ -224,9 +319,16 @@ class InstanceBuilder:
         where = f" ({origin})" if origin.kind is not OriginKind.SET else ""
         declared = f"declared as `{decl.name}: {_show_type(decl.type)}` at {decl.span}"
         text = self.ctx.source_text(expr) if expr is not None else value.code
-        if type_name == "int" and isinstance(v, float) and "//" not in value.code and "/" in value.code:
-            msg = (f"`{decl.name}` of layer at `{scope.path}` must be an int, but `{text}` is {v:g}: "
-                   f"the division is not exact")
+        if (
+            type_name == "int"
+            and isinstance(v, float)
+            and "//" not in value.code
+            and "/" in value.code
+        ):
+            msg = (
+                f"`{decl.name}` of layer at `{scope.path}` must be an int, but `{text}` is {v:g}: "
+                f"the division is not exact"
+            )
             hint = f"the divisor must divide the dividend (e.g. heads must divide dim), or set `{decl.name}`"
         elif type_name == "enum" and isinstance(v, str):
             msg = f"`{decl.name}` must be one of {', '.join(map(_show, decl.type.options))}, got {_show(v)}"
@@ -240,8 +342,15 @@ class InstanceBuilder:
         self._error_at_user_line(at, msg, hint, scope, names)
         return None
 
-    def _error_at_user_line(self, at: Span, msg: str, hint: str | None, scope: Scope, names: list[str],
-                            where: str | None = None) -> None:
+    def _error_at_user_line(
+        self,
+        at: Span,
+        msg: str,
+        hint: str | None,
+        scope: Scope,
+        names: list[str],
+        where: str | None = None,
+    ) -> None:
         """An error in a library layer's default is shown where the user set a value it reads
         (their `heads = 5`), with a note for the library line."""
         user = ir.user_line(names, scope.origins)
@@ -255,26 +364,36 @@ class InstanceBuilder:
         dims = []
         for d in decl.shape:
             if isinstance(d, ast.EllipsisDim):
-                self.diags.error(d.span, "a parameter's shape must be fully known; `...` is for forward shapes")
+                self.diags.error(
+                    d.span, "a parameter's shape must be fully known; `...` is for forward shapes"
+                )
                 return None
             v = self.ctx.eval(d, scope)
             if v is None:
                 return None
             if not isinstance(v.value, int) or isinstance(v.value, bool) or v.value < 1:
-                self.diags.error(d.span, f"a dimension must be a positive int, got {_show(v.value)}")
+                self.diags.error(
+                    d.span, f"a dimension must be a positive int, got {_show(v.value)}"
+                )
                 return None
             dims.append(ir.Dim(dim_name(d), v.value, v.code))
         init = self._init(decl, scope)
         axes = decl.axes
         if axes is None:
-            self.diags.error(decl.span, f"parameter `{decl.name}` has no logical axes",
-                             f"add `axes(...)` with one logical axis per dim ({len(dims)} here); "
-                             f"known axes: {', '.join(ir.LOGICAL_AXES)}")
+            self.diags.error(
+                decl.span,
+                f"parameter `{decl.name}` has no logical axes",
+                f"add `axes(...)` with one logical axis per dim ({len(dims)} here); "
+                f"known axes: {', '.join(ir.LOGICAL_AXES)}",
+            )
             return None
         dtype_name = decl.dtype or self._root_param_dtype(scope)
         if dtype_name not in ir.DTYPES:
-            self.diags.error(decl.dtype_span or decl.span, f"unknown dtype `{dtype_name}`",
-                             did_you_mean(dtype_name, ir.DTYPES) or f"dtypes are {', '.join(ir.DTYPES)}")
+            self.diags.error(
+                decl.dtype_span or decl.span,
+                f"unknown dtype `{dtype_name}`",
+                did_you_mean(dtype_name, ir.DTYPES) or f"dtypes are {', '.join(ir.DTYPES)}",
+            )
             return None
         if init is None:
             return None
@@ -289,8 +408,11 @@ class InstanceBuilder:
         if spec is None:
             return ir.Init("normal", (HValue(0.02, "0.02"),), decl.span)
         if spec.kind not in INIT_KINDS:
-            self.diags.error(spec.span, f"unknown initializer `{spec.kind}`",
-                             did_you_mean(spec.kind, list(INIT_KINDS)) or f"use one of {', '.join(INIT_KINDS)}")
+            self.diags.error(
+                spec.span,
+                f"unknown initializer `{spec.kind}`",
+                did_you_mean(spec.kind, list(INIT_KINDS)) or f"use one of {', '.join(INIT_KINDS)}",
+            )
             return None
         if len(spec.args) != INIT_KINDS[spec.kind]:
             self.diags.error(spec.span, f"`{spec.kind}` takes {INIT_KINDS[spec.kind]} argument(s)")
@@ -301,7 +423,9 @@ class InstanceBuilder:
             if v is None:
                 return None
             if not isinstance(v.value, (int, float)) or isinstance(v.value, bool):
-                self.diags.error(a.span, f"initializer arguments are numbers, got {kind_of(v.value)}")
+                self.diags.error(
+                    a.span, f"initializer arguments are numbers, got {kind_of(v.value)}"
+                )
                 return None
             args.append(HValue(float(v.value), v.code))
         problem = _init_range(spec.kind, [a.value for a in args])
@@ -322,22 +446,44 @@ class InstanceBuilder:
             repeat, value = value.count, value.layer
         if isinstance(value, PatternValue):
             if repeat is None:
-                self.diags.error(decl.value.span, f"child `{decl.name}` is a list of layers, which only "
-                                 "`repeat` can run", f"write `child {decl.name} = repeat(n, [...])`")
+                self.diags.error(
+                    decl.value.span,
+                    f"child `{decl.name}` is a list of layers, which only " "`repeat` can run",
+                    f"write `child {decl.name} = repeat(n, [...])`",
+                )
                 return None
             return self._pattern(decl, value, repeat, path, scope, stack)
         if not isinstance(value, LayerValue):
-            self.diags.error(decl.value.span, f"child `{decl.name}` must be a layer, got {kind_of(value)}",
-                             "write `child name = LayerName(...)` or name a Layer hyperparameter")
+            self.diags.error(
+                decl.value.span,
+                f"child `{decl.name}` must be a layer, got {kind_of(value)}",
+                "write `child name = LayerName(...)` or name a Layer hyperparameter",
+            )
             return None
         layer = self.program.layers[value.layer]
         child_path = (path if path.endswith("/") else path + "/") + decl.name
-        return self.instantiate(layer, child_path, decl.name, decl.span, set_exprs={},
-                                set_values=dict(value.args), parent=scope, stack=stack, repeat=repeat,
-                                set_span=value.span)
+        return self.instantiate(
+            layer,
+            child_path,
+            decl.name,
+            decl.span,
+            set_exprs={},
+            set_values=dict(value.args),
+            parent=scope,
+            stack=stack,
+            repeat=repeat,
+            set_span=value.span,
+        )
 
-    def _pattern(self, decl: ast.ChildDecl, pattern: PatternValue, count: HValue, path: str, scope: Scope,
-                 stack) -> ir.Instance | None:
+    def _pattern(
+        self,
+        decl: ast.ChildDecl,
+        pattern: PatternValue,
+        count: HValue,
+        path: str,
+        scope: Scope,
+        stack,
+    ) -> ir.Instance | None:
         """`repeat(n, [A(), B()])`: a group instance with children "0", "1" (A, B) and a forward that
         runs them in turn, repeated n / k times, so one scan runs the whole pattern.
 
@@ -349,9 +495,13 @@ class InstanceBuilder:
         if q == 0:
             at = decl.value.args[0].span if _is_repeat_call(decl.value) else decl.value.span
             self._error_at_user_line(
-                at, f"`repeat` count {count.value} is smaller than the pattern's {k} layers",
+                at,
+                f"`repeat` count {count.value} is smaller than the pattern's {k} layers",
                 f"a pattern runs whole at least once: repeat it at least {k} times, or repeat a single layer",
-                scope, ast.names_in(decl.value), f"in child `{decl.name}` of the layer at `{scope.path}`")
+                scope,
+                ast.names_in(decl.value),
+                f"in child `{decl.name}` of the layer at `{scope.path}`",
+            )
             return None
         child_path = (path if path.endswith("/") else path + "/") + decl.name
         camel = "".join(w.capitalize() for w in decl.name.split("_"))
@@ -360,27 +510,83 @@ class InstanceBuilder:
             elements = self._elements(pattern.layers, child_path, scope, stack)
             if elements is None:
                 return None
-            return ir.Instance(child_path, decl.name, camel + "Pattern", (), (), elements,
-                               _pattern_forward(elements), decl.span, pattern.span, groups, pattern=True)
+            return ir.Instance(
+                child_path,
+                decl.name,
+                camel + "Pattern",
+                (),
+                (),
+                elements,
+                _pattern_forward(elements),
+                decl.span,
+                pattern.span,
+                groups,
+                pattern=True,
+            )
         scanned = self._elements(pattern.layers, child_path + "/groups", scope, stack)
         tail = self._elements(pattern.layers[:r], child_path + "/tail", scope, stack)
         if scanned is None or tail is None:
             return None
         parts = (
-            ir.Instance(child_path + "/groups", "groups", camel + "Group", (), (), scanned,
-                        _pattern_forward(scanned), decl.span, pattern.span, groups, pattern=True),
-            ir.Instance(child_path + "/tail", "tail", camel + "Tail", (), (), tail, _pattern_forward(tail),
-                        decl.span, pattern.span, None, pattern=True),
+            ir.Instance(
+                child_path + "/groups",
+                "groups",
+                camel + "Group",
+                (),
+                (),
+                scanned,
+                _pattern_forward(scanned),
+                decl.span,
+                pattern.span,
+                groups,
+                pattern=True,
+            ),
+            ir.Instance(
+                child_path + "/tail",
+                "tail",
+                camel + "Tail",
+                (),
+                (),
+                tail,
+                _pattern_forward(tail),
+                decl.span,
+                pattern.span,
+                None,
+                pattern=True,
+            ),
         )
-        return ir.Instance(child_path, decl.name, camel + "Pattern", (), (), parts, _pattern_forward(list(parts)),
-                           decl.span, pattern.span, None, pattern=True)
+        return ir.Instance(
+            child_path,
+            decl.name,
+            camel + "Pattern",
+            (),
+            (),
+            parts,
+            _pattern_forward(list(parts)),
+            decl.span,
+            pattern.span,
+            None,
+            pattern=True,
+        )
 
-    def _elements(self, layers: tuple[LayerValue, ...], path: str, scope: Scope,
-                  stack) -> tuple[ir.Instance, ...] | None:
+    def _elements(
+        self, layers: tuple[LayerValue, ...], path: str, scope: Scope, stack
+    ) -> tuple[ir.Instance, ...] | None:
         """A pattern's layers as children "0", "1", ... of `path`; None when one failed (reported)."""
-        out = [self.instantiate(self.program.layers[lv.layer], f"{path}/{i}", str(i), lv.span, set_exprs={},
-                                set_values=dict(lv.args), parent=scope, stack=stack, set_span=lv.span)
-               for i, lv in enumerate(layers)]
+        out = [
+            self.instantiate(
+                self.program.layers[lv.layer],
+                f"{path}/{i}",
+                str(i),
+                lv.span,
+                set_exprs={},
+                set_values=dict(lv.args),
+                parent=scope,
+                stack=stack,
+                set_span=lv.span,
+            )
+            for i, lv in enumerate(layers)
+        ]
         if any(e is None or e.forward is None for e in out):
             return None
         return tuple(out)
@@ -389,10 +595,15 @@ class InstanceBuilder:
 def _init_range(kind: str, args: list[float]) -> tuple[str, str] | None:
     """(message, hint) when the arguments of a log-domain initializer have no value to take."""
     if kind == "log_arange" and args[0] <= 0:
-        return f"starts at log({args[0]:g}), which is not a number", "the start is > 0: `log_arange(1.0)`"
+        return (
+            f"starts at log({args[0]:g}), which is not a number",
+            "the start is > 0: `log_arange(1.0)`",
+        )
     if kind == "dt_log_uniform" and not 0 < args[0] < args[1]:
-        return (f"draws from [{args[0]:g}, {args[1]:g}], which is not a range of positive steps",
-                "write `dt_log_uniform(low, high)` with 0 < low < high, as Mamba's `(0.001, 0.1)`")
+        return (
+            f"draws from [{args[0]:g}, {args[1]:g}], which is not a range of positive steps",
+            "write `dt_log_uniform(low, high)` with 0 < low < high, as Mamba's `(0.001, 0.1)`",
+        )
     return None
 
 
@@ -408,7 +619,9 @@ def _pattern_forward(elements) -> ir.Forward:
         return ir.CallChild(inst.name, refs, inst.span)
 
     if not args:  # nothing to carry: the repeat's call reports it
-        return ir.Forward((), first.result, (ir.Ret(call(elements[0]), elements[0].span),), first.span)
+        return ir.Forward(
+            (), first.result, (ir.Ret(call(elements[0]), elements[0].span),), first.span
+        )
     carry = args[0].name
     body: list[ir.Stmt] = [ir.Let(carry, call(e), None, e.span) for e in elements[:-1]]
     body.append(ir.Ret(call(elements[-1]), elements[-1].span))
@@ -416,7 +629,12 @@ def _pattern_forward(elements) -> ir.Forward:
 
 
 def _is_repeat_call(e: ast.Expr) -> bool:
-    return isinstance(e, ast.Call) and isinstance(e.func, ast.Name) and e.func.id == "repeat" and len(e.args) == 2
+    return (
+        isinstance(e, ast.Call)
+        and isinstance(e.func, ast.Name)
+        and e.func.id == "repeat"
+        and len(e.args) == 2
+    )
 
 
 def _operand(code: str) -> str:
@@ -431,7 +649,11 @@ def _show(v) -> str:
     if isinstance(v, PatternValue):
         return "`[" + ", ".join(f"{lv.layer}(...)" for lv in v.layers) + "]`"
     if isinstance(v, RepeatValue):
-        inner = _show(v.layer).strip("`") if isinstance(v.layer, PatternValue) else f"{v.layer.layer}(...)"
+        inner = (
+            _show(v.layer).strip("`")
+            if isinstance(v.layer, PatternValue)
+            else f"{v.layer.layer}(...)"
+        )
         return f"`repeat({_show(v.count.value)}, {inner})`"
     return value_text(v)
 

@@ -19,9 +19,13 @@ def build_section(ctx: BuildContext, decl: ast.SectionDecl) -> ir.Section:
             settings.append(ir.Setting(item.name, section_value(ctx, item.value), item.span))
         else:
             args = tuple(ir.DirectiveArg(None, section_value(ctx, a), a.span) for a in item.args)
-            kwargs = tuple(ir.DirectiveArg(k.name, section_value(ctx, k.value), k.span) for k in item.kwargs)
+            kwargs = tuple(
+                ir.DirectiveArg(k.name, section_value(ctx, k.value), k.span) for k in item.kwargs
+            )
             directives.append(ir.Directive(item.name, args, kwargs, item.span))
-    return ir.Section(ir.SectionKind(decl.kind), decl.pattern, tuple(settings), tuple(directives), decl.span)
+    return ir.Section(
+        ir.SectionKind(decl.kind), decl.pattern, tuple(settings), tuple(directives), decl.span
+    )
 
 
 def section_value(ctx: BuildContext, expr: ast.Expr) -> ir.SectionValue:
@@ -31,7 +35,10 @@ def section_value(ctx: BuildContext, expr: ast.Expr) -> ir.SectionValue:
     if isinstance(expr, ast.ListExpr):
         return tuple(section_value(ctx, i) for i in expr.items)
     if isinstance(expr, ast.Call) and isinstance(expr.func, ast.Name):
-        return ir.CallValue(expr.func.id, tuple(section_value(ctx, a) for a in expr.args),
-                            tuple((k.name, section_value(ctx, k.value)) for k in expr.kwargs))
+        return ir.CallValue(
+            expr.func.id,
+            tuple(section_value(ctx, a) for a in expr.args),
+            tuple((k.name, section_value(ctx, k.value)) for k in expr.kwargs),
+        )
     v = ctx.eval(expr, Scope("/"), lambda name, at: None)
     return v.value if v is not None else None

@@ -40,7 +40,9 @@ def annotate_sharding(module: ir.Module) -> ir.Module:
     return replace(module, models=tuple(models))
 
 
-def _report_undivided(model: ir.Model, sched: ir.Schedule, undivided: dict, diags: Diagnostics) -> None:
+def _report_undivided(
+    model: ir.Model, sched: ir.Schedule, undivided: dict, diags: Diagnostics
+) -> None:
     """One error per logical axis and size, at the rule when the spec wrote it, else at the model."""
     for (logical, size), paths in undivided.items():
         axes = sched.kept_axes(logical)
@@ -49,20 +51,26 @@ def _report_undivided(model: ir.Model, sched: ir.Schedule, undivided: dict, diag
         rule = sched.rule_choice(logical)
         where = rule.span if rule is not None and rule.span is not None else model.span
         shown = ", ".join(paths[:3]) + (f" and {len(paths) - 3} more" if len(paths) > 3 else "")
-        diags.error(where, f"{model.name}: logical axis `{logical}` has size {size}, which {how} "
-                           f"({ways} shards on {sched.name}) does not divide (parameters {shown})",
-                    f"change the mesh, map `{logical}` to other mesh axes in rules(...), or pick a size "
-                    f"that is a multiple of {ways}")
+        diags.error(
+            where,
+            f"{model.name}: logical axis `{logical}` has size {size}, which {how} "
+            f"({ways} shards on {sched.name}) does not divide (parameters {shown})",
+            f"change the mesh, map `{logical}` to other mesh axes in rules(...), or pick a size "
+            f"that is a multiple of {ways}",
+        )
 
 
-def _annotate(inst: ir.Instance, sched: ir.Schedule, diags: Diagnostics, undivided: dict) -> ir.Instance:
+def _annotate(
+    inst: ir.Instance, sched: ir.Schedule, diags: Diagnostics, undivided: dict
+) -> ir.Instance:
     params = tuple(_shard_param(inst, p, sched, diags, undivided) for p in inst.params)
     children = tuple(_annotate(c, sched, diags, undivided) for c in inst.children)
     return replace(inst, params=params, children=children)
 
 
-def _shard_param(inst: ir.Instance, p: ir.Param, sched: ir.Schedule, diags: Diagnostics,
-                 undivided: dict) -> ir.Param:
+def _shard_param(
+    inst: ir.Instance, p: ir.Param, sched: ir.Schedule, diags: Diagnostics, undivided: dict
+) -> ir.Param:
     spec: list[tuple[str, ...]] = []
     seen: dict[str, str] = {}
     path = f"{inst.path.rstrip('/')}/{p.name}"
@@ -70,10 +78,12 @@ def _shard_param(inst: ir.Instance, p: ir.Param, sched: ir.Schedule, diags: Diag
         axes = sched.kept_axes(logical)
         for a in axes:
             if a in seen:
-                diags.error(_rule_span(sched, (logical, seen[a])) or p.span,
-                            f"mesh axis `{a}` is used twice by parameter {path}: by its "
-                            f"`{seen[a]}` and `{logical}` dims ({sched.name})",
-                            f"map `{seen[a]}` and `{logical}` to different mesh axes in rules(...)")
+                diags.error(
+                    _rule_span(sched, (logical, seen[a])) or p.span,
+                    f"mesh axis `{a}` is used twice by parameter {path}: by its "
+                    f"`{seen[a]}` and `{logical}` dims ({sched.name})",
+                    f"map `{seen[a]}` and `{logical}` to different mesh axes in rules(...)",
+                )
             seen[a] = logical
         ways = math.prod(sched.size(a) for a in axes)
         if dim.size is not None and ways > 1 and dim.size % ways:
@@ -91,7 +101,9 @@ def _rule_span(sched: ir.Schedule, logicals: tuple[str, ...]):
     return None
 
 
-def activation_spec(sched: ir.Schedule, logical_axes: tuple[str | None, ...]) -> tuple[tuple[str, ...], ...]:
+def activation_spec(
+    sched: ir.Schedule, logical_axes: tuple[str | None, ...]
+) -> tuple[tuple[str, ...], ...]:
     """Mesh axes for an activation's dims: rules in dim order, each mesh axis used once."""
     used: set[str] = set()
     out = []

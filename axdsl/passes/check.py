@@ -15,10 +15,36 @@ from axdsl.ir import nodes as ir
 
 # Names the generated model module defines itself; spec names may not take them.
 RESERVED = {
-    "cfg", "params", "rng", "jax", "jnp", "np", "optax", "math", "functools", "dataclasses",
-    "zlib", "Config", "CONFIGS", "init_params", "param_axes", "forward", "loss_fn", "checkpoint_name",
-    "scan_body", "self", "None", "True", "False", "Param", "param_table", "_nest", "shard", "make_mesh",
-    "param_specs", "forward_with_aux",
+    "cfg",
+    "params",
+    "rng",
+    "jax",
+    "jnp",
+    "np",
+    "optax",
+    "math",
+    "functools",
+    "dataclasses",
+    "zlib",
+    "Config",
+    "CONFIGS",
+    "init_params",
+    "param_axes",
+    "forward",
+    "loss_fn",
+    "checkpoint_name",
+    "scan_body",
+    "self",
+    "None",
+    "True",
+    "False",
+    "Param",
+    "param_table",
+    "_nest",
+    "shard",
+    "make_mesh",
+    "param_specs",
+    "forward_with_aux",
 }
 
 
@@ -52,23 +78,38 @@ def check(module: ir.Module) -> ir.Module:
 
 def _check_identifier(name: str, span, diags: Diagnostics, what: str) -> None:
     if keyword.iskeyword(name) or keyword.issoftkeyword(name):
-        diags.error(span, f"{what} name `{name}` is a Python keyword, reserved in generated code", "rename it")
+        diags.error(
+            span,
+            f"{what} name `{name}` is a Python keyword, reserved in generated code",
+            "rename it",
+        )
     elif name in RESERVED or name.startswith("__"):
-        diags.error(span, f"{what} name `{name}` is reserved: the generated code defines it", "rename it")
+        diags.error(
+            span, f"{what} name `{name}` is reserved: the generated code defines it", "rename it"
+        )
 
 
 def _check_param(inst: ir.Instance, p: ir.Param, diags: Diagnostics) -> None:
     if len(p.axes) != len(p.dims):
-        diags.error(p.span, f"parameter `{p.name}` has {len(p.dims)} dims but {len(p.axes)} logical axes",
-                    "name one logical axis per dim in `axes(...)`")
+        diags.error(
+            p.span,
+            f"parameter `{p.name}` has {len(p.dims)} dims but {len(p.axes)} logical axes",
+            "name one logical axis per dim in `axes(...)`",
+        )
         return
     seen = set()
     for axis, dim in zip(p.axes, p.dims):
         if axis not in ir.LOGICAL_AXES:
-            diags.error(p.span, f"unknown logical axis `{axis}` on parameter `{p.name}`",
-                        did_you_mean(axis, ir.LOGICAL_AXES) or f"known axes: {', '.join(ir.LOGICAL_AXES)}")
+            diags.error(
+                p.span,
+                f"unknown logical axis `{axis}` on parameter `{p.name}`",
+                did_you_mean(axis, ir.LOGICAL_AXES) or f"known axes: {', '.join(ir.LOGICAL_AXES)}",
+            )
             continue
         if axis in seen:
-            diags.error(p.span, f"logical axis `{axis}` is used twice on parameter `{p.name}`",
-                        "a tensor can be sharded along one axis name once")
+            diags.error(
+                p.span,
+                f"logical axis `{axis}` is used twice on parameter `{p.name}`",
+                "a tensor can be sharded along one axis name once",
+            )
         seen.add(axis)

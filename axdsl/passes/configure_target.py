@@ -54,16 +54,22 @@ def _parse_block(block: ir.Section, diags: Diagnostics) -> dict[str, tuple[Any, 
     """Check one target block's shape; return {directive: (parsed value, span)}."""
     out: dict[str, tuple[Any, Span]] = {}
     for setting in block.settings:
-        diags.error(setting.span, f"unknown target setting `{setting.name}`",
-                    "target blocks hold directives: " + ", ".join(f"{d}(...)" for d in DIRECTIVES))
+        diags.error(
+            setting.span,
+            f"unknown target setting `{setting.name}`",
+            "target blocks hold directives: " + ", ".join(f"{d}(...)" for d in DIRECTIVES),
+        )
     for d in block.directives:
         if d.name not in DIRECTIVES:
             hint = did_you_mean(d.name, DIRECTIVES) or "directives: " + ", ".join(DIRECTIVES)
             diags.error(d.span, f"unknown target directive `{d.name}`", hint)
             continue
         if d.name in out:
-            diags.error(d.span, f"`{d.name}(...)` appears twice in this target block",
-                        "merge them into one directive")
+            diags.error(
+                d.span,
+                f"`{d.name}(...)` appears twice in this target block",
+                "merge them into one directive",
+            )
             continue
         value = globals()[f"_parse_{d.name}"](d, diags)
         if value is not None:
@@ -75,17 +81,26 @@ def _name(v) -> str | None:
     return v.id if isinstance(v, ir.NameValue) else None
 
 
-def _names(v, span: Span, what: str, allowed: tuple[str, ...], diags: Diagnostics) -> tuple[str, ...] | None:
+def _names(
+    v, span: Span, what: str, allowed: tuple[str, ...], diags: Diagnostics
+) -> tuple[str, ...] | None:
     """A bare name or a list of bare names, each one of `allowed`."""
-    items = (v,) if _name(v) is not None else v if isinstance(v, tuple) and all(_name(i) for i in v) else None
+    items = (
+        (v,)
+        if _name(v) is not None
+        else v if isinstance(v, tuple) and all(_name(i) for i in v) else None
+    )
     if items is None:
         diags.error(span, f"{what} takes a name or a list of names, as in [data, fsdp]")
         return None
     names = tuple(_name(i) for i in items)
     for n in names:
         if n not in allowed:
-            diags.error(span, f"unknown {what} `{n}`",
-                        did_you_mean(n, allowed) or f"known: {', '.join(allowed)}")
+            diags.error(
+                span,
+                f"unknown {what} `{n}`",
+                did_you_mean(n, allowed) or f"known: {', '.join(allowed)}",
+            )
             return None
     return names
 
@@ -103,11 +118,17 @@ def _parse_mesh(d: ir.Directive, diags: Diagnostics):
     sizes = {}
     for key, value, span in ((a.name, a.value, a.span) for a in d.kwargs):
         if key not in MESH_AXES:
-            diags.error(span, f"unknown mesh axis `{key}`",
-                        did_you_mean(key, MESH_AXES) or f"mesh axes: {', '.join(MESH_AXES)}")
+            diags.error(
+                span,
+                f"unknown mesh axis `{key}`",
+                did_you_mean(key, MESH_AXES) or f"mesh axes: {', '.join(MESH_AXES)}",
+            )
         elif not isinstance(value, int) or isinstance(value, bool) or value == 0 or value < -1:
-            diags.error(span, f"mesh axis `{key}` must be a positive integer or -1",
-                        "-1 means: whatever is left of the chip count")
+            diags.error(
+                span,
+                f"mesh axis `{key}` must be a positive integer or -1",
+                "-1 means: whatever is left of the chip count",
+            )
         else:
             sizes[key] = value
     if sum(1 for v in sizes.values() if v == -1) > 1:
@@ -121,8 +142,11 @@ def _parse_rules(d: ir.Directive, diags: Diagnostics):
     rules = []
     for key, value, span in ((a.name, a.value, a.span) for a in d.kwargs):
         if key not in ir.LOGICAL_AXES:
-            diags.error(span, f"unknown logical axis `{key}`",
-                        did_you_mean(key, ir.LOGICAL_AXES) or f"logical axes: {', '.join(ir.LOGICAL_AXES)}")
+            diags.error(
+                span,
+                f"unknown logical axis `{key}`",
+                did_you_mean(key, ir.LOGICAL_AXES) or f"logical axes: {', '.join(ir.LOGICAL_AXES)}",
+            )
             continue
         axes = () if value == () else _names(value, span, "mesh axis", MESH_AXES, diags)
         if axes is not None:
@@ -137,9 +161,12 @@ def _parse_remat(d: ir.Directive, diags: Diagnostics):
     simple = ("none", "full", "save_dots", "fit")
     if d.args:
         if len(d.args) != 1 or d.kwargs or _name(d.args[0].value) not in simple:
-            diags.error(d.span, "remat takes one of none, full, save_dots, fit, or save = [...] and/or "
-                        "offload = [...]",
-                        "for example remat(full) or remat(save = [query_proj, out_proj])")
+            diags.error(
+                d.span,
+                "remat takes one of none, full, save_dots, fit, or save = [...] and/or "
+                "offload = [...]",
+                "for example remat(full) or remat(save = [query_proj, out_proj])",
+            )
             return None
         return ir.RematPolicy(ir.RematKind(_name(d.args[0].value)))
     if not d.kwargs:
@@ -148,7 +175,9 @@ def _parse_remat(d: ir.Directive, diags: Diagnostics):
     lists = {}
     for key, value, span in ((a.name, a.value, a.span) for a in d.kwargs):
         if key not in ("save", "offload"):
-            diags.error(span, f"unknown remat option `{key}`", did_you_mean(key, ("save", "offload")))
+            diags.error(
+                span, f"unknown remat option `{key}`", did_you_mean(key, ("save", "offload"))
+            )
             continue
         items = (value,) if _name(value) else value if isinstance(value, tuple) else None
         if items is None or not all(_name(i) for i in items):
@@ -161,32 +190,47 @@ def _parse_remat(d: ir.Directive, diags: Diagnostics):
 
 def _parse_quantize(d: ir.Directive, diags: Diagnostics):
     if len(d.args) != 1 or _name(d.args[0].value) is None:
-        diags.error(d.span, "quantize takes a format: quantize(fp8), quantize(int8) or quantize(none)",
-                    'optionally with layers = "blocks/*" to pick layer paths')
+        diags.error(
+            d.span,
+            "quantize takes a format: quantize(fp8), quantize(int8) or quantize(none)",
+            'optionally with layers = "blocks/*" to pick layer paths',
+        )
         return None
     fmt = _name(d.args[0].value)
     if fmt not in QUANT_FORMATS:
-        diags.error(d.args[0].span, f"unknown quantization format `{fmt}`",
-                    did_you_mean(fmt, QUANT_FORMATS) or f"formats: {', '.join(QUANT_FORMATS)}")
+        diags.error(
+            d.args[0].span,
+            f"unknown quantization format `{fmt}`",
+            did_you_mean(fmt, QUANT_FORMATS) or f"formats: {', '.join(QUANT_FORMATS)}",
+        )
         return None
     layers: tuple[str, ...] = ("*",)
     for key, value, span in ((a.name, a.value, a.span) for a in d.kwargs):
         if key != "layers":
-            diags.error(span, f"unknown quantize option `{key}`", "the only option is layers = \"pattern\"")
+            diags.error(
+                span, f"unknown quantize option `{key}`", 'the only option is layers = "pattern"'
+            )
         elif isinstance(value, str):
             layers = (value,)
         elif isinstance(value, tuple) and value and all(isinstance(v, str) for v in value):
             layers = value
         else:
-            diags.error(span, "layers takes a path pattern string or a list of them", 'as in layers = "blocks/*"')
+            diags.error(
+                span,
+                "layers takes a path pattern string or a list of them",
+                'as in layers = "blocks/*"',
+            )
     return ir.QuantPolicy(ir.QuantFormat(fmt), layers)
 
 
 def _parse_unroll(d: ir.Directive, diags: Diagnostics):
     value = d.args[0].value if len(d.args) == 1 and not d.kwargs else None
     if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        diags.error(d.span, "unroll takes the most layers a repeat may have and run unrolled",
-                    "for example unroll(16); unroll(0) keeps every repeat a rolled jax.lax.scan")
+        diags.error(
+            d.span,
+            "unroll takes the most layers a repeat may have and run unrolled",
+            "for example unroll(16); unroll(0) keeps every repeat a rolled jax.lax.scan",
+        )
         return None
     return value
 
@@ -194,8 +238,11 @@ def _parse_unroll(d: ir.Directive, diags: Diagnostics):
 def _parse_steps_per_call(d: ir.Directive, diags: Diagnostics):
     value = d.args[0].value if len(d.args) == 1 and not d.kwargs else None
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        diags.error(d.span, "steps_per_call takes how many train steps one jitted call runs (at least 1)",
-                    "for example steps_per_call(8); steps_per_call(1) calls the step once per step")
+        diags.error(
+            d.span,
+            "steps_per_call takes how many train steps one jitted call runs (at least 1)",
+            "for example steps_per_call(8); steps_per_call(1) calls the step once per step",
+        )
         return None
     return value
 
@@ -206,12 +253,19 @@ def _parse_kernels(d: ir.Directive, diags: Diagnostics):
     out = []
     for key, value, span in ((a.name, a.value, a.span) for a in d.kwargs):
         if key not in KERNEL_OPS:
-            diags.error(span, f"no kernel choice for `{key}`", f"kernel choices exist for: {', '.join(KERNEL_OPS)}")
+            diags.error(
+                span,
+                f"no kernel choice for `{key}`",
+                f"kernel choices exist for: {', '.join(KERNEL_OPS)}",
+            )
             continue
         kernel, names = _name(value), primitives.get(key).kernels.names
         if kernel not in names + ("auto",):
-            diags.error(span, f"unknown {key} kernel `{kernel or value_text(value)}`",
-                        did_you_mean(str(kernel), names) or f"kernels: {', '.join(names)}, auto")
+            diags.error(
+                span,
+                f"unknown {key} kernel `{kernel or value_text(value)}`",
+                did_you_mean(str(kernel), names) or f"kernels: {', '.join(names)}, auto",
+            )
             continue
         out.append((key, kernel, span))
     return tuple(out)
@@ -238,10 +292,19 @@ def _schedule(t: Target, block: ir.Section | None, o: dict, diags: Diagnostics) 
     ov = _Overrides(t, block, o)
     mesh, sizes = _mesh(ov, diags)
     return ir.Schedule(
-        name=t.name, profile=t.profile.name, kind=t.profile.kind, chips=t.chips,
-        matched=block.pattern if block else None, matched_span=block.span if block else None,
-        mesh=mesh, mesh_sizes=tuple(sizes.items()), rules=_rules(ov), remat=_remat(ov),
-        quantize=_quantize(ov, diags), kernels=_kernels(ov, diags), unroll=_unroll(ov),
+        name=t.name,
+        profile=t.profile.name,
+        kind=t.profile.kind,
+        chips=t.chips,
+        matched=block.pattern if block else None,
+        matched_span=block.span if block else None,
+        mesh=mesh,
+        mesh_sizes=tuple(sizes.items()),
+        rules=_rules(ov),
+        remat=_remat(ov),
+        quantize=_quantize(ov, diags),
+        kernels=_kernels(ov, diags),
+        unroll=_unroll(ov),
         steps_per_call=_steps_per_call(ov),
     )
 
@@ -256,8 +319,11 @@ def _mesh(ov: _Overrides, diags: Diagnostics) -> tuple[ir.Choice, dict[str, int]
         mesh = ir.Choice(tuple(p.mesh.items()), ov.default)
     sizes = resolve_mesh(dict(mesh.value), t.chips)
     if isinstance(sizes, str):
-        diags.error(mesh.span or block_span(ov.block), f"mesh does not fit {t.name} ({t.chips} chips): {sizes}",
-                    f"use -1 for one axis to take the rest, or build for {p.name}-N")
+        diags.error(
+            mesh.span or block_span(ov.block),
+            f"mesh does not fit {t.name} ({t.chips} chips): {sizes}",
+            f"use -1 for one axis to take the rest, or build for {p.name}-N",
+        )
         sizes = {a: 1 for a in MESH_AXES}
     return mesh, sizes
 
@@ -293,12 +359,17 @@ def _steps_per_call(ov: _Overrides) -> ir.Choice:
 def _quantize(ov: _Overrides, diags: Diagnostics) -> ir.Choice:
     p = ov.target.profile
     if "quantize" not in ov.parsed:
-        return ir.Choice(ir.QuantPolicy(ir.QuantFormat(p.default_quantize), ("blocks/*",)), ov.default)
+        return ir.Choice(
+            ir.QuantPolicy(ir.QuantFormat(p.default_quantize), ("blocks/*",)), ov.default
+        )
     q, span = ov.parsed["quantize"]
     if q.format is not ir.QuantFormat.NONE and q.format not in p.quantize:
         have = ", ".join(p.quantize) or "no low-precision formats"
-        diags.error(span, f"{p.name} does not run {q.format} matmuls (it has {have})",
-                    f'use quantize(none) in the block matching "{ov.target.name}"')
+        diags.error(
+            span,
+            f"{p.name} does not run {q.format} matmuls (it has {have})",
+            f'use quantize(none) in the block matching "{ov.target.name}"',
+        )
     return ir.Choice(q, ov.origin(span))
 
 
@@ -308,7 +379,11 @@ def _kernels(ov: _Overrides, diags: Diagnostics) -> tuple[tuple[str, ir.Choice],
     for key, kernel, span in ov.parsed.get("kernels", ((), None))[0]:
         has = primitives.get(key).kernels.preference(p, key)
         if kernel != "auto" and kernel not in has:
-            diags.error(span, f"{p.name} has no `{kernel}` {key} kernel", f"its kernels: {', '.join(has)} (or auto)")
+            diags.error(
+                span,
+                f"{p.name} has no `{kernel}` {key} kernel",
+                f"its kernels: {', '.join(has)} (or auto)",
+            )
         kernels[key] = ir.Choice(kernel, ov.origin(span))
     return tuple(kernels.items())
 

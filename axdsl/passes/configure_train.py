@@ -40,29 +40,58 @@ SCHEDULES: dict[str, dict[str, float | None]] = {
     "cosine": {"warmup": None, "final": 0.1},  # linear warmup, cosine decay to final * lr
     "linear": {"warmup": None, "final": 0.0},  # linear warmup, linear decay to final * lr
     "constant": {"warmup": 0},
-    "wsd": {"warmup": None, "decay": 0.2, "final": 0.0},  # warmup, stable, decay over the last `decay` fraction
+    "wsd": {
+        "warmup": None,
+        "decay": 0.2,
+        "final": 0.0,
+    },  # warmup, stable, decay over the last `decay` fraction
     "rsqrt": {"warmup": None},  # warmup, then lr * sqrt(warmup / step)
 }
-DATA_SOURCES = ("default", "tokens", "text", "pairs", "arrays", "synthetic_images", "synthetic_pairs")
+DATA_SOURCES = (
+    "default",
+    "tokens",
+    "text",
+    "pairs",
+    "arrays",
+    "synthetic_images",
+    "synthetic_pairs",
+)
 # Objectives: their arguments and defaults (None: required). See axdsl/objectives.py.
 OBJECTIVES: dict[str, dict[str, float | int | None]] = {
     "next_token": {},
-    "masked_lm": {"rate": 0.15, "mask_token": None, "sep": -1},  # sep: documents end with it; -1: none
+    "masked_lm": {
+        "rate": 0.15,
+        "mask_token": None,
+        "sep": -1,
+    },  # sep: documents end with it; -1: none
     "seq2seq": {"start_token": 0},
     "classify": {"smoothing": 0.0},
     "loss": {},  # the root forward computes the loss itself (one number); train.py minimizes it
 }
 
-INT_KEYS = {"batch": (8, 1), "seq": (128, 2), "steps": (1000, 1), "microbatches": (1, 1),
-            "eval_every": (100, 0), "eval_batches": (4, 1), "log_every": (10, 1), "seed": (0, 0),
-            "max_bad_steps": (3, 1)}
+INT_KEYS = {
+    "batch": (8, 1),
+    "seq": (128, 2),
+    "steps": (1000, 1),
+    "microbatches": (1, 1),
+    "eval_every": (100, 0),
+    "eval_batches": (4, 1),
+    "log_every": (10, 1),
+    "seed": (0, 0),
+    "max_bad_steps": (3, 1),
+}
 FLOAT_KEYS = {"clip": (1.0, 0.0), "z_loss": (0.0, 0.0)}
 CHECKPOINT = {"every": 100, "keep": 3, "async": True, "dir": "checkpoints"}
 # Mixed precision: the models' `dtype` (compute) and `param_dtype` (storage), overridden for training.
 DTYPE_KEYS = ("dtype", "param_dtype")
 FLOAT_DTYPES = ("f32", "bf16", "f16")
-KEYS = (tuple(INT_KEYS) + tuple(FLOAT_KEYS) + DTYPE_KEYS
-        + ("optimizer", "schedule", "data", "checkpoint", "objective") + finetune.KEYS)
+KEYS = (
+    tuple(INT_KEYS)
+    + tuple(FLOAT_KEYS)
+    + DTYPE_KEYS
+    + ("optimizer", "schedule", "data", "checkpoint", "objective")
+    + finetune.KEYS
+)
 
 
 def configure_train(module: ir.Module) -> ir.Module:
@@ -72,8 +101,11 @@ def configure_train(module: ir.Module) -> ir.Module:
     if sec is not None:
         for name, value, span in ((st.name, st.value, st.span) for st in sec.settings):
             if name == "checkpoint":
-                diags.error(span, "`checkpoint` is a directive, not a setting",
-                            "write checkpoint(every = 500, keep = 3, async = true, dir = \"checkpoints\")")
+                diags.error(
+                    span,
+                    "`checkpoint` is a directive, not a setting",
+                    'write checkpoint(every = 500, keep = 3, async = true, dir = "checkpoints")',
+                )
             elif name not in KEYS:
                 hint = did_you_mean(name, KEYS) or f"train settings: {', '.join(KEYS)}"
                 diags.error(span, f"unknown train setting `{name}`", hint)
@@ -91,8 +123,10 @@ def configure_train(module: ir.Module) -> ir.Module:
                     values["lora"] = ir.Choice(adapters, ir.set_at(d.span))
                 continue
             if d.name != "checkpoint":
-                hint = (did_you_mean(d.name, ("checkpoint", "lora"))
-                        or "the train block's directives are checkpoint(...) and lora(...)")
+                hint = (
+                    did_you_mean(d.name, ("checkpoint", "lora"))
+                    or "the train block's directives are checkpoint(...) and lora(...)"
+                )
                 diags.error(d.span, f"unknown train directive `{d.name}`", hint)
                 continue
             ckpt = _checkpoint(d, diags)
@@ -104,7 +138,12 @@ def configure_train(module: ir.Module) -> ir.Module:
     lora.cross_check(values, module, diags)
     diags.raise_if_any()
     # dtype and param_dtype appear only when set: by default training keeps the models' own.
-    return replace(module, train_settings=ir.TrainSettings(tuple((k, values[k]) for k in KEYS + ("lora",) if k in values)))
+    return replace(
+        module,
+        train_settings=ir.TrainSettings(
+            tuple((k, values[k]) for k in KEYS + ("lora",) if k in values)
+        ),
+    )
 
 
 def _defaults(values: dict[str, ir.Choice], module: ir.Module) -> None:
@@ -115,10 +154,14 @@ def _defaults(values: dict[str, ir.Choice], module: ir.Module) -> None:
         values["seq"] = ir.Choice(min(128, max_seq.value.value), _default("128, at most max_seq"))
     for k, (default, _) in FLOAT_KEYS.items():
         values.setdefault(k, ir.Choice(default))
-    values.setdefault("optimizer", ir.Choice(ir.NamedCall("adamw", tuple(OPTIMIZERS["adamw"].items()))))
+    values.setdefault(
+        "optimizer", ir.Choice(ir.NamedCall("adamw", tuple(OPTIMIZERS["adamw"].items())))
+    )
     steps = values["steps"].value
     warm = min(100, max(steps // 10, 0))
-    values.setdefault("schedule", ir.Choice(ir.NamedCall("cosine", (("warmup", None), ("final", 0.1)))))
+    values.setdefault(
+        "schedule", ir.Choice(ir.NamedCall("cosine", (("warmup", None), ("final", 0.1))))
+    )
     sched = values["schedule"].value
     if sched.arg("warmup", 0) is None:  # the warmup left out: a tenth of the run, at most 100
         args = tuple((k, warm if k == "warmup" else v) for k, v in sched.args)
@@ -149,8 +192,11 @@ def _check(name: str, value: Any, span: Span, diags: Diagnostics) -> Any:
         return float(value)
     if name in DTYPE_KEYS:
         if not (isinstance(value, ir.NameValue) and value.id in FLOAT_DTYPES):
-            diags.error(span, f"`{name}` is one of {', '.join(FLOAT_DTYPES)}, got {_show(value)}",
-                        "for example dtype = bf16")
+            diags.error(
+                span,
+                f"`{name}` is one of {', '.join(FLOAT_DTYPES)}, got {_show(value)}",
+                "for example dtype = bf16",
+            )
             return None
         return ir.DTYPES[value.id]
     if name == "optimizer":
@@ -169,28 +215,47 @@ def _call(value: Any, span: Span, table: dict, what: str, diags: Diagnostics):
     if isinstance(value, ir.NameValue):
         value = ir.CallValue(value.id)
     if not isinstance(value, ir.CallValue):
-        diags.error(span, f"`{what}` takes one of {', '.join(table)}, as in {next(iter(table))}(...)")
+        diags.error(
+            span, f"`{what}` takes one of {', '.join(table)}, as in {next(iter(table))}(...)"
+        )
         return None
     fn, args, kwargs = value.fn, value.args, value.kwargs
     if fn not in table:
-        diags.error(span, f"unknown {what} `{fn}`", did_you_mean(fn, table) or f"{what}s: {', '.join(table)}")
+        diags.error(
+            span,
+            f"unknown {what} `{fn}`",
+            did_you_mean(fn, table) or f"{what}s: {', '.join(table)}",
+        )
         return None
     if args:
-        diags.error(span, f"{fn}(...) takes `name = value` arguments", f"for example {fn}(lr = 3e-4)"
-                    if what == "optimizer" else f"for example {fn}(warmup = 100)")
+        diags.error(
+            span,
+            f"{fn}(...) takes `name = value` arguments",
+            (
+                f"for example {fn}(lr = 3e-4)"
+                if what == "optimizer"
+                else f"for example {fn}(warmup = 100)"
+            ),
+        )
         return None
     out = dict(table[fn])
     for k, v in kwargs:
         if k not in out:
-            diags.error(span, f"{fn} has no argument `{k}`",
-                        did_you_mean(k, out) or f"its arguments: {', '.join(out)}")
+            diags.error(
+                span,
+                f"{fn} has no argument `{k}`",
+                did_you_mean(k, out) or f"its arguments: {', '.join(out)}",
+            )
             continue
         if isinstance(table[fn][k], bool):
             ok = isinstance(v, bool)
         else:
             ok = isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0
         if not ok:
-            diags.error(span, f"{fn}({k} = ...) must be {'true or false' if isinstance(table[fn][k], bool) else 'a number >= 0'}, got {_show(v)}")
+            diags.error(
+                span,
+                f"{fn}({k} = ...) must be {'true or false' if isinstance(table[fn][k], bool) else 'a number >= 0'}, got {_show(v)}",
+            )
             continue
         out[k] = v
     if what == "optimizer" and out["lr"] <= 0:
@@ -201,25 +266,35 @@ def _call(value: Any, span: Span, table: dict, what: str, diags: Diagnostics):
     if out.get("warmup") is not None and out["warmup"] != int(out["warmup"]):
         diags.error(span, f"{fn}(warmup = {out['warmup']}) is a number of steps, an integer")
     if "final" in out and out["final"] > 1:
-        diags.error(span, f"{fn}(final = {out['final']}) is a fraction of the peak learning rate, in [0, 1]")
+        diags.error(
+            span, f"{fn}(final = {out['final']}) is a fraction of the peak learning rate, in [0, 1]"
+        )
     if fn == "wsd" and not 0 < out["decay"] <= 1:
         diags.error(span, "wsd(decay = ...) is the fraction of steps spent decaying, in (0, 1]")
     return ir.NamedCall(fn, tuple(out.items()))
 
 
 def _data(value: Any, span: Span, diags: Diagnostics):
-    """"default", tokens("file.bin", dtype = "u16") or text("file or directory"); pairs, arrays,
+    """ "default", tokens("file.bin", dtype = "u16") or text("file or directory"); pairs, arrays,
     synthetic_images and synthetic_pairs (objectives.check_data)."""
     if value == "default" or value == ir.NameValue("default"):
         return ir.DataSource(ir.DataKind.DEFAULT)
     if isinstance(value, ir.CallValue) and value.fn == "default":  # default(tokenizer = ...)
         opts = dict(value.kwargs)
         if value.args or set(opts) - {"tokenizer"}:
-            diags.error(span, "default(...) takes only `tokenizer = ...`",
-                        'for example default(tokenizer = bpe(vocab = 4096))')
+            diags.error(
+                span,
+                "default(...) takes only `tokenizer = ...`",
+                "for example default(tokenizer = bpe(vocab = 4096))",
+            )
             return None
-        return ir.DataSource(ir.DataKind.DEFAULT, tokenizer=_tokenizer(opts.get("tokenizer"), span, diags))
-    if isinstance(value, (ir.CallValue, ir.NameValue)) and getattr(value, "fn", getattr(value, "id", "")) in objectives.DATA:
+        return ir.DataSource(
+            ir.DataKind.DEFAULT, tokenizer=_tokenizer(opts.get("tokenizer"), span, diags)
+        )
+    if (
+        isinstance(value, (ir.CallValue, ir.NameValue))
+        and getattr(value, "fn", getattr(value, "id", "")) in objectives.DATA
+    ):
         return objectives.check_data(value, span, diags)
     if isinstance(value, ir.CallValue) and value.fn in ("tokens", "text"):
         fn, args, kwargs = value.fn, value.args, value.kwargs
@@ -230,21 +305,32 @@ def _data(value: Any, span: Span, diags: Diagnostics):
         allowed = {"tokens": {"dtype"}, "text": {"tokenizer"}}[fn]
         for k in opts:
             if k not in allowed:
-                diags.error(span, f"{fn}(...) has no option `{k}`",
-                            'tokens(path, dtype = "u16") or text(path, tokenizer = ...); token files are '
-                            'already tokenized' if k == "tokenizer" else
-                            'tokens(path, dtype = "u16") or text(path, tokenizer = ...)')
+                diags.error(
+                    span,
+                    f"{fn}(...) has no option `{k}`",
+                    (
+                        'tokens(path, dtype = "u16") or text(path, tokenizer = ...); token files are '
+                        "already tokenized"
+                        if k == "tokenizer"
+                        else 'tokens(path, dtype = "u16") or text(path, tokenizer = ...)'
+                    ),
+                )
                 return None
         dtype = opts.get("dtype", "u16")
         if dtype not in ("u16", "u32"):
             diags.error(span, f'token files hold "u16" or "u32" tokens, not {_show(dtype)}')
             return None
         if fn == "text":
-            return ir.DataSource(ir.DataKind.TEXT, args[0], tokenizer=_tokenizer(opts.get("tokenizer"), span, diags))
+            return ir.DataSource(
+                ir.DataKind.TEXT, args[0], tokenizer=_tokenizer(opts.get("tokenizer"), span, diags)
+            )
         return ir.DataSource(ir.DataKind.TOKENS, args[0], dtype)
-    diags.error(span, 'data is "default", tokens("file.bin", dtype = "u16"), text("path"), '
-                      'pairs("src.bin", "tgt.bin"), arrays("train.npz"), synthetic_images() or synthetic_pairs()',
-                "the default is the Python standard library's source files, read as bytes")
+    diags.error(
+        span,
+        'data is "default", tokens("file.bin", dtype = "u16"), text("path"), '
+        'pairs("src.bin", "tgt.bin"), arrays("train.npz"), synthetic_images() or synthetic_pairs()',
+        "the default is the Python standard library's source files, read as bytes",
+    )
     return None
 
 
@@ -255,38 +341,63 @@ def _tokenizer(value: Any, span: Span, diags: Diagnostics) -> ir.Tokenizer | Non
         return None
     if isinstance(value, str) and value:
         return ir.Tokenizer(path=value)
-    if isinstance(value, (ir.CallValue, ir.NameValue)) and getattr(value, "fn", getattr(value, "id", "")) == "bpe":
+    if (
+        isinstance(value, (ir.CallValue, ir.NameValue))
+        and getattr(value, "fn", getattr(value, "id", "")) == "bpe"
+    ):
         opts = dict(getattr(value, "kwargs", ()))
         vocab = opts.pop("vocab", 0)
         if getattr(value, "args", ()) or opts:
             diags.error(span, "bpe(...) takes only `vocab = N`", "for example bpe(vocab = 4096)")
             return None
-        if isinstance(vocab, bool) or not isinstance(vocab, int) or not (vocab == 0 or 256 < vocab < 1 << 31):
-            diags.error(span, f"bpe(vocab = {_show(vocab)}) must be an integer above 256, the byte alphabet",
-                        "omit vocab to use the model's vocabulary size")
+        if (
+            isinstance(vocab, bool)
+            or not isinstance(vocab, int)
+            or not (vocab == 0 or 256 < vocab < 1 << 31)
+        ):
+            diags.error(
+                span,
+                f"bpe(vocab = {_show(vocab)}) must be an integer above 256, the byte alphabet",
+                "omit vocab to use the model's vocabulary size",
+            )
             return None
         return ir.Tokenizer(bpe_vocab=vocab)
-    diags.error(span, f"tokenizer = {_show(value)} is neither a tokenizer.json path nor bpe(vocab = N)",
-                'for example tokenizer = "hf/tokenizer.json" or tokenizer = bpe(vocab = 4096)')
+    diags.error(
+        span,
+        f"tokenizer = {_show(value)} is neither a tokenizer.json path nor bpe(vocab = N)",
+        'for example tokenizer = "hf/tokenizer.json" or tokenizer = bpe(vocab = 4096)',
+    )
     return None
 
 
 def _checkpoint(d: ir.Directive, diags: Diagnostics):
     if d.args:
-        diags.error(d.args[0].span, "checkpoint(...) takes `name = value` arguments",
-                    "for example checkpoint(every = 500, keep = 3)")
+        diags.error(
+            d.args[0].span,
+            "checkpoint(...) takes `name = value` arguments",
+            "for example checkpoint(every = 500, keep = 3)",
+        )
         return None
     out = dict(CHECKPOINT)
     for k, v, span in ((a.name, a.value, a.span) for a in d.kwargs):
         if k not in out:
-            diags.error(span, f"checkpoint has no option `{k}`", did_you_mean(k, CHECKPOINT) or
-                        f"options: {', '.join(CHECKPOINT)}")
-        elif k in ("every", "keep") and not (isinstance(v, int) and not isinstance(v, bool) and v >= (0 if k == "every" else 1)):
-            diags.error(span, f"checkpoint({k} = ...) must be an integer >= {0 if k == 'every' else 1}")
+            diags.error(
+                span,
+                f"checkpoint has no option `{k}`",
+                did_you_mean(k, CHECKPOINT) or f"options: {', '.join(CHECKPOINT)}",
+            )
+        elif k in ("every", "keep") and not (
+            isinstance(v, int) and not isinstance(v, bool) and v >= (0 if k == "every" else 1)
+        ):
+            diags.error(
+                span, f"checkpoint({k} = ...) must be an integer >= {0 if k == 'every' else 1}"
+            )
         elif k == "async" and not isinstance(v, bool):
             diags.error(span, "checkpoint(async = ...) is true or false")
         elif k == "dir" and not isinstance(v, str):
-            diags.error(span, 'checkpoint(dir = ...) is a path string, relative to the run directory')
+            diags.error(
+                span, "checkpoint(dir = ...) is a path string, relative to the run directory"
+            )
         else:
             out[k] = v
     return ir.CheckpointPolicy(out["every"], out["keep"], out["async"], out["dir"])
@@ -294,43 +405,70 @@ def _checkpoint(d: ir.Directive, diags: Diagnostics):
 
 def _cross_checks(values: dict[str, ir.Choice], module: ir.Module, diags: Diagnostics) -> None:
     batch, micro = values["batch"], values["microbatches"]
-    where = lambda c: c.span or (module.train_block.span if module.train_block else None)  # noqa: E731
+    where = lambda c: c.span or (
+        module.train_block.span if module.train_block else None
+    )  # noqa: E731
     s = module.schedule
     if batch.value % micro.value:
-        diags.error(where(micro), f"microbatches = {micro.value} does not divide batch = {batch.value}",
-                    "pick a divisor of the batch")
+        diags.error(
+            where(micro),
+            f"microbatches = {micro.value} does not divide batch = {batch.value}",
+            "pick a divisor of the batch",
+        )
     elif s is not None:
         ways = math.prod(s.size(a) for a in s.kept_axes("batch"))
         if batch.origin.is_default and batch.value % (ways * micro.value):
             need = ways * micro.value
-            batch = values["batch"] = ir.Choice(need * math.ceil(batch.value / need),
-                                                _default(f"a multiple of the {ways}-way batch sharding"))
+            batch = values["batch"] = ir.Choice(
+                need * math.ceil(batch.value / need),
+                _default(f"a multiple of the {ways}-way batch sharding"),
+            )
         per_micro = batch.value // micro.value
         if ways > 1 and per_micro % ways:
-            diags.error(where(batch), f"each micro-batch has {per_micro} sequences, which the {ways}-way "
-                                      f"batch sharding on {s.name} does not divide",
-                        f"use a batch that is a multiple of {ways * micro.value}")
+            diags.error(
+                where(batch),
+                f"each micro-batch has {per_micro} sequences, which the {ways}-way "
+                f"batch sharding on {s.name} does not divide",
+                f"use a batch that is a multiple of {ways * micro.value}",
+            )
     for k in DTYPE_KEYS:
         for m in module.models:
             if k in values and m.root.hparam(k) is None:
-                diags.error(values[k].span, f"model `{m.name}` has no `{k}` to override",
-                            f"its layer `{m.root.layer}` would need a `{k}: dtype` hyperparameter")
+                diags.error(
+                    values[k].span,
+                    f"model `{m.name}` has no `{k}` to override",
+                    f"its layer `{m.root.layer}` would need a `{k}: dtype` hyperparameter",
+                )
     seq = values["seq"]
     for m in module.models:
         ms = m.root.hparam("max_seq")
         if ms is not None and seq.value > ms.value.value and seq.span is not None:
-            diags.error(seq.span, f"seq = {seq.value} is longer than {m.name}'s max_seq = {ms.value.value}",
-                        f"use seq <= {ms.value.value}, or raise max_seq in the model")
+            diags.error(
+                seq.span,
+                f"seq = {seq.value} is longer than {m.name}'s max_seq = {ms.value.value}",
+                f"use seq <= {ms.value.value}, or raise max_seq in the model",
+            )
     objectives.cross_check(values, module, diags)
     sched = values["schedule"]
     args = dict(sched.value.args)
     steps = values["steps"].value
     if sched.span is not None and args.get("warmup", 0) > steps:
-        diags.error(sched.span, f"warmup = {args['warmup']} is longer than the run (steps = {steps})",
-                    "use a warmup shorter than steps")
-    elif sched.span is not None and sched.value.name == "wsd" and args["warmup"] > int(steps * (1 - args["decay"])):
-        diags.error(sched.span, f"wsd: warmup = {args['warmup']} overlaps the decay, which starts at step "
-                                f"{int(steps * (1 - args['decay']))} of {steps}", "shorten the warmup or the decay")
+        diags.error(
+            sched.span,
+            f"warmup = {args['warmup']} is longer than the run (steps = {steps})",
+            "use a warmup shorter than steps",
+        )
+    elif (
+        sched.span is not None
+        and sched.value.name == "wsd"
+        and args["warmup"] > int(steps * (1 - args["decay"]))
+    ):
+        diags.error(
+            sched.span,
+            f"wsd: warmup = {args['warmup']} overlaps the decay, which starts at step "
+            f"{int(steps * (1 - args['decay']))} of {steps}",
+            "shorten the warmup or the decay",
+        )
 
 
 def _show(v: Any) -> str:

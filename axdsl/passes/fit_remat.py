@@ -57,8 +57,13 @@ def fit_remat(module: ir.Module) -> ir.Module:
     seq = sized_seq(module, train)
     tried: list[ir.FitTry] = []
     for policy in candidates(train.root):
-        est = estimate_memory(module, train.name, seq=seq, remat=policy,
-                              update_select=GENERATED_UPDATE_SKIP is UpdateSkip.SELECT)
+        est = estimate_memory(
+            module,
+            train.name,
+            seq=seq,
+            remat=policy,
+            update_select=GENERATED_UPDATE_SKIP is UpdateSkip.SELECT,
+        )
         tried.append(ir.FitTry(policy, est.total))
         if est.total <= usable:
             break
@@ -71,7 +76,11 @@ def sized_seq(module: ir.Module, model: ir.Model) -> int | None:
     reads it), or, where the spec sets none, the model's max_seq. train.py then runs 128 by
     default, but `--seq` may go up to max_seq: the choice must hold for the largest."""
     train = module.train_settings
-    written = train is not None and "seq" in dict(train.settings) and not train.choice("seq").origin.is_default
+    written = (
+        train is not None
+        and "seq" in dict(train.settings)
+        and not train.choice("seq").origin.is_default
+    )
     max_seq = model.root.hparam("max_seq")
     if written or max_seq is None or not isinstance(max_seq.value.value, int):
         return None
@@ -81,13 +90,16 @@ def sized_seq(module: ir.Module, model: ir.Model) -> int | None:
 def candidates(root: ir.Instance) -> list[ir.RematPolicy]:
     """The policies weighed, least recomputation first; the named points are those inside the
     scanned (repeated) layers, the only ones a remat policy acts on."""
-    points = tuple(sorted(set().union(*(named_points(i) for i in root.walk() if i.repeat is not None))))
+    points = tuple(
+        sorted(set().union(*(named_points(i) for i in root.walk() if i.repeat is not None)))
+    )
     saved = [ir.RematPolicy(ir.RematKind.SAVE, points)] if points else []
     return [ir.RematPolicy(ir.RematKind.NONE), *saved, ir.RematPolicy(ir.RematKind.SAVE_DOTS), FULL]
 
 
-def _decide(module: ir.Module, policy: ir.RematPolicy, asked: ir.Choice,
-            fit: ir.RematFit | None) -> ir.Module:
+def _decide(
+    module: ir.Module, policy: ir.RematPolicy, asked: ir.Choice, fit: ir.RematFit | None
+) -> ir.Module:
     """The module with `policy` on the schedule (origin: fit, and who asked) and every repeat."""
     origin = ir.Origin(ir.OriginKind.FIT, asked.span, where=str(asked.origin))
     schedule = replace(module.schedule, remat=ir.Choice(policy, origin), remat_fit=fit)

@@ -26,8 +26,10 @@ class _ShapeError(Exception):
 def infer_shapes(module: ir.Module) -> ir.Module:
     """Type every forward expression; shape mismatches are located errors, raised together."""
     diags = Diagnostics()
-    models = tuple(replace(m, root=_instance(m.root, diags, {i.path: i for i in m.root.walk()}))
-                   for m in module.models)
+    models = tuple(
+        replace(m, root=_instance(m.root, diags, {i.path: i for i in m.root.walk()}))
+        for m in module.models
+    )
     diags.raise_if_any()
     return replace(module, models=models)
 
@@ -58,8 +60,10 @@ def _origins(tree: dict[str, ir.Instance], path: str, name: str):
 def _blame_order(names: list[str], message: str) -> list[str]:
     """Names the message mentions first, the last-mentioned first (`a` is not a multiple of `b`
     blames `b`), then the rest in operand order."""
+
     def last(n: str) -> int:
         return max(message.rfind(f"`{n}"), message.rfind(f" {n}="))
+
     mentioned = sorted((n for n in dict.fromkeys(names) if last(n) >= 0), key=last, reverse=True)
     return mentioned + [n for n in dict.fromkeys(names) if n not in mentioned]
 
@@ -68,14 +72,16 @@ def fmt(dims) -> str:
     return "[" + ", ".join(str(d) for d in dims) + "]"
 
 
-def unify(decl: tuple[Dim, ...], actual: tuple[Dim, ...], binding: dict[str, tuple[Dim, ...]]) -> str | None:
+def unify(
+    decl: tuple[Dim, ...], actual: tuple[Dim, ...], binding: dict[str, tuple[Dim, ...]]
+) -> str | None:
     """Match actual dims against a declared signature, extending `binding`; return an error or None."""
     has_ellipsis = bool(decl) and decl[0].is_ellipsis
     fixed = decl[1:] if has_ellipsis else decl
     if has_ellipsis:
         if len(actual) < len(fixed) and not (actual and actual[0].is_ellipsis):
             return f"expected at least {len(fixed)} dims {fmt(decl)}, got {fmt(actual)}"
-        prefix, rest = actual[: len(actual) - len(fixed)], actual[len(actual) - len(fixed):]
+        prefix, rest = actual[: len(actual) - len(fixed)], actual[len(actual) - len(fixed) :]
         if "..." in binding and binding["..."] != prefix:
             return f"leading dims {fmt(prefix)} differ from {fmt(binding['...'])}"
         binding["..."] = prefix
@@ -104,11 +110,13 @@ def _caller_named(result: tuple[Dim, ...], decls, args) -> tuple[Dim, ...]:
     names: dict[str, Dim] = {}
     for decl, a in zip(decls, args):
         fixed = decl.dims[1:] if decl.dims and decl.dims[0].is_ellipsis else decl.dims
-        actual = a.type.dims[len(a.type.dims) - len(fixed):] if fixed else ()
+        actual = a.type.dims[len(a.type.dims) - len(fixed) :] if fixed else ()
         for d, got in zip(fixed, actual):
             if d.size is not None and got.size == d.size and not got.is_ellipsis:
                 names.setdefault(d.name, got)
-    return tuple(names.get(d.name, d) if d.size is not None and not d.is_ellipsis else d for d in result)
+    return tuple(
+        names.get(d.name, d) if d.size is not None and not d.is_ellipsis else d for d in result
+    )
 
 
 def substitute(dims: tuple[Dim, ...], binding: dict[str, tuple[Dim, ...]]) -> tuple[Dim, ...]:
@@ -124,7 +132,9 @@ def substitute(dims: tuple[Dim, ...], binding: dict[str, tuple[Dim, ...]]) -> tu
 
 
 class _Typer:
-    def __init__(self, inst: ir.Instance, diags: Diagnostics, tree: dict[str, ir.Instance] | None = None):
+    def __init__(
+        self, inst: ir.Instance, diags: Diagnostics, tree: dict[str, ir.Instance] | None = None
+    ):
         self.inst = inst
         self.diags = diags
         self.tree = tree or {inst.path: inst}
@@ -144,7 +154,11 @@ class _Typer:
         message += f" (in `{self.inst.path}`, layer `{self.inst.layer}`)"
         names = _blame_order(self.reads, message)
         user = ir.user_line(names, lambda n: _origins(self.tree, self.inst.path, n))
-        self.diags.add(relocated(span, message, hint, user, f"in layer `{self.inst.layer}` at `{self.inst.path}`"))
+        self.diags.add(
+            relocated(
+                span, message, hint, user, f"in layer `{self.inst.layer}` at `{self.inst.path}`"
+            )
+        )
 
     def forward(self, fwd: ir.Forward) -> ir.Forward:
         for a in fwd.args:
@@ -168,7 +182,10 @@ class _Typer:
 
     def _check_result(self, fwd: ir.Forward, value: ir.TExpr, span) -> None:
         if not isinstance(value.type, TensorType):
-            self.error(value.span, f"forward of `{self.inst.layer}` must return a tensor, got a {value.type.kind}")
+            self.error(
+                value.span,
+                f"forward of `{self.inst.layer}` must return a tensor, got a {value.type.kind}",
+            )
             return
         binding: dict[str, tuple[Dim, ...]] = {}
         for a in fwd.args:  # the forward's own free dims stand for themselves
@@ -180,8 +197,12 @@ class _Typer:
         err = unify(fwd.result, value.type.dims, binding)
         if err:
             detail = err.split(": ", 1)[1] if err.startswith("expected [") and ": " in err else err
-            self.error(value.span, f"forward of `{self.inst.layer}` returns {fmt(value.type.dims)} but declares "
-                       f"{fmt(fwd.result)}", detail)
+            self.error(
+                value.span,
+                f"forward of `{self.inst.layer}` returns {fmt(value.type.dims)} but declares "
+                f"{fmt(fwd.result)}",
+                detail,
+            )
 
     # ---------------------------------------------------------------- expressions
     def expr(self, e: ir.TExpr) -> ir.TExpr:
@@ -222,9 +243,12 @@ class _Typer:
             self.fail(e.span, "`@` needs tensors with at least one dim")
         a, b = lt.dims[-1], rt.dims[0]
         if a.is_ellipsis or b.is_ellipsis or not a.same(b):
-            self.fail(e.span, f"matmul dims do not agree: last dim of the left operand is `{a}` "
-                      f"but first dim of the right operand is `{b}`",
-                      f"left is {fmt(lt.dims)}, right is {fmt(rt.dims)}; `@` contracts left's last dim with right's first")
+            self.fail(
+                e.span,
+                f"matmul dims do not agree: last dim of the left operand is `{a}` "
+                f"but first dim of the right operand is `{b}`",
+                f"left is {fmt(lt.dims)}, right is {fmt(rt.dims)}; `@` contracts left's last dim with right's first",
+            )
         return TensorType(lt.dims[:-1] + rt.dims[1:])
 
     def _broadcast(self, e, lt, rt) -> ir.Type:
@@ -242,7 +266,10 @@ class _Typer:
                 if x.is_ellipsis and y.is_ellipsis and not a and not b:
                     out.append(ELLIPSIS)
                     break
-                self.fail(e.span, f"cannot broadcast {fmt(lt.dims)} with {fmt(rt.dims)}: ranks are not known")
+                self.fail(
+                    e.span,
+                    f"cannot broadcast {fmt(lt.dims)} with {fmt(rt.dims)}: ranks are not known",
+                )
             if x.same(y):
                 out.append(x)
             elif x.size == 1:
@@ -250,8 +277,11 @@ class _Typer:
             elif y.size == 1:
                 out.append(x)
             else:
-                self.fail(e.span, f"shapes do not agree for `{e.op}`: {fmt(lt.dims)} and {fmt(rt.dims)}",
-                          f"`{x}` and `{y}` differ; residual and elementwise operands must match or be 1")
+                self.fail(
+                    e.span,
+                    f"shapes do not agree for `{e.op}`: {fmt(lt.dims)} and {fmt(rt.dims)}",
+                    f"`{x}` and `{y}` differ; residual and elementwise operands must match or be 1",
+                )
         rest = a or b
         return TensorType(tuple(rest) + tuple(reversed(out)))
 
@@ -267,7 +297,9 @@ class _Typer:
         if e.over is not None:
             return {"args": args, "type": TensorType(self._scan(e, child, args))}
         if len(args) != len(fwd.args):
-            self.fail(e.span, f"child `{e.child}` takes {len(fwd.args)} argument(s), got {len(args)}")
+            self.fail(
+                e.span, f"child `{e.child}` takes {len(fwd.args)} argument(s), got {len(args)}"
+            )
         binding: dict[str, tuple[Dim, ...]] = {}
         for a, decl in zip(args, fwd.args):
             if not isinstance(a.type, TensorType):
@@ -284,17 +316,27 @@ class _Typer:
         """What a scan can run: the first argument is the carry, which each layer returns in the
         same shape; the other arguments are side inputs, passed unchanged to every layer."""
         if not args:
-            self.fail(e.span, f"repeated child `{e.child}` takes no tensor, so there is nothing to carry "
-                      "from layer to layer", "a repeated layer's first argument is the carry: "
-                      f"`forward(x: [...]) -> [...]` returning x's shape")
+            self.fail(
+                e.span,
+                f"repeated child `{e.child}` takes no tensor, so there is nothing to carry "
+                "from layer to layer",
+                "a repeated layer's first argument is the carry: "
+                "`forward(x: [...]) -> [...]` returning x's shape",
+            )
         if not _same_dims(result, args[0].type.dims):
             sides = [a.name for a in child.forward.args[1:]]
-            hint = ("the first argument is carried from layer to layer; "
-                    + (f"{', '.join(f'`{n}`' for n in sides)} "
-                       f"{'is a side input' if len(sides) == 1 else 'are side inputs'}, the same for every layer"
-                       if sides else "a layer's output is the next layer's input"))
-            self.fail(e.span, f"a repeated block must return the shape it takes: {fmt(args[0].type.dims)} "
-                      f"-> {fmt(result)}", hint)
+            hint = "the first argument is carried from layer to layer; " + (
+                f"{', '.join(f'`{n}`' for n in sides)} "
+                f"{'is a side input' if len(sides) == 1 else 'are side inputs'}, the same for every layer"
+                if sides
+                else "a layer's output is the next layer's input"
+            )
+            self.fail(
+                e.span,
+                f"a repeated block must return the shape it takes: {fmt(args[0].type.dims)} "
+                f"-> {fmt(result)}",
+                hint,
+            )
 
     def _scan(self, e: ir.CallChild, child: ir.Instance, args) -> tuple[Dim, ...]:
         """`scan(cell, x, over = S)`: the cell takes (carry, one step of each input) and returns
@@ -304,49 +346,72 @@ class _Typer:
         init = args[0] if e.scan_init else None
         xs = args[1:] if e.scan_init else args
         if len(fwd.args) != len(xs) + 1:
-            self.fail(e.span, f"`scan` runs `{e.child}` ({child.layer}) with a carry and {len(xs)} input(s), but "
-                      f"it takes {len(fwd.args)} argument(s)",
-                      "a scanned cell's forward is (carry, one step of each input) -> carry")
+            self.fail(
+                e.span,
+                f"`scan` runs `{e.child}` ({child.layer}) with a carry and {len(xs)} input(s), but "
+                f"it takes {len(fwd.args)} argument(s)",
+                "a scanned cell's forward is (carry, one step of each input) -> carry",
+            )
         for a in args:
             if not isinstance(a.type, TensorType):
                 self.fail(a.span, f"the inputs of `scan` are tensors, got a {a.type}")
         if _prims_with(child, "aux_loss"):
-            self.fail(e.span, f"`{e.child}` returns an auxiliary loss (MoE), which `scan` cannot run yet",
-                      "scan a cell without MoE")
+            self.fail(
+                e.span,
+                f"`{e.child}` returns an auxiliary loss (MoE), which `scan` cannot run yet",
+                "scan a cell without MoE",
+            )
         binding: dict[str, tuple[Dim, ...]] = {}
         axes = []
         for k, (a, decl) in enumerate(zip(xs, fwd.args[1:])):
             axis = _axis_of(a.type.dims, e.over)
             several = any(d.same(e.over) for d in a.type.dims)
             if axis is None and (k == 0 or several):
-                self.fail(a.span, f"`scan` over `{e.over}`: input {fmt(a.type.dims)} has no dim `{e.over}`"
-                          + (" (or several)" if several else ""),
-                          "`over` names a dim of the first input, the dim the steps run along (a later "
-                          "input without it is passed whole to every step)")
+                self.fail(
+                    a.span,
+                    f"`scan` over `{e.over}`: input {fmt(a.type.dims)} has no dim `{e.over}`"
+                    + (" (or several)" if several else ""),
+                    "`over` names a dim of the first input, the dim the steps run along (a later "
+                    "input without it is passed whole to every step)",
+                )
             axes.append(axis)
             if axis is None:  # a side input: every step reads all of it
                 err = unify(decl.dims, a.type.dims, binding)
                 if err:
-                    self.fail(a.span, f"`{decl.name}` of `{e.child}` ({child.layer}), the same at every step: {err}")
+                    self.fail(
+                        a.span,
+                        f"`{decl.name}` of `{e.child}` ({child.layer}), the same at every step: {err}",
+                    )
                 continue
-            step = a.type.dims[:axis] + a.type.dims[axis + 1:]
+            step = a.type.dims[:axis] + a.type.dims[axis + 1 :]
             err = unify(decl.dims, step, binding)
             if err:
-                self.fail(a.span, f"one step of `{decl.name}` of `{e.child}` ({child.layer}): {err}")
+                self.fail(
+                    a.span, f"one step of `{decl.name}` of `{e.child}` ({child.layer}): {err}"
+                )
         if init is not None:
             err = unify(fwd.args[0].dims, init.type.dims, binding)
             if err:
-                self.fail(init.span, f"`init` is the carry `{fwd.args[0].name}` of `{e.child}`: {err}")
+                self.fail(
+                    init.span, f"`init` is the carry `{fwd.args[0].name}` of `{e.child}`: {err}"
+                )
             carry = init.type.dims
         else:
             carry = substitute(fwd.args[0].dims, binding)
             if any(d.is_free and d.name not in binding or d.is_ellipsis for d in fwd.args[0].dims):
-                self.fail(e.span, f"the carry `{fwd.args[0].name}` {fmt(fwd.args[0].dims)} of `{e.child}` has "
-                          "dims the inputs do not fix, so it cannot start at zeros", "give `init = ...`")
+                self.fail(
+                    e.span,
+                    f"the carry `{fwd.args[0].name}` {fmt(fwd.args[0].dims)} of `{e.child}` has "
+                    "dims the inputs do not fix, so it cannot start at zeros",
+                    "give `init = ...`",
+                )
         result = substitute(fwd.result, binding)
         if not _same_dims(result, carry):
-            self.fail(e.span, f"`{e.child}` returns {fmt(result)} but takes its carry as {fmt(carry)}",
-                      "a scanned cell returns the next carry, in the carry's shape")
+            self.fail(
+                e.span,
+                f"`{e.child}` returns {fmt(result)} but takes its carry as {fmt(carry)}",
+                "a scanned cell returns the next carry, in the carry's shape",
+            )
         at = min(axes[0], len(result))
         return result[:at] + (xs[0].type.dims[axes[0]],) + result[at:]
 
@@ -359,26 +424,43 @@ class _Typer:
         if not self.inst.forward.args:
             if first.pattern:  # `groups` then `tail`: the layers inside already said it
                 raise _ShapeError()
-            self.fail(e.span, f"{name(first)} takes no tensor, so there is nothing to carry from layer to layer",
-                      "a repeated layer's first argument is the carry: `forward(x: [...]) -> [...]` "
-                      "returning x's shape")
+            self.fail(
+                e.span,
+                f"{name(first)} takes no tensor, so there is nothing to carry from layer to layer",
+                "a repeated layer's first argument is the carry: `forward(x: [...]) -> [...]` "
+                "returning x's shape",
+            )
         if len(args) != len(fwd.args):
-            self.fail(e.span, f"{name(child)} takes {len(fwd.args)} tensor(s), but {name(first)} takes "
-                      f"{len(args)}", "every layer of a pattern gets the same carry and side inputs")
+            self.fail(
+                e.span,
+                f"{name(child)} takes {len(fwd.args)} tensor(s), but {name(first)} takes "
+                f"{len(args)}",
+                "every layer of a pattern gets the same carry and side inputs",
+            )
         binding: dict[str, tuple[Dim, ...]] = {}
         for i, (a, decl) in enumerate(zip(args, fwd.args)):
             err = unify(decl.dims, a.type.dims, binding)
             if err:
                 what = "the carry" if i == 0 else f"side input `{first.forward.args[i].name}`"
-                self.fail(e.span, f"{name(child)} takes {what} as {fmt(decl.dims)}, but {name(first)} "
-                          f"takes it as {fmt(first.forward.args[i].dims)}",
-                          "a side input is passed unchanged to every layer, so every layer of the pattern "
-                          "must take it in one shape" if i else err)
+                self.fail(
+                    e.span,
+                    f"{name(child)} takes {what} as {fmt(decl.dims)}, but {name(first)} "
+                    f"takes it as {fmt(first.forward.args[i].dims)}",
+                    (
+                        "a side input is passed unchanged to every layer, so every layer of the pattern "
+                        "must take it in one shape"
+                        if i
+                        else err
+                    ),
+                )
         result = substitute(fwd.result, binding)
         carry = self.inst.forward.args[0].dims
         if not _same_dims(result, carry):
-            self.fail(e.span, f"{name(child)} returns {fmt(result)}, but the carry is {fmt(carry)}",
-                      "every layer of a repeated pattern returns the shape it takes")
+            self.fail(
+                e.span,
+                f"{name(child)} returns {fmt(result)}, but the carry is {fmt(carry)}",
+                "every layer of a repeated pattern returns the shape it takes",
+            )
         return result
 
     def _Prim(self, e: ir.Prim) -> dict:

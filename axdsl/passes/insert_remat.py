@@ -28,20 +28,33 @@ def insert_remat(module: ir.Module) -> ir.Module:
         for name in policy.save + policy.offload:
             if name not in points:
                 hint = did_you_mean(name, points) or (
-                    f"named points in {model.name}: {', '.join(sorted(points))}" if points
-                    else "name a value in a forward with `as`, e.g. `q = x @ wq as query_proj`")
-                diags.error(choice.span, f"remat names `{name}`, which is not a named point of {model.name}", hint)
+                    f"named points in {model.name}: {', '.join(sorted(points))}"
+                    if points
+                    else "name a value in a forward with `as`, e.g. `q = x @ wq as query_proj`"
+                )
+                diags.error(
+                    choice.span,
+                    f"remat names `{name}`, which is not a named point of {model.name}",
+                    hint,
+                )
         both = set(policy.save) & set(policy.offload)
         if both:
-            diags.error(choice.span, f"`{sorted(both)[0]}` is both saved and offloaded", "list it once")
+            diags.error(
+                choice.span, f"`{sorted(both)[0]}` is both saved and offloaded", "list it once"
+            )
     diags.raise_if_any()
     models = tuple(replace(m, root=attach_remat(m.root, policy)) for m in module.models)
     return replace(module, models=models)
 
 
 def named_points(root: ir.Instance) -> set[str]:
-    return {s.point for inst in root.walk() if inst.forward for s in inst.forward.body
-            if isinstance(s, ir.Let) and s.point}
+    return {
+        s.point
+        for inst in root.walk()
+        if inst.forward
+        for s in inst.forward.body
+        if isinstance(s, ir.Let) and s.point
+    }
 
 
 def attach_remat(inst: ir.Instance, policy: ir.RematPolicy) -> ir.Instance:

@@ -44,7 +44,9 @@ def _visit(inst: ir.Instance, policy: ir.QuantPolicy) -> ir.Instance:
 
 
 def _param_name(e: ir.TExpr) -> str | None:
-    return e.name if isinstance(e, ir.Ref) and e.kind in (RefKind.PARAM, RefKind.CHILD_PARAM) else None
+    return (
+        e.name if isinstance(e, ir.Ref) and e.kind in (RefKind.PARAM, RefKind.CHILD_PARAM) else None
+    )
 
 
 def _wrap(e: ir.TExpr, fmt: ir.QuantFormat, routers: set[str]) -> ir.TExpr:

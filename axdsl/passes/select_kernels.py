@@ -43,8 +43,12 @@ def _decide(module: ir.Module, path: str, name: str, diags: Diagnostics) -> ir.K
     choice = dict(sched.kernels)[name]
     forced = choice.value != "auto"
     candidates = (choice.value,) if forced else rule.preference(profiles()[sched.profile], name)
-    calls = [(m, p) for m in module.models if (inst := _find(m.root, path)) is not None
-             for p in prims_of(inst, name)]
+    calls = [
+        (m, p)
+        for m in module.models
+        if (inst := _find(m.root, path)) is not None
+        for p in prims_of(inst, name)
+    ]
     notes = []
     for kernel in candidates:
         reasons = [r for m, p in calls for r in rule.violations(kernel, p, m, sched)]
@@ -52,8 +56,11 @@ def _decide(module: ir.Module, path: str, name: str, diags: Diagnostics) -> ir.K
             return ir.KernelChoice(kernel, tuple(notes), choice.origin)
         notes.append(f"{kernel} not used: {reasons[0]}")
         if forced:
-            diags.error(choice.span, f"{path}: the `{kernel}` {name} kernel cannot run this {name}: "
-                                     f"{reasons[0]}", f"use kernels({name} = auto) to fall back")
+            diags.error(
+                choice.span,
+                f"{path}: the `{kernel}` {name} kernel cannot run this {name}: " f"{reasons[0]}",
+                f"use kernels({name} = auto) to fall back",
+            )
     return ir.KernelChoice(rule.fallback, tuple(notes), choice.origin)
 
 

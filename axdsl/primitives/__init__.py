@@ -18,8 +18,19 @@ import pkgutil
 
 from axdsl.primitives.base import REQUIRED, Flops, Helper, Primitive, Signature, Static, StaticKind
 
-__all__ = ["HELPERS", "REGISTRY", "REQUIRED", "Flops", "Helper", "Primitive", "Signature", "Static",
-           "StaticKind", "get", "callable_names"]
+__all__ = [
+    "HELPERS",
+    "REGISTRY",
+    "REQUIRED",
+    "Flops",
+    "Helper",
+    "Primitive",
+    "Signature",
+    "Static",
+    "StaticKind",
+    "get",
+    "callable_names",
+]
 
 
 def _load() -> dict[str, Primitive]:

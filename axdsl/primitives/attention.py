@@ -72,11 +72,28 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from axdsl.ir import nodes as ir
-from axdsl.primitives.base import (Decoding, Flops, Helper, HelperSection, KernelRule, Keys, Primitive,
-                                   Signature, Static, StaticKind)
+from axdsl.primitives.base import (
+    Decoding,
+    Flops,
+    Helper,
+    HelperSection,
+    KernelRule,
+    Keys,
+    Primitive,
+    Signature,
+    Static,
+    StaticKind,
+)
 from axdsl.primitives.reductions import ir_fmt
-from axdsl.primitives.attention_kernels import (CACHED_ATTENTION, EINSUM_ATTENTION, SPLASH_ATTENTION,
-                                               SPLASH_IMPORTS, VJP_ATTENTION, VJP_IMPORTS, vjp_kept_keys)
+from axdsl.primitives.attention_kernels import (
+    CACHED_ATTENTION,
+    EINSUM_ATTENTION,
+    SPLASH_ATTENTION,
+    SPLASH_IMPORTS,
+    VJP_ATTENTION,
+    VJP_IMPORTS,
+    vjp_kept_keys,
+)
 from axdsl.targets import profiles
 
 SPLASH_BLOCK = 128  # TPU lane width: splash tiles the sequence by 128
@@ -91,26 +108,39 @@ def _shape(ctx, prim, args):
     q, k, v = (a.type.dims for a in args[:3])
     for name, dims in (("q", q), ("k", k), ("v", v)):
         if len(dims) != 4 or any(d.is_ellipsis for d in dims):
-            ctx.fail(prim.span, f"`attention` needs {name} as [B, S, heads, head_dim], got {ir_fmt(dims)}")
+            ctx.fail(
+                prim.span,
+                f"`attention` needs {name} as [B, S, heads, head_dim], got {ir_fmt(dims)}",
+            )
     if not q[0].same(k[0]) or not k[0].same(v[0]):
         ctx.fail(prim.span, f"`attention` batch dims differ: {q[0]}, {k[0]}, {v[0]}")
     if not k[1].same(v[1]):
-        ctx.fail(prim.span, f"`attention` k and v sequence dims differ: {k[1]} vs {v[1]}",
-                 "each key needs its value: k [B, S, kv_heads, head_dim], v [B, S, kv_heads, v_head_dim]")
+        ctx.fail(
+            prim.span,
+            f"`attention` k and v sequence dims differ: {k[1]} vs {v[1]}",
+            "each key needs its value: k [B, S, kv_heads, head_dim], v [B, S, kv_heads, v_head_dim]",
+        )
     if not q[3].same(k[3]):
-        ctx.fail(prim.span, f"`attention` q and k head_dim differ: {q[3]} vs {k[3]}",
-                 "q and k share a head_dim; v may have its own (v_head_dim)")
+        ctx.fail(
+            prim.span,
+            f"`attention` q and k head_dim differ: {q[3]} vs {k[3]}",
+            "q and k share a head_dim; v may have its own (v_head_dim)",
+        )
     if not k[2].same(v[2]):
         ctx.fail(prim.span, f"`attention` k and v have different head counts: {k[2]} vs {v[2]}")
     if q[2].size is not None and k[2].size is not None and q[2].size % k[2].size:
-        ctx.fail(prim.span, f"`attention` query heads `{q[2]}` are not a multiple of kv heads `{k[2]}`",
-                 "kv_heads must divide heads (GQA); MQA is kv_heads = 1")
+        ctx.fail(
+            prim.span,
+            f"`attention` query heads `{q[2]}` are not a multiple of kv heads `{k[2]}`",
+            "kv_heads must divide heads (GQA); MQA is kv_heads = 1",
+        )
     if prim.attr("window").value < 0:
         ctx.fail(prim.span, "`window` must be >= 0 (0 means no sliding window)")
     for name, off in (("scale", "1 / sqrt(head_dim)"), ("softcap", "no soft-capping")):
         if prim.attr(name).value < 0:
-            ctx.fail(prim.span, f"`{name}` must be >= 0, got {prim.attr(name).value}",
-                     f"0 means {off}")
+            ctx.fail(
+                prim.span, f"`{name}` must be >= 0, got {prim.attr(name).value}", f"0 means {off}"
+            )
     scores = (q[0], q[2], q[1], k[1])  # [B, heads, S_q, S_kv]
     for name in ("mask", "bias"):
         operand = _typed(prim, args, name)
@@ -121,10 +151,12 @@ def _shape(ctx, prim, args):
         dims = segments.type.dims
         self_attention = q[1].same(k[1])  # queries and keys are the same tokens
         if len(dims) != 2 or not dims[0].same(q[0]) or not dims[1].same(q[1]) or not self_attention:
-            ctx.fail(getattr(segments, "span", None) or prim.span,
-                     f"`attention` segment_ids must be [B, S] like q's batch and sequence "
-                     f"{ir_fmt((q[0], q[1]))}, got {ir_fmt(dims)}",
-                     "one segment id per token of a packed sequence; queries and keys share them")
+            ctx.fail(
+                getattr(segments, "span", None) or prim.span,
+                f"`attention` segment_ids must be [B, S] like q's batch and sequence "
+                f"{ir_fmt((q[0], q[1]))}, got {ir_fmt(dims)}",
+                "one segment id per token of a packed sequence; queries and keys share them",
+            )
     return q[:3] + (v[3],)
 
 
@@ -136,13 +168,18 @@ def _typed(prim: ir.Prim, args, name: str) -> ir.TExpr | None:
 def _check_scores_operand(ctx, prim: ir.Prim, name: str, operand: ir.TExpr, scores) -> None:
     """A mask or bias broadcasts to the scores [B, heads, S_q, S_kv]: each dim equal or 1."""
     dims = operand.type.dims
-    ok = len(dims) == 4 and not any(d.is_ellipsis for d in dims) and all(
-        d.same(want) or d.size == 1 for d, want in zip(dims, scores))
+    ok = (
+        len(dims) == 4
+        and not any(d.is_ellipsis for d in dims)
+        and all(d.same(want) or d.size == 1 for d, want in zip(dims, scores))
+    )
     if not ok:
         what = "a boolean mask (True: attend)" if name == "mask" else "an additive bias"
-        ctx.fail(getattr(operand, "span", None) or prim.span,
-                 f"`attention` {name} must broadcast to the scores {ir_fmt(scores)}, got {ir_fmt(dims)}",
-                 f"{what} is [B or 1, heads or 1, S, S]: one value per query and key")
+        ctx.fail(
+            getattr(operand, "span", None) or prim.span,
+            f"`attention` {name} must broadcast to the scores {ir_fmt(scores)}, got {ir_fmt(dims)}",
+            f"{what} is [B or 1, heads or 1, S, S]: one value per query and key",
+        )
 
 
 def _emit(ctx, prim: ir.Prim, args: list[str], precs: list[int]) -> str:
@@ -158,11 +195,16 @@ def _emit(ctx, prim: ir.Prim, args: list[str], precs: list[int]) -> str:
     if ctx.decoding:
         return _emit_cached(ctx, prim, args, window, scale, softcap, _number)
     call = AttentionCall(
-        q=args[0], k=args[1], v=args[2], causal=prim.attr("causal").code,
+        q=args[0],
+        k=args[1],
+        v=args[2],
+        causal=prim.attr("causal").code,
         window=window.code if window.value else None,
         scale=_number(scale) if _set(scale) else None,
         softcap=_number(softcap) if _set(softcap) else None,
-        bias=operand("bias"), mask=operand("mask"), segment_ids=operand("segment_ids"),
+        bias=operand("bias"),
+        mask=operand("mask"),
+        segment_ids=operand("segment_ids"),
         written_out=not v_dims[3].same(k_dims[3]),
     )
     if call.segment_ids is not None and choice.kernel != "splash":
@@ -188,16 +230,27 @@ def _emit_cached(ctx, prim: ir.Prim, args: list[str], window, scale, softcap, nu
     the cache (`_decode_check` has ruled out what it cannot run)."""
     k_slot, v_slot = ctx.cache_slot(prim)
     out = ctx.fresh("o")
-    kwargs = "".join(f", {name}={code}" for name, code in (
-        ("window", window.code if window.value else None),
-        ("scale", number(scale) if _set(scale) else None),
-        ("softcap", number(softcap) if _set(softcap) else None)) if code is not None)
+    kwargs = "".join(
+        f", {name}={code}"
+        for name, code in (
+            ("window", window.code if window.value else None),
+            ("scale", number(scale) if _set(scale) else None),
+            ("softcap", number(softcap) if _set(softcap) else None),
+        )
+        if code is not None
+    )
     ctx.use_helper("cached_attention")
     ctx.use_helper("einsum_attention")
-    ctx.line(f"# decoding: keys and values so far are in cache[{ctx.py_str(k_slot)}], cache[{ctx.py_str(v_slot)}]")
-    ctx.line(f"{out}, new_cache[{ctx.py_str(k_slot)}], new_cache[{ctx.py_str(v_slot)}] = cached_attention(")
-    ctx.line(f"    {args[0]}, {args[1]}, {args[2]}, cache[{ctx.py_str(k_slot)}], cache[{ctx.py_str(v_slot)}], "
-             f"{ctx.decode_pos}{kwargs}")
+    ctx.line(
+        f"# decoding: keys and values so far are in cache[{ctx.py_str(k_slot)}], cache[{ctx.py_str(v_slot)}]"
+    )
+    ctx.line(
+        f"{out}, new_cache[{ctx.py_str(k_slot)}], new_cache[{ctx.py_str(v_slot)}] = cached_attention("
+    )
+    ctx.line(
+        f"    {args[0]}, {args[1]}, {args[2]}, cache[{ctx.py_str(k_slot)}], cache[{ctx.py_str(v_slot)}], "
+        f"{ctx.decode_pos}{kwargs}"
+    )
     ctx.line(f")  # {ctx.shape_comment(prim.type)}")
     return out
 
@@ -233,8 +286,9 @@ def _compute_dtype(model: ir.Model) -> str:
     return h.value.value.name if h is not None and isinstance(h.value.value, ir.DType) else "f32"
 
 
-def kernel_violations(kernel: str, prim: ir.Prim, model: ir.Model,
-                      sched: ir.Schedule | None = None) -> list[str]:
+def kernel_violations(
+    kernel: str, prim: ir.Prim, model: ir.Model, sched: ir.Schedule | None = None
+) -> list[str]:
     """Why `kernel` cannot run this attention call for `model`; empty when it can."""
     out = []
     dtype = _compute_dtype(model)
@@ -245,37 +299,51 @@ def kernel_violations(kernel: str, prim: ir.Prim, model: ir.Model,
     softcap = prim.attr("softcap").value
     if kernel == "cudnn":
         if softcap:
-            out.append(f"softcap {softcap}: soft-capping is not supported by cuDNN "
-                       "(jax.nn.dot_product_attention has no soft cap)")
+            out.append(
+                f"softcap {softcap}: soft-capping is not supported by cuDNN "
+                "(jax.nn.dot_product_attention has no soft cap)"
+            )
         if not v_dims[-1].same(k_dims[-1]):
-            out.append(f"v_head_dim {v_dims[-1].size} differs from head_dim {head_dim}; "
-                       "jax.nn.dot_product_attention needs v shaped like k (cuDNN's MLA path is "
-                       "not exposed)")
+            out.append(
+                f"v_head_dim {v_dims[-1].size} differs from head_dim {head_dim}; "
+                "jax.nn.dot_product_attention needs v shaped like k (cuDNN's MLA path is "
+                "not exposed)"
+            )
         if dtype not in ("bf16", "f16"):
             out.append(f"{model.name} computes in {dtype}; cuDNN flash attention needs bf16 or f16")
         limit = profiles()[sched.profile].cudnn_head_dim_max if sched is not None else 128
         if head_dim is None or head_dim > limit or head_dim % 8:
             chip = f" on {sched.profile}" if sched is not None else ""
-            out.append(f"{model.name} has head_dim {head_dim}; cuDNN needs a multiple of 8 "
-                       f"up to {limit}{chip}")
+            out.append(
+                f"{model.name} has head_dim {head_dim}; cuDNN needs a multiple of 8 "
+                f"up to {limit}{chip}"
+            )
         for name, operand in (("mask", mask), ("bias", bias)):
             if operand is None:
                 continue
             m_dims = operand.type.dims
             if len(m_dims) < 2 or not (m_dims[-2].same(q_dims[1]) and m_dims[-1].same(k_dims[1])):
-                out.append(f"a {name} that is not [..., S, S]; jax's cuDNN path adds it as a "
-                           "bias, which must span the query and key sequences")
+                out.append(
+                    f"a {name} that is not [..., S, S]; jax's cuDNN path adds it as a "
+                    "bias, which must span the query and key sequences"
+                )
         if sched is not None:
             out.extend(_cudnn_sharding_violations(sched))
     elif kernel == "splash":
         if dtype not in ("bf16", "f32"):
             out.append(f"{model.name} computes in {dtype}; splash attention takes bf16 or f32")
         if head_dim is None or head_dim % SPLASH_HEAD_DIM:
-            out.append(f"{model.name} has head_dim {head_dim}; splash needs a multiple of {SPLASH_HEAD_DIM}")
+            out.append(
+                f"{model.name} has head_dim {head_dim}; splash needs a multiple of {SPLASH_HEAD_DIM}"
+            )
         if v_head_dim is None or v_head_dim % SPLASH_HEAD_DIM:
-            out.append(f"{model.name} has v_head_dim {v_head_dim}; splash needs a multiple of {SPLASH_HEAD_DIM}")
+            out.append(
+                f"{model.name} has v_head_dim {v_head_dim}; splash needs a multiple of {SPLASH_HEAD_DIM}"
+            )
         if max_seq is not None and max_seq.value.value % SPLASH_BLOCK:
-            out.append(f"{model.name} has max_seq {max_seq.value.value}; splash needs a multiple of {SPLASH_BLOCK}")
+            out.append(
+                f"{model.name} has max_seq {max_seq.value.value}; splash needs a multiple of {SPLASH_BLOCK}"
+            )
         if mask is not None:
             out.append("an explicit mask; splash runs causal and sliding-window masks only")
         if bias is not None:
@@ -290,20 +358,27 @@ def kernel_violations(kernel: str, prim: ir.Prim, model: ir.Model,
 
 def _cudnn_sharding_violations(sched: ir.Schedule) -> list[str]:
     """jax partitions cuDNN attention over batch and heads only, with q, k, v sharded alike."""
+
     def split(logical: str) -> tuple[str, ...]:
         return tuple(a for a in sched.kept_axes(logical) if sched.size(a) > 1)
 
     out = []
     if split("seq"):
-        out.append(f"the sequence is sharded over {', '.join(split('seq'))} on {sched.name}; "
-                   "jax's cuDNN attention cannot shard the sequence dim")
+        out.append(
+            f"the sequence is sharded over {', '.join(split('seq'))} on {sched.name}; "
+            "jax's cuDNN attention cannot shard the sequence dim"
+        )
     if split("head_dim"):
-        out.append(f"head_dim is sharded over {', '.join(split('head_dim'))} on {sched.name}; "
-                   "jax's cuDNN attention cannot shard head_dim")
+        out.append(
+            f"head_dim is sharded over {', '.join(split('head_dim'))} on {sched.name}; "
+            "jax's cuDNN attention cannot shard head_dim"
+        )
     if split("heads") != split("kv_heads"):
-        out.append(f"heads ({', '.join(split('heads')) or 'replicated'}) and kv_heads "
-                   f"({', '.join(split('kv_heads')) or 'replicated'}) are sharded differently on "
-                   f"{sched.name}; jax's cuDNN attention needs q, k, v sharded alike")
+        out.append(
+            f"heads ({', '.join(split('heads')) or 'replicated'}) and kv_heads "
+            f"({', '.join(split('kv_heads')) or 'replicated'}) are sharded differently on "
+            f"{sched.name}; jax's cuDNN attention needs q, k, v sharded alike"
+        )
     return out
 
 
@@ -330,9 +405,16 @@ def _memory(t, prim: ir.Prim, args, dims, label: str):
         t.save(t.internal(dims, q.dtype, f"{label} grouped output", (q, k, v)))
         window = t.static(prim.attr("window"))
         kept = vjp_kept_keys(t.seq, bool(t.static(prim.attr("causal"))), window or None)
-        blocks = (q.dims[0], heads, q.dims[1], ir.Dim("S_kv kept", kept))  # query blocks skip masked keys
+        blocks = (
+            q.dims[0],
+            heads,
+            q.dims[1],
+            ir.Dim("S_kv kept", kept),
+        )  # query blocks skip masked keys
         t.save(t.internal(blocks, v.dtype, f"{label} probabilities", (q, k)))
-        t.internal(blocks, "f32", f"{label} logits", (q, k))  # not kept; its backward has two such cotangents
+        t.internal(
+            blocks, "f32", f"{label} logits", (q, k)
+        )  # not kept; its backward has two such cotangents
         return out
     internals = [("f32", "masked logits"), ("f32", "exp")]
     if prim.attr("softcap").value:  # tanh's backward keeps its output and 1 - tanh^2
@@ -371,14 +453,20 @@ def emit_attention(kernel: str, call: AttentionCall) -> str:
     if kernel == "vjp":
         if call.softcap is not None or call.bias is not None:  # select_kernels never picks vjp then
             raise AssertionError("vjp attention takes no soft cap or bias")
-        extra = "".join(f", {name}={getattr(call, name)}"
-                        for name in ("window", "scale", "mask") if getattr(call, name) is not None)
+        extra = "".join(
+            f", {name}={getattr(call, name)}"
+            for name in ("window", "scale", "mask")
+            if getattr(call, name) is not None
+        )
         return f"vjp_attention({q}, {k}, {v}, causal={call.causal}{extra})"
     if kernel == "splash":
         if call.mask is not None or call.bias is not None:  # select_kernels never picks splash then
             raise AssertionError("splash attention takes no explicit mask or bias")
-        extra = "".join(f", {name}={getattr(call, name)}"
-                        for name in ("scale", "softcap", "segment_ids") if getattr(call, name) is not None)
+        extra = "".join(
+            f", {name}={getattr(call, name)}"
+            for name in ("scale", "softcap", "segment_ids")
+            if getattr(call, name) is not None
+        )
         return f"splash_attention({q}, {k}, {v}, causal={call.causal}, window={call.window}{extra})"
     if call.softcap is not None or call.written_out:  # only the xla kernel runs these
         kwargs = [f"causal={call.causal}"]
@@ -397,17 +485,31 @@ def emit_attention(kernel: str, call: AttentionCall) -> str:
 
 
 PRIMITIVES = (
-    Primitive("attention", Signature(
-        ("q", "k", "v"),
-        (Static("causal", StaticKind.BOOL, False), Static("window", StaticKind.INT, 0),
-         Static("scale", StaticKind.FLOAT, 0.0), Static("softcap", StaticKind.FLOAT, 0.0)),
-        ("mask", "bias", "segment_ids"),
-        doc="scaled dot-product attention; the kernel is chosen by a target pass"),
-        emit=_emit, shape=_shape, flops=_flops, memory=_memory,
+    Primitive(
+        "attention",
+        Signature(
+            ("q", "k", "v"),
+            (
+                Static("causal", StaticKind.BOOL, False),
+                Static("window", StaticKind.INT, 0),
+                Static("scale", StaticKind.FLOAT, 0.0),
+                Static("softcap", StaticKind.FLOAT, 0.0),
+            ),
+            ("mask", "bias", "segment_ids"),
+            doc="scaled dot-product attention; the kernel is chosen by a target pass",
+        ),
+        emit=_emit,
+        shape=_shape,
+        flops=_flops,
+        memory=_memory,
         kernels=KernelRule(KERNELS, kernel_violations),
-        helpers=(Helper("splash_attention", SPLASH_ATTENTION, SPLASH_IMPORTS, HelperSection.KERNEL),
-                 Helper("einsum_attention", EINSUM_ATTENTION),
-                 Helper("vjp_attention", VJP_ATTENTION, VJP_IMPORTS),
-                 Helper("cached_attention", CACHED_ATTENTION)),
-        decoding=Decoding.CACHED, decode_check=_decode_check),
+        helpers=(
+            Helper("splash_attention", SPLASH_ATTENTION, SPLASH_IMPORTS, HelperSection.KERNEL),
+            Helper("einsum_attention", EINSUM_ATTENTION),
+            Helper("vjp_attention", VJP_ATTENTION, VJP_IMPORTS),
+            Helper("cached_attention", CACHED_ATTENTION),
+        ),
+        decoding=Decoding.CACHED,
+        decode_check=_decode_check,
+    ),
 )

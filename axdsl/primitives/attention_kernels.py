@@ -157,10 +157,14 @@ def _vjp_attention_bwd(causal, window, scale, res, dy):
 vjp_attention.defvjp(_vjp_attention_fwd, _vjp_attention_bwd)'''
 
 _BLOCKS: dict = {}
-exec(VJP_BLOCKS, _BLOCKS)  # the helper's own block rule, which aot's memory model runs too: one home
+exec(
+    VJP_BLOCKS, _BLOCKS
+)  # the helper's own block rule, which aot's memory model runs too: one home
 
 
-def vjp_blocks(seq: int, kv_seq: int, causal: bool, window: int | None) -> list[tuple[int, int, int, int]]:
+def vjp_blocks(
+    seq: int, kv_seq: int, causal: bool, window: int | None
+) -> list[tuple[int, int, int, int]]:
     """The query blocks the generated vjp helper runs: (first query, end query, first key, end key)."""
     return _BLOCKS["_vjp_attention_blocks"](seq, kv_seq, causal, window)
 
@@ -168,7 +172,10 @@ def vjp_blocks(seq: int, kv_seq: int, causal: bool, window: int | None) -> list[
 def vjp_kept_keys(seq: int, causal: bool, window: int | None) -> int:
     """Keys per query whose probabilities the vjp kernel keeps, averaged over the queries (its
     blocks skip the keys no query of theirs sees): seq without causal or window."""
-    kept = sum((end - start) * (last - first) for start, end, first, last in vjp_blocks(seq, seq, causal, window))
+    kept = sum(
+        (end - start) * (last - first)
+        for start, end, first, last in vjp_blocks(seq, seq, causal, window)
+    )
     return -(-kept // seq)
 
 
@@ -304,7 +311,12 @@ def _splash_per_device(
         return jax.vmap(kernel)(q, k, v)
     ids = splash_attention_kernel.SegmentIds(q=segment_ids, kv=segment_ids)
     return jax.vmap(kernel)(q, k, v, ids)'''
-SPLASH_IMPORTS = ("import functools", "import math", "import jax", "import jax.numpy as jnp",
-                  "from jax.sharding import PartitionSpec as P",
-                  "from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel",
-                  "from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask")
+SPLASH_IMPORTS = (
+    "import functools",
+    "import math",
+    "import jax",
+    "import jax.numpy as jnp",
+    "from jax.sharding import PartitionSpec as P",
+    "from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel",
+    "from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask",
+)

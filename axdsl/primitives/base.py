@@ -22,7 +22,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum, IntEnum
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 from axdsl.ir import nodes as ir
 
@@ -53,7 +54,9 @@ class Static:
 @dataclass(frozen=True)
 class Signature:
     tensors: tuple[str, ...]  # positional tensor operands
-    statics: tuple[Static, ...] = ()  # static attributes, positional after the tensors or by keyword
+    statics: tuple[
+        Static, ...
+    ] = ()  # static attributes, positional after the tensors or by keyword
     optional_tensors: tuple[str, ...] = ()  # keyword-only tensor operands
     doc: str = ""
 
@@ -125,9 +128,13 @@ class Decoding(Enum):
     a call sees only the new tokens at positions pos, pos + 1, ...: never a whole sequence."""
 
     POSITIONWISE = "positionwise"  # each position on its own; a static dim that is the sequence rules decoding out
-    POSITIONS = "positions"  # reads token positions: its emitter shifts them by `pos` (rope, iota, prefix)
+    POSITIONS = (
+        "positions"  # reads token positions: its emitter shifts them by `pos` (rope, iota, prefix)
+    )
     CACHED = "cached"  # reads earlier positions through the decode cache (attention)
-    SEQUENCE = "sequence"  # mixes positions without a cache (conv1d, ssd): the model has no decode path
+    SEQUENCE = (
+        "sequence"  # mixes positions without a cache (conv1d, ssd): the model has no decode path
+    )
 
 
 class HelperSection(IntEnum):
@@ -194,7 +201,9 @@ class Primitive:
     emits_operands: bool = True  # codegen emits the operands first (quantized emits its own)
     operands: Callable[[ir.Prim], tuple] | None = None  # what analyses evaluate (default: args)
     decoding: Decoding = Decoding.POSITIONWISE  # its part in the KV-cache decode path
-    decode_check: Callable[[ir.Prim], str | None] | None = None  # why this call cannot decode, or None
+    decode_check: Callable[[ir.Prim], str | None] | None = (
+        None  # why this call cannot decode, or None
+    )
 
     @property
     def has_kernels(self) -> bool:

@@ -20,8 +20,11 @@ def _shape(ctx, prim: ir.Prim, args) -> tuple[ir.Dim, ...]:
     i = axis_of(ctx, prim, dims, prim.attr("before"))
     new = prim.attr("new")
     if new.size is None:
-        ctx.fail(prim.span, f"`broadcast` needs a new dim of known size, got `{new}`",
-                 "free dims such as B and S have no static size; broadcast along a hyperparameter dim")
+        ctx.fail(
+            prim.span,
+            f"`broadcast` needs a new dim of known size, got `{new}`",
+            "free dims such as B and S have no static size; broadcast along a hyperparameter dim",
+        )
     return dims[:i] + (new,) + dims[i:]
 
 
@@ -40,7 +43,15 @@ def _memory(t, prim: ir.Prim, args, dims, label: str):
 
 
 PRIMITIVES = (
-    Primitive("broadcast", Signature(("x",), (Static("new", StaticKind.DIM), Static("before", StaticKind.DIM)),
-                                     doc="copies of x along a new dim `new`, inserted before the dim `before`"),
-              emit=_emit, shape=_shape, memory=_memory),
+    Primitive(
+        "broadcast",
+        Signature(
+            ("x",),
+            (Static("new", StaticKind.DIM), Static("before", StaticKind.DIM)),
+            doc="copies of x along a new dim `new`, inserted before the dim `before`",
+        ),
+        emit=_emit,
+        shape=_shape,
+        memory=_memory,
+    ),
 )

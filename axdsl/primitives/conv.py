@@ -37,8 +37,11 @@ def _shape(ctx, prim: ir.Prim, args):
     if len(w) != 2 or w[0].size is None:
         ctx.fail(prim.span, f"`conv1d` needs w [taps, channels] of known taps, got {ir_fmt(w)}")
     if not w[1].same(x[2]):
-        ctx.fail(prim.span, f"`conv1d` channels disagree: x is {ir_fmt(x)} but w is {ir_fmt(w)}",
-                 "w is [taps, channels], one filter per channel of x's last dim")
+        ctx.fail(
+            prim.span,
+            f"`conv1d` channels disagree: x is {ir_fmt(x)} but w is {ir_fmt(w)}",
+            "w is [taps, channels], one filter per channel of x's last dim",
+        )
     bias = args[2] if prim.operand("b") is not None else None  # the typed operand
     if bias is not None and (len(bias.type.dims) != 1 or not bias.type.dims[0].same(x[2])):
         ctx.fail(prim.span, f"`conv1d` bias must be [{x[2]}], got {ir_fmt(bias.type.dims)}")
@@ -67,8 +70,18 @@ def _memory(t, prim: ir.Prim, args, dims, label: str):
 
 
 PRIMITIVES = (
-    Primitive("conv1d", Signature(("x", "w"), optional_tensors=("b",),
-                                  doc="causal depthwise conv over S: x [B, S, C], w [K, C], b = [C]"),
-              emit=_emit, shape=_shape, flops=_flops, memory=_memory,
-              helpers=(Helper("causal_conv1d", CAUSAL_CONV1D),), decoding=Decoding.SEQUENCE),
+    Primitive(
+        "conv1d",
+        Signature(
+            ("x", "w"),
+            optional_tensors=("b",),
+            doc="causal depthwise conv over S: x [B, S, C], w [K, C], b = [C]",
+        ),
+        emit=_emit,
+        shape=_shape,
+        flops=_flops,
+        memory=_memory,
+        helpers=(Helper("causal_conv1d", CAUSAL_CONV1D),),
+        decoding=Decoding.SEQUENCE,
+    ),
 )

@@ -21,7 +21,15 @@ from __future__ import annotations
 import math
 
 from axdsl.ir import nodes as ir
-from axdsl.primitives.base import Flops, Helper, KernelRule, Primitive, Signature, Static, StaticKind
+from axdsl.primitives.base import (
+    Flops,
+    Helper,
+    KernelRule,
+    Primitive,
+    Signature,
+    Static,
+    StaticKind,
+)
 from axdsl.primitives.reductions import ir_fmt
 from axdsl.syntax import ast
 from axdsl.targets import profiles
@@ -31,16 +39,24 @@ TOKEN_DIMS = ("B", "S")  # free dims of activations by convention (see annotate_
 
 def _lower(ctx, call: ast.Call) -> ir.Prim:
     if not call.args or not isinstance(call.args[0], ast.Str):
-        ctx.fail(call.span, "`einsum` takes a spec string first", 'write einsum("B S dim, dim mlp -> B S mlp", x, w)')
+        ctx.fail(
+            call.span,
+            "`einsum` takes a spec string first",
+            'write einsum("B S dim, dim mlp -> B S mlp", x, w)',
+        )
     text = call.args[0].value
     if "->" not in text:
-        ctx.fail(call.args[0].span, "an einsum spec needs `->`", 'e.g. "B S dim, dim mlp -> B S mlp"')
+        ctx.fail(
+            call.args[0].span, "an einsum spec needs `->`", 'e.g. "B S dim, dim mlp -> B S mlp"'
+        )
     lhs, rhs = text.split("->", 1)
     operands = tuple(tuple(part.split()) for part in lhs.split(","))
     out = tuple(rhs.split())
     tensors = tuple(ctx.expr(a) for a in call.args[1:])
     if len(operands) != len(tensors):
-        ctx.fail(call.span, f"einsum spec names {len(operands)} operand(s) but {len(tensors)} were given")
+        ctx.fail(
+            call.span, f"einsum spec names {len(operands)} operand(s) but {len(tensors)} were given"
+        )
     names = {n for op in operands for n in op} | set(out)
     dims = tuple((n, ctx.dim_by_name(n, call.args[0].span)) for n in sorted(names))
     for n in out:
@@ -57,8 +73,11 @@ def _shape(ctx, prim: ir.Prim, args):
             ctx.fail(a.span, "einsum operands must be tensors")
         actual = a.type.dims
         if len(names) != len(actual):
-            ctx.fail(a.span, f"einsum operand is {ir_fmt(actual)} but the spec names {len(names)} dims: "
-                     f"{' '.join(names)}")
+            ctx.fail(
+                a.span,
+                f"einsum operand is {ir_fmt(actual)} but the spec names {len(names)} dims: "
+                f"{' '.join(names)}",
+            )
         for n, d in zip(names, actual):
             want = named[n]
             if want.is_free and d.is_free:
@@ -94,7 +113,7 @@ def _dense_contract(prim: ir.Prim) -> int | None:
     if n <= 0 or n % 2 or len(set(x) | set(w)) != len(x) + len(w) - n // 2:
         return None
     n //= 2
-    ok = n <= min(len(x), len(w)) and x[len(x) - n:] == w[:n] and out == x[:len(x) - n] + w[n:]
+    ok = n <= min(len(x), len(w)) and x[len(x) - n :] == w[:n] and out == x[: len(x) - n] + w[n:]
     return n if ok else None
 
 
@@ -103,7 +122,9 @@ def is_weight(e: ir.TExpr) -> bool:
     return isinstance(e, ir.Ref) and e.kind in (ir.RefKind.PARAM, ir.RefKind.CHILD_PARAM)
 
 
-def _violations(kernel: str, prim: ir.Prim, model: ir.Model, sched: ir.Schedule | None = None) -> list[str]:
+def _violations(
+    kernel: str, prim: ir.Prim, model: ir.Model, sched: ir.Schedule | None = None
+) -> list[str]:
     if kernel == "dense" and _dense_contract(prim) is None:
         return ["an einsum that is not an activation's last dims times a weight's first dims"]
     return []
@@ -164,16 +185,40 @@ def _memory(t, prim: ir.Prim, args, dims, label: str):
     batch_dims = set()
     if len(spec.operands) > 1:
         batch_dims = set.intersection(*(set(o) for o in spec.operands)) & set(spec.out)
-    out = t.new(dims, t.promote(*args), label, args, dot=not batch_dims and any(not a.activation for a in args))
+    out = t.new(
+        dims,
+        t.promote(*args),
+        label,
+        args,
+        dot=not batch_dims and any(not a.activation for a in args),
+    )
     for a in args:
         t.save(a)
     return out
 
 
 PRIMITIVES = (
-    Primitive("einsum", Signature((), (Static("spec", StaticKind.EINSUM),), doc='einsum("B S dim, dim mlp -> B S mlp", x, w) over named dims'),
-              emit=_emit, shape=_shape, flops=_flops, lower=_lower, scalar_operands=True, contraction=True,
-              memory=_memory, kernels=KernelRule(("xla", "dense"), _violations),
-              helpers=(Helper("dense", DENSE, ("import functools", "import math", "import jax",
-                                               "import jax.numpy as jnp")),)),
+    Primitive(
+        "einsum",
+        Signature(
+            (),
+            (Static("spec", StaticKind.EINSUM),),
+            doc='einsum("B S dim, dim mlp -> B S mlp", x, w) over named dims',
+        ),
+        emit=_emit,
+        shape=_shape,
+        flops=_flops,
+        lower=_lower,
+        scalar_operands=True,
+        contraction=True,
+        memory=_memory,
+        kernels=KernelRule(("xla", "dense"), _violations),
+        helpers=(
+            Helper(
+                "dense",
+                DENSE,
+                ("import functools", "import math", "import jax", "import jax.numpy as jnp"),
+            ),
+        ),
+    ),
 )

@@ -6,8 +6,16 @@ import json
 import re
 
 from axdsl.errors import did_you_mean
-from axdsl.primitives.base import (Helper, Primitive, Saves, Signature, Static, StaticKind,
-                                   elementwise_memory, saves_memory)
+from axdsl.primitives.base import (
+    Helper,
+    Primitive,
+    Saves,
+    Signature,
+    Static,
+    StaticKind,
+    elementwise_memory,
+    saves_memory,
+)
 
 # The kinds `activate(x, kind)` accepts and the code each becomes (`{x}` is the operand). Only
 # these strings reach generated code. `gelu` is the tanh approximation (jax.nn.gelu's default),
@@ -54,8 +62,12 @@ def _call(fn: str):
 
 
 def _unary(name: str, fn: str) -> Primitive:
-    return Primitive(name, Signature(("x",), doc=f"elementwise {name}"), emit=_call(fn),
-                     memory=saves_memory(SAVES[name]))
+    return Primitive(
+        name,
+        Signature(("x",), doc=f"elementwise {name}"),
+        emit=_call(fn),
+        memory=saves_memory(SAVES[name]),
+    )
 
 
 def _activate_memory(t, prim, args, dims, label: str):
@@ -97,8 +109,11 @@ def _emit_softcap(ctx, prim, args, precs) -> str:
 
 def _check_softcap(ctx, given: dict, attrs: dict) -> None:
     if not attrs["cap"].value > 0:
-        ctx.fail(given["cap"].span, f"`softcap` needs cap > 0, got {attrs['cap'].value!r}",
-                 "the result lies in (-cap, cap); Gemma 2 caps logits at 30.0")
+        ctx.fail(
+            given["cap"].span,
+            f"`softcap` needs cap > 0, got {attrs['cap'].value!r}",
+            "the result lies in (-cap, cap); Gemma 2 caps logits at 30.0",
+        )
 
 
 def _check_activate(ctx, given: dict, attrs: dict) -> None:
@@ -106,8 +121,11 @@ def _check_activate(ctx, given: dict, attrs: dict) -> None:
     kind = attrs["kind"].value
     if kind not in ACTIVATIONS:
         shown = kind if len(kind) <= 40 else kind[:37] + "..."
-        ctx.fail(given["kind"].span, f"unknown activation {json.dumps(shown)} for `activate`",
-                 did_you_mean(kind, ACTIVATIONS) or f"activations are {', '.join(ACTIVATIONS)}")
+        ctx.fail(
+            given["kind"].span,
+            f"unknown activation {json.dumps(shown)} for `activate`",
+            did_you_mean(kind, ACTIVATIONS) or f"activations are {', '.join(ACTIVATIONS)}",
+        )
 
 
 def _emit_cast(ctx, prim, args, precs) -> str:
@@ -137,19 +155,51 @@ PRIMITIVES = (
     *(_unary(n, f"jax.nn.{n}") for n in _JAX_NN),
     *(_unary(n, f"jnp.{n}") for n in _JNP),
     _unary("rsqrt", "jax.lax.rsqrt"),
-    Primitive("gelu_exact", Signature(("x",), doc="elementwise gelu, exact erf form (not the tanh approximation)"),
-              emit=lambda ctx, prim, a, p: f"jax.nn.gelu({a[0]}, approximate=False)",
-              memory=saves_memory(SAVES["gelu_exact"])),
-    Primitive("relu2", Signature(("x",), doc="elementwise squared relu, relu(x)^2 (Primer, Nemotron)"),
-              emit=lambda ctx, prim, a, p: f"jnp.square(jax.nn.relu({a[0]}))", memory=saves_memory(SAVES["relu2"])),
-    Primitive("softcap", Signature(("x",), (Static("cap", StaticKind.FLOAT),),
-                                   doc="logit soft-capping: cap * tanh(x / cap)"),
-              emit=_emit_softcap, check=_check_softcap, memory=saves_memory(SAVES["softcap"])),
-    Primitive("activate", Signature(("x",), (Static("kind", StaticKind.STRING),),
-                                    doc="activation chosen by a string"),
-              emit=_emit_activate, check=_check_activate, memory=_activate_memory),
-    Primitive("cast", Signature(("x",), (Static("dtype", StaticKind.DTYPE),), doc="convert to a dtype"),
-              emit=_emit_cast, see_through=True, memory=_cast_memory),
-    Primitive("dropout", Signature(("x",), (Static("rate", StaticKind.FLOAT),), doc="dropout in training only"),
-              emit=_emit_dropout, helpers=(Helper("dropout", DROPOUT),), uses_rng=True, memory=_dropout_memory),
+    Primitive(
+        "gelu_exact",
+        Signature(("x",), doc="elementwise gelu, exact erf form (not the tanh approximation)"),
+        emit=lambda ctx, prim, a, p: f"jax.nn.gelu({a[0]}, approximate=False)",
+        memory=saves_memory(SAVES["gelu_exact"]),
+    ),
+    Primitive(
+        "relu2",
+        Signature(("x",), doc="elementwise squared relu, relu(x)^2 (Primer, Nemotron)"),
+        emit=lambda ctx, prim, a, p: f"jnp.square(jax.nn.relu({a[0]}))",
+        memory=saves_memory(SAVES["relu2"]),
+    ),
+    Primitive(
+        "softcap",
+        Signature(
+            ("x",),
+            (Static("cap", StaticKind.FLOAT),),
+            doc="logit soft-capping: cap * tanh(x / cap)",
+        ),
+        emit=_emit_softcap,
+        check=_check_softcap,
+        memory=saves_memory(SAVES["softcap"]),
+    ),
+    Primitive(
+        "activate",
+        Signature(
+            ("x",), (Static("kind", StaticKind.STRING),), doc="activation chosen by a string"
+        ),
+        emit=_emit_activate,
+        check=_check_activate,
+        memory=_activate_memory,
+    ),
+    Primitive(
+        "cast",
+        Signature(("x",), (Static("dtype", StaticKind.DTYPE),), doc="convert to a dtype"),
+        emit=_emit_cast,
+        see_through=True,
+        memory=_cast_memory,
+    ),
+    Primitive(
+        "dropout",
+        Signature(("x",), (Static("rate", StaticKind.FLOAT),), doc="dropout in training only"),
+        emit=_emit_dropout,
+        helpers=(Helper("dropout", DROPOUT),),
+        uses_rng=True,
+        memory=_dropout_memory,
+    ),
 )

@@ -24,11 +24,18 @@ CROSS_ENTROPY = '''def cross_entropy(logits: jax.Array, labels: jax.Array) -> ja
 def _shape(ctx, prim: ir.Prim, args):
     logits, labels = args[0].type.dims, args[1].type.dims
     if not logits or logits[-1].is_ellipsis or logits[-1].size is None:
-        ctx.fail(prim.span, f"`cross_entropy` needs logits [..., classes] with a sized last dim, got {ir_fmt(logits)}")
+        ctx.fail(
+            prim.span,
+            f"`cross_entropy` needs logits [..., classes] with a sized last dim, got {ir_fmt(logits)}",
+        )
     lead = logits[:-1]
     if len(labels) != len(lead) or not all(a.same(b) for a, b in zip(lead, labels)):
-        ctx.fail(prim.span, f"`cross_entropy` labels {ir_fmt(labels)} do not match the logits' leading dims "
-                 f"{ir_fmt(lead)}", "labels hold one id per row of logits: logits [B, classes], labels [B]")
+        ctx.fail(
+            prim.span,
+            f"`cross_entropy` labels {ir_fmt(labels)} do not match the logits' leading dims "
+            f"{ir_fmt(lead)}",
+            "labels hold one id per row of logits: logits [B, classes], labels [B]",
+        )
     return labels
 
 
@@ -46,8 +53,15 @@ def _memory(t, prim: ir.Prim, args, dims, label: str):
 
 
 PRIMITIVES = (
-    Primitive("cross_entropy", Signature(("logits", "labels"),
-                                         doc="softmax cross-entropy over the last dim: logits [..., C], labels [...]"),
-              emit=_emit, shape=_shape, memory=_memory,
-              helpers=(Helper("cross_entropy", CROSS_ENTROPY),)),
+    Primitive(
+        "cross_entropy",
+        Signature(
+            ("logits", "labels"),
+            doc="softmax cross-entropy over the last dim: logits [..., C], labels [...]",
+        ),
+        emit=_emit,
+        shape=_shape,
+        memory=_memory,
+        helpers=(Helper("cross_entropy", CROSS_ENTROPY),),
+    ),
 )

@@ -29,7 +29,15 @@ import math
 
 from axdsl.errors import did_you_mean
 from axdsl.ir import nodes as ir
-from axdsl.primitives.base import Flops, Helper, HelperSection, Primitive, Signature, Static, StaticKind
+from axdsl.primitives.base import (
+    Flops,
+    Helper,
+    HelperSection,
+    Primitive,
+    Signature,
+    Static,
+    StaticKind,
+)
 from axdsl.primitives.reductions import ir_fmt
 
 OPTIONS = ("top_k", "capacity_factor", "normalize", "aux_weight", "z_weight")
@@ -37,14 +45,20 @@ SELECTION = ("score", "groups", "top_groups", "scale")  # DeepSeek's routing, em
 ROUTER = "moe_swiglu"  # helpers: the router, and the two dispatch paths it may call
 CAPACITY, DROPLESS = f"{ROUTER}.capacity", f"{ROUTER}.dropless"
 CHOOSE = f"{ROUTER}.choose"  # sigmoid scores, a selection bias, group-limited top-k, scaled weights
-BALANCE = f"{ROUTER}.balance"  # the load surplus as the selection bias's gradient (balance_rate > 0)
+BALANCE = (
+    f"{ROUTER}.balance"  # the load surplus as the selection bias's gradient (balance_rate > 0)
+)
 SCORES = ("softmax", "sigmoid")
 
 
 def _selects(prim: ir.Prim) -> bool:
     """Whether the call uses any of DeepSeek's routing options (else the plain softmax router)."""
-    return (prim.attr("score").value != "softmax" or prim.attr("groups").value != 1
-            or prim.attr("scale").value != 1.0 or prim.operand("bias") is not None)
+    return (
+        prim.attr("score").value != "softmax"
+        or prim.attr("groups").value != 1
+        or prim.attr("scale").value != 1.0
+        or prim.operand("bias") is not None
+    )
 
 
 def _shape(ctx, prim: ir.Prim, args):
@@ -52,10 +66,16 @@ def _shape(ctx, prim: ir.Prim, args):
     if len(x) != 3 or any(d.is_ellipsis for d in x):
         ctx.fail(prim.span, f"`moe` needs x as [B, S, dim], got {ir_fmt(x)}")
     if len(logits) != 3 or not logits[0].same(x[0]) or not logits[1].same(x[1]):
-        ctx.fail(prim.span, f"`moe` needs router logits as [B, S, experts] for x {ir_fmt(x)}, got {ir_fmt(logits)}")
+        ctx.fail(
+            prim.span,
+            f"`moe` needs router logits as [B, S, experts] for x {ir_fmt(x)}, got {ir_fmt(logits)}",
+        )
     experts = logits[2]
-    for name, w, want in (("w_gate", w_gate, (experts, x[2], None)), ("w_up", w_up, (experts, x[2], None)),
-                          ("w_down", w_down, (experts, None, x[2]))):
+    for name, w, want in (
+        ("w_gate", w_gate, (experts, x[2], None)),
+        ("w_up", w_up, (experts, x[2], None)),
+        ("w_down", w_down, (experts, None, x[2])),
+    ):
         if len(w) != 3 or not all(d is None or d.same(g) for d, g in zip(want, w)):
             shape = ", ".join("hidden" if d is None else str(d) for d in want)
             ctx.fail(prim.span, f"`moe` needs {name} as [{shape}], got {ir_fmt(w)}")
@@ -63,12 +83,17 @@ def _shape(ctx, prim: ir.Prim, args):
         ctx.fail(prim.span, f"`moe` expert hidden dims differ: {w_gate[2]}, {w_up[2]}, {w_down[1]}")
     k = prim.attr("top_k")
     if not 1 <= k.value <= (experts.size or k.value):
-        ctx.fail(prim.span, f"`moe` top_k = {k.value} must be between 1 and the {experts.size} experts")
+        ctx.fail(
+            prim.span, f"`moe` top_k = {k.value} must be between 1 and the {experts.size} experts"
+        )
     _check_groups(ctx, prim, experts, k.value)
     bias = prim.operand("bias")
     if bias is not None and (len(args[5].type.dims) != 1 or not args[5].type.dims[0].same(experts)):
-        ctx.fail(prim.span, f"`moe` bias must be [{experts}], one per expert, got {ir_fmt(args[5].type.dims)}",
-                 "the selection bias is added to each token's expert scores")
+        ctx.fail(
+            prim.span,
+            f"`moe` bias must be [{experts}], one per expert, got {ir_fmt(args[5].type.dims)}",
+            "the selection bias is added to each token's expert scores",
+        )
     _check_balance(ctx, prim, bias)
     return x
 
@@ -78,13 +103,19 @@ def _check_balance(ctx, prim: ir.Prim, bias: ir.TExpr | None) -> None:
     the balancing rule moves)."""
     rate = prim.attr("balance_rate").value
     if rate < 0:
-        ctx.fail(prim.span, f"`moe` balance_rate={rate} must be >= 0",
-                 "0 turns balancing off; DeepSeek-V3 uses 0.001")
+        ctx.fail(
+            prim.span,
+            f"`moe` balance_rate={rate} must be >= 0",
+            "0 turns balancing off; DeepSeek-V3 uses 0.001",
+        )
     if rate > 0 and not (isinstance(bias, ir.Ref) and bias.kind == ir.RefKind.PARAM):
-        ctx.fail(prim.span, f"`moe` balance_rate={rate} needs `bias =` one of this layer's parameters, "
-                 + ("got none" if bias is None else "got an expression"),
-                 "balancing moves the selection bias after each step: declare `param score_bias: "
-                 "[experts] init zeros` and pass `bias = score_bias`")
+        ctx.fail(
+            prim.span,
+            f"`moe` balance_rate={rate} needs `bias =` one of this layer's parameters, "
+            + ("got none" if bias is None else "got an expression"),
+            "balancing moves the selection bias after each step: declare `param score_bias: "
+            "[experts] init zeros` and pass `bias = score_bias`",
+        )
 
 
 def balanced_biases(root: ir.Instance) -> list[tuple[str, float]]:
@@ -108,15 +139,24 @@ def _check_groups(ctx, prim: ir.Prim, experts: ir.Dim, top_k: int) -> None:
     chosen groups hold at least top_k experts."""
     groups, top = prim.attr("groups").value, prim.attr("top_groups").value
     if groups < 1 or experts.size is not None and experts.size % groups:
-        ctx.fail(prim.span, f"`moe` experts `{experts}` do not split into `groups={groups}` equal groups",
-                 "experts are split into equal groups (DeepSeek-V3: 256 experts in 8 groups)")
+        ctx.fail(
+            prim.span,
+            f"`moe` experts `{experts}` do not split into `groups={groups}` equal groups",
+            "experts are split into equal groups (DeepSeek-V3: 256 experts in 8 groups)",
+        )
     per = (experts.size or 2 * groups) // groups
     if groups > 1 and per < 2:
-        ctx.fail(prim.span, f"`moe` groups = {groups} leave {per} expert per group; each needs at least 2",
-                 "a group is scored by the sum of its two best experts")
+        ctx.fail(
+            prim.span,
+            f"`moe` groups = {groups} leave {per} expert per group; each needs at least 2",
+            "a group is scored by the sum of its two best experts",
+        )
     if not 1 <= top <= groups or groups > 1 and top * per < top_k:
-        ctx.fail(prim.span, f"`moe` top_groups = {top} must be between 1 and the {groups} groups and hold "
-                 f"top_k = {top_k} experts ({per} per group)")
+        ctx.fail(
+            prim.span,
+            f"`moe` top_groups = {top} must be between 1 and the {groups} groups and hold "
+            f"top_k = {top_k} experts ({per} per group)",
+        )
 
 
 def _check(ctx, given: dict, attrs: dict) -> None:
@@ -124,8 +164,11 @@ def _check(ctx, given: dict, attrs: dict) -> None:
     score = attrs["score"].value
     if score not in SCORES:
         where = given.get("score")
-        ctx.fail(where.span if where is not None else None, f"`moe` score must be one of {', '.join(SCORES)}, "
-                 f"got {json.dumps(score[:40])}", did_you_mean(score, list(SCORES)) or "")
+        ctx.fail(
+            where.span if where is not None else None,
+            f"`moe` score must be one of {', '.join(SCORES)}, " f"got {json.dumps(score[:40])}",
+            did_you_mean(score, list(SCORES)) or "",
+        )
 
 
 def _emit(ctx, prim: ir.Prim, args: list[str], precs: list[int]) -> str:
@@ -152,7 +195,9 @@ def _emit(ctx, prim: ir.Prim, args: list[str], precs: list[int]) -> str:
     if prim.attr("balance_rate").value > 0:
         ctx.use_helper(BALANCE)
         kwargs += ", balance=True"
-    ctx.line(f"{out}, {aux} = moe_swiglu({', '.join(args[:5])}, {kwargs})  # {ctx.shape_comment(prim.type)}, []")
+    ctx.line(
+        f"{out}, {aux} = moe_swiglu({', '.join(args[:5])}, {kwargs})  # {ctx.shape_comment(prim.type)}, []"
+    )
     return out
 
 
@@ -181,16 +226,28 @@ def _memory(t, prim: ir.Prim, args, dims, label: str):
     if cf > 0:
         cap = ir.Dim("capacity", max(1, math.ceil(top_k * t.seq * cf / experts.size)))
         slot = (b, experts, cap)
-        for what, d in (("slots", (b, k, s, experts, cap)), ("dispatch", (b, s, experts, cap)),
-                        ("combine", (b, s, experts, cap))):
+        for what, d in (
+            ("slots", (b, k, s, experts, cap)),
+            ("dispatch", (b, s, experts, cap)),
+            ("combine", (b, s, experts, cap)),
+        ):
             t.save(t.internal(d, x.dtype, f"{label} {what}", (logits,)))
     else:
         slot = (b, s, k)
-    inner = [("expert inputs", model_dim), ("gate", hidden), ("silu residual", hidden),
-             ("silu residual", hidden), ("up", hidden), ("hidden", hidden), ("expert outputs", model_dim)]
+    inner = [
+        ("expert inputs", model_dim),
+        ("gate", hidden),
+        ("silu residual", hidden),
+        ("silu residual", hidden),
+        ("up", hidden),
+        ("hidden", hidden),
+        ("expert outputs", model_dim),
+    ]
     for what, d in inner:
         t.save(t.internal(slot + (d,), x.dtype, f"{label} {what}", (x, logits)))
-    if cf <= 0:  # XLA:TPU sorts and scatters the dispatched tokens in 32 bits (analysis/platforms.py)
+    if (
+        cf <= 0
+    ):  # XLA:TPU sorts and scatters the dispatched tokens in 32 bits (analysis/platforms.py)
         for _ in range(t.platform.moe_dispatch_u32):
             t.save(t.internal(slot + (model_dim,), "u32", f"{label} 32-bit dispatch", (x, logits)))
     return out
@@ -214,7 +271,11 @@ def _moe_swiglu(used: frozenset[str]) -> str:
         params += MOE_SELECT_PARAMS
     if BALANCE in used:
         params.append("balance: bool = False")
-    signature = "def moe_swiglu(\n" + "".join(f"    {p},\n" for p in params) + ") -> tuple[jax.Array, jax.Array]:\n"
+    signature = (
+        "def moe_swiglu(\n"
+        + "".join(f"    {p},\n" for p in params)
+        + ") -> tuple[jax.Array, jax.Array]:\n"
+    )
     doc = [MOE_DOC_HEAD]
     if choose:
         doc.append(MOE_DOC_CHOOSE)
@@ -225,26 +286,52 @@ def _moe_swiglu(used: frozenset[str]) -> str:
     if dropless:
         doc.append(MOE_DOC_DROPLESS)
     if capacity and dropless:
-        tail = ("    if capacity_factor > 0:\n        " + MOE_CALL_CAPACITY + "\n    else:\n        "
-                + MOE_CALL_DROPLESS)
+        tail = (
+            "    if capacity_factor > 0:\n        "
+            + MOE_CALL_CAPACITY
+            + "\n    else:\n        "
+            + MOE_CALL_DROPLESS
+        )
     else:
         tail = "    " + (MOE_CALL_CAPACITY if capacity else MOE_CALL_DROPLESS)
     routing = MOE_ROUTING.replace(MOE_SOFTMAX_CHOICE, MOE_CHOICE) if choose else MOE_ROUTING
     if BALANCE in used:
         tail += "\n" + MOE_CALL_BALANCE
-    return (signature + '    """' + " ".join(doc) + MOE_DOC_TAIL + '    """\n' + routing
-            + tail + "\n    return y.astype(x.dtype), aux")
+    return (
+        signature
+        + '    """'
+        + " ".join(doc)
+        + MOE_DOC_TAIL
+        + '    """\n'
+        + routing
+        + tail
+        + "\n    return y.astype(x.dtype), aux"
+    )
 
 
-MOE_PARAMS = ("x: jax.Array", "logits: jax.Array", "w_gate: jax.Array", "w_up: jax.Array",
-              "w_down: jax.Array", "top_k: int", "capacity_factor: float", "normalize: bool",
-              "aux_weight: float", "z_weight: float")
+MOE_PARAMS = (
+    "x: jax.Array",
+    "logits: jax.Array",
+    "w_gate: jax.Array",
+    "w_up: jax.Array",
+    "w_down: jax.Array",
+    "top_k: int",
+    "capacity_factor: float",
+    "normalize: bool",
+    "aux_weight: float",
+    "z_weight: float",
+)
 MOE_DOC_HEAD = """Mixture of SwiGLU experts on x [B, S, dim] with router logits [B, S, experts].
 
     Each token goes to its `top_k` experts, weighted by the router softmax (renormalized over the
     chosen k when `normalize`, as Mixtral and Qwen3 do)."""
-MOE_SELECT_PARAMS = ("score: str", "groups: int", "top_groups: int", "scale: float",
-                     "bias: jax.Array | None = None")
+MOE_SELECT_PARAMS = (
+    "score: str",
+    "groups: int",
+    "top_groups: int",
+    "scale: float",
+    "bias: jax.Array | None = None",
+)
 MOE_DOC_CHOOSE = """With `score` "sigmoid" the
     scores are sigmoids; `bias` (if given) shifts them for the choice only; with `groups` > 1 a
     token chooses among the experts of its `top_groups` best groups; `scale` multiplies the weights
@@ -281,7 +368,7 @@ MOE_DOC_TAIL = """
     Returns (y [B, S, dim], auxiliary loss []): aux_weight x the Switch load-balancing loss plus
     z_weight x the router z-loss (ST-MoE).
 """
-MOE_ROUTING = '''    experts = logits.shape[-1]
+MOE_ROUTING = """    experts = logits.shape[-1]
     logits = logits.astype(jnp.float32)
     probs = jax.nn.softmax(logits, axis=-1)  # [B, S, experts]
     weights, chosen = jax.lax.top_k(probs, top_k)  # [B, S, top_k]
@@ -293,13 +380,13 @@ MOE_ROUTING = '''    experts = logits.shape[-1]
     importance = jnp.mean(probs, axis=(0, 1))
     aux = aux_weight * experts * jnp.sum(load * importance)
     aux = aux + z_weight * jnp.mean(jax.nn.logsumexp(logits, axis=-1) ** 2)
-'''
-MOE_SOFTMAX_CHOICE = '''    probs = jax.nn.softmax(logits, axis=-1)  # [B, S, experts]
+"""
+MOE_SOFTMAX_CHOICE = """    probs = jax.nn.softmax(logits, axis=-1)  # [B, S, experts]
     weights, chosen = jax.lax.top_k(probs, top_k)  # [B, S, top_k]
     if normalize:
         weights = weights / jnp.sum(weights, axis=-1, keepdims=True)
-'''
-MOE_CHOICE = '''    if score == "sigmoid":
+"""
+MOE_CHOICE = """    if score == "sigmoid":
         probs = jax.nn.sigmoid(logits)  # [B, S, experts]
     else:
         probs = jax.nn.softmax(logits, axis=-1)
@@ -308,7 +395,7 @@ MOE_CHOICE = '''    if score == "sigmoid":
     if normalize:
         weights = weights / (jnp.sum(weights, axis=-1, keepdims=True) + 1e-20)
     weights = scale * weights
-'''
+"""
 MOE_CHOOSE = '''def _moe_choose(probs, bias, top_k, groups, top_groups):
     """Each token's top_k experts by score (+ bias), among the experts of its top_groups best groups."""
     choice = probs if bias is None else probs + bias.astype(jnp.float32)  # [B, S, experts]
@@ -319,7 +406,9 @@ MOE_CHOOSE = '''def _moe_choose(probs, bias, top_k, groups, top_groups):
         kept = jnp.sum(jax.nn.one_hot(best, groups), axis=-2) > 0  # [B, S, groups]
         choice = jnp.where(kept[..., None], grouped, -jnp.inf).reshape(choice.shape)
     return jax.lax.top_k(choice, top_k)[1]'''
-MOE_CALL_CAPACITY = "y = _moe_with_capacity(x, weights, routed, w_gate, w_up, w_down, capacity_factor)"
+MOE_CALL_CAPACITY = (
+    "y = _moe_with_capacity(x, weights, routed, w_gate, w_up, w_down, capacity_factor)"
+)
 MOE_CALL_DROPLESS = "y = _moe_dropless(x, weights, chosen, w_gate, w_up, w_down)"
 MOE_CAPACITY = '''def _moe_with_capacity(x, weights, routed, w_gate, w_up, w_down, capacity_factor):
     """Dispatch to [B, experts, capacity] slots with one-hot einsums, run experts, combine."""
@@ -353,11 +442,13 @@ MOE_DROPLESS = '''def _moe_dropless(x, weights, chosen, w_gate, w_up, w_down):
 
 
 _JAX = ("import jax", "import jax.numpy as jnp")
-_HELPERS = (Helper(ROUTER, _moe_swiglu, _JAX, HelperSection.LAYER),
-            Helper(CAPACITY, MOE_CAPACITY, _JAX + ("import math",), HelperSection.LAYER),
-            Helper(DROPLESS, MOE_DROPLESS, _JAX, HelperSection.LAYER),
-            Helper(CHOOSE, MOE_CHOOSE, _JAX, HelperSection.LAYER),
-            Helper(BALANCE, MOE_BALANCE, _JAX, HelperSection.LAYER))
+_HELPERS = (
+    Helper(ROUTER, _moe_swiglu, _JAX, HelperSection.LAYER),
+    Helper(CAPACITY, MOE_CAPACITY, _JAX + ("import math",), HelperSection.LAYER),
+    Helper(DROPLESS, MOE_DROPLESS, _JAX, HelperSection.LAYER),
+    Helper(CHOOSE, MOE_CHOOSE, _JAX, HelperSection.LAYER),
+    Helper(BALANCE, MOE_BALANCE, _JAX, HelperSection.LAYER),
+)
 
 
 def _decode_check(prim: ir.Prim) -> str | None:
@@ -370,16 +461,34 @@ def _decode_check(prim: ir.Prim) -> str | None:
 
 
 PRIMITIVES = (
-    Primitive("moe", Signature(
-        ("x", "logits", "w_gate", "w_up", "w_down"),
-        (Static("top_k", StaticKind.INT, 2), Static("capacity_factor", StaticKind.FLOAT, 1.25),
-         Static("normalize", StaticKind.BOOL, True), Static("aux_weight", StaticKind.FLOAT, 0.01),
-         Static("z_weight", StaticKind.FLOAT, 0.001), Static("score", StaticKind.STRING, "softmax"),
-         Static("groups", StaticKind.INT, 1), Static("top_groups", StaticKind.INT, 1),
-         Static("scale", StaticKind.FLOAT, 1.0), Static("balance_rate", StaticKind.FLOAT, 0.0)),
-        optional_tensors=("bias",),
-        doc="mixture of SwiGLU experts: softmax or sigmoid router (DeepSeek: selection bias, group-limited "
-            "top-k, scale, bias balancing), top-k, capacity (<= 0: dropless), aux losses"),
-        emit=_emit, shape=_shape, check=_check, flops=_flops, memory=_memory, unused_params=_unused_params,
-        aux_loss=True, helpers=_HELPERS, decode_check=_decode_check),
+    Primitive(
+        "moe",
+        Signature(
+            ("x", "logits", "w_gate", "w_up", "w_down"),
+            (
+                Static("top_k", StaticKind.INT, 2),
+                Static("capacity_factor", StaticKind.FLOAT, 1.25),
+                Static("normalize", StaticKind.BOOL, True),
+                Static("aux_weight", StaticKind.FLOAT, 0.01),
+                Static("z_weight", StaticKind.FLOAT, 0.001),
+                Static("score", StaticKind.STRING, "softmax"),
+                Static("groups", StaticKind.INT, 1),
+                Static("top_groups", StaticKind.INT, 1),
+                Static("scale", StaticKind.FLOAT, 1.0),
+                Static("balance_rate", StaticKind.FLOAT, 0.0),
+            ),
+            optional_tensors=("bias",),
+            doc="mixture of SwiGLU experts: softmax or sigmoid router (DeepSeek: selection bias, group-limited "
+            "top-k, scale, bias balancing), top-k, capacity (<= 0: dropless), aux losses",
+        ),
+        emit=_emit,
+        shape=_shape,
+        check=_check,
+        flops=_flops,
+        memory=_memory,
+        unused_params=_unused_params,
+        aux_loss=True,
+        helpers=_HELPERS,
+        decode_check=_decode_check,
+    ),
 )

@@ -183,12 +183,18 @@ def _int8_einsum_bwd(spec: str, residuals, g: jax.Array):
 _int8_einsum.defvjp(_int8_einsum_fwd, _int8_einsum_bwd)'''
 
 
-_IMPORTS = ("import functools", "import jax", "import jax.numpy as jnp",
-            "from jax.ad_checkpoint import checkpoint_name")
+_IMPORTS = (
+    "import functools",
+    "import jax",
+    "import jax.numpy as jnp",
+    "from jax.ad_checkpoint import checkpoint_name",
+)
 # The name the helpers give their outputs: save_dots saves it (codegen's REMAT_POLICY).
 QUANTIZED_POINT = "quantized_matmul"
-_HELPERS = (Helper("fp8_einsum", FP8_EINSUM, _IMPORTS, HelperSection.MATMUL),
-            Helper("int8_einsum", INT8_EINSUM, _IMPORTS, HelperSection.MATMUL))
+_HELPERS = (
+    Helper("fp8_einsum", FP8_EINSUM, _IMPORTS, HelperSection.MATMUL),
+    Helper("int8_einsum", INT8_EINSUM, _IMPORTS, HelperSection.MATMUL),
+)
 
 
 def operands(prim: ir.Prim) -> tuple[ir.TExpr, ...]:
@@ -211,8 +217,19 @@ def _memory(t, prim: ir.Prim, args, dims, label: str):
 
 
 PRIMITIVES = (
-    Primitive("quantized", Signature(("matmul",), (Static("format", StaticKind.FORMAT),),
-                                     doc="a matmul in fp8 or int8 (made by quantize_matmuls)"),
-              emit=_emit, see_through=True, internal=True, emits_operands=False, memory=_memory,
-              operands=operands, helpers=_HELPERS),
+    Primitive(
+        "quantized",
+        Signature(
+            ("matmul",),
+            (Static("format", StaticKind.FORMAT),),
+            doc="a matmul in fp8 or int8 (made by quantize_matmuls)",
+        ),
+        emit=_emit,
+        see_through=True,
+        internal=True,
+        emits_operands=False,
+        memory=_memory,
+        operands=operands,
+        helpers=_HELPERS,
+    ),
 )

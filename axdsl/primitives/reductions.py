@@ -3,7 +3,15 @@
 from __future__ import annotations
 
 from axdsl.ir import nodes as ir
-from axdsl.primitives.base import Primitive, Saves, Signature, Static, StaticKind, linear_memory, saves_memory
+from axdsl.primitives.base import (
+    Primitive,
+    Saves,
+    Signature,
+    Static,
+    StaticKind,
+    linear_memory,
+    saves_memory,
+)
 
 ONE = ir.Dim("1", 1, "1")
 
@@ -21,7 +29,9 @@ def axis_of(ctx, prim: ir.Prim, dims: tuple[ir.Dim, ...], over: ir.Dim) -> int:
     """`axis_index`, or a located error saying why the dim is ambiguous or missing."""
     i = axis_index(dims, over)
     if i is None:
-        matches = any(d.name == over.name or (over.size is not None and d.size == over.size) for d in dims)
+        matches = any(
+            d.name == over.name or (over.size is not None and d.size == over.size) for d in dims
+        )
         what = "several dims match" if matches else "no dim matches"
         ctx.fail(prim.span, f"`{prim.name}` over `{over}`: {what} in {ir_fmt(dims)}")
     return i
@@ -39,7 +49,7 @@ def negative_axis(dims: tuple[ir.Dim, ...], over: ir.Dim) -> int:
 def _reduce_shape(ctx, prim, args):
     dims = args[0].type.dims
     i = axis_of(ctx, prim, dims, prim.attr("over"))
-    return dims[:i] + (ONE,) + dims[i + 1:]
+    return dims[:i] + (ONE,) + dims[i + 1 :]
 
 
 def _reduction(name: str) -> Primitive:
@@ -47,10 +57,17 @@ def _reduction(name: str) -> Primitive:
         axis = negative_axis(prim.args[0].type.dims, prim.attr("over"))
         return f"jnp.{name}({args[0]}, axis={axis}, keepdims=True)"
 
-    return Primitive(name, Signature(("x",), (Static("over", StaticKind.DIM),),
-                                     doc=f"{name} over a named dim, kept as size 1"),
-                     emit=emit, shape=_reduce_shape,
-                     memory=None if name == "max" else linear_memory)  # max: keeps its input
+    return Primitive(
+        name,
+        Signature(
+            ("x",),
+            (Static("over", StaticKind.DIM),),
+            doc=f"{name} over a named dim, kept as size 1",
+        ),
+        emit=emit,
+        shape=_reduce_shape,
+        memory=None if name == "max" else linear_memory,
+    )  # max: keeps its input
 
 
 def _softmax_shape(ctx, prim, args):
@@ -68,7 +85,15 @@ def _emit_softmax(ctx, prim, args, precs) -> str:
 
 PRIMITIVES = (
     *(_reduction(n) for n in ("sum", "mean", "max")),
-    Primitive("softmax", Signature(("x",), (Static("over", StaticKind.DIM, None),),
-                                   doc="softmax over a named dim (default last)"),
-              emit=_emit_softmax, shape=_softmax_shape, memory=saves_memory(Saves(input=False, same=1, output=True))),
+    Primitive(
+        "softmax",
+        Signature(
+            ("x",),
+            (Static("over", StaticKind.DIM, None),),
+            doc="softmax over a named dim (default last)",
+        ),
+        emit=_emit_softmax,
+        shape=_softmax_shape,
+        memory=saves_memory(Saves(input=False, same=1, output=True)),
+    ),
 )

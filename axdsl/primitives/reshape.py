@@ -19,8 +19,11 @@ from axdsl.primitives.slicing import atom, operand, part
 def _sized(ctx, prim: ir.Prim, dims) -> None:
     for d in dims:
         if d.size is None:
-            ctx.fail(prim.span, f"`{prim.name}` needs dims of known size, got `{d}`",
-                     "free dims such as B and S have no static size")
+            ctx.fail(
+                prim.span,
+                f"`{prim.name}` needs dims of known size, got `{d}`",
+                "free dims such as B and S have no static size",
+            )
 
 
 def reshape_code(x: str, ndim_after: int, middle: list[str], removed: int) -> str:
@@ -42,15 +45,20 @@ def _split_shape(ctx, prim, args):
     product = math.prod(d.size for d in into)
     if product != dims[i].size:
         sizes = " * ".join(str(d.size) for d in into)
-        ctx.fail(prim.span, f"cannot split `{dims[i]}` into {ir_fmt(into)}: {sizes} = {product}, not {dims[i].size}",
-                 "the sizes of the new dims must multiply to the size of the dim they split")
-    return dims[:i] + tuple(into) + dims[i + 1:]
+        ctx.fail(
+            prim.span,
+            f"cannot split `{dims[i]}` into {ir_fmt(into)}: {sizes} = {product}, not {dims[i].size}",
+            "the sizes of the new dims must multiply to the size of the dim they split",
+        )
+    return dims[:i] + tuple(into) + dims[i + 1 :]
 
 
 def _emit_split(ctx, prim, args, precs) -> str:
     dims = prim.args[0].type.dims
     after = len(dims) - 1 - axis_index(dims, prim.attr("over"))
-    return reshape_code(operand(ctx, prim, args[0]), after, [ctx.dim_code(d) for d in prim.attr("into")], 1)
+    return reshape_code(
+        operand(ctx, prim, args[0]), after, [ctx.dim_code(d) for d in prim.attr("into")], 1
+    )
 
 
 # ---------------------------------------------------------------- merge
@@ -59,12 +67,17 @@ def _merge_shape(ctx, prim, args):
     i = axis_of(ctx, prim, dims, prim.attr("first"))
     j = axis_of(ctx, prim, dims, prim.attr("second"))
     if j != i + 1:
-        ctx.fail(prim.span, f"`merge` needs adjacent dims, `{dims[i]}` then `{dims[j]}`, in {ir_fmt(dims)}",
-                 "move them next to each other first (einsum or transpose)")
+        ctx.fail(
+            prim.span,
+            f"`merge` needs adjacent dims, `{dims[i]}` then `{dims[j]}`, in {ir_fmt(dims)}",
+            "move them next to each other first (einsum or transpose)",
+        )
     a, b = dims[i], dims[j]
     _sized(ctx, prim, (a, b))
-    merged = ir.Dim(f"{part(a.name)}*{part(b.name)}", a.size * b.size, f"{atom(a.code)} * {atom(b.code)}")
-    return dims[:i] + (merged,) + dims[j + 1:]
+    merged = ir.Dim(
+        f"{part(a.name)}*{part(b.name)}", a.size * b.size, f"{atom(a.code)} * {atom(b.code)}"
+    )
+    return dims[:i] + (merged,) + dims[j + 1 :]
 
 
 def _emit_merge(ctx, prim, args, precs) -> str:
@@ -74,10 +87,26 @@ def _emit_merge(ctx, prim, args, precs) -> str:
 
 
 PRIMITIVES = (
-    Primitive("split", Signature(("x",), (Static("over", StaticKind.DIM), Static("into", StaticKind.DIMS)),
-                                 doc="split the named dim `over` into the dims `into` (sizes multiply to it)"),
-              emit=_emit_split, shape=_split_shape, memory=view_memory),
-    Primitive("merge", Signature(("x",), (Static("first", StaticKind.DIM), Static("second", StaticKind.DIM)),
-                                 doc="merge two adjacent named dims into one (their product)"),
-              emit=_emit_merge, shape=_merge_shape, memory=view_memory),
+    Primitive(
+        "split",
+        Signature(
+            ("x",),
+            (Static("over", StaticKind.DIM), Static("into", StaticKind.DIMS)),
+            doc="split the named dim `over` into the dims `into` (sizes multiply to it)",
+        ),
+        emit=_emit_split,
+        shape=_split_shape,
+        memory=view_memory,
+    ),
+    Primitive(
+        "merge",
+        Signature(
+            ("x",),
+            (Static("first", StaticKind.DIM), Static("second", StaticKind.DIM)),
+            doc="merge two adjacent named dims into one (their product)",
+        ),
+        emit=_emit_merge,
+        shape=_merge_shape,
+        memory=view_memory,
+    ),
 )

@@ -24,7 +24,15 @@ from __future__ import annotations
 import json
 
 from axdsl.errors import did_you_mean
-from axdsl.primitives.base import Decoding, Helper, Primitive, Signature, Static, StaticKind, linear_memory
+from axdsl.primitives.base import (
+    Decoding,
+    Helper,
+    Primitive,
+    Signature,
+    Static,
+    StaticKind,
+    linear_memory,
+)
 from axdsl.primitives.reductions import ir_fmt
 
 SCALINGS = ("none", "linear", "llama3", "yarn")
@@ -148,9 +156,12 @@ def _rope_shape(ctx, prim, args):
     if head_dim is None or rotary is None:
         ctx.fail(prim.span, f"`rope` needs a known head_dim, got `{dims[-1]}`")
     if rotary < 2 or rotary > head_dim or rotary % 2:
-        ctx.fail(prim.span, f"`rope` rotates an even number of features between 2 and the head size "
-                 f"{head_dim}, got {rotary}", "the rotary dim is how many features of each head rotate "
-                 "(Phi-2: 32 of 80)")
+        ctx.fail(
+            prim.span,
+            f"`rope` rotates an even number of features between 2 and the head size "
+            f"{head_dim}, got {rotary}",
+            "the rotary dim is how many features of each head rotate " "(Phi-2: 32 of 80)",
+        )
     return dims
 
 
@@ -165,22 +176,28 @@ def _check(ctx, given: dict, attrs: dict) -> None:
     scaling = attrs["scaling"].value
     where = given.get("scaling")
     if scaling not in SCALINGS:
-        ctx.fail(where.span if where is not None else None,
-                 f"unknown rope scaling {json.dumps(scaling[:40])}",
-                 did_you_mean(scaling, SCALINGS) or f"scalings are {', '.join(SCALINGS)}")
+        ctx.fail(
+            where.span if where is not None else None,
+            f"unknown rope scaling {json.dumps(scaling[:40])}",
+            did_you_mean(scaling, SCALINGS) or f"scalings are {', '.join(SCALINGS)}",
+        )
     if scaling == "none":
         return
     factor = attrs["factor"].value
     if factor <= 0:
         ctx.fail(_span(given, "factor", where), f"rope scaling factor must be > 0, got {factor}")
     if scaling == "llama3" and attrs["high_freq_factor"].value <= attrs["low_freq_factor"].value:
-        ctx.fail(_span(given, "high_freq_factor", where),
-                 f"llama3 rope scaling needs high_freq_factor > low_freq_factor, got "
-                 f"{attrs['high_freq_factor'].value} <= {attrs['low_freq_factor'].value}",
-                 "Llama 3.1 uses low_freq_factor = 1.0, high_freq_factor = 4.0")
+        ctx.fail(
+            _span(given, "high_freq_factor", where),
+            f"llama3 rope scaling needs high_freq_factor > low_freq_factor, got "
+            f"{attrs['high_freq_factor'].value} <= {attrs['low_freq_factor'].value}",
+            "Llama 3.1 uses low_freq_factor = 1.0, high_freq_factor = 4.0",
+        )
     if scaling in ("llama3", "yarn") and attrs["original_max_seq"].value <= 0:
-        ctx.fail(_span(given, "original_max_seq", where),
-                 f"{scaling} rope scaling needs original_max_seq > 0 (the pretraining context)")
+        ctx.fail(
+            _span(given, "original_max_seq", where),
+            f"{scaling} rope scaling needs original_max_seq > 0 (the pretraining context)",
+        )
 
 
 def _span(given: dict, name: str, fallback):
@@ -189,8 +206,11 @@ def _span(given: dict, name: str, fallback):
 
 
 def _is_plain(prim, head_dim: int) -> bool:
-    return (_rotary_dim(prim, head_dim) == head_dim and not prim.attr("interleaved").value
-            and prim.attr("scaling").value == "none")
+    return (
+        _rotary_dim(prim, head_dim) == head_dim
+        and not prim.attr("interleaved").value
+        and prim.attr("scaling").value == "none"
+    )
 
 
 def _non_default(prim, defaults: dict) -> str:
@@ -215,11 +235,25 @@ def _emit(ctx, prim, args: list[str], precs: list[int]) -> str:
     ctx.use_helper("rope_frequencies")
     given = prim.attr("rotary_dim")
     rotary = given.code if given is not None and given.value else prim.args[0].type.dims[-1].code
-    if "cfg." not in rotary:  # literal arithmetic (`128 + 64 - 128` from a slice): its value reads better
+    if (
+        "cfg." not in rotary
+    ):  # literal arithmetic (`128 + 64 - 128` from a slice): its value reads better
         rotary = str(_rotary_dim(prim, head_dim))
-    a = {k: prim.attr(k).code for k in ("factor", "low_freq_factor", "high_freq_factor", "original_max_seq",
-                                         "beta_fast", "beta_slow", "truncate", "attention_factor",
-                                         "mscale", "mscale_all_dim")}
+    a = {
+        k: prim.attr(k).code
+        for k in (
+            "factor",
+            "low_freq_factor",
+            "high_freq_factor",
+            "original_max_seq",
+            "beta_fast",
+            "beta_slow",
+            "truncate",
+            "attention_factor",
+            "mscale",
+            "mscale_all_dim",
+        )
+    }
     scaling = prim.attr("scaling").value
     extra = []
     if scaling == "none":
@@ -228,14 +262,18 @@ def _emit(ctx, prim, args: list[str], precs: list[int]) -> str:
         freqs = f"rope_frequencies({rotary}, {theta}) / {a['factor']}"
     elif scaling == "llama3":
         ctx.use_helper("llama3_frequencies")
-        freqs = (f"llama3_frequencies({rotary}, {theta}, factor={a['factor']}, "
-                 f"low_freq_factor={a['low_freq_factor']}, high_freq_factor={a['high_freq_factor']}, "
-                 f"original_max_seq={a['original_max_seq']})")
+        freqs = (
+            f"llama3_frequencies({rotary}, {theta}, factor={a['factor']}, "
+            f"low_freq_factor={a['low_freq_factor']}, high_freq_factor={a['high_freq_factor']}, "
+            f"original_max_seq={a['original_max_seq']})"
+        )
     else:
         ctx.use_helper("yarn_frequencies")
         optional = _non_default(prim, {"beta_fast": 32.0, "beta_slow": 1.0, "truncate": True})
-        freqs = (f"yarn_frequencies({rotary}, {theta}, factor={a['factor']}, "
-                 f"original_max_seq={a['original_max_seq']}{optional})")
+        freqs = (
+            f"yarn_frequencies({rotary}, {theta}, factor={a['factor']}, "
+            f"original_max_seq={a['original_max_seq']}{optional})"
+        )
         if prim.attr("attention_factor").value:
             extra.append(f"scale={a['attention_factor']}")
         else:
@@ -255,27 +293,42 @@ _NUMPY = ("import jax", "import jax.numpy as jnp", "import numpy as np")
 _MATH = ("import math", "import numpy as np")
 
 PRIMITIVES = (
-    Primitive("rope", Signature(("x",), (
-        Static("theta", StaticKind.FLOAT, 10000.0),
-        Static("rotary_dim", StaticKind.INT, 0),  # 0: the whole head_dim
-        Static("interleaved", StaticKind.BOOL, False),
-        Static("scaling", StaticKind.STRING, "none"),
-        Static("factor", StaticKind.FLOAT, 1.0),
-        Static("low_freq_factor", StaticKind.FLOAT, 1.0),
-        Static("high_freq_factor", StaticKind.FLOAT, 4.0),
-        Static("original_max_seq", StaticKind.INT, 0),
-        Static("beta_fast", StaticKind.FLOAT, 32.0),
-        Static("beta_slow", StaticKind.FLOAT, 1.0),
-        Static("truncate", StaticKind.BOOL, True),
-        Static("attention_factor", StaticKind.FLOAT, 0.0),  # yarn: 0 = from factor and mscale
-        Static("mscale", StaticKind.FLOAT, 1.0),
-        Static("mscale_all_dim", StaticKind.FLOAT, 0.0),
-    ), doc="rotary embedding on [B, S, H, D]: partial, interleaved, linear/llama3/yarn scaling"),
-        emit=_emit, shape=_rope_shape, check=_check, memory=linear_memory, decoding=Decoding.POSITIONS,
-        helpers=(Helper("apply_rope", APPLY_ROPE, _NUMPY),
-                 Helper("apply_rotary", APPLY_ROTARY, _NUMPY),
-                 Helper("rotation_tables", ROTATION_TABLES, _NUMPY),
-                 Helper("rope_frequencies", ROPE_FREQUENCIES, ("import numpy as np",)),
-                 Helper("llama3_frequencies", LLAMA3_FREQUENCIES, _MATH),
-                 Helper("yarn_frequencies", YARN_FREQUENCIES, _MATH))),
+    Primitive(
+        "rope",
+        Signature(
+            ("x",),
+            (
+                Static("theta", StaticKind.FLOAT, 10000.0),
+                Static("rotary_dim", StaticKind.INT, 0),  # 0: the whole head_dim
+                Static("interleaved", StaticKind.BOOL, False),
+                Static("scaling", StaticKind.STRING, "none"),
+                Static("factor", StaticKind.FLOAT, 1.0),
+                Static("low_freq_factor", StaticKind.FLOAT, 1.0),
+                Static("high_freq_factor", StaticKind.FLOAT, 4.0),
+                Static("original_max_seq", StaticKind.INT, 0),
+                Static("beta_fast", StaticKind.FLOAT, 32.0),
+                Static("beta_slow", StaticKind.FLOAT, 1.0),
+                Static("truncate", StaticKind.BOOL, True),
+                Static(
+                    "attention_factor", StaticKind.FLOAT, 0.0
+                ),  # yarn: 0 = from factor and mscale
+                Static("mscale", StaticKind.FLOAT, 1.0),
+                Static("mscale_all_dim", StaticKind.FLOAT, 0.0),
+            ),
+            doc="rotary embedding on [B, S, H, D]: partial, interleaved, linear/llama3/yarn scaling",
+        ),
+        emit=_emit,
+        shape=_rope_shape,
+        check=_check,
+        memory=linear_memory,
+        decoding=Decoding.POSITIONS,
+        helpers=(
+            Helper("apply_rope", APPLY_ROPE, _NUMPY),
+            Helper("apply_rotary", APPLY_ROTARY, _NUMPY),
+            Helper("rotation_tables", ROTATION_TABLES, _NUMPY),
+            Helper("rope_frequencies", ROPE_FREQUENCIES, ("import numpy as np",)),
+            Helper("llama3_frequencies", LLAMA3_FREQUENCIES, _MATH),
+            Helper("yarn_frequencies", YARN_FREQUENCIES, _MATH),
+        ),
+    ),
 )

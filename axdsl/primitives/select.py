@@ -17,13 +17,22 @@ the row starts again at position 0, as it would alone.
 from __future__ import annotations
 
 from axdsl.ir import nodes as ir
-from axdsl.primitives.base import Decoding, Helper, Primitive, Signature, Static, StaticKind, linear_memory
+from axdsl.primitives.base import (
+    Decoding,
+    Helper,
+    Primitive,
+    Signature,
+    Static,
+    StaticKind,
+    linear_memory,
+)
 from axdsl.primitives.reductions import ONE, axis_of, ir_fmt, negative_axis
 
 
 def broadcast(shapes: list[tuple[ir.Dim, ...]]) -> tuple[ir.Dim, ...]:
     """Numpy broadcasting of named dims, aligned from the right: each pair must be the same dim
-    or one of them 1. Returns the result dims, or raises ValueError naming the two dims that differ."""
+    or one of them 1. Returns the result dims, or raises ValueError naming the two dims that differ.
+    """
     out: tuple[ir.Dim, ...] = shapes[0]
     for dims in shapes[1:]:
         a, b, merged = list(out), list(dims), []
@@ -51,9 +60,11 @@ def _broadcast_shape(ctx, prim, args):
     try:
         return broadcast(shapes)
     except ValueError as err:
-        ctx.fail(prim.span, f"shapes do not agree for `{prim.name}`: "
-                 + " and ".join(ir_fmt(s) for s in shapes),
-                 f"{err}; operands must match dim by dim (from the right) or be 1")
+        ctx.fail(
+            prim.span,
+            f"shapes do not agree for `{prim.name}`: " + " and ".join(ir_fmt(s) for s in shapes),
+            f"{err}; operands must match dim by dim (from the right) or be 1",
+        )
 
 
 # ---------------------------------------------------------------- iota
@@ -67,7 +78,9 @@ def _iota_shape(ctx, prim, args):
 def _emit_iota(ctx, prim, args, precs) -> str:
     over = prim.attr("over")
     code = f"jnp.arange({ctx.dim_code(over)}, dtype=jnp.int32)"
-    if ctx.decoding and ctx.is_sequence(over):  # the new tokens' positions start at the cache position
+    if ctx.decoding and ctx.is_sequence(
+        over
+    ):  # the new tokens' positions start at the cache position
         code = f"({ctx.decode_pos} + {code})"
     trailing = prim.attr("trailing").value
     return code + (f"[:, {', '.join(['None'] * trailing)}]" if trailing else "")
@@ -102,9 +115,14 @@ def _extremum_memory(t, prim, args, dims, label: str):
 
 
 def _extremum(name: str, doc: str) -> Primitive:
-    return Primitive(name, Signature(("a", "b"), doc=doc),
-                     emit=lambda ctx, prim, a, p: f"jnp.{name}({a[0]}, {a[1]})",
-                     shape=_broadcast_shape, scalar_operands=True, memory=_extremum_memory)
+    return Primitive(
+        name,
+        Signature(("a", "b"), doc=doc),
+        emit=lambda ctx, prim, a, p: f"jnp.{name}({a[0]}, {a[1]})",
+        shape=_broadcast_shape,
+        scalar_operands=True,
+        memory=_extremum_memory,
+    )
 
 
 # ---------------------------------------------------------------- cumsum
@@ -131,8 +149,11 @@ SEGMENT_POSITIONS = '''def segment_positions(segments: jax.Array) -> jax.Array:
 def _segment_positions_shape(ctx, prim, args):
     dims = args[0].type.dims
     if not dims or dims[-1].is_ellipsis:
-        ctx.fail(prim.span, f"`segment_positions` needs ids with a sequence as their last dim, got {ir_fmt(dims)}",
-                 "pass the [B, S] segment ids of a packed row")
+        ctx.fail(
+            prim.span,
+            f"`segment_positions` needs ids with a sequence as their last dim, got {ir_fmt(dims)}",
+            "pass the [B, S] segment ids of a packed row",
+        )
     return dims
 
 
@@ -142,19 +163,50 @@ def _emit_segment_positions(ctx, prim, args, precs) -> str:
 
 
 PRIMITIVES = (
-    Primitive("iota", Signature((), (Static("over", StaticKind.DIM), Static("trailing", StaticKind.INT, 0)),
-                                doc="int32 positions 0..n-1 along a dim, [over] then `trailing` dims of size 1"),
-              emit=_emit_iota, shape=_iota_shape, memory=_iota_memory, decoding=Decoding.POSITIONS),
-    Primitive("where", Signature(("cond", "a", "b"), doc="a where cond is true, else b; shapes broadcast"),
-              emit=lambda ctx, prim, a, p: f"jnp.where({a[0]}, {a[1]}, {a[2]})",
-              shape=_broadcast_shape, scalar_operands=True, memory=_where_memory),
+    Primitive(
+        "iota",
+        Signature(
+            (),
+            (Static("over", StaticKind.DIM), Static("trailing", StaticKind.INT, 0)),
+            doc="int32 positions 0..n-1 along a dim, [over] then `trailing` dims of size 1",
+        ),
+        emit=_emit_iota,
+        shape=_iota_shape,
+        memory=_iota_memory,
+        decoding=Decoding.POSITIONS,
+    ),
+    Primitive(
+        "where",
+        Signature(("cond", "a", "b"), doc="a where cond is true, else b; shapes broadcast"),
+        emit=lambda ctx, prim, a, p: f"jnp.where({a[0]}, {a[1]}, {a[2]})",
+        shape=_broadcast_shape,
+        scalar_operands=True,
+        memory=_where_memory,
+    ),
     _extremum("minimum", "elementwise minimum of a and b; shapes broadcast"),
     _extremum("maximum", "elementwise maximum of a and b; shapes broadcast"),
-    Primitive("cumsum", Signature(("x",), (Static("over", StaticKind.DIM),),
-                                  doc="running sum along a named dim, same shape"),
-              emit=_emit_cumsum, shape=_cumsum_shape, memory=linear_memory),
-    Primitive("segment_positions", Signature(("segments",), doc="int32 position of each token within its run of "
-                                             "equal ids along the last dim (a packed example restarts at 0)"),
-              emit=_emit_segment_positions, shape=_segment_positions_shape, memory=_iota_memory_of_ids,
-              helpers=(Helper("segment_positions", SEGMENT_POSITIONS),), decoding=Decoding.SEQUENCE),
+    Primitive(
+        "cumsum",
+        Signature(
+            ("x",),
+            (Static("over", StaticKind.DIM),),
+            doc="running sum along a named dim, same shape",
+        ),
+        emit=_emit_cumsum,
+        shape=_cumsum_shape,
+        memory=linear_memory,
+    ),
+    Primitive(
+        "segment_positions",
+        Signature(
+            ("segments",),
+            doc="int32 position of each token within its run of "
+            "equal ids along the last dim (a packed example restarts at 0)",
+        ),
+        emit=_emit_segment_positions,
+        shape=_segment_positions_shape,
+        memory=_iota_memory_of_ids,
+        helpers=(Helper("segment_positions", SEGMENT_POSITIONS),),
+        decoding=Decoding.SEQUENCE,
+    ),
 )

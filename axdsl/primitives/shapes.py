@@ -3,7 +3,15 @@
 from __future__ import annotations
 
 from axdsl.ir.nodes import Dim
-from axdsl.primitives.base import Decoding, Primitive, Signature, Static, StaticKind, linear_memory, view_memory
+from axdsl.primitives.base import (
+    Decoding,
+    Primitive,
+    Signature,
+    Static,
+    StaticKind,
+    linear_memory,
+    view_memory,
+)
 from axdsl.primitives.reductions import ir_fmt
 
 
@@ -16,11 +24,17 @@ def _split_heads_shape(ctx, prim, args):
     if last.size is None:
         ctx.fail(prim.span, f"`split_heads` needs a known last dim, got `{last}`")
     if last.size % heads.value:
-        ctx.fail(prim.span, f"cannot split `{last}` into {heads.value} heads: {heads.value} does not divide "
-                 f"{last.size}", "heads must divide the projected dim")
+        ctx.fail(
+            prim.span,
+            f"cannot split `{last}` into {heads.value} heads: {heads.value} does not divide "
+            f"{last.size}",
+            "heads must divide the projected dim",
+        )
     per = last.size // heads.value
-    return dims[:-1] + (Dim(heads.code.removeprefix("cfg."), heads.value, heads.code),
-                        Dim(f"{last.name}/heads", per, f"{last.code} // {heads.code}"))
+    return dims[:-1] + (
+        Dim(heads.code.removeprefix("cfg."), heads.value, heads.code),
+        Dim(f"{last.name}/heads", per, f"{last.code} // {heads.code}"),
+    )
 
 
 def _merge_heads_shape(ctx, prim, args):
@@ -74,23 +88,50 @@ def _transpose_decode(prim) -> str | None:
     """A transpose that moves the sequence dim mixes positions; of a parameter (a tied embedding
     table) it does not."""
     dims = prim.args[0].type.dims
-    return None if all(not d.is_free for d in dims[-2:]) else "`transpose` of a sequence-shaped tensor"
+    return (
+        None if all(not d.is_free for d in dims[-2:]) else "`transpose` of a sequence-shaped tensor"
+    )
 
 
 PRIMITIVES = (
-    Primitive("split_heads", Signature(("x",), (Static("heads", StaticKind.INT),), doc="[..., h*d] -> [..., h, d]"),
-              emit=lambda ctx, prim, a, p: f"{a[0]}.reshape(*{a[0]}.shape[:-1], {prim.attr('heads').code}, -1)",
-              shape=_split_heads_shape, memory=view_memory),
-    Primitive("merge_heads", Signature(("x",), doc="[..., h, d] -> [..., h*d]"),
-              emit=lambda ctx, prim, a, p: f"{a[0]}.reshape(*{a[0]}.shape[:-2], -1)",
-              shape=_merge_heads_shape, memory=view_memory),
-    Primitive("transpose", Signature(("x",), doc="swap the last two dims"),
-              emit=lambda ctx, prim, a, p: f"jnp.swapaxes({a[0]}, -1, -2)",
-              shape=_transpose_shape, see_through=True, memory=view_memory, decode_check=_transpose_decode),
-    Primitive("prefix", Signature(("x",), (Static("n", StaticKind.DIM),), doc="the first n rows of x"),
-              emit=_emit_prefix, shape=_prefix_shape, gathers=True, memory=_prefix_memory,
-              decoding=Decoding.POSITIONS),
-    Primitive("embed", Signature(("table", "ids"), doc="embedding lookup: table[ids]"),
-              emit=lambda ctx, prim, a, p: f"jnp.take({a[0]}, {a[1]}, axis=0)",
-              shape=_embed_shape, gathers=True, memory=_embed_memory),
+    Primitive(
+        "split_heads",
+        Signature(("x",), (Static("heads", StaticKind.INT),), doc="[..., h*d] -> [..., h, d]"),
+        emit=lambda ctx, prim, a, p: f"{a[0]}.reshape(*{a[0]}.shape[:-1], {prim.attr('heads').code}, -1)",
+        shape=_split_heads_shape,
+        memory=view_memory,
+    ),
+    Primitive(
+        "merge_heads",
+        Signature(("x",), doc="[..., h, d] -> [..., h*d]"),
+        emit=lambda ctx, prim, a, p: f"{a[0]}.reshape(*{a[0]}.shape[:-2], -1)",
+        shape=_merge_heads_shape,
+        memory=view_memory,
+    ),
+    Primitive(
+        "transpose",
+        Signature(("x",), doc="swap the last two dims"),
+        emit=lambda ctx, prim, a, p: f"jnp.swapaxes({a[0]}, -1, -2)",
+        shape=_transpose_shape,
+        see_through=True,
+        memory=view_memory,
+        decode_check=_transpose_decode,
+    ),
+    Primitive(
+        "prefix",
+        Signature(("x",), (Static("n", StaticKind.DIM),), doc="the first n rows of x"),
+        emit=_emit_prefix,
+        shape=_prefix_shape,
+        gathers=True,
+        memory=_prefix_memory,
+        decoding=Decoding.POSITIONS,
+    ),
+    Primitive(
+        "embed",
+        Signature(("table", "ids"), doc="embedding lookup: table[ids]"),
+        emit=lambda ctx, prim, a, p: f"jnp.take({a[0]}, {a[1]}, axis=0)",
+        shape=_embed_shape,
+        gathers=True,
+        memory=_embed_memory,
+    ),
 )

@@ -53,8 +53,11 @@ def operand(ctx, prim: ir.Prim, code: str) -> str:
 
 def _sized(ctx, prim: ir.Prim, d: ir.Dim) -> None:
     if d.size is None:
-        ctx.fail(prim.span, f"`{prim.name}` needs a dim of known size, got `{d}`",
-                 "free dims such as B and S have no static size; cut and join sized dims")
+        ctx.fail(
+            prim.span,
+            f"`{prim.name}` needs a dim of known size, got `{d}`",
+            "free dims such as B and S have no static size; cut and join sized dims",
+        )
 
 
 def _neg(dims: tuple[ir.Dim, ...], i: int) -> int:
@@ -69,16 +72,21 @@ def _slice_shape(ctx, prim, args):
     _sized(ctx, prim, d)
     start, stop = prim.attr("start"), prim.attr("stop")
     if not 0 <= start.value < stop.value <= d.size:
-        ctx.fail(prim.span, f"`slice` of `{d}` from {start.value} to {stop.value} is out of range",
-                 f"need 0 <= start < stop <= {d.size}")
+        ctx.fail(
+            prim.span,
+            f"`slice` of `{d}` from {start.value} to {stop.value} is out of range",
+            f"need 0 <= start < stop <= {d.size}",
+        )
     # Named as the expression a forward would write for its size (`rotary_dim`,
     # `head_dim - rotary_dim`), so a later `over` can name it.
     end = part(d.name) if stop.value == d.size else label(stop)
     if start.value == 0:
         out = ir.Dim(end, stop.value, stop.code)
     else:
-        out = ir.Dim(f"{end}-{label(start)}", stop.value - start.value, f"{stop.code} - {atom(start.code)}")
-    return dims[:i] + (out,) + dims[i + 1:]
+        out = ir.Dim(
+            f"{end}-{label(start)}", stop.value - start.value, f"{stop.code} - {atom(start.code)}"
+        )
+    return dims[:i] + (out,) + dims[i + 1 :]
 
 
 def _emit_slice(ctx, prim, args, precs) -> str:
@@ -91,7 +99,9 @@ def _emit_slice(ctx, prim, args, precs) -> str:
 
 
 # ---------------------------------------------------------------- concat
-def join_axis(a: tuple[ir.Dim, ...], b: tuple[ir.Dim, ...], over: ir.Dim) -> tuple[int, ir.Dim] | str:
+def join_axis(
+    a: tuple[ir.Dim, ...], b: tuple[ir.Dim, ...], over: ir.Dim
+) -> tuple[int, ir.Dim] | str:
     """The axis `concat` joins along and the dim it becomes, or why there is none.
 
     `over` is a dim of `a` (by name, then size): the result joins their sizes (`rot+rest`). Or it
@@ -101,12 +111,23 @@ def join_axis(a: tuple[ir.Dim, ...], b: tuple[ir.Dim, ...], over: ir.Dim) -> tup
         da, db = a[i], b[i]
         if da.size is None or db.size is None:
             return f"`concat` needs a dim of known size, got `{da}` and `{db}`"
-        return i, ir.Dim(f"{part(da.name)}+{part(db.name)}", da.size + db.size, f"{da.code} + {db.code}")
-    hits = [j for j, (x, y) in enumerate(zip(a, b))
-            if x.size is not None and y.size is not None and over.size is not None
-            and x.size + y.size == over.size]
+        return i, ir.Dim(
+            f"{part(da.name)}+{part(db.name)}", da.size + db.size, f"{da.code} + {db.code}"
+        )
+    hits = [
+        j
+        for j, (x, y) in enumerate(zip(a, b))
+        if x.size is not None
+        and y.size is not None
+        and over.size is not None
+        and x.size + y.size == over.size
+    ]
     if len(hits) != 1:
-        what = "several dims add up to it" if hits else "no dim of the first operand matches it and no two add up to it"
+        what = (
+            "several dims add up to it"
+            if hits
+            else "no dim of the first operand matches it and no two add up to it"
+        )
         return f"`concat` over `{over}`: {what} in {ir_fmt(a)} and {ir_fmt(b)}"
     return hits[0], over
 
@@ -117,13 +138,21 @@ def _concat_shape(ctx, prim, args):
         ctx.fail(prim.span, f"`concat` needs operands of one rank, got {ir_fmt(a)} and {ir_fmt(b)}")
     joined = join_axis(a, b, prim.attr("over"))
     if isinstance(joined, str):
-        ctx.fail(prim.span, joined, "name a dim of the first operand, or the joined dim whose size is the sum")
+        ctx.fail(
+            prim.span,
+            joined,
+            "name a dim of the first operand, or the joined dim whose size is the sum",
+        )
     i, out = joined
     for j, (x, y) in enumerate(zip(a, b)):
         if j != i and not x.same(y):
-            ctx.fail(prim.span, f"`concat` over `{prim.attr('over')}`: the operands differ in another dim, "
-                     f"`{x}` and `{y}`", f"operands are {ir_fmt(a)} and {ir_fmt(b)}; only the joined dim may differ")
-    return a[:i] + (out,) + a[i + 1:]
+            ctx.fail(
+                prim.span,
+                f"`concat` over `{prim.attr('over')}`: the operands differ in another dim, "
+                f"`{x}` and `{y}`",
+                f"operands are {ir_fmt(a)} and {ir_fmt(b)}; only the joined dim may differ",
+            )
+    return a[:i] + (out,) + a[i + 1 :]
 
 
 def _emit_concat(ctx, prim, args, precs) -> str:
@@ -156,12 +185,19 @@ def _pad_shape(ctx, prim, args):
     _sized(ctx, prim, d)
     before, after = prim.attr("before"), prim.attr("after")
     if before.value < 0 or after.value < 0:
-        ctx.fail(prim.span, f"`pad` needs before >= 0 and after >= 0, got {before.value} and {after.value}",
-                 "cut with `slice` instead")
+        ctx.fail(
+            prim.span,
+            f"`pad` needs before >= 0 and after >= 0, got {before.value} and {after.value}",
+            "cut with `slice` instead",
+        )
     extra = [v for v in (before, after) if v.value]
-    name = part(d.name) + (f"+{label(extra[0])}" if len(extra) == 1 else f"+{before.value + after.value}" if extra else "")
+    name = part(d.name) + (
+        f"+{label(extra[0])}"
+        if len(extra) == 1
+        else f"+{before.value + after.value}" if extra else ""
+    )
     code = d.code + "".join(f" + {atom(v.code)}" for v in extra)
-    return dims[:i] + (ir.Dim(name, d.size + before.value + after.value, code),) + dims[i + 1:]
+    return dims[:i] + (ir.Dim(name, d.size + before.value + after.value, code),) + dims[i + 1 :]
 
 
 def _emit_pad(ctx, prim, args, precs) -> str:
@@ -172,25 +208,66 @@ def _emit_pad(ctx, prim, args, precs) -> str:
     x = args[0]
     if any(d.is_ellipsis for d in dims):
         x = operand(ctx, prim, x)
-        widths = f"[(0, 0)] * ({x}.ndim - {-axis}) + [{', '.join([width] + ['(0, 0)'] * (-axis - 1))}]"
+        widths = (
+            f"[(0, 0)] * ({x}.ndim - {-axis}) + [{', '.join([width] + ['(0, 0)'] * (-axis - 1))}]"
+        )
     else:
-        widths = "[" + ", ".join(width if j - len(dims) == axis else "(0, 0)" for j in range(len(dims))) + "]"
+        widths = (
+            "["
+            + ", ".join(width if j - len(dims) == axis else "(0, 0)" for j in range(len(dims)))
+            + "]"
+        )
     return f"jnp.pad({x}, {widths}, constant_values={value})"
 
 
 PRIMITIVES = (
-    Primitive("slice", Signature(("x",), (Static("over", StaticKind.DIM), Static("start", StaticKind.INT),
-                                          Static("stop", StaticKind.INT)),
-                                 doc="x[start:stop] along the named dim `over` (static bounds)"),
-              emit=_emit_slice, shape=_slice_shape, memory=linear_memory),
-    Primitive("concat", Signature(("a", "b"), (Static("over", StaticKind.DIM),),
-                                  doc="join a and b along `over` (a dim of a, or the joined dim); other dims must match"),
-              emit=_emit_concat, shape=_concat_shape, memory=_join_memory),
-    Primitive("stack", Signature(("a", "b"), doc="a and b of one shape stacked on a new last dim of size 2"),
-              emit=lambda ctx, prim, a, p: f"jnp.stack([{a[0]}, {a[1]}], axis=-1)",
-              shape=_stack_shape, memory=_join_memory),
-    Primitive("pad", Signature(("x",), (Static("over", StaticKind.DIM), Static("before", StaticKind.INT),
-                                        Static("after", StaticKind.INT), Static("value", StaticKind.FLOAT, 0.0)),
-                               doc="pad the named dim `over` with `before` and `after` entries of `value`"),
-              emit=_emit_pad, shape=_pad_shape, memory=linear_memory),
+    Primitive(
+        "slice",
+        Signature(
+            ("x",),
+            (
+                Static("over", StaticKind.DIM),
+                Static("start", StaticKind.INT),
+                Static("stop", StaticKind.INT),
+            ),
+            doc="x[start:stop] along the named dim `over` (static bounds)",
+        ),
+        emit=_emit_slice,
+        shape=_slice_shape,
+        memory=linear_memory,
+    ),
+    Primitive(
+        "concat",
+        Signature(
+            ("a", "b"),
+            (Static("over", StaticKind.DIM),),
+            doc="join a and b along `over` (a dim of a, or the joined dim); other dims must match",
+        ),
+        emit=_emit_concat,
+        shape=_concat_shape,
+        memory=_join_memory,
+    ),
+    Primitive(
+        "stack",
+        Signature(("a", "b"), doc="a and b of one shape stacked on a new last dim of size 2"),
+        emit=lambda ctx, prim, a, p: f"jnp.stack([{a[0]}, {a[1]}], axis=-1)",
+        shape=_stack_shape,
+        memory=_join_memory,
+    ),
+    Primitive(
+        "pad",
+        Signature(
+            ("x",),
+            (
+                Static("over", StaticKind.DIM),
+                Static("before", StaticKind.INT),
+                Static("after", StaticKind.INT),
+                Static("value", StaticKind.FLOAT, 0.0),
+            ),
+            doc="pad the named dim `over` with `before` and `after` entries of `value`",
+        ),
+        emit=_emit_pad,
+        shape=_pad_shape,
+        memory=linear_memory,
+    ),
 )

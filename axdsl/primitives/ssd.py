@@ -24,7 +24,16 @@ figure per token, which train.py's MODEL_FLOPS keeps as a chunk term (runtime.Mi
 from __future__ import annotations
 
 from axdsl.ir import nodes as ir
-from axdsl.primitives.base import Decoding, Flops, Helper, Keys, Primitive, Signature, Static, StaticKind
+from axdsl.primitives.base import (
+    Decoding,
+    Flops,
+    Helper,
+    Keys,
+    Primitive,
+    Signature,
+    Static,
+    StaticKind,
+)
 from axdsl.primitives.reductions import ir_fmt
 
 SSD = '''def segment_sum(a: jax.Array) -> jax.Array:
@@ -92,28 +101,42 @@ def _shape(ctx, prim: ir.Prim, args):
         ctx.fail(prim.span, f"`ssd` needs x [B, S, heads, head_dim], got {ir_fmt(x)}")
     batch, seq, heads = x[0], x[1], x[2]
     if len(dt) != 3 or not (dt[0].same(batch) and dt[1].same(seq) and dt[2].same(heads)):
-        ctx.fail(prim.span, f"`ssd` needs dt [{batch}, {seq}, {heads}] like x's first three dims, got {ir_fmt(dt)}",
-                 "dt is one step size per position and head (after softplus)")
+        ctx.fail(
+            prim.span,
+            f"`ssd` needs dt [{batch}, {seq}, {heads}] like x's first three dims, got {ir_fmt(dt)}",
+            "dt is one step size per position and head (after softplus)",
+        )
     if len(a) != 1 or not a[0].same(heads):
         ctx.fail(prim.span, f"`ssd` needs A [{heads}], one decay rate per head, got {ir_fmt(a)}")
     for name, t in (("B", b), ("C", c)):
         if len(t) != 4 or not (t[0].same(batch) and t[1].same(seq)):
-            ctx.fail(prim.span, f"`ssd` needs {name} [{batch}, {seq}, groups, state], got {ir_fmt(t)}")
+            ctx.fail(
+                prim.span, f"`ssd` needs {name} [{batch}, {seq}, groups, state], got {ir_fmt(t)}"
+            )
     if not (b[2].same(c[2]) and b[3].same(c[3])):
-        ctx.fail(prim.span, f"`ssd` B and C disagree: {ir_fmt(b)} and {ir_fmt(c)}",
-                 "B and C are both [B, S, groups, state]")
+        ctx.fail(
+            prim.span,
+            f"`ssd` B and C disagree: {ir_fmt(b)} and {ir_fmt(c)}",
+            "B and C are both [B, S, groups, state]",
+        )
     groups = b[2]
     if heads.size is None or groups.size is None or heads.size % groups.size:
-        ctx.fail(prim.span, f"`ssd` groups `{groups}` must divide heads `{heads}`",
-                 "each group of B and C serves heads / groups heads")
+        ctx.fail(
+            prim.span,
+            f"`ssd` groups `{groups}` must divide heads `{heads}`",
+            "each group of B and C serves heads / groups heads",
+        )
     return x
 
 
 def _check(ctx, given: dict, attrs: dict) -> None:
     chunk = attrs["chunk"].value
     if not chunk > 0:
-        ctx.fail(given["chunk"].span, f"`ssd` needs chunk > 0, got {chunk!r}",
-                 "the scan runs in chunks of this many positions (Mamba-2: 256)")
+        ctx.fail(
+            given["chunk"].span,
+            f"`ssd` needs chunk > 0, got {chunk!r}",
+            "the scan runs in chunks of this many positions (Mamba-2: 256)",
+        )
 
 
 def _emit(ctx, prim: ir.Prim, args: list[str], precs: list[int]) -> str:
@@ -126,8 +149,11 @@ def _flops(ctx, prim: ir.Prim) -> Flops:
     chunk states, which do not grow with S."""
     heads, head_dim = (d.size for d in prim.args[0].type.dims[2:])
     state = prim.args[3].type.dims[3].size
-    return Flops(mixing=4 * heads * head_dim * state, per_key=2 * heads * (state + head_dim),
-                 keys=Keys(chunk=prim.attr("chunk").value))
+    return Flops(
+        mixing=4 * heads * head_dim * state,
+        per_key=2 * heads * (state + head_dim),
+        keys=Keys(chunk=prim.attr("chunk").value),
+    )
 
 
 def _memory(t, prim: ir.Prim, args, dims, label: str):
@@ -140,25 +166,38 @@ def _memory(t, prim: ir.Prim, args, dims, label: str):
     state = args[3].dims[3]
     chunk = t.static(prim.attr("chunk"))
     n = -(-t.seq // chunk)
-    padded, chunks, within = ir.Dim("S_padded", n * chunk), ir.Dim("chunks", n), ir.Dim("chunk", chunk)
+    padded, chunks, within = (
+        ir.Dim("S_padded", n * chunk),
+        ir.Dim("chunks", n),
+        ir.Dim("chunk", chunk),
+    )
     out = t.new(dims, "f32", label, tuple(args[:5]))
     if n * chunk == t.seq:
         t.save(x)
         t.save(dt)
         internals = []
     else:  # the padded copies, and jnp.pad's four fill values
-        internals = [((batch, padded, heads, head_dim), "f32", "padded x"), ((batch, padded, heads), "f32", "padded dt"),
-                     ((ir.Dim("4", 4),), "f32", "pad values")]
+        internals = [
+            ((batch, padded, heads, head_dim), "f32", "padded x"),
+            ((batch, padded, heads), "f32", "padded dt"),
+            ((ir.Dim("4", 4),), "f32", "pad values"),
+        ]
     internals += [
-        ((batch, padded, heads), "f32", "dt broadcast"), ((heads,), "f32", "A broadcast"),
+        ((batch, padded, heads), "f32", "dt broadcast"),
+        ((heads,), "f32", "A broadcast"),
         ((batch, padded, heads, head_dim), "f32", "discretized x"),
-        ((batch, padded, heads, state), "f32", "B per head"), ((batch, padded, heads, state), "f32", "C per head"),
-        *[((batch, heads, padded, within), "f32", f"within-chunk {what}")
-          for what in ("segment sum", "masked segment sum", "decay", "scores", "masked scores")],
+        ((batch, padded, heads, state), "f32", "B per head"),
+        ((batch, padded, heads, state), "f32", "C per head"),
+        *[
+            ((batch, heads, padded, within), "f32", f"within-chunk {what}")
+            for what in ("segment sum", "masked segment sum", "decay", "scores", "masked scores")
+        ],
         *[((batch, heads, padded, within), "bool", f"segment mask {i}") for i in (1, 2)],
-        ((batch, heads, padded), "f32", "decay to chunk end"), ((batch, heads, padded), "f32", "decay from chunk start"),
+        ((batch, heads, padded), "f32", "decay to chunk end"),
+        ((batch, heads, padded), "f32", "decay from chunk start"),
         ((batch, padded, heads, head_dim), "f32", "chunk-state product"),
-        ((batch, heads, chunks), "f32", "chunk decay"), ((chunks, batch, heads), "f32", "scanned chunk decay"),
+        ((batch, heads, chunks), "f32", "chunk decay"),
+        ((chunks, batch, heads), "f32", "scanned chunk decay"),
         ((chunks, batch, heads, head_dim, state), "f32", "entering states"),
         ((batch, chunks, heads, head_dim, state), "f32", "entering states, transposed"),
         ((batch, padded, heads, head_dim), "f32", "read-out product"),
@@ -169,9 +208,20 @@ def _memory(t, prim: ir.Prim, args, dims, label: str):
 
 
 PRIMITIVES = (
-    Primitive("ssd", Signature(("x", "dt", "A", "B", "C"), (Static("chunk", StaticKind.INT, 256),),
-                               doc="Mamba-2's chunked state-space scan: x [B, S, heads, head_dim], "
-                                   "dt [B, S, heads], A [heads], B and C [B, S, groups, state]"),
-              emit=_emit, shape=_shape, check=_check, flops=_flops, memory=_memory,
-              helpers=(Helper("ssd", SSD),), decoding=Decoding.SEQUENCE),
+    Primitive(
+        "ssd",
+        Signature(
+            ("x", "dt", "A", "B", "C"),
+            (Static("chunk", StaticKind.INT, 256),),
+            doc="Mamba-2's chunked state-space scan: x [B, S, heads, head_dim], "
+            "dt [B, S, heads], A [heads], B and C [B, S, groups, state]",
+        ),
+        emit=_emit,
+        shape=_shape,
+        check=_check,
+        flops=_flops,
+        memory=_memory,
+        helpers=(Helper("ssd", SSD),),
+        decoding=Decoding.SEQUENCE,
+    ),
 )

@@ -9,10 +9,10 @@ from dataclasses import dataclass
 
 from axdsl.errors import Span
 
-
 # ------------------------------------------------------------------ expressions
 
 INT64_MAX = 2**63 - 1  # the largest integer a spec may write or compute: dims must fit int64
+
 
 @dataclass(frozen=True)
 class Num:
@@ -41,7 +41,7 @@ class Name:
 
 @dataclass(frozen=True)
 class ListExpr:
-    items: tuple["Expr", ...]
+    items: tuple[Expr, ...]
     span: Span
 
 
@@ -50,41 +50,41 @@ class BinOp:
     """Arithmetic, comparison and boolean operators; `@` is matmul."""
 
     op: str
-    left: "Expr"
-    right: "Expr"
+    left: Expr
+    right: Expr
     span: Span
 
 
 @dataclass(frozen=True)
 class Unary:
     op: str  # "-" or "not"
-    operand: "Expr"
+    operand: Expr
     span: Span
 
 
 @dataclass(frozen=True)
 class Kwarg:
     name: str
-    value: "Expr"
+    value: Expr
     span: Span
 
 
 @dataclass(frozen=True)
 class Call:
-    func: "Expr"
-    args: tuple["Expr", ...]
+    func: Expr
+    args: tuple[Expr, ...]
     kwargs: tuple[Kwarg, ...]
     span: Span
 
 
 @dataclass(frozen=True)
 class Attr:
-    obj: "Expr"
+    obj: Expr
     name: str
     span: Span
 
 
-def names_in(e: "Expr") -> list[str]:
+def names_in(e: Expr) -> list[str]:
     """The names an expression reads, in source order (the hyperparameters a default uses)."""
     match e:
         case Name():
@@ -182,8 +182,8 @@ class If:
     """A static conditional: the condition is evaluated at build time; one branch survives."""
 
     condition: Expr
-    then: tuple["Stmt", ...]
-    orelse: tuple["Stmt", ...]
+    then: tuple[Stmt, ...]
+    orelse: tuple[Stmt, ...]
     span: Span
 
 

@@ -48,8 +48,11 @@ def load(path: Path) -> Program:
     def visit(p: Path, stack: tuple[Path, ...], at: Span | None) -> None:
         p = p.resolve()
         if p in stack:
-            diags.error(at, f"import cycle: {' -> '.join(display_path(x) for x in stack + (p,))}",
-                        "move the shared layers into a file both can import")
+            diags.error(
+                at,
+                f"import cycle: {' -> '.join(display_path(x) for x in stack + (p,))}",
+                "move the shared layers into a file both can import",
+            )
             return
         if p in seen:
             return
@@ -58,17 +61,23 @@ def load(path: Path) -> Program:
             data = p.read_bytes()
             text = data.decode("utf-8")
         except UnicodeDecodeError as exc:
-            diags.error(_byte_span(name, data, exc.start), "the file is not UTF-8 text: "
-                        f"byte 0x{data[exc.start]:02x} at offset {exc.start} cannot be decoded",
-                        "specs are UTF-8 text; was a binary file given?")
+            diags.error(
+                _byte_span(name, data, exc.start),
+                "the file is not UTF-8 text: "
+                f"byte 0x{data[exc.start]:02x} at offset {exc.start} cannot be decoded",
+                "specs are UTF-8 text; was a binary file given?",
+            )
             sources[name] = data.decode("utf-8", errors="replace")  # to show the line and caret
             return
         except OSError as exc:
             reason = exc.strerror
             if at is None:
                 raise CompileError([Diagnostic(Span(name, 0, 0), f"cannot read spec: {reason}")])
-            diags.error(at, f"cannot import `{name}`: {reason}",
-                        "std/ paths come from axdsl's standard library; others are relative to this file")
+            diags.error(
+                at,
+                f"cannot import `{name}`: {reason}",
+                "std/ paths come from axdsl's standard library; others are relative to this file",
+            )
             return
         sources[name] = text
         try:
@@ -99,7 +108,7 @@ def _byte_span(name: str, data: bytes, offset: int) -> Span:
 
 def _import_target(importer: Path, spec_path: str) -> Path:
     if spec_path.startswith("std/"):
-        return resources.std_dir() / spec_path[len("std/"):]
+        return resources.std_dir() / spec_path[len("std/") :]
     return importer.parent / spec_path
 
 
@@ -109,7 +118,11 @@ def _collect_names(program: Program, diags: Diagnostics) -> None:
             _check_members(layer, diags)
             if layer.name in program.layers:
                 first = program.layers[layer.name].span
-                diags.error(layer.span, f"layer `{layer.name}` is defined twice", f"first defined at {first}")
+                diags.error(
+                    layer.span,
+                    f"layer `{layer.name}` is defined twice",
+                    f"first defined at {first}",
+                )
             else:
                 program.layers[layer.name] = layer
         for model in spec.models:
@@ -124,12 +137,18 @@ def _check_members(layer: ast.LayerDecl, diags: Diagnostics) -> None:
     hparams: dict[str, Span] = {}
     for h in layer.hparams:
         if h.name in hparams:
-            diags.error(h.span, f"hyperparameter `{h.name}` of layer `{layer.name}` is declared twice",
-                        f"first declared at {hparams[h.name]}")
+            diags.error(
+                h.span,
+                f"hyperparameter `{h.name}` of layer `{layer.name}` is declared twice",
+                f"first declared at {hparams[h.name]}",
+            )
         hparams.setdefault(h.name, h.span)
     members: dict[str, Span] = {}
     for m in (*layer.params, *layer.children):
         if m.name in members:
-            diags.error(m.span, f"`{m.name}` is declared twice in layer `{layer.name}`",
-                        f"first declared at {members[m.name]}; parameters and children need distinct names")
+            diags.error(
+                m.span,
+                f"`{m.name}` is declared twice in layer `{layer.name}`",
+                f"first declared at {members[m.name]}; parameters and children need distinct names",
+            )
         members.setdefault(m.name, m.span)

@@ -73,9 +73,11 @@ def _too_deep(tree: lark.Tree, path: str) -> Diagnostic | None:
             continue
         if depth > MAX_NESTING:
             line, col = _first_position(node)
-            return Diagnostic(Span(path, line, col, line, col + 1),
-                              f"nested too deeply: more than {MAX_NESTING} levels of expressions or layers",
-                              "split it into named steps or settings")
+            return Diagnostic(
+                Span(path, line, col, line, col + 1),
+                f"nested too deeply: more than {MAX_NESTING} levels of expressions or layers",
+                "split it into named steps or settings",
+            )
         stack.extend((child, depth + 1) for child in node.children)
     return None
 
@@ -138,7 +140,9 @@ def _unclosed_bracket(source: str) -> tuple[str, int, int] | None:
     return stack[-1] if stack else None
 
 
-def _end_of_file_diagnostic(exc: lark.exceptions.UnexpectedToken, path: str, source: str) -> Diagnostic:
+def _end_of_file_diagnostic(
+    exc: lark.exceptions.UnexpectedToken, path: str, source: str
+) -> Diagnostic:
     """Unexpected end of file: point just after the last token and name the bracket left open."""
     tok = exc.token
     line = tok.end_line or tok.line or 1
@@ -146,7 +150,9 @@ def _end_of_file_diagnostic(exc: lark.exceptions.UnexpectedToken, path: str, sou
     expected = f"expected {_describe_expected(set(exc.expected))}"
     opened = _unclosed_bracket(source)
     if opened is None:
-        return Diagnostic(Span(path, line, col, line, col + 1), "syntax error: unexpected end of file", expected)
+        return Diagnostic(
+            Span(path, line, col, line, col + 1), "syntax error: unexpected end of file", expected
+        )
     char, o_line, o_col = opened
     return Diagnostic(
         Span(path, line, col, line, col + 1),
@@ -169,20 +175,30 @@ def _syntax_diagnostic(exc: lark.exceptions.UnexpectedInput, path: str, source: 
         )
     if isinstance(exc, lark.exceptions.UnexpectedCharacters):
         if exc.char == '"':
-            return Diagnostic(Span(path, line, col, line, col + 1), "syntax error: unterminated string",
-                              'a string ends with `"` on the line where it starts')
+            return Diagnostic(
+                Span(path, line, col, line, col + 1),
+                "syntax error: unterminated string",
+                'a string ends with `"` on the line where it starts',
+            )
         return Diagnostic(
             Span(path, line, col, line, col + 1),
             f"syntax error: unexpected character `{exc.char}`",
             "names are letters, digits and `_`; strings use double quotes; comments start with `#`",
         )
-    return Diagnostic(Span(path, line, col), "syntax error: unexpected end of file", "a `}` or `)` may be missing")
+    return Diagnostic(
+        Span(path, line, col), "syntax error: unexpected end of file", "a `}` or `)` may be missing"
+    )
 
 
 def _span(path: str, meta_or_token) -> Span:
     if isinstance(meta_or_token, Token):
-        return Span(path, meta_or_token.line, meta_or_token.column,
-                    meta_or_token.end_line, meta_or_token.end_column)
+        return Span(
+            path,
+            meta_or_token.line,
+            meta_or_token.column,
+            meta_or_token.end_line,
+            meta_or_token.end_column,
+        )
     m = meta_or_token
     if getattr(m, "empty", True):
         return Span(path, 0, 0)
@@ -230,9 +246,13 @@ class _ToAst(Transformer):
         params = tuple(c for c in rest if isinstance(c, ast.ParamDecl))
         kids = tuple(c for c in rest if isinstance(c, ast.ChildDecl))
         forwards = [c for c in rest if isinstance(c, ast.ForwardDecl)]
-        layer = ast.LayerDecl(str(name), hparams, params, kids, forwards[0] if forwards else None, self.s(name))
+        layer = ast.LayerDecl(
+            str(name), hparams, params, kids, forwards[0] if forwards else None, self.s(name)
+        )
         for extra in forwards[1:]:
-            self.error(extra.span, f"layer `{name}` has more than one forward", "merge them into one")
+            self.error(
+                extra.span, f"layer `{name}` has more than one forward", "merge them into one"
+            )
         return layer
 
     def hparam(self, meta, children):
@@ -245,8 +265,14 @@ class _ToAst(Transformer):
     def enum_type(self, meta, children):
         kind, *options = children
         if str(kind) != "enum":
-            self.error(self.s(kind), f"unknown parameterized type `{kind}`", 'the only one is `enum("a", "b")`')
-        return ast.TypeRef("enum", tuple(_unquote(c) for c in options if c is not None), self.s(meta))
+            self.error(
+                self.s(kind),
+                f"unknown parameterized type `{kind}`",
+                'the only one is `enum("a", "b")`',
+            )
+        return ast.TypeRef(
+            "enum", tuple(_unquote(c) for c in options if c is not None), self.s(meta)
+        )
 
     def param_def(self, meta, children):
         name, shape, *opts = children
@@ -262,7 +288,9 @@ class _ToAst(Transformer):
                 condition = value
             else:
                 dtype, dtype_span = value, span
-        return ast.ParamDecl(str(name), shape, axes, axes_span, init, dtype, condition, self.s(name), dtype_span)
+        return ast.ParamDecl(
+            str(name), shape, axes, axes_span, init, dtype, condition, self.s(name), dtype_span
+        )
 
     def param_if(self, meta, children):
         return ("if", children[0], self.s(meta))
@@ -278,10 +306,17 @@ class _ToAst(Transformer):
         if word == "dtype" and len(names) == 1:
             return ("dtype", names[0], self.s(meta))
         if word == "dtype":
-            self.error(self.s(meta), f"`dtype(...)` takes one dtype name, got {len(names)}", "e.g. `dtype(bf16)`")
+            self.error(
+                self.s(meta),
+                f"`dtype(...)` takes one dtype name, got {len(names)}",
+                "e.g. `dtype(bf16)`",
+            )
         else:
-            self.error(self.s(word), f"unknown parameter option `{word}`",
-                       "options are `axes(...)`, `init kind(...)`, `dtype(name)` and `if cond`")
+            self.error(
+                self.s(word),
+                f"unknown parameter option `{word}`",
+                "options are `axes(...)`, `init kind(...)`, `dtype(name)` and `if cond`",
+            )
         return ("bad", None, self.s(meta))
 
     def param_init(self, meta, children):
@@ -324,11 +359,15 @@ class _ToAst(Transformer):
     # ---- models and sections
     def model_new(self, meta, children):
         name, base, *settings = children
-        return ast.ModelDecl(str(name), str(base), False, tuple(settings), self.s(name), self.s(base))
+        return ast.ModelDecl(
+            str(name), str(base), False, tuple(settings), self.s(name), self.s(base)
+        )
 
     def model_extends(self, meta, children):
         name, base, *settings = children
-        return ast.ModelDecl(str(name), str(base), True, tuple(settings), self.s(name), self.s(base))
+        return ast.ModelDecl(
+            str(name), str(base), True, tuple(settings), self.s(name), self.s(base)
+        )
 
     def setting(self, meta, children):
         return ast.Setting(str(children[0]), children[1], self.s(children[0]))
@@ -400,11 +439,17 @@ class _ToAst(Transformer):
         if any(c in text for c in ".eE"):
             value = float(text)
             if not math.isfinite(value):
-                self.error(span, f"number {shown} is too large for a float", "floats are 64-bit: at most about 1.8e308")
+                self.error(
+                    span,
+                    f"number {shown} is too large for a float",
+                    "floats are 64-bit: at most about 1.8e308",
+                )
                 value = 0.0
             return ast.Num(value, text, span)
         if len(text) > 19 or int(text) > INT64_MAX:
-            self.error(span, f"number {shown} does not fit in 64 bits", f"integers are at most {INT64_MAX}")
+            self.error(
+                span, f"number {shown} does not fit in 64 bits", f"integers are at most {INT64_MAX}"
+            )
             return ast.Num(0, text, span)
         return ast.Num(int(text), text, span)
 

@@ -53,7 +53,9 @@ class Profile:
     unroll: int = 0  # repeats of at most this many layers run unrolled (jax.lax.scan(unroll=True))
     steps_per_call: int = 1  # train steps one jitted call runs (a loop on the device)
     cudnn_head_dim_max: int = 128  # the largest head_dim cuDNN flash attention takes (GPUs only)
-    peak_nominal: bool = False  # the peak is a placeholder, not a chip's (cpu): MFU is labelled nominal
+    peak_nominal: bool = (
+        False  # the peak is a placeholder, not a chip's (cpu): MFU is labelled nominal
+    )
 
     @property
     def hbm_bytes(self) -> int:
@@ -86,9 +88,15 @@ def profiles() -> dict[str, Profile]:
         rules = {k: tuple(v) for k, v in defaults["rules"].items()}
         rules.update({k: tuple(v) for k, v in t.get("rules", {}).items()})
         out[name] = Profile(
-            name=name, kind=t["kind"], description=t["description"], hbm_gib=t["hbm_gib"],
-            peak_tflops=dict(t["peak_tflops"]), chips_per_host=t["chips_per_host"],
-            default_chips=t["default_chips"], mesh=dict(t.get("mesh", defaults["mesh"])), rules=rules,
+            name=name,
+            kind=t["kind"],
+            description=t["description"],
+            hbm_gib=t["hbm_gib"],
+            peak_tflops=dict(t["peak_tflops"]),
+            chips_per_host=t["chips_per_host"],
+            default_chips=t["default_chips"],
+            mesh=dict(t.get("mesh", defaults["mesh"])),
+            rules=rules,
             kernels={op: tuple(v) for op, v in t.get("kernels", {}).items()},
             quantize=tuple(t["quantize"]),
             default_quantize=t.get("default_quantize", defaults["default_quantize"]),
@@ -115,9 +123,11 @@ def parse_target(name: str) -> tuple[str, int | None]:
     base, count = m.group(1), m.group(2)
     if base not in profiles():
         hint = did_you_mean(base, KNOWN_TARGETS)
-        raise UnknownTarget(f"unknown target `{name}`; known targets: {', '.join(KNOWN_TARGETS)}"
-                            + (f" ({hint})" if hint else "")
-                            + "; a chip count may follow, as in gpu-h100-8")
+        raise UnknownTarget(
+            f"unknown target `{name}`; known targets: {', '.join(KNOWN_TARGETS)}"
+            + (f" ({hint})" if hint else "")
+            + "; a chip count may follow, as in gpu-h100-8"
+        )
     if count is not None and int(count) < 1:
         raise UnknownTarget(f"target `{name}` asks for {count} chips; use a positive count")
     return base, int(count) if count else None
