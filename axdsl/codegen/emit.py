@@ -24,6 +24,7 @@ from axdsl.errors import CompileError, Diagnostic
 from axdsl.ir import nodes as ir
 from axdsl.ir.head import HeadSplit, has_lm_signature
 from axdsl.ir.nodes import DType
+from axdsl.ir.plans import ConfigFields
 from axdsl.ir.printer import fit_lines
 from axdsl.primitives.quantized import QUANTIZED_POINT
 from axdsl.ir.printer import value_text
@@ -123,7 +124,7 @@ def emit_model(module: ir.Module) -> str:
     model = module.models[0]
     root = model.root
     functions = first
-    fields = _config_fields(model)
+    fields = _config_fields(model, module.config)
     sharding = _sharding_context(module.schedule, root)
     objective = objective_name(module)
     loss = objective == "next_token" and has_lm_signature(root)
@@ -154,9 +155,11 @@ def emit_model(module: ir.Module) -> str:
         target=module.target_name,
         models=[m.name for m in module.models],
         root_layer=root.layer,
-        build_choices=_build_choices(root),
+        build_choices=_build_choices(root) + _fixed_fields(root, module.config),
         fields=fields,
-        configs=[(m.name, _overrides(fields, _config_fields(m))) for m in module.models],
+        configs=[
+            (m.name, _overrides(fields, _config_fields(m, module.config))) for m in module.models
+        ],
         param_locals=locals_,
         param_rows=rows,
         init_kinds=_init_kinds(root),
@@ -407,15 +410,23 @@ _PY_TYPES = {
 }
 
 
-def _config_fields(model: ir.Model) -> list[ConfigField]:
+def _config_fields(model: ir.Model, config: ConfigFields | None) -> list[ConfigField]:
+    """The fields select_config kept (every numeric one without it), with where each was set."""
     fields = []
     for h in model.root.hparams:
-        if h.type.kind not in _PY_TYPES:
+        if h.type.kind not in _PY_TYPES or config is not None and h.name not in config.fields:
             continue
         v = h.value.value
         default = f"jnp.{v.jnp}" if isinstance(v, DType) else repr(v)
         fields.append(ConfigField(h.name, _PY_TYPES[h.type.kind], default, f"{h.origin}"))
     return fields
+
+
+def _fixed_fields(root: ir.Instance, config: ConfigFields | None) -> list[str]:
+    """One docstring line of the defaults select_config fixed (no code reads them)."""
+    fixed = config.fixed if config is not None else ()
+    values = ", ".join(f"{n} = {value_text(root.hparam(n).value.value)}" for n in fixed)
+    return [f"{values} (defaults no code reads)"] if fixed else []
 
 
 def _overrides(base: list[ConfigField], fields: list[ConfigField]) -> str:

@@ -19,7 +19,7 @@ from axdsl.errors import Span
 
 if TYPE_CHECKING:  # the plans refer back to nodes; only the annotations need them
     from axdsl.ir.head import HeadSplit
-    from axdsl.ir.plans import ActivationSharding, DecodePlan
+    from axdsl.ir.plans import ActivationSharding, ConfigFields, DecodePlan
 from axdsl.ir.origins import (  # noqa: F401 (part of the IR)
     DEFAULT,
     Choice,
@@ -518,3 +518,4 @@ class Module:
     passes_run: tuple[str, ...] = field(default=())
     schedule: Schedule | None = None  # set by configure_target
     train_settings: TrainSettings | None = None  # set by configure_train
+    config: ConfigFields | None = None  # set by select_config

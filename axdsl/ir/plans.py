@@ -3,6 +3,7 @@
     shard_activations  -> Instance.carry_sharding: ActivationSharding (a scanned layer's carry)
     split_head         -> Model.head: HeadSplit (axdsl/ir/head.py), the fused loss's cut
     plan_decode        -> Model.decode: DecodePlan, the KV-cache decode path
+    select_config      -> Module.config: ConfigFields, what the generated Config keeps
 
 Each is printed by `axdsl dump` (axdsl/ir/printer.py) and shown by tests/ir/<pass>.test.
 """
@@ -46,3 +47,12 @@ class DecodePlan:
     problem: str | None  # why this model cannot decode over a KV cache; None when it can
     cached: tuple[str, ...] = ()  # instance paths, leaves first
     cache: tuple[CacheEntry, ...] = ()
+
+
+@dataclass(frozen=True)
+class ConfigFields:
+    """The root hyperparameters of the generated `Config` (select_config), in declaration order,
+    and those fixed when the file was built (the code reads none of them)."""
+
+    fields: tuple[str, ...]
+    fixed: tuple[str, ...]

@@ -27,6 +27,10 @@ def print_module(module: ir.Module) -> str:
         lines.extend(_section(t))
     if module.schedule is not None:
         lines.extend(schedule_lines(module.schedule))
+    if module.config is not None:
+        lines.append(f"config {', '.join(module.config.fields)}")
+        if module.config.fixed:
+            lines.append(f"  fixed {', '.join(module.config.fixed)}")
     if module.train_settings is not None:
         lines.append("training")
         for name, c in module.train_settings.settings:
