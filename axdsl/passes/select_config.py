@@ -37,7 +37,8 @@ def select_config(module: ir.Module) -> ir.Module:
     for model in module.models:
         read |= config_reads(model.root)
     first = module.models[0].root
-    keep, fixed = [], []
+    keep: list[str] = []
+    fixed: list[str] = []
     for h in first.hparams:
         if h.type.kind not in CONFIG_KINDS:
             continue
