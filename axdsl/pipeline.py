@@ -1,12 +1,15 @@
 """The compiler pipeline in one place: load -> build the IR -> PASSES -> codegen.
 
     spec.axl --lark--> AST --irbuild ("resolve")--> IR --check, infer_shapes, stack_repeats--> IR
-        --configure_target, configure_train, annotate_sharding, insert_remat, unroll_repeats,
-          quantize_matmuls, select_kernels, fit_remat--> IR
-        --codegen--> model.py, train.py
+        --configure_target, configure_train, annotate_sharding, shard_activations, insert_remat,
+          unroll_repeats, quantize_matmuls, select_kernels, fit_remat--> IR
+        --split_head, plan_decode, select_config--> IR --codegen--> model.py, train.py
 
 The first passes are the algorithm (target-independent); the target passes are the schedule, and
-none of them may change what is computed except quantize_matmuls, within stated bounds.
+none of them may change what is computed except quantize_matmuls, within stated bounds. The
+last passes decide the generated program's shape (the fused loss's cut, the decode path, the
+Config's fields) and
+record it in the IR, so codegen only prints.
 
 Each pass is `module -> module` (the target's name is `module.target_name`); tests run the IR
 verifier after every one.
@@ -28,15 +31,19 @@ from axdsl.passes.configure_train import configure_train
 from axdsl.passes.infer_shapes import infer_shapes
 from axdsl.passes.fit_remat import fit_remat
 from axdsl.passes.insert_remat import insert_remat
+from axdsl.passes.plan_decode import plan_decode
 from axdsl.passes.quantize_matmuls import quantize_matmuls
+from axdsl.passes.select_config import select_config
 from axdsl.passes.select_kernels import select_kernels
+from axdsl.passes.shard_activations import shard_activations
+from axdsl.passes.split_head import split_head
 from axdsl.passes.stack_repeats import stack_repeats
 from axdsl.passes.unroll_repeats import unroll_repeats
 from axdsl.syntax.loader import Program, load
 
 Pass = Callable[[ir.Module], ir.Module]
 
-# The ordered pass list: algorithm passes, then the target (schedule) passes.
+# The ordered pass list: algorithm passes, the target (schedule) passes, then the program's shape.
 PASSES: tuple[tuple[str, Pass], ...] = (
     ("check", check),
     ("infer_shapes", infer_shapes),
@@ -44,11 +51,15 @@ PASSES: tuple[tuple[str, Pass], ...] = (
     ("configure_target", configure_target),
     ("configure_train", configure_train),
     ("annotate_sharding", annotate_sharding),
+    ("shard_activations", shard_activations),
     ("insert_remat", insert_remat),
     ("unroll_repeats", unroll_repeats),
     ("quantize_matmuls", quantize_matmuls),
     ("select_kernels", select_kernels),
     ("fit_remat", fit_remat),
+    ("split_head", split_head),
+    ("plan_decode", plan_decode),
+    ("select_config", select_config),
 )
 PASS_NAMES = ("resolve",) + tuple(name for name, _ in PASSES)
 

@@ -138,7 +138,7 @@ def pass_output(case: Case, pass_name: str, workdir: Path) -> str:
 
 
 # A line that opens a part of the printed module: a model, an instance, or a module section.
-SECTION = re.compile(r"(model |train$|target |schedule |training$)|\s+/\S* : ")
+SECTION = re.compile(r"(model |train$|target |schedule |config |training$)|\s+/\S* : ")
 
 
 def changed_lines(before: str, after: str) -> str:

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from axdsl import sampling
-from axdsl.codegen.decode import decode_problem
+from axdsl.passes.plan_decode import decode_problem
 from axdsl.pipeline import compile_spec
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -1,29 +1,22 @@
-"""Emit the KV-cache decode path of a decoder LM's model.py: `init_cache`, `prefill`, `decode_step`.
+"""Print the KV-cache decode path that plan_decode recorded: `<layer>_decode`, cache tables.
 
 Decoding runs the same layers over only the new tokens, at positions pos, pos + 1, ...: the whole
-prompt once (prefill), then one token per step. Every layer that holds an attention call (or a
-child that does) gets a `<layer>_decode` variant taking and returning its part of the cache; the
-other layers are called as they are. What each primitive does there is its registry entry's
-`decoding` (axdsl/primitives/base.py Decoding): attention reads and writes its cache slot, rope,
-iota and prefix shift positions by `pos`, position-wise ops run unchanged, and a model with an op
-that mixes positions without a cache (conv1d, ssd, cumsum over the sequence, a scan over time) gets
-no decode path (`decode_problem` says why; `axdsl sample` then runs the full forward per token).
-
-The cache mirrors the parameter tree: cache["blocks"]["attn"]["k"] is [layers, B, L, kv_heads,
-head_dim] for a repeated block, so the decode scan carries it alongside the stacked parameters.
+prompt once (prefill), then one token per step. Every layer plan_decode lists in
+`DecodePlan.cached` gets a `<layer>_decode` variant taking and returning its part of the cache;
+the other layers are called as they are. Each primitive's emitter writes its decode form when
+the emitter says `decoding` (axdsl/primitives/base.py Decoding). The cache arrays, their keys
+and their mesh placement are the plan's (axdsl/passes/plan_decode.py); nothing is decided here.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from axdsl import primitives
 from axdsl.codegen.expressions import FunctionEmitter, LayerFunction, dims_text, shape_comment
-from axdsl.codegen.names import py_str
+from axdsl.codegen.names import py_str, spec_text
 from axdsl.ir import nodes as ir
-from axdsl.ir.rewrite import forward_exprs, prims_of
-from axdsl.passes.annotate_sharding import activation_spec, spec_text
-from axdsl.primitives.base import Decoding
+from axdsl.ir.plans import CacheEntry, DecodePlan
+from axdsl.ir.rewrite import sequence_dims
 
 
 @dataclass
@@ -60,45 +53,6 @@ class DecodePath:
             return "{" + ", ".join(f"{py_str(k)}: {text(v)}" for k, v in node.items()) + ",}"
 
         return text(tree)
-
-
-def sequence_dims(inst: ir.Instance) -> list[ir.Dim]:
-    """The sequence dims of a layer's inputs: the free dim after the batch of each [B, S, ...]."""
-    return [
-        a.dims[1]
-        for a in inst.forward.args
-        if len(a.dims) >= 2 and a.dims[0].is_free and a.dims[1].is_free
-    ]
-
-
-def decode_problem(root: ir.Instance) -> str | None:
-    """Why this model cannot decode over a KV cache, or None when it can."""
-    for inst in root.walk():
-        seqs = sequence_dims(inst)
-        where = f" (in {inst.layer} at {inst.path})"
-        for e in forward_exprs(inst):
-            if isinstance(e, ir.CallChild) and e.over is not None:
-                return "a scan over time" + where
-            if not isinstance(e, ir.Prim):
-                continue
-            rule = primitives.get(e.name)
-            if rule.decoding is Decoding.SEQUENCE:
-                return f"`{e.name}`, which mixes positions without a cache" + where
-            reason = rule.decode_check(e) if rule.decode_check else None
-            if reason:
-                return reason + where
-            if rule.decoding is Decoding.POSITIONWISE:
-                for name, value in e.attrs:
-                    dim = getattr(value, "value", value)  # a DIM static is the ir.Dim itself
-                    if isinstance(dim, ir.Dim) and any(dim.same(s) for s in seqs):
-                        return f"`{e.name}` over the sequence dim ({name} = {dim.name})" + where
-    return None
-
-
-def _holds_cache(inst: ir.Instance) -> bool:
-    return any(primitives.get(p.name).decoding is Decoding.CACHED for p in prims_of(inst)) or any(
-        _holds_cache(c) for c in inst.children
-    )
 
 
 @dataclass
@@ -163,7 +117,7 @@ class DecodeEmitter(FunctionEmitter):
         )
         self.lines.append("    layer_params, layer_cache = xs")
         self.cast_layer()
-        self._shard_carry(call.args[0].type)
+        self._shard_carry(child)
         self.lines.append(
             f"    return {fn}(cfg, layer_params, {', '.join(['h', *args[1:]])}, layer_cache, pos)"
         )
@@ -176,25 +130,20 @@ class DecodeEmitter(FunctionEmitter):
 
 
 def decode_path(
-    root: ir.Instance, functions: list, schedule: ir.Schedule | None, dim_axes: dict, letters
-) -> DecodePath | None:
-    """The decode functions and cache table of `root`, or None when `decode_problem` finds one."""
-    if decode_problem(root) is not None or not _holds_cache(root):
-        return None
+    root: ir.Instance, plan: DecodePlan, functions: list, schedule: ir.Schedule | None, letters
+) -> DecodePath:
+    """The decode functions of the layers `plan` lists as cached, and its cache table."""
     fn_of = {path: f.name for f in functions for path in f.paths}
+    cached = set(plan.cached)
     out: list[LayerFunction] = []
-    rows: list[CacheRow] = []
     dtype = "cfg.dtype" if root.hparam("dtype") is not None else "jnp.float32"
     masters = ir.master_weight_paths(root)
 
-    def visit(inst: ir.Instance, stack: list[str]) -> str:
-        own_stack = stack + ([inst.repeat.code] if inst.repeat is not None else [])
+    def visit(inst: ir.Instance) -> str:
         child_fn = {c.name: fn_of[c.path] for c in inst.children}
-        cached = set()
         for c in inst.children:
-            if _holds_cache(c):
-                child_fn[c.name] = visit(c, own_stack)
-                cached.add(c.name)
+            if c.path in cached:
+                child_fn[c.name] = visit(c)
         name = fn_of[inst.path] + "_decode"
         emitter = DecodeEmitter(
             inst,
@@ -202,18 +151,13 @@ def decode_path(
             {},
             False,
             schedule,
-            dim_axes,
             letters=letters,
             child_aux={c.name: _returns_aux(c, functions, fn_of) for c in inst.children},
-            cached_children=cached,
+            cached_children={c.name for c in inst.children if c.path in cached},
             seqs=sequence_dims(inst),
             master=inst.path in masters,
         )
         body = emitter.emit_body()
-        for slot, prim in emitter.slots:
-            base = (inst.path.strip("/") + "/") if inst.path != "/" else ""
-            for key, operand in ((slot, prim.args[1]), ("v" + slot[1:], prim.args[2])):
-                rows.append(_row(base + key, own_stack, operand, schedule, dim_axes))
         if any(f.name == name for f in out):
             return name
         args = ", ".join(f"{a.name}: jax.Array" for a in inst.forward.args)
@@ -238,8 +182,8 @@ def decode_path(
         )
         return name
 
-    root_fn = visit(root, [])
-    return DecodePath(out, rows, root_fn, dtype)
+    root_fn = visit(root)
+    return DecodePath(out, [_row(e) for e in plan.cache], root_fn, dtype)
 
 
 def _returns_aux(inst: ir.Instance, functions: list, fn_of: dict) -> bool:
@@ -247,13 +191,10 @@ def _returns_aux(inst: ir.Instance, functions: list, fn_of: dict) -> bool:
     return next(f.aux for f in functions if f.name == name)
 
 
-def _row(path: str, stack: list[str], operand: ir.TExpr, schedule, dim_axes: dict) -> CacheRow:
-    """A cache array for one attention operand [B, S, heads, dim]: [*layers, batch, length, heads, dim]."""
-    dims = operand.type.dims
-    sizes = [d.code or str(d.size) for d in dims[2:]]
+def _row(entry: CacheEntry) -> CacheRow:
+    """A cache array [*layers, batch, length, heads, dim] for one attention operand."""
+    stack = [h.code for h in entry.stack]
+    sizes = [d.code or str(d.size) for d in entry.dims[2:]]
     shape = "(" + ", ".join([*stack, "batch", "length", *sizes]) + ")"
-    spec = "None"
-    if schedule is not None:
-        logical = (None,) * len(stack) + tuple(dim_axes.get(d.name) for d in dims)
-        spec = spec_text(activation_spec(schedule, logical))
-    return CacheRow(path, shape, spec)
+    spec = spec_text(entry.sharding.mesh) if entry.sharding is not None else "None"
+    return CacheRow(entry.path, shape, spec)

@@ -16,21 +16,21 @@ import jinja2
 
 from axdsl import __version__, resources
 from axdsl.codegen import helpers
-from axdsl.codegen.decode import decode_path, decode_problem
+from axdsl.codegen.decode import decode_path
 from axdsl.codegen.emit_objective import objective_code, objective_doc
 from axdsl.codegen.expressions import FunctionEmitter, LayerFunction, dims_text
-from axdsl.codegen.names import EinsumLetters, dim_label, py_str, snake
+from axdsl.codegen.names import EinsumLetters, dim_label, py_str, snake, spec_text
 from axdsl.errors import CompileError, Diagnostic
 from axdsl.ir import nodes as ir
-from axdsl.ir.head import HeadSplit, has_lm_signature, loss_chunk, loss_split
+from axdsl.ir.head import HeadSplit, has_lm_signature
 from axdsl.ir.nodes import DType
+from axdsl.ir.plans import ConfigFields
 from axdsl.ir.printer import fit_lines
 from axdsl.primitives.quantized import QUANTIZED_POINT
 from axdsl.ir.printer import value_text
 from axdsl.objectives import fits, objective_args, objective_name
 from axdsl import primitives
 from axdsl.ir.rewrite import prims_of
-from axdsl.passes.annotate_sharding import dim_axes, spec_text
 
 
 @dataclass
@@ -121,16 +121,18 @@ def emit_model(module: ir.Module) -> str:
     """The unformatted source of generated/<spec>/<target>/model.py."""
     per_model, letters = shared_functions(module)
     first = per_model[0]
-    root = module.models[0].root
+    model = module.models[0]
+    root = model.root
     functions = first
-    fields = _config_fields(module.models[0])
+    fields = _config_fields(model, module.config)
     sharding = _sharding_context(module.schedule, root)
     objective = objective_name(module)
     loss = objective == "next_token" and has_lm_signature(root)
-    decode = (
-        decode_path(root, functions, module.schedule, dim_axes(root), letters) if loss else None
-    )
-    split = loss_split(root, objective)
+    plan = model.decode
+    decode = None
+    if plan is not None and plan.problem is None:
+        decode = decode_path(root, plan, functions, module.schedule, letters)
+    split = model.head
     head = None
     if split is not None:
         functions, head = _split_root(functions, split, module.schedule, letters)
@@ -153,9 +155,11 @@ def emit_model(module: ir.Module) -> str:
         target=module.target_name,
         models=[m.name for m in module.models],
         root_layer=root.layer,
-        build_choices=_build_choices(root),
+        build_choices=_build_choices(root) + _fixed_fields(root, module.config),
         fields=fields,
-        configs=[(m.name, _overrides(fields, _config_fields(m))) for m in module.models],
+        configs=[
+            (m.name, _overrides(fields, _config_fields(m, module.config))) for m in module.models
+        ],
         param_locals=locals_,
         param_rows=rows,
         init_kinds=_init_kinds(root),
@@ -174,10 +178,10 @@ def emit_model(module: ir.Module) -> str:
         root_aux=functions[-1].aux,
         root_rng=functions[-1].rng,
         loss=loss,
-        loss_chunk=loss_chunk(module.schedule),
+        loss_chunk=split.chunk if split is not None else 0,
         head=head,
         decode=decode,
-        no_decode=decode_problem(root) if loss and decode is None else None,
+        no_decode=plan.problem if plan is not None else None,
         cache_zeros=decode.cache_tree(lambda r: f"jnp.zeros({r.shape}, dtype)") if decode else "",
         cache_specs=decode.cache_tree(lambda r: r.spec) if decode and sharding else "",
         root_args=", ".join(f"{a.name}: jax.Array" for a in root.forward.args),
@@ -242,7 +246,6 @@ def _functions(
 ) -> list[LayerFunction]:
     """Layer functions in post-order (leaves first), deduplicated by generated body."""
     out: list[LayerFunction] = []
-    axes_of_dims = dim_axes(root)
     masters = ir.master_weight_paths(root)
 
     def visit(inst: ir.Instance) -> tuple[str, bool, bool]:
@@ -257,7 +260,6 @@ def _functions(
             child_rng,
             own,
             schedule,
-            axes_of_dims,
             letters=letters,
             child_aux=child_aux,
             own_aux=aux,
@@ -321,7 +323,6 @@ def _split_root(
     child_aux = {
         c.name: next(f.aux for f in layers if f.name == child_fn[c.name]) for c in root.children
     }
-    axes = dim_axes(root)
     mixed = bool(ir.master_weight_paths(root))
     body = FunctionEmitter(
         root,
@@ -329,7 +330,6 @@ def _split_root(
         child_rng,
         root_fn.rng,
         schedule,
-        axes,
         letters=letters,
         child_aux=child_aux,
         own_aux=root_fn.aux,
@@ -341,7 +341,6 @@ def _split_root(
         {},
         False,
         schedule,
-        axes,
         letters=letters,
         master=mixed,
     )
@@ -411,15 +410,23 @@ _PY_TYPES = {
 }
 
 
-def _config_fields(model: ir.Model) -> list[ConfigField]:
+def _config_fields(model: ir.Model, config: ConfigFields | None) -> list[ConfigField]:
+    """The fields select_config kept (every numeric one without it), with where each was set."""
     fields = []
     for h in model.root.hparams:
-        if h.type.kind not in _PY_TYPES:
+        if h.type.kind not in _PY_TYPES or config is not None and h.name not in config.fields:
             continue
         v = h.value.value
         default = f"jnp.{v.jnp}" if isinstance(v, DType) else repr(v)
         fields.append(ConfigField(h.name, _PY_TYPES[h.type.kind], default, f"{h.origin}"))
     return fields
+
+
+def _fixed_fields(root: ir.Instance, config: ConfigFields | None) -> list[str]:
+    """One docstring line of the defaults select_config fixed (no code reads them)."""
+    fixed = config.fixed if config is not None else ()
+    values = ", ".join(f"{n} = {value_text(root.hparam(n).value.value)}" for n in fixed)
+    return [f"{values} (defaults no code reads)"] if fixed else []
 
 
 def _overrides(base: list[ConfigField], fields: list[ConfigField]) -> str:

@@ -14,13 +14,12 @@ from dataclasses import dataclass
 from axdsl import __version__, lora
 from axdsl.analysis.flops import TrainingFlops
 from axdsl.codegen.emit import render_template
-from axdsl.codegen.names import py_str
+from axdsl.codegen.names import py_str, spec_text
 from axdsl import primitives
 from axdsl.ir import nodes as ir
 from axdsl.ir.rewrite import tree_has
 from axdsl.primitives.moe import balanced_biases
 from axdsl.objectives import BATCH_FIELDS, DATA, batches_of, inputs, objective_args, objective_name
-from axdsl.passes.annotate_sharding import spec_text
 from axdsl.targets import profiles
 
 

@@ -10,11 +10,10 @@ import textwrap
 from dataclasses import dataclass, field
 
 from axdsl import primitives
-from axdsl.codegen.names import EinsumLetters, dim_label, distinct_labels, py_str
+from axdsl.codegen.names import EinsumLetters, dim_label, distinct_labels, py_str, spec_text
 from axdsl.codegen.why import kernel_why, quant_why, remat_kind, remat_why, sharding_why, unroll_why
 from axdsl.ir import nodes as ir
 from axdsl.ir.nodes import DType, RefKind, TensorType
-from axdsl.passes.annotate_sharding import activation_spec, spec_text
 from axdsl.primitives.einsum import dense_call, dense_matmuls, is_weight
 
 # Operator precedence for minimal parentheses (higher binds tighter).
@@ -80,7 +79,6 @@ class FunctionEmitter:
     needs_rng: dict[str, bool]
     own_rng: bool
     schedule: ir.Schedule | None = None
-    dim_axes: dict[str, str] = field(default_factory=dict)
     letters: EinsumLetters = field(default_factory=EinsumLetters)  # shared by the whole model
     child_aux: dict[str, bool] = field(default_factory=dict)  # children that return (y, aux loss)
     own_aux: bool = False  # this function returns (y, aux loss)
@@ -215,7 +213,7 @@ class FunctionEmitter:
                 self._step_def(step, "h, xs", child)
                 self.lines.append("    layer_params, i = xs")
                 self.cast_layer()
-                self._shard_carry(call.args[0].type)
+                self._shard_carry(child)
                 self.lines.append(
                     f"    return {fn}(cfg, layer_params, {_carried(args)}{layer_rng}), None"
                 )
@@ -223,7 +221,7 @@ class FunctionEmitter:
             else:
                 self._step_def(step, "h, layer_params", child)
                 self.cast_layer()
-                self._shard_carry(call.args[0].type)
+                self._shard_carry(child)
                 self.lines.append(f"    return {fn}(cfg, layer_params, {_carried(args)}), None")
                 xs = f"params[{py_str(call.child)}]"
             self.lines.append("")
@@ -338,7 +336,7 @@ class FunctionEmitter:
         if rng:
             self.lines.append("    layer_params, i = xs")
         self.cast_layer()
-        self._shard_carry(call.args[0].type)
+        self._shard_carry(child)
         self.lines.append(
             f"    h, layer_aux = {fn}(cfg, layer_params, {_carried(args)}{layer_rng})"
         )
@@ -382,14 +380,14 @@ class FunctionEmitter:
             "@functools.partial(jax.checkpoint, policy=REMAT_POLICY, prevent_cse=False)"
         )
 
-    def _shard_carry(self, t) -> None:
-        """`h = shard(h, P(...))`: pin a layer-boundary activation, with the rule that decided it."""
-        if self.schedule is None or not isinstance(t, TensorType):
+    def _shard_carry(self, child: ir.Instance) -> None:
+        """`h = shard(h, P(...))`: pin a scanned layer's carry where shard_activations placed it,
+        with the rule that decided it."""
+        placed = child.carry_sharding
+        if self.schedule is None or placed is None:
             return
-        logical = tuple(self.dim_axes.get(d.name) for d in t.dims)
-        spec = activation_spec(self.schedule, logical)
-        self.lines.append(f"    # {sharding_why(self.schedule, logical, spec)}")
-        self.lines.append(f"    h = shard(h, {spec_text(spec)})")
+        self.lines.append(f"    # {sharding_why(self.schedule, placed.logical, placed.mesh)}")
+        self.lines.append(f"    h = shard(h, {spec_text(placed.mesh)})")
 
     def _hoist(self, call: ir.CallChild) -> str:
         name = self._fresh(f"{_stem(call.child)}_out")

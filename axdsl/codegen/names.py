@@ -66,3 +66,18 @@ class EinsumLetters:
     def legend(self) -> str:
         """`b=B s=S d=dim ...` in the order the letters were assigned."""
         return " ".join(f"{c}={k}" for k, c in self.letters.items())
+
+
+def spec_text(spec: tuple[tuple[str, ...], ...]) -> str:
+    """A PartitionSpec as Python: P(None, "fsdp", ("data", "fsdp"))."""
+    parts = []
+    for axes in spec:
+        if not axes:
+            parts.append("None")
+        elif len(axes) == 1:
+            parts.append(f'"{axes[0]}"')
+        else:
+            parts.append("(" + ", ".join(f'"{a}"' for a in axes) + ")")
+    while parts and parts[-1] == "None":
+        parts.pop()
+    return f"P({', '.join(parts)})"

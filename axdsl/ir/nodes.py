@@ -13,9 +13,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from axdsl.errors import Span
+
+if TYPE_CHECKING:  # the plans refer back to nodes; only the annotations need them
+    from axdsl.ir.head import HeadSplit
+    from axdsl.ir.plans import ActivationSharding, ConfigFields, DecodePlan
 from axdsl.ir.origins import (  # noqa: F401 (part of the IR)
     DEFAULT,
     Choice,
@@ -439,6 +443,8 @@ class Instance:
     pattern: bool = False  # a group of a repeated pattern: children "0".."k-1", run in order
     remat: RematPolicy | None = None  # set by insert_remat on repeated children
     unrolled: bool = False  # set by unroll_repeats: this repeat runs as an unrolled loop
+    # set by shard_activations on a repeated child: where its scan's carry lives on the mesh
+    carry_sharding: ActivationSharding | None = None
 
     def hparam(self, name: str) -> HParam | None:
         return next((h for h in self.hparams if h.name == name), None)
@@ -495,6 +501,8 @@ class Model:
     name: str
     root: Instance
     span: Span
+    head: HeadSplit | None = None  # set by split_head: the fused cross-entropy's cut
+    decode: DecodePlan | None = None  # set by plan_decode on a next-token LM
 
 
 @dataclass(frozen=True)
@@ -510,3 +518,4 @@ class Module:
     passes_run: tuple[str, ...] = field(default=())
     schedule: Schedule | None = None  # set by configure_target
     train_settings: TrainSettings | None = None  # set by configure_train
+    config: ConfigFields | None = None  # set by select_config

@@ -18,6 +18,7 @@ def print_module(module: ir.Module) -> str:
     for model in module.models:
         lines.append(f"model {model.name}")
         _instance(model.root, 1, lines)
+        lines.extend(plan_lines(model))
     if module.train_block is not None:
         lines.append("train")
         lines.extend(_section(module.train_block))
@@ -26,6 +27,10 @@ def print_module(module: ir.Module) -> str:
         lines.extend(_section(t))
     if module.schedule is not None:
         lines.extend(schedule_lines(module.schedule))
+    if module.config is not None:
+        lines.append(f"config {', '.join(module.config.fields)}")
+        if module.config.fixed:
+            lines.append(f"  fixed {', '.join(module.config.fixed)}")
     if module.train_settings is not None:
         lines.append("training")
         for name, c in module.train_settings.settings:
@@ -132,6 +137,34 @@ def value_text(v) -> str:
     return repr(v)
 
 
+def plan_lines(model: ir.Model) -> list[str]:
+    """split_head's cut and plan_decode's decode path, under the model they belong to."""
+    lines = []
+    if model.head is not None:
+        h = model.head
+        hidden = h.head.forward.args[0]
+        lines.append(
+            f"  head: {h.hidden}: {_dims(hidden.dims)} -> {_dims(h.head.forward.result)} reads "
+            f"({', '.join(h.params)}), {h.chunk} positions a chunk"
+        )
+    d = model.decode
+    if d is not None and d.problem is not None:
+        lines.append(f"  decode: none, {d.problem}")
+    elif d is not None:
+        lines.append(f"  decode: cached {', '.join(d.cached)}")
+        for e in d.cache:
+            stack = "[" + ", ".join(f"layers={h.value}" for h in e.stack) + "] + "
+            stack = stack if e.stack else ""
+            shard = f" shard{_mesh_text(e.sharding.mesh)}" if e.sharding is not None else ""
+            lines.append(f"  cache {e.path}: {stack}{_dims(e.dims)}{shard}")
+    return lines
+
+
+def _mesh_text(spec: tuple[tuple[str, ...], ...]) -> str:
+    """Mesh axes per dim: `(fsdp, _, data+fsdp)`, `_` for a dim on no mesh axis."""
+    return "(" + ", ".join("+".join(a) if a else "_" for a in spec) + ")"
+
+
 def _dims(dims) -> str:
     return "[" + ", ".join(str(d) for d in dims) + "]"
 
@@ -143,15 +176,15 @@ def _instance(inst: ir.Instance, depth: int, lines: list[str]) -> None:
         rep += f" remat({inst.remat.kind})"
     if inst.unrolled:
         rep += " unrolled"
+    if inst.carry_sharding is not None:
+        rep += f" carry{_mesh_text(inst.carry_sharding.mesh)}"
     lines.append(f"{pad}{inst.path} : {inst.layer}{rep}")
     for h in inst.hparams:
         lines.append(f"{pad}  {h.name}: {h.type} = {value_text(h.value.value)}  # {h.origin}")
     for p in inst.params:
         stack = _dims(p.stack) + " + " if p.stack else ""
         init = f"{p.init.kind}({', '.join(value_text(a.value) for a in p.init.args)})"
-        shard = ""
-        if p.sharding is not None:
-            shard = " shard(" + ", ".join("+".join(a) if a else "_" for a in p.sharding) + ")"
+        shard = f" shard{_mesh_text(p.sharding)}" if p.sharding is not None else ""
         lines.append(
             f"{pad}  param {p.name}: {stack}{_dims(p.dims)} axes({', '.join(p.full_axes)}) "
             f"init {init} {p.dtype.name}{shard}"

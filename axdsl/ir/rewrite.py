@@ -56,3 +56,12 @@ def prims_of(inst: ir.Instance, *names: str):
 def tree_has(root: ir.Instance, predicate) -> bool:
     """Whether any primitive call anywhere under `root` satisfies `predicate(prim)`."""
     return any(predicate(p) for inst in root.walk() for p in prims_of(inst))
+
+
+def sequence_dims(inst: ir.Instance) -> list[ir.Dim]:
+    """The sequence dims of a layer's inputs: the free dim after the batch of each [B, S, ...]."""
+    return [
+        a.dims[1]
+        for a in inst.forward.args
+        if len(a.dims) >= 2 and a.dims[0].is_free and a.dims[1].is_free
+    ]

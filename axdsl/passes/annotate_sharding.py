@@ -122,18 +122,3 @@ def dim_axes(root: ir.Instance) -> dict[str, str]:
             for d, a in zip(p.dims, p.axes):
                 out.setdefault(d.name, a)
     return out
-
-
-def spec_text(spec: tuple[tuple[str, ...], ...]) -> str:
-    """A PartitionSpec as Python: P(None, "fsdp", ("data", "fsdp"))."""
-    parts = []
-    for axes in spec:
-        if not axes:
-            parts.append("None")
-        elif len(axes) == 1:
-            parts.append(f'"{axes[0]}"')
-        else:
-            parts.append("(" + ", ".join(f'"{a}"' for a in axes) + ")")
-    while parts and parts[-1] == "None":
-        parts.pop()
-    return f"P({', '.join(parts)})"

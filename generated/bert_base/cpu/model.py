@@ -17,6 +17,7 @@ Fixed when this file was built (change the spec and rebuild):
     blocks/mlp_norm.bias = true
     head_dense.bias = true
     head_norm.bias = true
+    dropout = 0.0 (defaults no code reads)
 """
 
 import dataclasses
@@ -43,7 +44,6 @@ class Config:
     ffn: int = 3072  # set at specs/bert_base.axl:7:54
     max_seq: int = 512  # set at specs/bert_base.axl:7:66
     type_vocab: int = 2  # set at specs/bert_base.axl:7:81
-    dropout: float = 0.0  # default
     dtype: jax.typing.DTypeLike = jnp.bfloat16  # set at specs/bert_base.axl:9:3
     param_dtype: jax.typing.DTypeLike = jnp.float32  # set at specs/bert_base.axl:9:17
 

@@ -17,6 +17,7 @@ Fixed when this file was built (change the spec and rebuild):
     blocks/mlp_norm.bias = true
     head_dense.bias = true
     head_norm.bias = true
+    dropout = 0.0 (defaults no code reads)
 """
 
 import dataclasses
@@ -44,7 +45,6 @@ class Config:
     ffn: int = 256  # set at specs/bert_tiny.axl:10:49
     max_seq: int = 64  # set at specs/bert_tiny.axl:10:60
     type_vocab: int = 2  # set at specs/bert_base.axl:7:81
-    dropout: float = 0.0  # default
     dtype: jax.typing.DTypeLike = jnp.float32  # set at specs/bert_tiny.axl:10:74
     param_dtype: jax.typing.DTypeLike = jnp.float32  # set at specs/bert_base.axl:9:17
 

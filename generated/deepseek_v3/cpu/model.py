@@ -21,6 +21,7 @@ Fixed when this file was built (change the spec and rebuild):
     blocks/attn.rope_interleaved = true
     blocks/attn.rope_scaling = "yarn"
     blocks/mlp.normalize = true
+    embed_multiplier = 1.0, logit_softcap = 0.0 (defaults no code reads)
 """
 
 import dataclasses
@@ -48,8 +49,6 @@ class Config:
     ffn: int = 18432  # set at specs/deepseek_v3.axl:11:75
     max_seq: int = 163840  # set at specs/deepseek_v3.axl:11:88
     rope_theta: float = 10000.0  # default
-    embed_multiplier: float = 1.0  # default
-    logit_softcap: float = 0.0  # default
     dense_layers: int = 3  # set at specs/deepseek_v3.axl:11:44
     dtype: jax.typing.DTypeLike = jnp.bfloat16  # set at specs/deepseek_v3.axl:23:3
     param_dtype: jax.typing.DTypeLike = jnp.float32  # set at specs/deepseek_v3.axl:23:17

@@ -22,6 +22,7 @@ Fixed when this file was built (change the spec and rebuild):
     blocks/1/attn.causal = true
     blocks/1/attn.rope = true
     blocks/1/mlp.act = "gelu_tanh"
+    dense_layers = 0 (defaults no code reads)
 """
 
 import dataclasses
@@ -51,7 +52,6 @@ class Config:
     rope_theta: float = 10000.0  # set at specs/gemma2_2b.axl:9:3
     embed_multiplier: float = 48.0  # set at specs/gemma2_2b.axl:10:3
     logit_softcap: float = 30.0  # set at specs/gemma2_2b.axl:10:33
-    dense_layers: int = 0  # default
     dtype: jax.typing.DTypeLike = jnp.bfloat16  # set at specs/gemma2_2b.axl:15:3
     param_dtype: jax.typing.DTypeLike = jnp.float32  # set at specs/gemma2_2b.axl:15:17
 

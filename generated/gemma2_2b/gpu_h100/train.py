@@ -309,6 +309,16 @@ def make_eval_step(cfg: Config, tc: TrainConfig, mesh):
     return jax.jit(lambda params, batch: loss_fn(cfg, params, batch)[1], in_shardings=shardings)
 
 
+def read_metrics(log: runtime.MetricsLog, unread: list, last: bool) -> tuple[int, int] | None:
+    """Log the steps of the calls in `unread`, (step after the call, steps, metrics) oldest first,
+    as one stretch: throughput is measured over all of them. Waits for the newest call. Returns
+    (step, count) of a step that made tc.max_bad_steps non-finite steps in a row, or None."""
+    reports = jax.device_get([metrics for _, _, metrics in unread])
+    ran = [(n, report) for (_, n, _), report in zip(unread, reports)]
+    steps = {key: np.concatenate([report[key][:n] for n, report in ran]) for key in reports[0]}
+    return log.steps(unread[-1][0], sum(n for n, _ in ran), steps, last=last)
+
+
 def main(argv=None) -> None:
     runtime.check_api(RUNTIME_API)
     preempt = runtime.Preemption()  # SIGTERM/SIGINT/SIGHUP: save after the call in flight, exit
@@ -340,7 +350,8 @@ def main(argv=None) -> None:
         train_steps, eval_step = make_train_steps(cfg, tc, mesh), make_eval_step(cfg, tc, mesh)
         sharding = batch_sharding(mesh)
         log = runtime.MetricsLog(args, tc, start, MODEL_FLOPS[tc.model], PEAK_FLOPS_PER_CHIP)
-        pending, step = None, start
+        # (step after it, steps, metrics) of each call whose metrics are still on the device
+        unread, step = [], start
         while step < tc.steps:
             n = runtime.steps_in_call(
                 tc, step, profile.bounds
@@ -357,24 +368,22 @@ def main(argv=None) -> None:
                 )
             step += n
             profile.after(step, (state, metrics))  # stops the trace once step STOP - 1 is done
-            # The previous call's metrics, read while this one runs. After tc.max_bad_steps
-            # non-finite steps in a row (bad: the step and the count), back to the last checkpoint
-            # before them, to go on with the data after theirs.
-            if pending is not None and (bad := log.steps(*pending)) is not None:
-                state, step, skipped = runtime.recover(manager, abstract, log, bad, skipped)
-                pending = None
-                continue
-            pending = (step, n, metrics)
+            unread.append((step, n, metrics))
             log.advance(n)
             last, stop = step == tc.steps, preempt.requested
             evaluate = tc.eval_every and (step % tc.eval_every == 0 or last)
             checkpoint = stop or tc.checkpoint_every and (step % tc.checkpoint_every == 0 or last)
-            if evaluate or checkpoint or last:
-                # This call's metrics first: bad steps in it roll back rather than being saved.
-                bad, pending = log.steps(*pending, last=last or stop), None
-                if bad is not None:
-                    state, step, skipped = runtime.recover(manager, abstract, log, bad, skipped)
-                    continue
+            logs = step // tc.log_every > (step - n) // tc.log_every  # log_every falls in this call
+            if not (logs or evaluate or checkpoint or last):
+                continue  # no sync: the next call is queued while this one runs
+            # Read the metrics since the last read (waiting for this call), before evaluating or
+            # saving: after tc.max_bad_steps non-finite steps in a row (bad: the step and the
+            # count), back to the last checkpoint before them, to go on with the data after theirs.
+            bad, unread = read_metrics(log, unread, last=last or stop), []
+            if bad is not None:
+                state, step, skipped = runtime.recover(manager, abstract, log, bad, skipped)
+                continue
+            if evaluate or checkpoint:
                 began = time.perf_counter()  # evaluating and saving are left out of the throughput
                 if evaluate:
                     batches = (

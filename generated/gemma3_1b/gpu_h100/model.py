@@ -54,6 +54,7 @@ Fixed when this file was built (change the spec and rebuild):
     blocks/tail/1/attn.rope = true
     blocks/tail/1/attn.qk_norm = true
     blocks/tail/1/mlp.act = "gelu_tanh"
+    rope_theta = 10000.0, logit_softcap = 0.0, dense_layers = 0 (defaults no code reads)
 """
 
 import dataclasses
@@ -80,10 +81,7 @@ class Config:
     kv_heads: int = 1  # set at specs/gemma3_1b.axl:9:55
     ffn: int = 6912  # set at specs/gemma3_1b.axl:9:69
     max_seq: int = 32768  # set at specs/gemma3_1b.axl:9:81
-    rope_theta: float = 10000.0  # default
     embed_multiplier: float = 33.94112549695428  # set at specs/gemma3_1b.axl:10:49
-    logit_softcap: float = 0.0  # default
-    dense_layers: int = 0  # default
     dtype: jax.typing.DTypeLike = jnp.bfloat16  # set at specs/gemma3_1b.axl:15:3
     param_dtype: jax.typing.DTypeLike = jnp.float32  # set at specs/gemma3_1b.axl:15:17
 

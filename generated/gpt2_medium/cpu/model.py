@@ -23,6 +23,7 @@ Fixed when this file was built (change the spec and rebuild):
     blocks/mlp.act = "gelu"
     blocks/mlp.bias = true
     final_norm.bias = true
+    rope_theta = 10000.0, embed_multiplier = 1.0, logit_softcap = 0.0, dense_layers = 0 (defaults no code reads)
 """
 
 import dataclasses
@@ -49,10 +50,6 @@ class Config:
     kv_heads: int = 16  # default
     ffn: int = 4096  # set at specs/gpt2_medium.axl:5:40
     max_seq: int = 1024  # set at specs/gpt2_small.axl:6:66
-    rope_theta: float = 10000.0  # default
-    embed_multiplier: float = 1.0  # default
-    logit_softcap: float = 0.0  # default
-    dense_layers: int = 0  # default
     dtype: jax.typing.DTypeLike = jnp.bfloat16  # set at specs/gpt2_small.axl:10:3
     param_dtype: jax.typing.DTypeLike = jnp.float32  # set at specs/gpt2_small.axl:10:17
 

@@ -17,6 +17,7 @@ Fixed when this file was built (change the spec and rebuild):
     blocks/attn.causal = true
     blocks/attn.rope = true
     blocks/attn.rope_scaling = "llama3"
+    embed_multiplier = 1.0, logit_softcap = 0.0, dense_layers = 0 (defaults no code reads)
 """
 
 import dataclasses
@@ -44,9 +45,6 @@ class Config:
     ffn: int = 8192  # set at specs/llama3_2_1b.axl:6:70
     max_seq: int = 131072  # set at specs/llama3_2_1b.axl:7:26
     rope_theta: float = 500000.0  # set at specs/llama3_2_1b.axl:7:3
-    embed_multiplier: float = 1.0  # default
-    logit_softcap: float = 0.0  # default
-    dense_layers: int = 0  # default
     dtype: jax.typing.DTypeLike = jnp.bfloat16  # set at specs/llama3_2_1b.axl:11:3
     param_dtype: jax.typing.DTypeLike = jnp.float32  # set at specs/llama3_2_1b.axl:11:17
 

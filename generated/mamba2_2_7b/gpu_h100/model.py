@@ -18,6 +18,7 @@ Fixed when this file was built (change the spec and rebuild):
     blocks/mixer/conv_x.bias = true
     blocks/mixer/conv_b.bias = true
     blocks/mixer/conv_c.bias = true
+    rope_theta = 10000.0, embed_multiplier = 1.0, logit_softcap = 0.0, dense_layers = 0 (defaults no code reads)
 """
 
 import dataclasses
@@ -44,10 +45,6 @@ class Config:
     kv_heads: int = 80  # default
     ffn: int = 10240  # default
     max_seq: int = 2048  # default
-    rope_theta: float = 10000.0  # default
-    embed_multiplier: float = 1.0  # default
-    logit_softcap: float = 0.0  # default
-    dense_layers: int = 0  # default
     dtype: jax.typing.DTypeLike = jnp.bfloat16  # set at specs/mamba2_2_7b.axl:10:3
     param_dtype: jax.typing.DTypeLike = jnp.float32  # set at specs/mamba2_2_7b.axl:10:17
 

@@ -16,6 +16,7 @@ Fixed when this file was built (change the spec and rebuild):
     dense_block = Block()
     blocks/attn.causal = true
     blocks/attn.rope = true
+    embed_multiplier = 1.0, logit_softcap = 0.0, dense_layers = 0 (defaults no code reads)
 """
 
 import dataclasses
@@ -43,9 +44,6 @@ class Config:
     ffn: int = 14336  # set at specs/mistral_7b.axl:5:69
     max_seq: int = 32768  # set at specs/mistral_7b.axl:5:82
     rope_theta: float = 10000.0  # set at specs/mistral_7b.axl:6:31
-    embed_multiplier: float = 1.0  # default
-    logit_softcap: float = 0.0  # default
-    dense_layers: int = 0  # default
     dtype: jax.typing.DTypeLike = jnp.bfloat16  # set at specs/mistral_7b.axl:8:3
     param_dtype: jax.typing.DTypeLike = jnp.float32  # set at specs/mistral_7b.axl:8:17
 

@@ -23,6 +23,7 @@ Fixed when this file was built (change the spec and rebuild):
     blocks/mlp.act = "gelu_exact"
     blocks/mlp.bias = true
     final_norm.bias = true
+    embed_multiplier = 1.0, logit_softcap = 0.0, dense_layers = 0 (defaults no code reads)
 """
 
 import dataclasses
@@ -50,9 +51,6 @@ class Config:
     ffn: int = 8192  # set at specs/pythia_1_4b.axl:7:55
     max_seq: int = 2048  # set at specs/pythia_1_4b.axl:7:67
     rope_theta: float = 10000.0  # set at specs/pythia_1_4b.axl:8:3
-    embed_multiplier: float = 1.0  # default
-    logit_softcap: float = 0.0  # default
-    dense_layers: int = 0  # default
     dtype: jax.typing.DTypeLike = jnp.bfloat16  # set at specs/pythia_1_4b.axl:11:3
     param_dtype: jax.typing.DTypeLike = jnp.float32  # set at specs/pythia_1_4b.axl:11:17
 

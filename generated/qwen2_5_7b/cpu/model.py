@@ -18,6 +18,7 @@ Fixed when this file was built (change the spec and rebuild):
     blocks/attn.rope = true
     blocks/attn.bias = true
     blocks/attn.out_bias = false
+    embed_multiplier = 1.0, logit_softcap = 0.0, dense_layers = 0 (defaults no code reads)
 """
 
 import dataclasses
@@ -45,9 +46,6 @@ class Config:
     ffn: int = 18944  # set at specs/qwen2_5_7b.axl:6:70
     max_seq: int = 32768  # set at specs/qwen2_5_7b.axl:7:27
     rope_theta: float = 1000000.0  # set at specs/qwen2_5_7b.axl:7:3
-    embed_multiplier: float = 1.0  # default
-    logit_softcap: float = 0.0  # default
-    dense_layers: int = 0  # default
     dtype: jax.typing.DTypeLike = jnp.bfloat16  # set at specs/qwen2_5_7b.axl:10:3
     param_dtype: jax.typing.DTypeLike = jnp.float32  # set at specs/qwen2_5_7b.axl:10:17
 

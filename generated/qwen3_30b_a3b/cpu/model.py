@@ -18,6 +18,7 @@ Fixed when this file was built (change the spec and rebuild):
     blocks/attn.rope = true
     blocks/attn.qk_norm = true
     blocks/mlp.normalize = true
+    embed_multiplier = 1.0, logit_softcap = 0.0, dense_layers = 0 (defaults no code reads)
 """
 
 import dataclasses
@@ -45,9 +46,6 @@ class Config:
     ffn: int = 768  # set at specs/qwen3_30b_a3b.axl:6:70
     max_seq: int = 40960  # set at specs/qwen3_30b_a3b.axl:6:81
     rope_theta: float = 1000000.0  # set at specs/qwen3_30b_a3b.axl:7:31
-    embed_multiplier: float = 1.0  # default
-    logit_softcap: float = 0.0  # default
-    dense_layers: int = 0  # default
     dtype: jax.typing.DTypeLike = jnp.bfloat16  # set at specs/qwen3_30b_a3b.axl:10:3
     param_dtype: jax.typing.DTypeLike = jnp.float32  # set at specs/qwen3_30b_a3b.axl:10:17
 
