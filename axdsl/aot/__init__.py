@@ -39,12 +39,12 @@ from axdsl.analysis.flops import model_flops, param_count
 from axdsl.analysis.memory import GENERATED_UPDATE_SKIP, UpdateSkip, estimate_memory
 from axdsl.aot.lower import lower_step
 from axdsl.aot.render import render
-from axdsl.aot.report import EXIT_ERROR, EXIT_FITS, EXIT_NO_FIT, USABLE_FRACTION, Report
+from axdsl.aot.report import EXIT_ERROR, EXIT_FITS, EXIT_NO_FIT, Report
 from axdsl.aot.suggest import suggest
 from axdsl.ir.printer import fit_lines
 from axdsl.aot.xla import xla_total
 from axdsl.objectives import batches_of
-from axdsl.targets import profiles
+from axdsl.targets import USABLE_FRACTION, profiles
 
 __all__ = [
     "EXIT_ERROR",
