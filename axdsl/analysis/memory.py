@@ -232,7 +232,10 @@ def estimate_memory(
     rules = {k: c.value for k, c in module.schedule.rules}
     layout = Layout(sizes, rules, dim_axes(m.root))
     policy = remat or _block_remat(m.root)
-    st = _state(m.root, layout, optimizer, policy.kind, mu_dtype)
+    kept = policy.kind  # what the blocks keep: every residual where the platform ignores remat
+    if _unrolled(m.root) and not platform_of(module).unrolled_remat:
+        kept = ir.RematKind.NONE
+    st = _state(m.root, layout, optimizer, kept, mu_dtype)
     grads = st.params + (
         st.param_f32 if microbatches > 1 else 0
     )  # + the micro-batch scan's accumulator
@@ -355,6 +358,11 @@ def _model(module: ir.Module, name: str | None) -> ir.Model:
     raise KeyError(
         f"no model `{name}` in {module.spec}; models: {', '.join(x.name for x in module.models)}"
     )
+
+
+def _unrolled(root: ir.Instance) -> bool:
+    """Whether the model's repeated block is unrolled (unroll_repeats)."""
+    return any(inst.unrolled for inst in root.walk() if inst.repeat is not None)
 
 
 def _block_remat(root: ir.Instance) -> ir.RematPolicy:
