@@ -131,7 +131,7 @@ class _Lever:
 
     def total(self, s: _Search, *others: _Lever) -> int:
         """The analytic total with this lever and `others` applied."""
-        module, kw = s.module, {}
+        module, kw = s.module, dict[str, object]()
         for lever in (*others, self):
             module, kw = lever.apply(module, kw)
         return replace(s, module=module).total(**kw)
@@ -306,7 +306,7 @@ def _together(s: _Search) -> list[str]:
     for j in range(0, 13):
         mesh = {**base, "fsdp": base.get("fsdp", 1) * 2**j}
         batch = s.grown_batch(mesh)
-        t = s.total(batch=batch, mesh=mesh, remat=ir.RematPolicy("full"))
+        t = s.total(batch=batch, mesh=mesh, remat=ir.RematPolicy(ir.RematKind.FULL))
         if s.ok(t):
             n = mesh["fsdp"] * s.others()
             return [
