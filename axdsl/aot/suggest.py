@@ -146,7 +146,9 @@ def _remat(s: _Search) -> _Lever | None:
     now = s.est.remat
     stronger = [
         k
-        for k in _REMAT_ORDER[_REMAT_ORDER.index(now) + 1 if now in _REMAT_ORDER else 0 :]
+        for k in _REMAT_ORDER[
+            _REMAT_ORDER.index(now) + 1 if now in _REMAT_ORDER else len(_REMAT_ORDER) :
+        ]
         if k not in ("save", "offload")
     ]
     for kind in stronger:
