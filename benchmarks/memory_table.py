@@ -1,6 +1,6 @@
 """The analytic per-chip memory (axdsl/analysis/memory.py) against XLA's TPU compile, per config.
 
-    python benchmarks/memory_table.py            # 15 TPU configs + 4 CPU ones
+    python benchmarks/memory_table.py            # 15 TPU configs + 7 CPU ones
     python benchmarks/memory_table.py --quick    # 5 TPU configs + 1 CPU one
 
 On the 2 shared cores here a TPU compile takes 15-220 s (25 min for all, with other compiles
@@ -152,6 +152,14 @@ CONFIGS = (
     Config("cpu llama f32 full", "CPU: dense GQA, f32", LLAMA_SMALL, 8, 256,
            "remat(full) kernels(attention = xla)", "cpu-8"),
     Config("cpu moe none", "CPU: MoE", MOE_SMALL, 8, 256, "remat(none)", "cpu-8"),
+    # One device: the same per-chip work as a chip of cpu-8, but no batch sharding. The dropless
+    # MoE's dispatch (a flat argsort over B * S * top_k) is replicated when the batch is sharded,
+    # so each cpu-8 device holds the whole batch's dispatch: the -52% above is that, not the model.
+    Config("cpu moe none 1 device", "CPU: MoE, unsharded", MOE_SMALL, 1, 256, "remat(none)", "cpu"),
+    Config("cpu llama int8", "CPU: int8 matmuls", LLAMA_SMALL, 8, 256,
+           "remat(none) kernels(attention = xla) quantize(int8)", "cpu-8"),
+    Config("cpu llama fp8", "CPU: fp8 matmuls", LLAMA_SMALL, 8, 256,
+           "remat(none) kernels(attention = xla) quantize(fp8)", "cpu-8"),
     Config("cpu mamba2 full", "CPU: Mamba-2", MAMBA_SMALL, 8, 512, "remat(full)", "cpu-8"),
 )
 

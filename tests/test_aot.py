@@ -215,3 +215,60 @@ def test_one_chip_compiles_and_xla_decides(in_root, capsys):
     assert "compiled for TPU topology v5e:1x1" in out and "=> fits (XLA)" in out, out
     assert "of 15.75 GiB XLA gives a program per chip" in out and "analytic: " in out
     assert "The verdict is XLA's" in out
+
+
+def _figure(line: str) -> float:
+    """The GiB figure of a suggestion line (`-> 12.34 GiB per chip`)."""
+    import re
+
+    return float(re.search(r"-> ([\d.]+) GiB per chip", line).group(1))
+
+
+def test_each_single_chip_lever_is_suggested_with_its_figure(in_root):
+    """tiny_llama at 4096 x 256 on one CPU chip does not fit. Every lever the chip has is offered
+    with its own per-chip figure, which is the analytic total with that change (mu_dtype: the
+    first moment in bf16 via optax's mu_dtype; int8/fp8: quantize_matmuls re-run on the IR)."""
+    from axdsl.analysis.memory import estimate_memory
+    from axdsl.pipeline import compile_spec
+
+    r = analyze(Path("specs/tiny_llama.axl"), "cpu", batch=4096, seq=256, lower=False)
+    assert not r.fits
+    lines = {line.split(":")[0]: line for line in r.suggestions}
+    module = compile_spec(Path("specs/tiny_llama.axl"), "cpu")
+    est = lambda **kw: estimate_memory(module, batch=4096, seq=256, update_select=False, **kw).total
+    full = ir_remat("full")
+    assert _figure(lines["stronger remat (keeps only each layer input)"]) == round(est(remat=full) / 2**30, 2)
+    micro = next(v for k, v in lines.items() if k.startswith("smaller micro-batches"))
+    assert "microbatches = 2" in micro and _figure(micro) == round(est(microbatches=2) / 2**30, 2)
+    assert "mu_dtype = bf16" in lines["the first moment in bf16"]
+    assert _figure(lines["the first moment in bf16"]) == round(est(mu_dtype="bf16") / 2**30, 2)
+    assert est(mu_dtype="bf16") < est()  # f32 parameters: a 2-byte first moment is smaller
+    assert "adafactor()" in next(v for k, v in lines.items() if k.startswith("Adafactor"))
+    assert "quantize(int8" in lines["int8 matmuls in the blocks"]
+    assert "quantize(fp8" in lines["fp8 matmuls in the blocks"]
+    assert "LoRA adapters" in lines["if you fine-tune"]
+    assert all("GiB per chip" in line for line in r.suggestions)
+
+
+def ir_remat(kind: str):
+    from axdsl.ir import nodes as ir
+
+    return ir.RematPolicy(ir.RematKind(kind))
+
+
+def test_nothing_fits_one_chip_alone_so_levers_combine(in_root, tmp_path):
+    """Llama 3 8B on one v5e without int8: no lever alone fits 15.75 GiB; each is still shown
+    with its figure (int8 among them), then the levers that lower the total are combined
+    (Adafactor replacing a bf16 first moment), and the combination's figure is given."""
+    spec = tmp_path / "llama3_8b.axl"
+    spec.write_text(Path("specs/llama3_8b.axl").read_text() + '\ntarget "tpu*" { quantize(none) }\n')
+    r = analyze(spec, "tpu-v5e-1", lower=False)
+    assert not r.fits
+    text = "\n".join(r.suggestions)
+    assert "more FSDP" in text  # more chips first
+    assert "int8 matmuls in the blocks: `target \"tpu-v5e-1\" { quantize(int8" in text
+    assert "mu_dtype = bf16" in text and "adafactor()" in text and "lora(" in text
+    assert text.count("not enough alone on this chip") >= 3
+    last = r.suggestions[-1]
+    assert last.startswith("even together on this chip") and "mu_dtype" not in last, last
+    assert "adafactor()" in last and float(last.split(": ")[-1].split(" GiB")[0]) * 2**30 > r.limit

@@ -150,6 +150,43 @@ def test_each_optimizer_trains(tmp_path, lm_params, optimizer):
     assert int(state["step"]) == 3
 
 
+@pytest.mark.parametrize("optimizer", ["adamw", "lion"])
+def test_mu_dtype_keeps_the_first_moment_in_bf16_and_trains(tmp_path, lm_params, optimizer):
+    """`adamw(mu_dtype = bf16)`: train.py passes optax's mu_dtype, so the first moment is bf16
+    (adamw's second stays float32) and the model still trains; the memory model counts 2 bytes."""
+    import jax
+
+    from axdsl.analysis.memory import estimate_memory
+
+    train = (f"train {{\n  batch = 8  seq = 32  optimizer = {optimizer}(lr = 1e-3, mu_dtype = bf16)\n"
+             "  schedule = constant()\n}\n")
+    tm = build_package(tmp_path, f"mu_{optimizer}", spec_text(train))
+    assert tm.TRAIN.mu_dtype == "bfloat16"
+    mesh = tm.make_mesh(jax.devices()[:1])
+    with jax.set_mesh(mesh):
+        state = fresh_state(tm, lm_params, mesh)
+        dtypes = {str(x.dtype) for x in jax.tree.leaves(state["opt_state"]) if x.ndim}
+        assert dtypes == ({"bfloat16", "float32"} if optimizer == "adamw" else {"bfloat16"}), dtypes
+        step = tm.make_train_step(tm.CONFIGS["lm"], tm.TRAIN, mesh)
+        batch = jax.device_put(TOKENS, tm.batch_sharding(mesh))
+        losses = []
+        for _ in range(3):
+            state, metrics = step(state, batch)
+            losses.append(float(metrics["loss"]))
+    assert all(np.isfinite(losses)) and losses[-1] < losses[0], losses
+    mu = jax.tree.leaves(state["opt_state"][1][0].mu)
+    assert all(str(x.dtype) == "bfloat16" for x in mu)
+    module = compile_spec(tmp_path / f"mu_{optimizer}.axl", "cpu")
+    plain = estimate_memory(module, mu_dtype="f32")
+    assert estimate_memory(module).opt_state == plain.opt_state - plain.params // 2
+
+
+def test_plain_optimizers_generate_no_mu_dtype(tmp_path):
+    """A spec that leaves mu_dtype out generates what it always did: no field, no argument."""
+    tm = build_package(tmp_path, "plain_mu", spec_text("train { optimizer = adamw(lr = 1e-3) }\n"))
+    assert "mu_dtype" not in Path(tm.__file__).read_text()
+
+
 def test_dropout_models_get_a_key_per_step(tmp_path, lm_params):
     """A model with dropout trains with keys folded from (seed, step): same step, same result."""
     import jax

@@ -71,6 +71,8 @@ def trace_activations(
     policies = []
     for inst, layer, x in t.blocks:
         policy = remat or inst.remat or ir.RematPolicy(ir.RematKind.NONE)
+        if inst.unrolled and not platform.unrolled_remat:  # XLA:CPU keeps it all (platforms.py)
+            policy = ir.RematPolicy(ir.RematKind.NONE)
         policies.append(policy)
         _add_block(t, blocks, inst, layer, x, policy)
     if split is None and all(p.kind is ir.RematKind.NONE for p in policies):

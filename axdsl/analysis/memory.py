@@ -6,7 +6,8 @@ into `microbatches`, on the target's mesh (or a mesh given to try another layout
 State (lives across steps)
     parameters      each parameter's bytes / (product of the mesh sizes its sharding uses)
     optimizer       adamw: two moments in the parameter dtype (lion, sgd with momentum: one;
-                    adafactor: factored second moments), plus replicated scalars
+                    adafactor: factored second moments), plus replicated scalars; with
+                    `mu_dtype` (adamw, lion) the first moment in that dtype
     batch           the int32 [batch, seq + 1] input, split over the mesh axes of `batch`
 
 Step temporaries
@@ -53,10 +54,11 @@ Step temporaries
 
 The package splits by concern: `layout.py` (per-chip sizes on the mesh), `values.py` and
 `trace.py` (the traced forward; each primitive's memory rule sits in its registry entry,
-axdsl/primitives/), `residuals.py` (what each binary operator saves), `activations.py` (remat policies, saved and working bytes), `platforms.py` (what
-XLA keeps at once on each platform: the loss's chunk buffers, the layer backward's share of its
-recomputation, TPU's 128-lane padding, the usable memory; each fact with its measurement), this
-module (state, gradients, the update and the total).
+axdsl/primitives/), `residuals.py` (what each binary operator saves), `activations.py` (remat
+policies, saved and working bytes), `platforms.py` (what XLA keeps at once on each platform: the
+loss's chunk buffers, the layer backward's share of its recomputation, TPU's 128-lane padding,
+the usable memory; each fact with its measurement), this module (state, gradients, the update
+and the total).
 
 This is an analytic model: XLA's buffer assignment fuses, reorders and reuses buffers, so
 expect agreement within about 10% of `compiled.memory_analysis()` (argument + temp), not exact
@@ -110,6 +112,10 @@ GENERATED_UPDATE_SKIP = UpdateSkip.COND
 UPDATE_SELECT_FRACTION = 0.57
 # Moments per parameter element in the parameter dtype, by optimizer.
 OPT_MOMENTS = {"adamw": 2, "adam": 2, "lion": 1, "sgd": 1, "adafactor": 0}
+# Optimizers whose first moment can take its own dtype (optax's mu_dtype; configure_train).
+MU_DTYPE_OPTIMIZERS = ("adamw", "adam", "lion")
+# A jnp dtype name (what the train block resolves dtypes to) -> its spec name.
+SPEC_DTYPES = {jnp_name: name for name, jnp_name in ir.DTYPES.items()}
 
 
 # ---------------------------------------------------------------------------- the result
@@ -139,6 +145,7 @@ class MemoryEstimate:
     detail: dict[str, int] = field(default_factory=dict)  # saved per layer, by value
     update: int = 0  # transient of the optimizer update (after the backward has freed activations)
     reused: int = 0  # gradients of unrolled blocks written where freed residuals were
+    mu_dtype: str | None = None  # the first moment's dtype (spec name), when not the parameter's
 
     @property
     def activations(self) -> int:
@@ -199,6 +206,7 @@ def estimate_memory(
     mesh: dict[str, int] | None = None,
     remat: ir.RematPolicy | None = None,
     update_select: bool = True,
+    mu_dtype: str | None = None,
 ) -> MemoryEstimate:
     """Per-chip bytes of a training step of `model` (default: the spec's first model).
 
@@ -206,6 +214,8 @@ def estimate_memory(
     schedule; `mesh` (axis -> size) and `remat` replace the target's to try another layout.
     `update_select`: the step keeps the old state when the loss is not finite with an
     elementwise select (`jnp.where(ok, new, old)`), which materializes new values first.
+    `mu_dtype` (a spec dtype name, "bf16"): the optimizer's first moment in that dtype (optax's
+    mu_dtype); by default the train block's optimizer argument, else the parameter dtype.
     """
     m = _model(module, model)
     train = module.train_settings
@@ -214,16 +224,25 @@ def estimate_memory(
     microbatches = microbatches or (train.get("microbatches") if train else 1)
     if optimizer is None:
         optimizer = train.get("optimizer").name if train else "adamw"
+    if mu_dtype is None and train is not None and train.get("optimizer").name == optimizer:
+        mu_dtype = SPEC_DTYPES.get(train.get("optimizer").arg("mu_dtype", ""))
+    if optimizer not in MU_DTYPE_OPTIMIZERS:
+        mu_dtype = None
     sizes = dict(mesh) if mesh is not None else dict(module.schedule.mesh_sizes)
     rules = {k: c.value for k, c in module.schedule.rules}
     layout = Layout(sizes, rules, dim_axes(m.root))
     policy = remat or _block_remat(m.root)
-    st = _state(m.root, layout, optimizer, policy.kind)
+    kept = policy.kind  # what the blocks keep: every residual where the platform ignores remat
+    if _unrolled(m.root) and not platform_of(module).unrolled_remat:
+        kept = ir.RematKind.NONE
+    st = _state(m.root, layout, optimizer, kept, mu_dtype)
     grads = st.params + (
         st.param_f32 if microbatches > 1 else 0
     )  # + the micro-batch scan's accumulator
     if train is not None and "lora" in dict(train.settings):
-        st, grads = _lora_state(m.root, layout, optimizer, train.get("lora"), st, microbatches)
+        st, grads = _lora_state(
+            m.root, layout, optimizer, train.get("lora"), st, microbatches, mu_dtype
+        )
     inputs = math.ceil(batch / layout.shards(rules.get("batch", ()))) * _example_bytes(
         module, m.root, seq
     )
@@ -261,10 +280,13 @@ def estimate_memory(
         detail=act.detail,
         update=int(UPDATE_SELECT_FRACTION * (_trained(st) + st.moments)) if update_select else 0,
         reused=act.reused,
+        mu_dtype=mu_dtype,
     )
 
 
-def _state(root: ir.Instance, layout: Layout, optimizer: str, remat: ir.RematKind) -> _State:
+def _state(
+    root: ir.Instance, layout: Layout, optimizer: str, remat: ir.RematKind, mu: str | None = None
+) -> _State:
     """Parameters and optimizer moments, sharded; the cast copies when the model computes in
     another dtype. The root casts what is outside its stacked children once (a copy and its
     gradient); a stacked child one layer at a time in its scan step, so only one layer's copy and
@@ -278,7 +300,7 @@ def _state(root: ir.Instance, layout: Layout, optimizer: str, remat: ir.RematKin
         for p in inst.params:
             n = layout.param_elements(p)
             params += n * DTYPE_BYTES[p.dtype.name]
-            opt += _opt_bytes(optimizer, p, n)
+            opt += _opt_bytes(optimizer, p, n, mu)
             f32 += n * 4
             if compute is None or compute == p.dtype.name:
                 continue
@@ -293,7 +315,13 @@ def _state(root: ir.Instance, layout: Layout, optimizer: str, remat: ir.RematKin
 
 
 def _lora_state(
-    root: ir.Instance, layout: Layout, optimizer: str, settings, base: _State, microbatches: int
+    root: ir.Instance,
+    layout: Layout,
+    optimizer: str,
+    settings,
+    base: _State,
+    microbatches: int,
+    mu: str | None = None,
 ) -> tuple[_State, int]:
     """LoRA (train.py's lora(...)): the base parameters are frozen, so they have no gradients and
     no optimizer moments; the adapters (replicated) have both. The loss reads merged copies
@@ -303,7 +331,7 @@ def _lora_state(
     for t in targets:
         n, b = t.adapter_elements(settings.rank), DTYPE_BYTES[t.param.dtype.name]
         adapters += n * b
-        moments += n * 4 if optimizer == "adafactor" else OPT_MOMENTS.get(optimizer, 2) * n * b
+        moments += n * 4 if optimizer == "adafactor" else _moment_bytes(optimizer, b, mu) * n
         f32 += n * 4
         merged += layout.param_elements(t.param) * b
     state = _State(base.params + adapters, moments, base.weight_copies // 2 + merged, f32, adapters)
@@ -332,6 +360,11 @@ def _model(module: ir.Module, name: str | None) -> ir.Model:
     )
 
 
+def _unrolled(root: ir.Instance) -> bool:
+    """Whether the model's repeated block is unrolled (unroll_repeats)."""
+    return any(inst.unrolled for inst in root.walk() if inst.repeat is not None)
+
+
 def _block_remat(root: ir.Instance) -> ir.RematPolicy:
     for inst in root.walk():
         if inst.repeat is not None:
@@ -339,7 +372,16 @@ def _block_remat(root: ir.Instance) -> ir.RematPolicy:
     return ir.RematPolicy(ir.RematKind.NONE)
 
 
-def _opt_bytes(optimizer: str, p: ir.Param, n: int) -> int:
+def _moment_bytes(optimizer: str, b: int, mu: str | None) -> int:
+    """Bytes of an element's moments for parameters of `b` bytes: the first moment in `mu` when
+    given (optax's mu_dtype), the others in the parameter dtype."""
+    moments = OPT_MOMENTS.get(optimizer, 2)
+    if mu is None or moments == 0:
+        return moments * b
+    return DTYPE_BYTES[mu] + (moments - 1) * b
+
+
+def _opt_bytes(optimizer: str, p: ir.Param, n: int, mu: str | None = None) -> int:
     """Optimizer moments of one parameter of `n` elements on a chip."""
     b = DTYPE_BYTES[p.dtype.name]
     if optimizer == "adafactor":
@@ -348,4 +390,4 @@ def _opt_bytes(optimizer: str, p: ir.Param, n: int) -> int:
             r, c = sorted(range(len(dims)), key=lambda i: dims[i])[-2:]
             return (n // dims[r] + n // dims[c]) * 4
         return n * 4
-    return OPT_MOMENTS.get(optimizer, 2) * n * b
+    return _moment_bytes(optimizer, b, mu) * n

@@ -45,6 +45,9 @@ class PlatformFacts:
     # verdict says "fits (borderline)" up to usable x (1 + this), so that it never refuses a step
     # the compiler would fit (the price: a step in that band may not fit; the report says so).
     overestimate: float = 0.0
+    # Whether a remat policy lowers what an unrolled block (unroll_repeats) keeps. XLA:CPU keeps
+    # every residual of an unrolled block whatever its policy: its figure is remat none's.
+    unrolled_remat: bool = True
 
 
 CPU = PlatformFacts(
@@ -55,7 +58,12 @@ CPU = PlatformFacts(
     lanes=0,
     moe_dispatch_u32=0,
     usable_fraction=0.9,
+    unrolled_remat=False,
 )
+# CPU, unrolled blocks (the cpu profile's unroll(16)), cpu-8, benchmarks/memory_table.py: a small
+# f32 llama (4 layers, 8 x 256) with remat(full) is 109.49 MiB in XLA, remat(none)'s figure
+# (analytic none 109.05, -0.4%; full 82.29, -24.8%); a small Mamba-2 (2 layers, 8 x 512) with
+# remat(full) 166.54 MiB (analytic none 174.44, +4.7%; full 120.09, -27.9%).
 # tpu-v5e-1, llama 3.2 1B at 4 layers, 4 x 2048, vocab 128256, loss chunk 512: the loss's only
 # large buffers are one f32[4, 512, 128256] (1002 MiB) and one bf16 (501 MiB), and the six
 # bf16[128256, 2048] gradient values of the tied head share one 501 MiB buffer (was modelled as

@@ -2,22 +2,19 @@
 
 Residuals are modelled as jax 0.10 saves them (`jax.ad_checkpoint.print_saved_residuals`): a
 matmul keeps both operands; `a * b` keeps each operand whose partner is differentiable; `a / b`
-keeps the divisor and the quotient; adds and subtractions keep nothing.
+keeps the divisor and the quotient; adds and subtractions keep nothing. The rules record values
+through `values.Recorder`, which the tracer (trace.py, the one caller) implements: this module
+imports nothing of the tracer, even for annotations.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-from axdsl.analysis.values import Val, promote
+from axdsl.analysis.values import Recorder, Val, promote
 from axdsl.ir import nodes as ir
-
-if TYPE_CHECKING:
-    from axdsl.analysis.trace import Tracer
 
 
 # ---------------------------------------------------------------------------- binary operators
-def matmul(t: Tracer, a: Val, b: Val, dims, dtype: str, where: str) -> Val:
+def matmul(t: Recorder, a: Val, b: Val, dims, dtype: str, where: str) -> Val:
     """`a @ b` keeps both operands; its output is a dot unless both operands are activations."""
     out = t.new(dims, dtype, f"{where}: matmul", (a, b), dot=not (a.activation and b.activation))
     t.save(a)
@@ -25,7 +22,7 @@ def matmul(t: Tracer, a: Val, b: Val, dims, dtype: str, where: str) -> Val:
     return out
 
 
-def multiply(t: Tracer, a: Val, b: Val, dims, dtype: str, where: str) -> Val:
+def multiply(t: Recorder, a: Val, b: Val, dims, dtype: str, where: str) -> Val:
     """`a * b` keeps each operand whose partner is differentiable."""
     out = t.new(dims, dtype, f"{where}: *", (a, b))
     if b.differentiable:
@@ -35,7 +32,7 @@ def multiply(t: Tracer, a: Val, b: Val, dims, dtype: str, where: str) -> Val:
     return out
 
 
-def divide(t: Tracer, a: Val, b: Val, dims, dtype: str, where: str) -> Val:
+def divide(t: Recorder, a: Val, b: Val, dims, dtype: str, where: str) -> Val:
     """`a / b` keeps the divisor and the quotient when the divisor is differentiable."""
     out = t.new(dims, dtype, f"{where}: /", (a, b))
     if b.differentiable:
@@ -47,7 +44,7 @@ def divide(t: Tracer, a: Val, b: Val, dims, dtype: str, where: str) -> Val:
 BINARY_RESIDUALS = {"@": matmul, "*": multiply, "/": divide}
 
 
-def binary(t: Tracer, op: str, a: Val, b: Val, dims, where: str) -> Val:
+def binary(t: Recorder, op: str, a: Val, b: Val, dims, where: str) -> Val:
     """`a op b`; operators without a rule (+, -) keep nothing."""
     if op in ir.COMPARE_OPS:  # a bool tensor; no gradient flows through a comparison
         return t.new(dims, "bool", f"{where}: {op}", (a, b))

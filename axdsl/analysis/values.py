@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Any, Protocol
 
 from axdsl.ir import nodes as ir
 
@@ -70,6 +71,16 @@ class Scope:
         if v.kind in (ValKind.PARAM, ValKind.LIT) or not v.dims:
             return
         self.residuals.setdefault(id(v), v)
+
+
+class Recorder(Protocol):
+    """What a residual rule needs of the memory tracer (analysis/trace.py's Tracer): make a value
+    in the current scope and keep one for the backward. Rules see this, not the tracer, so that
+    they do not import the module that calls them."""
+
+    def new(self, dims: Any, dtype: str, label: str, inputs: Any = (), **kw: Any) -> Val: ...
+
+    def save(self, v: Val) -> None: ...
 
 
 def promote(*vals: Val) -> str:

@@ -98,7 +98,7 @@ def _memory(r: Report) -> list[str]:
             if r.ratio != 1.0
             else ""
         )
-        lines.append(f"  to make it fit, any of{scaled}:")
+        lines.append(f"  to make it fit{scaled}:")
         lines += [f"    - {s}" for s in r.suggestions]
     return lines
 

@@ -1,30 +1,33 @@
 """The suggestion search: concrete changes that make a step that does not fit fit.
 
-Each try re-runs the analytic estimate (`estimate_memory`) with one thing changed, in order:
-more FSDP (on the same chips, then on more), a stronger remat policy, more micro-batches, the
-Adafactor optimizer (factored second moments), LoRA adapters (when fine-tuning), and, when
-nothing alone fits, remat(full) together with more chips.
+Each try re-runs the analytic estimate (`estimate_memory`) with something changed. On more chips:
+more FSDP (on the same chips, then on more). On the same chips, each lever alone, each printed
+with its per-chip figure whether or not it is enough by itself: a stronger remat policy, more
+micro-batches, the first moment in bf16 (`adamw(mu_dtype = bf16)`), Adafactor (factored second
+moments), quantized matmuls in a format the target runs (int8, fp8: quantize_matmuls re-run on
+the IR), and LoRA adapters (when fine-tuning). When no lever alone fits, they are combined, one
+at a time in that order, until the step fits on the same chips; when even all of them do not,
+remat(full) together with more chips.
 
 When XLA decided that the step does not fit (a TPU compile, tpu.py), the tries are still
 analytic (compiling each would take minutes), but each is held to XLA's bound, and shown, scaled
 by `ratio`: XLA's figure over the analytic total of the configuration it compiled.
-
-Not searched, because the language has no such setting or the memory model does not estimate
-it: optimizer moments in bf16 (the moments take the parameter dtype), and quantize(int8) (the
-memory model does not count quantized matmuls' operands; v5e quantizes blocks/* already).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from axdsl.analysis.memory import MemoryEstimate, estimate_memory
+from axdsl.analysis.memory import MU_DTYPE_OPTIMIZERS, MemoryEstimate, estimate_memory
 from axdsl.aot.report import gib
 from axdsl.ir import nodes as ir
 from axdsl.lora import LoraSettings
 from axdsl.lora import resolve as resolve_lora
 from axdsl.objectives import objective_name
+from axdsl.passes.quantize_matmuls import quantize_matmuls
+from axdsl.targets import profiles
 
 _REMAT_ORDER = ["none", "save", "offload", "save_dots", "full"]
 
@@ -117,74 +120,186 @@ def _more_fsdp(s: _Search) -> list[str]:
     return []
 
 
-def _stronger_remat(s: _Search) -> list[str]:
+@dataclass(frozen=True)
+class _Lever:
+    """One change on the same chips: what it is called, the spec text that makes it, and how it
+    changes the estimate (a variant of the module and keyword arguments of `estimate_memory`)."""
+
+    what: str
+    how: str
+    apply: Callable[[ir.Module, dict], tuple[ir.Module, dict]]
+
+    def total(self, s: _Search, *others: _Lever) -> int:
+        """The analytic total with this lever and `others` applied."""
+        module, kw = s.module, dict[str, object]()
+        for lever in (*others, self):
+            module, kw = lever.apply(module, kw)
+        return replace(s, module=module).total(**kw)
+
+
+def _with(**changes) -> Callable[[ir.Module, dict], tuple[ir.Module, dict]]:
+    return lambda module, kw: (module, {**kw, **changes})
+
+
+def _remat(s: _Search) -> _Lever | None:
+    """The least recomputation stronger than the current policy that fits alone, else full."""
     now = s.est.remat
-    for kind in _REMAT_ORDER[
-        _REMAT_ORDER.index(now) + 1 if now in _REMAT_ORDER else len(_REMAT_ORDER) :
-    ]:
-        if kind in ("save", "offload"):
-            continue
-        t = s.total(remat=ir.RematPolicy(kind))
-        if s.ok(t):
-            keeps = "only each layer input" if kind == "full" else "matmul outputs"
-            return [
-                f"stronger remat: `{s.pattern} {{ remat({kind}) }}` (keeps {keeps}) "
-                f"-> {s.shown(t)} per chip"
-            ]
-    return []
+    stronger = [
+        k
+        for k in _REMAT_ORDER[
+            _REMAT_ORDER.index(now) + 1 if now in _REMAT_ORDER else len(_REMAT_ORDER) :
+        ]
+        if k not in ("save", "offload")
+    ]
+    for kind in stronger:
+        keeps = "only each layer input" if kind == "full" else "matmul outputs"
+        lever = _Lever(
+            f"stronger remat (keeps {keeps})",
+            f"{s.pattern} {{ remat({kind}) }}",
+            _with(remat=ir.RematPolicy(ir.RematKind(kind))),
+        )
+        if kind == stronger[-1] or s.ok(lever.total(s)):
+            return lever
+    return None
 
 
-def _more_microbatches(s: _Search) -> list[str]:
-    """Same global batch, smaller activations."""
-    est = s.est
+def _microbatches(s: _Search) -> _Lever | None:
+    """Same global batch, smaller activations: the fewest micro-batches that fit alone, else
+    the most the batch allows (each micro-batch still split over the batch's mesh axes)."""
+    est, found = s.est, None
     k = est.microbatches * 2
     while est.batch % k == 0 and (est.batch // k) % s.shards(est.mesh) == 0:
-        t = s.total(microbatches=k)
-        if s.ok(t):
-            return [
-                f"smaller micro-batches: `train {{ microbatches = {k} }}` "
-                f"({est.batch // k} sequences per micro-batch) -> {s.shown(t)} per chip"
-            ]
+        found = _Lever(
+            f"smaller micro-batches ({est.batch // k} sequence"
+            f"{'s' if est.batch // k > 1 else ''} each)",
+            f"train {{ microbatches = {k} }}",
+            _with(microbatches=k),
+        )
+        if s.ok(found.total(s)):
+            break
         k *= 2
-    return []
+    return found
 
 
-def _adafactor(s: _Search) -> list[str]:
-    """Adafactor keeps factored second moments (rows and columns) instead of AdamW's two full ones."""
+def _mu_bf16(s: _Search) -> _Lever | None:
+    """adamw's and lion's first moment in bf16 (optax's mu_dtype), when it is larger now."""
+    if s.est.optimizer not in MU_DTYPE_OPTIMIZERS or s.est.mu_dtype in ("bf16", "f16"):
+        return None
+    lever = _Lever(
+        "the first moment in bf16",
+        f"train {{ optimizer = {s.est.optimizer}(..., mu_dtype = bf16) }}",
+        _with(mu_dtype="bf16"),
+    )
+    return lever if lever.total(s) < s.est.total else None  # bf16 parameters: nothing to gain
+
+
+def _adafactor(s: _Search) -> _Lever | None:
+    """Adafactor keeps factored second moments (rows and columns) instead of two full moments."""
     if s.est.optimizer == "adafactor":
-        return []
-    t = s.total(optimizer="adafactor")
-    if not s.ok(t):
-        return []
-    return [
-        f"Adafactor instead of {s.est.optimizer} (factored second moments, no first moment): "
-        f"`train {{ optimizer = adafactor() }}` -> {s.shown(t)} per chip"
-    ]
+        return None
+    return _Lever(
+        f"Adafactor instead of {s.est.optimizer} (factored second moments, no first moment)",
+        "train { optimizer = adafactor() }",
+        _with(optimizer="adafactor"),
+    )
 
 
-def _lora(s: _Search) -> list[str]:
+def _quantized(s: _Search) -> list[_Lever]:
+    """Matmuls with a parameter operand in each low-precision format the target runs, when the
+    step quantizes none (quantize_matmuls re-run on the IR, as `quantize(fmt)` would build it)."""
+    sched = s.module.schedule
+    if sched.quantize.value.format is not ir.QuantFormat.NONE:
+        return []
+    out = []
+    for fmt in profiles()[sched.profile].quantize:
+        policy = ir.QuantPolicy(ir.QuantFormat(fmt), ("blocks/*",))
+        choice = replace(sched.quantize, value=policy)
+
+        def apply(module: ir.Module, kw: dict, choice=choice) -> tuple[ir.Module, dict]:
+            quantized = replace(module, schedule=replace(module.schedule, quantize=choice))
+            return quantize_matmuls(quantized), kw
+
+        out.append(
+            _Lever(
+                f"{fmt} matmuls in the blocks",
+                f'{s.pattern} {{ quantize({fmt}, layers = "blocks/*") }}',
+                apply,
+            )
+        )
+    return out
+
+
+def _lora(s: _Search) -> _Lever | None:
     """When fine-tuning: LoRA adapters on the attention's wq and wv (lora(...)'s defaults)
     leave the base weights frozen, with no gradients and no optimizer state."""
     train = s.module.train_settings
     if train is None or any(k in ("lora", "freeze") for k, _ in train.settings):
-        return []
+        return None
     if objective_name(s.module) != "next_token":
-        return []  # lora(...) trains next-token models only
+        return None  # lora(...) trains next-token models only
     root = next(m.root for m in s.module.models if m.name == s.model)
     targets, problems = resolve_lora(LoraSettings(), root)
     if problems or not targets:  # the default targets are not matrices of this model
-        return []
+        return None
     adapters = ir.Choice(LoraSettings(), ir.DEFAULT)
-    module = replace(
-        s.module, train_settings=replace(train, settings=train.settings + (("lora", adapters),))
+
+    def apply(module: ir.Module, kw: dict) -> tuple[ir.Module, dict]:
+        t = module.train_settings
+        return (
+            replace(module, train_settings=replace(t, settings=t.settings + (("lora", adapters),))),
+            kw,
+        )
+
+    return _Lever(
+        "if you fine-tune: LoRA adapters, base weights frozen",
+        'train { init_from = "PATH"  lora(rank = 8, targets = "blocks/*/attn/w[qv]") }',
+        apply,
     )
-    t = replace(s, module=module).total()
-    if not s.ok(t):
-        return []
-    return [
-        f'if you fine-tune: LoRA adapters, base weights frozen, `train {{ init_from = "PATH"  '
-        f'lora(rank = 8, targets = "blocks/*/attn/w[qv]") }}` -> {s.shown(t)} per chip'
-    ]
+
+
+def _levers(s: _Search) -> list[_Lever]:
+    """What the same chips can do, in the order they are combined: recomputation and smaller
+    micro-batches cost time only; then the optimizer's state; then precision; LoRA last (it
+    changes what is trained)."""
+    found = [_remat(s), _microbatches(s), _mu_bf16(s), _adafactor(s), *_quantized(s), _lora(s)]
+    return [lever for lever in found if lever is not None]
+
+
+def _on_these_chips(s: _Search) -> tuple[list[str], bool]:
+    """Each lever alone with its figure, and, when none fits alone, the levers that lower the
+    total combined in order until the step fits (Adafactor replaces a first moment in bf16).
+    Also whether anything here fits."""
+    levers = _levers(s)
+    chips = "this chip" if s.est.chips == 1 else f"these {s.est.chips} chips"
+    out, helps, fits_alone = [], [], False
+    for lever in levers:
+        t = lever.total(s)
+        if t >= s.est.total:
+            note = "; no smaller than now"
+        else:
+            helps.append(lever)
+            fits_alone = fits_alone or s.ok(t)
+            note = "" if s.ok(t) else f"; not enough alone on {chips}"
+        out.append(f"{lever.what}: `{lever.how}` -> {s.shown(t)} per chip{note}")
+    if not helps or fits_alone:
+        return out, fits_alone
+    chosen: list[_Lever] = []
+    t = s.est.total
+    for lever in helps:
+        if lever.what.startswith("Adafactor"):
+            chosen = [c for c in chosen if not c.what.startswith("the first moment")]
+        with_it = lever.total(s, *chosen)
+        if with_it >= t:
+            continue  # no gain on top of the others
+        chosen, t = chosen + [lever], with_it
+        if s.ok(t):
+            break
+    names = " + ".join(f"`{c.how}`" for c in chosen)
+    if s.ok(t):
+        out.append(f"together on {chips}: {names} -> {s.shown(t)} per chip")
+    else:
+        out.append(f"even together on {chips} ({names}): {s.shown(t)} per chip, does not fit")
+    return out, s.ok(t)
 
 
 def _together(s: _Search) -> list[str]:
@@ -193,7 +308,7 @@ def _together(s: _Search) -> list[str]:
     for j in range(0, 13):
         mesh = {**base, "fsdp": base.get("fsdp", 1) * 2**j}
         batch = s.grown_batch(mesh)
-        t = s.total(batch=batch, mesh=mesh, remat=ir.RematPolicy("full"))
+        t = s.total(batch=batch, mesh=mesh, remat=ir.RematPolicy(ir.RematKind.FULL))
         if s.ok(t):
             n = mesh["fsdp"] * s.others()
             return [
@@ -216,14 +331,9 @@ def suggest(
     ratio: float = 1.0,
 ) -> list[str]:
     """Concrete changes that make the step fit, each with the per-chip total it would give
-    (the analytic total, scaled by `ratio`, XLA's over the analytic, when XLA decided)."""
+    (the analytic total, scaled by `ratio`, XLA's over the analytic, when XLA decided): more
+    chips, then what the same chips can do, each lever with its figure (`_on_these_chips`)."""
     s = _Search(module, model, est, usable, target, update_select, ratio)
-    out = (
-        _fsdp_same_chips(s)
-        + _more_fsdp(s)
-        + _stronger_remat(s)
-        + _more_microbatches(s)
-        + _adafactor(s)
-        + _lora(s)
-    )
-    return out or _together(s)
+    chips = _fsdp_same_chips(s) + _more_fsdp(s)
+    same, fits_here = _on_these_chips(s)
+    return chips + same + ([] if chips or fits_here else _together(s))

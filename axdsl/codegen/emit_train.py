@@ -40,7 +40,8 @@ def emit_train(module: ir.Module, package: str, flops: list[TrainingFlops]) -> s
     """The unformatted source of generated/<spec>/<target>/train.py."""
     t = module.train_settings
     fields = _fields(module)
-    opt_name = t.get("optimizer").name
+    opt = t.get("optimizer")
+    opt_name = opt.name
     sched_name = t.get("schedule").name
     profile = profiles()[module.schedule.profile]
     batch_axes = module.schedule.kept_axes("batch")
@@ -60,7 +61,7 @@ def emit_train(module: ir.Module, package: str, flops: list[TrainingFlops]) -> s
         schedule_doc=SCHEDULE_DOC[sched_name],
         schedule_body=SCHEDULES[sched_name],
         optimizer_doc=OPTIMIZER_DOC[opt_name],
-        optimizer_body=OPTIMIZERS[opt_name],
+        optimizer_body=optimizer_body(opt),
         batch_axes=spec_text((batch_axes,))[2:-1] or "None",
         dropout=uses_dropout(module.models[0].root),
         lm=objective_name(module) == "next_token",
@@ -160,7 +161,7 @@ def _fields(module: ir.Module) -> list[Field]:
     for k, v in opt_args:
         add(
             k,
-            float(v) if k not in ("nesterov",) else v,
+            v if isinstance(v, (bool, str)) else float(v),  # str: a dtype (mu_dtype)
             f"{opt}: {k}; {origin['optimizer'].origin}",
         )
     sched, sched_args = t.get("schedule").name, t.get("schedule").args
@@ -321,14 +322,14 @@ OPTIMIZERS = {
         "lr, mask = lr_schedule(tc), decay_mask()",
         "return optax.chain(",
         f"    {_CLIP}",
-        "    optax.adamw(lr, b1=tc.b1, b2=tc.b2, eps=tc.eps, weight_decay=tc.weight_decay, mask=mask),",
+        "    optax.adamw(lr, b1=tc.b1, b2=tc.b2, eps=tc.eps, weight_decay=tc.weight_decay, mask=mask{mu}),",
         ")",
     ],
     "lion": [
         "lr, mask = lr_schedule(tc), decay_mask()",
         "return optax.chain(",
         f"    {_CLIP}",
-        "    optax.lion(lr, b1=tc.b1, b2=tc.b2, weight_decay=tc.weight_decay, mask=mask),",
+        "    optax.lion(lr, b1=tc.b1, b2=tc.b2, weight_decay=tc.weight_decay, mask=mask{mu}),",
         ")",
     ],
     "adafactor": [
@@ -346,6 +347,17 @@ OPTIMIZERS = {
         ")",
     ],
 }
+# `{mu}`: the first moment's dtype when the spec sets mu_dtype (configure_train.OPTIMIZER_DTYPES);
+# nothing otherwise, so specs that leave it out generate what they always did.
+MU_DTYPE_ARG = ", mu_dtype=tc.mu_dtype or None"
+
+
+def optimizer_body(opt: ir.NamedCall) -> list[str]:
+    """The lines of base_optimizer for `opt` (its template, with `{mu}` filled in)."""
+    mu = MU_DTYPE_ARG if opt.arg("mu_dtype", None) is not None else ""
+    return [line.replace("{mu}", mu) for line in OPTIMIZERS[opt.name]]
+
+
 OPTIMIZER_DOC = {
     "adamw": "Clip by global norm, then AdamW with decoupled weight decay on matrices only.",
     "lion": "Clip by global norm, then Lion (sign momentum) with weight decay on matrices only.",

@@ -9,6 +9,8 @@
       checkpoint(every = 500, keep = 3, async = true, dir = "checkpoints")
     }
 
+An optimizer's dtype arguments (OPTIMIZER_DTYPES: `adamw(mu_dtype = bf16)` keeps the first moment
+in bf16) are optional and resolved only when given.
 Every key, optimizer, schedule and data source is checked here with a located error; the
 defaults below apply to keys the spec leaves out, and `axdsl dump` shows each value's origin.
 The batch must split evenly into micro-batches and over the mesh axes that shard `batch`; seq
@@ -35,6 +37,10 @@ OPTIMIZERS: dict[str, dict[str, float | bool]] = {
     "adafactor": {"lr": 1e-2, "weight_decay": 0.0},
     "sgd": {"lr": 1e-2, "momentum": 0.9, "nesterov": False, "weight_decay": 0.0},
 }
+# Optimizer arguments that name a dtype, each optional: left out, it is not in the resolved call
+# and train.py passes nothing (optax keeps the state in the parameter dtype). `mu_dtype` is optax's:
+# the dtype of the first moment (adamw's mu, lion's momentum), e.g. bf16 to halve it.
+OPTIMIZER_DTYPES: dict[str, tuple[str, ...]] = {"adamw": ("mu_dtype",), "lion": ("mu_dtype",)}
 # A warmup left out (None) becomes min(100, steps // 10).
 SCHEDULES: dict[str, dict[str, float | None]] = {
     "cosine": {"warmup": None, "final": 0.1},  # linear warmup, cosine decay to final * lr
@@ -239,12 +245,23 @@ def _call(value: Any, span: Span, table: dict, what: str, diags: Diagnostics):
         )
         return None
     out = dict(table[fn])
+    dtypes = OPTIMIZER_DTYPES.get(fn, ()) if what == "optimizer" else ()
     for k, v in kwargs:
+        if k in dtypes:
+            if isinstance(v, ir.NameValue) and v.id in FLOAT_DTYPES:
+                out[k] = ir.DTYPES[v.id]
+            else:
+                diags.error(
+                    span,
+                    f"{fn}({k} = ...) is one of {', '.join(FLOAT_DTYPES)}, got {_show(v)}",
+                    f"for example {fn}({k} = bf16)",
+                )
+            continue
         if k not in out:
             diags.error(
                 span,
                 f"{fn} has no argument `{k}`",
-                did_you_mean(k, out) or f"its arguments: {', '.join(out)}",
+                did_you_mean(k, (*out, *dtypes)) or f"its arguments: {', '.join((*out, *dtypes))}",
             )
             continue
         if isinstance(table[fn][k], bool):

@@ -204,10 +204,15 @@ def operands(prim: ir.Prim) -> tuple[ir.TExpr, ...]:
 
 
 def _memory(t, prim: ir.Prim, args, dims, label: str):
-    """A custom VJP: keeps both operands in one byte each (the weight gathered). `args` are the
-    wrapped matmul's operands (see `operands`)."""
+    """A custom VJP. fp8 keeps both operands quantized, one byte each (the weight gathered);
+    int8's straight-through backward keeps them unquantized, as the matmul it replaces does
+    (`_int8_einsum_fwd` returns (x, w)). `args` are the wrapped matmul's operands (`operands`)."""
     fmt, where = prim.attr("format"), label.rsplit(": ", 1)[0]
     out = t.new(dims, t.promote(*args), f"{where}: {fmt} matmul", args, dot=True)
+    if fmt == ir.QuantFormat.INT8:
+        for v in args:
+            t.save(v)
+        return out
     for v in args:
         b = v.base
         if b.is_literal:

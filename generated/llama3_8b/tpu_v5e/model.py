@@ -524,7 +524,7 @@ MESH_SHAPE = {
 # Rematerialization of each scanned layer, remat(full) from fit_remat, for profile tpu-v5e:
 # keep only each layer's input; recompute the rest in the backward pass.
 # fit_remat, for llama3_8b at batch 8 x seq 8192, 14.32 GiB usable per chip (analytic):
-# none 87.12, save(points) 34.12, save_dots 38.86, full 20.18 GiB: nothing fits, so full
+# none 82.12, save(points) 33.86, save_dots 38.75, full 20.07 GiB: nothing fits, so full
 REMAT_POLICY = jax.checkpoint_policies.nothing_saveable
 
 
