@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from axdsl import primitives
 from axdsl.codegen.expressions import FunctionEmitter, LayerFunction, dims_text, shape_comment
 from axdsl.codegen.names import py_str
+from axdsl.codegen.pyexpr import py_size, py_value
 from axdsl.ir import nodes as ir
 from axdsl.ir.rewrite import forward_exprs, prims_of
 from axdsl.passes.annotate_sharding import activation_spec, spec_text
@@ -159,7 +160,7 @@ class DecodeEmitter(FunctionEmitter):
         args = [args[0]] + [self._side_input(call.child, a) for a in args[1:]]
         step = self._fresh(f"{call.child if call.child.isidentifier() else 'layer'}_step")
         self.lines.append(
-            f"def {step}(h, xs):  # one of {child.repeat.code} stacked layers and its cache"
+            f"def {step}(h, xs):  # one of {py_value(child.repeat)} stacked layers and its cache"
         )
         self.lines.append("    layer_params, layer_cache = xs")
         self.cast_layer()
@@ -188,7 +189,7 @@ def decode_path(
     masters = ir.master_weight_paths(root)
 
     def visit(inst: ir.Instance, stack: list[str]) -> str:
-        own_stack = stack + ([inst.repeat.code] if inst.repeat is not None else [])
+        own_stack = stack + ([py_value(inst.repeat)] if inst.repeat is not None else [])
         child_fn = {c.name: fn_of[c.path] for c in inst.children}
         cached = set()
         for c in inst.children:
@@ -250,7 +251,7 @@ def _returns_aux(inst: ir.Instance, functions: list, fn_of: dict) -> bool:
 def _row(path: str, stack: list[str], operand: ir.TExpr, schedule, dim_axes: dict) -> CacheRow:
     """A cache array for one attention operand [B, S, heads, dim]: [*layers, batch, length, heads, dim]."""
     dims = operand.type.dims
-    sizes = [d.code or str(d.size) for d in dims[2:]]
+    sizes = [py_size(d) for d in dims[2:]]
     shape = "(" + ", ".join([*stack, "batch", "length", *sizes]) + ")"
     spec = "None"
     if schedule is not None:

@@ -15,11 +15,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from axdsl import primitives
 from axdsl.ir import nodes as ir
-from axdsl.ir.nodes import RefKind, TensorType
+from axdsl.ir.nodes import BinOp, Decoding, RefKind, TensorType
 from axdsl.ir.rewrite import walk_expr
-from axdsl.primitives.base import Decoding
 from axdsl.targets import profiles
 
 # Positions per chunk of the fused cross-entropy without a target (a target's is its profile's
@@ -119,7 +117,7 @@ def _tail_statement(stmt: ir.Let | ir.Ret) -> bool:
 def _positionwise(e: ir.TExpr, b: ir.Dim, s: ir.Dim) -> bool:
     """Whether `e` computes each (batch, position) from that position alone: a tensor with the
     batch or sequence dim has them in front; a matmul contracts neither; a primitive is
-    position-wise by its registry entry and takes no static over them; no runtime size is read
+    position-wise by its registry entry (which the Prim records) and takes no static over them; no runtime size is read
     (`S` would be a chunk's length inside the chunked loss)."""
     if isinstance(e, ir.Ref) and e.kind is RefKind.DIM:
         return False
@@ -127,11 +125,11 @@ def _positionwise(e: ir.TExpr, b: ir.Dim, s: ir.Dim) -> bool:
     if isinstance(t, TensorType) and any(d.is_free for d in t.dims):
         if len(t.dims) < 2 or not (t.dims[0].same(b) and t.dims[1].same(s)):
             return False
-    if isinstance(e, ir.Bin) and e.op == "@":
+    if isinstance(e, ir.Bin) and e.op is BinOp.MATMUL:
         right = e.right.type
         return isinstance(right, TensorType) and not any(d.is_free for d in right.dims)
     if isinstance(e, ir.Prim):
-        if primitives.get(e.name).decoding is not Decoding.POSITIONWISE:
+        if e.decoding is not Decoding.POSITIONWISE:
             return False
         for _, value in e.attrs:
             dim = getattr(value, "value", value)

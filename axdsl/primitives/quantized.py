@@ -15,7 +15,9 @@ from axdsl.primitives.base import Helper, HelperSection, Primitive, Signature, S
 
 def wrap(e: ir.TExpr, fmt: ir.QuantFormat) -> ir.Prim:
     """The quantized form of the matmul `e`."""
-    return ir.Prim("quantized", (e,), (("format", fmt),), e.span, e.type)
+    return ir.Prim(
+        "quantized", (e,), (("format", fmt),), e.span, e.type, decoding=ir.Decoding.POSITIONWISE
+    )
 
 
 def _emit(ctx, prim: ir.Prim, args: list[str], precs: list[int]) -> str:
