@@ -127,7 +127,8 @@ def test_irbuild_records_trees_not_text(tmp_path):
 
     spec = tmp_path / "m.axl"
     spec.write_text(
-        "layer Head(dim: int, heads: int, head_dim: int = dim / heads, scale: float = 1.0 / sqrt(dim)) {\n"
+        "layer Head(dim: int, heads: int, head_dim: int = dim / heads,\n"
+        "           scale: float = 1.0 / sqrt(dim)) {\n"
         "  param w: [dim, heads, head_dim] axes(embed, heads, head_dim) init normal(0.02)\n"
         "  forward(x: [B, dim]) -> [B, dim] { return x + merge_heads(x @ w) }\n"
         "}\n"

@@ -9,7 +9,8 @@ initializer argument in generated code is printed here.
 from __future__ import annotations
 
 from axdsl.ir import expr as ex
-from axdsl.ir.nodes import Dim, DType, HValue
+from axdsl.ir.dtypes import DType
+from axdsl.ir.nodes import Dim, HValue
 
 
 class _Python:
@@ -34,7 +35,7 @@ def py(e: ex.Expr) -> str:
 def py_value(v: HValue | None) -> str:
     """A hyperparameter's Python expression (a layer-valued one has none)."""
     if v is None or v.expr is None:
-        raise ValueError(f"{v.value!r} is not a Config value")
+        raise ValueError(f"{v!r} is not a Config value")
     return py(v.expr)
 
 

@@ -117,8 +117,8 @@ def _tail_statement(stmt: ir.Let | ir.Ret) -> bool:
 def _positionwise(e: ir.TExpr, b: ir.Dim, s: ir.Dim) -> bool:
     """Whether `e` computes each (batch, position) from that position alone: a tensor with the
     batch or sequence dim has them in front; a matmul contracts neither; a primitive is
-    position-wise by its registry entry (which the Prim records) and takes no static over them; no runtime size is read
-    (`S` would be a chunk's length inside the chunked loss)."""
+    position-wise by its registry entry (which the Prim records) and takes no static over them;
+    no runtime size is read (`S` would be a chunk's length inside the chunked loss)."""
     if isinstance(e, ir.Ref) and e.kind is RefKind.DIM:
         return False
     t = getattr(e, "type", None)

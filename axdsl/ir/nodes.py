@@ -254,7 +254,8 @@ class Decoding(StrEnum):
     primitive declares its own (axdsl/primitives/); a Prim records it, so the IR can tell which
     calls are position-wise without the registry."""
 
-    POSITIONWISE = "positionwise"  # each position on its own; a static dim that is the sequence rules decoding out
+    # each position on its own; a static dim that is the sequence rules decoding out
+    POSITIONWISE = "positionwise"
     POSITIONS = (
         "positions"  # reads token positions: its emitter shifts them by `pos` (rope, iota, prefix)
     )

@@ -99,7 +99,9 @@ PRIMITIVES = (
     Primitive(
         "split_heads",
         Signature(("x",), (Static("heads", StaticKind.INT),), doc="[..., h*d] -> [..., h, d]"),
-        emit=lambda ctx, prim, a, p: f"{a[0]}.reshape(*{a[0]}.shape[:-1], {ctx.code(prim.attr('heads'))}, -1)",
+        emit=lambda ctx, prim, a, p: (
+            f"{a[0]}.reshape(*{a[0]}.shape[:-1], {ctx.code(prim.attr('heads'))}, -1)"
+        ),
         shape=_split_heads_shape,
         memory=view_memory,
     ),
