@@ -10,6 +10,7 @@ from axdsl.build import committed_outputs
 from axdsl.codegen.emit import import_block
 from axdsl.codegen.format import GeneratedCodeError, check_generated
 from axdsl.codegen.names import EinsumLetters, dim_label
+from axdsl.ir.expr import BinOp, Binary, Field
 
 
 @pytest.mark.parametrize(
@@ -46,8 +47,8 @@ def test_einsum_letters_are_one_per_dim_for_the_whole_model():
 
 
 def test_dims_are_named_as_config_names_them():
-    assert dim_label("hidden", "cfg.ffn") == "ffn"
-    assert dim_label("head_dim", "cfg.dim // cfg.heads") == "head_dim"
+    assert dim_label("hidden", Field("ffn")) == "ffn"
+    assert dim_label("head_dim", Binary(BinOp.FLOORDIV, Field("dim"), Field("heads"))) == "head_dim"
     assert dim_label("B") == "B"
 
 

@@ -35,7 +35,7 @@ import pytest
 
 from axdsl.errors import CompileError
 from axdsl.ir.printer import print_module
-from axdsl.ir.verify import InvalidIR, verify
+from axdsl.passes.verify import InvalidIR, verify
 from axdsl.pipeline import PASS_NAMES, compile_spec
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from axdsl import primitives
-from axdsl.ir.verify import InvalidIR, verify
+from axdsl.passes.verify import InvalidIR, verify
 from axdsl.pipeline import compile_spec
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from axdsl.codegen.expressions import FunctionEmitter, LayerFunction, dims_text, shape_comment
 from axdsl.codegen.names import py_str, spec_text
+from axdsl.codegen.pyexpr import py_size, py_value
 from axdsl.ir import nodes as ir
 from axdsl.ir.plans import CacheEntry, DecodePlan
 from axdsl.ir.rewrite import sequence_dims
@@ -113,7 +114,7 @@ class DecodeEmitter(FunctionEmitter):
         args = [args[0]] + [self._side_input(call.child, a) for a in args[1:]]
         step = self._fresh(f"{call.child if call.child.isidentifier() else 'layer'}_step")
         self.lines.append(
-            f"def {step}(h, xs):  # one of {child.repeat.code} stacked layers and its cache"
+            f"def {step}(h, xs):  # one of {py_value(child.repeat)} stacked layers and its cache"
         )
         self.lines.append("    layer_params, layer_cache = xs")
         self.cast_layer()
@@ -193,8 +194,8 @@ def _returns_aux(inst: ir.Instance, functions: list, fn_of: dict) -> bool:
 
 def _row(entry: CacheEntry) -> CacheRow:
     """A cache array [*layers, batch, length, heads, dim] for one attention operand."""
-    stack = [h.code for h in entry.stack]
-    sizes = [d.code or str(d.size) for d in entry.dims[2:]]
+    stack = [py_value(h) for h in entry.stack]
+    sizes = [py_size(d) for d in entry.dims[2:]]
     shape = "(" + ", ".join([*stack, "batch", "length", *sizes]) + ")"
     spec = spec_text(entry.sharding.mesh) if entry.sharding is not None else "None"
     return CacheRow(entry.path, shape, spec)

@@ -20,8 +20,10 @@ from axdsl.codegen.decode import decode_path
 from axdsl.codegen.emit_objective import objective_code, objective_doc
 from axdsl.codegen.expressions import FunctionEmitter, LayerFunction, dims_text
 from axdsl.codegen.names import EinsumLetters, dim_label, py_str, snake, spec_text
+from axdsl.codegen.pyexpr import py, py_value
 from axdsl.errors import CompileError, Diagnostic
 from axdsl.ir import nodes as ir
+from axdsl.ir.expr import reads_config
 from axdsl.ir.head import HeadSplit, has_lm_signature
 from axdsl.ir.nodes import DType
 from axdsl.ir.plans import ConfigFields
@@ -468,7 +470,7 @@ def _param_table(root: ir.Instance) -> tuple[list[str], list[ParamRow]]:
     A shape names its dims by local variables bound from cfg (`head_dim = cfg.dim // cfg.heads`),
     so each row stays one line; a literal size is written as the number.
     """
-    names: dict[tuple[str, str], str] = {}  # (dim name or "", code) -> local name
+    names: dict[tuple[str, str], str] = {}  # (dim name or "", size code) -> local name
     rows = []
     root_pdtype = root.hparam("param_dtype")
     for inst in root.walk():
@@ -498,16 +500,16 @@ def _param_table(root: ir.Instance) -> tuple[list[str], list[ParamRow]]:
 def _init_args(init: ir.Init) -> str:
     """The `scale` column: the initializer's one argument, a pair for two, 1.0 for none."""
     if len(init.args) > 1:
-        return "(" + ", ".join(a.code for a in init.args) + ")"
-    return init.args[0].code if init.args else "1.0"
+        return "(" + ", ".join(py_value(a) for a in init.args) + ")"
+    return py_value(init.args[0]) if init.args else "1.0"
 
 
 def _init_kinds(root: ir.Instance) -> list[str]:
-    """The initializers the parameters use, in INIT_KINDS order: `_param` has a branch for each
+    """The initializers the parameters use, in InitKind order: `_param` has a branch for each
     (zeros for a model without parameters, whose _param is never called but must still compile
     with its imports used)."""
     used = {p.init.kind for inst in root.walk() for p in inst.params}
-    return [k for k in ir.INIT_KINDS if k in used] or ["zeros"]
+    return [str(k) for k in ir.InitKind if k in used] or [str(ir.InitKind.ZEROS)]
 
 
 def _aligned(rows: list[ParamRow]) -> list[str]:
@@ -550,14 +552,15 @@ def _local(d: ir.Dim, names: dict[str, str]) -> str:
     layer's `hidden` that is cfg.ffn is `ffn`) and once per dim name otherwise (`experts = 128`
     and `head_dim = 128` stay two names, but a name already bound to another size reuses a local
     of its own size); a dim without code is written as its number."""
-    if not d.code:
+    if d.expr is None:
         return str(d.size)
-    key = ("" if "cfg." in d.code else d.name, d.code)
-    same_size = [n for (_, c), n in names.items() if c == d.code]
-    if key not in names and same_size and dim_label(d.name, d.code) in names.values():
+    code = py(d.expr)
+    key = ("" if reads_config(d.expr) else d.name, code)
+    same_size = [n for (_, c), n in names.items() if c == code]
+    if key not in names and same_size and dim_label(d.name, d.expr) in names.values():
         return same_size[0]  # RMSNorm's `dim` that is head_dim = 128 reads head_dim, not dim_2
     if key not in names:
-        name = base = dim_label(d.name, d.code)
+        name = base = dim_label(d.name, d.expr)
         n = 1
         while (
             name in names.values()

@@ -11,38 +11,22 @@ from dataclasses import dataclass, field
 
 from axdsl import primitives
 from axdsl.codegen.names import EinsumLetters, dim_label, distinct_labels, py_str, spec_text
+from axdsl.codegen.pyexpr import py, py_size, py_value
 from axdsl.codegen.why import kernel_why, quant_why, remat_kind, remat_why, sharding_why, unroll_why
 from axdsl.ir import nodes as ir
+from axdsl.ir.expr import ATOM, PRECEDENCE, UNARY_PRECEDENCE, BinOp, Expr, UnaryOp, precedence
 from axdsl.ir.nodes import DType, RefKind, TensorType
 from axdsl.primitives.einsum import dense_call, dense_matmuls, is_weight
 
-# Operator precedence for minimal parentheses (higher binds tighter).
-_PREC = {
-    "+": 1,
-    "-": 1,
-    "*": 2,
-    "/": 2,
-    "@": 2,
-    **{op: 0 for op in ir.COMPARE_OPS},
-}  # Python: @ binds like *
-_ATOM = 10
-
-
-def code_precedence(code: str) -> int:
-    """How tightly a hyperparameter's code binds: names and numbers are atoms."""
-    try:
-        float(code)
-        return 4 if code.startswith("-") else _ATOM
-    except ValueError:
-        pass
-    if code.replace(".", "").replace("_", "").isalnum():
-        return _ATOM
-    return 0
+# Operator precedence for minimal parentheses (higher binds tighter): the IR's table, shared with
+# the printer of Config expressions, so `x * (cfg.dim // cfg.heads)` keeps its parentheses.
+_ATOM = ATOM
+_NEG = UNARY_PRECEDENCE[UnaryOp.NEG]
 
 
 def dims_text(dims) -> str:
     """`[B, S, ffn]`: dims named as Config names them (see `dim_label`)."""
-    return "[" + ", ".join(dim_label(d.name, d.code) for d in dims) + "]"
+    return "[" + ", ".join(dim_label(d.name, d.expr) for d in dims) + "]"
 
 
 def shape_comment(t) -> str:
@@ -217,7 +201,7 @@ class FunctionEmitter:
                 self.lines.append(
                     f"    return {fn}(cfg, layer_params, {_carried(args)}{layer_rng}), None"
                 )
-                xs = f"(params[{py_str(call.child)}], jnp.arange({child.repeat.code}))"
+                xs = f"(params[{py_str(call.child)}], jnp.arange({py_value(child.repeat)}))"
             else:
                 self._step_def(step, "h, layer_params", child)
                 self.cast_layer()
@@ -251,9 +235,7 @@ class FunctionEmitter:
             carry = [
                 d for i, d in enumerate(call.type.dims) if i != _axis(call.type.dims, call.over)
             ]
-            shape = ", ".join(
-                self.dim_code(d) if d.is_free else (d.code or str(d.size)) for d in carry
-            )
+            shape = ", ".join(self.dim_code(d) if d.is_free else py_size(d) for d in carry)
             init = f"jnp.zeros(({shape}{',' if len(carry) == 1 else ''}), {xs[0]}.dtype)"
         step = self._fresh(f"{_stem(call.child)}_step")
         moved = [
@@ -278,7 +260,7 @@ class FunctionEmitter:
         out_axis = _axis(call.type.dims, call.over)
         step_rng = f", rng=_fold({rng.removeprefix(', rng=')}, xs_t[-1])" if rng else ""
         self.lines.append(
-            f"def {step}(h, {per_step}):  # one step along {dim_label(call.over.name, call.over.code)}"
+            f"def {step}(h, {per_step}):  # one step along {dim_label(call.over.name, call.over.expr)}"
         )
         self.lines.append(f"    h = {fn}(cfg, params[{py_str(call.child)}], h, {inputs}{step_rng})")
         self.lines.append("    return h, h")
@@ -297,13 +279,13 @@ class FunctionEmitter:
         if child.pattern:
             self.lines.append(
                 f"# one step runs the {len(child.children)} layers of the pattern in turn, "
-                f"{child.repeat.code} steps"
+                f"{py_value(child.repeat)} steps"
             )
         self._remat_decorator(child)
 
     def _step_def(self, step: str, args: str, child: ir.Instance) -> None:
         """`def blocks_step(h, layer_params):`, saying what one step of a plain repeat runs."""
-        note = "" if child.pattern else f"  # one of {child.repeat.code} stacked layers"
+        note = "" if child.pattern else f"  # one of {py_value(child.repeat)} stacked layers"
         self.lines.append(f"def {step}({args}):{note}")
 
     def _side_input(self, child: str, code: str) -> str:
@@ -342,7 +324,7 @@ class FunctionEmitter:
         )
         self.lines.append("    return (h, aux + layer_aux), None")
         xs = (
-            f"(params[{py_str(call.child)}], jnp.arange({child.repeat.code}))"
+            f"(params[{py_str(call.child)}], jnp.arange({py_value(child.repeat)}))"
             if rng
             else f"params[{py_str(call.child)}]"
         )
@@ -407,7 +389,9 @@ class FunctionEmitter:
             return f"params[{py_str(e.owner)}][{py_str(e.name)}]", _ATOM
         if e.kind is RefKind.DIM:
             return self.dim_code(ir.Dim(e.name)), _ATOM
-        return e.value.code, code_precedence(e.value.code)
+        if e.value is None or e.value.expr is None:
+            raise AssertionError(f"hyperparameter `{e.name}` without its expression")
+        return py(e.value.expr), precedence(e.value.expr)
 
     def _Lit(self, e: ir.Lit):
         if isinstance(e.value, DType):
@@ -416,12 +400,12 @@ class FunctionEmitter:
 
     def _Neg(self, e: ir.Neg):
         code, prec = self.expr(e.operand)
-        return f"-{self._paren(code, prec, 4)}", 4
+        return f"-{self._paren(code, prec, _NEG)}", _NEG
 
     def _Bin(self, e: ir.Bin):
-        if e.op == "@":
+        if e.op is BinOp.MATMUL:
             return self._matmul(e)
-        p = _PREC[e.op]
+        p = PRECEDENCE[e.op]
         left, lp = self.expr(e.left)
         right, rp = self.expr(e.right)
         chained = (
@@ -436,7 +420,8 @@ class FunctionEmitter:
         if dense_matmuls(self.schedule) and is_weight(e.right) and not is_weight(e.left):
             return dense_call(self, left, right, 1), _ATOM  # the einsum `dense` kernel
         if len(rt) == 2 and len(lt) >= 2:
-            return f"{self._paren(left, lp, 2)} @ {self._paren(right, rp, 3)}", 2
+            p = PRECEDENCE[BinOp.MATMUL]
+            return f"{self._paren(left, lp, p)} @ {self._paren(right, rp, p + 1)}", p
         return f"jnp.einsum({py_str(self._matmul_spec(lt, rt))}, {left}, {right})", _ATOM
 
     def _CallChild(self, e: ir.CallChild):
@@ -494,6 +479,14 @@ class FunctionEmitter:
     def paren(self, code: str, prec: int, need: int) -> str:
         return self._paren(code, prec, need)
 
+    def code(self, x: ir.HValue | ir.Dim | Expr, need: int | None = None) -> str:
+        """Python for a Config value, a sized dim's size or an expression (`cfg.dim // cfg.heads`),
+        parenthesized when it binds less tightly than an operand at precedence `need` must."""
+        e = x.size_expr if isinstance(x, ir.Dim) else x.expr if isinstance(x, ir.HValue) else x
+        if e is None:
+            raise ValueError(f"{x!r} is not a Config value")
+        return py(e) if need is None else self._paren(py(e), precedence(e), need)
+
     # ---------------------------------------------------------------- einsum letters
     def _matmul_spec(self, lt, rt) -> str:
         """`left @ right` as an einsum: left's last dim contracts with right's first; `...` kept."""
@@ -527,7 +520,7 @@ class FunctionEmitter:
                 if d.is_free and d.name == dim.name:
                     index = i - len(a.dims) if a.dims and a.dims[0].is_ellipsis else i
                     return f"{a.name}.shape[{index}]"
-        return dim.code or str(dim.size)
+        return py_size(dim)
 
     @staticmethod
     def _paren(code: str, prec: int, need: int) -> str:
@@ -561,4 +554,4 @@ def _carried(args: list[str]) -> str:
 
 
 def _key(d: ir.Dim) -> str:
-    return dim_label(d.name, d.code)
+    return dim_label(d.name, d.expr)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import re
 
+from axdsl.ir.expr import Expr, field_of
+
 
 def snake(name: str) -> str:
     """`DecoderLM` -> `decoder_lm`, `RMSNorm` -> `rms_norm`, `SwiGLU` -> `swiglu`, `MoE` -> `moe`."""
@@ -19,14 +21,10 @@ def py_str(s: str) -> str:
     return repr(str(s))
 
 
-_CFG_FIELD = re.compile(r"cfg\.([A-Za-z_][A-Za-z0-9_]*)")
-
-
-def dim_label(name: str, code: str = "") -> str:
+def dim_label(name: str, size: Expr | None = None) -> str:
     """How generated comments name a dim: its Config field when its size is exactly `cfg.<field>`
     (a layer's `hidden` that is `cfg.ffn` at the root reads `ffn`), else its own name (head_dim)."""
-    m = _CFG_FIELD.fullmatch(code)
-    return m.group(1) if m else name
+    return field_of(size) or name
 
 
 def distinct_labels(keys: list[str]) -> list[str]:

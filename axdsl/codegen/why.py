@@ -6,6 +6,7 @@ touches these few lines."""
 from __future__ import annotations
 
 from axdsl import primitives
+from axdsl.codegen.pyexpr import py_value
 from axdsl.ir import nodes as ir
 
 
@@ -37,8 +38,9 @@ def remat_why(schedule: ir.Schedule | None, child: ir.Instance) -> str:
 def unroll_why(schedule: ir.Schedule, child: ir.Instance) -> str:
     """`unroll(16) from profile cpu: the cfg.layers steps run unrolled, ...` (the count as code:
     the models of a spec share this line). unroll_repeats says why it pays."""
+    steps = py_value(child.repeat)
     return (
-        f"unroll({schedule.unroll.value}) from {schedule.unroll.origin}: the {child.repeat.code} steps "
+        f"unroll({schedule.unroll.value}) from {schedule.unroll.origin}: the {steps} steps "
         f"run unrolled (no stacked residuals)"
     )
 

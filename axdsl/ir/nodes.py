@@ -20,6 +20,8 @@ from axdsl.errors import Span
 if TYPE_CHECKING:  # the plans refer back to nodes; only the annotations need them
     from axdsl.ir.head import HeadSplit
     from axdsl.ir.plans import ActivationSharding, ConfigFields, DecodePlan
+from axdsl.ir.dtypes import DTYPES, DType  # noqa: F401 (part of the IR)
+from axdsl.ir.expr import BinOp, Const, Expr
 from axdsl.ir.origins import (  # noqa: F401 (part of the IR)
     DEFAULT,
     Choice,
@@ -69,32 +71,8 @@ LOGICAL_AXES = (
     "norm",
 )
 
-# Spec dtype names and the numpy/jax names they mean.
-DTYPES = {
-    "f32": "float32",
-    "f16": "float16",
-    "bf16": "bfloat16",
-    "f64": "float64",
-    "fp8_e4m3": "float8_e4m3fn",
-    "fp8_e5m2": "float8_e5m2",
-    "i8": "int8",
-    "i32": "int32",
-    "u8": "uint8",
-    "u16": "uint16",
-    "u32": "uint32",
-}
-
 
 # ------------------------------------------------------------------ values
-@dataclass(frozen=True)
-class DType:
-    name: str  # spec name, e.g. "bf16"
-
-    @property
-    def jnp(self) -> str:
-        return DTYPES[self.name]
-
-
 @dataclass(frozen=True)
 class LayerValue:
     """A layer with some hyperparameters set: the value of `RMSNorm(eps = 1e-5)`."""
@@ -125,13 +103,14 @@ class RepeatValue:
 
 @dataclass(frozen=True)
 class HValue:
-    """A resolved hyperparameter value and the Python expression that computes it from `cfg`.
+    """A resolved hyperparameter value and the expression that computes it from the Config.
 
-    `code` keeps generated code symbolic: Attention's `head_dim` is `cfg.dim // cfg.heads`, not 128.
+    `expr` keeps generated code symbolic: Attention's `head_dim` is `cfg.dim // cfg.heads`, not
+    128. Layers, patterns and repeats have none (they are not Config values).
     """
 
     value: Any
-    code: str = ""
+    expr: Expr | None = None
 
 
 # ------------------------------------------------------------------ shapes and types
@@ -139,12 +118,22 @@ class HValue:
 class Dim:
     """One dimension: a concrete size with the spec text that produced it, or a free dim (B, S).
 
-    `size` is None for free dims and for `...`; `code` is the Python expression for the size.
+    `size` is None for free dims and for `...`; `expr` computes the size from the Config (None:
+    the size is just its number, see `size_expr`).
     """
 
     name: str
     size: int | None = None
-    code: str = ""
+    expr: Expr | None = None
+
+    @property
+    def size_expr(self) -> Expr:
+        """The expression for a sized dim's size: its own, or its number."""
+        if self.expr is not None:
+            return self.expr
+        if self.size is None:
+            raise ValueError(f"dim `{self.name}` has no static size")
+        return Const(self.size)
 
     @property
     def is_free(self) -> bool:
@@ -219,13 +208,13 @@ class Lit:
 
 
 # Operators a forward applies to tensors: arithmetic, `@`, and comparisons (a bool tensor).
-COMPARE_OPS = ("<", "<=", ">", ">=", "==", "!=")
-TENSOR_OPS = ("+", "-", "*", "/", "@") + COMPARE_OPS
+COMPARE_OPS = (BinOp.LT, BinOp.LE, BinOp.GT, BinOp.GE, BinOp.EQ, BinOp.NE)
+TENSOR_OPS = (BinOp.ADD, BinOp.SUB, BinOp.MUL, BinOp.DIV, BinOp.MATMUL) + COMPARE_OPS
 
 
 @dataclass(frozen=True)
 class Bin:
-    op: str  # one of TENSOR_OPS
+    op: BinOp  # one of TENSOR_OPS
     left: TExpr
     right: TExpr
     span: Span
@@ -263,6 +252,23 @@ class KernelChoice:
     origin: Origin = DEFAULT  # the profile's preference list, or a forcing target block
 
 
+class Decoding(StrEnum):
+    """How a primitive runs in the generated KV-cache decode path (axdsl/codegen/decode.py), where
+    a call sees only the new tokens at positions pos, pos + 1, ...: never a whole sequence. Each
+    primitive declares its own (axdsl/primitives/); a Prim records it, so the IR can tell which
+    calls are position-wise without the registry."""
+
+    # each position on its own; a static dim that is the sequence rules decoding out
+    POSITIONWISE = "positionwise"
+    POSITIONS = (
+        "positions"  # reads token positions: its emitter shifts them by `pos` (rope, iota, prefix)
+    )
+    CACHED = "cached"  # reads earlier positions through the decode cache (attention)
+    SEQUENCE = (
+        "sequence"  # mixes positions without a cache (conv1d, ssd): the model has no decode path
+    )
+
+
 # A primitive's static attribute: a hyperparameter value, a Dim, an einsum spec, a format.
 StaticValue = Any
 
@@ -273,7 +279,8 @@ class Prim:
 
     `attrs` are its static arguments, named by its signature; `optional` lists the keyword
     tensor operands given (they follow the positional ones in `args`); `kernel` is set by
-    select_kernels on primitives that have kernels.
+    select_kernels on primitives that have kernels; `decoding` is the primitive's own, from its
+    registry entry.
     """
 
     name: str
@@ -286,6 +293,7 @@ class Prim:
     # hyperparameters its static attributes read (`rope(q, rope_theta, rotary_dim = rope_dim)`:
     # rope_theta, rope_dim), for errors in a library layer to blame the user's line; not semantics
     reads: tuple[str, ...] = field(default=(), compare=False)
+    decoding: Decoding = field(kw_only=True, compare=False)
 
     def attr(self, key: str, default: Any = None) -> Any:
         return dict(self.attrs).get(key, default)
@@ -383,22 +391,39 @@ class HParam:
     span: Span
 
 
-# initializer -> its argument count. log_arange(start): log(start + i) along the last dim (Mamba's
-# A_log); dt_log_uniform(low, high): softplus^-1 of a log-uniform step in [low, high] (its dt_bias).
-INIT_KINDS = {
-    "normal": 1,
-    "trunc_normal": 1,
-    "uniform": 1,
-    "zeros": 0,
-    "ones": 0,
-    "log_arange": 1,
-    "dt_log_uniform": 2,
+class InitKind(StrEnum):
+    """A parameter initializer. log_arange(start): log(start + i) along the last dim (Mamba's
+    A_log); dt_log_uniform(low, high): softplus^-1 of a log-uniform step in [low, high] (its
+    dt_bias)."""
+
+    NORMAL = "normal"
+    TRUNC_NORMAL = "trunc_normal"
+    UNIFORM = "uniform"
+    ZEROS = "zeros"
+    ONES = "ones"
+    LOG_ARANGE = "log_arange"
+    DT_LOG_UNIFORM = "dt_log_uniform"
+
+    @property
+    def arity(self) -> int:
+        """How many arguments the initializer takes."""
+        return _INIT_ARITY[self]
+
+
+_INIT_ARITY = {
+    InitKind.NORMAL: 1,
+    InitKind.TRUNC_NORMAL: 1,
+    InitKind.UNIFORM: 1,
+    InitKind.ZEROS: 0,
+    InitKind.ONES: 0,
+    InitKind.LOG_ARANGE: 1,
+    InitKind.DT_LOG_UNIFORM: 2,
 }
 
 
 @dataclass(frozen=True)
 class Init:
-    kind: str  # one of INIT_KINDS
+    kind: InitKind
     args: tuple[HValue, ...]
     span: Span
 

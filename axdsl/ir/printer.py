@@ -7,6 +7,7 @@ AXLearn's golden configs; forward bodies are shown with their inferred types.
 from __future__ import annotations
 
 from axdsl.ir import nodes as ir
+from axdsl.ir.expr import Const, Field, spec_text
 from axdsl.ir.nodes import DType, LayerValue, PatternValue, RepeatValue
 
 
@@ -163,6 +164,13 @@ def plan_lines(model: ir.Model) -> list[str]:
 def _mesh_text(spec: tuple[tuple[str, ...], ...]) -> str:
     """Mesh axes per dim: `(fsdp, _, data+fsdp)`, `_` for a dim on no mesh axis."""
     return "(" + ", ".join("+".join(a) if a else "_" for a in spec) + ")"
+def _computed(h: ir.HParam) -> str:
+    """`  (cfg.dim // cfg.heads)`: how a value is computed from the Config, when that says more
+    than the value (not for a literal, nor for the Config field of its own name)."""
+    e = h.value.expr
+    if e is None or isinstance(e, Const) or e == Field(h.name):
+        return ""
+    return f"  ({spec_text(e)})"
 
 
 def _dims(dims) -> str:
@@ -180,7 +188,8 @@ def _instance(inst: ir.Instance, depth: int, lines: list[str]) -> None:
         rep += f" carry{_mesh_text(inst.carry_sharding.mesh)}"
     lines.append(f"{pad}{inst.path} : {inst.layer}{rep}")
     for h in inst.hparams:
-        lines.append(f"{pad}  {h.name}: {h.type} = {value_text(h.value.value)}  # {h.origin}")
+        value = value_text(h.value.value) + _computed(h)
+        lines.append(f"{pad}  {h.name}: {h.type} = {value}  # {h.origin}")
     for p in inst.params:
         stack = _dims(p.stack) + " + " if p.stack else ""
         init = f"{p.init.kind}({', '.join(value_text(a.value) for a in p.init.args)})"

@@ -4,7 +4,7 @@ build.py       build_module: one spec's models and sections -> ir.Module
 instances.py   layer instances with every hyperparameter resolved, params and children
 forward.py     a layer's forward body -> typed tensor expressions (primitives from the registry)
 sections.py    train and target blocks -> ir.Section
-consteval.py   static expressions -> HValue (value and the `cfg.*` code that recomputes it)
+consteval.py   static expressions -> HValue (value and the ir.expr tree that recomputes it from cfg)
 context.py     BuildContext (program, diagnostics, evaluator) and Scope, passed explicitly
 """
 

@@ -1,4 +1,8 @@
-"""Evaluate hyperparameter expressions at build time, keeping the Python code that recomputes them.
+"""Evaluate hyperparameter expressions at build time, keeping the expression that recomputes them.
+
+Each value comes with its `Expr` tree (axdsl/ir/expr.py): a root hyperparameter is a Config
+field, a literal a constant, and arithmetic on them an operation, so generated code can write
+`cfg.dim // cfg.heads` where the spec wrote `dim / heads`.
 
 Used by `resolve` for hyperparameter defaults, model settings, shapes, initializer arguments,
 static `if` conditions and the static arguments of forward primitives.
@@ -11,6 +15,7 @@ import operator
 from collections.abc import Callable
 
 from axdsl.errors import Diagnostics, did_you_mean
+from axdsl.ir.expr import BinOp, Binary, Call, Const, Expr, Items, MathFn, Unary, UnaryOp
 from axdsl.ir.nodes import DTYPES, DType, HValue, LayerValue, PatternValue, RepeatValue
 from axdsl.syntax import ast
 from axdsl.syntax.ast import INT64_MAX
@@ -34,33 +39,6 @@ _COMPARE = {
 _MATH = {"sqrt": math.sqrt, "log": math.log, "min": min, "max": max}
 
 
-def literal_code(value) -> str:
-    if isinstance(value, DType):
-        return f"jnp.{value.jnp}"
-    if isinstance(value, float):
-        return repr(value)
-    return repr(value)
-
-
-def _prec(code: str) -> str:
-    """Parenthesize compound code when it becomes an operand."""
-    simple = code.replace(".", "").replace("_", "").isalnum() or _one_group(code)
-    return code if simple else f"({code})"
-
-
-def _one_group(code: str) -> bool:
-    """Whether `code` is one parenthesized group, `(a + b)`; not `(a) * (b)`, whose first
-    parenthesis closes before the end."""
-    if not code.startswith("("):
-        return False
-    depth = 0
-    for i, ch in enumerate(code):
-        depth += {"(": 1, ")": -1}.get(ch, 0)
-        if depth == 0:
-            return i == len(code) - 1
-    return False
-
-
 class Evaluator:
     """Evaluates `ast.Expr` in a scope given by `lookup(name) -> HValue | None`."""
 
@@ -78,20 +56,20 @@ class Evaluator:
 
     # ---- leaves
     def _Num(self, e: ast.Num, lookup, visible) -> HValue:
-        return HValue(e.value, literal_code(e.value))
+        return HValue(e.value, Const(e.value))
 
     def _Str(self, e: ast.Str, lookup, visible) -> HValue:
-        return HValue(e.value, literal_code(e.value))
+        return HValue(e.value, Const(e.value))
 
     def _Bool(self, e: ast.Bool, lookup, visible) -> HValue:
-        return HValue(e.value, literal_code(e.value))
+        return HValue(e.value, Const(e.value))
 
     def _Name(self, e: ast.Name, lookup, visible) -> HValue:
         found = lookup(e.id, e)
         if found is not None:
             return found
         if e.id in DTYPES:
-            return HValue(DType(e.id), literal_code(DType(e.id)))
+            return HValue(DType(e.id), Const(DType(e.id)))
         if e.id in self.layers:
             return HValue(LayerValue(e.id, (), e.span))
         names = visible() + sorted(self.layers) + sorted(DTYPES)
@@ -110,7 +88,7 @@ class Evaluator:
                     "write `[Block(...), Block(...)]`",
                 )
             return HValue(PatternValue(tuple(i.value for i in items), e.span))
-        return HValue(tuple(i.value for i in items), "(" + ", ".join(i.code for i in items) + ",)")
+        return HValue(tuple(i.value for i in items), Items(tuple(_expr(i) for i in items)))
 
     def _pattern_op(self, e: ast.BinOp, a, b) -> PatternValue:
         """`[A()] * 5 + [B()]`: patterns join with `+` and repeat with `* n` (n >= 1), as lists do."""
@@ -145,10 +123,10 @@ class Evaluator:
         if e.op == "not":
             if not isinstance(v.value, bool):
                 self.fail(e.span, "`not` needs a bool")
-            return HValue(not v.value, f"not {_prec(v.code)}")
+            return HValue(not v.value, Unary(UnaryOp.NOT, _expr(v)))
         if not _is_number(v.value):
             self.fail(e.span, "`-` needs a number")
-        return HValue(-v.value, f"-{_prec(v.code)}")
+        return HValue(-v.value, Unary(UnaryOp.NEG, _expr(v)))
 
     def _BinOp(self, e: ast.BinOp, lookup, visible) -> HValue:
         if e.op == "@":
@@ -160,7 +138,7 @@ class Evaluator:
             if not (isinstance(a, bool) and isinstance(b, bool)):
                 self.fail(e.span, f"`{e.op}` needs bools")
             value = (a and b) if e.op == "and" else (a or b)
-            return HValue(value, f"{_prec(left.code)} {e.op} {_prec(right.code)}")
+            return HValue(value, _binary(e.op, left, right))
         if e.op in _COMPARE:
             if (
                 _is_number(a) != _is_number(b)
@@ -173,7 +151,7 @@ class Evaluator:
                     e.span, f"`{e.op}` needs numbers or strings, got {_kind(a)}", "use `==` or `!=`"
                 )
             value = _COMPARE[e.op](a, b)  # only the chosen operator runs (dtypes have no `<`)
-            return HValue(value, f"{_prec(left.code)} {e.op} {_prec(right.code)}")
+            return HValue(value, _binary(e.op, left, right))
         if isinstance(a, PatternValue) or isinstance(b, PatternValue):
             return HValue(self._pattern_op(e, a, b))
         if not (_is_number(a) and _is_number(b)):
@@ -189,11 +167,10 @@ class Evaluator:
         a, b, op = left.value, right.value, e.op
         if op in ("/", "//", "%") and b == 0:
             self.fail(e.span, "division by zero")
-        lc, rc = _prec(left.code), _prec(right.code)
         if op == "/":
             if isinstance(a, int) and isinstance(b, int) and a % b == 0:
-                return HValue(a // b, f"{lc} // {rc}")
-            return HValue(a / b, f"{lc} / {rc}")
+                return HValue(a // b, _binary("//", left, right))
+            return HValue(a / b, _binary("/", left, right))
         value = {
             "+": a + b,
             "-": a - b,
@@ -212,7 +189,7 @@ class Evaluator:
                 f"{_short(a)} {op} {_short(b)} does not fit in 64 bits",
                 f"integers are at most {INT64_MAX}, floats about 1.8e308",
             )
-        return HValue(value, f"{lc} {op} {rc}")
+        return HValue(value, _binary(op, left, right))
 
     # ---- calls: layer constructors, repeat, math
     def _Call(self, e: ast.Call, lookup, visible) -> HValue:
@@ -231,9 +208,9 @@ class Evaluator:
                 self.fail(e.span, "`sqrt` takes one number >= 0")
             if fname == "log" and (len(vals) != 1 or vals[0].value <= 0):
                 self.fail(e.span, "`log` takes one number > 0")
-            code = f"math.{fname}" if fname in ("sqrt", "log") else fname
             return HValue(
-                _MATH[fname](*(v.value for v in vals)), f"{code}({', '.join(v.code for v in vals)})"
+                _MATH[fname](*(v.value for v in vals)),
+                Call(MathFn(fname), tuple(_expr(v) for v in vals)),
             )
         target = lookup(fname, e.func)
         if target is not None and isinstance(target.value, LayerValue):
@@ -271,6 +248,21 @@ class Evaluator:
                 "write `repeat(n, Block())` or `repeat(n, [LocalBlock(), GlobalBlock()])`",
             )
         return HValue(RepeatValue(count, layer.value, e.span))
+
+
+def _expr(v: HValue) -> Expr:
+    """The expression of an operand that is a number, bool, string or dtype (all have one)."""
+    if v.expr is None:
+        raise AssertionError(f"{v.value!r} has no expression")
+    return v.expr
+
+
+def _binary(op: str, left: HValue, right: HValue) -> Binary | None:
+    """`left op right`, or None when an operand has no expression (layers compared in an `if`:
+    only the build-time value matters)."""
+    if left.expr is None or right.expr is None:
+        return None
+    return Binary(BinOp(op), left.expr, right.expr)
 
 
 def _short(v) -> str:

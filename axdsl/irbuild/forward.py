@@ -11,6 +11,7 @@ from __future__ import annotations
 from axdsl import primitives
 from axdsl.errors import did_you_mean, is_library, relocated
 from axdsl.ir import nodes as ir
+from axdsl.ir.expr import BinOp, Const
 from axdsl.ir.nodes import DType, HValue, RefKind
 from axdsl.irbuild.consteval import EvalError, kind_of
 from axdsl.irbuild.context import BuildContext, Scope, dim_name
@@ -91,7 +92,7 @@ class _Lowering:
             raise _Abort()
         if not isinstance(v.value, int) or isinstance(v.value, bool) or v.value < 1:
             self.fail(e.span, f"a dimension must be a positive int, got {v.value!r}")
-        return ir.Dim(dim_name(e), v.value, v.code)
+        return ir.Dim(dim_name(e), v.value, v.expr)
 
     # ---------------------------------------------------------------- body
     def run(self) -> ir.Forward | None:
@@ -151,7 +152,7 @@ class _Lowering:
             v = self.static(e, None, None)
             if isinstance(e, (ast.Num, ast.Bool, ast.Str)):
                 return ir.Lit(v.value, e.span)
-            return ir.Ref(v.code, RefKind.HPARAM, e.span, value=v)
+            return ir.Ref(self.ctx.source_text(e), RefKind.HPARAM, e.span, value=v)
         if isinstance(e, ast.Name):
             return self.name(e)
         if isinstance(e, ast.BinOp):
@@ -161,7 +162,7 @@ class _Lowering:
                     f"`{e.op}` on tensors is not supported in a forward",
                     "static conditions go in `if`, on hyperparameters",
                 )
-            return ir.Bin(e.op, self.expr(e.left), self.expr(e.right), e.span)
+            return ir.Bin(BinOp(e.op), self.expr(e.left), self.expr(e.right), e.span)
         if isinstance(e, ast.Unary):
             if e.op != "-":
                 self.fail(e.span, "`not` on tensors is not supported")
@@ -393,6 +394,7 @@ class _Lowering:
             call.span,
             optional=names,
             reads=tuple(dict.fromkeys(n for ns in reads.values() for n in ns)),
+            decoding=prim.decoding,
         )
 
     def _keywords(
@@ -426,4 +428,4 @@ class _Lowering:
             return self.dim(expr) if s.kind is StaticKind.DIM else self.static(expr, s.kind, s.name)
         if s.default is REQUIRED:
             self.fail(call.span, f"`{prim.name}` needs `{s.name}`")
-        return None if s.default is None else HValue(s.default, repr(s.default))
+        return None if s.default is None else HValue(s.default, Const(s.default))

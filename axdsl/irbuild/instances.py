@@ -15,9 +15,10 @@ from __future__ import annotations
 
 from axdsl.errors import Span, did_you_mean, relocated
 from axdsl.ir import nodes as ir
+from axdsl.ir.expr import BinOp, Binary, Const, Expr, Field, ops_of, spec_text
 from axdsl.ir.nodes import (
-    INIT_KINDS,
     DType,
+    InitKind,
     HValue,
     LayerValue,
     Origin,
@@ -270,7 +271,7 @@ class InstanceBuilder:
         if value is None:
             return None
         if is_root and type_name in ("int", "float", "dtype"):
-            value = HValue(value.value, f"cfg.{decl.name}")
+            value = HValue(value.value, Field(decl.name))
         options = tuple(decl.type.options) if type_name == "enum" else ()
         return ir.HParam(
             decl.name, ir.HParamType(ir.HParamKind(type_name), options), value, origin, decl.span
@@ -314,16 +315,17 @@ class InstanceBuilder:
         }[type_name]
         if ok:
             if type_name == "float" and isinstance(v, int):
-                return HValue(float(v), value.code)
+                return HValue(float(v), value.expr)
             return value
         where = f" ({origin})" if origin.kind is not OriginKind.SET else ""
         declared = f"declared as `{decl.name}: {_show_type(decl.type)}` at {decl.span}"
-        text = self.ctx.source_text(expr) if expr is not None else value.code
+        text = self.ctx.source_text(expr) if expr is not None else _value_source(value)
+        ops = ops_of(value.expr) if value.expr is not None else set()
         if (
             type_name == "int"
             and isinstance(v, float)
-            and "//" not in value.code
-            and "/" in value.code
+            and BinOp.FLOORDIV not in ops
+            and BinOp.DIV in ops
         ):
             msg = (
                 f"`{decl.name}` of layer at `{scope.path}` must be an int, but `{text}` is {v:g}: "
@@ -376,7 +378,7 @@ class InstanceBuilder:
                     d.span, f"a dimension must be a positive int, got {_show(v.value)}"
                 )
                 return None
-            dims.append(ir.Dim(dim_name(d), v.value, v.code))
+            dims.append(ir.Dim(dim_name(d), v.value, v.expr))
         init = self._init(decl, scope)
         axes = decl.axes
         if axes is None:
@@ -406,16 +408,18 @@ class InstanceBuilder:
     def _init(self, decl: ast.ParamDecl, scope: Scope) -> ir.Init | None:
         spec = decl.init
         if spec is None:
-            return ir.Init("normal", (HValue(0.02, "0.02"),), decl.span)
-        if spec.kind not in INIT_KINDS:
+            return ir.Init(InitKind.NORMAL, (HValue(0.02, Const(0.02)),), decl.span)
+        known = [str(k) for k in InitKind]
+        if spec.kind not in known:
             self.diags.error(
                 spec.span,
                 f"unknown initializer `{spec.kind}`",
-                did_you_mean(spec.kind, list(INIT_KINDS)) or f"use one of {', '.join(INIT_KINDS)}",
+                did_you_mean(spec.kind, known) or f"use one of {', '.join(known)}",
             )
             return None
-        if len(spec.args) != INIT_KINDS[spec.kind]:
-            self.diags.error(spec.span, f"`{spec.kind}` takes {INIT_KINDS[spec.kind]} argument(s)")
+        kind = InitKind(spec.kind)
+        if len(spec.args) != kind.arity:
+            self.diags.error(spec.span, f"`{spec.kind}` takes {kind.arity} argument(s)")
             return None
         args = []
         for a in spec.args:
@@ -427,12 +431,12 @@ class InstanceBuilder:
                     a.span, f"initializer arguments are numbers, got {kind_of(v.value)}"
                 )
                 return None
-            args.append(HValue(float(v.value), v.code))
-        problem = _init_range(spec.kind, [a.value for a in args])
+            args.append(HValue(float(v.value), v.expr))
+        problem = _init_range(kind, [a.value for a in args])
         if problem:
             self.diags.error(spec.span, f"`{spec.kind}` {problem[0]}", problem[1])
             return None
-        return ir.Init(spec.kind, tuple(args), spec.span)
+        return ir.Init(kind, tuple(args), spec.span)
 
     def _child(self, decl: ast.ChildDecl, path: str, scope: Scope, stack) -> ir.Instance | None:
         if not self.ctx.condition(decl.condition, scope):
@@ -505,7 +509,9 @@ class InstanceBuilder:
             return None
         child_path = (path if path.endswith("/") else path + "/") + decl.name
         camel = "".join(w.capitalize() for w in decl.name.split("_"))
-        groups = count if k == 1 else HValue(q, f"{_operand(count.code)} // {k}")
+        groups = (
+            count if k == 1 else HValue(q, Binary(BinOp.FLOORDIV, _count_expr(count), Const(k)))
+        )
         if r == 0:
             elements = self._elements(pattern.layers, child_path, scope, stack)
             if elements is None:
@@ -592,14 +598,14 @@ class InstanceBuilder:
         return tuple(out)
 
 
-def _init_range(kind: str, args: list[float]) -> tuple[str, str] | None:
+def _init_range(kind: InitKind, args: list[float]) -> tuple[str, str] | None:
     """(message, hint) when the arguments of a log-domain initializer have no value to take."""
-    if kind == "log_arange" and args[0] <= 0:
+    if kind is InitKind.LOG_ARANGE and args[0] <= 0:
         return (
             f"starts at log({args[0]:g}), which is not a number",
             "the start is > 0: `log_arange(1.0)`",
         )
-    if kind == "dt_log_uniform" and not 0 < args[0] < args[1]:
+    if kind is InitKind.DT_LOG_UNIFORM and not 0 < args[0] < args[1]:
         return (
             f"draws from [{args[0]:g}, {args[1]:g}], which is not a range of positive steps",
             "write `dt_log_uniform(low, high)` with 0 < low < high, as Mamba's `(0.001, 0.1)`",
@@ -637,9 +643,14 @@ def _is_repeat_call(e: ast.Expr) -> bool:
     )
 
 
-def _operand(code: str) -> str:
-    """`code` parenthesized when it is compound, as the left operand of `//`."""
-    return code if code.replace(".", "").replace("_", "").isalnum() else f"({code})"
+def _count_expr(count: HValue) -> Expr:
+    """A `repeat` count's expression (a count written in the spec always has one)."""
+    return count.expr if count.expr is not None else Const(count.value)
+
+
+def _value_source(v: HValue) -> str:
+    """How a value without its spec text reads in a message: its expression, or the value."""
+    return spec_text(v.expr) if v.expr is not None else value_text(v.value)
 
 
 def _show(v) -> str:

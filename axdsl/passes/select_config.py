@@ -18,18 +18,17 @@ spec set differently stays a field, so `CONFIGS` describes every model as the sp
 from __future__ import annotations
 
 import dataclasses
-import re
 from collections.abc import Iterator
 from dataclasses import replace
 
 from axdsl.ir import nodes as ir
+from axdsl.ir.expr import Expr, Field, subexprs
 from axdsl.ir.plans import ConfigFields
 
 # Fields the generated program reads by name whatever the layers compute: the casts of the
 # model file, and the runtime's checks of the data (vocab) and the sequence length (max_seq).
 READ_BY_NAME = ("dtype", "param_dtype", "vocab", "max_seq")
 CONFIG_KINDS = (ir.HParamKind.INT, ir.HParamKind.FLOAT, ir.HParamKind.DTYPE)
-_FIELD = re.compile(r"\bcfg\.([A-Za-z_]\w*)")
 
 
 def select_config(module: ir.Module) -> ir.Module:
@@ -62,20 +61,20 @@ def _written(root: ir.Instance, name: str) -> bool:
 def config_reads(root: ir.Instance) -> set[str]:
     """The Config fields the code of `root`'s tree computes from: every size and value code below
     it but the hyperparameter declarations themselves (a declared one is read where it is used)."""
-    return {m for code in _codes(root) for m in _FIELD.findall(code)}
+    return {s.name for e in _exprs(root) for s in subexprs(e) if isinstance(s, Field)}
 
 
-def _codes(node: object) -> Iterator[str]:
-    """The code of every HValue and Dim under `node` (a dataclass tree), skipping `hparams`."""
+def _exprs(node: object) -> Iterator[Expr]:
+    """The expression of every HValue and Dim under `node` (a dataclass tree), skipping `hparams`."""
     if isinstance(node, (ir.HValue, ir.Dim)):
-        if node.code:
-            yield node.code
+        if node.expr is not None:
+            yield node.expr
         return
     if isinstance(node, (tuple, list)):
         for x in node:
-            yield from _codes(x)
+            yield from _exprs(x)
         return
     if dataclasses.is_dataclass(node) and not isinstance(node, type):
         for f in dataclasses.fields(node):
             if f.name not in ("hparams", "span", "layer_span", "origin"):
-                yield from _codes(getattr(node, f.name))
+                yield from _exprs(getattr(node, f.name))

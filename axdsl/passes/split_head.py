@@ -125,7 +125,7 @@ def _positionwise(e: ir.TExpr, b: ir.Dim, s: ir.Dim) -> bool:
     if isinstance(t, TensorType) and any(d.is_free for d in t.dims):
         if len(t.dims) < 2 or not (t.dims[0].same(b) and t.dims[1].same(s)):
             return False
-    if isinstance(e, ir.Bin) and e.op == "@":
+    if isinstance(e, ir.Bin) and e.op is ir.BinOp.MATMUL:
         right = e.right.type
         return isinstance(right, TensorType) and not any(d.is_free for d in right.dims)
     if isinstance(e, ir.Prim):

@@ -27,7 +27,7 @@ def stack_repeats(module: ir.Module) -> ir.Module:
 def _stack(inst: ir.Instance, stack: tuple[ir.Dim, ...]) -> ir.Instance:
     if inst.repeat is not None:
         name = "groups" if inst.pattern else "layers"
-        stack = stack + (ir.Dim(name, inst.repeat.value, inst.repeat.code),)
+        stack = stack + (ir.Dim(name, inst.repeat.value, inst.repeat.expr),)
     params = tuple(replace(p, stack=stack) for p in inst.params)
     children = tuple(_stack(c, stack) for c in inst.children)
     return replace(inst, params=params, children=children)

@@ -72,6 +72,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from axdsl.ir import nodes as ir
+from axdsl.ir.expr import reads_config
 from axdsl.primitives.base import (
     Decoding,
     Flops,
@@ -185,8 +186,11 @@ def _check_scores_operand(ctx, prim: ir.Prim, name: str, operand: ir.TExpr, scor
 def _emit(ctx, prim: ir.Prim, args: list[str], precs: list[int]) -> str:
     choice = prim.kernel or ir.KernelChoice(KERNELS[0])
     window, scale, softcap = prim.attr("window"), prim.attr("scale"), prim.attr("softcap")
-    # a scale or cap written as literal arithmetic (DeepSeek's YaRN mscale**2 / sqrt(192)) reads as its value
-    _number = lambda a: a.code if "cfg." in a.code else repr(float(a.value))  # noqa: E731
+
+    def _number(a: ir.HValue) -> str:
+        """A scale or cap: a Config value as its expression; literal arithmetic (DeepSeek's YaRN
+        mscale**2 / sqrt(192)) as the number it is."""
+        return ctx.code(a) if reads_config(a.expr) else repr(float(a.value))
 
     def operand(name: str) -> str | None:
         return args[3 + prim.optional.index(name)] if prim.operand(name) is not None else None
@@ -198,8 +202,8 @@ def _emit(ctx, prim: ir.Prim, args: list[str], precs: list[int]) -> str:
         q=args[0],
         k=args[1],
         v=args[2],
-        causal=prim.attr("causal").code,
-        window=window.code if window.value else None,
+        causal=ctx.code(prim.attr("causal")),
+        window=ctx.code(window) if window.value else None,
         scale=_number(scale) if _set(scale) else None,
         softcap=_number(softcap) if _set(softcap) else None,
         bias=operand("bias"),
@@ -215,13 +219,9 @@ def _emit(ctx, prim: ir.Prim, args: list[str], precs: list[int]) -> str:
     ctx.kernel_comment(prim)
     if choice.rejected:
         ctx.line(f"# attention: {'; '.join(choice.rejected)}")
-    code = emit_attention(choice.kernel, call)
-    if code.startswith("splash_attention("):
-        ctx.use_helper("splash_attention")
-    elif code.startswith("einsum_attention("):
-        ctx.use_helper("einsum_attention")
-    elif code.startswith("vjp_attention("):
-        ctx.use_helper("vjp_attention")
+    code, helper = emit_attention(choice.kernel, call)
+    if helper is not None:
+        ctx.use_helper(helper)
     return code
 
 
@@ -233,7 +233,7 @@ def _emit_cached(ctx, prim: ir.Prim, args: list[str], window, scale, softcap, nu
     kwargs = "".join(
         f", {name}={code}"
         for name, code in (
-            ("window", window.code if window.value else None),
+            ("window", ctx.code(window) if window.value else None),
             ("scale", number(scale) if _set(scale) else None),
             ("softcap", number(softcap) if _set(softcap) else None),
         )
@@ -447,8 +447,9 @@ class AttentionCall:
     written_out: bool = False  # v's head_dim is not k's: jax.nn.dot_product_attention cannot
 
 
-def emit_attention(kernel: str, call: AttentionCall) -> str:
-    """The expression of one attention call on `kernel`."""
+def emit_attention(kernel: str, call: AttentionCall) -> tuple[str, str | None]:
+    """The expression of one attention call on `kernel`, and the generated helper it calls (None
+    for jax.nn.dot_product_attention): the kernel decides both, so no caller reads the text."""
     q, k, v = call.q, call.k, call.v
     if kernel == "vjp":
         if call.softcap is not None or call.bias is not None:  # select_kernels never picks vjp then
@@ -458,7 +459,7 @@ def emit_attention(kernel: str, call: AttentionCall) -> str:
             for name in ("window", "scale", "mask")
             if getattr(call, name) is not None
         )
-        return f"vjp_attention({q}, {k}, {v}, causal={call.causal}{extra})"
+        return f"vjp_attention({q}, {k}, {v}, causal={call.causal}{extra})", "vjp_attention"
     if kernel == "splash":
         if call.mask is not None or call.bias is not None:  # select_kernels never picks splash then
             raise AssertionError("splash attention takes no explicit mask or bias")
@@ -467,13 +468,14 @@ def emit_attention(kernel: str, call: AttentionCall) -> str:
             for name in ("scale", "softcap", "segment_ids")
             if getattr(call, name) is not None
         )
-        return f"splash_attention({q}, {k}, {v}, causal={call.causal}, window={call.window}{extra})"
+        code = f"splash_attention({q}, {k}, {v}, causal={call.causal}, window={call.window}{extra})"
+        return code, "splash_attention"
     if call.softcap is not None or call.written_out:  # only the xla kernel runs these
         kwargs = [f"causal={call.causal}"]
         for name in ("window", "scale", "softcap", "bias", "mask"):
             if getattr(call, name) is not None:
                 kwargs.append(f"{name}={getattr(call, name)}")
-        return f"einsum_attention({q}, {k}, {v}, {', '.join(kwargs)})"
+        return f"einsum_attention({q}, {k}, {v}, {', '.join(kwargs)})", "einsum_attention"
     kwargs = [f"is_causal={call.causal}"]
     for name in ("bias", "mask", "scale"):
         if getattr(call, name) is not None:
@@ -481,7 +483,7 @@ def emit_attention(kernel: str, call: AttentionCall) -> str:
     if call.window is not None:
         kwargs.append(f"local_window_size=({call.window} - 1, 0)")
     kwargs.append(f'implementation="{kernel}"')
-    return f"jax.nn.dot_product_attention({q}, {k}, {v}, {', '.join(kwargs)})"
+    return f"jax.nn.dot_product_attention({q}, {k}, {v}, {', '.join(kwargs)})", None
 
 
 PRIMITIVES = (

@@ -26,6 +26,7 @@ from typing import Any
 from collections.abc import Callable
 
 from axdsl.ir import nodes as ir
+from axdsl.ir.nodes import Decoding  # noqa: F401 (declared by each primitive; the IR records it)
 
 REQUIRED = object()  # a static attribute without a default must be given
 
@@ -121,20 +122,6 @@ class KernelRule:
     def preference(self, profile: Any, op: str) -> tuple[str, ...]:
         """The profile's kernels for primitive `op`, best first; the fallback alone if it lists none."""
         return tuple(profile.kernels.get(op, (self.fallback,)))
-
-
-class Decoding(Enum):
-    """How a primitive runs in the generated KV-cache decode path (axdsl/codegen/decode.py), where
-    a call sees only the new tokens at positions pos, pos + 1, ...: never a whole sequence."""
-
-    POSITIONWISE = "positionwise"  # each position on its own; a static dim that is the sequence rules decoding out
-    POSITIONS = (
-        "positions"  # reads token positions: its emitter shifts them by `pos` (rope, iota, prefix)
-    )
-    CACHED = "cached"  # reads earlier positions through the decode cache (attention)
-    SEQUENCE = (
-        "sequence"  # mixes positions without a cache (conv1d, ssd): the model has no decode path
-    )
 
 
 class HelperSection(IntEnum):

@@ -62,7 +62,10 @@ def _lower(ctx, call: ast.Call) -> ir.Prim:
     for n in out:
         if not any(n in op for op in operands):
             ctx.fail(call.args[0].span, f"einsum output dim `{n}` appears in no operand")
-    return ir.Prim("einsum", tensors, (("spec", ir.EinsumSpec(operands, out, dims)),), call.span)
+    spec = ir.EinsumSpec(operands, out, dims)
+    return ir.Prim(
+        "einsum", tensors, (("spec", spec),), call.span, decoding=ir.Decoding.POSITIONWISE
+    )
 
 
 def _shape(ctx, prim: ir.Prim, args):

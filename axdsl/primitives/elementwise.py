@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import re
 
 from axdsl.errors import did_you_mean
 from axdsl.primitives.base import (
@@ -96,15 +95,10 @@ def _emit_activate(ctx, prim, args, precs) -> str:
     return ACTIVATION_CODE[kind].format(x=args[0])
 
 
-def _atom(code: str) -> str:
-    """A hyperparameter's code as an operand: names and numbers bare, expressions parenthesized."""
-    return code if re.fullmatch(r"[\w.]+", code) else f"({code})"
-
-
 def _emit_softcap(ctx, prim, args, precs) -> str:
     """`cap * jnp.tanh(x / cap)`: logits squashed smoothly into (-cap, cap) (Gemma 2, Grok)."""
-    cap = _atom(prim.attr("cap").code)
-    return f"{cap} * jnp.tanh({ctx.paren(args[0], precs[0], 2)} / {cap})"
+    cap = prim.attr("cap")
+    return f"{ctx.code(cap, 2)} * jnp.tanh({ctx.paren(args[0], precs[0], 2)} / {ctx.code(cap, 3)})"
 
 
 def _check_softcap(ctx, given: dict, attrs: dict) -> None:
@@ -129,7 +123,7 @@ def _check_activate(ctx, given: dict, attrs: dict) -> None:
 
 
 def _emit_cast(ctx, prim, args, precs) -> str:
-    return f"{ctx.paren(args[0], precs[0], ctx.ATOM)}.astype({prim.attr('dtype').code})"
+    return f"{ctx.paren(args[0], precs[0], ctx.ATOM)}.astype({ctx.code(prim.attr('dtype'))})"
 
 
 # `_fold` gives each dropout site and layer its own key (FunctionEmitter.next_rng, rng_arg).
@@ -148,7 +142,7 @@ def _fold(rng: jax.Array | None, i) -> jax.Array | None:
 
 def _emit_dropout(ctx, prim, args, precs) -> str:
     ctx.use_helper("dropout")
-    return f"dropout({args[0]}, {prim.attr('rate').code}, {ctx.next_rng()})"
+    return f"dropout({args[0]}, {ctx.code(prim.attr('rate'))}, {ctx.next_rng()})"
 
 
 PRIMITIVES = (

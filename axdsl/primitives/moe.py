@@ -28,6 +28,7 @@ import json
 import math
 
 from axdsl.errors import did_you_mean
+from axdsl.ir.expr import reads_config
 from axdsl.ir import nodes as ir
 from axdsl.primitives.base import (
     Flops,
@@ -179,7 +180,7 @@ def _emit(ctx, prim: ir.Prim, args: list[str], precs: list[int]) -> str:
     out, aux = ctx.fresh("moe_y"), ctx.fresh("moe_aux")
     ctx.add_aux(aux)
     cf = prim.attr("capacity_factor")
-    if "cfg." in cf.code:  # a Config value decides at run time: both paths
+    if reads_config(cf.expr):  # a Config value decides at run time: both paths
         paths = (CAPACITY, DROPLESS)
     else:
         paths = (CAPACITY,) if cf.value > 0 else (DROPLESS,)
@@ -189,7 +190,7 @@ def _emit(ctx, prim: ir.Prim, args: list[str], precs: list[int]) -> str:
     names = OPTIONS if CAPACITY in paths else tuple(k for k in OPTIONS if k != "capacity_factor")
     if selects:
         names += SELECTION
-    kwargs = ", ".join(f"{k}={prim.attr(k).code}" for k in names)
+    kwargs = ", ".join(f"{k}={ctx.code(prim.attr(k))}" for k in names)
     if prim.operand("bias") is not None:
         kwargs += f", bias={args[5]}"
     if prim.attr("balance_rate").value > 0:

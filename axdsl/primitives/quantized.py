@@ -12,10 +12,14 @@ from __future__ import annotations
 from axdsl.ir import nodes as ir
 from axdsl.primitives.base import Helper, HelperSection, Primitive, Signature, Static, StaticKind
 
+QUANTIZED = "quantized"  # the primitive's name, for the passes that make or check its calls
+
 
 def wrap(e: ir.TExpr, fmt: ir.QuantFormat) -> ir.Prim:
     """The quantized form of the matmul `e`."""
-    return ir.Prim("quantized", (e,), (("format", fmt),), e.span, e.type)
+    return ir.Prim(
+        QUANTIZED, (e,), (("format", fmt),), e.span, e.type, decoding=ir.Decoding.POSITIONWISE
+    )
 
 
 def _emit(ctx, prim: ir.Prim, args: list[str], precs: list[int]) -> str:
@@ -223,7 +227,7 @@ def _memory(t, prim: ir.Prim, args, dims, label: str):
 
 PRIMITIVES = (
     Primitive(
-        "quantized",
+        QUANTIZED,
         Signature(
             ("matmul",),
             (Static("format", StaticKind.FORMAT),),

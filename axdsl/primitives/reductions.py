@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from axdsl.ir import nodes as ir
+from axdsl.ir.expr import Const
 from axdsl.primitives.base import (
     Primitive,
     Saves,
@@ -13,7 +14,7 @@ from axdsl.primitives.base import (
     saves_memory,
 )
 
-ONE = ir.Dim("1", 1, "1")
+ONE = ir.Dim("1", 1, Const(1))
 
 
 def axis_index(dims: tuple[ir.Dim, ...], over: ir.Dim) -> int | None:

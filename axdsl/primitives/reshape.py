@@ -11,9 +11,10 @@ from __future__ import annotations
 import math
 
 from axdsl.ir import nodes as ir
+from axdsl.ir.expr import BinOp, Binary
 from axdsl.primitives.base import Primitive, Signature, Static, StaticKind, view_memory
 from axdsl.primitives.reductions import axis_index, axis_of, ir_fmt
-from axdsl.primitives.slicing import atom, operand, part
+from axdsl.primitives.slicing import operand, part
 
 
 def _sized(ctx, prim: ir.Prim, dims) -> None:
@@ -74,9 +75,8 @@ def _merge_shape(ctx, prim, args):
         )
     a, b = dims[i], dims[j]
     _sized(ctx, prim, (a, b))
-    merged = ir.Dim(
-        f"{part(a.name)}*{part(b.name)}", a.size * b.size, f"{atom(a.code)} * {atom(b.code)}"
-    )
+    size = Binary(BinOp.MUL, a.size_expr, b.size_expr)
+    merged = ir.Dim(f"{part(a.name)}*{part(b.name)}", a.size * b.size, size)
     return dims[:i] + (merged,) + dims[j + 1 :]
 
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 
 from axdsl.errors import did_you_mean
+from axdsl.ir.expr import reads_config
 from axdsl.primitives.base import (
     Decoding,
     Helper,
@@ -213,19 +214,21 @@ def _is_plain(prim, head_dim: int) -> bool:
     )
 
 
-def _non_default(prim, defaults: dict) -> str:
+def _non_default(ctx, prim, defaults: dict) -> str:
     """`, name=value` for each attribute that differs from the helper's default."""
     out = ""
     for name, default in defaults.items():
         v = prim.attr(name)
         if v.value != default:
-            out += f", {name}={v.value!r}" if isinstance(default, bool) else f", {name}={v.code}"
+            out += (
+                f", {name}={v.value!r}" if isinstance(default, bool) else f", {name}={ctx.code(v)}"
+            )
     return out
 
 
 def _emit(ctx, prim, args: list[str], precs: list[int]) -> str:
     head_dim = prim.args[0].type.dims[-1].size
-    theta = prim.attr("theta").code
+    theta = ctx.code(prim.attr("theta"))
     if _is_plain(prim, head_dim):
         ctx.use_helper("apply_rope")
         ctx.use_helper("rotation_tables")
@@ -234,13 +237,11 @@ def _emit(ctx, prim, args: list[str], precs: list[int]) -> str:
     ctx.use_helper("rotation_tables")
     ctx.use_helper("rope_frequencies")
     given = prim.attr("rotary_dim")
-    rotary = given.code if given is not None and given.value else prim.args[0].type.dims[-1].code
-    if (
-        "cfg." not in rotary
-    ):  # literal arithmetic (`128 + 64 - 128` from a slice): its value reads better
-        rotary = str(_rotary_dim(prim, head_dim))
+    size = given.expr if given is not None and given.value else prim.args[0].type.dims[-1].size_expr
+    # literal arithmetic (`128 + 64 - 128` from a slice) reads better as its value
+    rotary = ctx.code(size) if reads_config(size) else str(_rotary_dim(prim, head_dim))
     a = {
-        k: prim.attr(k).code
+        k: ctx.code(prim.attr(k))
         for k in (
             "factor",
             "low_freq_factor",
@@ -259,7 +260,7 @@ def _emit(ctx, prim, args: list[str], precs: list[int]) -> str:
     if scaling == "none":
         freqs = f"rope_frequencies({rotary}, {theta})"
     elif scaling == "linear":
-        freqs = f"rope_frequencies({rotary}, {theta}) / {a['factor']}"
+        freqs = f"rope_frequencies({rotary}, {theta}) / {ctx.code(prim.attr('factor'), 3)}"
     elif scaling == "llama3":
         ctx.use_helper("llama3_frequencies")
         freqs = (
@@ -269,7 +270,7 @@ def _emit(ctx, prim, args: list[str], precs: list[int]) -> str:
         )
     else:
         ctx.use_helper("yarn_frequencies")
-        optional = _non_default(prim, {"beta_fast": 32.0, "beta_slow": 1.0, "truncate": True})
+        optional = _non_default(ctx, prim, {"beta_fast": 32.0, "beta_slow": 1.0, "truncate": True})
         freqs = (
             f"yarn_frequencies({rotary}, {theta}, factor={a['factor']}, "
             f"original_max_seq={a['original_max_seq']}{optional})"

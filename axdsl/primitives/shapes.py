@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from axdsl.ir.expr import BinOp, Binary, field_of, spec_text
 from axdsl.ir.nodes import Dim
 from axdsl.primitives.base import (
     Decoding,
@@ -32,8 +33,8 @@ def _split_heads_shape(ctx, prim, args):
         )
     per = last.size // heads.value
     return dims[:-1] + (
-        Dim(heads.code.removeprefix("cfg."), heads.value, heads.code),
-        Dim(f"{last.name}/heads", per, f"{last.code} // {heads.code}"),
+        Dim(field_of(heads.expr) or spec_text(heads.expr), heads.value, heads.expr),
+        Dim(f"{last.name}/heads", per, Binary(BinOp.FLOORDIV, last.size_expr, heads.expr)),
     )
 
 
@@ -42,7 +43,8 @@ def _merge_heads_shape(ctx, prim, args):
     if len(dims) < 2 or dims[-1].size is None or dims[-2].size is None:
         ctx.fail(prim.span, f"`merge_heads` needs [..., heads, head_dim], got {ir_fmt(dims)}")
     h, d = dims[-2], dims[-1]
-    return dims[:-2] + (Dim(f"{h.name}*{d.name}", h.size * d.size, f"{h.code} * {d.code}"),)
+    size = Binary(BinOp.MUL, h.size_expr, d.size_expr)
+    return dims[:-2] + (Dim(f"{h.name}*{d.name}", h.size * d.size, size),)
 
 
 def _transpose_shape(ctx, prim, args):
@@ -97,7 +99,9 @@ PRIMITIVES = (
     Primitive(
         "split_heads",
         Signature(("x",), (Static("heads", StaticKind.INT),), doc="[..., h*d] -> [..., h, d]"),
-        emit=lambda ctx, prim, a, p: f"{a[0]}.reshape(*{a[0]}.shape[:-1], {prim.attr('heads').code}, -1)",
+        emit=lambda ctx, prim, a, p: (
+            f"{a[0]}.reshape(*{a[0]}.shape[:-1], {ctx.code(prim.attr('heads'))}, -1)"
+        ),
         shape=_split_heads_shape,
         memory=view_memory,
     ),

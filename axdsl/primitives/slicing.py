@@ -14,26 +14,24 @@ from __future__ import annotations
 import re
 
 from axdsl.ir import nodes as ir
+from axdsl.ir.expr import BinOp, Binary, Const, Expr, field_of
 from axdsl.primitives.base import Primitive, Signature, Static, StaticKind, linear_memory
 from axdsl.primitives.reductions import axis_index, axis_of, ir_fmt
-
-_CFG_FIELD = re.compile(r"cfg\.(\w+)")
 
 
 def label(v: ir.HValue) -> str:
     """A static size's name in a dim: its hyperparameter (`rotary_dim`) or its number (`8`)."""
-    m = _CFG_FIELD.fullmatch(v.code)
-    return m.group(1) if m else str(v.value)
+    return field_of(v.expr) or str(v.value)
+
+
+def size_of(v: ir.HValue) -> Expr:
+    """A static size's expression (one written in the spec always has one)."""
+    return v.expr if v.expr is not None else Const(v.value)
 
 
 def part(name: str) -> str:
     """A dim name inside a compound one: `head_dim`, or `(heads*head_dim)` when it has operators."""
     return name if re.fullmatch(r"\w+", name) else f"({name})"
-
-
-def atom(code: str) -> str:
-    """Code usable as an operand: names and numbers bare, expressions parenthesized."""
-    return code if re.fullmatch(r"[\w.]+", code) else f"({code})"
 
 
 def index_at(axis: int, item: str) -> str:
@@ -81,11 +79,10 @@ def _slice_shape(ctx, prim, args):
     # `head_dim - rotary_dim`), so a later `over` can name it.
     end = part(d.name) if stop.value == d.size else label(stop)
     if start.value == 0:
-        out = ir.Dim(end, stop.value, stop.code)
+        out = ir.Dim(end, stop.value, stop.expr)
     else:
-        out = ir.Dim(
-            f"{end}-{label(start)}", stop.value - start.value, f"{stop.code} - {atom(start.code)}"
-        )
+        size = Binary(BinOp.SUB, size_of(stop), size_of(start))
+        out = ir.Dim(f"{end}-{label(start)}", stop.value - start.value, size)
     return dims[:i] + (out,) + dims[i + 1 :]
 
 
@@ -93,8 +90,8 @@ def _emit_slice(ctx, prim, args, precs) -> str:
     dims = prim.args[0].type.dims
     axis = _neg(dims, axis_index(dims, prim.attr("over")))
     start, stop = prim.attr("start"), prim.attr("stop")
-    begin = "" if start.value == 0 else start.code
-    end = "" if stop.value == dims[axis].size else stop.code
+    begin = "" if start.value == 0 else ctx.code(start)
+    end = "" if stop.value == dims[axis].size else ctx.code(stop)
     return ctx.paren(args[0], precs[0], ctx.ATOM) + index_at(axis, f"{begin}:{end}")
 
 
@@ -111,9 +108,8 @@ def join_axis(
         da, db = a[i], b[i]
         if da.size is None or db.size is None:
             return f"`concat` needs a dim of known size, got `{da}` and `{db}`"
-        return i, ir.Dim(
-            f"{part(da.name)}+{part(db.name)}", da.size + db.size, f"{da.code} + {db.code}"
-        )
+        size = Binary(BinOp.ADD, da.size_expr, db.size_expr)
+        return i, ir.Dim(f"{part(da.name)}+{part(db.name)}", da.size + db.size, size)
     hits = [
         j
         for j, (x, y) in enumerate(zip(a, b))
@@ -167,7 +163,7 @@ def _join_memory(t, prim, args, dims, label: str):
 
 
 # ---------------------------------------------------------------- stack
-_TWO = ir.Dim("2", 2, "2")
+_TWO = ir.Dim("2", 2, Const(2))
 
 
 def _stack_shape(ctx, prim, args):
@@ -196,15 +192,17 @@ def _pad_shape(ctx, prim, args):
         if len(extra) == 1
         else f"+{before.value + after.value}" if extra else ""
     )
-    code = d.code + "".join(f" + {atom(v.code)}" for v in extra)
-    return dims[:i] + (ir.Dim(name, d.size + before.value + after.value, code),) + dims[i + 1 :]
+    size = d.size_expr
+    for v in extra:
+        size = Binary(BinOp.ADD, size, size_of(v))
+    return dims[:i] + (ir.Dim(name, d.size + before.value + after.value, size),) + dims[i + 1 :]
 
 
 def _emit_pad(ctx, prim, args, precs) -> str:
     dims = prim.args[0].type.dims
     axis = _neg(dims, axis_index(dims, prim.attr("over")))
-    width = f"({prim.attr('before').code}, {prim.attr('after').code})"
-    value = prim.attr("value").code
+    width = f"({ctx.code(prim.attr('before'))}, {ctx.code(prim.attr('after'))})"
+    value = ctx.code(prim.attr("value"))
     x = args[0]
     if any(d.is_ellipsis for d in dims):
         x = operand(ctx, prim, x)

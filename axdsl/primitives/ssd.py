@@ -141,7 +141,7 @@ def _check(ctx, given: dict, attrs: dict) -> None:
 
 def _emit(ctx, prim: ir.Prim, args: list[str], precs: list[int]) -> str:
     ctx.use_helper("ssd")
-    return f"ssd({', '.join(args[:5])}, chunk={prim.attr('chunk').code})"
+    return f"ssd({', '.join(args[:5])}, chunk={ctx.code(prim.attr('chunk'))})"
 
 
 def _flops(ctx, prim: ir.Prim) -> Flops:

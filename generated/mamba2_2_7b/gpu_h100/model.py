@@ -91,7 +91,7 @@ def gated_rms_norm(cfg: Config, params: dict, y: jax.Array, z: jax.Array) -> jax
     Used at /blocks/mixer/norm.
     """
     h = y.astype(jnp.float32) * jax.nn.silu(z.astype(jnp.float32))  # [B, S, dim]
-    g = h.reshape(*h.shape[:-1], 1, (2 * cfg.dim) // 1)  # [B, S, groups, group_dim]
+    g = h.reshape(*h.shape[:-1], 1, 2 * cfg.dim // 1)  # [B, S, groups, group_dim]
     g = g * jax.lax.rsqrt(
         jnp.mean(g * g, axis=-1, keepdims=True) + 1e-05
     )  # [B, S, groups, group_dim]

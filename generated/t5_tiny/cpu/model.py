@@ -76,8 +76,8 @@ def relative_bias(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
     base = jnp.where(rel > 0, cfg.buckets // 2, 0)  # [S, S]
     dist = jnp.abs(rel)  # [S, S]
     n = cfg.buckets // 2  #
-    exact = (cfg.buckets // 2) // 2  #
-    span = math.log((1.0 * cfg.max_distance) / ((cfg.buckets // 2) // 2))  #
+    exact = cfg.buckets // 2 // 2  #
+    span = math.log(1.0 * cfg.max_distance / (cfg.buckets // 2 // 2))  #
     log_steps = (
         jnp.log(jnp.maximum(dist, 1).astype(jnp.float32) / exact) / span * (n - exact)
     )  # [S, S]
@@ -175,7 +175,7 @@ def relative_bias_2(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
     dist = -jnp.minimum(rel, 0)  # [S, S]
     n = cfg.buckets  #
     exact = cfg.buckets // 2  #
-    span = math.log((1.0 * cfg.max_distance) / (cfg.buckets // 2))  #
+    span = math.log(1.0 * cfg.max_distance / (cfg.buckets // 2))  #
     log_steps = (
         jnp.log(jnp.maximum(dist, 1).astype(jnp.float32) / exact) / span * (n - exact)
     )  # [S, S]
@@ -401,36 +401,36 @@ def param_table(cfg: Config) -> dict[str, Param]:
     # fmt: off
     dim, vocab, buckets, heads, layers, head_dim, ffn, dec_layers = cfg.dim, cfg.vocab, cfg.buckets, cfg.heads, cfg.layers, cfg.head_dim, cfg.ffn, cfg.dec_layers
     return {
-        # path                            shape                               logical axes                              init      scale                                      mesh
-        "head":                     Param((dim, vocab),                       ("embed", "vocab"),                       "normal", 1 / (math.sqrt(cfg.dim)),                  P()),
-        "embed/table":              Param((vocab, dim),                       ("vocab", "embed"),                       "normal", 1.0,                                       P()),
-        "enc_bias/table":           Param((buckets, heads),                   ("norm", "heads"),                        "normal", 1 / (math.sqrt(cfg.dim)),                  P()),
-        "encoder/attn_norm/scale":  Param((layers, dim),                      ("layers", "norm"),                       "ones",   1.0,                                       P()),
-        "encoder/attn/wq":          Param((layers, dim, heads, head_dim),     ("layers", "embed", "heads", "head_dim"), "normal", 1 / (math.sqrt(cfg.dim * cfg.head_dim)),   P()),
-        "encoder/attn/wk":          Param((layers, dim, heads, head_dim),     ("layers", "embed", "heads", "head_dim"), "normal", 1 / (math.sqrt(cfg.dim)),                  P()),
-        "encoder/attn/wv":          Param((layers, dim, heads, head_dim),     ("layers", "embed", "heads", "head_dim"), "normal", 1 / (math.sqrt(cfg.dim)),                  P()),
-        "encoder/attn/wo":          Param((layers, heads, head_dim, dim),     ("layers", "heads", "head_dim", "embed"), "normal", 1 / (math.sqrt(cfg.heads * cfg.head_dim)), P()),
-        "encoder/mlp_norm/scale":   Param((layers, dim),                      ("layers", "norm"),                       "ones",   1.0,                                       P()),
-        "encoder/mlp/w_gate":       Param((layers, dim, ffn),                 ("layers", "embed", "mlp"),               "normal", 1 / (math.sqrt(cfg.dim)),                  P()),
-        "encoder/mlp/w_up":         Param((layers, dim, ffn),                 ("layers", "embed", "mlp"),               "normal", 1 / (math.sqrt(cfg.dim)),                  P()),
-        "encoder/mlp/w_down":       Param((layers, ffn, dim),                 ("layers", "mlp", "embed"),               "normal", 1 / (math.sqrt(cfg.ffn)),                  P()),
-        "enc_norm/scale":           Param((dim,),                             ("norm",),                                "ones",   1.0,                                       P()),
-        "dec_bias/table":           Param((buckets, heads),                   ("norm", "heads"),                        "normal", 1 / (math.sqrt(cfg.dim)),                  P()),
-        "decoder/attn_norm/scale":  Param((dec_layers, dim),                  ("layers", "norm"),                       "ones",   1.0,                                       P()),
-        "decoder/attn/wq":          Param((dec_layers, dim, heads, head_dim), ("layers", "embed", "heads", "head_dim"), "normal", 1 / (math.sqrt(cfg.dim * cfg.head_dim)),   P()),
-        "decoder/attn/wk":          Param((dec_layers, dim, heads, head_dim), ("layers", "embed", "heads", "head_dim"), "normal", 1 / (math.sqrt(cfg.dim)),                  P()),
-        "decoder/attn/wv":          Param((dec_layers, dim, heads, head_dim), ("layers", "embed", "heads", "head_dim"), "normal", 1 / (math.sqrt(cfg.dim)),                  P()),
-        "decoder/attn/wo":          Param((dec_layers, heads, head_dim, dim), ("layers", "heads", "head_dim", "embed"), "normal", 1 / (math.sqrt(cfg.heads * cfg.head_dim)), P()),
-        "decoder/cross_norm/scale": Param((dec_layers, dim),                  ("layers", "norm"),                       "ones",   1.0,                                       P()),
-        "decoder/cross/wq":         Param((dec_layers, dim, heads, head_dim), ("layers", "embed", "heads", "head_dim"), "normal", 1 / (math.sqrt(cfg.dim * cfg.head_dim)),   P()),
-        "decoder/cross/wk":         Param((dec_layers, dim, heads, head_dim), ("layers", "embed", "heads", "head_dim"), "normal", 1 / (math.sqrt(cfg.dim)),                  P()),
-        "decoder/cross/wv":         Param((dec_layers, dim, heads, head_dim), ("layers", "embed", "heads", "head_dim"), "normal", 1 / (math.sqrt(cfg.dim)),                  P()),
-        "decoder/cross/wo":         Param((dec_layers, heads, head_dim, dim), ("layers", "heads", "head_dim", "embed"), "normal", 1 / (math.sqrt(cfg.heads * cfg.head_dim)), P()),
-        "decoder/mlp_norm/scale":   Param((dec_layers, dim),                  ("layers", "norm"),                       "ones",   1.0,                                       P()),
-        "decoder/mlp/w_gate":       Param((dec_layers, dim, ffn),             ("layers", "embed", "mlp"),               "normal", 1 / (math.sqrt(cfg.dim)),                  P()),
-        "decoder/mlp/w_up":         Param((dec_layers, dim, ffn),             ("layers", "embed", "mlp"),               "normal", 1 / (math.sqrt(cfg.dim)),                  P()),
-        "decoder/mlp/w_down":       Param((dec_layers, ffn, dim),             ("layers", "mlp", "embed"),               "normal", 1 / (math.sqrt(cfg.ffn)),                  P()),
-        "dec_norm/scale":           Param((dim,),                             ("norm",),                                "ones",   1.0,                                       P()),
+        # path                            shape                               logical axes                              init      scale                                    mesh
+        "head":                     Param((dim, vocab),                       ("embed", "vocab"),                       "normal", 1 / math.sqrt(cfg.dim),                  P()),
+        "embed/table":              Param((vocab, dim),                       ("vocab", "embed"),                       "normal", 1.0,                                     P()),
+        "enc_bias/table":           Param((buckets, heads),                   ("norm", "heads"),                        "normal", 1 / math.sqrt(cfg.dim),                  P()),
+        "encoder/attn_norm/scale":  Param((layers, dim),                      ("layers", "norm"),                       "ones",   1.0,                                     P()),
+        "encoder/attn/wq":          Param((layers, dim, heads, head_dim),     ("layers", "embed", "heads", "head_dim"), "normal", 1 / math.sqrt(cfg.dim * cfg.head_dim),   P()),
+        "encoder/attn/wk":          Param((layers, dim, heads, head_dim),     ("layers", "embed", "heads", "head_dim"), "normal", 1 / math.sqrt(cfg.dim),                  P()),
+        "encoder/attn/wv":          Param((layers, dim, heads, head_dim),     ("layers", "embed", "heads", "head_dim"), "normal", 1 / math.sqrt(cfg.dim),                  P()),
+        "encoder/attn/wo":          Param((layers, heads, head_dim, dim),     ("layers", "heads", "head_dim", "embed"), "normal", 1 / math.sqrt(cfg.heads * cfg.head_dim), P()),
+        "encoder/mlp_norm/scale":   Param((layers, dim),                      ("layers", "norm"),                       "ones",   1.0,                                     P()),
+        "encoder/mlp/w_gate":       Param((layers, dim, ffn),                 ("layers", "embed", "mlp"),               "normal", 1 / math.sqrt(cfg.dim),                  P()),
+        "encoder/mlp/w_up":         Param((layers, dim, ffn),                 ("layers", "embed", "mlp"),               "normal", 1 / math.sqrt(cfg.dim),                  P()),
+        "encoder/mlp/w_down":       Param((layers, ffn, dim),                 ("layers", "mlp", "embed"),               "normal", 1 / math.sqrt(cfg.ffn),                  P()),
+        "enc_norm/scale":           Param((dim,),                             ("norm",),                                "ones",   1.0,                                     P()),
+        "dec_bias/table":           Param((buckets, heads),                   ("norm", "heads"),                        "normal", 1 / math.sqrt(cfg.dim),                  P()),
+        "decoder/attn_norm/scale":  Param((dec_layers, dim),                  ("layers", "norm"),                       "ones",   1.0,                                     P()),
+        "decoder/attn/wq":          Param((dec_layers, dim, heads, head_dim), ("layers", "embed", "heads", "head_dim"), "normal", 1 / math.sqrt(cfg.dim * cfg.head_dim),   P()),
+        "decoder/attn/wk":          Param((dec_layers, dim, heads, head_dim), ("layers", "embed", "heads", "head_dim"), "normal", 1 / math.sqrt(cfg.dim),                  P()),
+        "decoder/attn/wv":          Param((dec_layers, dim, heads, head_dim), ("layers", "embed", "heads", "head_dim"), "normal", 1 / math.sqrt(cfg.dim),                  P()),
+        "decoder/attn/wo":          Param((dec_layers, heads, head_dim, dim), ("layers", "heads", "head_dim", "embed"), "normal", 1 / math.sqrt(cfg.heads * cfg.head_dim), P()),
+        "decoder/cross_norm/scale": Param((dec_layers, dim),                  ("layers", "norm"),                       "ones",   1.0,                                     P()),
+        "decoder/cross/wq":         Param((dec_layers, dim, heads, head_dim), ("layers", "embed", "heads", "head_dim"), "normal", 1 / math.sqrt(cfg.dim * cfg.head_dim),   P()),
+        "decoder/cross/wk":         Param((dec_layers, dim, heads, head_dim), ("layers", "embed", "heads", "head_dim"), "normal", 1 / math.sqrt(cfg.dim),                  P()),
+        "decoder/cross/wv":         Param((dec_layers, dim, heads, head_dim), ("layers", "embed", "heads", "head_dim"), "normal", 1 / math.sqrt(cfg.dim),                  P()),
+        "decoder/cross/wo":         Param((dec_layers, heads, head_dim, dim), ("layers", "heads", "head_dim", "embed"), "normal", 1 / math.sqrt(cfg.heads * cfg.head_dim), P()),
+        "decoder/mlp_norm/scale":   Param((dec_layers, dim),                  ("layers", "norm"),                       "ones",   1.0,                                     P()),
+        "decoder/mlp/w_gate":       Param((dec_layers, dim, ffn),             ("layers", "embed", "mlp"),               "normal", 1 / math.sqrt(cfg.dim),                  P()),
+        "decoder/mlp/w_up":         Param((dec_layers, dim, ffn),             ("layers", "embed", "mlp"),               "normal", 1 / math.sqrt(cfg.dim),                  P()),
+        "decoder/mlp/w_down":       Param((dec_layers, ffn, dim),             ("layers", "mlp", "embed"),               "normal", 1 / math.sqrt(cfg.ffn),                  P()),
+        "dec_norm/scale":           Param((dim,),                             ("norm",),                                "ones",   1.0,                                     P()),
     }
     # fmt: on
 

@@ -215,7 +215,7 @@ def param_table(cfg: Config) -> dict[str, Param]:
     # fmt: off
     dim, seq, classes, layers, heads, ffn = cfg.dim, cfg.seq, cfg.classes, cfg.layers, cfg.heads, cfg.ffn
     dim_2 = 1
-    pixels = (cfg.patch * cfg.patch) * cfg.channels
+    pixels = cfg.patch * cfg.patch * cfg.channels
     head_dim = cfg.dim // cfg.heads
     return {
         # path                          shape                           logical axes                                 init            scale mesh

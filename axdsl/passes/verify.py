@@ -1,6 +1,8 @@
 """The IR verifier: structural invariants every pass must keep. Tests run it after every pass.
 
 A failure is a compiler bug, not a user mistake: it raises `InvalidIR` with the annotated IR.
+It lives with the passes, not in axdsl/ir: it checks primitive calls against the registry, which
+sits above the IR.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from axdsl import primitives
 from axdsl.ir import nodes as ir
 from axdsl.ir.printer import print_module
 from axdsl.ir.rewrite import prims_of, walk_expr
+from axdsl.primitives.quantized import QUANTIZED
 
 
 class InvalidIR(Exception):
@@ -90,11 +93,11 @@ def _verify_schedule(module: ir.Module, model: ir.Model, problems: list[str]) ->
         if inst.remat is not None and inst.repeat is None:
             problems.append(f"{inst.path}: remat on a child that is not repeated")
         for e in prims_of(inst):
-            if e.name == "quantized":
+            if e.name == QUANTIZED:
                 inner = e.args[0] if len(e.args) == 1 else None
                 if not (
                     isinstance(inner, ir.Bin)
-                    and inner.op == "@"
+                    and inner.op is ir.BinOp.MATMUL
                     or isinstance(inner, ir.Prim)
                     and primitives.get(inner.name).contraction
                 ):
