@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import difflib
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -141,6 +142,11 @@ class CompileError(Exception):
         return f"{body}\n{n} error{'s' if n != 1 else ''} generated."
 
 
+class InternalError(AssertionError):
+    """A compiler bug, not a user error: an invariant an earlier stage establishes does not hold,
+    such as a field a pass fills read before that pass ran (see the IR's typed views)."""
+
+
 @dataclass
 class Diagnostics:
     """A bag of diagnostics collected by one stage."""
@@ -166,7 +172,7 @@ class Diagnostics:
         return bool(self.items)
 
 
-def did_you_mean(name: str, candidates: list[str] | set[str] | tuple[str, ...]) -> str | None:
+def did_you_mean(name: str, candidates: Iterable[str]) -> str | None:
     """A hint naming the closest candidate, or None when nothing is close."""
     close = difflib.get_close_matches(name, sorted(candidates), n=1, cutoff=0.6)
     return f"did you mean `{close[0]}`?" if close else None

@@ -13,9 +13,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
+from collections.abc import Iterator
+from typing import Any, TypeVar
 
-from axdsl.errors import Span
+from axdsl.errors import InternalError, Span
 from axdsl.ir.origins import (  # noqa: F401 (part of the IR)
     DEFAULT,
     Choice,
@@ -449,7 +450,22 @@ class Instance:
     def param(self, name: str) -> Param | None:
         return next((p for p in self.params if p.name == name), None)
 
-    def walk(self):
+    @property
+    def fwd(self) -> Forward:
+        """This layer's forward: every instance of a built IR has one (a layer without a forward
+        is a compile error of the builder), so later stages read it without a None check."""
+        return filled(self.forward, f"the forward of {self.path}", "resolve")
+
+    def expect_child(self, name: str) -> Instance:
+        """The child `name`, which the builder bound every `name(...)` call and `name.param`
+        reference to; an InternalError when there is none (a compiler bug)."""
+        return filled(self.child(name), f"child `{name}` of {self.path}", "resolve")
+
+    def expect_param(self, name: str) -> Param:
+        """The parameter `name`, which the builder bound every PARAM reference to."""
+        return filled(self.param(name), f"parameter `{name}` of {self.path}", "resolve")
+
+    def walk(self) -> Iterator[Instance]:
         yield self
         for c in self.children:
             yield from c.walk()
@@ -462,8 +478,9 @@ class Instance:
     def stack_of(self, path: str) -> Instance | None:
         """The outermost stacked layer on the way from this layer down to the one at `path` (that
         layer included), or None when none of them is repeated."""
-        inst = self
+        inst: Instance | None = self
         for name in [n for n in path.split("/") if n]:
+            assert inst is not None  # the loop returns as soon as it is None
             inst = inst.child(name)
             if inst is None or inst.repeat is not None:
                 return inst
@@ -510,3 +527,35 @@ class Module:
     passes_run: tuple[str, ...] = field(default=())
     schedule: Schedule | None = None  # set by configure_target
     train_settings: TrainSettings | None = None  # set by configure_train
+
+    # Typed views of the fields later passes fill. The fields stay Optional, since the IR between
+    # passes really lacks them (`axdsl dump --after check` prints a module without a schedule);
+    # a stage that runs after the pass reads the view, which has the plain type, and a read before
+    # the pass ran is a compiler bug that raises InternalError instead of an AttributeError on None.
+    @property
+    def target(self) -> Schedule:
+        """The resolved schedule of `target_name` (the blocks as written are `target_blocks`)."""
+        return filled(self.schedule, "Module.schedule", "configure_target")
+
+    @property
+    def train(self) -> TrainSettings:
+        """The resolved train settings (the block as written is `train_block`)."""
+        return filled(self.train_settings, "Module.train_settings", "configure_train")
+
+
+_T = TypeVar("_T")
+
+
+def filled(value: _T | None, what: str, by: str) -> _T:
+    """`value`, which the stage `by` sets; an InternalError (a compiler bug) when it is None."""
+    if value is None:
+        raise InternalError(f"{what} is read before {by} set it")
+    return value
+
+
+def tensor_type(e: TExpr) -> TensorType:
+    """The tensor type infer_shapes gave `e`. Reading it on a scalar or an untyped expression is
+    a compiler bug: the pass reported a non-tensor where a tensor is required as a user error."""
+    if not isinstance(e.type, TensorType):
+        raise InternalError(f"expected a tensor type at {e.span}, got {e.type}")
+    return e.type

@@ -85,7 +85,7 @@ def _short_policy(r: ir.RematPolicy) -> str:
     return "save(points)" if r.kind is ir.RematKind.SAVE else str(r.kind)
 
 
-def value_text(v) -> str:
+def value_text(v: object) -> str:
     """A value as the spec language writes it: `true`, `bf16`, "text", `RMSNorm(eps = 1e-05)`.
 
     The one printer of values: `axdsl dump`, error messages and generated comments use it.
@@ -121,8 +121,8 @@ def value_text(v) -> str:
             f"dir = {value_text(v.dir)})"
         )
     if isinstance(v, LayerValue):
-        args = ", ".join(f"{k} = {value_text(a.value)}" for k, a in v.args)
-        return f"{v.layer}({args})"
+        layer_args = ", ".join(f"{k} = {value_text(a.value)}" for k, a in v.args)
+        return f"{v.layer}({layer_args})"
     if isinstance(v, PatternValue):
         return "[" + ", ".join(value_text(x) for x in v.layers) + "]"
     if isinstance(v, RepeatValue):
@@ -132,7 +132,7 @@ def value_text(v) -> str:
     return repr(v)
 
 
-def _dims(dims) -> str:
+def _dims(dims: tuple[ir.Dim, ...]) -> str:
     return "[" + ", ".join(str(d) for d in dims) + "]"
 
 
@@ -177,7 +177,7 @@ def expr_text(e: ir.TExpr) -> str:
         if e.kind is ir.RefKind.CHILD_PARAM:
             return f"{e.owner}.{e.name}"
         if e.kind is ir.RefKind.HPARAM:
-            return value_text(e.value.value)
+            return value_text(ir.filled(e.value, f"the value of {e.name}", "resolve").value)
         return e.name
     if isinstance(e, ir.Lit):
         return value_text(e.value)
@@ -223,6 +223,6 @@ def _section(s: ir.Section) -> list[str]:
     return out
 
 
-def _train_value(v) -> str:
+def _train_value(v: object) -> str:
     """A resolved train setting: `adamw(lr = 0.0003, ...)`, `tokens(path = "x.bin")`, a number."""
     return value_text(v)
