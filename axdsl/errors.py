@@ -1,4 +1,5 @@
-"""Diagnostics: every user mistake becomes `file:line:col: error: message`, the line, a caret, a hint.
+"""Diagnostics: every user mistake becomes `file:line:col: error: message`, the line, a caret,
+a hint.
 
 Passes collect diagnostics in a `Diagnostics` bag and raise `CompileError` once at the end of a
 stage, so one run reports every independent mistake together (as sqlglot does).
@@ -11,6 +12,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 
 @dataclass(frozen=True)
@@ -118,7 +120,7 @@ def shorten_words(text: str, limit: int = LONGEST_WORD) -> str:
     """
     if len(text) <= limit:
         return text
-    return re.sub(r"\S{%d,}" % (limit + 1), lambda m: _shortened(m.group(), limit), text)
+    return re.sub(rf"\S{{{limit + 1},}}", lambda m: _shortened(m.group(), limit), text)
 
 
 def _shortened(word: str, limit: int) -> str:
@@ -180,3 +182,13 @@ def did_you_mean(name: str, candidates: Iterable[str]) -> str | None:
 
 def read_source(path: Path) -> str:
     return path.read_text(encoding="utf-8")
+
+
+_T = TypeVar("_T")
+
+
+def filled(value: _T | None, what: str, by: str) -> _T:
+    """`value`, which the stage `by` sets; an InternalError (a compiler bug) when it is None."""
+    if value is None:
+        raise InternalError(f"{what} is read before {by} set it")
+    return value

@@ -14,9 +14,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import StrEnum
 from collections.abc import Iterator
-from typing import Any, TypeVar
+from typing import Any
 
-from axdsl.errors import InternalError, Span
+from axdsl.errors import InternalError, Span, filled
 from axdsl.ir.origins import (  # noqa: F401 (part of the IR)
     DEFAULT,
     Choice,
@@ -542,15 +542,12 @@ class Module:
         """The resolved train settings (the block as written is `train_block`)."""
         return filled(self.train_settings, "Module.train_settings", "configure_train")
 
-
-_T = TypeVar("_T")
-
-
-def filled(value: _T | None, what: str, by: str) -> _T:
-    """`value`, which the stage `by` sets; an InternalError (a compiler bug) when it is None."""
-    if value is None:
-        raise InternalError(f"{what} is read before {by} set it")
-    return value
+    def report_at(self, span: Span | None) -> Span:
+        """Where a diagnostic about a resolved setting points: `span`, the line that set it, or
+        when a default set it (no line of its own), the spec's train block, else its first model."""
+        if span is not None:
+            return span
+        return self.train_block.span if self.train_block is not None else self.models[0].span
 
 
 def tensor_type(e: TExpr) -> TensorType:
@@ -559,3 +556,9 @@ def tensor_type(e: TExpr) -> TensorType:
     if not isinstance(e.type, TensorType):
         raise InternalError(f"expected a tensor type at {e.span}, got {e.type}")
     return e.type
+
+
+def static_size(d: Dim) -> int:
+    """The size of a dim that has one (a parameter's, after the builder resolved it); reading it
+    on a free dim (B, S) or `...` is a compiler bug."""
+    return filled(d.size, f"the size of dim {d.name}", "resolve")

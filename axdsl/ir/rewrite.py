@@ -1,4 +1,5 @@
-"""Walking and rewriting forward expressions: the one walker every pass, analysis and emitter uses."""
+"""Walking and rewriting forward expressions: the one walker every pass, analysis and emitter
+uses."""
 
 from __future__ import annotations
 
