@@ -28,9 +28,9 @@ def compiled() -> ir.Module:
 
 def test_schedule_and_train_settings_read_after_their_passes(checked, compiled):
     with pytest.raises(InternalError, match="before configure_target"):
-        checked.target
+        _ = checked.target
     with pytest.raises(InternalError, match="before configure_train"):
-        checked.train
+        _ = checked.train
     assert compiled.target is compiled.schedule and compiled.target.chips == 8
     assert compiled.train is compiled.train_settings and compiled.train.get("batch") >= 1
 
@@ -39,7 +39,7 @@ def test_an_instance_reads_its_forward_children_and_params(checked):
     root = checked.models[0].root
     assert root.fwd is root.forward
     with pytest.raises(InternalError, match="forward of /"):
-        replace(root, forward=None).fwd
+        _ = replace(root, forward=None).fwd
     child = root.children[0]
     assert root.expect_child(child.name) is child
     with pytest.raises(InternalError, match="child `nope` of /"):
@@ -73,4 +73,4 @@ def test_a_keyword_argument_has_a_name():
     span = Span("x.axl", 1, 1)
     assert DirectiveArg("rank", 8, span).key == "rank"
     with pytest.raises(InternalError):
-        DirectiveArg(None, 8, span).key
+        _ = DirectiveArg(None, 8, span).key
