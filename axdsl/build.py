@@ -116,7 +116,8 @@ def runtime_source() -> str:
 
 
 def runtime_path(out_dir: Path) -> Path:
-    """Where the runtime of the output in `out_dir` (= <root>/<spec>/<target>) lives: <root>/runtime.py."""
+    """Where the runtime of the output in `out_dir` (= <root>/<spec>/<target>) lives:
+    <root>/runtime.py."""
     return _anchored(out_dir).parent.parent / RUNTIME
 
 
@@ -153,7 +154,8 @@ def keep_edits(out_dir: Path, files: dict[str, str]) -> tuple[dict[str, str], st
 
     manifest.json still records the fresh file's sha256, so a kept file stays recognised as edited.
     """
-    kept, chunks = dict(files), []
+    kept = dict(files)
+    chunks: list[str] = []
     for name in edited_files(out_dir):
         old, new = (out_dir / name).read_text(encoding="utf-8"), files.get(name, "")
         if old != new:
@@ -303,7 +305,8 @@ def write_runtime(path: Path) -> None:
 
 
 def _ensure_package_inits(directory: Path) -> None:
-    """generated/ and generated/<spec>/ are packages, so `generated.tiny_llama.cpu.model` imports."""
+    """generated/ and generated/<spec>/ are packages, so `generated.tiny_llama.cpu.model`
+    imports."""
     for d in (directory, directory.parent):
         init = d / "__init__.py"
         if d.name and not init.exists():
@@ -354,7 +357,7 @@ def diff_targets(spec: Path, a: str, b: str) -> str:
     """The unified diff from target `a`'s generated files to target `b`'s (manifests left out:
     their hashes differ whenever anything does)."""
     fa, fb = build_files(spec, a), build_files(spec, b)
-    chunks = []
+    chunks: list[str] = []
     for name in sorted((set(fa) | set(fb)) - {MANIFEST}):
         old, new = fa.get(name, ""), fb.get(name, "")
         chunks.extend(

@@ -39,7 +39,8 @@ def step_problem(step_dir: Path) -> str | None:
         if not path.is_file():
             return f"{name} is missing"
         if (actual := path.stat().st_size) != size:
-            return f"{name} has {actual} bytes, {size} were written ({'empty' if not actual else 'truncated'})"
+            state = "empty" if not actual else "truncated"
+            return f"{name} has {actual} bytes, {size} were written ({state})"
         if _sha256(path) != digest:
             return f"{name} is corrupt: its content differs from what was written (sha256)"
     return None

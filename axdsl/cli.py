@@ -78,7 +78,8 @@ def _internal_error(exc: Exception) -> int:
         f.write(f"axdsl {__version__}\nargv: {sys.argv}\n\n{text}")
     message = str(exc).splitlines()[0][:200] if str(exc) else ""
     print(
-        f"axdsl: internal error (a bug in axdsl, please report it): {type(exc).__name__}: {message}\n"
+        "axdsl: internal error (a bug in axdsl, please report it): "
+        f"{type(exc).__name__}: {message}\n"
         f"  the traceback is in {f.name}",
         file=sys.stderr,
     )
@@ -309,12 +310,14 @@ def _add_export_lora(sub) -> None:
         "--out",
         type=Path,
         default=None,
-        help="the new checkpoint's directory, which must not exist or be empty (required; no default)",
+        help="the new checkpoint's directory, which must not exist or be empty "
+        "(required; no default)",
     )
     el.add_argument(
         "--merge",
         action="store_true",
-        help="write merged weights, a params checkpoint as import-hf writes (default: adapters alone)",
+        help="write merged weights, a params checkpoint as import-hf writes "
+        "(default: adapters alone)",
     )
     el.set_defaults(run=_cmd_export_lora)
 
@@ -356,7 +359,8 @@ def _add_train(sub) -> None:
     tr.add_argument(
         "--data",
         default=None,
-        help='"default", a token file (.bin) or a text file/directory; seq2seq: SOURCE.bin,TARGET.bin; '
+        help='"default", a token file (.bin) or a text file/directory; '
+        "seq2seq: SOURCE.bin,TARGET.bin; "
         "classify: a .npz of images and labels (default: the train block's data)",
     )
     tr.add_argument(
@@ -416,8 +420,8 @@ def _add_sample(sub) -> None:
         "--eos",
         type=int,
         default=None,
-        help="stop after this token id (default: a seq2seq run's eos, an imported model's eos_token_id, "
-        "else none)",
+        help="stop after this token id (default: a seq2seq run's eos, "
+        "an imported model's eos_token_id, else none)",
     )
     sm.add_argument("--seed", type=int, default=0, help="sampling seed")
     sm.add_argument(
@@ -506,7 +510,8 @@ def _check_drift(args) -> int:
             drift += 1
             sys.stdout.write(diff)
             print(
-                f"{path}: out of date with axdsl; run `axdsl build` for any spec with a train block",
+                f"{path}: out of date with axdsl; "
+                "run `axdsl build` for any spec with a train block",
                 file=sys.stderr,
             )
     if not args.spec:
@@ -604,16 +609,18 @@ def _cmd_export_lora(args) -> int:
 
 
 def _out_dir(args) -> Path:
-    """--out DEST, or the older third positional DEST (kept so scripts keep working); no default, since
-    beside a checkpoint step would be inside the run's checkpoints/."""
+    """--out DEST, or the older third positional DEST (kept so scripts keep working); no
+    default, since beside a checkpoint step would be inside the run's checkpoints/."""
     if args.out is not None and args.legacy_out is not None and args.out != args.legacy_out:
         raise _UsageError(
-            f"two output directories given ({args.legacy_out} and --out {args.out}): give --out only"
+            f"two output directories given ({args.legacy_out} and --out {args.out}): "
+            "give --out only"
         )
     out = args.out or args.legacy_out
     if out is None:
         raise _UsageError(
-            f"{args.command} needs --out DIR, the directory to write (it must not exist or be empty)"
+            f"{args.command} needs --out DIR, the directory to write "
+            "(it must not exist or be empty)"
         )
     return out
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from axdsl.errors import Diagnostic
+from axdsl.errors import Diagnostic, filled
 from axdsl.ir import nodes as ir
 
 KEPT = 0.98  # runtime.split: the first 98% of the tokens train, the last 2% are the eval split
@@ -60,8 +60,10 @@ def data_problems(module: ir.Module, spec: Path) -> list[Diagnostic]:
     return [Diagnostic(choice.span, m, h) for m, h in _split_problems(count, settings)]
 
 
-def _resolve(name: str, spec: Path) -> Path:
-    path = Path(name)
+def _resolve(name: str | None, spec: Path) -> Path:
+    """A data file's path (configure_train requires every file a source reads) as the trainer
+    resolves it: relative to the spec's directory."""
+    path = Path(filled(name, "a data file's path", "configure_train"))
     return path if path.is_absolute() else spec.parent / path  # as the trainer resolves it
 
 
@@ -89,8 +91,8 @@ def _arrays_problems(module: ir.Module, source: ir.DataSource, spec: Path) -> li
         return [
             (
                 f"arrays data {path} is not a readable .npz file: {arrays}",
-                "write it with numpy.savez(path, images=..., labels=...), or give a directory of images.npy "
-                "and labels.npy",
+                "write it with numpy.savez(path, images=..., labels=...), "
+                "or give a directory of images.npy and labels.npy",
             )
         ]
     root = module.models[0].root
@@ -112,7 +114,8 @@ def _arrays_problems(module: ir.Module, source: ir.DataSource, spec: Path) -> li
     if tuple(ishape[1:]) != shape or tuple(lshape) != tuple(ishape[:1]):
         return [
             (
-                f"arrays data {path}: images are {list(ishape)} and labels {list(lshape)}; the model reads {want}",
+                f"arrays data {path}: images are {list(ishape)} and labels {list(lshape)}; "
+                f"the model reads {want}",
                 "one label per image, every image of the model's shape",
             )
         ]
@@ -123,10 +126,11 @@ def _arrays_problems(module: ir.Module, source: ir.DataSource, spec: Path) -> li
                 "labels are class ids 0, 1, ...",
             )
         ]
-    if module.train_settings.get("eval_every") and ishape[0] < 2:
+    if module.train.get("eval_every") and ishape[0] < 2:
         return [
             (
-                f"arrays data {path} holds {ishape[0]} example(s): none is left to hold out for evaluation",
+                f"arrays data {path} holds {ishape[0]} example(s): "
+                "none is left to hold out for evaluation",
                 "add data or set eval_every = 0",
             )
         ]
@@ -149,7 +153,10 @@ def _npz_headers(path: Path) -> dict | str:
     try:
         with path.open("rb") as f:
             if f.read(6) == b"\x93NUMPY":
-                return "it is one .npy array, not a .npz of named arrays (or a directory of .npy files)"
+                return (
+                    "it is one .npy array, not a .npz of named arrays "
+                    "(or a directory of .npy files)"
+                )
         with zipfile.ZipFile(path) as z:
             for name in z.namelist():
                 if not name.endswith(".npy"):
@@ -183,7 +190,8 @@ def _read_npy_header(f) -> tuple:
 
 
 def _first_binary(path: Path) -> Path | None:
-    """The first file of a text source with a NUL byte near its start (runtime.binary_files' rule)."""
+    """The first file of a text source with a NUL byte near its start (runtime.binary_files'
+    rule)."""
     files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
     for file in files:
         try:
@@ -229,8 +237,8 @@ def _split_problems(count: int, settings: ir.TrainSettings) -> list[tuple[str, s
     if train < need:
         return [
             (
-                f"the data holds {count} tokens: its training split has {train}, one sequence needs "
-                f"{need} (seq {seq})",
+                f"the data holds {count} tokens: its training split has {train}, "
+                f"one sequence needs {need} (seq {seq})",
                 "add data or lower seq",
             )
         ]

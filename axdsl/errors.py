@@ -1,4 +1,5 @@
-"""Diagnostics: every user mistake becomes `file:line:col: error: message`, the line, a caret, a hint.
+"""Diagnostics: every user mistake becomes `file:line:col: error: message`, the line, a caret,
+a hint.
 
 Passes collect diagnostics in a `Diagnostics` bag and raise `CompileError` once at the end of a
 stage, so one run reports every independent mistake together (as sqlglot does).
@@ -8,8 +9,10 @@ from __future__ import annotations
 
 import difflib
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 
 @dataclass(frozen=True)
@@ -117,7 +120,7 @@ def shorten_words(text: str, limit: int = LONGEST_WORD) -> str:
     """
     if len(text) <= limit:
         return text
-    return re.sub(r"\S{%d,}" % (limit + 1), lambda m: _shortened(m.group(), limit), text)
+    return re.sub(rf"\S{{{limit + 1},}}", lambda m: _shortened(m.group(), limit), text)
 
 
 def _shortened(word: str, limit: int) -> str:
@@ -139,6 +142,11 @@ class CompileError(Exception):
         body = "\n".join(d.render(self.sources) for d in self.diagnostics)
         n = len(self.diagnostics)
         return f"{body}\n{n} error{'s' if n != 1 else ''} generated."
+
+
+class InternalError(AssertionError):
+    """A compiler bug, not a user error: an invariant an earlier stage establishes does not hold,
+    such as a field a pass fills read before that pass ran (see the IR's typed views)."""
 
 
 @dataclass
@@ -166,7 +174,7 @@ class Diagnostics:
         return bool(self.items)
 
 
-def did_you_mean(name: str, candidates: list[str] | set[str] | tuple[str, ...]) -> str | None:
+def did_you_mean(name: str, candidates: Iterable[str]) -> str | None:
     """A hint naming the closest candidate, or None when nothing is close."""
     close = difflib.get_close_matches(name, sorted(candidates), n=1, cutoff=0.6)
     return f"did you mean `{close[0]}`?" if close else None
@@ -174,3 +182,13 @@ def did_you_mean(name: str, candidates: list[str] | set[str] | tuple[str, ...]) 
 
 def read_source(path: Path) -> str:
     return path.read_text(encoding="utf-8")
+
+
+_T = TypeVar("_T")
+
+
+def filled(value: _T | None, what: str, by: str) -> _T:
+    """`value`, which the stage `by` sets; an InternalError (a compiler bug) when it is None."""
+    if value is None:
+        raise InternalError(f"{what} is read before {by} set it")
+    return value

@@ -44,7 +44,7 @@ def patterns(freeze: str) -> list[str]:
 
 def param_paths(root: ir.Instance) -> list[str]:
     """Every parameter's path as train.py's freeze labels see it (`blocks/attn/wq`)."""
-    out = []
+    out: list[str] = []
     for inst in root.walk():
         base = [p for p in inst.path.split("/") if p]
         out.extend("/".join(base + [p.name]) for p in inst.params)
@@ -52,11 +52,12 @@ def param_paths(root: ir.Instance) -> list[str]:
 
 
 def cross_check(values: dict[str, ir.Choice], module: ir.Module, diags: Diagnostics) -> None:
-    """Every `freeze` glob matches a parameter of the first model, and not every parameter is frozen."""
+    """Every `freeze` glob matches a parameter of the first model, and not every parameter is
+    frozen."""
     if "freeze" not in values:
         return
     choice = values["freeze"]
-    span = choice.origin.span
+    span = module.report_at(choice.origin.span)
     paths = param_paths(module.models[0].root)
     frozen = set()
     for glob in patterns(choice.value):

@@ -53,15 +53,15 @@ class Target:
 
     @property
     def stack(self) -> tuple[int, ...]:
-        return tuple(int(d.size) for d in self.param.stack)
+        return tuple(ir.static_size(d) for d in self.param.stack)
 
     @property
     def rows(self) -> int:
-        return math.prod(int(d.size) for d in self.param.dims[: self.split])
+        return math.prod(ir.static_size(d) for d in self.param.dims[: self.split])
 
     @property
     def cols(self) -> int:
-        return math.prod(int(d.size) for d in self.param.dims[self.split :])
+        return math.prod(ir.static_size(d) for d in self.param.dims[self.split :])
 
     def adapter_elements(self, rank: int) -> int:
         """Elements of A and B together."""
@@ -69,7 +69,8 @@ class Target:
 
 
 def parse(d: ir.Directive, diags: Diagnostics) -> LoraSettings | None:
-    """`lora(rank = 8, alpha = 16, targets = "...")`: keyword arguments, each checked and located."""
+    """`lora(rank = 8, alpha = 16, targets = "...")`: keyword arguments, each checked and
+    located."""
     if d.args:
         diags.error(
             d.args[0].span,
@@ -79,7 +80,7 @@ def parse(d: ir.Directive, diags: Diagnostics) -> LoraSettings | None:
         return None
     out: dict = dict(DEFAULTS)
     ok = True
-    for k, v, span in ((a.name, a.value, a.span) for a in d.kwargs):
+    for k, v, span in ((a.key, a.value, a.span) for a in d.kwargs):
         if k not in out:
             diags.error(
                 span,
@@ -155,8 +156,9 @@ def resolve(settings: LoraSettings, root: ir.Instance) -> tuple[list[Target], li
         for path, p in hits:
             if len(p.dims) < 2:
                 problems.append(
-                    f"lora target `{glob}` matches `{path}` of shape {[int(d.size) for d in p.dims]} "
-                    f"per layer: adapters need a matrix (two or more axes)"
+                    f"lora target `{glob}` matches `{path}` of shape "
+                    f"{[ir.static_size(d) for d in p.dims]} per layer: "
+                    "adapters need a matrix (two or more axes)"
                 )
             else:
                 chosen[path] = Target(path, p, _split(p))
@@ -195,6 +197,6 @@ def cross_check(values: dict, module: ir.Module, diags: Diagnostics) -> None:
 
 def adapter_table(module: ir.Module) -> list[tuple[str, int, int]]:
     """(path, stacked layer axes, `in` axes) of each target: train.py's LORA_TARGETS."""
-    settings = module.train_settings.get("lora")
+    settings = module.train.get("lora")
     targets, _ = resolve(settings, module.models[0].root)
     return [(t.path, len(t.param.stack), t.split) for t in targets]

@@ -51,14 +51,16 @@ def train(
     init_from: Path | None = None,
     overrides: dict[str, object] | None = None,
 ) -> int:
-    """Build `spec` for `target`, then run `python -m generated.<spec>.<target>.train`; its exit code.
+    """Build `spec` for `target`, then run `python -m generated.<spec>.<target>.train`; its exit
+    code.
 
     The command runs in the current directory (the one holding generated/), with its output
     streamed; the run directory defaults to runs/<spec>-<target>, and rerunning resumes there.
     A train.py the user edited (see `build.edited_files`) is kept and run as it is; if the rest of
     the output is out of date as well, nothing is rebuilt and the exit code is 1. `init_from`, a
     Hugging Face model directory, is imported once into RUN_DIR/hf_params (see `hf_init_params`).
-    `overrides` (steps, batch, seq, lr, checkpoint_every, data) become train.py's flags of those names.
+    `overrides` (steps, batch, seq, lr, checkpoint_every, data) become train.py's flags of those
+    names.
     """
     from axdsl import build
 
@@ -141,7 +143,8 @@ def run_child(cmd: list[str]) -> int:
 
 
 def _die_with_parent(parent: int):
-    """A preexec_fn for Popen: ask Linux to SIGTERM the child when `parent` dies (None elsewhere)."""
+    """A preexec_fn for Popen: ask Linux to SIGTERM the child when `parent` dies (None
+    elsewhere)."""
     if not sys.platform.startswith("linux"):
         return None
 
@@ -198,7 +201,8 @@ def _is_number(value) -> bool:
 
 
 def _metrics_row(line: str) -> dict | str | None:
-    """One metrics.jsonl line as a dict; None for a blank line; what is wrong with it, as a string."""
+    """One metrics.jsonl line as a dict; None for a blank line; what is wrong with it, as a
+    string."""
     if not line.strip():
         return None
     try:
@@ -246,10 +250,12 @@ def plot(run_dir: Path, out: Path | None = None) -> int:
 
 
 def run_title(run_dir: Path) -> str:
-    """ "RUN_DIR: SPEC model M on TARGET" from run.json; the directory alone when that is unreadable."""
+    """ "RUN_DIR: SPEC model M on TARGET" from run.json; the directory alone when that is
+    unreadable."""
     try:
         info = json.loads((run_dir / "run.json").read_text(encoding="utf-8"))
-        return f"{run_dir.name}: {Path(info['spec']).name} model {info['train']['model']} on {info['target']}"
+        spec, model = Path(info["spec"]).name, info["train"]["model"]
+        return f"{run_dir.name}: {spec} model {model} on {info['target']}"
     except (OSError, ValueError, KeyError, TypeError):
         return run_dir.name or str(run_dir)
 
@@ -290,7 +296,7 @@ def _draw(
     if not points:
         axes.text(0.5, 0.5, "not logged", ha="center", va="center", transform=axes.transAxes)
         return
-    steps, values = zip(*points)
+    steps, values = zip(*points, strict=True)
     rgb = tuple(c / 255 for c in color)
     axes.plot(
         steps, values, color=rgb, linewidth=2, label=label, marker="o" if len(points) == 1 else None
@@ -315,6 +321,8 @@ def load_run(run_dir: Path):
         spec = importlib.util.spec_from_file_location(
             alias, top_dir / "__init__.py", submodule_search_locations=[str(top_dir)]
         )
+        if spec is None or spec.loader is None:
+            raise ImportError(f"cannot import {top_dir}")
         package = importlib.util.module_from_spec(spec)
         sys.modules[alias] = package
         spec.loader.exec_module(package)

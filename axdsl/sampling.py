@@ -1,4 +1,5 @@
-"""`axdsl sample`: generate from a run's newest good checkpoint, or from an `axdsl import-hf` output.
+"""`axdsl sample`: generate from a run's newest good checkpoint, or from an `axdsl import-hf`
+output.
 
 A run's train.py and model.py are found through RUN_DIR/run.json (runs.load_run); an import's
 through its import.json, built for the cpu target. Prompts are encoded and generated ids decoded
@@ -224,10 +225,13 @@ def generate_seq2seq(
 
 
 def _load_model(path: Path):
-    """The generated model.py at `path`, imported by file path (it imports nothing of its package)."""
+    """The generated model.py at `path`, imported by file path (it imports nothing of its
+    package)."""
     alias = "_axdsl_model_" + hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:16]
     if alias not in sys.modules:
         spec = importlib.util.spec_from_file_location(alias, path)
+        if spec is None or spec.loader is None:
+            raise ImportError(f"cannot import {path}")
         module = importlib.util.module_from_spec(spec)
         sys.modules[alias] = module
         spec.loader.exec_module(module)
@@ -249,8 +253,8 @@ def _newest_good_params(tm, cfg, tc, checkpoints: Path):
         except Exception as exc:  # noqa: BLE001 - whatever orbax or tensorstore raise on a bad step
             first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ""
             warn(
-                f"checkpoint {step} in {checkpoints} cannot be read ({type(exc).__name__}: {first}); "
-                "skipping it"
+                f"checkpoint {step} in {checkpoints} cannot be read "
+                f"({type(exc).__name__}: {first}); skipping it"
             )
     return None
 
@@ -268,7 +272,7 @@ class _quiet_orbax:
         return self
 
     def __exit__(self, *exc):
-        for lg, level in zip(self.loggers, self.levels):
+        for lg, level in zip(self.loggers, self.levels, strict=True):
             lg.setLevel(level)
         return False
 

@@ -79,14 +79,15 @@ def _lora_line(settings, model: ir.Model) -> str:
     n = sum(t.adapter_elements(settings.rank) for t in targets)
     return (
         f"{n:,} adapter parameters ({_fmt(n)}, rank {settings.rank}) on {len(targets)} weights "
-        f"({', '.join(t.path for t in targets)}); the base is frozen: no gradients, no optimizer state"
+        f"({', '.join(t.path for t in targets)}); "
+        "the base is frozen: no gradients, no optimizer state"
     )
 
 
 def run(spec: Path, target: str = "cpu", model: str | None = None) -> int:
     module = compile_spec(spec, target)
-    sched = module.schedule
-    train = module.train_settings
+    sched = module.target
+    train = module.train
     batch, seq = train.get("batch"), train.get("seq")
     profile = profiles()[sched.profile]
     models = [m for m in module.models if model is None or m.name == model]
@@ -110,12 +111,13 @@ def run(spec: Path, target: str = "cpu", model: str | None = None) -> int:
         )
         if s.balancing_params:
             print(
-                f"  + state           {s.balancing_params:,} MoE selection biases, moved by the balancing rule "
-                "after each step, not trained (a buffer in Hugging Face's count)"
+                f"  + state           {s.balancing_params:,} MoE selection biases, "
+                "moved by the balancing rule after each step, not trained "
+                "(a buffer in Hugging Face's count)"
             )
         print(
-            f"  model FLOPs       {_fmt(s.flops_per_token)} per token, {_fmt(s.flops_per_step)} per step "
-            f"(training, 3 x forward, MaxText's formula)"
+            f"  model FLOPs       {_fmt(s.flops_per_token)} per token, "
+            f"{_fmt(s.flops_per_step)} per step (training, 3 x forward, MaxText's formula)"
         )
         step_s = s.flops_per_step / (sched.chips * profile.peak_flops("bf16"))
         print(

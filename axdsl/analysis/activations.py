@@ -17,7 +17,7 @@ from axdsl.analysis.platforms import CPU, PlatformFacts
 from axdsl.analysis.trace import Tracer
 from axdsl.analysis.values import Scope, Val, ValKind
 from axdsl.ir import nodes as ir
-from axdsl.ir.head import LOSS_CHUNK, HeadSplit
+from axdsl.ir.nodes import LOSS_CHUNK, HeadSplit
 
 
 @dataclass(frozen=True)

@@ -34,8 +34,8 @@ def _main(argv: list[str] | None = None) -> int:
     from axdsl.pipeline import compile_spec
 
     module = compile_spec(args.spec, args.target)
-    train = module.train_settings
-    sched = module.schedule
+    train = module.train
+    sched = module.target
     request_devices(sched.chips)
     result = lower_here(
         build_files(args.spec, args.target),

@@ -16,7 +16,7 @@ from axdsl.codegen.expressions import FunctionEmitter, LayerFunction, dims_text,
 from axdsl.codegen.names import py_str, spec_text
 from axdsl.codegen.pyexpr import py_size, py_value
 from axdsl.ir import nodes as ir
-from axdsl.ir.plans import CacheEntry, DecodePlan
+from axdsl.ir.nodes import CacheEntry, DecodePlan
 from axdsl.ir.rewrite import sequence_dims
 
 

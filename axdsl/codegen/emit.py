@@ -7,14 +7,13 @@ structure, since they share the functions and differ only in `Config` values.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
-
 import json
 import keyword
+from dataclasses import dataclass, replace
 
 import jinja2
 
-from axdsl import __version__, resources
+from axdsl import __version__, primitives, resources
 from axdsl.codegen import helpers
 from axdsl.codegen.decode import decode_path
 from axdsl.codegen.emit_objective import objective_code, objective_doc
@@ -24,15 +23,12 @@ from axdsl.codegen.pyexpr import py, py_value
 from axdsl.errors import CompileError, Diagnostic
 from axdsl.ir import nodes as ir
 from axdsl.ir.expr import reads_config
-from axdsl.ir.head import HeadSplit, has_lm_signature
-from axdsl.ir.nodes import DType
-from axdsl.ir.plans import ConfigFields
-from axdsl.ir.printer import fit_lines
-from axdsl.primitives.quantized import QUANTIZED_POINT
-from axdsl.ir.printer import value_text
-from axdsl.objectives import fits, objective_args, objective_name
-from axdsl import primitives
+from axdsl.ir.head import has_lm_signature
+from axdsl.ir.nodes import ConfigFields, DType, HeadSplit
+from axdsl.ir.printer import fit_lines, value_text
 from axdsl.ir.rewrite import prims_of
+from axdsl.objectives import fits, objective_args, objective_name
+from axdsl.primitives.quantized import QUANTIZED_POINT
 
 
 @dataclass

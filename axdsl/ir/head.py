@@ -5,29 +5,12 @@ The next-token loss does not need the float32 logits [B, S, vocab] all at once (
 `loss_fn` runs the model up to its head (`<root>_hidden`, ending at the final norm), then the head
 and the cross-entropy a chunk of positions at a time (`fused_cross_entropy` in templates/model.py.j2),
 taking each chunk's gradient as it goes. The pass that finds the cut is axdsl/passes/split_head.py;
-this module holds what it records (`Model.head`).
+what it records is `ir.HeadSplit` (`Model.head`); this module holds the signature test.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from axdsl.ir import nodes as ir
-
-# Positions per chunk of the fused cross-entropy without a target (a target's is its profile's
-# loss_chunk): the generated LOSS_CHUNK, and axdsl aot's.
-LOSS_CHUNK = 512
-
-
-@dataclass(frozen=True)
-class HeadSplit:
-    """The root cut in two: `body` returns the hidden state, `head` maps it to the logits."""
-
-    body: ir.Instance  # the root's forward up to the head, returning `hidden`
-    head: ir.Instance  # forward(hidden) -> logits: the tail of the root's statements
-    hidden: str  # the value the head reads, its one argument
-    params: tuple[str, ...]  # the top-level keys of the parameter tree the head reads
-    chunk: int = LOSS_CHUNK  # positions per chunk of the fused cross-entropy on this target
 
 
 def has_lm_signature(root: ir.Instance) -> bool:

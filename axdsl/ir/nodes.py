@@ -11,15 +11,12 @@ return new trees (`dataclasses.replace`); nothing is mutated in place.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from axdsl.errors import Span
-
-if TYPE_CHECKING:  # the plans refer back to nodes; only the annotations need them
-    from axdsl.ir.head import HeadSplit
-    from axdsl.ir.plans import ActivationSharding, ConfigFields, DecodePlan
+from axdsl.errors import InternalError, Span, filled
 from axdsl.ir.dtypes import DTYPES, DType  # noqa: F401 (part of the IR)
 from axdsl.ir.expr import BinOp, Const, Expr
 from axdsl.ir.origins import (  # noqa: F401 (part of the IR)
@@ -480,7 +477,22 @@ class Instance:
     def param(self, name: str) -> Param | None:
         return next((p for p in self.params if p.name == name), None)
 
-    def walk(self):
+    @property
+    def fwd(self) -> Forward:
+        """This layer's forward: every instance of a built IR has one (a layer without a forward
+        is a compile error of the builder), so later stages read it without a None check."""
+        return filled(self.forward, f"the forward of {self.path}", "resolve")
+
+    def expect_child(self, name: str) -> Instance:
+        """The child `name`, which the builder bound every `name(...)` call and `name.param`
+        reference to; an InternalError when there is none (a compiler bug)."""
+        return filled(self.child(name), f"child `{name}` of {self.path}", "resolve")
+
+    def expect_param(self, name: str) -> Param:
+        """The parameter `name`, which the builder bound every PARAM reference to."""
+        return filled(self.param(name), f"parameter `{name}` of {self.path}", "resolve")
+
+    def walk(self) -> Iterator[Instance]:
         yield self
         for c in self.children:
             yield from c.walk()
@@ -493,8 +505,9 @@ class Instance:
     def stack_of(self, path: str) -> Instance | None:
         """The outermost stacked layer on the way from this layer down to the one at `path` (that
         layer included), or None when none of them is repeated."""
-        inst = self
+        inst: Instance | None = self
         for name in [n for n in path.split("/") if n]:
+            assert inst is not None  # the loop returns as soon as it is None
             inst = inst.child(name)
             if inst is None or inst.repeat is not None:
                 return inst
@@ -521,6 +534,70 @@ def master_weight_paths(root: Instance) -> frozenset[str]:
     return frozenset(out)
 
 
+# What the last passes decide for codegen, recorded so that codegen only prints it:
+# shard_activations -> Instance.carry_sharding, split_head -> Model.head, plan_decode ->
+# Model.decode, select_config -> Module.config. `axdsl dump` prints each (ir/printer.py) and
+# tests/ir/<pass>.test shows it.
+
+# Positions per chunk of the fused cross-entropy without a target (a target's is its profile's
+# loss_chunk): the generated LOSS_CHUNK, and axdsl aot's.
+LOSS_CHUNK = 512
+
+
+@dataclass(frozen=True)
+class ActivationSharding:
+    """Where an activation lives on the mesh: each dim's logical axis (None: no rule reads it)
+    and the mesh axes the target's rules give it, each mesh axis used once per tensor."""
+
+    logical: tuple[str | None, ...]
+    mesh: tuple[tuple[str, ...], ...]
+
+
+@dataclass(frozen=True)
+class CacheEntry:
+    """One array of the KV cache: an attention call's keys (`k`, `k2`, ...) or values (`v`, ...).
+
+    Its shape is [*stack, batch, length, *dims[2:]]: one slice per stacked layer around it, then
+    the attention operand's dims past its [B, S]."""
+
+    path: str  # in the cache tree, which mirrors the parameter tree: "blocks/attn/k"
+    stack: tuple[HValue, ...]  # the repeat counts of the stacked layers around the attention
+    dims: tuple[Dim, ...]  # the attention operand's dims, [B, S, kv_heads, head_dim]
+    sharding: ActivationSharding | None  # None on a target without a mesh (no schedule)
+
+
+@dataclass(frozen=True)
+class DecodePlan:
+    """How a next-token LM decodes over a KV cache (plan_decode), or why it cannot.
+
+    `cached` are the layers whose decode variant takes and returns a part of the cache (those
+    holding an attention call, and their ancestors); the other layers run as in the forward."""
+
+    problem: str | None  # why this model cannot decode over a KV cache; None when it can
+    cached: tuple[str, ...] = ()  # instance paths, leaves first
+    cache: tuple[CacheEntry, ...] = ()
+
+
+@dataclass(frozen=True)
+class ConfigFields:
+    """The root hyperparameters of the generated `Config` (select_config), in declaration order,
+    and those fixed when the file was built (the code reads none of them)."""
+
+    fields: tuple[str, ...]
+    fixed: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class HeadSplit:
+    """The root cut in two: `body` returns the hidden state, `head` maps it to the logits."""
+
+    body: Instance  # the root's forward up to the head, returning `hidden`
+    head: Instance  # forward(hidden) -> logits: the tail of the root's statements
+    hidden: str  # the value the head reads, its one argument
+    params: tuple[str, ...]  # the top-level keys of the parameter tree the head reads
+    chunk: int = LOSS_CHUNK  # positions per chunk of the fused cross-entropy on this target
+
+
 @dataclass(frozen=True)
 class Model:
     name: str
@@ -544,3 +621,38 @@ class Module:
     schedule: Schedule | None = None  # set by configure_target
     train_settings: TrainSettings | None = None  # set by configure_train
     config: ConfigFields | None = None  # set by select_config
+
+    # Typed views of the fields later passes fill. The fields stay Optional, since the IR between
+    # passes really lacks them (`axdsl dump --after check` prints a module without a schedule);
+    # a stage that runs after the pass reads the view, which has the plain type, and a read before
+    # the pass ran is a compiler bug that raises InternalError instead of an AttributeError on None.
+    @property
+    def target(self) -> Schedule:
+        """The resolved schedule of `target_name` (the blocks as written are `target_blocks`)."""
+        return filled(self.schedule, "Module.schedule", "configure_target")
+
+    @property
+    def train(self) -> TrainSettings:
+        """The resolved train settings (the block as written is `train_block`)."""
+        return filled(self.train_settings, "Module.train_settings", "configure_train")
+
+    def report_at(self, span: Span | None) -> Span:
+        """Where a diagnostic about a resolved setting points: `span`, the line that set it, or
+        when a default set it (no line of its own), the spec's train block, else its first model."""
+        if span is not None:
+            return span
+        return self.train_block.span if self.train_block is not None else self.models[0].span
+
+
+def tensor_type(e: TExpr) -> TensorType:
+    """The tensor type infer_shapes gave `e`. Reading it on a scalar or an untyped expression is
+    a compiler bug: the pass reported a non-tensor where a tensor is required as a user error."""
+    if not isinstance(e.type, TensorType):
+        raise InternalError(f"expected a tensor type at {e.span}, got {e.type}")
+    return e.type
+
+
+def static_size(d: Dim) -> int:
+    """The size of a dim that has one (a parameter's, after the builder resolved it); reading it
+    on a free dim (B, S) or `...` is a compiler bug."""
+    return filled(d.size, f"the size of dim {d.name}", "resolve")

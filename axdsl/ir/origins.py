@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
@@ -76,7 +77,7 @@ class Choice:
         return self.origin.span
 
 
-def user_line(names, origins_of) -> Span | None:
+def user_line(names: Iterable[str], origins_of: Callable[[str], Iterable[Origin]]) -> Span | None:
     """The user's line behind an error in a library layer: where the user set one of `names`.
 
     `origins_of(name)` yields the origins of `name` from the failing instance outwards: an

@@ -91,7 +91,7 @@ def _short_policy(r: ir.RematPolicy) -> str:
     return "save(points)" if r.kind is ir.RematKind.SAVE else str(r.kind)
 
 
-def value_text(v) -> str:
+def value_text(v: object) -> str:
     """A value as the spec language writes it: `true`, `bf16`, "text", `RMSNorm(eps = 1e-05)`.
 
     The one printer of values: `axdsl dump`, error messages and generated comments use it.
@@ -127,8 +127,8 @@ def value_text(v) -> str:
             f"dir = {value_text(v.dir)})"
         )
     if isinstance(v, LayerValue):
-        args = ", ".join(f"{k} = {value_text(a.value)}" for k, a in v.args)
-        return f"{v.layer}({args})"
+        layer_args = ", ".join(f"{k} = {value_text(a.value)}" for k, a in v.args)
+        return f"{v.layer}({layer_args})"
     if isinstance(v, PatternValue):
         return "[" + ", ".join(value_text(x) for x in v.layers) + "]"
     if isinstance(v, RepeatValue):
@@ -164,6 +164,8 @@ def plan_lines(model: ir.Model) -> list[str]:
 def _mesh_text(spec: tuple[tuple[str, ...], ...]) -> str:
     """Mesh axes per dim: `(fsdp, _, data+fsdp)`, `_` for a dim on no mesh axis."""
     return "(" + ", ".join("+".join(a) if a else "_" for a in spec) + ")"
+
+
 def _computed(h: ir.HParam) -> str:
     """`  (cfg.dim // cfg.heads)`: how a value is computed from the Config, when that says more
     than the value (not for a literal, nor for the Config field of its own name)."""
@@ -173,7 +175,7 @@ def _computed(h: ir.HParam) -> str:
     return f"  ({spec_text(e)})"
 
 
-def _dims(dims) -> str:
+def _dims(dims: tuple[ir.Dim, ...]) -> str:
     return "[" + ", ".join(str(d) for d in dims) + "]"
 
 
@@ -219,7 +221,7 @@ def expr_text(e: ir.TExpr) -> str:
         if e.kind is ir.RefKind.CHILD_PARAM:
             return f"{e.owner}.{e.name}"
         if e.kind is ir.RefKind.HPARAM:
-            return value_text(e.value.value)
+            return value_text(ir.filled(e.value, f"the value of {e.name}", "resolve").value)
         return e.name
     if isinstance(e, ir.Lit):
         return value_text(e.value)
@@ -265,6 +267,6 @@ def _section(s: ir.Section) -> list[str]:
     return out
 
 
-def _train_value(v) -> str:
+def _train_value(v: object) -> str:
     """A resolved train setting: `adamw(lr = 0.0003, ...)`, `tokens(path = "x.bin")`, a number."""
     return value_text(v)

@@ -1,9 +1,10 @@
-"""Walking and rewriting forward expressions: the one walker every pass, analysis and emitter uses."""
+"""Walking and rewriting forward expressions: the one walker every pass, analysis and emitter
+uses."""
 
 from __future__ import annotations
 
 from dataclasses import replace
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from axdsl.ir import nodes as ir
 
@@ -25,7 +26,7 @@ def map_forward(f: ir.Forward, fn: Rewrite) -> ir.Forward:
     return replace(f, body=tuple(replace(s, value=map_expr(s.value, fn)) for s in f.body))
 
 
-def walk_expr(e: ir.TExpr):
+def walk_expr(e: ir.TExpr) -> Iterator[ir.TExpr]:
     """Every expression node under `e`, `e` first."""
     yield e
     if isinstance(e, ir.Bin):
@@ -38,7 +39,7 @@ def walk_expr(e: ir.TExpr):
             yield from walk_expr(a)
 
 
-def forward_exprs(inst: ir.Instance):
+def forward_exprs(inst: ir.Instance) -> Iterator[ir.TExpr]:
     """Every expression node of `inst`'s own forward (children's forwards are not included)."""
     if inst.forward is None:
         return
@@ -46,14 +47,14 @@ def forward_exprs(inst: ir.Instance):
         yield from walk_expr(s.value)
 
 
-def prims_of(inst: ir.Instance, *names: str):
+def prims_of(inst: ir.Instance, *names: str) -> Iterator[ir.Prim]:
     """The primitive calls in `inst`'s own forward, optionally only those named `names`."""
     for e in forward_exprs(inst):
         if isinstance(e, ir.Prim) and (not names or e.name in names):
             yield e
 
 
-def tree_has(root: ir.Instance, predicate) -> bool:
+def tree_has(root: ir.Instance, predicate: Callable[[ir.Prim], bool]) -> bool:
     """Whether any primitive call anywhere under `root` satisfies `predicate(prim)`."""
     return any(predicate(p) for inst in root.walk() for p in prims_of(inst))
 

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
-from axdsl.errors import Span
+from axdsl.errors import Span, filled
 
 
 @dataclass(frozen=True)
@@ -46,10 +46,16 @@ class DirectiveArg:
     value: SectionValue
     span: Span
 
+    @property
+    def key(self) -> str:
+        """The name of a keyword argument (every one in `Directive.kwargs` has one)."""
+        return filled(self.name, "the name of a keyword argument", "the parser")
+
 
 @dataclass(frozen=True)
 class Directive:
-    """`mesh(data = -1, fsdp = 8)` in a section: positional and keyword values, each with its span."""
+    """`mesh(data = -1, fsdp = 8)` in a section: positional and keyword values, each with its
+    span."""
 
     name: str
     args: tuple[DirectiveArg, ...]

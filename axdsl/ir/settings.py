@@ -100,7 +100,8 @@ class Schedule:
 
     def unrolls(self, layers: int) -> bool:
         """Whether a repeat of `layers` layers (steps x layers per step) runs unrolled here."""
-        return 0 < layers <= self.unroll.value
+        limit: int = self.unroll.value
+        return 0 < layers <= limit
 
     def rule(self, logical: str) -> tuple[str, ...]:
         return next((c.value for k, c in self.rules if k == logical), ())

@@ -28,7 +28,7 @@ FREE_DIM_AXES = {"B": "batch", "S": "seq"}
 
 
 def annotate_sharding(module: ir.Module) -> ir.Module:
-    sched = module.schedule
+    sched = module.target
     diags = Diagnostics()
     models = []
     for model in module.models:
@@ -43,7 +43,8 @@ def annotate_sharding(module: ir.Module) -> ir.Module:
 def _report_undivided(
     model: ir.Model, sched: ir.Schedule, undivided: dict, diags: Diagnostics
 ) -> None:
-    """One error per logical axis and size, at the rule when the spec wrote it, else at the model."""
+    """One error per logical axis and size, at the rule when the spec wrote it, else at the
+    model."""
     for (logical, size), paths in undivided.items():
         axes = sched.kept_axes(logical)
         ways = math.prod(sched.size(a) for a in axes)
@@ -74,7 +75,7 @@ def _shard_param(
     spec: list[tuple[str, ...]] = []
     seen: dict[str, str] = {}
     path = f"{inst.path.rstrip('/')}/{p.name}"
-    for dim, logical in zip(p.full_dims, p.full_axes):
+    for dim, logical in zip(p.full_dims, p.full_axes, strict=True):
         axes = sched.kept_axes(logical)
         for a in axes:
             if a in seen:
@@ -119,6 +120,6 @@ def dim_axes(root: ir.Instance) -> dict[str, str]:
     out = dict(FREE_DIM_AXES)
     for inst in root.walk():
         for p in inst.params:
-            for d, a in zip(p.dims, p.axes):
+            for d, a in zip(p.dims, p.axes, strict=True):
                 out.setdefault(d.name, a)
     return out

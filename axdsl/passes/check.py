@@ -98,7 +98,7 @@ def _check_param(inst: ir.Instance, p: ir.Param, diags: Diagnostics) -> None:
         )
         return
     seen = set()
-    for axis, dim in zip(p.axes, p.dims):
+    for axis in p.axes:  # one per dim: checked above
         if axis not in ir.LOGICAL_AXES:
             diags.error(
                 p.span,

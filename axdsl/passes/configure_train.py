@@ -88,7 +88,8 @@ INT_KEYS = {
 }
 FLOAT_KEYS = {"clip": (1.0, 0.0), "z_loss": (0.0, 0.0)}
 CHECKPOINT = {"every": 100, "keep": 3, "async": True, "dir": "checkpoints"}
-# Mixed precision: the models' `dtype` (compute) and `param_dtype` (storage), overridden for training.
+# Mixed precision: the models' `dtype` (compute) and `param_dtype` (storage), overridden for
+# training.
 DTYPE_KEYS = ("dtype", "param_dtype")
 FLOAT_DTYPES = ("f32", "bf16", "f16")
 KEYS = (
@@ -158,8 +159,8 @@ def _defaults(values: dict[str, ir.Choice], module: ir.Module) -> None:
     max_seq = module.models[0].root.hparam("max_seq")
     if "seq" in values and values["seq"].origin.is_default and max_seq is not None:
         values["seq"] = ir.Choice(min(128, max_seq.value.value), _default("128, at most max_seq"))
-    for k, (default, _) in FLOAT_KEYS.items():
-        values.setdefault(k, ir.Choice(default))
+    for k, (fdefault, _) in FLOAT_KEYS.items():
+        values.setdefault(k, ir.Choice(fdefault))
     values.setdefault(
         "optimizer", ir.Choice(ir.NamedCall("adamw", tuple(OPTIMIZERS["adamw"].items())))
     )
@@ -271,7 +272,9 @@ def _call(value: Any, span: Span, table: dict, what: str, diags: Diagnostics):
         if not ok:
             diags.error(
                 span,
-                f"{fn}({k} = ...) must be {'true or false' if isinstance(table[fn][k], bool) else 'a number >= 0'}, got {_show(v)}",
+                f"{fn}({k} = ...) must be "
+                f"{'true or false' if isinstance(table[fn][k], bool) else 'a number >= 0'}, "
+                f"got {_show(v)}",
             )
             continue
         out[k] = v
@@ -326,8 +329,8 @@ def _data(value: Any, span: Span, diags: Diagnostics):
                     span,
                     f"{fn}(...) has no option `{k}`",
                     (
-                        'tokens(path, dtype = "u16") or text(path, tokenizer = ...); token files are '
-                        "already tokenized"
+                        'tokens(path, dtype = "u16") or text(path, tokenizer = ...); '
+                        "token files are already tokenized"
                         if k == "tokenizer"
                         else 'tokens(path, dtype = "u16") or text(path, tokenizer = ...)'
                     ),
@@ -395,8 +398,8 @@ def _checkpoint(d: ir.Directive, diags: Diagnostics):
             "for example checkpoint(every = 500, keep = 3)",
         )
         return None
-    out = dict(CHECKPOINT)
-    for k, v, span in ((a.name, a.value, a.span) for a in d.kwargs):
+    out: dict[str, Any] = dict(CHECKPOINT)
+    for k, v, span in ((a.key, a.value, a.span) for a in d.kwargs):
         if k not in out:
             diags.error(
                 span,
@@ -422,9 +425,10 @@ def _checkpoint(d: ir.Directive, diags: Diagnostics):
 
 def _cross_checks(values: dict[str, ir.Choice], module: ir.Module, diags: Diagnostics) -> None:
     batch, micro = values["batch"], values["microbatches"]
-    where = lambda c: c.span or (
-        module.train_block.span if module.train_block else None
-    )  # noqa: E731
+
+    def where(c: ir.Choice) -> Span:
+        return module.report_at(c.span)
+
     s = module.schedule
     if batch.value % micro.value:
         diags.error(
@@ -452,7 +456,7 @@ def _cross_checks(values: dict[str, ir.Choice], module: ir.Module, diags: Diagno
         for m in module.models:
             if k in values and m.root.hparam(k) is None:
                 diags.error(
-                    values[k].span,
+                    module.report_at(values[k].span),
                     f"model `{m.name}` has no `{k}` to override",
                     f"its layer `{m.root.layer}` would need a `{k}: dtype` hyperparameter",
                 )

@@ -46,13 +46,13 @@ FIT_MARGIN = 0.10
 
 def fit_remat(module: ir.Module) -> ir.Module:
     """Replace a `fit` remat request by the policy chosen from memory (see the module docstring)."""
-    choice = module.schedule.remat
+    choice = module.target.remat
     if choice.value.kind is not ir.RematKind.FIT:
         return module
     train = module.models[0]  # the model the train block trains, as `axdsl aot` assumes
     if not any(i.repeat is not None for i in train.root.walk()):
         return _decide(module, ir.RematPolicy(ir.RematKind.NONE), choice, None)
-    profile = profiles()[module.schedule.profile]
+    profile = profiles()[module.target.profile]
     usable = int(profile.hbm_bytes * facts(profile.kind).usable_fraction / (1 + FIT_MARGIN))
     seq = sized_seq(module, train)
     tried: list[ir.FitTry] = []
@@ -102,6 +102,6 @@ def _decide(
 ) -> ir.Module:
     """The module with `policy` on the schedule (origin: fit, and who asked) and every repeat."""
     origin = ir.Origin(ir.OriginKind.FIT, asked.span, where=str(asked.origin))
-    schedule = replace(module.schedule, remat=ir.Choice(policy, origin), remat_fit=fit)
+    schedule = replace(module.target, remat=ir.Choice(policy, origin), remat_fit=fit)
     models = tuple(replace(m, root=attach_remat(m.root, policy)) for m in module.models)
     return replace(module, schedule=schedule, models=models)

@@ -11,9 +11,10 @@ signature, so each forward is checked on its own and errors point at the offendi
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import NoReturn
 
 from axdsl import primitives
-from axdsl.errors import Diagnostics, is_library, relocated
+from axdsl.errors import Diagnostics, Span, filled, is_library, relocated
 from axdsl.ir import nodes as ir
 from axdsl.ir.nodes import ELLIPSIS, Dim, RefKind, ScalarType, TensorType
 from axdsl.ir.rewrite import prims_of
@@ -75,7 +76,8 @@ def fmt(dims) -> str:
 def unify(
     decl: tuple[Dim, ...], actual: tuple[Dim, ...], binding: dict[str, tuple[Dim, ...]]
 ) -> str | None:
-    """Match actual dims against a declared signature, extending `binding`; return an error or None."""
+    """Match actual dims against a declared signature, extending `binding`; return an error or
+    None."""
     has_ellipsis = bool(decl) and decl[0].is_ellipsis
     fixed = decl[1:] if has_ellipsis else decl
     if has_ellipsis:
@@ -91,7 +93,7 @@ def unify(
         if len(actual) != len(decl):
             return f"expected {len(decl)} dims {fmt(decl)}, got {len(actual)} dims {fmt(actual)}"
         rest = actual
-    for d, a in zip(fixed, rest):
+    for d, a in zip(fixed, rest, strict=False):  # fewer when `actual` has an unknown rank
         if d.is_free:
             bound = binding.get(d.name)
             if bound is None:
@@ -108,10 +110,10 @@ def _caller_named(result: tuple[Dim, ...], decls, args) -> tuple[Dim, ...]:
     the caller's matching dim: a norm over `[..., dim]` applied to `[B, S, heads, head_dim]`
     returns `[B, S, heads, head_dim]`, not `[..., dim]` in the child's words (same sizes)."""
     names: dict[str, Dim] = {}
-    for decl, a in zip(decls, args):
+    for decl, a in zip(decls, args, strict=True):
         fixed = decl.dims[1:] if decl.dims and decl.dims[0].is_ellipsis else decl.dims
         actual = a.type.dims[len(a.type.dims) - len(fixed) :] if fixed else ()
-        for d, got in zip(fixed, actual):
+        for d, got in zip(fixed, actual, strict=False):  # an argument may have fewer dims
             if d.size is not None and got.size == d.size and not got.is_ellipsis:
                 names.setdefault(d.name, got)
     return tuple(
@@ -138,14 +140,14 @@ class _Typer:
         self.inst = inst
         self.diags = diags
         self.tree = tree or {inst.path: inst}
-        self.env: dict[str, ir.Type] = {}
+        self.env: dict[str, ir.Type | None] = {}
         self.reads: list[str] = []  # hyperparameters the expression being typed reads (its dims)
 
-    def fail(self, span, message: str, hint: str | None = None):
+    def fail(self, span: Span, message: str, hint: str | None = None) -> NoReturn:
         self.error(span, message, hint)
         raise _ShapeError()
 
-    def error(self, span, message: str, hint: str | None = None) -> None:
+    def error(self, span: Span, message: str, hint: str | None = None) -> None:
         """Record an error; one inside a library layer also says which instance it is in, and is
         shown at the user's line that set a value it reads (with a note for the library line)."""
         if not is_library(span):
@@ -163,7 +165,7 @@ class _Typer:
     def forward(self, fwd: ir.Forward) -> ir.Forward:
         for a in fwd.args:
             self.env[a.name] = TensorType(a.dims)
-        body = []
+        body: list[ir.Stmt] = []
         for stmt in fwd.body:
             try:
                 value = self.expr(stmt.value)
@@ -184,7 +186,7 @@ class _Typer:
         if not isinstance(value.type, TensorType):
             self.error(
                 value.span,
-                f"forward of `{self.inst.layer}` must return a tensor, got a {value.type.kind}",
+                f"forward of `{self.inst.layer}` must return a tensor, got a {value.type}",
             )
             return
         binding: dict[str, tuple[Dim, ...]] = {}
@@ -213,12 +215,13 @@ class _Typer:
         if e.kind in (RefKind.LOCAL, RefKind.ARG):
             return {"type": self.env[e.name]}
         if e.kind is RefKind.PARAM:
-            return {"type": TensorType(self.inst.param(e.name).dims)}
+            return {"type": TensorType(self.inst.expect_param(e.name).dims)}
         if e.kind is RefKind.CHILD_PARAM:
-            return {"type": TensorType(self.inst.child(e.owner).param(e.name).dims)}
+            return {"type": TensorType(self.inst.expect_child(e.owner).expect_param(e.name).dims)}
         if e.kind is RefKind.DIM:
             return {"type": ScalarType("int")}
-        return {"type": ScalarType(_scalar_kind(e.value.value))}
+        value = filled(e.value, f"the value of {e.name}", "resolve")
+        return {"type": ScalarType(_scalar_kind(value.value))}
 
     def _Lit(self, e: ir.Lit) -> dict:
         return {"type": ScalarType(_scalar_kind(e.value))}
@@ -230,6 +233,7 @@ class _Typer:
     def _Bin(self, e: ir.Bin) -> dict:
         left, right = self.expr(e.left), self.expr(e.right)
         self.reads = _dim_names((left, right))
+        t: ir.Type
         if e.op == "@":
             t = self._matmul(e, left.type, right.type)
         else:
@@ -247,7 +251,8 @@ class _Typer:
                 e.span,
                 f"matmul dims do not agree: last dim of the left operand is `{a}` "
                 f"but first dim of the right operand is `{b}`",
-                f"left is {fmt(lt.dims)}, right is {fmt(rt.dims)}; `@` contracts left's last dim with right's first",
+                f"left is {fmt(lt.dims)}, right is {fmt(rt.dims)}; "
+                "`@` contracts left's last dim with right's first",
             )
         return TensorType(lt.dims[:-1] + rt.dims[1:])
 
@@ -288,10 +293,8 @@ class _Typer:
     def _CallChild(self, e: ir.CallChild) -> dict:
         args = tuple(self.expr(a) for a in e.args)
         self.reads = _dim_names(args)
-        child = self.inst.child(e.child)
-        fwd = child.forward
-        if fwd is None:
-            self.fail(e.span, f"child `{e.child}` has no forward")
+        child = self.inst.expect_child(e.child)
+        fwd = child.fwd  # the builder reports a layer without a forward
         if self.inst.pattern:
             return {"args": args, "type": TensorType(self._pattern_element(e, child, args))}
         if e.over is not None:
@@ -301,7 +304,7 @@ class _Typer:
                 e.span, f"child `{e.child}` takes {len(fwd.args)} argument(s), got {len(args)}"
             )
         binding: dict[str, tuple[Dim, ...]] = {}
-        for a, decl in zip(args, fwd.args):
+        for a, decl in zip(args, fwd.args, strict=True):
             if not isinstance(a.type, TensorType):
                 self.fail(a.span, f"argument `{decl.name}` of `{e.child}` must be a tensor")
             err = unify(decl.dims, a.type.dims, binding)
@@ -324,10 +327,11 @@ class _Typer:
                 "`forward(x: [...]) -> [...]` returning x's shape",
             )
         if not _same_dims(result, args[0].type.dims):
-            sides = [a.name for a in child.forward.args[1:]]
+            sides = [a.name for a in child.fwd.args[1:]]
             hint = "the first argument is carried from layer to layer; " + (
                 f"{', '.join(f'`{n}`' for n in sides)} "
-                f"{'is a side input' if len(sides) == 1 else 'are side inputs'}, the same for every layer"
+                f"{'is a side input' if len(sides) == 1 else 'are side inputs'}, "
+                "the same for every layer"
                 if sides
                 else "a layer's output is the next layer's input"
             )
@@ -342,7 +346,9 @@ class _Typer:
         """`scan(cell, x, over = S)`: the cell takes (carry, one step of each input) and returns
         the carry; the result stacks the carry of every step along S, where S is in the first input.
         A later input without S is a side input, passed whole to every step."""
-        fwd = child.forward
+        over = e.over
+        assert over is not None  # _CallChild types a scan (`over` set) here
+        fwd = child.fwd
         init = args[0] if e.scan_init else None
         xs = args[1:] if e.scan_init else args
         if len(fwd.args) != len(xs) + 1:
@@ -363,9 +369,9 @@ class _Typer:
             )
         binding: dict[str, tuple[Dim, ...]] = {}
         axes = []
-        for k, (a, decl) in enumerate(zip(xs, fwd.args[1:])):
-            axis = _axis_of(a.type.dims, e.over)
-            several = any(d.same(e.over) for d in a.type.dims)
+        for k, (a, decl) in enumerate(zip(xs, fwd.args[1:], strict=True)):
+            axis = _axis_of(a.type.dims, over)
+            several = any(d.same(over) for d in a.type.dims)
             if axis is None and (k == 0 or several):
                 self.fail(
                     a.span,
@@ -380,7 +386,8 @@ class _Typer:
                 if err:
                     self.fail(
                         a.span,
-                        f"`{decl.name}` of `{e.child}` ({child.layer}), the same at every step: {err}",
+                        f"`{decl.name}` of `{e.child}` ({child.layer}), "
+                        f"the same at every step: {err}",
                     )
                 continue
             step = a.type.dims[:axis] + a.type.dims[axis + 1 :]
@@ -412,16 +419,18 @@ class _Typer:
                 f"`{e.child}` returns {fmt(result)} but takes its carry as {fmt(carry)}",
                 "a scanned cell returns the next carry, in the carry's shape",
             )
-        at = min(axes[0], len(result))
-        return result[:at] + (xs[0].type.dims[axes[0]],) + result[at:]
+        first = axes[0]
+        assert first is not None  # the first input has the dim: checked at k == 0 above
+        at = min(first, len(result))
+        return result[:at] + (xs[0].type.dims[first],) + result[at:]
 
     def _pattern_element(self, e: ir.CallChild, child: ir.Instance, args) -> tuple[Dim, ...]:
         """One layer of a repeated pattern (`self.inst` is its group): it takes the carry and the
         side inputs as the pattern's first layer takes them, and returns the carry's shape."""
         first = self.inst.children[0]
-        fwd = child.forward
+        fwd = child.fwd
         name = lambda c: f"pattern element {c.name} (`{c.layer}`)"  # noqa: E731
-        if not self.inst.forward.args:
+        if not self.inst.fwd.args:
             if first.pattern:  # `groups` then `tail`: the layers inside already said it
                 raise _ShapeError()
             self.fail(
@@ -438,23 +447,23 @@ class _Typer:
                 "every layer of a pattern gets the same carry and side inputs",
             )
         binding: dict[str, tuple[Dim, ...]] = {}
-        for i, (a, decl) in enumerate(zip(args, fwd.args)):
+        for i, (a, decl) in enumerate(zip(args, fwd.args, strict=True)):
             err = unify(decl.dims, a.type.dims, binding)
             if err:
-                what = "the carry" if i == 0 else f"side input `{first.forward.args[i].name}`"
+                what = "the carry" if i == 0 else f"side input `{first.fwd.args[i].name}`"
                 self.fail(
                     e.span,
                     f"{name(child)} takes {what} as {fmt(decl.dims)}, but {name(first)} "
-                    f"takes it as {fmt(first.forward.args[i].dims)}",
+                    f"takes it as {fmt(first.fwd.args[i].dims)}",
                     (
-                        "a side input is passed unchanged to every layer, so every layer of the pattern "
-                        "must take it in one shape"
+                        "a side input is passed unchanged to every layer, "
+                        "so every layer of the pattern must take it in one shape"
                         if i
                         else err
                     ),
                 )
         result = substitute(fwd.result, binding)
-        carry = self.inst.forward.args[0].dims
+        carry = self.inst.fwd.args[0].dims
         if not _same_dims(result, carry):
             self.fail(
                 e.span,
@@ -491,7 +500,7 @@ def _dim_names(operands) -> list[str]:
 
 
 def _same_dims(a, b) -> bool:
-    return len(a) == len(b) and all(x.same(y) for x, y in zip(a, b))
+    return len(a) == len(b) and all(x.same(y) for x, y in zip(a, b, strict=True))
 
 
 def _scalar_kind(v) -> str:

@@ -20,7 +20,7 @@ from axdsl.ir import nodes as ir
 
 
 def insert_remat(module: ir.Module) -> ir.Module:
-    choice = module.schedule.remat
+    choice = module.target.remat
     policy: ir.RematPolicy = choice.value
     diags = Diagnostics()
     for model in module.models:
@@ -33,14 +33,16 @@ def insert_remat(module: ir.Module) -> ir.Module:
                     else "name a value in a forward with `as`, e.g. `q = x @ wq as query_proj`"
                 )
                 diags.error(
-                    choice.span,
+                    module.report_at(choice.span),
                     f"remat names `{name}`, which is not a named point of {model.name}",
                     hint,
                 )
         both = set(policy.save) & set(policy.offload)
         if both:
             diags.error(
-                choice.span, f"`{sorted(both)[0]}` is both saved and offloaded", "list it once"
+                module.report_at(choice.span),
+                f"`{sorted(both)[0]}` is both saved and offloaded",
+                "list it once",
             )
     diags.raise_if_any()
     models = tuple(replace(m, root=attach_remat(m.root, policy)) for m in module.models)

@@ -27,7 +27,7 @@ from dataclasses import replace
 from axdsl import primitives
 from axdsl.ir import nodes as ir
 from axdsl.ir.head import has_lm_signature
-from axdsl.ir.plans import CacheEntry, DecodePlan
+from axdsl.ir.nodes import CacheEntry, DecodePlan
 from axdsl.ir.rewrite import forward_exprs, prims_of, sequence_dims
 from axdsl.objectives import objective_name
 from axdsl.passes.annotate_sharding import dim_axes

@@ -22,7 +22,7 @@ from axdsl.primitives.quantized import wrap
 
 
 def quantize_matmuls(module: ir.Module) -> ir.Module:
-    policy: ir.QuantPolicy = module.schedule.quantize.value
+    policy: ir.QuantPolicy = module.target.quantize.value
     if policy.format is ir.QuantFormat.NONE:
         return module
     models = tuple(replace(m, root=_visit(m.root, policy)) for m in module.models)

@@ -23,7 +23,7 @@ from dataclasses import replace
 
 from axdsl.ir import nodes as ir
 from axdsl.ir.expr import Expr, Field, subexprs
-from axdsl.ir.plans import ConfigFields
+from axdsl.ir.nodes import ConfigFields
 
 # Fields the generated program reads by name whatever the layers compute: the casts of the
 # model file, and the runtime's checks of the data (vocab) and the sequence length (max_seq).

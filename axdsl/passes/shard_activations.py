@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from axdsl.ir import nodes as ir
-from axdsl.ir.plans import ActivationSharding
+from axdsl.ir.nodes import ActivationSharding
 from axdsl.ir.rewrite import forward_exprs
 from axdsl.passes.annotate_sharding import activation_spec, dim_axes
 

@@ -20,8 +20,8 @@ from dataclasses import replace
 
 from axdsl import primitives
 from axdsl.ir import nodes as ir
-from axdsl.ir.head import LOSS_CHUNK, HeadSplit, has_lm_signature
-from axdsl.ir.nodes import RefKind, TensorType
+from axdsl.ir.head import has_lm_signature
+from axdsl.ir.nodes import LOSS_CHUNK, HeadSplit, RefKind, TensorType
 from axdsl.ir.rewrite import walk_expr
 from axdsl.objectives import objective_name
 from axdsl.primitives.base import Decoding

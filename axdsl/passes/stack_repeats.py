@@ -3,8 +3,8 @@
 The generated code scans over the stacked parameters with `jax.lax.scan`, so compile time does
 not grow with depth.
 
-    child blocks = repeat(layers, Block())       /blocks/attn wq : [dim, heads, head_dim]
-                                           ->    /blocks/attn wq : [layers=32] + [dim, heads, head_dim]
+    child blocks = repeat(layers, Block())
+        /blocks/attn wq : [dim, heads, head_dim]  ->  [layers=32] + [dim, heads, head_dim]
 
 A pattern of k layers stacks each of its layers n / k deep, in a dim named `groups` (its logical
 axis is still `layers`):

@@ -32,7 +32,7 @@ def unroll_repeats(module: ir.Module) -> ir.Module:
             if inst.repeat is not None:
                 n = int(inst.repeat.value) * (len(inst.children) if inst.pattern else 1)
                 layers[inst.path] = max(layers.get(inst.path, 0), n)
-    unrolled = {path for path, n in layers.items() if module.schedule.unrolls(n)}
+    unrolled = {path for path, n in layers.items() if module.target.unrolls(n)}
     models = tuple(replace(m, root=_mark(m.root, unrolled)) for m in module.models)
     return replace(module, models=models)
 

@@ -107,8 +107,8 @@ def _verify_schedule(module: ir.Module, model: ir.Model, problems: list[str]) ->
 
 
 def _verify_forward(inst: ir.Instance, problems: list[str], typed: bool) -> None:
-    defined = {a.name for a in inst.forward.args}
-    body = inst.forward.body
+    defined = {a.name for a in inst.fwd.args}
+    body = inst.fwd.body
     if not body or not isinstance(body[-1], ir.Ret):
         problems.append(f"{inst.path}: forward does not end in a return")
     for s in body:

@@ -27,7 +27,8 @@ class Program:
 
 
 def display_path(path: Path) -> str:
-    """Paths in messages and headers: relative to the working directory, std/ files by their import name."""
+    """Paths in messages and headers: relative to the working directory, std/ files by their
+    import name."""
     path = path.resolve()
     std = resources.std_dir().resolve()
     if path.is_relative_to(std):
@@ -48,6 +49,7 @@ def load(path: Path) -> Program:
     def visit(p: Path, stack: tuple[Path, ...], at: Span | None) -> None:
         p = p.resolve()
         if p in stack:
+            assert at is not None  # only the root file has no import line, and it starts the stack
             diags.error(
                 at,
                 f"import cycle: {' -> '.join(display_path(x) for x in stack + (p,))}",
@@ -72,7 +74,9 @@ def load(path: Path) -> Program:
         except OSError as exc:
             reason = exc.strerror
             if at is None:
-                raise CompileError([Diagnostic(Span(name, 0, 0), f"cannot read spec: {reason}")])
+                raise CompileError(
+                    [Diagnostic(Span(name, 0, 0), f"cannot read spec: {reason}")]
+                ) from exc
             diags.error(
                 at,
                 f"cannot import `{name}`: {reason}",
@@ -144,7 +148,8 @@ def _check_members(layer: ast.LayerDecl, diags: Diagnostics) -> None:
             )
         hparams.setdefault(h.name, h.span)
     members: dict[str, Span] = {}
-    for m in (*layer.params, *layer.children):
+    decls: tuple[ast.ParamDecl | ast.ChildDecl, ...] = (*layer.params, *layer.children)
+    for m in decls:
         if m.name in members:
             diags.error(
                 m.span,

@@ -112,7 +112,8 @@ def _describe_expected(expected: set[str]) -> str:
 
 
 def _unclosed_bracket(source: str) -> tuple[str, int, int] | None:
-    """The innermost bracket left open at the end of `source`: (char, line, col), skipping strings and comments."""
+    """The innermost bracket left open at the end of `source`: (char, line, col), skipping
+    strings and comments."""
     stack: list[tuple[str, int, int]] = []
     line, col, i = 1, 1, 0
     in_string = in_comment = False
@@ -156,7 +157,8 @@ def _end_of_file_diagnostic(
     char, o_line, o_col = opened
     return Diagnostic(
         Span(path, line, col, line, col + 1),
-        f"syntax error: unexpected end of file: `{char}` opened at {path}:{o_line}:{o_col} is never closed",
+        f"syntax error: unexpected end of file: `{char}` opened at {path}:{o_line}:{o_col} "
+        "is never closed",
         f"add the missing `{_BRACKETS[char]}`",
     )
 
@@ -192,13 +194,8 @@ def _syntax_diagnostic(exc: lark.exceptions.UnexpectedInput, path: str, source: 
 
 def _span(path: str, meta_or_token) -> Span:
     if isinstance(meta_or_token, Token):
-        return Span(
-            path,
-            meta_or_token.line,
-            meta_or_token.column,
-            meta_or_token.end_line,
-            meta_or_token.end_column,
-        )
+        t = meta_or_token  # the parser's tokens carry positions; lark types them Optional
+        return Span(path, t.line or 0, t.column or 0, t.end_line or 0, t.end_column or 0)
     m = meta_or_token
     if getattr(m, "empty", True):
         return Span(path, 0, 0)

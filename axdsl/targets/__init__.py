@@ -120,7 +120,7 @@ KNOWN_TARGETS = known_targets()
 def parse_target(name: str) -> tuple[str, int | None]:
     """`gpu-h100-8` -> ("gpu-h100", 8); `cpu` -> ("cpu", None). Raise UnknownTarget for others."""
     m = re.fullmatch(r"(.+?)(?:-(\d+))?", name)
-    base, count = m.group(1), m.group(2)
+    base, count = (m.group(1), m.group(2)) if m else (name, None)  # "" matches nothing
     if base not in profiles():
         hint = did_you_mean(base, KNOWN_TARGETS)
         raise UnknownTarget(
