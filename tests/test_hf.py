@@ -675,7 +675,7 @@ def test_gemma_3_layers_take_their_rotary_and_window_from_their_layer_type(in_ro
     assert exported["rope_parameters"] == {"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
                                            "full_attention": {"rope_type": "default", "rope_theta": 1e6}}
     assert exported["sliding_window"] == 512 and exported["attn_logit_softcapping"] is None
-    from axdsl.hf.layout import rules
+    from axdsl.hf.families import rules
 
     tail = {r.paths[0]: r for r in rules("gemma3_text", arch, None) if r.paths[0][:2] == ("blocks", "tail")}
     wq = tail[("blocks", "tail", "1", "attn", "wq")]

@@ -1,4 +1,5 @@
-"""Gemma 2 and Gemma 3 (text): config.json rows (import) and config writers (export).
+"""Gemma 2 and Gemma 3 (text), what the two families share: config.json rows (import), config
+writers (export) and their facts (`GEMMA`).
 
 Both are std's DecoderLM over a pattern of sandwich-norm Blocks with GeGLU, GemmaRMSNorm and an
 embedding scaled by sqrt(dim). Gemma 2 alternates sliding and global layers and soft-caps its
@@ -13,17 +14,20 @@ from __future__ import annotations
 import math
 
 from axdsl.hf.errors import HFError
+from axdsl.hf.facts import Arch
 from axdsl.hf.fields import (
-    _SCALINGS,
     ROPE_ROWS,
     Config,
+    Defaults,
     Row,
+    Unsupported,
     _fact,
     _head_dim,
     _key,
     _layers,
     _when,
     rope_parameters,
+    rope_type_check,
 )
 
 SLIDING, FULL = "sliding_attention", "full_attention"
@@ -36,6 +40,13 @@ _ACTS = {
 _ACTS_OUT = {"gelu_tanh": "gelu_pytorch_tanh", "gelu_exact": "gelu", "silu": "silu"}
 # Gemma 3's rotary kinds: transformers' rope_type -> (axdsl's rope_scaling, whether it reads `factor`)
 _GEMMA3_ROPE = {"default": "none", "linear": "linear"}
+# transformers' Gemma config classes' defaults the shared rows read
+GEMMA = Defaults(head_dim=256, layers=26)
+
+
+def is_gemma(arch: Arch) -> bool:
+    """A DecoderLM with Gemma's GemmaRMSNorm or sandwich norms (post_norms)."""
+    return arch["norm"] == "GemmaRMSNorm" or bool(arch["post_norms"])
 
 
 def _layer_types(c: Config, period: int) -> list[str]:
@@ -189,32 +200,20 @@ def _layer_types_check(c: Config) -> str | None:
     )
 
 
-GEMMA2_UNSUPPORTED: tuple = (
-    (
-        None,
-        lambda c: _when(
-            c.rope[1] not in _SCALINGS,
-            f"rope_type={c.rope[1]!r} (axdsl's rope scalings are {', '.join(_SCALINGS)})",
-        ),
-    ),
-    (None, _layer_types_check),
+GEMMA2_UNSUPPORTED: tuple[Unsupported, ...] = (
+    rope_type_check,
+    _layer_types_check,
 )
-GEMMA3_UNSUPPORTED: tuple = (
-    (None, _layer_types_check),
-    (
-        None,
-        lambda c: _when(
-            any(s not in _GEMMA3_ROPE.values() for _, s, _ in _gemma3_ropes(c)),
-            f"rope_parameters={c.cfg.get('rope_parameters') or c.cfg.get('rope_scaling')} "
-            f"(Gemma 3's rope types here: {', '.join(_GEMMA3_ROPE)})",
-        ),
+GEMMA3_UNSUPPORTED: tuple[Unsupported, ...] = (
+    _layer_types_check,
+    lambda c: _when(
+        any(s not in _GEMMA3_ROPE.values() for _, s, _ in _gemma3_ropes(c)),
+        f"rope_parameters={c.cfg.get('rope_parameters') or c.cfg.get('rope_scaling')} "
+        f"(Gemma 3's rope types here: {', '.join(_GEMMA3_ROPE)})",
     ),
-    (
-        None,
-        lambda c: _when(
-            c.cfg.get("use_bidirectional_attention", False),
-            "use_bidirectional_attention=true (axdsl's Gemma 3 is causal)",
-        ),
+    lambda c: _when(
+        c.cfg.get("use_bidirectional_attention", False),
+        "use_bidirectional_attention=true (axdsl's Gemma 3 is causal)",
     ),
 )
 
@@ -267,8 +266,9 @@ def _shared_config(v: dict, family: str, architecture: str, dtype: str) -> dict:
     }
 
 
-def gemma2_config(v: dict, dtype: str) -> dict:
+def gemma2_config(arch: Arch, dtype: str) -> dict:
     """Gemma 2: sandwich norms, GeGLU, soft caps, alternating sliding and full attention."""
+    v = arch.values
     theta = v["rope_theta"] if v["rope_theta"] is not None else 10000.0
     return {
         **_shared_config(v, "gemma2", "Gemma2ForCausalLM", dtype),
@@ -277,8 +277,9 @@ def gemma2_config(v: dict, dtype: str) -> dict:
     }
 
 
-def gemma3_config(v: dict, dtype: str) -> dict:
+def gemma3_config(arch: Arch, dtype: str) -> dict:
     """Gemma 3 (text): Gemma 2's layout plus q/k norms and a rotary embedding per layer type."""
+    v = arch.values
     out = _shared_config(v, "gemma3_text", "Gemma3ForCausalLM", dtype)
     params: dict[str, dict] = {}
     for kind, (theta, scaling, factor) in zip(out["layer_types"], v["layer_ropes"]):
