@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 from axdsl.hf.errors import HFError
-from axdsl.hf.facts import FIELDS, Arch
+from axdsl.hf.facts import FIELDS, Arch, Facts
 from axdsl.hf.families import roots
 
 
@@ -26,7 +26,7 @@ def _param_tree(root) -> dict[tuple[str, ...], tuple[tuple[int, ...], str]]:
 def arch_of(model) -> Arch:
     """The Arch of one IR model (an `ir.Model` after stack_repeats)."""
     root = model.root
-    arch = Arch(model.name, {}, _param_tree(root))
+    arch = Arch(model.name, Facts(), _param_tree(root))
     read = roots().get(root.layer)
     if read is None:
         names = list(roots())

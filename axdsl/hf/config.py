@@ -47,7 +47,7 @@ def _same(a: Any, b: Any) -> bool:
 def _skipped(arch: Arch, vals: dict) -> set[str]:
     """Fields that do not apply when the two sides already differ in a field above them."""
     skip = set()
-    if arch["mlp"] != vals.get("mlp"):
+    if arch.facts.mlp != vals.get("mlp"):
         skip |= {
             "hidden",
             "act",
@@ -61,9 +61,9 @@ def _skipped(arch: Arch, vals: dict) -> set[str]:
             "routed_scale",
             "score",
         }
-    if not (arch["dense_layers"] and vals.get("dense_layers")):
+    if not (arch.facts.dense_layers and vals.get("dense_layers")):
         skip.add("dense_hidden")
-    if arch["attn"] != vals.get("attn"):
+    if arch.facts.attn != vals.get("attn"):
         skip |= {
             "q_rank",
             "kv_rank",
@@ -73,19 +73,19 @@ def _skipped(arch: Arch, vals: dict) -> set[str]:
             "latent_norm_eps",
             "scale",
         }
-    if arch["norm"] != vals.get("norm"):
+    if arch.facts.norm != vals.get("norm"):
         skip.add("norm_bias")
-    if arch["block"] != vals.get("block"):
+    if arch.facts.block != vals.get("block"):
         skip.add("shared_norm")
-    if not (arch["rope"] and vals.get("rope")):
+    if not (arch.facts.rope and vals.get("rope")):
         skip |= {"rope_theta", "rope_dim", "rope_scaling", *ROPE_FIELDS}
-    elif arch["rope_scaling"] != vals.get("rope_scaling"):
+    elif arch.facts.rope_scaling != vals.get("rope_scaling"):
         skip |= set(ROPE_FIELDS)
     else:
-        skip |= set(ROPE_FIELDS) - set(ROPE_SCALING_FIELDS.get(arch["rope_scaling"], ()))
-    if not (arch["qk_norm"] and vals.get("qk_norm")):
+        skip |= set(ROPE_FIELDS) - set(ROPE_SCALING_FIELDS.get(arch.facts.rope_scaling, ()))
+    if not (arch.facts.qk_norm and vals.get("qk_norm")):
         skip.add("qk_norm_eps")
-    if arch["positions"] != "learned" or vals.get("positions") != "learned":
+    if arch.facts.positions != "learned" or vals.get("positions") != "learned":
         skip.add("max_seq")  # only the learned position table depends on it
     return skip
 
@@ -95,16 +95,16 @@ def mismatches(arch: Arch, family: str, cfg: dict) -> list[str]:
     vals, src, unsupported = hf_values(get(family), cfg)
     out = [f"config.json: {u} is not supported" for u in unsupported] + list(arch.problems)
     skip = _skipped(arch, vals)
-    if "layer_ropes" not in vals and len(set(arch["layer_ropes"] or ())) > 1:
+    if "layer_ropes" not in vals and len(set(arch.facts.layer_ropes or ())) > 1:
         out.append(
             f"the spec's layers differ in their rotary embedding ({family}'s config.json states one for "
             "all layers; Gemma 3 states one per layer type)"
         )
     for fld, value in vals.items():
-        if fld in skip or _same(arch[fld], value):
+        if fld in skip or _same(getattr(arch.facts, fld), value):
             continue
         out.append(
-            f"config.json has {src[fld]}, the spec has {FIELDS[fld]} = {json.dumps(arch[fld])}"
+            f"config.json has {src[fld]}, the spec has {FIELDS[fld]} = {json.dumps(getattr(arch.facts, fld))}"
         )
     return out
 

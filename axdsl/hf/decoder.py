@@ -172,24 +172,24 @@ def decoder_unsupported(d: Decoder) -> tuple[Unsupported, ...]:
 
 def decoder_config(arch: Arch, family: str, hf_class: str, dtype: str) -> dict[str, Any]:
     """The config.json keys every Llama-shaped family writes; a family adds its own."""
-    v = arch.values
-    theta = v["rope_theta"] if v["rope_theta"] is not None else 10000.0
+    v = arch.facts
+    theta = v.rope_theta if v.rope_theta is not None else 10000.0
     return {
         "architectures": [hf_class],
         "model_type": family,
-        "vocab_size": v["vocab"],
-        "hidden_size": v["dim"],
-        "intermediate_size": v["hidden"],
-        "num_hidden_layers": v["layers"],
-        "num_attention_heads": v["heads"],
-        "num_key_value_heads": v["kv_heads"],
-        "head_dim": v["head_dim"],
+        "vocab_size": v.vocab,
+        "hidden_size": v.dim,
+        "intermediate_size": v.hidden,
+        "num_hidden_layers": v.layers,
+        "num_attention_heads": v.heads,
+        "num_key_value_heads": v.kv_heads,
+        "head_dim": v.head_dim,
         "hidden_act": "silu",
-        "max_position_embeddings": v["max_seq"],
-        "rms_norm_eps": v["norm_eps"],
+        "max_position_embeddings": v.max_seq,
+        "rms_norm_eps": v.norm_eps,
         "rope_theta": theta,
         "rope_parameters": rope_parameters(v, theta),
-        "tie_word_embeddings": v["tied"],
+        "tie_word_embeddings": v.tied,
         "attention_dropout": 0.0,
         "initializer_range": 0.02,
         "use_cache": True,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from axdsl.hf.facts import FIELDS, Arch
+from axdsl.hf.facts import FIELDS, Arch, Facts
 from axdsl.hf.facts import hv as _hv
 
 BLOCKS = (
@@ -36,10 +36,10 @@ def read_decoder(arch: Arch, root: Any) -> Arch:
         "tied",
         "head_bias",
     ):
-        arch.values[k] = _hv(root, k)
-    arch.values["embed_multiplier"] = float(_hv(root, "embed_multiplier", 1.0))
-    arch.values["logit_softcap"] = float(_hv(root, "logit_softcap", 0.0))
-    arch.values["dense_layers"] = _hv(root, "dense_layers", 0)
+        setattr(arch.facts, k, _hv(root, k))
+    arch.facts.embed_multiplier = float(_hv(root, "embed_multiplier", 1.0))
+    arch.facts.logit_softcap = float(_hv(root, "logit_softcap", 0.0))
+    arch.facts.dense_layers = _hv(root, "dense_layers", 0)
     blocks = root.child("blocks")
     elements = _pattern_elements(arch, blocks)
     if any(b is None or b.layer not in BLOCKS for b in elements):
@@ -48,9 +48,9 @@ def read_decoder(arch: Arch, root: Any) -> Arch:
         )
         return arch
     per_layer = [_block_values(arch, b, root) for b in elements]
-    arch.values.update(per_layer[0])
+    arch.facts.update(per_layer[0])
     _read_layer_values(arch, per_layer)
-    if arch.values["dense_layers"]:
+    if arch.facts.dense_layers:
         _read_dense_blocks(arch, root)
     return arch
 
@@ -74,17 +74,15 @@ def _pattern_elements(arch: Arch, blocks) -> list:
     return list(blocks.children)
 
 
-def _read_layer_values(arch: Arch, per_layer: list[dict[str, Any]]) -> None:
+def _read_layer_values(arch: Arch, per_layer: list[Facts]) -> None:
     """Each layer's window and rotary (layer i is pattern element i % k); any other difference
     between a pattern's elements is a problem, as no Hugging Face family states it."""
-    n, k = arch.values["layers"], len(per_layer)
+    n, k = arch.facts.layers, len(per_layer)
     at = [per_layer[i % k] for i in range(n)]
-    arch.values["layer_windows"] = tuple(v.get("window") for v in at)
-    arch.values["layer_ropes"] = tuple(
-        (v.get("rope_theta"), v.get("rope_scaling"), v.get("rope_factor")) for v in at
-    )
-    for key in sorted(set().union(*per_layer) - set(PER_LAYER)):
-        if len({repr(v.get(key)) for v in per_layer}) > 1:
+    arch.facts.layer_windows = tuple(v.window for v in at)
+    arch.facts.layer_ropes = tuple((v.rope_theta, v.rope_scaling, v.rope_factor) for v in at)
+    for key in sorted(set().union(*(v.written for v in per_layer)) - set(PER_LAYER)):
+        if len({repr(getattr(v, key)) for v in per_layer}) > 1:
             arch.problems.append(
                 f"the pattern's layers differ in {FIELDS.get(key, key)} "
                 "(Hugging Face layers differ only in their attention window and rotary)"
@@ -98,44 +96,44 @@ def _read_dense_blocks(arch: Arch, root) -> None:
         arch.problems.append("the dense blocks are not std's Block")
         return
     values = _block_values(arch, dense, root)
-    if values.get("mlp") != "SwiGLU":
+    if values.mlp != "SwiGLU":
         arch.problems.append(
-            f"the dense blocks' feed-forward is {values.get('mlp')}; DeepSeek's is SwiGLU"
+            f"the dense blocks' feed-forward is {values.mlp}; DeepSeek's is SwiGLU"
         )
-    arch.values["dense_hidden"] = values.get("hidden")
-    for k in sorted(set(values) - {"mlp", "hidden"}):
-        if repr(values[k]) != repr(arch.values.get(k)):
+    arch.facts.dense_hidden = values.hidden
+    for k in sorted(values.written - {"mlp", "hidden"}):
+        if repr(getattr(values, k)) != repr(getattr(arch.facts, k)):
             arch.problems.append(
                 f"the dense blocks differ from the others in {FIELDS.get(k, k)} "
                 "(Hugging Face's differ only in their feed-forward)"
             )
 
 
-def _block_values(arch: Arch, block, root) -> dict[str, Any]:
+def _block_values(arch: Arch, block, root) -> Facts:
     """The facts of one repeated block (a pattern has one per element)."""
-    sub = Arch(arch.name, {}, {}, arch.problems)
-    sub.values["block"] = block.layer
+    sub = Arch(arch.name, Facts(), {}, arch.problems)
+    sub.facts.block = block.layer
     if block.layer == "MambaBlock":
         _read_norms(
             sub, [n for n in (block.child("norm"), root.child("final_norm")) if n is not None]
         )
         _read_mixer(sub, block.child("mixer"), root)
-        return sub.values
+        return sub.facts
     if block.layer == "ParallelBlock":
-        sub.values["shared_norm"] = _hv(block, "shared_norm")
+        sub.facts.shared_norm = _hv(block, "shared_norm")
     else:
-        sub.values["post_norms"] = _hv(block, "post_norms", False)
+        sub.facts.post_norms = _hv(block, "post_norms", False)
     names = ("attn_norm", "mlp_norm", "attn_post_norm", "mlp_post_norm")
     norms = [block.child(n) for n in names] + [root.child("final_norm")]
     _read_norms(sub, [n for n in norms if n is not None])
     _read_attention(sub, block.child("attn"))
     _read_feed_forward(sub, block.child("mlp"))
-    return sub.values
+    return sub.facts
 
 
 def _read_norms(arch: Arch, norms: list) -> None:
     """The norm layer: attn_norm, mlp_norm and final_norm must be one kind (HF has one)."""
-    v, problems = arch.values, arch.problems
+    v, problems = arch.facts, arch.problems
     kinds = {(n.layer, _hv(n, "eps"), _hv(n, "bias")) for n in norms}
     if len(kinds) != 1:
         problems.append(
@@ -143,9 +141,9 @@ def _read_norms(arch: Arch, norms: list) -> None:
             + ", ".join(f"{n.path} = {n.layer}(eps = {_hv(n, 'eps')})" for n in norms)
         )
     norm = norms[0]
-    v["norm"], v["norm_eps"] = norm.layer, _hv(norm, "eps")
+    v.norm, v.norm_eps = norm.layer, _hv(norm, "eps")
     if norm.layer == "LayerNorm":
-        v["norm_bias"] = _hv(norm, "bias")
+        v.norm_bias = _hv(norm, "bias")
     elif norm.layer not in ("RMSNorm", "GemmaRMSNorm"):
         problems.append(
             f"norm is {norm.layer}; only RMSNorm, GemmaRMSNorm and LayerNorm have HF counterparts"
@@ -154,7 +152,7 @@ def _read_norms(arch: Arch, norms: list) -> None:
 
 def _read_mixer(arch: Arch, mixer, root) -> None:
     """Mamba-2's mixer: its sizes, conv and the eps of its gated norm (HF has one eps for all norms)."""
-    v = arch.values
+    v = arch.facts
     if mixer is None or mixer.layer != "Mamba2Mixer":
         arch.problems.append("the MambaBlock's mixer is not std's Mamba2Mixer")
         return
@@ -168,9 +166,9 @@ def _read_mixer(arch: Arch, mixer, root) -> None:
         ("conv_bias", "conv_bias"),
         ("heads", "heads"),
     ):
-        v[k] = _hv(mixer, name)
-    v["mixer_eps"] = _hv(mixer.child("norm"), "eps")
-    if _hv(mixer, "inner") != v["ssm_expand"] * _hv(root, "dim"):
+        setattr(v, k, _hv(mixer, name))
+    v.mixer_eps = _hv(mixer.child("norm"), "eps")
+    if _hv(mixer, "inner") != v.ssm_expand * _hv(root, "dim"):
         arch.problems.append(
             f"Mamba2Mixer inner = {_hv(mixer, 'inner')} is not expand x dim "
             "(transformers' intermediate size is int(expand * hidden_size))"
@@ -179,8 +177,8 @@ def _read_mixer(arch: Arch, mixer, root) -> None:
 
 def _read_latent_attention(arch: Arch, attn) -> None:
     """DeepSeek's multi-head latent attention: ranks, head dims, rope (interleaved or not)."""
-    v = arch.values
-    v.update(
+    v = arch.facts
+    v.set(
         attn="MLAttention",
         causal=_hv(attn, "causal"),
         rope=True,
@@ -201,20 +199,20 @@ def _read_latent_attention(arch: Arch, attn) -> None:
         "rope_scaling",
         "rope_original_max_seq",
     ):
-        v[k] = _hv(attn, k)
-    v["rope_theta"] = float(_hv(attn, "rope_theta"))
+        setattr(v, k, _hv(attn, k))
+    v.rope_theta = float(_hv(attn, "rope_theta"))
     for k in ("factor", "beta_fast", "beta_slow", "mscale", "mscale_all_dim"):
-        v[f"rope_{k}"] = float(_hv(attn, f"rope_{k}"))
-    v["rope_untruncated"], v["rope_attention_factor"] = False, 0.0
+        setattr(v, f"rope_{k}", float(_hv(attn, f"rope_{k}")))
+    v.rope_untruncated, v.rope_attention_factor = False, 0.0
     if _hv(attn.child("q_norm"), "eps") not in (None, _hv(attn.child("kv_norm"), "eps")):
         arch.problems.append(
             "MLAttention's q_norm and kv_norm eps differ (Hugging Face has one rms_norm_eps)"
         )
-    v["latent_norm_eps"] = _hv(attn.child("kv_norm"), "eps")
+    v.latent_norm_eps = _hv(attn.child("kv_norm"), "eps")
 
 
 def _read_attention(arch: Arch, attn) -> None:
-    v = arch.values
+    v = arch.facts
     if attn is not None and attn.layer == "MLAttention":
         _read_latent_attention(arch, attn)
         return
@@ -222,12 +220,12 @@ def _read_attention(arch: Arch, attn) -> None:
         arch.problems.append("the block's attention is not std's Attention")
         return
     for k in ("head_dim", "kv_heads", "causal", "rope"):
-        v[k] = _hv(attn, k)
-    if v["rope"]:
-        v["rope_theta"] = float(_hv(attn, "rope_theta"))
-        v["rope_dim"], v["rope_scaling"] = _hv(attn, "rope_dim"), _hv(attn, "rope_scaling")
-        v["rope_original_max_seq"] = _hv(attn, "rope_original_max_seq")
-        v["rope_untruncated"] = _hv(attn, "rope_untruncated")
+        setattr(v, k, _hv(attn, k))
+    if v.rope:
+        v.rope_theta = float(_hv(attn, "rope_theta"))
+        v.rope_dim, v.rope_scaling = _hv(attn, "rope_dim"), _hv(attn, "rope_scaling")
+        v.rope_original_max_seq = _hv(attn, "rope_original_max_seq")
+        v.rope_untruncated = _hv(attn, "rope_untruncated")
         for k in (
             "factor",
             "low_freq",
@@ -238,35 +236,35 @@ def _read_attention(arch: Arch, attn) -> None:
             "mscale_all_dim",
             "attention_factor",
         ):
-            v[f"rope_{k}"] = float(_hv(attn, f"rope_{k}"))
+            setattr(v, f"rope_{k}", float(_hv(attn, f"rope_{k}")))
         if _hv(attn, "rope_interleaved"):
             arch.problems.append(
                 "attention rope_interleaved = true (Llama-family checkpoints are half-split)"
             )
-    v["window"] = _hv(attn, "window")
-    v["attn_bias"] = _hv(attn, "bias")
-    v["out_bias"] = _hv(attn, "out_bias")
-    v["scale"], v["softcap"] = float(_hv(attn, "scale", 0.0)), float(_hv(attn, "softcap", 0.0))
-    v["qk_norm"] = _hv(attn, "qk_norm")
-    if v["qk_norm"]:
+    v.window = _hv(attn, "window")
+    v.attn_bias = _hv(attn, "bias")
+    v.out_bias = _hv(attn, "out_bias")
+    v.scale, v.softcap = float(_hv(attn, "scale", 0.0)), float(_hv(attn, "softcap", 0.0))
+    v.qk_norm = _hv(attn, "qk_norm")
+    if v.qk_norm:
         eps = {_hv(attn.child(c), "eps") for c in ("q_norm", "k_norm")}
-        v["qk_norm_eps"] = eps.pop() if len(eps) == 1 else None
+        v.qk_norm_eps = eps.pop() if len(eps) == 1 else None
 
 
 def _read_feed_forward(arch: Arch, mlp) -> None:
-    v = arch.values
-    v["mlp"] = mlp.layer if mlp is not None else None
-    if v["mlp"] == "SwiGLU":
-        v["hidden"] = _hv(mlp, "hidden")
-    elif v["mlp"] == "GatedMLP":
-        v["hidden"], v["act"] = _hv(mlp, "hidden"), _hv(mlp, "act")
-    elif v["mlp"] == "MLP":
-        v["hidden"], v["act"], v["mlp_bias"] = _hv(mlp, "hidden"), _hv(mlp, "act"), _hv(mlp, "bias")
-    elif v["mlp"] == "MoE":
+    v = arch.facts
+    v.mlp = mlp.layer if mlp is not None else None
+    if v.mlp == "SwiGLU":
+        v.hidden = _hv(mlp, "hidden")
+    elif v.mlp == "GatedMLP":
+        v.hidden, v.act = _hv(mlp, "hidden"), _hv(mlp, "act")
+    elif v.mlp == "MLP":
+        v.hidden, v.act, v.mlp_bias = _hv(mlp, "hidden"), _hv(mlp, "act"), _hv(mlp, "bias")
+    elif v.mlp == "MoE":
         for k in ("hidden", "experts", "top_k", "normalize", "shared"):
-            v[k] = _hv(mlp, k)
-        v["capacity_factor"] = float(_hv(mlp, "capacity_factor"))
-    elif v["mlp"] == "DeepSeekMoE":
+            setattr(v, k, _hv(mlp, k))
+        v.capacity_factor = float(_hv(mlp, "capacity_factor"))
+    elif v.mlp == "DeepSeekMoE":
         for k in (
             "hidden",
             "experts",
@@ -277,15 +275,15 @@ def _read_feed_forward(arch: Arch, mlp) -> None:
             "top_groups",
             "score",
         ):
-            v[k] = _hv(mlp, k)
-        v["routed_scale"] = float(_hv(mlp, "scale"))
-        v["capacity_factor"] = float(_hv(mlp, "capacity_factor"))
-        if _hv(mlp, "shared_hidden") != v["hidden"]:
+            setattr(v, k, _hv(mlp, k))
+        v.routed_scale = float(_hv(mlp, "scale"))
+        v.capacity_factor = float(_hv(mlp, "capacity_factor"))
+        if _hv(mlp, "shared_hidden") != v.hidden:
             arch.problems.append(
                 "DeepSeekMoE shared_hidden differs from hidden (HF's shared experts are "
                 "moe_intermediate_size wide)"
             )
     else:
         arch.problems.append(
-            f"the feed-forward layer is {v['mlp']}; HF families have SwiGLU, GatedMLP, MLP or MoE"
+            f"the feed-forward layer is {v.mlp}; HF families have SwiGLU, GatedMLP, MLP or MoE"
         )

@@ -80,7 +80,7 @@ def _hf_tensors(
     for r in rules(family, arch, None):
         if r.layered:
             for j, i in enumerate(
-                r.layer_ids(arch["layers"])
+                r.layer_ids(arch.facts.layers)
             ):  # slice j of the stack is HF layer i
                 tensors.update(r.save(tuple(flat[p][j] for p in r.paths), i))
         else:

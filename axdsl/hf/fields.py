@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from typing import Any
 from collections.abc import Callable
 
+from axdsl.hf.facts import FIELDS, Facts
+
 # GELU variants that equal jax.nn.gelu's default (the tanh approximation).
 TANH_GELU = ("gelu_new", "gelu_pytorch_tanh", "gelu_fast")
 
@@ -80,6 +82,10 @@ class Row:
     key: str | Callable[[Config], str]  # what a mismatch message quotes
     value: Callable[[Config], Any]
     raw: Callable[[Config], Any] | None = None  # the quoted value, when not `value`
+
+    def __post_init__(self) -> None:
+        if self.field not in FIELDS:
+            raise AssertionError(f"a config.json row names `{self.field}`, which is no fact")
 
 
 def _key(key: str, default: Any, field: str) -> Row:
@@ -204,20 +210,21 @@ _ROPE_KEYS = {
 }
 
 
-def rope_parameters(v: dict, theta: float) -> dict:
-    """transformers 5's rope_parameters: the rope type and the values its scaling reads."""
-    scaling = v.get("rope_scaling") or "none"
+def rope_parameters(v: Facts, theta: float, partial: bool = True) -> dict:
+    """transformers 5's rope_parameters: the rope type and the values its scaling reads, and
+    (`partial`) the rotating fraction of each head when rope_dim is not head_dim."""
+    scaling = v.rope_scaling or "none"
     out: dict[str, Any] = {
         "rope_type": "default" if scaling == "none" else scaling,
         "rope_theta": theta,
     }
     for fld in ROPE_SCALING_FIELDS.get(scaling, ()):
         if fld == "rope_untruncated":
-            out["truncate"] = not v[fld]
-        elif fld in ("rope_mscale_all_dim", "rope_attention_factor") and not v[fld]:
+            out["truncate"] = not getattr(v, fld)
+        elif fld in ("rope_mscale_all_dim", "rope_attention_factor") and not getattr(v, fld):
             continue  # transformers' default (None) is "not given"
         else:
-            out[_ROPE_KEYS[fld]] = v[fld]
-    if v.get("rope_dim") and v.get("head_dim") and v["rope_dim"] != v["head_dim"]:
-        out["partial_rotary_factor"] = v["rope_dim"] / v["head_dim"]
+            out[_ROPE_KEYS[fld]] = getattr(v, fld)
+    if partial and v.rope_dim and v.head_dim and v.rope_dim != v.head_dim:
+        out["partial_rotary_factor"] = v.rope_dim / v.head_dim
     return out

@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 
 from axdsl.hf.errors import HFError
-from axdsl.hf.facts import Arch
+from axdsl.hf.facts import Arch, Facts
 from axdsl.hf.fields import (
     ROPE_ROWS,
     Config,
@@ -46,7 +46,7 @@ GEMMA = Defaults(head_dim=256, layers=26)
 
 def is_gemma(arch: Arch) -> bool:
     """A DecoderLM with Gemma's GemmaRMSNorm or sandwich norms (post_norms)."""
-    return arch["norm"] == "GemmaRMSNorm" or bool(arch["post_norms"])
+    return arch.facts.norm == "GemmaRMSNorm" or bool(arch.facts.post_norms)
 
 
 def _layer_types(c: Config, period: int) -> list[str]:
@@ -218,21 +218,21 @@ GEMMA3_UNSUPPORTED: tuple[Unsupported, ...] = (
 )
 
 
-def _query_pre_attn_scalar(v: dict) -> int:
+def _query_pre_attn_scalar(v: Facts) -> int:
     """Gemma states its attention scale as scale = query_pre_attn_scalar ** -0.5 (an int)."""
-    if not v["scale"]:
-        return v["head_dim"]
-    scalar = 1.0 / v["scale"] ** 2
+    if not v.scale:
+        return v.head_dim
+    scalar = 1.0 / v.scale**2
     if not math.isclose(scalar, round(scalar), rel_tol=1e-9):
         raise HFError(
-            f"attention scale {v['scale']} is not query_pre_attn_scalar ** -0.5 for an int scalar",
+            f"attention scale {v.scale} is not query_pre_attn_scalar ** -0.5 for an int scalar",
             ["Gemma's config.json states the scale as an int query_pre_attn_scalar"],
         )
     return round(scalar)
 
 
-def _shared_config(v: dict, family: str, architecture: str, dtype: str) -> dict:
-    windows = v["layer_windows"]
+def _shared_config(v: Facts, family: str, architecture: str, dtype: str) -> dict:
+    windows = v.layer_windows
     sliding = {w for w in windows if w}
     if len(sliding) > 1:
         raise HFError(
@@ -242,21 +242,21 @@ def _shared_config(v: dict, family: str, architecture: str, dtype: str) -> dict:
     return {
         "architectures": [architecture],
         "model_type": family,
-        "vocab_size": v["vocab"],
-        "hidden_size": v["dim"],
-        "intermediate_size": v["hidden"],
-        "num_hidden_layers": v["layers"],
-        "num_attention_heads": v["heads"],
-        "num_key_value_heads": v["kv_heads"],
-        "head_dim": v["head_dim"],
-        "hidden_activation": _ACTS_OUT.get(v["act"], v["act"]),
-        "max_position_embeddings": v["max_seq"],
-        "rms_norm_eps": v["norm_eps"],
-        "attention_bias": v["attn_bias"],
-        "tie_word_embeddings": v["tied"],
+        "vocab_size": v.vocab,
+        "hidden_size": v.dim,
+        "intermediate_size": v.hidden,
+        "num_hidden_layers": v.layers,
+        "num_attention_heads": v.heads,
+        "num_key_value_heads": v.kv_heads,
+        "head_dim": v.head_dim,
+        "hidden_activation": _ACTS_OUT.get(v.act, v.act),
+        "max_position_embeddings": v.max_seq,
+        "rms_norm_eps": v.norm_eps,
+        "attention_bias": v.attn_bias,
+        "tie_word_embeddings": v.tied,
         "query_pre_attn_scalar": _query_pre_attn_scalar(v),
-        "attn_logit_softcapping": v["softcap"] or None,
-        "final_logit_softcapping": v["logit_softcap"] or None,
+        "attn_logit_softcapping": v.softcap or None,
+        "final_logit_softcapping": v.logit_softcap or None,
         "sliding_window": sliding.pop() if sliding else None,
         "layer_types": [SLIDING if w else FULL for w in windows],
         "attention_dropout": 0.0,
@@ -268,8 +268,8 @@ def _shared_config(v: dict, family: str, architecture: str, dtype: str) -> dict:
 
 def gemma2_config(arch: Arch, dtype: str) -> dict:
     """Gemma 2: sandwich norms, GeGLU, soft caps, alternating sliding and full attention."""
-    v = arch.values
-    theta = v["rope_theta"] if v["rope_theta"] is not None else 10000.0
+    v = arch.facts
+    theta = v.rope_theta if v.rope_theta is not None else 10000.0
     return {
         **_shared_config(v, "gemma2", "Gemma2ForCausalLM", dtype),
         "rope_theta": theta,
@@ -279,10 +279,10 @@ def gemma2_config(arch: Arch, dtype: str) -> dict:
 
 def gemma3_config(arch: Arch, dtype: str) -> dict:
     """Gemma 3 (text): Gemma 2's layout plus q/k norms and a rotary embedding per layer type."""
-    v = arch.values
+    v = arch.facts
     out = _shared_config(v, "gemma3_text", "Gemma3ForCausalLM", dtype)
     params: dict[str, dict] = {}
-    for kind, (theta, scaling, factor) in zip(out["layer_types"], v["layer_ropes"]):
+    for kind, (theta, scaling, factor) in zip(out["layer_types"], v.layer_ropes):
         p = {"rope_type": "default" if scaling == "none" else scaling, "rope_theta": theta}
         if scaling == "linear":
             p["factor"] = factor

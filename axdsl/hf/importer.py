@@ -58,7 +58,7 @@ def _map_tensors(arch: Arch, rs: list[Rule], reader: Reader) -> tuple[dict, list
     for r in rs:
         names = ", ".join("/".join(p) for p in r.paths)
         try:
-            arrays = _load_rule(r, reader, arch["layers"])
+            arrays = _load_rule(r, reader, arch.facts.layers)
         except KeyError as exc:
             problems.append(f"missing tensor {exc.args[0]} (for {names})")
             continue
@@ -88,7 +88,7 @@ def _leftovers(family: Family, arch: Arch, rs: list[Rule], reader: Reader, out: 
     problems = []
     keys = set(reader.where)
     tied = family.tied_head
-    if arch["tied"] and tied in keys:  # a tied head saved anyway: it must be the table
+    if arch.facts.tied and tied in keys:  # a tied head saved anyway: it must be the table
         head = reader.get(tied)
         table = out.get(("embed", "table"))
         if table is not None and not np.array_equal(head.astype(table.dtype), table):

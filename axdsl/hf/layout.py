@@ -51,8 +51,8 @@ class _Rules:
 
     @property
     def dims(self) -> tuple[int, int, int, int]:
-        v = self.arch.values
-        return v["dim"], v["heads"], v["kv_heads"], v["head_dim"]
+        v = self.arch.facts
+        return v.dim, v.heads, v.kv_heads, v.head_dim
 
     def prefix(self, pre: str) -> str:
         """`pre`, unless the checkpoint's tensors have no such prefix (the hub's bare models)."""
@@ -119,7 +119,7 @@ def _pattern_rules(body: Body, arch: Arch, keys: set[str] | None) -> list[Rule]:
     """A pattern of k blocks: layer i is element i % k, at index i // k of blocks/<e>; when k does
     not divide the layers, the scanned ones are blocks/groups/<e> and the last layers, run once
     after the scan, blocks/tail/<e> (one HF layer each, not stacked)."""
-    k, scanned = arch.pattern, arch["layers"] - arch.tail
+    k, scanned = arch.pattern, arch.facts.layers - arch.tail
     group = "blocks/groups" if arch.tail else "blocks"
     out: list[Rule] = []
     for e in range(k):
@@ -189,8 +189,8 @@ def llama_block(r: _Rules, sandwich: bool = False, moe_names: MoeNames = mlp_moe
     r.same("blocks/attn/bo", a + "o_proj.bias")
     r.same("blocks/attn/q_norm/scale", a + "q_norm.weight")
     r.same("blocks/attn/k_norm/scale", a + "k_norm.weight")
-    if r.arch["mlp"] == "MoE":
-        r.out += moe_rules(moe_names(r.keys), r.arch["experts"], r.arch["hidden"], L, r.keys)
+    if r.arch.facts.mlp == "MoE":
+        r.out += moe_rules(moe_names(r.keys), r.arch.facts.experts, r.arch.facts.hidden, L, r.keys)
     else:
         r.linear_in("blocks/mlp/w_gate", L + "mlp.gate_proj.weight")
         r.linear_in("blocks/mlp/w_up", L + "mlp.up_proj.weight")

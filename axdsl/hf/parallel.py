@@ -105,23 +105,23 @@ def parallel_rows(p: Parallel) -> tuple[Row, ...]:
 
 def parallel_config(arch: Arch, family: str, hf_class: str, dtype: str) -> dict[str, Any]:
     """The config.json keys Phi and GPT-NeoX both write; each adds its own."""
-    v = arch.values
-    theta = v["rope_theta"] if v["rope_theta"] is not None else 10000.0
+    v = arch.facts
+    theta = v.rope_theta if v.rope_theta is not None else 10000.0
     acts = {"gelu": "gelu_new", "gelu_exact": "gelu", "relu": "relu", "silu": "silu"}
-    out = {
+    out: dict[str, Any] = {
         "architectures": [hf_class],
         "model_type": family,
-        "vocab_size": v["vocab"],
-        "hidden_size": v["dim"],
-        "intermediate_size": v["hidden"],
-        "num_hidden_layers": v["layers"],
-        "num_attention_heads": v["heads"],
-        "hidden_act": acts.get(v["act"], v["act"]),
-        "max_position_embeddings": v["max_seq"],
-        "layer_norm_eps": v["norm_eps"],
+        "vocab_size": v.vocab,
+        "hidden_size": v.dim,
+        "intermediate_size": v.hidden,
+        "num_hidden_layers": v.layers,
+        "num_attention_heads": v.heads,
+        "hidden_act": acts.get(v.act, v.act),
+        "max_position_embeddings": v.max_seq,
+        "layer_norm_eps": v.norm_eps,
         "rope_theta": theta,
         "rope_parameters": rope_parameters(v, theta),
-        "tie_word_embeddings": v["tied"],
+        "tie_word_embeddings": v.tied,
         "attention_dropout": 0.0,
         "initializer_range": 0.02,
         "use_cache": True,

@@ -54,11 +54,11 @@ _NORMS = ("embed_norm", "blocks/attn_norm", "blocks/mlp_norm", "head_norm")
 
 def bert_arch(arch: Arch, root: Any) -> Arch:
     """Fill `arch` (arch.py's Arch of a BertMLM model; `root` its IR instance) with the facts BertForMaskedLM's config states."""
-    v = arch.values
+    v = arch.facts
     for k in ("vocab", "dim", "layers", "heads", "max_seq", "type_vocab"):
-        v[k] = _hv(root, k)
-    v["kv_heads"] = v["heads"]
-    v.update(
+        setattr(v, k, _hv(root, k))
+    v.kv_heads = v.heads
+    v.set(
         block=BLOCK,
         positions="learned",
         tied=True,
@@ -72,34 +72,34 @@ def bert_arch(arch: Arch, root: Any) -> Arch:
         arch.problems.append(f"the repeated block is not std's {BLOCK}")
         return arch
     attn = blocks.child("attn")
-    v["head_dim"] = _hv(attn, "head_dim")
-    if v["head_dim"] * v["heads"] != v["dim"]:
+    v.head_dim = _hv(attn, "head_dim")
+    if v.head_dim * v.heads != v.dim:
         arch.problems.append(
-            f"attention head_dim {v['head_dim']} is not dim / heads (BERT's heads split "
+            f"attention head_dim {v.head_dim} is not dim / heads (BERT's heads split "
             "hidden_size)"
         )
     _read_norms(arch, [at(root, p) for p in _NORMS])
     mlp = blocks.child("mlp")
-    v["mlp"] = None if mlp is None else mlp.layer
-    if v["mlp"] == "MLP":
-        v["hidden"], v["act"], v["mlp_bias"] = _hv(mlp, "hidden"), _hv(mlp, "act"), _hv(mlp, "bias")
+    v.mlp = None if mlp is None else mlp.layer
+    if v.mlp == "MLP":
+        v.hidden, v.act, v.mlp_bias = _hv(mlp, "hidden"), _hv(mlp, "act"), _hv(mlp, "bias")
     else:
-        arch.problems.append(f"the feed-forward layer is {v['mlp']}; BERT's is MLP(bias = true)")
+        arch.problems.append(f"the feed-forward layer is {v.mlp}; BERT's is MLP(bias = true)")
     return arch
 
 
 def _read_norms(arch: Any, norms: list) -> None:
     """BERT's four LayerNorms (embeddings, after attention, after the MLP, the head) share one eps."""
     kinds = {n.layer if n is not None else None for n in norms}
-    arch.values["norm"] = kinds.pop() if len(kinds) == 1 else None
-    if arch.values["norm"] != "LayerNorm":
+    arch.facts.norm = kinds.pop() if len(kinds) == 1 else None
+    if arch.facts.norm != "LayerNorm":
         arch.problems.append("BERT's norms are all LayerNorm")
         return
     eps = {float(_hv(n, "eps")) for n in norms}
     bias = {_hv(n, "bias") for n in norms}
-    arch.values["norm_eps"] = eps.pop() if len(eps) == 1 else None
-    arch.values["norm_bias"] = bias.pop() if len(bias) == 1 else None
-    if arch.values["norm_eps"] is None:
+    arch.facts.norm_eps = eps.pop() if len(eps) == 1 else None
+    arch.facts.norm_bias = bias.pop() if len(bias) == 1 else None
+    if arch.facts.norm_eps is None:
         arch.problems.append("the LayerNorms' eps differ (BERT has one layer_norm_eps)")
 
 
@@ -153,20 +153,20 @@ BERT_UNSUPPORTED: tuple[Unsupported, ...] = (
 
 def bert_config(arch: Arch, dtype: str) -> dict[str, Any]:
     """transformers' BertConfig of a BertMLM (export); dropout is off, as in the generated forward."""
-    v = arch.values
+    v = arch.facts
     acts = {"gelu_exact": "gelu", "gelu": "gelu_new"}
     return {
         "architectures": [CLASS],
         "model_type": NAME,
-        "vocab_size": v["vocab"],
-        "hidden_size": v["dim"],
-        "num_hidden_layers": v["layers"],
-        "num_attention_heads": v["heads"],
-        "intermediate_size": v["hidden"],
-        "hidden_act": acts.get(v["act"], v["act"]),
-        "max_position_embeddings": v["max_seq"],
-        "type_vocab_size": v["type_vocab"],
-        "layer_norm_eps": v["norm_eps"],
+        "vocab_size": v.vocab,
+        "hidden_size": v.dim,
+        "num_hidden_layers": v.layers,
+        "num_attention_heads": v.heads,
+        "intermediate_size": v.hidden,
+        "hidden_act": acts.get(v.act, v.act),
+        "max_position_embeddings": v.max_seq,
+        "type_vocab_size": v.type_vocab,
+        "layer_norm_eps": v.norm_eps,
         "tie_word_embeddings": True,
         "is_decoder": False,
         "add_cross_attention": False,
@@ -218,7 +218,7 @@ FAMILY = Family(
     name=NAME,
     hf_class=CLASS,
     rank=0,
-    claims=lambda arch: arch["block"] == BLOCK,
+    claims=lambda arch: arch.facts.block == BLOCK,
     root=ROOT,
     read=bert_arch,
     rows=BERT_FIELDS,

@@ -136,40 +136,40 @@ UNSUPPORTED = (
 
 def _export(arch: Arch, dtype: str) -> dict:
     """DeepSeek-V3: latent attention, dense first layers, then DeepSeek's MoE."""
-    v = arch.values
-    theta = v["rope_theta"] if v["rope_theta"] is not None else 10000.0
-    rope = rope_parameters({**v, "rope_dim": None}, theta)
+    v = arch.facts
+    theta = v.rope_theta if v.rope_theta is not None else 10000.0
+    rope = rope_parameters(v, theta, partial=False)
     return {
         "architectures": ["DeepseekV3ForCausalLM"],
         "model_type": "deepseek_v3",
-        "vocab_size": v["vocab"],
-        "hidden_size": v["dim"],
-        "intermediate_size": v["dense_hidden"] or v["hidden"],
-        "moe_intermediate_size": v["hidden"],
-        "num_hidden_layers": v["dense_layers"] + v["layers"],
-        "first_k_dense_replace": v["dense_layers"],
-        "num_attention_heads": v["heads"],
-        "num_key_value_heads": v["kv_heads"],
-        "q_lora_rank": v["q_rank"] or None,
-        "kv_lora_rank": v["kv_rank"],
-        "qk_nope_head_dim": v["nope_dim"],
-        "qk_rope_head_dim": v["rope_dim"],
-        "v_head_dim": v["v_head_dim"],
-        "rope_interleave": v["rope_interleaved"],
-        "n_routed_experts": v["experts"],
-        "num_experts_per_tok": v["top_k"],
-        "n_group": v["groups"],
-        "topk_group": v["top_groups"],
-        "routed_scaling_factor": v["routed_scale"],
-        "norm_topk_prob": v["normalize"],
-        "n_shared_experts": v["shared"],
+        "vocab_size": v.vocab,
+        "hidden_size": v.dim,
+        "intermediate_size": v.dense_hidden or v.hidden,
+        "moe_intermediate_size": v.hidden,
+        "num_hidden_layers": v.dense_layers + v.layers,
+        "first_k_dense_replace": v.dense_layers,
+        "num_attention_heads": v.heads,
+        "num_key_value_heads": v.kv_heads,
+        "q_lora_rank": v.q_rank or None,
+        "kv_lora_rank": v.kv_rank,
+        "qk_nope_head_dim": v.nope_dim,
+        "qk_rope_head_dim": v.rope_dim,
+        "v_head_dim": v.v_head_dim,
+        "rope_interleave": v.rope_interleaved,
+        "n_routed_experts": v.experts,
+        "num_experts_per_tok": v.top_k,
+        "n_group": v.groups,
+        "topk_group": v.top_groups,
+        "routed_scaling_factor": v.routed_scale,
+        "norm_topk_prob": v.normalize,
+        "n_shared_experts": v.shared,
         "hidden_act": "silu",
-        "max_position_embeddings": v["max_seq"],
-        "rms_norm_eps": v["norm_eps"],
+        "max_position_embeddings": v.max_seq,
+        "rms_norm_eps": v.norm_eps,
         "rope_theta": theta,
         "rope_parameters": rope,
         "attention_bias": False,
-        "tie_word_embeddings": v["tied"],
+        "tie_word_embeddings": v.tied,
         "num_nextn_predict_layers": 0,
         "attention_dropout": 0.0,
         "initializer_range": 0.02,
@@ -187,20 +187,20 @@ def _layout(arch: Arch, keys: set[str] | None) -> list[Rule]:
     r.rule(
         "head", False, lambda g, i: _T(g("lm_head.weight")), lambda w, i: {"lm_head.weight": _T(w)}
     )
-    dense = arch["dense_layers"] or 0
+    dense = arch.facts.dense_layers or 0
     out = list(r.out)
     for block, ids in (
         ("dense_blocks", range(dense)),
-        ("blocks", range(dense, dense + arch["layers"])),
+        ("blocks", range(dense, dense + arch.facts.layers)),
     ):
         br = _Rules(arch, keys, block=block)
-        moe = block == "blocks" and arch["mlp"] == "DeepSeekMoE"
+        moe = block == "blocks" and arch.facts.mlp == "DeepSeekMoE"
         _latent_block_rules(br, pre + "layers.{i}.", moe)
         if moe:
             br.out += moe_rules(
                 mlp_moe_names(keys),
-                arch["experts"],
-                arch["hidden"],
+                arch.facts.experts,
+                arch.facts.hidden,
                 pre + "layers.{i}.",
                 keys,
                 block,
@@ -211,9 +211,9 @@ def _layout(arch: Arch, keys: set[str] | None) -> list[Rule]:
 
 def _latent_block_rules(r: _Rules, L: str, moe: bool) -> None:
     """One DeepSeek layer's norms, latent attention, and SwiGLU (dense) or router bias and shared experts."""
-    v = r.arch.values
-    dim, heads = v["dim"], v["heads"]
-    qk, q_rank, kv_rank = v["nope_dim"] + v["rope_dim"], v["q_rank"], v["kv_rank"]
+    v = r.arch.facts
+    dim, heads = v.dim, v.heads
+    qk, q_rank, kv_rank = v.nope_dim + v.rope_dim, v.q_rank, v.kv_rank
     r.same("blocks/attn_norm/scale", L + "input_layernorm.weight")
     r.same("blocks/mlp_norm/scale", L + "post_attention_layernorm.weight")
     a = L + "self_attn."
@@ -234,8 +234,8 @@ def _latent_block_rules(r: _Rules, L: str, moe: bool) -> None:
     heads_in("blocks/attn/wq_b", a + "q_b_proj.weight", q_rank, qk)
     r.linear_in("blocks/attn/wkv_a", a + "kv_a_proj_with_mqa.weight")
     r.same("blocks/attn/kv_norm/scale", a + "kv_a_layernorm.weight")
-    heads_in("blocks/attn/wkv_b", a + "kv_b_proj.weight", kv_rank, v["nope_dim"] + v["v_head_dim"])
-    vd = v["v_head_dim"]
+    heads_in("blocks/attn/wkv_b", a + "kv_b_proj.weight", kv_rank, v.nope_dim + v.v_head_dim)
+    vd = v.v_head_dim
     r.rule(
         "blocks/attn/wo",
         True,
@@ -254,7 +254,7 @@ FAMILY = Family(
     name="deepseek_v3",
     hf_class="DeepseekV3ForCausalLM",
     rank=4,
-    claims=lambda arch: arch["attn"] == "MLAttention" or arch["mlp"] == "DeepSeekMoE",
+    claims=lambda arch: arch.facts.attn == "MLAttention" or arch.facts.mlp == "DeepSeekMoE",
     root="DecoderLM",
     read=read_decoder,
     rows=ROWS,

@@ -66,21 +66,21 @@ UNSUPPORTED = (
 
 
 def _export(arch: Arch, dtype: str) -> dict:
-    v = arch.values
+    v = arch.facts
     acts = {"gelu": "gelu_new", "relu": "relu", "silu": "silu"}
     return {
         "architectures": ["GPT2LMHeadModel"],
         "model_type": "gpt2",
-        "vocab_size": v["vocab"],
-        "n_embd": v["dim"],
-        "n_layer": v["layers"],
-        "n_head": v["heads"],
-        "n_inner": v["hidden"],
-        "n_positions": v["max_seq"],
-        "n_ctx": v["max_seq"],
-        "activation_function": acts.get(v["act"], v["act"]),
-        "layer_norm_epsilon": v["norm_eps"],
-        "tie_word_embeddings": v["tied"],
+        "vocab_size": v.vocab,
+        "n_embd": v.dim,
+        "n_layer": v.layers,
+        "n_head": v.heads,
+        "n_inner": v.hidden,
+        "n_positions": v.max_seq,
+        "n_ctx": v.max_seq,
+        "activation_function": acts.get(v.act, v.act),
+        "layer_norm_epsilon": v.norm_eps,
+        "tie_word_embeddings": v.tied,
         "scale_attn_weights": True,
         "scale_attn_by_inverse_layer_idx": False,
         "reorder_and_upcast_attn": False,
@@ -151,7 +151,7 @@ FAMILY = Family(
     name="gpt2",
     hf_class="GPT2LMHeadModel",
     rank=9,
-    claims=lambda arch: arch["positions"] == "learned" or arch["norm"] == "LayerNorm",
+    claims=lambda arch: arch.facts.positions == "learned" or arch.facts.norm == "LayerNorm",
     root="DecoderLM",
     read=read_decoder,
     rows=ROWS,

@@ -30,7 +30,7 @@ def _export(arch: Arch, dtype: str) -> dict:
     out = parallel_config(arch, "gpt_neox", "GPTNeoXForCausalLM", dtype)
     out.update(
         use_parallel_residual=True,
-        attention_bias=arch["attn_bias"],
+        attention_bias=arch.facts.attn_bias,
         hidden_dropout=0.0,
         rotary_pct=out["rope_parameters"]["partial_rotary_factor"],
         rotary_emb_base=out["rope_theta"],
@@ -83,7 +83,7 @@ FAMILY = Family(
     name="gpt_neox",
     hf_class="GPTNeoXForCausalLM",
     rank=6,
-    claims=lambda arch: arch["block"] == "ParallelBlock",
+    claims=lambda arch: arch.facts.block == "ParallelBlock",
     root="DecoderLM",
     read=read_decoder,
     rows=parallel_rows(CONFIG),

@@ -19,7 +19,7 @@ CONFIG = Decoder()
 def _export(arch: Arch, dtype: str) -> dict:
     return {
         **decoder_config(arch, "llama", "LlamaForCausalLM", dtype),
-        "attention_bias": arch["attn_bias"],
+        "attention_bias": arch.facts.attn_bias,
         "mlp_bias": False,
     }
 

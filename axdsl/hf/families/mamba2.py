@@ -65,25 +65,25 @@ def _time_step_limit(c: Config) -> bool:
 
 def _export(arch: Arch, dtype: str) -> dict:
     """Mamba-2: attention-free blocks; transformers' Mamba2Config keys."""
-    v = arch.values
+    v = arch.facts
     return {
         "architectures": ["Mamba2ForCausalLM"],
         "model_type": "mamba2",
-        "vocab_size": v["vocab"],
-        "hidden_size": v["dim"],
-        "num_hidden_layers": v["layers"],
-        "num_heads": v["heads"],
-        "head_dim": v["ssm_head_dim"],
-        "expand": v["ssm_expand"],
-        "state_size": v["ssm_state"],
-        "n_groups": v["ssm_groups"],
-        "conv_kernel": v["conv_kernel"],
-        "chunk_size": v["chunk"],
-        "use_conv_bias": v["conv_bias"],
+        "vocab_size": v.vocab,
+        "hidden_size": v.dim,
+        "num_hidden_layers": v.layers,
+        "num_heads": v.heads,
+        "head_dim": v.ssm_head_dim,
+        "expand": v.ssm_expand,
+        "state_size": v.ssm_state,
+        "n_groups": v.ssm_groups,
+        "conv_kernel": v.conv_kernel,
+        "chunk_size": v.chunk,
+        "use_conv_bias": v.conv_bias,
         "use_bias": False,
         "hidden_act": "silu",
-        "layer_norm_epsilon": v["norm_eps"],
-        "tie_word_embeddings": v["tied"],
+        "layer_norm_epsilon": v.norm_eps,
+        "tie_word_embeddings": v.tied,
         "residual_in_fp32": True,
         "initializer_range": 0.1,
         "use_cache": True,
@@ -94,8 +94,8 @@ def _export(arch: Arch, dtype: str) -> dict:
 def _block(r: _Rules) -> str:
     """Mamba-2: transformers fuses the mixer's five input projections into in_proj (rows z, x, B,
     C, dt) and its three short convs into one depthwise conv1d ([channels, 1, taps]: x, B, C)."""
-    v = r.arch.values
-    inner, gs, heads = v["ssm_expand"] * v["dim"], v["ssm_groups"] * v["ssm_state"], v["heads"]
+    v = r.arch.facts
+    inner, gs, heads = v.ssm_expand * v.dim, v.ssm_groups * v.ssm_state, v.heads
     pre = r.prefix("backbone.")
     L = pre + "layers.{i}."
     m = L + "mixer."
@@ -143,7 +143,7 @@ FAMILY = Family(
     name="mamba2",
     hf_class="Mamba2ForCausalLM",
     rank=3,
-    claims=lambda arch: arch["block"] == "MambaBlock",
+    claims=lambda arch: arch.facts.block == "MambaBlock",
     root="DecoderLM",
     read=read_decoder,
     rows=ROWS,

@@ -19,7 +19,7 @@ CONFIG = Decoder(windowed=True, default_window=4096)
 def _export(arch: Arch, dtype: str) -> dict:
     return {
         **decoder_config(arch, "mistral", "MistralForCausalLM", dtype),
-        "sliding_window": arch["window"] or None,
+        "sliding_window": arch.facts.window or None,
     }
 
 
@@ -27,7 +27,7 @@ FAMILY = Family(
     name="mistral",
     hf_class="MistralForCausalLM",
     rank=14,
-    claims=lambda arch: bool(arch["window"]),
+    claims=lambda arch: bool(arch.facts.window),
     root="DecoderLM",
     read=read_decoder,
     rows=decoder_rows(CONFIG),

@@ -36,9 +36,9 @@ CONFIG = Decoder(
 def _export(arch: Arch, dtype: str) -> dict:
     return {
         **decoder_config(arch, "mixtral", "MixtralForCausalLM", dtype),
-        "sliding_window": arch["window"] or None,
-        "num_local_experts": arch["experts"],
-        "num_experts_per_tok": arch["top_k"],
+        "sliding_window": arch.facts.window or None,
+        "num_local_experts": arch.facts.experts,
+        "num_experts_per_tok": arch.facts.top_k,
         "router_jitter_noise": 0.0,
         "output_router_logits": False,
     }
@@ -48,7 +48,7 @@ FAMILY = Family(
     name="mixtral",
     hf_class="MixtralForCausalLM",
     rank=11,
-    claims=lambda arch: arch["mlp"] == "MoE",
+    claims=lambda arch: arch.facts.mlp == "MoE",
     root="DecoderLM",
     read=read_decoder,
     rows=decoder_rows(CONFIG),

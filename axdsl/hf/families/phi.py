@@ -19,7 +19,7 @@ CONFIG = Parallel(vocab=51200, act="gelu_new", biased=None, shared_norm=True, he
 def _export(arch: Arch, dtype: str) -> dict:
     return {
         **parallel_config(arch, "phi", "PhiForCausalLM", dtype),
-        "num_key_value_heads": arch["kv_heads"],
+        "num_key_value_heads": arch.facts.kv_heads,
         "qk_layernorm": False,
         "resid_pdrop": 0.0,
         "embd_pdrop": 0.0,
@@ -48,7 +48,7 @@ FAMILY = Family(
     name="phi",
     hf_class="PhiForCausalLM",
     rank=5,
-    claims=lambda arch: arch["block"] == "ParallelBlock" and bool(arch["shared_norm"]),
+    claims=lambda arch: arch.facts.block == "ParallelBlock" and bool(arch.facts.shared_norm),
     root="DecoderLM",
     read=read_decoder,
     rows=parallel_rows(CONFIG),

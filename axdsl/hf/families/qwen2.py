@@ -21,7 +21,7 @@ def _export(arch: Arch, dtype: str) -> dict:
         **decoder_config(arch, "qwen2", "Qwen2ForCausalLM", dtype),
         "use_sliding_window": False,
         "sliding_window": None,
-        "max_window_layers": arch["layers"],
+        "max_window_layers": arch.facts.layers,
     }
 
 
@@ -29,7 +29,7 @@ FAMILY = Family(
     name="qwen2",
     hf_class="Qwen2ForCausalLM",
     rank=13,
-    claims=lambda arch: bool(arch["attn_bias"]) and not arch["out_bias"],
+    claims=lambda arch: bool(arch.facts.attn_bias) and not arch.facts.out_bias,
     root="DecoderLM",
     read=read_decoder,
     rows=decoder_rows(CONFIG),

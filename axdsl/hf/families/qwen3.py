@@ -20,10 +20,10 @@ CONFIG = Decoder(qk_norm=True)
 def _export(arch: Arch, dtype: str) -> dict:
     return {
         **decoder_config(arch, "qwen3", "Qwen3ForCausalLM", dtype),
-        "attention_bias": arch["attn_bias"],
+        "attention_bias": arch.facts.attn_bias,
         "use_sliding_window": False,
         "sliding_window": None,
-        "max_window_layers": arch["layers"],
+        "max_window_layers": arch.facts.layers,
     }
 
 
@@ -31,7 +31,7 @@ FAMILY = Family(
     name="qwen3",
     hf_class="Qwen3ForCausalLM",
     rank=12,
-    claims=lambda arch: bool(arch["qk_norm"]),
+    claims=lambda arch: bool(arch.facts.qk_norm),
     root="DecoderLM",
     read=read_decoder,
     rows=decoder_rows(CONFIG),

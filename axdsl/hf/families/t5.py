@@ -64,7 +64,7 @@ _HF_ACTS = {
 
 def read_arch(arch: Arch, root) -> Arch:
     """The facts of a std T5 model (root layer `T5`): sizes, buckets, norm eps, activation."""
-    v, problems = arch.values, arch.problems
+    v, problems = arch.facts, arch.problems
     for k in (
         "vocab",
         "dim",
@@ -75,8 +75,8 @@ def read_arch(arch: Arch, root) -> Arch:
         "buckets",
         "max_distance",
     ):
-        v[k] = _hv(root, k)
-    v.update(block=ROOT, tied=False, kv_heads=v["heads"])
+        setattr(v, k, _hv(root, k))
+    v.set(block=ROOT, tied=False, kv_heads=v.heads)
     stacks = {"encoder": "T5EncoderBlock", "decoder": "T5DecoderBlock"}
     for name, layer in stacks.items():
         block = root.child(name)
@@ -90,7 +90,7 @@ def read_arch(arch: Arch, root) -> Arch:
             "T5's norms must all be one RMSNorm (HF has one layer_norm_epsilon): "
             + ", ".join(f"{n.path} = {n.layer}(eps = {_hv(n, 'eps')})" for n in norms)
         )
-    v["norm"], v["norm_eps"] = norms[0].layer, _hv(norms[0], "eps")
+    v.norm, v.norm_eps = norms[0].layer, _hv(norms[0], "eps")
     mlps = [root.child(name).child("mlp") for name in stacks]
     facts = {(m.layer, _hv(m, "act"), _hv(m, "hidden")) if m is not None else None for m in mlps}
     if len(facts) != 1 or mlps[0] is None or mlps[0].layer != "GatedMLP":
@@ -98,7 +98,7 @@ def read_arch(arch: Arch, root) -> Arch:
             "T5's feed-forwards must be one GatedMLP in both stacks (HF's gated DenseReluDense)"
         )
     else:
-        v["act"], v["hidden"] = _hv(mlps[0], "act"), _hv(mlps[0], "hidden")
+        v.act, v.hidden = _hv(mlps[0], "act"), _hv(mlps[0], "hidden")
     return arch
 
 
@@ -167,21 +167,21 @@ UNSUPPORTED: tuple[Unsupported, ...] = (
 
 def hf_config(arch: Arch, dtype: str) -> dict:
     """The config.json of a std T5 model (export), as google/flan-t5-base's states it."""
-    v = arch.values
+    v = arch.facts
     return {
         "architectures": [CLASS],
         "model_type": FAMILY_NAME,
-        "vocab_size": v["vocab"],
-        "d_model": v["dim"],
-        "d_kv": v["head_dim"],
-        "d_ff": v["hidden"],
-        "num_layers": v["layers"],
-        "num_decoder_layers": v["dec_layers"],
-        "num_heads": v["heads"],
-        "relative_attention_num_buckets": v["buckets"],
-        "relative_attention_max_distance": v["max_distance"],
-        "layer_norm_epsilon": v["norm_eps"],
-        "feed_forward_proj": _ACTS.get(v["act"], v["act"]),
+        "vocab_size": v.vocab,
+        "d_model": v.dim,
+        "d_kv": v.head_dim,
+        "d_ff": v.hidden,
+        "num_layers": v.layers,
+        "num_decoder_layers": v.dec_layers,
+        "num_heads": v.heads,
+        "relative_attention_num_buckets": v.buckets,
+        "relative_attention_max_distance": v.max_distance,
+        "layer_norm_epsilon": v.norm_eps,
+        "feed_forward_proj": _ACTS.get(v.act, v.act),
         "tie_word_embeddings": False,
         "is_encoder_decoder": True,
         "dropout_rate": 0.0,
@@ -211,7 +211,7 @@ class Mapping:
 
 def mappings(arch: Arch, keys: set[str] | None) -> list[Mapping]:
     """Every parameter's mapping; the encoder's cover its `layers`, the decoder's `dec_layers`."""
-    dim, heads, hd = arch["dim"], arch["heads"], arch["head_dim"]
+    dim, heads, hd = arch.facts.dim, arch.facts.heads, arch.facts.head_dim
     out: list[Mapping] = []
 
     def add(path: str, load, save, layers: int | None = None) -> None:
@@ -252,7 +252,7 @@ def mappings(arch: Arch, keys: set[str] | None) -> list[Mapping]:
     # transformers 5 saves no lm_head while it is tied to `shared` (a model it built, not loaded)
     head = "lm_head.weight" if keys is None or "lm_head.weight" in keys else "shared.weight"
     add("head", lambda g, i: _T(g(head)), lambda a, i: {"lm_head.weight": _T(a)})
-    for stack, n in (("encoder", arch["layers"]), ("decoder", arch["dec_layers"])):
+    for stack, n in (("encoder", arch.facts.layers), ("decoder", arch.facts.dec_layers)):
         block = f"{stack}.block.{{i}}.layer"
         short = "enc" if stack == "encoder" else "dec"
         same(
@@ -297,7 +297,7 @@ FAMILY = Family(
     name=FAMILY_NAME,
     hf_class=CLASS,
     rank=2,
-    claims=lambda arch: arch["block"] == ROOT,
+    claims=lambda arch: arch.facts.block == ROOT,
     root=ROOT,
     read=read_arch,
     rows=ROWS,

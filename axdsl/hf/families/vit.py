@@ -52,23 +52,23 @@ _NORMS = ("blocks/attn_norm", "blocks/mlp_norm", "final_norm")
 def vit_arch(arch: Arch, root: Any) -> Arch:
     """Fill `arch` (arch.py's Arch of a VisionTransformer model; `root` its IR instance) with the
     facts ViTForImageClassification's config states."""
-    v = arch.values
+    v = arch.facts
     for k in ("dim", "layers", "heads", "height", "width", "patch", "channels", "classes"):
-        v[k] = _hv(root, k)
-    v["root"] = ROOT
+        setattr(v, k, _hv(root, k))
+    v.root = ROOT
     blocks = root.child("blocks")
     if blocks is None or blocks.layer != "Block":
         arch.problems.append("the repeated block is not std's Block (ViT's blocks are pre-norm)")
         return arch
-    v["block"], v["post_norms"] = "Block", _hv(blocks, "post_norms")
+    v.block, v.post_norms = "Block", _hv(blocks, "post_norms")
     _read_attention(arch, blocks.child("attn"))
     _read_norms(arch, [at(root, p) for p in _NORMS])
     mlp = blocks.child("mlp")
-    v["mlp"] = None if mlp is None else mlp.layer
-    if v["mlp"] == "MLP":
-        v["hidden"], v["act"], v["mlp_bias"] = _hv(mlp, "hidden"), _hv(mlp, "act"), _hv(mlp, "bias")
+    v.mlp = None if mlp is None else mlp.layer
+    if v.mlp == "MLP":
+        v.hidden, v.act, v.mlp_bias = _hv(mlp, "hidden"), _hv(mlp, "act"), _hv(mlp, "bias")
     else:
-        arch.problems.append(f"the feed-forward layer is {v['mlp']}; ViT's is MLP(bias = true)")
+        arch.problems.append(f"the feed-forward layer is {v.mlp}; ViT's is MLP(bias = true)")
     if _hv(blocks, "dropout"):
         arch.problems.append("Block dropout > 0 (export writes ViT with dropout off)")
     return arch
@@ -76,33 +76,32 @@ def vit_arch(arch: Arch, root: Any) -> Arch:
 
 def _read_attention(arch: Any, attn: Any) -> None:
     """ViT's attention: std's Attention, bidirectional, no rope, heads splitting dim, all biases."""
-    v = arch.values
+    v = arch.facts
     if attn is None or attn.layer != "Attention":
         arch.problems.append("the block's attention is not std's Attention")
         return
     for k in ("head_dim", "kv_heads", "causal", "rope", "window", "qk_norm"):
-        v[k] = _hv(attn, k)
-    v["attn_bias"], v["out_bias"] = _hv(attn, "bias"), _hv(attn, "out_bias")
-    v["scale"], v["softcap"] = float(_hv(attn, "scale")), float(_hv(attn, "softcap"))
-    if v["head_dim"] * v["heads"] != v["dim"]:
+        setattr(v, k, _hv(attn, k))
+    v.attn_bias, v.out_bias = _hv(attn, "bias"), _hv(attn, "out_bias")
+    v.scale, v.softcap = float(_hv(attn, "scale")), float(_hv(attn, "softcap"))
+    if v.head_dim * v.heads != v.dim:
         arch.problems.append(
-            f"attention head_dim {v['head_dim']} is not dim / heads (ViT's heads split "
-            "hidden_size)"
+            f"attention head_dim {v.head_dim} is not dim / heads (ViT's heads split " "hidden_size)"
         )
 
 
 def _read_norms(arch: Any, norms: list) -> None:
     """ViT's LayerNorms (before attention, before the MLP, the final one) share one eps."""
     kinds = {n.layer if n is not None else None for n in norms}
-    arch.values["norm"] = kinds.pop() if len(kinds) == 1 else None
-    if arch.values["norm"] != "LayerNorm":
+    arch.facts.norm = kinds.pop() if len(kinds) == 1 else None
+    if arch.facts.norm != "LayerNorm":
         arch.problems.append("ViT's norms are all LayerNorm")
         return
     eps = {float(_hv(n, "eps")) for n in norms}
     bias = {_hv(n, "bias") for n in norms}
-    arch.values["norm_eps"] = eps.pop() if len(eps) == 1 else None
-    arch.values["norm_bias"] = bias.pop() if len(bias) == 1 else None
-    if arch.values["norm_eps"] is None:
+    arch.facts.norm_eps = eps.pop() if len(eps) == 1 else None
+    arch.facts.norm_bias = bias.pop() if len(bias) == 1 else None
+    if arch.facts.norm_eps is None:
         arch.problems.append("the LayerNorms' eps differ (ViT has one layer_norm_eps)")
 
 
@@ -177,28 +176,28 @@ VIT_UNSUPPORTED: tuple[Unsupported, ...] = (
 
 def vit_config(arch: Arch, dtype: str) -> dict[str, Any]:
     """transformers' ViTConfig of a VisionTransformer (export); dropout is off, as in the generated forward."""
-    v = arch.values
+    v = arch.facts
     acts = {"gelu_exact": "gelu", "gelu": "gelu_new"}
-    size = v["height"] if v["height"] == v["width"] else [v["height"], v["width"]]
+    size = v.height if v.height == v.width else [v.height, v.width]
     return {
         "architectures": [CLASS],
         "model_type": NAME,
-        "hidden_size": v["dim"],
-        "num_hidden_layers": v["layers"],
-        "num_attention_heads": v["heads"],
-        "intermediate_size": v["hidden"],
-        "hidden_act": acts.get(v["act"], v["act"]),
-        "layer_norm_eps": v["norm_eps"],
+        "hidden_size": v.dim,
+        "num_hidden_layers": v.layers,
+        "num_attention_heads": v.heads,
+        "intermediate_size": v.hidden,
+        "hidden_act": acts.get(v.act, v.act),
+        "layer_norm_eps": v.norm_eps,
         "image_size": size,
-        "patch_size": v["patch"],
-        "num_channels": v["channels"],
-        "qkv_bias": v["attn_bias"],
-        "id2label": {str(i): f"LABEL_{i}" for i in range(v["classes"])},
-        "label2id": {f"LABEL_{i}": i for i in range(v["classes"])},
+        "patch_size": v.patch,
+        "num_channels": v.channels,
+        "qkv_bias": v.attn_bias,
+        "id2label": {str(i): f"LABEL_{i}" for i in range(v.classes)},
+        "label2id": {f"LABEL_{i}": i for i in range(v.classes)},
         "hidden_dropout_prob": 0.0,
         "attention_probs_dropout_prob": 0.0,
         "initializer_range": 0.02,
-        "encoder_stride": v["patch"],
+        "encoder_stride": v.patch,
         "dtype": dtype,
     }
 
@@ -208,8 +207,8 @@ def _rules(r: _Rules) -> list[Rule]:
     docstring lists them): the hub's names, or transformers 5's in-memory ones (vit.layers.i.attention.q_proj).
     """
     dim, heads, _, _ = r.dims
-    v = r.arch.values
-    p, ch = v["patch"], v["channels"]
+    v = r.arch.facts
+    p, ch = v.patch, v.channels
     e = "vit.embeddings."
     r.rule(
         "cls_token",
@@ -268,7 +267,7 @@ FAMILY = Family(
     name=NAME,
     hf_class=CLASS,
     rank=1,
-    claims=lambda arch: arch["root"] == ROOT,
+    claims=lambda arch: arch.facts.root == ROOT,
     root=ROOT,
     read=vit_arch,
     rows=VIT_FIELDS,
