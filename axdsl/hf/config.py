@@ -104,7 +104,8 @@ def mismatches(arch: Arch, family: str, cfg: dict) -> list[str]:
         if fld in skip or _same(getattr(arch.facts, fld), value):
             continue
         out.append(
-            f"config.json has {src[fld]}, the spec has {FIELDS[fld]} = {json.dumps(getattr(arch.facts, fld))}"
+            f"config.json has {src[fld]}, the spec has {FIELDS[fld]} = "
+            f"{json.dumps(getattr(arch.facts, fld))}"
         )
     return out
 

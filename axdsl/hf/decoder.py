@@ -66,7 +66,7 @@ def _window(d: Decoder) -> Callable[[Config], int]:
 
 
 def _window_rows(d: Decoder) -> tuple[Row, Row]:
-    """The window and every layer's window: sliding_window, or 0 when use_sliding_window is false."""
+    """The window and every layer's window: sliding_window, or 0 (use_sliding_window false)."""
     if d.windowed:
         raw = lambda c: c.cfg.get("sliding_window")  # noqa: E731
         return (

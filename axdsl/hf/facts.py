@@ -154,7 +154,7 @@ class Arch:
 
 
 def hv(inst: Any, name: str, default: Any = None) -> Any:
-    """The value of hyperparameter `name` of an IR instance (`default` when it or the instance is absent)."""
+    """Hyperparameter `name` of an IR instance (`default` when it or the instance is absent)."""
     h = inst.hparam(name) if inst is not None else None
     return default if h is None else h.value.value
 

@@ -154,7 +154,7 @@ def _family_rules(body: Body, r: _Rules) -> list[Rule]:
 
 
 def mlp_moe_names(keys: set[str] | None) -> tuple[str, tuple[str, str, str]]:
-    """The MoE module `mlp.` with experts' gate_proj, up_proj and down_proj (Qwen3-MoE, DeepSeek)."""
+    """The MoE module `mlp.`, experts' gate_proj, up_proj and down_proj (Qwen3-MoE, DeepSeek)."""
     return "mlp.", ("gate_proj", "up_proj", "down_proj")
 
 

@@ -204,7 +204,8 @@ def vit_config(arch: Arch, dtype: str) -> dict[str, Any]:
 
 def _rules(r: _Rules) -> list[Rule]:
     """Every VisionTransformer parameter <-> ViTForImageClassification's tensors (this module's
-    docstring lists them): the hub's names, or transformers 5's in-memory ones (vit.layers.i.attention.q_proj).
+    docstring lists them): the hub's names, or transformers 5's in-memory ones
+    (vit.layers.i.attention.q_proj).
     """
     dim, heads, _, _ = r.dims
     v = r.arch.facts
