@@ -658,8 +658,8 @@ def test_gemma_3_layers_take_their_rotary_and_window_from_their_layer_type(in_ro
     rope_parameters per layer type, and the tail's tensors map to HF layers 24 and 25."""
     arch = axhf.pick(axhf.load_spec(Path("specs/gemma3_1b.axl")), "gemma3_1b", Path("gemma3_1b"))
     assert (arch.pattern, arch.tail) == (6, 2)
-    assert arch["layer_windows"] == (512,) * 5 + (0,) + (512,) * 5 + (0,) + (512,) * 5 + (0,) + (512,) * 5 + (0,) + (512,) * 2
-    assert arch["layer_ropes"][5] == (1e6, "none", 1.0) and arch["layer_ropes"][25] == (1e4, "none", 1.0)
+    assert arch.facts.layer_windows == (512,) * 5 + (0,) + (512,) * 5 + (0,) + (512,) * 5 + (0,) + (512,) * 5 + (0,) + (512,) * 2
+    assert arch.facts.layer_ropes[5] == (1e6, "none", 1.0) and arch.facts.layer_ropes[25] == (1e4, "none", 1.0)
     published = PUBLISHED[("gemma3_1b", "gemma3_1b")]
     scaled = {**published, "rope_scaling": {"rope_type": "linear", "factor": 8.0}}
     [problem] = axhf.mismatches(arch, "gemma3_text", scaled)
@@ -675,7 +675,7 @@ def test_gemma_3_layers_take_their_rotary_and_window_from_their_layer_type(in_ro
     assert exported["rope_parameters"] == {"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
                                            "full_attention": {"rope_type": "default", "rope_theta": 1e6}}
     assert exported["sliding_window"] == 512 and exported["attn_logit_softcapping"] is None
-    from axdsl.hf.layout import rules
+    from axdsl.hf.families import rules
 
     tail = {r.paths[0]: r for r in rules("gemma3_text", arch, None) if r.paths[0][:2] == ("blocks", "tail")}
     wq = tail[("blocks", "tail", "1", "attn", "wq")]

@@ -17,9 +17,9 @@ Families (detected from config.json's `model_type`, or chosen from the spec's st
 | phi       | PhiForCausalLM       | ParallelBlock(shared_norm = true), LayerNorm, biases, head_bias, rope_dim |
 | gpt_neox  | GPTNeoXForCausalLM   | ParallelBlock(), LayerNorm, biases, MLP(act = "gelu_exact"), rope_dim |
 | deepseek_v3 | DeepseekV3ForCausalLM | std/deepseek.axl: MLAttention, dense_layers of SwiGLU, then DeepSeekMoE |
-| bert      | BertForMaskedLM      | std/bert.axl's BertMLM: post-norm BertBlocks, token types, tied MLM head (bert.py) |
-| vit       | ViTForImageClassification | std/vit.axl: VisionTransformer (patches, class token; axdsl/hf/vit.py) |
-| t5        | T5ForConditionalGeneration | std/t5.axl's T5 (v1.1, Flan-T5): relative buckets, gated GELU, cross-attention; layout in t5.py |
+| bert      | BertForMaskedLM      | std/bert.axl's BertMLM: post-norm BertBlocks, token types, tied MLM head (families/bert.py) |
+| vit       | ViTForImageClassification | std/vit.axl: VisionTransformer (patches, class token; families/vit.py) |
+| t5        | T5ForConditionalGeneration | std/t5.axl's T5 (v1.1, Flan-T5): relative buckets, gated GELU, cross-attention; families/t5.py |
 
 Llama-family rope scalings map to Attention's rope_* settings: rope_parameters' rope_type
 "llama3" (factor, low/high_freq_factor, original_max_position_embeddings), "linear" and "yarn"
@@ -76,20 +76,27 @@ norm kind and eps, rope theta, window, tied head, feed-forward kind and width, e
 used (a tied `lm_head` equal to the embedding and HF's non-parameter buffers excepted). Needs the
 `safetensors` package (numpy only; torch is not needed).
 
-**The package**, one module per concern:
+**The package**: one module per family in `families/` (the registry: a family is added by adding
+a module that defines `FAMILY`), and the family-neutral modules, one per concern:
 
     errors.py          HFError, exit codes
-    arch.py            Arch: the spec's model read from its IR
-    fields.py          config.json -> Arch fields: one table row per field and family (`hf_values`)
-    config.py          families, `mismatches` (import) and `hf_config` (export)
-    vit.py             the vit family's facts, config rows and export config (an image classifier)
-    layout.py          tensor names and layouts: one `Rule` per parameter group
+    facts.py           Arch: the facts a config.json states (FIELDS), the parameters, the problems
+    family.py          Family: what a registry entry holds (rows, export, layout, reader, ...)
+    families/          the registry; <model_type>.py per family (bert, vit and t5 with their notes)
+    arch.py            arch_of: the spec's model read from its IR by its root's reader
+    decoder_arch.py    the reader of std's DecoderLM (every decoder family's spec side)
+    fields.py          config.json -> Arch fields: the rows' pieces, shared defaults, rope rows
+    decoder.py         the Llama-shaped families' shared rows, export and layout (typed `Decoder`)
+    parallel.py        Phi's and GPT-NeoX's shared rows and export (typed `Parallel`)
+    gemma.py           Gemma 2's and Gemma 3's shared rows and export
+    values.py          hf_values: a family's rows walked over a config.json
+    config.py          family detection, `mismatches` (import) and `hf_config` (export)
+    layout.py          tensor layouts: `Rule`, the DecoderLM frame and its patterns, shared blocks
     safetensors_io.py  the safetensors files of a directory, read lazily
     checkpoint.py      orbax params checkpoints: write, find, read
     importer.py        `import_hf`
     exporter.py        `export_hf`
-    bert.py            the bert family (an encoder): its Arch facts, config rows and config.json
-    t5.py              T5ForConditionalGeneration: facts, config.json rows, export config, layout
+    lora_merge.py      LoRA adapters: merge into the weights, `export-lora`
 
 """
 
@@ -97,9 +104,9 @@ from axdsl.hf.arch import FIELDS, Arch, arch_of, load_spec, pick
 from axdsl.hf.config import FAMILIES, family_of_arch, family_of_config, hf_config, mismatches
 from axdsl.hf.errors import HFError
 from axdsl.hf.exporter import export_hf
-from axdsl.hf.values import hf_values
 from axdsl.hf.importer import convert_from_hf, import_hf
-from axdsl.hf.layout import Rule, rules
+from axdsl.hf.families import REGISTRY, rules
+from axdsl.hf.layout import Rule
 
 __all__ = [
     "FAMILIES",
@@ -113,7 +120,7 @@ __all__ = [
     "family_of_arch",
     "family_of_config",
     "hf_config",
-    "hf_values",
+    "REGISTRY",
     "import_hf",
     "load_spec",
     "mismatches",

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from axdsl.checkpoints import good_steps
-from axdsl.hf.arch import Arch
+from axdsl.hf.facts import Arch
 from axdsl.hf.errors import HFError
 
 

@@ -35,9 +35,9 @@ def exit_code(command: Callable[..., None], *args) -> int:
 
 def warn_capacity(arch, family: str) -> None:
     """A spec MoE that drops tokens over capacity computes other logits than the HF model."""
-    if arch.values.get("capacity_factor", 0.0) > 0:
+    if (arch.facts.capacity_factor or 0.0) > 0:
         print(
             f"warning: `{arch.name}` drops tokens over expert capacity (capacity_factor = "
-            f"{arch['capacity_factor']}); {family} does not, so logits can differ",
+            f"{arch.facts.capacity_factor}); {family} does not, so logits can differ",
             file=sys.stderr,
         )

@@ -17,7 +17,7 @@ from axdsl.hf.arch import Arch, load_spec, pick
 from axdsl.hf.checkpoint import find_checkpoint, flatten, metadata_tree, restore_params
 from axdsl.hf.config import FAMILIES, family_of_arch, hf_config, mismatches
 from axdsl.hf.errors import HFError, exit_code, warn_capacity
-from axdsl.hf.layout import rules
+from axdsl.hf.families import rules
 from axdsl.hf.lora_merge import has_adapters, merge, restore_item, scale_of
 from axdsl.hf.safetensors_io import need_safetensors
 
@@ -80,7 +80,7 @@ def _hf_tensors(
     for r in rules(family, arch, None):
         if r.layered:
             for j, i in enumerate(
-                r.layer_ids(arch["layers"])
+                r.layer_ids(arch.facts.layers)
             ):  # slice j of the stack is HF layer i
                 tensors.update(r.save(tuple(flat[p][j] for p in r.paths), i))
         else:

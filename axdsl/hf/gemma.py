@@ -1,4 +1,5 @@
-"""Gemma 2 and Gemma 3 (text): config.json rows (import) and config writers (export).
+"""Gemma 2 and Gemma 3 (text), what the two families share: config.json rows (import), config
+writers (export) and their facts (`GEMMA`).
 
 Both are std's DecoderLM over a pattern of sandwich-norm Blocks with GeGLU, GemmaRMSNorm and an
 embedding scaled by sqrt(dim). Gemma 2 alternates sliding and global layers and soft-caps its
@@ -13,17 +14,20 @@ from __future__ import annotations
 import math
 
 from axdsl.hf.errors import HFError
+from axdsl.hf.facts import Arch, Facts
 from axdsl.hf.fields import (
-    _SCALINGS,
     ROPE_ROWS,
     Config,
+    Defaults,
     Row,
+    Unsupported,
     _fact,
     _head_dim,
     _key,
     _layers,
     _when,
     rope_parameters,
+    rope_type_check,
 )
 
 SLIDING, FULL = "sliding_attention", "full_attention"
@@ -36,6 +40,13 @@ _ACTS = {
 _ACTS_OUT = {"gelu_tanh": "gelu_pytorch_tanh", "gelu_exact": "gelu", "silu": "silu"}
 # Gemma 3's rotary kinds: transformers' rope_type -> (axdsl's rope_scaling, whether it reads `factor`)
 _GEMMA3_ROPE = {"default": "none", "linear": "linear"}
+# transformers' Gemma config classes' defaults the shared rows read
+GEMMA = Defaults(head_dim=256, layers=26)
+
+
+def is_gemma(arch: Arch) -> bool:
+    """A DecoderLM with Gemma's GemmaRMSNorm or sandwich norms (post_norms)."""
+    return arch.facts.norm == "GemmaRMSNorm" or bool(arch.facts.post_norms)
 
 
 def _layer_types(c: Config, period: int) -> list[str]:
@@ -189,51 +200,39 @@ def _layer_types_check(c: Config) -> str | None:
     )
 
 
-GEMMA2_UNSUPPORTED: tuple = (
-    (
-        None,
-        lambda c: _when(
-            c.rope[1] not in _SCALINGS,
-            f"rope_type={c.rope[1]!r} (axdsl's rope scalings are {', '.join(_SCALINGS)})",
-        ),
-    ),
-    (None, _layer_types_check),
+GEMMA2_UNSUPPORTED: tuple[Unsupported, ...] = (
+    rope_type_check,
+    _layer_types_check,
 )
-GEMMA3_UNSUPPORTED: tuple = (
-    (None, _layer_types_check),
-    (
-        None,
-        lambda c: _when(
-            any(s not in _GEMMA3_ROPE.values() for _, s, _ in _gemma3_ropes(c)),
-            f"rope_parameters={c.cfg.get('rope_parameters') or c.cfg.get('rope_scaling')} "
-            f"(Gemma 3's rope types here: {', '.join(_GEMMA3_ROPE)})",
-        ),
+GEMMA3_UNSUPPORTED: tuple[Unsupported, ...] = (
+    _layer_types_check,
+    lambda c: _when(
+        any(s not in _GEMMA3_ROPE.values() for _, s, _ in _gemma3_ropes(c)),
+        f"rope_parameters={c.cfg.get('rope_parameters') or c.cfg.get('rope_scaling')} "
+        f"(Gemma 3's rope types here: {', '.join(_GEMMA3_ROPE)})",
     ),
-    (
-        None,
-        lambda c: _when(
-            c.cfg.get("use_bidirectional_attention", False),
-            "use_bidirectional_attention=true (axdsl's Gemma 3 is causal)",
-        ),
+    lambda c: _when(
+        c.cfg.get("use_bidirectional_attention", False),
+        "use_bidirectional_attention=true (axdsl's Gemma 3 is causal)",
     ),
 )
 
 
-def _query_pre_attn_scalar(v: dict) -> int:
+def _query_pre_attn_scalar(v: Facts) -> int:
     """Gemma states its attention scale as scale = query_pre_attn_scalar ** -0.5 (an int)."""
-    if not v["scale"]:
-        return v["head_dim"]
-    scalar = 1.0 / v["scale"] ** 2
+    if not v.scale:
+        return v.head_dim
+    scalar = 1.0 / v.scale**2
     if not math.isclose(scalar, round(scalar), rel_tol=1e-9):
         raise HFError(
-            f"attention scale {v['scale']} is not query_pre_attn_scalar ** -0.5 for an int scalar",
+            f"attention scale {v.scale} is not query_pre_attn_scalar ** -0.5 for an int scalar",
             ["Gemma's config.json states the scale as an int query_pre_attn_scalar"],
         )
     return round(scalar)
 
 
-def _shared_config(v: dict, family: str, architecture: str, dtype: str) -> dict:
-    windows = v["layer_windows"]
+def _shared_config(v: Facts, family: str, architecture: str, dtype: str) -> dict:
+    windows = v.layer_windows
     sliding = {w for w in windows if w}
     if len(sliding) > 1:
         raise HFError(
@@ -243,21 +242,21 @@ def _shared_config(v: dict, family: str, architecture: str, dtype: str) -> dict:
     return {
         "architectures": [architecture],
         "model_type": family,
-        "vocab_size": v["vocab"],
-        "hidden_size": v["dim"],
-        "intermediate_size": v["hidden"],
-        "num_hidden_layers": v["layers"],
-        "num_attention_heads": v["heads"],
-        "num_key_value_heads": v["kv_heads"],
-        "head_dim": v["head_dim"],
-        "hidden_activation": _ACTS_OUT.get(v["act"], v["act"]),
-        "max_position_embeddings": v["max_seq"],
-        "rms_norm_eps": v["norm_eps"],
-        "attention_bias": v["attn_bias"],
-        "tie_word_embeddings": v["tied"],
+        "vocab_size": v.vocab,
+        "hidden_size": v.dim,
+        "intermediate_size": v.hidden,
+        "num_hidden_layers": v.layers,
+        "num_attention_heads": v.heads,
+        "num_key_value_heads": v.kv_heads,
+        "head_dim": v.head_dim,
+        "hidden_activation": _ACTS_OUT.get(v.act, v.act),
+        "max_position_embeddings": v.max_seq,
+        "rms_norm_eps": v.norm_eps,
+        "attention_bias": v.attn_bias,
+        "tie_word_embeddings": v.tied,
         "query_pre_attn_scalar": _query_pre_attn_scalar(v),
-        "attn_logit_softcapping": v["softcap"] or None,
-        "final_logit_softcapping": v["logit_softcap"] or None,
+        "attn_logit_softcapping": v.softcap or None,
+        "final_logit_softcapping": v.logit_softcap or None,
         "sliding_window": sliding.pop() if sliding else None,
         "layer_types": [SLIDING if w else FULL for w in windows],
         "attention_dropout": 0.0,
@@ -267,9 +266,10 @@ def _shared_config(v: dict, family: str, architecture: str, dtype: str) -> dict:
     }
 
 
-def gemma2_config(v: dict, dtype: str) -> dict:
+def gemma2_config(arch: Arch, dtype: str) -> dict:
     """Gemma 2: sandwich norms, GeGLU, soft caps, alternating sliding and full attention."""
-    theta = v["rope_theta"] if v["rope_theta"] is not None else 10000.0
+    v = arch.facts
+    theta = v.rope_theta if v.rope_theta is not None else 10000.0
     return {
         **_shared_config(v, "gemma2", "Gemma2ForCausalLM", dtype),
         "rope_theta": theta,
@@ -277,11 +277,12 @@ def gemma2_config(v: dict, dtype: str) -> dict:
     }
 
 
-def gemma3_config(v: dict, dtype: str) -> dict:
+def gemma3_config(arch: Arch, dtype: str) -> dict:
     """Gemma 3 (text): Gemma 2's layout plus q/k norms and a rotary embedding per layer type."""
+    v = arch.facts
     out = _shared_config(v, "gemma3_text", "Gemma3ForCausalLM", dtype)
     params: dict[str, dict] = {}
-    for kind, (theta, scaling, factor) in zip(out["layer_types"], v["layer_ropes"]):
+    for kind, (theta, scaling, factor) in zip(out["layer_types"], v.layer_ropes):
         p = {"rope_type": "default" if scaling == "none" else scaling, "rope_theta": theta}
         if scaling == "linear":
             p["factor"] = factor

@@ -15,12 +15,12 @@ from pathlib import Path
 import numpy as np
 
 from axdsl.hf.arch import Arch, load_spec, pick
-from axdsl.hf.bert import SKIPPED as BERT_SKIPPED
-from axdsl.hf.bert import TIED as BERT_TIED
 from axdsl.hf.checkpoint import nest, save_params
 from axdsl.hf.config import FAMILIES, family_of_config, mismatches
 from axdsl.hf.errors import HFError, exit_code, warn_capacity
-from axdsl.hf.layout import BUFFERS, Rule, rules
+from axdsl.hf.families import get, rules
+from axdsl.hf.family import Family
+from axdsl.hf.layout import BUFFERS, Rule
 from axdsl.hf.safetensors_io import Reader, need_safetensors
 
 
@@ -58,7 +58,7 @@ def _map_tensors(arch: Arch, rs: list[Rule], reader: Reader) -> tuple[dict, list
     for r in rs:
         names = ", ".join("/".join(p) for p in r.paths)
         try:
-            arrays = _load_rule(r, reader, arch["layers"])
+            arrays = _load_rule(r, reader, arch.facts.layers)
         except KeyError as exc:
             problems.append(f"missing tensor {exc.args[0]} (for {names})")
             continue
@@ -78,28 +78,34 @@ def _map_tensors(arch: Arch, rs: list[Rule], reader: Reader) -> tuple[dict, list
     return out, problems
 
 
-def _leftovers(arch: Arch, rs: list[Rule], reader: Reader, out: dict) -> list[str]:
+def _skipped(family: Family, key: str) -> bool:
+    """A tensor of a related checkpoint the family's model has not (BertForPreTraining's pooler)."""
+    return family.skipped is not None and family.skipped.search(key) is not None
+
+
+def _leftovers(family: Family, arch: Arch, rs: list[Rule], reader: Reader, out: dict) -> list[str]:
     """A tied head that differs from the table, unfilled parameters and unused HF tensors."""
     problems = []
     keys = set(reader.where)
-    for tied in ("lm_head.weight", BERT_TIED):
-        if arch["tied"] and tied in keys:  # a tied head saved anyway: it must be the table
-            head = reader.get(tied)
-            table = out.get(("embed", "table"))
-            if table is not None and not np.array_equal(head.astype(table.dtype), table):
-                problems.append(f"{tied} differs from the token embedding, but the spec ties them")
+    tied = family.tied_head
+    if arch.facts.tied and tied in keys:  # a tied head saved anyway: it must be the table
+        head = reader.get(tied)
+        table = out.get(("embed", "table"))
+        if table is not None and not np.array_equal(head.astype(table.dtype), table):
+            problems.append(f"{tied} differs from the token embedding, but the spec ties them")
     for p in arch.params:
         if p not in out and not any(p in r.paths for r in rs):
             problems.append(f"no HF tensor maps to the spec's parameter {'/'.join(p)}")
-    skipped = sorted(k for k in keys - reader.used if BERT_SKIPPED.search(k))
+    skipped = sorted(k for k in keys - reader.used if _skipped(family, k))
     if skipped:
         print(
-            f"note: skipped {len(skipped)} tensors BertForMaskedLM does not have (the pooler, the "
-            f"next-sentence head): {', '.join(skipped)}",
+            f"note: skipped {len(skipped)} tensors {family.hf_class} does not have"
+            f"{family.skipped_what}: "
+            f"{', '.join(skipped)}",
             file=sys.stderr,
         )
     unused = sorted(
-        k for k in keys - reader.used if not BUFFERS.search(k) and not BERT_SKIPPED.search(k)
+        k for k in keys - reader.used if not BUFFERS.search(k) and not _skipped(family, k)
     )
     problems += [
         f"HF tensor {k} {list(reader.where[k].get_slice(k).get_shape())} maps to no "
@@ -115,7 +121,7 @@ def convert_from_hf(arch: Arch, family: str, hf_dir: Path) -> dict[tuple[str, ..
         reader = Reader(hf_dir, stack)
         rs = rules(family, arch, set(reader.where))
         out, problems = _map_tensors(arch, rs, reader)
-        problems += _leftovers(arch, rs, reader, out)
+        problems += _leftovers(get(family), arch, rs, reader, out)
         if problems:
             raise HFError(
                 f"the tensors in {hf_dir} do not fill the spec's model `{arch.name}`", problems

@@ -1,14 +1,12 @@
 """The bert family: std/bert.axl's BertMLM <-> transformers' BertForMaskedLM.
 
-An encoder does not fit the decoder-shaped code of arch.py and fields.py, so the family's pieces
-live here, each called from its module's dispatch:
+An encoder does not fit the decoder-shaped code of decoder_arch.py, so the family's entry has
+pieces of its own:
 
-    bert_arch     the spec's side: BertMLM's facts, read from its IR (arch.arch_of)
-    BERT_FIELDS   config.json -> those facts, and BERT_UNSUPPORTED (values.hf_values)
-    bert_config   the config.json export writes (config.hf_config)
-
-The tensor rules are layout.py's `_bert_rules`, next to the other families'. This module imports
-only fields.py, so that arch.py, config.py and values.py can import it without a cycle.
+    bert_arch     the spec's side: BertMLM's facts, read from its IR
+    BERT_FIELDS   config.json -> those facts, and BERT_UNSUPPORTED
+    bert_config   the config.json export writes
+    _layout       the tensor rules
 
 The layout (HF nn.Linear weights are [out, in]; axdsl's are [in, ...]):
 
@@ -37,9 +35,14 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from axdsl.hf.fields import Row, _fact, _key, _when
+from axdsl.hf.facts import Arch, at
+from axdsl.hf.facts import hv as _hv
+from axdsl.hf.family import Family
+from axdsl.hf.fields import Row, Unsupported, _fact, _key, _when
+from axdsl.hf.layout import _T, Rule, _Rules, layer_norm, linear, out_proj
 
-FAMILY = "bert"
+NAME = "bert"
+CLASS = "BertForMaskedLM"
 ROOT = "BertMLM"
 BLOCK = "BertBlock"
 # tensors of BertForPreTraining that BertForMaskedLM has not: skipped on import, with a note
@@ -49,18 +52,13 @@ TIED = "cls.predictions.decoder.weight"  # the decoder, tied to the word embeddi
 _NORMS = ("embed_norm", "blocks/attn_norm", "blocks/mlp_norm", "head_norm")
 
 
-def _hv(inst, name: str) -> Any:
-    h = inst.hparam(name) if inst is not None else None
-    return None if h is None else h.value.value
-
-
-def bert_arch(arch: Any, root: Any) -> Any:
+def bert_arch(arch: Arch, root: Any) -> Arch:
     """Fill `arch` (arch.py's Arch of a BertMLM model; `root` its IR instance) with the facts BertForMaskedLM's config states."""
-    v = arch.values
+    v = arch.facts
     for k in ("vocab", "dim", "layers", "heads", "max_seq", "type_vocab"):
-        v[k] = _hv(root, k)
-    v["kv_heads"] = v["heads"]
-    v.update(
+        setattr(v, k, _hv(root, k))
+    v.kv_heads = v.heads
+    v.set(
         block=BLOCK,
         positions="learned",
         tied=True,
@@ -74,41 +72,34 @@ def bert_arch(arch: Any, root: Any) -> Any:
         arch.problems.append(f"the repeated block is not std's {BLOCK}")
         return arch
     attn = blocks.child("attn")
-    v["head_dim"] = _hv(attn, "head_dim")
-    if v["head_dim"] * v["heads"] != v["dim"]:
+    v.head_dim = _hv(attn, "head_dim")
+    if v.head_dim * v.heads != v.dim:
         arch.problems.append(
-            f"attention head_dim {v['head_dim']} is not dim / heads (BERT's heads split "
+            f"attention head_dim {v.head_dim} is not dim / heads (BERT's heads split "
             "hidden_size)"
         )
-    _read_norms(arch, [_at(root, p) for p in _NORMS])
+    _read_norms(arch, [at(root, p) for p in _NORMS])
     mlp = blocks.child("mlp")
-    v["mlp"] = None if mlp is None else mlp.layer
-    if v["mlp"] == "MLP":
-        v["hidden"], v["act"], v["mlp_bias"] = _hv(mlp, "hidden"), _hv(mlp, "act"), _hv(mlp, "bias")
+    v.mlp = None if mlp is None else mlp.layer
+    if v.mlp == "MLP":
+        v.hidden, v.act, v.mlp_bias = _hv(mlp, "hidden"), _hv(mlp, "act"), _hv(mlp, "bias")
     else:
-        arch.problems.append(f"the feed-forward layer is {v['mlp']}; BERT's is MLP(bias = true)")
+        arch.problems.append(f"the feed-forward layer is {v.mlp}; BERT's is MLP(bias = true)")
     return arch
-
-
-def _at(root, path: str):
-    inst = root
-    for part in path.split("/"):
-        inst = None if inst is None else inst.child(part)
-    return inst
 
 
 def _read_norms(arch: Any, norms: list) -> None:
     """BERT's four LayerNorms (embeddings, after attention, after the MLP, the head) share one eps."""
     kinds = {n.layer if n is not None else None for n in norms}
-    arch.values["norm"] = kinds.pop() if len(kinds) == 1 else None
-    if arch.values["norm"] != "LayerNorm":
+    arch.facts.norm = kinds.pop() if len(kinds) == 1 else None
+    if arch.facts.norm != "LayerNorm":
         arch.problems.append("BERT's norms are all LayerNorm")
         return
     eps = {float(_hv(n, "eps")) for n in norms}
     bias = {_hv(n, "bias") for n in norms}
-    arch.values["norm_eps"] = eps.pop() if len(eps) == 1 else None
-    arch.values["norm_bias"] = bias.pop() if len(bias) == 1 else None
-    if arch.values["norm_eps"] is None:
+    arch.facts.norm_eps = eps.pop() if len(eps) == 1 else None
+    arch.facts.norm_bias = bias.pop() if len(bias) == 1 else None
+    if arch.facts.norm_eps is None:
         arch.problems.append("the LayerNorms' eps differ (BERT has one layer_norm_eps)")
 
 
@@ -145,45 +136,37 @@ BERT_FIELDS = (
     _fact("mlp_bias", True),
     _fact("block", BLOCK),
 )
-BERT_UNSUPPORTED: tuple = (
-    (
-        None,
-        lambda c: _when(c.flag("is_decoder", False), "is_decoder=true (BertMLM is bidirectional)"),
+BERT_UNSUPPORTED: tuple[Unsupported, ...] = (
+    lambda c: _when(c.flag("is_decoder", False), "is_decoder=true (BertMLM is bidirectional)"),
+    lambda c: _when(c.flag("add_cross_attention", False), "add_cross_attention=true"),
+    lambda c: _when(
+        c.get("position_embedding_type", "absolute") != "absolute",
+        f"position_embedding_type={c.cfg.get('position_embedding_type')!r} "
+        "(BertMLM's positions are an absolute table)",
     ),
-    (None, lambda c: _when(c.flag("add_cross_attention", False), "add_cross_attention=true")),
-    (
-        None,
-        lambda c: _when(
-            c.get("position_embedding_type", "absolute") != "absolute",
-            f"position_embedding_type={c.cfg.get('position_embedding_type')!r} "
-            "(BertMLM's positions are an absolute table)",
-        ),
-    ),
-    (
-        None,
-        lambda c: _when(
-            c.get("hidden_size", 768) % c.get("num_attention_heads", 12) != 0,
-            "hidden_size is not a multiple of num_attention_heads",
-        ),
+    lambda c: _when(
+        c.get("hidden_size", 768) % c.get("num_attention_heads", 12) != 0,
+        "hidden_size is not a multiple of num_attention_heads",
     ),
 )
 
 
-def bert_config(v: dict[str, Any], dtype: str) -> dict[str, Any]:
+def bert_config(arch: Arch, dtype: str) -> dict[str, Any]:
     """transformers' BertConfig of a BertMLM (export); dropout is off, as in the generated forward."""
+    v = arch.facts
     acts = {"gelu_exact": "gelu", "gelu": "gelu_new"}
     return {
-        "architectures": ["BertForMaskedLM"],
-        "model_type": FAMILY,
-        "vocab_size": v["vocab"],
-        "hidden_size": v["dim"],
-        "num_hidden_layers": v["layers"],
-        "num_attention_heads": v["heads"],
-        "intermediate_size": v["hidden"],
-        "hidden_act": acts.get(v["act"], v["act"]),
-        "max_position_embeddings": v["max_seq"],
-        "type_vocab_size": v["type_vocab"],
-        "layer_norm_eps": v["norm_eps"],
+        "architectures": [CLASS],
+        "model_type": NAME,
+        "vocab_size": v.vocab,
+        "hidden_size": v.dim,
+        "num_hidden_layers": v.layers,
+        "num_attention_heads": v.heads,
+        "intermediate_size": v.hidden,
+        "hidden_act": acts.get(v.act, v.act),
+        "max_position_embeddings": v.max_seq,
+        "type_vocab_size": v.type_vocab,
+        "layer_norm_eps": v.norm_eps,
         "tie_word_embeddings": True,
         "is_decoder": False,
         "add_cross_attention": False,
@@ -194,3 +177,55 @@ def bert_config(v: dict[str, Any], dtype: str) -> dict[str, Any]:
         "use_cache": True,
         "dtype": dtype,
     }
+
+
+def _layout(arch: Arch, keys: set[str] | None) -> list[Rule]:
+    """Every BertMLM parameter <-> BertForMaskedLM's tensors (listed above)."""
+    r = _Rules(arch, keys)
+    _, heads, _, _ = r.dims
+    pre = r.prefix("bert.")
+    e = pre + "embeddings."
+    r.same("embed/table", e + "word_embeddings.weight", False)
+    r.same("pos_embed/table", e + "position_embeddings.weight", False)
+    r.same("type_embed/table", e + "token_type_embeddings.weight", False)
+    layer_norm(r, "embed_norm", e + "LayerNorm", False)
+    L = pre + "encoder.layer.{i}."
+    for n, key in (("q", "query"), ("k", "key"), ("v", "value")):
+        r.heads_in(f"blocks/attn/w{n}", L + f"attention.self.{key}.weight", heads)
+        r.heads_bias(f"blocks/attn/b{n}", L + f"attention.self.{key}.bias", heads)
+    out_proj(r, L + "attention.output.dense")
+    layer_norm(r, "blocks/attn_norm", L + "attention.output.LayerNorm")
+    linear(r, "blocks/mlp/in", L + "intermediate.dense")
+    linear(r, "blocks/mlp/out", L + "output.dense")
+    layer_norm(r, "blocks/mlp_norm", L + "output.LayerNorm")
+    t = "cls.predictions.transform."
+    r.rule(
+        "head_dense/w",
+        False,
+        lambda g, i: _T(g(t + "dense.weight")),
+        lambda w, i: {t + "dense.weight": _T(w)},
+    )
+    r.same("head_dense/b", t + "dense.bias", False)
+    layer_norm(r, "head_norm", t + "LayerNorm", False)
+    bias = "cls.predictions.bias"
+    if keys is not None and bias not in keys and "cls.predictions.decoder.bias" in keys:
+        bias = "cls.predictions.decoder.bias"
+    r.same("head_b", bias, False)
+    return r.out
+
+
+FAMILY = Family(
+    name=NAME,
+    hf_class=CLASS,
+    rank=0,
+    claims=lambda arch: arch.facts.block == BLOCK,
+    root=ROOT,
+    read=bert_arch,
+    rows=BERT_FIELDS,
+    unsupported=BERT_UNSUPPORTED,
+    export=bert_config,
+    layout=_layout,
+    skipped=SKIPPED,
+    skipped_what=" (the pooler, the next-sentence head)",
+    tied_head=TIED,
+)

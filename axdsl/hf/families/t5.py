@@ -1,9 +1,8 @@
 """T5 interop: std/t5.axl's `T5` <-> transformers' T5ForConditionalGeneration (T5 v1.1, Flan-T5).
 
 The decoder-only families share one shape (embed, `blocks`, final norm, head); T5 has two stacks,
-a relative position bias per stack and cross-attention, so its facts, config.json rows, export
-config and tensor layout live here, and the family-neutral code (arch_of, hf_values, hf_config,
-rules) hands `model_type` "t5" to these functions.
+a relative position bias per stack and cross-attention, so its facts (read from std's `T5` root),
+config.json rows, export config and tensor layout are all its own.
 
 The layout (HF nn.Linear weights are [out, in]; inner = heads * d_kv):
 
@@ -35,15 +34,18 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from collections.abc import Callable
 
 import numpy as np
 
-if TYPE_CHECKING:  # arch.py, config.py, values.py and layout.py call into this module
-    from axdsl.hf.arch import Arch
+from axdsl.hf.facts import Arch
+from axdsl.hf.facts import hv as _hv
+from axdsl.hf.family import Family
+from axdsl.hf.fields import Config, Row, Unsupported, _when
+from axdsl.hf.layout import Rule
 
-FAMILY = "t5"
+FAMILY_NAME = "t5"
 CLASS = "T5ForConditionalGeneration"
 ROOT = "T5"  # std/t5.axl's root layer
 # the gated feed-forward's activation: GatedMLP act -> feed_forward_proj (transformers maps
@@ -60,14 +62,9 @@ _HF_ACTS = {
 }
 
 
-def _hv(inst, name: str, default: Any = None) -> Any:
-    h = inst.hparam(name) if inst is not None else None
-    return default if h is None else h.value.value
-
-
 def read_arch(arch: Arch, root) -> Arch:
     """The facts of a std T5 model (root layer `T5`): sizes, buckets, norm eps, activation."""
-    v, problems = arch.values, arch.problems
+    v, problems = arch.facts, arch.problems
     for k in (
         "vocab",
         "dim",
@@ -78,8 +75,8 @@ def read_arch(arch: Arch, root) -> Arch:
         "buckets",
         "max_distance",
     ):
-        v[k] = _hv(root, k)
-    v.update(block=ROOT, tied=False, kv_heads=v["heads"])
+        setattr(v, k, _hv(root, k))
+    v.set(block=ROOT, tied=False, kv_heads=v.heads)
     stacks = {"encoder": "T5EncoderBlock", "decoder": "T5DecoderBlock"}
     for name, layer in stacks.items():
         block = root.child(name)
@@ -93,7 +90,7 @@ def read_arch(arch: Arch, root) -> Arch:
             "T5's norms must all be one RMSNorm (HF has one layer_norm_epsilon): "
             + ", ".join(f"{n.path} = {n.layer}(eps = {_hv(n, 'eps')})" for n in norms)
         )
-    v["norm"], v["norm_eps"] = norms[0].layer, _hv(norms[0], "eps")
+    v.norm, v.norm_eps = norms[0].layer, _hv(norms[0], "eps")
     mlps = [root.child(name).child("mlp") for name in stacks]
     facts = {(m.layer, _hv(m, "act"), _hv(m, "hidden")) if m is not None else None for m in mlps}
     if len(facts) != 1 or mlps[0] is None or mlps[0].layer != "GatedMLP":
@@ -101,7 +98,7 @@ def read_arch(arch: Arch, root) -> Arch:
             "T5's feed-forwards must be one GatedMLP in both stacks (HF's gated DenseReluDense)"
         )
     else:
-        v["act"], v["hidden"] = _hv(mlps[0], "act"), _hv(mlps[0], "hidden")
+        v.act, v.hidden = _hv(mlps[0], "act"), _hv(mlps[0], "hidden")
     return arch
 
 
@@ -113,70 +110,78 @@ def _scale_decoder_outputs(cfg: dict) -> bool:
     return cfg.get("tie_word_embeddings", True) is not False
 
 
-def hf_values(cfg: dict) -> tuple[dict, dict, list[str]]:
-    """config.json -> (field values as an Arch states them, field -> "key=value", unsupported).
-    Missing keys take T5Config's defaults."""
-    layers = cfg.get("num_layers", 6)
-    proj = cfg.get("feed_forward_proj", "relu")
-    parts = proj.split("-")
-    act_name = "gelu_new" if proj == "gated-gelu" else parts[-1]
-    rows = [  # field, config key, value
-        ("vocab", "vocab_size", cfg.get("vocab_size", 32128)),
-        ("dim", "d_model", cfg.get("d_model", 512)),
-        ("head_dim", "d_kv", cfg.get("d_kv", 64)),
-        ("hidden", "d_ff", cfg.get("d_ff", 2048)),
-        ("layers", "num_layers", layers),
-        ("dec_layers", "num_decoder_layers", cfg.get("num_decoder_layers") or layers),
-        ("heads", "num_heads", cfg.get("num_heads", 8)),
-        (
-            "buckets",
-            "relative_attention_num_buckets",
-            cfg.get("relative_attention_num_buckets", 32),
-        ),
-        (
-            "max_distance",
-            "relative_attention_max_distance",
-            cfg.get("relative_attention_max_distance", 128),
-        ),
-        ("norm_eps", "layer_norm_epsilon", float(cfg.get("layer_norm_epsilon", 1e-6))),
-        ("act", "feed_forward_proj", _HF_ACTS.get(act_name, act_name)),
-    ]
-    vals = {f: v for f, _, v in rows}
-    src = {
-        f: f"{k}={json.dumps(cfg.get(k, v) if k != 'feed_forward_proj' else proj)}"
-        for f, k, v in rows
-    }
-    unsupported = []
-    if parts[0] != "gated" or len(parts) != 2:
-        unsupported.append(
-            f"feed_forward_proj = {json.dumps(proj)} (std/t5.axl has T5 v1.1's gated "
-            "feed-forward: gated-gelu, gated-silu or gated-relu)"
-        )
-    if _scale_decoder_outputs(cfg):
-        unsupported.append(
-            "T5 v1.0's tied head with decoder outputs scaled by d_model ** -0.5 "
-            "(tie_word_embeddings true, or scale_decoder_outputs true); std/t5.axl is T5 v1.1"
-        )
-    return vals, src, unsupported
+def _proj(c: Config) -> str:
+    return c.cfg.get("feed_forward_proj", "relu")
+
+
+def _act(c: Config) -> str:
+    proj = _proj(c)
+    name = "gelu_new" if proj == "gated-gelu" else proj.split("-")[-1]
+    return _HF_ACTS.get(name, name)
+
+
+def _row(fld: str, key: str, value: Callable[[Config], Any]) -> Row:
+    """A field read from `key` (quoted as config.json states it, else as the default applied)."""
+    return Row(fld, key, value, lambda c: c.cfg.get(key, value(c)))
+
+
+def _cfg(key: str, default: Any) -> Callable[[Config], Any]:
+    return lambda c: c.cfg.get(key, default)
+
+
+# config.json -> facts; missing keys take T5Config's defaults
+ROWS = (
+    _row("vocab", "vocab_size", _cfg("vocab_size", 32128)),
+    _row("dim", "d_model", _cfg("d_model", 512)),
+    _row("head_dim", "d_kv", _cfg("d_kv", 64)),
+    _row("hidden", "d_ff", _cfg("d_ff", 2048)),
+    _row("layers", "num_layers", _cfg("num_layers", 6)),
+    _row(
+        "dec_layers",
+        "num_decoder_layers",
+        lambda c: c.cfg.get("num_decoder_layers") or c.cfg.get("num_layers", 6),
+    ),
+    _row("heads", "num_heads", _cfg("num_heads", 8)),
+    _row("buckets", "relative_attention_num_buckets", _cfg("relative_attention_num_buckets", 32)),
+    _row(
+        "max_distance",
+        "relative_attention_max_distance",
+        _cfg("relative_attention_max_distance", 128),
+    ),
+    _row("norm_eps", "layer_norm_epsilon", lambda c: float(c.cfg.get("layer_norm_epsilon", 1e-6))),
+    Row("act", "feed_forward_proj", _act, _proj),
+)
+UNSUPPORTED: tuple[Unsupported, ...] = (
+    lambda c: _when(
+        _proj(c).split("-")[0] != "gated" or len(_proj(c).split("-")) != 2,
+        f"feed_forward_proj = {json.dumps(_proj(c))} (std/t5.axl has T5 v1.1's gated "
+        "feed-forward: gated-gelu, gated-silu or gated-relu)",
+    ),
+    lambda c: _when(
+        _scale_decoder_outputs(c.cfg),
+        "T5 v1.0's tied head with decoder outputs scaled by d_model ** -0.5 "
+        "(tie_word_embeddings true, or scale_decoder_outputs true); std/t5.axl is T5 v1.1",
+    ),
+)
 
 
 def hf_config(arch: Arch, dtype: str) -> dict:
     """The config.json of a std T5 model (export), as google/flan-t5-base's states it."""
-    v = arch.values
+    v = arch.facts
     return {
         "architectures": [CLASS],
-        "model_type": FAMILY,
-        "vocab_size": v["vocab"],
-        "d_model": v["dim"],
-        "d_kv": v["head_dim"],
-        "d_ff": v["hidden"],
-        "num_layers": v["layers"],
-        "num_decoder_layers": v["dec_layers"],
-        "num_heads": v["heads"],
-        "relative_attention_num_buckets": v["buckets"],
-        "relative_attention_max_distance": v["max_distance"],
-        "layer_norm_epsilon": v["norm_eps"],
-        "feed_forward_proj": _ACTS.get(v["act"], v["act"]),
+        "model_type": FAMILY_NAME,
+        "vocab_size": v.vocab,
+        "d_model": v.dim,
+        "d_kv": v.head_dim,
+        "d_ff": v.hidden,
+        "num_layers": v.layers,
+        "num_decoder_layers": v.dec_layers,
+        "num_heads": v.heads,
+        "relative_attention_num_buckets": v.buckets,
+        "relative_attention_max_distance": v.max_distance,
+        "layer_norm_epsilon": v.norm_eps,
+        "feed_forward_proj": _ACTS.get(v.act, v.act),
         "tie_word_embeddings": False,
         "is_encoder_decoder": True,
         "dropout_rate": 0.0,
@@ -206,7 +211,7 @@ class Mapping:
 
 def mappings(arch: Arch, keys: set[str] | None) -> list[Mapping]:
     """Every parameter's mapping; the encoder's cover its `layers`, the decoder's `dec_layers`."""
-    dim, heads, hd = arch["dim"], arch["heads"], arch["head_dim"]
+    dim, heads, hd = arch.facts.dim, arch.facts.heads, arch.facts.head_dim
     out: list[Mapping] = []
 
     def add(path: str, load, save, layers: int | None = None) -> None:
@@ -247,7 +252,7 @@ def mappings(arch: Arch, keys: set[str] | None) -> list[Mapping]:
     # transformers 5 saves no lm_head while it is tied to `shared` (a model it built, not loaded)
     head = "lm_head.weight" if keys is None or "lm_head.weight" in keys else "shared.weight"
     add("head", lambda g, i: _T(g(head)), lambda a, i: {"lm_head.weight": _T(a)})
-    for stack, n in (("encoder", arch["layers"]), ("decoder", arch["dec_layers"])):
+    for stack, n in (("encoder", arch.facts.layers), ("decoder", arch.facts.dec_layers)):
         block = f"{stack}.block.{{i}}.layer"
         short = "enc" if stack == "encoder" else "dec"
         same(
@@ -273,3 +278,30 @@ def _shared(get, keys: set[str] | None) -> np.ndarray:
         if keys is not None and k in keys and not np.array_equal(get(k), table):
             raise ValueError(f"{k} differs from shared.weight (T5 ties them)")
     return table
+
+
+def _layout(arch: Arch, keys: set[str] | None) -> list[Rule]:
+    return [
+        Rule(
+            (m.path,),
+            m.layers is not None,
+            lambda g, i, m=m: (m.load(g, i),),
+            lambda a, i, m=m: m.save(a[0], i),
+            m.layers,
+        )
+        for m in mappings(arch, keys)
+    ]
+
+
+FAMILY = Family(
+    name=FAMILY_NAME,
+    hf_class=CLASS,
+    rank=2,
+    claims=lambda arch: arch.facts.block == ROOT,
+    root=ROOT,
+    read=read_arch,
+    rows=ROWS,
+    unsupported=UNSUPPORTED,
+    export=hf_config,
+    layout=_layout,
+)

@@ -1,0 +1,37 @@
+"""mistral: MistralForCausalLM, Llama with a sliding window (Attention(window = W))."""
+
+from __future__ import annotations
+
+from axdsl.hf.decoder import (
+    Decoder,
+    decoder_config,
+    decoder_rows,
+    decoder_rules,
+    decoder_unsupported,
+)
+from axdsl.hf.decoder_arch import read_decoder
+from axdsl.hf.facts import Arch
+from axdsl.hf.family import Family
+
+CONFIG = Decoder(windowed=True, default_window=4096)
+
+
+def _export(arch: Arch, dtype: str) -> dict:
+    return {
+        **decoder_config(arch, "mistral", "MistralForCausalLM", dtype),
+        "sliding_window": arch.facts.window or None,
+    }
+
+
+FAMILY = Family(
+    name="mistral",
+    hf_class="MistralForCausalLM",
+    rank=14,
+    claims=lambda arch: bool(arch.facts.window),
+    root="DecoderLM",
+    read=read_decoder,
+    rows=decoder_rows(CONFIG),
+    unsupported=decoder_unsupported(CONFIG),
+    export=_export,
+    layout=decoder_rules(CONFIG),
+)
