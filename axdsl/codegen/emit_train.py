@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from axdsl import __version__, lora
 from axdsl.analysis.flops import TrainingFlops
 from axdsl.codegen.emit import render_template
+from axdsl.codegen import runtime_source
 from axdsl.codegen.names import py_str
 from axdsl import primitives
 from axdsl.ir import nodes as ir
@@ -97,7 +98,7 @@ def _remat_fit(schedule: ir.Schedule) -> dict | None:
 
 def emit_runtime() -> str:
     """The unformatted source of <root>/runtime.py (the same for every spec and target)."""
-    return render_template("runtime.py.j2", version=__version__)
+    return runtime_source.emit_runtime(__version__)
 
 
 def uses_dropout(root: ir.Instance) -> bool:
