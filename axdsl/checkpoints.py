@@ -4,8 +4,8 @@
 A step directory is good when orbax finished it (commit_success.txt), and either its
 axdsl_checksums.json (written by the generated runtime after each commit) matches every file, or,
 for a step killed before its checksums were written, the metadata files orbax reads first are
-there and parse. The generated runtime checks the same things before it resumes (templates/
-runtime.py.j2: checksum_problem, structure_problem); generated code cannot import axdsl, so the
+there and parse. The generated runtime checks the same things before it resumes (axdsl/runtime/
+checkpoints.py: checksum_problem, structure_problem); generated code cannot import axdsl, so the
 two are kept in step by tests/test_damaged_checkpoints.py, which damages real checkpoints.
 """
 

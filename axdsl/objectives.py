@@ -14,7 +14,7 @@ Its batches are those of its data: images and labels (arrays, synthetic_images),
 Each objective names the root forward's inputs it reads (issue 11's names: tokens, types,
 segments, dec_tokens, dec_segments, images) and the output rank it needs; configure_train checks a
 model against them with a located error at the `objective = ...` line. The generated loss_fn
-(templates/model.py.j2) and batches (templates/runtime.py.j2) follow the objective. This module
+(templates/model.py.j2) and batches (axdsl/runtime/examples.py) follow the objective. This module
 also checks the data sources the non-LM objectives read (pairs, arrays, synthetic_images).
 """
 

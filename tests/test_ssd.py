@@ -1,6 +1,6 @@
 """The `ssd` primitive (Mamba-2's chunked state-space scan, axdsl/primitives/ssd.py): its helper
-against a naive sequential recurrence in numpy and against transformers' torch chunk scan, and the
-primitive in a tiny spec, built for cpu and run."""
+(axdsl/kernels/ssd.py) against a naive sequential recurrence in numpy and against transformers'
+torch chunk scan, and the primitive in a tiny spec, built for cpu and run."""
 
 from __future__ import annotations
 
@@ -12,17 +12,14 @@ import pytest
 
 from axdsl.analysis.flops import model_flops
 from axdsl.build import build_files, write_atomic
-from axdsl.primitives import HELPERS
 
 RNG = np.random.default_rng(0)
 
 
 def _helper():
-    import jax
-    import jax.numpy as jnp
-    scope = {"jax": jax, "jnp": jnp}
-    exec(HELPERS["ssd"].source(frozenset({"ssd"})), scope)  # noqa: S102 - the helper's own source
-    return scope["ssd"]
+    from axdsl.kernels.ssd import ssd  # the helper's own source, which model.py copies
+
+    return ssd
 
 
 def _inputs(batch=2, seq=11, heads=4, head_dim=3, groups=2, state=5):

@@ -11,15 +11,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from axdsl import __version__, lora
+from axdsl import __version__, lora, primitives
 from axdsl.analysis.flops import TrainingFlops
+from axdsl.codegen import runtime_source
 from axdsl.codegen.emit import render_template
 from axdsl.codegen.names import py_str, spec_text
-from axdsl import primitives
 from axdsl.ir import nodes as ir
 from axdsl.ir.rewrite import tree_has
-from axdsl.primitives.moe import balanced_biases
 from axdsl.objectives import BATCH_FIELDS, DATA, batches_of, inputs, objective_args, objective_name
+from axdsl.primitives.moe import balanced_biases
 from axdsl.targets import profiles
 
 
@@ -97,7 +97,7 @@ def _remat_fit(schedule: ir.Schedule) -> dict | None:
 
 def emit_runtime() -> str:
     """The unformatted source of <root>/runtime.py (the same for every spec and target)."""
-    return render_template("runtime.py.j2", version=__version__)
+    return runtime_source.emit_runtime(__version__)
 
 
 def uses_dropout(root: ir.Instance) -> bool:

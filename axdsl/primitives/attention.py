@@ -62,7 +62,7 @@ Constraints, from the installed jax (0.10.2) sources:
               (attn_logits_soft_cap) are native; the scale is applied to q before the kernel
             - GQA is native (kv head = query head // group); any sharding: the helper runs in
               jax.shard_map over batch and heads and gathers what else is split
-    vjp     the helper's own backward (attention_kernels.VJP_ATTENTION):
+    vjp     the helper's own backward (axdsl/kernels/attention.py, vjp_attention):
             - no soft-capping and no additive bias: their backward (tanh's slope, the bias's
               own gradient) is not written out; a boolean mask and segment ids are (no gradient)
 """

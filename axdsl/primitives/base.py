@@ -135,20 +135,36 @@ class HelperSection(IntEnum):
 
 
 @dataclass(frozen=True)
+class Source:
+    """Top-level definitions of a module of axdsl/kernels/ (`module`: "rope" for
+    axdsl/kernels/rope.py), copied into generated code as written there: each statement that
+    defines one of `names`, or calls a method of one (`f.defvjp(...)`), in the module's order.
+    Codegen reads the file as text (codegen/helpers.py); nothing imports it to build."""
+
+    module: str
+    names: tuple[str, ...]
+
+
+HelperCode = Source | tuple[Source, ...] | str  # where a Helper's source is (see Helper)
+
+
+@dataclass(frozen=True)
 class Helper:
     """A function copied into the generated model when an emitter calls `ctx.use_helper(name)`.
 
-    `code` is its source, or a function of the set of helper names in use that returns it (a
+    `code` is where its source is: definitions in axdsl/kernels/ (one `Source` or several, in
+    order), source text, or a function of the set of helper names in use that returns either (a
     helper whose body depends on which of its parts the spec uses). `imports` are the import
     lines that source needs.
     """
 
     name: str
-    code: str | Callable[[frozenset[str]], str]
+    code: HelperCode | Callable[[frozenset[str]], HelperCode]
     imports: tuple[str, ...] = ("import jax", "import jax.numpy as jnp")
     section: HelperSection = HelperSection.FUNCTION
 
-    def source(self, used: frozenset[str]) -> str:
+    def code_for(self, used: frozenset[str]) -> HelperCode:
+        """Its code when the helpers in `used` are in use."""
         return self.code(used) if callable(self.code) else self.code
 
 

@@ -30,6 +30,7 @@ from axdsl.primitives.base import (
     Static,
     StaticKind,
 )
+from axdsl.primitives.base import Source
 from axdsl.primitives.reductions import ir_fmt
 from axdsl.syntax import ast
 from axdsl.targets import profiles
@@ -144,31 +145,7 @@ def dense_matmuls(schedule: ir.Schedule | None) -> bool:
     return profiles()[schedule.profile].kernels.get("einsum", ("xla",))[0] == "dense"
 
 
-DENSE = '''@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
-def dense(x: jax.Array, w: jax.Array, contract: int = 1) -> jax.Array:
-    """x's last `contract` dims times the weight w's first ones (jnp.tensordot): `x @ w`, or
-    [B, S, heads, head_dim] x [heads, head_dim, dim] -> [B, S, dim] with contract=2.
-
-    The same forward as the einsum; the backward computes w's gradient as one matmul of x
-    flattened to [tokens, in], transposed, with the output's gradient [tokens, out]. Left to
-    autodiff, XLA:CPU transposes the larger output gradient element by element instead."""
-    return jnp.tensordot(x, w, contract)
-
-
-def _dense_fwd(x, w, contract):
-    return jnp.tensordot(x, w, contract), (x, w)
-
-
-def _dense_bwd(contract, res, dy):
-    x, w = res
-    tokens = math.prod(x.shape[: x.ndim - contract])
-    d_w = x.reshape(tokens, -1).T @ dy.reshape(tokens, -1)
-    out_dims = tuple(range(dy.ndim - (w.ndim - contract), dy.ndim))
-    d_x = jnp.tensordot(dy, w, (out_dims, tuple(range(contract, w.ndim))))
-    return d_x.astype(x.dtype), d_w.reshape(w.shape).astype(w.dtype)
-
-
-dense.defvjp(_dense_fwd, _dense_bwd)'''
+DENSE = Source("dense", ("dense", "_dense_fwd", "_dense_bwd"))
 
 
 def _flops(ctx, prim: ir.Prim) -> Flops:

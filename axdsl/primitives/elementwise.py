@@ -15,6 +15,7 @@ from axdsl.primitives.base import (
     elementwise_memory,
     saves_memory,
 )
+from axdsl.primitives.base import Source
 
 # The kinds `activate(x, kind)` accepts and the code each becomes (`{x}` is the operand). Only
 # these strings reach generated code. `gelu` is the tanh approximation (jax.nn.gelu's default),
@@ -127,17 +128,7 @@ def _emit_cast(ctx, prim, args, precs) -> str:
 
 
 # `_fold` gives each dropout site and layer its own key (FunctionEmitter.next_rng, rng_arg).
-DROPOUT = '''def dropout(x: jax.Array, rate: float, rng: jax.Array | None) -> jax.Array:
-    """Inverted dropout; identity when `rng` is None (evaluation)."""
-    if rng is None or rate == 0.0:
-        return x
-    keep = jax.random.bernoulli(rng, 1.0 - rate, x.shape)
-    return jnp.where(keep, x / (1.0 - rate), 0.0).astype(x.dtype)
-
-
-def _fold(rng: jax.Array | None, i) -> jax.Array | None:
-    """A distinct key per dropout site and layer; None stays None."""
-    return None if rng is None else jax.random.fold_in(rng, i)'''
+DROPOUT = Source("dropout", ("dropout", "_fold"))
 
 
 def _emit_dropout(ctx, prim, args, precs) -> str:

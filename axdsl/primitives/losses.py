@@ -12,13 +12,10 @@ from __future__ import annotations
 
 from axdsl.ir import nodes as ir
 from axdsl.primitives.base import Helper, Primitive, Signature
+from axdsl.primitives.base import Source
 from axdsl.primitives.reductions import ir_fmt
 
-CROSS_ENTROPY = '''def cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:
-    """Softmax cross-entropy of logits [..., classes] against integer labels [...] -> [...] (float32)."""
-    logits = logits.astype(jnp.float32)
-    picked = jnp.take_along_axis(logits, labels[..., None].astype(jnp.int32), axis=-1)[..., 0]
-    return jax.nn.logsumexp(logits, axis=-1) - picked'''
+CROSS_ENTROPY = Source("losses", ("cross_entropy",))
 
 
 def _shape(ctx, prim: ir.Prim, args):

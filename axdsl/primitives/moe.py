@@ -39,6 +39,7 @@ from axdsl.primitives.base import (
     Static,
     StaticKind,
 )
+from axdsl.primitives.base import Source
 from axdsl.primitives.reductions import ir_fmt
 
 OPTIONS = ("top_k", "capacity_factor", "normalize", "aux_weight", "z_weight")
@@ -341,25 +342,7 @@ MOE_DOC_BALANCE = """With `balance` the bias
     gets, as its gradient, each expert's load surplus (see _moe_balance)."""
 MOE_CALL_BALANCE = """    if balance:
         y = _moe_balance(y, bias, jnp.bincount(chosen.reshape(-1), length=experts).astype(jnp.float32))"""
-MOE_BALANCE = '''@jax.custom_vjp
-def _moe_balance(y, bias, load):
-    """y, unchanged. In the backward pass `bias` gets load - mean(load): each expert's tokens in
-    this batch above the mean (its true gradient is zero, the choice being discrete). train.py's
-    optimizer turns it into DeepSeek-V3's auxiliary-loss-free balancing rule,
-    bias -= balance_rate * sign(load - mean load), outside AdamW and clipping."""
-    return y
-
-
-def _moe_balance_fwd(y, bias, load):
-    return y, ((load - jnp.mean(load)).astype(bias.dtype), load)
-
-
-def _moe_balance_bwd(residual, g):
-    surplus, load = residual
-    return g, surplus, jnp.zeros_like(load)
-
-
-_moe_balance.defvjp(_moe_balance_fwd, _moe_balance_bwd)'''
+MOE_BALANCE = Source("moe", ("_moe_balance", "_moe_balance_fwd", "_moe_balance_bwd"))
 MOE_DOC_CAPACITY = """With capacity_factor > 0 an expert takes
     at most ceil(top_k * S * capacity_factor / experts) tokens of each sequence, first choices
     first (GShard, Switch); tokens over capacity skip that expert and keep their residual."""
@@ -397,49 +380,13 @@ MOE_CHOICE = """    if score == "sigmoid":
         weights = weights / (jnp.sum(weights, axis=-1, keepdims=True) + 1e-20)
     weights = scale * weights
 """
-MOE_CHOOSE = '''def _moe_choose(probs, bias, top_k, groups, top_groups):
-    """Each token's top_k experts by score (+ bias), among the experts of its top_groups best groups."""
-    choice = probs if bias is None else probs + bias.astype(jnp.float32)  # [B, S, experts]
-    if groups > 1:
-        grouped = choice.reshape(*choice.shape[:-1], groups, -1)  # [B, S, groups, experts / groups]
-        group_scores = jnp.sum(jax.lax.top_k(grouped, 2)[0], axis=-1)  # its two best experts
-        best = jax.lax.top_k(group_scores, top_groups)[1]  # [B, S, top_groups]
-        kept = jnp.sum(jax.nn.one_hot(best, groups), axis=-2) > 0  # [B, S, groups]
-        choice = jnp.where(kept[..., None], grouped, -jnp.inf).reshape(choice.shape)
-    return jax.lax.top_k(choice, top_k)[1]'''
+MOE_CHOOSE = Source("moe", ("_moe_choose",))
 MOE_CALL_CAPACITY = (
     "y = _moe_with_capacity(x, weights, routed, w_gate, w_up, w_down, capacity_factor)"
 )
 MOE_CALL_DROPLESS = "y = _moe_dropless(x, weights, chosen, w_gate, w_up, w_down)"
-MOE_CAPACITY = '''def _moe_with_capacity(x, weights, routed, w_gate, w_up, w_down, capacity_factor):
-    """Dispatch to [B, experts, capacity] slots with one-hot einsums, run experts, combine."""
-    batch, seq, top_k, experts = routed.shape
-    capacity = max(1, math.ceil(top_k * seq * capacity_factor / experts))
-    # Each choice's place in its expert's queue: all first choices, then all second choices, ...
-    queue = routed.swapaxes(1, 2).reshape(batch, top_k * seq, experts)  # [B, top_k * S, experts]
-    position = ((jnp.cumsum(queue, axis=1) - 1) * queue).astype(jnp.int32)
-    kept = queue * (position < capacity)  # choices that found a slot
-    slots = jax.nn.one_hot(position, capacity, dtype=x.dtype) * kept[..., None].astype(x.dtype)
-    slots = slots.reshape(batch, top_k, seq, experts, capacity)
-    dispatch = jnp.sum(slots, axis=1)  # [B, S, experts, capacity], 0 or 1
-    combine = jnp.einsum("bksec,bsk->bsec", slots, weights.astype(x.dtype))
-    xe = jnp.einsum("bsd,bsec->becd", x, dispatch)  # [B, experts, capacity, dim]
-    h = jax.nn.silu(jnp.einsum("becd,edh->bech", xe, w_gate)) * jnp.einsum("becd,edh->bech", xe, w_up)
-    ye = jnp.einsum("bech,ehd->becd", h, w_down)  # [B, experts, capacity, dim]
-    return jnp.einsum("becd,bsec->bsd", ye, combine)'''
-MOE_DROPLESS = '''def _moe_dropless(x, weights, chosen, w_gate, w_up, w_down):
-    """Sort the (token, choice) pairs by expert and run grouped matmuls: no token is dropped."""
-    batch, seq, dim = x.shape
-    top_k, experts = chosen.shape[-1], w_gate.shape[0]
-    flat = chosen.reshape(-1)  # [B * S * top_k]
-    order = jnp.argsort(flat, stable=True)
-    tokens = jnp.repeat(x.reshape(-1, dim), top_k, axis=0)[order]  # grouped by expert
-    sizes = jnp.bincount(flat, length=experts).astype(jnp.int32)  # tokens per expert
-    gate = jax.lax.ragged_dot(tokens, w_gate, sizes)
-    h = jax.nn.silu(gate) * jax.lax.ragged_dot(tokens, w_up, sizes)
-    out = jax.lax.ragged_dot(h, w_down, sizes)  # [B * S * top_k, dim], sorted
-    out = jnp.zeros_like(out).at[order].set(out).reshape(batch, seq, top_k, dim)
-    return jnp.einsum("bskd,bsk->bsd", out, weights.astype(x.dtype))'''
+MOE_CAPACITY = Source("moe", ("_moe_with_capacity",))
+MOE_DROPLESS = Source("moe", ("_moe_dropless",))
 
 
 _JAX = ("import jax", "import jax.numpy as jnp")

@@ -26,6 +26,7 @@ from axdsl.primitives.base import (
     StaticKind,
     linear_memory,
 )
+from axdsl.primitives.base import Source
 from axdsl.primitives.reductions import ONE, axis_of, ir_fmt, negative_axis
 
 
@@ -137,13 +138,7 @@ def _emit_cumsum(ctx, prim, args, precs) -> str:
 
 
 # ---------------------------------------------------------------- segment_positions
-SEGMENT_POSITIONS = '''def segment_positions(segments: jax.Array) -> jax.Array:
-    """Each token's position in its run of equal segment ids along the last dim: 0, 1, ...
-    restarting where the id changes (a packed row's examples, and the padding after them)."""
-    idx = jnp.arange(segments.shape[-1], dtype=jnp.int32)
-    first = jnp.ones_like(segments[..., :1], dtype=bool)
-    starts = jnp.concatenate([first, segments[..., 1:] != segments[..., :-1]], axis=-1)
-    return idx - jax.lax.cummax(jnp.where(starts, idx, 0), axis=segments.ndim - 1)'''
+SEGMENT_POSITIONS = Source("positions", ("segment_positions",))
 
 
 def _segment_positions_shape(ctx, prim, args):

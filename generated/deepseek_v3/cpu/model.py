@@ -983,7 +983,7 @@ def _vjp_attention_bwd(causal, window, scale, res, dy):
     row = jnp.sum(d_out.astype(jnp.float32) * out.astype(jnp.float32), axis=-1, keepdims=True)
     d_q, d_k, d_v = [], 0, 0
     blocks = _vjp_attention_blocks(seq, kv_seq, causal, window)
-    for (start, end, first, last), p in zip(blocks, probs):
+    for (start, end, first, last), p in zip(blocks, probs, strict=True):
         d_block, q_block = d_out[:, :, :, start:end], qg[:, :, :, start:end]
         keys = ((0, 0), (0, 0), (first, kv_seq - last), (0, 0))  # this block's keys among all
         # the key-side gradients come out [.., S_kv, d], so that their sum over the blocks and
@@ -1035,7 +1035,8 @@ def yarn_frequencies(
 
 
 def yarn_attention_factor(factor: float, mscale: float = 1.0, mscale_all_dim: float = 0.0) -> float:
-    """YaRN's cos/sin scale 0.1 ln(factor) + 1 (DeepSeek: the ratio for mscale and mscale_all_dim)."""
+    """YaRN's cos/sin scale 0.1 ln(factor) + 1 (DeepSeek: the ratio for mscale and
+    mscale_all_dim)."""
 
     def m(scale: float) -> float:
         return 1.0 if factor <= 1 else 0.1 * scale * math.log(factor) + 1.0
@@ -1119,7 +1120,8 @@ _moe_balance.defvjp(_moe_balance_fwd, _moe_balance_bwd)
 
 
 def _moe_choose(probs, bias, top_k, groups, top_groups):
-    """Each token's top_k experts by score (+ bias), among the experts of its top_groups best groups."""
+    """Each token's top_k experts by score (+ bias), among the experts of its top_groups best
+    groups."""
     choice = probs if bias is None else probs + bias.astype(jnp.float32)  # [B, S, experts]
     if groups > 1:
         grouped = choice.reshape(*choice.shape[:-1], groups, -1)  # [B, S, groups, experts / groups]

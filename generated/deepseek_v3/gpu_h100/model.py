@@ -1020,7 +1020,8 @@ def yarn_frequencies(
 
 
 def yarn_attention_factor(factor: float, mscale: float = 1.0, mscale_all_dim: float = 0.0) -> float:
-    """YaRN's cos/sin scale 0.1 ln(factor) + 1 (DeepSeek: the ratio for mscale and mscale_all_dim)."""
+    """YaRN's cos/sin scale 0.1 ln(factor) + 1 (DeepSeek: the ratio for mscale and
+    mscale_all_dim)."""
 
     def m(scale: float) -> float:
         return 1.0 if factor <= 1 else 0.1 * scale * math.log(factor) + 1.0
@@ -1166,7 +1167,8 @@ _moe_balance.defvjp(_moe_balance_fwd, _moe_balance_bwd)
 
 
 def _moe_choose(probs, bias, top_k, groups, top_groups):
-    """Each token's top_k experts by score (+ bias), among the experts of its top_groups best groups."""
+    """Each token's top_k experts by score (+ bias), among the experts of its top_groups best
+    groups."""
     choice = probs if bias is None else probs + bias.astype(jnp.float32)  # [B, S, experts]
     if groups > 1:
         grouped = choice.reshape(*choice.shape[:-1], groups, -1)  # [B, S, groups, experts / groups]

@@ -746,7 +746,7 @@ def _vjp_attention_bwd(causal, window, scale, res, dy):
     row = jnp.sum(d_out.astype(jnp.float32) * out.astype(jnp.float32), axis=-1, keepdims=True)
     d_q, d_k, d_v = [], 0, 0
     blocks = _vjp_attention_blocks(seq, kv_seq, causal, window)
-    for (start, end, first, last), p in zip(blocks, probs):
+    for (start, end, first, last), p in zip(blocks, probs, strict=True):
         d_block, q_block = d_out[:, :, :, start:end], qg[:, :, :, start:end]
         keys = ((0, 0), (0, 0), (first, kv_seq - last), (0, 0))  # this block's keys among all
         # the key-side gradients come out [.., S_kv, d], so that their sum over the blocks and

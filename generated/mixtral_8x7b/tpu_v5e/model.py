@@ -771,7 +771,7 @@ def splash_attention(
     q = q * (1.0 / math.sqrt(head_dim) if scale is None else scale)  # the kernel does not scale
     q, k, v = (jnp.swapaxes(x, 1, 2) for x in (q, k, v))  # the kernel's [B, heads, S, head_dim]
     run = functools.partial(_splash_per_device, causal=causal, window=window, softcap=softcap)
-    args = (q, k, v) if segment_ids is None else (q, k, v, segment_ids)
+    args: tuple[jax.Array, ...] = (q, k, v) if segment_ids is None else (q, k, v, segment_ids)
     mesh = jax.sharding.get_abstract_mesh()
     if mesh.empty:
         out = run(*args)
@@ -790,7 +790,7 @@ def splash_attention(
 
 def _dividing_axes(mesh, names: tuple[str, ...], size: int) -> tuple[str, ...]:
     """The mesh axes of `names`, in order, whose product of sizes divides `size`."""
-    axes = []
+    axes: list[str] = []
     for name in names:
         if name in mesh.axis_names:
             if size % (math.prod(mesh.shape[a] for a in axes) * mesh.shape[name]) == 0:
@@ -810,6 +810,7 @@ def _splash_per_device(
 ) -> jax.Array:
     """The kernel on one device's q [B, heads, S, head_dim], k and v [B, kv_heads, S, head_dim]."""
     heads, seq = q.shape[1], q.shape[2]
+    mask: splash_attention_mask.Mask
     if window:
         mask = splash_attention_mask.LocalMask((seq, seq), window_size=(window - 1, 0), offset=0)
     elif causal:

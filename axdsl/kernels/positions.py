@@ -1,0 +1,17 @@
+"""Positions within packed rows: each token's place in its run of equal segment ids.
+
+Copied into generated models by codegen (codegen/helpers.py reads this file as text and cuts out
+the definitions a primitive's `Source` names); the copies import only what the helper's
+`imports` list, so a definition here uses nothing else."""
+
+import jax
+import jax.numpy as jnp
+
+
+def segment_positions(segments: jax.Array) -> jax.Array:
+    """Each token's position in its run of equal segment ids along the last dim: 0, 1, ...
+    restarting where the id changes (a packed row's examples, and the padding after them)."""
+    idx = jnp.arange(segments.shape[-1], dtype=jnp.int32)
+    first = jnp.ones_like(segments[..., :1], dtype=bool)
+    starts = jnp.concatenate([first, segments[..., 1:] != segments[..., :-1]], axis=-1)
+    return idx - jax.lax.cummax(jnp.where(starts, idx, 0), axis=segments.ndim - 1)

@@ -1,0 +1,118 @@
+"""Splash attention, the TPU Pallas flash-attention kernel, and how it is sharded under a mesh.
+
+Copied into generated models by codegen (codegen/helpers.py reads this file as text and cuts out
+the definitions a primitive's `Source` names); the copies import only what the helper's
+`imports` list, so a definition here uses nothing else."""
+
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+from jax.experimental.pallas.ops.tpu.splash_attention import (
+    splash_attention_kernel,
+    splash_attention_mask,
+)
+from jax.sharding import PartitionSpec as P
+
+PALLAS_INTERPRET = False  # True runs Pallas kernels in interpret mode (CPU tests, debugging)
+SPLASH_BATCH_AXES = ("data", "fsdp")  # mesh axes splash attention splits the batch over
+SPLASH_HEAD_AXES = ("model",)  # mesh axes it splits the heads over
+
+
+def splash_attention(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    causal: bool,
+    window: int | None,
+    scale: float | None = None,
+    softcap: float | None = None,
+    segment_ids: jax.Array | None = None,
+) -> jax.Array:
+    """Splash attention, the TPU Pallas flash-attention kernel, on q [B, S, heads, head_dim].
+
+    k is [B, S, kv_heads, head_dim] and v [B, S, kv_heads, v_head_dim] (kv_heads divides heads:
+    query head h reads kv head h // (heads // kv_heads)). The logits are q.k * scale (None:
+    1 / sqrt(head_dim)), soft-capped to softcap * tanh(logits / softcap) when softcap is set;
+    segment_ids [B, S] keep each query to the keys of its own packed sequence. Same result as
+    jax.nn.dot_product_attention(q, k, v, is_causal=causal, local_window_size=(window - 1, 0) if
+    window else None). Under a mesh it runs in jax.shard_map (Pallas TPU kernels compile only
+    there): the batch split over SPLASH_BATCH_AXES, the heads over SPLASH_HEAD_AXES, each as far
+    as they divide evenly.
+    """
+    batch, seq, heads, head_dim = q.shape
+    kv_heads = k.shape[2]
+    if seq % 128:
+        raise ValueError(f"splash attention needs a sequence length divisible by 128, got {seq}")
+    q = q * (1.0 / math.sqrt(head_dim) if scale is None else scale)  # the kernel does not scale
+    q, k, v = (jnp.swapaxes(x, 1, 2) for x in (q, k, v))  # the kernel's [B, heads, S, head_dim]
+    run = functools.partial(_splash_per_device, causal=causal, window=window, softcap=softcap)
+    args: tuple[jax.Array, ...] = (q, k, v) if segment_ids is None else (q, k, v, segment_ids)
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty:
+        out = run(*args)
+    else:
+        batch_axes = _dividing_axes(mesh, SPLASH_BATCH_AXES, batch)
+        head_axes = _dividing_axes(mesh, SPLASH_HEAD_AXES, heads)
+        if kv_heads % math.prod(mesh.shape[a] for a in head_axes):
+            # Fewer kv heads than head shards: give every query head its own copy.
+            k, v = (jnp.repeat(x, heads // kv_heads, axis=1) for x in (k, v))
+            args = (q, k, v) + args[3:]
+        spec = P(batch_axes, head_axes, None, None)
+        specs = (spec, spec, spec) + ((P(batch_axes, None),) if segment_ids is not None else ())
+        out = jax.shard_map(run, mesh=mesh, in_specs=specs, out_specs=spec, check_vma=False)(*args)
+    return jnp.swapaxes(out, 1, 2)  # [B, S, heads, v_head_dim]
+
+
+def _dividing_axes(mesh, names: tuple[str, ...], size: int) -> tuple[str, ...]:
+    """The mesh axes of `names`, in order, whose product of sizes divides `size`."""
+    axes: list[str] = []
+    for name in names:
+        if name in mesh.axis_names:
+            if size % (math.prod(mesh.shape[a] for a in axes) * mesh.shape[name]) == 0:
+                axes.append(name)
+    return tuple(axes)
+
+
+def _splash_per_device(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    segment_ids: jax.Array | None = None,
+    *,
+    causal: bool,
+    window: int | None,
+    softcap: float | None,
+) -> jax.Array:
+    """The kernel on one device's q [B, heads, S, head_dim], k and v [B, kv_heads, S, head_dim]."""
+    heads, seq = q.shape[1], q.shape[2]
+    mask: splash_attention_mask.Mask
+    if window:
+        mask = splash_attention_mask.LocalMask((seq, seq), window_size=(window - 1, 0), offset=0)
+    elif causal:
+        mask = splash_attention_mask.CausalMask((seq, seq))
+    else:
+        mask = splash_attention_mask.FullMask((seq, seq))
+    block = next(b for b in (512, 256, 128) if seq % b == 0)  # tiles of the sequence
+    kernel = splash_attention_kernel.make_splash_mha(
+        splash_attention_mask.MultiHeadMask([mask] * heads),
+        block_sizes=splash_attention_kernel.BlockSizes(
+            block_q=block,
+            block_kv=block,
+            block_kv_compute=block,
+            block_q_dkv=block,
+            block_kv_dkv=block,
+            block_kv_dkv_compute=block,
+            block_q_dq=block,
+            block_kv_dq=block,
+        ),
+        head_shards=1,
+        q_seq_shards=1,
+        attn_logits_soft_cap=softcap or None,
+        interpret=PALLAS_INTERPRET,
+    )
+    if segment_ids is None:  # the kernel takes one sequence: map it over the batch
+        return jax.vmap(kernel)(q, k, v)
+    ids = splash_attention_kernel.SegmentIds(q=segment_ids, kv=segment_ids)
+    return jax.vmap(kernel)(q, k, v, ids)
