@@ -67,6 +67,17 @@ class QuantFormat(StrEnum):
     INT8 = "int8"  # per-channel symmetric, straight-through backward (TPU v5e, v5p)
 
 
+class Kernel(StrEnum):
+    """An implementation of a primitive that select_kernels chooses (the primitive's `KernelRule`
+    says which are its own and when each can run; profiles.toml lists them by these names)."""
+
+    XLA = "xla"  # XLA's reference: jax.nn.dot_product_attention or an einsum; runs every call
+    CUDNN = "cudnn"  # cuDNN flash attention (GPUs)
+    SPLASH = "splash"  # the TPU Pallas splash-attention kernel
+    VJP = "vjp"  # attention's einsums with a written-out backward
+    DENSE = "dense"  # an einsum `x @ weight` as dense(x, weight)
+
+
 @dataclass(frozen=True)
 class QuantPolicy:
     """Matmuls with a parameter operand under layer paths matching `layers` run in `format`."""
@@ -93,7 +104,7 @@ class Schedule:
     rules: tuple[tuple[str, Choice], ...]  # logical axis -> Choice(tuple of mesh axes)
     remat: Choice  # value: RematPolicy
     quantize: Choice  # value: QuantPolicy
-    kernels: tuple[tuple[str, Choice], ...]  # op -> Choice(kernel name or "auto")
+    kernels: tuple[tuple[str, Choice], ...]  # op -> Choice(Kernel, or None: auto)
     unroll: Choice  # value: int, the most layers a repeat may have and run unrolled (0: never)
     steps_per_call: Choice  # value: int >= 1, train steps one jitted call runs (numerics unchanged)
     remat_fit: RematFit | None = None  # set by fit_remat when it chose `remat` by memory

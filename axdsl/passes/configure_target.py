@@ -44,6 +44,7 @@ class TargetDirective(StrEnum):
 DIRECTIVES = tuple(str(d) for d in TargetDirective)
 # Primitives whose kernel a target chooses (their registry entries have a KernelRule).
 KERNEL_OPS = tuple(sorted(name for name, prim in primitives.REGISTRY.items() if prim.has_kernels))
+AUTO = "auto"  # kernels(op = auto): select_kernels picks (the schedule holds None)
 
 
 def configure_target(module: ir.Module) -> ir.Module:
@@ -276,14 +277,14 @@ def _parse_kernels(d: ir.Directive, diags: Diagnostics):
             )
             continue
         kernel, names = _name(value), primitives.get(key).kernels.names
-        if kernel not in names + ("auto",):
+        if kernel is None or kernel not in names + (AUTO,):
             diags.error(
                 span,
                 f"unknown {key} kernel `{kernel or value_text(value)}`",
-                did_you_mean(str(kernel), names) or f"kernels: {', '.join(names)}, auto",
+                did_you_mean(str(kernel), names) or f"kernels: {', '.join(names)}, {AUTO}",
             )
             continue
-        out.append((key, kernel, span))
+        out.append((key, None if kernel == AUTO else ir.Kernel(kernel), span))
     return tuple(out)
 
 
@@ -408,10 +409,10 @@ def _quantize(ov: _Overrides, diags: Diagnostics) -> ir.Choice:
 
 def _kernels(ov: _Overrides, diags: Diagnostics) -> tuple[tuple[str, ir.Choice], ...]:
     p = ov.target.profile
-    kernels = {op: ir.Choice("auto", ov.default) for op in KERNEL_OPS}
+    kernels: dict[str, ir.Choice] = {op: ir.Choice(None, ov.default) for op in KERNEL_OPS}
     for key, kernel, span in ov.parsed.get(TargetDirective.KERNELS, ((), None))[0]:
         has = primitives.get(key).kernels.preference(p, key)
-        if kernel != "auto" and kernel not in has:
+        if kernel is not None and kernel not in has:
             diags.error(
                 span,
                 f"{p.name} has no `{kernel}` {key} kernel",

@@ -14,6 +14,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from axdsl.errors import did_you_mean
+from axdsl.ir.settings import Kernel
 
 # Mesh axes, least to most communication per step (AXLearn's order): `model` is innermost, so
 # tensor-parallel peers sit on the fastest links.
@@ -32,6 +33,10 @@ class UnknownTarget(ValueError):
     pass
 
 
+class ProfileError(ValueError):
+    """A mistake in profiles.toml (package data, not user input): file:line, what, the fix."""
+
+
 @dataclass(frozen=True)
 class Profile:
     """One chip's facts and its default schedule."""
@@ -45,7 +50,7 @@ class Profile:
     default_chips: int
     mesh: dict[str, int]
     rules: dict[str, tuple[str, ...]]
-    kernels: dict[str, tuple[str, ...]]  # primitive -> its kernels in order of preference
+    kernels: dict[str, tuple[Kernel, ...]]  # primitive -> its kernels in order of preference
     quantize: tuple[str, ...]
     default_quantize: str
     remat: str
@@ -79,9 +84,13 @@ class Target:
         return f"{self.profile.name}-{self.chips}"
 
 
+PROFILES = Path(__file__).parent / "profiles.toml"
+
+
 @lru_cache(maxsize=1)
 def profiles() -> dict[str, Profile]:
-    data = tomllib.loads((Path(__file__).parent / "profiles.toml").read_text(encoding="utf-8"))
+    text = PROFILES.read_text(encoding="utf-8")
+    data = tomllib.loads(text)
     defaults = data.pop("defaults")
     out = {}
     for name, t in data.items():
@@ -97,7 +106,7 @@ def profiles() -> dict[str, Profile]:
             default_chips=t["default_chips"],
             mesh=dict(t.get("mesh", defaults["mesh"])),
             rules=rules,
-            kernels={op: tuple(v) for op, v in t.get("kernels", {}).items()},
+            kernels={op: _kernels(text, name, op, v) for op, v in t.get("kernels", {}).items()},
             quantize=tuple(t["quantize"]),
             default_quantize=t.get("default_quantize", defaults["default_quantize"]),
             remat=t.get("remat", defaults["remat"]),
@@ -108,6 +117,33 @@ def profiles() -> dict[str, Profile]:
             steps_per_call=t.get("steps_per_call", defaults["steps_per_call"]),
         )
     return out
+
+
+def _kernels(text: str, profile: str, op: str, names: list[str]) -> tuple[Kernel, ...]:
+    """A profile's `kernels = { op = [...] }` list as Kernels; an unknown name is a ProfileError
+    at its line of profiles.toml."""
+    known = tuple(str(k) for k in Kernel)
+    for n in names:
+        if n not in known:
+            hint = did_you_mean(n, known) or f"kernels: {', '.join(known)}"
+            raise ProfileError(
+                f"{PROFILES}:{_line_of(text, profile, 'kernels')}: profile `{profile}` lists "
+                f"unknown {op} kernel `{n}` ({hint})"
+            )
+    return tuple(Kernel(n) for n in names)
+
+
+def _line_of(text: str, table: str, key: str) -> int:
+    """The 1-based line of `key = ...` in `[table]` of a TOML text (the header's when absent)."""
+    lines = text.splitlines()
+    start = next((i for i, line in enumerate(lines) if line.strip() == f"[{table}]"), 0)
+    for i in range(start + 1, len(lines)):
+        stripped = lines[i].strip()
+        if stripped.startswith("["):
+            break
+        if stripped.split("=")[0].strip() == key:
+            return i + 1
+    return start + 1
 
 
 def known_targets() -> tuple[str, ...]:
