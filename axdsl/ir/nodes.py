@@ -45,6 +45,7 @@ from axdsl.ir.settings import (  # noqa: F401
     FitTry,
     Kernel,
     NamedCall,
+    ObjectiveKind,
     QuantFormat,
     QuantPolicy,
     RematFit,

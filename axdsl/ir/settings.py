@@ -131,13 +131,25 @@ class Schedule:
 
 @dataclass(frozen=True)
 class NamedCall:
-    """An optimizer or schedule with every argument resolved: adamw(lr = 3e-4, b1 = 0.9, ...)."""
+    """An optimizer, schedule or objective (`name` an ObjectiveKind) with every argument resolved:
+    adamw(lr = 3e-4, b1 = 0.9, ...)."""
 
     name: str
     args: tuple[tuple[str, Any], ...]
 
     def arg(self, key: str, default: Any = None) -> Any:
         return dict(self.args).get(key, default)
+
+
+class ObjectiveKind(StrEnum):
+    """What train.py minimizes: the train block's `objective = ...` (axdsl/objectives/ holds each
+    one's registry entry: its arguments, batches, loss and metrics)."""
+
+    NEXT_TOKEN = "next_token"  # the default: tokens [B, S] -> logits [B, S, vocab]
+    MASKED_LM = "masked_lm"  # BERT's masked-LM
+    SEQ2SEQ = "seq2seq"  # teacher forcing over (source, target) pairs
+    CLASSIFY = "classify"  # images [B, H, W, C] -> logits [B, classes]
+    LOSS = "loss"  # the root forward returns the loss itself
 
 
 class DataKind(StrEnum):
