@@ -20,7 +20,7 @@ from axdsl.ir import nodes as ir
 from axdsl.ir.rewrite import tree_has
 from axdsl.primitives.moe import balanced_biases
 from axdsl.objectives import (
-    DATA,
+    DATA_SOURCES,
     Objective,
     batches_objective,
     inputs,
@@ -263,7 +263,7 @@ def _fields(module: ir.Module) -> list[Field]:
 def _example_fields(add, images: bool, synthetic: ir.DataKind, data: ir.DataSource, origin) -> None:
     """The data fields of classify (images) and seq2seq (pairs): the source, its files and the
     options of the synthetic set, whichever is in use (a flag can switch between them)."""
-    made = dict(DATA[synthetic]) | (dict(data.options) if data.kind is synthetic else {})
+    made = DATA_SOURCES[synthetic].defaults | (dict(data.options) if data.kind is synthetic else {})
     if images:
         add("data", str(data.kind), f"synthetic_images (made here) or arrays ({origin})")
         add(
@@ -272,7 +272,8 @@ def _example_fields(add, images: bool, synthetic: ir.DataKind, data: ir.DataSour
             "arrays: a .npz holding images [N, H, W, C] and labels [N]",
         )
     else:
-        files = dict(DATA["pairs"]) | (dict(data.options) if data.kind is ir.DataKind.PAIRS else {})
+        pairs = ir.DataKind.PAIRS
+        files = DATA_SOURCES[pairs].defaults | (dict(data.options) if data.kind is pairs else {})
         add("data", str(data.kind), f"synthetic_pairs (made here) or pairs ({origin})")
         add("data_path", data.path or "", "pairs: the source token file")
         add("data_target", data.path2 or "", "pairs: the target token file")

@@ -161,12 +161,35 @@ LOSS_BATCHES = {
     **{d: Kind.CLASSIFY for d in IMAGE_DATA},
     **{d: Kind.SEQ2SEQ for d in PAIR_DATA},
 }
-# Data sources beyond tokens/text: their arguments and defaults ("" / None: a required path).
-DATA: dict[str, dict[str, Any]] = {
-    "pairs": {"eos": 0, "dtype": "u16"},
-    "arrays": {},
-    "synthetic_images": {"count": 4096, "noise": 0.5, "seed": 0},
-    "synthetic_pairs": {"count": 4096, "eos": 1, "seed": 0},
+
+
+@dataclass(frozen=True)
+class ExampleData:
+    """A data source beyond tokens/text: how many path strings it takes, its options and their
+    defaults, and an example for errors."""
+
+    paths: int
+    options: tuple[tuple[str, Any], ...]
+    example: str
+
+    @property
+    def defaults(self) -> dict[str, Any]:
+        return dict(self.options)
+
+
+DATA_SOURCES: dict[ir.DataKind, ExampleData] = {
+    ir.DataKind.PAIRS: ExampleData(
+        2, (("eos", 0), ("dtype", "u16")), 'pairs("src.bin", "tgt.bin", eos = 0)'
+    ),
+    ir.DataKind.ARRAYS: ExampleData(1, (), 'arrays("train.npz")'),
+    ir.DataKind.SYNTHETIC_IMAGES: ExampleData(
+        0,
+        (("count", 4096), ("noise", 0.5), ("seed", 0)),
+        "synthetic_images(count = 4096, noise = 0.5)",
+    ),
+    ir.DataKind.SYNTHETIC_PAIRS: ExampleData(
+        0, (("count", 4096), ("eos", 1), ("seed", 0)), "synthetic_pairs(count = 4096, eos = 1)"
+    ),
 }
 
 
@@ -361,7 +384,7 @@ def synthetic_default(objective: ir.ObjectiveKind | str) -> ir.DataSource | None
     """classify's and seq2seq's data when the train block names none: a learnable set made on the
     machine (nothing can be downloaded); None for the objectives that read token data."""
     kind = get(objective).synthetic
-    return ir.DataSource(kind, options=tuple(DATA[kind].items())) if kind is not None else None
+    return ir.DataSource(kind, options=DATA_SOURCES[kind].options) if kind is not None else None
 
 
 def check_data(value: Any, span: Span, diags: Diagnostics) -> ir.DataSource | None:
@@ -370,13 +393,8 @@ def check_data(value: Any, span: Span, diags: Diagnostics) -> ir.DataSource | No
     if isinstance(value, ir.NameValue):
         value = ir.CallValue(value.id)
     fn, args, kwargs = value.fn, value.args, dict(value.kwargs)
-    paths = {"pairs": 2, "arrays": 1, "synthetic_images": 0, "synthetic_pairs": 0}[fn]
-    example = {
-        "pairs": 'pairs("src.bin", "tgt.bin", eos = 0)',
-        "arrays": 'arrays("train.npz")',
-        "synthetic_images": "synthetic_images(count = 4096, noise = 0.5)",
-        "synthetic_pairs": "synthetic_pairs(count = 4096, eos = 1)",
-    }[fn]
+    source = DATA_SOURCES[ir.DataKind(fn)]
+    paths, example = source.paths, source.example
     if len(args) != paths or not all(isinstance(a, str) for a in args):
         diags.error(
             span,
@@ -384,7 +402,7 @@ def check_data(value: Any, span: Span, diags: Diagnostics) -> ir.DataSource | No
             f"as in {example}",
         )
         return None
-    opts = dict(DATA[fn])
+    opts = source.defaults
     for k, v in kwargs.items():
         if k not in opts:
             diags.error(
@@ -426,7 +444,7 @@ def cross_check(values: dict[str, ir.Choice], module: ir.Module, diags: Diagnost
     choice = values.get("objective")
     if choice is None:  # next_token by default: a model that does not fit simply gets no train.py
         data = values["data"]
-        if str(data.value.kind) in DATA:
+        if data.value.kind in DATA_SOURCES:
             diags.error(
                 data.span,
                 f"data {data.value.kind}(...) is for another objective than next_token",

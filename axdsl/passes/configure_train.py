@@ -299,7 +299,7 @@ def _data(value: Any, span: Span, diags: Diagnostics):
         )
     if (
         isinstance(value, (ir.CallValue, ir.NameValue))
-        and getattr(value, "fn", getattr(value, "id", "")) in objectives.DATA
+        and getattr(value, "fn", getattr(value, "id", "")) in objectives.DATA_SOURCES
     ):
         return objectives.check_data(value, span, diags)
     if isinstance(value, ir.CallValue) and value.fn in ("tokens", "text"):
