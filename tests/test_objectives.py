@@ -1,4 +1,4 @@
-"""Objectives other than next-token (axdsl/objectives.py, codegen/emit_objective.py): the generated
+"""Objectives other than next-token (axdsl/objectives/, codegen/emit_objective.py): the generated
 model.py's loss_fn for masked_lm, seq2seq and classify, on the small test models in tests/specs,
 against numpy cross-entropies. Training them end to end through train.py: tests/test_train_objectives.py.
 """
@@ -6,15 +6,31 @@ against numpy cross-entropies. Training them end to end through train.py: tests/
 from __future__ import annotations
 
 import importlib.util
+import re
 import sys
 from pathlib import Path
 
 import jax
 import numpy as np
 
+from axdsl import objectives
 from axdsl.build import build_files
+from axdsl.ir import nodes as ir
 
 SPECS = Path(__file__).resolve().parent / "specs"
+TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
+
+
+def test_every_objective_has_one_entry_and_the_templates_name_none():
+    """The registry is the objectives' one home: an entry per ObjectiveKind, and the templates'
+    jinja tags read its flags, never an objective's name."""
+    assert set(objectives.REGISTRY) == set(ir.ObjectiveKind)
+    assert all(o.kind is k for k, o in objectives.REGISTRY.items())
+    names = "|".join(str(k) for k in ir.ObjectiveKind)
+    for template in TEMPLATES.glob("*.j2"):
+        tags = re.findall(r"{[%{].*?[%}]}", template.read_text(), re.S)
+        named = [t for t in tags if re.search(rf"[\"']({names})[\"']", t)]
+        assert not named, (template.name, named)
 
 
 def model_module(tmp_path: Path, spec: str, train: str):

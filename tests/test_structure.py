@@ -31,8 +31,9 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     # the source generated programs copy (they import only their own package's modules)
     ("kernels", "runtime"),
     ("axdsl", "errors", "resources", "checkpoints", "textcodec"),  # no axdsl imports
-    ("targets", "syntax"),  # chip profiles; the parser and loader
+    ("syntax",),  # the parser and loader
     ("ir",),
+    ("targets",),  # chip profiles, parsed into the IR's enums (kernels, remat, quantize)
     ("primitives", "objectives", "lora", "finetune", "datacheck"),  # the IR's vocabularies
     ("irbuild", "analysis"),  # AST -> IR; cost models over the IR (fit_remat needs them)
     ("passes",),

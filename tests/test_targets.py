@@ -19,7 +19,9 @@ import pytest
 from axdsl.build import diff_targets
 from axdsl.ir.printer import print_module
 from axdsl.pipeline import compile_spec
-from axdsl.targets import KNOWN_TARGETS, UnknownTarget, get_target, profiles
+from axdsl import targets
+from axdsl.ir import nodes as ir
+from axdsl.targets import KNOWN_TARGETS, ProfileError, UnknownTarget, get_target, profiles
 from tests.targets_util import import_generated
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -67,6 +69,22 @@ def test_every_required_profile_ships_with_its_facts():
         assert set(p.rules) >= {"batch", "embed", "heads", "mlp", "vocab", "experts"}
     assert profiles()["gpu-h100"].peak_flops("fp8") > 1.9 * profiles()["gpu-h100"].peak_flops("bf16")
     assert "int8" in profiles()["tpu-v5e"].quantize and "fp8" not in profiles()["tpu-v5e"].quantize
+
+
+def test_profile_kernels_are_kernels_and_an_unknown_name_is_located(tmp_path, monkeypatch):
+    assert profiles()["tpu-v5e"].kernels["attention"] == (ir.Kernel.SPLASH, ir.Kernel.XLA)
+    text = targets.PROFILES.read_text().replace('attention = ["splash", "xla"]', 'attention = ["splsh", "xla"]', 1)
+    line = next(i for i, s in enumerate(text.splitlines(), 1) if '"splsh"' in s)
+    (tmp_path / "profiles.toml").write_text(text)
+    monkeypatch.setattr(targets, "PROFILES", tmp_path / "profiles.toml")
+    profiles.cache_clear()
+    try:
+        with pytest.raises(ProfileError, match=rf"profiles.toml:{line}: profile `tpu-v4` lists unknown "
+                           r"attention kernel `splsh` \(did you mean `splash`\?\)"):
+            profiles()
+    finally:
+        monkeypatch.undo()
+        profiles.cache_clear()
 
 
 def test_target_names_carry_chip_counts_and_unknown_names_suggest():

@@ -1,191 +1,28 @@
-"""The loss of a non-next-token objective in model.py (masked_lm, seq2seq, classify).
+"""The loss of a non-next-token objective in model.py: its registry entry's text.
 
-next_token keeps its template in model.py.j2 (its generated text is unchanged); the others are
-rendered here as plain code: the objective's settings as module constants, then `loss_fn(cfg,
-params, batch, ...)` over a dict of named arrays (the runtime's batches), and for masked_lm and
-classify an `accuracy`. `mask_tokens` (masked_lm) draws every random choice from its key, so a step's masks
-are a pure function of (seed, step), like dropout.
+Each objective's loss_fn (and its helpers: masked_lm's `mask_tokens`, the `accuracy` of the
+objectives with that metric) is written by the function its entry in axdsl/objectives/ names
+(`Objective.loss`, in axdsl/objectives/losses.py); this module gives it the model it is written
+against. next_token keeps its template in model.py.j2 (its entry has no `loss`).
 """
 
 from __future__ import annotations
 
+from typing import Any
+
+from axdsl import objectives
 from axdsl.ir import nodes as ir
-from axdsl.objectives import inputs
-
-DOCS = {
-    "masked_lm": "the masked-LM loss (BERT's 80/10/10 masking, loss on masked positions only) and `accuracy`",
-    "seq2seq": "the sequence-to-sequence loss (teacher forcing, loss on target tokens)",
-    "classify": "the classification loss (cross-entropy against `labels`), and `accuracy`",
-    "loss": "the loss the spec's forward computes (objective = loss())",
-}
+from axdsl.objectives.losses import LossSite
 
 
-def objective_doc(name: str) -> str:
-    return DOCS.get(name, "")
+def objective_doc(name: ir.ObjectiveKind | str) -> str:
+    """What model.py's loss_fn computes for objective `name`, for the file's docstring."""
+    return objectives.get(name).doc
 
 
-def objective_code(name: str, args: dict, root: ir.Instance, rng: bool, aux: bool) -> str:
-    """loss_fn (and helpers) for objective `name` with arguments `args`."""
-    names = inputs(root)
-    vocab = "cfg.vocab" if root.hparam("vocab") is not None else str(root.forward.result[-1].size)
-    fwd = "forward_with_aux" if aux else "forward"
-    drop = ", rng=rng" if rng else ""
-    rng_arg = ", rng: jax.Array | None = None" if rng else ""
-    rng_doc = "\n    `rng` drives dropout; None: off." if rng else ""
-    aux_doc = " + auxiliary losses" if aux else ""
-    unpack = "logits, aux = " if aux else "logits = "
-    total = "ce + aux" if aux else "ce"
-    zloss = [
-        "    if z_loss:  # keeps the softmax normalizer near 1",
-        "        loss = loss + z_loss * jnp.mean(jax.nn.logsumexp(logits, axis=-1) ** 2)",
-    ]
-    if name == "loss":
-        return _explicit_loss(root, fwd, drop, rng_arg, rng_doc, aux)
-    if name == "masked_lm":
-        call = ", ".join("tokens" if n == "tokens" else f'batch["{n}"]' for n in names)
-        keep = 'batch["segments"] > 0' if "segments" in names else "None"
-        fields = ", ".join(f"{n} [B, S]" for n in names)
-        return "\n".join(
-            [
-                f"MASK_RATE = {args['rate']!r}  # masked_lm(rate): the fraction of tokens predicted",
-                f"MASK_TOKEN = {args['mask_token']!r}  # masked_lm(mask_token): the [MASK] id",
-                "",
-                "",
-                "def mask_tokens(cfg: Config, tokens: jax.Array, key: jax.Array, keep: jax.Array | None = None):",
-                '    """BERT\'s masking of tokens [B, S]: (inputs, selected). Each token (where `keep`: not',
-                "    padding) is selected with probability MASK_RATE; a selected token becomes MASK_TOKEN 80% of",
-                '    the time, a uniformly random token 10%, and stays itself 10%."""',
-                "    pick, how, draw = jax.random.split(key, 3)",
-                "    selected = jax.random.uniform(pick, tokens.shape) < MASK_RATE",
-                "    if keep is not None:",
-                "        selected = selected & keep",
-                "    u = jax.random.uniform(how, tokens.shape)",
-                f"    random = jax.random.randint(draw, tokens.shape, 0, {vocab}, tokens.dtype)",
-                "    inputs = jnp.where(selected & (u < 0.8), MASK_TOKEN, jnp.where(selected & (u < 0.9), random, tokens))",
-                "    return inputs.astype(tokens.dtype), selected",
-                "",
-                "",
-                "def loss_fn(",
-                f"    cfg: Config, params: dict, batch: dict, mask_rng: jax.Array{rng_arg}, z_loss: float = 0.0",
-                ") -> tuple[jax.Array, jax.Array]:",
-                '    """(loss to minimize, mean cross-entropy over the masked positions) of the masked-LM objective.',
-                "",
-                f"    batch: {fields}. mask_tokens(mask_rng) picks the positions and their",
-                "    replacements; the model predicts each selected position's original token.",
-                f"    loss = cross-entropy{aux_doc} + z_loss * mean(logsumexp(logits) ** 2) (z-loss).{rng_doc}",
-                '    """',
-                f'    tokens, selected = mask_tokens(cfg, batch["tokens"], mask_rng, {keep})',
-                f"    {unpack}{fwd}(cfg, params, {call}{drop})  # [B, S, vocab]",
-                "    weights = selected.astype(jnp.float32)",
-                '    per_token = optax.softmax_cross_entropy_with_integer_labels(logits, batch["tokens"])',
-                "    ce = jnp.sum(per_token * weights) / jnp.maximum(jnp.sum(weights), 1.0)",
-                f"    loss = {total}",
-                *zloss,
-                "    return loss, ce",
-                "",
-                "",
-                "def accuracy(cfg: Config, params: dict, batch: dict, mask_rng: jax.Array) -> jax.Array:",
-                '    """The fraction of the positions mask_tokens(mask_rng) selects whose largest logit is the',
-                '    original token."""',
-                f'    tokens, selected = mask_tokens(cfg, batch["tokens"], mask_rng, {keep})',
-                f'    hits = (jnp.argmax(forward(cfg, params, {call}), axis=-1) == batch["tokens"]) & selected',
-                "    return jnp.sum(hits) / jnp.maximum(jnp.sum(selected), 1)",
-            ]
-        )
-    if name == "seq2seq":
-        parts = {
-            "tokens": 'batch["tokens"]',
-            "segments": 'batch["segments"]',
-            "dec_tokens": "dec_tokens",
-            "dec_segments": 'batch["dec_segments"]',
-        }
-        call = ", ".join(parts[n] for n in names)
-        src = ", segments [B, S] (0: padding)" if "segments" in names else ""
-        return "\n".join(
-            [
-                f"START_TOKEN = {args['start_token']!r}  # seq2seq(start_token): the decoder's first input",
-                "",
-                "",
-                "def loss_fn(",
-                f"    cfg: Config, params: dict, batch: dict{rng_arg}, z_loss: float = 0.0",
-                ") -> tuple[jax.Array, jax.Array]:",
-                '    """(loss to minimize, mean cross-entropy over target tokens) of the seq2seq objective.',
-                "",
-                f"    batch: tokens [B, S] (the source){src}, targets [B, T] and dec_segments [B, T]",
-                "    (0: padding, k: the row's k-th example). Teacher forcing: each example's decoder reads",
-                "    START_TOKEN then its targets shifted right (dec_tokens) and predicts each target;",
-                "    padding is left out.",
-                f"    loss = cross-entropy{aux_doc} + z_loss * mean(logsumexp(logits) ** 2) (z-loss).{rng_doc}",
-                '    """',
-                '    targets, dec_segments = batch["targets"], batch["dec_segments"]',
-                "    starts = dec_segments != jnp.pad(dec_segments[:, :-1], ((0, 0), (1, 0)))  # an example's first position",
-                "    dec_tokens = jnp.where(starts, START_TOKEN, jnp.pad(targets[:, :-1], ((0, 0), (1, 0))))",
-                f"    {unpack}{fwd}(cfg, params, {call}{drop})  # [B, T, vocab]",
-                "    weights = (dec_segments > 0).astype(jnp.float32)",
-                "    per_token = optax.softmax_cross_entropy_with_integer_labels(logits, targets)",
-                "    ce = jnp.sum(per_token * weights) / jnp.maximum(jnp.sum(weights), 1.0)",
-                f"    loss = {total}",
-                *zloss,
-                "    return loss, ce",
-            ]
-        )
-    smoothing = args["smoothing"]
-    if smoothing:
-        smooth = [
-            '    labels = optax.smooth_labels(jax.nn.one_hot(batch["labels"], logits.shape[-1]), SMOOTHING)',
-            "    loss = optax.softmax_cross_entropy(logits, labels).mean()"
-            + (" + aux" if aux else ""),
-        ]
-    else:
-        smooth = [f"    loss = {total}"]
-    return "\n".join(
-        [
-            f"SMOOTHING = {smoothing!r}  # classify(smoothing): label smoothing of the loss (not of the reported ce)",
-            "",
-            "",
-            "def loss_fn(",
-            f"    cfg: Config, params: dict, batch: dict{rng_arg}, z_loss: float = 0.0",
-            ") -> tuple[jax.Array, jax.Array]:",
-            '    """(loss to minimize, mean cross-entropy) of classifying images [B, H, W, C] into labels [B].',
-            "",
-            f"    loss = cross-entropy against labels smoothed by SMOOTHING{aux_doc}",
-            f"    + z_loss * mean(logsumexp(logits) ** 2) (z-loss).{rng_doc}",
-            '    """',
-            f'    {unpack}{fwd}(cfg, params, batch["images"]{drop})  # [B, classes]',
-            '    ce = optax.softmax_cross_entropy_with_integer_labels(logits, batch["labels"]).mean()',
-            *smooth,
-            *zloss,
-            "    return loss, ce",
-            "",
-            "",
-            "def accuracy(cfg: Config, params: dict, batch: dict) -> jax.Array:",
-            '    """The fraction of images whose largest logit is their label."""',
-            '    return jnp.mean(jnp.argmax(forward(cfg, params, batch["images"]), axis=-1) == batch["labels"])',
-        ]
-    )
-
-
-def _explicit_loss(
-    root: ir.Instance, fwd: str, drop: str, rng_arg: str, rng_doc: str, aux: bool
+def objective_code(
+    name: ir.ObjectiveKind | str, args: dict[str, Any], root: ir.Instance, rng: bool, aux: bool
 ) -> str:
-    """loss(): the root forward is the loss; loss_fn feeds it the batch's fields by name."""
-    args = root.forward.args
-    fields = ", ".join(f"{a.name} [{', '.join(str(d.name) for d in a.dims)}]" for a in args)
-    call = ", ".join(f'batch["{a.name}"]' for a in args)
-    aux_doc = ", plus the auxiliary losses" if aux else ""
-    unpack, total = ("out, aux = ", "spec_loss + aux") if aux else ("out = ", "spec_loss")
-    return "\n".join(
-        [
-            "def loss_fn(",
-            f"    cfg: Config, params: dict, batch: dict{rng_arg}, z_loss: float = 0.0",
-            ") -> tuple[jax.Array, jax.Array]:",
-            f'    """(loss to minimize, the spec\'s loss) of objective loss(): {root.layer}\'s forward over the',
-            f"    batch's {fields}, which returns the loss as one number{aux_doc}.",
-            f"    z_loss does not apply: there are no logits here.{rng_doc}",
-            '    """',
-            "    del z_loss",
-            f"    {unpack}{fwd}(cfg, params, {call}{drop})",
-            "    spec_loss = jnp.reshape(out, ()).astype(jnp.float32)",
-            f"    return {total}, spec_loss",
-        ]
-    )
+    """loss_fn (and helpers) for objective `name` with arguments `args`."""
+    loss = objectives.get(name).loss
+    return loss(LossSite(root, args, rng, aux)) if loss is not None else ""

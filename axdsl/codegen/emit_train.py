@@ -18,7 +18,14 @@ from axdsl.codegen.emit import render_template
 from axdsl.codegen.names import py_str, spec_text
 from axdsl.ir import nodes as ir
 from axdsl.ir.rewrite import tree_has
-from axdsl.objectives import BATCH_FIELDS, DATA, batches_of, inputs, objective_args, objective_name
+from axdsl.objectives import (
+    DATA_SOURCES,
+    Objective,
+    batches_objective,
+    inputs,
+    objective_args,
+    objective_of,
+)
 from axdsl.primitives.moe import balanced_biases
 from axdsl.targets import profiles
 
@@ -45,6 +52,7 @@ def emit_train(module: ir.Module, package: str, flops: list[TrainingFlops]) -> s
     sched_name = t.get("schedule").name
     profile = profiles()[module.schedule.profile]
     batch_axes = module.schedule.kept_axes("batch")
+    objective, batches = objective_of(module), batches_objective(module)
     return render_template(
         "train.py.j2",
         version=__version__,
@@ -64,20 +72,24 @@ def emit_train(module: ir.Module, package: str, flops: list[TrainingFlops]) -> s
         optimizer_body=optimizer_body(opt),
         batch_axes=spec_text((batch_axes,))[2:-1] or "None",
         dropout=uses_dropout(module.models[0].root),
-        lm=objective_name(module) == "next_token",
-        objective=objective_name(module),
+        lm=objective.token_rows,
+        objective=str(objective.kind),
         inputs=repr(inputs(module.models[0].root)),
-        batches=batches_of(module),
-        batch_fields=", ".join(BATCH_FIELDS.get(batches_of(module), ())),
-        image_shapes=_image_shapes(module) if batches_of(module) == "classify" else [],
-        rng_use="masks tokens" if objective_name(module) == "masked_lm" else "drops out",
-        rng_what="Masking and dropout" if objective_name(module) == "masked_lm" else "Dropout",
+        batches=str(batches.kind),
+        batch_fields=", ".join(batches.fields),
+        masks=objective.masks,  # loss_fn and accuracy take a key for the masks
+        accuracy=objective.accuracy,
+        spec_loss=objective.spec_loss,  # train.py reads its batches as BATCHES does
+        images=batches.images,
+        image_shapes=_image_shapes(module, objective) if batches.images else [],
+        rng_use="masks tokens" if objective.masks else "drops out",
+        rng_what="Masking and dropout" if objective.masks else "Dropout",
         lora="lora" in dict(t.settings),
         lora_targets=lora.adapter_table(module) if "lora" in dict(t.settings) else [],
         lora_origin=str(t.choice("lora").origin) if "lora" in dict(t.settings) else "",
         # LoRA trains adapters only: the selection biases stay as they are, like every base weight
         balance=[] if "lora" in dict(t.settings) else balanced_biases(module.models[0].root),
-        remat_fit=_remat_fit(module.schedule) if batches_of(module) != "classify" else None,
+        remat_fit=_remat_fit(module.schedule) if batches.has_seq else None,
     )
 
 
@@ -145,16 +157,16 @@ def _fields(module: ir.Module) -> list[Field]:
             Field(name, typ, py_str(value) if isinstance(value, str) else repr(value), comment)
         )
 
-    objective = batches_of(module)  # the data fields follow the batches (loss(): its data's)
+    batches = batches_objective(module)  # the data fields follow the batches (loss(): its data's)
     for key in ("batch", "seq", "steps", "microbatches"):
-        if key != "seq" or objective != "classify":  # images have no sequence length
+        if key != "seq" or batches.has_seq:  # images have no sequence length
             add(
                 key,
                 t.get(key),
                 (
                     _doc(key, origin[key].origin)
-                    if key != "seq" or objective != "seq2seq"
-                    else f"positions per row, of the source and of the target; {origin[key].origin}"
+                    if key != "seq" or not batches.seq_doc
+                    else f"{batches.seq_doc}; {origin[key].origin}"
                 ),
             )
     opt, opt_args = t.get("optimizer").name, t.get("optimizer").args
@@ -195,13 +207,13 @@ def _fields(module: ir.Module) -> list[Field]:
         f"train steps one jitted call runs, the same results; {calls.origin}",
     )
     data = t.get("data")
-    if objective in ("classify", "seq2seq"):
-        _example_fields(add, objective, data, origin["data"].origin)
+    if (synthetic := batches.synthetic) is not None:  # pairs or images
+        _example_fields(add, batches.images, synthetic, data, origin["data"].origin)
     else:
         add("data", str(data.kind), f"default, tokens or text ({origin['data'].origin})")
         add("data_path", data.path or "", "token file, or text file or directory")
         add("data_dtype", data.dtype or "u16", "token file element type: u16 or u32")
-    if objective_name(module) == "masked_lm":
+    if "sep" in objective_args(module):  # masked_lm
         add(
             "sep",
             objective_args(module).get("sep", -1),
@@ -248,12 +260,11 @@ def _fields(module: ir.Module) -> list[Field]:
     return out
 
 
-def _example_fields(add, objective: str, data: ir.DataSource, origin) -> None:
+def _example_fields(add, images: bool, synthetic: ir.DataKind, data: ir.DataSource, origin) -> None:
     """The data fields of classify (images) and seq2seq (pairs): the source, its files and the
     options of the synthetic set, whichever is in use (a flag can switch between them)."""
-    synthetic = "synthetic_images" if objective == "classify" else "synthetic_pairs"
-    made = dict(DATA[synthetic]) | (dict(data.options) if str(data.kind) == synthetic else {})
-    if objective == "classify":
+    made = DATA_SOURCES[synthetic].defaults | (dict(data.options) if data.kind is synthetic else {})
+    if images:
         add("data", str(data.kind), f"synthetic_images (made here) or arrays ({origin})")
         add(
             "data_path",
@@ -261,18 +272,19 @@ def _example_fields(add, objective: str, data: ir.DataSource, origin) -> None:
             "arrays: a .npz holding images [N, H, W, C] and labels [N]",
         )
     else:
-        files = dict(DATA["pairs"]) | (dict(data.options) if data.kind is ir.DataKind.PAIRS else {})
+        pairs = ir.DataKind.PAIRS
+        files = DATA_SOURCES[pairs].defaults | (dict(data.options) if data.kind is pairs else {})
         add("data", str(data.kind), f"synthetic_pairs (made here) or pairs ({origin})")
         add("data_path", data.path or "", "pairs: the source token file")
         add("data_target", data.path2 or "", "pairs: the target token file")
         add("data_dtype", data.dtype or "u16", "token files' element type: u16 or u32")
         add(
             "eos",
-            made["eos"] if str(data.kind) == synthetic else files["eos"],
+            made["eos"] if data.kind is synthetic else files["eos"],
             "the id that ends every example",
         )
     add("synthetic_count", made["count"], f"{synthetic}: how many examples it makes")
-    if objective == "classify":
+    if images:
         add(
             "synthetic_noise",
             float(made["noise"]),
@@ -281,17 +293,14 @@ def _example_fields(add, objective: str, data: ir.DataSource, origin) -> None:
     add("synthetic_seed", made["seed"], f"{synthetic}: the seed it is made from")
 
 
-def _image_shapes(module: ir.Module) -> list[tuple[str, str, int]]:
-    """classify: each model's image shape (H, W, C) and number of classes, from its forward."""
+def _image_shapes(module: ir.Module, objective: Objective) -> list[tuple[str, str, int]]:
+    """Image batches: each model's image shape (H, W, C) and number of classes, from its forward
+    (loss(): from its `classes`)."""
     out = []
     for m in module.models:
         f = m.root.forward
         images = next(a for a in f.args if a.name == "images")
-        classes = (
-            f.result[-1].size
-            if objective_name(module) == "classify"
-            else m.root.hparam("classes").value.value
-        )
+        classes = m.root.hparam("classes").value.value if objective.spec_loss else f.result[-1].size
         out.append((m.name, repr(tuple(d.size for d in images.dims[1:])), classes))
     return out
 

@@ -42,7 +42,9 @@ from axdsl.ir.settings import (  # noqa: F401
     DataKind,
     DataSource,
     FitTry,
+    Kernel,
     NamedCall,
+    ObjectiveKind,
     QuantFormat,
     QuantPolicy,
     RematFit,
@@ -244,7 +246,7 @@ class EinsumSpec:
 class KernelChoice:
     """The kernel select_kernels chose for a primitive, and why the ones before it were not."""
 
-    kernel: str  # cudnn, splash, xla
+    kernel: Kernel
     rejected: tuple[str, ...] = ()  # "cudnn not used: ..." for each kernel passed over
     origin: Origin = DEFAULT  # the profile's preference list, or a forcing target block
 

@@ -60,7 +60,7 @@ def schedule_lines(s: ir.Schedule) -> list[str]:
     layers = ", ".join(f'"{p}"' for p in q.layers)
     lines.append(f"  quantize({q.format}, layers = [{layers}])  # {s.quantize.origin}")
     for op, c in s.kernels:
-        lines.append(f"  kernels({op} = {c.value})  # {c.origin}")
+        lines.append(f"  kernels({op} = {c.value or 'auto'})  # {c.origin}")
     lines.append(f"  unroll({s.unroll.value})  # {s.unroll.origin}")
     lines.append(f"  steps_per_call({s.steps_per_call.value})  # {s.steps_per_call.origin}")
     return lines

@@ -67,6 +67,17 @@ class QuantFormat(StrEnum):
     INT8 = "int8"  # per-channel symmetric, straight-through backward (TPU v5e, v5p)
 
 
+class Kernel(StrEnum):
+    """An implementation of a primitive that select_kernels chooses (the primitive's `KernelRule`
+    says which are its own and when each can run; profiles.toml lists them by these names)."""
+
+    XLA = "xla"  # XLA's reference: jax.nn.dot_product_attention or an einsum; runs every call
+    CUDNN = "cudnn"  # cuDNN flash attention (GPUs)
+    SPLASH = "splash"  # the TPU Pallas splash-attention kernel
+    VJP = "vjp"  # attention's einsums with a written-out backward
+    DENSE = "dense"  # an einsum `x @ weight` as dense(x, weight)
+
+
 @dataclass(frozen=True)
 class QuantPolicy:
     """Matmuls with a parameter operand under layer paths matching `layers` run in `format`."""
@@ -93,7 +104,7 @@ class Schedule:
     rules: tuple[tuple[str, Choice], ...]  # logical axis -> Choice(tuple of mesh axes)
     remat: Choice  # value: RematPolicy
     quantize: Choice  # value: QuantPolicy
-    kernels: tuple[tuple[str, Choice], ...]  # op -> Choice(kernel name or "auto")
+    kernels: tuple[tuple[str, Choice], ...]  # op -> Choice(Kernel, or None: auto)
     unroll: Choice  # value: int, the most layers a repeat may have and run unrolled (0: never)
     steps_per_call: Choice  # value: int >= 1, train steps one jitted call runs (numerics unchanged)
     remat_fit: RematFit | None = None  # set by fit_remat when it chose `remat` by memory
@@ -121,13 +132,25 @@ class Schedule:
 
 @dataclass(frozen=True)
 class NamedCall:
-    """An optimizer or schedule with every argument resolved: adamw(lr = 3e-4, b1 = 0.9, ...)."""
+    """An optimizer, schedule or objective (`name` an ObjectiveKind) with every argument resolved:
+    adamw(lr = 3e-4, b1 = 0.9, ...)."""
 
     name: str
     args: tuple[tuple[str, Any], ...]
 
     def arg(self, key: str, default: Any = None) -> Any:
         return dict(self.args).get(key, default)
+
+
+class ObjectiveKind(StrEnum):
+    """What train.py minimizes: the train block's `objective = ...` (axdsl/objectives/ holds each
+    one's registry entry: its arguments, batches, loss and metrics)."""
+
+    NEXT_TOKEN = "next_token"  # the default: tokens [B, S] -> logits [B, S, vocab]
+    MASKED_LM = "masked_lm"  # BERT's masked-LM
+    SEQ2SEQ = "seq2seq"  # teacher forcing over (source, target) pairs
+    CLASSIFY = "classify"  # images [B, H, W, C] -> logits [B, classes]
+    LOSS = "loss"  # the root forward returns the loss itself
 
 
 class DataKind(StrEnum):

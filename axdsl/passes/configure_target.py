@@ -16,7 +16,9 @@ Every block is checked (a typo in a TPU block fails a CPU build too); what a chi
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
+from enum import StrEnum
 from fnmatch import fnmatchcase
 from typing import Any
 
@@ -26,9 +28,23 @@ from axdsl.ir import nodes as ir
 from axdsl.ir.printer import value_text
 from axdsl.targets import MESH_AXES, QUANT_FORMATS, Target, get_target, resolve_mesh
 
-DIRECTIVES = ("mesh", "rules", "remat", "quantize", "kernels", "unroll", "steps_per_call")
+
+class TargetDirective(StrEnum):
+    """The directives a target block holds, in the order errors list them."""
+
+    MESH = "mesh"
+    RULES = "rules"
+    REMAT = "remat"
+    QUANTIZE = "quantize"
+    KERNELS = "kernels"
+    UNROLL = "unroll"
+    STEPS_PER_CALL = "steps_per_call"
+
+
+DIRECTIVES = tuple(str(d) for d in TargetDirective)
 # Primitives whose kernel a target chooses (their registry entries have a KernelRule).
 KERNEL_OPS = tuple(sorted(name for name, prim in primitives.REGISTRY.items() if prim.has_kernels))
+AUTO = "auto"  # kernels(op = auto): select_kernels picks (the schedule holds None)
 
 
 def configure_target(module: ir.Module) -> ir.Module:
@@ -50,9 +66,9 @@ def _matches(pattern: str, t: Target) -> bool:
 
 
 # ---------------------------------------------------------------------------- parsing one block
-def _parse_block(block: ir.Section, diags: Diagnostics) -> dict[str, tuple[Any, Span]]:
+def _parse_block(block: ir.Section, diags: Diagnostics) -> dict[TargetDirective, tuple[Any, Span]]:
     """Check one target block's shape; return {directive: (parsed value, span)}."""
-    out: dict[str, tuple[Any, Span]] = {}
+    out: dict[TargetDirective, tuple[Any, Span]] = {}
     for setting in block.settings:
         diags.error(
             setting.span,
@@ -64,16 +80,17 @@ def _parse_block(block: ir.Section, diags: Diagnostics) -> dict[str, tuple[Any, 
             hint = did_you_mean(d.name, DIRECTIVES) or "directives: " + ", ".join(DIRECTIVES)
             diags.error(d.span, f"unknown target directive `{d.name}`", hint)
             continue
-        if d.name in out:
+        directive = TargetDirective(d.name)
+        if directive in out:
             diags.error(
                 d.span,
                 f"`{d.name}(...)` appears twice in this target block",
                 "merge them into one directive",
             )
             continue
-        value = globals()[f"_parse_{d.name}"](d, diags)
+        value = PARSERS[directive](d, diags)
         if value is not None:
-            out[d.name] = (value, d.span)
+            out[directive] = (value, d.span)
     return out
 
 
@@ -260,15 +277,27 @@ def _parse_kernels(d: ir.Directive, diags: Diagnostics):
             )
             continue
         kernel, names = _name(value), primitives.get(key).kernels.names
-        if kernel not in names + ("auto",):
+        if kernel is None or kernel not in names + (AUTO,):
             diags.error(
                 span,
                 f"unknown {key} kernel `{kernel or value_text(value)}`",
-                did_you_mean(str(kernel), names) or f"kernels: {', '.join(names)}, auto",
+                did_you_mean(str(kernel), names) or f"kernels: {', '.join(names)}, {AUTO}",
             )
             continue
-        out.append((key, kernel, span))
+        out.append((key, None if kernel == AUTO else ir.Kernel(kernel), span))
     return tuple(out)
+
+
+# Each directive's parser: (directive, diags) -> its value, or None after reporting an error.
+PARSERS: dict[TargetDirective, Callable[[ir.Directive, Diagnostics], Any]] = {
+    TargetDirective.MESH: _parse_mesh,
+    TargetDirective.RULES: _parse_rules,
+    TargetDirective.REMAT: _parse_remat,
+    TargetDirective.QUANTIZE: _parse_quantize,
+    TargetDirective.KERNELS: _parse_kernels,
+    TargetDirective.UNROLL: _parse_unroll,
+    TargetDirective.STEPS_PER_CALL: _parse_steps_per_call,
+}
 
 
 # ---------------------------------------------------------------------------- the schedule
@@ -278,7 +307,7 @@ class _Overrides:
 
     target: Target
     block: ir.Section | None
-    parsed: dict
+    parsed: dict[TargetDirective, tuple[Any, Span]]
 
     @property
     def default(self) -> ir.Origin:
@@ -288,7 +317,12 @@ class _Overrides:
         return ir.Origin(ir.OriginKind.TARGET_BLOCK, span, where=self.block.pattern)
 
 
-def _schedule(t: Target, block: ir.Section | None, o: dict, diags: Diagnostics) -> ir.Schedule:
+def _schedule(
+    t: Target,
+    block: ir.Section | None,
+    o: dict[TargetDirective, tuple[Any, Span]],
+    diags: Diagnostics,
+) -> ir.Schedule:
     ov = _Overrides(t, block, o)
     mesh, sizes = _mesh(ov, diags)
     return ir.Schedule(
@@ -312,8 +346,8 @@ def _schedule(t: Target, block: ir.Section | None, o: dict, diags: Diagnostics) 
 def _mesh(ov: _Overrides, diags: Diagnostics) -> tuple[ir.Choice, dict[str, int]]:
     """A spec's mesh() replaces the profile's whole mesh (unnamed axes are 1)."""
     t, p = ov.target, ov.target.profile
-    if "mesh" in ov.parsed:
-        value, span = ov.parsed["mesh"]
+    if TargetDirective.MESH in ov.parsed:
+        value, span = ov.parsed[TargetDirective.MESH]
         mesh = ir.Choice(value, ov.origin(span))
     else:
         mesh = ir.Choice(tuple(p.mesh.items()), ov.default)
@@ -330,39 +364,39 @@ def _mesh(ov: _Overrides, diags: Diagnostics) -> tuple[ir.Choice, dict[str, int]
 
 def _rules(ov: _Overrides) -> tuple[tuple[str, ir.Choice], ...]:
     rules = {k: ir.Choice(v, ov.default) for k, v in ov.target.profile.rules.items()}
-    for key, axes, span in ov.parsed.get("rules", ((), None))[0]:
+    for key, axes, span in ov.parsed.get(TargetDirective.RULES, ((), None))[0]:
         rules[key] = ir.Choice(axes, ov.origin(span))
     return tuple((k, rules[k]) for k in ir.LOGICAL_AXES if k in rules)
 
 
 def _remat(ov: _Overrides) -> ir.Choice:
-    if "remat" in ov.parsed:
-        policy, span = ov.parsed["remat"]
+    if TargetDirective.REMAT in ov.parsed:
+        policy, span = ov.parsed[TargetDirective.REMAT]
         return ir.Choice(policy, ov.origin(span))
     return ir.Choice(ir.RematPolicy(ir.RematKind(ov.target.profile.remat)), ov.default)
 
 
 def _unroll(ov: _Overrides) -> ir.Choice:
-    if "unroll" in ov.parsed:
-        value, span = ov.parsed["unroll"]
+    if TargetDirective.UNROLL in ov.parsed:
+        value, span = ov.parsed[TargetDirective.UNROLL]
         return ir.Choice(value, ov.origin(span))
     return ir.Choice(ov.target.profile.unroll, ov.default)
 
 
 def _steps_per_call(ov: _Overrides) -> ir.Choice:
-    if "steps_per_call" in ov.parsed:
-        value, span = ov.parsed["steps_per_call"]
+    if TargetDirective.STEPS_PER_CALL in ov.parsed:
+        value, span = ov.parsed[TargetDirective.STEPS_PER_CALL]
         return ir.Choice(value, ov.origin(span))
     return ir.Choice(ov.target.profile.steps_per_call, ov.default)
 
 
 def _quantize(ov: _Overrides, diags: Diagnostics) -> ir.Choice:
     p = ov.target.profile
-    if "quantize" not in ov.parsed:
+    if TargetDirective.QUANTIZE not in ov.parsed:
         return ir.Choice(
             ir.QuantPolicy(ir.QuantFormat(p.default_quantize), ("blocks/*",)), ov.default
         )
-    q, span = ov.parsed["quantize"]
+    q, span = ov.parsed[TargetDirective.QUANTIZE]
     if q.format is not ir.QuantFormat.NONE and q.format not in p.quantize:
         have = ", ".join(p.quantize) or "no low-precision formats"
         diags.error(
@@ -375,10 +409,10 @@ def _quantize(ov: _Overrides, diags: Diagnostics) -> ir.Choice:
 
 def _kernels(ov: _Overrides, diags: Diagnostics) -> tuple[tuple[str, ir.Choice], ...]:
     p = ov.target.profile
-    kernels = {op: ir.Choice("auto", ov.default) for op in KERNEL_OPS}
-    for key, kernel, span in ov.parsed.get("kernels", ((), None))[0]:
+    kernels: dict[str, ir.Choice] = {op: ir.Choice(None, ov.default) for op in KERNEL_OPS}
+    for key, kernel, span in ov.parsed.get(TargetDirective.KERNELS, ((), None))[0]:
         has = primitives.get(key).kernels.preference(p, key)
-        if kernel != "auto" and kernel not in has:
+        if kernel is not None and kernel not in has:
             diags.error(
                 span,
                 f"{p.name} has no `{kernel}` {key} kernel",

@@ -62,19 +62,6 @@ DATA_SOURCES = (
     "synthetic_images",
     "synthetic_pairs",
 )
-# Objectives: their arguments and defaults (None: required). See axdsl/objectives.py.
-OBJECTIVES: dict[str, dict[str, float | int | None]] = {
-    "next_token": {},
-    "masked_lm": {
-        "rate": 0.15,
-        "mask_token": None,
-        "sep": -1,
-    },  # sep: documents end with it; -1: none
-    "seq2seq": {"start_token": 0},
-    "classify": {"smoothing": 0.0},
-    "loss": {},  # the root forward computes the loss itself (one number); train.py minimizes it
-}
-
 INT_KEYS = {
     "batch": (8, 1),
     "seq": (128, 2),
@@ -173,9 +160,11 @@ def _defaults(values: dict[str, ir.Choice], module: ir.Module) -> None:
     if sched.arg("warmup", 0) is None:  # the warmup left out: a tenth of the run, at most 100
         args = tuple((k, warm if k == "warmup" else v) for k, v in sched.args)
         values["schedule"] = replace(values["schedule"], value=ir.NamedCall(sched.name, args))
-    objective = values["objective"].value.name if "objective" in values else "next_token"
-    if objective in ("classify", "seq2seq"):  # nothing can be downloaded: a learnable set made here
-        data = objectives.synthetic_default(objective)
+    objective = (
+        values["objective"].value.name if "objective" in values else ir.ObjectiveKind.NEXT_TOKEN
+    )
+    data = objectives.synthetic_default(objective)  # classify, seq2seq: nothing can be downloaded
+    if data is not None:  # a learnable set made here
         values.setdefault("data", ir.Choice(data, _default(f"{data.kind}()")))
     values.setdefault("data", ir.Choice(ir.DataSource(ir.DataKind.DEFAULT)))
     values.setdefault("checkpoint", ir.Choice(ir.CheckpointPolicy()))
@@ -211,7 +200,7 @@ def _check(name: str, value: Any, span: Span, diags: Diagnostics) -> Any:
     if name == "schedule":
         return _call(value, span, SCHEDULES, "schedule", diags)
     if name == "objective":
-        return objectives.check_call(value, span, OBJECTIVES, diags)
+        return objectives.check_call(value, span, diags)
     if name in finetune.KEYS:
         return finetune.check(name, value, span, diags)
     return _data(value, span, diags)
@@ -313,7 +302,7 @@ def _data(value: Any, span: Span, diags: Diagnostics):
         )
     if (
         isinstance(value, (ir.CallValue, ir.NameValue))
-        and getattr(value, "fn", getattr(value, "id", "")) in objectives.DATA
+        and getattr(value, "fn", getattr(value, "id", "")) in objectives.DATA_SOURCES
     ):
         return objectives.check_data(value, span, diags)
     if isinstance(value, ir.CallValue) and value.fn in ("tokens", "text"):

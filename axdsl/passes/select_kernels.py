@@ -41,7 +41,7 @@ def _decide(module: ir.Module, path: str, name: str, diags: Diagnostics) -> ir.K
     sched = module.schedule
     rule = primitives.get(name).kernels
     choice = dict(sched.kernels)[name]
-    forced = choice.value != "auto"
+    forced = choice.value is not None  # kernels(op = K) in the matched target block
     candidates = (choice.value,) if forced else rule.preference(profiles()[sched.profile], name)
     calls = [
         (m, p)

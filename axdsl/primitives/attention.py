@@ -102,7 +102,8 @@ SPLASH_BLOCK = 128  # TPU lane width: splash tiles the sequence by 128
 # q.k to a full lane; on a v5e it still beat XLA's attention at Llama 3.2 1B's 32 heads of 64
 # (benchmarks/RESULTS.md). Other widths are untested on a chip, so they keep XLA's attention.
 SPLASH_HEAD_DIM = 64
-KERNELS = ("xla", "cudnn", "splash", "vjp")  # the first, XLA's reference, runs every call
+# the first, XLA's reference, runs every call
+KERNELS = (ir.Kernel.XLA, ir.Kernel.CUDNN, ir.Kernel.SPLASH, ir.Kernel.VJP)
 
 
 def _shape(ctx, prim, args):
@@ -211,7 +212,7 @@ def _emit(ctx, prim: ir.Prim, args: list[str], precs: list[int]) -> str:
         segment_ids=operand("segment_ids"),
         written_out=not v_dims[3].same(k_dims[3]),
     )
-    if call.segment_ids is not None and choice.kernel != "splash":
+    if call.segment_ids is not None and choice.kernel is not ir.Kernel.SPLASH:
         same = ctx.fresh("same_segment")
         ids = call.segment_ids
         ctx.line(f"{same} = {ids}[:, None, :, None] == {ids}[:, None, None, :]  # [B, 1, S, S]")
@@ -287,7 +288,7 @@ def _compute_dtype(model: ir.Model) -> str:
 
 
 def kernel_violations(
-    kernel: str, prim: ir.Prim, model: ir.Model, sched: ir.Schedule | None = None
+    kernel: ir.Kernel, prim: ir.Prim, model: ir.Model, sched: ir.Schedule | None = None
 ) -> list[str]:
     """Why `kernel` cannot run this attention call for `model`; empty when it can."""
     out = []
@@ -297,7 +298,7 @@ def kernel_violations(
     head_dim, v_head_dim = q_dims[-1].size, v_dims[-1].size
     mask, bias = prim.operand("mask"), prim.operand("bias")
     softcap = prim.attr("softcap").value
-    if kernel == "cudnn":
+    if kernel is ir.Kernel.CUDNN:
         if softcap:
             out.append(
                 f"softcap {softcap}: soft-capping is not supported by cuDNN "
@@ -329,7 +330,7 @@ def kernel_violations(
                 )
         if sched is not None:
             out.extend(_cudnn_sharding_violations(sched))
-    elif kernel == "splash":
+    elif kernel is ir.Kernel.SPLASH:
         if dtype not in ("bf16", "f32"):
             out.append(f"{model.name} computes in {dtype}; splash attention takes bf16 or f32")
         if head_dim is None or head_dim % SPLASH_HEAD_DIM:
@@ -348,7 +349,7 @@ def kernel_violations(
             out.append("an explicit mask; splash runs causal and sliding-window masks only")
         if bias is not None:
             out.append("an additive bias; splash attention has no bias input")
-    elif kernel == "vjp":
+    elif kernel is ir.Kernel.VJP:
         if softcap:
             out.append(f"softcap {softcap}: the vjp kernel's backward has no soft-cap slope")
         if bias is not None:
@@ -382,7 +383,7 @@ def _cudnn_sharding_violations(sched: ir.Schedule) -> list[str]:
     return out
 
 
-FLASH_KERNELS = ("cudnn", "splash")
+FLASH_KERNELS = (ir.Kernel.CUDNN, ir.Kernel.SPLASH)
 
 
 def _memory(t, prim: ir.Prim, args, dims, label: str):
@@ -400,7 +401,9 @@ def _memory(t, prim: ir.Prim, args, dims, label: str):
         t.save(t.internal((q.dims[0], heads, q.dims[1]), "f32", f"{label} logsumexp", (q, k)))
         return out
     scores = (q.dims[0], heads, q.dims[1], ir.Dim("S_kv", t.seq))  # keys: the full sequence
-    if kernel == "vjp":  # its backward keeps the probabilities in v's dtype and its output grouped
+    if (
+        kernel is ir.Kernel.VJP
+    ):  # its backward keeps the probabilities in v's dtype and its output grouped
         t.save(out)
         t.save(t.internal(dims, q.dtype, f"{label} grouped output", (q, k, v)))
         window = t.static(prim.attr("window"))
@@ -447,11 +450,11 @@ class AttentionCall:
     written_out: bool = False  # v's head_dim is not k's: jax.nn.dot_product_attention cannot
 
 
-def emit_attention(kernel: str, call: AttentionCall) -> tuple[str, str | None]:
+def emit_attention(kernel: ir.Kernel, call: AttentionCall) -> tuple[str, str | None]:
     """The expression of one attention call on `kernel`, and the generated helper it calls (None
     for jax.nn.dot_product_attention): the kernel decides both, so no caller reads the text."""
     q, k, v = call.q, call.k, call.v
-    if kernel == "vjp":
+    if kernel is ir.Kernel.VJP:
         if call.softcap is not None or call.bias is not None:  # select_kernels never picks vjp then
             raise AssertionError("vjp attention takes no soft cap or bias")
         extra = "".join(
@@ -460,7 +463,7 @@ def emit_attention(kernel: str, call: AttentionCall) -> tuple[str, str | None]:
             if getattr(call, name) is not None
         )
         return f"vjp_attention({q}, {k}, {v}, causal={call.causal}{extra})", "vjp_attention"
-    if kernel == "splash":
+    if kernel is ir.Kernel.SPLASH:
         if call.mask is not None or call.bias is not None:  # select_kernels never picks splash then
             raise AssertionError("splash attention takes no explicit mask or bias")
         extra = "".join(

@@ -112,14 +112,14 @@ class KernelRule:
     `violations(kernel, prim, model, schedule)` lists the reasons; empty means it can run.
     """
 
-    names: tuple[str, ...]
+    names: tuple[ir.Kernel, ...]
     violations: Callable[..., list[str]]
 
     @property
-    def fallback(self) -> str:
+    def fallback(self) -> ir.Kernel:
         return self.names[0]
 
-    def preference(self, profile: Any, op: str) -> tuple[str, ...]:
+    def preference(self, profile: Any, op: str) -> tuple[ir.Kernel, ...]:
         """The profile's kernels for primitive `op`, best first; the fallback alone if it lists none."""
         return tuple(profile.kernels.get(op, (self.fallback,)))
 

@@ -95,7 +95,7 @@ def _shape(ctx, prim: ir.Prim, args):
 
 
 def _emit(ctx, prim: ir.Prim, args: list[str], precs: list[int]) -> str:
-    if prim.kernel is not None and prim.kernel.kernel == "dense":
+    if prim.kernel is not None and prim.kernel.kernel is ir.Kernel.DENSE:
         return dense_call(ctx, args[0], args[1], _dense_contract(prim))
     return f"jnp.einsum({ctx.py_str(ctx.einsum_spec(prim))}, {', '.join(args)})"
 
@@ -127,9 +127,9 @@ def is_weight(e: ir.TExpr) -> bool:
 
 
 def _violations(
-    kernel: str, prim: ir.Prim, model: ir.Model, sched: ir.Schedule | None = None
+    kernel: ir.Kernel, prim: ir.Prim, model: ir.Model, sched: ir.Schedule | None = None
 ) -> list[str]:
-    if kernel == "dense" and _dense_contract(prim) is None:
+    if kernel is ir.Kernel.DENSE and _dense_contract(prim) is None:
         return ["an einsum that is not an activation's last dims times a weight's first dims"]
     return []
 
@@ -140,9 +140,10 @@ def dense_matmuls(schedule: ir.Schedule | None) -> bool:
     if schedule is None:
         return False
     choice = dict(schedule.kernels).get("einsum")
-    if choice is not None and choice.value != "auto":
-        return choice.value == "dense"
-    return profiles()[schedule.profile].kernels.get("einsum", ("xla",))[0] == "dense"
+    if choice is not None and choice.value is not None:
+        return choice.value is ir.Kernel.DENSE
+    preferred = profiles()[schedule.profile].kernels.get("einsum", (ir.Kernel.XLA,))
+    return preferred[0] is ir.Kernel.DENSE
 
 
 DENSE = Source("dense", ("dense", "_dense_fwd", "_dense_bwd"))
@@ -192,7 +193,7 @@ PRIMITIVES = (
         scalar_operands=True,
         contraction=True,
         memory=_memory,
-        kernels=KernelRule(("xla", "dense"), _violations),
+        kernels=KernelRule((ir.Kernel.XLA, ir.Kernel.DENSE), _violations),
         helpers=(
             Helper(
                 "dense",

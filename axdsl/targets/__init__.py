@@ -10,16 +10,19 @@ import math
 import re
 import tomllib
 from dataclasses import dataclass
+from enum import StrEnum
+from typing import TypeVar
 from functools import lru_cache
 from pathlib import Path
 
 from axdsl.errors import did_you_mean
+from axdsl.ir.settings import Kernel, QuantFormat, RematKind
 
 # Mesh axes, least to most communication per step (AXLearn's order): `model` is innermost, so
 # tensor-parallel peers sit on the fastest links.
 MESH_AXES = ("data", "expert", "fsdp", "seq", "model")
-REMAT_KINDS = ("none", "full", "save_dots", "save", "offload", "fit")
-QUANT_FORMATS = ("none", "fp8", "int8")
+REMAT_KINDS = tuple(str(k) for k in RematKind)
+QUANT_FORMATS = tuple(str(f) for f in QuantFormat)
 
 
 # Memory an analytic verdict lets a step use where no platform measured its own
@@ -30,6 +33,10 @@ USABLE_FRACTION = 0.9
 
 class UnknownTarget(ValueError):
     pass
+
+
+class ProfileError(ValueError):
+    """A mistake in profiles.toml (package data, not user input): file:line, what, the fix."""
 
 
 @dataclass(frozen=True)
@@ -45,10 +52,10 @@ class Profile:
     default_chips: int
     mesh: dict[str, int]
     rules: dict[str, tuple[str, ...]]
-    kernels: dict[str, tuple[str, ...]]  # primitive -> its kernels in order of preference
-    quantize: tuple[str, ...]
-    default_quantize: str
-    remat: str
+    kernels: dict[str, tuple[Kernel, ...]]  # primitive -> its kernels in order of preference
+    quantize: tuple[QuantFormat, ...]
+    default_quantize: QuantFormat
+    remat: RematKind
     loss_chunk: int  # positions per chunk of the fused cross-entropy
     unroll: int = 0  # repeats of at most this many layers run unrolled (jax.lax.scan(unroll=True))
     steps_per_call: int = 1  # train steps one jitted call runs (a loop on the device)
@@ -79,9 +86,13 @@ class Target:
         return f"{self.profile.name}-{self.chips}"
 
 
+PROFILES = Path(__file__).parent / "profiles.toml"
+
+
 @lru_cache(maxsize=1)
 def profiles() -> dict[str, Profile]:
-    data = tomllib.loads((Path(__file__).parent / "profiles.toml").read_text(encoding="utf-8"))
+    text = PROFILES.read_text(encoding="utf-8")
+    data = tomllib.loads(text)
     defaults = data.pop("defaults")
     out = {}
     for name, t in data.items():
@@ -97,10 +108,29 @@ def profiles() -> dict[str, Profile]:
             default_chips=t["default_chips"],
             mesh=dict(t.get("mesh", defaults["mesh"])),
             rules=rules,
-            kernels={op: tuple(v) for op, v in t.get("kernels", {}).items()},
-            quantize=tuple(t["quantize"]),
-            default_quantize=t.get("default_quantize", defaults["default_quantize"]),
-            remat=t.get("remat", defaults["remat"]),
+            kernels={
+                op: tuple(_named(Kernel, text, name, "kernels", f"{op} kernel", k) for k in v)
+                for op, v in t.get("kernels", {}).items()
+            },
+            quantize=tuple(
+                _named(QuantFormat, text, name, "quantize", "format", f) for f in t["quantize"]
+            ),
+            default_quantize=_named(
+                QuantFormat,
+                text,
+                name if "default_quantize" in t else "defaults",
+                "default_quantize",
+                "format",
+                t.get("default_quantize", defaults["default_quantize"]),
+            ),
+            remat=_named(
+                RematKind,
+                text,
+                name if "remat" in t else "defaults",
+                "remat",
+                "remat policy",
+                t.get("remat", defaults["remat"]),
+            ),
             cudnn_head_dim_max=t.get("cudnn_head_dim_max", 128),
             peak_nominal=t.get("peak_nominal", False),
             loss_chunk=t.get("loss_chunk", defaults["loss_chunk"]),
@@ -108,6 +138,36 @@ def profiles() -> dict[str, Profile]:
             steps_per_call=t.get("steps_per_call", defaults["steps_per_call"]),
         )
     return out
+
+
+E = TypeVar("E", bound=StrEnum)
+
+
+def _named(enum: type[E], text: str, table: str, key: str, what: str, value: str) -> E:
+    """`value` of `key` in profiles.toml's `[table]` as a member of `enum`; an unknown name is a
+    ProfileError at its line: `profiles.toml:81: profile `gpu-a100` lists unknown attention kernel
+    `cudn` (did you mean `cudnn`?)`."""
+    known = tuple(str(m) for m in enum)
+    if value not in known:
+        hint = did_you_mean(value, known) or f"known: {', '.join(known)}"
+        raise ProfileError(
+            f"{PROFILES}:{_line_of(text, table, key)}: profile `{table}` lists "
+            f"unknown {what} `{value}` ({hint})"
+        )
+    return enum(value)
+
+
+def _line_of(text: str, table: str, key: str) -> int:
+    """The 1-based line of `key = ...` in `[table]` of a TOML text (the header's when absent)."""
+    lines = text.splitlines()
+    start = next((i for i, line in enumerate(lines) if line.strip() == f"[{table}]"), 0)
+    for i in range(start + 1, len(lines)):
+        stripped = lines[i].strip()
+        if stripped.startswith("["):
+            break
+        if stripped.split("=")[0].strip() == key:
+            return i + 1
+    return start + 1
 
 
 def known_targets() -> tuple[str, ...]:

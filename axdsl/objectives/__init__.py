@@ -14,100 +14,223 @@ Its batches are those of its data: images and labels (arrays, synthetic_images),
 Each objective names the root forward's inputs it reads (issue 11's names: tokens, types,
 segments, dec_tokens, dec_segments, images) and the output rank it needs; configure_train checks a
 model against them with a located error at the `objective = ...` line. The generated loss_fn
-(templates/model.py.j2) and batches (axdsl/runtime/examples.py) follow the objective. This module
-also checks the data sources the non-LM objectives read (pairs, arrays, synthetic_images).
+(templates/model.py.j2) and batches (axdsl/runtime/examples.py) follow the objective.
+
+Each objective has one entry in `REGISTRY` (keyed by `ir.ObjectiveKind`) that holds what the
+other stages ask of it: its arguments, the model it fits, the data it reads, its batches' fields,
+whether they have a sequence length, its loss_fn (`losses.py`) and its metrics. Codegen and the
+templates read these flags; nothing else compares objective names. This module also checks the
+data sources the non-LM objectives read (pairs, arrays, synthetic_images).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from axdsl.errors import Diagnostics, Span, did_you_mean
 from axdsl.ir import nodes as ir
 from axdsl.ir.printer import value_text
+from axdsl.objectives import losses
+from axdsl.objectives.losses import LossSite
+
+Kind = ir.ObjectiveKind
+TOKEN_DATA = (ir.DataKind.DEFAULT, ir.DataKind.TOKENS, ir.DataKind.TEXT)
+PAIR_DATA = (ir.DataKind.PAIRS, ir.DataKind.SYNTHETIC_PAIRS)
+IMAGE_DATA = (ir.DataKind.ARRAYS, ir.DataKind.SYNTHETIC_IMAGES)
 
 
 @dataclass(frozen=True)
 class Objective:
-    """What an objective needs from the model: required and optional forward inputs, output rank."""
+    """One objective: what it needs from the model, what it reads, and what train.py and model.py
+    do for it."""
 
-    required: tuple[str, ...]
-    optional: tuple[str, ...]
+    kind: ir.ObjectiveKind
+    arguments: tuple[tuple[str, float | int | None], ...]  # and their defaults (None: required)
+    required: tuple[str, ...]  # forward inputs it needs
+    optional: tuple[str, ...]  # forward inputs it can also give
     rank: int  # of the root forward's result
     result: str  # the result, in words, for errors
-    data: tuple[str, ...]  # the data kinds it reads
+    data: tuple[ir.DataKind, ...]  # the data kinds it reads
+    data_hint: str = 'for example data = tokens("train.bin")'  # when it is given another kind
+    token_rows: bool = False  # batches are rows of tokens [B, S + 1] (runtime.get_batch), shifted
+    fields: tuple[str, ...] = ()  # else a dict of these arrays (loss(): its data's batches')
+    trimmed: tuple[str, ...] = ()  # fields a batch holds only when the forward takes them
+    images: bool = False  # batches are images [B, H, W, C] and labels [B]: no sequence length
+    seq_doc: str = ""  # TrainConfig's seq comment when it is not tokens per sequence
+    synthetic: ir.DataKind | None = None  # its data when the train block names none (made here)
+    masks: bool = False  # loss_fn takes a key that picks masked positions (a step's randomness)
+    accuracy: bool = False  # model.py has `accuracy`; evaluation logs eval_accuracy
+    spec_loss: bool = False  # the root forward returns the loss itself
+    loss: Callable[[LossSite], str] | None = None  # loss_fn's source; None: model.py.j2's own
+    doc: str = ""  # what model.py's loss_fn computes, for its docstring
+    check: Callable[[dict[str, Any], Span, Diagnostics], None] | None = None  # its arguments
+
+    @property
+    def has_seq(self) -> bool:
+        return not self.images
 
 
-SHAPES = {
-    "next_token": Objective(
-        ("tokens",), (), 3, "logits [B, S, vocab]", ("default", "tokens", "text")
+def _check_masked_lm(args: dict[str, Any], span: Span, diags: Diagnostics) -> None:
+    if not 0 < args["rate"] < 1:
+        diags.error(
+            span,
+            f"masked_lm(rate = {args['rate']}) is the fraction of tokens masked, in (0, 1)",
+            "BERT masks 0.15",
+        )
+
+
+def _check_classify(args: dict[str, Any], span: Span, diags: Diagnostics) -> None:
+    if not 0 <= args["smoothing"] < 1:
+        diags.error(
+            span, f"classify(smoothing = {args['smoothing']}) is label smoothing, in [0, 1)"
+        )
+
+
+REGISTRY: dict[ir.ObjectiveKind, Objective] = {
+    Kind.NEXT_TOKEN: Objective(
+        Kind.NEXT_TOKEN, (), ("tokens",), (), 3, "logits [B, S, vocab]", TOKEN_DATA, token_rows=True
     ),
-    "masked_lm": Objective(
-        ("tokens",), ("segments", "types"), 3, "logits [B, S, vocab]", ("default", "tokens", "text")
+    Kind.MASKED_LM: Objective(
+        Kind.MASKED_LM,
+        (("rate", 0.15), ("mask_token", None), ("sep", -1)),  # sep: documents end with it; -1: none
+        ("tokens",),
+        ("segments", "types"),
+        3,
+        "logits [B, S, vocab]",
+        TOKEN_DATA,
+        fields=("tokens", "segments", "types"),
+        trimmed=("segments", "types"),
+        masks=True,
+        accuracy=True,
+        loss=losses.masked_lm_loss,
+        doc="the masked-LM loss (BERT's 80/10/10 masking, loss on masked positions only) and "
+        "`accuracy`",
+        check=_check_masked_lm,
     ),
-    "seq2seq": Objective(
+    Kind.SEQ2SEQ: Objective(
+        Kind.SEQ2SEQ,
+        (("start_token", 0),),
         ("tokens", "dec_tokens"),
         ("segments", "dec_segments"),
         3,
         "logits [B, T, vocab]",
-        ("pairs", "synthetic_pairs"),
+        PAIR_DATA,
+        'for example data = pairs("src.bin", "tgt.bin", eos = 0)',
+        fields=("tokens", "segments", "targets", "dec_segments"),
+        seq_doc="positions per row, of the source and of the target",
+        synthetic=ir.DataKind.SYNTHETIC_PAIRS,
+        loss=losses.seq2seq_loss,
+        doc="the sequence-to-sequence loss (teacher forcing, loss on target tokens)",
     ),
-    "classify": Objective(
-        ("images",), (), 2, "logits [B, classes]", ("arrays", "synthetic_images")
+    Kind.CLASSIFY: Objective(
+        Kind.CLASSIFY,
+        (("smoothing", 0.0),),
+        ("images",),
+        (),
+        2,
+        "logits [B, classes]",
+        IMAGE_DATA,
+        'for example data = arrays("train.npz") or synthetic_images()',
+        fields=("images", "labels"),
+        images=True,
+        synthetic=ir.DataKind.SYNTHETIC_IMAGES,
+        accuracy=True,
+        loss=losses.classify_loss,
+        doc="the classification loss (cross-entropy against `labels`), and `accuracy`",
+        check=_check_classify,
     ),
-    "loss": Objective(
+    # the root forward computes the loss itself (one number); train.py minimizes it
+    Kind.LOSS: Objective(
+        Kind.LOSS,
+        (),
         (),
         (),
         0,
         "a loss: one number (every dim of size 1, as `mean(x, B)` leaves it)",
-        ("default", "tokens", "text", "pairs", "synthetic_pairs", "arrays", "synthetic_images"),
+        TOKEN_DATA + PAIR_DATA + IMAGE_DATA,
+        spec_loss=True,
+        loss=losses.explicit_loss,
+        doc="the loss the spec's forward computes (objective = loss())",
     ),
 }
-# loss(): which objective's batches each data kind gives, and their fields
+# Objectives: their arguments and defaults (None: required), as configure_train checks them
+ARGUMENTS = {str(k): dict(o.arguments) for k, o in REGISTRY.items()}
+# loss(): which objective's batches each data kind gives (else masked_lm's token rows)
 LOSS_BATCHES = {
-    "arrays": "classify",
-    "synthetic_images": "classify",
-    "pairs": "seq2seq",
-    "synthetic_pairs": "seq2seq",
-}  # else masked_lm's token rows
-BATCH_FIELDS = {
-    "classify": ("images", "labels"),
-    "seq2seq": ("tokens", "segments", "targets", "dec_segments"),
-    "masked_lm": ("tokens", "segments", "types"),
-}
-# Data sources beyond tokens/text: their arguments and defaults ("" / None: a required path).
-DATA = {
-    "pairs": {"eos": 0, "dtype": "u16"},
-    "arrays": {},
-    "synthetic_images": {"count": 4096, "noise": 0.5, "seed": 0},
-    "synthetic_pairs": {"count": 4096, "eos": 1, "seed": 0},
+    **{d: Kind.CLASSIFY for d in IMAGE_DATA},
+    **{d: Kind.SEQ2SEQ for d in PAIR_DATA},
 }
 
 
-def objective_name(module: ir.Module) -> str:
-    """The objective module's train block builds: "next_token" unless it says otherwise."""
+@dataclass(frozen=True)
+class ExampleData:
+    """A data source beyond tokens/text: how many path strings it takes, its options and their
+    defaults, and an example for errors."""
+
+    paths: int
+    options: tuple[tuple[str, Any], ...]
+    example: str
+
+    @property
+    def defaults(self) -> dict[str, Any]:
+        return dict(self.options)
+
+
+DATA_SOURCES: dict[ir.DataKind, ExampleData] = {
+    ir.DataKind.PAIRS: ExampleData(
+        2, (("eos", 0), ("dtype", "u16")), 'pairs("src.bin", "tgt.bin", eos = 0)'
+    ),
+    ir.DataKind.ARRAYS: ExampleData(1, (), 'arrays("train.npz")'),
+    ir.DataKind.SYNTHETIC_IMAGES: ExampleData(
+        0,
+        (("count", 4096), ("noise", 0.5), ("seed", 0)),
+        "synthetic_images(count = 4096, noise = 0.5)",
+    ),
+    ir.DataKind.SYNTHETIC_PAIRS: ExampleData(
+        0, (("count", 4096), ("eos", 1), ("seed", 0)), "synthetic_pairs(count = 4096, eos = 1)"
+    ),
+}
+
+
+def get(kind: ir.ObjectiveKind | str) -> Objective:
+    """The registry entry of `kind` (a generated train.py's OBJECTIVE string is one too)."""
+    return REGISTRY[ir.ObjectiveKind(kind)]
+
+
+def objective_name(module: ir.Module) -> ir.ObjectiveKind:
+    """The objective module's train block builds: next_token unless it says otherwise."""
     t = module.train_settings
     if t is None or "objective" not in dict(t.settings):
-        return "next_token"
-    return t.get("objective").name
+        return Kind.NEXT_TOKEN
+    return ir.ObjectiveKind(t.get("objective").name)
 
 
-def batch_fields(batches: str, names: tuple[str, ...]) -> tuple[str, ...]:
+def objective_of(module: ir.Module) -> Objective:
+    """The registry entry of the objective module's train block builds."""
+    return REGISTRY[objective_name(module)]
+
+
+def batch_fields(batches: ir.ObjectiveKind | str, names: tuple[str, ...]) -> tuple[str, ...]:
     """The fields of one batch of `batches`' kind for a forward taking `names`: classify's images
     and labels, seq2seq's four packed fields, masked_lm's tokens and the segments/types it takes."""
-    if batches == "masked_lm":
-        return tuple(k for k in BATCH_FIELDS["masked_lm"] if k == "tokens" or k in names)
-    return BATCH_FIELDS[batches]
+    o = get(batches)
+    return tuple(k for k in o.fields if k not in o.trimmed or k in names)
 
 
-def batches_of(module: ir.Module) -> str:
+def batches_of(module: ir.Module) -> ir.ObjectiveKind:
     """The objective whose batches the train block reads: its own, or for loss() the one its data
     kind implies (classify's images, seq2seq's pairs, masked_lm's token rows)."""
     name = objective_name(module)
-    if name != "loss":
+    if not REGISTRY[name].spec_loss:
         return name
-    return LOSS_BATCHES.get(str(module.train_settings.get("data").kind), "masked_lm")
+    return LOSS_BATCHES.get(module.train_settings.get("data").kind, Kind.MASKED_LM)
+
+
+def batches_objective(module: ir.Module) -> Objective:
+    """The registry entry of batches_of(module)."""
+    return REGISTRY[batches_of(module)]
 
 
 def _input_names(root: ir.Instance) -> set[str]:
@@ -122,9 +245,9 @@ def objective_args(module: ir.Module) -> dict[str, Any]:
     return dict(t.get("objective").args)
 
 
-def fits(root: ir.Instance, name: str) -> bool:
+def fits(root: ir.Instance, name: ir.ObjectiveKind | str) -> bool:
     """Whether the root layer's forward has the inputs and output rank objective `name` needs."""
-    return _mismatch(root, name) is None
+    return _mismatch(root, get(name)) is None
 
 
 def trainable(module: ir.Module) -> bool:
@@ -136,16 +259,16 @@ def inputs(root: ir.Instance) -> tuple[str, ...]:
     return tuple(a.name for a in root.forward.args)
 
 
-def _mismatch(root: ir.Instance, name: str) -> str | None:
-    """Why the root forward does not fit objective `name`; None when it does."""
-    shape, f = SHAPES[name], root.forward
+def _mismatch(root: ir.Instance, shape: Objective) -> str | None:
+    """Why the root forward does not fit objective `shape`; None when it does."""
+    f = root.forward
     if f is None:
         return "it has no forward"
     names = inputs(root)
-    if name == "next_token":
+    if shape.kind is Kind.NEXT_TOKEN:
         ok = len(f.args) == 1 and len(f.args[0].dims) == 2 and len(f.result) == 3
         return None if ok else "its forward is not tokens [B, S] -> logits [B, S, vocab]"
-    if name == "loss":  # its inputs are checked against the data's fields (_loss_fields)
+    if shape.spec_loss:  # its inputs are checked against the data's fields (_loss_fields)
         if any(d.size != 1 for d in f.result):
             return (
                 f"its forward returns [{', '.join(str(d) for d in f.result)}], not {shape.result}"
@@ -157,7 +280,7 @@ def _mismatch(root: ir.Instance, name: str) -> str | None:
     extra = [n for n in names if n not in shape.required + shape.optional]
     if extra:
         return (
-            f"its forward takes `{extra[0]}`, which {name} does not provide "
+            f"its forward takes `{extra[0]}`, which {shape.kind} does not provide "
             f"(it provides {_list(shape.required + shape.optional)})"
         )
     if len(f.result) != shape.rank:
@@ -169,9 +292,9 @@ def _loss_fields(module: ir.Module, values: dict[str, ir.Choice], diags: Diagnos
     """loss(): every forward input is a field of the data's batches; image batches need `images`
     and the root's `classes` (synthetic_images makes that many patterns, arrays' labels are below it).
     """
-    kind = str(values["data"].value.kind)
-    batches = LOSS_BATCHES.get(kind, "masked_lm")
-    fields = BATCH_FIELDS[batches]
+    kind = values["data"].value.kind
+    batches = REGISTRY[LOSS_BATCHES.get(kind, Kind.MASKED_LM)]
+    fields = batches.fields
     where = values["objective"].span
     for m in module.models:
         names = inputs(m.root)
@@ -184,7 +307,7 @@ def _loss_fields(module: ir.Module, values: dict[str, ir.Choice], diags: Diagnos
                 "name the forward's inputs after the batch's fields",
             )
             return
-        if batches == "classify" and ("images" not in names or m.root.hparam("classes") is None):
+        if batches.images and ("images" not in names or m.root.hparam("classes") is None):
             diags.error(
                 where,
                 f"objective loss over `{kind}` needs model `{m.name}`'s forward to take `images` "
@@ -198,8 +321,10 @@ def _list(names) -> str:
     return ", ".join(f"`{n}`" for n in names) or "nothing"
 
 
-def check_call(value: Any, span: Span, table: dict, diags: Diagnostics) -> ir.NamedCall | None:
-    """`masked_lm(rate = 0.15, mask_token = 4)`: the name and every argument, defaults filled in."""
+def check_call(value: Any, span: Span, diags: Diagnostics) -> ir.NamedCall | None:
+    """`masked_lm(rate = 0.15, mask_token = 4)`: the name and every argument, defaults filled in
+    (the name as an ir.ObjectiveKind)."""
+    table = ARGUMENTS
     if isinstance(value, ir.NameValue):
         value = ir.CallValue(value.id)
     if not isinstance(value, ir.CallValue):
@@ -213,7 +338,7 @@ def check_call(value: Any, span: Span, table: dict, diags: Diagnostics) -> ir.Na
         diags.error(
             span,
             f"unknown objective `{value.fn}`",
-            did_you_mean(value.fn, table) or f"objectives: {', '.join(table)}",
+            did_you_mean(value.fn, tuple(table)) or f"objectives: {', '.join(table)}",
         )
         return None
     if value.args:
@@ -229,7 +354,7 @@ def check_call(value: Any, span: Span, table: dict, diags: Diagnostics) -> ir.Na
             diags.error(
                 span,
                 f"{value.fn} has no argument `{k}`",
-                did_you_mean(k, out) or f"its arguments: {', '.join(out) or 'none'}",
+                did_you_mean(k, tuple(out)) or f"its arguments: {', '.join(out) or 'none'}",
             )
             continue
         integer = k in ("mask_token", "start_token", "sep")
@@ -250,22 +375,17 @@ def check_call(value: Any, span: Span, table: dict, diags: Diagnostics) -> ir.Na
                 f"the id of the [MASK] token, as in " f"{value.fn}({k} = 4)",
             )
             return None
-    if value.fn == "masked_lm" and not 0 < out["rate"] < 1:
-        diags.error(
-            span,
-            f"masked_lm(rate = {out['rate']}) is the fraction of tokens masked, in (0, 1)",
-            "BERT masks 0.15",
-        )
-    if value.fn == "classify" and not 0 <= out["smoothing"] < 1:
-        diags.error(span, f"classify(smoothing = {out['smoothing']}) is label smoothing, in [0, 1)")
-    return ir.NamedCall(value.fn, tuple(out.items()))
+    objective = get(value.fn)
+    if objective.check is not None:
+        objective.check(out, span, diags)
+    return ir.NamedCall(objective.kind, tuple(out.items()))
 
 
-def synthetic_default(objective: str) -> ir.DataSource:
+def synthetic_default(objective: ir.ObjectiveKind | str) -> ir.DataSource | None:
     """classify's and seq2seq's data when the train block names none: a learnable set made on the
-    machine (nothing can be downloaded)."""
-    kind = ir.DataKind.SYNTHETIC_IMAGES if objective == "classify" else ir.DataKind.SYNTHETIC_PAIRS
-    return ir.DataSource(kind, options=tuple(DATA[str(kind)].items()))
+    machine (nothing can be downloaded); None for the objectives that read token data."""
+    kind = get(objective).synthetic
+    return ir.DataSource(kind, options=DATA_SOURCES[kind].options) if kind is not None else None
 
 
 def check_data(value: Any, span: Span, diags: Diagnostics) -> ir.DataSource | None:
@@ -274,13 +394,8 @@ def check_data(value: Any, span: Span, diags: Diagnostics) -> ir.DataSource | No
     if isinstance(value, ir.NameValue):
         value = ir.CallValue(value.id)
     fn, args, kwargs = value.fn, value.args, dict(value.kwargs)
-    paths = {"pairs": 2, "arrays": 1, "synthetic_images": 0, "synthetic_pairs": 0}[fn]
-    example = {
-        "pairs": 'pairs("src.bin", "tgt.bin", eos = 0)',
-        "arrays": 'arrays("train.npz")',
-        "synthetic_images": "synthetic_images(count = 4096, noise = 0.5)",
-        "synthetic_pairs": "synthetic_pairs(count = 4096, eos = 1)",
-    }[fn]
+    source = DATA_SOURCES[ir.DataKind(fn)]
+    paths, example = source.paths, source.example
     if len(args) != paths or not all(isinstance(a, str) for a in args):
         diags.error(
             span,
@@ -288,11 +403,13 @@ def check_data(value: Any, span: Span, diags: Diagnostics) -> ir.DataSource | No
             f"as in {example}",
         )
         return None
-    opts = dict(DATA[fn])
+    opts = source.defaults
     for k, v in kwargs.items():
         if k not in opts:
             diags.error(
-                span, f"{fn}(...) has no option `{k}`", did_you_mean(k, opts) or f"as in {example}"
+                span,
+                f"{fn}(...) has no option `{k}`",
+                did_you_mean(k, tuple(opts)) or f"as in {example}",
             )
             return None
         if k == "dtype":
@@ -328,7 +445,7 @@ def cross_check(values: dict[str, ir.Choice], module: ir.Module, diags: Diagnost
     choice = values.get("objective")
     if choice is None:  # next_token by default: a model that does not fit simply gets no train.py
         data = values["data"]
-        if str(data.value.kind) in DATA:
+        if data.value.kind in DATA_SOURCES:
             diags.error(
                 data.span,
                 f"data {data.value.kind}(...) is for another objective than next_token",
@@ -336,17 +453,16 @@ def cross_check(values: dict[str, ir.Choice], module: ir.Module, diags: Diagnost
                 "synthetic_images",
             )
         return
-    name, args = choice.value.name, dict(choice.value.args)
-    where = choice.span
-    if name == "loss":
+    shape, args = get(choice.value.name), dict(choice.value.args)
+    name, where = shape.kind, choice.span
+    if shape.spec_loss:
         _loss_fields(module, values, diags)
     for m in module.models:
-        why = _mismatch(m.root, name)
+        why = _mismatch(m.root, shape)
         if why is not None:
-            shape = SHAPES[name]
             hint = (
                 "reduce the loss to one number, e.g. `return mean(cross_entropy(logits, labels), B)`"
-                if name == "loss"
+                if shape.spec_loss
                 else (
                     f"{name} needs forward({', '.join(shape.required)}"
                     f"{''.join(f', {o}?' for o in shape.optional)}) -> {shape.result}"
@@ -355,11 +471,7 @@ def cross_check(values: dict[str, ir.Choice], module: ir.Module, diags: Diagnost
             diags.error(where, f"objective {name} does not fit model `{m.name}`: {why}", hint)
             return
         vocab = m.root.forward.result[-1].size if m.root.forward.result else None
-        if (
-            name == "masked_lm"
-            and args.get("sep", -1) >= 0
-            and "segments" not in _input_names(m.root)
-        ):
+        if args.get("sep", -1) >= 0 and "segments" not in _input_names(m.root):
             diags.error(
                 where,
                 f"masked_lm(sep = {args['sep']}) packs documents into rows with segment ids, "
@@ -377,21 +489,19 @@ def cross_check(values: dict[str, ir.Choice], module: ir.Module, diags: Diagnost
                 )
                 return
     data = values["data"]
-    kind = str(data.value.kind)
+    kind = data.value.kind
     result = module.models[0].root.forward.result
-    eos, vocab = data.value.option("eos"), result[-1].size if name != "loss" and result else None
+    eos = data.value.option("eos")
+    vocab = result[-1].size if not shape.spec_loss and result else None
     if eos is not None and vocab is not None and eos >= vocab:
         diags.error(
             data.span or where,
             f"{kind}(eos = {eos}) is not below the model's vocab {vocab}",
             "use an id the model can embed",
         )
-    if kind not in SHAPES[name].data:
+    if kind not in shape.data:
         diags.error(
             data.span or where,
-            f"objective {name} reads data {_list(SHAPES[name].data)}, not `{kind}`",
-            {
-                "seq2seq": 'for example data = pairs("src.bin", "tgt.bin", eos = 0)',
-                "classify": 'for example data = arrays("train.npz") or synthetic_images()',
-            }.get(name, 'for example data = tokens("train.bin")'),
+            f"objective {name} reads data {_list(shape.data)}, not `{kind}`",
+            shape.data_hint,
         )

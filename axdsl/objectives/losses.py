@@ -1,0 +1,237 @@
+"""The loss of each non-next-token objective in model.py (masked_lm, seq2seq, classify, loss()).
+
+next_token keeps its template in model.py.j2; each other objective's registry entry
+(axdsl/objectives/__init__.py) points at one function here, which writes the objective's settings
+as module constants, then `loss_fn(cfg, params, batch, ...)` over a dict of named arrays (the
+runtime's batches), and for masked_lm and classify an `accuracy`. `mask_tokens` (masked_lm) draws
+every random choice from its key, so a step's masks are a pure function of (seed, step), like
+dropout. Codegen (codegen/emit_objective.py) fills in the `LossSite` and places the text.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from axdsl.ir import nodes as ir
+
+
+@dataclass(frozen=True)
+class LossSite:
+    """What one model.py's loss_fn is written against: the root layer, the objective's arguments
+    (defaults filled in), whether the forward takes a dropout key and returns auxiliary losses."""
+
+    root: ir.Instance
+    args: dict[str, Any]
+    rng: bool
+    aux: bool
+
+    @property
+    def forward(self) -> ir.Forward:
+        """The root layer's forward (an objective fits only a root that has one)."""
+        if self.root.forward is None:
+            raise AssertionError(f"{self.root.layer} has no forward to write a loss_fn for")
+        return self.root.forward
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The root forward's inputs, in order."""
+        return tuple(a.name for a in self.forward.args)
+
+    @property
+    def vocab(self) -> str:
+        if self.root.hparam("vocab") is not None:
+            return "cfg.vocab"
+        return str(self.forward.result[-1].size)
+
+    @property
+    def fwd(self) -> str:
+        return "forward_with_aux" if self.aux else "forward"
+
+    @property
+    def drop(self) -> str:
+        return ", rng=rng" if self.rng else ""
+
+    @property
+    def rng_arg(self) -> str:
+        return ", rng: jax.Array | None = None" if self.rng else ""
+
+    @property
+    def rng_doc(self) -> str:
+        return "\n    `rng` drives dropout; None: off." if self.rng else ""
+
+    @property
+    def aux_doc(self) -> str:
+        return " + auxiliary losses" if self.aux else ""
+
+    @property
+    def unpack(self) -> str:
+        return "logits, aux = " if self.aux else "logits = "
+
+    @property
+    def total(self) -> str:
+        return "ce + aux" if self.aux else "ce"
+
+
+ZLOSS = [
+    "    if z_loss:  # keeps the softmax normalizer near 1",
+    "        loss = loss + z_loss * jnp.mean(jax.nn.logsumexp(logits, axis=-1) ** 2)",
+]
+
+
+def masked_lm_loss(s: LossSite) -> str:
+    """BERT's masking, the loss on the masked positions, and their accuracy."""
+    names, args = s.names, s.args
+    call = ", ".join("tokens" if n == "tokens" else f'batch["{n}"]' for n in names)
+    keep = 'batch["segments"] > 0' if "segments" in names else "None"
+    fields = ", ".join(f"{n} [B, S]" for n in names)
+    return "\n".join(
+        [
+            f"MASK_RATE = {args['rate']!r}  # masked_lm(rate): the fraction of tokens predicted",
+            f"MASK_TOKEN = {args['mask_token']!r}  # masked_lm(mask_token): the [MASK] id",
+            "",
+            "",
+            "def mask_tokens(cfg: Config, tokens: jax.Array, key: jax.Array, keep: jax.Array | None = None):",
+            '    """BERT\'s masking of tokens [B, S]: (inputs, selected). Each token (where `keep`: not',
+            "    padding) is selected with probability MASK_RATE; a selected token becomes MASK_TOKEN 80% of",
+            '    the time, a uniformly random token 10%, and stays itself 10%."""',
+            "    pick, how, draw = jax.random.split(key, 3)",
+            "    selected = jax.random.uniform(pick, tokens.shape) < MASK_RATE",
+            "    if keep is not None:",
+            "        selected = selected & keep",
+            "    u = jax.random.uniform(how, tokens.shape)",
+            f"    random = jax.random.randint(draw, tokens.shape, 0, {s.vocab}, tokens.dtype)",
+            "    inputs = jnp.where(selected & (u < 0.8), MASK_TOKEN, jnp.where(selected & (u < 0.9), random, tokens))",
+            "    return inputs.astype(tokens.dtype), selected",
+            "",
+            "",
+            "def loss_fn(",
+            f"    cfg: Config, params: dict, batch: dict, mask_rng: jax.Array{s.rng_arg}, z_loss: float = 0.0",
+            ") -> tuple[jax.Array, jax.Array]:",
+            '    """(loss to minimize, mean cross-entropy over the masked positions) of the masked-LM objective.',
+            "",
+            f"    batch: {fields}. mask_tokens(mask_rng) picks the positions and their",
+            "    replacements; the model predicts each selected position's original token.",
+            f"    loss = cross-entropy{s.aux_doc} + z_loss * mean(logsumexp(logits) ** 2) (z-loss).{s.rng_doc}",
+            '    """',
+            f'    tokens, selected = mask_tokens(cfg, batch["tokens"], mask_rng, {keep})',
+            f"    {s.unpack}{s.fwd}(cfg, params, {call}{s.drop})  # [B, S, vocab]",
+            "    weights = selected.astype(jnp.float32)",
+            '    per_token = optax.softmax_cross_entropy_with_integer_labels(logits, batch["tokens"])',
+            "    ce = jnp.sum(per_token * weights) / jnp.maximum(jnp.sum(weights), 1.0)",
+            f"    loss = {s.total}",
+            *ZLOSS,
+            "    return loss, ce",
+            "",
+            "",
+            "def accuracy(cfg: Config, params: dict, batch: dict, mask_rng: jax.Array) -> jax.Array:",
+            '    """The fraction of the positions mask_tokens(mask_rng) selects whose largest logit is the',
+            '    original token."""',
+            f'    tokens, selected = mask_tokens(cfg, batch["tokens"], mask_rng, {keep})',
+            f'    hits = (jnp.argmax(forward(cfg, params, {call}), axis=-1) == batch["tokens"]) & selected',
+            "    return jnp.sum(hits) / jnp.maximum(jnp.sum(selected), 1)",
+        ]
+    )
+
+
+def seq2seq_loss(s: LossSite) -> str:
+    """Teacher forcing over packed (source, target) pairs, the loss on the target tokens."""
+    parts = {
+        "tokens": 'batch["tokens"]',
+        "segments": 'batch["segments"]',
+        "dec_tokens": "dec_tokens",
+        "dec_segments": 'batch["dec_segments"]',
+    }
+    call = ", ".join(parts[n] for n in s.names)
+    src = ", segments [B, S] (0: padding)" if "segments" in s.names else ""
+    return "\n".join(
+        [
+            f"START_TOKEN = {s.args['start_token']!r}  # seq2seq(start_token): the decoder's first input",
+            "",
+            "",
+            "def loss_fn(",
+            f"    cfg: Config, params: dict, batch: dict{s.rng_arg}, z_loss: float = 0.0",
+            ") -> tuple[jax.Array, jax.Array]:",
+            '    """(loss to minimize, mean cross-entropy over target tokens) of the seq2seq objective.',
+            "",
+            f"    batch: tokens [B, S] (the source){src}, targets [B, T] and dec_segments [B, T]",
+            "    (0: padding, k: the row's k-th example). Teacher forcing: each example's decoder reads",
+            "    START_TOKEN then its targets shifted right (dec_tokens) and predicts each target;",
+            "    padding is left out.",
+            f"    loss = cross-entropy{s.aux_doc} + z_loss * mean(logsumexp(logits) ** 2) (z-loss).{s.rng_doc}",
+            '    """',
+            '    targets, dec_segments = batch["targets"], batch["dec_segments"]',
+            "    starts = dec_segments != jnp.pad(dec_segments[:, :-1], ((0, 0), (1, 0)))  # an example's first position",
+            "    dec_tokens = jnp.where(starts, START_TOKEN, jnp.pad(targets[:, :-1], ((0, 0), (1, 0))))",
+            f"    {s.unpack}{s.fwd}(cfg, params, {call}{s.drop})  # [B, T, vocab]",
+            "    weights = (dec_segments > 0).astype(jnp.float32)",
+            "    per_token = optax.softmax_cross_entropy_with_integer_labels(logits, targets)",
+            "    ce = jnp.sum(per_token * weights) / jnp.maximum(jnp.sum(weights), 1.0)",
+            f"    loss = {s.total}",
+            *ZLOSS,
+            "    return loss, ce",
+        ]
+    )
+
+
+def classify_loss(s: LossSite) -> str:
+    """Cross-entropy of images against their labels (optionally smoothed), and the accuracy."""
+    smoothing = s.args["smoothing"]
+    if smoothing:
+        smooth = [
+            '    labels = optax.smooth_labels(jax.nn.one_hot(batch["labels"], logits.shape[-1]), SMOOTHING)',
+            "    loss = optax.softmax_cross_entropy(logits, labels).mean()"
+            + (" + aux" if s.aux else ""),
+        ]
+    else:
+        smooth = [f"    loss = {s.total}"]
+    return "\n".join(
+        [
+            f"SMOOTHING = {smoothing!r}  # classify(smoothing): label smoothing of the loss (not of the reported ce)",
+            "",
+            "",
+            "def loss_fn(",
+            f"    cfg: Config, params: dict, batch: dict{s.rng_arg}, z_loss: float = 0.0",
+            ") -> tuple[jax.Array, jax.Array]:",
+            '    """(loss to minimize, mean cross-entropy) of classifying images [B, H, W, C] into labels [B].',
+            "",
+            f"    loss = cross-entropy against labels smoothed by SMOOTHING{s.aux_doc}",
+            f"    + z_loss * mean(logsumexp(logits) ** 2) (z-loss).{s.rng_doc}",
+            '    """',
+            f'    {s.unpack}{s.fwd}(cfg, params, batch["images"]{s.drop})  # [B, classes]',
+            '    ce = optax.softmax_cross_entropy_with_integer_labels(logits, batch["labels"]).mean()',
+            *smooth,
+            *ZLOSS,
+            "    return loss, ce",
+            "",
+            "",
+            "def accuracy(cfg: Config, params: dict, batch: dict) -> jax.Array:",
+            '    """The fraction of images whose largest logit is their label."""',
+            '    return jnp.mean(jnp.argmax(forward(cfg, params, batch["images"]), axis=-1) == batch["labels"])',
+        ]
+    )
+
+
+def explicit_loss(s: LossSite) -> str:
+    """loss(): the root forward is the loss; loss_fn feeds it the batch's fields by name."""
+    root = s.root
+    args = s.forward.args
+    fields = ", ".join(f"{a.name} [{', '.join(str(d.name) for d in a.dims)}]" for a in args)
+    call = ", ".join(f'batch["{a.name}"]' for a in args)
+    aux_doc = ", plus the auxiliary losses" if s.aux else ""
+    unpack, total = ("out, aux = ", "spec_loss + aux") if s.aux else ("out = ", "spec_loss")
+    return "\n".join(
+        [
+            "def loss_fn(",
+            f"    cfg: Config, params: dict, batch: dict{s.rng_arg}, z_loss: float = 0.0",
+            ") -> tuple[jax.Array, jax.Array]:",
+            f'    """(loss to minimize, the spec\'s loss) of objective loss(): {root.layer}\'s forward over the',
+            f"    batch's {fields}, which returns the loss as one number{aux_doc}.",
+            f"    z_loss does not apply: there are no logits here.{s.rng_doc}",
+            '    """',
+            "    del z_loss",
+            f"    {unpack}{s.fwd}(cfg, params, {call}{s.drop})",
+            "    spec_loss = jnp.reshape(out, ()).astype(jnp.float32)",
+            f"    return {total}, spec_loss",
+        ]
+    )
