@@ -62,7 +62,7 @@ def trace_activations(
     `loss_chunk` positions at a time. `platform`: how many transients XLA keeps at once there."""
     t = Tracer(root, layout, batch, seq)
     t.platform = platform
-    args = [Val(a.dims, "i32", ValKind.INPUT, f"/{a.name}") for a in root.forward.args]
+    args = [Val(a.dims, "i32", ValKind.INPUT, f"/{a.name}") for a in root.fwd.args]
     if split is None:
         loss_working, kept = loss(t, t.call(root, args)), 0.0
     else:

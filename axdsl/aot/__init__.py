@@ -104,9 +104,9 @@ def analyze(
     model = model or names[0]
     if model not in names:
         raise AotError(f"no model `{model}` in {spec}; its models: {', '.join(names)}")
-    batch = batch or module.train_settings.get("batch")
-    seq = seq or module.train_settings.get("seq")
-    sched = module.schedule
+    batch = batch or module.train.get("batch")
+    seq = seq or module.train.get("seq")
+    sched = module.target
     profile = profiles()[sched.profile]
     m = next(x for x in module.models if x.name == model)
     files = build_files(spec, target)

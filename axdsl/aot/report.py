@@ -98,7 +98,8 @@ class Report:
     def fits(self) -> bool:
         if self.out_of_memory is not None:
             return False
-        return self.peak <= self.limit or self.borderline
+        peak = self.peak  # not None here: only an out-of-memory compile may give no figure
+        return (peak is not None and peak <= self.limit) or self.borderline
 
 
 def gib(n: float) -> str:

@@ -81,7 +81,7 @@ def scale_of(path: Path, spec: Path) -> tuple[int, float]:
     from axdsl.pipeline import compile_spec
 
     try:
-        settings = dict(compile_spec(spec, "cpu").train_settings.settings).get("lora")
+        settings = dict(compile_spec(spec, "cpu").train.settings).get("lora")
     except CompileError as exc:
         raise HFError(f"cannot read the lora(...) settings of {spec}: {exc}") from None
     if settings is None:

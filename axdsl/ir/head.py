@@ -15,5 +15,5 @@ from axdsl.ir import nodes as ir
 
 def has_lm_signature(root: ir.Instance) -> bool:
     """tokens [B, S] -> logits [B, S, vocab]: the next-token objective's model."""
-    f = root.forward
+    f = root.fwd
     return len(f.args) == 1 and len(f.args[0].dims) == 2 and len(f.result) == 3

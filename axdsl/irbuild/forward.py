@@ -8,8 +8,10 @@ Static `if`s are decided with the instance's hyperparameters; only the taken bra
 
 from __future__ import annotations
 
+from typing import NoReturn
+
 from axdsl import primitives
-from axdsl.errors import did_you_mean, is_library, relocated
+from axdsl.errors import Span, did_you_mean, is_library, relocated
 from axdsl.ir import nodes as ir
 from axdsl.ir.expr import BinOp, Const
 from axdsl.ir.nodes import DType, HValue, RefKind
@@ -51,7 +53,7 @@ class _Lowering:
         self.failed = False
         self._reading: dict = {}  # span -> the names the expression there reads (see `fail`)
 
-    def fail(self, span, message: str, hint: str | None = None):
+    def fail(self, span: Span, message: str, hint: str | None = None) -> NoReturn:
         """Record an error and abandon this forward. One in a library layer's line that reads
         hyperparameters (a primitive's static attribute) is shown at the user's line that set
         one of them, with a note for the library line."""
@@ -329,7 +331,7 @@ class _Lowering:
         }[kind]
         if not ok:
             self.fail(
-                getattr(e, "span", None),
+                e.span,
                 f"`{what}` must be a static {kind.value}, got {kind_of(v.value)}",
             )
         return v
@@ -351,7 +353,7 @@ class _Lowering:
         """A static list of dims, `[heads, head_dim]`."""
         if not isinstance(e, ast.ListExpr) or not e.items:
             self.fail(
-                getattr(e, "span", None),
+                e.span,
                 f"`{what}` must be a list of dims",
                 "e.g. `[heads, head_dim]`",
             )
@@ -379,7 +381,7 @@ class _Lowering:
                 f"`{name}` needs {len(sig.tensors)} tensor argument(s): {', '.join(sig.tensors)}",
             )
         tensors = tuple(self.expr(a) for a in call.args[: len(sig.tensors)])
-        given = {s.name: a for s, a in zip(sig.statics, call.args[len(sig.tensors) :])}
+        given = {s.name: a for s, a in zip(sig.statics, call.args[len(sig.tensors) :], strict=False)}
         optional = self._keywords(call, prim, given)
         reads = {a.span: ast.names_in(a) for a in given.values()}
         self._reading.update(reads)

@@ -13,6 +13,8 @@ its default. Each `HParam` records which (an `ir.Origin`), so `axdsl dump` can s
 
 from __future__ import annotations
 
+from typing import TypeGuard
+
 from axdsl.errors import Span, did_you_mean, relocated
 from axdsl.ir import nodes as ir
 from axdsl.ir.expr import BinOp, Binary, Const, Expr, Field, ops_of, spec_text
@@ -252,8 +254,7 @@ class InstanceBuilder:
             value, origin = self.ev.eval(setting.value, lookup, visible), Origin(
                 OriginKind.SET, setting.span
             )
-        elif scope.parent is not None and scope.parent.find(decl.name) is not None:
-            inherited = scope.parent.find(decl.name)
+        elif scope.parent is not None and (inherited := scope.parent.find(decl.name)) is not None:
             owner = self._owner_path(scope.parent, decl.name)
             value, origin = inherited.value, Origin(OriginKind.INHERITED, where=owner)
         elif decl.default is not None:
@@ -277,7 +278,7 @@ class InstanceBuilder:
             decl.name, ir.HParamType(ir.HParamKind(type_name), options), value, origin, decl.span
         )
 
-    def _owner_path(self, scope: Scope, name: str) -> str:
+    def _owner_path(self, scope: Scope | None, name: str) -> str:
         while scope is not None and name not in scope.values:
             scope = scope.parent
         return scope.path if scope else "?"
@@ -320,6 +321,7 @@ class InstanceBuilder:
         where = f" ({origin})" if origin.kind is not OriginKind.SET else ""
         declared = f"declared as `{decl.name}: {_show_type(decl.type)}` at {decl.span}"
         text = self.ctx.source_text(expr) if expr is not None else _value_source(value)
+        hint: str | None
         ops = ops_of(value.expr) if value.expr is not None else set()
         if (
             type_name == "int"
@@ -593,9 +595,8 @@ class InstanceBuilder:
             )
             for i, lv in enumerate(layers)
         ]
-        if any(e is None or e.forward is None for e in out):
-            return None
-        return tuple(out)
+        built = [e for e in out if e is not None and e.forward is not None]
+        return tuple(built) if len(built) == len(out) else None
 
 
 def _init_range(kind: InitKind, args: list[float]) -> tuple[str, str] | None:
@@ -634,7 +635,7 @@ def _pattern_forward(elements) -> ir.Forward:
     return ir.Forward(args, args[0].dims, tuple(body), first.span)
 
 
-def _is_repeat_call(e: ast.Expr) -> bool:
+def _is_repeat_call(e: ast.Expr) -> TypeGuard[ast.Call]:
     return (
         isinstance(e, ast.Call)
         and isinstance(e.func, ast.Name)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from axdsl.ir import nodes as ir
 from axdsl.primitives.base import Primitive, Signature, Static, StaticKind
-from axdsl.primitives.reductions import axis_index, axis_of
+from axdsl.primitives.reductions import axis_of, checked_axis
 from axdsl.primitives.slicing import operand
 
 
@@ -29,8 +29,8 @@ def _shape(ctx, prim: ir.Prim, args) -> tuple[ir.Dim, ...]:
 
 
 def _emit(ctx, prim: ir.Prim, args: list[str], precs: list[int]) -> str:
-    dims = prim.args[0].type.dims
-    after = len(dims) - axis_index(dims, prim.attr("before"))  # dims from `before` to the end
+    dims = ir.tensor_type(prim.args[0]).dims
+    after = len(dims) - checked_axis(dims, prim.attr("before"))  # dims from `before` to the end
     x = operand(ctx, prim, args[0])
     index = "[..., " + ", ".join(["None"] + [":"] * after) + "]"
     shape = f"(*{x}.shape[:-{after}], {ctx.dim_code(prim.attr('new'))}, *{x}.shape[-{after}:])"

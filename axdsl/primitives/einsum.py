@@ -39,16 +39,17 @@ TOKEN_DIMS = ("B", "S")  # free dims of activations by convention (see annotate_
 
 
 def _lower(ctx, call: ast.Call) -> ir.Prim:
-    if not call.args or not isinstance(call.args[0], ast.Str):
-        ctx.fail(
+    first = call.args[0] if call.args else None
+    if not isinstance(first, ast.Str):
+        return ctx.fail(  # fail raises: the return tells the type checker so
             call.span,
             "`einsum` takes a spec string first",
             'write einsum("B S dim, dim mlp -> B S mlp", x, w)',
         )
-    text = call.args[0].value
+    text = first.value
     if "->" not in text:
         ctx.fail(
-            call.args[0].span, "an einsum spec needs `->`", 'e.g. "B S dim, dim mlp -> B S mlp"'
+            first.span, "an einsum spec needs `->`", 'e.g. "B S dim, dim mlp -> B S mlp"'
         )
     lhs, rhs = text.split("->", 1)
     operands = tuple(tuple(part.split()) for part in lhs.split(","))
@@ -88,15 +89,16 @@ def _shape(ctx, prim: ir.Prim, args):
                 continue
             if not want.same(d) and not (want.is_free and d.size is not None):
                 ctx.fail(a.span, f"einsum dim `{n}` is {want} but the operand has `{d}` there")
-    actual_by_name = {}  # free names in the output take the operand's actual dim
+    actual_by_name: dict[str, ir.Dim] = {}  # free names in the output take the operand's actual dim
     for names, a in zip(spec.operands, args):
         actual_by_name.update(zip(names, a.type.dims))
     return tuple(actual_by_name[n] for n in spec.out)
 
 
 def _emit(ctx, prim: ir.Prim, args: list[str], precs: list[int]) -> str:
-    if prim.kernel is not None and prim.kernel.kernel == "dense":
-        return dense_call(ctx, args[0], args[1], _dense_contract(prim))
+    kernel = prim.kernel.kernel if prim.kernel is not None else None
+    if kernel == "dense" and (contract := _dense_contract(prim)) is not None:
+        return dense_call(ctx, args[0], args[1], contract)
     return f"jnp.einsum({ctx.py_str(ctx.einsum_spec(prim))}, {', '.join(args)})"
 
 
@@ -153,7 +155,7 @@ def _flops(ctx, prim: ir.Prim) -> Flops:
         return Flops()
     sizes: dict[str, int] = {}
     for names, a in zip(prim.attr("spec").operands, prim.args):
-        for n, d in zip(names, a.type.dims):
+        for n, d in zip(names, ir.tensor_type(a).dims):
             if n not in TOKEN_DIMS and d.size is not None:
                 sizes[n] = d.size
     return Flops(matmul=2 * math.prod(sizes.values()))

@@ -45,7 +45,7 @@ def _memory(t, prim: ir.Prim, args, dims, label: str):
     """Keeps a float32 copy of the logits for the backward (softmax - one-hot is recomputed from
     it; jax 0.10's logsumexp saves its input and the max)."""
     out = t.new(dims, "f32", label, tuple(args))
-    t.save(t.internal(prim.args[0].type.dims, "f32", f"{label} logits (f32)", (args[0],)))
+    t.save(t.internal(ir.tensor_type(prim.args[0]).dims, "f32", f"{label} logits (f32)", (args[0],)))
     return out
 
 

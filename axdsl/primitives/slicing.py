@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import re
 
+from axdsl.errors import InternalError
 from axdsl.ir import nodes as ir
 from axdsl.ir.expr import BinOp, Binary, Const, Expr, field_of
 from axdsl.primitives.base import Primitive, Signature, Static, StaticKind, linear_memory
-from axdsl.primitives.reductions import axis_index, axis_of, ir_fmt
+from axdsl.primitives.reductions import axis_index, axis_of, checked_axis, ir_fmt
 
 
 def label(v: ir.HValue) -> str:
@@ -88,7 +89,7 @@ def _slice_shape(ctx, prim, args):
 
 def _emit_slice(ctx, prim, args, precs) -> str:
     dims = prim.args[0].type.dims
-    axis = _neg(dims, axis_index(dims, prim.attr("over")))
+    axis = _neg(dims, checked_axis(dims, prim.attr("over")))
     start, stop = prim.attr("start"), prim.attr("stop")
     begin = "" if start.value == 0 else ctx.code(start)
     end = "" if stop.value == dims[axis].size else ctx.code(stop)
@@ -153,7 +154,10 @@ def _concat_shape(ctx, prim, args):
 
 def _emit_concat(ctx, prim, args, precs) -> str:
     a = prim.args[0].type.dims
-    i, _ = join_axis(a, prim.args[1].type.dims, prim.attr("over"))
+    joined = join_axis(a, prim.args[1].type.dims, prim.attr("over"))
+    if isinstance(joined, str):  # infer_shapes reported this as the user's error
+        raise InternalError(joined)
+    i, _ = joined
     return f"jnp.concatenate([{args[0]}, {args[1]}], axis={_neg(a, i)})"
 
 
@@ -200,7 +204,7 @@ def _pad_shape(ctx, prim, args):
 
 def _emit_pad(ctx, prim, args, precs) -> str:
     dims = prim.args[0].type.dims
-    axis = _neg(dims, axis_index(dims, prim.attr("over")))
+    axis = _neg(dims, checked_axis(dims, prim.attr("over")))
     width = f"({ctx.code(prim.attr('before'))}, {ctx.code(prim.attr('after'))})"
     value = ctx.code(prim.attr("value"))
     x = args[0]
