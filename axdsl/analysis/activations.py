@@ -16,6 +16,7 @@ from axdsl.analysis.layout import DTYPE_BYTES, Layout
 from axdsl.analysis.platforms import CPU, PlatformFacts
 from axdsl.analysis.trace import Tracer
 from axdsl.analysis.values import Scope, Val, ValKind
+from axdsl.errors import filled
 from axdsl.ir import nodes as ir
 from axdsl.ir.nodes import LOSS_CHUNK, HeadSplit
 
@@ -97,7 +98,7 @@ def _add_block(
 ) -> None:
     """One scanned block: `repeat` layers that each keep what `policy` keeps (a pattern's step
     runs k layers: its n / k steps count as n layers, each keeping a k-th of a step)."""
-    n = int(inst.repeat.value)
+    n = int(filled(inst.repeat, f"the repeat of {inst.path}", "resolve").value)
     k = len(inst.children) if inst.pattern else 1
     kept, host = kept_values(layer, x, policy)
     kept_bytes = sum(t.nbytes(v) for v in kept)
@@ -222,7 +223,7 @@ def _head_params(split: HeadSplit) -> list[ir.Param]:
     return [
         p
         for key in split.params
-        for p in ([root.param(key)] if root.param(key) else root.child(key).params)
+        for p in ((root.expect_param(key),) if root.param(key) else root.expect_child(key).params)
     ]
 
 

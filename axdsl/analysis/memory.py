@@ -307,7 +307,7 @@ def _state(
             if top is None or top.repeat is None:
                 copies += 2 * n * DTYPE_BYTES[compute]  # the cast copy and its gradient
                 continue
-            layers = math.prod(d.size for d in p.stack)
+            layers = math.prod(ir.static_size(d) for d in p.stack)
             per_layer[top.path] = per_layer.get(top.path, 0) + n // layers * DTYPE_BYTES[compute]
             if remat is ir.RematKind.NONE:
                 copies += n * DTYPE_BYTES[compute]  # every layer's cast weights, kept as residuals
@@ -385,7 +385,7 @@ def _opt_bytes(optimizer: str, p: ir.Param, n: int, mu: str | None = None) -> in
     """Optimizer moments of one parameter of `n` elements on a chip."""
     b = DTYPE_BYTES[p.dtype.name]
     if optimizer == "adafactor":
-        dims = [d.size for d in p.full_dims]
+        dims = [ir.static_size(d) for d in p.full_dims]
         if len(dims) >= 2:  # factored second moment: rows and columns of the two largest dims
             r, c = sorted(range(len(dims)), key=lambda i: dims[i])[-2:]
             return (n // dims[r] + n // dims[c]) * 4
