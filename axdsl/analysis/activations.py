@@ -1,4 +1,5 @@
-"""Activations of one micro-batch: what the backward keeps (saved) and its largest transient (working).
+"""Activations of one micro-batch: what the backward keeps (saved) and its largest transient
+(working).
 
 The scanned block keeps, per layer, what its remat policy keeps (none: every residual; full: the
 layer input; save_dots: the layer input and the matmul outputs the backward needs directly or to

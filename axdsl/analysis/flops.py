@@ -100,7 +100,8 @@ class FlopCount:
         return 3 * self.forward_per_token
 
     def per_step(self, batch: int) -> int:
-        """Training FLOPs of one step over `batch` sequences of `seq` tokens (all chips together)."""
+        """Training FLOPs of one step over `batch` sequences of `seq` tokens (all chips
+        together)."""
         return self.train_per_token * batch * self.seq
 
 

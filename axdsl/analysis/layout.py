@@ -49,7 +49,7 @@ class Layout:
         """Elements of `p` on one chip; `exclude` mesh axes are gathered (FSDP at compute time)."""
         used = set(exclude)
         n = 1.0
-        for d, logical in zip(p.full_dims, p.full_axes):
+        for d, logical in zip(p.full_dims, p.full_axes, strict=True):
             axes = self._axes(logical, used)
             used.update(axes)
             n *= ir.static_size(d) / self.shards(axes)
@@ -61,7 +61,8 @@ class Layout:
     def elements(
         self, dims: tuple[ir.Dim, ...], batch: int, seq: int, weight: bool = False
     ) -> float:
-        """Elements of an activation on one chip; `weight`: a gathered weight (batch axes unused)."""
+        """Elements of an activation on one chip; `weight`: a gathered weight (batch axes
+        unused)."""
         used: set[str] = set(self.batch_axes()) if weight else set()
         n = 1.0
         logical: str | None

@@ -1,8 +1,9 @@
 """Trace a model's forward over the IR, recording every value and what the backward keeps.
 
 The tracer walks each forward's statements; each primitive asks its own memory rule (its registry
-entry in axdsl/primitives/) what it saves, each binary operator its rule in `residuals`. A repeated (scanned) child is traced once, in a scope of its own, so that the remat policy
-can be applied per layer (`activations`).
+entry in axdsl/primitives/) what it saves, each binary operator its rule in `residuals`. A repeated
+(scanned) child is traced once, in a scope of its own, so that the remat policy can be applied per
+layer (`activations`).
 """
 
 from __future__ import annotations
@@ -84,7 +85,7 @@ class Tracer:
     def call(self, inst: ir.Instance, args: list[Val]) -> Val:
         fwd = inst.fwd
         bind = bind_dims(fwd.args, args)
-        env = {a.name: v for a, v in zip(fwd.args, args)}
+        env = {a.name: v for a, v in zip(fwd.args, args, strict=True)}
         for stmt in fwd.body:
             v = self.ev(stmt.value, inst, env, bind)
             if isinstance(stmt, ir.Ret):
@@ -205,17 +206,17 @@ def bind_dims(decl: tuple[ir.Arg, ...], actual: list[Val]) -> dict[str, tuple[ir
     stay free (sized by the batch and sequence length, with their logical axes) unless the caller
     fixes them: a ViT's blocks see its patches + 1 positions, not the train block's `seq`."""
     out: dict[str, tuple[ir.Dim, ...]] = {}
-    for a, v in zip(decl, actual):
+    for a, v in zip(decl, actual, strict=True):
         dims = a.dims
         if any(d.is_ellipsis for d in dims):
             i = next(j for j, d in enumerate(dims) if d.is_ellipsis)
             tail = len(dims) - i - 1
             out["..."] = tuple(v.dims[i : len(v.dims) - tail])
-            pairs = list(zip(dims[:i], v.dims[:i])) + list(
-                zip(dims[i + 1 :], v.dims[len(v.dims) - tail :])
+            pairs = list(zip(dims[:i], v.dims[:i], strict=True)) + list(
+                zip(dims[i + 1 :], v.dims[len(v.dims) - tail :], strict=True)
             )
         else:
-            pairs = list(zip(dims, v.dims))
+            pairs = list(zip(dims, v.dims, strict=True))
         for d, got in pairs:
             if (
                 d.size is None

@@ -18,7 +18,8 @@ Before anything is launched on real hardware:
    (a GPU or TPU step is never compiled for the CPU and reported as the target's).
 
 Exit codes: 0 fits, 3 does not fit (with concrete suggestions, found with the analytic model and
-shown scaled by XLA's ratio when XLA decided), 1 the generated step failed to lower. Compile errors in the spec raise CompileError, which the CLI prints (exit 1).
+shown scaled by XLA's ratio when XLA decided), 1 the generated step failed to lower. Compile errors
+in the spec raise CompileError, which the CLI prints (exit 1).
 
 jax is imported only here, lazily, after XLA_FLAGS asks for enough host devices. When jax is
 already imported with fewer devices (a test process, a notebook), the lowering runs in a

@@ -51,7 +51,8 @@ class Report:
 
     @property
     def out_of_memory(self) -> dict | None:
-        """XLA's RESOURCE_EXHAUSTED figures (required, available), when the TPU compile ran out of HBM."""
+        """XLA's RESOURCE_EXHAUSTED figures (required, available), when the TPU compile ran out of
+        HBM."""
         return self.lowering.get("xla_oom")
 
     @property

@@ -100,7 +100,8 @@ def merged_params(path: Path, meta: dict, spec: Path) -> dict[tuple[str, ...], n
 
 
 def export_lora(spec: Path, ckpt: Path, out: Path, merge_weights: bool = False) -> int:
-    """`axdsl export-lora`: a LoRA run's adapters alone, or its merged weights. Returns the exit code."""
+    """`axdsl export-lora`: a LoRA run's adapters alone, or its merged weights. Returns the exit
+    code."""
     return exit_code(_export_lora, Path(spec), Path(ckpt), Path(out), merge_weights)
 
 

@@ -3,9 +3,10 @@
 The next-token loss does not need the float32 logits [B, S, vocab] all at once (4.2 GB per
 8192-token sequence at Llama 3's vocabulary, and as much again for their gradient). The generated
 `loss_fn` runs the model up to its head (`<root>_hidden`, ending at the final norm), then the head
-and the cross-entropy a chunk of positions at a time (`fused_cross_entropy` in templates/model.py.j2),
-taking each chunk's gradient as it goes. The pass that finds the cut is axdsl/passes/split_head.py;
-what it records is `ir.HeadSplit` (`Model.head`); this module holds the signature test.
+and the cross-entropy a chunk of positions at a time (`fused_cross_entropy` in
+templates/model.py.j2), taking each chunk's gradient as it goes. The pass that finds the cut is
+axdsl/passes/split_head.py; what it records is `ir.HeadSplit` (`Model.head`); this module holds the
+signature test.
 """
 
 from __future__ import annotations

@@ -37,7 +37,12 @@ _COMPARE = {
     ">": operator.gt,
     ">=": operator.ge,
 }
-_MATH: dict[str, Callable[..., float]] = {"sqrt": math.sqrt, "log": math.log, "min": min, "max": max}
+_MATH: dict[str, Callable[..., float]] = {
+    "sqrt": math.sqrt,
+    "log": math.log,
+    "min": min,
+    "max": max,
+}
 
 
 class Evaluator:
@@ -80,7 +85,12 @@ class Evaluator:
         items = [self.eval(i, lookup, visible) for i in e.items]
         if items and any(isinstance(i.value, LayerValue) for i in items):
             bad = next(
-                (it for it, v in zip(e.items, items, strict=True) if not isinstance(v.value, LayerValue)), None
+                (
+                    it
+                    for it, v in zip(e.items, items, strict=True)
+                    if not isinstance(v.value, LayerValue)
+                ),
+                None,
             )
             if bad is not None:
                 self.fail(
@@ -92,7 +102,8 @@ class Evaluator:
         return HValue(tuple(i.value for i in items), Items(tuple(_expr(i) for i in items)))
 
     def _pattern_op(self, e: ast.BinOp, a, b) -> PatternValue:
-        """`[A()] * 5 + [B()]`: patterns join with `+` and repeat with `* n` (n >= 1), as lists do."""
+        """`[A()] * 5 + [B()]`: patterns join with `+` and repeat with `* n` (n >= 1), as lists
+        do."""
         if e.op == "+" and isinstance(a, PatternValue) and isinstance(b, PatternValue):
             return PatternValue(a.layers + b.layers, e.span)
         if e.op == "*":

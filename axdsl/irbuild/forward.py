@@ -290,13 +290,15 @@ class _Lowering:
         return ir.CallChild(child.name, init + xs, e.span, over=over, scan_init=bool(init))
 
     def _missing_member(self, span, what: str, name: str, decls) -> None:
-        """A declared parameter or child that was not built: off by its `if`, or already in error."""
+        """A declared parameter or child that was not built: off by its `if`, or already in
+        error."""
         decl = next(d for d in decls if d.name == name)
         if decl.condition is not None and self.ctx.condition(decl.condition, self.scope) is False:
             self.fail(
                 span,
                 f"{what} `{name}` does not exist for these hyperparameters (its `if` is false)",
-                f"use it under the same condition, e.g. `if {self.ctx.source_text(decl.condition)} {{ ... }}`",
+                "use it under the same condition, "
+                f"e.g. `if {self.ctx.source_text(decl.condition)} {{ ... }}`",
             )
         raise _Abort()  # building it failed, and that error is already reported
 
@@ -373,7 +375,8 @@ class _Lowering:
         if len(call.args) > len(sig.tensors) + len(sig.statics):
             self.fail(
                 call.span,
-                f"`{name}` takes at most {len(sig.tensors) + len(sig.statics)} positional arguments",
+                f"`{name}` takes at most {len(sig.tensors) + len(sig.statics)} "
+                "positional arguments",
             )
         if len(call.args) < len(sig.tensors):
             self.fail(
@@ -381,7 +384,9 @@ class _Lowering:
                 f"`{name}` needs {len(sig.tensors)} tensor argument(s): {', '.join(sig.tensors)}",
             )
         tensors = tuple(self.expr(a) for a in call.args[: len(sig.tensors)])
-        given = {s.name: a for s, a in zip(sig.statics, call.args[len(sig.tensors) :], strict=False)}
+        given = {
+            s.name: a for s, a in zip(sig.statics, call.args[len(sig.tensors) :], strict=False)
+        }
         optional = self._keywords(call, prim, given)
         reads = {a.span: ast.names_in(a) for a in given.values()}
         self._reading.update(reads)

@@ -333,12 +333,19 @@ class InstanceBuilder:
                 f"`{decl.name}` of layer at `{scope.path}` must be an int, but `{text}` is {v:g}: "
                 f"the division is not exact"
             )
-            hint = f"the divisor must divide the dividend (e.g. heads must divide dim), or set `{decl.name}`"
+            hint = (
+                "the divisor must divide the dividend (e.g. heads must divide dim), "
+                f"or set `{decl.name}`"
+            )
         elif type_name == "enum" and isinstance(v, str):
-            msg = f"`{decl.name}` must be one of {', '.join(map(_show, decl.type.options))}, got {_show(v)}"
+            options = ", ".join(map(_show, decl.type.options))
+            msg = f"`{decl.name}` must be one of {options}, got {_show(v)}"
             hint = did_you_mean(v, decl.type.options) or declared
         else:
-            msg = f"`{decl.name}` of layer at `{scope.path}` is {type_name}, but got {kind_of(v)} {_show(v)}{where}"
+            msg = (
+                f"`{decl.name}` of layer at `{scope.path}` is {type_name}, "
+                f"but got {kind_of(v)} {_show(v)}{where}"
+            )
             hint = declared if at != decl.span else None
         names = ast.names_in(expr) if expr is not None else []
         if isinstance(expr, ast.BinOp) and expr.op == "/":  # an inexact division: blame the divisor
@@ -490,8 +497,8 @@ class InstanceBuilder:
         scope: Scope,
         stack,
     ) -> ir.Instance | None:
-        """`repeat(n, [A(), B()])`: a group instance with children "0", "1" (A, B) and a forward that
-        runs them in turn, repeated n / k times, so one scan runs the whole pattern.
+        """`repeat(n, [A(), B()])`: a group instance with children "0", "1" (A, B) and a forward
+        that runs them in turn, repeated n / k times, so one scan runs the whole pattern.
 
         When k does not divide n, the last n % k layers (pattern[0], pattern[1], ...) run once
         after the scan: the child is then `groups` (the scanned group) followed by `tail`.
@@ -503,7 +510,8 @@ class InstanceBuilder:
             self._error_at_user_line(
                 at,
                 f"`repeat` count {count.value} is smaller than the pattern's {k} layers",
-                f"a pattern runs whole at least once: repeat it at least {k} times, or repeat a single layer",
+                f"a pattern runs whole at least once: repeat it at least {k} times, "
+                "or repeat a single layer",
                 scope,
                 ast.names_in(decl.value),
                 f"in child `{decl.name}` of the layer at `{scope.path}`",
@@ -580,7 +588,8 @@ class InstanceBuilder:
     def _elements(
         self, layers: tuple[LayerValue, ...], path: str, scope: Scope, stack
     ) -> tuple[ir.Instance, ...] | None:
-        """A pattern's layers as children "0", "1", ... of `path`; None when one failed (reported)."""
+        """A pattern's layers as children "0", "1", ... of `path`; None when one failed
+        (reported)."""
         out = [
             self.instantiate(
                 self.program.layers[lv.layer],

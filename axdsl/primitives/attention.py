@@ -119,7 +119,8 @@ def _shape(ctx, prim, args):
         ctx.fail(
             prim.span,
             f"`attention` k and v sequence dims differ: {k[1]} vs {v[1]}",
-            "each key needs its value: k [B, S, kv_heads, head_dim], v [B, S, kv_heads, v_head_dim]",
+            "each key needs its value: "
+            "k [B, S, kv_heads, head_dim], v [B, S, kv_heads, v_head_dim]",
         )
     if not q[3].same(k[3]):
         ctx.fail(
@@ -172,7 +173,7 @@ def _check_scores_operand(ctx, prim: ir.Prim, name: str, operand: ir.TExpr, scor
     ok = (
         len(dims) == 4
         and not any(d.is_ellipsis for d in dims)
-        and all(d.same(want) or d.size == 1 for d, want in zip(dims, scores))
+        and all(d.same(want) or d.size == 1 for d, want in zip(dims, scores, strict=True))
     )
     if not ok:
         what = "a boolean mask (True: attend)" if name == "mask" else "an additive bias"
@@ -242,13 +243,16 @@ def _emit_cached(ctx, prim: ir.Prim, args: list[str], window, scale, softcap, nu
     ctx.use_helper("cached_attention")
     ctx.use_helper("einsum_attention")
     ctx.line(
-        f"# decoding: keys and values so far are in cache[{ctx.py_str(k_slot)}], cache[{ctx.py_str(v_slot)}]"
+        "# decoding: keys and values so far are in "
+        f"cache[{ctx.py_str(k_slot)}], cache[{ctx.py_str(v_slot)}]"
     )
     ctx.line(
-        f"{out}, new_cache[{ctx.py_str(k_slot)}], new_cache[{ctx.py_str(v_slot)}] = cached_attention("
+        f"{out}, new_cache[{ctx.py_str(k_slot)}], new_cache[{ctx.py_str(v_slot)}] "
+        "= cached_attention("
     )
     ctx.line(
-        f"    {args[0]}, {args[1]}, {args[2]}, cache[{ctx.py_str(k_slot)}], cache[{ctx.py_str(v_slot)}], "
+        f"    {args[0]}, {args[1]}, {args[2]}, "
+        f"cache[{ctx.py_str(k_slot)}], cache[{ctx.py_str(v_slot)}], "
         f"{ctx.decode_pos}{kwargs}"
     )
     ctx.line(f")  # {ctx.shape_comment(prim.type)}")
@@ -275,11 +279,15 @@ def _set(value) -> bool:
 
 
 def _flops(ctx, prim: ir.Prim) -> Flops:
-    """2 x heads x (head_dim + v_head_dim) per key (QK^T, then PV); which keys: causal and window."""
+    """2 x heads x (head_dim + v_head_dim) per key (QK^T, then PV); which keys: causal and
+    window."""
     # q: [B, S, heads, head_dim]; v: [..., v_head_dim]
     q, v = ir.tensor_type(prim.args[0]).dims, ir.tensor_type(prim.args[2]).dims
     keys = Keys(causal=bool(prim.attr("causal").value), window=prim.attr("window").value or 0)
-    return Flops(per_key=2 * ir.static_size(q[-2]) * (ir.static_size(q[-1]) + ir.static_size(v[-1])), keys=keys)
+    return Flops(
+        per_key=2 * ir.static_size(q[-2]) * (ir.static_size(q[-1]) + ir.static_size(v[-1])),
+        keys=keys,
+    )
 
 
 def _compute_dtype(model: ir.Model) -> str:
@@ -335,15 +343,18 @@ def kernel_violations(
             out.append(f"{model.name} computes in {dtype}; splash attention takes bf16 or f32")
         if head_dim is None or head_dim % SPLASH_HEAD_DIM:
             out.append(
-                f"{model.name} has head_dim {head_dim}; splash needs a multiple of {SPLASH_HEAD_DIM}"
+                f"{model.name} has head_dim {head_dim}; "
+                f"splash needs a multiple of {SPLASH_HEAD_DIM}"
             )
         if v_head_dim is None or v_head_dim % SPLASH_HEAD_DIM:
             out.append(
-                f"{model.name} has v_head_dim {v_head_dim}; splash needs a multiple of {SPLASH_HEAD_DIM}"
+                f"{model.name} has v_head_dim {v_head_dim}; "
+                f"splash needs a multiple of {SPLASH_HEAD_DIM}"
             )
         if max_seq is not None and max_seq.value.value % SPLASH_BLOCK:
             out.append(
-                f"{model.name} has max_seq {max_seq.value.value}; splash needs a multiple of {SPLASH_BLOCK}"
+                f"{model.name} has max_seq {max_seq.value.value}; "
+                f"splash needs a multiple of {SPLASH_BLOCK}"
             )
         if mask is not None:
             out.append("an explicit mask; splash runs causal and sliding-window masks only")

@@ -121,7 +121,8 @@ class KernelRule:
         return self.names[0]
 
     def preference(self, profile: Any, op: str) -> tuple[str, ...]:
-        """The profile's kernels for primitive `op`, best first; the fallback alone if it lists none."""
+        """The profile's kernels for primitive `op`, best first; the fallback alone if it lists
+        none."""
         return tuple(profile.kernels.get(op, (self.fallback,)))
 
 

@@ -1,6 +1,7 @@
 """Broadcast a tensor along a new named dim: copies of it side by side.
 
-    broadcast(k_pe, heads, before = rope_dim)    [B, S, rope_dim=64] -> [B, S, heads=128, rope_dim=64]
+    broadcast(k_pe, heads, before = rope_dim)
+        [B, S, rope_dim=64] -> [B, S, heads=128, rope_dim=64]
 
 Multi-head latent attention (DeepSeek-V2/V3) shares one rotary key across all heads; this gives
 it the heads dim the attention primitive needs. The new dim's size is static; the copies are a

@@ -20,7 +20,8 @@ ONE = ir.Dim("1", 1, Const(1))
 
 
 def axis_index(dims: tuple[ir.Dim, ...], over: ir.Dim) -> int | None:
-    """The position of `over` in `dims`, by name, else by size; None when not exactly one matches."""
+    """The position of `over` in `dims`, by name, else by size; None when not exactly one
+    matches."""
     by_name = [i for i, d in enumerate(dims) if d.name == over.name]
     if len(by_name) == 1:
         return by_name[0]

@@ -48,7 +48,8 @@ def _split_shape(ctx, prim, args):
         sizes = " * ".join(str(d.size) for d in into)
         ctx.fail(
             prim.span,
-            f"cannot split `{dims[i]}` into {ir_fmt(into)}: {sizes} = {product}, not {dims[i].size}",
+            f"cannot split `{dims[i]}` into {ir_fmt(into)}: "
+            f"{sizes} = {product}, not {dims[i].size}",
             "the sizes of the new dims must multiply to the size of the dim they split",
         )
     return dims[:i] + tuple(into) + dims[i + 1 :]

@@ -113,7 +113,7 @@ def join_axis(
         return i, ir.Dim(f"{part(da.name)}+{part(db.name)}", da.size + db.size, size)
     hits = [
         j
-        for j, (x, y) in enumerate(zip(a, b))
+        for j, (x, y) in enumerate(zip(a, b, strict=True))
         if x.size is not None
         and y.size is not None
         and over.size is not None
@@ -141,7 +141,7 @@ def _concat_shape(ctx, prim, args):
             "name a dim of the first operand, or the joined dim whose size is the sum",
         )
     i, out = joined
-    for j, (x, y) in enumerate(zip(a, b)):
+    for j, (x, y) in enumerate(zip(a, b, strict=True)):
         if j != i and not x.same(y):
             ctx.fail(
                 prim.span,
@@ -172,7 +172,7 @@ _TWO = ir.Dim("2", 2, Const(2))
 
 def _stack_shape(ctx, prim, args):
     a, b = args[0].type.dims, args[1].type.dims
-    if len(a) != len(b) or not all(x.same(y) for x, y in zip(a, b)):
+    if len(a) != len(b) or not all(x.same(y) for x, y in zip(a, b, strict=True)):
         ctx.fail(prim.span, f"`stack` needs operands of one shape, got {ir_fmt(a)} and {ir_fmt(b)}")
     return a + (_TWO,)
 

@@ -103,9 +103,10 @@ def _flops(ctx, prim: ir.Prim) -> Flops:
 
 def _memory(t, prim: ir.Prim, args, dims, label: str):
     """What jax 0.10 keeps for the helper's backward (measured with saved_residuals; the sequence
-    padded to whole chunks): x and dt (their padded copies when S is not a whole number of chunks); in float32 the broadcast dt and A, the discretized x, B and
-    C repeated per head, seven [B, heads, S, chunk] tensors (segment sums, their masks, the decay,
-    the scores), the per-position decays, the einsums' partial products and the chunk states."""
+    padded to whole chunks): x and dt (their padded copies when S is not a whole number of chunks);
+    in float32 the broadcast dt and A, the discretized x, B and C repeated per head, seven [B,
+    heads, S, chunk] tensors (segment sums, their masks, the decay, the scores), the per-position
+    decays, the einsums' partial products and the chunk states."""
     x, dt = args[0], args[1]
     batch, seq, heads, head_dim = x.dims
     state = args[3].dims[3]
