@@ -1,4 +1,5 @@
-"""Activations of one micro-batch: what the backward keeps (saved) and its largest transient (working).
+"""Activations of one micro-batch: what the backward keeps (saved) and its largest transient
+(working).
 
 The scanned block keeps, per layer, what its remat policy keeps (none: every residual; full: the
 layer input; save_dots: the layer input and the matmul outputs the backward needs directly or to
@@ -16,6 +17,7 @@ from axdsl.analysis.layout import DTYPE_BYTES, Layout
 from axdsl.analysis.platforms import CPU, PlatformFacts
 from axdsl.analysis.trace import Tracer
 from axdsl.analysis.values import Scope, Val, ValKind
+from axdsl.errors import filled
 from axdsl.ir import nodes as ir
 from axdsl.ir.nodes import LOSS_CHUNK, HeadSplit
 
@@ -62,7 +64,7 @@ def trace_activations(
     `loss_chunk` positions at a time. `platform`: how many transients XLA keeps at once there."""
     t = Tracer(root, layout, batch, seq)
     t.platform = platform
-    args = [Val(a.dims, "i32", ValKind.INPUT, f"/{a.name}") for a in root.forward.args]
+    args = [Val(a.dims, "i32", ValKind.INPUT, f"/{a.name}") for a in root.fwd.args]
     if split is None:
         loss_working, kept = loss(t, t.call(root, args)), 0.0
     else:
@@ -97,7 +99,7 @@ def _add_block(
 ) -> None:
     """One scanned block: `repeat` layers that each keep what `policy` keeps (a pattern's step
     runs k layers: its n / k steps count as n layers, each keeping a k-th of a step)."""
-    n = int(inst.repeat.value)
+    n = int(filled(inst.repeat, f"the repeat of {inst.path}", "resolve").value)
     k = len(inst.children) if inst.pattern else 1
     kept, host = kept_values(layer, x, policy)
     kept_bytes = sum(t.nbytes(v) for v in kept)
@@ -222,7 +224,7 @@ def _head_params(split: HeadSplit) -> list[ir.Param]:
     return [
         p
         for key in split.params
-        for p in ([root.param(key)] if root.param(key) else root.child(key).params)
+        for p in ((root.expect_param(key),) if root.param(key) else root.expect_child(key).params)
     ]
 
 

@@ -100,7 +100,8 @@ class FlopCount:
         return 3 * self.forward_per_token
 
     def per_step(self, batch: int) -> int:
-        """Training FLOPs of one step over `batch` sequences of `seq` tokens (all chips together)."""
+        """Training FLOPs of one step over `batch` sequences of `seq` tokens (all chips
+        together)."""
         return self.train_per_token * batch * self.seq
 
 
@@ -112,7 +113,7 @@ def param_count(model: ir.Model) -> ParamCount:
     gathered = _gathered_params(model.root)
     for inst in model.root.walk():
         for p in inst.params:
-            n = math.prod(d.size for d in p.full_dims)
+            n = math.prod(ir.static_size(d) for d in p.full_dims)
             total += n
             by_layer[inst.layer] = by_layer.get(inst.layer, 0) + n
             path = f"{inst.path.rstrip('/')}/{p.name}"
@@ -174,8 +175,9 @@ def expr_flops(inst: ir.Instance, e: ir.TExpr) -> Flops:
     """Forward FLOPs per token of one expression node (not of its operands)."""
     if isinstance(e, ir.Bin):
         return Flops(matmul=matmul_flops_per_token(inst, e))
-    if isinstance(e, ir.Prim) and primitives.get(e.name).flops is not None:
-        return primitives.get(e.name).flops(RuleContext(inst), e)
+    rule = primitives.get(e.name).flops if isinstance(e, ir.Prim) else None
+    if isinstance(e, ir.Prim) and rule is not None:
+        return rule(RuleContext(inst), e)
     return Flops()
 
 
@@ -235,11 +237,11 @@ def _through(e: ir.TExpr) -> ir.TExpr:
 
 def param_of(inst: ir.Instance, e: ir.TExpr) -> tuple[str, str] | None:
     """(instance path, param name) when `e` is a parameter, possibly transposed or cast."""
-    p = param_at(inst, e)
-    if p is None:
+    ref = _through(e)
+    if param_at(inst, e) is None or not isinstance(ref, ir.Ref):
         return None
-    e = _through(e)
-    return (inst.path if e.kind is RefKind.PARAM else inst.child(e.owner).path, e.name)
+    owner = inst if ref.kind is RefKind.PARAM else inst.expect_child(ref.owner)
+    return (owner.path, ref.name)
 
 
 def param_at(inst: ir.Instance, e: ir.TExpr) -> ir.Param | None:
@@ -259,7 +261,7 @@ def matmul_flops_per_token(inst: ir.Instance, e: ir.TExpr) -> int:
         for operand in (e.right, e.left):
             p = param_at(inst, operand)
             if p is not None:
-                return 2 * math.prod(d.size for d in p.dims)
+                return 2 * math.prod(ir.static_size(d) for d in p.dims)
         return 0
     if isinstance(e, ir.Prim):
         return expr_flops(inst, e).matmul

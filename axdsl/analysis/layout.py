@@ -45,14 +45,14 @@ class Layout:
             a for a in self.rules.get(logical, ()) if self.sizes.get(a, 1) > 1 and a not in used
         )
 
-    def param_elements(self, p: ir.Param, exclude: tuple[str, ...] = ()) -> float:
+    def param_elements(self, p: ir.Param, exclude: tuple[str, ...] = ()) -> int:
         """Elements of `p` on one chip; `exclude` mesh axes are gathered (FSDP at compute time)."""
         used = set(exclude)
         n = 1.0
-        for d, logical in zip(p.full_dims, p.full_axes):
+        for d, logical in zip(p.full_dims, p.full_axes, strict=True):
             axes = self._axes(logical, used)
             used.update(axes)
-            n *= d.size / self.shards(axes)
+            n *= ir.static_size(d) / self.shards(axes)
         return int(math.ceil(n))
 
     def batch_axes(self) -> tuple[str, ...]:
@@ -61,9 +61,11 @@ class Layout:
     def elements(
         self, dims: tuple[ir.Dim, ...], batch: int, seq: int, weight: bool = False
     ) -> float:
-        """Elements of an activation on one chip; `weight`: a gathered weight (batch axes unused)."""
+        """Elements of an activation on one chip; `weight`: a gathered weight (batch axes
+        unused)."""
         used: set[str] = set(self.batch_axes()) if weight else set()
         n = 1.0
+        logical: str | None
         for d in dims:
             if d.name == "B" and d.size is None:
                 size, logical = batch, "batch"

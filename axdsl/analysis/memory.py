@@ -190,7 +190,7 @@ def _example_bytes(module: ir.Module, root: ir.Instance, seq: int) -> int:
     if kind == "next_token":
         return (seq + 1) * 4
     if kind == "classify":
-        images = next((a for a in root.forward.args if a.name == "images"), None)
+        images = next((a for a in root.fwd.args if a.name == "images"), None)
         return (math.prod(d.size or 1 for d in images.dims[1:]) + 1) * 4 if images else 4
     return len(batch_fields(kind, forward_inputs(root))) * seq * 4
 
@@ -228,8 +228,8 @@ def estimate_memory(
         mu_dtype = SPEC_DTYPES.get(train.get("optimizer").arg("mu_dtype", ""))
     if optimizer not in MU_DTYPE_OPTIMIZERS:
         mu_dtype = None
-    sizes = dict(mesh) if mesh is not None else dict(module.schedule.mesh_sizes)
-    rules = {k: c.value for k, c in module.schedule.rules}
+    sizes = dict(mesh) if mesh is not None else dict(module.target.mesh_sizes)
+    rules = {k: c.value for k, c in module.target.rules}
     layout = Layout(sizes, rules, dim_axes(m.root))
     policy = remat or _block_remat(m.root)
     kept = policy.kind  # what the blocks keep: every residual where the platform ignores remat
@@ -307,7 +307,7 @@ def _state(
             if top is None or top.repeat is None:
                 copies += 2 * n * DTYPE_BYTES[compute]  # the cast copy and its gradient
                 continue
-            layers = math.prod(d.size for d in p.stack)
+            layers = math.prod(ir.static_size(d) for d in p.stack)
             per_layer[top.path] = per_layer.get(top.path, 0) + n // layers * DTYPE_BYTES[compute]
             if remat is ir.RematKind.NONE:
                 copies += n * DTYPE_BYTES[compute]  # every layer's cast weights, kept as residuals
@@ -385,7 +385,7 @@ def _opt_bytes(optimizer: str, p: ir.Param, n: int, mu: str | None = None) -> in
     """Optimizer moments of one parameter of `n` elements on a chip."""
     b = DTYPE_BYTES[p.dtype.name]
     if optimizer == "adafactor":
-        dims = [d.size for d in p.full_dims]
+        dims = [ir.static_size(d) for d in p.full_dims]
         if len(dims) >= 2:  # factored second moment: rows and columns of the two largest dims
             r, c = sorted(range(len(dims)), key=lambda i: dims[i])[-2:]
             return (n // dims[r] + n // dims[c]) * 4

@@ -1,11 +1,14 @@
 """Trace a model's forward over the IR, recording every value and what the backward keeps.
 
 The tracer walks each forward's statements; each primitive asks its own memory rule (its registry
-entry in axdsl/primitives/) what it saves, each binary operator its rule in `residuals`. A repeated (scanned) child is traced once, in a scope of its own, so that the remat policy
-can be applied per layer (`activations`).
+entry in axdsl/primitives/) what it saves, each binary operator its rule in `residuals`. A repeated
+(scanned) child is traced once, in a scope of its own, so that the remat policy can be applied per
+layer (`activations`).
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 from axdsl import primitives
 from axdsl.analysis import residuals
@@ -80,9 +83,9 @@ class Tracer:
 
     # ------------------------------------------------------------- evaluation
     def call(self, inst: ir.Instance, args: list[Val]) -> Val:
-        fwd = inst.forward
+        fwd = inst.fwd
         bind = bind_dims(fwd.args, args)
-        env = {a.name: v for a, v in zip(fwd.args, args)}
+        env = {a.name: v for a, v in zip(fwd.args, args, strict=True)}
         for stmt in fwd.body:
             v = self.ev(stmt.value, inst, env, bind)
             if isinstance(stmt, ir.Ret):
@@ -114,10 +117,10 @@ class Tracer:
         if e.kind in (ir.RefKind.LOCAL, ir.RefKind.ARG):
             return env[e.name]
         if e.kind is ir.RefKind.PARAM:
-            return self.param_val(inst.param(e.name), f"{inst.path}/{e.name}")
+            return self.param_val(inst.expect_param(e.name), f"{inst.path}/{e.name}")
         if e.kind is ir.RefKind.CHILD_PARAM:
-            child = inst.child(e.owner)
-            return self.param_val(child.param(e.name), f"{child.path}/{e.name}")
+            child = inst.expect_child(e.owner)
+            return self.param_val(child.expect_param(e.name), f"{child.path}/{e.name}")
         return Val((), "f32", ValKind.LIT, e.name)
 
     def ev(self, e: ir.TExpr, inst: ir.Instance, env: dict, bind: dict) -> Val:
@@ -134,15 +137,15 @@ class Tracer:
             return residuals.binary(self, e.op, a, b, self.dims(e, bind), inst.path)
         if isinstance(e, ir.CallChild):
             args = [self.ev(a, inst, env, bind) for a in e.args]
-            child = inst.child(e.child)
+            child = inst.expect_child(e.child)
             if e.over is not None:
-                return self.over_time(child, e, args, bind)
+                return self.over_time(child, e, e.over, args, bind)
             if child.repeat is not None:
                 return self.scanned(child, args[0], args[1:])
             return self.call(child, args)
         return self.prim(e, inst, env, bind)
 
-    def scanned(self, child: ir.Instance, x: Val, side: list[Val] = ()) -> Val:
+    def scanned(self, child: ir.Instance, x: Val, side: Sequence[Val] = ()) -> Val:
         """A repeated child: trace one layer in its own scope; the scan output is a new value.
         Side inputs (the arguments after the carry) are the caller's values, closed over."""
         outer = self.scope
@@ -154,14 +157,16 @@ class Tracer:
         self.blocks.append((child, layer, x_in))
         return self.new(x.dims, x.dtype, f"{child.path} output", (x,))
 
-    def over_time(self, child: ir.Instance, e: ir.CallChild, args: list[Val], bind: dict) -> Val:
+    def over_time(
+        self, child: ir.Instance, e: ir.CallChild, over: ir.Dim, args: list[Val], bind: dict
+    ) -> Val:
         """`scan(cell, x, over = S)`, approximately: one step is traced in a scope of its own (its
         values are per step, not counted), and the stacked carries are kept for the backward."""
         outer = self.scope
         self.scope = Scope()
         steps = [
             Val(
-                tuple(d for d in a.dims if not d.same(e.over)),
+                tuple(d for d in a.dims if not d.same(over)),
                 a.dtype,
                 ValKind.INPUT,
                 f"{child.path} step",
@@ -173,7 +178,7 @@ class Tracer:
             steps.insert(
                 0,
                 Val(
-                    tuple(d for d in carry if not d.same(e.over)),
+                    tuple(d for d in carry if not d.same(over)),
                     args[0].dtype,
                     ValKind.INPUT,
                     f"{child.path} carry",
@@ -201,17 +206,17 @@ def bind_dims(decl: tuple[ir.Arg, ...], actual: list[Val]) -> dict[str, tuple[ir
     stay free (sized by the batch and sequence length, with their logical axes) unless the caller
     fixes them: a ViT's blocks see its patches + 1 positions, not the train block's `seq`."""
     out: dict[str, tuple[ir.Dim, ...]] = {}
-    for a, v in zip(decl, actual):
+    for a, v in zip(decl, actual, strict=True):
         dims = a.dims
         if any(d.is_ellipsis for d in dims):
             i = next(j for j, d in enumerate(dims) if d.is_ellipsis)
             tail = len(dims) - i - 1
             out["..."] = tuple(v.dims[i : len(v.dims) - tail])
-            pairs = list(zip(dims[:i], v.dims[:i])) + list(
-                zip(dims[i + 1 :], v.dims[len(v.dims) - tail :])
+            pairs = list(zip(dims[:i], v.dims[:i], strict=True)) + list(
+                zip(dims[i + 1 :], v.dims[len(v.dims) - tail :], strict=True)
             )
         else:
-            pairs = list(zip(dims, v.dims))
+            pairs = list(zip(dims, v.dims, strict=True))
         for d, got in pairs:
             if (
                 d.size is None

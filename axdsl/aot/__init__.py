@@ -18,7 +18,8 @@ Before anything is launched on real hardware:
    (a GPU or TPU step is never compiled for the CPU and reported as the target's).
 
 Exit codes: 0 fits, 3 does not fit (with concrete suggestions, found with the analytic model and
-shown scaled by XLA's ratio when XLA decided), 1 the generated step failed to lower. Compile errors in the spec raise CompileError, which the CLI prints (exit 1).
+shown scaled by XLA's ratio when XLA decided), 1 the generated step failed to lower. Compile errors
+in the spec raise CompileError, which the CLI prints (exit 1).
 
 jax is imported only here, lazily, after XLA_FLAGS asks for enough host devices. When jax is
 already imported with fewer devices (a test process, a notebook), the lowering runs in a
@@ -104,9 +105,9 @@ def analyze(
     model = model or names[0]
     if model not in names:
         raise AotError(f"no model `{model}` in {spec}; its models: {', '.join(names)}")
-    batch = batch or module.train_settings.get("batch")
-    seq = seq or module.train_settings.get("seq")
-    sched = module.schedule
+    batch = batch or module.train.get("batch")
+    seq = seq or module.train.get("seq")
+    sched = module.target
     profile = profiles()[sched.profile]
     m = next(x for x in module.models if x.name == model)
     files = build_files(spec, target)

@@ -150,7 +150,8 @@ def lower_here(
 def _lower_generated(
     train, mod, result: dict, model: str, batch: int, seq: int, chips: int, kind: str, compile: bool
 ) -> None:
-    """Check the configuration, lower the step on the mesh, then compile where it means something."""
+    """Check the configuration, lower the step on the mesh, then compile where it means
+    something."""
     import jax
 
     sized = {"seq": seq} if hasattr(train.TRAIN, "seq") else {}  # a classifier's has no seq
@@ -194,7 +195,8 @@ def _compile_for_tpu(train, mod, cfg, tc, chips: int) -> dict:
 
     def build(devices: list):
         mesh = mod.make_mesh(devices)
-        # abstract_state's PRNG key runs on the default (CPU) device: a topology has no chips to run it.
+        # abstract_state's PRNG key runs on the default (CPU) device: a topology has no chips to run
+        # it.
         args = (train.abstract_state(cfg, tc, mesh), abstract_batch(train, tc, mesh))
         return mesh, train.make_train_step(cfg, tc, mesh), args
 

@@ -50,7 +50,8 @@ def _header(r: Report) -> list[str]:
         + (f" in {e.microbatches} micro-batches" if e.microbatches > 1 else "")
         + f"; remat {e.remat}; optimizer {e.optimizer}",
         (
-            f"  {r.params_total / 1e9:.3g} B parameters ({r.params_embedding / 1e9:.3g} B in embeddings)"
+            f"  {r.params_total / 1e9:.3g} B parameters "
+            f"({r.params_embedding / 1e9:.3g} B in embeddings)"
             if r.params_total >= 1e8
             else f"  {r.params_total:,} parameters ({r.params_embedding:,} in embeddings)"
         ),
@@ -78,8 +79,8 @@ def _memory(r: Report) -> list[str]:
     )
     if e.reused:
         lines.append(
-            f"  unrolled reuse    {gib(-e.reused):>12}   (gradients of unrolled layers written where "
-            f"their freed residuals were)"
+            f"  unrolled reuse    {gib(-e.reused):>12}   "
+            "(gradients of unrolled layers written where their freed residuals were)"
         )
     if e.offloaded:
         lines.append(f"  offloaded to host {gib(e.offloaded):>12}   (not on the chip)")
@@ -148,7 +149,8 @@ def _verdict_xla(r: Report) -> list[str]:
     )
     return [
         total,
-        f"  XLA ({where}) {gib(r.peak):>9}   of {gib(r.limit)} XLA gives a program per chip ({how})",
+        f"  XLA ({where}) {gib(r.peak):>9}   "
+        f"of {gib(r.limit)} XLA gives a program per chip ({how})",
         f"  {verdict}",
         f"  analytic: {gib(e.total)} ({100 * (e.total - r.peak) / r.peak:+.0f}% of XLA's)",
     ]
@@ -170,7 +172,8 @@ def _compute(r: Report) -> list[str]:
         f"  per token (train)    {_si(f.train_per_token)}FLOP   (matmuls {_si(3 * f.matmul)}FLOP, "
         f"attention/SSD {_si(3 * f.attention)}FLOP at seq {f.seq})",
         f"  per step             {_si(step_flops)}FLOP   ({e.batch * e.seq:,} tokens)",
-        f"  ideal step time      {ideal * 1e3:.4g} ms at the bf16 peak ({_si(peak)}FLOP/s x {e.chips} chips, "
+        f"  ideal step time      {ideal * 1e3:.4g} ms at the bf16 peak "
+        f"({_si(peak)}FLOP/s x {e.chips} chips, "
         f"100% MFU); {ideal / 0.4 * 1e3:.4g} ms at 40% MFU",
         f"  ideal throughput     {e.batch * e.seq / ideal:,.0f} tokens/s",
     ]
@@ -216,7 +219,8 @@ def _xla(r: Report) -> tuple[list[str], dict | None]:
         need = r.out_of_memory.get("required")
         return [
             f"  compiled for TPU topology {lo['tpu_topology']} in {lo.get('compile_s')} s: "
-            f"RESOURCE_EXHAUSTED, the program needs {gib(need) if need else '(no figure)'} per chip "
+            "RESOURCE_EXHAUSTED, the program needs "
+            f"{gib(need) if need else '(no figure)'} per chip "
             f"(arguments and temporaries), above the {gib(r.limit)} of HBM it has"
         ], None
     if not xla:
@@ -227,9 +231,11 @@ def _xla(r: Report) -> tuple[list[str], dict | None]:
         f"  compiled for {where}"
         + (f" in {lo['compile_s']} s" if "compile_s" in lo else "")
         + ": memory_analysis() per device vs analytic",
-        f"    arguments (state + batch)  XLA {gib(xla['argument']):>11}   analytic {gib(e.state):>11}"
+        f"    arguments (state + batch)  XLA {gib(xla['argument']):>11}   "
+        f"analytic {gib(e.state):>11}"
         f"   ({_pct(e.state, xla['argument'])})",
-        f"    temporaries                XLA {gib(xla['temp']):>11}   analytic {gib(e.temporaries):>11}"
+        f"    temporaries                XLA {gib(xla['temp']):>11}   "
+        f"analytic {gib(e.temporaries):>11}"
         f"   ({_pct(e.temporaries, xla['temp'])})",
         f"    outputs not donated        XLA {gib(max(xla['output'] - xla['alias'], 0)):>11}",
         f"    total                      XLA {gib(total):>11}   analytic {gib(e.total):>11}"
@@ -242,6 +248,7 @@ def _no_temporaries(lo: dict, xla: dict) -> list[str]:
     if not lo.get("tpu_topology") or xla["temp"]:
         return []
     return [
-        f"    XLA counts no temporaries in HBM for this step (temp_size 0; its peak_memory_in_bytes "
+        "    XLA counts no temporaries in HBM for this step "
+        "(temp_size 0; its peak_memory_in_bytes "
         f"is {gib(xla.get('peak', 0))})"
     ]

@@ -51,7 +51,8 @@ class Report:
 
     @property
     def out_of_memory(self) -> dict | None:
-        """XLA's RESOURCE_EXHAUSTED figures (required, available), when the TPU compile ran out of HBM."""
+        """XLA's RESOURCE_EXHAUSTED figures (required, available), when the TPU compile ran out of
+        HBM."""
         return self.lowering.get("xla_oom")
 
     @property
@@ -98,7 +99,8 @@ class Report:
     def fits(self) -> bool:
         if self.out_of_memory is not None:
             return False
-        return self.peak <= self.limit or self.borderline
+        peak = self.peak  # not None here: only an out-of-memory compile may give no figure
+        return (peak is not None and peak <= self.limit) or self.borderline
 
 
 def gib(n: float) -> str:

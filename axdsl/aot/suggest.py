@@ -76,7 +76,7 @@ class _Search:
 
     def shards(self, mesh: dict[str, int]) -> int:
         """Ways the batch is split on `mesh`."""
-        batch_rule = dict((k, c.value) for k, c in self.module.schedule.rules).get("batch", ())
+        batch_rule = dict((k, c.value) for k, c in self.module.target.rules).get("batch", ())
         return math.prod(mesh.get(a, 1) for a in batch_rule)
 
     def grown_batch(self, mesh: dict[str, int]) -> int:
@@ -103,7 +103,7 @@ def _fsdp_same_chips(s: _Search) -> list[str]:
 
 
 def _more_fsdp(s: _Search) -> list[str]:
-    base, sched = s.base, s.module.schedule
+    base, sched = s.base, s.module.target
     for k in range(1, 13):
         fsdp = base.get("fsdp", 1) * 2**k
         mesh = {**base, "fsdp": fsdp}
@@ -207,7 +207,7 @@ def _adafactor(s: _Search) -> _Lever | None:
 def _quantized(s: _Search) -> list[_Lever]:
     """Matmuls with a parameter operand in each low-precision format the target runs, when the
     step quantizes none (quantize_matmuls re-run on the IR, as `quantize(fmt)` would build it)."""
-    sched = s.module.schedule
+    sched = s.module.target
     if sched.quantize.value.format is not ir.QuantFormat.NONE:
         return []
     out = []
@@ -216,7 +216,7 @@ def _quantized(s: _Search) -> list[_Lever]:
         choice = replace(sched.quantize, value=policy)
 
         def apply(module: ir.Module, kw: dict, choice=choice) -> tuple[ir.Module, dict]:
-            quantized = replace(module, schedule=replace(module.schedule, quantize=choice))
+            quantized = replace(module, schedule=replace(module.target, quantize=choice))
             return quantize_matmuls(quantized), kw
 
         out.append(
@@ -244,7 +244,7 @@ def _lora(s: _Search) -> _Lever | None:
     adapters = ir.Choice(LoraSettings(), ir.DEFAULT)
 
     def apply(module: ir.Module, kw: dict) -> tuple[ir.Module, dict]:
-        t = module.train_settings
+        t = module.train
         return (
             replace(module, train_settings=replace(t, settings=t.settings + (("lora", adapters),))),
             kw,
@@ -313,7 +313,7 @@ def _together(s: _Search) -> list[str]:
             n = mesh["fsdp"] * s.others()
             return [
                 f"together: `{s.pattern} {{ remat(full) }}` and fsdp over {n} chips "
-                f"(`--target {s.module.schedule.profile}-{n}`) -> {s.shown(t)} per chip"
+                f"(`--target {s.module.target.profile}-{n}`) -> {s.shown(t)} per chip"
             ]
     return [
         "no layout tried fits (FSDP up to 4096x, remat(full), micro-batches): "

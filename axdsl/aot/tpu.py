@@ -22,7 +22,8 @@ from collections.abc import Callable
 
 from axdsl.aot.xla import is_out_of_memory, memory_stats, out_of_memory, short
 
-# TPU topologies by chip count for jax.experimental.topologies (2-D tori for v5e/v6e, 3-D for v4/v5p).
+# TPU topologies by chip count for jax.experimental.topologies (2-D tori for v5e/v6e, 3-D for
+# v4/v5p).
 TPU_TOPOLOGY_2D = {
     1: "1x1",
     2: "1x2",
@@ -122,7 +123,8 @@ def _devices(name: str, bounds: list[int]) -> list:
 
 
 def _compile(devices: list, build: Build, name: str) -> dict:
-    """Lower and compile on the topology; a compile that runs out of HBM is a verdict, not an error."""
+    """Lower and compile on the topology; a compile that runs out of HBM is a verdict, not an
+    error."""
     import jax
 
     t0 = time.perf_counter()

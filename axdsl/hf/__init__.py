@@ -1,25 +1,33 @@
 """Hugging Face interop: `axdsl import-hf` and `axdsl export-hf`.
 
-    axdsl import-hf SPEC HF_DIR [--model NAME] [--out DIR]    safetensors -> orbax params checkpoint
-    axdsl export-hf SPEC CKPT_DIR OUT_DIR [--model NAME]      orbax checkpoint -> config.json + model.safetensors
+    axdsl import-hf SPEC HF_DIR [--model NAME] [--out DIR]
+        safetensors -> orbax params checkpoint
+    axdsl export-hf SPEC CKPT_DIR OUT_DIR [--model NAME]
+        orbax checkpoint -> config.json + model.safetensors
 
 Families (detected from config.json's `model_type`, or chosen from the spec's structure on export):
 
-| family    | transformers class   | axdsl structure (std/transformer.axl)                              |
-|-----------|----------------------|--------------------------------------------------------------------|
-| gpt2      | GPT2LMHeadModel      | learned positions, LayerNorm, biased attention, MLP(act = "gelu")  |
-| llama     | LlamaForCausalLM     | RoPE, RMSNorm, SwiGLU                                              |
-| mistral   | MistralForCausalLM   | llama with Attention(window = W)                                   |
-| mixtral   | MixtralForCausalLM   | llama with MoE (normalize = true), optional window                 |
-| qwen2     | Qwen2ForCausalLM     | llama with Attention(bias = true, out_bias = false)                |
-| qwen3     | Qwen3ForCausalLM     | llama with Attention(qk_norm = true)                               |
-| qwen3_moe | Qwen3MoeForCausalLM  | qk_norm and MoE (normalize = norm_topk_prob)                       |
-| phi       | PhiForCausalLM       | ParallelBlock(shared_norm = true), LayerNorm, biases, head_bias, rope_dim |
-| gpt_neox  | GPTNeoXForCausalLM   | ParallelBlock(), LayerNorm, biases, MLP(act = "gelu_exact"), rope_dim |
-| deepseek_v3 | DeepseekV3ForCausalLM | std/deepseek.axl: MLAttention, dense_layers of SwiGLU, then DeepSeekMoE |
-| bert      | BertForMaskedLM      | std/bert.axl's BertMLM: post-norm BertBlocks, token types, tied MLM head (families/bert.py) |
-| vit       | ViTForImageClassification | std/vit.axl: VisionTransformer (patches, class token; families/vit.py) |
-| t5        | T5ForConditionalGeneration | std/t5.axl's T5 (v1.1, Flan-T5): relative buckets, gated GELU, cross-attention; families/t5.py |
+    family       transformers class          axdsl structure (std/transformer.axl)
+    gpt2         GPT2LMHeadModel             learned positions, LayerNorm, biased attention,
+                                             MLP(act = "gelu")
+    llama        LlamaForCausalLM            RoPE, RMSNorm, SwiGLU
+    mistral      MistralForCausalLM          llama with Attention(window = W)
+    mixtral      MixtralForCausalLM          llama with MoE (normalize = true), optional window
+    qwen2        Qwen2ForCausalLM            llama with Attention(bias = true, out_bias = false)
+    qwen3        Qwen3ForCausalLM            llama with Attention(qk_norm = true)
+    qwen3_moe    Qwen3MoeForCausalLM         qk_norm and MoE (normalize = norm_topk_prob)
+    phi          PhiForCausalLM              ParallelBlock(shared_norm = true), LayerNorm, biases,
+                                             head_bias, rope_dim
+    gpt_neox     GPTNeoXForCausalLM          ParallelBlock(), LayerNorm, biases,
+                                             MLP(act = "gelu_exact"), rope_dim
+    deepseek_v3  DeepseekV3ForCausalLM       std/deepseek.axl: MLAttention, dense_layers of SwiGLU,
+                                             then DeepSeekMoE
+    bert         BertForMaskedLM             std/bert.axl's BertMLM: post-norm BertBlocks, token
+                                             types, tied MLM head (families/bert.py)
+    vit          ViTForImageClassification   std/vit.axl: VisionTransformer (patches, class token;
+                                             families/vit.py)
+    t5           T5ForConditionalGeneration  std/t5.axl's T5 (v1.1, Flan-T5): relative buckets,
+                                             gated GELU, cross-attention; families/t5.py
 
 Llama-family rope scalings map to Attention's rope_* settings: rope_parameters' rope_type
 "llama3" (factor, low/high_freq_factor, original_max_position_embeddings), "linear" and "yarn"
@@ -46,23 +54,35 @@ leading `layers` dim), each array in the model's `param_dtype`. Restore it with
     k_proj, v_proj                     [kv*hd, dim]          attn/wk, wv [dim, kv_heads, hd]
     o_proj                             [dim, heads*hd]       attn/wo [heads, hd, dim]
     q_norm, k_norm                     [hd]                  attn/q_norm/scale, k_norm/scale
-    gate_proj, up_proj / down_proj     [ffn, dim] / [dim, ffn]  mlp/w_gate, w_up [dim, ffn] / w_down [ffn, dim]
+    gate_proj, up_proj / down_proj     [ffn, dim] / [dim, ffn]  mlp/w_gate, w_up [dim, ffn] /
+                                                            w_down [ffn, dim]
     router gate                        [experts, dim]        mlp/router [dim, experts]
     experts.E.w1 (gate_proj), w3 (up_proj)  [ffn, dim]       mlp/w_gate, w_up [experts, dim, ffn]
     experts.E.w2 (down_proj)           [dim, ffn]            mlp/w_down [experts, ffn, dim]
-    GPT-2 c_attn (Conv1D [in, out])    [dim, 3*dim]          split into wq, wk, wv; c_attn.bias into bq, bk, bv
+    GPT-2 c_attn (Conv1D [in, out])    [dim, 3*dim]          split into wq, wk, wv; c_attn.bias
+                                                             into bq, bk, bv
     GPT-2 c_proj, c_fc, mlp.c_proj     [in, out]             wo (reshaped), w_in, w_out as they are
     Phi dense, fc1, fc2 (+ biases)     nn.Linear             wo, mlp/w_in, w_out (bo, b_in, b_out)
-    GPT-NeoX query_key_value           [heads*3*hd, dim]     rows grouped per head as (q, k, v): wq, wk, wv (and biases)
-    GPT-NeoX dense_h_to_4h/_4h_to_h    nn.Linear             mlp/w_in, w_out; embed_in/embed_out = embed, head
+    GPT-NeoX query_key_value           [heads*3*hd, dim]     rows grouped per head as (q, k, v):
+                                                             wq, wk, wv (and biases)
+    GPT-NeoX dense_h_to_4h/_4h_to_h    nn.Linear             mlp/w_in, w_out; embed_in/embed_out
+                                                             = embed, head
     lm_head.bias (Phi)                 [vocab]               head_b
-    ln_1/ln_2/ln_f weight, bias        [dim]                 attn_norm, mlp_norm, final_norm scale, shift
-    DeepSeek q_a_proj, q_b_proj        [q_rank, dim], [heads*qk, q_rank]  attn/wq_a [dim, q_rank], wq_b [q_rank, heads, qk]
-    DeepSeek kv_a_proj_with_mqa        [kv_rank+rope, dim]   attn/wkv_a [dim, kv_rank+rope] (latent, then the shared rotary key)
-    DeepSeek kv_b_proj                 [heads*(nope+v), kv_rank]  attn/wkv_b [kv_rank, heads, nope+v]
-    q_a_layernorm, kv_a_layernorm      [q_rank], [kv_rank]   attn/q_norm/scale, attn/kv_norm/scale
-    mlp.gate.e_score_correction_bias   [experts]             mlp/score_bias; mlp.shared_experts.* -> mlp/shared_mlp/*
-    DeepSeek layers 0..k-1 / k..       first_k_dense_replace dense_blocks (stacked) / blocks (stacked)
+    ln_1/ln_2/ln_f weight, bias        [dim]                 attn_norm, mlp_norm, final_norm
+                                                             scale, shift
+    DeepSeek q_a_proj, q_b_proj        [q_rank, dim], [heads*qk, q_rank]
+                                                             attn/wq_a [dim, q_rank],
+                                                             wq_b [q_rank, heads, qk]
+    DeepSeek kv_a_proj_with_mqa        [kv_rank+rope, dim]   attn/wkv_a [dim, kv_rank+rope]
+                                                             (latent, then the shared rotary key)
+    DeepSeek kv_b_proj                 [heads*(nope+v), kv_rank]
+                                                             attn/wkv_b [kv_rank, heads, nope+v]
+    q_a_layernorm, kv_a_layernorm      [q_rank], [kv_rank]   attn/q_norm/scale,
+                                                             attn/kv_norm/scale
+    mlp.gate.e_score_correction_bias   [experts]             mlp/score_bias; mlp.shared_experts.*
+                                                             -> mlp/shared_mlp/*
+    DeepSeek layers 0..k-1 / k..       first_k_dense_replace dense_blocks (stacked) /
+                                                             blocks (stacked)
 
 Layer i of HF is index i of the stacked `blocks` arrays. Rotary embeddings need no permutation:
 HF checkpoints use the half-split (rotate_half) layout, as axdsl's `rope` does. Mixtral and

@@ -1,4 +1,5 @@
-"""Orbax params checkpoints: nest/flatten parameter paths, write one (import), find and read one (export).
+"""Orbax params checkpoints: nest/flatten parameter paths, write one (import), find and read one
+(export).
 
 The checkpoint `import-hf` writes is a params-only orbax checkpoint (`ocp.StandardCheckpointer`)
 whose tree is the tree of the generated `init_params(cfg, key)`. `export-hf` reads such a
@@ -96,7 +97,8 @@ def metadata_tree(path: Path) -> dict:
 
 
 def restore_params(path: Path, arch: Arch, stored: dict[tuple[str, ...], Any], state: bool) -> dict:
-    """Read the parameters (of a train state: only its params) onto the CPU, in the stored dtypes."""
+    """Read the parameters (of a train state: only its params) onto the CPU, in the stored
+    dtypes."""
     import jax
     import orbax.checkpoint as ocp
 

@@ -97,8 +97,8 @@ def mismatches(arch: Arch, family: str, cfg: dict) -> list[str]:
     skip = _skipped(arch, vals)
     if "layer_ropes" not in vals and len(set(arch.facts.layer_ropes or ())) > 1:
         out.append(
-            f"the spec's layers differ in their rotary embedding ({family}'s config.json states one for "
-            "all layers; Gemma 3 states one per layer type)"
+            "the spec's layers differ in their rotary embedding "
+            f"({family}'s config.json states one for all layers; Gemma 3 states one per layer type)"
         )
     for fld, value in vals.items():
         if fld in skip or _same(getattr(arch.facts, fld), value):

@@ -44,7 +44,8 @@ def read_decoder(arch: Arch, root: Any) -> Arch:
     elements = _pattern_elements(arch, blocks)
     if any(b is None or b.layer not in BLOCKS for b in elements):
         arch.problems.append(
-            "the repeated block is not std's Block, ParallelBlock or MambaBlock (or a pattern of them)"
+            "the repeated block is not std's Block, ParallelBlock or MambaBlock "
+            "(or a pattern of them)"
         )
         return arch
     per_layer = [_block_values(arch, b, root) for b in elements]
@@ -151,7 +152,8 @@ def _read_norms(arch: Arch, norms: list) -> None:
 
 
 def _read_mixer(arch: Arch, mixer, root) -> None:
-    """Mamba-2's mixer: its sizes, conv and the eps of its gated norm (HF has one eps for all norms)."""
+    """Mamba-2's mixer: its sizes, conv and the eps of its gated norm (HF has one eps for all
+    norms)."""
     v = arch.facts
     if mixer is None or mixer.layer != "Mamba2Mixer":
         arch.problems.append("the MambaBlock's mixer is not std's Mamba2Mixer")

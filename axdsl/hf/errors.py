@@ -1,4 +1,5 @@
-"""The one error Hugging Face interop reports, and how the two commands turn errors into exit codes."""
+"""The one error Hugging Face interop reports, and how the two commands turn errors into exit
+codes."""
 
 from __future__ import annotations
 

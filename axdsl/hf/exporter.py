@@ -23,7 +23,8 @@ from axdsl.hf.safetensors_io import need_safetensors
 
 
 def export_hf(spec: Path, ckpt_dir: Path, out: Path, model: str | None = None) -> int:
-    """`axdsl export-hf`: an orbax checkpoint -> config.json + model.safetensors. Returns the exit code."""
+    """`axdsl export-hf`: an orbax checkpoint -> config.json + model.safetensors. Returns the exit
+    code."""
     return exit_code(_export_hf, Path(spec), Path(ckpt_dir), Path(out), model)
 
 
@@ -47,7 +48,8 @@ def _shape_problems(arch: Arch, stored: dict[tuple[str, ...], Any]) -> list[str]
 def _checkpointed_model(
     archs: list[Arch], model: str | None, spec: Path, path: Path, stored: dict
 ) -> Arch:
-    """The model `model`, whose shapes the checkpoint must have; by default the first that has them."""
+    """The model `model`, whose shapes the checkpoint must have; by default the first that has
+    them."""
     if model is not None:
         arch = pick(archs, model, spec)
         problems = _shape_problems(arch, stored)

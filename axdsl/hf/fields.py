@@ -63,7 +63,8 @@ class Config:
 
     @property
     def partial_rotary(self) -> float:
-        """The rotating fraction of each head (rope_parameters, the top level, or GPT-NeoX's rotary_pct)."""
+        """The rotating fraction of each head (rope_parameters, the top level, or GPT-NeoX's
+        rotary_pct)."""
         default = self.get("rotary_pct", self.defaults.partial_rotary)
         return float(
             self.rope_param("partial_rotary_factor", self.get("partial_rotary_factor", default))

@@ -38,7 +38,8 @@ _ACTS = {
     "silu": "silu",
 }
 _ACTS_OUT = {"gelu_tanh": "gelu_pytorch_tanh", "gelu_exact": "gelu", "silu": "silu"}
-# Gemma 3's rotary kinds: transformers' rope_type -> (axdsl's rope_scaling, whether it reads `factor`)
+# Gemma 3's rotary kinds: transformers' rope_type -> (axdsl's rope_scaling, whether it reads
+# `factor`)
 _GEMMA3_ROPE = {"default": "none", "linear": "linear"}
 # transformers' Gemma config classes' defaults the shared rows read
 GEMMA = Defaults(head_dim=256, layers=26)
@@ -50,7 +51,8 @@ def is_gemma(arch: Arch) -> bool:
 
 
 def _layer_types(c: Config, period: int) -> list[str]:
-    """layer_types, else the family's default: every `period`-th layer global, the others sliding."""
+    """layer_types, else the family's default: every `period`-th layer global, the others
+    sliding."""
     n = _layers(c)
     return c.get("layer_types") or [SLIDING if (i + 1) % period else FULL for i in range(n)]
 
@@ -282,7 +284,7 @@ def gemma3_config(arch: Arch, dtype: str) -> dict:
     v = arch.facts
     out = _shared_config(v, "gemma3_text", "Gemma3ForCausalLM", dtype)
     params: dict[str, dict] = {}
-    for kind, (theta, scaling, factor) in zip(out["layer_types"], v.layer_ropes):
+    for kind, (theta, scaling, factor) in zip(out["layer_types"], v.layer_ropes, strict=True):
         p = {"rope_type": "default" if scaling == "none" else scaling, "rope_theta": theta}
         if scaling == "linear":
             p["factor"] = factor

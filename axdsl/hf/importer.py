@@ -42,7 +42,8 @@ def _read_config(hf_dir: Path) -> dict:
 
 
 def _load_rule(r: Rule, reader: Reader, layers: int) -> tuple[np.ndarray, ...]:
-    """The arrays of one rule (layered ones stacked over the layers). Raises KeyError, ValueError."""
+    """The arrays of one rule (layered ones stacked over the layers). Raises KeyError,
+    ValueError."""
     if not r.layered:
         return r.load(reader.get, 0)
     per_layer = [r.load(reader.get, i) for i in r.layer_ids(layers)]
@@ -65,7 +66,7 @@ def _map_tensors(arch: Arch, rs: list[Rule], reader: Reader) -> tuple[dict, list
         except ValueError as exc:
             problems.append(f"cannot map to {names}: {exc}")
             continue
-        for p, a in zip(r.paths, arrays):
+        for p, a in zip(r.paths, arrays, strict=True):
             shape, dtype = arch.params[p]
             if tuple(a.shape) != shape:
                 problems.append(

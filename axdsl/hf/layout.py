@@ -42,7 +42,8 @@ def _T(a: np.ndarray) -> np.ndarray:
 
 @dataclass
 class _Rules:
-    """The rules being listed, and the one-parameter rule shapes (kept only for parameters `arch` has)."""
+    """The rules being listed, and the one-parameter rule shapes (kept only for parameters `arch`
+    has)."""
 
     arch: Arch
     keys: set[str] | None
@@ -281,6 +282,10 @@ def moe_rules(
             )
 
     def save(a, i):
-        return {expert_key(i, e, n): _T(w[e]) for n, w in zip(names, a) for e in range(experts)}
+        return {
+            expert_key(i, e, n): _T(w[e])
+            for n, w in zip(names, a, strict=True)
+            for e in range(experts)
+        }
 
     return [router, Rule(paths, True, load, save)]

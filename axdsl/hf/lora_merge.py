@@ -81,7 +81,7 @@ def scale_of(path: Path, spec: Path) -> tuple[int, float]:
     from axdsl.pipeline import compile_spec
 
     try:
-        settings = dict(compile_spec(spec, "cpu").train_settings.settings).get("lora")
+        settings = dict(compile_spec(spec, "cpu").train.settings).get("lora")
     except CompileError as exc:
         raise HFError(f"cannot read the lora(...) settings of {spec}: {exc}") from None
     if settings is None:
@@ -100,7 +100,8 @@ def merged_params(path: Path, meta: dict, spec: Path) -> dict[tuple[str, ...], n
 
 
 def export_lora(spec: Path, ckpt: Path, out: Path, merge_weights: bool = False) -> int:
-    """`axdsl export-lora`: a LoRA run's adapters alone, or its merged weights. Returns the exit code."""
+    """`axdsl export-lora`: a LoRA run's adapters alone, or its merged weights. Returns the exit
+    code."""
     return exit_code(_export_lora, Path(spec), Path(ckpt), Path(out), merge_weights)
 
 

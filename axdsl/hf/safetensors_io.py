@@ -38,7 +38,8 @@ def weight_files(hf_dir: Path) -> list[Path]:
 
 
 class Reader:
-    """Every tensor of the *.safetensors files in a directory, read lazily; records what was used."""
+    """Every tensor of the *.safetensors files in a directory, read lazily; records what was
+    used."""
 
     def __init__(self, hf_dir: Path, stack: ExitStack):
         from safetensors import safe_open

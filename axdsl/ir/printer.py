@@ -143,9 +143,9 @@ def plan_lines(model: ir.Model) -> list[str]:
     lines = []
     if model.head is not None:
         h = model.head
-        hidden = h.head.forward.args[0]
+        hidden = h.head.fwd.args[0]
         lines.append(
-            f"  head: {h.hidden}: {_dims(hidden.dims)} -> {_dims(h.head.forward.result)} reads "
+            f"  head: {h.hidden}: {_dims(hidden.dims)} -> {_dims(h.head.fwd.result)} reads "
             f"({', '.join(h.params)}), {h.chunk} positions a chunk"
         )
     d = model.decode

@@ -63,6 +63,6 @@ def sequence_dims(inst: ir.Instance) -> list[ir.Dim]:
     """The sequence dims of a layer's inputs: the free dim after the batch of each [B, S, ...]."""
     return [
         a.dims[1]
-        for a in inst.forward.args
+        for a in inst.fwd.args
         if len(a.dims) >= 2 and a.dims[0].is_free and a.dims[1].is_free
     ]

@@ -13,8 +13,9 @@ from __future__ import annotations
 import math
 import operator
 from collections.abc import Callable
+from typing import NoReturn
 
-from axdsl.errors import Diagnostics, did_you_mean
+from axdsl.errors import Diagnostics, Span, did_you_mean
 from axdsl.ir.expr import BinOp, Binary, Call, Const, Expr, Items, MathFn, Unary, UnaryOp
 from axdsl.ir.nodes import DTYPES, DType, HValue, LayerValue, PatternValue, RepeatValue
 from axdsl.syntax import ast
@@ -36,7 +37,12 @@ _COMPARE = {
     ">": operator.gt,
     ">=": operator.ge,
 }
-_MATH = {"sqrt": math.sqrt, "log": math.log, "min": min, "max": max}
+_MATH: dict[str, Callable[..., float]] = {
+    "sqrt": math.sqrt,
+    "log": math.log,
+    "min": min,
+    "max": max,
+}
 
 
 class Evaluator:
@@ -50,7 +56,7 @@ class Evaluator:
         method = getattr(self, "_" + type(expr).__name__)
         return method(expr, lookup, visible)
 
-    def fail(self, span, message: str, hint: str | None = None):
+    def fail(self, span: Span, message: str, hint: str | None = None) -> NoReturn:
         self.diags.error(span, message, hint)
         raise EvalError(message)
 
@@ -79,7 +85,12 @@ class Evaluator:
         items = [self.eval(i, lookup, visible) for i in e.items]
         if items and any(isinstance(i.value, LayerValue) for i in items):
             bad = next(
-                (it for it, v in zip(e.items, items) if not isinstance(v.value, LayerValue)), None
+                (
+                    it
+                    for it, v in zip(e.items, items, strict=True)
+                    if not isinstance(v.value, LayerValue)
+                ),
+                None,
             )
             if bad is not None:
                 self.fail(
@@ -91,7 +102,8 @@ class Evaluator:
         return HValue(tuple(i.value for i in items), Items(tuple(_expr(i) for i in items)))
 
     def _pattern_op(self, e: ast.BinOp, a, b) -> PatternValue:
-        """`[A()] * 5 + [B()]`: patterns join with `+` and repeat with `* n` (n >= 1), as lists do."""
+        """`[A()] * 5 + [B()]`: patterns join with `+` and repeat with `* n` (n >= 1), as lists
+        do."""
         if e.op == "+" and isinstance(a, PatternValue) and isinstance(b, PatternValue):
             return PatternValue(a.layers + b.layers, e.span)
         if e.op == "*":

@@ -7,6 +7,7 @@ their entry functions.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from axdsl.errors import Diagnostics
@@ -26,7 +27,7 @@ class Scope:
     parent: Scope | None = None
 
     def find(self, name: str) -> ir.HParam | None:
-        scope = self
+        scope: Scope | None = self
         while scope is not None:
             if name in scope.values:
                 return scope.values[name]
@@ -34,15 +35,16 @@ class Scope:
         return None
 
     def names(self) -> list[str]:
-        out, scope = [], self
+        out: list[str] = []
+        scope: Scope | None = self
         while scope is not None:
             out.extend(scope.values)
             scope = scope.parent
         return out
 
-    def origins(self, name: str):
+    def origins(self, name: str) -> Iterator[ir.Origin]:
         """The origins of `name` from this scope outwards (see ir.origins.user_line)."""
-        scope = self
+        scope: Scope | None = self
         while scope is not None:
             if name in scope.values:
                 yield scope.values[name].origin

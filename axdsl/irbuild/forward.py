@@ -8,8 +8,10 @@ Static `if`s are decided with the instance's hyperparameters; only the taken bra
 
 from __future__ import annotations
 
+from typing import NoReturn
+
 from axdsl import primitives
-from axdsl.errors import did_you_mean, is_library, relocated
+from axdsl.errors import Span, did_you_mean, is_library, relocated
 from axdsl.ir import nodes as ir
 from axdsl.ir.expr import BinOp, Const
 from axdsl.ir.nodes import DType, HValue, RefKind
@@ -51,7 +53,7 @@ class _Lowering:
         self.failed = False
         self._reading: dict = {}  # span -> the names the expression there reads (see `fail`)
 
-    def fail(self, span, message: str, hint: str | None = None):
+    def fail(self, span: Span, message: str, hint: str | None = None) -> NoReturn:
         """Record an error and abandon this forward. One in a library layer's line that reads
         hyperparameters (a primitive's static attribute) is shown at the user's line that set
         one of them, with a note for the library line."""
@@ -288,13 +290,15 @@ class _Lowering:
         return ir.CallChild(child.name, init + xs, e.span, over=over, scan_init=bool(init))
 
     def _missing_member(self, span, what: str, name: str, decls) -> None:
-        """A declared parameter or child that was not built: off by its `if`, or already in error."""
+        """A declared parameter or child that was not built: off by its `if`, or already in
+        error."""
         decl = next(d for d in decls if d.name == name)
         if decl.condition is not None and self.ctx.condition(decl.condition, self.scope) is False:
             self.fail(
                 span,
                 f"{what} `{name}` does not exist for these hyperparameters (its `if` is false)",
-                f"use it under the same condition, e.g. `if {self.ctx.source_text(decl.condition)} {{ ... }}`",
+                "use it under the same condition, "
+                f"e.g. `if {self.ctx.source_text(decl.condition)} {{ ... }}`",
             )
         raise _Abort()  # building it failed, and that error is already reported
 
@@ -329,7 +333,7 @@ class _Lowering:
         }[kind]
         if not ok:
             self.fail(
-                getattr(e, "span", None),
+                e.span,
                 f"`{what}` must be a static {kind.value}, got {kind_of(v.value)}",
             )
         return v
@@ -351,7 +355,7 @@ class _Lowering:
         """A static list of dims, `[heads, head_dim]`."""
         if not isinstance(e, ast.ListExpr) or not e.items:
             self.fail(
-                getattr(e, "span", None),
+                e.span,
                 f"`{what}` must be a list of dims",
                 "e.g. `[heads, head_dim]`",
             )
@@ -371,7 +375,8 @@ class _Lowering:
         if len(call.args) > len(sig.tensors) + len(sig.statics):
             self.fail(
                 call.span,
-                f"`{name}` takes at most {len(sig.tensors) + len(sig.statics)} positional arguments",
+                f"`{name}` takes at most {len(sig.tensors) + len(sig.statics)} "
+                "positional arguments",
             )
         if len(call.args) < len(sig.tensors):
             self.fail(
@@ -379,7 +384,9 @@ class _Lowering:
                 f"`{name}` needs {len(sig.tensors)} tensor argument(s): {', '.join(sig.tensors)}",
             )
         tensors = tuple(self.expr(a) for a in call.args[: len(sig.tensors)])
-        given = {s.name: a for s, a in zip(sig.statics, call.args[len(sig.tensors) :])}
+        given = {
+            s.name: a for s, a in zip(sig.statics, call.args[len(sig.tensors) :], strict=False)
+        }
         optional = self._keywords(call, prim, given)
         reads = {a.span: ast.names_in(a) for a in given.values()}
         self._reading.update(reads)

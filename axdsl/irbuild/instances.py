@@ -13,6 +13,8 @@ its default. Each `HParam` records which (an `ir.Origin`), so `axdsl dump` can s
 
 from __future__ import annotations
 
+from typing import TypeGuard
+
 from axdsl.errors import Span, did_you_mean, relocated
 from axdsl.ir import nodes as ir
 from axdsl.ir.expr import BinOp, Binary, Const, Expr, Field, ops_of, spec_text
@@ -252,8 +254,7 @@ class InstanceBuilder:
             value, origin = self.ev.eval(setting.value, lookup, visible), Origin(
                 OriginKind.SET, setting.span
             )
-        elif scope.parent is not None and scope.parent.find(decl.name) is not None:
-            inherited = scope.parent.find(decl.name)
+        elif scope.parent is not None and (inherited := scope.parent.find(decl.name)) is not None:
             owner = self._owner_path(scope.parent, decl.name)
             value, origin = inherited.value, Origin(OriginKind.INHERITED, where=owner)
         elif decl.default is not None:
@@ -277,7 +278,7 @@ class InstanceBuilder:
             decl.name, ir.HParamType(ir.HParamKind(type_name), options), value, origin, decl.span
         )
 
-    def _owner_path(self, scope: Scope, name: str) -> str:
+    def _owner_path(self, scope: Scope | None, name: str) -> str:
         while scope is not None and name not in scope.values:
             scope = scope.parent
         return scope.path if scope else "?"
@@ -320,6 +321,7 @@ class InstanceBuilder:
         where = f" ({origin})" if origin.kind is not OriginKind.SET else ""
         declared = f"declared as `{decl.name}: {_show_type(decl.type)}` at {decl.span}"
         text = self.ctx.source_text(expr) if expr is not None else _value_source(value)
+        hint: str | None
         ops = ops_of(value.expr) if value.expr is not None else set()
         if (
             type_name == "int"
@@ -331,12 +333,19 @@ class InstanceBuilder:
                 f"`{decl.name}` of layer at `{scope.path}` must be an int, but `{text}` is {v:g}: "
                 f"the division is not exact"
             )
-            hint = f"the divisor must divide the dividend (e.g. heads must divide dim), or set `{decl.name}`"
+            hint = (
+                "the divisor must divide the dividend (e.g. heads must divide dim), "
+                f"or set `{decl.name}`"
+            )
         elif type_name == "enum" and isinstance(v, str):
-            msg = f"`{decl.name}` must be one of {', '.join(map(_show, decl.type.options))}, got {_show(v)}"
+            options = ", ".join(map(_show, decl.type.options))
+            msg = f"`{decl.name}` must be one of {options}, got {_show(v)}"
             hint = did_you_mean(v, decl.type.options) or declared
         else:
-            msg = f"`{decl.name}` of layer at `{scope.path}` is {type_name}, but got {kind_of(v)} {_show(v)}{where}"
+            msg = (
+                f"`{decl.name}` of layer at `{scope.path}` is {type_name}, "
+                f"but got {kind_of(v)} {_show(v)}{where}"
+            )
             hint = declared if at != decl.span else None
         names = ast.names_in(expr) if expr is not None else []
         if isinstance(expr, ast.BinOp) and expr.op == "/":  # an inexact division: blame the divisor
@@ -488,8 +497,8 @@ class InstanceBuilder:
         scope: Scope,
         stack,
     ) -> ir.Instance | None:
-        """`repeat(n, [A(), B()])`: a group instance with children "0", "1" (A, B) and a forward that
-        runs them in turn, repeated n / k times, so one scan runs the whole pattern.
+        """`repeat(n, [A(), B()])`: a group instance with children "0", "1" (A, B) and a forward
+        that runs them in turn, repeated n / k times, so one scan runs the whole pattern.
 
         When k does not divide n, the last n % k layers (pattern[0], pattern[1], ...) run once
         after the scan: the child is then `groups` (the scanned group) followed by `tail`.
@@ -501,7 +510,8 @@ class InstanceBuilder:
             self._error_at_user_line(
                 at,
                 f"`repeat` count {count.value} is smaller than the pattern's {k} layers",
-                f"a pattern runs whole at least once: repeat it at least {k} times, or repeat a single layer",
+                f"a pattern runs whole at least once: repeat it at least {k} times, "
+                "or repeat a single layer",
                 scope,
                 ast.names_in(decl.value),
                 f"in child `{decl.name}` of the layer at `{scope.path}`",
@@ -578,7 +588,8 @@ class InstanceBuilder:
     def _elements(
         self, layers: tuple[LayerValue, ...], path: str, scope: Scope, stack
     ) -> tuple[ir.Instance, ...] | None:
-        """A pattern's layers as children "0", "1", ... of `path`; None when one failed (reported)."""
+        """A pattern's layers as children "0", "1", ... of `path`; None when one failed
+        (reported)."""
         out = [
             self.instantiate(
                 self.program.layers[lv.layer],
@@ -593,9 +604,8 @@ class InstanceBuilder:
             )
             for i, lv in enumerate(layers)
         ]
-        if any(e is None or e.forward is None for e in out):
-            return None
-        return tuple(out)
+        built = [e for e in out if e is not None and e.forward is not None]
+        return tuple(built) if len(built) == len(out) else None
 
 
 def _init_range(kind: InitKind, args: list[float]) -> tuple[str, str] | None:
@@ -634,7 +644,7 @@ def _pattern_forward(elements) -> ir.Forward:
     return ir.Forward(args, args[0].dims, tuple(body), first.span)
 
 
-def _is_repeat_call(e: ast.Expr) -> bool:
+def _is_repeat_call(e: ast.Expr) -> TypeGuard[ast.Call]:
     return (
         isinstance(e, ast.Call)
         and isinstance(e.func, ast.Name)

@@ -120,7 +120,8 @@ def _shape(ctx, prim, args):
         ctx.fail(
             prim.span,
             f"`attention` k and v sequence dims differ: {k[1]} vs {v[1]}",
-            "each key needs its value: k [B, S, kv_heads, head_dim], v [B, S, kv_heads, v_head_dim]",
+            "each key needs its value: "
+            "k [B, S, kv_heads, head_dim], v [B, S, kv_heads, v_head_dim]",
         )
     if not q[3].same(k[3]):
         ctx.fail(
@@ -169,11 +170,11 @@ def _typed(prim: ir.Prim, args, name: str) -> ir.TExpr | None:
 
 def _check_scores_operand(ctx, prim: ir.Prim, name: str, operand: ir.TExpr, scores) -> None:
     """A mask or bias broadcasts to the scores [B, heads, S_q, S_kv]: each dim equal or 1."""
-    dims = operand.type.dims
+    dims = ir.tensor_type(operand).dims
     ok = (
         len(dims) == 4
         and not any(d.is_ellipsis for d in dims)
-        and all(d.same(want) or d.size == 1 for d, want in zip(dims, scores))
+        and all(d.same(want) or d.size == 1 for d, want in zip(dims, scores, strict=True))
     )
     if not ok:
         what = "a boolean mask (True: attend)" if name == "mask" else "an additive bias"
@@ -196,7 +197,7 @@ def _emit(ctx, prim: ir.Prim, args: list[str], precs: list[int]) -> str:
     def operand(name: str) -> str | None:
         return args[3 + prim.optional.index(name)] if prim.operand(name) is not None else None
 
-    k_dims, v_dims = prim.args[1].type.dims, prim.args[2].type.dims
+    k_dims, v_dims = ir.tensor_type(prim.args[1]).dims, ir.tensor_type(prim.args[2]).dims
     if ctx.decoding:
         return _emit_cached(ctx, prim, args, window, scale, softcap, _number)
     call = AttentionCall(
@@ -243,13 +244,16 @@ def _emit_cached(ctx, prim: ir.Prim, args: list[str], window, scale, softcap, nu
     ctx.use_helper("cached_attention")
     ctx.use_helper("einsum_attention")
     ctx.line(
-        f"# decoding: keys and values so far are in cache[{ctx.py_str(k_slot)}], cache[{ctx.py_str(v_slot)}]"
+        "# decoding: keys and values so far are in "
+        f"cache[{ctx.py_str(k_slot)}], cache[{ctx.py_str(v_slot)}]"
     )
     ctx.line(
-        f"{out}, new_cache[{ctx.py_str(k_slot)}], new_cache[{ctx.py_str(v_slot)}] = cached_attention("
+        f"{out}, new_cache[{ctx.py_str(k_slot)}], new_cache[{ctx.py_str(v_slot)}] "
+        "= cached_attention("
     )
     ctx.line(
-        f"    {args[0]}, {args[1]}, {args[2]}, cache[{ctx.py_str(k_slot)}], cache[{ctx.py_str(v_slot)}], "
+        f"    {args[0]}, {args[1]}, {args[2]}, "
+        f"cache[{ctx.py_str(k_slot)}], cache[{ctx.py_str(v_slot)}], "
         f"{ctx.decode_pos}{kwargs}"
     )
     ctx.line(f")  # {ctx.shape_comment(prim.type)}")
@@ -258,7 +262,7 @@ def _emit_cached(ctx, prim: ir.Prim, args: list[str], window, scale, softcap, nu
 
 def _decode_check(prim: ir.Prim) -> str | None:
     """Why this call cannot run over a KV cache: the cache holds causal self-attention's keys."""
-    q, k = prim.args[0].type.dims, prim.args[1].type.dims
+    q, k = ir.tensor_type(prim.args[0]).dims, ir.tensor_type(prim.args[1]).dims
     if not q[1].same(k[1]):
         return "cross-attention (its keys are not the decoded tokens)"
     if not prim.attr("causal").value:
@@ -276,10 +280,15 @@ def _set(value) -> bool:
 
 
 def _flops(ctx, prim: ir.Prim) -> Flops:
-    """2 x heads x (head_dim + v_head_dim) per key (QK^T, then PV); which keys: causal and window."""
-    q, v = prim.args[0].type.dims, prim.args[2].type.dims  # [B, S, heads, head_dim], v_head_dim
+    """2 x heads x (head_dim + v_head_dim) per key (QK^T, then PV); which keys: causal and
+    window."""
+    # q: [B, S, heads, head_dim]; v: [..., v_head_dim]
+    q, v = ir.tensor_type(prim.args[0]).dims, ir.tensor_type(prim.args[2]).dims
     keys = Keys(causal=bool(prim.attr("causal").value), window=prim.attr("window").value or 0)
-    return Flops(per_key=2 * q[-2].size * (q[-1].size + v[-1].size), keys=keys)
+    return Flops(
+        per_key=2 * ir.static_size(q[-2]) * (ir.static_size(q[-1]) + ir.static_size(v[-1])),
+        keys=keys,
+    )
 
 
 def _compute_dtype(model: ir.Model) -> str:
@@ -294,7 +303,7 @@ def kernel_violations(
     out = []
     dtype = _compute_dtype(model)
     max_seq = model.root.hparam("max_seq")
-    q_dims, k_dims, v_dims = (a.type.dims for a in prim.args[:3])
+    q_dims, k_dims, v_dims = (ir.tensor_type(a).dims for a in prim.args[:3])
     head_dim, v_head_dim = q_dims[-1].size, v_dims[-1].size
     mask, bias = prim.operand("mask"), prim.operand("bias")
     softcap = prim.attr("softcap").value
@@ -322,7 +331,7 @@ def kernel_violations(
         for name, operand in (("mask", mask), ("bias", bias)):
             if operand is None:
                 continue
-            m_dims = operand.type.dims
+            m_dims = ir.tensor_type(operand).dims
             if len(m_dims) < 2 or not (m_dims[-2].same(q_dims[1]) and m_dims[-1].same(k_dims[1])):
                 out.append(
                     f"a {name} that is not [..., S, S]; jax's cuDNN path adds it as a "
@@ -335,15 +344,18 @@ def kernel_violations(
             out.append(f"{model.name} computes in {dtype}; splash attention takes bf16 or f32")
         if head_dim is None or head_dim % SPLASH_HEAD_DIM:
             out.append(
-                f"{model.name} has head_dim {head_dim}; splash needs a multiple of {SPLASH_HEAD_DIM}"
+                f"{model.name} has head_dim {head_dim}; "
+                f"splash needs a multiple of {SPLASH_HEAD_DIM}"
             )
         if v_head_dim is None or v_head_dim % SPLASH_HEAD_DIM:
             out.append(
-                f"{model.name} has v_head_dim {v_head_dim}; splash needs a multiple of {SPLASH_HEAD_DIM}"
+                f"{model.name} has v_head_dim {v_head_dim}; "
+                f"splash needs a multiple of {SPLASH_HEAD_DIM}"
             )
         if max_seq is not None and max_seq.value.value % SPLASH_BLOCK:
             out.append(
-                f"{model.name} has max_seq {max_seq.value.value}; splash needs a multiple of {SPLASH_BLOCK}"
+                f"{model.name} has max_seq {max_seq.value.value}; "
+                f"splash needs a multiple of {SPLASH_BLOCK}"
             )
         if mask is not None:
             out.append("an explicit mask; splash runs causal and sliding-window masks only")

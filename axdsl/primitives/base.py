@@ -22,9 +22,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum, IntEnum
-from typing import Any
+from typing import Any, NoReturn, Protocol
 from collections.abc import Callable
 
+from axdsl.errors import Span
 from axdsl.ir import nodes as ir
 from axdsl.ir.nodes import Decoding  # noqa: F401 (declared by each primitive; the IR records it)
 
@@ -120,7 +121,8 @@ class KernelRule:
         return self.names[0]
 
     def preference(self, profile: Any, op: str) -> tuple[ir.Kernel, ...]:
-        """The profile's kernels for primitive `op`, best first; the fallback alone if it lists none."""
+        """The profile's kernels for primitive `op`, best first; the fallback alone if it lists
+        none."""
         return tuple(profile.kernels.get(op, (self.fallback,)))
 
 
@@ -174,9 +176,15 @@ FlopRule = Callable[[Any, ir.Prim], Flops]
 MemoryRule = Callable[..., Any]
 
 
+class FailContext(Protocol):
+    """The part of a ShapeContext that reports: `fail` records a located error and aborts."""
+
+    def fail(self, span: Span, message: str, hint: str | None = None) -> NoReturn: ...
+
+
 def same_shape(ctx, prim: ir.Prim, args: tuple[ir.TExpr, ...]) -> tuple[ir.Dim, ...]:
     """The default shape rule: the result has the first operand's shape (elementwise ops)."""
-    return args[0].type.dims
+    return ir.tensor_type(args[0]).dims
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,7 @@
 """Broadcast a tensor along a new named dim: copies of it side by side.
 
-    broadcast(k_pe, heads, before = rope_dim)    [B, S, rope_dim=64] -> [B, S, heads=128, rope_dim=64]
+    broadcast(k_pe, heads, before = rope_dim)
+        [B, S, rope_dim=64] -> [B, S, heads=128, rope_dim=64]
 
 Multi-head latent attention (DeepSeek-V2/V3) shares one rotary key across all heads; this gives
 it the heads dim the attention primitive needs. The new dim's size is static; the copies are a
@@ -11,7 +12,7 @@ from __future__ import annotations
 
 from axdsl.ir import nodes as ir
 from axdsl.primitives.base import Primitive, Signature, Static, StaticKind
-from axdsl.primitives.reductions import axis_index, axis_of
+from axdsl.primitives.reductions import axis_of, checked_axis
 from axdsl.primitives.slicing import operand
 
 
@@ -29,8 +30,8 @@ def _shape(ctx, prim: ir.Prim, args) -> tuple[ir.Dim, ...]:
 
 
 def _emit(ctx, prim: ir.Prim, args: list[str], precs: list[int]) -> str:
-    dims = prim.args[0].type.dims
-    after = len(dims) - axis_index(dims, prim.attr("before"))  # dims from `before` to the end
+    dims = ir.tensor_type(prim.args[0]).dims
+    after = len(dims) - checked_axis(dims, prim.attr("before"))  # dims from `before` to the end
     x = operand(ctx, prim, args[0])
     index = "[..., " + ", ".join(["None"] + [":"] * after) + "]"
     shape = f"(*{x}.shape[:-{after}], {ctx.dim_code(prim.attr('new'))}, *{x}.shape[-{after}:])"

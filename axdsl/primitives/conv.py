@@ -44,7 +44,7 @@ def _emit(ctx, prim: ir.Prim, args: list[str], precs: list[int]) -> str:
 def _flops(ctx, prim: ir.Prim) -> Flops:
     if ctx.param_at(prim.args[1]) is None:
         return Flops()
-    taps, channels = (d.size for d in prim.args[1].type.dims)
+    taps, channels = (ir.static_size(d) for d in ir.tensor_type(prim.args[1]).dims)
     return Flops(matmul=2 * taps * channels)
 
 

@@ -39,17 +39,16 @@ TOKEN_DIMS = ("B", "S")  # free dims of activations by convention (see annotate_
 
 
 def _lower(ctx, call: ast.Call) -> ir.Prim:
-    if not call.args or not isinstance(call.args[0], ast.Str):
-        ctx.fail(
+    first = call.args[0] if call.args else None
+    if not isinstance(first, ast.Str):
+        return ctx.fail(  # fail raises: the return tells the type checker so
             call.span,
             "`einsum` takes a spec string first",
             'write einsum("B S dim, dim mlp -> B S mlp", x, w)',
         )
-    text = call.args[0].value
+    text = first.value
     if "->" not in text:
-        ctx.fail(
-            call.args[0].span, "an einsum spec needs `->`", 'e.g. "B S dim, dim mlp -> B S mlp"'
-        )
+        ctx.fail(first.span, "an einsum spec needs `->`", 'e.g. "B S dim, dim mlp -> B S mlp"')
     lhs, rhs = text.split("->", 1)
     operands = tuple(tuple(part.split()) for part in lhs.split(","))
     out = tuple(rhs.split())
@@ -72,7 +71,7 @@ def _lower(ctx, call: ast.Call) -> ir.Prim:
 def _shape(ctx, prim: ir.Prim, args):
     spec: ir.EinsumSpec = prim.attr("spec")
     named = dict(spec.dims)
-    for names, a in zip(spec.operands, args):
+    for names, a in zip(spec.operands, args, strict=False):
         if not isinstance(a.type, ir.TensorType):
             ctx.fail(a.span, "einsum operands must be tensors")
         actual = a.type.dims
@@ -82,21 +81,22 @@ def _shape(ctx, prim: ir.Prim, args):
                 f"einsum operand is {ir_fmt(actual)} but the spec names {len(names)} dims: "
                 f"{' '.join(names)}",
             )
-        for n, d in zip(names, actual):
+        for n, d in zip(names, actual, strict=True):
             want = named[n]
             if want.is_free and d.is_free:
                 continue
             if not want.same(d) and not (want.is_free and d.size is not None):
                 ctx.fail(a.span, f"einsum dim `{n}` is {want} but the operand has `{d}` there")
-    actual_by_name = {}  # free names in the output take the operand's actual dim
-    for names, a in zip(spec.operands, args):
-        actual_by_name.update(zip(names, a.type.dims))
+    actual_by_name: dict[str, ir.Dim] = {}  # free names in the output take the operand's actual dim
+    for names, a in zip(spec.operands, args, strict=True):
+        actual_by_name.update(zip(names, a.type.dims, strict=True))
     return tuple(actual_by_name[n] for n in spec.out)
 
 
 def _emit(ctx, prim: ir.Prim, args: list[str], precs: list[int]) -> str:
-    if prim.kernel is not None and prim.kernel.kernel is ir.Kernel.DENSE:
-        return dense_call(ctx, args[0], args[1], _dense_contract(prim))
+    kernel = prim.kernel.kernel if prim.kernel is not None else None
+    if kernel is ir.Kernel.DENSE and (contract := _dense_contract(prim)) is not None:
+        return dense_call(ctx, args[0], args[1], contract)
     return f"jnp.einsum({ctx.py_str(ctx.einsum_spec(prim))}, {', '.join(args)})"
 
 
@@ -153,8 +153,8 @@ def _flops(ctx, prim: ir.Prim) -> Flops:
     if not any(ctx.param_at(a) is not None for a in prim.args):
         return Flops()
     sizes: dict[str, int] = {}
-    for names, a in zip(prim.attr("spec").operands, prim.args):
-        for n, d in zip(names, a.type.dims):
+    for names, a in zip(prim.attr("spec").operands, prim.args, strict=True):
+        for n, d in zip(names, ir.tensor_type(a).dims, strict=True):
             if n not in TOKEN_DIMS and d.size is not None:
                 sizes[n] = d.size
     return Flops(matmul=2 * math.prod(sizes.values()))

@@ -1,4 +1,5 @@
-"""Elementwise primitives: math functions, activations, soft-capping, cast and dropout (shape unchanged)."""
+"""Elementwise primitives: math functions, activations, soft-capping, cast and dropout (shape
+unchanged)."""
 
 from __future__ import annotations
 

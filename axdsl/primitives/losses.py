@@ -23,10 +23,11 @@ def _shape(ctx, prim: ir.Prim, args):
     if not logits or logits[-1].is_ellipsis or logits[-1].size is None:
         ctx.fail(
             prim.span,
-            f"`cross_entropy` needs logits [..., classes] with a sized last dim, got {ir_fmt(logits)}",
+            "`cross_entropy` needs logits [..., classes] with a sized last dim, "
+            f"got {ir_fmt(logits)}",
         )
     lead = logits[:-1]
-    if len(labels) != len(lead) or not all(a.same(b) for a, b in zip(lead, labels)):
+    if len(labels) != len(lead) or not all(a.same(b) for a, b in zip(lead, labels, strict=True)):
         ctx.fail(
             prim.span,
             f"`cross_entropy` labels {ir_fmt(labels)} do not match the logits' leading dims "
@@ -45,7 +46,9 @@ def _memory(t, prim: ir.Prim, args, dims, label: str):
     """Keeps a float32 copy of the logits for the backward (softmax - one-hot is recomputed from
     it; jax 0.10's logsumexp saves its input and the max)."""
     out = t.new(dims, "f32", label, tuple(args))
-    t.save(t.internal(prim.args[0].type.dims, "f32", f"{label} logits (f32)", (args[0],)))
+    t.save(
+        t.internal(ir.tensor_type(prim.args[0]).dims, "f32", f"{label} logits (f32)", (args[0],))
+    )
     return out
 
 

@@ -9,6 +9,7 @@ and scan with f32 or bf16 operands. Its FLOPs are the wrapped matmul's (analyses
 
 from __future__ import annotations
 
+from axdsl.errors import InternalError
 from axdsl.ir import nodes as ir
 from axdsl.primitives.base import Helper, HelperSection, Primitive, Signature, Static, StaticKind
 from axdsl.primitives.base import Source
@@ -23,11 +24,19 @@ def wrap(e: ir.TExpr, fmt: ir.QuantFormat) -> ir.Prim:
     )
 
 
-def _emit(ctx, prim: ir.Prim, args: list[str], precs: list[int]) -> str:
+def _matmul(prim: ir.Prim) -> ir.Bin | ir.Prim:
+    """The matmul a quantized primitive wraps: a `@` or an einsum (what quantize_matmuls wraps)."""
     inner = prim.args[0]
+    if not isinstance(inner, (ir.Bin, ir.Prim)):
+        raise InternalError(f"a quantized primitive wraps a matmul, got {type(inner).__name__}")
+    return inner
+
+
+def _emit(ctx, prim: ir.Prim, args: list[str], precs: list[int]) -> str:
+    inner = _matmul(prim)
     if isinstance(inner, ir.Bin):
         left, right = ctx.expr(inner.left)[0], ctx.expr(inner.right)[0]
-        spec = ctx.matmul_spec(inner.left.type.dims, inner.right.type.dims)
+        spec = ctx.matmul_spec(ir.tensor_type(inner.left).dims, ir.tensor_type(inner.right).dims)
     else:
         left, right = (ctx.expr(a)[0] for a in inner.args)
         spec = ctx.einsum_spec(inner)
@@ -101,7 +110,7 @@ _HELPERS = (
 
 def operands(prim: ir.Prim) -> tuple[ir.TExpr, ...]:
     """The wrapped matmul's operands: what the memory tracer evaluates in place of `prim.args`."""
-    inner = prim.args[0]
+    inner = _matmul(prim)
     return (inner.left, inner.right) if isinstance(inner, ir.Bin) else inner.args
 
 

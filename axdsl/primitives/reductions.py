@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from axdsl.errors import InternalError
 from axdsl.ir import nodes as ir
 from axdsl.ir.expr import Const
 from axdsl.primitives.base import (
+    FailContext,
     Primitive,
     Saves,
     Signature,
@@ -18,7 +20,8 @@ ONE = ir.Dim("1", 1, Const(1))
 
 
 def axis_index(dims: tuple[ir.Dim, ...], over: ir.Dim) -> int | None:
-    """The position of `over` in `dims`, by name, else by size; None when not exactly one matches."""
+    """The position of `over` in `dims`, by name, else by size; None when not exactly one
+    matches."""
     by_name = [i for i, d in enumerate(dims) if d.name == over.name]
     if len(by_name) == 1:
         return by_name[0]
@@ -26,7 +29,7 @@ def axis_index(dims: tuple[ir.Dim, ...], over: ir.Dim) -> int | None:
     return by_size[0] if len(by_size) == 1 else None
 
 
-def axis_of(ctx, prim: ir.Prim, dims: tuple[ir.Dim, ...], over: ir.Dim) -> int:
+def axis_of(ctx: FailContext, prim: ir.Prim, dims: tuple[ir.Dim, ...], over: ir.Dim) -> int:
     """`axis_index`, or a located error saying why the dim is ambiguous or missing."""
     i = axis_index(dims, over)
     if i is None:
@@ -44,7 +47,16 @@ def ir_fmt(dims) -> str:
 
 def negative_axis(dims: tuple[ir.Dim, ...], over: ir.Dim) -> int:
     """The axis counted from the end: valid under leading `...` dims in generated code."""
-    return axis_index(dims, over) - len(dims)
+    return checked_axis(dims, over) - len(dims)
+
+
+def checked_axis(dims: tuple[ir.Dim, ...], over: ir.Dim) -> int:
+    """`axis_index` in a stage after infer_shapes, which already reported an ambiguous or missing
+    dim as the user's error (`axis_of`): no single match here is a compiler bug."""
+    i = axis_index(dims, over)
+    if i is None:
+        raise InternalError(f"no single dim matches `{over}` in {ir_fmt(dims)}")
+    return i
 
 
 def _reduce_shape(ctx, prim, args):

@@ -13,7 +13,7 @@ import math
 from axdsl.ir import nodes as ir
 from axdsl.ir.expr import BinOp, Binary
 from axdsl.primitives.base import Primitive, Signature, Static, StaticKind, view_memory
-from axdsl.primitives.reductions import axis_index, axis_of, ir_fmt
+from axdsl.primitives.reductions import axis_of, checked_axis, ir_fmt
 from axdsl.primitives.slicing import operand, part
 
 
@@ -48,7 +48,8 @@ def _split_shape(ctx, prim, args):
         sizes = " * ".join(str(d.size) for d in into)
         ctx.fail(
             prim.span,
-            f"cannot split `{dims[i]}` into {ir_fmt(into)}: {sizes} = {product}, not {dims[i].size}",
+            f"cannot split `{dims[i]}` into {ir_fmt(into)}: "
+            f"{sizes} = {product}, not {dims[i].size}",
             "the sizes of the new dims must multiply to the size of the dim they split",
         )
     return dims[:i] + tuple(into) + dims[i + 1 :]
@@ -56,7 +57,7 @@ def _split_shape(ctx, prim, args):
 
 def _emit_split(ctx, prim, args, precs) -> str:
     dims = prim.args[0].type.dims
-    after = len(dims) - 1 - axis_index(dims, prim.attr("over"))
+    after = len(dims) - 1 - checked_axis(dims, prim.attr("over"))
     return reshape_code(
         operand(ctx, prim, args[0]), after, [ctx.dim_code(d) for d in prim.attr("into")], 1
     )
@@ -82,7 +83,7 @@ def _merge_shape(ctx, prim, args):
 
 def _emit_merge(ctx, prim, args, precs) -> str:
     dims = prim.args[0].type.dims
-    after = len(dims) - 2 - axis_index(dims, prim.attr("first"))
+    after = len(dims) - 2 - checked_axis(dims, prim.attr("first"))
     return reshape_code(operand(ctx, prim, args[0]), after, ["-1"], 2)
 
 

@@ -220,7 +220,10 @@ PRIMITIVES = (
                 Static("mscale", StaticKind.FLOAT, 1.0),
                 Static("mscale_all_dim", StaticKind.FLOAT, 0.0),
             ),
-            doc="rotary embedding on [B, S, H, D]: partial, interleaved, linear/llama3/yarn scaling",
+            doc=(
+                "rotary embedding on [B, S, H, D]: partial, interleaved, "
+                "linear/llama3/yarn scaling"
+            ),
         ),
         emit=_emit,
         shape=_rope_shape,

@@ -8,7 +8,8 @@ dims broadcast like `+`); these primitives build on them:
     y = where(causal, scores, -1e9)                  [B, heads, S, S]
     y = maximum(x, 0.0)                              same as x
     c = cumsum(x, over = S)                          same as x
-    p = segment_positions(segments)                  [B, S] int32: 0, 1, ... restarting at each example
+    p = segment_positions(segments)                  [B, S] int32: 0, 1, ... restarting at each
+                                                     example
 
 `segment_positions` is what a packed row's learned position table reads (BERT): each example of
 the row starts again at position 0, as it would alone.
@@ -109,7 +110,7 @@ def _extremum_memory(t, prim, args, dims, label: str):
     (jax 0.10, measured with print_saved_residuals); a scalar operand needs none."""
     dtype = t.promote(*args)
     out = t.new(dims, dtype, label, tuple(args))
-    for side, a in zip(("left", "right"), args):
+    for side, a in zip(("left", "right"), args, strict=True):
         if not a.is_literal and a.dims:
             t.save(t.internal(dims, dtype, f"{label} {side} weight", tuple(args)))
     return out

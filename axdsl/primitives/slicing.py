@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import re
 
+from axdsl.errors import InternalError
 from axdsl.ir import nodes as ir
 from axdsl.ir.expr import BinOp, Binary, Const, Expr, field_of
 from axdsl.primitives.base import Primitive, Signature, Static, StaticKind, linear_memory
-from axdsl.primitives.reductions import axis_index, axis_of, ir_fmt
+from axdsl.primitives.reductions import axis_index, axis_of, checked_axis, ir_fmt
 
 
 def label(v: ir.HValue) -> str:
@@ -88,7 +89,7 @@ def _slice_shape(ctx, prim, args):
 
 def _emit_slice(ctx, prim, args, precs) -> str:
     dims = prim.args[0].type.dims
-    axis = _neg(dims, axis_index(dims, prim.attr("over")))
+    axis = _neg(dims, checked_axis(dims, prim.attr("over")))
     start, stop = prim.attr("start"), prim.attr("stop")
     begin = "" if start.value == 0 else ctx.code(start)
     end = "" if stop.value == dims[axis].size else ctx.code(stop)
@@ -112,7 +113,7 @@ def join_axis(
         return i, ir.Dim(f"{part(da.name)}+{part(db.name)}", da.size + db.size, size)
     hits = [
         j
-        for j, (x, y) in enumerate(zip(a, b))
+        for j, (x, y) in enumerate(zip(a, b, strict=True))
         if x.size is not None
         and y.size is not None
         and over.size is not None
@@ -140,7 +141,7 @@ def _concat_shape(ctx, prim, args):
             "name a dim of the first operand, or the joined dim whose size is the sum",
         )
     i, out = joined
-    for j, (x, y) in enumerate(zip(a, b)):
+    for j, (x, y) in enumerate(zip(a, b, strict=True)):
         if j != i and not x.same(y):
             ctx.fail(
                 prim.span,
@@ -153,7 +154,10 @@ def _concat_shape(ctx, prim, args):
 
 def _emit_concat(ctx, prim, args, precs) -> str:
     a = prim.args[0].type.dims
-    i, _ = join_axis(a, prim.args[1].type.dims, prim.attr("over"))
+    joined = join_axis(a, prim.args[1].type.dims, prim.attr("over"))
+    if isinstance(joined, str):  # infer_shapes reported this as the user's error
+        raise InternalError(joined)
+    i, _ = joined
     return f"jnp.concatenate([{args[0]}, {args[1]}], axis={_neg(a, i)})"
 
 
@@ -168,7 +172,7 @@ _TWO = ir.Dim("2", 2, Const(2))
 
 def _stack_shape(ctx, prim, args):
     a, b = args[0].type.dims, args[1].type.dims
-    if len(a) != len(b) or not all(x.same(y) for x, y in zip(a, b)):
+    if len(a) != len(b) or not all(x.same(y) for x, y in zip(a, b, strict=True)):
         ctx.fail(prim.span, f"`stack` needs operands of one shape, got {ir_fmt(a)} and {ir_fmt(b)}")
     return a + (_TWO,)
 
@@ -200,7 +204,7 @@ def _pad_shape(ctx, prim, args):
 
 def _emit_pad(ctx, prim, args, precs) -> str:
     dims = prim.args[0].type.dims
-    axis = _neg(dims, axis_index(dims, prim.attr("over")))
+    axis = _neg(dims, checked_axis(dims, prim.attr("over")))
     width = f"({ctx.code(prim.attr('before'))}, {ctx.code(prim.attr('after'))})"
     value = ctx.code(prim.attr("value"))
     x = args[0]

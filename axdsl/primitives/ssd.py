@@ -92,8 +92,8 @@ def _emit(ctx, prim: ir.Prim, args: list[str], precs: list[int]) -> str:
 def _flops(ctx, prim: ir.Prim) -> Flops:
     """Per key of a chunk (min(chunk, S) keys: the whole diagonal block is computed), and the
     chunk states, which do not grow with S."""
-    heads, head_dim = (d.size for d in prim.args[0].type.dims[2:])
-    state = prim.args[3].type.dims[3].size
+    heads, head_dim = (ir.static_size(d) for d in ir.tensor_type(prim.args[0]).dims[2:])
+    state = ir.static_size(ir.tensor_type(prim.args[3]).dims[3])
     return Flops(
         mixing=4 * heads * head_dim * state,
         per_key=2 * heads * (state + head_dim),
@@ -103,9 +103,10 @@ def _flops(ctx, prim: ir.Prim) -> Flops:
 
 def _memory(t, prim: ir.Prim, args, dims, label: str):
     """What jax 0.10 keeps for the helper's backward (measured with saved_residuals; the sequence
-    padded to whole chunks): x and dt (their padded copies when S is not a whole number of chunks); in float32 the broadcast dt and A, the discretized x, B and
-    C repeated per head, seven [B, heads, S, chunk] tensors (segment sums, their masks, the decay,
-    the scores), the per-position decays, the einsums' partial products and the chunk states."""
+    padded to whole chunks): x and dt (their padded copies when S is not a whole number of chunks);
+    in float32 the broadcast dt and A, the discretized x, B and C repeated per head, seven [B,
+    heads, S, chunk] tensors (segment sums, their masks, the decay, the scores), the per-position
+    decays, the einsums' partial products and the chunk states."""
     x, dt = args[0], args[1]
     batch, seq, heads, head_dim = x.dims
     state = args[3].dims[3]

@@ -11,14 +11,17 @@ pieces of its own:
 The layout (HF nn.Linear weights are [out, in]; axdsl's are [in, ...]):
 
     bert.embeddings.word_embeddings          [vocab, dim]        embed/table (also the tied decoder)
-    bert.embeddings.position_embeddings      [max_seq, dim]      pos_embed/table (read at segment_positions)
+    bert.embeddings.position_embeddings      [max_seq, dim]      pos_embed/table
+                                                                 (read at segment_positions)
     bert.embeddings.token_type_embeddings    [types, dim]        type_embed/table
     bert.embeddings.LayerNorm                [dim]               embed_norm/scale, shift
-    encoder.layer.i.attention.self.query     [heads*hd, dim]     blocks/attn/wq [dim, heads, hd], bq [heads, hd]
+    encoder.layer.i.attention.self.query     [heads*hd, dim]     blocks/attn/wq [dim, heads, hd],
+                                                                 bq [heads, hd]
       (key, value likewise)                                      blocks/attn/wk, bk, wv, bv
     attention.output.dense                   [dim, heads*hd]     blocks/attn/wo [heads, hd, dim], bo
     attention.output.LayerNorm               [dim]               blocks/attn_norm (post-norm)
-    intermediate.dense / output.dense        nn.Linear           blocks/mlp/w_in, b_in / w_out, b_out
+    intermediate.dense / output.dense        nn.Linear           blocks/mlp/w_in, b_in / w_out,
+                                                                 b_out
     output.LayerNorm                         [dim]               blocks/mlp_norm
     cls.predictions.transform.dense          nn.Linear           head_dense/w, b
     cls.predictions.transform.LayerNorm      [dim]               head_norm
@@ -53,7 +56,8 @@ _NORMS = ("embed_norm", "blocks/attn_norm", "blocks/mlp_norm", "head_norm")
 
 
 def bert_arch(arch: Arch, root: Any) -> Arch:
-    """Fill `arch` (arch.py's Arch of a BertMLM model; `root` its IR instance) with the facts BertForMaskedLM's config states."""
+    """Fill `arch` (arch.py's Arch of a BertMLM model; `root` its IR instance) with the facts
+    BertForMaskedLM's config states."""
     v = arch.facts
     for k in ("vocab", "dim", "layers", "heads", "max_seq", "type_vocab"):
         setattr(v, k, _hv(root, k))
@@ -89,7 +93,8 @@ def bert_arch(arch: Arch, root: Any) -> Arch:
 
 
 def _read_norms(arch: Any, norms: list) -> None:
-    """BERT's four LayerNorms (embeddings, after attention, after the MLP, the head) share one eps."""
+    """BERT's four LayerNorms (embeddings, after attention, after the MLP, the head) share one
+    eps."""
     kinds = {n.layer if n is not None else None for n in norms}
     arch.facts.norm = kinds.pop() if len(kinds) == 1 else None
     if arch.facts.norm != "LayerNorm":
@@ -152,7 +157,8 @@ BERT_UNSUPPORTED: tuple[Unsupported, ...] = (
 
 
 def bert_config(arch: Arch, dtype: str) -> dict[str, Any]:
-    """transformers' BertConfig of a BertMLM (export); dropout is off, as in the generated forward."""
+    """transformers' BertConfig of a BertMLM (export); dropout is off, as in the generated
+    forward."""
     v = arch.facts
     acts = {"gelu_exact": "gelu", "gelu": "gelu_new"}
     return {

@@ -33,7 +33,8 @@ def _dense_layers(c: Config) -> int:
 
 
 def _yarn_mscale(c: Config) -> float:
-    """transformers' yarn_get_mscale(factor, mscale_all_dim), when a rope scaling sets mscale_all_dim."""
+    """transformers' yarn_get_mscale(factor, mscale_all_dim), when a rope scaling sets
+    mscale_all_dim."""
     factor, all_dim = float(c.rope_param("factor", 1.0)), float(
         c.rope_param("mscale_all_dim", 0.0) or 0.0
     )
@@ -210,7 +211,8 @@ def _layout(arch: Arch, keys: set[str] | None) -> list[Rule]:
 
 
 def _latent_block_rules(r: _Rules, L: str, moe: bool) -> None:
-    """One DeepSeek layer's norms, latent attention, and SwiGLU (dense) or router bias and shared experts."""
+    """One DeepSeek layer's norms, latent attention, and SwiGLU (dense) or router bias and shared
+    experts."""
     v = r.arch.facts
     dim, heads = v.dim, v.heads
     qk, q_rank, kv_rank = v.nope_dim + v.rope_dim, v.q_rank, v.kv_rank

@@ -4,19 +4,30 @@ The decoder-only families share one shape (embed, `blocks`, final norm, head); T
 a relative position bias per stack and cross-attention, so its facts (read from std's `T5` root),
 config.json rows, export config and tensor layout are all its own.
 
-The layout (HF nn.Linear weights are [out, in]; inner = heads * d_kv):
+The layout (HF nn.Linear weights are [out, in]; inner = heads * d_kv): HF's tensor and shape,
+then axdsl's parameter below it:
 
-    shared                                                    [vocab, dim]   embed/table
-    lm_head                                                   [vocab, dim]   head [dim, vocab]
-    encoder.block.0.layer.0.SelfAttention.relative_attention_bias  [buckets, heads]  enc_bias/table
-    decoder.block.0.layer.0.SelfAttention.relative_attention_bias  [buckets, heads]  dec_bias/table
-    {encoder,decoder}.block.i.layer.0.SelfAttention.q, k, v   [inner, dim]   encoder|decoder/attn/wq, wk, wv [dim, heads, d_kv]
-    {encoder,decoder}.block.i.layer.0.SelfAttention.o         [dim, inner]   .../attn/wo [heads, d_kv, dim]
-    decoder.block.i.layer.1.EncDecAttention.q, k, v, o        as above       decoder/cross/wq, wk, wv, wo
+    shared                                                    [vocab, dim]
+        embed/table
+    lm_head                                                   [vocab, dim]
+        head [dim, vocab]
+    encoder.block.0.layer.0.SelfAttention.relative_attention_bias  [buckets, heads]
+        enc_bias/table
+    decoder.block.0.layer.0.SelfAttention.relative_attention_bias  [buckets, heads]
+        dec_bias/table
+    {encoder,decoder}.block.i.layer.0.SelfAttention.q, k, v   [inner, dim]
+        encoder|decoder/attn/wq, wk, wv [dim, heads, d_kv]
+    {encoder,decoder}.block.i.layer.0.SelfAttention.o         [dim, inner]
+        .../attn/wo [heads, d_kv, dim]
+    decoder.block.i.layer.1.EncDecAttention.q, k, v, o        as above
+        decoder/cross/wq, wk, wv, wo
     encoder.block.i.layer.1 / decoder.block.i.layer.2 .DenseReluDense.wi_0, wi_1 / wo
-                                                              [ffn, dim] / [dim, ffn]  .../mlp/w_gate, w_up / w_down
-    layer.0 / layer.1 (decoder: layer.2) .layer_norm          [dim]          .../attn_norm, (cross_norm,) mlp_norm scale
-    encoder.final_layer_norm, decoder.final_layer_norm        [dim]          enc_norm/scale, dec_norm/scale
+                                                              [ffn, dim] / [dim, ffn]
+        .../mlp/w_gate, w_up / w_down
+    layer.0 / layer.1 (decoder: layer.2) .layer_norm          [dim]
+        .../attn_norm, (cross_norm,) mlp_norm scale
+    encoder.final_layer_norm, decoder.final_layer_norm        [dim]
+        enc_norm/scale, dec_norm/scale
 
 HF's layer 0 holds each stack's bias table, which every layer of the stack reads; here the table
 sits beside the stack (`enc_bias`, `dec_bias`) and its bias is a side input of the scan.
@@ -272,7 +283,8 @@ def mappings(arch: Arch, keys: set[str] | None) -> list[Mapping]:
 
 
 def _shared(get, keys: set[str] | None) -> np.ndarray:
-    """The shared embedding; the stacks' embed_tokens, when a checkpoint stores them, must equal it."""
+    """The shared embedding; the stacks' embed_tokens, when a checkpoint stores them, must equal
+    it."""
     table = get("shared.weight")
     for k in ("encoder.embed_tokens.weight", "decoder.embed_tokens.weight"):
         if keys is not None and k in keys and not np.array_equal(get(k), table):

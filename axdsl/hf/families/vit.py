@@ -14,12 +14,16 @@ save_pretrained writes):
 
     vit.embeddings.cls_token                  [1, 1, dim]              cls_token [1, dim]
     vit.embeddings.position_embeddings        [1, patches + 1, dim]    pos_embed [seq, dim]
-    embeddings.patch_embeddings.projection    Conv2d [dim, C, p, p]    patch_embed/w [p*p*C, dim] (rows: the
-                                              (+ bias [dim])           patch's pixels, row, column, channel), b
+    embeddings.patch_embeddings.projection    Conv2d [dim, C, p, p]    patch_embed/w [p*p*C, dim]
+                                              (+ bias [dim])           (rows: the patch's pixels,
+                                                                       row, column, channel), b
     encoder.layer.i.layernorm_before / _after [dim]                    blocks/attn_norm / mlp_norm
-    attention.attention.query (key, value)    [heads*hd, dim]          blocks/attn/wq [dim, heads, hd], bq [heads, hd]
-    attention.output.dense                    [dim, heads*hd]          blocks/attn/wo [heads, hd, dim], bo
-    intermediate.dense / output.dense         nn.Linear                blocks/mlp/w_in, b_in / w_out, b_out
+    attention.attention.query (key, value)    [heads*hd, dim]          blocks/attn/wq [dim, heads,
+                                                                       hd], bq [heads, hd]
+    attention.output.dense                    [dim, heads*hd]          blocks/attn/wo
+                                                                       [heads, hd, dim], bo
+    intermediate.dense / output.dense         nn.Linear                blocks/mlp/w_in, b_in /
+                                                                       w_out, b_out
     vit.layernorm                             [dim]                    final_norm
     classifier                                [classes, dim]           head [dim, classes], head_b
 
@@ -175,7 +179,8 @@ VIT_UNSUPPORTED: tuple[Unsupported, ...] = (
 
 
 def vit_config(arch: Arch, dtype: str) -> dict[str, Any]:
-    """transformers' ViTConfig of a VisionTransformer (export); dropout is off, as in the generated forward."""
+    """transformers' ViTConfig of a VisionTransformer (export); dropout is off, as in the generated
+    forward."""
     v = arch.facts
     acts = {"gelu_exact": "gelu", "gelu": "gelu_new"}
     size = v.height if v.height == v.width else [v.height, v.width]
@@ -224,7 +229,8 @@ def _rules(r: _Rules) -> list[Rule]:
         lambda a, i: {e + "position_embeddings": a[None]},
     )
     conv = e + "patch_embeddings.projection."
-    # Conv2d [dim, C, p, p] -> [p, p, C, dim] -> [p*p*C, dim]: rows in the (row, column, channel) order
+    # Conv2d [dim, C, p, p] -> [p, p, C, dim] -> [p*p*C, dim]: rows in the (row, column, channel)
+    # order
     r.rule(
         "patch_embed/w",
         False,
