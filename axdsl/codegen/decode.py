@@ -1,11 +1,14 @@
-"""Print the KV-cache decode path that plan_decode recorded: `<layer>_decode`, cache tables.
+"""Print the KV-cache decode path that plan_decode recorded: the layers' decode forms, the cache.
 
 Decoding runs the same layers over only the new tokens, at positions pos, pos + 1, ...: the whole
 prompt once (prefill), then one token per step. Every layer plan_decode lists in
-`DecodePlan.cached` gets a `<layer>_decode` variant taking and returning its part of the cache;
-the other layers are called as they are. Each primitive's emitter writes its decode form when
-the emitter says `decoding` (axdsl/primitives/base.py Decoding). The cache arrays, their keys
-and their mesh placement are the plan's (axdsl/passes/plan_decode.py); nothing is decided here.
+`DecodePlan.cached` keeps its one function, which also takes `cache=None, pos=0`: statements whose
+decode form differs (an attention call reading its cache slot, a child call passing its part of
+the cache) run under `if cache is None:`, so the forward traces exactly as without a decode path.
+Only the root gets a separate `<root>_decode`, whose scan carries the cache alongside the stacked
+parameters. Each primitive's emitter writes its decode form when the emitter says `decoding`
+(axdsl/primitives/base.py Decoding). The cache arrays, their keys and their mesh placement are the
+plan's (axdsl/passes/plan_decode.py); nothing is decided here.
 """
 
 from __future__ import annotations
@@ -31,12 +34,14 @@ class CacheRow:
 
 @dataclass
 class DecodePath:
-    """What the template needs: the decode functions (leaves first), the cache rows, the root's."""
+    """What the template needs: the root's decode function, the cache rows, what they need."""
 
-    functions: list[LayerFunction]
+    functions: list[LayerFunction]  # the root's decode function
     rows: list[CacheRow]
     root_fn: str
     dtype: str  # the cache's default dtype: the compute dtype
+    imports: set[str] = field(default_factory=set)  # what the decode forms need
+    helpers: set[str] = field(default_factory=set)
 
     def cache_tree(self, leaf) -> str:
         """The cache as a nested dict literal, each array written by `leaf(row)`."""
@@ -58,7 +63,7 @@ class DecodePath:
 
 @dataclass
 class DecodeEmitter(FunctionEmitter):
-    """A layer's decode variant: `(cfg, params, *args, cache, pos) -> (y, new_cache)`."""
+    """A layer's decode form: `(cfg, params, *args, cache, pos) -> (y, new_cache)`."""
 
     cached_children: set[str] = field(default_factory=set)
     slots: list[tuple[str, ir.Prim]] = field(default_factory=list)  # (k slot, the attention call)
@@ -133,63 +138,116 @@ class DecodeEmitter(FunctionEmitter):
 def decode_path(
     root: ir.Instance, plan: DecodePlan, functions: list, schedule: ir.Schedule | None, letters
 ) -> DecodePath:
-    """The decode functions of the layers `plan` lists as cached, and its cache table."""
+    """The decode path of the layers `plan` lists as cached, and its cache table.
+
+    Every cached layer but the root shares its forward function: `merge` adds its decode form
+    there (`cache`, `pos`). The root gets `<root>_decode`, whose scan carries the cache alongside
+    the stacked parameters."""
     fn_of = {path: f.name for f in functions for path in f.paths}
+    by_name = {f.name: f for f in functions}
     cached = set(plan.cached)
-    out: list[LayerFunction] = []
     dtype = "cfg.dtype" if root.hparam("dtype") is not None else "jnp.float32"
     masters = ir.master_weight_paths(root)
+    imports: set[str] = set()
+    helpers: set[str] = set()
 
-    def visit(inst: ir.Instance) -> str:
-        child_fn = {c.name: fn_of[c.path] for c in inst.children}
-        for c in inst.children:
-            if c.path in cached:
-                child_fn[c.name] = visit(c)
-        name = fn_of[inst.path] + "_decode"
+    def emit(inst: ir.Instance) -> DecodeEmitter:
         emitter = DecodeEmitter(
             inst,
-            child_fn,
+            {c.name: fn_of[c.path] for c in inst.children},
             {},
             False,
             schedule,
             letters=letters,
-            child_aux={c.name: _returns_aux(c, functions, fn_of) for c in inst.children},
+            child_aux={c.name: by_name[fn_of[c.path]].aux for c in inst.children},
             cached_children={c.name for c in inst.children if c.path in cached},
             seqs=sequence_dims(inst),
             master=inst.path in masters,
         )
-        body = emitter.emit_body()
-        if any(f.name == name for f in out):
-            return name
-        args = ", ".join(f"{a.name}: jax.Array" for a in inst.forward.args)
-        doc = (
-            f"{inst.layer} over new tokens at positions pos, pos + 1, ...: (y "
-            f"{dims_text(inst.forward.result)}, its updated cache).\n\n    "
-            f"The decode path of `{fn_of[inst.path]}`; its cache is `cache`.\n    "
-        )
-        out.append(
-            LayerFunction(
-                name,
-                inst.layer,
-                f"{args}, cache: dict, pos: jax.Array",
-                False,
-                body,
-                doc,
-                [inst.path],
-                False,
-                emitter.imports,
-                emitter.helpers,
-            )
-        )
-        return name
+        emitter.emit_body()
+        imports.update(emitter.imports)
+        helpers.update(emitter.helpers)
+        return emitter
 
-    root_fn = visit(root)
-    return DecodePath(out, [_row(e) for e in plan.cache], root_fn, dtype)
+    for inst in root.walk():
+        fn = by_name[fn_of[inst.path]]
+        if inst is not root and inst.path in cached and not fn.decodes:
+            merge(fn, emit(inst))
+    emitter = emit(root)
+    args = ", ".join(f"{a.name}: jax.Array" for a in root.forward.args)
+    doc = (
+        f"{root.layer} over new tokens at positions pos, pos + 1, ...: (y "
+        f"{dims_text(root.forward.result)}, the updated cache).\n    "
+    )
+    name = fn_of[root.path] + "_decode"
+    fn = LayerFunction(
+        name, root.layer, f"{args}, cache: dict, pos: jax.Array", False, emitter.lines, doc, []
+    )
+    rows = [_row(e) for e in plan.cache]
+    return DecodePath([fn], rows, name, dtype, imports, helpers)
 
 
-def _returns_aux(inst: ir.Instance, functions: list, fn_of: dict) -> bool:
-    name = fn_of[inst.path]
-    return next(f.aux for f in functions if f.name == name)
+def merge(fn: LayerFunction, decode: DecodeEmitter) -> None:
+    """Make `fn` serve the decode path too: with `cache` it runs `decode`'s form and returns
+    (y, the updated cache). Statements the same in both forms are written once; the others run
+    under `if cache is None:`, so the forward (cache None, pos 0) traces exactly as before."""
+    train, dec = fn.chunks, decode.chunks()
+    assert len(train) == len(dec) and dec[0] == ["new_cache = {}", *train[0]], fn.name
+    body = list(dec[0])
+    for t, d in zip(train[1:-1], dec[1:-1], strict=True):
+        body += t if t == d else _branch(t, d)
+    *t_last, _ = train[-1]
+    *d_last, ret = dec[-1]
+    body += t_last if t_last == d_last else _branch(t_last, d_last)
+    trained = f"({fn.result})" if fn.aux else fn.result
+    comment = ret.partition("  # ")[2]
+    body.append(
+        f"return {trained} if cache is None else ({decode.result}, new_cache)"
+        + (f"  # {comment}" if comment else "")
+    )
+    fn.body = body
+    fn.args += ", cache: dict | None = None, pos: jax.Array | int = 0"
+    fn.doc = (
+        fn.doc.rstrip()
+        + "\n    With `cache` (decoding), x holds new tokens at positions pos, pos + 1, ...:"
+        "\n    returns (y, the updated cache).\n    "
+    )
+    fn.decodes = True
+
+
+def _branch(train: list[str], decode: list[str]) -> list[str]:
+    """`if cache is None:` train `else:` decode, around only the top-level statements that
+    differ, and inside the block opener both share (say a `with jax.named_scope(...):`)."""
+    t, d = _blocks(train), _blocks(decode)
+    while t and d and t[0] == d[0]:
+        t, d = t[1:], d[1:]
+    tail: list[list[str]] = []
+    while t and d and t[-1] == d[-1]:
+        tail.insert(0, t.pop())
+        d = d[:-1]
+    head = train[: len(train) - sum(map(len, t)) - sum(map(len, tail))]
+    if len(t) == len(d) == 1 and t[0][0] == d[0][0] and t[0][0].endswith(":"):
+        inner = _branch([line[4:] for line in t[0][1:]], [line[4:] for line in d[0][1:]])
+        middle = [t[0][0], *_indent(inner)]
+    else:
+        flat = lambda blocks: [line for block in blocks for line in block]  # noqa: E731
+        middle = ["if cache is None:", *_indent(flat(t)), "else:", *_indent(flat(d))]
+    return [*head, *middle, *(line for block in tail for line in block)]
+
+
+def _blocks(lines: list[str]) -> list[list[str]]:
+    """The top-level statements of unindented `lines`, each with the lines nested in it."""
+    out: list[list[str]] = []
+    for line in lines:
+        if out and (not line or line.startswith(" ") or line.startswith(")")):
+            out[-1].append(line)
+        else:
+            out.append([line])
+    return out
+
+
+def _indent(lines: list[str]) -> list[str]:
+    return ["    " + line if line else "" for line in lines]
 
 
 def _row(entry: CacheEntry) -> CacheRow:

@@ -76,7 +76,9 @@ def shared_functions(module: ir.Module) -> tuple[list[list[LayerFunction]], Eins
     this too, so the mistake does not wait for `build`. Returns the functions and the one table
     of einsum letters they use."""
     letters = EinsumLetters()  # one table for every model: they share the layer functions
-    per_model = [_functions(m.root, module.schedule, letters) for m in module.models]
+    per_model = [
+        _functions(m.root, module.schedule, letters, _shared_with_decode(m)) for m in module.models
+    ]
     first = [(f.name, f.body) for f in per_model[0]]
     table = _param_table(module.models[0].root)
     for model, fns in zip(module.models[1:], per_model[1:]):
@@ -104,6 +106,15 @@ def shared_functions(module: ir.Module) -> tuple[list[list[LayerFunction]], Eins
                 ]
             )
     return per_model, letters
+
+
+def _shared_with_decode(model: ir.Model) -> frozenset[str]:
+    """The layers whose function the decode path shares: those plan_decode caches, but the root
+    (its decode scan carries the cache alongside the stacked parameters, so it keeps its own)."""
+    plan = model.decode
+    if plan is None or plan.problem is not None:
+        return frozenset()
+    return frozenset(plan.cached) - {model.root.path}
 
 
 def _first_difference(table: tuple[list[str], list], first: tuple[list[str], list]) -> str:
@@ -134,11 +145,13 @@ def emit_model(module: ir.Module) -> str:
     head = None
     if split is not None:
         functions, head = _split_root(functions, split, module.schedule, letters)
-    decode_fns = decode.functions if decode else []
     helper_code, imports = helpers.select(
-        {h for fns in [*per_model, decode_fns] for f in fns for h in f.helpers}
+        {h for fns in per_model for f in fns for h in f.helpers}
+        | (decode.helpers if decode else set())
     )
-    imports |= {line for f in [*functions, *decode_fns] for line in f.imports}
+    imports |= {line for f in functions for line in f.imports} | (
+        decode.imports if decode else set()
+    )
     if decode or split:
         imports.add("import functools")
     custom = objective != "next_token" and fits(root, objective)
@@ -240,9 +253,13 @@ def _template_imports(sharding: bool, loss: bool) -> set[str]:
 
 # ----------------------------------------------------------------------------- functions
 def _functions(
-    root: ir.Instance, schedule: ir.Schedule | None, letters: EinsumLetters
+    root: ir.Instance,
+    schedule: ir.Schedule | None,
+    letters: EinsumLetters,
+    shared: frozenset[str] = frozenset(),
 ) -> list[LayerFunction]:
-    """Layer functions in post-order (leaves first), deduplicated by generated body."""
+    """Layer functions in post-order (leaves first), deduplicated by generated body. The layers
+    in `shared` read positions from `pos` (their decode form is merged in by codegen/decode.py)."""
     out: list[LayerFunction] = []
     masters = ir.master_weight_paths(root)
 
@@ -262,6 +279,7 @@ def _functions(
             child_aux=child_aux,
             own_aux=aux,
             master=inst.path in masters,
+            takes_pos=inst.path in shared,
         )
         body = emitter.emit_body()
         args = ", ".join(f"{a.name}: jax.Array" for a in inst.forward.args)
@@ -291,6 +309,8 @@ def _functions(
                 aux,
                 emitter.imports,
                 emitter.helpers,
+                emitter.chunks(),
+                emitter.result,
             )
         )
         return name, own, aux

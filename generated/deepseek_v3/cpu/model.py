@@ -83,11 +83,16 @@ def rms_norm(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
     return h.astype(cfg.dtype) * params["scale"]  # [..., dim]
 
 
-def ml_attention(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
+def ml_attention(
+    cfg: Config, params: dict, x: jax.Array, cache: dict | None = None, pos: jax.Array | int = 0
+) -> jax.Array | tuple[jax.Array, dict]:
     """MLAttention (std/deepseek.axl:12): x: [B, S, dim] -> [B, S, dim].
 
     Used at /dense_blocks/attn, /blocks/attn.
+    With `cache` (decoding), x holds new tokens at positions pos, pos + 1, ...:
+    returns (y, the updated cache).
     """
+    new_cache = {}
     with jax.named_scope("query_proj"):
         with jax.named_scope("q_norm"):
             q_norm_out = rms_norm(cfg, params["q_norm"], dense(x, params["wq_a"]))  # [B, S, q_rank]
@@ -111,24 +116,33 @@ def ml_attention(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
         yarn_frequencies(64, cfg.rope_theta, factor=40.0, original_max_seq=4096),
         interleaved=True,
         scale=yarn_attention_factor(40.0, 1.0, 1.0),
+        offset=pos,
     )  # [B, S, heads, qk_head_dim-128]
     k_pe = apply_rotary(
         k_pe,
         yarn_frequencies(64, cfg.rope_theta, factor=40.0, original_max_seq=4096),
         interleaved=True,
         scale=yarn_attention_factor(40.0, 1.0, 1.0),
+        offset=pos,
     )  # [B, S, heads, kv_a_dim-512]
     q = jnp.concatenate([q[..., :128], q_pe], axis=-1)  # [B, S, heads, qk_head_dim]
     k = jnp.concatenate([kv[..., :128], k_pe], axis=-1)  # [B, S, heads, qk_head_dim]
     v = kv[..., 128:]  # [B, S, heads, kv_b_dim-128]
     with jax.named_scope("context"):
-        # select_kernels: vjp, the first of cpu's attention kernels that fits
-        o = checkpoint_name(
-            vjp_attention(q, k, v, causal=True, scale=0.1352337788608801), "context"
-        )  # [B, S, heads, kv_b_dim-128]
+        if cache is None:
+            # select_kernels: vjp, the first of cpu's attention kernels that fits
+            o = checkpoint_name(
+                vjp_attention(q, k, v, causal=True, scale=0.1352337788608801), "context"
+            )  # [B, S, heads, kv_b_dim-128]
+        else:
+            # decoding: keys and values so far are in cache['k'], cache['v']
+            o, new_cache["k"], new_cache["v"] = cached_attention(
+                q, k, v, cache["k"], cache["v"], pos, scale=0.1352337788608801
+            )  # [B, S, heads, kv_b_dim-128]
+            o = checkpoint_name(o, "context")  # [B, S, heads, kv_b_dim-128]
     with jax.named_scope("out_proj"):
         y = checkpoint_name(dense(o, params["wo"], 2), "out_proj")  # [B, S, dim]
-    return y  # [B, S, dim]
+    return y if cache is None else (y, new_cache)  # [B, S, dim]
 
 
 def swiglu(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
@@ -143,21 +157,31 @@ def swiglu(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
     return dense(h, params["w_down"])  # [B, S, dim]
 
 
-def block(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
+def block(
+    cfg: Config, params: dict, x: jax.Array, cache: dict | None = None, pos: jax.Array | int = 0
+) -> jax.Array | tuple[jax.Array, dict]:
     """Block (std/transformer.axl:66): x: [B, S, dim] -> [B, S, dim].
 
     Used at /dense_blocks.
+    With `cache` (decoding), x holds new tokens at positions pos, pos + 1, ...:
+    returns (y, the updated cache).
     """
+    new_cache = {}
     with jax.named_scope("attn_norm"):
         attn_norm_out = rms_norm(cfg, params["attn_norm"], x)  # [B, S, dim]
     with jax.named_scope("attn"):
-        h = ml_attention(cfg, params["attn"], attn_norm_out)  # [B, S, dim]
+        if cache is None:
+            h = ml_attention(cfg, params["attn"], attn_norm_out)  # [B, S, dim]
+        else:
+            h, new_cache["attn"] = ml_attention(
+                cfg, params["attn"], attn_norm_out, cache["attn"], pos
+            )  # [B, S, dim]
     x = x + h  # [B, S, dim]
     with jax.named_scope("mlp_norm"):
         mlp_norm_out = rms_norm(cfg, params["mlp_norm"], x)  # [B, S, dim]
     with jax.named_scope("mlp"):
         h = swiglu(cfg, params["mlp"], mlp_norm_out)  # [B, S, dim]
-    return x + h  # [B, S, dim]
+    return x + h if cache is None else (x + h, new_cache)  # [B, S, dim]
 
 
 def swiglu_2(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
@@ -206,21 +230,34 @@ def deep_seek_moe(cfg: Config, params: dict, x: jax.Array) -> tuple[jax.Array, j
     return y, moe_aux  # [B, S, dim], []
 
 
-def block_2(cfg: Config, params: dict, x: jax.Array) -> tuple[jax.Array, jax.Array]:
+def block_2(
+    cfg: Config, params: dict, x: jax.Array, cache: dict | None = None, pos: jax.Array | int = 0
+) -> tuple[jax.Array, jax.Array] | tuple[jax.Array, dict]:
     """Block (std/transformer.axl:66): x: [B, S, dim] -> ([B, S, dim], auxiliary loss []).
 
     Used at /blocks.
+    With `cache` (decoding), x holds new tokens at positions pos, pos + 1, ...:
+    returns (y, the updated cache).
     """
+    new_cache = {}
     with jax.named_scope("attn_norm"):
         attn_norm_out = rms_norm(cfg, params["attn_norm"], x)  # [B, S, dim]
     with jax.named_scope("attn"):
-        h = ml_attention(cfg, params["attn"], attn_norm_out)  # [B, S, dim]
+        if cache is None:
+            h = ml_attention(cfg, params["attn"], attn_norm_out)  # [B, S, dim]
+        else:
+            h, new_cache["attn"] = ml_attention(
+                cfg, params["attn"], attn_norm_out, cache["attn"], pos
+            )  # [B, S, dim]
     x = x + h  # [B, S, dim]
     with jax.named_scope("mlp_norm"):
         mlp_norm_out = rms_norm(cfg, params["mlp_norm"], x)  # [B, S, dim]
     with jax.named_scope("mlp"):
-        h, mlp_aux = deep_seek_moe(cfg, params["mlp"], mlp_norm_out)  # [B, S, dim], []
-    return x + h, mlp_aux  # [B, S, dim], []
+        if cache is None:
+            h, mlp_aux = deep_seek_moe(cfg, params["mlp"], mlp_norm_out)  # [B, S, dim], []
+        else:
+            h, _ = deep_seek_moe(cfg, params["mlp"], mlp_norm_out)  # [B, S, dim]
+    return (x + h, mlp_aux) if cache is None else (x + h, new_cache)  # [B, S, dim]
 
 
 def decoder_lm_hidden(cfg: Config, params: dict, tokens: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -384,115 +421,14 @@ fused_cross_entropy.defvjp(_fused_cross_entropy_fwd, _fused_cross_entropy_bwd)
 
 
 # ----------------------------------------------------------------------------- decoding
-# The same layers over only new tokens, with each attention call's keys and values kept in a
+# The layers above over only new tokens, with each attention call's keys and values kept in a
 # preallocated cache: `prefill` runs the prompt once, `decode_step` one token at a time.
-
-
-def ml_attention_decode(
-    cfg: Config, params: dict, x: jax.Array, cache: dict, pos: jax.Array
-) -> tuple[jax.Array, dict]:
-    """MLAttention over new tokens at positions pos, pos + 1, ...: (y [B, S, dim], its updated cache).
-
-    The decode path of `ml_attention`; its cache is `cache`.
-    """
-    new_cache = {}
-    with jax.named_scope("query_proj"):
-        with jax.named_scope("q_norm"):
-            q_norm_out = rms_norm(cfg, params["q_norm"], dense(x, params["wq_a"]))  # [B, S, q_rank]
-        q = checkpoint_name(
-            dense(q_norm_out, params["wq_b"]), "query_proj"
-        )  # [B, S, heads, qk_head_dim]
-    with jax.named_scope("latent_proj"):
-        kv = checkpoint_name(dense(x, params["wkv_a"]), "latent_proj")  # [B, S, kv_a_dim]
-    with jax.named_scope("kv_norm"):
-        latent = rms_norm(cfg, params["kv_norm"], kv[..., :512])  # [B, S, 512]
-    k_pe = kv[..., 512:]  # [B, S, kv_a_dim-512]
-    k_pe = jnp.broadcast_to(
-        k_pe[..., None, :], (*k_pe.shape[:-1], cfg.heads, *k_pe.shape[-1:])
-    )  # [B, S, heads, kv_a_dim-512]
-    with jax.named_scope("key_value_proj"):
-        kv = checkpoint_name(
-            dense(latent, params["wkv_b"]), "key_value_proj"
-        )  # [B, S, heads, kv_b_dim]
-    q_pe = apply_rotary(
-        q[..., 128:],
-        yarn_frequencies(64, cfg.rope_theta, factor=40.0, original_max_seq=4096),
-        interleaved=True,
-        scale=yarn_attention_factor(40.0, 1.0, 1.0),
-        offset=pos,
-    )  # [B, S, heads, qk_head_dim-128]
-    k_pe = apply_rotary(
-        k_pe,
-        yarn_frequencies(64, cfg.rope_theta, factor=40.0, original_max_seq=4096),
-        interleaved=True,
-        scale=yarn_attention_factor(40.0, 1.0, 1.0),
-        offset=pos,
-    )  # [B, S, heads, kv_a_dim-512]
-    q = jnp.concatenate([q[..., :128], q_pe], axis=-1)  # [B, S, heads, qk_head_dim]
-    k = jnp.concatenate([kv[..., :128], k_pe], axis=-1)  # [B, S, heads, qk_head_dim]
-    v = kv[..., 128:]  # [B, S, heads, kv_b_dim-128]
-    with jax.named_scope("context"):
-        # decoding: keys and values so far are in cache['k'], cache['v']
-        o, new_cache["k"], new_cache["v"] = cached_attention(
-            q, k, v, cache["k"], cache["v"], pos, scale=0.1352337788608801
-        )  # [B, S, heads, kv_b_dim-128]
-        o = checkpoint_name(o, "context")  # [B, S, heads, kv_b_dim-128]
-    with jax.named_scope("out_proj"):
-        y = checkpoint_name(dense(o, params["wo"], 2), "out_proj")  # [B, S, dim]
-    return y, new_cache  # [B, S, dim]
-
-
-def block_decode(
-    cfg: Config, params: dict, x: jax.Array, cache: dict, pos: jax.Array
-) -> tuple[jax.Array, dict]:
-    """Block over new tokens at positions pos, pos + 1, ...: (y [B, S, dim], its updated cache).
-
-    The decode path of `block`; its cache is `cache`.
-    """
-    new_cache = {}
-    with jax.named_scope("attn_norm"):
-        attn_norm_out = rms_norm(cfg, params["attn_norm"], x)  # [B, S, dim]
-    with jax.named_scope("attn"):
-        h, new_cache["attn"] = ml_attention_decode(
-            cfg, params["attn"], attn_norm_out, cache["attn"], pos
-        )  # [B, S, dim]
-    x = x + h  # [B, S, dim]
-    with jax.named_scope("mlp_norm"):
-        mlp_norm_out = rms_norm(cfg, params["mlp_norm"], x)  # [B, S, dim]
-    with jax.named_scope("mlp"):
-        h = swiglu(cfg, params["mlp"], mlp_norm_out)  # [B, S, dim]
-    return x + h, new_cache  # [B, S, dim]
-
-
-def block_2_decode(
-    cfg: Config, params: dict, x: jax.Array, cache: dict, pos: jax.Array
-) -> tuple[jax.Array, dict]:
-    """Block over new tokens at positions pos, pos + 1, ...: (y [B, S, dim], its updated cache).
-
-    The decode path of `block_2`; its cache is `cache`.
-    """
-    new_cache = {}
-    with jax.named_scope("attn_norm"):
-        attn_norm_out = rms_norm(cfg, params["attn_norm"], x)  # [B, S, dim]
-    with jax.named_scope("attn"):
-        h, new_cache["attn"] = ml_attention_decode(
-            cfg, params["attn"], attn_norm_out, cache["attn"], pos
-        )  # [B, S, dim]
-    x = x + h  # [B, S, dim]
-    with jax.named_scope("mlp_norm"):
-        mlp_norm_out = rms_norm(cfg, params["mlp_norm"], x)  # [B, S, dim]
-    with jax.named_scope("mlp"):
-        h, _ = deep_seek_moe(cfg, params["mlp"], mlp_norm_out)  # [B, S, dim]
-    return x + h, new_cache  # [B, S, dim]
 
 
 def decoder_lm_decode(
     cfg: Config, params: dict, tokens: jax.Array, cache: dict, pos: jax.Array
 ) -> tuple[jax.Array, dict]:
-    """DecoderLM over new tokens at positions pos, pos + 1, ...: (y [B, S, vocab], its updated cache).
-
-    The decode path of `decoder_lm`; its cache is `cache`.
-    """
+    """DecoderLM over new tokens at positions pos, pos + 1, ...: (y [B, S, vocab], the updated cache)."""
     new_cache = {}
     # master weights stay in cfg.param_dtype; compute runs in cfg.dtype
     # (stacked layers: one layer at a time in the scan step, never the whole stack)
@@ -509,7 +445,7 @@ def decoder_lm_decode(
         layer_params = jax.tree.map(lambda w: w.astype(cfg.dtype), layer_params)
         # annotate_sharding: batch -> data (rule batch -> data, fsdp from profile cpu)
         h = shard(h, P("data"))
-        return block_decode(cfg, layer_params, h, layer_cache, pos)
+        return block(cfg, layer_params, h, layer_cache, pos)
 
     with jax.named_scope("dense_blocks"):
         x, new_cache["dense_blocks"] = jax.lax.scan(
@@ -522,7 +458,7 @@ def decoder_lm_decode(
         layer_params = jax.tree.map(lambda w: w.astype(cfg.dtype), layer_params)
         # annotate_sharding: batch -> data (rule batch -> data, fsdp from profile cpu)
         h = shard(h, P("data"))
-        return block_2_decode(cfg, layer_params, h, layer_cache, pos)
+        return block_2(cfg, layer_params, h, layer_cache, pos)
 
     with jax.named_scope("blocks"):
         x, new_cache["blocks"] = jax.lax.scan(

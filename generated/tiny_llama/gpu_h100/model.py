@@ -75,11 +75,16 @@ def rms_norm(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
     return h.astype(cfg.dtype) * params["scale"]  # [..., dim]
 
 
-def attention(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
+def attention(
+    cfg: Config, params: dict, x: jax.Array, cache: dict | None = None, pos: jax.Array | int = 0
+) -> jax.Array | tuple[jax.Array, dict]:
     """Attention (std/transformer.axl:11): x: [B, S, dim] -> [B, S, dim].
 
     Used at /blocks/attn.
+    With `cache` (decoding), x holds new tokens at positions pos, pos + 1, ...:
+    returns (y, the updated cache).
     """
+    new_cache = {}
     with jax.named_scope("query_proj"):
         # quantize_matmuls: fp8 on blocks/* (profile gpu-h100)
         q = checkpoint_name(
@@ -93,17 +98,25 @@ def attention(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
         v = checkpoint_name(
             fp8_einsum("bsd,dkv->bskv", x, params["wv"]), "value_proj"
         )  # [B, S, kv_heads, v_head_dim]
-    q = apply_rope(q, theta=cfg.rope_theta)  # [B, S, heads, head_dim]
-    k = apply_rope(k, theta=cfg.rope_theta)  # [B, S, kv_heads, head_dim]
+    q = apply_rope(q, theta=cfg.rope_theta, offset=pos)  # [B, S, heads, head_dim]
+    k = apply_rope(k, theta=cfg.rope_theta, offset=pos)  # [B, S, kv_heads, head_dim]
     with jax.named_scope("context"):
-        # select_kernels: xla, the first of gpu-h100's attention kernels that fits; the ones before it:
-        # attention: cudnn not used: tiny_llama computes in f32; cuDNN flash attention needs bf16 or f16
-        o = checkpoint_name(
-            jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation="xla"), "context"
-        )  # [B, S, heads, v_head_dim]
+        if cache is None:
+            # select_kernels: xla, the first of gpu-h100's attention kernels that fits; the ones before it:
+            # attention: cudnn not used: tiny_llama computes in f32; cuDNN flash attention needs bf16 or f16
+            o = checkpoint_name(
+                jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation="xla"),
+                "context",
+            )  # [B, S, heads, v_head_dim]
+        else:
+            # decoding: keys and values so far are in cache['k'], cache['v']
+            o, new_cache["k"], new_cache["v"] = cached_attention(
+                q, k, v, cache["k"], cache["v"], pos
+            )  # [B, S, heads, v_head_dim]
+            o = checkpoint_name(o, "context")  # [B, S, heads, v_head_dim]
     with jax.named_scope("out_proj"):
         y = checkpoint_name(fp8_einsum("bshv,hvd->bsd", o, params["wo"]), "out_proj")  # [B, S, dim]
-    return y  # [B, S, dim]
+    return y if cache is None else (y, new_cache)  # [B, S, dim]
 
 
 def swiglu(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
@@ -121,21 +134,31 @@ def swiglu(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
     return fp8_einsum("bsf,fd->bsd", h, params["w_down"])  # [B, S, dim]
 
 
-def block(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
+def block(
+    cfg: Config, params: dict, x: jax.Array, cache: dict | None = None, pos: jax.Array | int = 0
+) -> jax.Array | tuple[jax.Array, dict]:
     """Block (std/transformer.axl:66): x: [B, S, dim] -> [B, S, dim].
 
     Used at /blocks.
+    With `cache` (decoding), x holds new tokens at positions pos, pos + 1, ...:
+    returns (y, the updated cache).
     """
+    new_cache = {}
     with jax.named_scope("attn_norm"):
         attn_norm_out = rms_norm(cfg, params["attn_norm"], x)  # [B, S, dim]
     with jax.named_scope("attn"):
-        h = attention(cfg, params["attn"], attn_norm_out)  # [B, S, dim]
+        if cache is None:
+            h = attention(cfg, params["attn"], attn_norm_out)  # [B, S, dim]
+        else:
+            h, new_cache["attn"] = attention(
+                cfg, params["attn"], attn_norm_out, cache["attn"], pos
+            )  # [B, S, dim]
     x = x + h  # [B, S, dim]
     with jax.named_scope("mlp_norm"):
         mlp_norm_out = rms_norm(cfg, params["mlp_norm"], x)  # [B, S, dim]
     with jax.named_scope("mlp"):
         h = swiglu(cfg, params["mlp"], mlp_norm_out)  # [B, S, dim]
-    return x + h  # [B, S, dim]
+    return x + h if cache is None else (x + h, new_cache)  # [B, S, dim]
 
 
 def decoder_lm_hidden(cfg: Config, params: dict, tokens: jax.Array) -> jax.Array:
@@ -278,73 +301,14 @@ fused_cross_entropy.defvjp(_fused_cross_entropy_fwd, _fused_cross_entropy_bwd)
 
 
 # ----------------------------------------------------------------------------- decoding
-# The same layers over only new tokens, with each attention call's keys and values kept in a
+# The layers above over only new tokens, with each attention call's keys and values kept in a
 # preallocated cache: `prefill` runs the prompt once, `decode_step` one token at a time.
-
-
-def attention_decode(
-    cfg: Config, params: dict, x: jax.Array, cache: dict, pos: jax.Array
-) -> tuple[jax.Array, dict]:
-    """Attention over new tokens at positions pos, pos + 1, ...: (y [B, S, dim], its updated cache).
-
-    The decode path of `attention`; its cache is `cache`.
-    """
-    new_cache = {}
-    with jax.named_scope("query_proj"):
-        # quantize_matmuls: fp8 on blocks/* (profile gpu-h100)
-        q = checkpoint_name(
-            fp8_einsum("bsd,dhe->bshe", x, params["wq"]), "query_proj"
-        )  # [B, S, heads, head_dim]
-    with jax.named_scope("key_proj"):
-        k = checkpoint_name(
-            fp8_einsum("bsd,dke->bske", x, params["wk"]), "key_proj"
-        )  # [B, S, kv_heads, head_dim]
-    with jax.named_scope("value_proj"):
-        v = checkpoint_name(
-            fp8_einsum("bsd,dkv->bskv", x, params["wv"]), "value_proj"
-        )  # [B, S, kv_heads, v_head_dim]
-    q = apply_rope(q, theta=cfg.rope_theta, offset=pos)  # [B, S, heads, head_dim]
-    k = apply_rope(k, theta=cfg.rope_theta, offset=pos)  # [B, S, kv_heads, head_dim]
-    with jax.named_scope("context"):
-        # decoding: keys and values so far are in cache['k'], cache['v']
-        o, new_cache["k"], new_cache["v"] = cached_attention(
-            q, k, v, cache["k"], cache["v"], pos
-        )  # [B, S, heads, v_head_dim]
-        o = checkpoint_name(o, "context")  # [B, S, heads, v_head_dim]
-    with jax.named_scope("out_proj"):
-        y = checkpoint_name(fp8_einsum("bshv,hvd->bsd", o, params["wo"]), "out_proj")  # [B, S, dim]
-    return y, new_cache  # [B, S, dim]
-
-
-def block_decode(
-    cfg: Config, params: dict, x: jax.Array, cache: dict, pos: jax.Array
-) -> tuple[jax.Array, dict]:
-    """Block over new tokens at positions pos, pos + 1, ...: (y [B, S, dim], its updated cache).
-
-    The decode path of `block`; its cache is `cache`.
-    """
-    new_cache = {}
-    with jax.named_scope("attn_norm"):
-        attn_norm_out = rms_norm(cfg, params["attn_norm"], x)  # [B, S, dim]
-    with jax.named_scope("attn"):
-        h, new_cache["attn"] = attention_decode(
-            cfg, params["attn"], attn_norm_out, cache["attn"], pos
-        )  # [B, S, dim]
-    x = x + h  # [B, S, dim]
-    with jax.named_scope("mlp_norm"):
-        mlp_norm_out = rms_norm(cfg, params["mlp_norm"], x)  # [B, S, dim]
-    with jax.named_scope("mlp"):
-        h = swiglu(cfg, params["mlp"], mlp_norm_out)  # [B, S, dim]
-    return x + h, new_cache  # [B, S, dim]
 
 
 def decoder_lm_decode(
     cfg: Config, params: dict, tokens: jax.Array, cache: dict, pos: jax.Array
 ) -> tuple[jax.Array, dict]:
-    """DecoderLM over new tokens at positions pos, pos + 1, ...: (y [B, S, vocab], its updated cache).
-
-    The decode path of `decoder_lm`; its cache is `cache`.
-    """
+    """DecoderLM over new tokens at positions pos, pos + 1, ...: (y [B, S, vocab], the updated cache)."""
     new_cache = {}
     # master weights stay in cfg.param_dtype; compute runs in cfg.dtype
     # (stacked layers: one layer at a time in the scan step, never the whole stack)
@@ -361,7 +325,7 @@ def decoder_lm_decode(
         layer_params = jax.tree.map(lambda w: w.astype(cfg.dtype), layer_params)
         # annotate_sharding: batch -> fsdp (rule batch -> data, fsdp from profile gpu-h100)
         h = shard(h, P("fsdp"))
-        return block_decode(cfg, layer_params, h, layer_cache, pos)
+        return block(cfg, layer_params, h, layer_cache, pos)
 
     with jax.named_scope("blocks"):
         x, new_cache["blocks"] = jax.lax.scan(
