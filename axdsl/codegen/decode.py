@@ -5,18 +5,19 @@ prompt once (prefill), then one token per step. Every layer plan_decode lists in
 `DecodePlan.cached` keeps its one function, which also takes `cache=None, pos=0`: statements whose
 decode form differs (an attention call reading its cache slot, a child call passing its part of
 the cache) run under `if cache is None:`, so the forward traces exactly as without a decode path.
-Only the root gets a separate `<root>_decode`, whose scan carries the cache alongside the stacked
-parameters. Each primitive's emitter writes its decode form when the emitter says `decoding`
-(axdsl/primitives/base.py Decoding). The cache arrays, their keys and their mesh placement are the
-plan's (axdsl/passes/plan_decode.py); nothing is decided here.
+The root's scan over stacked layers then carries the cache alongside their parameters. Each
+primitive's emitter writes its decode form when the emitter says `decoding`
+(axdsl/primitives/base.py Decoding). The cache arrays, their keys and their mesh placement are
+the plan's (axdsl/passes/plan_decode.py); nothing is decided here.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 
-from axdsl.codegen.expressions import FunctionEmitter, LayerFunction, dims_text, shape_comment
-from axdsl.codegen.names import py_str, spec_text
+from axdsl.codegen.expressions import FunctionEmitter, LayerFunction, shape_comment
+from axdsl.codegen.names import EinsumLetters, py_str, spec_text
 from axdsl.codegen.pyexpr import py_size, py_value
 from axdsl.ir import nodes as ir
 from axdsl.ir.nodes import CacheEntry, DecodePlan
@@ -31,34 +32,21 @@ class CacheRow:
     shape: str
     spec: str
 
+    @property
+    def key(self) -> str:
+        """The path as a double-quoted literal, as in the formatted code around it."""
+        return json.dumps(self.path)
+
 
 @dataclass
 class DecodePath:
-    """What the template needs: the root's decode function, the cache rows, what they need."""
+    """What the template needs: the cache rows, the function prefill calls, what they need."""
 
-    functions: list[LayerFunction]  # the root's decode function
     rows: list[CacheRow]
     root_fn: str
     dtype: str  # the cache's default dtype: the compute dtype
     imports: set[str] = field(default_factory=set)  # what the decode forms need
     helpers: set[str] = field(default_factory=set)
-
-    def cache_tree(self, leaf) -> str:
-        """The cache as a nested dict literal, each array written by `leaf(row)`."""
-        tree: dict = {}
-        for row in self.rows:
-            *parents, name = row.path.split("/")
-            node = tree
-            for part in parents:
-                node = node.setdefault(part, {})
-            node[name] = leaf(row)
-
-        def text(node) -> str:
-            if isinstance(node, str):
-                return node
-            return "{" + ", ".join(f"{py_str(k)}: {text(v)}" for k, v in node.items()) + ",}"
-
-        return text(tree)
 
 
 @dataclass
@@ -93,20 +81,20 @@ class DecodeEmitter(FunctionEmitter):
         return body
 
     def _child_call(self, call: ir.CallChild, target: str) -> None:
+        child = self.inst.expect_child(call.child)
         if call.child not in self.cached_children:
-            if self.child_aux.get(call.child) and self.inst.child(call.child).repeat is None:
-                args = ", ".join(self.expr(a)[0] for a in call.args)
+            if self.child_aux.get(call.child) and child.repeat is None:
+                text = ", ".join(self.expr(a)[0] for a in call.args)
                 fn = self.child_fn[call.child]
                 self.lines.append(f"with jax.named_scope({py_str(call.child)}):")
                 self.lines.append(
-                    f"    {target}, _ = {fn}(cfg, params[{py_str(call.child)}], {args})"
+                    f"    {target}, _ = {fn}(cfg, params[{py_str(call.child)}], {text})"
                     f"  # {shape_comment(call.type)}"
                 )
                 return
             super()._child_call(call, target)
             return
         args = [self.expr(a)[0] for a in call.args]
-        child = self.inst.child(call.child)
         fn, key = self.child_fn[call.child], py_str(call.child)
         comment = shape_comment(call.type)
         if child.repeat is None:
@@ -136,13 +124,19 @@ class DecodeEmitter(FunctionEmitter):
 
 
 def decode_path(
-    root: ir.Instance, plan: DecodePlan, functions: list, schedule: ir.Schedule | None, letters
+    root: ir.Instance,
+    plan: DecodePlan,
+    functions: list[LayerFunction],
+    schedule: ir.Schedule | None,
+    letters: EinsumLetters,
+    top: tuple[ir.Instance, LayerFunction],
 ) -> DecodePath:
     """The decode path of the layers `plan` lists as cached, and its cache table.
 
-    Every cached layer but the root shares its forward function: `merge` adds its decode form
-    there (`cache`, `pos`). The root gets `<root>_decode`, whose scan carries the cache alongside
-    the stacked parameters."""
+    Every cached layer shares its forward function: `merge` adds its decode form there (`cache`,
+    `pos`). `top` is the root's part that decoding runs and its function: the root, or with a
+    head split the root up to its head (`<root>_hidden`), whose scan then also carries the cache
+    alongside the stacked parameters."""
     fn_of = {path: f.name for f in functions for path in f.paths}
     by_name = {f.name: f for f in functions}
     cached = set(plan.cached)
@@ -173,18 +167,10 @@ def decode_path(
         fn = by_name[fn_of[inst.path]]
         if inst is not root and inst.path in cached and not fn.decodes:
             merge(fn, emit(inst))
-    emitter = emit(root)
-    args = ", ".join(f"{a.name}: jax.Array" for a in root.forward.args)
-    doc = (
-        f"{root.layer} over new tokens at positions pos, pos + 1, ...: (y "
-        f"{dims_text(root.forward.result)}, the updated cache).\n    "
-    )
-    name = fn_of[root.path] + "_decode"
-    fn = LayerFunction(
-        name, root.layer, f"{args}, cache: dict, pos: jax.Array", False, emitter.lines, doc, []
-    )
+    top_inst, top_fn = top
+    merge(top_fn, emit(top_inst))
     rows = [_row(e) for e in plan.cache]
-    return DecodePath([fn], rows, name, dtype, imports, helpers)
+    return DecodePath(rows, top_fn.name, dtype, imports, helpers)
 
 
 def merge(fn: LayerFunction, decode: DecodeEmitter) -> None:
@@ -209,8 +195,8 @@ def merge(fn: LayerFunction, decode: DecodeEmitter) -> None:
     fn.args += ", cache: dict | None = None, pos: jax.Array | int = 0"
     fn.doc = (
         fn.doc.rstrip()
-        + "\n    With `cache` (decoding), x holds new tokens at positions pos, pos + 1, ...:"
-        "\n    returns (y, the updated cache).\n    "
+        + f"\n    With `cache` (decoding), {decode.inst.fwd.args[0].name} holds new tokens at"
+        " positions pos, pos + 1, ...:\n    returns (y, the updated cache).\n    "
     )
     fn.decodes = True
 

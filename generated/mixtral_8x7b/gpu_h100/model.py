@@ -175,11 +175,20 @@ def block(
     return (x + h, mlp_aux) if cache is None else (x + h, new_cache)  # [B, S, dim]
 
 
-def decoder_lm_hidden(cfg: Config, params: dict, tokens: jax.Array) -> tuple[jax.Array, jax.Array]:
+def decoder_lm_hidden(
+    cfg: Config,
+    params: dict,
+    tokens: jax.Array,
+    cache: dict | None = None,
+    pos: jax.Array | int = 0,
+) -> tuple[jax.Array, jax.Array] | tuple[jax.Array, dict]:
     """DecoderLM (std/transformer.axl:112) up to its output head: tokens: [B, S] -> [B, S, dim], auxiliary loss [].
 
     `loss_fn` applies the head itself, a chunk of positions at a time.
+    With `cache` (decoding), tokens holds new tokens at positions pos, pos + 1, ...:
+    returns (y, the updated cache).
     """
+    new_cache = {}
     # master weights stay in cfg.param_dtype; compute runs in cfg.dtype
     # (stacked layers: one layer at a time in the scan step, never the whole stack)
     params = {
@@ -188,25 +197,39 @@ def decoder_lm_hidden(cfg: Config, params: dict, tokens: jax.Array) -> tuple[jax
     }
     with jax.named_scope("embed"):
         x = embedding(cfg, params["embed"], tokens)  # [B, S, dim]
+    if cache is None:
+        # insert_remat: full (fit_remat, for profile gpu-h100)
+        @functools.partial(jax.checkpoint, policy=REMAT_POLICY, prevent_cse=False)
+        def blocks_step(carry, layer_params):  # one of cfg.layers stacked layers
+            h, aux = carry
+            # this layer's weights in cfg.dtype
+            layer_params = jax.tree.map(lambda w: w.astype(cfg.dtype), layer_params)
+            # annotate_sharding: batch -> fsdp (rule batch -> data, fsdp from profile gpu-h100)
+            h = shard(h, P("fsdp"))
+            h, layer_aux = block(cfg, layer_params, h)
+            return (h, aux + layer_aux), None
 
-    # insert_remat: full (fit_remat, for profile gpu-h100)
-    @functools.partial(jax.checkpoint, policy=REMAT_POLICY, prevent_cse=False)
-    def blocks_step(carry, layer_params):  # one of cfg.layers stacked layers
-        h, aux = carry
-        # this layer's weights in cfg.dtype
-        layer_params = jax.tree.map(lambda w: w.astype(cfg.dtype), layer_params)
-        # annotate_sharding: batch -> fsdp (rule batch -> data, fsdp from profile gpu-h100)
-        h = shard(h, P("fsdp"))
-        h, layer_aux = block(cfg, layer_params, h)
-        return (h, aux + layer_aux), None
+        with jax.named_scope("blocks"):
+            (x, blocks_aux), _ = jax.lax.scan(
+                blocks_step, (x, jnp.zeros((), jnp.float32)), params["blocks"]
+            )  # [B, S, dim], []
+    else:
 
-    with jax.named_scope("blocks"):
-        (x, blocks_aux), _ = jax.lax.scan(
-            blocks_step, (x, jnp.zeros((), jnp.float32)), params["blocks"]
-        )  # [B, S, dim], []
+        def blocks_step(h, xs):  # one of cfg.layers stacked layers and its cache
+            layer_params, layer_cache = xs
+            # this layer's weights in cfg.dtype
+            layer_params = jax.tree.map(lambda w: w.astype(cfg.dtype), layer_params)
+            # annotate_sharding: batch -> fsdp (rule batch -> data, fsdp from profile gpu-h100)
+            h = shard(h, P("fsdp"))
+            return block(cfg, layer_params, h, layer_cache, pos)
+
+        with jax.named_scope("blocks"):
+            x, new_cache["blocks"] = jax.lax.scan(
+                blocks_step, x, (params["blocks"], cache["blocks"])
+            )  # [B, S, dim]
     with jax.named_scope("final_norm"):
         x = rms_norm(cfg, params["final_norm"], x)  # [B, S, dim]
-    return x, blocks_aux  # [B, S, dim], []
+    return (x, blocks_aux) if cache is None else (x, new_cache)  # [B, S, dim]
 
 
 def decoder_lm_head(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
@@ -329,66 +352,21 @@ fused_cross_entropy.defvjp(_fused_cross_entropy_fwd, _fused_cross_entropy_bwd)
 # preallocated cache: `prefill` runs the prompt once, `decode_step` one token at a time.
 
 
-def decoder_lm_decode(
-    cfg: Config, params: dict, tokens: jax.Array, cache: dict, pos: jax.Array
-) -> tuple[jax.Array, dict]:
-    """DecoderLM over new tokens at positions pos, pos + 1, ...: (y [B, S, vocab], the updated cache)."""
-    new_cache = {}
-    # master weights stay in cfg.param_dtype; compute runs in cfg.dtype
-    # (stacked layers: one layer at a time in the scan step, never the whole stack)
-    params = {
-        k: v if k in ("blocks",) else jax.tree.map(lambda w: w.astype(cfg.dtype), v)
-        for k, v in params.items()
-    }
-    with jax.named_scope("embed"):
-        x = embedding(cfg, params["embed"], tokens)  # [B, S, dim]
-
-    def blocks_step(h, xs):  # one of cfg.layers stacked layers and its cache
-        layer_params, layer_cache = xs
-        # this layer's weights in cfg.dtype
-        layer_params = jax.tree.map(lambda w: w.astype(cfg.dtype), layer_params)
-        # annotate_sharding: batch -> fsdp (rule batch -> data, fsdp from profile gpu-h100)
-        h = shard(h, P("fsdp"))
-        return block(cfg, layer_params, h, layer_cache, pos)
-
-    with jax.named_scope("blocks"):
-        x, new_cache["blocks"] = jax.lax.scan(
-            blocks_step, x, (params["blocks"], cache["blocks"])
-        )  # [B, S, dim]
-    with jax.named_scope("final_norm"):
-        x = rms_norm(cfg, params["final_norm"], x)  # [B, S, dim]
-    logits = x @ params["head"]  # [B, S, vocab]
-    return logits.astype(jnp.float32), new_cache  # [B, S, vocab]
-
-
 def init_cache(cfg: Config, batch: int, length: int, dtype=None) -> dict:
     """Zeroed keys and values of every attention call for `length` positions, in the tree the
-    decode functions take; stacked layers carry a leading `layers` dim. dtype: cfg.dtype."""
+    layers take; stacked layers carry a leading `layers` dim. dtype: cfg.dtype."""
     dtype = cfg.dtype if dtype is None else dtype
-    return {
-        "blocks": {
-            "attn": {
-                "k": jnp.zeros(
-                    (cfg.layers, batch, length, cfg.kv_heads, cfg.dim // cfg.heads), dtype
-                ),
-                "v": jnp.zeros(
-                    (cfg.layers, batch, length, cfg.kv_heads, cfg.dim // cfg.heads), dtype
-                ),
-            },
-        },
-    }
+    # fmt: off
+    return _nest({
+        "blocks/attn/k": jnp.zeros((cfg.layers, batch, length, cfg.kv_heads, cfg.dim // cfg.heads), dtype),
+        "blocks/attn/v": jnp.zeros((cfg.layers, batch, length, cfg.kv_heads, cfg.dim // cfg.heads), dtype),
+    })
+    # fmt: on
 
 
 def cache_specs() -> dict:
     """Where each cache array lives on the mesh: batch and heads split like the activations."""
-    return {
-        "blocks": {
-            "attn": {
-                "k": P(None, "fsdp"),
-                "v": P(None, "fsdp"),
-            },
-        },
-    }
+    return _nest({"blocks/attn/k": P(None, "fsdp"), "blocks/attn/v": P(None, "fsdp")})
 
 
 def decode_params(cfg: Config, params: dict) -> dict:
@@ -403,7 +381,8 @@ def decode_params(cfg: Config, params: dict) -> dict:
 def prefill(cfg: Config, params: dict, tokens: jax.Array, cache: dict) -> tuple[jax.Array, dict]:
     """Run the prompt tokens [B, T] from position 0: (logits [B, T, vocab], the cache holding
     their keys and values). The cache passed in is donated: reuse the one returned."""
-    return decoder_lm_decode(cfg, params, tokens, cache, jnp.int32(0))
+    x, cache = decoder_lm_hidden(cfg, params, tokens, cache, jnp.int32(0))
+    return decoder_lm_head(cfg, {k: params[k] for k in HEAD_PARAMS}, x), cache
 
 
 @functools.partial(jax.jit, static_argnums=0, donate_argnums=3)
@@ -412,8 +391,8 @@ def decode_step(
 ) -> tuple[jax.Array, dict]:
     """One new token [B] at position `pos` (the number of tokens already in the cache):
     (logits [B, vocab], the updated cache). The cache passed in is donated."""
-    logits, cache = decoder_lm_decode(cfg, params, token[:, None], cache, pos)
-    return logits[:, 0], cache
+    x, cache = decoder_lm_hidden(cfg, params, token[:, None], cache, pos)
+    return decoder_lm_head(cfg, {k: params[k] for k in HEAD_PARAMS}, x)[:, 0], cache
 
 
 # ----------------------------------------------------------------------------- parameters
