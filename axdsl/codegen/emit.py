@@ -76,17 +76,21 @@ def shared_functions(module: ir.Module) -> tuple[list[list[LayerFunction]], Eins
     this too, so the mistake does not wait for `build`. Returns the functions and the one table
     of einsum letters they use."""
     letters = EinsumLetters()  # one table for every model: they share the layer functions
-    per_model = [_functions(m.root, module.schedule, letters) for m in module.models]
+    per_model = [
+        _functions(m.root, module.schedule, letters, _shared_with_decode(m)) for m in module.models
+    ]
     first = [(f.name, f.body) for f in per_model[0]]
     table = _param_table(module.models[0].root)
-    for model, fns in zip(module.models[1:], per_model[1:]):
+    for model, fns in zip(module.models[1:], per_model[1:], strict=True):
         if [(f.name, f.body) for f in fns] != first:
             raise CompileError(
                 [
                     Diagnostic(
                         model.span,
-                        f"model `{model.name}` has a different structure from `{module.models[0].name}`",
-                        "models in one spec share generated layer code; put this model in its own spec file",
+                        f"model `{model.name}` has a different structure from "
+                        f"`{module.models[0].name}`",
+                        "models in one spec share generated layer code; "
+                        "put this model in its own spec file",
                     )
                 ]
             )
@@ -95,15 +99,25 @@ def shared_functions(module: ir.Module) -> tuple[list[list[LayerFunction]], Eins
                 [
                     Diagnostic(
                         model.span,
-                        f"model `{model.name}` has a parameter table (shapes, initializers or dtypes) other than "
+                        f"model `{model.name}` has a parameter table (shapes, initializers or "
+                        "dtypes) other than "
                         f"`{module.models[0].name}`'s where no hyperparameter says so: "
                         f"{_first_difference(_param_table(model.root), table)}",
-                        "models in one spec share one parameter table, set by Config fields; make what differs "
+                        "models in one spec share one parameter table, set by Config fields; "
+                        "make what differs "
                         "a model hyperparameter, or put this model in its own spec file",
                     )
                 ]
             )
     return per_model, letters
+
+
+def _shared_with_decode(model: ir.Model) -> frozenset[str]:
+    """The layers whose function the decode path shares: those plan_decode caches."""
+    plan = model.decode
+    if plan is None or plan.problem is not None:
+        return frozenset()
+    return frozenset(plan.cached)
 
 
 def _first_difference(table: tuple[list[str], list], first: tuple[list[str], list]) -> str:
@@ -127,22 +141,28 @@ def emit_model(module: ir.Module) -> str:
     objective = objective_name(module)
     loss = objective == "next_token" and has_lm_signature(root)
     plan = model.decode
-    decode = None
-    if plan is not None and plan.problem is None:
-        decode = decode_path(root, plan, functions, module.schedule, letters)
+    decodes = plan is not None and plan.problem is None
     split = model.head
     head = None
+    top = (root, functions[-1])
     if split is not None:
-        functions, head = _split_root(functions, split, module.schedule, letters)
-    decode_fns = decode.functions if decode else []
+        functions, head = _split_root(functions, split, module.schedule, letters, decodes)
+        top = (split.body, functions[-3])  # <root>_hidden
+    decode = None
+    if plan is not None and decodes:
+        decode = decode_path(root, plan, functions, module.schedule, letters, top)
     helper_code, imports = helpers.select(
-        {h for fns in [*per_model, decode_fns] for f in fns for h in f.helpers}
+        {h for fns in per_model for f in fns for h in f.helpers}
+        | (decode.helpers if decode else set())
     )
-    imports |= {line for f in [*functions, *decode_fns] for line in f.imports}
+    imports |= {line for f in functions for line in f.imports} | (
+        decode.imports if decode else set()
+    )
     if decode or split:
         imports.add("import functools")
     custom = objective != "next_token" and fits(root, objective)
-    # optax: the plain next-token loss and the objectives' losses (fused_cross_entropy and loss() use none)
+    # optax: the plain next-token loss and the objectives' losses (fused_cross_entropy and loss()
+    # use none)
     uses_optax = (loss and split is None) or (custom and objective != "loss")
     imports |= _template_imports(sharding is not None, uses_optax)
     locals_, rows = _param_table(root)
@@ -180,11 +200,9 @@ def emit_model(module: ir.Module) -> str:
         head=head,
         decode=decode,
         no_decode=plan.problem if plan is not None else None,
-        cache_zeros=decode.cache_tree(lambda r: f"jnp.zeros({r.shape}, dtype)") if decode else "",
-        cache_specs=decode.cache_tree(lambda r: r.spec) if decode and sharding else "",
-        root_args=", ".join(f"{a.name}: jax.Array" for a in root.forward.args),
-        root_arg_names=", ".join(a.name for a in root.forward.args),
-        root_result="[B, S, vocab]" if has_lm_signature(root) else dims_text(root.forward.result),
+        root_args=", ".join(f"{a.name}: jax.Array" for a in root.fwd.args),
+        root_arg_names=", ".join(a.name for a in root.fwd.args),
+        root_result="[B, S, vocab]" if has_lm_signature(root) else dims_text(root.fwd.result),
         objective_doc=objective_doc(objective) if custom else "",
         objective_loss=(
             objective_code(
@@ -240,9 +258,13 @@ def _template_imports(sharding: bool, loss: bool) -> set[str]:
 
 # ----------------------------------------------------------------------------- functions
 def _functions(
-    root: ir.Instance, schedule: ir.Schedule | None, letters: EinsumLetters
+    root: ir.Instance,
+    schedule: ir.Schedule | None,
+    letters: EinsumLetters,
+    shared: frozenset[str] = frozenset(),
 ) -> list[LayerFunction]:
-    """Layer functions in post-order (leaves first), deduplicated by generated body."""
+    """Layer functions in post-order (leaves first), deduplicated by generated body. The layers
+    in `shared` read positions from `pos` (their decode form is merged in by codegen/decode.py)."""
     out: list[LayerFunction] = []
     masters = ir.master_weight_paths(root)
 
@@ -262,9 +284,10 @@ def _functions(
             child_aux=child_aux,
             own_aux=aux,
             master=inst.path in masters,
+            takes_pos=inst.path in shared,
         )
         body = emitter.emit_body()
-        args = ", ".join(f"{a.name}: jax.Array" for a in inst.forward.args)
+        args = ", ".join(f"{a.name}: jax.Array" for a in inst.fwd.args)
         for f in out:
             if f.layer == inst.layer and f.body == body and f.args == args:
                 f.paths.append(inst.path)
@@ -273,8 +296,8 @@ def _functions(
         base = snake(inst.layer)
         taken = sum(1 for f in out if f.layer == inst.layer)
         name = base if taken == 0 else f"{base}_{taken + 1}"
-        sig = ", ".join(f"{a.name}: {dims_text(a.dims)}" for a in inst.forward.args)
-        result = dims_text(inst.forward.result)
+        sig = ", ".join(f"{a.name}: {dims_text(a.dims)}" for a in inst.fwd.args)
+        result = dims_text(inst.fwd.result)
         result = f"({result}, auxiliary loss [])" if aux else result
         doc_head = (
             f"{inst.layer} ({inst.layer_span.file}:{inst.layer_span.line}): {sig} -> {result}."
@@ -291,6 +314,8 @@ def _functions(
                 aux,
                 emitter.imports,
                 emitter.helpers,
+                emitter.chunks(),
+                emitter.result,
             )
         )
         return name, own, aux
@@ -307,6 +332,7 @@ def _split_root(
     split: HeadSplit,
     schedule: ir.Schedule | None,
     letters: EinsumLetters,
+    decodes: bool = False,
 ) -> tuple[list[LayerFunction], dict]:
     """The root function as `<root>_hidden` (up to the output head), `<root>_head` (the head)
     and the root calling both, for the fused cross-entropy of `loss_fn` (axdsl/ir/head.py); and
@@ -332,6 +358,7 @@ def _split_root(
         child_aux=child_aux,
         own_aux=root_fn.aux,
         master=mixed,
+        takes_pos=decodes,
     )
     head = FunctionEmitter(
         replace(split.head, children=()),
@@ -342,8 +369,8 @@ def _split_root(
         letters=letters,
         master=mixed,
     )
-    sig = ", ".join(f"{a.name}: {dims_text(a.dims)}" for a in root.forward.args)
-    hidden = dims_text(root.forward.result)
+    sig = ", ".join(f"{a.name}: {dims_text(a.dims)}" for a in root.fwd.args)
+    hidden = dims_text(root.fwd.result)
     where = f"{root.layer} ({root.layer_span.file}:{root.layer_span.line})"
     hidden_fn = LayerFunction(
         f"{root_fn.name}_hidden",
@@ -351,12 +378,15 @@ def _split_root(
         root_fn.args,
         root_fn.rng,
         body.emit_body(),
-        f"{where} up to its output head: {sig} -> {hidden}{', auxiliary loss []' if root_fn.aux else ''}."
+        f"{where} up to its output head: {sig} -> {hidden}"
+        f"{', auxiliary loss []' if root_fn.aux else ''}."
         f"\n\n    `loss_fn` applies the head itself, a chunk of positions at a time.\n    ",
         [],
         root_fn.aux,
         body.imports,
         body.helpers,
+        body.chunks(),
+        body.result,
     )
     head_fn = LayerFunction(
         f"{root_fn.name}_head",
@@ -364,7 +394,8 @@ def _split_root(
         f"{split.hidden}: jax.Array",
         False,
         head.emit_body(),
-        f"The output head of {where}: {split.hidden}: {hidden} -> {dims_text(split.head.forward.result)}."
+        f"The output head of {where}: {split.hidden}: {hidden} -> "
+        f"{dims_text(split.head.fwd.result)}."
         f"\n\n    Position-wise: each position's logits read only its own {split.hidden}.\n    ",
         [],
         False,
@@ -372,7 +403,7 @@ def _split_root(
         head.helpers,
     )
     rng = ", rng=rng" if root_fn.rng else ""
-    args = ", ".join(a.name for a in root.forward.args)
+    args = ", ".join(a.name for a in root.fwd.args)
     head_params = "{k: params[k] for k in HEAD_PARAMS}"  # the head casts only what it reads
     if root_fn.aux:
         calls = [
@@ -420,10 +451,17 @@ def _config_fields(model: ir.Model, config: ConfigFields | None) -> list[ConfigF
     return fields
 
 
+def _hparam(root: ir.Instance, name: str) -> ir.HParam:
+    """A root hyperparameter that select_config named, so it exists."""
+    h = root.hparam(name)
+    assert h is not None, name
+    return h
+
+
 def _fixed_fields(root: ir.Instance, config: ConfigFields | None) -> list[str]:
     """One docstring line of the defaults select_config fixed (no code reads them)."""
     fixed = config.fixed if config is not None else ()
-    values = ", ".join(f"{n} = {value_text(root.hparam(n).value.value)}" for n in fixed)
+    values = ", ".join(f"{n} = {value_text(_hparam(root, n).value.value)}" for n in fixed)
     return [f"{values} (defaults no code reads)"] if fixed else []
 
 
@@ -460,14 +498,14 @@ def _build_choices(root: ir.Instance) -> list[str]:
 _TAKEN = {"cfg", "key", "jax", "jnp", "np", "P", "Param", "math", "zlib"}
 
 
-def _param_table(root: ir.Instance) -> tuple[list[str], list[ParamRow]]:
+def _param_table(root: ir.Instance) -> tuple[list[str], list[str]]:
     """(local assignments, rows) of `param_table(cfg)`: one row per parameter, in tree order.
 
     A shape names its dims by local variables bound from cfg (`head_dim = cfg.dim // cfg.heads`),
     so each row stays one line; a literal size is written as the number.
     """
     names: dict[tuple[str, str], str] = {}  # (dim name or "", size code) -> local name
-    rows = []
+    rows: list[ParamRow] = []
     root_pdtype = root.hparam("param_dtype")
     for inst in root.walk():
         for p in inst.params:
@@ -528,11 +566,11 @@ def _aligned(rows: list[ParamRow]) -> list[str]:
     header = (
         "# path".ljust(width[0])
         + "       "
-        + " ".join(titles[c].ljust(w) for c, w in zip(cols, width[1:]))
+        + " ".join(titles[c].ljust(w) for c, w in zip(cols, width[1:], strict=True))
     )
     lines = [header.rstrip()]
-    for r, row in zip(rows, cells):
-        padded = [cell.ljust(w) for cell, w in zip(row[:-1], width)] + [row[-1]]
+    for r, row in zip(rows, cells, strict=True):
+        padded = [cell.ljust(w) for cell, w in zip(row[:-1], width[:-1], strict=True)] + [row[-1]]
         text = padded[0] + " Param(" + " ".join(padded[1:])
         lines.append(text + (f", dtype={r.dtype}" if r.dtype else "") + "),")
     return lines
@@ -543,7 +581,7 @@ def _dq(s: str) -> str:
     return json.dumps(str(s))
 
 
-def _local(d: ir.Dim, names: dict[str, str]) -> str:
+def _local(d: ir.Dim, names: dict[tuple[str, str], str]) -> str:
     """The local variable for a dim's size, bound once per size expression that reads cfg (a
     layer's `hidden` that is cfg.ffn is `ffn`) and once per dim name otherwise (`experts = 128`
     and `head_dim = 128` stay two names, but a name already bound to another size reuses a local

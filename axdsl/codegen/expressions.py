@@ -52,6 +52,9 @@ class LayerFunction:
     aux: bool = False  # returns (y, auxiliary loss)
     imports: set[str] = field(default_factory=set)  # what its body needs
     helpers: set[str] = field(default_factory=set)  # helpers its body calls
+    chunks: list[list[str]] = field(default_factory=list)  # body: preamble, then per statement
+    result: str = ""  # the code it returns
+    decodes: bool = False  # also the decode path's layer: takes `cache`, `pos` (codegen/decode.py)
 
 
 @dataclass
@@ -76,6 +79,9 @@ class FunctionEmitter:
     quant_noted: bool = False  # the quantize_matmuls comment is written once per function
     decoding = False  # the KV-cache decode path's emitter (axdsl/codegen/decode.py) says True
     decode_pos = "pos"  # the decode path's first position of the new tokens
+    takes_pos: bool = False  # a layer the decode path shares: its positions start at `pos`
+    starts: list[int] = field(default_factory=list)  # where each statement's lines begin
+    result: str = ""  # the code the body returns
 
     def is_sequence(self, dim: ir.Dim) -> bool:
         """Whether `dim` is the sequence dim of a decoded tensor (only the decode emitter asks)."""
@@ -87,6 +93,7 @@ class FunctionEmitter:
             self._cast_params()
         self.imports.update(("import jax", "import jax.numpy as jnp"))
         for stmt in fwd.body:
+            self.starts.append(len(self.lines))
             if isinstance(stmt, ir.Let):
                 self._let(stmt)
             else:
@@ -100,8 +107,14 @@ class FunctionEmitter:
                 if self.own_aux:
                     aux = ", " + (" + ".join(self.aux_terms) or "jnp.zeros((), jnp.float32)")
                     comment = f"  # {shape_comment(stmt.value.type)}, []"
+                self.result = code + aux
                 self.lines.append(f"return {code}{aux}{comment}")
         return self.lines
+
+    def chunks(self) -> list[list[str]]:
+        """The body's lines cut at each statement, after a preamble (the weights' cast)."""
+        cuts = [0, *self.starts, len(self.lines)]
+        return [self.lines[a:b] for a, b in zip(cuts, cuts[1:])]
 
     def casts_params(self) -> bool:
         """Whether this layer of a mixed-precision model receives the master weights

@@ -190,8 +190,9 @@ def _emit(ctx, prim, args: list[str], precs: list[int]) -> str:
 
 
 def _offset(ctx) -> str:
-    """`, offset=pos` in the decode path, whose tokens start at cache position `pos`."""
-    return f", offset={ctx.decode_pos}" if ctx.decoding else ""
+    """`, offset=pos` in a layer the decode path runs, whose tokens start at cache position `pos`
+    (0 in the forward: the default offset, so training traces the same)."""
+    return f", offset={ctx.decode_pos}" if ctx.decoding or ctx.takes_pos else ""
 
 
 _NUMPY = ("import jax", "import jax.numpy as jnp", "import numpy as np")

@@ -84,11 +84,16 @@ def rms_norm(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
     return h.astype(cfg.dtype) * params["scale"]  # [..., dim]
 
 
-def ml_attention(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
+def ml_attention(
+    cfg: Config, params: dict, x: jax.Array, cache: dict | None = None, pos: jax.Array | int = 0
+) -> jax.Array | tuple[jax.Array, dict]:
     """MLAttention (std/deepseek.axl:12): x: [B, S, dim] -> [B, S, dim].
 
     Used at /dense_blocks/attn.
+    With `cache` (decoding), x holds new tokens at positions pos, pos + 1, ...:
+    returns (y, the updated cache).
     """
+    new_cache = {}
     with jax.named_scope("query_proj"):
         with jax.named_scope("q_norm"):
             q_norm_out = rms_norm(cfg, params["q_norm"], x @ params["wq_a"])  # [B, S, q_rank]
@@ -112,25 +117,34 @@ def ml_attention(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
         yarn_frequencies(64, cfg.rope_theta, factor=40.0, original_max_seq=4096),
         interleaved=True,
         scale=yarn_attention_factor(40.0, 1.0, 1.0),
+        offset=pos,
     )  # [B, S, heads, qk_head_dim-128]
     k_pe = apply_rotary(
         k_pe,
         yarn_frequencies(64, cfg.rope_theta, factor=40.0, original_max_seq=4096),
         interleaved=True,
         scale=yarn_attention_factor(40.0, 1.0, 1.0),
+        offset=pos,
     )  # [B, S, heads, kv_a_dim-512]
     q = jnp.concatenate([q[..., :128], q_pe], axis=-1)  # [B, S, heads, qk_head_dim]
     k = jnp.concatenate([kv[..., :128], k_pe], axis=-1)  # [B, S, heads, qk_head_dim]
     v = kv[..., 128:]  # [B, S, heads, kv_b_dim-128]
     with jax.named_scope("context"):
-        # select_kernels: xla, the first of gpu-h100's attention kernels that fits; the ones before it:
-        # attention: cudnn not used: v_head_dim 128 differs from head_dim 192; jax.nn.dot_product_attention needs v shaped like k (cuDNN's MLA path is not exposed)
-        o = checkpoint_name(
-            einsum_attention(q, k, v, causal=True, scale=0.1352337788608801), "context"
-        )  # [B, S, heads, kv_b_dim-128]
+        if cache is None:
+            # select_kernels: xla, the first of gpu-h100's attention kernels that fits; the ones before it:
+            # attention: cudnn not used: v_head_dim 128 differs from head_dim 192; jax.nn.dot_product_attention needs v shaped like k (cuDNN's MLA path is not exposed)
+            o = checkpoint_name(
+                einsum_attention(q, k, v, causal=True, scale=0.1352337788608801), "context"
+            )  # [B, S, heads, kv_b_dim-128]
+        else:
+            # decoding: keys and values so far are in cache['k'], cache['v']
+            o, new_cache["k"], new_cache["v"] = cached_attention(
+                q, k, v, cache["k"], cache["v"], pos, scale=0.1352337788608801
+            )  # [B, S, heads, kv_b_dim-128]
+            o = checkpoint_name(o, "context")  # [B, S, heads, kv_b_dim-128]
     with jax.named_scope("out_proj"):
         y = checkpoint_name(jnp.einsum("bshi,hid->bsd", o, params["wo"]), "out_proj")  # [B, S, dim]
-    return y  # [B, S, dim]
+    return y if cache is None else (y, new_cache)  # [B, S, dim]
 
 
 def swiglu(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
@@ -145,28 +159,43 @@ def swiglu(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
     return h @ params["w_down"]  # [B, S, dim]
 
 
-def block(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
+def block(
+    cfg: Config, params: dict, x: jax.Array, cache: dict | None = None, pos: jax.Array | int = 0
+) -> jax.Array | tuple[jax.Array, dict]:
     """Block (std/transformer.axl:66): x: [B, S, dim] -> [B, S, dim].
 
     Used at /dense_blocks.
+    With `cache` (decoding), x holds new tokens at positions pos, pos + 1, ...:
+    returns (y, the updated cache).
     """
+    new_cache = {}
     with jax.named_scope("attn_norm"):
         attn_norm_out = rms_norm(cfg, params["attn_norm"], x)  # [B, S, dim]
     with jax.named_scope("attn"):
-        h = ml_attention(cfg, params["attn"], attn_norm_out)  # [B, S, dim]
+        if cache is None:
+            h = ml_attention(cfg, params["attn"], attn_norm_out)  # [B, S, dim]
+        else:
+            h, new_cache["attn"] = ml_attention(
+                cfg, params["attn"], attn_norm_out, cache["attn"], pos
+            )  # [B, S, dim]
     x = x + h  # [B, S, dim]
     with jax.named_scope("mlp_norm"):
         mlp_norm_out = rms_norm(cfg, params["mlp_norm"], x)  # [B, S, dim]
     with jax.named_scope("mlp"):
         h = swiglu(cfg, params["mlp"], mlp_norm_out)  # [B, S, dim]
-    return x + h  # [B, S, dim]
+    return x + h if cache is None else (x + h, new_cache)  # [B, S, dim]
 
 
-def ml_attention_2(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
+def ml_attention_2(
+    cfg: Config, params: dict, x: jax.Array, cache: dict | None = None, pos: jax.Array | int = 0
+) -> jax.Array | tuple[jax.Array, dict]:
     """MLAttention (std/deepseek.axl:12): x: [B, S, dim] -> [B, S, dim].
 
     Used at /blocks/attn.
+    With `cache` (decoding), x holds new tokens at positions pos, pos + 1, ...:
+    returns (y, the updated cache).
     """
+    new_cache = {}
     with jax.named_scope("query_proj"):
         # quantize_matmuls: fp8 on blocks/* (profile gpu-h100)
         with jax.named_scope("q_norm"):
@@ -195,25 +224,34 @@ def ml_attention_2(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
         yarn_frequencies(64, cfg.rope_theta, factor=40.0, original_max_seq=4096),
         interleaved=True,
         scale=yarn_attention_factor(40.0, 1.0, 1.0),
+        offset=pos,
     )  # [B, S, heads, qk_head_dim-128]
     k_pe = apply_rotary(
         k_pe,
         yarn_frequencies(64, cfg.rope_theta, factor=40.0, original_max_seq=4096),
         interleaved=True,
         scale=yarn_attention_factor(40.0, 1.0, 1.0),
+        offset=pos,
     )  # [B, S, heads, kv_a_dim-512]
     q = jnp.concatenate([q[..., :128], q_pe], axis=-1)  # [B, S, heads, qk_head_dim]
     k = jnp.concatenate([kv[..., :128], k_pe], axis=-1)  # [B, S, heads, qk_head_dim]
     v = kv[..., 128:]  # [B, S, heads, kv_b_dim-128]
     with jax.named_scope("context"):
-        # select_kernels: xla, the first of gpu-h100's attention kernels that fits; the ones before it:
-        # attention: cudnn not used: v_head_dim 128 differs from head_dim 192; jax.nn.dot_product_attention needs v shaped like k (cuDNN's MLA path is not exposed)
-        o = checkpoint_name(
-            einsum_attention(q, k, v, causal=True, scale=0.1352337788608801), "context"
-        )  # [B, S, heads, kv_b_dim-128]
+        if cache is None:
+            # select_kernels: xla, the first of gpu-h100's attention kernels that fits; the ones before it:
+            # attention: cudnn not used: v_head_dim 128 differs from head_dim 192; jax.nn.dot_product_attention needs v shaped like k (cuDNN's MLA path is not exposed)
+            o = checkpoint_name(
+                einsum_attention(q, k, v, causal=True, scale=0.1352337788608801), "context"
+            )  # [B, S, heads, kv_b_dim-128]
+        else:
+            # decoding: keys and values so far are in cache['k'], cache['v']
+            o, new_cache["k"], new_cache["v"] = cached_attention(
+                q, k, v, cache["k"], cache["v"], pos, scale=0.1352337788608801
+            )  # [B, S, heads, kv_b_dim-128]
+            o = checkpoint_name(o, "context")  # [B, S, heads, kv_b_dim-128]
     with jax.named_scope("out_proj"):
         y = checkpoint_name(fp8_einsum("bshi,hid->bsd", o, params["wo"]), "out_proj")  # [B, S, dim]
-    return y  # [B, S, dim]
+    return y if cache is None else (y, new_cache)  # [B, S, dim]
 
 
 def swiglu_2(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
@@ -265,28 +303,50 @@ def deep_seek_moe(cfg: Config, params: dict, x: jax.Array) -> tuple[jax.Array, j
     return y, moe_aux  # [B, S, dim], []
 
 
-def block_2(cfg: Config, params: dict, x: jax.Array) -> tuple[jax.Array, jax.Array]:
+def block_2(
+    cfg: Config, params: dict, x: jax.Array, cache: dict | None = None, pos: jax.Array | int = 0
+) -> tuple[jax.Array, jax.Array] | tuple[jax.Array, dict]:
     """Block (std/transformer.axl:66): x: [B, S, dim] -> ([B, S, dim], auxiliary loss []).
 
     Used at /blocks.
+    With `cache` (decoding), x holds new tokens at positions pos, pos + 1, ...:
+    returns (y, the updated cache).
     """
+    new_cache = {}
     with jax.named_scope("attn_norm"):
         attn_norm_out = rms_norm(cfg, params["attn_norm"], x)  # [B, S, dim]
     with jax.named_scope("attn"):
-        h = ml_attention_2(cfg, params["attn"], attn_norm_out)  # [B, S, dim]
+        if cache is None:
+            h = ml_attention_2(cfg, params["attn"], attn_norm_out)  # [B, S, dim]
+        else:
+            h, new_cache["attn"] = ml_attention_2(
+                cfg, params["attn"], attn_norm_out, cache["attn"], pos
+            )  # [B, S, dim]
     x = x + h  # [B, S, dim]
     with jax.named_scope("mlp_norm"):
         mlp_norm_out = rms_norm(cfg, params["mlp_norm"], x)  # [B, S, dim]
     with jax.named_scope("mlp"):
-        h, mlp_aux = deep_seek_moe(cfg, params["mlp"], mlp_norm_out)  # [B, S, dim], []
-    return x + h, mlp_aux  # [B, S, dim], []
+        if cache is None:
+            h, mlp_aux = deep_seek_moe(cfg, params["mlp"], mlp_norm_out)  # [B, S, dim], []
+        else:
+            h, _ = deep_seek_moe(cfg, params["mlp"], mlp_norm_out)  # [B, S, dim]
+    return (x + h, mlp_aux) if cache is None else (x + h, new_cache)  # [B, S, dim]
 
 
-def decoder_lm_hidden(cfg: Config, params: dict, tokens: jax.Array) -> tuple[jax.Array, jax.Array]:
+def decoder_lm_hidden(
+    cfg: Config,
+    params: dict,
+    tokens: jax.Array,
+    cache: dict | None = None,
+    pos: jax.Array | int = 0,
+) -> tuple[jax.Array, jax.Array] | tuple[jax.Array, dict]:
     """DecoderLM (std/transformer.axl:112) up to its output head: tokens: [B, S] -> [B, S, dim], auxiliary loss [].
 
     `loss_fn` applies the head itself, a chunk of positions at a time.
+    With `cache` (decoding), tokens holds new tokens at positions pos, pos + 1, ...:
+    returns (y, the updated cache).
     """
+    new_cache = {}
     # master weights stay in cfg.param_dtype; compute runs in cfg.dtype
     # (stacked layers: one layer at a time in the scan step, never the whole stack)
     params = {
@@ -295,37 +355,65 @@ def decoder_lm_hidden(cfg: Config, params: dict, tokens: jax.Array) -> tuple[jax
     }
     with jax.named_scope("embed"):
         x = embedding(cfg, params["embed"], tokens)  # [B, S, dim]
+    if cache is None:
+        # insert_remat: full (fit_remat, for profile gpu-h100)
+        @functools.partial(jax.checkpoint, policy=REMAT_POLICY, prevent_cse=False)
+        def dense_blocks_step(h, layer_params):  # one of cfg.dense_layers stacked layers
+            # this layer's weights in cfg.dtype
+            layer_params = jax.tree.map(lambda w: w.astype(cfg.dtype), layer_params)
+            # annotate_sharding: batch -> fsdp (rule batch -> data, fsdp from profile gpu-h100)
+            h = shard(h, P("fsdp"))
+            return block(cfg, layer_params, h), None
 
-    # insert_remat: full (fit_remat, for profile gpu-h100)
-    @functools.partial(jax.checkpoint, policy=REMAT_POLICY, prevent_cse=False)
-    def dense_blocks_step(h, layer_params):  # one of cfg.dense_layers stacked layers
-        # this layer's weights in cfg.dtype
-        layer_params = jax.tree.map(lambda w: w.astype(cfg.dtype), layer_params)
-        # annotate_sharding: batch -> fsdp (rule batch -> data, fsdp from profile gpu-h100)
-        h = shard(h, P("fsdp"))
-        return block(cfg, layer_params, h), None
+        with jax.named_scope("dense_blocks"):
+            x, _ = jax.lax.scan(dense_blocks_step, x, params["dense_blocks"])  # [B, S, dim]
+    else:
 
-    with jax.named_scope("dense_blocks"):
-        x, _ = jax.lax.scan(dense_blocks_step, x, params["dense_blocks"])  # [B, S, dim]
+        def dense_blocks_step(h, xs):  # one of cfg.dense_layers stacked layers and its cache
+            layer_params, layer_cache = xs
+            # this layer's weights in cfg.dtype
+            layer_params = jax.tree.map(lambda w: w.astype(cfg.dtype), layer_params)
+            # annotate_sharding: batch -> fsdp (rule batch -> data, fsdp from profile gpu-h100)
+            h = shard(h, P("fsdp"))
+            return block(cfg, layer_params, h, layer_cache, pos)
 
-    # insert_remat: full (fit_remat, for profile gpu-h100)
-    @functools.partial(jax.checkpoint, policy=REMAT_POLICY, prevent_cse=False)
-    def blocks_step(carry, layer_params):  # one of cfg.layers stacked layers
-        h, aux = carry
-        # this layer's weights in cfg.dtype
-        layer_params = jax.tree.map(lambda w: w.astype(cfg.dtype), layer_params)
-        # annotate_sharding: batch -> fsdp (rule batch -> data, fsdp from profile gpu-h100)
-        h = shard(h, P("fsdp"))
-        h, layer_aux = block_2(cfg, layer_params, h)
-        return (h, aux + layer_aux), None
+        with jax.named_scope("dense_blocks"):
+            x, new_cache["dense_blocks"] = jax.lax.scan(
+                dense_blocks_step, x, (params["dense_blocks"], cache["dense_blocks"])
+            )  # [B, S, dim]
+    if cache is None:
+        # insert_remat: full (fit_remat, for profile gpu-h100)
+        @functools.partial(jax.checkpoint, policy=REMAT_POLICY, prevent_cse=False)
+        def blocks_step(carry, layer_params):  # one of cfg.layers stacked layers
+            h, aux = carry
+            # this layer's weights in cfg.dtype
+            layer_params = jax.tree.map(lambda w: w.astype(cfg.dtype), layer_params)
+            # annotate_sharding: batch -> fsdp (rule batch -> data, fsdp from profile gpu-h100)
+            h = shard(h, P("fsdp"))
+            h, layer_aux = block_2(cfg, layer_params, h)
+            return (h, aux + layer_aux), None
 
-    with jax.named_scope("blocks"):
-        (x, blocks_aux), _ = jax.lax.scan(
-            blocks_step, (x, jnp.zeros((), jnp.float32)), params["blocks"]
-        )  # [B, S, dim], []
+        with jax.named_scope("blocks"):
+            (x, blocks_aux), _ = jax.lax.scan(
+                blocks_step, (x, jnp.zeros((), jnp.float32)), params["blocks"]
+            )  # [B, S, dim], []
+    else:
+
+        def blocks_step(h, xs):  # one of cfg.layers stacked layers and its cache
+            layer_params, layer_cache = xs
+            # this layer's weights in cfg.dtype
+            layer_params = jax.tree.map(lambda w: w.astype(cfg.dtype), layer_params)
+            # annotate_sharding: batch -> fsdp (rule batch -> data, fsdp from profile gpu-h100)
+            h = shard(h, P("fsdp"))
+            return block_2(cfg, layer_params, h, layer_cache, pos)
+
+        with jax.named_scope("blocks"):
+            x, new_cache["blocks"] = jax.lax.scan(
+                blocks_step, x, (params["blocks"], cache["blocks"])
+            )  # [B, S, dim]
     with jax.named_scope("final_norm"):
         x = rms_norm(cfg, params["final_norm"], x)  # [B, S, dim]
-    return x, blocks_aux  # [B, S, dim], []
+    return (x, blocks_aux) if cache is None else (x, new_cache)  # [B, S, dim]
 
 
 def decoder_lm_head(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
@@ -444,253 +532,34 @@ fused_cross_entropy.defvjp(_fused_cross_entropy_fwd, _fused_cross_entropy_bwd)
 
 
 # ----------------------------------------------------------------------------- decoding
-# The same layers over only new tokens, with each attention call's keys and values kept in a
+# The layers above over only new tokens, with each attention call's keys and values kept in a
 # preallocated cache: `prefill` runs the prompt once, `decode_step` one token at a time.
-
-
-def ml_attention_decode(
-    cfg: Config, params: dict, x: jax.Array, cache: dict, pos: jax.Array
-) -> tuple[jax.Array, dict]:
-    """MLAttention over new tokens at positions pos, pos + 1, ...: (y [B, S, dim], its updated cache).
-
-    The decode path of `ml_attention`; its cache is `cache`.
-    """
-    new_cache = {}
-    with jax.named_scope("query_proj"):
-        with jax.named_scope("q_norm"):
-            q_norm_out = rms_norm(cfg, params["q_norm"], x @ params["wq_a"])  # [B, S, q_rank]
-        q = checkpoint_name(
-            jnp.einsum("bsq,qhk->bshk", q_norm_out, params["wq_b"]), "query_proj"
-        )  # [B, S, heads, qk_head_dim]
-    with jax.named_scope("latent_proj"):
-        kv = checkpoint_name(x @ params["wkv_a"], "latent_proj")  # [B, S, kv_a_dim]
-    with jax.named_scope("kv_norm"):
-        latent = rms_norm(cfg, params["kv_norm"], kv[..., :512])  # [B, S, 512]
-    k_pe = kv[..., 512:]  # [B, S, kv_a_dim-512]
-    k_pe = jnp.broadcast_to(
-        k_pe[..., None, :], (*k_pe.shape[:-1], cfg.heads, *k_pe.shape[-1:])
-    )  # [B, S, heads, kv_a_dim-512]
-    with jax.named_scope("key_value_proj"):
-        kv = checkpoint_name(
-            jnp.einsum("bsa,ahv->bshv", latent, params["wkv_b"]), "key_value_proj"
-        )  # [B, S, heads, kv_b_dim]
-    q_pe = apply_rotary(
-        q[..., 128:],
-        yarn_frequencies(64, cfg.rope_theta, factor=40.0, original_max_seq=4096),
-        interleaved=True,
-        scale=yarn_attention_factor(40.0, 1.0, 1.0),
-        offset=pos,
-    )  # [B, S, heads, qk_head_dim-128]
-    k_pe = apply_rotary(
-        k_pe,
-        yarn_frequencies(64, cfg.rope_theta, factor=40.0, original_max_seq=4096),
-        interleaved=True,
-        scale=yarn_attention_factor(40.0, 1.0, 1.0),
-        offset=pos,
-    )  # [B, S, heads, kv_a_dim-512]
-    q = jnp.concatenate([q[..., :128], q_pe], axis=-1)  # [B, S, heads, qk_head_dim]
-    k = jnp.concatenate([kv[..., :128], k_pe], axis=-1)  # [B, S, heads, qk_head_dim]
-    v = kv[..., 128:]  # [B, S, heads, kv_b_dim-128]
-    with jax.named_scope("context"):
-        # decoding: keys and values so far are in cache['k'], cache['v']
-        o, new_cache["k"], new_cache["v"] = cached_attention(
-            q, k, v, cache["k"], cache["v"], pos, scale=0.1352337788608801
-        )  # [B, S, heads, kv_b_dim-128]
-        o = checkpoint_name(o, "context")  # [B, S, heads, kv_b_dim-128]
-    with jax.named_scope("out_proj"):
-        y = checkpoint_name(jnp.einsum("bshi,hid->bsd", o, params["wo"]), "out_proj")  # [B, S, dim]
-    return y, new_cache  # [B, S, dim]
-
-
-def block_decode(
-    cfg: Config, params: dict, x: jax.Array, cache: dict, pos: jax.Array
-) -> tuple[jax.Array, dict]:
-    """Block over new tokens at positions pos, pos + 1, ...: (y [B, S, dim], its updated cache).
-
-    The decode path of `block`; its cache is `cache`.
-    """
-    new_cache = {}
-    with jax.named_scope("attn_norm"):
-        attn_norm_out = rms_norm(cfg, params["attn_norm"], x)  # [B, S, dim]
-    with jax.named_scope("attn"):
-        h, new_cache["attn"] = ml_attention_decode(
-            cfg, params["attn"], attn_norm_out, cache["attn"], pos
-        )  # [B, S, dim]
-    x = x + h  # [B, S, dim]
-    with jax.named_scope("mlp_norm"):
-        mlp_norm_out = rms_norm(cfg, params["mlp_norm"], x)  # [B, S, dim]
-    with jax.named_scope("mlp"):
-        h = swiglu(cfg, params["mlp"], mlp_norm_out)  # [B, S, dim]
-    return x + h, new_cache  # [B, S, dim]
-
-
-def ml_attention_2_decode(
-    cfg: Config, params: dict, x: jax.Array, cache: dict, pos: jax.Array
-) -> tuple[jax.Array, dict]:
-    """MLAttention over new tokens at positions pos, pos + 1, ...: (y [B, S, dim], its updated cache).
-
-    The decode path of `ml_attention_2`; its cache is `cache`.
-    """
-    new_cache = {}
-    with jax.named_scope("query_proj"):
-        # quantize_matmuls: fp8 on blocks/* (profile gpu-h100)
-        with jax.named_scope("q_norm"):
-            q_norm_out = rms_norm(
-                cfg, params["q_norm"], fp8_einsum("bsd,dq->bsq", x, params["wq_a"])
-            )  # [B, S, q_rank]
-        q = checkpoint_name(
-            fp8_einsum("bsq,qhk->bshk", q_norm_out, params["wq_b"]), "query_proj"
-        )  # [B, S, heads, qk_head_dim]
-    with jax.named_scope("latent_proj"):
-        kv = checkpoint_name(
-            fp8_einsum("bsd,dm->bsm", x, params["wkv_a"]), "latent_proj"
-        )  # [B, S, kv_a_dim]
-    with jax.named_scope("kv_norm"):
-        latent = rms_norm(cfg, params["kv_norm"], kv[..., :512])  # [B, S, 512]
-    k_pe = kv[..., 512:]  # [B, S, kv_a_dim-512]
-    k_pe = jnp.broadcast_to(
-        k_pe[..., None, :], (*k_pe.shape[:-1], cfg.heads, *k_pe.shape[-1:])
-    )  # [B, S, heads, kv_a_dim-512]
-    with jax.named_scope("key_value_proj"):
-        kv = checkpoint_name(
-            fp8_einsum("bsa,ahv->bshv", latent, params["wkv_b"]), "key_value_proj"
-        )  # [B, S, heads, kv_b_dim]
-    q_pe = apply_rotary(
-        q[..., 128:],
-        yarn_frequencies(64, cfg.rope_theta, factor=40.0, original_max_seq=4096),
-        interleaved=True,
-        scale=yarn_attention_factor(40.0, 1.0, 1.0),
-        offset=pos,
-    )  # [B, S, heads, qk_head_dim-128]
-    k_pe = apply_rotary(
-        k_pe,
-        yarn_frequencies(64, cfg.rope_theta, factor=40.0, original_max_seq=4096),
-        interleaved=True,
-        scale=yarn_attention_factor(40.0, 1.0, 1.0),
-        offset=pos,
-    )  # [B, S, heads, kv_a_dim-512]
-    q = jnp.concatenate([q[..., :128], q_pe], axis=-1)  # [B, S, heads, qk_head_dim]
-    k = jnp.concatenate([kv[..., :128], k_pe], axis=-1)  # [B, S, heads, qk_head_dim]
-    v = kv[..., 128:]  # [B, S, heads, kv_b_dim-128]
-    with jax.named_scope("context"):
-        # decoding: keys and values so far are in cache['k'], cache['v']
-        o, new_cache["k"], new_cache["v"] = cached_attention(
-            q, k, v, cache["k"], cache["v"], pos, scale=0.1352337788608801
-        )  # [B, S, heads, kv_b_dim-128]
-        o = checkpoint_name(o, "context")  # [B, S, heads, kv_b_dim-128]
-    with jax.named_scope("out_proj"):
-        y = checkpoint_name(fp8_einsum("bshi,hid->bsd", o, params["wo"]), "out_proj")  # [B, S, dim]
-    return y, new_cache  # [B, S, dim]
-
-
-def block_2_decode(
-    cfg: Config, params: dict, x: jax.Array, cache: dict, pos: jax.Array
-) -> tuple[jax.Array, dict]:
-    """Block over new tokens at positions pos, pos + 1, ...: (y [B, S, dim], its updated cache).
-
-    The decode path of `block_2`; its cache is `cache`.
-    """
-    new_cache = {}
-    with jax.named_scope("attn_norm"):
-        attn_norm_out = rms_norm(cfg, params["attn_norm"], x)  # [B, S, dim]
-    with jax.named_scope("attn"):
-        h, new_cache["attn"] = ml_attention_2_decode(
-            cfg, params["attn"], attn_norm_out, cache["attn"], pos
-        )  # [B, S, dim]
-    x = x + h  # [B, S, dim]
-    with jax.named_scope("mlp_norm"):
-        mlp_norm_out = rms_norm(cfg, params["mlp_norm"], x)  # [B, S, dim]
-    with jax.named_scope("mlp"):
-        h, _ = deep_seek_moe(cfg, params["mlp"], mlp_norm_out)  # [B, S, dim]
-    return x + h, new_cache  # [B, S, dim]
-
-
-def decoder_lm_decode(
-    cfg: Config, params: dict, tokens: jax.Array, cache: dict, pos: jax.Array
-) -> tuple[jax.Array, dict]:
-    """DecoderLM over new tokens at positions pos, pos + 1, ...: (y [B, S, vocab], its updated cache).
-
-    The decode path of `decoder_lm`; its cache is `cache`.
-    """
-    new_cache = {}
-    # master weights stay in cfg.param_dtype; compute runs in cfg.dtype
-    # (stacked layers: one layer at a time in the scan step, never the whole stack)
-    params = {
-        k: v if k in ("dense_blocks", "blocks") else jax.tree.map(lambda w: w.astype(cfg.dtype), v)
-        for k, v in params.items()
-    }
-    with jax.named_scope("embed"):
-        x = embedding(cfg, params["embed"], tokens)  # [B, S, dim]
-
-    def dense_blocks_step(h, xs):  # one of cfg.dense_layers stacked layers and its cache
-        layer_params, layer_cache = xs
-        # this layer's weights in cfg.dtype
-        layer_params = jax.tree.map(lambda w: w.astype(cfg.dtype), layer_params)
-        # annotate_sharding: batch -> fsdp (rule batch -> data, fsdp from profile gpu-h100)
-        h = shard(h, P("fsdp"))
-        return block_decode(cfg, layer_params, h, layer_cache, pos)
-
-    with jax.named_scope("dense_blocks"):
-        x, new_cache["dense_blocks"] = jax.lax.scan(
-            dense_blocks_step, x, (params["dense_blocks"], cache["dense_blocks"])
-        )  # [B, S, dim]
-
-    def blocks_step(h, xs):  # one of cfg.layers stacked layers and its cache
-        layer_params, layer_cache = xs
-        # this layer's weights in cfg.dtype
-        layer_params = jax.tree.map(lambda w: w.astype(cfg.dtype), layer_params)
-        # annotate_sharding: batch -> fsdp (rule batch -> data, fsdp from profile gpu-h100)
-        h = shard(h, P("fsdp"))
-        return block_2_decode(cfg, layer_params, h, layer_cache, pos)
-
-    with jax.named_scope("blocks"):
-        x, new_cache["blocks"] = jax.lax.scan(
-            blocks_step, x, (params["blocks"], cache["blocks"])
-        )  # [B, S, dim]
-    with jax.named_scope("final_norm"):
-        x = rms_norm(cfg, params["final_norm"], x)  # [B, S, dim]
-    logits = x @ params["head"]  # [B, S, vocab]
-    return logits.astype(jnp.float32), new_cache  # [B, S, vocab]
 
 
 def init_cache(cfg: Config, batch: int, length: int, dtype=None) -> dict:
     """Zeroed keys and values of every attention call for `length` positions, in the tree the
-    decode functions take; stacked layers carry a leading `layers` dim. dtype: cfg.dtype."""
+    layers take; stacked layers carry a leading `layers` dim. dtype: cfg.dtype."""
     dtype = cfg.dtype if dtype is None else dtype
-    return {
-        "dense_blocks": {
-            "attn": {
-                "k": jnp.zeros((cfg.dense_layers, batch, length, cfg.heads, 128 + 64), dtype),
-                "v": jnp.zeros(
-                    (cfg.dense_layers, batch, length, cfg.heads, 128 + 128 - 128), dtype
-                ),
-            },
-        },
-        "blocks": {
-            "attn": {
-                "k": jnp.zeros((cfg.layers, batch, length, cfg.heads, 128 + 64), dtype),
-                "v": jnp.zeros((cfg.layers, batch, length, cfg.heads, 128 + 128 - 128), dtype),
-            },
-        },
-    }
+    # fmt: off
+    return _nest({
+        "dense_blocks/attn/k": jnp.zeros((cfg.dense_layers, batch, length, cfg.heads, 128 + 64), dtype),
+        "dense_blocks/attn/v": jnp.zeros((cfg.dense_layers, batch, length, cfg.heads, 128 + 128 - 128), dtype),
+        "blocks/attn/k": jnp.zeros((cfg.layers, batch, length, cfg.heads, 128 + 64), dtype),
+        "blocks/attn/v": jnp.zeros((cfg.layers, batch, length, cfg.heads, 128 + 128 - 128), dtype),
+    })
+    # fmt: on
 
 
 def cache_specs() -> dict:
     """Where each cache array lives on the mesh: batch and heads split like the activations."""
-    return {
-        "dense_blocks": {
-            "attn": {
-                "k": P(None, "fsdp"),
-                "v": P(None, "fsdp"),
-            },
-        },
-        "blocks": {
-            "attn": {
-                "k": P(None, "fsdp"),
-                "v": P(None, "fsdp"),
-            },
-        },
-    }
+    return _nest(
+        {
+            "dense_blocks/attn/k": P(None, "fsdp"),
+            "dense_blocks/attn/v": P(None, "fsdp"),
+            "blocks/attn/k": P(None, "fsdp"),
+            "blocks/attn/v": P(None, "fsdp"),
+        }
+    )
 
 
 def decode_params(cfg: Config, params: dict) -> dict:
@@ -705,7 +574,8 @@ def decode_params(cfg: Config, params: dict) -> dict:
 def prefill(cfg: Config, params: dict, tokens: jax.Array, cache: dict) -> tuple[jax.Array, dict]:
     """Run the prompt tokens [B, T] from position 0: (logits [B, T, vocab], the cache holding
     their keys and values). The cache passed in is donated: reuse the one returned."""
-    return decoder_lm_decode(cfg, params, tokens, cache, jnp.int32(0))
+    x, cache = decoder_lm_hidden(cfg, params, tokens, cache, jnp.int32(0))
+    return decoder_lm_head(cfg, {k: params[k] for k in HEAD_PARAMS}, x), cache
 
 
 @functools.partial(jax.jit, static_argnums=0, donate_argnums=3)
@@ -714,8 +584,8 @@ def decode_step(
 ) -> tuple[jax.Array, dict]:
     """One new token [B] at position `pos` (the number of tokens already in the cache):
     (logits [B, vocab], the updated cache). The cache passed in is donated."""
-    logits, cache = decoder_lm_decode(cfg, params, token[:, None], cache, pos)
-    return logits[:, 0], cache
+    x, cache = decoder_lm_hidden(cfg, params, token[:, None], cache, pos)
+    return decoder_lm_head(cfg, {k: params[k] for k in HEAD_PARAMS}, x)[:, 0], cache
 
 
 # ----------------------------------------------------------------------------- parameters

@@ -115,11 +115,16 @@ def gemma_rms_norm(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
     return (h * (1.0 + params["scale"].astype(jnp.float32))).astype(cfg.dtype)  # [..., dim]
 
 
-def attention(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
+def attention(
+    cfg: Config, params: dict, x: jax.Array, cache: dict | None = None, pos: jax.Array | int = 0
+) -> jax.Array | tuple[jax.Array, dict]:
     """Attention (std/transformer.axl:11): x: [B, S, dim] -> [B, S, dim].
 
     Used at /blocks/groups/0/attn, /blocks/groups/1/attn, /blocks/groups/2/attn, /blocks/groups/3/attn, /blocks/groups/4/attn, /blocks/tail/0/attn, /blocks/tail/1/attn.
+    With `cache` (decoding), x holds new tokens at positions pos, pos + 1, ...:
+    returns (y, the updated cache).
     """
+    new_cache = {}
     with jax.named_scope("query_proj"):
         q = checkpoint_name(dense(x, params["wq"]), "query_proj")  # [B, S, heads, head_dim]
     with jax.named_scope("key_proj"):
@@ -130,16 +135,23 @@ def attention(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
         q = gemma_rms_norm(cfg, params["q_norm"], q)  # [B, S, heads, head_dim]
     with jax.named_scope("k_norm"):
         k = gemma_rms_norm(cfg, params["k_norm"], k)  # [B, S, kv_heads, head_dim]
-    q = apply_rope(q, theta=10000.0)  # [B, S, heads, head_dim]
-    k = apply_rope(k, theta=10000.0)  # [B, S, kv_heads, head_dim]
+    q = apply_rope(q, theta=10000.0, offset=pos)  # [B, S, heads, head_dim]
+    k = apply_rope(k, theta=10000.0, offset=pos)  # [B, S, kv_heads, head_dim]
     with jax.named_scope("context"):
-        # select_kernels: vjp, the first of cpu's attention kernels that fits
-        o = checkpoint_name(
-            vjp_attention(q, k, v, causal=True, window=512, scale=0.0625), "context"
-        )  # [B, S, heads, v_head_dim]
+        if cache is None:
+            # select_kernels: vjp, the first of cpu's attention kernels that fits
+            o = checkpoint_name(
+                vjp_attention(q, k, v, causal=True, window=512, scale=0.0625), "context"
+            )  # [B, S, heads, v_head_dim]
+        else:
+            # decoding: keys and values so far are in cache['k'], cache['v']
+            o, new_cache["k"], new_cache["v"] = cached_attention(
+                q, k, v, cache["k"], cache["v"], pos, window=512, scale=0.0625
+            )  # [B, S, heads, v_head_dim]
+            o = checkpoint_name(o, "context")  # [B, S, heads, v_head_dim]
     with jax.named_scope("out_proj"):
         y = checkpoint_name(dense(o, params["wo"], 2), "out_proj")  # [B, S, dim]
-    return y  # [B, S, dim]
+    return y if cache is None else (y, new_cache)  # [B, S, dim]
 
 
 def gated_mlp(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
@@ -154,15 +166,25 @@ def gated_mlp(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
     return dense(h, params["w_down"])  # [B, S, dim]
 
 
-def block(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
+def block(
+    cfg: Config, params: dict, x: jax.Array, cache: dict | None = None, pos: jax.Array | int = 0
+) -> jax.Array | tuple[jax.Array, dict]:
     """Block (std/transformer.axl:66): x: [B, S, dim] -> [B, S, dim].
 
     Used at /blocks/groups/0, /blocks/groups/1, /blocks/groups/2, /blocks/groups/3, /blocks/groups/4, /blocks/tail/0, /blocks/tail/1.
+    With `cache` (decoding), x holds new tokens at positions pos, pos + 1, ...:
+    returns (y, the updated cache).
     """
+    new_cache = {}
     with jax.named_scope("attn_norm"):
         attn_norm_out = gemma_rms_norm(cfg, params["attn_norm"], x)  # [B, S, dim]
     with jax.named_scope("attn"):
-        h = attention(cfg, params["attn"], attn_norm_out)  # [B, S, dim]
+        if cache is None:
+            h = attention(cfg, params["attn"], attn_norm_out)  # [B, S, dim]
+        else:
+            h, new_cache["attn"] = attention(
+                cfg, params["attn"], attn_norm_out, cache["attn"], pos
+            )  # [B, S, dim]
     with jax.named_scope("attn_post_norm"):
         h = gemma_rms_norm(cfg, params["attn_post_norm"], h)  # [B, S, dim]
     x = x + h  # [B, S, dim]
@@ -172,14 +194,19 @@ def block(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
         h = gated_mlp(cfg, params["mlp"], mlp_norm_out)  # [B, S, dim]
     with jax.named_scope("mlp_post_norm"):
         h = gemma_rms_norm(cfg, params["mlp_post_norm"], h)  # [B, S, dim]
-    return x + h  # [B, S, dim]
+    return x + h if cache is None else (x + h, new_cache)  # [B, S, dim]
 
 
-def attention_2(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
+def attention_2(
+    cfg: Config, params: dict, x: jax.Array, cache: dict | None = None, pos: jax.Array | int = 0
+) -> jax.Array | tuple[jax.Array, dict]:
     """Attention (std/transformer.axl:11): x: [B, S, dim] -> [B, S, dim].
 
     Used at /blocks/groups/5/attn.
+    With `cache` (decoding), x holds new tokens at positions pos, pos + 1, ...:
+    returns (y, the updated cache).
     """
+    new_cache = {}
     with jax.named_scope("query_proj"):
         q = checkpoint_name(dense(x, params["wq"]), "query_proj")  # [B, S, heads, head_dim]
     with jax.named_scope("key_proj"):
@@ -190,27 +217,44 @@ def attention_2(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
         q = gemma_rms_norm(cfg, params["q_norm"], q)  # [B, S, heads, head_dim]
     with jax.named_scope("k_norm"):
         k = gemma_rms_norm(cfg, params["k_norm"], k)  # [B, S, kv_heads, head_dim]
-    q = apply_rope(q, theta=1000000.0)  # [B, S, heads, head_dim]
-    k = apply_rope(k, theta=1000000.0)  # [B, S, kv_heads, head_dim]
+    q = apply_rope(q, theta=1000000.0, offset=pos)  # [B, S, heads, head_dim]
+    k = apply_rope(k, theta=1000000.0, offset=pos)  # [B, S, kv_heads, head_dim]
     with jax.named_scope("context"):
-        # select_kernels: vjp, the first of cpu's attention kernels that fits
-        o = checkpoint_name(
-            vjp_attention(q, k, v, causal=True, scale=0.0625), "context"
-        )  # [B, S, heads, v_head_dim]
+        if cache is None:
+            # select_kernels: vjp, the first of cpu's attention kernels that fits
+            o = checkpoint_name(
+                vjp_attention(q, k, v, causal=True, scale=0.0625), "context"
+            )  # [B, S, heads, v_head_dim]
+        else:
+            # decoding: keys and values so far are in cache['k'], cache['v']
+            o, new_cache["k"], new_cache["v"] = cached_attention(
+                q, k, v, cache["k"], cache["v"], pos, scale=0.0625
+            )  # [B, S, heads, v_head_dim]
+            o = checkpoint_name(o, "context")  # [B, S, heads, v_head_dim]
     with jax.named_scope("out_proj"):
         y = checkpoint_name(dense(o, params["wo"], 2), "out_proj")  # [B, S, dim]
-    return y  # [B, S, dim]
+    return y if cache is None else (y, new_cache)  # [B, S, dim]
 
 
-def block_2(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
+def block_2(
+    cfg: Config, params: dict, x: jax.Array, cache: dict | None = None, pos: jax.Array | int = 0
+) -> jax.Array | tuple[jax.Array, dict]:
     """Block (std/transformer.axl:66): x: [B, S, dim] -> [B, S, dim].
 
     Used at /blocks/groups/5.
+    With `cache` (decoding), x holds new tokens at positions pos, pos + 1, ...:
+    returns (y, the updated cache).
     """
+    new_cache = {}
     with jax.named_scope("attn_norm"):
         attn_norm_out = gemma_rms_norm(cfg, params["attn_norm"], x)  # [B, S, dim]
     with jax.named_scope("attn"):
-        h = attention_2(cfg, params["attn"], attn_norm_out)  # [B, S, dim]
+        if cache is None:
+            h = attention_2(cfg, params["attn"], attn_norm_out)  # [B, S, dim]
+        else:
+            h, new_cache["attn"] = attention_2(
+                cfg, params["attn"], attn_norm_out, cache["attn"], pos
+            )  # [B, S, dim]
     with jax.named_scope("attn_post_norm"):
         h = gemma_rms_norm(cfg, params["attn_post_norm"], h)  # [B, S, dim]
     x = x + h  # [B, S, dim]
@@ -220,73 +264,140 @@ def block_2(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
         h = gated_mlp(cfg, params["mlp"], mlp_norm_out)  # [B, S, dim]
     with jax.named_scope("mlp_post_norm"):
         h = gemma_rms_norm(cfg, params["mlp_post_norm"], h)  # [B, S, dim]
-    return x + h  # [B, S, dim]
+    return x + h if cache is None else (x + h, new_cache)  # [B, S, dim]
 
 
-def blocks_group(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
+def blocks_group(
+    cfg: Config, params: dict, x: jax.Array, cache: dict | None = None, pos: jax.Array | int = 0
+) -> jax.Array | tuple[jax.Array, dict]:
     """BlocksGroup (specs/gemma3_1b.axl:11): x: [B, S, dim] -> [B, S, dim].
 
     Used at /blocks/groups.
+    With `cache` (decoding), x holds new tokens at positions pos, pos + 1, ...:
+    returns (y, the updated cache).
     """
+    new_cache = {}
     with jax.named_scope("0"):
-        x = block(cfg, params["0"], x)  # [B, S, dim]
+        if cache is None:
+            x = block(cfg, params["0"], x)  # [B, S, dim]
+        else:
+            x, new_cache["0"] = block(cfg, params["0"], x, cache["0"], pos)  # [B, S, dim]
     with jax.named_scope("1"):
-        x = block(cfg, params["1"], x)  # [B, S, dim]
+        if cache is None:
+            x = block(cfg, params["1"], x)  # [B, S, dim]
+        else:
+            x, new_cache["1"] = block(cfg, params["1"], x, cache["1"], pos)  # [B, S, dim]
     with jax.named_scope("2"):
-        x = block(cfg, params["2"], x)  # [B, S, dim]
+        if cache is None:
+            x = block(cfg, params["2"], x)  # [B, S, dim]
+        else:
+            x, new_cache["2"] = block(cfg, params["2"], x, cache["2"], pos)  # [B, S, dim]
     with jax.named_scope("3"):
-        x = block(cfg, params["3"], x)  # [B, S, dim]
+        if cache is None:
+            x = block(cfg, params["3"], x)  # [B, S, dim]
+        else:
+            x, new_cache["3"] = block(cfg, params["3"], x, cache["3"], pos)  # [B, S, dim]
     with jax.named_scope("4"):
-        x = block(cfg, params["4"], x)  # [B, S, dim]
+        if cache is None:
+            x = block(cfg, params["4"], x)  # [B, S, dim]
+        else:
+            x, new_cache["4"] = block(cfg, params["4"], x, cache["4"], pos)  # [B, S, dim]
     with jax.named_scope("5"):
-        out = block_2(cfg, params["5"], x)  # [B, S, dim]
-    return out
+        if cache is None:
+            out = block_2(cfg, params["5"], x)  # [B, S, dim]
+        else:
+            out, new_cache["5"] = block_2(cfg, params["5"], x, cache["5"], pos)  # [B, S, dim]
+    return out if cache is None else (out, new_cache)
 
 
-def blocks_tail(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
+def blocks_tail(
+    cfg: Config, params: dict, x: jax.Array, cache: dict | None = None, pos: jax.Array | int = 0
+) -> jax.Array | tuple[jax.Array, dict]:
     """BlocksTail (specs/gemma3_1b.axl:11): x: [B, S, dim] -> [B, S, dim].
 
     Used at /blocks/tail.
+    With `cache` (decoding), x holds new tokens at positions pos, pos + 1, ...:
+    returns (y, the updated cache).
     """
+    new_cache = {}
     with jax.named_scope("0"):
-        x = block(cfg, params["0"], x)  # [B, S, dim]
+        if cache is None:
+            x = block(cfg, params["0"], x)  # [B, S, dim]
+        else:
+            x, new_cache["0"] = block(cfg, params["0"], x, cache["0"], pos)  # [B, S, dim]
     with jax.named_scope("1"):
-        out = block(cfg, params["1"], x)  # [B, S, dim]
-    return out
+        if cache is None:
+            out = block(cfg, params["1"], x)  # [B, S, dim]
+        else:
+            out, new_cache["1"] = block(cfg, params["1"], x, cache["1"], pos)  # [B, S, dim]
+    return out if cache is None else (out, new_cache)
 
 
-def blocks_pattern(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
+def blocks_pattern(
+    cfg: Config, params: dict, x: jax.Array, cache: dict | None = None, pos: jax.Array | int = 0
+) -> jax.Array | tuple[jax.Array, dict]:
     """BlocksPattern (specs/gemma3_1b.axl:11): x: [B, S, dim] -> [B, S, dim].
 
     Used at /blocks.
+    With `cache` (decoding), x holds new tokens at positions pos, pos + 1, ...:
+    returns (y, the updated cache).
     """
+    new_cache = {}
     # master weights stay in cfg.param_dtype; compute runs in cfg.dtype
     # (stacked layers: one layer at a time in the scan step, never the whole stack)
     params = {
         k: v if k in ("groups",) else jax.tree.map(lambda w: w.astype(cfg.dtype), v)
         for k, v in params.items()
     }
+    if cache is None:
+        # one step runs the 6 layers of the pattern in turn, cfg.layers // 6 steps
+        def groups_step(h, layer_params):
+            # this layer's weights in cfg.dtype
+            layer_params = jax.tree.map(lambda w: w.astype(cfg.dtype), layer_params)
+            # annotate_sharding: batch -> data (rule batch -> data, fsdp from profile cpu)
+            h = shard(h, P("data"))
+            return blocks_group(cfg, layer_params, h), None
 
-    # one step runs the 6 layers of the pattern in turn, cfg.layers // 6 steps
-    def groups_step(h, layer_params):
-        # this layer's weights in cfg.dtype
-        layer_params = jax.tree.map(lambda w: w.astype(cfg.dtype), layer_params)
-        # annotate_sharding: batch -> data (rule batch -> data, fsdp from profile cpu)
-        h = shard(h, P("data"))
-        return blocks_group(cfg, layer_params, h), None
+        with jax.named_scope("groups"):
+            x, _ = jax.lax.scan(groups_step, x, params["groups"])  # [B, S, dim]
+    else:
 
-    with jax.named_scope("groups"):
-        x, _ = jax.lax.scan(groups_step, x, params["groups"])  # [B, S, dim]
+        def groups_step(h, xs):  # one of cfg.layers // 6 stacked layers and its cache
+            layer_params, layer_cache = xs
+            # this layer's weights in cfg.dtype
+            layer_params = jax.tree.map(lambda w: w.astype(cfg.dtype), layer_params)
+            # annotate_sharding: batch -> data (rule batch -> data, fsdp from profile cpu)
+            h = shard(h, P("data"))
+            return blocks_group(cfg, layer_params, h, layer_cache, pos)
+
+        with jax.named_scope("groups"):
+            x, new_cache["groups"] = jax.lax.scan(
+                groups_step, x, (params["groups"], cache["groups"])
+            )  # [B, S, dim]
     with jax.named_scope("tail"):
-        out = blocks_tail(cfg, params["tail"], x)  # [B, S, dim]
-    return out
+        if cache is None:
+            out = blocks_tail(cfg, params["tail"], x)  # [B, S, dim]
+        else:
+            out, new_cache["tail"] = blocks_tail(
+                cfg, params["tail"], x, cache["tail"], pos
+            )  # [B, S, dim]
+    return out if cache is None else (out, new_cache)
 
 
-def decoder_lm_hidden(cfg: Config, params: dict, tokens: jax.Array) -> jax.Array:
+def decoder_lm_hidden(
+    cfg: Config,
+    params: dict,
+    tokens: jax.Array,
+    cache: dict | None = None,
+    pos: jax.Array | int = 0,
+) -> jax.Array | tuple[jax.Array, dict]:
     """DecoderLM (std/transformer.axl:112) up to its output head: tokens: [B, S] -> [B, S, dim].
 
     `loss_fn` applies the head itself, a chunk of positions at a time.
+    With `cache` (decoding), tokens holds new tokens at positions pos, pos + 1, ...:
+    returns (y, the updated cache).
     """
+    new_cache = {}
     # master weights stay in cfg.param_dtype; compute runs in cfg.dtype
     # (stacked layers: one layer at a time in the scan step, never the whole stack)
     params = {
@@ -297,10 +408,15 @@ def decoder_lm_hidden(cfg: Config, params: dict, tokens: jax.Array) -> jax.Array
         x = embedding(cfg, params["embed"], tokens)  # [B, S, dim]
     x = x * cfg.embed_multiplier  # [B, S, dim]
     with jax.named_scope("blocks"):
-        x = blocks_pattern(cfg, params["blocks"], x)  # [B, S, dim]
+        if cache is None:
+            x = blocks_pattern(cfg, params["blocks"], x)  # [B, S, dim]
+        else:
+            x, new_cache["blocks"] = blocks_pattern(
+                cfg, params["blocks"], x, cache["blocks"], pos
+            )  # [B, S, dim]
     with jax.named_scope("final_norm"):
         x = gemma_rms_norm(cfg, params["final_norm"], x)  # [B, S, dim]
-    return x  # [B, S, dim]
+    return x if cache is None else (x, new_cache)  # [B, S, dim]
 
 
 def decoder_lm_head(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
@@ -415,343 +531,58 @@ fused_cross_entropy.defvjp(_fused_cross_entropy_fwd, _fused_cross_entropy_bwd)
 
 
 # ----------------------------------------------------------------------------- decoding
-# The same layers over only new tokens, with each attention call's keys and values kept in a
+# The layers above over only new tokens, with each attention call's keys and values kept in a
 # preallocated cache: `prefill` runs the prompt once, `decode_step` one token at a time.
-
-
-def attention_decode(
-    cfg: Config, params: dict, x: jax.Array, cache: dict, pos: jax.Array
-) -> tuple[jax.Array, dict]:
-    """Attention over new tokens at positions pos, pos + 1, ...: (y [B, S, dim], its updated cache).
-
-    The decode path of `attention`; its cache is `cache`.
-    """
-    new_cache = {}
-    with jax.named_scope("query_proj"):
-        q = checkpoint_name(dense(x, params["wq"]), "query_proj")  # [B, S, heads, head_dim]
-    with jax.named_scope("key_proj"):
-        k = checkpoint_name(dense(x, params["wk"]), "key_proj")  # [B, S, kv_heads, head_dim]
-    with jax.named_scope("value_proj"):
-        v = checkpoint_name(dense(x, params["wv"]), "value_proj")  # [B, S, kv_heads, v_head_dim]
-    with jax.named_scope("q_norm"):
-        q = gemma_rms_norm(cfg, params["q_norm"], q)  # [B, S, heads, head_dim]
-    with jax.named_scope("k_norm"):
-        k = gemma_rms_norm(cfg, params["k_norm"], k)  # [B, S, kv_heads, head_dim]
-    q = apply_rope(q, theta=10000.0, offset=pos)  # [B, S, heads, head_dim]
-    k = apply_rope(k, theta=10000.0, offset=pos)  # [B, S, kv_heads, head_dim]
-    with jax.named_scope("context"):
-        # decoding: keys and values so far are in cache['k'], cache['v']
-        o, new_cache["k"], new_cache["v"] = cached_attention(
-            q, k, v, cache["k"], cache["v"], pos, window=512, scale=0.0625
-        )  # [B, S, heads, v_head_dim]
-        o = checkpoint_name(o, "context")  # [B, S, heads, v_head_dim]
-    with jax.named_scope("out_proj"):
-        y = checkpoint_name(dense(o, params["wo"], 2), "out_proj")  # [B, S, dim]
-    return y, new_cache  # [B, S, dim]
-
-
-def block_decode(
-    cfg: Config, params: dict, x: jax.Array, cache: dict, pos: jax.Array
-) -> tuple[jax.Array, dict]:
-    """Block over new tokens at positions pos, pos + 1, ...: (y [B, S, dim], its updated cache).
-
-    The decode path of `block`; its cache is `cache`.
-    """
-    new_cache = {}
-    with jax.named_scope("attn_norm"):
-        attn_norm_out = gemma_rms_norm(cfg, params["attn_norm"], x)  # [B, S, dim]
-    with jax.named_scope("attn"):
-        h, new_cache["attn"] = attention_decode(
-            cfg, params["attn"], attn_norm_out, cache["attn"], pos
-        )  # [B, S, dim]
-    with jax.named_scope("attn_post_norm"):
-        h = gemma_rms_norm(cfg, params["attn_post_norm"], h)  # [B, S, dim]
-    x = x + h  # [B, S, dim]
-    with jax.named_scope("mlp_norm"):
-        mlp_norm_out = gemma_rms_norm(cfg, params["mlp_norm"], x)  # [B, S, dim]
-    with jax.named_scope("mlp"):
-        h = gated_mlp(cfg, params["mlp"], mlp_norm_out)  # [B, S, dim]
-    with jax.named_scope("mlp_post_norm"):
-        h = gemma_rms_norm(cfg, params["mlp_post_norm"], h)  # [B, S, dim]
-    return x + h, new_cache  # [B, S, dim]
-
-
-def attention_2_decode(
-    cfg: Config, params: dict, x: jax.Array, cache: dict, pos: jax.Array
-) -> tuple[jax.Array, dict]:
-    """Attention over new tokens at positions pos, pos + 1, ...: (y [B, S, dim], its updated cache).
-
-    The decode path of `attention_2`; its cache is `cache`.
-    """
-    new_cache = {}
-    with jax.named_scope("query_proj"):
-        q = checkpoint_name(dense(x, params["wq"]), "query_proj")  # [B, S, heads, head_dim]
-    with jax.named_scope("key_proj"):
-        k = checkpoint_name(dense(x, params["wk"]), "key_proj")  # [B, S, kv_heads, head_dim]
-    with jax.named_scope("value_proj"):
-        v = checkpoint_name(dense(x, params["wv"]), "value_proj")  # [B, S, kv_heads, v_head_dim]
-    with jax.named_scope("q_norm"):
-        q = gemma_rms_norm(cfg, params["q_norm"], q)  # [B, S, heads, head_dim]
-    with jax.named_scope("k_norm"):
-        k = gemma_rms_norm(cfg, params["k_norm"], k)  # [B, S, kv_heads, head_dim]
-    q = apply_rope(q, theta=1000000.0, offset=pos)  # [B, S, heads, head_dim]
-    k = apply_rope(k, theta=1000000.0, offset=pos)  # [B, S, kv_heads, head_dim]
-    with jax.named_scope("context"):
-        # decoding: keys and values so far are in cache['k'], cache['v']
-        o, new_cache["k"], new_cache["v"] = cached_attention(
-            q, k, v, cache["k"], cache["v"], pos, scale=0.0625
-        )  # [B, S, heads, v_head_dim]
-        o = checkpoint_name(o, "context")  # [B, S, heads, v_head_dim]
-    with jax.named_scope("out_proj"):
-        y = checkpoint_name(dense(o, params["wo"], 2), "out_proj")  # [B, S, dim]
-    return y, new_cache  # [B, S, dim]
-
-
-def block_2_decode(
-    cfg: Config, params: dict, x: jax.Array, cache: dict, pos: jax.Array
-) -> tuple[jax.Array, dict]:
-    """Block over new tokens at positions pos, pos + 1, ...: (y [B, S, dim], its updated cache).
-
-    The decode path of `block_2`; its cache is `cache`.
-    """
-    new_cache = {}
-    with jax.named_scope("attn_norm"):
-        attn_norm_out = gemma_rms_norm(cfg, params["attn_norm"], x)  # [B, S, dim]
-    with jax.named_scope("attn"):
-        h, new_cache["attn"] = attention_2_decode(
-            cfg, params["attn"], attn_norm_out, cache["attn"], pos
-        )  # [B, S, dim]
-    with jax.named_scope("attn_post_norm"):
-        h = gemma_rms_norm(cfg, params["attn_post_norm"], h)  # [B, S, dim]
-    x = x + h  # [B, S, dim]
-    with jax.named_scope("mlp_norm"):
-        mlp_norm_out = gemma_rms_norm(cfg, params["mlp_norm"], x)  # [B, S, dim]
-    with jax.named_scope("mlp"):
-        h = gated_mlp(cfg, params["mlp"], mlp_norm_out)  # [B, S, dim]
-    with jax.named_scope("mlp_post_norm"):
-        h = gemma_rms_norm(cfg, params["mlp_post_norm"], h)  # [B, S, dim]
-    return x + h, new_cache  # [B, S, dim]
-
-
-def blocks_group_decode(
-    cfg: Config, params: dict, x: jax.Array, cache: dict, pos: jax.Array
-) -> tuple[jax.Array, dict]:
-    """BlocksGroup over new tokens at positions pos, pos + 1, ...: (y [B, S, dim], its updated cache).
-
-    The decode path of `blocks_group`; its cache is `cache`.
-    """
-    new_cache = {}
-    with jax.named_scope("0"):
-        x, new_cache["0"] = block_decode(cfg, params["0"], x, cache["0"], pos)  # [B, S, dim]
-    with jax.named_scope("1"):
-        x, new_cache["1"] = block_decode(cfg, params["1"], x, cache["1"], pos)  # [B, S, dim]
-    with jax.named_scope("2"):
-        x, new_cache["2"] = block_decode(cfg, params["2"], x, cache["2"], pos)  # [B, S, dim]
-    with jax.named_scope("3"):
-        x, new_cache["3"] = block_decode(cfg, params["3"], x, cache["3"], pos)  # [B, S, dim]
-    with jax.named_scope("4"):
-        x, new_cache["4"] = block_decode(cfg, params["4"], x, cache["4"], pos)  # [B, S, dim]
-    with jax.named_scope("5"):
-        out, new_cache["5"] = block_2_decode(cfg, params["5"], x, cache["5"], pos)  # [B, S, dim]
-    return out, new_cache
-
-
-def blocks_tail_decode(
-    cfg: Config, params: dict, x: jax.Array, cache: dict, pos: jax.Array
-) -> tuple[jax.Array, dict]:
-    """BlocksTail over new tokens at positions pos, pos + 1, ...: (y [B, S, dim], its updated cache).
-
-    The decode path of `blocks_tail`; its cache is `cache`.
-    """
-    new_cache = {}
-    with jax.named_scope("0"):
-        x, new_cache["0"] = block_decode(cfg, params["0"], x, cache["0"], pos)  # [B, S, dim]
-    with jax.named_scope("1"):
-        out, new_cache["1"] = block_decode(cfg, params["1"], x, cache["1"], pos)  # [B, S, dim]
-    return out, new_cache
-
-
-def blocks_pattern_decode(
-    cfg: Config, params: dict, x: jax.Array, cache: dict, pos: jax.Array
-) -> tuple[jax.Array, dict]:
-    """BlocksPattern over new tokens at positions pos, pos + 1, ...: (y [B, S, dim], its updated cache).
-
-    The decode path of `blocks_pattern`; its cache is `cache`.
-    """
-    new_cache = {}
-    # master weights stay in cfg.param_dtype; compute runs in cfg.dtype
-    # (stacked layers: one layer at a time in the scan step, never the whole stack)
-    params = {
-        k: v if k in ("groups",) else jax.tree.map(lambda w: w.astype(cfg.dtype), v)
-        for k, v in params.items()
-    }
-
-    def groups_step(h, xs):  # one of cfg.layers // 6 stacked layers and its cache
-        layer_params, layer_cache = xs
-        # this layer's weights in cfg.dtype
-        layer_params = jax.tree.map(lambda w: w.astype(cfg.dtype), layer_params)
-        # annotate_sharding: batch -> data (rule batch -> data, fsdp from profile cpu)
-        h = shard(h, P("data"))
-        return blocks_group_decode(cfg, layer_params, h, layer_cache, pos)
-
-    with jax.named_scope("groups"):
-        x, new_cache["groups"] = jax.lax.scan(
-            groups_step, x, (params["groups"], cache["groups"])
-        )  # [B, S, dim]
-    with jax.named_scope("tail"):
-        out, new_cache["tail"] = blocks_tail_decode(
-            cfg, params["tail"], x, cache["tail"], pos
-        )  # [B, S, dim]
-    return out, new_cache
-
-
-def decoder_lm_decode(
-    cfg: Config, params: dict, tokens: jax.Array, cache: dict, pos: jax.Array
-) -> tuple[jax.Array, dict]:
-    """DecoderLM over new tokens at positions pos, pos + 1, ...: (y [B, S, vocab], its updated cache).
-
-    The decode path of `decoder_lm`; its cache is `cache`.
-    """
-    new_cache = {}
-    # master weights stay in cfg.param_dtype; compute runs in cfg.dtype
-    # (stacked layers: one layer at a time in the scan step, never the whole stack)
-    params = {
-        k: v if k in ("blocks",) else jax.tree.map(lambda w: w.astype(cfg.dtype), v)
-        for k, v in params.items()
-    }
-    with jax.named_scope("embed"):
-        x = embedding(cfg, params["embed"], tokens)  # [B, S, dim]
-    x = x * cfg.embed_multiplier  # [B, S, dim]
-    with jax.named_scope("blocks"):
-        x, new_cache["blocks"] = blocks_pattern_decode(
-            cfg, params["blocks"], x, cache["blocks"], pos
-        )  # [B, S, dim]
-    with jax.named_scope("final_norm"):
-        x = gemma_rms_norm(cfg, params["final_norm"], x)  # [B, S, dim]
-    logits = x @ jnp.swapaxes(params["embed"]["table"], -1, -2)  # [B, S, vocab]
-    return logits.astype(jnp.float32), new_cache  # [B, S, vocab]
 
 
 def init_cache(cfg: Config, batch: int, length: int, dtype=None) -> dict:
     """Zeroed keys and values of every attention call for `length` positions, in the tree the
-    decode functions take; stacked layers carry a leading `layers` dim. dtype: cfg.dtype."""
+    layers take; stacked layers carry a leading `layers` dim. dtype: cfg.dtype."""
     dtype = cfg.dtype if dtype is None else dtype
-    return {
-        "blocks": {
-            "groups": {
-                "0": {
-                    "attn": {
-                        "k": jnp.zeros((cfg.layers // 6, batch, length, cfg.kv_heads, 256), dtype),
-                        "v": jnp.zeros((cfg.layers // 6, batch, length, cfg.kv_heads, 256), dtype),
-                    },
-                },
-                "1": {
-                    "attn": {
-                        "k": jnp.zeros((cfg.layers // 6, batch, length, cfg.kv_heads, 256), dtype),
-                        "v": jnp.zeros((cfg.layers // 6, batch, length, cfg.kv_heads, 256), dtype),
-                    },
-                },
-                "2": {
-                    "attn": {
-                        "k": jnp.zeros((cfg.layers // 6, batch, length, cfg.kv_heads, 256), dtype),
-                        "v": jnp.zeros((cfg.layers // 6, batch, length, cfg.kv_heads, 256), dtype),
-                    },
-                },
-                "3": {
-                    "attn": {
-                        "k": jnp.zeros((cfg.layers // 6, batch, length, cfg.kv_heads, 256), dtype),
-                        "v": jnp.zeros((cfg.layers // 6, batch, length, cfg.kv_heads, 256), dtype),
-                    },
-                },
-                "4": {
-                    "attn": {
-                        "k": jnp.zeros((cfg.layers // 6, batch, length, cfg.kv_heads, 256), dtype),
-                        "v": jnp.zeros((cfg.layers // 6, batch, length, cfg.kv_heads, 256), dtype),
-                    },
-                },
-                "5": {
-                    "attn": {
-                        "k": jnp.zeros((cfg.layers // 6, batch, length, cfg.kv_heads, 256), dtype),
-                        "v": jnp.zeros((cfg.layers // 6, batch, length, cfg.kv_heads, 256), dtype),
-                    },
-                },
-            },
-            "tail": {
-                "0": {
-                    "attn": {
-                        "k": jnp.zeros((batch, length, cfg.kv_heads, 256), dtype),
-                        "v": jnp.zeros((batch, length, cfg.kv_heads, 256), dtype),
-                    },
-                },
-                "1": {
-                    "attn": {
-                        "k": jnp.zeros((batch, length, cfg.kv_heads, 256), dtype),
-                        "v": jnp.zeros((batch, length, cfg.kv_heads, 256), dtype),
-                    },
-                },
-            },
-        },
-    }
+    # fmt: off
+    return _nest({
+        "blocks/groups/0/attn/k": jnp.zeros((cfg.layers // 6, batch, length, cfg.kv_heads, 256), dtype),
+        "blocks/groups/0/attn/v": jnp.zeros((cfg.layers // 6, batch, length, cfg.kv_heads, 256), dtype),
+        "blocks/groups/1/attn/k": jnp.zeros((cfg.layers // 6, batch, length, cfg.kv_heads, 256), dtype),
+        "blocks/groups/1/attn/v": jnp.zeros((cfg.layers // 6, batch, length, cfg.kv_heads, 256), dtype),
+        "blocks/groups/2/attn/k": jnp.zeros((cfg.layers // 6, batch, length, cfg.kv_heads, 256), dtype),
+        "blocks/groups/2/attn/v": jnp.zeros((cfg.layers // 6, batch, length, cfg.kv_heads, 256), dtype),
+        "blocks/groups/3/attn/k": jnp.zeros((cfg.layers // 6, batch, length, cfg.kv_heads, 256), dtype),
+        "blocks/groups/3/attn/v": jnp.zeros((cfg.layers // 6, batch, length, cfg.kv_heads, 256), dtype),
+        "blocks/groups/4/attn/k": jnp.zeros((cfg.layers // 6, batch, length, cfg.kv_heads, 256), dtype),
+        "blocks/groups/4/attn/v": jnp.zeros((cfg.layers // 6, batch, length, cfg.kv_heads, 256), dtype),
+        "blocks/groups/5/attn/k": jnp.zeros((cfg.layers // 6, batch, length, cfg.kv_heads, 256), dtype),
+        "blocks/groups/5/attn/v": jnp.zeros((cfg.layers // 6, batch, length, cfg.kv_heads, 256), dtype),
+        "blocks/tail/0/attn/k": jnp.zeros((batch, length, cfg.kv_heads, 256), dtype),
+        "blocks/tail/0/attn/v": jnp.zeros((batch, length, cfg.kv_heads, 256), dtype),
+        "blocks/tail/1/attn/k": jnp.zeros((batch, length, cfg.kv_heads, 256), dtype),
+        "blocks/tail/1/attn/v": jnp.zeros((batch, length, cfg.kv_heads, 256), dtype),
+    })
+    # fmt: on
 
 
 def cache_specs() -> dict:
     """Where each cache array lives on the mesh: batch and heads split like the activations."""
-    return {
-        "blocks": {
-            "groups": {
-                "0": {
-                    "attn": {
-                        "k": P(None, "data"),
-                        "v": P(None, "data"),
-                    },
-                },
-                "1": {
-                    "attn": {
-                        "k": P(None, "data"),
-                        "v": P(None, "data"),
-                    },
-                },
-                "2": {
-                    "attn": {
-                        "k": P(None, "data"),
-                        "v": P(None, "data"),
-                    },
-                },
-                "3": {
-                    "attn": {
-                        "k": P(None, "data"),
-                        "v": P(None, "data"),
-                    },
-                },
-                "4": {
-                    "attn": {
-                        "k": P(None, "data"),
-                        "v": P(None, "data"),
-                    },
-                },
-                "5": {
-                    "attn": {
-                        "k": P(None, "data"),
-                        "v": P(None, "data"),
-                    },
-                },
-            },
-            "tail": {
-                "0": {
-                    "attn": {
-                        "k": P("data"),
-                        "v": P("data"),
-                    },
-                },
-                "1": {
-                    "attn": {
-                        "k": P("data"),
-                        "v": P("data"),
-                    },
-                },
-            },
-        },
-    }
+    return _nest(
+        {
+            "blocks/groups/0/attn/k": P(None, "data"),
+            "blocks/groups/0/attn/v": P(None, "data"),
+            "blocks/groups/1/attn/k": P(None, "data"),
+            "blocks/groups/1/attn/v": P(None, "data"),
+            "blocks/groups/2/attn/k": P(None, "data"),
+            "blocks/groups/2/attn/v": P(None, "data"),
+            "blocks/groups/3/attn/k": P(None, "data"),
+            "blocks/groups/3/attn/v": P(None, "data"),
+            "blocks/groups/4/attn/k": P(None, "data"),
+            "blocks/groups/4/attn/v": P(None, "data"),
+            "blocks/groups/5/attn/k": P(None, "data"),
+            "blocks/groups/5/attn/v": P(None, "data"),
+            "blocks/tail/0/attn/k": P("data"),
+            "blocks/tail/0/attn/v": P("data"),
+            "blocks/tail/1/attn/k": P("data"),
+            "blocks/tail/1/attn/v": P("data"),
+        }
+    )
 
 
 def decode_params(cfg: Config, params: dict) -> dict:
@@ -766,7 +597,8 @@ def decode_params(cfg: Config, params: dict) -> dict:
 def prefill(cfg: Config, params: dict, tokens: jax.Array, cache: dict) -> tuple[jax.Array, dict]:
     """Run the prompt tokens [B, T] from position 0: (logits [B, T, vocab], the cache holding
     their keys and values). The cache passed in is donated: reuse the one returned."""
-    return decoder_lm_decode(cfg, params, tokens, cache, jnp.int32(0))
+    x, cache = decoder_lm_hidden(cfg, params, tokens, cache, jnp.int32(0))
+    return decoder_lm_head(cfg, {k: params[k] for k in HEAD_PARAMS}, x), cache
 
 
 @functools.partial(jax.jit, static_argnums=0, donate_argnums=3)
@@ -775,8 +607,8 @@ def decode_step(
 ) -> tuple[jax.Array, dict]:
     """One new token [B] at position `pos` (the number of tokens already in the cache):
     (logits [B, vocab], the updated cache). The cache passed in is donated."""
-    logits, cache = decoder_lm_decode(cfg, params, token[:, None], cache, pos)
-    return logits[:, 0], cache
+    x, cache = decoder_lm_hidden(cfg, params, token[:, None], cache, pos)
+    return decoder_lm_head(cfg, {k: params[k] for k in HEAD_PARAMS}, x)[:, 0], cache
 
 
 # ----------------------------------------------------------------------------- parameters

@@ -78,11 +78,16 @@ def rms_norm(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
     return h.astype(cfg.dtype) * params["scale"]  # [..., dim]
 
 
-def attention(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
+def attention(
+    cfg: Config, params: dict, x: jax.Array, cache: dict | None = None, pos: jax.Array | int = 0
+) -> jax.Array | tuple[jax.Array, dict]:
     """Attention (std/transformer.axl:11): x: [B, S, dim] -> [B, S, dim].
 
     Used at /blocks/attn.
+    With `cache` (decoding), x holds new tokens at positions pos, pos + 1, ...:
+    returns (y, the updated cache).
     """
+    new_cache = {}
     with jax.named_scope("query_proj"):
         # quantize_matmuls: fp8 on blocks/* (profile gpu-h100)
         q = checkpoint_name(
@@ -96,16 +101,24 @@ def attention(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
         v = checkpoint_name(
             fp8_einsum("bsd,dkv->bskv", x, params["wv"]), "value_proj"
         )  # [B, S, kv_heads, v_head_dim]
-    q = apply_rope(q, theta=cfg.rope_theta)  # [B, S, heads, head_dim]
-    k = apply_rope(k, theta=cfg.rope_theta)  # [B, S, kv_heads, head_dim]
+    q = apply_rope(q, theta=cfg.rope_theta, offset=pos)  # [B, S, heads, head_dim]
+    k = apply_rope(k, theta=cfg.rope_theta, offset=pos)  # [B, S, kv_heads, head_dim]
     with jax.named_scope("context"):
-        # select_kernels: cudnn, the first of gpu-h100's attention kernels that fits
-        o = checkpoint_name(
-            jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation="cudnn"), "context"
-        )  # [B, S, heads, v_head_dim]
+        if cache is None:
+            # select_kernels: cudnn, the first of gpu-h100's attention kernels that fits
+            o = checkpoint_name(
+                jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation="cudnn"),
+                "context",
+            )  # [B, S, heads, v_head_dim]
+        else:
+            # decoding: keys and values so far are in cache['k'], cache['v']
+            o, new_cache["k"], new_cache["v"] = cached_attention(
+                q, k, v, cache["k"], cache["v"], pos
+            )  # [B, S, heads, v_head_dim]
+            o = checkpoint_name(o, "context")  # [B, S, heads, v_head_dim]
     with jax.named_scope("out_proj"):
         y = checkpoint_name(fp8_einsum("bshv,hvd->bsd", o, params["wo"]), "out_proj")  # [B, S, dim]
-    return y  # [B, S, dim]
+    return y if cache is None else (y, new_cache)  # [B, S, dim]
 
 
 def swiglu(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
@@ -123,28 +136,47 @@ def swiglu(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
     return fp8_einsum("bsf,fd->bsd", h, params["w_down"])  # [B, S, dim]
 
 
-def block(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
+def block(
+    cfg: Config, params: dict, x: jax.Array, cache: dict | None = None, pos: jax.Array | int = 0
+) -> jax.Array | tuple[jax.Array, dict]:
     """Block (std/transformer.axl:66): x: [B, S, dim] -> [B, S, dim].
 
     Used at /blocks.
+    With `cache` (decoding), x holds new tokens at positions pos, pos + 1, ...:
+    returns (y, the updated cache).
     """
+    new_cache = {}
     with jax.named_scope("attn_norm"):
         attn_norm_out = rms_norm(cfg, params["attn_norm"], x)  # [B, S, dim]
     with jax.named_scope("attn"):
-        h = attention(cfg, params["attn"], attn_norm_out)  # [B, S, dim]
+        if cache is None:
+            h = attention(cfg, params["attn"], attn_norm_out)  # [B, S, dim]
+        else:
+            h, new_cache["attn"] = attention(
+                cfg, params["attn"], attn_norm_out, cache["attn"], pos
+            )  # [B, S, dim]
     x = x + h  # [B, S, dim]
     with jax.named_scope("mlp_norm"):
         mlp_norm_out = rms_norm(cfg, params["mlp_norm"], x)  # [B, S, dim]
     with jax.named_scope("mlp"):
         h = swiglu(cfg, params["mlp"], mlp_norm_out)  # [B, S, dim]
-    return x + h  # [B, S, dim]
+    return x + h if cache is None else (x + h, new_cache)  # [B, S, dim]
 
 
-def decoder_lm_hidden(cfg: Config, params: dict, tokens: jax.Array) -> jax.Array:
+def decoder_lm_hidden(
+    cfg: Config,
+    params: dict,
+    tokens: jax.Array,
+    cache: dict | None = None,
+    pos: jax.Array | int = 0,
+) -> jax.Array | tuple[jax.Array, dict]:
     """DecoderLM (std/transformer.axl:112) up to its output head: tokens: [B, S] -> [B, S, dim].
 
     `loss_fn` applies the head itself, a chunk of positions at a time.
+    With `cache` (decoding), tokens holds new tokens at positions pos, pos + 1, ...:
+    returns (y, the updated cache).
     """
+    new_cache = {}
     # master weights stay in cfg.param_dtype; compute runs in cfg.dtype
     # (stacked layers: one layer at a time in the scan step, never the whole stack)
     params = {
@@ -153,21 +185,35 @@ def decoder_lm_hidden(cfg: Config, params: dict, tokens: jax.Array) -> jax.Array
     }
     with jax.named_scope("embed"):
         x = embedding(cfg, params["embed"], tokens)  # [B, S, dim]
+    if cache is None:
+        # insert_remat: save (fit_remat, for profile gpu-h100)
+        @functools.partial(jax.checkpoint, policy=REMAT_POLICY, prevent_cse=False)
+        def blocks_step(h, layer_params):  # one of cfg.layers stacked layers
+            # this layer's weights in cfg.dtype
+            layer_params = jax.tree.map(lambda w: w.astype(cfg.dtype), layer_params)
+            # annotate_sharding: batch -> fsdp (rule batch -> data, fsdp from profile gpu-h100)
+            h = shard(h, P("fsdp"))
+            return block(cfg, layer_params, h), None
 
-    # insert_remat: save (fit_remat, for profile gpu-h100)
-    @functools.partial(jax.checkpoint, policy=REMAT_POLICY, prevent_cse=False)
-    def blocks_step(h, layer_params):  # one of cfg.layers stacked layers
-        # this layer's weights in cfg.dtype
-        layer_params = jax.tree.map(lambda w: w.astype(cfg.dtype), layer_params)
-        # annotate_sharding: batch -> fsdp (rule batch -> data, fsdp from profile gpu-h100)
-        h = shard(h, P("fsdp"))
-        return block(cfg, layer_params, h), None
+        with jax.named_scope("blocks"):
+            x, _ = jax.lax.scan(blocks_step, x, params["blocks"])  # [B, S, dim]
+    else:
 
-    with jax.named_scope("blocks"):
-        x, _ = jax.lax.scan(blocks_step, x, params["blocks"])  # [B, S, dim]
+        def blocks_step(h, xs):  # one of cfg.layers stacked layers and its cache
+            layer_params, layer_cache = xs
+            # this layer's weights in cfg.dtype
+            layer_params = jax.tree.map(lambda w: w.astype(cfg.dtype), layer_params)
+            # annotate_sharding: batch -> fsdp (rule batch -> data, fsdp from profile gpu-h100)
+            h = shard(h, P("fsdp"))
+            return block(cfg, layer_params, h, layer_cache, pos)
+
+        with jax.named_scope("blocks"):
+            x, new_cache["blocks"] = jax.lax.scan(
+                blocks_step, x, (params["blocks"], cache["blocks"])
+            )  # [B, S, dim]
     with jax.named_scope("final_norm"):
         x = rms_norm(cfg, params["final_norm"], x)  # [B, S, dim]
-    return x  # [B, S, dim]
+    return x if cache is None else (x, new_cache)  # [B, S, dim]
 
 
 def decoder_lm_head(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
@@ -282,129 +328,25 @@ fused_cross_entropy.defvjp(_fused_cross_entropy_fwd, _fused_cross_entropy_bwd)
 
 
 # ----------------------------------------------------------------------------- decoding
-# The same layers over only new tokens, with each attention call's keys and values kept in a
+# The layers above over only new tokens, with each attention call's keys and values kept in a
 # preallocated cache: `prefill` runs the prompt once, `decode_step` one token at a time.
-
-
-def attention_decode(
-    cfg: Config, params: dict, x: jax.Array, cache: dict, pos: jax.Array
-) -> tuple[jax.Array, dict]:
-    """Attention over new tokens at positions pos, pos + 1, ...: (y [B, S, dim], its updated cache).
-
-    The decode path of `attention`; its cache is `cache`.
-    """
-    new_cache = {}
-    with jax.named_scope("query_proj"):
-        # quantize_matmuls: fp8 on blocks/* (profile gpu-h100)
-        q = checkpoint_name(
-            fp8_einsum("bsd,dhe->bshe", x, params["wq"]), "query_proj"
-        )  # [B, S, heads, head_dim]
-    with jax.named_scope("key_proj"):
-        k = checkpoint_name(
-            fp8_einsum("bsd,dke->bske", x, params["wk"]), "key_proj"
-        )  # [B, S, kv_heads, head_dim]
-    with jax.named_scope("value_proj"):
-        v = checkpoint_name(
-            fp8_einsum("bsd,dkv->bskv", x, params["wv"]), "value_proj"
-        )  # [B, S, kv_heads, v_head_dim]
-    q = apply_rope(q, theta=cfg.rope_theta, offset=pos)  # [B, S, heads, head_dim]
-    k = apply_rope(k, theta=cfg.rope_theta, offset=pos)  # [B, S, kv_heads, head_dim]
-    with jax.named_scope("context"):
-        # decoding: keys and values so far are in cache['k'], cache['v']
-        o, new_cache["k"], new_cache["v"] = cached_attention(
-            q, k, v, cache["k"], cache["v"], pos
-        )  # [B, S, heads, v_head_dim]
-        o = checkpoint_name(o, "context")  # [B, S, heads, v_head_dim]
-    with jax.named_scope("out_proj"):
-        y = checkpoint_name(fp8_einsum("bshv,hvd->bsd", o, params["wo"]), "out_proj")  # [B, S, dim]
-    return y, new_cache  # [B, S, dim]
-
-
-def block_decode(
-    cfg: Config, params: dict, x: jax.Array, cache: dict, pos: jax.Array
-) -> tuple[jax.Array, dict]:
-    """Block over new tokens at positions pos, pos + 1, ...: (y [B, S, dim], its updated cache).
-
-    The decode path of `block`; its cache is `cache`.
-    """
-    new_cache = {}
-    with jax.named_scope("attn_norm"):
-        attn_norm_out = rms_norm(cfg, params["attn_norm"], x)  # [B, S, dim]
-    with jax.named_scope("attn"):
-        h, new_cache["attn"] = attention_decode(
-            cfg, params["attn"], attn_norm_out, cache["attn"], pos
-        )  # [B, S, dim]
-    x = x + h  # [B, S, dim]
-    with jax.named_scope("mlp_norm"):
-        mlp_norm_out = rms_norm(cfg, params["mlp_norm"], x)  # [B, S, dim]
-    with jax.named_scope("mlp"):
-        h = swiglu(cfg, params["mlp"], mlp_norm_out)  # [B, S, dim]
-    return x + h, new_cache  # [B, S, dim]
-
-
-def decoder_lm_decode(
-    cfg: Config, params: dict, tokens: jax.Array, cache: dict, pos: jax.Array
-) -> tuple[jax.Array, dict]:
-    """DecoderLM over new tokens at positions pos, pos + 1, ...: (y [B, S, vocab], its updated cache).
-
-    The decode path of `decoder_lm`; its cache is `cache`.
-    """
-    new_cache = {}
-    # master weights stay in cfg.param_dtype; compute runs in cfg.dtype
-    # (stacked layers: one layer at a time in the scan step, never the whole stack)
-    params = {
-        k: v if k in ("blocks",) else jax.tree.map(lambda w: w.astype(cfg.dtype), v)
-        for k, v in params.items()
-    }
-    with jax.named_scope("embed"):
-        x = embedding(cfg, params["embed"], tokens)  # [B, S, dim]
-
-    def blocks_step(h, xs):  # one of cfg.layers stacked layers and its cache
-        layer_params, layer_cache = xs
-        # this layer's weights in cfg.dtype
-        layer_params = jax.tree.map(lambda w: w.astype(cfg.dtype), layer_params)
-        # annotate_sharding: batch -> fsdp (rule batch -> data, fsdp from profile gpu-h100)
-        h = shard(h, P("fsdp"))
-        return block_decode(cfg, layer_params, h, layer_cache, pos)
-
-    with jax.named_scope("blocks"):
-        x, new_cache["blocks"] = jax.lax.scan(
-            blocks_step, x, (params["blocks"], cache["blocks"])
-        )  # [B, S, dim]
-    with jax.named_scope("final_norm"):
-        x = rms_norm(cfg, params["final_norm"], x)  # [B, S, dim]
-    logits = x @ params["head"]  # [B, S, vocab]
-    return logits.astype(jnp.float32), new_cache  # [B, S, vocab]
 
 
 def init_cache(cfg: Config, batch: int, length: int, dtype=None) -> dict:
     """Zeroed keys and values of every attention call for `length` positions, in the tree the
-    decode functions take; stacked layers carry a leading `layers` dim. dtype: cfg.dtype."""
+    layers take; stacked layers carry a leading `layers` dim. dtype: cfg.dtype."""
     dtype = cfg.dtype if dtype is None else dtype
-    return {
-        "blocks": {
-            "attn": {
-                "k": jnp.zeros(
-                    (cfg.layers, batch, length, cfg.kv_heads, cfg.dim // cfg.heads), dtype
-                ),
-                "v": jnp.zeros(
-                    (cfg.layers, batch, length, cfg.kv_heads, cfg.dim // cfg.heads), dtype
-                ),
-            },
-        },
-    }
+    # fmt: off
+    return _nest({
+        "blocks/attn/k": jnp.zeros((cfg.layers, batch, length, cfg.kv_heads, cfg.dim // cfg.heads), dtype),
+        "blocks/attn/v": jnp.zeros((cfg.layers, batch, length, cfg.kv_heads, cfg.dim // cfg.heads), dtype),
+    })
+    # fmt: on
 
 
 def cache_specs() -> dict:
     """Where each cache array lives on the mesh: batch and heads split like the activations."""
-    return {
-        "blocks": {
-            "attn": {
-                "k": P(None, "fsdp"),
-                "v": P(None, "fsdp"),
-            },
-        },
-    }
+    return _nest({"blocks/attn/k": P(None, "fsdp"), "blocks/attn/v": P(None, "fsdp")})
 
 
 def decode_params(cfg: Config, params: dict) -> dict:
@@ -419,7 +361,8 @@ def decode_params(cfg: Config, params: dict) -> dict:
 def prefill(cfg: Config, params: dict, tokens: jax.Array, cache: dict) -> tuple[jax.Array, dict]:
     """Run the prompt tokens [B, T] from position 0: (logits [B, T, vocab], the cache holding
     their keys and values). The cache passed in is donated: reuse the one returned."""
-    return decoder_lm_decode(cfg, params, tokens, cache, jnp.int32(0))
+    x, cache = decoder_lm_hidden(cfg, params, tokens, cache, jnp.int32(0))
+    return decoder_lm_head(cfg, {k: params[k] for k in HEAD_PARAMS}, x), cache
 
 
 @functools.partial(jax.jit, static_argnums=0, donate_argnums=3)
@@ -428,8 +371,8 @@ def decode_step(
 ) -> tuple[jax.Array, dict]:
     """One new token [B] at position `pos` (the number of tokens already in the cache):
     (logits [B, vocab], the updated cache). The cache passed in is donated."""
-    logits, cache = decoder_lm_decode(cfg, params, token[:, None], cache, pos)
-    return logits[:, 0], cache
+    x, cache = decoder_lm_hidden(cfg, params, token[:, None], cache, pos)
+    return decoder_lm_head(cfg, {k: params[k] for k in HEAD_PARAMS}, x)[:, 0], cache
 
 
 # ----------------------------------------------------------------------------- parameters
