@@ -194,6 +194,9 @@ def _emit(ctx, prim: ir.Prim, args: list[str], precs: list[int]) -> str:
     kwargs = ", ".join(f"{k}={ctx.code(prim.attr(k))}" for k in names)
     if prim.operand("bias") is not None:
         kwargs += f", bias={args[5]}"
+    batch_axes = ctx.schedule.kept_axes("batch") if ctx.schedule is not None else ()
+    if DROPLESS in paths and batch_axes:  # each batch shard dispatches its own tokens
+        kwargs += f", batch_axes={batch_axes!r}"
     if prim.attr("balance_rate").value > 0:
         ctx.use_helper(BALANCE)
         kwargs += ", balance=True"
@@ -271,6 +274,8 @@ def _moe_swiglu(used: frozenset[str]) -> str:
     params = [p for p in MOE_PARAMS if capacity or p != "capacity_factor: float"]
     if choose:
         params += MOE_SELECT_PARAMS
+    if dropless:
+        params.append("batch_axes: tuple[str, ...] = ()")
     if BALANCE in used:
         params.append("balance: bool = False")
     signature = (
@@ -347,7 +352,8 @@ MOE_DOC_CAPACITY = """With capacity_factor > 0 an expert takes
     at most ceil(top_k * S * capacity_factor / experts) tokens of each sequence, first choices
     first (GShard, Switch); tokens over capacity skip that expert and keep their residual."""
 MOE_DOC_DROPLESS = """Nothing is dropped (the spec's
-    capacity_factor <= 0): tokens are sorted by expert and run through grouped matmuls."""
+    capacity_factor <= 0): tokens are sorted by expert and run through grouped matmuls, each
+    shard of the batch (split over the mesh axes `batch_axes`) on its own device."""
 MOE_DOC_TAIL = """
     Returns (y [B, S, dim], auxiliary loss []): aux_weight x the Switch load-balancing loss plus
     z_weight x the router z-loss (ST-MoE).
@@ -384,16 +390,16 @@ MOE_CHOOSE = Source("moe", ("_moe_choose",))
 MOE_CALL_CAPACITY = (
     "y = _moe_with_capacity(x, weights, routed, w_gate, w_up, w_down, capacity_factor)"
 )
-MOE_CALL_DROPLESS = "y = _moe_dropless(x, weights, chosen, w_gate, w_up, w_down)"
+MOE_CALL_DROPLESS = "y = _moe_dropless(x, weights, chosen, w_gate, w_up, w_down, batch_axes)"
 MOE_CAPACITY = Source("moe", ("_moe_with_capacity",))
-MOE_DROPLESS = Source("moe", ("_moe_dropless",))
+MOE_DROPLESS = Source("moe", ("_moe_dropless", "_moe_dropless_rows"))
 
 
 _JAX = ("import jax", "import jax.numpy as jnp")
 _HELPERS = (
     Helper(ROUTER, _moe_swiglu, _JAX, HelperSection.LAYER),
     Helper(CAPACITY, MOE_CAPACITY, _JAX + ("import math",), HelperSection.LAYER),
-    Helper(DROPLESS, MOE_DROPLESS, _JAX, HelperSection.LAYER),
+    Helper(DROPLESS, MOE_DROPLESS, _JAX + ("import math",), HelperSection.LAYER),
     Helper(CHOOSE, MOE_CHOOSE, _JAX, HelperSection.LAYER),
     Helper(BALANCE, MOE_BALANCE, _JAX, HelperSection.LAYER),
 )
