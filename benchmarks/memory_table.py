@@ -153,8 +153,8 @@ CONFIGS = (
            "remat(full) kernels(attention = xla)", "cpu-8"),
     Config("cpu moe none", "CPU: MoE", MOE_SMALL, 8, 256, "remat(none)", "cpu-8"),
     # One device: the same per-chip work as a chip of cpu-8, but no batch sharding. The dropless
-    # MoE's dispatch (a flat argsort over B * S * top_k) is replicated when the batch is sharded,
-    # so each cpu-8 device holds the whole batch's dispatch: the -52% above is that, not the model.
+    # MoE's dispatch runs per batch shard (shard_map), so the cpu-8 row matches this one; it was
+    # -52% while one flat argsort over B * S * top_k replicated the whole batch's dispatch.
     Config("cpu moe none 1 device", "CPU: MoE, unsharded", MOE_SMALL, 1, 256, "remat(none)", "cpu"),
     Config("cpu llama int8", "CPU: int8 matmuls", LLAMA_SMALL, 8, 256,
            "remat(none) kernels(attention = xla) quantize(int8)", "cpu-8"),

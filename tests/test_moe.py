@@ -75,7 +75,9 @@ def _random_moe_inputs(experts=4, dim=16, hidden=8, batch=2, seq=12):
 
 
 @pytest.mark.parametrize("capacity_factor", [0.0, 4.0])
-def test_dropless_and_ample_capacity_equal_the_per_token_reference(dropless, capped, capacity_factor):
+def test_dropless_and_ample_capacity_equal_the_per_token_reference(
+    dropless, capped, capacity_factor
+):
     args = _random_moe_inputs()
     kwargs = dict(top_k=2, normalize=True, aux_weight=0.01, z_weight=0.001)
     if capacity_factor > 0:
@@ -98,21 +100,37 @@ def test_capacity_drops_tokens_beyond_each_experts_slots(capped):
     x, logits, w_gate, w_up, w_down = _random_moe_inputs(seq=16)
     logits = logits.at[..., 0].add(10.0)  # every token's first choice is expert 0
     cf = 0.5
-    y, _ = model.moe_swiglu(x, logits, w_gate, w_up, w_down, top_k=1, capacity_factor=cf, normalize=True,
-                            aux_weight=0.0, z_weight=0.0)
+    y, _ = model.moe_swiglu(
+        x,
+        logits,
+        w_gate,
+        w_up,
+        w_down,
+        top_k=1,
+        capacity_factor=cf,
+        normalize=True,
+        aux_weight=0.0,
+        z_weight=0.0,
+    )
     capacity = math.ceil(1 * 16 * cf / 4)  # 2 slots per sequence for expert 0
     served = np.abs(np.asarray(y)).sum(-1) > 0  # [B, S]: tokens that got an expert's output
     assert (served.sum(-1) == capacity).all()
     assert served[:, :capacity].all(), "earlier tokens take the slots first"
     full = _reference_moe(x, logits, w_gate, w_up, w_down, top_k=1)
-    np.testing.assert_allclose(np.asarray(y)[:, :capacity], full[:, :capacity], atol=1e-5, rtol=1e-5)
+    np.testing.assert_allclose(
+        np.asarray(y)[:, :capacity], full[:, :capacity], atol=1e-5, rtol=1e-5
+    )
 
 
 def test_moe_is_a_drop_in_feed_forward_and_trains(dropless):
     model, train = dropless
     source = Path(model.__file__).read_text()
-    assert "_moe_with_capacity" not in source and "capacity_factor: float" not in source  # dropless only
-    assert "def moe(cfg: Config, params: dict, x: jax.Array) -> tuple[jax.Array, jax.Array]:" in source
+    assert (
+        "_moe_with_capacity" not in source and "capacity_factor: float" not in source
+    )  # dropless only
+    assert (
+        "def moe(cfg: Config, params: dict, x: jax.Array) -> tuple[jax.Array, jax.Array]:" in source
+    )
     assert "(x, blocks_aux), _ = jax.lax.scan(" in source
     cfg, tc = model.CONFIGS["moe"], train.TRAIN
     params = model.init_params(cfg, jax.random.key(0))
@@ -138,7 +156,9 @@ def test_moe_is_a_drop_in_feed_forward_and_trains(dropless):
 def test_experts_shard_over_the_expert_axis_with_unchanged_results(tmp_path, capacity_factor):
     path = _spec(tmp_path, "ep", capacity_factor, shared=1)
     module = compile_spec(path, "cpu-8")
-    w_gate = next(i for i in module.models[0].root.walk() if i.path == "/blocks/mlp").param("w_gate")
+    w_gate = next(i for i in module.models[0].root.walk() if i.path == "/blocks/mlp").param(
+        "w_gate"
+    )
     assert w_gate.sharding == ((), ("expert",), (), ())
     model, _ = import_generated(path, "cpu-8", tmp_path)
     cfg = model.CONFIGS["moe"]
@@ -149,11 +169,46 @@ def test_experts_shard_over_the_expert_axis_with_unchanged_results(tmp_path, cap
     want = jax.jit(jax.value_and_grad(lambda p: model.loss_fn(cfg, p, tokens)[0]))(params)
     with jax.set_mesh(mesh):
         specs = model.param_specs()
-        sharded = jax.tree.map(lambda a, s: jax.device_put(a, jax.NamedSharding(mesh, s)), params, specs)
+        sharded = jax.tree.map(
+            lambda a, s: jax.device_put(a, jax.NamedSharding(mesh, s)), params, specs
+        )
         assert sharded["blocks"]["mlp"]["w_gate"].sharding.spec == jax.P(None, "expert")
         assert len(sharded["blocks"]["mlp"]["w_gate"].addressable_shards[0].data.shape) == 4
-        assert sharded["blocks"]["mlp"]["w_gate"].addressable_shards[0].data.shape[1] == 1  # 4 experts / 4
+        assert (
+            sharded["blocks"]["mlp"]["w_gate"].addressable_shards[0].data.shape[1] == 1
+        )  # 4 experts / 4
         got = jax.jit(jax.value_and_grad(lambda p: model.loss_fn(cfg, p, tokens)[0]))(sharded)
     np.testing.assert_allclose(float(got[0]), float(want[0]), rtol=1e-6)
     for g, w in zip(jax.tree.leaves(got[1]), jax.tree.leaves(want[1])):
         np.testing.assert_allclose(np.asarray(g), np.asarray(w), atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("shape", [(8, 1), (2, 4)])  # the batch split 8 ways; 2 ways beside experts
+def test_dropless_dispatch_sorts_only_each_devices_tokens(dropless, shape):
+    """Under a mesh that splits the batch, each device sorts and runs its own tokens: every sort in
+    the compiled step is one shard long, and each token's output and input gradient are bitwise
+    the unsharded ones."""
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+    x, logits, w_gate, w_up, w_down = _random_moe_inputs(batch=8)
+    kwargs = dict(top_k=2, normalize=True, aux_weight=0.01, z_weight=0.001, batch_axes=("data",))
+
+    def loss(x, logits, w_gate):  # logits an argument: XLA would fold a constant's routing
+        y, _ = dropless[0].moe_swiglu(x, logits, w_gate, w_up, w_down, **kwargs)
+        return jnp.sum(y**2), y
+
+    step = jax.jit(jax.value_and_grad(loss, argnums=(0, 2), has_aux=True))
+    (_, want), (want_dx, want_dw) = step(x, logits, w_gate)
+    mesh = Mesh(np.array(jax.devices()).reshape(shape), ("data", "expert"))
+    with jax.set_mesh(mesh):
+        rows = NamedSharding(mesh, P("data"))
+        args = (jax.device_put(x, rows), jax.device_put(logits, rows), w_gate)
+        hlo = step.lower(*args).compile().as_text()
+        (_, got), (got_dx, got_dw) = step(*args)
+    tokens = 8 * 12 * 2  # B * S * top_k (token, choice) pairs in the whole batch
+    sorts = [line for line in hlo.splitlines() if " sort(" in line]
+    assert sorts and all(f"[{tokens // shape[0]}]" in s and f"[{tokens}]" not in s for s in sorts)
+    assert np.array_equal(np.asarray(got), np.asarray(want))
+    assert np.array_equal(np.asarray(got_dx), np.asarray(want_dx))
+    # A weight's gradient sums over the tokens: per shard, then across shards.
+    np.testing.assert_allclose(np.asarray(got_dw), np.asarray(want_dw), rtol=1e-5, atol=1e-5)

@@ -78,7 +78,7 @@ def _shape(ctx, prim: ir.Prim, args):
         ("w_up", w_up, (experts, x[2], None)),
         ("w_down", w_down, (experts, None, x[2])),
     ):
-        if len(w) != 3 or not all(d is None or d.same(g) for d, g in zip(want, w)):
+        if len(w) != 3 or not all(d is None or d.same(g) for d, g in zip(want, w, strict=True)):
             shape = ", ".join("hidden" if d is None else str(d) for d in want)
             ctx.fail(prim.span, f"`moe` needs {name} as [{shape}], got {ir_fmt(w)}")
     if not w_gate[2].same(w_up[2]) or not w_gate[2].same(w_down[1]):
@@ -125,7 +125,7 @@ def balanced_biases(root: ir.Instance) -> list[tuple[str, float]]:
     BALANCE, in model order."""
     from axdsl.ir.rewrite import prims_of
 
-    out = []
+    out: list[tuple[str, float]] = []
     for inst in root.walk():
         for prim in prims_of(inst, "moe"):
             bias = prim.operand("bias")
@@ -181,6 +181,7 @@ def _emit(ctx, prim: ir.Prim, args: list[str], precs: list[int]) -> str:
     out, aux = ctx.fresh("moe_y"), ctx.fresh("moe_aux")
     ctx.add_aux(aux)
     cf = prim.attr("capacity_factor")
+    paths: tuple[str, ...]
     if reads_config(cf.expr):  # a Config value decides at run time: both paths
         paths = (CAPACITY, DROPLESS)
     else:
@@ -194,11 +195,15 @@ def _emit(ctx, prim: ir.Prim, args: list[str], precs: list[int]) -> str:
     kwargs = ", ".join(f"{k}={ctx.code(prim.attr(k))}" for k in names)
     if prim.operand("bias") is not None:
         kwargs += f", bias={args[5]}"
+    batch_axes = ctx.schedule.kept_axes("batch") if ctx.schedule is not None else ()
+    if DROPLESS in paths and batch_axes:  # each batch shard dispatches its own tokens
+        kwargs += f", batch_axes={batch_axes!r}"
     if prim.attr("balance_rate").value > 0:
         ctx.use_helper(BALANCE)
         kwargs += ", balance=True"
     ctx.line(
-        f"{out}, {aux} = moe_swiglu({', '.join(args[:5])}, {kwargs})  # {ctx.shape_comment(prim.type)}, []"
+        f"{out}, {aux} = moe_swiglu({', '.join(args[:5])}, {kwargs})"
+        f"  # {ctx.shape_comment(prim.type)}, []"
     )
     return out
 
@@ -257,7 +262,9 @@ def _memory(t, prim: ir.Prim, args, dims, label: str):
 
 def _unused_params(ctx, prim: ir.Prim) -> int:
     """Expert weights a token does not use: (experts - top_k) / experts of them."""
-    experts = prim.args[1].type.dims[-1].size
+    logits = prim.args[1].type
+    assert isinstance(logits, ir.TensorType), "shape inference typed the router logits"
+    experts = logits.dims[-1].size
     k = prim.attr("top_k").value
     weights = (ctx.param_at(a) for a in prim.args[2:5])
     elems = sum(math.prod(d.size for d in p.dims) for p in weights if p is not None)
@@ -266,11 +273,14 @@ def _unused_params(ctx, prim: ir.Prim) -> int:
 
 # ---------------------------------------------------------------------------- generated code
 def _moe_swiglu(used: frozenset[str]) -> str:
-    """moe_swiglu with only the dispatch paths in use (both, and the branch, when a Config decides)."""
+    """moe_swiglu with only the dispatch paths in use (both, and the branch, when a Config
+    decides)."""
     capacity, dropless, choose = CAPACITY in used, DROPLESS in used, CHOOSE in used
     params = [p for p in MOE_PARAMS if capacity or p != "capacity_factor: float"]
     if choose:
         params += MOE_SELECT_PARAMS
+    if dropless:
+        params.append("batch_axes: tuple[str, ...] = ()")
     if BALANCE in used:
         params.append("balance: bool = False")
     signature = (
@@ -347,7 +357,8 @@ MOE_DOC_CAPACITY = """With capacity_factor > 0 an expert takes
     at most ceil(top_k * S * capacity_factor / experts) tokens of each sequence, first choices
     first (GShard, Switch); tokens over capacity skip that expert and keep their residual."""
 MOE_DOC_DROPLESS = """Nothing is dropped (the spec's
-    capacity_factor <= 0): tokens are sorted by expert and run through grouped matmuls."""
+    capacity_factor <= 0): tokens are sorted by expert and run through grouped matmuls, each
+    shard of the batch (split over the mesh axes `batch_axes`) on its own device."""
 MOE_DOC_TAIL = """
     Returns (y [B, S, dim], auxiliary loss []): aux_weight x the Switch load-balancing loss plus
     z_weight x the router z-loss (ST-MoE).
@@ -384,16 +395,16 @@ MOE_CHOOSE = Source("moe", ("_moe_choose",))
 MOE_CALL_CAPACITY = (
     "y = _moe_with_capacity(x, weights, routed, w_gate, w_up, w_down, capacity_factor)"
 )
-MOE_CALL_DROPLESS = "y = _moe_dropless(x, weights, chosen, w_gate, w_up, w_down)"
+MOE_CALL_DROPLESS = "y = _moe_dropless(x, weights, chosen, w_gate, w_up, w_down, batch_axes)"
 MOE_CAPACITY = Source("moe", ("_moe_with_capacity",))
-MOE_DROPLESS = Source("moe", ("_moe_dropless",))
+MOE_DROPLESS = Source("moe", ("_moe_dropless", "_moe_dropless_rows"))
 
 
 _JAX = ("import jax", "import jax.numpy as jnp")
 _HELPERS = (
     Helper(ROUTER, _moe_swiglu, _JAX, HelperSection.LAYER),
     Helper(CAPACITY, MOE_CAPACITY, _JAX + ("import math",), HelperSection.LAYER),
-    Helper(DROPLESS, MOE_DROPLESS, _JAX, HelperSection.LAYER),
+    Helper(DROPLESS, MOE_DROPLESS, _JAX + ("import math",), HelperSection.LAYER),
     Helper(CHOOSE, MOE_CHOOSE, _JAX, HelperSection.LAYER),
     Helper(BALANCE, MOE_BALANCE, _JAX, HelperSection.LAYER),
 )
@@ -404,7 +415,10 @@ def _decode_check(prim: ir.Prim) -> str | None:
     routes differently from the whole sequence; dropless routing is per token."""
     capacity = prim.attr("capacity_factor").value
     if capacity > 0:
-        return f"`moe` with capacity_factor {capacity} (capacity-limited routing depends on the batch of tokens)"
+        return (
+            f"`moe` with capacity_factor {capacity} "
+            "(capacity-limited routing depends on the batch of tokens)"
+        )
     return None
 
 
@@ -426,8 +440,9 @@ PRIMITIVES = (
                 Static("balance_rate", StaticKind.FLOAT, 0.0),
             ),
             optional_tensors=("bias",),
-            doc="mixture of SwiGLU experts: softmax or sigmoid router (DeepSeek: selection bias, group-limited "
-            "top-k, scale, bias balancing), top-k, capacity (<= 0: dropless), aux losses",
+            doc="mixture of SwiGLU experts: softmax or sigmoid router (DeepSeek: selection bias, "
+            "group-limited top-k, scale, bias balancing), top-k, capacity (<= 0: dropless), "
+            "aux losses",
         ),
         emit=_emit,
         shape=_shape,

@@ -136,6 +136,7 @@ def moe(cfg: Config, params: dict, x: jax.Array) -> tuple[jax.Array, jax.Array]:
             normalize=True,
             aux_weight=0.01,
             z_weight=0.001,
+            batch_axes=("data",),
         )  # [B, S, dim], []
         y = checkpoint_name(moe_y, "moe_out")  # [B, S, dim]
     return y, moe_aux  # [B, S, dim], []
@@ -760,12 +761,14 @@ def moe_swiglu(
     normalize: bool,
     aux_weight: float,
     z_weight: float,
+    batch_axes: tuple[str, ...] = (),
 ) -> tuple[jax.Array, jax.Array]:
     """Mixture of SwiGLU experts on x [B, S, dim] with router logits [B, S, experts].
 
     Each token goes to its `top_k` experts, weighted by the router softmax (renormalized over the
     chosen k when `normalize`, as Mixtral and Qwen3 do). Nothing is dropped (the spec's
-    capacity_factor <= 0): tokens are sorted by expert and run through grouped matmuls.
+    capacity_factor <= 0): tokens are sorted by expert and run through grouped matmuls, each
+    shard of the batch (split over the mesh axes `batch_axes`) on its own device.
     Returns (y [B, S, dim], auxiliary loss []): aux_weight x the Switch load-balancing loss plus
     z_weight x the router z-loss (ST-MoE).
     """
@@ -781,11 +784,35 @@ def moe_swiglu(
     importance = jnp.mean(probs, axis=(0, 1))
     aux = aux_weight * experts * jnp.sum(load * importance)
     aux = aux + z_weight * jnp.mean(jax.nn.logsumexp(logits, axis=-1) ** 2)
-    y = _moe_dropless(x, weights, chosen, w_gate, w_up, w_down)
+    y = _moe_dropless(x, weights, chosen, w_gate, w_up, w_down, batch_axes)
     return y.astype(x.dtype), aux
 
 
-def _moe_dropless(x, weights, chosen, w_gate, w_up, w_down):
+def _moe_dropless(x, weights, chosen, w_gate, w_up, w_down, batch_axes=()):
+    """The dropless path, one batch shard at a time: under a mesh that splits the batch over
+    `batch_axes`, each device sorts and runs only its own tokens (shard_map; the expert weights
+    enter whole, as the grouped matmuls need them). One sort over the whole batch would make
+    every device hold and compute every device's routed rows. A token's output depends on that
+    token alone, so the split changes no output; the weights' gradients are summed per shard and
+    then across shards, as every layer's are when the batch is split."""
+    mesh = jax.sharding.get_abstract_mesh()
+    axes = tuple(a for a in batch_axes if not mesh.empty and mesh.shape.get(a, 1) > 1)
+    if not axes or x.shape[0] % math.prod(mesh.shape[a] for a in axes):
+        return _moe_dropless_rows(x, weights, chosen, w_gate, w_up, w_down)
+    # Manual over the batch axes only where other axes split something (experts, model), so the
+    # weights keep their layout on those; else over the whole mesh (XLA:CPU 0.10.2 aborted
+    # compiling a partly manual shard_map whose other axes all had size 1).
+    others = any(n > 1 for a, n in mesh.shape.items() if a not in axes)
+    rows, whole = jax.sharding.PartitionSpec(axes), jax.sharding.PartitionSpec()
+    return jax.shard_map(
+        _moe_dropless_rows,
+        in_specs=(rows, rows, rows, whole, whole, whole),
+        out_specs=rows,
+        axis_names=frozenset(axes) if others else frozenset(),
+    )(x, weights, chosen, w_gate, w_up, w_down)
+
+
+def _moe_dropless_rows(x, weights, chosen, w_gate, w_up, w_down):
     """Sort the (token, choice) pairs by expert and run grouped matmuls: no token is dropped."""
     batch, seq, dim = x.shape
     top_k, experts = chosen.shape[-1], w_gate.shape[0]
