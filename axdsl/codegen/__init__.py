@@ -1,1 +1,2 @@
-"""Code generation: IR -> Python source through jinja2 templates, formatted by black, checked by libcst."""
+"""Code generation: IR -> Python source through jinja2 templates, formatted by black, checked by
+libcst."""

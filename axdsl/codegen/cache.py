@@ -59,7 +59,8 @@ def get(kind: str, name: str) -> str | None:
 
 
 def put(kind: str, name: str, text: str) -> None:
-    """Store `text` under `kind`/`name` atomically; failures (read-only home, full disk) are ignored."""
+    """Store `text` under `kind`/`name` atomically; failures (read-only home, full disk) are
+    ignored."""
     path = _entry(kind, name)
     if path is None:
         return

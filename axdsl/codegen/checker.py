@@ -44,6 +44,13 @@ def problems(source: str) -> list[str]:
     return found
 
 
+def _as_name(asname: cst.AsName) -> str:
+    """The name an import's `as` binds (always a plain name in an import statement)."""
+    if not isinstance(asname.name, cst.Name):
+        raise TypeError(f"import binds a non-name: {type(asname.name).__name__}")
+    return asname.name.value
+
+
 class _Checker(cst.CSTVisitor):
     def __init__(self) -> None:
         self.problems: list[str] = []
@@ -63,14 +70,14 @@ class _Checker(cst.CSTVisitor):
 
     def visit_Import(self, node: cst.Import) -> bool:
         for alias in node.names:
-            dotted = cst.helpers.get_full_name_for_node(alias.name)
+            dotted = cst.helpers.get_full_name_for_node_or_raise(alias.name)
             self._module_ok(dotted)
-            bound = alias.asname.name.value if alias.asname else dotted.split(".")[0]
+            bound = _as_name(alias.asname) if alias.asname else dotted.split(".")[0]
             self.imported.add(bound)
         return False  # names inside an import statement are not uses
 
     def visit_ImportFrom(self, node: cst.ImportFrom) -> bool:
-        dotted = cst.helpers.get_full_name_for_node(node.module) if node.module else ""
+        dotted = cst.helpers.get_full_name_for_node_or_raise(node.module) if node.module else ""
         if not node.relative:  # `from .model import ...`: a sibling generated file
             self._module_ok(dotted)
         if dotted == "__future__":
@@ -79,7 +86,12 @@ class _Checker(cst.CSTVisitor):
             self.problems.append("star imports are not allowed")
             return False
         for alias in node.names:
-            self.imported.add(alias.asname.name.value if alias.asname else alias.name.value)
+            bound = (
+                _as_name(alias.asname)
+                if alias.asname
+                else cst.helpers.get_full_name_for_node_or_raise(alias.name)
+            )
+            self.imported.add(bound)
         return False
 
     def visit_Name(self, node: cst.Name) -> None:

@@ -16,6 +16,7 @@ from axdsl.analysis.flops import TrainingFlops
 from axdsl.codegen import runtime_source
 from axdsl.codegen.emit import render_template
 from axdsl.codegen.names import py_str, spec_text
+from axdsl.errors import filled
 from axdsl.ir import nodes as ir
 from axdsl.ir.rewrite import tree_has
 from axdsl.objectives import (
@@ -39,19 +40,20 @@ class Field:
 
     @property
     def fits(self) -> bool:
-        """Whether `name: type = default  # comment` fits black's 100 columns (else: comment above)."""
+        """Whether `name: type = default  # comment` fits black's 100 columns (else: comment
+        above)."""
         return len(f"    {self.name}: {self.type} = {self.default}  # {self.comment}") <= 100
 
 
 def emit_train(module: ir.Module, package: str, flops: list[TrainingFlops]) -> str:
     """The unformatted source of generated/<spec>/<target>/train.py."""
-    t = module.train_settings
+    t = module.train
     fields = _fields(module)
     opt = t.get("optimizer")
     opt_name = opt.name
     sched_name = t.get("schedule").name
-    profile = profiles()[module.schedule.profile]
-    batch_axes = module.schedule.kept_axes("batch")
+    profile = profiles()[module.target.profile]
+    batch_axes = module.target.kept_axes("batch")
     objective, batches = objective_of(module), batches_objective(module)
     return render_template(
         "train.py.j2",
@@ -89,7 +91,7 @@ def emit_train(module: ir.Module, package: str, flops: list[TrainingFlops]) -> s
         lora_origin=str(t.choice("lora").origin) if "lora" in dict(t.settings) else "",
         # LoRA trains adapters only: the selection biases stay as they are, like every base weight
         balance=[] if "lora" in dict(t.settings) else balanced_biases(module.models[0].root),
-        remat_fit=_remat_fit(module.schedule) if batches.has_seq else None,
+        remat_fit=_remat_fit(module.target) if batches.has_seq else None,
     )
 
 
@@ -119,7 +121,7 @@ def uses_dropout(root: ir.Instance) -> bool:
 
 def emit_slurm(module: ir.Module, package: str) -> str:
     """generated/<spec>/<target>/slurm.sh: a SLURM batch script that runs train.py on every node."""
-    schedule = module.schedule
+    schedule = module.target
     profile = profiles()[schedule.profile]
     per_node = min(schedule.chips, profile.chips_per_host)
     spec_stem = package.split(".")[-2]
@@ -143,7 +145,7 @@ def emit_slurm(module: ir.Module, package: str) -> str:
 
 
 def _fields(module: ir.Module) -> list[Field]:
-    t = module.train_settings
+    t = module.train
     out = [Field("model", "str", py_str(module.models[0].name), "a name in model.CONFIGS")]
     origin = dict(t.settings)
 
@@ -200,7 +202,7 @@ def _fields(module: ir.Module) -> list[Field]:
         "max_bad_steps",
     ):
         add(key, t.get(key), _doc(key, origin[key].origin))
-    calls = module.schedule.steps_per_call
+    calls = module.target.steps_per_call
     add(
         "steps_per_call",
         calls.value,
@@ -218,14 +220,16 @@ def _fields(module: ir.Module) -> list[Field]:
             "sep",
             objective_args(module).get("sep", -1),
             "masked_lm(sep): rows start after this id and "
-            "pack the documents it ends, segment ids 1, 2, ...; -1: rows from anywhere, one segment",
+            "pack the documents it ends, segment ids 1, 2, ...; "
+            "-1: rows from anywhere, one segment",
         )
     if data.tokenizer is not None:  # text as token ids; without it, text is bytes
         tok = data.tokenizer
         add(
             "tokenizer",
             tok.path if tok.path is not None else "bpe",
-            'tokenizer.json (relative to the spec), or "bpe": train one on the data, kept in the run',
+            'tokenizer.json (relative to the spec), or "bpe": '
+            "train one on the data, kept in the run",
         )
         if tok.path is None:
             add("bpe_vocab", tok.bpe_vocab, "BPE vocabulary size; 0: the model's vocab")
@@ -298,11 +302,18 @@ def _image_shapes(module: ir.Module, objective: Objective) -> list[tuple[str, st
     (loss(): from its `classes`)."""
     out = []
     for m in module.models:
-        f = m.root.forward
+        f = m.root.fwd
         images = next(a for a in f.args if a.name == "images")
-        classes = m.root.hparam("classes").value.value if objective.spec_loss else f.result[-1].size
+        classes = (
+            _classes(m.root).value.value if objective.spec_loss else ir.static_size(f.result[-1])
+        )
         out.append((m.name, repr(tuple(d.size for d in images.dims[1:])), classes))
     return out
+
+
+def _classes(root: ir.Instance) -> ir.HParam:
+    """The `classes` hyperparameter of an image model's root, which loss() reads."""
+    return filled(root.hparam("classes"), f"hyperparameter `classes` of {root.path}", "resolve")
 
 
 _DOCS = {
@@ -331,7 +342,8 @@ OPTIMIZERS = {
         "lr, mask = lr_schedule(tc), decay_mask()",
         "return optax.chain(",
         f"    {_CLIP}",
-        "    optax.adamw(lr, b1=tc.b1, b2=tc.b2, eps=tc.eps, weight_decay=tc.weight_decay, mask=mask{mu}),",
+        "    optax.adamw(lr, b1=tc.b1, b2=tc.b2, eps=tc.eps, weight_decay=tc.weight_decay, "
+        "mask=mask{mu}),",
         ")",
     ],
     "lion": [
@@ -345,7 +357,8 @@ OPTIMIZERS = {
         "lr, mask = lr_schedule(tc), decay_mask()",
         "return optax.chain(",
         f"    {_CLIP}",
-        "    optax.adafactor(lr, weight_decay_rate=tc.weight_decay or None, weight_decay_mask=mask),",
+        "    optax.adafactor(lr, weight_decay_rate=tc.weight_decay or None, "
+        "weight_decay_mask=mask),",
         ")",
     ],
     "sgd": [
@@ -370,7 +383,9 @@ def optimizer_body(opt: ir.NamedCall) -> list[str]:
 OPTIMIZER_DOC = {
     "adamw": "Clip by global norm, then AdamW with decoupled weight decay on matrices only.",
     "lion": "Clip by global norm, then Lion (sign momentum) with weight decay on matrices only.",
-    "adafactor": "Clip by global norm, then Adafactor (factored second moments) with decay on matrices.",
+    "adafactor": (
+        "Clip by global norm, then Adafactor (factored second moments) with decay on matrices."
+    ),
     "sgd": "Clip by global norm, weight decay on matrices, then SGD with (Nesterov) momentum.",
 }
 SCHEDULES = {

@@ -6,13 +6,22 @@ shows the spec's layer paths; a repeated child becomes a `jax.lax.scan` over sta
 
 from __future__ import annotations
 
+import itertools
 import textwrap
 from dataclasses import dataclass, field
 
 from axdsl import primitives
 from axdsl.codegen.names import EinsumLetters, dim_label, distinct_labels, py_str, spec_text
 from axdsl.codegen.pyexpr import py, py_size, py_value
-from axdsl.codegen.why import kernel_why, quant_why, remat_kind, remat_why, sharding_why, unroll_why
+from axdsl.codegen.why import (
+    kernel_why,
+    quant_why,
+    remat_kind,
+    remat_why,
+    sharding_why,
+    unroll_why,
+)
+from axdsl.errors import filled
 from axdsl.ir import nodes as ir
 from axdsl.ir.expr import ATOM, PRECEDENCE, UNARY_PRECEDENCE, BinOp, Expr, UnaryOp, precedence
 from axdsl.ir.nodes import DType, RefKind, TensorType
@@ -40,7 +49,8 @@ def rng_arg(index: str) -> str:
 
 @dataclass
 class LayerFunction:
-    """One generated layer function: its name, arguments, body lines, docstring and what it needs."""
+    """One generated layer function: its name, arguments, body lines, docstring and what it
+    needs."""
 
     name: str
     layer: str
@@ -88,7 +98,7 @@ class FunctionEmitter:
         return False
 
     def emit_body(self) -> list[str]:
-        fwd = self.inst.forward
+        fwd = self.inst.fwd
         if self.casts_params():
             self._cast_params()
         self.imports.update(("import jax", "import jax.numpy as jnp"))
@@ -114,7 +124,7 @@ class FunctionEmitter:
     def chunks(self) -> list[list[str]]:
         """The body's lines cut at each statement, after a preamble (the weights' cast)."""
         cuts = [0, *self.starts, len(self.lines)]
-        return [self.lines[a:b] for a, b in zip(cuts, cuts[1:])]
+        return [self.lines[a:b] for a, b in itertools.pairwise(cuts)]
 
     def casts_params(self) -> bool:
         """Whether this layer of a mixed-precision model receives the master weights
@@ -146,7 +156,8 @@ class FunctionEmitter:
         )
 
     def cast_layer(self) -> None:
-        """In a stacked child's scan step of a mixed-precision root: this layer's weights to cfg.dtype."""
+        """In a stacked child's scan step of a mixed-precision root: this layer's weights to
+        cfg.dtype."""
         if self.casts_params():
             self.lines.append("    # this layer's weights in cfg.dtype")
             self.lines.append(
@@ -177,7 +188,7 @@ class FunctionEmitter:
     # ---------------------------------------------------------------- child calls
     def _child_call(self, call: ir.CallChild, target: str) -> None:
         args = [self.expr(a)[0] for a in call.args]
-        child = self.inst.child(call.child)
+        child = self.inst.expect_child(call.child)
         fn = self.child_fn[call.child]
         rng = ""
         if self.needs_rng.get(call.child):
@@ -186,7 +197,7 @@ class FunctionEmitter:
         layer_rng = rng_arg("i") if rng else ""  # a scanned child folds in its layer index
         comment = shape_comment(call.type)
         if call.over is not None:
-            self._scan_over_time(call, fn, args, target, comment, rng)
+            self._scan_over_time(call, call.over, fn, args, target, comment, rng)
             return
         aux = self.child_aux.get(call.child, False)
         if child.repeat is not None:
@@ -230,30 +241,38 @@ class FunctionEmitter:
             return
         self.lines.append(f"with jax.named_scope({py_str(call.child)}):")
         self.lines.append(
-            f"    {target} = {fn}(cfg, params[{py_str(call.child)}], {', '.join(args)}{rng})  # {comment}"
+            f"    {target} = {fn}(cfg, params[{py_str(call.child)}], "
+            f"{', '.join(args)}{rng})  # {comment}"
         )
 
     def _scan_over_time(
-        self, call: ir.CallChild, fn: str, args: list[str], target: str, comment: str, rng: str = ""
+        self,
+        call: ir.CallChild,
+        over: ir.Dim,
+        fn: str,
+        args: list[str],
+        target: str,
+        comment: str,
+        rng: str = "",
     ) -> None:
         """`scan(cell, x, over = S)`: jax.lax.scan over S (moved to the front and back), carrying
         the cell's first argument and stacking the carry of every step. Inputs without S are side
-        inputs, closed over by the step; a cell with dropout folds its key with the step index."""
+        inputs, closed over by the step; a cell with dropout folds its key with the step index.
+        `over` is the call's `over` dim, which the caller checked is set."""
         n_init = 1 if call.scan_init else 0
-        xs, xs_types = args[n_init:], [a.type.dims for a in call.args[n_init:]]
-        axes = [_axis_or_none(dims, call.over) for dims in xs_types]
+        xs, xs_types = args[n_init:], [ir.tensor_type(a).dims for a in call.args[n_init:]]
+        axes = [_axis_or_none(dims, over) for dims in xs_types]
+        out_dims = ir.tensor_type(call).dims
         if call.scan_init:
             init = args[0]
         else:
-            carry = [
-                d for i, d in enumerate(call.type.dims) if i != _axis(call.type.dims, call.over)
-            ]
+            carry = [d for i, d in enumerate(out_dims) if i != _axis(out_dims, over)]
             shape = ", ".join(self.dim_code(d) if d.is_free else py_size(d) for d in carry)
             init = f"jnp.zeros(({shape}{',' if len(carry) == 1 else ''}), {xs[0]}.dtype)"
         step = self._fresh(f"{_stem(call.child)}_step")
         moved = [
             f"jnp.moveaxis({x}, {axis}, 0)" if axis else x
-            for x, axis in zip(xs, axes)
+            for x, axis in zip(xs, axes, strict=True)
             if axis is not None
         ]
         if rng:  # the step index, for a key of its own per step
@@ -266,14 +285,14 @@ class FunctionEmitter:
             sliced = iter(range(len(moved)))
             picks = [
                 x if axis is None else ("x_t" if len(moved) == 1 else f"xs_t[{next(sliced)}]")
-                for x, axis in zip(xs, axes)
+                for x, axis in zip(xs, axes, strict=True)
             ]
             inputs = ", ".join(picks)
         scanned = moved[0] if len(moved) == 1 else "(" + ", ".join(moved) + ")"
-        out_axis = _axis(call.type.dims, call.over)
+        out_axis = _axis(out_dims, over)
         step_rng = f", rng=_fold({rng.removeprefix(', rng=')}, xs_t[-1])" if rng else ""
         self.lines.append(
-            f"def {step}(h, {per_step}):  # one step along {dim_label(call.over.name, call.over.expr)}"
+            f"def {step}(h, {per_step}):  " f"# one step along {dim_label(over.name, over.expr)}"
         )
         self.lines.append(f"    h = {fn}(cfg, params[{py_str(call.child)}], h, {inputs}{step_rng})")
         self.lines.append("    return h, h")
@@ -288,7 +307,8 @@ class FunctionEmitter:
             )
 
     def _step_header(self, child: ir.Instance) -> None:
-        """What comes before a scan step's `def`: what a pattern's step runs, the remat decorator."""
+        """What comes before a scan step's `def`: what a pattern's step runs, the remat
+        decorator."""
         if child.pattern:
             self.lines.append(
                 f"# one step runs the {len(child.children)} layers of the pattern in turn, "
@@ -347,8 +367,8 @@ class FunctionEmitter:
         unroll = self._unroll(child)
         self.lines.append(f"with jax.named_scope({py_str(call.child)}):")
         self.lines.append(
-            f"    ({target}, {aux_name}), _ = jax.lax.scan({step}, ({x}, jnp.zeros((), jnp.float32)), "
-            f"{xs}{unroll})  # {comment}, []"
+            f"    ({target}, {aux_name}), _ = jax.lax.scan({step}, "
+            f"({x}, jnp.zeros((), jnp.float32)), {xs}{unroll})  # {comment}, []"
         )
 
     def _fresh(self, name: str) -> str:
@@ -362,7 +382,8 @@ class FunctionEmitter:
     def _unroll(self, child: ir.Instance) -> str:
         """`, unroll=True` for a repeat the target unrolls (after a comment saying so), else ""."""
         if child.unrolled:
-            self.lines.append(f"# {unroll_why(self.schedule, child)}")
+            schedule = filled(self.schedule, "the schedule of an unrolled repeat", "unroll_repeats")
+            self.lines.append(f"# {unroll_why(schedule, child)}")
         return ", unroll=True" if child.unrolled else ""
 
     def _remat_decorator(self, child: ir.Instance) -> None:
@@ -429,7 +450,7 @@ class FunctionEmitter:
     def _matmul(self, e: ir.Bin):
         left, lp = self.expr(e.left)
         right, rp = self.expr(e.right)
-        lt, rt = e.left.type.dims, e.right.type.dims
+        lt, rt = ir.tensor_type(e.left).dims, ir.tensor_type(e.right).dims
         if dense_matmuls(self.schedule) and is_weight(e.right) and not is_weight(e.left):
             return dense_call(self, left, right, 1), _ATOM  # the einsum `dense` kernel
         if len(rt) == 2 and len(lt) >= 2:
@@ -518,17 +539,18 @@ class FunctionEmitter:
         spec: ir.EinsumSpec = e.attr("spec")
         operands, out = spec.operands, spec.out
         label: dict[str, str] = {}
-        for names, t in [*zip(operands, (a.type for a in e.args)), (out, e.type)]:
-            for n, d in zip(names, t.dims):
+        typed = [ir.tensor_type(a) for a in e.args]
+        for names, t in [*zip(operands, typed, strict=True), (out, ir.tensor_type(e))]:
+            for n, d in zip(names, t.dims, strict=True):
                 label.setdefault(n, _key(d))
-        keys = dict(zip(label, distinct_labels(list(label.values()))))
+        keys = dict(zip(label, distinct_labels(list(label.values())), strict=True))
         term = lambda names: "".join(self.letters[keys[n]] for n in names)  # noqa: E731
         return ",".join(term(op) for op in operands) + "->" + term(out)
 
     # ---------------------------------------------------------------- helpers
     def dim_code(self, dim: ir.Dim) -> str:
         """Runtime size of a free dim: read from the first argument that carries it."""
-        for a in self.inst.forward.args:
+        for a in self.inst.fwd.args:
             for i, d in enumerate(a.dims):
                 if d.is_free and d.name == dim.name:
                     index = i - len(a.dims) if a.dims and a.dims[0].is_ellipsis else i

@@ -1,9 +1,9 @@
 """Format generated code with black and check it with libcst before anything is written.
 
 The check enforces the allowed shape of generated code (checker.py): it parses; it imports only
-jax, numpy, optax, orbax, tqdm, tokenizers and tensorboardX (issue 13), the standard library and sibling generated files (never axdsl);
-every import is used; and it calls none of the builtins that run or load arbitrary code. A
-failure is a compiler bug.
+jax, numpy, optax, orbax, tqdm, tokenizers and tensorboardX (issue 13), the standard library and
+sibling generated files (never axdsl); every import is used; and it calls none of the builtins
+that run or load arbitrary code. A failure is a compiler bug.
 
 `format_code` and `check_generated` always run the tools (the tests use them). The build uses
 `formatted` and `checked`, which look the result up in the build cache (cache.py) first: black

@@ -8,11 +8,12 @@ from axdsl.ir.expr import Expr, field_of
 
 
 def snake(name: str) -> str:
-    """`DecoderLM` -> `decoder_lm`, `RMSNorm` -> `rms_norm`, `SwiGLU` -> `swiglu`, `MoE` -> `moe`."""
+    """`DecoderLM` -> `decoder_lm`, `RMSNorm` -> `rms_norm`, `SwiGLU` -> `swiglu`, `MoE` ->
+    `moe`."""
     s = re.sub(r"([A-Z]+)([A-Z][a-z])", r"\1_\2", name)
     s = re.sub(r"([a-z0-9])([A-Z])", r"\1_\2", s).lower()
     for word in ("swiglu", "moe"):  # names that are words, not camel-case compounds
-        s = re.sub("(^|_)" + "_?".join(word) + "($|_)", lambda m: m.group(1) + word + m.group(2), s)
+        s = re.sub("(^|_)" + "_?".join(word) + "($|_)", r"\g<1>" + word + r"\g<2>", s)
     return s
 
 
@@ -28,7 +29,8 @@ def dim_label(name: str, size: Expr | None = None) -> str:
 
 
 def distinct_labels(keys: list[str]) -> list[str]:
-    """Prime repeated keys (dim, dim -> dim, dim') so two dims of one einsum never share a letter."""
+    """Prime repeated keys (dim, dim -> dim, dim') so two dims of one einsum never share a
+    letter."""
     out: list[str] = []
     for k in keys:
         while k in out:

@@ -7,18 +7,32 @@ from __future__ import annotations
 
 from axdsl import primitives
 from axdsl.codegen.pyexpr import py_value
+from axdsl.errors import filled
+from axdsl.primitives.base import KernelRule
 from axdsl.ir import nodes as ir
 
 
 def kernel_why(schedule: ir.Schedule | None, e: ir.Prim) -> str:
     """`select_kernels: cudnn, the first of gpu-h100's attention kernels that fits`."""
-    choice = e.kernel or ir.KernelChoice(primitives.get(e.name).kernels.fallback)
+    choice = e.kernel or ir.KernelChoice(_kernel_rule(e.name).fallback)
     if schedule is None:
         return f"select_kernels: {choice.kernel} (no target schedule)"
     if choice.origin.from_spec:
-        return f"select_kernels: {choice.kernel}, kernels({e.name} = {choice.kernel}) from {choice.origin}"
-    why = f"select_kernels: {choice.kernel}, the first of {schedule.profile}'s {e.name} kernels that fits"
+        return (
+            f"select_kernels: {choice.kernel}, "
+            f"kernels({e.name} = {choice.kernel}) from {choice.origin}"
+        )
+    why = (
+        f"select_kernels: {choice.kernel}, "
+        f"the first of {schedule.profile}'s {e.name} kernels that fits"
+    )
     return why + ("; the ones before it:" if choice.rejected else "")
+
+
+def _kernel_rule(name: str) -> KernelRule:
+    """The kernels of primitive `name`: a Prim without a chosen kernel is one that has them."""
+    rule = primitives.get(name).kernels
+    return filled(rule, f"the kernels of primitive {name}", "select_kernels")
 
 
 def quant_why(schedule: ir.Schedule | None, fmt: str) -> str:
@@ -32,7 +46,8 @@ def quant_why(schedule: ir.Schedule | None, fmt: str) -> str:
 def remat_why(schedule: ir.Schedule | None, child: ir.Instance) -> str:
     """`insert_remat: save_dots (profile gpu-h100)`."""
     origin = f" ({schedule.remat.origin})" if schedule is not None else ""
-    return f"insert_remat: {child.remat.kind}{origin}"
+    policy = filled(child.remat, f"the remat policy of {child.path}", "insert_remat")
+    return f"insert_remat: {policy.kind}{origin}"
 
 
 def unroll_why(schedule: ir.Schedule, child: ir.Instance) -> str:
@@ -59,7 +74,7 @@ def sharding_why(
 ) -> str:
     """`annotate_sharding: batch -> fsdp (rule batch -> data, fsdp from profile gpu-h100)`."""
     parts = []
-    for axis, mesh in zip(logical, spec):
+    for axis, mesh in zip(logical, spec, strict=True):
         choice = schedule.rule_choice(axis) if axis else None
         if mesh and choice is not None:
             parts.append(
