@@ -1,10 +1,10 @@
 """Training objectives: what a train block's `objective = ...` builds, and which models fit it.
 
-    objective = next_token()                          # the default: tokens [B, S] -> logits [B, S, vocab]
-    objective = masked_lm(rate = 0.15, mask_token = 4)  # BERT's masked-LM, the 80/10/10 replacement
-    objective = seq2seq(start_token = 0)                # teacher forcing: dec_tokens = start + targets[:-1]
-    objective = classify(smoothing = 0.1)               # labels [B], logits [B, classes]
-    objective = loss()                                  # the forward returns the loss itself
+    objective = next_token()                # the default: tokens [B, S] -> logits [B, S, vocab]
+    objective = masked_lm(rate = 0.15, mask_token = 4)  # BERT's masked-LM, 80/10/10 replacement
+    objective = seq2seq(start_token = 0)    # teacher forcing: dec_tokens = start + targets[:-1]
+    objective = classify(smoothing = 0.1)   # labels [B], logits [B, classes]
+    objective = loss()                      # the forward returns the loss itself
 
 `loss()` is for anything the others do not say: the root forward takes batch fields by name and
 returns one number (every dim of size 1, as `mean(x, B)` leaves it), which train.py minimizes.
@@ -225,7 +225,7 @@ def batches_of(module: ir.Module) -> ir.ObjectiveKind:
     name = objective_name(module)
     if not REGISTRY[name].spec_loss:
         return name
-    return LOSS_BATCHES.get(module.train_settings.get("data").kind, Kind.MASKED_LM)
+    return LOSS_BATCHES.get(module.train.get("data").kind, Kind.MASKED_LM)
 
 
 def batches_objective(module: ir.Module) -> Objective:
@@ -256,7 +256,7 @@ def trainable(module: ir.Module) -> bool:
 
 
 def inputs(root: ir.Instance) -> tuple[str, ...]:
-    return tuple(a.name for a in root.forward.args)
+    return tuple(a.name for a in root.fwd.args)
 
 
 def _mismatch(root: ir.Instance, shape: Objective) -> str | None:
@@ -290,12 +290,12 @@ def _mismatch(root: ir.Instance, shape: Objective) -> str | None:
 
 def _loss_fields(module: ir.Module, values: dict[str, ir.Choice], diags: Diagnostics) -> None:
     """loss(): every forward input is a field of the data's batches; image batches need `images`
-    and the root's `classes` (synthetic_images makes that many patterns, arrays' labels are below it).
-    """
+    and the root's `classes` (synthetic_images makes that many patterns, arrays' labels are below
+    it)."""
     kind = values["data"].value.kind
     batches = REGISTRY[LOSS_BATCHES.get(kind, Kind.MASKED_LM)]
     fields = batches.fields
-    where = values["objective"].span
+    where = module.report_at(values["objective"].span)
     for m in module.models:
         names = inputs(m.root)
         extra = [n for n in names if n not in fields]
@@ -426,7 +426,8 @@ def check_data(value: Any, span: Span, diags: Diagnostics) -> ir.DataSource | No
         ):
             diags.error(
                 span,
-                f"{fn}({k} = ...) must be an integer >= {2 if k == 'count' else 0}, got {value_text(v)}",
+                f"{fn}({k} = ...) must be an integer >= {2 if k == 'count' else 0}, "
+                f"got {value_text(v)}",
             )
             return None
         opts[k] = v
@@ -447,21 +448,22 @@ def cross_check(values: dict[str, ir.Choice], module: ir.Module, diags: Diagnost
         data = values["data"]
         if data.value.kind in DATA_SOURCES:
             diags.error(
-                data.span,
+                module.report_at(data.span),
                 f"data {data.value.kind}(...) is for another objective than next_token",
-                "set objective = seq2seq(...) for pairs and synthetic_pairs, classify() for arrays and "
-                "synthetic_images",
+                "set objective = seq2seq(...) for pairs and synthetic_pairs, classify() for arrays "
+                "and synthetic_images",
             )
         return
     shape, args = get(choice.value.name), dict(choice.value.args)
-    name, where = shape.kind, choice.span
+    name, where = shape.kind, module.report_at(choice.span)
     if shape.spec_loss:
         _loss_fields(module, values, diags)
     for m in module.models:
         why = _mismatch(m.root, shape)
         if why is not None:
             hint = (
-                "reduce the loss to one number, e.g. `return mean(cross_entropy(logits, labels), B)`"
+                "reduce the loss to one number, "
+                "e.g. `return mean(cross_entropy(logits, labels), B)`"
                 if shape.spec_loss
                 else (
                     f"{name} needs forward({', '.join(shape.required)}"
@@ -470,14 +472,14 @@ def cross_check(values: dict[str, ir.Choice], module: ir.Module, diags: Diagnost
             )
             diags.error(where, f"objective {name} does not fit model `{m.name}`: {why}", hint)
             return
-        vocab = m.root.forward.result[-1].size if m.root.forward.result else None
+        vocab = m.root.fwd.result[-1].size if m.root.fwd.result else None
         if args.get("sep", -1) >= 0 and "segments" not in _input_names(m.root):
             diags.error(
                 where,
                 f"masked_lm(sep = {args['sep']}) packs documents into rows with segment ids, "
                 f"but model `{m.name}`'s forward takes no `segments`",
-                "add `segments: [B, S]` to the forward and pass it to attention(segment_ids = ...), "
-                "or drop sep",
+                "add `segments: [B, S]` to the forward and pass it to "
+                "attention(segment_ids = ...), or drop sep",
             )
             return
         for k in ("mask_token", "start_token", "sep"):
@@ -490,7 +492,7 @@ def cross_check(values: dict[str, ir.Choice], module: ir.Module, diags: Diagnost
                 return
     data = values["data"]
     kind = data.value.kind
-    result = module.models[0].root.forward.result
+    result = module.models[0].root.fwd.result
     eos = data.value.option("eos")
     vocab = result[-1].size if not shape.spec_loss and result else None
     if eos is not None and vocab is not None and eos >= vocab:

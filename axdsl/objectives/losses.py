@@ -91,9 +91,12 @@ def masked_lm_loss(s: LossSite) -> str:
             f"MASK_TOKEN = {args['mask_token']!r}  # masked_lm(mask_token): the [MASK] id",
             "",
             "",
-            "def mask_tokens(cfg: Config, tokens: jax.Array, key: jax.Array, keep: jax.Array | None = None):",
-            '    """BERT\'s masking of tokens [B, S]: (inputs, selected). Each token (where `keep`: not',
-            "    padding) is selected with probability MASK_RATE; a selected token becomes MASK_TOKEN 80% of",
+            "def mask_tokens(cfg: Config, tokens: jax.Array, key: jax.Array, keep:"
+            " jax.Array | None = None):",
+            '    """BERT\'s masking of tokens [B, S]: (inputs,'
+            " selected). Each token (where `keep`: not",
+            "    padding) is selected with probability MASK_RATE;"
+            " a selected token becomes MASK_TOKEN 80% of",
             '    the time, a uniformly random token 10%, and stays itself 10%."""',
             "    pick, how, draw = jax.random.split(key, 3)",
             "    selected = jax.random.uniform(pick, tokens.shape) < MASK_RATE",
@@ -101,34 +104,42 @@ def masked_lm_loss(s: LossSite) -> str:
             "        selected = selected & keep",
             "    u = jax.random.uniform(how, tokens.shape)",
             f"    random = jax.random.randint(draw, tokens.shape, 0, {s.vocab}, tokens.dtype)",
-            "    inputs = jnp.where(selected & (u < 0.8), MASK_TOKEN, jnp.where(selected & (u < 0.9), random, tokens))",
+            "    inputs = jnp.where(selected & (u < 0.8), MASK_TOKEN,"
+            " jnp.where(selected & (u < 0.9), random, tokens))",
             "    return inputs.astype(tokens.dtype), selected",
             "",
             "",
             "def loss_fn(",
-            f"    cfg: Config, params: dict, batch: dict, mask_rng: jax.Array{s.rng_arg}, z_loss: float = 0.0",
+            f"    cfg: Config, params: dict, batch: dict, mask_rng: jax.Array{s.rng_arg},"
+            " z_loss: float = 0.0",
             ") -> tuple[jax.Array, jax.Array]:",
-            '    """(loss to minimize, mean cross-entropy over the masked positions) of the masked-LM objective.',
+            '    """(loss to minimize, mean cross-entropy over the masked positions)'
+            " of the masked-LM objective.",
             "",
             f"    batch: {fields}. mask_tokens(mask_rng) picks the positions and their",
             "    replacements; the model predicts each selected position's original token.",
-            f"    loss = cross-entropy{s.aux_doc} + z_loss * mean(logsumexp(logits) ** 2) (z-loss).{s.rng_doc}",
+            f"    loss = cross-entropy{s.aux_doc} + z_loss * mean(logsumexp(logits) ** 2)"
+            f" (z-loss).{s.rng_doc}",
             '    """',
             f'    tokens, selected = mask_tokens(cfg, batch["tokens"], mask_rng, {keep})',
             f"    {s.unpack}{s.fwd}(cfg, params, {call}{s.drop})  # [B, S, vocab]",
             "    weights = selected.astype(jnp.float32)",
-            '    per_token = optax.softmax_cross_entropy_with_integer_labels(logits, batch["tokens"])',
+            "    per_token = optax.softmax_cross_entropy_with_integer_labels(logits,"
+            ' batch["tokens"])',
             "    ce = jnp.sum(per_token * weights) / jnp.maximum(jnp.sum(weights), 1.0)",
             f"    loss = {s.total}",
             *ZLOSS,
             "    return loss, ce",
             "",
             "",
-            "def accuracy(cfg: Config, params: dict, batch: dict, mask_rng: jax.Array) -> jax.Array:",
-            '    """The fraction of the positions mask_tokens(mask_rng) selects whose largest logit is the',
+            "def accuracy(cfg: Config, params: dict, batch: dict, mask_rng:"
+            " jax.Array) -> jax.Array:",
+            '    """The fraction of the positions mask_tokens(mask_rng)'
+            " selects whose largest logit is the",
             '    original token."""',
             f'    tokens, selected = mask_tokens(cfg, batch["tokens"], mask_rng, {keep})',
-            f'    hits = (jnp.argmax(forward(cfg, params, {call}), axis=-1) == batch["tokens"]) & selected',
+            f"    hits = (jnp.argmax(forward(cfg, params, {call}), axis=-1)"
+            ' == batch["tokens"]) & selected',
             "    return jnp.sum(hits) / jnp.maximum(jnp.sum(selected), 1)",
         ]
     )
@@ -146,23 +157,29 @@ def seq2seq_loss(s: LossSite) -> str:
     src = ", segments [B, S] (0: padding)" if "segments" in s.names else ""
     return "\n".join(
         [
-            f"START_TOKEN = {s.args['start_token']!r}  # seq2seq(start_token): the decoder's first input",
+            f"START_TOKEN = {s.args['start_token']!r}  # seq2seq(start_token):"
+            " the decoder's first input",
             "",
             "",
             "def loss_fn(",
             f"    cfg: Config, params: dict, batch: dict{s.rng_arg}, z_loss: float = 0.0",
             ") -> tuple[jax.Array, jax.Array]:",
-            '    """(loss to minimize, mean cross-entropy over target tokens) of the seq2seq objective.',
+            '    """(loss to minimize, mean cross-entropy over target tokens)'
+            " of the seq2seq objective.",
             "",
             f"    batch: tokens [B, S] (the source){src}, targets [B, T] and dec_segments [B, T]",
-            "    (0: padding, k: the row's k-th example). Teacher forcing: each example's decoder reads",
+            "    (0: padding, k: the row's k-th example). Teacher forcing:"
+            " each example's decoder reads",
             "    START_TOKEN then its targets shifted right (dec_tokens) and predicts each target;",
             "    padding is left out.",
-            f"    loss = cross-entropy{s.aux_doc} + z_loss * mean(logsumexp(logits) ** 2) (z-loss).{s.rng_doc}",
+            f"    loss = cross-entropy{s.aux_doc} + z_loss * mean(logsumexp(logits) ** 2)"
+            f" (z-loss).{s.rng_doc}",
             '    """',
             '    targets, dec_segments = batch["targets"], batch["dec_segments"]',
-            "    starts = dec_segments != jnp.pad(dec_segments[:, :-1], ((0, 0), (1, 0)))  # an example's first position",
-            "    dec_tokens = jnp.where(starts, START_TOKEN, jnp.pad(targets[:, :-1], ((0, 0), (1, 0))))",
+            "    starts = dec_segments != jnp.pad(dec_segments[:, :-1], ((0, 0), (1, 0)))"
+            "  # an example's first position",
+            "    dec_tokens = jnp.where(starts, START_TOKEN, jnp.pad(targets[:, :-1],"
+            " ((0, 0), (1, 0))))",
             f"    {s.unpack}{s.fwd}(cfg, params, {call}{s.drop})  # [B, T, vocab]",
             "    weights = (dec_segments > 0).astype(jnp.float32)",
             "    per_token = optax.softmax_cross_entropy_with_integer_labels(logits, targets)",
@@ -179,7 +196,8 @@ def classify_loss(s: LossSite) -> str:
     smoothing = s.args["smoothing"]
     if smoothing:
         smooth = [
-            '    labels = optax.smooth_labels(jax.nn.one_hot(batch["labels"], logits.shape[-1]), SMOOTHING)',
+            '    labels = optax.smooth_labels(jax.nn.one_hot(batch["labels"],'
+            " logits.shape[-1]), SMOOTHING)",
             "    loss = optax.softmax_cross_entropy(logits, labels).mean()"
             + (" + aux" if s.aux else ""),
         ]
@@ -187,19 +205,22 @@ def classify_loss(s: LossSite) -> str:
         smooth = [f"    loss = {s.total}"]
     return "\n".join(
         [
-            f"SMOOTHING = {smoothing!r}  # classify(smoothing): label smoothing of the loss (not of the reported ce)",
+            f"SMOOTHING = {smoothing!r}  # classify(smoothing):"
+            " label smoothing of the loss (not of the reported ce)",
             "",
             "",
             "def loss_fn(",
             f"    cfg: Config, params: dict, batch: dict{s.rng_arg}, z_loss: float = 0.0",
             ") -> tuple[jax.Array, jax.Array]:",
-            '    """(loss to minimize, mean cross-entropy) of classifying images [B, H, W, C] into labels [B].',
+            '    """(loss to minimize, mean cross-entropy) of classifying images [B, H, W, C]'
+            " into labels [B].",
             "",
             f"    loss = cross-entropy against labels smoothed by SMOOTHING{s.aux_doc}",
             f"    + z_loss * mean(logsumexp(logits) ** 2) (z-loss).{s.rng_doc}",
             '    """',
             f'    {s.unpack}{s.fwd}(cfg, params, batch["images"]{s.drop})  # [B, classes]',
-            '    ce = optax.softmax_cross_entropy_with_integer_labels(logits, batch["labels"]).mean()',
+            "    ce = optax.softmax_cross_entropy_with_integer_labels(logits,"
+            ' batch["labels"]).mean()',
             *smooth,
             *ZLOSS,
             "    return loss, ce",
@@ -207,7 +228,8 @@ def classify_loss(s: LossSite) -> str:
             "",
             "def accuracy(cfg: Config, params: dict, batch: dict) -> jax.Array:",
             '    """The fraction of images whose largest logit is their label."""',
-            '    return jnp.mean(jnp.argmax(forward(cfg, params, batch["images"]), axis=-1) == batch["labels"])',
+            '    return jnp.mean(jnp.argmax(forward(cfg, params, batch["images"]), axis=-1)'
+            ' == batch["labels"])',
         ]
     )
 
@@ -225,7 +247,8 @@ def explicit_loss(s: LossSite) -> str:
             "def loss_fn(",
             f"    cfg: Config, params: dict, batch: dict{s.rng_arg}, z_loss: float = 0.0",
             ") -> tuple[jax.Array, jax.Array]:",
-            f'    """(loss to minimize, the spec\'s loss) of objective loss(): {root.layer}\'s forward over the',
+            '    """(loss to minimize, the spec\'s loss) of objective loss():'
+            f" {root.layer}'s forward over the",
             f"    batch's {fields}, which returns the loss as one number{aux_doc}.",
             f"    z_loss does not apply: there are no logits here.{s.rng_doc}",
             '    """',

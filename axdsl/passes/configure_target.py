@@ -6,7 +6,7 @@
       remat(save = [context])       where it came from so `axdsl dump --target` can show it.
       quantize(fp8, layers = "blocks/*")
       kernels(attention = cudnn)
-      unroll(16)                    repeats of up to 16 layers run unrolled (0: always a rolled scan)
+      unroll(16)                    repeats of up to 16 layers run unrolled (0: always scanned)
       steps_per_call(8)             train.py runs 8 steps per jitted call (the same results)
     }
 
@@ -23,9 +23,10 @@ from fnmatch import fnmatchcase
 from typing import Any
 
 from axdsl import primitives
-from axdsl.errors import Diagnostics, Span, did_you_mean
+from axdsl.errors import Diagnostics, Span, did_you_mean, filled
 from axdsl.ir import nodes as ir
 from axdsl.ir.printer import value_text
+from axdsl.primitives.base import KernelRule
 from axdsl.targets import MESH_AXES, QUANT_FORMATS, Target, get_target, resolve_mesh
 
 
@@ -47,12 +48,24 @@ KERNEL_OPS = tuple(sorted(name for name, prim in primitives.REGISTRY.items() if 
 AUTO = "auto"  # kernels(op = auto): select_kernels picks (the schedule holds None)
 
 
+def kernel_rule(op: str) -> KernelRule:
+    """The kernels of primitive `op`, one of KERNEL_OPS (a caller that passes another is a bug)."""
+    return filled(primitives.get(op).kernels, f"the kernels of `{op}`", "its registry entry")
+
+
+def _pattern(block: ir.Section) -> str:
+    """The pattern of a target block (the parser gives every `target "pattern" { }` one)."""
+    return filled(block.pattern, "the pattern of a target block", "the parser")
+
+
 def configure_target(module: ir.Module) -> ir.Module:
     t = get_target(module.target_name)
     diags = Diagnostics()
     parsed = [_parse_block(block, diags) for block in module.target_blocks]
     diags.raise_if_any()
-    matched = next((i for i, b in enumerate(module.target_blocks) if _matches(b.pattern, t)), None)
+    matched = next(
+        (i for i, b in enumerate(module.target_blocks) if _matches(_pattern(b), t)), None
+    )
     block = module.target_blocks[matched] if matched is not None else None
     overrides = parsed[matched] if matched is not None else {}
     schedule = _schedule(t, block, overrides, diags)
@@ -94,23 +107,25 @@ def _parse_block(block: ir.Section, diags: Diagnostics) -> dict[TargetDirective,
     return out
 
 
-def _name(v) -> str | None:
+def _name(v: Any) -> str | None:
     return v.id if isinstance(v, ir.NameValue) else None
 
 
+def _ids(items: tuple[Any, ...]) -> tuple[str, ...] | None:
+    """The names of `items` when every one is a bare name, else None."""
+    ids = tuple(i.id for i in items if isinstance(i, ir.NameValue))
+    return ids if len(ids) == len(items) else None
+
+
 def _names(
-    v, span: Span, what: str, allowed: tuple[str, ...], diags: Diagnostics
+    v: Any, span: Span, what: str, allowed: tuple[str, ...], diags: Diagnostics
 ) -> tuple[str, ...] | None:
     """A bare name or a list of bare names, each one of `allowed`."""
-    items = (
-        (v,)
-        if _name(v) is not None
-        else v if isinstance(v, tuple) and all(_name(i) for i in v) else None
-    )
-    if items is None:
+    items = (v,) if _name(v) is not None else v if isinstance(v, tuple) else None
+    names = _ids(items) if items is not None else None
+    if names is None:
         diags.error(span, f"{what} takes a name or a list of names, as in [data, fsdp]")
         return None
-    names = tuple(_name(i) for i in items)
     for n in names:
         if n not in allowed:
             diags.error(
@@ -133,7 +148,7 @@ def _parse_mesh(d: ir.Directive, diags: Diagnostics):
     if not _no_positional(d, diags):
         return None
     sizes = {}
-    for key, value, span in ((a.name, a.value, a.span) for a in d.kwargs):
+    for key, value, span in ((a.key, a.value, a.span) for a in d.kwargs):
         if key not in MESH_AXES:
             diags.error(
                 span,
@@ -157,7 +172,7 @@ def _parse_rules(d: ir.Directive, diags: Diagnostics):
     if not _no_positional(d, diags):
         return None
     rules = []
-    for key, value, span in ((a.name, a.value, a.span) for a in d.kwargs):
+    for key, value, span in ((a.key, a.value, a.span) for a in d.kwargs):
         if key not in ir.LOGICAL_AXES:
             diags.error(
                 span,
@@ -177,7 +192,8 @@ def _parse_rules(d: ir.Directive, diags: Diagnostics):
 def _parse_remat(d: ir.Directive, diags: Diagnostics):
     simple = ("none", "full", "save_dots", "fit")
     if d.args:
-        if len(d.args) != 1 or d.kwargs or _name(d.args[0].value) not in simple:
+        policy = _name(d.args[0].value)
+        if len(d.args) != 1 or d.kwargs or policy is None or policy not in simple:
             diags.error(
                 d.span,
                 "remat takes one of none, full, save_dots, fit, or save = [...] and/or "
@@ -185,35 +201,36 @@ def _parse_remat(d: ir.Directive, diags: Diagnostics):
                 "for example remat(full) or remat(save = [query_proj, out_proj])",
             )
             return None
-        return ir.RematPolicy(ir.RematKind(_name(d.args[0].value)))
+        return ir.RematPolicy(ir.RematKind(policy))
     if not d.kwargs:
         diags.error(d.span, "remat(...) needs a policy", "for example remat(full)")
         return None
-    lists = {}
-    for key, value, span in ((a.name, a.value, a.span) for a in d.kwargs):
+    lists: dict[str, tuple[str, ...]] = {}
+    for key, value, span in ((a.key, a.value, a.span) for a in d.kwargs):
         if key not in ("save", "offload"):
             diags.error(
                 span, f"unknown remat option `{key}`", did_you_mean(key, ("save", "offload"))
             )
             continue
         items = (value,) if _name(value) else value if isinstance(value, tuple) else None
-        if items is None or not all(_name(i) for i in items):
+        points = _ids(items) if items is not None else None
+        if points is None:
             diags.error(span, f"`{key}` takes a list of named points, as in [query_proj, context]")
             continue
-        lists[key] = tuple(_name(i) for i in items)
+        lists[key] = points
     kind = ir.RematKind.OFFLOAD if "offload" in lists else ir.RematKind.SAVE
     return ir.RematPolicy(kind, lists.get("save", ()), lists.get("offload", ()))
 
 
 def _parse_quantize(d: ir.Directive, diags: Diagnostics):
-    if len(d.args) != 1 or _name(d.args[0].value) is None:
+    fmt = _name(d.args[0].value) if len(d.args) == 1 else None
+    if fmt is None:
         diags.error(
             d.span,
             "quantize takes a format: quantize(fp8), quantize(int8) or quantize(none)",
             'optionally with layers = "blocks/*" to pick layer paths',
         )
         return None
-    fmt = _name(d.args[0].value)
     if fmt not in QUANT_FORMATS:
         diags.error(
             d.args[0].span,
@@ -222,7 +239,7 @@ def _parse_quantize(d: ir.Directive, diags: Diagnostics):
         )
         return None
     layers: tuple[str, ...] = ("*",)
-    for key, value, span in ((a.name, a.value, a.span) for a in d.kwargs):
+    for key, value, span in ((a.key, a.value, a.span) for a in d.kwargs):
         if key != "layers":
             diags.error(
                 span, f"unknown quantize option `{key}`", 'the only option is layers = "pattern"'
@@ -268,7 +285,7 @@ def _parse_kernels(d: ir.Directive, diags: Diagnostics):
     if not _no_positional(d, diags):
         return None
     out = []
-    for key, value, span in ((a.name, a.value, a.span) for a in d.kwargs):
+    for key, value, span in ((a.key, a.value, a.span) for a in d.kwargs):
         if key not in KERNEL_OPS:
             diags.error(
                 span,
@@ -276,7 +293,7 @@ def _parse_kernels(d: ir.Directive, diags: Diagnostics):
                 f"kernel choices exist for: {', '.join(KERNEL_OPS)}",
             )
             continue
-        kernel, names = _name(value), primitives.get(key).kernels.names
+        kernel, names = _name(value), kernel_rule(key).names
         if kernel is None or kernel not in names + (AUTO,):
             diags.error(
                 span,
@@ -314,7 +331,8 @@ class _Overrides:
         return ir.Origin(ir.OriginKind.PROFILE, where=self.target.profile.name)
 
     def origin(self, span: Span) -> ir.Origin:
-        return ir.Origin(ir.OriginKind.TARGET_BLOCK, span, where=self.block.pattern)
+        block = filled(self.block, "the matched target block", "configure_target")
+        return ir.Origin(ir.OriginKind.TARGET_BLOCK, span, where=_pattern(block))
 
 
 def _schedule(
@@ -411,7 +429,7 @@ def _kernels(ov: _Overrides, diags: Diagnostics) -> tuple[tuple[str, ir.Choice],
     p = ov.target.profile
     kernels: dict[str, ir.Choice] = {op: ir.Choice(None, ov.default) for op in KERNEL_OPS}
     for key, kernel, span in ov.parsed.get(TargetDirective.KERNELS, ((), None))[0]:
-        has = primitives.get(key).kernels.preference(p, key)
+        has = kernel_rule(key).preference(p, key)
         if kernel is not None and kernel not in has:
             diags.error(
                 span,

@@ -69,7 +69,7 @@ def decode_plan(root: ir.Instance, schedule: ir.Schedule | None) -> DecodePlan |
         for n, prim in enumerate(calls, start=1):
             suffix = "" if n == 1 else str(n)
             for key, operand in ((f"k{suffix}", prim.args[1]), (f"v{suffix}", prim.args[2])):
-                dims = operand.type.dims
+                dims = ir.tensor_type(operand).dims
                 shard = placement(schedule, dims, axes, len(own)) if schedule else None
                 cache.append(CacheEntry(base + key, own, dims, shard))
         cached.append(inst.path)

@@ -65,7 +65,7 @@ def config_reads(root: ir.Instance) -> set[str]:
 
 
 def _exprs(node: object) -> Iterator[Expr]:
-    """The expression of every HValue and Dim under `node` (a dataclass tree), skipping `hparams`."""
+    """The expression of every HValue and Dim under `node` (a dataclass tree) but `hparams`."""
     if isinstance(node, (ir.HValue, ir.Dim)):
         if node.expr is not None:
             yield node.expr

@@ -10,8 +10,9 @@ were rejected are kept on the call (`ir.KernelChoice`) so codegen writes them as
 is an error, not a silent fallback. Generated code holds only the chosen call; nothing branches
 on the backend at run time.
 
-    attention(q, k, v, causal = true)   ->   attention(q, k, v, causal = true, kernel = "xla",
-                                                kernel_note = "cudnn not used: ... computes in f32; ...")
+    attention(q, k, v, causal = true)
+      ->  attention(q, k, v, causal = true, kernel = "xla",
+                    kernel_note = "cudnn not used: ... computes in f32; ...")
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from axdsl import primitives
 from axdsl.errors import Diagnostics
 from axdsl.ir import nodes as ir
 from axdsl.ir.rewrite import map_forward, prims_of
+from axdsl.passes.configure_target import kernel_rule
 from axdsl.targets import profiles
 
 
@@ -38,8 +40,8 @@ def select_kernels(module: ir.Module) -> ir.Module:
 
 def _decide(module: ir.Module, path: str, name: str, diags: Diagnostics) -> ir.KernelChoice:
     """The first kernel that runs every call of `name` at `path` in every model."""
-    sched = module.schedule
-    rule = primitives.get(name).kernels
+    sched = module.target
+    rule = kernel_rule(name)
     choice = dict(sched.kernels)[name]
     forced = choice.value is not None  # kernels(op = K) in the matched target block
     candidates = (choice.value,) if forced else rule.preference(profiles()[sched.profile], name)
@@ -49,7 +51,7 @@ def _decide(module: ir.Module, path: str, name: str, diags: Diagnostics) -> ir.K
         if (inst := _find(m.root, path)) is not None
         for p in prims_of(inst, name)
     ]
-    notes = []
+    notes: list[str] = []
     for kernel in candidates:
         reasons = [r for m, p in calls for r in rule.violations(kernel, p, m, sched)]
         if not reasons:
@@ -57,7 +59,7 @@ def _decide(module: ir.Module, path: str, name: str, diags: Diagnostics) -> ir.K
         notes.append(f"{kernel} not used: {reasons[0]}")
         if forced:
             diags.error(
-                choice.span,
+                module.report_at(choice.span),
                 f"{path}: the `{kernel}` {name} kernel cannot run this {name}: " f"{reasons[0]}",
                 f"use kernels({name} = auto) to fall back",
             )

@@ -350,8 +350,11 @@ MOE_DOC_CHOOSE = """With `score` "sigmoid" the
     (DeepSeek-V3)."""
 MOE_DOC_BALANCE = """With `balance` the bias
     gets, as its gradient, each expert's load surplus (see _moe_balance)."""
-MOE_CALL_BALANCE = """    if balance:
-        y = _moe_balance(y, bias, jnp.bincount(chosen.reshape(-1), length=experts).astype(jnp.float32))"""
+MOE_CALL_BALANCE = (
+    "    if balance:\n"
+    "        y = _moe_balance("
+    "y, bias, jnp.bincount(chosen.reshape(-1), length=experts).astype(jnp.float32))"
+)
 MOE_BALANCE = Source("moe", ("_moe_balance", "_moe_balance_fwd", "_moe_balance_bwd"))
 MOE_DOC_CAPACITY = """With capacity_factor > 0 an expert takes
     at most ceil(top_k * S * capacity_factor / experts) tokens of each sequence, first choices
