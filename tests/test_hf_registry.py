@@ -1,8 +1,9 @@
 """The Hugging Face family registry (axdsl/hf/families/): one module per family, asked, not named.
 
-Fast checks of the registry's contract, without transformers: every family module registers, each
-family's config.json rows state real facts of transformers' defaults, detection asks the families
-in rank order, and the family-neutral modules hold no family's name.
+Fast checks of the registry's contract: every family module registers, each family's config.json
+rows state real facts of transformers' defaults (and, where transformers is installed, a missing
+key reads as the family's own config class default), detection asks the families in rank order,
+and the family-neutral modules hold no family's name.
 """
 
 from __future__ import annotations
@@ -79,3 +80,177 @@ def test_the_family_neutral_modules_name_no_family():
     for module in neutral + ["fields.py", "facts.py", "family.py", "decoder_arch.py"]:
         found = quoted.findall((HF / module).read_text())
         assert not found, f"axdsl/hf/{module} names the families {sorted(set(found))}"
+
+
+# family -> transformers config class name, and Arch fact -> how that class states it. A missing
+# config.json key must read as the class's default (the class is the reference, no number here).
+ONE_PER_LAYER = object()  # a fact that is a tuple of one entry per layer
+
+
+def _rope_theta(t) -> float:
+    return float(t.rope_parameters["rope_theta"])
+
+
+def _head_dim_of(t) -> int:
+    return getattr(t, "head_dim", None) or t.hidden_size // t.num_attention_heads
+
+
+_DECODER = {
+    "vocab": lambda t: t.vocab_size,
+    "dim": lambda t: t.hidden_size,
+    "layers": lambda t: t.num_hidden_layers,
+    "heads": lambda t: t.num_attention_heads,
+    "kv_heads": lambda t: t.num_key_value_heads,
+    "head_dim": _head_dim_of,
+    "norm_eps": lambda t: t.rms_norm_eps,
+    "rope_theta": _rope_theta,
+    "tied": lambda t: t.tie_word_embeddings,
+    "layer_windows": ONE_PER_LAYER,
+}
+_SWIGLU = {**_DECODER, "hidden": lambda t: t.intermediate_size}
+_MOE = {
+    **_DECODER,
+    "experts": lambda t: t.num_local_experts,
+    "top_k": lambda t: t.num_experts_per_tok,
+}
+_PARALLEL = {
+    **_SWIGLU,
+    "norm_eps": lambda t: t.layer_norm_eps,
+    "rope_dim": lambda t: int(_head_dim_of(t) * t.rope_parameters["partial_rotary_factor"]),
+}
+
+DEFAULTS = {
+    "llama": ("LlamaConfig", _SWIGLU),
+    "mistral": ("MistralConfig", {**_SWIGLU, "window": lambda t: t.sliding_window or 0}),
+    "mixtral": ("MixtralConfig", {**_MOE, "hidden": lambda t: t.intermediate_size}),
+    "qwen2": ("Qwen2Config", _SWIGLU),
+    "qwen3": ("Qwen3Config", _SWIGLU),
+    "qwen3_moe": ("Qwen3MoeConfig", {**_MOE, "hidden": lambda t: t.moe_intermediate_size}),
+    "phi": ("PhiConfig", _PARALLEL),
+    # GPTNeoXConfig has no num_key_value_heads: as many as the query heads
+    "gpt_neox": ("GPTNeoXConfig", {**_PARALLEL, "kv_heads": lambda t: t.num_attention_heads}),
+    "gemma2": ("Gemma2Config", _SWIGLU),
+    # Gemma 3's rope_theta is per layer type (layer_ropes)
+    "gemma3_text": ("Gemma3TextConfig", {k: v for k, v in _SWIGLU.items() if k != "rope_theta"}),
+    "gpt2": (
+        "GPT2Config",
+        {
+            "vocab": lambda t: t.vocab_size,
+            "dim": lambda t: t.n_embd,
+            "layers": lambda t: t.n_layer,
+            "heads": lambda t: t.n_head,
+            "kv_heads": lambda t: t.n_head,
+            "head_dim": lambda t: t.n_embd // t.n_head,
+            "max_seq": lambda t: t.n_positions,
+            "norm_eps": lambda t: t.layer_norm_epsilon,
+            "hidden": lambda t: t.n_inner or 4 * t.n_embd,
+            "tied": lambda t: t.tie_word_embeddings,
+            "layer_windows": ONE_PER_LAYER,
+        },
+    ),
+    "deepseek_v3": (
+        "DeepseekV3Config",
+        {
+            "vocab": lambda t: t.vocab_size,
+            "dim": lambda t: t.hidden_size,
+            "layers": lambda t: t.num_hidden_layers - t.first_k_dense_replace,
+            "dense_layers": lambda t: t.first_k_dense_replace,
+            "heads": lambda t: t.num_attention_heads,
+            "kv_heads": lambda t: t.num_key_value_heads,
+            "norm_eps": lambda t: t.rms_norm_eps,
+            "rope_theta": _rope_theta,
+            "hidden": lambda t: t.moe_intermediate_size,
+            "dense_hidden": lambda t: t.intermediate_size,
+            "experts": lambda t: t.n_routed_experts,
+            "top_k": lambda t: t.num_experts_per_tok,
+            "kv_rank": lambda t: t.kv_lora_rank,
+            "q_rank": lambda t: t.q_lora_rank or 0,
+            "nope_dim": lambda t: t.qk_nope_head_dim,
+            "rope_dim": lambda t: t.qk_rope_head_dim,
+            "v_head_dim": lambda t: t.v_head_dim,
+            "shared": lambda t: t.n_shared_experts,
+            "tied": lambda t: t.tie_word_embeddings,
+        },
+    ),
+    "bert": (
+        "BertConfig",
+        {
+            "vocab": lambda t: t.vocab_size,
+            "dim": lambda t: t.hidden_size,
+            "layers": lambda t: t.num_hidden_layers,
+            "heads": lambda t: t.num_attention_heads,
+            "hidden": lambda t: t.intermediate_size,
+            "max_seq": lambda t: t.max_position_embeddings,
+            "norm_eps": lambda t: t.layer_norm_eps,
+            "tied": lambda t: t.tie_word_embeddings,
+        },
+    ),
+    "vit": (
+        "ViTConfig",
+        {
+            "dim": lambda t: t.hidden_size,
+            "layers": lambda t: t.num_hidden_layers,
+            "heads": lambda t: t.num_attention_heads,
+            "hidden": lambda t: t.intermediate_size,
+            "norm_eps": lambda t: t.layer_norm_eps,
+        },
+    ),
+    "t5": (
+        "T5Config",
+        {
+            "vocab": lambda t: t.vocab_size,
+            "dim": lambda t: t.d_model,
+            "layers": lambda t: t.num_layers,
+            "dec_layers": lambda t: t.num_decoder_layers,
+            "heads": lambda t: t.num_heads,
+            "head_dim": lambda t: t.d_kv,
+            "hidden": lambda t: t.d_ff,
+            "norm_eps": lambda t: t.layer_norm_epsilon,
+        },
+    ),
+    "mamba2": (
+        "Mamba2Config",
+        {
+            "vocab": lambda t: t.vocab_size,
+            "dim": lambda t: t.hidden_size,
+            "layers": lambda t: t.num_hidden_layers,
+            "heads": lambda t: t.num_heads,
+            "ssm_head_dim": lambda t: t.head_dim,
+            "ssm_state": lambda t: t.state_size,
+            "ssm_groups": lambda t: t.n_groups,
+            "norm_eps": lambda t: t.layer_norm_epsilon,
+            "tied": lambda t: t.tie_word_embeddings,
+        },
+    ),
+}
+# config.json keys a test sets so that the defaults that depend on others show (a family's width
+# and heads), each removed in turn
+_SET = {
+    "gpt2": {"n_embd": 256, "n_head": 4, "n_layer": 3},
+    "t5": {"d_model": 256, "num_heads": 4, "num_layers": 3},
+    # Mamba2Config checks hidden_size * expand == num_heads * head_dim: no width is removed alone
+    "mamba2": {"vocab_size": 1000, "num_hidden_layers": 3},
+}
+
+
+def test_the_defaults_table_covers_every_family():
+    assert sorted(DEFAULTS) == sorted(families.REGISTRY)
+
+
+@pytest.mark.parametrize("name", sorted(families.REGISTRY))
+def test_a_missing_config_key_reads_as_the_transformers_config_class_default(name):
+    """Every fact a config.json key states, with that key (or every key) missing, is what the
+    family's installed transformers config class reads it as."""
+    transformers = pytest.importorskip("transformers")
+    cls_name, facts = DEFAULTS[name]
+    cls = getattr(transformers, cls_name)
+    full = _SET.get(name, {"hidden_size": 256, "num_attention_heads": 4, "num_hidden_layers": 5})
+    configs = [{}, full] + [{k: v for k, v in full.items() if k != key} for key in full]
+    for cfg in configs:
+        t = cls(**cfg)
+        values, _, _ = hf_values(families.get(name), dict(cfg))
+        for fact, of in facts.items():
+            if of is ONE_PER_LAYER:
+                assert len(values[fact]) == values["layers"], (cfg, fact)
+            else:
+                assert values[fact] == of(t), (cfg, fact, values[fact], of(t))

@@ -23,7 +23,9 @@ from axdsl.hf.fields import (
     _experts_key,
     _fact,
     _head_dim,
-    _key,
+    _heads,
+    _kv_heads,
+    _layers,
     _uniform_windows,
     _when,
     rope_parameters,
@@ -92,7 +94,11 @@ def _feed_forward_rows(d: Decoder) -> tuple[Row, ...]:
     if m is None:
         return (
             _fact("mlp", "SwiGLU"),
-            Row("hidden", "intermediate_size", lambda c: c.get("intermediate_size", 11008)),
+            Row(
+                "hidden",
+                "intermediate_size",
+                lambda c: c.get("intermediate_size", c.defaults.hidden),
+            ),
         )
     key = m.normalize_key
     normalize = (
@@ -119,15 +125,11 @@ def decoder_rows(d: Decoder) -> tuple[Row, ...]:
         else (_fact("qk_norm", False),)
     )
     return (
-        _key("vocab_size", 32000, "vocab"),
-        _key("hidden_size", 4096, "dim"),
-        _key("num_hidden_layers", 32, "layers"),
-        _key("num_attention_heads", 32, "heads"),
-        Row(
-            "kv_heads",
-            "num_key_value_heads",
-            lambda c: c.get("num_key_value_heads", c.get("num_attention_heads", 32)),
-        ),
+        Row("vocab", "vocab_size", lambda c: c.get("vocab_size", c.defaults.vocab)),
+        Row("dim", "hidden_size", lambda c: c.get("hidden_size", c.defaults.dim)),
+        Row("layers", "num_hidden_layers", _layers),
+        Row("heads", "num_attention_heads", _heads),
+        Row("kv_heads", "num_key_value_heads", _kv_heads),
         Row("head_dim", "head_dim", _head_dim),
         _fact("positions", "rope"),
         Row("tied", "tie_word_embeddings", lambda c: c.flag("tie_word_embeddings", False)),

@@ -20,13 +20,20 @@ TANH_GELU = ("gelu_new", "gelu_pytorch_tanh", "gelu_fast")
 
 @dataclass(frozen=True)
 class Defaults:
-    """transformers' config-class defaults that rows shared by several families read."""
+    """transformers' config-class defaults that rows shared by several families read (LlamaConfig's
+    unless a family states its own: each family's class has its own, e.g. GPT2Config's 12 layers).
+    """
 
+    vocab: int = 32000  # vocab_size
+    dim: int = 4096  # hidden_size
+    layers: int = 32  # num_hidden_layers (GPT-2: n_layer)
+    heads: int = 32  # num_attention_heads
+    kv_heads: int | None = None  # num_key_value_heads; None: num_attention_heads
+    hidden: int = 11008  # intermediate_size (a fixed number, not a multiple of hidden_size)
     rms_eps: float = 1e-6  # rms_norm_eps
     rope_theta: float = 10000.0
     partial_rotary: float = 1.0  # partial_rotary_factor (GPT-NeoX: rotary_pct)
     head_dim: int | None = None  # None: hidden_size // num_attention_heads
-    layers: int = 32  # num_hidden_layers
 
 
 @dataclass(frozen=True)
@@ -103,10 +110,24 @@ def _experts_key(c: Config) -> str:
     return "num_experts" if "num_experts" in c.cfg else "num_local_experts"
 
 
+def _heads(c: Config) -> int:
+    return c.get("num_attention_heads", c.defaults.heads)
+
+
+def _kv_heads(c: Config) -> int:
+    """num_key_value_heads; missing, the family's default; null (or no default), as many as the
+    query heads (transformers' classes that take a null read it so)."""
+    default = c.defaults.kv_heads
+    if default is None or "num_key_value_heads" in c.cfg:
+        return c.get("num_key_value_heads", _heads(c))
+    return default
+
+
 def _head_dim(c: Config) -> int:
-    dim, heads = c.get("hidden_size", 4096), c.get("num_attention_heads", 32)
     default = c.defaults.head_dim
-    return c.get("head_dim", dim // heads if default is None else default)
+    if default is None:
+        default = c.get("hidden_size", c.defaults.dim) // _heads(c)
+    return c.get("head_dim", default)
 
 
 def _layers(c: Config) -> int:

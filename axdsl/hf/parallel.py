@@ -17,7 +17,8 @@ from axdsl.hf.fields import (
     Config,
     Row,
     _fact,
-    _key,
+    _heads,
+    _kv_heads,
     _layers,
     _uniform_windows,
     rope_parameters,
@@ -35,7 +36,6 @@ _ACTS = {
 class Parallel:
     """How Phi's and GPT-NeoX's config.json differ (transformers' defaults, and facts of each)."""
 
-    vocab: int  # vocab_size's default
     act: str  # hidden_act's default
     biased: Row | None  # attention_bias (None: q, k, v and the output projection are biased)
     shared_norm: bool  # one LayerNorm before attention and the MLP (Phi)
@@ -50,6 +50,11 @@ def _act(p: Parallel):
     return act
 
 
+def _split_dim(c: Config) -> int:
+    """hidden_size // num_attention_heads (both classes ignore a head_dim key)."""
+    return int(c.get("hidden_size", c.defaults.dim)) // _heads(c)
+
+
 def parallel_rows(p: Parallel) -> tuple[Row, ...]:
     """config.json -> the facts of a parallel-residual family."""
     if p.biased is None:
@@ -57,20 +62,12 @@ def parallel_rows(p: Parallel) -> tuple[Row, ...]:
     else:
         biases = (p.biased, Row("out_bias", p.biased.key, p.biased.value))
     return (
-        Row("vocab", "vocab_size", lambda c: c.get("vocab_size", p.vocab)),
-        _key("hidden_size", 2048, "dim"),
-        _key("num_hidden_layers", 24, "layers"),
-        _key("num_attention_heads", 32, "heads"),
-        Row(
-            "kv_heads",
-            "num_key_value_heads",
-            lambda c: c.get("num_key_value_heads", c.get("num_attention_heads", 32)),
-        ),
-        Row(
-            "head_dim",
-            "hidden_size/num_attention_heads",
-            lambda c: c.get("hidden_size", 2048) // c.get("num_attention_heads", 32),
-        ),
+        Row("vocab", "vocab_size", lambda c: c.get("vocab_size", c.defaults.vocab)),
+        Row("dim", "hidden_size", lambda c: c.get("hidden_size", c.defaults.dim)),
+        Row("layers", "num_hidden_layers", _layers),
+        Row("heads", "num_attention_heads", _heads),
+        Row("kv_heads", "num_key_value_heads", _kv_heads),
+        Row("head_dim", "hidden_size/num_attention_heads", _split_dim),
         _fact("positions", "rope"),
         Row("tied", "tie_word_embeddings", lambda c: c.flag("tie_word_embeddings", False)),
         _fact("norm", "LayerNorm"),
@@ -85,7 +82,7 @@ def parallel_rows(p: Parallel) -> tuple[Row, ...]:
         Row(
             "hidden",
             "intermediate_size",
-            lambda c: c.get("intermediate_size", 4 * c.get("hidden_size", 2048)),
+            lambda c: c.get("intermediate_size", c.defaults.hidden),
         ),
         Row("act", "hidden_act", _act(p), lambda c: c.get("hidden_act")),
         _fact("mlp_bias", True),

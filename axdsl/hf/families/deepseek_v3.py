@@ -17,6 +17,7 @@ from axdsl.hf.family import Family
 from axdsl.hf.fields import (
     ROPE_ROWS,
     Config,
+    Defaults,
     Row,
     _fact,
     _key,
@@ -60,13 +61,10 @@ ROWS = (
     ),
     Row("dense_layers", "first_k_dense_replace", _dense_layers),
     _key("num_attention_heads", 128, "heads"),
-    Row(
-        "kv_heads",
-        "num_key_value_heads",
-        lambda c: c.get("num_key_value_heads", c.get("num_attention_heads", 128)),
-    ),
+    Row("kv_heads", "num_key_value_heads", lambda c: c.get("num_key_value_heads", 128)),
     _fact("attn", "MLAttention"),
-    Row("q_rank", "q_lora_rank", lambda c: c.get("q_lora_rank", 0)),
+    # missing: 1536; null: no low-rank query (q_proj)
+    Row("q_rank", "q_lora_rank", lambda c: c.cfg.get("q_lora_rank", 1536) or 0),
     _key("kv_lora_rank", 512, "kv_rank"),
     _key("qk_nope_head_dim", 128, "nope_dim"),
     _key("qk_rope_head_dim", 64, "rope_dim"),
@@ -263,4 +261,5 @@ FAMILY = Family(
     unsupported=UNSUPPORTED,
     export=_export,
     layout=_layout,
+    defaults=Defaults(layers=61),  # DeepseekV3Config's num_hidden_layers (the others are ROWS')
 )

@@ -10,7 +10,7 @@ import numpy as np
 from axdsl.hf.decoder_arch import read_decoder
 from axdsl.hf.facts import Arch
 from axdsl.hf.family import Family
-from axdsl.hf.fields import _PLAIN, TANH_GELU, Row, _fact, _key, _layers, _when
+from axdsl.hf.fields import _PLAIN, TANH_GELU, Defaults, Row, _fact, _key, _layers, _when
 from axdsl.hf.layout import Rule, _Rules, decoder_layout
 
 _ACTS = {**{a: "gelu" for a in TANH_GELU}, "relu": "relu", "silu": "silu", "swish": "silu"}
@@ -18,7 +18,7 @@ _ACTS = {**{a: "gelu" for a in TANH_GELU}, "relu": "relu", "silu": "silu", "swis
 ROWS = (
     _key("vocab_size", 50257, "vocab"),
     _key("n_embd", 768, "dim"),
-    _key("n_layer", 12, "layers"),
+    Row("layers", "n_layer", _layers),
     _key("n_head", 12, "heads"),
     _key("n_head", 12, "kv_heads"),
     Row("head_dim", "n_embd/n_head", lambda c: c.get("n_embd", 768) // c.get("n_head", 12)),
@@ -49,7 +49,7 @@ ROWS = (
     _fact("out_bias", True),
     _fact("head_bias", False),
     *_PLAIN,
-    Row("layer_windows", "n_layer", lambda c: (0,) * _layers(c), lambda c: c.get("n_layer", 12)),
+    Row("layer_windows", "n_layer", lambda c: (0,) * _layers(c), _layers),
 )
 
 UNSUPPORTED = (
@@ -158,4 +158,5 @@ FAMILY = Family(
     unsupported=UNSUPPORTED,
     export=_export,
     layout=decoder_layout(_block),
+    defaults=Defaults(layers=12),  # GPT2Config's n_layer (its other defaults are ROWS')
 )

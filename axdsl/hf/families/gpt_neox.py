@@ -18,7 +18,6 @@ from axdsl.hf.layout import Rule, _Rules, decoder_layout, layer_norm, linear, ou
 from axdsl.hf.parallel import Parallel, parallel_config, parallel_rows
 
 CONFIG = Parallel(
-    vocab=50432,
     act="gelu",
     biased=Row("attn_bias", "attention_bias", lambda c: c.flag("attention_bias", True)),
     shared_norm=False,
@@ -96,5 +95,8 @@ FAMILY = Family(
     ),
     export=_export,
     layout=decoder_layout(_block),
-    defaults=Defaults(rms_eps=1e-5, partial_rotary=0.25),
+    # GPTNeoXConfig's
+    defaults=Defaults(
+        vocab=50432, dim=6144, layers=44, heads=64, hidden=24576, rms_eps=1e-5, partial_rotary=0.25
+    ),
 )

@@ -12,6 +12,7 @@ from axdsl.hf.decoder import (
 from axdsl.hf.decoder_arch import read_decoder
 from axdsl.hf.facts import Arch
 from axdsl.hf.family import Family
+from axdsl.hf.fields import Defaults
 
 CONFIG = Decoder(windowed=True, default_window=4096)
 
@@ -34,4 +35,5 @@ FAMILY = Family(
     unsupported=decoder_unsupported(CONFIG),
     export=_export,
     layout=decoder_rules(CONFIG),
+    defaults=Defaults(kv_heads=8, hidden=14336),  # MistralConfig's
 )

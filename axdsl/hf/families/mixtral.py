@@ -55,5 +55,5 @@ FAMILY = Family(
     unsupported=decoder_unsupported(CONFIG),
     export=_export,
     layout=decoder_rules(CONFIG),
-    defaults=Defaults(rms_eps=1e-5, rope_theta=1e6),
+    defaults=Defaults(kv_heads=8, rms_eps=1e-5, rope_theta=1e6),  # MixtralConfig's
 )

@@ -13,7 +13,7 @@ from axdsl.hf.fields import Defaults, _when, rope_type_check
 from axdsl.hf.layout import _Rules, decoder_layout, layer_norm, linear, out_proj
 from axdsl.hf.parallel import Parallel, parallel_config, parallel_rows
 
-CONFIG = Parallel(vocab=51200, act="gelu_new", biased=None, shared_norm=True, head_bias=True)
+CONFIG = Parallel(act="gelu_new", biased=None, shared_norm=True, head_bias=True)
 
 
 def _export(arch: Arch, dtype: str) -> dict:
@@ -60,5 +60,8 @@ FAMILY = Family(
     ),
     export=_export,
     layout=decoder_layout(_block),
-    defaults=Defaults(rms_eps=1e-5, partial_rotary=0.5),
+    # PhiConfig's
+    defaults=Defaults(
+        vocab=51200, dim=2048, layers=24, heads=32, hidden=8192, rms_eps=1e-5, partial_rotary=0.5
+    ),
 )

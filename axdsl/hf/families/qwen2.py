@@ -12,6 +12,7 @@ from axdsl.hf.decoder import (
 from axdsl.hf.decoder_arch import read_decoder
 from axdsl.hf.facts import Arch
 from axdsl.hf.family import Family
+from axdsl.hf.fields import Defaults
 
 CONFIG = Decoder(qkv_bias_only=True)
 
@@ -36,4 +37,5 @@ FAMILY = Family(
     unsupported=decoder_unsupported(CONFIG),
     export=_export,
     layout=decoder_rules(CONFIG),
+    defaults=Defaults(vocab=151936, kv_heads=32, hidden=22016),  # Qwen2Config's
 )

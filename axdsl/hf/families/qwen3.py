@@ -38,5 +38,5 @@ FAMILY = Family(
     unsupported=decoder_unsupported(CONFIG),
     export=_export,
     layout=decoder_rules(CONFIG),
-    defaults=Defaults(head_dim=128),
+    defaults=Defaults(vocab=151936, kv_heads=32, hidden=22016, head_dim=128),  # Qwen3Config's
 )

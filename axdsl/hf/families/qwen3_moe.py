@@ -13,7 +13,7 @@ from axdsl.hf.decoder_arch import read_decoder
 from axdsl.hf.facts import Arch
 from axdsl.hf.family import Family
 from axdsl.hf.decoder import Moe
-from axdsl.hf.fields import _when
+from axdsl.hf.fields import Defaults, _when
 
 CONFIG = Decoder(
     qk_norm=True,
@@ -65,4 +65,6 @@ FAMILY = Family(
     unsupported=decoder_unsupported(CONFIG),
     export=_export,
     layout=decoder_rules(CONFIG),
+    # Qwen3MoeConfig's (the experts' width is the Moe's moe_intermediate_size)
+    defaults=Defaults(vocab=151936, dim=2048, layers=24, kv_heads=4),
 )
