@@ -452,6 +452,13 @@ def _cross_checks(values: dict[str, ir.Choice], module: ir.Module, diags: Diagno
     seq = values["seq"]
     for m in module.models:
         ms = m.root.hparam("max_seq")
+        if ms is not None and isinstance(ms.value.value, int) and ms.value.value < 1:
+            diags.error(
+                ms.origin.span or ms.span,  # the user's `max_seq = ...`, else the declaration
+                f"max_seq = {ms.value.value} leaves {m.name} no position to run",
+                "set max_seq to the longest sequence the model runs (at least 1)",
+            )
+            continue
         if ms is not None and seq.value > ms.value.value and seq.span is not None:
             diags.error(
                 seq.span,
