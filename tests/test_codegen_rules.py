@@ -128,3 +128,16 @@ def test_a_plan_sharing_instances_that_print_differently_is_a_compiler_bug(
     module = replace(module, models=(replace(model, functions=wrong),))
     with pytest.raises(InternalError, match="bodies differ"):
         emit_model(module)
+
+
+def test_model_copies_the_helpers_plan_functions_records_and_checks_them(tmp_path, monkeypatch):
+    from dataclasses import replace
+
+    from axdsl.codegen.emit import emit_model
+    from axdsl.errors import InternalError
+
+    module = _norms_module(tmp_path, monkeypatch)
+    assert module.helpers == ()  # norms call no generated helper
+    assert "def dense(" not in emit_model(module)
+    with pytest.raises(InternalError, match="recorded helpers \\['dense'\\]"):
+        emit_model(replace(module, helpers=("dense",)))

@@ -15,7 +15,7 @@ import jinja2
 
 from axdsl import __version__, resources
 from axdsl.codegen import helpers
-from axdsl.codegen.decode import decode_path
+from axdsl.codegen.decode import DecodePath, decode_path
 from axdsl.codegen.emit_objective import objective_code, objective_doc
 from axdsl.codegen.expressions import FunctionEmitter, LayerFunction, dims_text
 from axdsl.codegen.names import EinsumLetters, dim_label, py_str, spec_text
@@ -109,6 +109,23 @@ def shared_functions(module: ir.Module) -> tuple[list[list[LayerFunction]], Eins
     return per_model, letters
 
 
+def _planned_helpers(
+    module: ir.Module, per_model: list[list[LayerFunction]], decode: DecodePath | None
+) -> set[str]:
+    """The helpers plan_functions recorded (`module.helpers`), checked against those the
+    emitters called: a difference is a compiler bug (a primitive's `needs` and its emitter
+    disagree)."""
+    planned = set(module.helpers)
+    called = {h for fns in per_model for f in fns for h in f.helpers}
+    called |= decode.helpers if decode else set()
+    if called != planned:
+        raise InternalError(
+            f"plan_functions recorded helpers {sorted(planned)}, the emitters called "
+            f"{sorted(called)}"
+        )
+    return planned
+
+
 def _first_difference(table: tuple[list[str], list], first: tuple[list[str], list]) -> str:
     """The first size or parameter row of `table` that the first model's table does not have."""
     theirs = {" ".join(str(x).split()) for x in first[0] + first[1]}
@@ -140,10 +157,7 @@ def emit_model(module: ir.Module) -> str:
     decode = None
     if plan is not None and decodes:
         decode = decode_path(root, plan, functions, module.schedule, letters, top)
-    helper_code, imports = helpers.select(
-        {h for fns in per_model for f in fns for h in f.helpers}
-        | (decode.helpers if decode else set())
-    )
+    helper_code, imports = helpers.select(_planned_helpers(module, per_model, decode))
     imports |= {line for f in functions for line in f.imports} | (
         decode.imports if decode else set()
     )

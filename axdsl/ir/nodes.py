@@ -646,6 +646,8 @@ class Module:
     schedule: Schedule | None = None  # set by configure_target
     train_settings: TrainSettings | None = None  # set by configure_train
     config: ConfigFields | None = None  # set by select_config
+    # set by plan_functions: the generated helpers the models' code calls, by name, sorted
+    helpers: tuple[str, ...] = ()
 
     # Typed views of the fields later passes fill. The fields stay Optional, since the IR between
     # passes really lacks them (`axdsl dump --after check` prints a module without a schedule);

@@ -32,6 +32,8 @@ def print_module(module: ir.Module) -> str:
         lines.append(f"config {', '.join(module.config.fields)}")
         if module.config.fixed:
             lines.append(f"  fixed {', '.join(module.config.fixed)}")
+    if module.helpers:
+        lines.append(f"helpers {', '.join(module.helpers)}")
     if module.train_settings is not None:
         lines.append("training")
         for name, c in module.train_settings.settings:

@@ -1,4 +1,5 @@
-"""plan_functions: which instances share one generated layer function, and its name.
+"""plan_functions: which instances share one generated layer function, and its name; and which
+generated helpers the model needs.
 
     model lm > / : DecoderLM                  ->    function rms_norm: /blocks/attn_norm,
       /blocks : Block x2                                /blocks/ffn_norm, /final_norm
@@ -13,23 +14,73 @@ roles (random keys, auxiliary loss, master weights, positions from the decode pa
 of a layer whose structure differs (say two RMSNorms with different eps literals) get numbered
 variants, `rms_norm_2`, in the order the tree is visited (leaves first). Codegen prints one
 function per entry and raises an InternalError if its instances' bodies print differently.
+
+The helpers (`helpers dense, rotation_tables, ...` at the module's end) are what each call's
+registry entry says it needs (`Primitive.needs`: the chosen kernel, the call's attributes, and
+whether it runs on the decode path), never read from emitted text; codegen copies those, and
+raises an InternalError if its emitters call any other set.
 """
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+from collections.abc import Hashable, Iterator
 from dataclasses import fields, is_dataclass, replace
 from typing import Any
 
 from axdsl import primitives
 from axdsl.ir import nodes as ir
-from axdsl.ir.expr import field_of
+from axdsl.ir.expr import BinOp, field_of
 from axdsl.ir.names import snake
 from axdsl.ir.rewrite import prims_of
 
 
 def plan_functions(module: ir.Module) -> ir.Module:
-    return replace(module, models=tuple(_plan(m) for m in module.models))
+    models = tuple(_plan(m) for m in module.models)
+    return replace(module, models=models, helpers=needed_helpers(models, module.schedule))
+
+
+def needed_helpers(models: tuple[ir.Model, ...], schedule: ir.Schedule | None) -> tuple[str, ...]:
+    """The generated helpers the models' code calls, from each primitive's registry entry
+    (`Primitive.needs`: its kernel choice and attributes decide) and the weight matmuls on the
+    dense kernel; the layers the decode path shares call them again in their decode form."""
+    out: set[str] = set()
+    for model in models:
+        decoding = decode_shared(model)
+        for inst in model.root.walk():
+            for on_decode_path in (False, True) if inst.path in decoding else (False,):
+                for e in _emitted_exprs(inst):
+                    out.update(_needs(e, schedule, on_decode_path))
+    return tuple(sorted(out))
+
+
+def _needs(e: ir.TExpr, schedule: ir.Schedule | None, decoding: bool) -> tuple[str, ...]:
+    if isinstance(e, ir.Prim):
+        rule = primitives.get(e.name).needs
+        return rule(e, schedule, decoding) if rule is not None else ()
+    if isinstance(e, ir.Bin) and e.op is BinOp.MATMUL:
+        return primitives.matmul_needs(e, schedule)
+    return ()
+
+
+def _emitted_exprs(inst: ir.Instance) -> Iterator[ir.TExpr]:
+    """The expressions of `inst`'s forward that codegen emits one by one: a primitive that emits
+    its own operands (a quantized matmul) is one call, not its operands' calls."""
+
+    def walk(e: ir.TExpr) -> Iterator[ir.TExpr]:
+        yield e
+        if isinstance(e, ir.Bin):
+            yield from walk(e.left)
+            yield from walk(e.right)
+        elif isinstance(e, ir.Neg):
+            yield from walk(e.operand)
+        elif isinstance(e, ir.CallChild) or (
+            isinstance(e, ir.Prim) and primitives.get(e.name).emits_operands
+        ):
+            for a in e.args:
+                yield from walk(a)
+
+    for s in inst.fwd.body:
+        yield from walk(s.value)
 
 
 def _plan(model: ir.Model) -> ir.Model:
