@@ -1,8 +1,10 @@
 """Emit `model.py` for one module: collect layer functions, the config and the parameter table.
 
-Each layer type becomes one function; instances whose resolved code differs (say two RMSNorms
-with different eps literals) get numbered variants. Every model of a spec must share one
-structure, since they share the functions and differ only in `Config` values.
+The layer functions and the helpers are printed as plan_functions recorded them (`Model.functions`,
+`Module.helpers`): one function per entry, numbered variants included, and a check that each
+entry's instances print one body and that the emitters call exactly the recorded helpers. Every
+model of a spec must share one structure, since they share the functions and differ only in
+`Config` values.
 """
 
 from __future__ import annotations
