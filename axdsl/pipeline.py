@@ -3,12 +3,13 @@
     spec.axl --lark--> AST --irbuild ("resolve")--> IR --check, infer_shapes, stack_repeats--> IR
         --configure_target, configure_train, annotate_sharding, shard_activations, insert_remat,
           unroll_repeats, quantize_matmuls, select_kernels, fit_remat--> IR
-        --split_head, plan_decode, select_config--> IR --codegen--> model.py, train.py
+        --split_head, plan_decode, select_config, plan_functions--> IR
+        --codegen--> model.py, train.py
 
 The first passes are the algorithm (target-independent); the target passes are the schedule, and
 none of them may change what is computed except quantize_matmuls, within stated bounds. The
 last passes decide the generated program's shape (the fused loss's cut, the decode path, the
-Config's fields) and
+Config's fields, which instances share a generated function) and
 record it in the IR, so codegen only prints.
 
 Each pass is `module -> module` (the target's name is `module.target_name`); tests run the IR
@@ -32,6 +33,7 @@ from axdsl.passes.infer_shapes import infer_shapes
 from axdsl.passes.fit_remat import fit_remat
 from axdsl.passes.insert_remat import insert_remat
 from axdsl.passes.plan_decode import plan_decode
+from axdsl.passes.plan_functions import plan_functions
 from axdsl.passes.quantize_matmuls import quantize_matmuls
 from axdsl.passes.select_config import select_config
 from axdsl.passes.select_kernels import select_kernels
@@ -60,6 +62,7 @@ PASSES: tuple[tuple[str, Pass], ...] = (
     ("split_head", split_head),
     ("plan_decode", plan_decode),
     ("select_config", select_config),
+    ("plan_functions", plan_functions),
 )
 PASS_NAMES = ("resolve",) + tuple(name for name, _ in PASSES)
 

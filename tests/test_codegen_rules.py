@@ -76,3 +76,68 @@ def test_model_reads_config_then_layers_with_one_letter_per_dim(out):
     assert len(set(meaning.values())) == len(meaning), "one letter per dim"
     for spec in re.findall(r'einsum\("([a-z.,>-]+)"', layers):
         assert set(spec) - set(".,->") <= set(meaning), spec
+
+
+# ----------------------------------------------------------------------------- plan_functions
+NORMS = """import "std/layers.axl"
+
+layer Net(dim: int) {
+  child norm = RMSNorm(dim = dim)
+  child out_norm = RMSNorm(dim = dim, eps = 1e-5)
+  forward(x: [B, S, dim]) -> [B, S, dim] {
+    return out_norm(norm(x))
+  }
+}
+
+model net = Net { dim = 16 }
+"""
+
+
+def _norms_module(tmp_path, monkeypatch):
+    from axdsl.pipeline import compile_spec
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "norms.axl").write_text(NORMS)
+    return compile_spec(Path("norms.axl"))
+
+
+def test_model_prints_the_functions_plan_functions_records(tmp_path, monkeypatch):
+    from axdsl.codegen.emit import emit_model
+
+    module = _norms_module(tmp_path, monkeypatch)
+    plan = {f.name: f.paths for f in module.models[0].functions}
+    assert plan == {"rms_norm": ("/norm",), "rms_norm_2": ("/out_norm",), "net": ("/",)}
+    source = emit_model(module)
+    assert "def rms_norm_2(" in source
+    assert re.search(r"rms_norm_2\(cfg, params\[.out_norm.\]", source)
+    assert re.search(r"(?<!_)rms_norm\(cfg, params\[.norm.\]", source)
+
+
+def test_a_plan_sharing_instances_that_print_differently_is_a_compiler_bug(
+    tmp_path, monkeypatch
+):
+    from dataclasses import replace
+
+    from axdsl.codegen.emit import emit_model
+    from axdsl.errors import InternalError
+    from axdsl.ir.nodes import SharedFunction
+
+    module = _norms_module(tmp_path, monkeypatch)
+    model = module.models[0]
+    wrong = (SharedFunction("rms_norm", "RMSNorm", ("/norm", "/out_norm")), model.functions[-1])
+    module = replace(module, models=(replace(model, functions=wrong),))
+    with pytest.raises(InternalError, match="bodies differ"):
+        emit_model(module)
+
+
+def test_model_copies_the_helpers_plan_functions_records_and_checks_them(tmp_path, monkeypatch):
+    from dataclasses import replace
+
+    from axdsl.codegen.emit import emit_model
+    from axdsl.errors import InternalError
+
+    module = _norms_module(tmp_path, monkeypatch)
+    assert module.helpers == ()  # norms call no generated helper
+    assert "def dense(" not in emit_model(module)
+    with pytest.raises(InternalError, match="recorded helpers \\['dense'\\]"):
+        emit_model(replace(module, helpers=("dense",)))

@@ -264,7 +264,6 @@ def test_functions_stay_readable():
 # String constants in passes and codegen equal to a primitive's or a helper's name that are not
 # about that primitive: (module, string) -> why it is there.
 NOT_A_PRIMITIVE = {
-    ("axdsl.codegen.names", "moe"): "snake() keeps the word MoE whole (MoEBlock -> moe_block)",
     ("axdsl.codegen.emit_train", "rsqrt"): "the rsqrt learning-rate schedule, not the primitive",
     (
         "axdsl.passes.configure_train",

@@ -1,8 +1,10 @@
 """Emit `model.py` for one module: collect layer functions, the config and the parameter table.
 
-Each layer type becomes one function; instances whose resolved code differs (say two RMSNorms
-with different eps literals) get numbered variants. Every model of a spec must share one
-structure, since they share the functions and differ only in `Config` values.
+The layer functions and the helpers are printed as plan_functions recorded them (`Model.functions`,
+`Module.helpers`): one function per entry, numbered variants included, and a check that each
+entry's instances print one body and that the emitters call exactly the recorded helpers. Every
+model of a spec must share one structure, since they share the functions and differ only in
+`Config` values.
 """
 
 from __future__ import annotations
@@ -13,20 +15,19 @@ from dataclasses import dataclass, replace
 
 import jinja2
 
-from axdsl import __version__, primitives, resources
+from axdsl import __version__, resources
 from axdsl.codegen import helpers
-from axdsl.codegen.decode import decode_path
+from axdsl.codegen.decode import DecodePath, decode_path
 from axdsl.codegen.emit_objective import objective_code, objective_doc
 from axdsl.codegen.expressions import FunctionEmitter, LayerFunction, dims_text
-from axdsl.codegen.names import EinsumLetters, dim_label, py_str, snake, spec_text
+from axdsl.codegen.names import EinsumLetters, dim_label, py_str, spec_text
 from axdsl.codegen.pyexpr import py, py_value
-from axdsl.errors import CompileError, Diagnostic
+from axdsl.errors import CompileError, Diagnostic, InternalError, filled
 from axdsl.ir import nodes as ir
 from axdsl.ir.expr import reads_config
 from axdsl.ir.head import has_lm_signature
 from axdsl.ir.nodes import ConfigFields, DType, HeadSplit
 from axdsl.ir.printer import fit_lines, value_text
-from axdsl.ir.rewrite import prims_of
 from axdsl.objectives import fits, objective_args, objective_name
 from axdsl.primitives.quantized import QUANTIZED_POINT
 
@@ -76,9 +77,7 @@ def shared_functions(module: ir.Module) -> tuple[list[list[LayerFunction]], Eins
     this too, so the mistake does not wait for `build`. Returns the functions and the one table
     of einsum letters they use."""
     letters = EinsumLetters()  # one table for every model: they share the layer functions
-    per_model = [
-        _functions(m.root, module.schedule, letters, _shared_with_decode(m)) for m in module.models
-    ]
+    per_model = [_functions(m, module.schedule, letters) for m in module.models]
     first = [(f.name, f.body) for f in per_model[0]]
     table = _param_table(module.models[0].root)
     for model, fns in zip(module.models[1:], per_model[1:], strict=True):
@@ -112,12 +111,21 @@ def shared_functions(module: ir.Module) -> tuple[list[list[LayerFunction]], Eins
     return per_model, letters
 
 
-def _shared_with_decode(model: ir.Model) -> frozenset[str]:
-    """The layers whose function the decode path shares: those plan_decode caches."""
-    plan = model.decode
-    if plan is None or plan.problem is not None:
-        return frozenset()
-    return frozenset(plan.cached)
+def _planned_helpers(
+    module: ir.Module, per_model: list[list[LayerFunction]], decode: DecodePath | None
+) -> set[str]:
+    """The helpers plan_functions recorded (`module.helpers`), checked against those the
+    emitters called: a difference is a compiler bug (a primitive's `needs` and its emitter
+    disagree)."""
+    planned = set(module.helpers)
+    called = {h for fns in per_model for f in fns for h in f.helpers}
+    called |= decode.helpers if decode else set()
+    if called != planned:
+        raise InternalError(
+            f"plan_functions recorded helpers {sorted(planned)}, the emitters called "
+            f"{sorted(called)}"
+        )
+    return planned
 
 
 def _first_difference(table: tuple[list[str], list], first: tuple[list[str], list]) -> str:
@@ -151,10 +159,7 @@ def emit_model(module: ir.Module) -> str:
     decode = None
     if plan is not None and decodes:
         decode = decode_path(root, plan, functions, module.schedule, letters, top)
-    helper_code, imports = helpers.select(
-        {h for fns in per_model for f in fns for h in f.helpers}
-        | (decode.helpers if decode else set())
-    )
+    helper_code, imports = helpers.select(_planned_helpers(module, per_model, decode))
     imports |= {line for f in functions for line in f.imports} | (
         decode.imports if decode else set()
     )
@@ -258,22 +263,23 @@ def _template_imports(sharding: bool, loss: bool) -> set[str]:
 
 # ----------------------------------------------------------------------------- functions
 def _functions(
-    root: ir.Instance,
-    schedule: ir.Schedule | None,
-    letters: EinsumLetters,
-    shared: frozenset[str] = frozenset(),
+    model: ir.Model, schedule: ir.Schedule | None, letters: EinsumLetters
 ) -> list[LayerFunction]:
-    """Layer functions in post-order (leaves first), deduplicated by generated body. The layers
-    in `shared` read positions from `pos` (their decode form is merged in by codegen/decode.py)."""
-    out: list[LayerFunction] = []
-    masters = ir.master_weight_paths(root)
+    """The layer functions plan_functions recorded (`model.functions`), in its order (leaves
+    first). The layers the decode path shares read positions from `pos` (their decode form is
+    merged in by codegen/decode.py). The instances of one function must print one body: a
+    difference is a compiler bug in plan_functions."""
+    root = model.root
+    plan = filled(model.functions or None, f"the functions of model {model.name}", "plan_functions")
+    planned = {path: f for f in plan for path in f.paths}
+    by_name: dict[str, LayerFunction] = {}
 
     def visit(inst: ir.Instance) -> tuple[str, bool, bool]:
         child_fn, child_rng, child_aux = {}, {}, {}
         for c in inst.children:
             child_fn[c.name], child_rng[c.name], child_aux[c.name] = visit(c)
-        own = _uses(inst, "uses_rng") or any(child_rng.values())
-        aux = _uses(inst, "aux_loss") or any(child_aux.values())
+        shared = planned[inst.path]
+        name, own, aux = shared.name, shared.rng, shared.aux
         emitter = FunctionEmitter(
             inst,
             child_fn,
@@ -283,44 +289,44 @@ def _functions(
             letters=letters,
             child_aux=child_aux,
             own_aux=aux,
-            master=inst.path in masters,
-            takes_pos=inst.path in shared,
+            master=shared.master,
+            takes_pos=shared.takes_pos,
         )
         body = emitter.emit_body()
         args = ", ".join(f"{a.name}: jax.Array" for a in inst.fwd.args)
-        for f in out:
-            if f.layer == inst.layer and f.body == body and f.args == args:
-                f.paths.append(inst.path)
-                f.helpers |= emitter.helpers
-                return f.name, f.rng, f.aux
-        base = snake(inst.layer)
-        taken = sum(1 for f in out if f.layer == inst.layer)
-        name = base if taken == 0 else f"{base}_{taken + 1}"
+        if (f := by_name.get(name)) is not None:
+            if (f.layer, f.body, f.args) != (inst.layer, body, args):
+                raise InternalError(
+                    f"plan_functions shares `{name}` between {f.paths[0]} and {inst.path}, "
+                    "whose bodies differ"
+                )
+            f.paths.append(inst.path)
+            f.helpers |= emitter.helpers
+            return f.name, f.rng, f.aux
         sig = ", ".join(f"{a.name}: {dims_text(a.dims)}" for a in inst.fwd.args)
         result = dims_text(inst.fwd.result)
         result = f"({result}, auxiliary loss [])" if aux else result
         doc_head = (
             f"{inst.layer} ({inst.layer_span.file}:{inst.layer_span.line}): {sig} -> {result}."
         )
-        out.append(
-            LayerFunction(
-                name,
-                inst.layer,
-                args,
-                own,
-                body,
-                doc_head,
-                [inst.path],
-                aux,
-                emitter.imports,
-                emitter.helpers,
-                emitter.chunks(),
-                emitter.result,
-            )
+        by_name[name] = LayerFunction(
+            name,
+            inst.layer,
+            args,
+            own,
+            body,
+            doc_head,
+            [inst.path],
+            aux,
+            emitter.imports,
+            emitter.helpers,
+            emitter.chunks(),
+            emitter.result,
         )
         return name, own, aux
 
     visit(root)
+    out = [by_name[f.name] for f in plan]
     for f in out:
         where = ", ".join(f.paths)
         f.doc = f"{f.doc}\n\n    Used at {where}.\n    "
@@ -424,11 +430,6 @@ def _split_root(
         params=_tuple([py_str(k) for k in split.params]),
     )
     return [*layers, hidden_fn, head_fn, composed], context
-
-
-def _uses(inst: ir.Instance, flag: str) -> bool:
-    """Whether this instance's own forward calls a primitive with registry flag `flag` set."""
-    return any(getattr(primitives.get(p.name), flag) for p in prims_of(inst))
 
 
 # ----------------------------------------------------------------------------- config

@@ -2,19 +2,8 @@
 
 from __future__ import annotations
 
-import re
-
 from axdsl.ir.expr import Expr, field_of
-
-
-def snake(name: str) -> str:
-    """`DecoderLM` -> `decoder_lm`, `RMSNorm` -> `rms_norm`, `SwiGLU` -> `swiglu`, `MoE` ->
-    `moe`."""
-    s = re.sub(r"([A-Z]+)([A-Z][a-z])", r"\1_\2", name)
-    s = re.sub(r"([a-z0-9])([A-Z])", r"\1_\2", s).lower()
-    for word in ("swiglu", "moe"):  # names that are words, not camel-case compounds
-        s = re.sub("(^|_)" + "_?".join(word) + "($|_)", r"\g<1>" + word + r"\g<2>", s)
-    return s
+from axdsl.ir.names import snake as snake  # re-exported: codegen names things with it too
 
 
 def py_str(s: str) -> str:

@@ -601,12 +601,35 @@ class HeadSplit:
 
 
 @dataclass(frozen=True)
+class SharedFunction:
+    """One generated layer function (set by plan_functions): its name and the instances that
+    call it, which have one structure (layer, resolved forward, parameters, children's functions),
+    so one body serves them all."""
+
+    name: str
+    layer: str
+    paths: tuple[str, ...]  # in the order the model tree is visited, leaves first
+    rng: bool = False  # it takes a dropout key (its forward, or a child's, is random)
+    aux: bool = False  # it returns an auxiliary loss too (its forward's, or a child's)
+    master: bool = False  # it reads master weights and casts them (ir.master_weight_paths)
+    takes_pos: bool = False  # the decode path shares it: it reads positions from `pos`
+
+    @property
+    def roles(self) -> tuple[str, ...]:
+        """The flags set, by name, for `axdsl dump`."""
+        flags = (("rng", self.rng), ("aux", self.aux), ("master", self.master))
+        return tuple(n for n, on in flags + (("pos", self.takes_pos),) if on)
+
+
+@dataclass(frozen=True)
 class Model:
     name: str
     root: Instance
     span: Span
     head: HeadSplit | None = None  # set by split_head: the fused cross-entropy's cut
     decode: DecodePlan | None = None  # set by plan_decode on a next-token LM
+    # set by plan_functions: the generated layer functions in post-order (leaves first)
+    functions: tuple[SharedFunction, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -623,6 +646,8 @@ class Module:
     schedule: Schedule | None = None  # set by configure_target
     train_settings: TrainSettings | None = None  # set by configure_train
     config: ConfigFields | None = None  # set by select_config
+    # set by plan_functions: the generated helpers the models' code calls, by name, sorted
+    helpers: tuple[str, ...] = ()
 
     # Typed views of the fields later passes fill. The fields stay Optional, since the IR between
     # passes really lacks them (`axdsl dump --after check` prints a module without a schedule);

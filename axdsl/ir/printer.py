@@ -32,6 +32,8 @@ def print_module(module: ir.Module) -> str:
         lines.append(f"config {', '.join(module.config.fields)}")
         if module.config.fixed:
             lines.append(f"  fixed {', '.join(module.config.fixed)}")
+    if module.helpers:
+        lines.append(f"helpers {', '.join(module.helpers)}")
     if module.train_settings is not None:
         lines.append("training")
         for name, c in module.train_settings.settings:
@@ -139,7 +141,8 @@ def value_text(v: object) -> str:
 
 
 def plan_lines(model: ir.Model) -> list[str]:
-    """split_head's cut and plan_decode's decode path, under the model they belong to."""
+    """split_head's cut, plan_decode's decode path and plan_functions' shared functions, under
+    the model they belong to."""
     lines = []
     if model.head is not None:
         h = model.head
@@ -158,6 +161,9 @@ def plan_lines(model: ir.Model) -> list[str]:
             stack = stack if e.stack else ""
             shard = f" shard{_mesh_text(e.sharding.mesh)}" if e.sharding is not None else ""
             lines.append(f"  cache {e.path}: {stack}{_dims(e.dims)}{shard}")
+    for f in model.functions:
+        roles = f" ({', '.join(f.roles)})" if f.roles else ""
+        lines.append(f"  function {f.name}{roles}: {', '.join(f.paths)}")
     return lines
 
 

@@ -7,8 +7,9 @@ Every module of this package that defines `PRIMITIVES` is registered (a module w
 as `base`, only supports the others), so adding a primitive is one new or edited module (plus its
 tests): the forward builder, infer_shapes, codegen, select_kernels and the FLOPs and memory
 analyses look primitives up here and never special-case one by name. The helper functions a
-primitive's emitted code calls are part of its entry (`Primitive.helpers`); `HELPERS` collects
-them by name for codegen.
+primitive's emitted code calls are part of its entry (`Primitive.helpers`), and so is which of
+them a call needs (`Primitive.needs`; a weight matmul `x @ w` on the dense kernel: `matmul_needs`);
+`HELPERS` collects them by name for codegen.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import importlib
 import pkgutil
 
 from axdsl.primitives.base import REQUIRED, Flops, Helper, Primitive, Signature, Static, StaticKind
+from axdsl.primitives.einsum import matmul_needs
 
 __all__ = [
     "HELPERS",
@@ -30,6 +32,7 @@ __all__ = [
     "StaticKind",
     "get",
     "callable_names",
+    "matmul_needs",
 ]
 
 

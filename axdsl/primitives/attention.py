@@ -227,6 +227,21 @@ def _emit(ctx, prim: ir.Prim, args: list[str], precs: list[int]) -> str:
     return code
 
 
+def _needs(prim: ir.Prim, schedule: ir.Schedule | None, decoding: bool) -> tuple[str, ...]:
+    """The generated attention helper the chosen kernel calls (none for
+    jax.nn.dot_product_attention), or the decode path's cached attention."""
+    if decoding:
+        return ("cached_attention", "einsum_attention")
+    kernel = (prim.kernel or ir.KernelChoice(KERNELS[0])).kernel
+    if kernel is ir.Kernel.VJP:
+        return ("vjp_attention",)
+    if kernel is ir.Kernel.SPLASH:
+        return ("splash_attention",)
+    k_dims, v_dims = ir.tensor_type(prim.args[1]).dims, ir.tensor_type(prim.args[2]).dims
+    written_out = not v_dims[3].same(k_dims[3])
+    return ("einsum_attention",) if _set(prim.attr("softcap")) or written_out else ()
+
+
 def _emit_cached(ctx, prim: ir.Prim, args: list[str], window, scale, softcap, number) -> str:
     """The decode path's call: write k and v into this call's cache slot at `pos`, attend over
     the cache (`_decode_check` has ruled out what it cannot run)."""
@@ -520,6 +535,7 @@ PRIMITIVES = (
         flops=_flops,
         memory=_memory,
         kernels=KernelRule(KERNELS, kernel_violations),
+        needs=_needs,
         helpers=(
             Helper("splash_attention", SPLASH_ATTENTION, SPLASH_IMPORTS, HelperSection.KERNEL),
             Helper("einsum_attention", EINSUM_ATTENTION),

@@ -173,6 +173,15 @@ class Helper:
 ShapeRule = Callable[[Any, ir.Prim, tuple[ir.TExpr, ...]], tuple[ir.Dim, ...]]  # typed operands
 Emitter = Callable[[Any, ir.Prim, list[str], list[int]], str]
 FlopRule = Callable[[Any, ir.Prim], Flops]
+# (call, schedule, on the decode path) -> the names of the helpers its generated code calls
+NeedsRule = Callable[[ir.Prim, "ir.Schedule | None", bool], tuple[str, ...]]
+
+
+def always(*names: str) -> NeedsRule:
+    """The needs of a primitive whose every call calls the helpers `names`."""
+    return lambda prim, schedule, decoding: names
+
+
 MemoryRule = Callable[..., Any]
 
 
@@ -201,6 +210,8 @@ class Primitive:
     lower: Callable | None = None  # a custom AST -> IR lowering (einsum's spec string)
     check: Callable | None = None  # an extra build-time check of the static attributes
     helpers: tuple[Helper, ...] = ()  # helper functions its emitter may call (`ctx.use_helper`)
+    # which of them a call needs (plan_functions records it; the emitter's calls must agree)
+    needs: NeedsRule | None = None
     aux_loss: bool = False  # adds to the auxiliary training loss (threaded through the scan)
     uses_rng: bool = False  # needs a PRNG key (dropout)
     gathers: bool = False  # indexes its first operand (an embedding table) instead of multiplying

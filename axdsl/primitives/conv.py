@@ -10,7 +10,7 @@ parameter (counted with the matmuls: it multiplies weights).
 from __future__ import annotations
 
 from axdsl.ir import nodes as ir
-from axdsl.primitives.base import Decoding, Flops, Helper, Primitive, Signature
+from axdsl.primitives.base import Decoding, Flops, Helper, Primitive, Signature, always
 from axdsl.primitives.base import Source
 from axdsl.primitives.reductions import ir_fmt
 
@@ -69,6 +69,7 @@ PRIMITIVES = (
         flops=_flops,
         memory=_memory,
         helpers=(Helper("causal_conv1d", CAUSAL_CONV1D),),
+        needs=always("causal_conv1d"),
         decoding=Decoding.SEQUENCE,
     ),
 )

@@ -100,6 +100,18 @@ def _emit(ctx, prim: ir.Prim, args: list[str], precs: list[int]) -> str:
     return f"jnp.einsum({ctx.py_str(ctx.einsum_spec(prim))}, {', '.join(args)})"
 
 
+def _needs(prim: ir.Prim, schedule: ir.Schedule | None, decoding: bool) -> tuple[str, ...]:
+    """`dense` where the dense kernel runs the call (as `_emit` decides)."""
+    kernel = prim.kernel.kernel if prim.kernel is not None else None
+    return ("dense",) if kernel is ir.Kernel.DENSE and _dense_contract(prim) is not None else ()
+
+
+def matmul_needs(e: ir.Bin, schedule: ir.Schedule | None) -> tuple[str, ...]:
+    """`dense` where `x @ weight` is written `dense(x, weight)` (codegen's matmul)."""
+    dense = dense_matmuls(schedule) and is_weight(e.right) and not is_weight(e.left)
+    return ("dense",) if dense else ()
+
+
 def dense_call(ctx, x: str, w: str, contract: int) -> str:
     """`dense(x, w)` (or `dense(x, w, contract)`), with its helper."""
     ctx.use_helper("dense")
@@ -194,6 +206,7 @@ PRIMITIVES = (
         contraction=True,
         memory=_memory,
         kernels=KernelRule((ir.Kernel.XLA, ir.Kernel.DENSE), _violations),
+        needs=_needs,
         helpers=(
             Helper(
                 "dense",

@@ -7,6 +7,7 @@ import json
 
 from axdsl.errors import did_you_mean
 from axdsl.primitives.base import (
+    always,
     Helper,
     Primitive,
     Saves,
@@ -185,6 +186,7 @@ PRIMITIVES = (
         Signature(("x",), (Static("rate", StaticKind.FLOAT),), doc="dropout in training only"),
         emit=_emit_dropout,
         helpers=(Helper("dropout", DROPOUT),),
+        needs=always("dropout"),
         uses_rng=True,
         memory=_dropout_memory,
     ),

@@ -11,7 +11,7 @@ variant: `sum(ce * weights, S) / sum(weights, S)`.
 from __future__ import annotations
 
 from axdsl.ir import nodes as ir
-from axdsl.primitives.base import Helper, Primitive, Signature
+from axdsl.primitives.base import Helper, Primitive, Signature, always
 from axdsl.primitives.base import Source
 from axdsl.primitives.reductions import ir_fmt
 
@@ -63,5 +63,6 @@ PRIMITIVES = (
         shape=_shape,
         memory=_memory,
         helpers=(Helper("cross_entropy", CROSS_ENTROPY),),
+        needs=always("cross_entropy"),
     ),
 )

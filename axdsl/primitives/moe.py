@@ -173,6 +173,21 @@ def _check(ctx, given: dict, attrs: dict) -> None:
         )
 
 
+def _paths(prim: ir.Prim) -> tuple[str, ...]:
+    """The routing helpers a call runs: a capacity written in the spec picks the capacity or the
+    dropless path; one read from Config (decided at run time) keeps both."""
+    cf = prim.attr("capacity_factor")
+    if reads_config(cf.expr):
+        return (CAPACITY, DROPLESS)
+    return (CAPACITY,) if cf.value > 0 else (DROPLESS,)
+
+
+def _needs(prim: ir.Prim, schedule: ir.Schedule | None, decoding: bool) -> tuple[str, ...]:
+    """The router, the routing paths, the selection and the balancing update a call uses."""
+    balance = (BALANCE,) if prim.attr("balance_rate").value > 0 else ()
+    return (ROUTER, *_paths(prim), *((CHOOSE,) if _selects(prim) else ()), *balance)
+
+
 def _emit(ctx, prim: ir.Prim, args: list[str], precs: list[int]) -> str:
     """`y, aux = moe_swiglu(...)` as its own statement; aux joins this layer's auxiliary loss.
 
@@ -180,12 +195,7 @@ def _emit(ctx, prim: ir.Prim, args: list[str], precs: list[int]) -> str:
     picks the capacity or the dropless path; one read from Config keeps both."""
     out, aux = ctx.fresh("moe_y"), ctx.fresh("moe_aux")
     ctx.add_aux(aux)
-    cf = prim.attr("capacity_factor")
-    paths: tuple[str, ...]
-    if reads_config(cf.expr):  # a Config value decides at run time: both paths
-        paths = (CAPACITY, DROPLESS)
-    else:
-        paths = (CAPACITY,) if cf.value > 0 else (DROPLESS,)
+    paths = _paths(prim)
     selects = _selects(prim)
     for helper in (ROUTER, *paths, *((CHOOSE,) if selects else ())):
         ctx.use_helper(helper)
@@ -454,6 +464,7 @@ PRIMITIVES = (
         memory=_memory,
         unused_params=_unused_params,
         aux_loss=True,
+        needs=_needs,
         helpers=_HELPERS,
         decode_check=_decode_check,
     ),

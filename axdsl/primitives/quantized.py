@@ -47,6 +47,26 @@ def _emit(ctx, prim: ir.Prim, args: list[str], precs: list[int]) -> str:
     return emit_quantized(fmt, spec, left, right)
 
 
+def _needs(prim: ir.Prim, schedule: ir.Schedule | None, decoding: bool) -> tuple[str, ...]:
+    """`fp8_einsum`/`int8_einsum` where it can run the wrapped contraction: always for `@`, and
+    for an einsum when `helper_can_run` accepts its spec (distinct names map to distinct
+    letters, so its names decide as the letters would)."""
+    inner = _matmul(prim)
+    if isinstance(inner, ir.Prim):
+        spec: ir.EinsumSpec = inner.attr("spec")
+        if not _names_can_run(spec.operands, spec.out):
+            return ()
+    return (f"{prim.attr('format')}_einsum",)
+
+
+def _names_can_run(operands: tuple[tuple[str, ...], ...], out: tuple[str, ...]) -> bool:
+    """`helper_can_run` on an einsum written with names, one per letter."""
+    if len(operands) != 2 or any(len(set(t)) != len(t) for t in operands):
+        return False
+    left, right = operands
+    return all(c in right or c in out for c in left) and all(c in left or c in out for c in right)
+
+
 def emit_quantized(fmt: str, spec: str, left: str, right: str) -> str:
     """`fp8_einsum(spec, left, right)`; a plain `jnp.einsum` for a spec the helpers cannot run.
 
@@ -146,6 +166,7 @@ PRIMITIVES = (
         emits_operands=False,
         memory=_memory,
         operands=operands,
+        needs=_needs,
         helpers=_HELPERS,
     ),
 )

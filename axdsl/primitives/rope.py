@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 
 from axdsl.errors import did_you_mean
+from axdsl.ir import nodes as ir
 from axdsl.ir.expr import reads_config
 from axdsl.primitives.base import (
     Decoding,
@@ -130,6 +131,17 @@ def _non_default(ctx, prim, defaults: dict) -> str:
     return out
 
 
+def _needs(prim: ir.Prim, schedule: ir.Schedule | None, decoding: bool) -> tuple[str, ...]:
+    """`apply_rope` for the plain rotation, else `apply_rotary` with its frequencies."""
+    head_dim = ir.tensor_type(prim.args[0]).dims[-1].size
+    if head_dim is not None and _is_plain(prim, head_dim):  # sized: infer_shapes checks it
+        return ("apply_rope", "rotation_tables")
+    scaling = prim.attr("scaling").value
+    frequencies = {"none": (), "linear": (), "llama3": ("llama3_frequencies",)}
+    extra = frequencies.get(scaling, ("yarn_frequencies",))  # as _emit: the rest is YaRN
+    return ("apply_rotary", "rotation_tables", "rope_frequencies", *extra)
+
+
 def _emit(ctx, prim, args: list[str], precs: list[int]) -> str:
     head_dim = prim.args[0].type.dims[-1].size
     theta = ctx.code(prim.attr("theta"))
@@ -231,6 +243,7 @@ PRIMITIVES = (
         check=_check,
         memory=linear_memory,
         decoding=Decoding.POSITIONS,
+        needs=_needs,
         helpers=(
             Helper("apply_rope", APPLY_ROPE, _NUMPY),
             Helper("apply_rotary", APPLY_ROTARY, _NUMPY),

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from axdsl.ir import nodes as ir
 from axdsl.primitives.base import (
+    always,
     Decoding,
     Helper,
     Primitive,
@@ -203,6 +204,7 @@ PRIMITIVES = (
         shape=_segment_positions_shape,
         memory=_iota_memory_of_ids,
         helpers=(Helper("segment_positions", SEGMENT_POSITIONS),),
+        needs=always("segment_positions"),
         decoding=Decoding.SEQUENCE,
     ),
 )

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from axdsl.ir import nodes as ir
 from axdsl.primitives.base import (
+    always,
     Decoding,
     Flops,
     Helper,
@@ -168,6 +169,7 @@ PRIMITIVES = (
         flops=_flops,
         memory=_memory,
         helpers=(Helper("ssd", SSD),),
+        needs=always("ssd"),
         decoding=Decoding.SEQUENCE,
     ),
 )
