@@ -34,7 +34,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("syntax",),  # the parser and loader
     ("ir",),
     ("targets",),  # chip profiles, parsed into the IR's enums (kernels, remat, quantize)
-    ("primitives", "objectives", "lora", "finetune", "datacheck"),  # the IR's vocabularies
+    ("primitives", "objectives", "optim", "lora", "finetune", "datacheck"),  # the IR's vocabularies
     ("irbuild", "analysis"),  # AST -> IR; cost models over the IR (fit_remat needs them)
     ("passes",),
     ("pipeline", "codegen"),
@@ -265,11 +265,6 @@ def test_functions_stay_readable():
 # about that primitive: (module, string) -> why it is there.
 NOT_A_PRIMITIVE = {
     ("axdsl.codegen.names", "moe"): "snake() keeps the word MoE whole (MoEBlock -> moe_block)",
-    ("axdsl.codegen.emit_train", "rsqrt"): "the rsqrt learning-rate schedule, not the primitive",
-    (
-        "axdsl.passes.configure_train",
-        "rsqrt",
-    ): "the rsqrt learning-rate schedule, not the primitive",
 }
 
 
