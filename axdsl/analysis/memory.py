@@ -71,6 +71,7 @@ import math
 from dataclasses import dataclass, field
 from enum import Enum
 
+from axdsl import optim
 from axdsl.analysis.activations import trace_activations
 from axdsl.analysis.layout import DTYPE_BYTES, Layout
 from axdsl.analysis.platforms import CPU, PlatformFacts, facts
@@ -87,7 +88,6 @@ __all__ = [
     "GENERATED_UPDATE_SKIP",
     "Layout",
     "MemoryEstimate",
-    "OPT_MOMENTS",
     "UPDATE_SELECT_FRACTION",
     "UpdateSkip",
     "estimate_memory",
@@ -110,10 +110,6 @@ GENERATED_UPDATE_SKIP = UpdateSkip.COND
 # fraction of (parameters + moments) is live at once (0.53-0.58 over three model shapes; the
 # select overlaps with the next leaf's update). `jax.lax.cond` instead of the select avoids it.
 UPDATE_SELECT_FRACTION = 0.57
-# Moments per parameter element in the parameter dtype, by optimizer.
-OPT_MOMENTS = {"adamw": 2, "adam": 2, "lion": 1, "sgd": 1, "adafactor": 0}
-# Optimizers whose first moment can take its own dtype (optax's mu_dtype; configure_train).
-MU_DTYPE_OPTIMIZERS = ("adamw", "adam", "lion")
 # A jnp dtype name (what the train block resolves dtypes to) -> its spec name.
 SPEC_DTYPES = {jnp_name: name for name, jnp_name in ir.DTYPES.items()}
 
@@ -130,7 +126,7 @@ class MemoryEstimate:
     seq: int
     microbatches: int
     remat: str
-    optimizer: str
+    optimizer: ir.OptimizerKind
     params: int
     grads: int
     opt_state: int
@@ -223,10 +219,11 @@ def estimate_memory(
     seq = seq or (train.get("seq") if train else 128)
     microbatches = microbatches or (train.get("microbatches") if train else 1)
     if optimizer is None:
-        optimizer = train.get("optimizer").name if train else "adamw"
+        optimizer = train.get("optimizer").name if train else optim.DEFAULT_OPTIMIZER
+    optimizer = ir.OptimizerKind(optimizer)
     if mu_dtype is None and train is not None and train.get("optimizer").name == optimizer:
         mu_dtype = SPEC_DTYPES.get(train.get("optimizer").arg("mu_dtype", ""))
-    if optimizer not in MU_DTYPE_OPTIMIZERS:
+    if not optim.OPTIMIZERS[optimizer].has_mu_dtype:
         mu_dtype = None
     sizes = dict(mesh) if mesh is not None else dict(module.target.mesh_sizes)
     rules = {k: c.value for k, c in module.target.rules}
@@ -285,7 +282,11 @@ def estimate_memory(
 
 
 def _state(
-    root: ir.Instance, layout: Layout, optimizer: str, remat: ir.RematKind, mu: str | None = None
+    root: ir.Instance,
+    layout: Layout,
+    optimizer: ir.OptimizerKind,
+    remat: ir.RematKind,
+    mu: str | None = None,
 ) -> _State:
     """Parameters and optimizer moments, sharded; the cast copies when the model computes in
     another dtype. The root casts what is outside its stacked children once (a copy and its
@@ -317,7 +318,7 @@ def _state(
 def _lora_state(
     root: ir.Instance,
     layout: Layout,
-    optimizer: str,
+    optimizer: ir.OptimizerKind,
     settings,
     base: _State,
     microbatches: int,
@@ -331,7 +332,8 @@ def _lora_state(
     for t in targets:
         n, b = t.adapter_elements(settings.rank), DTYPE_BYTES[t.param.dtype.name]
         adapters += n * b
-        moments += n * 4 if optimizer == "adafactor" else _moment_bytes(optimizer, b, mu) * n
+        factored = optim.OPTIMIZERS[optimizer].factored
+        moments += n * 4 if factored else _moment_bytes(optimizer, b, mu) * n
         f32 += n * 4
         merged += layout.param_elements(t.param) * b
     state = _State(base.params + adapters, moments, base.weight_copies // 2 + merged, f32, adapters)
@@ -372,19 +374,19 @@ def _block_remat(root: ir.Instance) -> ir.RematPolicy:
     return ir.RematPolicy(ir.RematKind.NONE)
 
 
-def _moment_bytes(optimizer: str, b: int, mu: str | None) -> int:
+def _moment_bytes(optimizer: ir.OptimizerKind, b: int, mu: str | None) -> int:
     """Bytes of an element's moments for parameters of `b` bytes: the first moment in `mu` when
     given (optax's mu_dtype), the others in the parameter dtype."""
-    moments = OPT_MOMENTS.get(optimizer, 2)
+    moments = optim.OPTIMIZERS[optimizer].moments
     if mu is None or moments == 0:
         return moments * b
     return DTYPE_BYTES[mu] + (moments - 1) * b
 
 
-def _opt_bytes(optimizer: str, p: ir.Param, n: int, mu: str | None = None) -> int:
+def _opt_bytes(optimizer: ir.OptimizerKind, p: ir.Param, n: int, mu: str | None = None) -> int:
     """Optimizer moments of one parameter of `n` elements on a chip."""
     b = DTYPE_BYTES[p.dtype.name]
-    if optimizer == "adafactor":
+    if optim.OPTIMIZERS[optimizer].factored:
         dims = [ir.static_size(d) for d in p.full_dims]
         if len(dims) >= 2:  # factored second moment: rows and columns of the two largest dims
             r, c = sorted(range(len(dims)), key=lambda i: dims[i])[-2:]

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from axdsl.ir import nodes as ir
+
 
 @dataclass(frozen=True)
 class PlatformFacts:
@@ -90,9 +92,14 @@ TPU = PlatformFacts(
     overestimate=0.10,
 )
 
-FACTS = {"cpu": CPU, "gpu": CPU, "trn": CPU, "tpu": TPU}
+FACTS = {
+    ir.ChipKind.CPU: CPU,
+    ir.ChipKind.GPU: CPU,
+    ir.ChipKind.TRN: CPU,
+    ir.ChipKind.TPU: TPU,
+}
 
 
-def facts(kind: str) -> PlatformFacts:
-    """The facts of a target kind (cpu, gpu, tpu, trn); unknown kinds get the CPU's."""
-    return FACTS.get(kind, CPU)
+def facts(kind: ir.ChipKind) -> PlatformFacts:
+    """The facts of a target kind (cpu, gpu, tpu, trn)."""
+    return FACTS[kind]

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from axdsl.aot.tpu import compile_for_topology
 from axdsl.aot.xla import memory_stats, short, xla_total
+from axdsl.ir import nodes as ir
 
 __all__ = [
     "RESULT_TAG",
@@ -33,7 +34,8 @@ __all__ = [
 ]
 
 RESULT_TAG = "AXDSL_AOT_RESULT "
-PLATFORMS = {"cpu": "cpu", "gpu": "cuda", "tpu": "tpu"}
+# jax platform names by chip kind; others (trn) lower for the CPU.
+PLATFORMS = {ir.ChipKind.CPU: "cpu", ir.ChipKind.GPU: "cuda", ir.ChipKind.TPU: "tpu"}
 
 
 # ---------------------------------------------------------------------------- lowering
@@ -45,7 +47,7 @@ def lower_step(
     batch: int,
     seq: int,
     chips: int,
-    kind: str,
+    kind: ir.ChipKind,
     compile: bool,
 ) -> dict:
     """Lower the generated step here when jax can have `chips` devices, else in a subprocess."""
@@ -112,7 +114,13 @@ def _lower_in_subprocess(
 
 
 def lower_here(
-    files: dict[str, str], model: str, batch: int, seq: int, chips: int, kind: str, compile: bool
+    files: dict[str, str],
+    model: str,
+    batch: int,
+    seq: int,
+    chips: int,
+    kind: ir.ChipKind,
+    compile: bool,
 ) -> dict:
     """Import the generated files as a throwaway package and lower (maybe compile) its step."""
     tmp = Path(tempfile.mkdtemp(prefix="axdsl_aot_"))
@@ -148,7 +156,15 @@ def lower_here(
 
 
 def _lower_generated(
-    train, mod, result: dict, model: str, batch: int, seq: int, chips: int, kind: str, compile: bool
+    train,
+    mod,
+    result: dict,
+    model: str,
+    batch: int,
+    seq: int,
+    chips: int,
+    kind: ir.ChipKind,
+    compile: bool,
 ) -> None:
     """Check the configuration, lower the step on the mesh, then compile where it means
     something."""
@@ -175,7 +191,7 @@ def _lower_generated(
         lowered = _lower_for_platform(step, state, tokens, result)
         result["lower_s"] = round(time.perf_counter() - t0, 2)
         result["hlo_chars"] = len(lowered.as_text())
-        if compile and result["platform"] == "cpu" and kind == "cpu":
+        if compile and result["platform"] == "cpu" and kind is ir.ChipKind.CPU:
             t0 = time.perf_counter()
             compiled = lowered.compile()
             result["compile_s"] = round(time.perf_counter() - t0, 2)
@@ -185,7 +201,7 @@ def _lower_generated(
                 f"not compiled: a {kind} step compiled for this CPU would not "
                 f"give the {kind}'s memory"
             )
-    if kind == "tpu":
+    if kind is ir.ChipKind.TPU:
         result.update(_compile_for_tpu(train, mod, cfg, tc, chips))
 
 

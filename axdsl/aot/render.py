@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from axdsl.aot.xla import xla_total
+from axdsl.ir import nodes as ir
 from axdsl.aot.report import Report, gib
 
 
@@ -203,7 +204,7 @@ def _render_lowering(r: Report) -> list[str]:
         out.append(f"  {lo['compile_note']}")
     if lo.get("tpu"):
         out.append(f"  TPU: {lo['tpu']}")
-    elif r.profile.kind == "gpu" and not xla:
+    elif r.profile.kind is ir.ChipKind.GPU and not xla:
         out.append(
             "  GPU: exact per-chip figures need a compile on a machine with the GPU "
             "(jax cannot compile for CUDA without one); run `axdsl aot ... --compile` there"

@@ -20,7 +20,8 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from axdsl.analysis.memory import MU_DTYPE_OPTIMIZERS, MemoryEstimate, estimate_memory
+from axdsl import optim
+from axdsl.analysis.memory import MemoryEstimate, estimate_memory
 from axdsl.aot.report import gib
 from axdsl.ir import nodes as ir
 from axdsl.lora import LoraSettings
@@ -183,7 +184,7 @@ def _microbatches(s: _Search) -> _Lever | None:
 
 def _mu_bf16(s: _Search) -> _Lever | None:
     """adamw's and lion's first moment in bf16 (optax's mu_dtype), when it is larger now."""
-    if s.est.optimizer not in MU_DTYPE_OPTIMIZERS or s.est.mu_dtype in ("bf16", "f16"):
+    if not optim.OPTIMIZERS[s.est.optimizer].has_mu_dtype or s.est.mu_dtype in ("bf16", "f16"):
         return None
     lever = _Lever(
         "the first moment in bf16",
@@ -195,12 +196,13 @@ def _mu_bf16(s: _Search) -> _Lever | None:
 
 def _adafactor(s: _Search) -> _Lever | None:
     """Adafactor keeps factored second moments (rows and columns) instead of two full moments."""
-    if s.est.optimizer == "adafactor":
+    adafactor = ir.OptimizerKind.ADAFACTOR
+    if s.est.optimizer == adafactor:
         return None
     return _Lever(
         f"Adafactor instead of {s.est.optimizer} (factored second moments, no first moment)",
-        "train { optimizer = adafactor() }",
-        _with(optimizer="adafactor"),
+        f"train {{ optimizer = {adafactor}() }}",
+        _with(optimizer=adafactor),
     )
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from axdsl import __version__, lora, primitives
+from axdsl import __version__, lora, optim, primitives
 from axdsl.analysis.flops import TrainingFlops
 from axdsl.codegen import runtime_source
 from axdsl.codegen.emit import render_template
@@ -50,8 +50,7 @@ def emit_train(module: ir.Module, package: str, flops: list[TrainingFlops]) -> s
     t = module.train
     fields = _fields(module)
     opt = t.get("optimizer")
-    opt_name = opt.name
-    sched_name = t.get("schedule").name
+    optimizer, schedule = optim.optimizer(opt.name), optim.schedule(t.get("schedule").name)
     profile = profiles()[module.target.profile]
     batch_axes = module.target.kept_axes("batch")
     objective, batches = objective_of(module), batches_objective(module)
@@ -68,10 +67,10 @@ def emit_train(module: ir.Module, package: str, flops: list[TrainingFlops]) -> s
         peak_nominal=profile.peak_nominal,
         flops=flops,
         train_fields=fields,
-        schedule_doc=SCHEDULE_DOC[sched_name],
-        schedule_body=SCHEDULES[sched_name],
-        optimizer_doc=OPTIMIZER_DOC[opt_name],
-        optimizer_body=optimizer_body(opt),
+        schedule_doc=schedule.doc,
+        schedule_body=list(schedule.body),
+        optimizer_doc=optimizer.doc,
+        optimizer_body=optimizer.lines(opt),
         batch_axes=spec_text((batch_axes,))[2:-1] or "None",
         dropout=uses_dropout(module.models[0].root),
         lm=objective.token_rows,
@@ -333,106 +332,3 @@ _DOCS = {
 
 def _doc(key: str, origin) -> str:
     return f"{_DOCS[key]}; {origin}"
-
-
-_CLIP = "optax.clip_by_global_norm(tc.clip) if tc.clip else optax.identity(),"
-
-OPTIMIZERS = {
-    "adamw": [
-        "lr, mask = lr_schedule(tc), decay_mask()",
-        "return optax.chain(",
-        f"    {_CLIP}",
-        "    optax.adamw(lr, b1=tc.b1, b2=tc.b2, eps=tc.eps, weight_decay=tc.weight_decay, "
-        "mask=mask{mu}),",
-        ")",
-    ],
-    "lion": [
-        "lr, mask = lr_schedule(tc), decay_mask()",
-        "return optax.chain(",
-        f"    {_CLIP}",
-        "    optax.lion(lr, b1=tc.b1, b2=tc.b2, weight_decay=tc.weight_decay, mask=mask{mu}),",
-        ")",
-    ],
-    "adafactor": [
-        "lr, mask = lr_schedule(tc), decay_mask()",
-        "return optax.chain(",
-        f"    {_CLIP}",
-        "    optax.adafactor(lr, weight_decay_rate=tc.weight_decay or None, "
-        "weight_decay_mask=mask),",
-        ")",
-    ],
-    "sgd": [
-        "return optax.chain(",
-        f"    {_CLIP}",
-        "    optax.add_decayed_weights(tc.weight_decay, mask=decay_mask()),",
-        "    optax.sgd(lr_schedule(tc), momentum=tc.momentum or None, nesterov=tc.nesterov),",
-        ")",
-    ],
-}
-# `{mu}`: the first moment's dtype when the spec sets mu_dtype (configure_train.OPTIMIZER_DTYPES);
-# nothing otherwise, so specs that leave it out generate what they always did.
-MU_DTYPE_ARG = ", mu_dtype=tc.mu_dtype or None"
-
-
-def optimizer_body(opt: ir.NamedCall) -> list[str]:
-    """The lines of base_optimizer for `opt` (its template, with `{mu}` filled in)."""
-    mu = MU_DTYPE_ARG if opt.arg("mu_dtype", None) is not None else ""
-    return [line.replace("{mu}", mu) for line in OPTIMIZERS[opt.name]]
-
-
-OPTIMIZER_DOC = {
-    "adamw": "Clip by global norm, then AdamW with decoupled weight decay on matrices only.",
-    "lion": "Clip by global norm, then Lion (sign momentum) with weight decay on matrices only.",
-    "adafactor": (
-        "Clip by global norm, then Adafactor (factored second moments) with decay on matrices."
-    ),
-    "sgd": "Clip by global norm, weight decay on matrices, then SGD with (Nesterov) momentum.",
-}
-SCHEDULES = {
-    "cosine": [
-        "return optax.warmup_cosine_decay_schedule(",
-        "    0.0, tc.lr, tc.warmup, max(tc.steps, tc.warmup + 1), end_value=tc.lr * tc.final",
-        ")",
-    ],
-    "linear": [
-        "return optax.join_schedules(",
-        "    [optax.linear_schedule(0.0, tc.lr, tc.warmup),",
-        "     optax.linear_schedule(tc.lr, tc.lr * tc.final, max(tc.steps - tc.warmup, 1))],",
-        "    [tc.warmup],",
-        ")",
-    ],
-    "constant": [
-        "if not tc.warmup:",
-        "    return optax.constant_schedule(tc.lr)",
-        "return optax.join_schedules(",
-        "    [optax.linear_schedule(0.0, tc.lr, tc.warmup), optax.constant_schedule(tc.lr)],",
-        "    [tc.warmup],",
-        ")",
-    ],
-    "wsd": [
-        "decay_start = max(int(tc.steps * (1 - tc.decay)), tc.warmup)",
-        "return optax.join_schedules(",
-        "    [optax.linear_schedule(0.0, tc.lr, tc.warmup),",
-        "     optax.constant_schedule(tc.lr),",
-        "     optax.linear_schedule(tc.lr, tc.lr * tc.final, max(tc.steps - decay_start, 1))],",
-        "    [tc.warmup, decay_start],",
-        ")",
-    ],
-    "rsqrt": [
-        "warmup = max(tc.warmup, 1)",
-        "",
-        "def schedule(step):",
-        "    step = jnp.asarray(step, jnp.float32)",
-        "    decay = tc.lr * jnp.sqrt(warmup / jnp.maximum(step, warmup))",
-        "    return jnp.where(step < tc.warmup, tc.lr * step / warmup, decay)",
-        "",
-        "return schedule",
-    ],
-}
-SCHEDULE_DOC = {
-    "cosine": "linear warmup to lr, then cosine decay to lr * final",
-    "linear": "linear warmup to lr, then linear decay to lr * final",
-    "constant": "linear warmup to lr, then constant",
-    "wsd": "warmup, stable at lr, then linear decay to lr * final over the last `decay` fraction",
-    "rsqrt": "linear warmup to lr, then lr * sqrt(warmup / step)",
-}

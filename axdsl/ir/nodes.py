@@ -39,18 +39,21 @@ from axdsl.ir.sections import (  # noqa: F401
 )
 from axdsl.ir.settings import (  # noqa: F401
     CheckpointPolicy,
+    ChipKind,
     DataKind,
     DataSource,
     FitTry,
     Kernel,
     NamedCall,
     ObjectiveKind,
+    OptimizerKind,
     QuantFormat,
     QuantPolicy,
     RematFit,
     RematKind,
     RematPolicy,
     Schedule,
+    ScheduleKind,
     Tokenizer,
     TrainSettings,
 )

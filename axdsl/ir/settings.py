@@ -95,7 +95,7 @@ class Schedule:
 
     name: str  # as requested, e.g. gpu-h100-8
     profile: str  # e.g. gpu-h100
-    kind: str  # the profile's chip family: cpu, gpu, tpu, trn
+    kind: ChipKind  # the profile's chip family
     chips: int
     matched: str | None  # the pattern of the target block that matched, if any
     matched_span: Span | None
@@ -132,14 +132,44 @@ class Schedule:
 
 @dataclass(frozen=True)
 class NamedCall:
-    """An optimizer, schedule or objective (`name` an ObjectiveKind) with every argument resolved:
-    adamw(lr = 3e-4, b1 = 0.9, ...)."""
+    """An optimizer, schedule or objective (`name` its OptimizerKind, ScheduleKind or
+    ObjectiveKind) with every argument resolved: adamw(lr = 3e-4, b1 = 0.9, ...)."""
 
-    name: str
+    name: OptimizerKind | ScheduleKind | ObjectiveKind
     args: tuple[tuple[str, Any], ...]
 
     def arg(self, key: str, default: Any = None) -> Any:
         return dict(self.args).get(key, default)
+
+
+class OptimizerKind(StrEnum):
+    """The train block's `optimizer = ...` (axdsl/optim/ holds each one's registry entry: its
+    arguments, its state for the memory model, and its optax spelling in train.py)."""
+
+    ADAMW = "adamw"
+    LION = "lion"
+    ADAFACTOR = "adafactor"
+    SGD = "sgd"
+
+
+class ScheduleKind(StrEnum):
+    """The train block's `schedule = ...`, the learning rate by step (axdsl/optim/ holds each
+    one's registry entry)."""
+
+    COSINE = "cosine"
+    LINEAR = "linear"
+    CONSTANT = "constant"
+    WSD = "wsd"  # warmup, stable, decay
+    RSQRT = "rsqrt"
+
+
+class ChipKind(StrEnum):
+    """A target profile's chip family (targets/profiles.toml's `kind`)."""
+
+    CPU = "cpu"
+    GPU = "gpu"
+    TPU = "tpu"
+    TRN = "trn"
 
 
 class ObjectiveKind(StrEnum):

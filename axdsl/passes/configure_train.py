@@ -9,8 +9,9 @@
       checkpoint(every = 500, keep = 3, async = true, dir = "checkpoints")
     }
 
-An optimizer's dtype arguments (OPTIMIZER_DTYPES: `adamw(mu_dtype = bf16)` keeps the first moment
-in bf16) are optional and resolved only when given.
+The optimizers and schedules and their arguments are axdsl/optim/'s registry. An optimizer's dtype
+arguments (`adamw(mu_dtype = bf16)` keeps the first moment in bf16) are optional and resolved
+only when given.
 Every key, optimizer, schedule and data source is checked here with a located error; the
 defaults below apply to keys the spec leaves out, and `axdsl dump` shows each value's origin.
 The batch must split evenly into micro-batches and over the mesh axes that shard `batch`; seq
@@ -22,37 +23,15 @@ of the run, at most 100 steps. train.py re-checks what its command-line flags ca
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
-from axdsl import finetune, lora, objectives
+from axdsl import finetune, lora, objectives, optim
 from axdsl.errors import Diagnostics, Span, did_you_mean
 from axdsl.ir import nodes as ir
 from axdsl.ir.printer import value_text
 
-# Optimizers and schedules: their arguments and defaults (the spec may set any subset).
-OPTIMIZERS: dict[str, dict[str, float | bool]] = {
-    "adamw": {"lr": 3e-4, "b1": 0.9, "b2": 0.95, "eps": 1e-8, "weight_decay": 0.1},
-    "lion": {"lr": 1e-4, "b1": 0.9, "b2": 0.99, "weight_decay": 0.1},
-    "adafactor": {"lr": 1e-2, "weight_decay": 0.0},
-    "sgd": {"lr": 1e-2, "momentum": 0.9, "nesterov": False, "weight_decay": 0.0},
-}
-# Optimizer arguments that name a dtype, each optional: left out, it is not in the resolved call
-# and train.py passes nothing (optax keeps the state in the parameter dtype). `mu_dtype` is optax's:
-# the dtype of the first moment (adamw's mu, lion's momentum), e.g. bf16 to halve it.
-OPTIMIZER_DTYPES: dict[str, tuple[str, ...]] = {"adamw": ("mu_dtype",), "lion": ("mu_dtype",)}
-# A warmup left out (None) becomes min(100, steps // 10).
-SCHEDULES: dict[str, dict[str, float | None]] = {
-    "cosine": {"warmup": None, "final": 0.1},  # linear warmup, cosine decay to final * lr
-    "linear": {"warmup": None, "final": 0.0},  # linear warmup, linear decay to final * lr
-    "constant": {"warmup": 0},
-    "wsd": {
-        "warmup": None,
-        "decay": 0.2,
-        "final": 0.0,
-    },  # warmup, stable, decay over the last `decay` fraction
-    "rsqrt": {"warmup": None},  # warmup, then lr * sqrt(warmup / step)
-}
 DATA_SOURCES = (
     "default",
     "tokens",
@@ -148,13 +127,13 @@ def _defaults(values: dict[str, ir.Choice], module: ir.Module) -> None:
         values["seq"] = ir.Choice(min(128, max_seq.value.value), _default("128, at most max_seq"))
     for k, (fdefault, _) in FLOAT_KEYS.items():
         values.setdefault(k, ir.Choice(fdefault))
-    values.setdefault(
-        "optimizer", ir.Choice(ir.NamedCall("adamw", tuple(OPTIMIZERS["adamw"].items())))
-    )
+    default_opt = optim.OPTIMIZERS[optim.DEFAULT_OPTIMIZER]
+    values.setdefault("optimizer", ir.Choice(ir.NamedCall(default_opt.kind, default_opt.arguments)))
     steps = values["steps"].value
     warm = min(100, max(steps // 10, 0))
+    default_sched = optim.SCHEDULES[optim.DEFAULT_SCHEDULE]
     values.setdefault(
-        "schedule", ir.Choice(ir.NamedCall("cosine", (("warmup", None), ("final", 0.1))))
+        "schedule", ir.Choice(ir.NamedCall(default_sched.kind, default_sched.arguments))
     )
     sched = values["schedule"].value
     if sched.arg("warmup", 0) is None:  # the warmup left out: a tenth of the run, at most 100
@@ -196,9 +175,9 @@ def _check(name: str, value: Any, span: Span, diags: Diagnostics) -> Any:
             return None
         return ir.DTYPES[value.id]
     if name == "optimizer":
-        return _call(value, span, OPTIMIZERS, "optimizer", diags)
+        return _call(value, span, optim.OPTIMIZERS, "optimizer", diags)
     if name == "schedule":
-        return _call(value, span, SCHEDULES, "schedule", diags)
+        return _call(value, span, optim.SCHEDULES, "schedule", diags)
     if name == "objective":
         return objectives.check_call(value, span, diags)
     if name in finetune.KEYS:
@@ -206,8 +185,15 @@ def _check(name: str, value: Any, span: Span, diags: Diagnostics) -> Any:
     return _data(value, span, diags)
 
 
-def _call(value: Any, span: Span, table: dict, what: str, diags: Diagnostics):
-    """`adamw(lr = 3e-4)` or a bare `adamw`: the name and every argument, defaults filled in."""
+def _call(
+    value: Any,
+    span: Span,
+    table: Mapping[ir.OptimizerKind, optim.Optimizer] | Mapping[ir.ScheduleKind, optim.Schedule],
+    what: str,
+    diags: Diagnostics,
+) -> ir.NamedCall | None:
+    """`adamw(lr = 3e-4)` or a bare `adamw`: the kind and every argument, defaults filled in
+    (`table` is optim's registry of optimizers or of schedules)."""
     if isinstance(value, ir.NameValue):
         value = ir.CallValue(value.id)
     if not isinstance(value, ir.CallValue):
@@ -234,8 +220,11 @@ def _call(value: Any, span: Span, table: dict, what: str, diags: Diagnostics):
             ),
         )
         return None
-    out = dict(table[fn])
-    dtypes = OPTIMIZER_DTYPES.get(fn, ()) if what == "optimizer" else ()
+    entry = table[fn]  # type: ignore[index]  # a str key finds its StrEnum kind
+    defaults: dict[str, Any] = dict(entry.defaults)
+    out = dict(defaults)
+    dtypes = entry.dtypes if isinstance(entry, optim.Optimizer) else ()
+    decay_phase = isinstance(entry, optim.Schedule) and entry.decay_phase
     for k, v in kwargs:
         if k in dtypes:
             if isinstance(v, ir.NameValue) and v.id in FLOAT_DTYPES:
@@ -254,7 +243,7 @@ def _call(value: Any, span: Span, table: dict, what: str, diags: Diagnostics):
                 did_you_mean(k, (*out, *dtypes)) or f"its arguments: {', '.join((*out, *dtypes))}",
             )
             continue
-        if isinstance(table[fn][k], bool):
+        if isinstance(defaults[k], bool):
             ok = isinstance(v, bool)
         else:
             ok = isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0
@@ -262,7 +251,7 @@ def _call(value: Any, span: Span, table: dict, what: str, diags: Diagnostics):
             diags.error(
                 span,
                 f"{fn}({k} = ...) must be "
-                f"{'true or false' if isinstance(table[fn][k], bool) else 'a number >= 0'}, "
+                f"{'true or false' if isinstance(defaults[k], bool) else 'a number >= 0'}, "
                 f"got {_show(v)}",
             )
             continue
@@ -278,9 +267,9 @@ def _call(value: Any, span: Span, table: dict, what: str, diags: Diagnostics):
         diags.error(
             span, f"{fn}(final = {out['final']}) is a fraction of the peak learning rate, in [0, 1]"
         )
-    if fn == "wsd" and not 0 < out["decay"] <= 1:
-        diags.error(span, "wsd(decay = ...) is the fraction of steps spent decaying, in (0, 1]")
-    return ir.NamedCall(fn, tuple(out.items()))
+    if decay_phase and not 0 < out["decay"] <= 1:
+        diags.error(span, f"{fn}(decay = ...) is the fraction of steps spent decaying, in (0, 1]")
+    return ir.NamedCall(entry.kind, tuple(out.items()))
 
 
 def _data(value: Any, span: Span, diags: Diagnostics):
@@ -477,13 +466,13 @@ def _cross_checks(values: dict[str, ir.Choice], module: ir.Module, diags: Diagno
         )
     elif (
         sched.span is not None
-        and sched.value.name == "wsd"
+        and optim.schedule(sched.value.name).decay_phase
         and args["warmup"] > int(steps * (1 - args["decay"]))
     ):
         diags.error(
             sched.span,
-            f"wsd: warmup = {args['warmup']} overlaps the decay, which starts at step "
-            f"{int(steps * (1 - args['decay']))} of {steps}",
+            f"{sched.value.name}: warmup = {args['warmup']} overlaps the decay, which starts at "
+            f"step {int(steps * (1 - args['decay']))} of {steps}",
             "shorten the warmup or the decay",
         )
 

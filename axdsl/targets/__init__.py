@@ -16,7 +16,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from axdsl.errors import did_you_mean
-from axdsl.ir.settings import Kernel, QuantFormat, RematKind
+from axdsl.ir.settings import ChipKind, Kernel, QuantFormat, RematKind
 
 # Mesh axes, least to most communication per step (AXLearn's order): `model` is innermost, so
 # tensor-parallel peers sit on the fastest links.
@@ -44,7 +44,7 @@ class Profile:
     """One chip's facts and its default schedule."""
 
     name: str
-    kind: str  # cpu, gpu, tpu, trn
+    kind: ChipKind  # cpu, gpu, tpu, trn: parsed when the profiles load
     description: str
     hbm_gib: float
     peak_tflops: dict[str, float]
@@ -100,7 +100,7 @@ def profiles() -> dict[str, Profile]:
         rules.update({k: tuple(v) for k, v in t.get("rules", {}).items()})
         out[name] = Profile(
             name=name,
-            kind=t["kind"],
+            kind=ChipKind(t["kind"]),
             description=t["description"],
             hbm_gib=t["hbm_gib"],
             peak_tflops=dict(t["peak_tflops"]),
