@@ -43,7 +43,7 @@ from tqdm import tqdm
 # ----------------------------------------------------------------- interface (axdsl/runtime/api.py)
 # The interface train.py files call. A build rewrites this file but keeps a train.py you edited,
 # so each train.py states the API it was written for and `check_api` stops a mismatch up front.
-API = 2
+API = 3
 
 
 def check_api(expected: int) -> None:
@@ -1760,6 +1760,12 @@ class MetricsLog:
     def exclude(self, seconds: float) -> None:
         """Leave time spent evaluating or checkpointing out of the throughput."""
         self.meter.exclude(seconds)
+
+    @property
+    def untimed(self) -> bool:
+        """No call has been read since the run (re)started: that call compiled the step, so
+        train.py reads it at once, and the throughput of the first logged steps leaves it out."""
+        return self.meter.mark is None
 
     def close(self, summary: bool = True) -> None:
         """Close the files; after a run that reached its last step, print the summary."""

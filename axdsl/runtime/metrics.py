@@ -319,6 +319,12 @@ class MetricsLog:
         """Leave time spent evaluating or checkpointing out of the throughput."""
         self.meter.exclude(seconds)
 
+    @property
+    def untimed(self) -> bool:
+        """No call has been read since the run (re)started: that call compiled the step, so
+        train.py reads it at once, and the throughput of the first logged steps leaves it out."""
+        return self.meter.mark is None
+
     def close(self, summary: bool = True) -> None:
         """Close the files; after a run that reached its last step, print the summary."""
         self.bar.close()

@@ -45,7 +45,7 @@ signal.signal(
     signal.SIGINT, signal.default_int_handler
 )  # main() installs the checkpointing handler
 
-RUNTIME_API = 2  # the runtime.py interface this file is written for
+RUNTIME_API = 3  # the runtime.py interface this file is written for
 TARGET = "cpu"
 SPEC = "specs/phi2.axl"
 # A nominal figure, not this machine's measured peak: the MFU shown is `mfu_nominal`.
@@ -360,7 +360,7 @@ def main(argv=None) -> None:
             evaluate = tc.eval_every and (step % tc.eval_every == 0 or last)
             checkpoint = stop or tc.checkpoint_every and (step % tc.checkpoint_every == 0 or last)
             logs = step // tc.log_every > (step - n) // tc.log_every  # log_every falls in this call
-            if not (logs or evaluate or checkpoint or last):
+            if not (logs or evaluate or checkpoint or last or log.untimed):
                 continue  # no sync: the next call is queued while this one runs
             # Read the metrics since the last read (waiting for this call), before evaluating or
             # saving: after tc.max_bad_steps non-finite steps in a row (bad: the step and the
