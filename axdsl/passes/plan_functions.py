@@ -55,8 +55,10 @@ def needed_helpers(models: tuple[ir.Model, ...], schedule: ir.Schedule | None) -
 
 def _needs(e: ir.TExpr, schedule: ir.Schedule | None, decoding: bool) -> tuple[str, ...]:
     if isinstance(e, ir.Prim):
-        rule = primitives.get(e.name).needs
-        return rule(e, schedule, decoding) if rule is not None else ()
+        entry = primitives.get(e.name)
+        if entry.needs is None:  # no rule: every call calls all the helpers it lists
+            return tuple(h.name for h in entry.helpers)
+        return entry.needs(e, schedule, decoding)
     if isinstance(e, ir.Bin) and e.op is BinOp.MATMUL:
         return primitives.matmul_needs(e, schedule)
     return ()
