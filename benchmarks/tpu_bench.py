@@ -150,7 +150,24 @@ def prepare(out: Path, variants: bool, dry: bool) -> dict:
 
 
 # ---------------------------------------------------------------------------- run (on the chip)
-def measure(root: str, run: dict, steps: int) -> dict:
+def profile_steps(compiled, state, batch, where: Path) -> None:
+    """A jax.profiler trace of two more steps, kept as where (a Perfetto JSON trace, gzipped)."""
+    import glob
+
+    import jax
+
+    tmp = Path(tempfile.mkdtemp(prefix="trace_"))
+    jax.profiler.start_trace(str(tmp), create_perfetto_trace=True)
+    for _ in range(2):
+        state, metrics = compiled(state, batch)
+        float(metrics["loss"])
+    jax.profiler.stop_trace()
+    found = glob.glob(str(tmp / "**" / "perfetto_trace.json.gz"), recursive=True)
+    if found:
+        shutil.copy(found[0], where)
+
+
+def measure(root: str, run: dict, steps: int, profile: Path | None = None) -> dict:
     """Compile one build's train step, then time `steps` steps after WARMUP: its figures."""
     import jax
 
@@ -184,6 +201,8 @@ def measure(root: str, run: dict, steps: int) -> dict:
             state, metrics = compiled(state, batch)
             losses.append(float(metrics["loss"]))  # waits for the step
             times.append(time.perf_counter() - t0)
+        if profile is not None:
+            profile_steps(compiled, state, batch, profile / f"{run['config']}_{run['variant']}.trace.json.gz")
     timed = sorted(times[WARMUP:])
     step_s = timed[len(timed) // 2]  # the median step
     per_token = tm.MODEL_FLOPS[tc.model].per_token(tc.seq)
@@ -192,13 +211,13 @@ def measure(root: str, run: dict, steps: int) -> dict:
     return out
 
 
-def _measure_config(root: Path, config: str, steps: int, results: Path) -> None:
+def _measure_config(root: Path, config: str, steps: int, results: Path, profile: str = "") -> None:
     """Every build of one config, in this process (one chip holder), each result appended."""
     plan = json.loads((root / "plan.json").read_text())
     for run in (r for r in plan["runs"] if r["config"] == config):
         began = time.perf_counter()
         try:
-            r = measure(str(root), run, steps)
+            r = measure(str(root), run, steps, Path(profile) if profile else None)
         except Exception as exc:  # noqa: BLE001 - one build failing must not hide the others
             r = {"config": config, "variant": run["variant"], "error": f"{type(exc).__name__}: {exc}"[:400]}
         r["wall_s"] = round(time.perf_counter() - began, 1)
@@ -219,14 +238,14 @@ def _line(r: dict) -> str:
             f"loss {r['losses'][0]:.3f}->{r['losses'][-1]:.3f}")
 
 
-def run(root: Path, only: list[str], steps: int, results: Path, timeout: int) -> int:
+def run(root: Path, only: list[str], steps: int, results: Path, timeout: int, profile: str = "") -> int:
     """Each config in a fresh process; then the table."""
     plan = json.loads((root / "plan.json").read_text())
     configs = list(dict.fromkeys(r["config"] for r in plan["runs"] if not only or r["config"] in only))
     for config in configs:
         code = (f"import sys; sys.path.insert(0, {str(REPO / 'benchmarks')!r}); import tpu_bench; "
                 f"from pathlib import Path; tpu_bench._measure_config(Path({str(root)!r}), {config!r}, "
-                f"{steps}, Path({str(results)!r}))")
+                f"{steps}, Path({str(results)!r}), {profile!r})")
         try:
             proc = subprocess.run([sys.executable, "-c", code], timeout=timeout, capture_output=True, text=True)
             print(proc.stdout, end="", flush=True)
@@ -262,6 +281,7 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=STEPS, help="timed steps per build")
     p.add_argument("--results", type=Path, help="run: JSON lines out (default DIR/results.jsonl)")
     p.add_argument("--timeout", type=int, default=300, help="run: seconds per config's process")
+    p.add_argument("--profile", default="", help="run: also trace two steps per build into this folder")
     p.add_argument("--dry-run", action="store_true", help="prepare and run tiny cpu builds here")
     args = p.parse_args(argv)
     if args.dry_run:
@@ -279,7 +299,8 @@ def main(argv=None) -> int:
             print(f"{r['config']:10s} {r['variant']:10s} remat {r['remat']:10s} analytic "
                   f"{r['analytic_bytes'] / 2**30:.2f} GiB")
         return 0
-    return run(args.dir, args.only, args.steps, args.results or args.dir / "results.jsonl", args.timeout)
+    return run(args.dir, args.only, args.steps, args.results or args.dir / "results.jsonl", args.timeout,
+               str(args.profile))
 
 
 if __name__ == "__main__":

@@ -102,6 +102,26 @@ def test_f32_model_falls_back_with_the_reason(tmp_path):
     assert "# attention: splash not used: small has head_dim 32; splash needs a multiple of 64" in tpu
 
 
+@pytest.mark.parametrize(
+    "seq, head_dim, want",
+    [
+        (2048, 64, (1024, 1024, 1024, True)),  # Llama 3.2 1B: 8.60 -> 6.64 ms on the chip
+        (32768, 128, (2048, 1024, 512, True)),  # 32k tokens: 162.3 -> 104.8 ms
+        (4096, 128, (1024, 1024, 1024, True)),
+        (8192, 256, (512, 512, 512, False)),  # wide heads keep what ran before
+        (384, 64, (128, 128, 128, False)),
+    ],
+)
+def test_splash_tiles_by_length(seq, head_dim, want):
+    """The measured tiles (benchmarks/tpu_kernels.py splash): fused backward at lengths of whole
+    1024s, what ran before elsewhere; every tile divides the sequence."""
+    from axdsl.kernels.splash import splash_block_sizes
+
+    sizes = splash_block_sizes(seq, head_dim)
+    assert (sizes.block_q, sizes.block_kv, sizes.block_kv_compute, sizes.use_fused_bwd_kernel) == want
+    assert seq % sizes.block_q == 0 and seq % sizes.block_kv == 0 and sizes.block_kv % sizes.block_kv_compute == 0
+
+
 def test_splash_runs_head_dim_64(tmp_path):
     """Llama 3.2 1B's heads of 64 get splash on TPU (measured on a v5e: faster than XLA's)."""
     spec = _spec(tmp_path, "tiny", _variant(dim="128", heads="2"))

@@ -42,7 +42,9 @@ def naive_ssd(x, dt, a, b, c):
         state = np.zeros((batch, head_dim, b.shape[3]))
         for t in range(seq):
             decay = np.exp(dt[:, t, h] * a[h])[:, None, None]
-            state = decay * state + dt[:, t, h, None, None] * x[:, t, h, :, None] * b[:, t, g, None, :]
+            state = (
+                decay * state + dt[:, t, h, None, None] * x[:, t, h, :, None] * b[:, t, g, None, :]
+            )
             y[:, t, h] = np.einsum("bpn,bn->bp", state, c[:, t, g])
     return y
 
@@ -58,17 +60,25 @@ def test_ssd_matches_the_sequential_recurrence(chunk):
 def test_ssd_matches_transformers_chunk_scan():
     torch = pytest.importorskip("torch")
     from transformers.models.mamba2.modeling_mamba2 import mamba2_chunk_scan
+
     x, dt, a, b, c = _inputs(seq=13)
     raw = RNG.standard_normal(dt.shape).astype(np.float32)  # before softplus, as HF takes it
     bias = RNG.standard_normal(dt.shape[-1]).astype(np.float32)
     dt = np.log1p(np.exp(raw + bias)).astype(np.float32)
     t = torch.from_numpy
     with torch.no_grad():
-        want = mamba2_chunk_scan.__wrapped__(t(x), t(raw), t(a), t(b), t(c), chunk_size=4, dt_bias=t(bias),
-                                             dt_softplus=True) \
-            if hasattr(mamba2_chunk_scan, "__wrapped__") else \
-            mamba2_chunk_scan(t(x), t(raw), t(a), t(b), t(c), chunk_size=4, dt_bias=t(bias), dt_softplus=True)
-    np.testing.assert_allclose(np.asarray(_helper()(x, dt, a, b, c, chunk=4)), want.numpy(), rtol=1e-5, atol=1e-5)
+        want = (
+            mamba2_chunk_scan.__wrapped__(
+                t(x), t(raw), t(a), t(b), t(c), chunk_size=4, dt_bias=t(bias), dt_softplus=True
+            )
+            if hasattr(mamba2_chunk_scan, "__wrapped__")
+            else mamba2_chunk_scan(
+                t(x), t(raw), t(a), t(b), t(c), chunk_size=4, dt_bias=t(bias), dt_softplus=True
+            )
+        )
+    np.testing.assert_allclose(
+        np.asarray(_helper()(x, dt, a, b, c, chunk=4)), want.numpy(), rtol=1e-5, atol=1e-5
+    )
 
 
 def test_ssd_is_deterministic_and_pads_a_partial_chunk():
@@ -97,7 +107,7 @@ def test_ssd_primitive_in_a_spec(tmp_path):
     files = build_files(spec, "cpu")
     write_atomic(tmp_path / "out", files)
     source = files["model.py"]
-    assert "def ssd(" in source and "def segment_sum(" in source
+    assert "def ssd(" in source and "import functools" in source
     assert 'ssd(x, dt, -jnp.exp(params["A_log"]), b, c, chunk=4)' in source
     loader = importlib.util.spec_from_file_location("gen_ssd_scan", tmp_path / "out" / "model.py")
     module = importlib.util.module_from_spec(loader)
@@ -130,7 +140,9 @@ model scan = Scan {{}}
 """)
     inputs = _inputs(batch=2, seq=seq)
     ssd = _helper()
-    residuals = saved_residuals(lambda *t: ssd(*t, chunk=chunk).sum(), *(jax.numpy.asarray(t) for t in inputs))
+    residuals = saved_residuals(
+        lambda *t: ssd(*t, chunk=chunk).sum(), *(jax.numpy.asarray(t) for t in inputs)
+    )
     measured = sum(int(np.prod(r.shape)) * r.dtype.itemsize for r, _ in residuals)
     result = inputs[0].nbytes  # every traced forward keeps its result
     assert estimate_memory(compile_spec(spec), batch=2, seq=seq).saved == result + measured
@@ -142,8 +154,11 @@ def test_flops_count_the_chunked_products(tmp_path):
     spec = tmp_path / "scan.axl"
     spec.write_text(SPEC)
     model = compile_spec(spec).models[0]
-    heads, head_dim, state = 4, 3, 5
+    heads, head_dim, groups, state = 4, 3, 2, 5
     for seq, chunk in ((16, 4), (2, 2)):  # the chunk is 4; a sequence shorter than it is one chunk
         flops = model_flops(model, seq=seq)
         assert flops.matmul == 0
-        assert flops.attention == 2 * chunk * heads * (state + head_dim) + 4 * heads * head_dim * state
+        assert (
+            flops.attention
+            == 2 * chunk * (groups * state + heads * head_dim) + 4 * heads * head_dim * state
+        )

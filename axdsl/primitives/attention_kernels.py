@@ -30,6 +30,7 @@ SPLASH_ATTENTION = Source(
         "splash_attention",
         "_dividing_axes",
         "_splash_per_device",
+        "splash_block_sizes",
     ),
 )
 SPLASH_IMPORTS = (

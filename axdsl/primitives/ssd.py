@@ -12,11 +12,12 @@ Per head h (with group g = h / (heads / groups)), a linear recurrence over the s
 D skip, the gate and the norm are ordinary .axl around it (std/mamba.axl). The scan is done as
 SSD does it: within each chunk of `chunk` positions a masked, attention-like product (the
 "diagonal blocks"), across chunks a `lax.scan` that carries the state from one chunk boundary to
-the next. Everything runs in float32, as transformers' `torch_forward` does; S need not be a
+the next. The products take their operands in x's dtype and accumulate in float32, the rest is
+float32 (as mamba_ssm's kernels do; transformers' `torch_forward` is float32 throughout); S need not be a
 multiple of the chunk size (the helper pads with zeros, which leave the state unchanged: dt = 0).
 
-FLOPs per token (sequence mixing, not parameter matmuls): within a chunk 2 min(chunk, S) heads
-(state + head_dim) for the scores and their product with x; across chunks 4 heads head_dim state
+FLOPs per token (sequence mixing, not parameter matmuls): within a chunk 2 min(chunk, S) (groups
+state + heads head_dim) for the scores (once per group) and their product with x; across chunks 4 heads head_dim state
 for the chunk states and their read-out. Linear in S, unlike attention: at S >= chunk a fixed
 figure per token, which train.py's MODEL_FLOPS keeps as a chunk term (runtime.Mixer).
 """
@@ -38,7 +39,7 @@ from axdsl.primitives.base import (
 from axdsl.primitives.base import Source
 from axdsl.primitives.reductions import ir_fmt
 
-SSD = Source("ssd", ("segment_sum", "ssd"))
+SSD = Source("ssd", ("ssd",))
 
 
 def _shape(ctx, prim: ir.Prim, args):
@@ -91,26 +92,30 @@ def _emit(ctx, prim: ir.Prim, args: list[str], precs: list[int]) -> str:
 
 
 def _flops(ctx, prim: ir.Prim) -> Flops:
-    """Per key of a chunk (min(chunk, S) keys: the whole diagonal block is computed), and the
-    chunk states, which do not grow with S."""
+    """Per key of a chunk (min(chunk, S) keys: the whole diagonal block is computed): C.B once per
+    group, the scores' product with x once per head; and the chunk states, which do not grow
+    with S."""
     heads, head_dim = (ir.static_size(d) for d in ir.tensor_type(prim.args[0]).dims[2:])
-    state = ir.static_size(ir.tensor_type(prim.args[3]).dims[3])
+    groups, state = (ir.static_size(d) for d in ir.tensor_type(prim.args[3]).dims[2:])
     return Flops(
         mixing=4 * heads * head_dim * state,
-        per_key=2 * heads * (state + head_dim),
+        per_key=2 * (groups * state + heads * head_dim),
         keys=Keys(chunk=prim.attr("chunk").value),
     )
 
 
 def _memory(t, prim: ir.Prim, args, dims, label: str):
-    """What jax 0.10 keeps for the helper's backward (measured with saved_residuals; the sequence
-    padded to whole chunks): x and dt (their padded copies when S is not a whole number of chunks);
-    in float32 the broadcast dt and A, the discretized x, B and C repeated per head, seven [B,
-    heads, S, chunk] tensors (segment sums, their masks, the decay, the scores), the per-position
-    decays, the einsums' partial products and the chunk states."""
+    """What jax 0.10 keeps for the helper's backward (measured with saved_residuals, float32 and
+    bfloat16 x; the sequence padded to whole chunks). In float32: x (or its float32 or padded
+    copy) and dt, the broadcast dt and A, the discretized x, the per-position decays to the chunk
+    end and from its start with their broadcasts, the chunk decays, two [B, heads, S, chunk]
+    tensors (the difference of cumulative sums and its exponential) with their bool mask, C.B
+    per group broadcast over its heads, the entering states and their broadcast decays, and the
+    read-out product. In x's dtype: B and C per group, the scores, the chunk-state operand and the
+    entering states; with x not float32 also its discretized copy in x's dtype."""
     x, dt = args[0], args[1]
     batch, seq, heads, head_dim = x.dims
-    state = args[3].dims[3]
+    groups, state = args[3].dims[2], args[3].dims[3]
     chunk = t.static(prim.attr("chunk"))
     n = -(-t.seq // chunk)
     padded, chunks, within = (
@@ -118,13 +123,18 @@ def _memory(t, prim: ir.Prim, args, dims, label: str):
         ir.Dim("chunks", n),
         ir.Dim("chunk", chunk),
     )
+    low = x.dtype if x.dtype in ("bf16", "f16") else "f32"  # the products' operand dtype
+    one = ir.Dim("1", 1)
     out = t.new(dims, "f32", label, tuple(args[:5]))
+    internals = []
     if n * chunk == t.seq:
-        t.save(x)
         t.save(dt)
-        internals = []
+        if low == "f32":
+            t.save(x)
+        else:
+            internals.append(((batch, padded, heads, head_dim), "f32", "x in float32"))
     else:  # the padded copies, and jnp.pad's four fill values
-        internals = [
+        internals += [
             ((batch, padded, heads, head_dim), "f32", "padded x"),
             ((batch, padded, heads), "f32", "padded dt"),
             ((ir.Dim("4", 4),), "f32", "pad values"),
@@ -133,22 +143,26 @@ def _memory(t, prim: ir.Prim, args, dims, label: str):
         ((batch, padded, heads), "f32", "dt broadcast"),
         ((heads,), "f32", "A broadcast"),
         ((batch, padded, heads, head_dim), "f32", "discretized x"),
-        ((batch, padded, heads, state), "f32", "B per head"),
-        ((batch, padded, heads, state), "f32", "C per head"),
-        *[
-            ((batch, heads, padded, within), "f32", f"within-chunk {what}")
-            for what in ("segment sum", "masked segment sum", "decay", "scores", "masked scores")
-        ],
-        *[((batch, heads, padded, within), "bool", f"segment mask {i}") for i in (1, 2)],
+        ((batch, padded, groups, state), low, "B per group"),
+        ((batch, padded, groups, state), low, "C per group"),
+        ((batch, heads, padded, within), "bool", "causal mask"),
+        ((batch, heads, padded, within), "f32", "segment sums"),
+        ((batch, heads, padded, within), "f32", "decay"),
+        ((batch, groups, padded, within), "f32", "C.B per group"),
+        ((batch, heads, padded, within), low, "scores"),
         ((batch, heads, padded), "f32", "decay to chunk end"),
-        ((batch, heads, padded), "f32", "decay from chunk start"),
-        ((batch, padded, heads, head_dim), "f32", "chunk-state product"),
+        ((batch, padded, heads), "f32", "decay to chunk end, broadcast"),
+        ((batch, padded, heads, head_dim), low, "chunk-state operand"),
         ((batch, heads, chunks), "f32", "chunk decay"),
-        ((chunks, batch, heads), "f32", "scanned chunk decay"),
+        ((chunks, batch, heads, one, one), "f32", "scanned chunk decay"),
         ((chunks, batch, heads, head_dim, state), "f32", "entering states"),
-        ((batch, chunks, heads, head_dim, state), "f32", "entering states, transposed"),
+        ((chunks, batch, heads, head_dim, state), low, "entering states, operand"),
+        ((batch, heads, padded), "f32", "decay from chunk start"),
         ((batch, padded, heads, head_dim), "f32", "read-out product"),
+        ((batch, padded, heads), "f32", "decay from chunk start, broadcast"),
     ]
+    if low != "f32":
+        internals.append(((batch, padded, heads, head_dim), low, "discretized x, operand"))
     for shape, dtype, what in internals:
         t.save(t.internal(shape, dtype, f"{label} {what}", (x,)))
     return out
@@ -168,7 +182,9 @@ PRIMITIVES = (
         check=_check,
         flops=_flops,
         memory=_memory,
-        helpers=(Helper("ssd", SSD),),
+        helpers=(
+            Helper("ssd", SSD, ("import functools", "import jax", "import jax.numpy as jnp")),
+        ),
         needs=always("ssd"),
         decoding=Decoding.SEQUENCE,
     ),

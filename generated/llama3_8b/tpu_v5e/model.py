@@ -738,19 +738,9 @@ def _splash_per_device(
         mask = splash_attention_mask.CausalMask((seq, seq))
     else:
         mask = splash_attention_mask.FullMask((seq, seq))
-    block = next(b for b in (512, 256, 128) if seq % b == 0)  # tiles of the sequence
     kernel = splash_attention_kernel.make_splash_mha(
         splash_attention_mask.MultiHeadMask([mask] * heads),
-        block_sizes=splash_attention_kernel.BlockSizes(
-            block_q=block,
-            block_kv=block,
-            block_kv_compute=block,
-            block_q_dkv=block,
-            block_kv_dkv=block,
-            block_kv_dkv_compute=block,
-            block_q_dq=block,
-            block_kv_dq=block,
-        ),
+        block_sizes=splash_block_sizes(seq, q.shape[3]),
         head_shards=1,
         q_seq_shards=1,
         attn_logits_soft_cap=softcap or None,
@@ -760,3 +750,38 @@ def _splash_per_device(
         return jax.vmap(kernel)(q, k, v)
     ids = splash_attention_kernel.SegmentIds(q=segment_ids, kv=segment_ids)
     return jax.vmap(kernel)(q, k, v, ids)
+
+
+def splash_block_sizes(seq: int, head_dim: int) -> splash_attention_kernel.BlockSizes:
+    """Splash's tiles for one sequence length: the fastest measured on one TPU v5e that fit VMEM.
+
+    Forward and backward of one causal layer (benchmarks/tpu_kernels.py splash, RESULTS.md):
+    Llama 3.2 1B's 4 x 32 heads of 64 x 2048 took 8.60 ms with tiles of 512 and the two
+    backward kernels, 6.64 ms with tiles of 1024 and the fused backward kernel (dq, dk and dv in
+    one pass over the blocks); 16 heads of 128 x 32,768 took 162.3 ms, 104.8 ms with query tiles
+    of 2048, key tiles of 1024 computed 512 at a time. Tiles of 2048 x 2048 ran out of VMEM. Wide
+    heads (head_dim over 128) and other lengths keep what ran before: one tile of 512 (or the largest
+    of 256 and 128 that divides), and the two backward kernels.
+    """
+    if seq % 1024 or head_dim > 128:  # as before the measurement: one tile size, two kernels back
+        block = next(b for b in (512, 256, 128) if seq % b == 0)
+        return splash_attention_kernel.BlockSizes(
+            block_q=block,
+            block_kv=block,
+            block_kv_compute=block,
+            block_q_dkv=block,
+            block_kv_dkv=block,
+            block_kv_dkv_compute=block,
+            block_q_dq=block,
+            block_kv_dq=block,
+        )
+    block_q, compute = (2048, 512) if seq % 2048 == 0 and seq >= 8192 else (1024, 1024)
+    return splash_attention_kernel.BlockSizes(
+        block_q=block_q,
+        block_kv=1024,
+        block_kv_compute=compute,
+        block_q_dkv=block_q,
+        block_kv_dkv=1024,
+        block_kv_dkv_compute=compute,
+        use_fused_bwd_kernel=True,
+    )

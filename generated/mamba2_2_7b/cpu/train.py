@@ -56,10 +56,10 @@ PEAK_FLOPS_PER_CHIP = 1.7e11  # FLOP/s of one cpu chip (for MFU)
 # chunk of c min(c, S)).
 MODEL_FLOPS = {
     "mamba2_2_7b": runtime.ModelFlops(
-        dense=16715759616, mixers=(runtime.Mixer(per_key=5898240, chunk=256),)
+        dense=16715759616, mixers=(runtime.Mixer(per_key=2015232, chunk=256),)
     ),
     "mamba2_tiny": runtime.ModelFlops(
-        dense=1102848, mixers=(runtime.Mixer(per_key=4608, chunk=256),)
+        dense=1102848, mixers=(runtime.Mixer(per_key=3072, chunk=256),)
     ),
 }
 

@@ -55,10 +55,10 @@ PEAK_FLOPS_PER_CHIP = 9.89e14  # dense bf16 FLOP/s of one gpu-h100 chip (for MFU
 # chunk of c min(c, S)).
 MODEL_FLOPS = {
     "mamba2_2_7b": runtime.ModelFlops(
-        dense=16715759616, mixers=(runtime.Mixer(per_key=5898240, chunk=256),)
+        dense=16715759616, mixers=(runtime.Mixer(per_key=2015232, chunk=256),)
     ),
     "mamba2_tiny": runtime.ModelFlops(
-        dense=1102848, mixers=(runtime.Mixer(per_key=4608, chunk=256),)
+        dense=1102848, mixers=(runtime.Mixer(per_key=3072, chunk=256),)
     ),
 }
 
