@@ -75,7 +75,10 @@ def built(tmp_path_factory):
 @pytest.fixture(scope="module")
 def models(built):
     tmp, sources = built
-    return {t: _import(src, tmp / t, f"kernels_small_{t.replace('-', '_')}") for t, src in sources.items()}
+    return {
+        t: _import(src, tmp / t, f"kernels_small_{t.replace('-', '_')}")
+        for t, src in sources.items()
+    }
 
 
 # ----------------------------------------------------------------------------- which kernel
@@ -86,7 +89,10 @@ def test_kernel_per_target(built):
     tpu = src["tpu-v5e-8"]
     assert "splash_attention(q, k, v, causal=True, window=None)" in tpu
     assert "implementation=" not in tpu
-    assert "from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel" in tpu
+    assert (
+        "from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel"
+        in tpu
+    )
     assert "PALLAS_INTERPRET = False" in tpu
     for text in src.values():
         assert "# attention:" not in text  # nothing was rejected
@@ -96,10 +102,15 @@ def test_f32_model_falls_back_with_the_reason(tmp_path):
     spec = _spec(tmp_path, "tiny", _variant(dim="64", heads="2", dtype="f32"))
     gpu = _source(spec, "gpu-h100-8")
     assert 'implementation="xla"' in gpu
-    assert "# attention: cudnn not used: small computes in f32; cuDNN flash attention needs bf16 or f16" in gpu
+    assert (
+        "# attention: cudnn not used: small computes in f32; cuDNN flash attention needs bf16 or f16"
+        in gpu
+    )
     tpu = _source(spec, "tpu-v5e-8")
     assert "splash_attention" not in tpu and 'implementation="xla"' in tpu
-    assert "# attention: splash not used: small has head_dim 32; splash needs a multiple of 64" in tpu
+    assert (
+        "# attention: splash not used: small has head_dim 32; splash needs a multiple of 64" in tpu
+    )
 
 
 @pytest.mark.parametrize(
@@ -118,8 +129,40 @@ def test_splash_tiles_by_length(seq, head_dim, want):
     from axdsl.kernels.splash import splash_block_sizes
 
     sizes = splash_block_sizes(seq, head_dim)
-    assert (sizes.block_q, sizes.block_kv, sizes.block_kv_compute, sizes.use_fused_bwd_kernel) == want
-    assert seq % sizes.block_q == 0 and seq % sizes.block_kv == 0 and sizes.block_kv % sizes.block_kv_compute == 0
+    assert (
+        sizes.block_q,
+        sizes.block_kv,
+        sizes.block_kv_compute,
+        sizes.use_fused_bwd_kernel,
+    ) == want
+    assert (
+        seq % sizes.block_q == 0
+        and seq % sizes.block_kv == 0
+        and sizes.block_kv % sizes.block_kv_compute == 0
+    )
+
+
+def test_splash_fused_backward_bounded_by_its_dq_copies():
+    """Past 4 GiB of per-key-tile dq copies (seq / 1024 of them) the two backward kernels run; the
+    memory model (primitives/attention.py) makes the same choice."""
+    from axdsl.kernels import splash
+    from axdsl.primitives import attention
+
+    assert attention.SPLASH_FUSED_DQ_BYTES == splash.SPLASH_FUSED_DQ_BYTES
+    q32k = 16 * 32768 * 128 * 2  # one sequence of 16 heads of 128: 32 copies = 4 GiB
+    for seq, q_bytes in (
+        (32768, q32k),
+        (32768, 2 * q32k),
+        (65536, 2 * q32k),
+        (2048, 4 * 32 * 2048 * 64 * 2),
+    ):
+        fused = splash.splash_block_sizes(seq, 128, q_bytes).use_fused_bwd_kernel
+        assert (
+            fused
+            == attention.splash_fused_backward(seq, 128, q_bytes)
+            == (seq // 1024 * q_bytes <= 4 << 30)
+        )
+    assert not splash.splash_block_sizes(65536, 128, 2 * q32k).use_fused_bwd_kernel
 
 
 def test_splash_runs_head_dim_64(tmp_path):
@@ -135,11 +178,16 @@ def test_cudnn_head_dim_limit_depends_on_the_gpu(tmp_path):
     assert 'implementation="cudnn"' in _source(spec, "gpu-h100-8")
     a100 = _source(spec, "gpu-a100-8")
     assert 'implementation="xla"' in a100
-    assert "cudnn not used: small has head_dim 256; cuDNN needs a multiple of 8 up to 128 on gpu-a100" in a100
+    assert (
+        "cudnn not used: small has head_dim 256; cuDNN needs a multiple of 8 up to 128 on gpu-a100"
+        in a100
+    )
 
 
 def test_cudnn_not_used_when_the_sequence_is_sharded(tmp_path):
-    text = SMALL.replace('target "*"', 'target "gpu-*" { mesh(fsdp = -1, seq = 2) quantize(none) }\n\ntarget "*"')
+    text = SMALL.replace(
+        'target "*"', 'target "gpu-*" { mesh(fsdp = -1, seq = 2) quantize(none) }\n\ntarget "*"'
+    )
     gpu = _source(_spec(tmp_path, "cp", text), "gpu-h100-8")
     assert 'implementation="xla"' in gpu
     assert "cudnn not used: the sequence is sharded over seq on gpu-h100-8" in gpu
@@ -156,18 +204,24 @@ def test_forcing_splash_on_gpu_is_a_located_error(tmp_path):
 
 
 def test_forcing_a_kernel_whose_constraints_fail_is_a_located_error(tmp_path):
-    text = _variant(dtype="f32").replace('target "*" {', 'target "*" {\n  kernels(attention = cudnn)\n ')
+    text = _variant(dtype="f32").replace(
+        'target "*" {', 'target "*" {\n  kernels(attention = cudnn)\n '
+    )
     spec = _spec(tmp_path, "forced32", text)
     with pytest.raises(CompileError) as info:
         build_files(spec, "gpu-h100-8")
     rendered = info.value.render()
-    assert (f"{spec}:9:11: error: /blocks/attn: the `cudnn` attention kernel cannot run this attention: "
-            "small computes in f32; cuDNN flash attention needs bf16 or f16") in rendered
+    assert (
+        f"{spec}:9:11: error: /blocks/attn: the `cudnn` attention kernel cannot run this attention: "
+        "small computes in f32; cuDNN flash attention needs bf16 or f16"
+    ) in rendered
     assert "hint: use kernels(attention = auto) to fall back" in rendered
 
 
 def test_forcing_xla_on_tpu(tmp_path):
-    text = SMALL.replace('target "*" {', 'target "tpu-*" { kernels(attention = xla) quantize(none) }\n\ntarget "*" {')
+    text = SMALL.replace(
+        'target "*" {', 'target "tpu-*" { kernels(attention = xla) quantize(none) }\n\ntarget "*" {'
+    )
     tpu = _source(_spec(tmp_path, "xla", text), "tpu-v5e-8")
     assert 'implementation="xla"' in tpu and "splash" not in tpu
 
@@ -211,8 +265,11 @@ def _assert_close(got, want):
     want_logits, want_grads = want
     assert np.abs(want_logits).max() > 0.1
     np.testing.assert_allclose(logits, want_logits, atol=F32_TOL, rtol=F32_TOL)
-    for path, g, w in zip(jax.tree_util.tree_leaves_with_path(want_grads), jax.tree.leaves(grads),
-                          jax.tree.leaves(want_grads)):
+    for path, g, w in zip(
+        jax.tree_util.tree_leaves_with_path(want_grads),
+        jax.tree.leaves(grads),
+        jax.tree.leaves(want_grads),
+    ):
         err = float(jnp.abs(g - w).max() / jnp.abs(w).max())
         assert err < GRAD_TOL, (jax.tree_util.keystr(path[0]), err)
 
@@ -224,8 +281,11 @@ def test_splash_matches_xla(models, reference, monkeypatch, mesh):
     cfg, params, tokens, want = reference
     calls = []
     kernel = tpu.splash_attention_kernel.make_splash_mha
-    monkeypatch.setattr(tpu.splash_attention_kernel, "make_splash_mha",
-                        lambda *a, **kw: calls.append(kw["interpret"]) or kernel(*a, **kw))
+    monkeypatch.setattr(
+        tpu.splash_attention_kernel,
+        "make_splash_mha",
+        lambda *a, **kw: calls.append(kw["interpret"]) or kernel(*a, **kw),
+    )
     if mesh:
         with jax.set_mesh(tpu.make_mesh()):
             got = _logits_and_grads(tpu, cfg, params, tokens)
@@ -243,7 +303,9 @@ def test_gpu_file_matches_cpu_with_cudnn_swapped_for_xla(models, reference, monk
 
     def xla_for_cudnn(*args, implementation=None, **kwargs):
         implementations.append(implementation)
-        return original(*args, implementation="xla" if implementation == "cudnn" else implementation, **kwargs)
+        return original(
+            *args, implementation="xla" if implementation == "cudnn" else implementation, **kwargs
+        )
 
     monkeypatch.setattr(jax.nn, "dot_product_attention", xla_for_cudnn)
     got = _logits_and_grads(gpu, cfg, params, tokens)
@@ -260,8 +322,14 @@ def test_splash_masks_match_xla(models, monkeypatch, causal, window):
     q = jax.random.normal(kq, (1, 256, 2, 128))
     k, v = jax.random.normal(kk, (1, 256, 1, 128)), jax.random.normal(kv, (1, 256, 1, 128))
     got = tpu.splash_attention(q, k, v, causal=causal, window=window)
-    want = jax.nn.dot_product_attention(q, k, v, is_causal=causal, implementation="xla",
-                                        local_window_size=(window - 1, 0) if window else None)
+    want = jax.nn.dot_product_attention(
+        q,
+        k,
+        v,
+        is_causal=causal,
+        implementation="xla",
+        local_window_size=(window - 1, 0) if window else None,
+    )
     np.testing.assert_allclose(got, want, atol=F32_TOL, rtol=F32_TOL)
 
 
@@ -304,10 +372,12 @@ def test_models_of_different_structures_are_an_error_not_a_crash(tmp_path):
     from axdsl.errors import CompileError
 
     spec = tmp_path / "two.axl"
-    spec.write_text('import "std/transformer.axl"\n'
-                    "model long = DecoderLM { vocab = 64  dim = 64  layers = 2  heads = 2  ffn = 128 }\n"
-                    "layer Id(d: int = 4) { forward(x: [B, d]) -> [B, d] { return x } }\n"
-                    "model other = Id {}\n")
+    spec.write_text(
+        'import "std/transformer.axl"\n'
+        "model long = DecoderLM { vocab = 64  dim = 64  layers = 2  heads = 2  ffn = 128 }\n"
+        "layer Id(d: int = 4) { forward(x: [B, d]) -> [B, d] { return x } }\n"
+        "model other = Id {}\n"
+    )
     with pytest.raises(CompileError, match="has a different structure"):
         build_files(spec, "gpu-h100")
 
@@ -320,10 +390,14 @@ def test_models_whose_parameters_differ_inside_a_block_are_an_error(tmp_path):
     from axdsl.errors import CompileError
 
     spec = tmp_path / "moe.axl"
-    spec.write_text('import "std/transformer.axl"\n'
-                    "model big = DecoderLM { vocab = 64  dim = 64  layers = 2  heads = 2  ffn = 32\n"
-                    "  block = Block(mlp = MoE(hidden = ffn, experts = 8, top_k = 2)) }\n"
-                    "model cut extends big {\n"
-                    "  block = Block(mlp = MoE(hidden = ffn, experts = 4, top_k = 2)) }\n")
-    with pytest.raises(CompileError, match="`cut` has a parameter table .* other than `big`'s.*experts = 4"):
+    spec.write_text(
+        'import "std/transformer.axl"\n'
+        "model big = DecoderLM { vocab = 64  dim = 64  layers = 2  heads = 2  ffn = 32\n"
+        "  block = Block(mlp = MoE(hidden = ffn, experts = 8, top_k = 2)) }\n"
+        "model cut extends big {\n"
+        "  block = Block(mlp = MoE(hidden = ffn, experts = 4, top_k = 2)) }\n"
+    )
+    with pytest.raises(
+        CompileError, match="`cut` has a parameter table .* other than `big`'s.*experts = 4"
+    ):
         build_files(spec, "cpu")

@@ -41,6 +41,7 @@ def test_profile_traces_the_window_with_layer_and_point_names(tmp_path):
     for scope in (b"/attn/", b"/mlp/", b"/attn_norm/", b"/attn/query_proj/", b"/mlp/mlp_hidden/"):
         assert scope in ops, scope  # layers (jax.named_scope) and named points (`as mlp_hidden`)
     [events] = xplane.parent.glob("*.trace.json.gz")
+    assert (xplane.parent / "perfetto_trace.json.gz").is_file()  # ui.perfetto.dev, trace_report.py
     steps = [e["args"]["step_num"] for e in json.loads(gzip.decompress(events.read_bytes()))["traceEvents"]
              if e.get("name") == "train"]
     assert steps == ["2"]  # one call, of steps 2 and 3: the window's bounds end calls (cpu runs up to 8)

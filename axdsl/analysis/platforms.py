@@ -40,6 +40,9 @@ class PlatformFacts:
     # 32-bit copies of a dropless MoE's dispatched tokens [B, S, top_k, dim] in the backward
     # (XLA:TPU sorts, gathers and scatters bf16 rows as u32).
     moe_dispatch_u32: int
+    # Of splash's fused backward's dq copies (one per key tile, summed after the kernel), the
+    # fraction XLA:TPU's total grows by: 32k tokens, remat full, 4 GiB of copies, +1.94 GiB.
+    splash_dq_live: float
     # Memory a program may use per chip, as a fraction of the HBM: what the analytic verdict
     # holds the total to (XLA keeps the rest for itself).
     usable_fraction: float
@@ -58,6 +61,7 @@ CPU = PlatformFacts(
     loss_head_grads=2,
     layer_recompute=1.0,
     lanes=0,
+    splash_dq_live=1.0,
     moe_dispatch_u32=0,
     usable_fraction=0.9,
     unrolled_remat=False,
@@ -87,6 +91,7 @@ TPU = PlatformFacts(
     loss_head_grads=1,
     layer_recompute=0.7,
     lanes=128,
+    splash_dq_live=0.5,
     moe_dispatch_u32=2,
     usable_fraction=15.75 / 16,
     overestimate=0.10,

@@ -411,10 +411,19 @@ def _cudnn_sharding_violations(sched: ir.Schedule) -> list[str]:
 
 
 FLASH_KERNELS = (ir.Kernel.CUDNN, ir.Kernel.SPLASH)
+# kernels/splash.py's SPLASH_FUSED_DQ_BYTES (the kernel is text to this package: it imports jax)
+SPLASH_FUSED_DQ_BYTES = 4 << 30
+
+
+def splash_fused_backward(seq: int, head_dim: int, q_bytes: float) -> bool:
+    """Whether kernels/splash.py's `splash_block_sizes` takes the fused backward kernel, whose dq
+    is written once per key tile of 1024 (seq / 1024 copies of q) before they are summed."""
+    return seq % 1024 == 0 and head_dim <= 128 and seq // 1024 * q_bytes <= SPLASH_FUSED_DQ_BYTES
 
 
 def _memory(t, prim: ir.Prim, args, dims, label: str):
-    """q, k, v; then flash kernels the output and log-sum-exp, XLA the [B, heads, S, S] internals:
+    """q, k, v; then flash kernels the output and log-sum-exp (splash's fused backward a copy of dq
+    per key tile besides, not kept), XLA the [B, heads, S, S] internals:
     the masked logits and exp in float32 (and two more with soft-capping), the mask, the
     probabilities in the compute dtype."""
     q, k, v = args[:3]
@@ -426,6 +435,13 @@ def _memory(t, prim: ir.Prim, args, dims, label: str):
     if kernel in FLASH_KERNELS:
         t.save(out)
         t.save(t.internal((q.dims[0], heads, q.dims[1]), "f32", f"{label} logsumexp", (q, k)))
+        head_dim = ir.static_size(q.dims[-1])
+        if kernel is ir.Kernel.SPLASH and splash_fused_backward(
+            t.seq, head_dim, t.nbytes(q) / t.lane_padding(q)
+        ):
+            # a backward temporary; XLA:TPU's total grows by a fraction of it (platforms.py)
+            tiles = ir.Dim("key tiles", int(t.seq // 1024 * t.platform.splash_dq_live))
+            t.internal((tiles, *q.dims), q.dtype, f"{label} dq per key tile", (q, k))
         return out
     scores = (q.dims[0], heads, q.dims[1], ir.Dim("S_kv", t.seq))  # keys: the full sequence
     if (

@@ -27,6 +27,7 @@ SPLASH_ATTENTION = Source(
         "PALLAS_INTERPRET",
         "SPLASH_BATCH_AXES",
         "SPLASH_HEAD_AXES",
+        "SPLASH_FUSED_DQ_BYTES",
         "splash_attention",
         "_dividing_axes",
         "_splash_per_device",

@@ -34,7 +34,9 @@ def profile_window(value: str | None, tc) -> tuple[int, int] | None:
 
 class Profile:
     """`--profile START:STOP`: a jax.profiler trace of train steps START..STOP-1 in RUN_DIR/profile
-    (plugins/profile/<time>/<host>.xplane.pb), for TensorBoard's profile plugin or XProf.
+    (plugins/profile/<time>/<host>.xplane.pb), for TensorBoard's profile plugin or XProf, and the
+    same trace as perfetto_trace.json.gz beside it: ui.perfetto.dev opens it, and axdsl's
+    benchmarks/trace_report.py sums it per HLO category and per line of the generated model.
 
     The loop's calls end at START and STOP too (`steps_in_call(tc, step, profile.bounds)`), so the
     traced calls run exactly those steps: the trace starts once the state before step START is
@@ -65,7 +67,7 @@ class Profile:
             return
         jax.block_until_ready(state)  # the calls before the window are done: none of them is traced
         if is_lead():
-            jax.profiler.start_trace(str(self.dir))
+            jax.profiler.start_trace(str(self.dir), create_perfetto_trace=True)
         self.active = True
 
     def after(self, step: int, results) -> None:
@@ -81,7 +83,7 @@ class Profile:
             jax.profiler.stop_trace()
             print(
                 f"profile of {what} in {self.dir} (open it with `tensorboard --logdir {self.dir}` "
-                f"or xprof)",
+                f"or xprof; its perfetto_trace.json.gz with ui.perfetto.dev)",
                 file=sys.stderr,
                 flush=True,
             )

@@ -464,7 +464,7 @@ MESH_SHAPE = {
 # Rematerialization of each scanned layer, remat(full) from fit_remat, for profile tpu-v5e:
 # keep only each layer's input; recompute the rest in the backward pass.
 # fit_remat, for llama3_8b at batch 8 x seq 8192, 14.32 GiB usable per chip (analytic):
-# none 82.12, save(points) 33.86, save_dots 38.75, full 20.07 GiB: nothing fits, so full
+# none 82.15, save(points) 33.88, save_dots 38.77, full 20.09 GiB: nothing fits, so full
 REMAT_POLICY = jax.checkpoint_policies.nothing_saveable
 
 
@@ -662,6 +662,7 @@ _int8_einsum.defvjp(_int8_einsum_fwd, _int8_einsum_bwd)
 PALLAS_INTERPRET = False  # True runs Pallas kernels in interpret mode (CPU tests, debugging)
 SPLASH_BATCH_AXES = ("data", "fsdp")  # mesh axes splash attention splits the batch over
 SPLASH_HEAD_AXES = ("model",)  # mesh axes it splits the heads over
+SPLASH_FUSED_DQ_BYTES = 4 << 30  # the most the fused backward's per-key-tile dq copies may take
 
 
 def splash_attention(
@@ -740,7 +741,7 @@ def _splash_per_device(
         mask = splash_attention_mask.FullMask((seq, seq))
     kernel = splash_attention_kernel.make_splash_mha(
         splash_attention_mask.MultiHeadMask([mask] * heads),
-        block_sizes=splash_block_sizes(seq, q.shape[3]),
+        block_sizes=splash_block_sizes(seq, q.shape[3], q.size * q.dtype.itemsize),
         head_shards=1,
         q_seq_shards=1,
         attn_logits_soft_cap=softcap or None,
@@ -752,7 +753,9 @@ def _splash_per_device(
     return jax.vmap(kernel)(q, k, v, ids)
 
 
-def splash_block_sizes(seq: int, head_dim: int) -> splash_attention_kernel.BlockSizes:
+def splash_block_sizes(
+    seq: int, head_dim: int, q_bytes: int = 0
+) -> splash_attention_kernel.BlockSizes:
     """Splash's tiles for one sequence length: the fastest measured on one TPU v5e that fit VMEM.
 
     Forward and backward of one causal layer (benchmarks/tpu_kernels.py splash, RESULTS.md):
@@ -762,6 +765,10 @@ def splash_block_sizes(seq: int, head_dim: int) -> splash_attention_kernel.Block
     of 2048, key tiles of 1024 computed 512 at a time. Tiles of 2048 x 2048 ran out of VMEM. Wide
     heads (head_dim over 128) and other lengths keep what ran before: one tile of 512 (or the largest
     of 256 and 128 that divides), and the two backward kernels.
+
+    The fused backward writes dq once per key tile before summing them: seq / 1024 copies of q
+    (`q_bytes`, one device's q), 4 GiB at 32,768 tokens of 16 heads of 128. Past
+    SPLASH_FUSED_DQ_BYTES it keeps the two backward kernels (124.8 ms at 32k, tiles of 1024).
     """
     if seq % 1024 or head_dim > 128:  # as before the measurement: one tile size, two kernels back
         block = next(b for b in (512, 256, 128) if seq % b == 0)
@@ -774,6 +781,17 @@ def splash_block_sizes(seq: int, head_dim: int) -> splash_attention_kernel.Block
             block_kv_dkv_compute=block,
             block_q_dq=block,
             block_kv_dq=block,
+        )
+    if seq // 1024 * q_bytes > SPLASH_FUSED_DQ_BYTES:
+        return splash_attention_kernel.BlockSizes(
+            block_q=1024,
+            block_kv=1024,
+            block_kv_compute=512,
+            block_q_dkv=1024,
+            block_kv_dkv=1024,
+            block_kv_dkv_compute=512,
+            block_q_dq=1024,
+            block_kv_dq=1024,
         )
     block_q, compute = (2048, 512) if seq % 2048 == 0 and seq >= 8192 else (1024, 1024)
     return splash_attention_kernel.BlockSizes(
