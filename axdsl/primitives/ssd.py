@@ -13,13 +13,15 @@ D skip, the gate and the norm are ordinary .axl around it (std/mamba.axl). The s
 SSD does it: within each chunk of `chunk` positions a masked, attention-like product (the
 "diagonal blocks"), across chunks a `lax.scan` that carries the state from one chunk boundary to
 the next. The products take their operands in x's dtype and accumulate in float32, the rest is
-float32 (as mamba_ssm's kernels do; transformers' `torch_forward` is float32 throughout); S need not be a
-multiple of the chunk size (the helper pads with zeros, which leave the state unchanged: dt = 0).
+float32 (as mamba_ssm's kernels do; transformers' `torch_forward` is float32 throughout); S need
+not be a multiple of the chunk size (the helper pads with zeros, which leave the state
+unchanged: dt = 0).
 
 FLOPs per token (sequence mixing, not parameter matmuls): within a chunk 2 min(chunk, S) (groups
-state + heads head_dim) for the scores (once per group) and their product with x; across chunks 4 heads head_dim state
-for the chunk states and their read-out. Linear in S, unlike attention: at S >= chunk a fixed
-figure per token, which train.py's MODEL_FLOPS keeps as a chunk term (runtime.Mixer).
+state + heads head_dim) for the scores (once per group) and their product with x; across chunks
+4 heads head_dim state for the chunk states and their read-out. Linear in S, unlike attention:
+at S >= chunk a fixed figure per token, which train.py's MODEL_FLOPS keeps as a chunk term
+(runtime.Mixer).
 """
 
 from __future__ import annotations
@@ -126,7 +128,7 @@ def _memory(t, prim: ir.Prim, args, dims, label: str):
     low = x.dtype if x.dtype in ("bf16", "f16") else "f32"  # the products' operand dtype
     one = ir.Dim("1", 1)
     out = t.new(dims, "f32", label, tuple(args[:5]))
-    internals = []
+    internals: list[tuple[tuple[ir.Dim, ...], str, str]] = []
     if n * chunk == t.seq:
         t.save(dt)
         if low == "f32":

@@ -793,15 +793,15 @@ def splash_block_sizes(
     Llama 3.2 1B's 4 x 32 heads of 64 x 2048 took 8.60 ms with tiles of 512 and the two
     backward kernels, 6.64 ms with tiles of 1024 and the fused backward kernel (dq, dk and dv in
     one pass over the blocks); 16 heads of 128 x 32,768 took 162.3 ms, 104.8 ms with query tiles
-    of 2048, key tiles of 1024 computed 512 at a time. Tiles of 2048 x 2048 ran out of VMEM. Wide
-    heads (head_dim over 128) and other lengths keep what ran before: one tile of 512 (or the largest
-    of 256 and 128 that divides), and the two backward kernels.
+    of 2048, key tiles of 1024 computed 512 at a time. Tiles of 2048 x 2048 ran out of VMEM.
+    Wide heads (head_dim over 128) and other lengths keep what ran before: one tile of 512 (or
+    the largest of 256 and 128 that divides), and the two backward kernels.
 
     The fused backward writes dq once per key tile before summing them: seq / 1024 copies of q
     (`q_bytes`, one device's q), 4 GiB at 32,768 tokens of 16 heads of 128. Past
     SPLASH_FUSED_DQ_BYTES it keeps the two backward kernels (124.8 ms at 32k, tiles of 1024).
     """
-    if seq % 1024 or head_dim > 128:  # as before the measurement: one tile size, two kernels back
+    if seq % 1024 or head_dim > 128:  # as before the measurement: one tile, two backward kernels
         block = next(b for b in (512, 256, 128) if seq % b == 0)
         return splash_attention_kernel.BlockSizes(
             block_q=block,
