@@ -79,14 +79,27 @@ def remat_text(r: ir.RematPolicy) -> str:
 def fit_lines(fit: ir.RematFit) -> list[str]:
     """What fit_remat weighed, in two lines (for `axdsl dump` and the generated comment)."""
     tried = (
-        ", ".join(f"{_short_policy(t.policy)} {t.bytes / 2**30:.2f}" for t in fit.tried) + " GiB"
+        ", ".join(
+            f"{_short_policy(t.policy)}{_pieces(t.microbatches)} {t.bytes / 2**30:.2f}"
+            for t in fit.tried
+        )
+        + " GiB"
     )
-    verdict = f"{_short_policy(fit.tried[-1].policy)} fits" if fit.fits else "nothing fits, so full"
+    chosen = fit.tried[-1]
+    verdict = (
+        f"{_short_policy(chosen.policy)}{_pieces(chosen.microbatches)} fits"
+        if fit.fits
+        else "nothing fits, so full"
+    )
     return [
         f"fit_remat, for {fit.model} at batch {fit.batch} x seq {fit.seq}, "
         f"{fit.usable / 2**30:.2f} GiB usable per chip (analytic):",
         f"{tried}: {verdict}",
     ]
+
+
+def _pieces(microbatches: int) -> str:
+    return f" in {microbatches} micro-batches" if microbatches > 1 else ""
 
 
 def _short_policy(r: ir.RematPolicy) -> str:

@@ -40,6 +40,7 @@ class FitTry:
 
     policy: RematPolicy
     bytes: int
+    microbatches: int = 1  # the step's gradient-accumulation pieces when it was weighed
 
 
 @dataclass(frozen=True)
@@ -59,6 +60,11 @@ class RematFit:
     def fits(self) -> bool:
         """Whether the chosen policy fits (else it is the strongest, and nothing fitted)."""
         return self.tried[-1].bytes <= self.usable
+
+    @property
+    def microbatches(self) -> int:
+        """The micro-batches chosen with the policy (1: the batch in one piece), when it fits."""
+        return self.tried[-1].microbatches if self.fits else self.tried[0].microbatches
 
 
 class QuantFormat(StrEnum):

@@ -12,8 +12,12 @@ choose it: it weighs, in order of less recomputation,
 and takes the first whose analytic per-chip memory (analysis/memory.py, the figure `axdsl aot`
 prints, for the train block's batch and seq, or the model's max_seq where the spec sets no seq)
 is within the chip's usable memory (the platform's usable fraction, analysis/platforms.py) less a
-margin for the model's error (FIT_MARGIN). When none fits, it takes `full` and says so: `axdsl
-aot` then suggests what would fit. The decision is recorded in the schedule (`Schedule.remat_fit`:
+margin for the model's error (FIT_MARGIN). When none fits the batch in one piece and the train
+block does not set `microbatches`, it weighs the same policies at 2, 4, ... micro-batches
+(gradient accumulation: the same global batch, smaller activations) and takes the fewest pieces
+with the least recomputation that fit; the generated TrainConfig then says `microbatches = k  #
+fit_remat`. When nothing fits, it takes `full` and says so: `axdsl aot` then suggests what would
+fit. The decision is recorded in the schedule (`Schedule.remat_fit`:
 each policy tried with its bytes), so `axdsl dump`, the generated comment and `axdsl aot` all say
 what was chosen and why.
 
@@ -29,6 +33,7 @@ block needs no remat: `fit` then becomes `none` with nothing weighed.
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 from axdsl.analysis.memory import GENERATED_UPDATE_SKIP, UpdateSkip, estimate_memory
@@ -56,19 +61,55 @@ def fit_remat(module: ir.Module) -> ir.Module:
     usable = int(profile.hbm_bytes * facts(profile.kind).usable_fraction / (1 + FIT_MARGIN))
     seq = sized_seq(module, train)
     tried: list[ir.FitTry] = []
-    for policy in candidates(train.root):
-        est = estimate_memory(
-            module,
-            train.name,
-            seq=seq,
-            remat=policy,
-            update_select=GENERATED_UPDATE_SKIP is UpdateSkip.SELECT,
-        )
-        tried.append(ir.FitTry(policy, est.total))
-        if est.total <= usable:
+    for k in microbatch_counts(module):
+        for policy in candidates(train.root):
+            est = estimate_memory(
+                module,
+                train.name,
+                seq=seq,
+                microbatches=k,
+                remat=policy,
+                update_select=GENERATED_UPDATE_SKIP is UpdateSkip.SELECT,
+            )
+            tried.append(ir.FitTry(policy, est.total, k))
+            if est.total <= usable:
+                break
+        if tried[-1].bytes <= usable:
             break
     fit = ir.RematFit(tuple(tried), usable, train.name, est.batch, est.seq)
-    return _decide(module, tried[-1].policy if fit.fits else FULL, choice, fit)
+    module = _decide(module, tried[-1].policy if fit.fits else FULL, choice, fit)
+    return _split_batch(module, fit.microbatches, choice) if fit.microbatches > 1 else module
+
+
+def microbatch_counts(module: ir.Module) -> list[int]:
+    """The micro-batch counts weighed, fewest first: the train block's alone where it is written
+    (or there is none), else 1, 2, 4, ... while each piece still splits evenly over the mesh
+    axes that shard the batch. Gradient accumulation keeps the global batch and its gradient
+    (the mean of equal pieces' means) and lowers the activations a step holds; fit_remat takes it
+    only when no remat policy fits the batch in one piece."""
+    train = module.train_settings
+    if train is None or "microbatches" not in dict(train.settings):
+        return [1]
+    written = train.choice("microbatches")
+    if not written.origin.is_default:
+        return [written.value]
+    batch = train.get("batch")
+    ways = math.prod(module.target.size(a) for a in module.target.kept_axes("batch"))
+    counts, k = [], 1
+    while k <= batch and batch % k == 0 and (batch // k) % ways == 0:
+        counts.append(k)
+        k *= 2
+    return counts or [1]
+
+
+def _split_batch(module: ir.Module, k: int, asked: ir.Choice) -> ir.Module:
+    """The module with the train block's micro-batches set to `k` (origin: fit)."""
+    origin = ir.Origin(ir.OriginKind.FIT, asked.span, where=str(asked.origin))
+    train = module.train
+    settings = tuple(
+        (name, ir.Choice(k, origin) if name == "microbatches" else c) for name, c in train.settings
+    )
+    return replace(module, train_settings=replace(train, settings=settings))
 
 
 def sized_seq(module: ir.Module, model: ir.Model) -> int | None:
