@@ -733,8 +733,39 @@ def data_flag(value: str, tc) -> dict:
     return {"data": kind, "data_path": value}
 
 
+# The least value of each integer flag, as axdsl checks the same key in a train block
+# (passes/configure_train.py INT_KEYS; checkpoint(every = 0) saves only at the end).
+LEAST = {
+    "steps": 1,
+    "batch": 1,
+    "seq": 2,
+    "microbatches": 1,
+    "eval_every": 0,
+    "log_every": 1,
+    "seed": 0,
+    "checkpoint_every": 0,
+    "steps_per_call": 1,
+}
+
+
+def check_values(tc) -> None:
+    """Each command-line value in its range, as the same key in a train block must be: --lr -1
+    would train by gradient ascent and --steps -5 record a run of -5 steps, both with exit 0."""
+    problems = [
+        f"--{name.replace('_', '-')} {getattr(tc, name)} must be an integer >= {least}"
+        for name, least in LEAST.items()
+        if hasattr(tc, name) and getattr(tc, name) < least
+    ]
+    lr = getattr(tc, "lr", None)
+    if lr is not None and not (math.isfinite(lr) and lr > 0):
+        problems.append(f"--lr {lr} must be a finite learning rate above 0")
+    if problems:
+        sys.exit("error: " + "; ".join(problems))
+
+
 def check_settings(cfg, tc, mesh, sharding: NamedSharding) -> None:
     """Settings that only the command line can break (the spec's own are checked by axdsl)."""
+    check_values(tc)
     axes = sharding.spec[0] or ()
     ways = math.prod(mesh.shape[a] for a in ((axes,) if isinstance(axes, str) else axes))
     problems = []
@@ -742,10 +773,6 @@ def check_settings(cfg, tc, mesh, sharding: NamedSharding) -> None:
         problems.append(
             f"batch {tc.batch} must split into {tc.microbatches} micro-batches of a multiple "
             f"of {ways} sequences (the batch sharding)"
-        )
-    if tc.steps_per_call < 1:
-        problems.append(
-            f"steps_per_call {tc.steps_per_call} must be at least 1 (train steps per jitted call)"
         )
     if tc.batch % jax.process_count():
         problems.append(f"batch {tc.batch} must split evenly over {jax.process_count()} processes")

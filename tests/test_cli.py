@@ -286,3 +286,27 @@ def test_train_passes_batch_seq_lr_and_data_to_train_py(tmp_path):
     train = record["train"]
     assert (train["batch"], train["seq"], train["lr"], train["steps"]) == (8, 32, 0.0005, 2)
     assert (train["data"], train["data_path"]) == ("text", str(data))
+
+
+@pytest.mark.parametrize(
+    "flags, says",
+    [
+        (["--lr", "-1"], "--lr -1.0 must be a finite learning rate above 0"),
+        (["--lr", "nan"], "--lr nan must be a finite learning rate above 0"),
+        (["--steps", "0"], "--steps 0 must be an integer >= 1"),
+        (["--steps", "-5"], "--steps -5 must be an integer >= 1"),
+        (["--checkpoint-every", "-3"], "--checkpoint-every -3 must be an integer >= 0"),
+        (["--microbatches", "0"], "--microbatches 0 must be an integer >= 1"),
+    ],
+)
+def test_train_py_checks_command_line_values_as_a_train_block_does(flags, says, capsys):
+    """--lr -1 trained by gradient ascent and --steps -5 recorded a run of -5 steps, with exit 0
+    (issue 38); the values now get the train block's ranges before anything runs."""
+    from generated import runtime
+    from generated.tiny_llama.cpu import train as tm
+
+    tc = runtime.train_config(runtime.parse_args(tm.__doc__, tm.TRAIN, tm.CONFIGS, flags), tm.TRAIN, tm.CONFIGS)
+    with pytest.raises(SystemExit) as exc:
+        runtime.check_values(tc)
+    assert says in str(exc.value.code)
+    runtime.check_values(tm.TRAIN)  # the spec's own values pass

@@ -43,6 +43,11 @@ class PlatformFacts:
     # Of splash's fused backward's dq copies (one per key tile, summed after the kernel), the
     # fraction XLA:TPU's total grows by: 32k tokens, remat full, 4 GiB of copies, +1.94 GiB.
     splash_dq_live: float
+    # Whether XLA recomputes the SSD's cheap values (its masks, decays, C.B and float32 copies)
+    # inside the fusions that read them, keeping only the scores, the discretized x and the
+    # states: a deviceless v5e compile of chained SSDs (1 x 2048, 80 heads of 64) keeps 186 MiB
+    # per call, where jax's saved_residuals list 634 MiB (benchmarks/RESULTS.md).
+    ssd_fused: bool
     # Memory a program may use per chip, as a fraction of the HBM: what the analytic verdict
     # holds the total to (XLA keeps the rest for itself).
     usable_fraction: float
@@ -62,6 +67,7 @@ CPU = PlatformFacts(
     layer_recompute=1.0,
     lanes=0,
     splash_dq_live=1.0,
+    ssd_fused=False,
     moe_dispatch_u32=0,
     usable_fraction=0.9,
     unrolled_remat=False,
@@ -92,6 +98,7 @@ TPU = PlatformFacts(
     layer_recompute=0.7,
     lanes=128,
     splash_dq_live=0.5,
+    ssd_fused=True,
     moe_dispatch_u32=2,
     usable_fraction=15.75 / 16,
     overestimate=0.10,

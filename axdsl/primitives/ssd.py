@@ -106,6 +106,24 @@ def _flops(ctx, prim: ir.Prim) -> Flops:
     )
 
 
+# What XLA:TPU keeps of the list below (platforms.py `ssd_fused`): the scores, the discretized x
+# and the states; it recomputes masks, decays, C.B and float32 copies inside their readers.
+FUSED_KEEPS = frozenset(
+    (
+        "scores",
+        "discretized x",
+        "discretized x, operand",
+        "chunk-state operand",
+        "entering states",
+        "entering states, operand",
+        "dt broadcast",
+        "decay to chunk end",
+        "decay from chunk start",
+        "chunk decay",
+    )
+)
+
+
 def _memory(t, prim: ir.Prim, args, dims, label: str):
     """What jax 0.10 keeps for the helper's backward (measured with saved_residuals, float32 and
     bfloat16 x; the sequence padded to whole chunks). In float32: x (or its float32 or padded
@@ -165,6 +183,8 @@ def _memory(t, prim: ir.Prim, args, dims, label: str):
     ]
     if low != "f32":
         internals.append(((batch, padded, heads, head_dim), low, "discretized x, operand"))
+    if t.platform.ssd_fused:  # XLA recomputes the rest where it is read (analysis/platforms.py)
+        internals = [i for i in internals if i[2] in FUSED_KEEPS]
     for shape, dtype, what in internals:
         t.save(t.internal(shape, dtype, f"{label} {what}", (x,)))
     return out
