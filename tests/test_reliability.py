@@ -276,3 +276,17 @@ def test_import_hf_names_a_damaged_safetensors_file(tmp_path, damage):
     assert str(path) in str(info.value)
     assert {"empty": "is not a safetensors file", "truncated": "is truncated: its tensors need",
             "garbage": "is not a safetensors file"}[damage] in str(info.value)
+
+
+@pytest.mark.parametrize("encode", [
+    lambda t: b"\xef\xbb\xbf" + t.encode(),  # a UTF-8 byte-order mark (was "unexpected character")
+    lambda t: t.replace("\n", "\r").encode(),  # CR-only lines (was "this spec defines no model")
+    lambda t: t.replace("\n", "\r\n").encode(),
+])
+def test_a_byte_order_mark_and_other_line_ends_read_as_plain_lines(tmp_path, capsys, encode):
+    text = ('# a comment\nimport "std/transformer.axl"\n'
+            "model lm = DecoderLM { vocab = 256  dim = 64  layers = 2  heads = 4  max_seq = 128 }\n")
+    spec = tmp_path / "m.axl"
+    spec.write_bytes(encode(text))
+    rc, out = _run(capsys, "check", str(spec))
+    assert rc == 0, out

@@ -51,13 +51,19 @@ class Evaluator:
     def __init__(self, diags: Diagnostics, layers: set[str]):
         self.diags = diags
         self.layers = layers
+        # set while a library layer's default is evaluated: reports an error at the user's line
+        # that set a value the default reads (their `heads = 0`), instead of inside the library
+        self.report: Callable[[Span, str, str | None], None] | None = None
 
     def eval(self, expr: ast.Expr, lookup: Lookup, visible: Callable[[], list[str]]) -> HValue:
         method = getattr(self, "_" + type(expr).__name__)
         return method(expr, lookup, visible)
 
     def fail(self, span: Span, message: str, hint: str | None = None) -> NoReturn:
-        self.diags.error(span, message, hint)
+        if self.report is not None:
+            self.report(span, message, hint)
+        else:
+            self.diags.error(span, message, hint)
         raise EvalError(message)
 
     # ---- leaves

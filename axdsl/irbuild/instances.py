@@ -259,7 +259,7 @@ class InstanceBuilder:
             value, origin = inherited.value, Origin(OriginKind.INHERITED, where=owner)
         elif decl.default is not None:
             expr = decl.default
-            value, origin = self.ev.eval(decl.default, lookup, visible), ir.DEFAULT
+            value, origin = self._eval_default(decl.default, lookup, visible, scope), ir.DEFAULT
         else:
             self.diags.error(
                 inst_span,
@@ -352,6 +352,22 @@ class InstanceBuilder:
             names = ast.names_in(expr.right) + names
         self._error_at_user_line(at, msg, hint, scope, names)
         return None
+
+    def _eval_default(self, expr: ast.Expr, lookup, visible, scope: Scope) -> HValue:
+        """A declaration's default, evaluated; an error in it (`dim / heads` with the user's
+        `heads = 0`) is shown at the user's line that set a value it reads, the divisor first."""
+        names = ast.names_in(expr)
+        if isinstance(expr, ast.BinOp) and expr.op in ("/", "//", "%"):
+            names = ast.names_in(expr.right) + names
+
+        def report(span: Span, msg: str, hint: str | None) -> None:
+            self._error_at_user_line(span, msg, hint, scope, names)
+
+        self.ev.report = report
+        try:
+            return self.ev.eval(expr, lookup, visible)
+        finally:
+            self.ev.report = None
 
     def _error_at_user_line(
         self,

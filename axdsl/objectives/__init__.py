@@ -25,12 +25,14 @@ data sources the non-LM objectives read (pairs, arrays, synthetic_images).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from axdsl.errors import Diagnostics, Span, did_you_mean
+from axdsl.errors import Diagnostics, Span, did_you_mean, relocated
 from axdsl.ir import nodes as ir
+from axdsl.ir.rewrite import prims_of
 from axdsl.ir.printer import value_text
 from axdsl.objectives import losses
 from axdsl.objectives.losses import LossSite
@@ -259,6 +261,53 @@ def inputs(root: ir.Instance) -> tuple[str, ...]:
     return tuple(a.name for a in root.fwd.args)
 
 
+def _check_causal(module: ir.Module, diags: Diagnostics) -> None:
+    """Next-token prediction reads each position's future through attention that is not causal
+    (nor windowed, nor masked): it trains to copy the next token, to a near-zero loss and useless
+    samples. An error at the user's line that made it so (`Attention(causal = false)`)."""
+    for m in module.models:
+        if _mismatch(m.root, REGISTRY[Kind.NEXT_TOKEN]) is not None:
+            continue  # next_token does not train it (an encoder, a classifier): no train.py
+        tree = {i.path: i for i in m.root.walk()}
+        for inst in tree.values():
+            for prim in prims_of(inst, "attention"):
+                causal, window = (_plain(prim.attr(k)) for k in ("causal", "window"))
+                if causal or window or prim.optional:
+                    continue
+                user = ir.user_line(("causal",), functools.partial(_origins, tree, inst.path))
+                diags.add(
+                    relocated(
+                        prim.span,
+                        f"model `{m.name}` trains to predict the next token, but attention in "
+                        f"`{inst.path}` is not causal: every position sees the token it predicts",
+                        "keep causal = true for a language model; an encoder (BERT) trains with "
+                        "objective = masked_lm(...)",
+                        user,
+                        f"in layer `{inst.layer}` at `{inst.path}`",
+                    )
+                )
+                return
+
+
+def _plain(v: Any) -> Any:
+    """A primitive attribute's value (an HValue unwrapped)."""
+    return v.value if isinstance(v, ir.HValue) else v
+
+
+def _origins(tree: dict[str, ir.Instance], path: str, name: str):
+    """The origins of hyperparameter `name` at `path`, following inherited values outwards."""
+    seen = set()
+    while path in tree and path not in seen:
+        seen.add(path)
+        hp = tree[path].hparam(name)
+        if hp is None:
+            return
+        yield hp.origin
+        if hp.origin.kind is not ir.OriginKind.INHERITED:
+            return
+        path = hp.origin.where
+
+
 def _mismatch(root: ir.Instance, shape: Objective) -> str | None:
     """Why the root forward does not fit objective `shape`; None when it does."""
     f = root.forward
@@ -444,6 +493,8 @@ def check_data(value: Any, span: Span, diags: Diagnostics) -> ir.DataSource | No
 def cross_check(values: dict[str, ir.Choice], module: ir.Module, diags: Diagnostics) -> None:
     """The objective against every model's forward, its ids against the vocab, the data kind."""
     choice = values.get("objective")
+    if choice is None or choice.value.name is Kind.NEXT_TOKEN:
+        _check_causal(module, diags)
     if choice is None:  # next_token by default: a model that does not fit simply gets no train.py
         data = values["data"]
         if data.value.kind in DATA_SOURCES:

@@ -61,7 +61,9 @@ def load(path: Path) -> Program:
         name = display_path(p)
         try:
             data = p.read_bytes()
-            text = data.decode("utf-8")
+            # a leading byte-order mark and CR or CRLF line ends are what editors on other
+            # systems write: read as plain UTF-8 lines (CR-only was "this spec defines no model")
+            text = data.decode("utf-8-sig").replace("\r\n", "\n").replace("\r", "\n")
         except UnicodeDecodeError as exc:
             diags.error(
                 _byte_span(name, data, exc.start),
