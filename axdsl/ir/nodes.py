@@ -519,6 +519,22 @@ class Instance:
         return None
 
 
+def hparam_origins(tree: dict[str, Instance], path: str, name: str) -> Iterator[Origin]:
+    """The origins of hyperparameter `name` at `path` (tree: instances by path), following
+    inherited values outwards to where the value was set: what `user_line` reads to blame the
+    user's line for an error in a library layer."""
+    seen = set()
+    while path in tree and path not in seen:
+        seen.add(path)
+        hp = tree[path].hparam(name)
+        if hp is None:
+            return
+        yield hp.origin
+        if hp.origin.kind is not OriginKind.INHERITED:
+            return
+        path = hp.origin.where
+
+
 def master_weight_paths(root: Instance) -> frozenset[str]:
     """The layers of a mixed-precision model (`dtype` and `param_dtype` set) that receive master
     weights (cfg.param_dtype) and cast them to the compute dtype as they read them: the root, and

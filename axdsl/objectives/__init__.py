@@ -274,7 +274,9 @@ def _check_causal(module: ir.Module, diags: Diagnostics) -> None:
                 causal, window = (_plain(prim.attr(k)) for k in ("causal", "window"))
                 if causal or window or prim.optional:
                     continue
-                user = ir.user_line(("causal",), functools.partial(_origins, tree, inst.path))
+                user = ir.user_line(
+                    ("causal",), functools.partial(ir.hparam_origins, tree, inst.path)
+                )
                 diags.add(
                     relocated(
                         prim.span,
@@ -292,20 +294,6 @@ def _check_causal(module: ir.Module, diags: Diagnostics) -> None:
 def _plain(v: Any) -> Any:
     """A primitive attribute's value (an HValue unwrapped)."""
     return v.value if isinstance(v, ir.HValue) else v
-
-
-def _origins(tree: dict[str, ir.Instance], path: str, name: str):
-    """The origins of hyperparameter `name` at `path`, following inherited values outwards."""
-    seen = set()
-    while path in tree and path not in seen:
-        seen.add(path)
-        hp = tree[path].hparam(name)
-        if hp is None:
-            return
-        yield hp.origin
-        if hp.origin.kind is not ir.OriginKind.INHERITED:
-            return
-        path = hp.origin.where
 
 
 def _mismatch(root: ir.Instance, shape: Objective) -> str | None:

@@ -44,20 +44,6 @@ def _instance(inst: ir.Instance, diags: Diagnostics, tree: dict[str, ir.Instance
     return replace(inst, forward=_Typer(inst, diags, tree).forward(inst.forward))
 
 
-def _origins(tree: dict[str, ir.Instance], path: str, name: str):
-    """The origins of hyperparameter `name` at `path`, following inherited values outwards."""
-    seen = set()
-    while path in tree and path not in seen:
-        seen.add(path)
-        hp = tree[path].hparam(name)
-        if hp is None:
-            return
-        yield hp.origin
-        if hp.origin.kind is not ir.OriginKind.INHERITED:
-            return
-        path = hp.origin.where
-
-
 def _blame_order(names: list[str], message: str) -> list[str]:
     """Names the message mentions first, the last-mentioned first (`a` is not a multiple of `b`
     blames `b`), then the rest in operand order."""
@@ -155,7 +141,7 @@ class _Typer:
             return
         message += f" (in `{self.inst.path}`, layer `{self.inst.layer}`)"
         names = _blame_order(self.reads, message)
-        user = ir.user_line(names, lambda n: _origins(self.tree, self.inst.path, n))
+        user = ir.user_line(names, lambda n: ir.hparam_origins(self.tree, self.inst.path, n))
         self.diags.add(
             relocated(
                 span, message, hint, user, f"in layer `{self.inst.layer}` at `{self.inst.path}`"
