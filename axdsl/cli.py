@@ -336,7 +336,15 @@ def _add_train(sub) -> None:
     tr.add_argument("spec", type=Path, help=SPEC_HELP)
     _add_target(tr)
     tr.add_argument(
-        "--out", type=Path, default=None, help="run directory (default: runs/<spec>-<target>)"
+        "--model",
+        default=None,
+        help="the spec's model to train (default: its first); its own run directory",
+    )
+    tr.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="run directory (default: runs/<spec>-<target>, or runs/<spec>-<target>-<model>)",
     )
     tr.add_argument(
         "--steps", type=int, default=None, help="total optimizer steps (default: the train block's)"
@@ -633,8 +641,12 @@ def _cmd_train(args) -> int:
     }
     if args.data is not None:
         overrides["data"] = args.data
+    out = args.out
+    if args.model is not None:  # train.py checks the name against the spec's models
+        overrides["model"] = args.model
+        out = out or runs.default_run_dir(args.spec, _target(args.target), args.model)
     return runs.train(
-        args.spec, _target(args.target), args.out, init_from=args.init_from, overrides=overrides
+        args.spec, _target(args.target), out, init_from=args.init_from, overrides=overrides
     )
 
 

@@ -38,8 +38,10 @@ def _error(message: str) -> int:
 # ----------------------------------------------------------------------------- train
 
 
-def default_run_dir(spec: Path, target: str) -> Path:
-    return Path("runs") / f"{spec.stem}-{target}"
+def default_run_dir(spec: Path, target: str, model: str | None = None) -> Path:
+    """runs/<spec>-<target>, or runs/<spec>-<target>-<model> for a model named with --model: a
+    rerun resumes there, and another model of the spec never resumes this one's run."""
+    return Path("runs") / "-".join([spec.stem, target] + ([model] if model else []))
 
 
 def train(

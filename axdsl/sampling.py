@@ -24,6 +24,21 @@ from axdsl.runs import _error, load_run
 from axdsl.textcodec import CodecError, TextCodec
 
 
+def prompt_problem(prompt: str) -> str | None:
+    """Why `prompt` cannot be sampled from: the command line gave bytes that are not UTF-8 (Python
+    keeps them as lone surrogates, which no tokenizer encodes); None when it is text."""
+    try:
+        prompt.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        offset = len(prompt[: exc.start].encode("utf-8", "surrogateescape"))
+        raw = prompt.encode("utf-8", "surrogateescape")
+        return (
+            f"the prompt is not UTF-8 text: byte 0x{raw[offset]:02x} at offset {offset}; "
+            "give it as UTF-8 (or, for a run on token ids, as space-separated ids)"
+        )
+    return None
+
+
 def sample(
     run_dir: Path,
     prompt: str,
@@ -42,7 +57,7 @@ def sample(
     top_p, eos and cache; `seed` seeds the sampler.
     """
     sampling = Sampling(temperature, top_k, top_p, eos, cache)
-    problem = sampling_problem(sampling, max_tokens)
+    problem = sampling_problem(sampling, max_tokens) or prompt_problem(prompt)
     if problem:
         return _error(problem)
     if not (run_dir / "run.json").exists():

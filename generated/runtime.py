@@ -140,6 +140,8 @@ def load_data(
         )
         if not path.exists():
             sys.exit(f"error: data {path} does not exist ({where})")
+        if not (path.is_file() or path.is_dir()):  # a FIFO blocked the run, deaf to signals
+            sys.exit(f"error: data {path} is not a regular file or a directory ({where})")
         tc = dataclasses.replace(tc, data_path=str(path))
         if path.is_file() and path.stat().st_size == 0:
             sys.exit(f"error: data file {path} is empty")
@@ -1272,7 +1274,7 @@ def set_aside(manager: ocp.CheckpointManager, step: int, problem: str) -> None:
 
 
 def complete_steps(manager: ocp.CheckpointManager) -> list[int]:
-    """Steps with a complete checkpoint, oldest first; partial ones are deleted.
+    """Steps with a complete checkpoint, oldest first; partial ones are set aside (`set_aside`).
 
     On a local disk orbax lists every `<step>` directory, but only one it finished holds
     `commit_success.txt`: a directory without it (a copy cut short, a crashed writer) is never
@@ -1283,8 +1285,8 @@ def complete_steps(manager: ocp.CheckpointManager) -> list[int]:
         if (Path(manager.directory) / str(step) / "commit_success.txt").exists():
             steps.append(step)
         else:
-            print(f"checkpoint {step} is incomplete: deleting it", file=sys.stderr)
-            manager.delete(step)
+            # kept, never deleted: a save cut short, or files that are not axdsl's
+            set_aside(manager, step, "it is incomplete (no commit_success.txt)")
     return sorted(steps)
 
 
@@ -1495,6 +1497,37 @@ def freeze_labels(patterns: str, balance: dict | None = None):
 # -------------------------------------------- run.json and metrics.jsonl (axdsl/runtime/metrics.py)
 
 
+def check_run_dir(run_dir: Path, tc) -> None:
+    """Before any data or compute: RUN_DIR is absent or a directory, what a run writes there has
+    its kind (a directory of checkpoints, files for metrics.jsonl, run.json and the lock), and a
+    run.json there is one axdsl wrote. Otherwise one line and exit 1, not a traceback at the
+    first save after the whole training, nor the user's run.json replaced."""
+    problems = []
+    if run_dir.exists() and not run_dir.is_dir():
+        problems.append(f"--out {run_dir} is a file, not a run directory")
+    else:
+        kinds = ((tc.checkpoint_dir, True), ("metrics.jsonl", False), ("run.json", False))
+        for name, is_dir in kinds + (("lock", False),):
+            path = run_dir / name
+            if path.exists() and path.is_dir() != is_dir:
+                want, got = ("a directory", "a file") if is_dir else ("a file", "a directory")
+                problems.append(f"{path} is {got}; a run writes {want} there")
+        info = run_dir / "run.json"
+        if info.is_file() and not _axdsl_run_json(info):
+            problems.append(f"{info} was not written by axdsl")
+    if problems:
+        sys.exit("error: " + "; ".join(problems) + ": give --out a new directory or a run's own")
+
+
+def _axdsl_run_json(path: Path) -> bool:
+    """Whether `path` is a run.json as start_run writes it."""
+    try:
+        info = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return False
+    return isinstance(info, dict) and {"package", "spec", "target", "train"} <= info.keys()
+
+
 def start_run(run_dir: Path, tc, package: str, file: str, spec: str, target: str) -> None:
     """Make RUN_DIR; process 0 writes RUN_DIR/run.json, what runs here, so that `axdsl plot` and
     `axdsl sample` find the code and config. `package` and `file`: train.py's `__package__`,
@@ -1573,9 +1606,18 @@ class Throughput:
         return None if mark is None or step <= mark[0] else (step - mark[0]) / (now - mark[1])
 
 
-def open_metrics(path: Path):
+def open_metrics(path: Path, start: int = 0):
     """metrics.jsonl opened to append; a last line cut short (a kill mid-write) is ended first, so
-    that the new rows start on a line of their own and readers skip only the damaged one."""
+    that the new rows start on a line of their own and readers skip only the damaged one. A run
+    resumed at step `start` first drops the rows of later steps, which a killed process logged
+    after its last checkpoint and this run logs again (TensorBoard's purge_step, likewise)."""
+    if start and path.is_file():
+        lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+        kept = [line for line in lines if (_row_step(line) or 0) <= start]
+        if len(kept) < len(lines):
+            tmp = path.with_name(f".{path.name}.tmp")
+            tmp.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
+            os.replace(tmp, path)
     file = open(path, "a+b")
     file.seek(0, os.SEEK_END)
     if file.tell():
@@ -1584,6 +1626,16 @@ def open_metrics(path: Path):
             file.write(b"\n")
     file.close()
     return open(path, "a", encoding="utf-8")
+
+
+def _row_step(line: str) -> int | None:
+    """The step of a metrics.jsonl row; None for a line that is not one (a damaged line)."""
+    try:
+        row = json.loads(line)
+    except ValueError:
+        return None
+    step = row.get("step") if isinstance(row, dict) else None
+    return step if isinstance(step, int) else None
 
 
 TENSORBOARD_DIR = "tensorboard"  # in RUN_DIR: event files for `tensorboard --logdir runs/`
@@ -1684,7 +1736,7 @@ class MetricsLog:
         self.flops_per_step = flops.per_token(self.per_row) * tc.batch * self.per_row
         self.tc, self.peak_flops, self.run_dir, self.start = tc, peak_flops, args.out, start
         self.mfu_key = "mfu_nominal" if nominal else "mfu"
-        self.file = open_metrics(args.out / "metrics.jsonl") if self.lead else None
+        self.file = open_metrics(args.out / "metrics.jsonl", start) if self.lead else None
         # Steps after `start` that an earlier process logged are logged again: TensorBoard drops
         # those.
         self.tensorboard = tensorboard_writer(args.out, start + 1) if self.lead else None

@@ -310,3 +310,26 @@ def test_train_py_checks_command_line_values_as_a_train_block_does(flags, says, 
         runtime.check_values(tc)
     assert says in str(exc.value.code)
     runtime.check_values(tm.TRAIN)  # the spec's own values pass
+
+
+def test_train_takes_the_models_name_and_gives_it_its_own_run_directory(tmp_path):
+    """`axdsl train --model NAME` was "unrecognized arguments" though `stats --model` works; it is
+    passed to train.py (which checks the name), and its default run directory names the model."""
+    from axdsl import runs
+
+    assert runs.default_run_dir(Path("specs/llama3_2_1b.axl"), "cpu", "llama3_2_tiny") == Path(
+        "runs/llama3_2_1b-cpu-llama3_2_tiny")
+    assert runs.default_run_dir(Path("specs/llama3_2_1b.axl"), "cpu") == Path("runs/llama3_2_1b-cpu")
+    r = run_cli("train", "specs/tiny_llama.axl", "--model", "nope", "--out", str(tmp_path / "run"))
+    assert r.returncode == 2 and "--model nope" in r.stderr, r.stderr[-2000:]
+    assert "invalid choice: 'nope'" in r.stderr, r.stderr[-2000:]
+
+
+def test_a_prompt_that_is_not_utf8_is_a_user_error_not_an_internal_one():
+    """`sample --prompt $'\\xff\\xfe'` ended in UnicodeEncodeError, exit 70 (issue 38)."""
+    from axdsl.sampling import prompt_problem
+
+    assert prompt_problem(os.fsdecode(b"h\xc3\xa9\xff\xfe")) == (
+        "the prompt is not UTF-8 text: byte 0xff at offset 3; give it as UTF-8 (or, for a run on "
+        "token ids, as space-separated ids)")
+    assert prompt_problem("héllo") is None

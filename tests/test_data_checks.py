@@ -108,7 +108,7 @@ def test_non_finite_steps_without_a_checkpoint_exit_non_zero(tmp_path, capsys):
                        + 'train {\n  batch = 8  seq = 16  steps = 8  max_bad_steps = 2\n  data = text("d.txt")\n'
                        '  eval_every = 0  checkpoint(every = 0)\n}\n')
     with pytest.raises(SystemExit) as stop:
-        tm.main(["--no-progress", "--out", str(tmp_path / "run"), "--lr", "inf"])
+        tm.main(["--no-progress", "--out", str(tmp_path / "run"), "--lr", "1e38"])  # (inf is refused)
     assert str(stop.value.code).startswith("error: 2 non-finite steps in a row up to step ") and "no checkpoint to roll back to" in str(stop.value.code)
 
 

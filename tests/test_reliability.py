@@ -7,6 +7,7 @@ genuine bug one line, a traceback file and exit 70.
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -290,3 +291,56 @@ def test_a_byte_order_mark_and_other_line_ends_read_as_plain_lines(tmp_path, cap
     spec.write_bytes(encode(text))
     rc, out = _run(capsys, "check", str(spec))
     assert rc == 0, out
+
+
+def test_a_run_directory_that_is_not_a_runs_is_refused_before_any_compute(tmp_path):
+    """--out a file, checkpoints a file, metrics.jsonl a directory, a run.json of the user's: each
+    was a traceback after training (or the user's run.json replaced); now one line up front."""
+    from generated import runtime
+    from generated.tiny_llama.cpu import train as tm
+
+    (tmp_path / "f").write_text("mine")
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "checkpoints").write_text("mine")
+    (tmp_path / "b" / "metrics.jsonl").mkdir(parents=True)
+    (tmp_path / "c").mkdir()
+    (tmp_path / "c" / "run.json").write_text('{"mine": 1}')
+    for out, says in (("f", "is a file, not a run directory"),
+                      ("a", "checkpoints is a file; a run writes a directory there"),
+                      ("b", "metrics.jsonl is a directory; a run writes a file there"),
+                      ("c", "run.json was not written by axdsl")):
+        with pytest.raises(SystemExit) as stop:
+            runtime.check_run_dir(tmp_path / out, tm.TRAIN)
+        assert says in str(stop.value.code)
+    runtime.check_run_dir(tmp_path / "new", tm.TRAIN)  # absent: a new run
+    assert (tmp_path / "c" / "run.json").read_text() == '{"mine": 1}'
+    source = Path(tm.__file__).read_text()  # checked before the data is read and anything compiled
+    assert source.index("runtime.check_run_dir(") < source.index("runtime.load_data(")
+
+
+def test_an_import_of_a_device_or_a_fifo_is_refused_not_read(tmp_path, capsys):
+    """`import "/dev/zero"` read until the kernel killed it at 21 GB; a FIFO would block."""
+    import os
+
+    fifo = tmp_path / "pipe.axl"
+    os.mkfifo(fifo)
+    for target in ("/dev/zero", str(fifo)):
+        spec = tmp_path / "m.axl"
+        spec.write_text(f'import "{target}"\n')
+        rc, err = _run(capsys, "check", str(spec))
+        assert rc == 1 and "not a regular file" in err, err
+
+
+def test_a_resumed_run_logs_each_step_once(tmp_path):
+    """metrics.jsonl had steps 10, 20, 20, 30 after a kill at 20 and a resume from 16 (issue 38):
+    the rows after the resumed step are dropped before the run logs them again."""
+    from generated import runtime
+
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"step": 10, "loss": 2.0}\n{"step": 20, "loss": 1.5}\n{"step": 3\n{"step": 30}\n')
+    with runtime.open_metrics(path, 16) as f:
+        f.write('{"step": 20, "loss": 1.5}\n')
+    assert path.read_text() == '{"step": 10, "loss": 2.0}\n{"step": 3\n{"step": 20, "loss": 1.5}\n'
+    with runtime.open_metrics(path, 0) as f:  # a fresh start keeps everything (and appends)
+        pass
+    assert path.read_text().count("\n") == 3

@@ -178,7 +178,8 @@ def test_partial_checkpoint_is_never_restored(tmp_path, reference, cache):
     manager.close()
 
     stderr = run_to_end(run, cache)
-    assert "checkpoint 60 is incomplete: deleting it" in stderr
+    assert "checkpoint 60 is damaged: it is incomplete (no commit_success.txt); set aside as" in stderr
+    assert (ckpts / "60.damaged" / "state").is_dir()  # kept, never deleted: it may be someone's
     assert "resumed from step 50" in stderr
     assert complete(run) == [40, 50, 60]
     assert not list(ckpts.glob("*tmp*"))

@@ -129,7 +129,7 @@ def set_aside(manager: ocp.CheckpointManager, step: int, problem: str) -> None:
 
 
 def complete_steps(manager: ocp.CheckpointManager) -> list[int]:
-    """Steps with a complete checkpoint, oldest first; partial ones are deleted.
+    """Steps with a complete checkpoint, oldest first; partial ones are set aside (`set_aside`).
 
     On a local disk orbax lists every `<step>` directory, but only one it finished holds
     `commit_success.txt`: a directory without it (a copy cut short, a crashed writer) is never
@@ -140,8 +140,8 @@ def complete_steps(manager: ocp.CheckpointManager) -> list[int]:
         if (Path(manager.directory) / str(step) / "commit_success.txt").exists():
             steps.append(step)
         else:
-            print(f"checkpoint {step} is incomplete: deleting it", file=sys.stderr)
-            manager.delete(step)
+            # kept, never deleted: a save cut short, or files that are not axdsl's
+            set_aside(manager, step, "it is incomplete (no commit_success.txt)")
     return sorted(steps)
 
 

@@ -100,6 +100,8 @@ def load_data(
         )
         if not path.exists():
             sys.exit(f"error: data {path} does not exist ({where})")
+        if not (path.is_file() or path.is_dir()):  # a FIFO blocked the run, deaf to signals
+            sys.exit(f"error: data {path} is not a regular file or a directory ({where})")
         tc = dataclasses.replace(tc, data_path=str(path))
         if path.is_file() and path.stat().st_size == 0:
             sys.exit(f"error: data file {path} is empty")

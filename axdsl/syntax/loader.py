@@ -60,6 +60,8 @@ def load(path: Path) -> Program:
             return
         name = display_path(p)
         try:
+            if p.exists() and not p.is_file():  # /dev/zero grew to 21 GB; a FIFO blocks forever
+                raise OSError(0, "a directory" if p.is_dir() else "not a regular file")
             data = p.read_bytes()
             # a leading byte-order mark and CR or CRLF line ends are what editors on other
             # systems write: read as plain UTF-8 lines (CR-only was "this spec defines no model")

@@ -311,6 +311,7 @@ def main(argv=None) -> None:
     runtime.set_compile_cache(args)
     runtime.join_processes(args)  # before any other JAX call
     tc = runtime.train_config(args, TRAIN, CONFIGS)
+    runtime.check_run_dir(args.out, tc)  # before data and compute: what is there is a run's
     profile = runtime.Profile(
         args, tc
     )  # --profile START:STOP: a trace of those steps in RUN_DIR/profile
