@@ -39,7 +39,8 @@ def timed(fn, *args, reps: int = 10) -> float:
 
 # ---------------------------------------------------------------------------------------- SSD
 def segsum_masked(a):
-    """axdsl's segment_sum: a cumulative sum of masked copies (transformers')."""
+    """The segment sum axdsl's ssd used before 2026-12-07: a cumulative sum of masked copies
+    (transformers' `segment_sum`), kept here as the measured "before"."""
     n = a.shape[-1]
     x = jnp.broadcast_to(a[..., :, None], (*a.shape, n))
     x = jnp.where(jnp.tril(jnp.ones((n, n), bool), -1), x, 0.0)
@@ -55,7 +56,7 @@ def segsum_diff(a):
 
 
 def ssd_ref(x, dt, a, b, c, chunk):
-    """axdsl's ssd as generated today (kernels/ssd.py): f32 throughout, B and C per head."""
+    """axdsl's ssd before 2026-12-07 (transformers' form): f32 throughout, B and C per head."""
     batch, seq, heads, head_dim = x.shape
     groups = b.shape[2]
     x, dt, a, b, c = (t.astype(jnp.float32) for t in (x, dt, a, b, c))
@@ -84,7 +85,8 @@ def ssd_ref(x, dt, a, b, c, chunk):
 
 
 def ssd_grouped(x, dt, a, b, c, chunk, *, mm_dtype=jnp.float32, segsum=segsum_masked):
-    """C.B once per group (not per head), each product's operands in mm_dtype, f32 accumulation."""
+    """C.B once per group (not per head), each product's operands in mm_dtype, f32 accumulation:
+    the variants weighed; kernels/ssd.py is the bf16-operand, segsum_diff, chunk-256 one."""
     batch, seq, heads, head_dim = x.shape
     groups, state = b.shape[2], b.shape[3]
     hg = heads // groups

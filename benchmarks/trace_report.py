@@ -78,8 +78,7 @@ def report(path: Path, top: int) -> None:
         cat[0] += seconds
         cat[1] += float(a.get("model_flops", 0) or 0) / steps
         cat[2] += float(a.get("bytes_accessed", 0) or 0) / steps
-        source = a.get("source", "").split("/")[-1] and a.get("source", "")
-        line = by_line[source or "(no source)"]
+        line = by_line[a.get("source") or "(no source)"]
         line[0] += seconds
         line[1] += float(a.get("model_flops", 0) or 0) / steps
     print(f"  {'category':28s} {'ms':>8s} {'share':>6s} {'TFLOP/s':>8s} {'of peak':>7s} {'GB/s':>7s}")

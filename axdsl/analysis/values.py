@@ -99,6 +99,4 @@ def promote(*vals: Val) -> str:
 
 def attr_value(v, default=None):
     """A primitive attribute's plain value (an HValue unwrapped), or `default` when unset."""
-    if v is None:
-        return default
-    return v.value if isinstance(v, ir.HValue) else v
+    return default if v is None else ir.plain(v)

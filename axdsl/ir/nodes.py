@@ -519,6 +519,11 @@ class Instance:
         return None
 
 
+def plain(v: Any) -> Any:
+    """A primitive attribute's plain value: an HValue unwrapped, anything else as it is."""
+    return v.value if isinstance(v, HValue) else v
+
+
 def hparam_origins(tree: dict[str, Instance], path: str, name: str) -> Iterator[Origin]:
     """The origins of hyperparameter `name` at `path` (tree: instances by path), following
     inherited values outwards to where the value was set: what `user_line` reads to blame the

@@ -267,7 +267,7 @@ def expr_text(e: ir.TExpr) -> str:
         elif isinstance(v, tuple) and all(isinstance(d, ir.Dim) for d in v):
             attrs.append(f"{k} = [{', '.join(str(d) for d in v)}]")
         else:
-            attrs.append(f"{k} = {value_text(v.value if isinstance(v, ir.HValue) else v)}")
+            attrs.append(f"{k} = {value_text(ir.plain(v))}")
     if e.kernel is not None:
         attrs.append(f'kernel = "{e.kernel.kernel}"')
         if e.kernel.rejected:

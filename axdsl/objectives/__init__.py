@@ -271,7 +271,7 @@ def _check_causal(module: ir.Module, diags: Diagnostics) -> None:
         tree = {i.path: i for i in m.root.walk()}
         for inst in tree.values():
             for prim in prims_of(inst, "attention"):
-                causal, window = (_plain(prim.attr(k)) for k in ("causal", "window"))
+                causal, window = (ir.plain(prim.attr(k)) for k in ("causal", "window"))
                 if causal or window or prim.optional:
                     continue
                 user = ir.user_line(
@@ -289,11 +289,6 @@ def _check_causal(module: ir.Module, diags: Diagnostics) -> None:
                     )
                 )
                 return
-
-
-def _plain(v: Any) -> Any:
-    """A primitive attribute's value (an HValue unwrapped)."""
-    return v.value if isinstance(v, ir.HValue) else v
 
 
 def _mismatch(root: ir.Instance, shape: Objective) -> str | None:

@@ -781,50 +781,37 @@ def splash_block_sizes(
 ) -> splash_attention_kernel.BlockSizes:
     """Splash's tiles for one sequence length: the fastest measured on one TPU v5e that fit VMEM.
 
-    Forward and backward of one causal layer (benchmarks/tpu_kernels.py splash, RESULTS.md):
+    Forward and backward of one causal layer (axdsl's benchmarks/tpu_kernels.py splash):
     Llama 3.2 1B's 4 x 32 heads of 64 x 2048 took 8.60 ms with tiles of 512 and the two
     backward kernels, 6.64 ms with tiles of 1024 and the fused backward kernel (dq, dk and dv in
     one pass over the blocks); 16 heads of 128 x 32,768 took 162.3 ms, 104.8 ms with query tiles
     of 2048, key tiles of 1024 computed 512 at a time. Tiles of 2048 x 2048 ran out of VMEM.
-    Wide heads (head_dim over 128) and other lengths keep what ran before: one tile of 512 (or
-    the largest of 256 and 128 that divides), and the two backward kernels.
+    Wide heads (head_dim over 128) and other lengths, not measured, take one tile of 512 (or the
+    largest of 256 and 128 that divides) and the two backward kernels.
 
     The fused backward writes dq once per key tile before summing them: seq / 1024 copies of q
     (`q_bytes`, one device's q), 4 GiB at 32,768 tokens of 16 heads of 128. Past
     SPLASH_FUSED_DQ_BYTES it keeps the two backward kernels (124.8 ms at 32k, tiles of 1024).
     """
-    if seq % 1024 or head_dim > 128:  # as before the measurement: one tile, two backward kernels
+    if seq % 1024 or head_dim > 128:  # shapes not measured: one tile, the two backward kernels
         block = next(b for b in (512, 256, 128) if seq % b == 0)
-        return splash_attention_kernel.BlockSizes(
-            block_q=block,
-            block_kv=block,
-            block_kv_compute=block,
-            block_q_dkv=block,
-            block_kv_dkv=block,
-            block_kv_dkv_compute=block,
-            block_q_dq=block,
-            block_kv_dq=block,
-        )
-    if seq // 1024 * q_bytes > SPLASH_FUSED_DQ_BYTES:
-        return splash_attention_kernel.BlockSizes(
-            block_q=1024,
-            block_kv=1024,
-            block_kv_compute=512,
-            block_q_dkv=1024,
-            block_kv_dkv=1024,
-            block_kv_dkv_compute=512,
-            block_q_dq=1024,
-            block_kv_dq=1024,
-        )
-    block_q, compute = (2048, 512) if seq % 2048 == 0 and seq >= 8192 else (1024, 1024)
+        block_q, block_kv, compute, fused = block, block, block, False
+    elif seq // 1024 * q_bytes > SPLASH_FUSED_DQ_BYTES:
+        block_q, block_kv, compute, fused = 1024, 1024, 512, False
+    elif seq % 2048 == 0 and seq >= 8192:
+        block_q, block_kv, compute, fused = 2048, 1024, 512, True
+    else:
+        block_q, block_kv, compute, fused = 1024, 1024, 1024, True
     return splash_attention_kernel.BlockSizes(
         block_q=block_q,
-        block_kv=1024,
+        block_kv=block_kv,
         block_kv_compute=compute,
         block_q_dkv=block_q,
-        block_kv_dkv=1024,
+        block_kv_dkv=block_kv,
         block_kv_dkv_compute=compute,
-        use_fused_bwd_kernel=True,
+        block_q_dq=None if fused else block_q,  # the fused kernel computes dq with dk and dv
+        block_kv_dq=None if fused else block_kv,
+        use_fused_bwd_kernel=fused,
     )
 
 
