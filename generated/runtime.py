@@ -11,6 +11,7 @@ checkpoint_*, log_every, ...) and never change it.
 """
 
 import argparse
+import ast
 import atexit
 import dataclasses
 import fnmatch
@@ -43,7 +44,7 @@ from tqdm import tqdm
 # ----------------------------------------------------------------- interface (axdsl/runtime/api.py)
 # The interface train.py files call. A build rewrites this file but keeps a train.py you edited,
 # so each train.py states the API it was written for and `check_api` stops a mismatch up front.
-API = 3
+API = 4
 
 
 def check_api(expected: int) -> None:
@@ -1341,21 +1342,12 @@ def restore_good(
 
 
 def resume(
-    manager: ocp.CheckpointManager, abstract: dict, tc, run_dir: Path
+    manager: ocp.CheckpointManager, abstract: dict, run_dir: Path
 ) -> tuple[dict, int, int] | None:
     """(state, step, data skipped) from the newest good checkpoint; None when there is none."""
     if not (found := restore_good(manager, abstract, complete_steps(manager))):
         return None
     _, state, data = found
-    if (data["seed"], data["batch"], data.get("seq")) != (
-        tc.seed,
-        tc.batch,
-        getattr(tc, "seq", None),
-    ) and is_lead():
-        print(
-            "warning: seed, batch or seq differ from the checkpoint's: the data order changes",
-            file=sys.stderr,
-        )
     if is_lead():
         print(f"resumed from step {data['step']} in {run_dir}", file=sys.stderr)
     return state, data["step"], data["skipped"]
@@ -1494,6 +1486,163 @@ def freeze_labels(patterns: str, balance: dict | None = None):
     return labels
 
 
+# --------------------------------------------------------- run identity (axdsl/runtime/identity.py)
+# Train settings that are schedule, not results: changing them on a resume mixes nothing.
+# (micro-batches split the same batch; steps is checked by its learning rates.)
+NEUTRAL_SETTINGS = frozenset(
+    {
+        "steps",
+        "microbatches",
+        "eval_every",
+        "eval_batches",
+        "log_every",
+        "max_bad_steps",
+        "steps_per_call",
+        "checkpoint_every",
+        "checkpoint_keep",
+        "checkpoint_async",
+        "checkpoint_dir",
+    }
+)
+DATA_SETTINGS = ("data_path", "data_target")  # compared by content: the files may move
+CODE_FILES = ("model.py", "train.py")
+SAMPLE_BYTES = 1 << 16  # a data file's digest reads this much of its start and of its end
+
+
+def code_digest(path: Path) -> str:
+    """sha256 of the program in a generated file: its syntax tree without docstrings, so that
+    comments, formatting and the version in its header do not count; its code does."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            if node.body and _is_docstring(node.body[0]):
+                node.body = node.body[1:] or [ast.Pass()]
+    return hashlib.sha256(ast.dump(tree).encode()).hexdigest()
+
+
+def _is_docstring(node: ast.stmt) -> bool:
+    return (
+        isinstance(node, ast.Expr)
+        and isinstance(node.value, ast.Constant)
+        and isinstance(node.value.value, str)
+    )
+
+
+def files_digest(path: Path) -> str | None:
+    """A digest of a data file or directory: each file's name (relative), size, first and last
+    SAMPLE_BYTES. Cheap on terabytes and blind to a move, not to an edit, an append or a new
+    file. None when the path does not exist (the data check says so later)."""
+    if not path.exists():
+        return None
+    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+    digest = hashlib.sha256()
+    for file in files:
+        size = file.stat().st_size
+        digest.update(f"{file.relative_to(path) if path.is_dir() else ''}\0{size}\0".encode())
+        with file.open("rb") as f:
+            digest.update(f.read(SAMPLE_BYTES))
+            f.seek(max(size - SAMPLE_BYTES, 0))
+            digest.update(f.read(SAMPLE_BYTES))
+    return digest.hexdigest()
+
+
+def run_identity(tc, spec: str, target: str, file: str, data_from_flag: bool) -> dict:
+    """The identity run.json records: `file` is train.py's `__file__`; `data_from_flag`: the
+    data path came from --data (relative to the working directory, else to the spec)."""
+    here = Path(file).resolve().parent
+    data = {}
+    for name in DATA_SETTINGS:
+        if getattr(tc, name, ""):
+            where = dataclasses.replace(tc, data_path=getattr(tc, name))
+            data[name] = files_digest(data_path(where, spec, data_from_flag))
+    return {
+        "target": target,
+        "code": {name: code_digest(here / name) for name in CODE_FILES},
+        "data": data,
+    }
+
+
+def check_resume(run_dir: Path, tc, identity: dict, lr_schedule) -> None:
+    """Before data and compute: when RUN_DIR holds checkpoints, this command must continue the
+    run that wrote them. `lr_schedule` is train.py's (TrainConfig -> optax schedule)."""
+    info = _recorded(run_dir)
+    steps = _saved_steps(run_dir / tc.checkpoint_dir)
+    if info is None or not steps:
+        return  # a new run
+    old = info.get("train", {})
+    problems = []
+    if info.get("target") != identity["target"]:
+        problems.append(f"its target is {info.get('target')}, this one is {identity['target']}")
+    if "identity" in info:
+        problems += _identity_changes(info["identity"], identity)
+    elif is_lead():
+        print(
+            f"warning: {run_dir / 'run.json'} predates run identities: a change of the spec or of "
+            "the data is not detected on this resume",
+            file=sys.stderr,
+        )
+    for field in dataclasses.fields(tc):
+        name, new = field.name, json.loads(json.dumps(getattr(tc, field.name)))
+        if name in NEUTRAL_SETTINGS or name in DATA_SETTINGS or name not in old:
+            continue
+        if old[name] != new:
+            problems.append(f"{name} was {old[name]!r}, now {new!r}")
+    if old.get("steps", tc.steps) != tc.steps:
+        problems += _schedule_change(tc, old, max(steps), lr_schedule)
+    if problems:
+        sys.exit(
+            f"error: {run_dir} holds checkpoints of another run (up to step {max(steps)}); "
+            "resuming it here would mix two runs: " + "; ".join(problems) + ".\n  hint: rerun "
+            "with its own settings to resume it; to start from its weights instead, give a new "
+            f"--out and --init-from {run_dir}"
+        )
+
+
+def _recorded(run_dir: Path) -> dict | None:
+    """RUN_DIR/run.json as a run wrote it, or None (check_run_dir has refused any other)."""
+    try:
+        info = json.loads((run_dir / "run.json").read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return None
+    return info if isinstance(info, dict) else None
+
+
+def _saved_steps(checkpoints: Path) -> list[int]:
+    """The steps of the checkpoints in `checkpoints`, complete or not."""
+    if not checkpoints.is_dir():
+        return []
+    return [int(p.name) for p in checkpoints.iterdir() if p.name.isdigit() and p.is_dir()]
+
+
+def _identity_changes(old: dict, new: dict) -> list[str]:
+    """What differs between two recorded identities: generated code, data."""
+    problems = []
+    for name in CODE_FILES:
+        if old.get("code", {}).get(name) != new["code"][name]:
+            problems.append(f"its generated {name} differs (the spec or axdsl changed)")
+    for name, digest in new["data"].items():
+        if old.get("data", {}).get(name, digest) != digest:
+            problems.append(f"the data of {name} differs (another file, or its contents changed)")
+    return problems
+
+
+def _schedule_change(tc, old: dict, saved: int, lr_schedule) -> list[str]:
+    """[] when the learning rate of every step before `saved` is the same under the old steps
+    and the new, else the first step where they differ and both rates."""
+    before = dataclasses.replace(tc, steps=old["steps"])
+    taken = np.arange(saved)
+    old_lr = np.asarray(lr_schedule(before)(taken))
+    new_lr = np.asarray(lr_schedule(tc)(taken))
+    differ = np.flatnonzero(old_lr != new_lr)
+    if not len(differ):
+        return []
+    at = int(differ[0])
+    return [
+        f"steps was {old['steps']}, now {tc.steps}: that changes the learning rate of steps it "
+        f"already took (step {at}: {old_lr[at]:.3g}, now {new_lr[at]:.3g})"
+    ]
+
+
 # -------------------------------------------- run.json and metrics.jsonl (axdsl/runtime/metrics.py)
 
 
@@ -1528,10 +1677,13 @@ def _axdsl_run_json(path: Path) -> bool:
     return isinstance(info, dict) and {"package", "spec", "target", "train"} <= info.keys()
 
 
-def start_run(run_dir: Path, tc, package: str, file: str, spec: str, target: str) -> None:
+def start_run(
+    run_dir: Path, tc, package: str, file: str, spec: str, target: str, identity: dict
+) -> None:
     """Make RUN_DIR; process 0 writes RUN_DIR/run.json, what runs here, so that `axdsl plot` and
-    `axdsl sample` find the code and config. `package` and `file`: train.py's `__package__`,
-    `__file__`. Process 0 first takes RUN_DIR/lock (see RunLock): one trainer per run directory.
+    `axdsl sample` find the code and config, and a resume can check that it continues this run
+    (`identity`: see run_identity). `package` and `file`: train.py's `__package__`, `__file__`.
+    Process 0 first takes RUN_DIR/lock (see RunLock): one trainer per run directory.
     """
     run_dir.mkdir(parents=True, exist_ok=True)
     if not is_lead():
@@ -1546,6 +1698,7 @@ def start_run(run_dir: Path, tc, package: str, file: str, spec: str, target: str
         "train": dataclasses.asdict(tc),
         "processes": jax.process_count(),
         "devices": jax.device_count(),
+        "identity": identity,
     }
     (run_dir / "run.json").write_text(json.dumps(json_safe(info), indent=2, allow_nan=False) + "\n")
 

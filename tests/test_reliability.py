@@ -318,6 +318,63 @@ def test_a_run_directory_that_is_not_a_runs_is_refused_before_any_compute(tmp_pa
     assert source.index("runtime.check_run_dir(") < source.index("runtime.load_data(")
 
 
+def test_a_resume_that_would_mix_runs_is_refused_before_any_compute(tmp_path):
+    """A rerun into a run's directory resumed whatever changed: the spec (rope_theta), the target,
+    --data, --init-from, or --steps, which stretched the cosine schedule mid-run. run.json now
+    records the run's identity, and a resume that is not the run a fresh start would be is
+    refused, each difference named; a longer run whose steps taken keep their lr resumes."""
+    import dataclasses
+    import json
+
+    from generated import runtime
+    from generated.tiny_llama.cpu import train as tm
+
+    data = tmp_path / "data.bin"
+    data.write_bytes(bytes(range(200)) * 10)
+    tc = dataclasses.replace(tm.TRAIN, steps=60, data="tokens", data_path=str(data))
+    identity = runtime.run_identity(tc, tm.SPEC, tm.TARGET, tm.__file__, True)
+    run = tmp_path / "run"
+    runtime.start_run(run, tc, "generated.tiny_llama.cpu", tm.__file__, tm.SPEC, tm.TARGET, identity)
+    runtime.check_resume(run, dataclasses.replace(tc, lr=1.0), identity, tm.lr_schedule)  # no checkpoint: new
+    (run / "checkpoints" / "40").mkdir(parents=True)
+
+    def refused(tc, identity=identity) -> str:
+        with pytest.raises(SystemExit) as stop:
+            runtime.check_resume(run, tc, identity, tm.lr_schedule)
+        return str(stop.value.code)
+
+    runtime.check_resume(run, tc, identity, tm.lr_schedule)  # the same run
+    runtime.check_resume(run, dataclasses.replace(tc, steps=90, log_every=1), identity, tm.lr_schedule)
+    assert "lr was 0.0003, now 0.001" in refused(dataclasses.replace(tc, lr=1e-3))
+    assert "init_from was '', now 'hf'" in refused(dataclasses.replace(tc, init_from="hf"))
+    assert "its target is cpu, this one is tpu-v5e" in refused(tc, {**identity, "target": "tpu-v5e"})
+    code = {**identity["code"], "model.py": "0" * 64}
+    assert "its generated model.py differs" in refused(tc, {**identity, "code": code})
+    data.write_bytes(data.read_bytes() + b"more")  # appended to
+    moved = runtime.run_identity(tc, tm.SPEC, tm.TARGET, tm.__file__, True)
+    message = refused(tc, moved)
+    assert "the data of data_path differs" in message and "--init-from" in message
+
+    info = json.loads((run / "run.json").read_text())  # a run whose cosine decay had begun
+    (run / "run.json").write_text(json.dumps({**info, "train": {**info["train"], "warmup": 10}}))
+    short = dataclasses.replace(tc, warmup=10)
+    runtime.check_resume(run, short, identity, tm.lr_schedule)
+    assert "steps was 60, now 90: that changes the learning rate of steps it already took (step 11:" in (
+        refused(dataclasses.replace(short, steps=90)))
+    source = Path(tm.__file__).read_text()
+    assert source.index("runtime.check_resume(") < source.index("runtime.load_data(")
+
+
+def test_a_generated_files_digest_ignores_comments_and_docstrings(tmp_path):
+    from generated import runtime
+
+    a, b, c = tmp_path / "a.py", tmp_path / "b.py", tmp_path / "c.py"
+    a.write_text('"""v1"""\n\ndef f(x):\n    """Doc."""\n    return x + 1  # one\n')
+    b.write_text('"""v2: another header"""\ndef f(x):\n    return (x + 1)\n')
+    c.write_text('"""v1"""\n\ndef f(x):\n    """Doc."""\n    return x + 2  # one\n')
+    assert runtime.code_digest(a) == runtime.code_digest(b) != runtime.code_digest(c)
+
+
 def test_an_import_of_a_device_or_a_fifo_is_refused_not_read(tmp_path, capsys):
     """`import "/dev/zero"` read until the kernel killed it at 21 GB; a FIFO would block."""
     import os

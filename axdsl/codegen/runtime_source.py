@@ -56,6 +56,7 @@ SECTIONS = (  # the order of runtime.py: what train.py calls first comes first
     Section("preemption", "run lock and preemption"),
     Section("checkpoints", "checkpoints"),
     Section("finetune", "fine-tuning"),
+    Section("identity", "run identity"),
     Section("metrics", "run.json and metrics.jsonl"),
 )
 

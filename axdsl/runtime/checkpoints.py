@@ -196,21 +196,12 @@ def restore_good(
 
 
 def resume(
-    manager: ocp.CheckpointManager, abstract: dict, tc, run_dir: Path
+    manager: ocp.CheckpointManager, abstract: dict, run_dir: Path
 ) -> tuple[dict, int, int] | None:
     """(state, step, data skipped) from the newest good checkpoint; None when there is none."""
     if not (found := restore_good(manager, abstract, complete_steps(manager))):
         return None
     _, state, data = found
-    if (data["seed"], data["batch"], data.get("seq")) != (
-        tc.seed,
-        tc.batch,
-        getattr(tc, "seq", None),
-    ) and is_lead():
-        print(
-            "warning: seed, batch or seq differ from the checkpoint's: the data order changes",
-            file=sys.stderr,
-        )
     if is_lead():
         print(f"resumed from step {data['step']} in {run_dir}", file=sys.stderr)
     return state, data["step"], data["skipped"]

@@ -55,10 +55,13 @@ def _axdsl_run_json(path: Path) -> bool:
     return isinstance(info, dict) and {"package", "spec", "target", "train"} <= info.keys()
 
 
-def start_run(run_dir: Path, tc, package: str, file: str, spec: str, target: str) -> None:
+def start_run(
+    run_dir: Path, tc, package: str, file: str, spec: str, target: str, identity: dict
+) -> None:
     """Make RUN_DIR; process 0 writes RUN_DIR/run.json, what runs here, so that `axdsl plot` and
-    `axdsl sample` find the code and config. `package` and `file`: train.py's `__package__`,
-    `__file__`. Process 0 first takes RUN_DIR/lock (see RunLock): one trainer per run directory.
+    `axdsl sample` find the code and config, and a resume can check that it continues this run
+    (`identity`: see run_identity). `package` and `file`: train.py's `__package__`, `__file__`.
+    Process 0 first takes RUN_DIR/lock (see RunLock): one trainer per run directory.
     """
     run_dir.mkdir(parents=True, exist_ok=True)
     if not is_lead():
@@ -73,6 +76,7 @@ def start_run(run_dir: Path, tc, package: str, file: str, spec: str, target: str
         "train": dataclasses.asdict(tc),
         "processes": jax.process_count(),
         "devices": jax.device_count(),
+        "identity": identity,
     }
     (run_dir / "run.json").write_text(json.dumps(json_safe(info), indent=2, allow_nan=False) + "\n")
 

@@ -45,7 +45,7 @@ signal.signal(
     signal.SIGINT, signal.default_int_handler
 )  # main() installs the checkpointing handler
 
-RUNTIME_API = 3  # the runtime.py interface this file is written for
+RUNTIME_API = 4  # the runtime.py interface this file is written for
 TARGET = "cpu"
 SPEC = "specs/deepseek_v3.axl"
 # A nominal figure, not this machine's measured peak: the MFU shown is `mfu_nominal`.
@@ -320,6 +320,8 @@ def main(argv=None) -> None:
     runtime.join_processes(args)  # before any other JAX call
     tc = runtime.train_config(args, TRAIN, CONFIGS)
     runtime.check_run_dir(args.out, tc)  # before data and compute: what is there is a run's
+    identity = runtime.run_identity(tc, SPEC, TARGET, __file__, bool(args.data))
+    runtime.check_resume(args.out, tc, identity, lr_schedule)  # a resume continues the same run
     profile = runtime.Profile(
         args, tc
     )  # --profile START:STOP: a trace of those steps in RUN_DIR/profile
@@ -328,11 +330,13 @@ def main(argv=None) -> None:
     train_tokens, eval_tokens = runtime.load_data(
         cfg, tc, SPEC, bool(args.data), not args.no_data_check, args.out
     )
-    runtime.start_run(args.out, tc, __package__, __file__, SPEC, TARGET)  # RUN_DIR/run.json
+    runtime.start_run(
+        args.out, tc, __package__, __file__, SPEC, TARGET, identity
+    )  # RUN_DIR/run.json
     manager = runtime.checkpoint_manager(args.out, tc)
     with jax.set_mesh(mesh), preempt, profile:
         abstract = abstract_state(cfg, tc, mesh)
-        if not (resumed := runtime.resume(manager, abstract, tc, args.out)):
+        if not (resumed := runtime.resume(manager, abstract, args.out)):
             # A new run: random parameters, or (fine-tuning) those of tc.init_from
             params = (
                 runtime.load_params(tc, SPEC, args.init_from is not None, abstract["params"])
