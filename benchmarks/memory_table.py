@@ -9,8 +9,9 @@ running beside it); `--quick` or `--only NAME` for less, `--xla-cache` to skip t
 Each config is a spec at the shapes measured on a TPU v5e chip (/work/tpu_results, issue 34): the
 Llama 3.2 1B, a 32k-token Llama, Gemma 2, a Qwen3 MoE and Mamba-2 cut to one chip, under each remat
 policy. The generated train step is compiled deviceless for tpu-v5e-1 (libtpu, no chip) and XLA's
-total (arguments + temporaries + outputs not donated, or what its RESOURCE_EXHAUSTED message says
-the program needs) is printed beside the analytic total, with the error in %. The "verdict" column
+figure (its peak_memory_in_bytes, what a chip was measured to need within 2.5%, or what its
+RESOURCE_EXHAUSTED message says the program needs) is printed beside the analytic total, with the
+error in %. The "verdict" column
 says whether the analytic verdict (total <= XLA's available HBM) agrees with XLA's. A few small
 configs are compiled for this CPU too (XLA:CPU's memory_analysis). Without libtpu only the CPU
 rows and the analytic figures are printed.
@@ -210,7 +211,8 @@ def measure(cfg: Config, tmp: Path, cache: dict) -> Row:
         lo = r.lowering
         note = lo.get("tpu") or lo.get("error") or ""
         oom = lo.get("xla_oom") is not None
-        xla = lo["xla_oom"]["required"] if oom else (xla_total(lo["xla"]) if lo.get("xla") else None)
+        tpu = bool(lo.get("tpu_topology"))
+        xla = lo["xla_oom"]["required"] if oom else (xla_total(lo["xla"], tpu) if lo.get("xla") else None)
         available = (lo.get("xla_oom") or {}).get("available") or lo.get("hbm_available")
     return Row(cfg.name, cfg.kind, cfg.target, r.estimate.total, xla, oom, available,
                round(time.perf_counter() - t0, 1), note[:80])

@@ -86,6 +86,7 @@ VARIANTS = {
                                        "mamba2")),
     "save_ctx": ("remat(save = [context])", ("llama1b", "llama_32k", "gemma2")),
     "save_qkv": ("remat(save = [query_proj, key_proj, value_proj, context])", ("llama1b",)),
+    "save_qkv3": ("remat(save = [query_proj, key_proj, value_proj])", ("llama1b",)),
     "remat_none": ("remat(none)", ()),
     "bf16": ("quantize(none)", ()),
     "bf16_xla": ("quantize(none) kernels(attention = xla)", ()),
@@ -167,7 +168,45 @@ def profile_steps(compiled, state, batch, where: Path) -> None:
         shutil.copy(found[0], where)
 
 
-def measure(root: str, run: dict, steps: int, profile: Path | None = None) -> dict:
+def chip_need(compiled, box: list, batch, fresh_state, tries: int = 6) -> tuple[int, object]:
+    """The HBM the step really needs on this chip (arguments and temporaries), found by running it
+    beside a filler array of the largest size that still lets it run: bytes_limit - filler.
+    (The allocator's peak_bytes_in_use does not see the program's temporaries.) A run that fails
+    may have consumed its donated state, so the state is made again after each failure; `box`
+    holds the state so that no caller's frame keeps a failed call's arguments alive."""
+    import gc
+
+    import jax
+    import jax.numpy as jnp
+
+    stats = jax.devices()[0].memory_stats()
+    limit, held = stats["bytes_limit"], stats["bytes_in_use"]
+    state = box.pop()
+    lo, hi = 0, limit - held  # the filler fits with the step at lo, not at hi
+    for _ in range(tries):
+        mid = (lo + hi) // 2
+        failed = ""
+        try:
+            filler = jnp.zeros((mid // 4,), jnp.float32)
+            state, metrics = compiled(state, batch)
+            float(metrics["loss"])
+        except Exception as exc:  # noqa: BLE001 - RESOURCE_EXHAUSTED is the answer sought
+            if "RESOURCE_EXHAUSTED" not in str(exc):
+                raise
+            failed = str(exc).strip().splitlines()[0][:160]
+        filler = metrics = None  # outside the except block: its traceback holds the arguments
+        if not failed:
+            lo = mid
+            continue
+        hi = mid
+        print(f"  filler {mid / 2**30:.2f} GiB: {failed}", flush=True)
+        state = None
+        gc.collect()
+        state = fresh_state()
+    return limit - lo, state
+
+
+def measure(root: str, run: dict, steps: int, profile: Path | None = None, fill: bool = False) -> dict:
     """Compile one build's train step, then time `steps` steps after WARMUP: its figures."""
     import jax
 
@@ -191,7 +230,8 @@ def measure(root: str, run: dict, steps: int, profile: Path | None = None) -> di
         out["compile_s"] = round(time.perf_counter() - began, 1)
         ma = compiled.memory_analysis()
         out["xla"] = {k: int(getattr(ma, f"{k}_size_in_bytes")) for k in ("argument", "output", "alias", "temp")}
-        out["xla_bytes"] = out["xla"]["argument"] + out["xla"]["temp"] + max(out["xla"]["output"] - out["xla"]["alias"], 0)
+        out["xla_sum"] = out["xla"]["argument"] + out["xla"]["temp"] + max(out["xla"]["output"] - out["xla"]["alias"], 0)
+        out["xla_bytes"] = int(ma.peak_memory_in_bytes) or out["xla_sum"]  # XLA's own peak
         tokens, _ = tm.runtime.split(tm.runtime.stdlib_bytes(8 << 20))
         state = tm.init_state(cfg, tc, mesh, jax.random.key(tc.seed))
         times, losses = [], []
@@ -201,6 +241,10 @@ def measure(root: str, run: dict, steps: int, profile: Path | None = None) -> di
             state, metrics = compiled(state, batch)
             losses.append(float(metrics["loss"]))  # waits for the step
             times.append(time.perf_counter() - t0)
+        if fill:  # what the step really needs on the chip, for the memory model
+            box, state, metrics = [state], None, None
+            out["chip_need"], state = chip_need(
+                compiled, box, batch, lambda: tm.init_state(cfg, tc, mesh, jax.random.key(tc.seed)))
         if profile is not None:
             profile_steps(compiled, state, batch, profile / f"{run['config']}_{run['variant']}.trace.json.gz")
     timed = sorted(times[WARMUP:])
@@ -211,13 +255,14 @@ def measure(root: str, run: dict, steps: int, profile: Path | None = None) -> di
     return out
 
 
-def _measure_config(root: Path, config: str, steps: int, results: Path, profile: str = "") -> None:
+def _measure_config(root: Path, config: str, steps: int, results: Path, profile: str = "",
+                    fill: bool = False) -> None:
     """Every build of one config, in this process (one chip holder), each result appended."""
     plan = json.loads((root / "plan.json").read_text())
     for run in (r for r in plan["runs"] if r["config"] == config):
         began = time.perf_counter()
         try:
-            r = measure(str(root), run, steps, Path(profile) if profile else None)
+            r = measure(str(root), run, steps, Path(profile) if profile else None, fill)
         except Exception as exc:  # noqa: BLE001 - one build failing must not hide the others
             r = {"config": config, "variant": run["variant"], "error": f"{type(exc).__name__}: {exc}"[:400]}
         r["wall_s"] = round(time.perf_counter() - began, 1)
@@ -234,18 +279,20 @@ def _line(r: dict) -> str:
         return f"{r['config']:10s} {r['variant']:10s} ERROR {r['error'][:300]}"
     return (f"{r['config']:10s} {r['variant']:10s} {r['tokens_per_s']:9.0f} tok/s  MFU {r['mfu']:6.1%}  "
             f"step {r['step_s'] * 1e3:7.1f} ms  XLA {r['xla_bytes'] / 2**30:5.2f} GiB  "
+            f"chip needs {(r.get('chip_need') or 0) / 2**30:5.2f} GiB  "
             f"analytic {r['analytic_bytes'] / 2**30:5.2f} GiB  compile {r['compile_s']} s  "
             f"loss {r['losses'][0]:.3f}->{r['losses'][-1]:.3f}")
 
 
-def run(root: Path, only: list[str], steps: int, results: Path, timeout: int, profile: str = "") -> int:
+def run(root: Path, only: list[str], steps: int, results: Path, timeout: int, profile: str = "",
+        fill: bool = False) -> int:
     """Each config in a fresh process; then the table."""
     plan = json.loads((root / "plan.json").read_text())
     configs = list(dict.fromkeys(r["config"] for r in plan["runs"] if not only or r["config"] in only))
     for config in configs:
         code = (f"import sys; sys.path.insert(0, {str(REPO / 'benchmarks')!r}); import tpu_bench; "
                 f"from pathlib import Path; tpu_bench._measure_config(Path({str(root)!r}), {config!r}, "
-                f"{steps}, Path({str(results)!r}), {profile!r})")
+                f"{steps}, Path({str(results)!r}), {profile!r}, {fill!r})")
         try:
             proc = subprocess.run([sys.executable, "-c", code], timeout=timeout, capture_output=True, text=True)
             print(proc.stdout, end="", flush=True)
@@ -282,6 +329,8 @@ def main(argv=None) -> int:
     p.add_argument("--results", type=Path, help="run: JSON lines out (default DIR/results.jsonl)")
     p.add_argument("--timeout", type=int, default=300, help="run: seconds per config's process")
     p.add_argument("--profile", default="", help="run: also trace two steps per build into this folder")
+    p.add_argument("--fill", action="store_true",
+                   help="run: also find the HBM each step really needs (a filler array, bisected)")
     p.add_argument("--dry-run", action="store_true", help="prepare and run tiny cpu builds here")
     args = p.parse_args(argv)
     if args.dry_run:
@@ -300,7 +349,7 @@ def main(argv=None) -> int:
                   f"{r['analytic_bytes'] / 2**30:.2f} GiB")
         return 0
     return run(args.dir, args.only, args.steps, args.results or args.dir / "results.jsonl", args.timeout,
-               str(args.profile))
+               str(args.profile), args.fill)
 
 
 if __name__ == "__main__":

@@ -32,7 +32,7 @@ def _spec(tmp_path: Path, schedule: str, batch: int, seq: int, **sizes: str) -> 
 
 def _check(r, rel: float = 0.10) -> None:
     lo = r.lowering
-    xla = lo["xla_oom"]["required"] if lo.get("xla_oom") else xla_total(lo["xla"])
+    xla = lo["xla_oom"]["required"] if lo.get("xla_oom") else xla_total(lo["xla"], bool(lo.get("tpu_topology")))
     print(f"{r.target}: analytic {r.estimate.total:,} XLA {xla:,} ({r.estimate.total / xla - 1:+.1%})",
           file=sys.stderr)
     assert r.estimate.total == pytest.approx(xla, rel=rel), (r.estimate, lo)
@@ -59,8 +59,8 @@ def test_cpu_analytic_within_10_percent_of_xla(tmp_path):
 
 def test_tpu_analytic_within_10_percent_of_deviceless_compile(tmp_path):
     """A deviceless tpu-v5e-1 compile (libtpu, no chip) of Llama 3.2 1B at 4 of its 16 layers,
-    tied head, 4 x 2048, remat full, splash attention, bf16: XLA 5.66 GiB, analytic +6% (about 40 s here).
-    Smaller models are further off (a 1024-wide one, +20%): see benchmarks/RESULTS.md."""
+    tied head, 4 x 2048, remat full, splash attention, bf16: XLA's peak 5.01 GiB, analytic +1.4%
+    (about 40 s here). XLA's peak is what a chip needs (benchmarks/RESULTS.md)."""
     pytest.importorskip("libtpu")
     text = SMALL_LLAMA.replace("layers = 2  heads = 8  kv_heads = 4", "layers = 4  heads = 32  kv_heads = 8  tied = true")
     spec = tmp_path / "llama1b4.axl"

@@ -34,6 +34,8 @@ class Activations:
     working_kind: str  # "loss" or "layer"
     detail: dict[str, int] = field(default_factory=dict)  # saved per layer, by value
     reused: int = 0  # unrolled blocks: gradient bytes written where freed residuals were
+    loss_working: int = 0  # the loss's transient (at the end of the forward pass)
+    layer_working: int = 0  # one layer's backward transient (the largest layer's)
 
 
 @dataclass
@@ -91,6 +93,8 @@ def trace_activations(
         detail=blocks.detail,
         working_kind="loss" if loss_working >= blocks.working else "layer",
         reused=int(blocks.reused),
+        loss_working=int(loss_working),
+        layer_working=int(blocks.working),
     )
 
 

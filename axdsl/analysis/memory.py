@@ -142,6 +142,11 @@ class MemoryEstimate:
     update: int = 0  # transient of the optimizer update (after the backward has freed activations)
     reused: int = 0  # gradients of unrolled blocks written where freed residuals were
     mu_dtype: str | None = None  # the first moment's dtype (spec name), when not the parameter's
+    # XLA's figure is a peak over the step's phases (platforms.py `phased`): then these apply
+    phased: bool = False
+    layer_grads: int = 0  # gradients of the scanned layers' parameters (made by their backward)
+    loss_working: int = 0
+    layer_working: int = 0
 
     @property
     def activations(self) -> int:
@@ -149,8 +154,21 @@ class MemoryEstimate:
 
     @property
     def peak_phase(self) -> str:
-        """When the step peaks: in the backward (activations) or in the optimizer update."""
+        """When the step peaks: "update" (the optimizer update), "backward"; on a phased
+        platform the backward is "loss" (before any layer's gradient) or "layer"."""
+        if self.phased:
+            if self.grads + self.update > self._backward():
+                return "update"
+            at_loss = self.loss_working >= self.layer_grads + self.layer_working
+            return "loss" if at_loss else "layer"
         return "update" if self.update > self.weight_copies + self.activations else "backward"
+
+    def _backward(self) -> int:
+        """A phased platform's backward peak: what the forward saved and the weight copies, then
+        the larger of the loss's transient (at the end of the forward, before any layer's
+        gradient exists) and one layer's backward beside the layers' gradients."""
+        phases = max(self.loss_working, self.layer_grads + self.layer_working)
+        return self.weight_copies + self.saved - self.reused + phases
 
     @property
     def state(self) -> int:
@@ -160,7 +178,10 @@ class MemoryEstimate:
     @property
     def temporaries(self) -> int:
         """Gradients, plus the larger of the backward's and the optimizer update's transients
-        (in the backward, less what gradients of unrolled blocks reuse of freed residuals)."""
+        (in the backward, less what gradients of unrolled blocks reuse of freed residuals). On a
+        phased platform, the larger of the backward's peak and every gradient with the update."""
+        if self.phased:
+            return max(self._backward(), self.grads + self.update)
         return self.grads + max(self.weight_copies + self.activations - self.reused, self.update)
 
     @property
@@ -177,6 +198,7 @@ class _State:
     weight_copies: int
     param_f32: int  # the parameters' elements x 4 (a float32 accumulator of the gradients)
     trained: int | None = None  # bytes of what the optimizer updates; None: every parameter
+    layer_params: int = 0  # bytes of the parameters of scanned layers (stacked)
 
 
 def _example_bytes(module: ir.Module, root: ir.Instance, seq: int) -> int:
@@ -278,6 +300,10 @@ def estimate_memory(
         update=int(UPDATE_SELECT_FRACTION * (_trained(st) + st.moments)) if update_select else 0,
         reused=act.reused,
         mu_dtype=mu_dtype,
+        phased=platform_of(module).phased,
+        layer_grads=st.layer_params if microbatches == 1 else grads,
+        loss_working=act.loss_working,
+        layer_working=act.layer_working,
     )
 
 
@@ -293,7 +319,7 @@ def _state(
     gradient); a stacked child one layer at a time in its scan step, so only one layer's copy and
     gradient exist at once, unless the scan keeps every layer's cast weights for the backward
     (remat none)."""
-    params = opt = copies = f32 = 0
+    params = opt = copies = f32 = layered = 0
     compute = compute_dtype(root)
     per_layer: dict[str, int] = {}  # a stack's path -> one layer's cast bytes
     for inst in root.walk():
@@ -303,6 +329,8 @@ def _state(
             params += n * DTYPE_BYTES[p.dtype.name]
             opt += _opt_bytes(optimizer, p, n, mu)
             f32 += n * 4
+            if top is not None and top.repeat is not None:
+                layered += n * DTYPE_BYTES[p.dtype.name]
             if compute is None or compute == p.dtype.name:
                 continue
             if top is None or top.repeat is None:
@@ -312,7 +340,7 @@ def _state(
             per_layer[top.path] = per_layer.get(top.path, 0) + n // layers * DTYPE_BYTES[compute]
             if remat is ir.RematKind.NONE:
                 copies += n * DTYPE_BYTES[compute]  # every layer's cast weights, kept as residuals
-    return _State(params, opt, copies + 2 * max(per_layer.values(), default=0), f32)
+    return _State(params, opt, copies + 2 * max(per_layer.values(), default=0), f32, None, layered)
 
 
 def _lora_state(

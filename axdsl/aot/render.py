@@ -90,8 +90,14 @@ def _memory(r: Report) -> list[str]:
             f"  optimizer update  {gib(e.update):>12}   (new parameters and moments before the "
             f"skip-if-not-finite select; after the backward, so only the larger counts)"
         )
-    phase = "the optimizer update" if e.peak_phase == "update" else "the backward pass"
-    lines.append(f"  peak:             {phase}")
+    phases = {
+        "update": "the optimizer update",
+        "backward": "the backward pass",
+        "loss": "the loss, before any layer's gradient exists (not every term above is live)",
+        "layer": f"one layer's backward beside the layers' gradients, {gib(e.layer_grads)} "
+        "(not every term above is live)",
+    }
+    lines.append(f"  peak:             {phases[e.peak_phase]}")
     lines.append(f"  batch             {gib(e.inputs):>12}")
     lines += _verdict_xla(r) if r.xla_decides else _verdict_analytic(r)
     if not r.fits:
@@ -141,16 +147,16 @@ def _verdict_xla(r: Report) -> list[str]:
     how = (
         "its compile ran out of HBM: what it says the program needs"
         if r.out_of_memory
-        else "memory_analysis(): arguments + temporaries + outputs not donated"
+        else "memory_analysis()'s peak: what a chip needs"
     )
     if r.out_of_memory:
         verdict = f"=> does NOT fit (XLA): {gib(r.peak - r.limit)} over"
     elif r.peak <= r.limit:
         verdict = f"=> fits (XLA): {gib(r.limit - r.peak)} to spare"
-    else:  # compiled: XLA's own HBM check passed, though memory_analysis() sums to more
+    else:  # compiled: XLA's own HBM check passed, though its figure is higher
         verdict = (
             f"=> fits (XLA): its compile for the chip passed its own HBM check; "
-            f"memory_analysis()'s sum is {gib(r.peak - r.limit)} above the HBM it gives a program"
+            f"memory_analysis() says {gib(r.peak - r.limit)} above the HBM it gives a program"
         )
     return [
         total,
@@ -230,8 +236,20 @@ def _xla(r: Report) -> tuple[list[str], dict | None]:
         ], None
     if not xla:
         return [], xla
-    where = f"TPU topology {lo['tpu_topology']}" if lo.get("tpu_topology") else "this CPU"
-    total = xla_total(xla)
+    tpu = bool(lo.get("tpu_topology"))
+    where = f"TPU topology {lo['tpu_topology']}" if tpu else "this CPU"
+    total = xla_total(xla, tpu)
+    temps = total - xla["argument"] if tpu else xla["temp"]
+    if tpu:  # the peak is what a chip needs; temp_size sums buffers never live together
+        last = [
+            f"    peak (what a chip needs)   XLA {gib(total):>11}   analytic {gib(e.total):>11}"
+        ]
+    else:
+        last = [
+            f"    outputs not donated        XLA {gib(max(xla['output'] - xla['alias'], 0)):>11}",
+            f"    total                      XLA {gib(total):>11}   analytic {gib(e.total):>11}",
+        ]
+    last[-1] += f"   ({_pct(e.total, total)})"
     return [
         f"  compiled for {where}"
         + (f" in {lo['compile_s']} s" if "compile_s" in lo else "")
@@ -239,21 +257,8 @@ def _xla(r: Report) -> tuple[list[str], dict | None]:
         f"    arguments (state + batch)  XLA {gib(xla['argument']):>11}   "
         f"analytic {gib(e.state):>11}"
         f"   ({_pct(e.state, xla['argument'])})",
-        f"    temporaries                XLA {gib(xla['temp']):>11}   "
+        f"    temporaries{' at the peak' if tpu else '            '} XLA {gib(temps):>11}   "
         f"analytic {gib(e.temporaries):>11}"
-        f"   ({_pct(e.temporaries, xla['temp'])})",
-        f"    outputs not donated        XLA {gib(max(xla['output'] - xla['alias'], 0)):>11}",
-        f"    total                      XLA {gib(total):>11}   analytic {gib(e.total):>11}"
-        f"   ({_pct(e.total, total)})",
-    ] + _no_temporaries(lo, xla), xla
-
-
-def _no_temporaries(lo: dict, xla: dict) -> list[str]:
-    """A TPU step whose temporaries XLA does not count in HBM (seen for small one-chip steps)."""
-    if not lo.get("tpu_topology") or xla["temp"]:
-        return []
-    return [
-        "    XLA counts no temporaries in HBM for this step "
-        "(temp_size 0; its peak_memory_in_bytes "
-        f"is {gib(xla.get('peak', 0))})"
-    ]
+        f"   ({_pct(e.temporaries, temps)})",
+        *last,
+    ], xla

@@ -1,8 +1,9 @@
 """What `axdsl aot` reports: the figures behind the fit verdict, its exit codes and byte formatting.
 
 Who decides the verdict: XLA, when it compiled the step for the target's TPU topology (tpu.py):
-its per-chip memory (arguments + temporaries + outputs not donated) against the HBM XLA gives a
-program, or a compile that ran out of HBM. Otherwise the analytic total (memory.py) against
+a compile that succeeded fits (XLA checks the program against the chip's HBM), one that ran out
+of HBM does not; the figure shown is XLA's peak (peak_memory_in_bytes, what a chip was measured
+to need within 2.5%). Otherwise the analytic total (memory.py) against
 USABLE_FRACTION of the chip's HBM, and the report says the verdict is analytic.
 """
 
@@ -59,7 +60,7 @@ class Report:
     def xla_peak(self) -> int | None:
         """XLA's per-chip HBM bytes for the target, when it compiled for the TPU topology."""
         lo = self.lowering
-        return xla_total(lo["xla"]) if lo.get("tpu_topology") and lo.get("xla") else None
+        return xla_total(lo["xla"], tpu=True) if lo.get("tpu_topology") and lo.get("xla") else None
 
     @property
     def limit(self) -> int:
@@ -100,7 +101,8 @@ class Report:
         """XLA's verdict where it compiled for the TPU topology: its compile checks the program
         against the chip's HBM and raises RESOURCE_EXHAUSTED when it does not fit, so a compiled
         step fits, whatever memory_analysis()'s sum says (a 32k-token Llama cut summed to 16.53
-        GiB against 15.75, compiled, and trained on the chip). Otherwise the analytic one."""
+        GiB against 15.75, compiled, and trained on the chip; its peak was within it). Otherwise
+        the analytic one."""
         if self.out_of_memory is not None:
             return False
         if self.xla_peak is not None:

@@ -38,8 +38,14 @@ def memory_stats(ma) -> dict[str, int]:
     return stats
 
 
-def xla_total(xla: dict) -> int:
-    """Peak bytes per device by XLA's accounting: arguments + temporaries + non-donated outputs."""
+def xla_total(xla: dict, tpu: bool = False) -> int:
+    """Peak bytes per device by XLA's accounting. On TPU, its `peak_memory_in_bytes`: what the
+    chip was measured to need (a filler array bisected beside the step, benchmarks/tpu_bench.py
+    --fill) within 2.5%, where arguments + temporaries overstate it by 2 GiB (its temp_size sums
+    buffers that are never live together). Elsewhere, or with no peak: arguments + temporaries
+    + outputs not donated."""
+    if tpu and xla.get("peak"):
+        return int(xla["peak"])
     return xla["argument"] + xla["temp"] + max(xla["output"] - xla["alias"], 0)
 
 

@@ -464,7 +464,7 @@ MESH_SHAPE = {
 # Rematerialization of each scanned layer, remat(full) from fit_remat, for profile tpu-v5e:
 # keep only each layer's input; recompute the rest in the backward pass.
 # fit_remat, for llama3_8b at batch 8 x seq 8192, 14.32 GiB usable per chip (analytic):
-# none 82.15, save(points) 33.88, save_dots 38.77, full 20.09 GiB: nothing fits, so full
+# none 81.66, save(points) 32.85, save_dots 37.78, full 18.97 GiB: nothing fits, so full
 REMAT_POLICY = jax.checkpoint_policies.nothing_saveable
 
 
