@@ -279,6 +279,26 @@ def test_import_hf_names_a_damaged_safetensors_file(tmp_path, damage):
             "garbage": "is not a safetensors file"}[damage] in str(info.value)
 
 
+@pytest.mark.parametrize("setting, says", [
+    ("block = Block(mlp = SwiGLU(hiden = 96))", "layer `SwiGLU` has no hyperparameter `hiden`"),
+    ("dim = -64", "a dimension must be a positive int, got -64"),
+    ("layers = 0", "`repeat` count must be a positive int, got 0"),
+    ("heads = 0", "division by zero"),
+])
+def test_a_mistake_that_fails_in_std_is_an_error_in_the_users_file(tmp_path, capsys, setting, says):
+    """Each was reported only inside std/ (15 errors for dim = -64): every error now stands in
+    the user's file, at the line that set the value where one can be blamed (else at the model),
+    with a note for the library line."""
+    spec = tmp_path / "m.axl"
+    spec.write_text('import "std/transformer.axl"\nmodel m = DecoderLM {\n'
+                    "  vocab = 256  dim = 64  layers = 2  heads = 4  max_seq = 128\n"
+                    f"  {setting}\n}}\n")
+    rc, err = _run(capsys, "check", str(spec))
+    errors = [line for line in err.splitlines() if ": error: " in line]
+    assert rc == 1 and errors and all(line.startswith(str(spec)) for line in errors), err
+    assert f"{spec}:4:" in err and says in err and "note: raised here" in err
+
+
 @pytest.mark.parametrize("encode", [
     lambda t: b"\xef\xbb\xbf" + t.encode(),  # a UTF-8 byte-order mark (was "unexpected character")
     lambda t: t.replace("\n", "\r").encode(),  # CR-only lines (was "this spec defines no model")

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from axdsl.errors import Diagnostics
+from axdsl.errors import Diagnostics, Span, relocated
 from axdsl.ir import nodes as ir
 from axdsl.ir.nodes import HValue
 from axdsl.irbuild.consteval import EvalError, Evaluator, kind_of
@@ -65,11 +65,36 @@ class BuildContext:
         self.ev = Evaluator(self.diags, set(program.layers))
 
     def eval(self, expr: ast.Expr, scope: Scope, lookup=None) -> HValue | None:
-        """Evaluate a static expression; None when it failed (the error is already reported)."""
+        """Evaluate a static expression; None when it failed (the error is already reported).
+        An error in a library line (`repeat(layers, block)` with the user's `layers = 0`) is
+        shown at the user's line that set a value the expression reads."""
+        own = self.ev.report is None  # else a caller's report is in force (a default's)
+        if own:
+            self.ev.report = lambda at, msg, hint: self.error_at_user_line(
+                at, msg, hint, scope, blamed_names(expr)
+            )
         try:
             return self.ev.eval(expr, lookup or scope.lookup, scope.names)
         except EvalError:
             return None
+        finally:
+            if own:
+                self.ev.report = None
+
+    def error_at_user_line(
+        self,
+        at: Span,
+        msg: str,
+        hint: str | None,
+        scope: Scope,
+        names: list[str],
+        where: str | None = None,
+    ) -> None:
+        """An error in a library line is shown where the user set a value it reads (their
+        `heads = 0`), with a note for the library line; elsewhere, where it is."""
+        user = ir.user_line(names, scope.origins)
+        where = where or f"in a layer at `{scope.path}`"
+        self.diags.add(relocated(at, msg, hint, user, where))
 
     def condition(self, expr: ast.Expr | None, scope: Scope, lookup=None) -> bool | None:
         """A declaration's `if`: True when absent, None when it failed."""
@@ -101,3 +126,12 @@ def dim_name(expr: ast.Expr) -> str:
     if isinstance(expr, ast.BinOp):
         return f"{dim_name(expr.left)}{expr.op}{dim_name(expr.right)}"
     return "?"
+
+
+def blamed_names(expr: ast.Expr) -> list[str]:
+    """The hyperparameters an expression reads, in the order to blame them for an error in it:
+    a division's divisor first (`dim / heads` fails for `heads = 0`)."""
+    names = ast.names_in(expr)
+    if isinstance(expr, ast.BinOp) and expr.op in ("/", "//", "%"):
+        names = ast.names_in(expr.right) + names
+    return names

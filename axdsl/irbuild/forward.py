@@ -16,7 +16,7 @@ from axdsl.ir import nodes as ir
 from axdsl.ir.expr import BinOp, Const
 from axdsl.ir.nodes import DType, HValue, RefKind
 from axdsl.irbuild.consteval import EvalError, kind_of
-from axdsl.irbuild.context import BuildContext, Scope, dim_name
+from axdsl.irbuild.context import BuildContext, Scope, blamed_names, dim_name
 from axdsl.primitives import REQUIRED, StaticKind
 from axdsl.syntax import ast
 
@@ -53,11 +53,15 @@ class _Lowering:
         self.failed = False
         self._reading: dict = {}  # span -> the names the expression there reads (see `fail`)
 
-    def fail(self, span: Span, message: str, hint: str | None = None) -> NoReturn:
+    def fail(
+        self, span: Span, message: str, hint: str | None = None, read: ast.Expr | None = None
+    ) -> NoReturn:
         """Record an error and abandon this forward. One in a library layer's line that reads
-        hyperparameters (a primitive's static attribute) is shown at the user's line that set
-        one of them, with a note for the library line."""
+        hyperparameters (a primitive's static attribute, or `read`: a dim) is shown at the
+        user's line that set one of them, with a note for the library line."""
         names = self._reading.get(span, []) if span is not None and is_library(span) else []
+        if read is not None and is_library(span):
+            names = blamed_names(read)
         user = ir.user_line(names, self.scope.origins) if names else None
         self.diags.add(
             relocated(
@@ -93,7 +97,7 @@ class _Lowering:
         if v is None:
             raise _Abort()
         if not isinstance(v.value, int) or isinstance(v.value, bool) or v.value < 1:
-            self.fail(e.span, f"a dimension must be a positive int, got {v.value!r}")
+            self.fail(e.span, f"a dimension must be a positive int, got {v.value!r}", None, e)
         return ir.Dim(dim_name(e), v.value, v.expr)
 
     # ---------------------------------------------------------------- body

@@ -15,9 +15,9 @@ from __future__ import annotations
 
 from typing import TypeGuard
 
-from axdsl.errors import Span, did_you_mean, relocated
+from axdsl.errors import Span, did_you_mean
 from axdsl.ir import nodes as ir
-from axdsl.ir.expr import BinOp, Binary, Const, Expr, Field, ops_of, spec_text
+from axdsl.ir.expr import BinOp, Binary, Const, Expr, Field, ops_of, spec_text, subexprs
 from axdsl.ir.nodes import (
     DType,
     InitKind,
@@ -31,7 +31,7 @@ from axdsl.ir.nodes import (
 )
 from axdsl.ir.printer import value_text
 from axdsl.irbuild.consteval import EvalError, kind_of
-from axdsl.irbuild.context import BuildContext, Scope, dim_name
+from axdsl.irbuild.context import BuildContext, Scope, blamed_names, dim_name
 from axdsl.irbuild.forward import lower_forward
 from axdsl.syntax import ast
 
@@ -135,7 +135,7 @@ class InstanceBuilder:
         for key in set_values:
             if key not in declared:
                 self.diags.error(
-                    span,
+                    set_span or span,  # the user's `SwiGLU(hiden = 96)`, not the library's child
                     f"layer `{layer.name}` has no hyperparameter `{key}`",
                     did_you_mean(key, list(declared)),
                 )
@@ -350,39 +350,26 @@ class InstanceBuilder:
         names = ast.names_in(expr) if expr is not None else []
         if isinstance(expr, ast.BinOp) and expr.op == "/":  # an inexact division: blame the divisor
             names = ast.names_in(expr.right) + names
-        self._error_at_user_line(at, msg, hint, scope, names)
+        self.ctx.error_at_user_line(
+            at, msg, hint, scope, names, f"in the default of a layer at `{scope.path}`"
+        )
         return None
 
     def _eval_default(self, expr: ast.Expr, lookup, visible, scope: Scope) -> HValue:
         """A declaration's default, evaluated; an error in it (`dim / heads` with the user's
         `heads = 0`) is shown at the user's line that set a value it reads, the divisor first."""
-        names = ast.names_in(expr)
-        if isinstance(expr, ast.BinOp) and expr.op in ("/", "//", "%"):
-            names = ast.names_in(expr.right) + names
+        names = blamed_names(expr)
 
         def report(span: Span, msg: str, hint: str | None) -> None:
-            self._error_at_user_line(span, msg, hint, scope, names)
+            self.ctx.error_at_user_line(
+                span, msg, hint, scope, names, f"in the default of a layer at `{scope.path}`"
+            )
 
         self.ev.report = report
         try:
             return self.ev.eval(expr, lookup, visible)
         finally:
             self.ev.report = None
-
-    def _error_at_user_line(
-        self,
-        at: Span,
-        msg: str,
-        hint: str | None,
-        scope: Scope,
-        names: list[str],
-        where: str | None = None,
-    ) -> None:
-        """An error in a library layer's default is shown where the user set a value it reads
-        (their `heads = 5`), with a note for the library line."""
-        user = ir.user_line(names, scope.origins)
-        where = where or f"in the default of a layer at `{scope.path}`"
-        self.diags.add(relocated(at, msg, hint, user, where))
 
     # ---------------------------------------------------------------- params and children
     def _param(self, decl: ast.ParamDecl, scope: Scope) -> ir.Param | None:
@@ -399,8 +386,16 @@ class InstanceBuilder:
             if v is None:
                 return None
             if not isinstance(v.value, int) or isinstance(v.value, bool) or v.value < 1:
-                self.diags.error(
-                    d.span, f"a dimension must be a positive int, got {_show(v.value)}"
+                # blamed: what the dim reads, then the root settings its value derives from
+                fields = (
+                    [f.name for f in subexprs(v.expr) if isinstance(f, Field)] if v.expr else []
+                )
+                self.ctx.error_at_user_line(
+                    d.span,
+                    f"a dimension must be a positive int, got {_show(v.value)}",
+                    None,
+                    scope,
+                    blamed_names(d) + fields,
                 )
                 return None
             dims.append(ir.Dim(dim_name(d), v.value, v.expr))
@@ -523,7 +518,7 @@ class InstanceBuilder:
         q, r = divmod(count.value, k)
         if q == 0:
             at = decl.value.args[0].span if _is_repeat_call(decl.value) else decl.value.span
-            self._error_at_user_line(
+            self.ctx.error_at_user_line(
                 at,
                 f"`repeat` count {count.value} is smaller than the pattern's {k} layers",
                 f"a pattern runs whole at least once: repeat it at least {k} times, "
