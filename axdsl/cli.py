@@ -378,6 +378,11 @@ def _add_train(sub) -> None:
         help="start a new run from these parameters: a Hugging Face model directory (imported "
         "into RUN/hf_params), a params checkpoint or a run (default: the train block's init_from)",
     )
+    tr.add_argument(
+        "--force-resume",
+        action="store_true",
+        help="resume a run although this command differs from what made it (run.json records it)",
+    )
     tr.set_defaults(run=_cmd_train)
 
 
@@ -646,7 +651,12 @@ def _cmd_train(args) -> int:
         overrides["model"] = args.model
         out = out or runs.default_run_dir(args.spec, _target(args.target), args.model)
     return runs.train(
-        args.spec, _target(args.target), out, init_from=args.init_from, overrides=overrides
+        args.spec,
+        _target(args.target),
+        out,
+        init_from=args.init_from,
+        overrides=overrides,
+        force_resume=args.force_resume,
     )
 
 

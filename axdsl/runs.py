@@ -40,7 +40,9 @@ def _error(message: str) -> int:
 
 def default_run_dir(spec: Path, target: str, model: str | None = None) -> Path:
     """runs/<spec>-<target>, or runs/<spec>-<target>-<model> for a model named with --model: a
-    rerun resumes there, and another model of the spec never resumes this one's run."""
+    rerun resumes there, and another model of the spec never resumes this one's run. train.py's
+    own default is the same (runtime/command_line.py default_run_dir, which imports jax; a test
+    holds the two equal), so `python -m ...train` and `axdsl train` resume each other."""
     return Path("runs") / "-".join([spec.stem, target] + ([model] if model else []))
 
 
@@ -52,6 +54,7 @@ def train(
     checkpoint_every: int | None = None,
     init_from: Path | None = None,
     overrides: dict[str, object] | None = None,
+    force_resume: bool = False,
 ) -> int:
     """Build `spec` for `target`, then run `python -m generated.<spec>.<target>.train`; its exit
     code.
@@ -102,6 +105,8 @@ def train(
             return code
         params = run_dir / HF_PARAMS if (init_from / "config.json").exists() else init_from
         cmd += ["--init-from", str(params.absolute())]
+    if force_resume:
+        cmd.append("--force-resume")
     print("running " + " ".join(cmd[1:]), file=sys.stderr, flush=True)
     return run_child(cmd)
 

@@ -643,11 +643,19 @@ OVERRIDES = {
 }
 
 
-def parse_args(doc: str, train, configs: dict, argv=None) -> argparse.Namespace:
-    """train.py's flags: --model, --out, one per OVERRIDES field, data, processes, compile cache."""
+def parse_args(
+    doc: str, train, configs: dict, argv=None, spec: str = "", target: str = ""
+) -> argparse.Namespace:
+    """train.py's flags: --model, --out, one per OVERRIDES field, data, processes, compile cache.
+    --out defaults to what `axdsl train` uses, so that either resumes the other's run."""
     p = argparse.ArgumentParser(description=doc.splitlines()[0])
     p.add_argument("--model", default=train.model, choices=sorted(configs))
-    p.add_argument("--out", type=Path, default=Path("runs") / train.model, help="run directory")
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="run directory (default runs/<spec>-<target>, and -<model> for another model)",
+    )
     for name, kind in OVERRIDES.items():
         if hasattr(train, name):  # a classifier's TrainConfig has no seq
             p.add_argument(
@@ -681,6 +689,11 @@ def parse_args(doc: str, train, configs: dict, argv=None) -> argparse.Namespace:
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bar (logs only)")
     p.add_argument(
+        "--force-resume",
+        action="store_true",
+        help="resume a run although this command differs from what made it (run.json records it)",
+    )
+    p.add_argument(
         "--no-data-check",
         action="store_true",
         help="skip the scan for token ids >= vocab before training (for very large token files)",
@@ -692,7 +705,16 @@ def parse_args(doc: str, train, configs: dict, argv=None) -> argparse.Namespace:
         help="write a jax.profiler trace of steps START..STOP-1 to RUN_DIR/profile "
         "(TensorBoard, XProf)",
     )
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.out is None:
+        args.out = default_run_dir(spec, target, args.model if args.model != train.model else None)
+    return args
+
+
+def default_run_dir(spec: str, target: str, model: str | None = None) -> Path:
+    """runs/<spec>-<target>, or runs/<spec>-<target>-<model> for a model named with --model
+    (axdsl/runs.py names the same directory for `axdsl train`)."""
+    return Path("runs") / "-".join([Path(spec).stem, target] + ([model] if model else []))
 
 
 def train_config(args: argparse.Namespace, train, configs: dict):
@@ -1562,13 +1584,17 @@ def run_identity(tc, spec: str, target: str, file: str, data_from_flag: bool) ->
     }
 
 
-def check_resume(run_dir: Path, tc, identity: dict, lr_schedule) -> None:
+def check_resume(
+    run_dir: Path, tc, identity: dict, lr_schedule, force: bool = False
+) -> dict | None:
     """Before data and compute: when RUN_DIR holds checkpoints, this command must continue the
-    run that wrote them. `lr_schedule` is train.py's (TrainConfig -> optax schedule)."""
+    run that wrote them. `lr_schedule` is train.py's (TrainConfig -> optax schedule). With
+    `force` (--force-resume) a mismatch is a warning, and the record of it (step, changes) is
+    returned for run.json; else None."""
     info = _recorded(run_dir)
     steps = _saved_steps(run_dir / tc.checkpoint_dir)
     if info is None or not steps:
-        return  # a new run
+        return None  # a new run
     old = info.get("train", {})
     problems = []
     if info.get("target") != identity["target"]:
@@ -1589,13 +1615,19 @@ def check_resume(run_dir: Path, tc, identity: dict, lr_schedule) -> None:
             problems.append(f"{name} was {old[name]!r}, now {new!r}")
     if old.get("steps", tc.steps) != tc.steps:
         problems += _schedule_change(tc, old, max(steps), lr_schedule)
-    if problems:
-        sys.exit(
-            f"error: {run_dir} holds checkpoints of another run (up to step {max(steps)}); "
-            "resuming it here would mix two runs: " + "; ".join(problems) + ".\n  hint: rerun "
-            "with its own settings to resume it; to start from its weights instead, give a new "
-            f"--out and --init-from {run_dir}"
-        )
+    if not problems:
+        return None
+    if force:
+        if is_lead():
+            print(f"warning: --force-resume: {'; '.join(problems)}", file=sys.stderr)
+        return {"step": max(steps), "changes": problems}
+    sys.exit(
+        f"error: {run_dir} holds checkpoints of another run (up to step {max(steps)}); "
+        "resuming it here would mix two runs: " + "; ".join(problems) + ".\n  hint: rerun "
+        "with its own settings to resume it; to start from its weights instead, give a new "
+        f"--out and --init-from {run_dir}; to mix them anyway, --force-resume (run.json "
+        "records it)"
+    )
 
 
 def _recorded(run_dir: Path) -> dict | None:
@@ -1678,7 +1710,14 @@ def _axdsl_run_json(path: Path) -> bool:
 
 
 def start_run(
-    run_dir: Path, tc, package: str, file: str, spec: str, target: str, identity: dict
+    run_dir: Path,
+    tc,
+    package: str,
+    file: str,
+    spec: str,
+    target: str,
+    identity: dict,
+    forced: dict | None = None,
 ) -> None:
     """Make RUN_DIR; process 0 writes RUN_DIR/run.json, what runs here, so that `axdsl plot` and
     `axdsl sample` find the code and config, and a resume can check that it continues this run
@@ -1700,6 +1739,11 @@ def start_run(
         "devices": jax.device_count(),
         "identity": identity,
     }
+    # every forced resume of this run stays on record (check_resume: --force-resume)
+    before = run_dir / "run.json"
+    earlier = json.loads(before.read_text()).get("forced_resumes", []) if before.is_file() else []
+    if earlier or forced:
+        info["forced_resumes"] = earlier + ([forced] if forced else [])
     (run_dir / "run.json").write_text(json.dumps(json_safe(info), indent=2, allow_nan=False) + "\n")
 
 

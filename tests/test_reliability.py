@@ -381,6 +381,12 @@ def test_a_resume_that_would_mix_runs_is_refused_before_any_compute(tmp_path):
     runtime.check_resume(run, short, identity, tm.lr_schedule)
     assert "steps was 60, now 90: that changes the learning rate of steps it already took (step 11:" in (
         refused(dataclasses.replace(short, steps=90)))
+    forced = runtime.check_resume(run, dataclasses.replace(short, lr=1e-3), identity, tm.lr_schedule, force=True)
+    assert forced == {"step": 40, "changes": ["lr was 0.0003, now 0.001"]}
+    for record in (forced, None):  # the forced resume, then a plain one: each trainer has exited
+        (run / "lock").unlink()
+        runtime.start_run(run, short, "generated.tiny_llama.cpu", tm.__file__, tm.SPEC, tm.TARGET, identity, record)
+    assert json.loads((run / "run.json").read_text())["forced_resumes"] == [forced]  # kept on record
     source = Path(tm.__file__).read_text()
     assert source.index("runtime.check_resume(") < source.index("runtime.load_data(")
 
@@ -421,3 +427,16 @@ def test_a_resumed_run_logs_each_step_once(tmp_path):
     with runtime.open_metrics(path, 0) as f:  # a fresh start keeps everything (and appends)
         pass
     assert path.read_text().count("\n") == 3
+
+
+def test_train_py_and_axdsl_train_share_the_default_run_directory():
+    """`python -m generated...train` wrote runs/<model>, `axdsl train` runs/<spec>-<target>:
+    neither resumed the other's run."""
+    from axdsl import runs
+    from generated import runtime
+    from generated.tiny_llama.cpu import train as tm
+
+    assert runtime.parse_args(tm.__doc__, tm.TRAIN, tm.CONFIGS, [], tm.SPEC, tm.TARGET).out == (
+        runs.default_run_dir(Path(tm.SPEC), tm.TARGET))
+    for spec, target, model in (("specs/a.axl", "cpu", None), ("s/b.axl", "tpu-v5e-8", "small")):
+        assert runtime.default_run_dir(spec, target, model) == runs.default_run_dir(Path(spec), target, model)

@@ -32,11 +32,19 @@ OVERRIDES = {
 }
 
 
-def parse_args(doc: str, train, configs: dict, argv=None) -> argparse.Namespace:
-    """train.py's flags: --model, --out, one per OVERRIDES field, data, processes, compile cache."""
+def parse_args(
+    doc: str, train, configs: dict, argv=None, spec: str = "", target: str = ""
+) -> argparse.Namespace:
+    """train.py's flags: --model, --out, one per OVERRIDES field, data, processes, compile cache.
+    --out defaults to what `axdsl train` uses, so that either resumes the other's run."""
     p = argparse.ArgumentParser(description=doc.splitlines()[0])
     p.add_argument("--model", default=train.model, choices=sorted(configs))
-    p.add_argument("--out", type=Path, default=Path("runs") / train.model, help="run directory")
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="run directory (default runs/<spec>-<target>, and -<model> for another model)",
+    )
     for name, kind in OVERRIDES.items():
         if hasattr(train, name):  # a classifier's TrainConfig has no seq
             p.add_argument(
@@ -70,6 +78,11 @@ def parse_args(doc: str, train, configs: dict, argv=None) -> argparse.Namespace:
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bar (logs only)")
     p.add_argument(
+        "--force-resume",
+        action="store_true",
+        help="resume a run although this command differs from what made it (run.json records it)",
+    )
+    p.add_argument(
         "--no-data-check",
         action="store_true",
         help="skip the scan for token ids >= vocab before training (for very large token files)",
@@ -81,7 +94,16 @@ def parse_args(doc: str, train, configs: dict, argv=None) -> argparse.Namespace:
         help="write a jax.profiler trace of steps START..STOP-1 to RUN_DIR/profile "
         "(TensorBoard, XProf)",
     )
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.out is None:
+        args.out = default_run_dir(spec, target, args.model if args.model != train.model else None)
+    return args
+
+
+def default_run_dir(spec: str, target: str, model: str | None = None) -> Path:
+    """runs/<spec>-<target>, or runs/<spec>-<target>-<model> for a model named with --model
+    (axdsl/runs.py names the same directory for `axdsl train`)."""
+    return Path("runs") / "-".join([Path(spec).stem, target] + ([model] if model else []))
 
 
 def train_config(args: argparse.Namespace, train, configs: dict):

@@ -101,13 +101,17 @@ def run_identity(tc, spec: str, target: str, file: str, data_from_flag: bool) ->
     }
 
 
-def check_resume(run_dir: Path, tc, identity: dict, lr_schedule) -> None:
+def check_resume(
+    run_dir: Path, tc, identity: dict, lr_schedule, force: bool = False
+) -> dict | None:
     """Before data and compute: when RUN_DIR holds checkpoints, this command must continue the
-    run that wrote them. `lr_schedule` is train.py's (TrainConfig -> optax schedule)."""
+    run that wrote them. `lr_schedule` is train.py's (TrainConfig -> optax schedule). With
+    `force` (--force-resume) a mismatch is a warning, and the record of it (step, changes) is
+    returned for run.json; else None."""
     info = _recorded(run_dir)
     steps = _saved_steps(run_dir / tc.checkpoint_dir)
     if info is None or not steps:
-        return  # a new run
+        return None  # a new run
     old = info.get("train", {})
     problems = []
     if info.get("target") != identity["target"]:
@@ -128,13 +132,19 @@ def check_resume(run_dir: Path, tc, identity: dict, lr_schedule) -> None:
             problems.append(f"{name} was {old[name]!r}, now {new!r}")
     if old.get("steps", tc.steps) != tc.steps:
         problems += _schedule_change(tc, old, max(steps), lr_schedule)
-    if problems:
-        sys.exit(
-            f"error: {run_dir} holds checkpoints of another run (up to step {max(steps)}); "
-            "resuming it here would mix two runs: " + "; ".join(problems) + ".\n  hint: rerun "
-            "with its own settings to resume it; to start from its weights instead, give a new "
-            f"--out and --init-from {run_dir}"
-        )
+    if not problems:
+        return None
+    if force:
+        if is_lead():
+            print(f"warning: --force-resume: {'; '.join(problems)}", file=sys.stderr)
+        return {"step": max(steps), "changes": problems}
+    sys.exit(
+        f"error: {run_dir} holds checkpoints of another run (up to step {max(steps)}); "
+        "resuming it here would mix two runs: " + "; ".join(problems) + ".\n  hint: rerun "
+        "with its own settings to resume it; to start from its weights instead, give a new "
+        f"--out and --init-from {run_dir}; to mix them anyway, --force-resume (run.json "
+        "records it)"
+    )
 
 
 def _recorded(run_dir: Path) -> dict | None:

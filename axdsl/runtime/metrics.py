@@ -56,7 +56,14 @@ def _axdsl_run_json(path: Path) -> bool:
 
 
 def start_run(
-    run_dir: Path, tc, package: str, file: str, spec: str, target: str, identity: dict
+    run_dir: Path,
+    tc,
+    package: str,
+    file: str,
+    spec: str,
+    target: str,
+    identity: dict,
+    forced: dict | None = None,
 ) -> None:
     """Make RUN_DIR; process 0 writes RUN_DIR/run.json, what runs here, so that `axdsl plot` and
     `axdsl sample` find the code and config, and a resume can check that it continues this run
@@ -78,6 +85,11 @@ def start_run(
         "devices": jax.device_count(),
         "identity": identity,
     }
+    # every forced resume of this run stays on record (check_resume: --force-resume)
+    before = run_dir / "run.json"
+    earlier = json.loads(before.read_text()).get("forced_resumes", []) if before.is_file() else []
+    if earlier or forced:
+        info["forced_resumes"] = earlier + ([forced] if forced else [])
     (run_dir / "run.json").write_text(json.dumps(json_safe(info), indent=2, allow_nan=False) + "\n")
 
 

@@ -314,13 +314,15 @@ def read_metrics(log: runtime.MetricsLog, unread: list, last: bool) -> tuple[int
 def main(argv=None) -> None:
     runtime.check_api(RUNTIME_API)
     preempt = runtime.Preemption()  # SIGTERM/SIGINT/SIGHUP: save after the call in flight, exit
-    args = runtime.parse_args(__doc__, TRAIN, CONFIGS, argv)
+    args = runtime.parse_args(__doc__, TRAIN, CONFIGS, argv, SPEC, TARGET)
     runtime.set_compile_cache(args)
     runtime.join_processes(args)  # before any other JAX call
     tc = runtime.train_config(args, TRAIN, CONFIGS)
     runtime.check_run_dir(args.out, tc)  # before data and compute: what is there is a run's
     identity = runtime.run_identity(tc, SPEC, TARGET, __file__, bool(args.data))
-    runtime.check_resume(args.out, tc, identity, lr_schedule)  # a resume continues the same run
+    forced = runtime.check_resume(
+        args.out, tc, identity, lr_schedule, args.force_resume
+    )  # a resume continues the same run
     profile = runtime.Profile(
         args, tc
     )  # --profile START:STOP: a trace of those steps in RUN_DIR/profile
@@ -330,7 +332,7 @@ def main(argv=None) -> None:
         cfg, tc, SPEC, bool(args.data), not args.no_data_check, args.out
     )
     runtime.start_run(
-        args.out, tc, __package__, __file__, SPEC, TARGET, identity
+        args.out, tc, __package__, __file__, SPEC, TARGET, identity, forced
     )  # RUN_DIR/run.json
     manager = runtime.checkpoint_manager(args.out, tc)
     with jax.set_mesh(mesh), preempt, profile:
