@@ -25,6 +25,7 @@ import signal
 import socket
 import sys
 import sysconfig
+import threading
 import time
 import zipfile
 from pathlib import Path
@@ -281,9 +282,21 @@ def train_bpe(text: bytes, vocab: int):
     trainer = trainers.BpeTrainer(
         vocab_size=vocab, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False
     )
-    tokenizer.train_from_iterator(
-        text.decode("utf-8", errors="replace").splitlines(keepends=True), trainer
+    if is_lead():
+        print(
+            f"training a byte-level BPE of {vocab:,} tokens on {len(text) / 2**20:.1f} MiB of "
+            "text (once: the run keeps it)...",
+            file=sys.stderr,
+            flush=True,
+        )
+    lines = text.decode("utf-8", errors="replace").splitlines(keepends=True)
+    # in a thread, so that the main thread waits in Python and a Ctrl-C is answered at once
+    work = threading.Thread(
+        target=tokenizer.train_from_iterator, args=(lines, trainer), daemon=True
     )
+    work.start()
+    while work.is_alive():
+        work.join(0.2)
     return tokenizer
 
 
@@ -1132,6 +1145,7 @@ class Preemption:
 
     def __init__(self):
         self.signum = 0
+        self.armed = False  # arm(): from then on a signal saves; before, there is nothing to save
         # a signal already ignored stays ignored: under `nohup` a hang-up must not stop the run
         ignored = {s for s in self.SIGNALS if signal.getsignal(s) is signal.SIG_IGN}
         self.previous = {
@@ -1145,7 +1159,16 @@ class Preemption:
         for signum, handler in self.previous.items():
             signal.signal(signum, handler)
 
+    def arm(self) -> None:
+        """From now on a signal is a save at the next call boundary. Before (reading and
+        tokenizing data, training a BPE), nothing is saved: a signal exits at once."""
+        self.armed = True
+
     def _handle(self, signum: int, frame) -> None:
+        if not self.armed:
+            name = signal.Signals(signum).name
+            print(f"train.py: {name} before training began; nothing to save", file=sys.stderr)
+            raise SystemExit(128 + signum)
         if self.signum:
             print(
                 f"{signal.Signals(signum).name} again: still saving, exiting when it is done",

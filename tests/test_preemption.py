@@ -444,9 +444,21 @@ def test_sighup_is_a_preemption_unless_ignored(before, want):
     the next call boundary, exit 129); before, SIGHUP killed the trainer with nothing saved.
     Under `nohup` (SIGHUP ignored before the trainer starts) a hang-up must not stop the run."""
     code = (f"import os, signal, sys; sys.path.insert(0, sys.argv[1]); from generated import runtime; {before}"
-            "p = runtime.Preemption(); os.kill(os.getpid(), signal.SIGHUP); "
+            "p = runtime.Preemption(); p.arm(); os.kill(os.getpid(), signal.SIGHUP); "
             "print(signal.Signals(p.signum).name if p.signum else 0, p.requested)")
     out = subprocess.run([sys.executable, "-c", code, str(ROOT)], capture_output=True, text=True, timeout=120,
                          env={**os.environ, "JAX_PLATFORMS": "cpu"})
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split() == want
+
+
+def test_a_signal_before_training_began_exits_at_once():
+    """Ctrl-C while the data was read or a BPE trained waited for the first step (10 silent
+    seconds of BPE, then a compile); before `arm()` there is nothing to save: one line, exit."""
+    code = ("import os, signal, sys; sys.path.insert(0, sys.argv[1]); from generated import runtime; "
+            "p = runtime.Preemption(); os.kill(os.getpid(), signal.SIGINT); print('not reached')")
+    out = subprocess.run([sys.executable, "-c", code, str(ROOT)], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "JAX_PLATFORMS": "cpu"})
+    assert out.returncode == 130 and "not reached" not in out.stdout, out
+    assert out.stderr.strip() == "train.py: SIGINT before training began; nothing to save"
+

@@ -125,6 +125,7 @@ class Preemption:
 
     def __init__(self):
         self.signum = 0
+        self.armed = False  # arm(): from then on a signal saves; before, there is nothing to save
         # a signal already ignored stays ignored: under `nohup` a hang-up must not stop the run
         ignored = {s for s in self.SIGNALS if signal.getsignal(s) is signal.SIG_IGN}
         self.previous = {
@@ -138,7 +139,16 @@ class Preemption:
         for signum, handler in self.previous.items():
             signal.signal(signum, handler)
 
+    def arm(self) -> None:
+        """From now on a signal is a save at the next call boundary. Before (reading and
+        tokenizing data, training a BPE), nothing is saved: a signal exits at once."""
+        self.armed = True
+
     def _handle(self, signum: int, frame) -> None:
+        if not self.armed:
+            name = signal.Signals(signum).name
+            print(f"train.py: {name} before training began; nothing to save", file=sys.stderr)
+            raise SystemExit(128 + signum)
         if self.signum:
             print(
                 f"{signal.Signals(signum).name} again: still saving, exiting when it is done",

@@ -8,6 +8,7 @@ import hashlib
 import io
 import os
 import sys
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -63,9 +64,21 @@ def train_bpe(text: bytes, vocab: int):
     trainer = trainers.BpeTrainer(
         vocab_size=vocab, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False
     )
-    tokenizer.train_from_iterator(
-        text.decode("utf-8", errors="replace").splitlines(keepends=True), trainer
+    if is_lead():
+        print(
+            f"training a byte-level BPE of {vocab:,} tokens on {len(text) / 2**20:.1f} MiB of "
+            "text (once: the run keeps it)...",
+            file=sys.stderr,
+            flush=True,
+        )
+    lines = text.decode("utf-8", errors="replace").splitlines(keepends=True)
+    # in a thread, so that the main thread waits in Python and a Ctrl-C is answered at once
+    work = threading.Thread(
+        target=tokenizer.train_from_iterator, args=(lines, trainer), daemon=True
     )
+    work.start()
+    while work.is_alive():
+        work.join(0.2)
     return tokenizer
 
 

@@ -339,6 +339,7 @@ def main(argv=None) -> None:
     train_data, eval_data = runtime.load_examples(
         cfg, tc, SPEC, OBJECTIVE, INPUTS, bool(args.data), not args.no_data_check, args.out
     )
+    preempt.arm()  # from here a signal saves at the next call boundary (before, it exits at once)
     runtime.start_run(
         args.out, tc, __package__, __file__, SPEC, TARGET, identity, forced
     )  # RUN_DIR/run.json

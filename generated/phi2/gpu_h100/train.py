@@ -331,6 +331,7 @@ def main(argv=None) -> None:
     train_tokens, eval_tokens = runtime.load_data(
         cfg, tc, SPEC, bool(args.data), not args.no_data_check, args.out
     )
+    preempt.arm()  # from here a signal saves at the next call boundary (before, it exits at once)
     runtime.start_run(
         args.out, tc, __package__, __file__, SPEC, TARGET, identity, forced
     )  # RUN_DIR/run.json

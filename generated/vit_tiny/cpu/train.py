@@ -335,6 +335,7 @@ def main(argv=None) -> None:
     check_config(cfg, tc, mesh)
     images, classes = IMAGES[tc.model]
     train_data, eval_data = runtime.load_images(tc, SPEC, bool(args.data), images, classes)
+    preempt.arm()  # from here a signal saves at the next call boundary (before, it exits at once)
     runtime.start_run(
         args.out, tc, __package__, __file__, SPEC, TARGET, identity, forced
     )  # RUN_DIR/run.json
