@@ -379,6 +379,11 @@ def _add_train(sub) -> None:
         "into RUN/hf_params), a params checkpoint or a run (default: the train block's init_from)",
     )
     tr.add_argument(
+        "--no-preflight",
+        action="store_true",
+        help="skip the check that the state fits this machine's memory and a checkpoint its disk",
+    )
+    tr.add_argument(
         "--force-resume",
         action="store_true",
         help="resume a run although this command differs from what made it (run.json records it)",
@@ -657,6 +662,7 @@ def _cmd_train(args) -> int:
         init_from=args.init_from,
         overrides=overrides,
         force_resume=args.force_resume,
+        no_preflight=args.no_preflight,
     )
 
 

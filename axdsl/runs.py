@@ -55,6 +55,7 @@ def train(
     init_from: Path | None = None,
     overrides: dict[str, object] | None = None,
     force_resume: bool = False,
+    no_preflight: bool = False,
 ) -> int:
     """Build `spec` for `target`, then run `python -m generated.<spec>.<target>.train`; its exit
     code.
@@ -105,8 +106,8 @@ def train(
             return code
         params = run_dir / HF_PARAMS if (init_from / "config.json").exists() else init_from
         cmd += ["--init-from", str(params.absolute())]
-    if force_resume:
-        cmd.append("--force-resume")
+    cmd += ["--force-resume"] if force_resume else []
+    cmd += ["--no-preflight"] if no_preflight else []
     print("running " + " ".join(cmd[1:]), file=sys.stderr, flush=True)
     return run_child(cmd)
 

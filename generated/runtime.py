@@ -21,6 +21,7 @@ import json
 import math
 import os
 import re
+import shutil
 import signal
 import socket
 import sys
@@ -701,6 +702,11 @@ def parse_args(
         'else RUN_DIR/compile_cache; "none": off)',
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bar (logs only)")
+    p.add_argument(
+        "--no-preflight",
+        action="store_true",
+        help="skip the check that the state fits this machine's memory and a checkpoint its disk",
+    )
     p.add_argument(
         "--force-resume",
         action="store_true",
@@ -1696,6 +1702,74 @@ def _schedule_change(tc, old: dict, saved: int, lr_schedule) -> list[str]:
         f"steps was {old['steps']}, now {tc.steps}: that changes the learning rate of steps it "
         f"already took (step {at}: {old_lr[at]:.3g}, now {new_lr[at]:.3g})"
     ]
+
+
+# ----------------------------------------------------------- preflight (axdsl/runtime/preflight.py)
+
+
+DISK_MARGIN = 1.1  # a checkpoint's metadata and checksums come on top of its arrays
+
+
+def _bytes(leaf, per_device: bool) -> int:
+    """One array's bytes, whole or of its shard on one device."""
+    shape = leaf.sharding.shard_shape(leaf.shape) if per_device else leaf.shape
+    return math.prod(shape) * leaf.dtype.itemsize
+
+
+def host_available() -> int | None:
+    """Linux's MemAvailable in bytes (what can be allocated without swapping), or None."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def device_available() -> tuple[int | None, str]:
+    """(bytes the state may use, what that is): host RAM for CPU devices (shared by all the
+    local ones), else one device's memory limit."""
+    device = jax.local_devices()[0]
+    if device.platform == "cpu":
+        return host_available(), "available host memory"
+    stats = device.memory_stats() or {}
+    return stats.get("bytes_limit"), f"the memory of one {device.device_kind}"
+
+
+def preflight(run_dir: Path, abstract: dict, skip: bool = False) -> None:
+    """Refuse (exit 1, with the figures) a run whose state cannot fit, or whose checkpoint cannot
+    be written; `abstract`: the train state's ShapeDtypeStructs with their shardings."""
+    if skip:
+        return
+    leaves = jax.tree.leaves(abstract)
+    grads = jax.tree.leaves(abstract.get("params", {}))  # one gradient per parameter
+    available, what = device_available()
+    on_host = jax.local_devices()[0].platform == "cpu"
+    # CPU devices share the host's memory: every copy of every shard; elsewhere one device's
+    copies = (lambda leaf: len(leaf.sharding.addressable_devices)) if on_host else (lambda _: 1)
+    need = sum(_bytes(leaf, True) * copies(leaf) for leaf in leaves + grads)
+    problems = []
+    if available is not None and need > available:
+        problems.append(
+            f"the parameters, optimizer state and gradients need {need / 2**30:.2f} GiB "
+            f"{'on this host' if on_host else 'per device'}, more than {what} "
+            f"({available / 2**30:.2f} GiB), before any activation"
+        )
+    checkpoint = sum(_bytes(leaf, False) for leaf in leaves) * DISK_MARGIN
+    where = next((p for p in [run_dir, *run_dir.absolute().parents] if p.exists()), None)
+    free = shutil.disk_usage(where).free if where is not None else None
+    if free is not None and checkpoint > free:
+        problems.append(
+            f"a checkpoint takes {checkpoint / 2**30:.2f} GiB and {where} has "
+            f"{free / 2**30:.2f} GiB free"
+        )
+    if problems:
+        sys.exit(
+            "error: this run does not fit this machine: " + "; ".join(problems) + ".\n  hint: "
+            "`axdsl aot SPEC --target T` shows the whole step's memory and what would fit (more "
+            "devices, remat, micro-batches, a smaller optimizer state); --no-preflight runs anyway"
+        )
 
 
 # -------------------------------------------- run.json and metrics.jsonl (axdsl/runtime/metrics.py)

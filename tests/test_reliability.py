@@ -440,3 +440,26 @@ def test_train_py_and_axdsl_train_share_the_default_run_directory():
         runs.default_run_dir(Path(tm.SPEC), tm.TARGET))
     for spec, target, model in (("specs/a.axl", "cpu", None), ("s/b.axl", "tpu-v5e-8", "small")):
         assert runtime.default_run_dir(spec, target, model) == runs.default_run_dir(Path(spec), target, model)
+
+
+def test_a_state_this_machine_cannot_hold_is_refused_before_the_data(tmp_path):
+    """An 8B model on this CPU was killed by the kernel, or trained until its first save hit a full
+    disk; the state's shapes alone say so up front (4 TiB of parameters here, real figures of this
+    machine's memory and disk)."""
+    import jax
+
+    from generated import runtime
+    from generated.tiny_llama.cpu import train as tm
+
+    one = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    huge = {"params": {"w": jax.ShapeDtypeStruct((2**20, 2**20), "float32", sharding=one)}}
+    with pytest.raises(SystemExit) as stop:
+        runtime.preflight(tmp_path / "run", huge)
+    message = str(stop.value.code)
+    assert "need 8192.00 GiB on this host, more than available host memory" in message
+    assert "a checkpoint takes 4505.60 GiB and " in message and "--no-preflight" in message
+    runtime.preflight(tmp_path / "run", huge, skip=True)
+    cfg, mesh = tm.model_config(tm.TRAIN), tm.make_mesh()
+    runtime.preflight(tmp_path / "run", tm.abstract_state(cfg, tm.TRAIN, mesh))  # fits
+    source = Path(tm.__file__).read_text()
+    assert source.index("runtime.preflight(") < source.index("runtime.load_data(")

@@ -57,6 +57,7 @@ SECTIONS = (  # the order of runtime.py: what train.py calls first comes first
     Section("checkpoints", "checkpoints"),
     Section("finetune", "fine-tuning"),
     Section("identity", "run identity"),
+    Section("preflight", "preflight"),
     Section("metrics", "run.json and metrics.jsonl"),
 )
 

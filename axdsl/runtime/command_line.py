@@ -78,6 +78,11 @@ def parse_args(
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bar (logs only)")
     p.add_argument(
+        "--no-preflight",
+        action="store_true",
+        help="skip the check that the state fits this machine's memory and a checkpoint its disk",
+    )
+    p.add_argument(
         "--force-resume",
         action="store_true",
         help="resume a run although this command differs from what made it (run.json records it)",

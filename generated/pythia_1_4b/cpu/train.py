@@ -320,6 +320,7 @@ def main(argv=None) -> None:
     )  # --profile START:STOP: a trace of those steps in RUN_DIR/profile
     cfg, mesh = model_config(tc), make_mesh()
     check_config(cfg, tc, mesh)
+    runtime.preflight(args.out, abstract_state(cfg, tc, mesh), args.no_preflight)  # memory, disk
     train_tokens, eval_tokens = runtime.load_data(
         cfg, tc, SPEC, bool(args.data), not args.no_data_check, args.out
     )

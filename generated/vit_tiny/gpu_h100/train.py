@@ -332,6 +332,7 @@ def main(argv=None) -> None:
     )  # --profile START:STOP: a trace of those steps in RUN_DIR/profile
     cfg, mesh = model_config(tc), make_mesh()
     check_config(cfg, tc, mesh)
+    runtime.preflight(args.out, abstract_state(cfg, tc, mesh), args.no_preflight)  # memory, disk
     images, classes = IMAGES[tc.model]
     train_data, eval_data = runtime.load_images(tc, SPEC, bool(args.data), images, classes)
     preempt.arm()  # from here a signal saves at the next call boundary (before, it exits at once)
