@@ -333,6 +333,9 @@ def test_a_run_directory_that_is_not_a_runs_is_refused_before_any_compute(tmp_pa
             runtime.check_run_dir(tmp_path / out, tm.TRAIN)
         assert says in str(stop.value.code)
     runtime.check_run_dir(tmp_path / "new", tm.TRAIN)  # absent: a new run
+    with pytest.raises(SystemExit) as stop:  # sysfs refuses new files, even to root
+        runtime.check_run_dir(Path("/sys/axdsl-run"), tm.TRAIN)
+    assert "/sys is not writable" in str(stop.value.code)
     assert (tmp_path / "c" / "run.json").read_text() == '{"mine": 1}'
     source = Path(tm.__file__).read_text()  # checked before the data is read and anything compiled
     assert source.index("runtime.check_run_dir(") < source.index("runtime.load_data(")

@@ -10,6 +10,7 @@ import json
 import math
 import os
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import NamedTuple
@@ -42,8 +43,22 @@ def check_run_dir(run_dir: Path, tc) -> None:
         info = run_dir / "run.json"
         if info.is_file() and not _axdsl_run_json(info):
             problems.append(f"{info} was not written by axdsl")
+        problems += _unwritable(run_dir)
     if problems:
         sys.exit("error: " + "; ".join(problems) + ": give --out a new directory or a run's own")
+
+
+def _unwritable(run_dir: Path) -> list[str]:
+    """[] when a file can be made in RUN_DIR (or, before it exists, in its nearest existing
+    parent), else why not: tried, since permissions alone do not tell (root, read-only mounts)."""
+    where = next((p for p in [run_dir, *run_dir.absolute().parents] if p.exists()), None)
+    if where is None or not where.is_dir():
+        return []
+    try:
+        with tempfile.TemporaryFile(dir=where):
+            return []
+    except OSError as exc:
+        return [f"{where} is not writable ({exc.strerror or exc})"]
 
 
 def _axdsl_run_json(path: Path) -> bool:
