@@ -605,6 +605,16 @@ def test_zoo_specs_match_published_configs(spec, model):
     assert any(m.startswith(f"config.json has {key}={bad},") for m in axhf.mismatches(arch, family, wrong))
 
 
+
+def test_deepseek_layers_mismatch_names_both_keys():
+    """The spec's `layers` counts DeepSeek's MoE layers: the message said `num_hidden_layers=58`
+    for a config.json holding 61 (with 3 dense layers first)."""
+    archs = {a.name: a for a in axhf.load_spec(ROOT / "specs" / "deepseek_v3.axl")}
+    published = PUBLISHED[("deepseek_v3", "deepseek_v3")]
+    wrong = {**published, "num_hidden_layers": 62}
+    problems = axhf.mismatches(archs["deepseek_v3"], "deepseek_v3", wrong)
+    assert "config.json has MoE layers (num_hidden_layers 62 - first_k_dense_replace 3)=59, the spec has layers = 58" in problems
+
 # The config.json files Meta published on the Hugging Face hub (transformers 4.43 format:
 # `rope_scaling` beside a top-level `rope_theta`).
 LLAMA_3_1_8B = {

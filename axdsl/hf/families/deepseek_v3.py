@@ -56,8 +56,11 @@ def _mla_scale(c: Config) -> float:
 ROWS = (
     _key("vocab_size", 129280, "vocab"),
     _key("hidden_size", 7168, "dim"),
-    Row(
-        "layers", "num_hidden_layers", lambda c: _layers(c) - _dense_layers(c), lambda c: _layers(c)
+    Row(  # the spec's `layers` counts the MoE layers: say so, with both keys' values
+        "layers",
+        lambda c: f"MoE layers (num_hidden_layers {_layers(c)} - first_k_dense_replace "
+        f"{_dense_layers(c)})",
+        lambda c: _layers(c) - _dense_layers(c),
     ),
     Row("dense_layers", "first_k_dense_replace", _dense_layers),
     _key("num_attention_heads", 128, "heads"),
