@@ -81,6 +81,13 @@ def _check(ctx, given: dict, attrs: dict) -> None:
     """Only known scaling rules reach generated code; each rule's parameters make sense."""
     scaling = attrs["scaling"].value
     where = given.get("scaling")
+    theta = attrs["theta"].value
+    if not theta > 0:  # frequencies theta ** (-2i / d): 0 or less is inf or nan
+        ctx.fail(
+            _span(given, "theta", where),
+            f"rope theta must be > 0, got {theta}",
+            "the base of the rotary frequencies: 10000.0 (Llama 2), 500000.0 (Llama 3)",
+        )
     if scaling not in SCALINGS:
         ctx.fail(
             where.span if where is not None else None,
