@@ -117,12 +117,16 @@ HF_PARAMS = "hf_params"  # in a run directory: the parameters imported from --in
 
 def hf_init_params(spec: Path, hf_dir: Path, run_dir: Path) -> int:
     """Import `hf_dir` into RUN_DIR/hf_params for a fine-tuning run; 0 when done or already there
-    (a rerun resumes and reads its own checkpoints). The import's exit code otherwise."""
+    (a rerun resumes and reads its own checkpoints). The import's exit code otherwise.
+
+    The import runs as `axdsl import-hf` in a child process: this one never imports jax, so
+    starting the trainer after it forks no multithreaded process (jax warned of a deadlock)."""
     if (run_dir / HF_PARAMS).exists():
         return 0
-    from axdsl.hf.importer import import_hf
-
-    return import_hf(spec, hf_dir, None, run_dir / HF_PARAMS)
+    out = run_dir / HF_PARAMS
+    return run_child(
+        [sys.executable, "-m", "axdsl", "import-hf", str(spec), str(hf_dir), "--out", str(out)]
+    )
 
 
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)

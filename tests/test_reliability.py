@@ -466,3 +466,15 @@ def test_a_state_this_machine_cannot_hold_is_refused_before_the_data(tmp_path):
     runtime.preflight(tmp_path / "run", tm.abstract_state(cfg, tm.TRAIN, mesh))  # fits
     source = Path(tm.__file__).read_text()
     assert source.index("runtime.preflight(") < source.index("runtime.load_data(")
+
+
+def test_axdsl_train_from_hf_never_imports_jax_in_its_own_process(tmp_path):
+    """`axdsl train --init-from HF_DIR` imported the weights in-process (jax and its threads),
+    then forked the trainer: jax's os.fork() deadlock warning. The import is a child now."""
+    code = ("import sys; from pathlib import Path; from axdsl import runs; "
+            "code = runs.hf_init_params(Path('specs/tiny_llama.axl'), Path(sys.argv[1]), Path(sys.argv[2])); "
+            "print(code, 'jax' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path / "no_hf"), str(tmp_path / "run")],
+                         capture_output=True, text=True, timeout=300, cwd=Path(__file__).resolve().parent.parent)
+    assert out.stdout.split() == ["1", "False"], out
+    assert "config.json not found" in out.stderr and "Traceback" not in out.stderr
