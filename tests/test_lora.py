@@ -8,6 +8,7 @@ Errors: rank < 1, a target that matches nothing or a non-matrix, lora with freez
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
@@ -98,6 +99,12 @@ def test_lora_fine_tune_from_a_transformers_model(tmp_path, monkeypatch, capfd):
         assert r.returncode == 0, r.stderr[-2000:]
         tensors[name] = _safetensors(tmp_path / f"hf-{name}" / "model.safetensors")
     assert tensors["run"].keys() == tensors["merged"].keys()
+    # what the architecture does not say comes from the imported directory: token ids, generation
+    written = json.loads((tmp_path / "hf-run" / "config.json").read_text())
+    source = json.loads((tmp_path / "hf" / "config.json").read_text())
+    assert all(written.get(k) == source[k] for k in ("bos_token_id", "eos_token_id") if k in source)
+    assert (tmp_path / "hf-run" / "generation_config.json").read_bytes() == (
+        tmp_path / "hf" / "generation_config.json").read_bytes()
     assert all(tensors["run"][k].tobytes() == tensors["merged"][k].tobytes() for k in tensors["run"])
     q = "model.layers.0.self_attn.q_proj.weight"
     assert not np.array_equal(tensors["run"][q], hf.state_dict()[q].numpy())  # not the base's

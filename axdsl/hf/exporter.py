@@ -18,6 +18,7 @@ from axdsl.hf.checkpoint import find_checkpoint, flatten, metadata_tree, restore
 from axdsl.hf.config import FAMILIES, family_of_arch, hf_config, mismatches
 from axdsl.hf.errors import HFError, exit_code, warn_capacity
 from axdsl.hf.families import rules
+from axdsl.hf.importer import IMPORT_INFO
 from axdsl.hf.lora_merge import has_adapters, merge, restore_item, scale_of
 from axdsl.hf.safetensors_io import need_safetensors
 
@@ -118,6 +119,10 @@ def _export_hf(spec: Path, ckpt_dir: Path, out: Path, model: str | None) -> None
         print(f"merged the LoRA adapters (rank {rank}, alpha {alpha:g}) into the weights")
     tensors = _hf_tensors(family, arch, flat)
     out.mkdir(parents=True, exist_ok=True)
+    source = import_source(ckpt_dir)
+    if source is not None:
+        carried = carry_over(source, cfg, out)
+        print(f"from {source}: {', '.join(carried)}" if carried else f"from {source}: nothing")
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
     (out / "model.safetensors").chmod(0o666 & ~_umask())  # safetensors writes 0600; others read it
     (out / "config.json").write_text(
@@ -134,3 +139,54 @@ def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
     return mask
+
+
+# What a config.json's architecture does not say but a user of the exported model needs: its
+# token ids, and the files beside it (generation defaults, the tokenizer).
+TOKEN_KEYS = ("bos_token_id", "eos_token_id", "pad_token_id")
+CARRIED_FILES = (
+    "generation_config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "chat_template.jinja",
+)
+
+
+def import_source(ckpt_dir: Path) -> Path | None:
+    """The Hugging Face directory a checkpoint's parameters came from, when it is still there:
+    import.json beside an import-hf checkpoint, in a run fine-tuned from an HF directory, or
+    beside the params checkpoint a run's init_from names (its run.json)."""
+    places = [ckpt_dir, ckpt_dir.parent]
+    try:
+        init = json.loads((ckpt_dir / "run.json").read_text(encoding="utf-8"))["train"]["init_from"]
+        places += [Path(init), Path(init).parent] if init else []
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    for where in places:
+        try:
+            hf_dir = Path(json.loads((where / IMPORT_INFO).read_text(encoding="utf-8"))["hf_dir"])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        return hf_dir if (hf_dir / "config.json").is_file() else None
+    return None
+
+
+def carry_over(source: Path, cfg: dict, out: Path) -> list[str]:
+    """The source config.json's token ids into `cfg`, and its generation config and tokenizer
+    files into `out` (byte for byte; a file already in `out` is left as it is); what was carried,
+    by name."""
+    carried = []
+    try:
+        original = json.loads((source / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        original = {}
+    for key in TOKEN_KEYS:
+        if isinstance(original, dict) and original.get(key) is not None:
+            cfg[key] = original[key]
+            carried.append(key)
+    for name in CARRIED_FILES:
+        if (source / name).is_file() and not (out / name).exists():  # never over a user's file
+            (out / name).write_bytes((source / name).read_bytes())
+            carried.append(name)
+    return carried
