@@ -615,6 +615,17 @@ def test_deepseek_layers_mismatch_names_both_keys():
     problems = axhf.mismatches(archs["deepseek_v3"], "deepseek_v3", wrong)
     assert "config.json has MoE layers (num_hidden_layers 62 - first_k_dense_replace 3)=59, the spec has layers = 58" in problems
 
+
+def test_gemma2_default_scale_matches_query_pre_attn_scalar(tmp_path):
+    """A Gemma 2 spec that leaves `scale` at its default (head_dim ** -0.5) was refused against a
+    config.json whose query_pre_attn_scalar is head_dim: the same scale."""
+    spec = ROOT / "specs" / "gemma2_2b.axl"
+    cfg = axhf.hf_config({a.name: a for a in axhf.load_spec(spec)}["gemma2_2b"], "gemma2")
+    (tmp_path / "g.axl").write_text(spec.read_text().replace("scale = 0.0625, ", ""))
+    default = {a.name: a for a in axhf.load_spec(tmp_path / "g.axl")}["gemma2_2b"]
+    assert default.facts.scale == 0.0 and axhf.mismatches(default, "gemma2", cfg) == []
+    assert axhf.mismatches(default, "gemma2", {**cfg, "query_pre_attn_scalar": 224}) != []
+
 # The config.json files Meta published on the Hugging Face hub (transformers 4.43 format:
 # `rope_scaling` beside a top-level `rope_theta`).
 LLAMA_3_1_8B = {

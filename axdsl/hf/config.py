@@ -44,6 +44,14 @@ def _same(a: Any, b: Any) -> bool:
     return a == b
 
 
+def _effective(arch: Arch, fld: str, value: Any) -> Any:
+    """The spec's value as the model computes it: an attention `scale` left at 0 is the default
+    head_dim ** -0.5 (Gemma 2 states it as query_pre_attn_scalar = head_dim)."""
+    if fld == "scale" and not value and arch.facts.head_dim:
+        return arch.facts.head_dim**-0.5
+    return value
+
+
 def _skipped(arch: Arch, vals: dict) -> set[str]:
     """Fields that do not apply when the two sides already differ in a field above them."""
     skip = set()
@@ -101,7 +109,8 @@ def mismatches(arch: Arch, family: str, cfg: dict) -> list[str]:
             f"({family}'s config.json states one for all layers; Gemma 3 states one per layer type)"
         )
     for fld, value in vals.items():
-        if fld in skip or _same(getattr(arch.facts, fld), value):
+        ours, theirs = (_effective(arch, fld, v) for v in (getattr(arch.facts, fld), value))
+        if fld in skip or _same(ours, theirs):
             continue
         out.append(
             f"config.json has {src[fld]}, the spec has {FIELDS[fld]} = "
