@@ -41,6 +41,12 @@ def _arch(name: str):
     return axhf.pick(axhf.load_spec(SPEC), name, SPEC)
 
 
+def test_a_t5_config_against_another_root_is_one_line():
+    """A T5 config.json against a spec whose model is not a T5 listed every field as null."""
+    arch = {a.name: a for a in axhf.load_spec(ROOT / "specs" / "tiny_llama.axl")}["tiny_llama"]
+    assert axhf.mismatches(arch, "t5", FLAN_T5_BASE) == [
+        "config.json is a T5ForConditionalGeneration (std's T5), the spec's model is a DecoderLM"]
+
 def test_published_flan_t5_base_config_matches_the_spec():
     arch = _arch("t5_base")
     assert axhf.family_of_config(FLAN_T5_BASE) == "t5" == axhf.family_of_arch(arch)

@@ -26,7 +26,7 @@ def _param_tree(root) -> dict[tuple[str, ...], tuple[tuple[int, ...], str]]:
 def arch_of(model) -> Arch:
     """The Arch of one IR model (an `ir.Model` after stack_repeats)."""
     root = model.root
-    arch = Arch(model.name, Facts(), _param_tree(root))
+    arch = Arch(model.name, Facts(), _param_tree(root), root=root.layer)
     read = roots().get(root.layer)
     if read is None:
         names = list(roots())

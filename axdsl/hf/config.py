@@ -100,6 +100,12 @@ def _skipped(arch: Arch, vals: dict) -> set[str]:
 
 def mismatches(arch: Arch, family: str, cfg: dict) -> list[str]:
     """Every way config.json and the spec's model disagree (empty: the weights map)."""
+    if arch.root and arch.root != get(family).root:  # field by field would only say "null"
+        return [
+            f"config.json is a {FAMILIES[family]} (std's {get(family).root}), the spec's model "
+            f"is a {arch.root}",
+            *arch.problems,
+        ]
     vals, src, unsupported = hf_values(get(family), cfg)
     out = [f"config.json: {u} is not supported" for u in unsupported] + list(arch.problems)
     skip = _skipped(arch, vals)

@@ -145,6 +145,7 @@ class Arch:
     facts: Facts
     params: dict[tuple[str, ...], tuple[tuple[int, ...], str]]  # path -> (shape, dtype name)
     problems: list[str] = field(default_factory=list)  # structure no HF family has
+    root: str = ""  # the model's root layer (std's DecoderLM, BertMLM, VisionTransformer, T5)
     pattern: int = (
         0  # the length of a repeated pattern of blocks (blocks/0, blocks/1, ...); 0: one block
     )
