@@ -51,6 +51,7 @@ MODEL_CASES = [  # a setting in the model block -> words of its error
     ("dim = dim", "hyperparameter `dim` depends on itself"),
     ("heads = heads + 1", "hyperparameter `heads` depends on itself"),
     ("block = Block(attn = Attention(kv_heads = 0))", "a dimension must be a positive int, got 0"),
+    ("logit_softcap = -30.0", "`softcap` needs cap > 0, got -30.0"),
 ]
 
 TRAIN_CASES = [  # a setting in the train block -> words of its error
