@@ -437,7 +437,7 @@ def test_ctrl_c_while_jax_loads_is_one_line_and_exit_130(tmp_path):
 
 
 
-@pytest.mark.parametrize("before, want", [("", ["SIGHUP", "True"]),
+@pytest.mark.parametrize("before, want", [("signal.signal(signal.SIGHUP, signal.SIG_DFL); ", ["SIGHUP", "True"]),
                                           ("signal.signal(signal.SIGHUP, signal.SIG_IGN); ", ["0", "False"])])
 def test_sighup_is_a_preemption_unless_ignored(before, want):
     """A dropped ssh session sends SIGHUP: the trainer's handler takes it like SIGTERM (save at
