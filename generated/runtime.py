@@ -1621,7 +1621,7 @@ def check_resume(
     run that wrote them. `lr_schedule` is train.py's (TrainConfig -> optax schedule). With
     `force` (--force-resume) a mismatch is a warning, and the record of it (step, changes) is
     returned for run.json; else None."""
-    info = _recorded(run_dir)
+    info = recorded(run_dir)
     steps = _saved_steps(run_dir / tc.checkpoint_dir)
     if info is None or not steps:
         return None  # a new run
@@ -1660,8 +1660,9 @@ def check_resume(
     )
 
 
-def _recorded(run_dir: Path) -> dict | None:
-    """RUN_DIR/run.json as a run wrote it, or None (check_run_dir has refused any other)."""
+def recorded(run_dir: Path) -> dict | None:
+    """RUN_DIR/run.json as a dict, or None when it is missing or not JSON (the one reader of
+    run.json here: check_run_dir, check_resume and start_run)."""
     try:
         info = json.loads((run_dir / "run.json").read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, ValueError):
@@ -1814,11 +1815,8 @@ def _unwritable(run_dir: Path) -> list[str]:
 
 def _axdsl_run_json(path: Path) -> bool:
     """Whether `path` is a run.json as start_run writes it."""
-    try:
-        info = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError):
-        return False
-    return isinstance(info, dict) and {"package", "spec", "target", "train"} <= info.keys()
+    info = recorded(path.parent)
+    return info is not None and {"package", "spec", "target", "train"} <= info.keys()
 
 
 def start_run(
@@ -1852,8 +1850,7 @@ def start_run(
         "identity": identity,
     }
     # every forced resume of this run stays on record (check_resume: --force-resume)
-    before = run_dir / "run.json"
-    earlier = json.loads(before.read_text()).get("forced_resumes", []) if before.is_file() else []
+    earlier = (recorded(run_dir) or {}).get("forced_resumes", [])
     if earlier or forced:
         info["forced_resumes"] = earlier + ([forced] if forced else [])
     (run_dir / "run.json").write_text(json.dumps(json_safe(info), indent=2, allow_nan=False) + "\n")

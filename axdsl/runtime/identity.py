@@ -108,7 +108,7 @@ def check_resume(
     run that wrote them. `lr_schedule` is train.py's (TrainConfig -> optax schedule). With
     `force` (--force-resume) a mismatch is a warning, and the record of it (step, changes) is
     returned for run.json; else None."""
-    info = _recorded(run_dir)
+    info = recorded(run_dir)
     steps = _saved_steps(run_dir / tc.checkpoint_dir)
     if info is None or not steps:
         return None  # a new run
@@ -147,8 +147,9 @@ def check_resume(
     )
 
 
-def _recorded(run_dir: Path) -> dict | None:
-    """RUN_DIR/run.json as a run wrote it, or None (check_run_dir has refused any other)."""
+def recorded(run_dir: Path) -> dict | None:
+    """RUN_DIR/run.json as a dict, or None when it is missing or not JSON (the one reader of
+    run.json here: check_run_dir, check_resume and start_run)."""
     try:
         info = json.loads((run_dir / "run.json").read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, ValueError):

@@ -21,6 +21,7 @@ import numpy as np
 from tqdm import tqdm
 
 from axdsl.runtime.finetune import param_path
+from axdsl.runtime.identity import recorded
 from axdsl.runtime.preemption import RunLock
 from axdsl.runtime.processes import is_lead
 
@@ -63,11 +64,8 @@ def _unwritable(run_dir: Path) -> list[str]:
 
 def _axdsl_run_json(path: Path) -> bool:
     """Whether `path` is a run.json as start_run writes it."""
-    try:
-        info = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError):
-        return False
-    return isinstance(info, dict) and {"package", "spec", "target", "train"} <= info.keys()
+    info = recorded(path.parent)
+    return info is not None and {"package", "spec", "target", "train"} <= info.keys()
 
 
 def start_run(
@@ -101,8 +99,7 @@ def start_run(
         "identity": identity,
     }
     # every forced resume of this run stays on record (check_resume: --force-resume)
-    before = run_dir / "run.json"
-    earlier = json.loads(before.read_text()).get("forced_resumes", []) if before.is_file() else []
+    earlier = (recorded(run_dir) or {}).get("forced_resumes", [])
     if earlier or forced:
         info["forced_resumes"] = earlier + ([forced] if forced else [])
     (run_dir / "run.json").write_text(json.dumps(json_safe(info), indent=2, allow_nan=False) + "\n")
