@@ -3,7 +3,8 @@
 Everything is rendered, formatted and checked in memory first; only then is the output directory
 replaced in one rename, so a failed build leaves the previous output untouched.
 
-Layout: <root>/<spec>/<target>/ holds model.py, train.py, slurm.sh and manifest.json, and
+Layout: <root>/<spec>/<target>/ holds model.py, kernels.py (the helpers model.py calls),
+train.py, slurm.sh and manifest.json, and
 <root>/runtime.py (two levels up, whatever <root> is, `--out` included) holds the training runtime
 that every train.py imports with `from ... import runtime`. manifest.json records the sha256 of
 each file as written, so a train.py the user has edited is recognised and never overwritten
@@ -79,7 +80,9 @@ def build_files(spec: Path, target: str, root: str = "generated") -> dict[str, s
         model_code = emit_model(module)
     except CompileError as exc:  # located in the spec: show its lines
         raise CompileError(exc.diagnostics, program.sources) from None
-    files = {"__init__.py": PACKAGE_INIT, "model.py": formatted(model_code)}
+    files = {"__init__.py": PACKAGE_INIT, "model.py": formatted(model_code.model)}
+    if model_code.kernels is not None:
+        files["kernels.py"] = formatted(model_code.kernels)
     if trainable(
         module
     ):  # the first model fits the train block's objective (next_token by default)

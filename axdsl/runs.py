@@ -318,6 +318,24 @@ def _draw(
 # ----------------------------------------------------------------------------- sample
 
 
+def import_output(out_dir: Path, name: str = "model"):
+    """Module `name` (model, train) of the generated output in `out_dir`, imported as a package
+    under a private name, so model.py's `from .kernels import ...` resolves to the kernels.py
+    beside it, and two outputs never shadow each other."""
+    out_dir = out_dir.resolve()
+    alias = "_axdsl_output_" + hashlib.sha256(str(out_dir).encode()).hexdigest()[:16]
+    if alias not in sys.modules:
+        spec = importlib.util.spec_from_file_location(
+            alias, out_dir / "__init__.py", submodule_search_locations=[str(out_dir)]
+        )
+        if spec is None or spec.loader is None:
+            raise ImportError(f"cannot import {out_dir}")
+        package = importlib.util.module_from_spec(spec)
+        sys.modules[alias] = package
+        spec.loader.exec_module(package)
+    return importlib.import_module(f"{alias}.{name}")
+
+
 def load_run(run_dir: Path):
     """(run.json as a dict, the run's generated train module), imported from where it was built.
 

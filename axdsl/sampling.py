@@ -10,7 +10,6 @@ top-k, top-p and the EOS stop. Text streams as it is generated, with control byt
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import importlib
 import importlib.util
 import inspect
@@ -20,7 +19,7 @@ import math
 import sys
 from pathlib import Path
 
-from axdsl.runs import _error, load_run
+from axdsl.runs import _error, import_output, load_run
 from axdsl.textcodec import CodecError, TextCodec
 
 
@@ -240,17 +239,8 @@ def generate_seq2seq(
 
 
 def _load_model(path: Path):
-    """The generated model.py at `path`, imported by file path (it imports nothing of its
-    package)."""
-    alias = "_axdsl_model_" + hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:16]
-    if alias not in sys.modules:
-        spec = importlib.util.spec_from_file_location(alias, path)
-        if spec is None or spec.loader is None:
-            raise ImportError(f"cannot import {path}")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[alias] = module
-        spec.loader.exec_module(module)
-    return sys.modules[alias]
+    """The generated model.py at `path`, imported with its package (kernels.py beside it)."""
+    return import_output(path.parent, path.stem)
 
 
 def _newest_good_params(tm, cfg, tc, checkpoints: Path):

@@ -1557,7 +1557,7 @@ NEUTRAL_SETTINGS = frozenset(
     }
 )
 DATA_SETTINGS = ("data_path", "data_target")  # compared by content: the files may move
-CODE_FILES = ("model.py", "train.py")
+CODE_FILES = ("model.py", "kernels.py", "train.py")  # kernels.py: only when the model has helpers
 SAMPLE_BYTES = 1 << 16  # a data file's digest reads this much of its start and of its end
 
 
@@ -1609,7 +1609,7 @@ def run_identity(tc, spec: str, target: str, file: str, data_from_flag: bool) ->
             data[name] = files_digest(data_path(where, spec, data_from_flag))
     return {
         "target": target,
-        "code": {name: code_digest(here / name) for name in CODE_FILES},
+        "code": {name: code_digest(here / name) for name in CODE_FILES if (here / name).exists()},
         "data": data,
     }
 
@@ -1681,7 +1681,7 @@ def _identity_changes(old: dict, new: dict) -> list[str]:
     """What differs between two recorded identities: generated code, data."""
     problems = []
     for name in CODE_FILES:
-        if old.get("code", {}).get(name) != new["code"][name]:
+        if old.get("code", {}).get(name) != new["code"].get(name):
             problems.append(f"its generated {name} differs (the spec or axdsl changed)")
     for name, digest in new["data"].items():
         if old.get("data", {}).get(name, digest) != digest:

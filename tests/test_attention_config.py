@@ -9,8 +9,6 @@ dtypes and head dims), and the choice of kernel never changes what the CPU compu
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import jax
@@ -20,6 +18,7 @@ import pytest
 
 from axdsl.build import build_files
 from axdsl.errors import CompileError
+from tests.targets_util import import_model, kernels_of
 
 TOL = 1e-5
 B, S, HEADS, KV_HEADS, HEAD_DIM = 2, 8, 4, 2, 8
@@ -43,15 +42,9 @@ def _load(tmp_path: Path, name: str, source: str, kernel: str = "xla"):
     """Build `source` for cpu with attention `kernel` and import its model.py."""
     spec = tmp_path / f"{name}.axl"
     spec.write_text(source + f'target "cpu" {{ kernels(attention = {kernel}) }}\n', encoding="utf-8")
-    out = tmp_path / "out" / name
-    out.mkdir(parents=True)
-    text = build_files(spec, "cpu")["model.py"]
-    (out / "model.py").write_text(text, encoding="utf-8")
-    mod_spec = importlib.util.spec_from_file_location(f"attn_cfg_{name}", out / "model.py")
-    module = importlib.util.module_from_spec(mod_spec)
-    sys.modules[mod_spec.name] = module
-    mod_spec.loader.exec_module(module)
-    module.SOURCE = text
+    files = build_files(spec, "cpu")
+    module = import_model(files, tmp_path / "out" / name)
+    module.SOURCE = files["model.py"] + files.get("kernels.py", "")
     return module
 
 
@@ -345,16 +338,11 @@ def test_kernel_choice_does_not_change_cpu_numerics(tmp_path):
     outputs, calls = [], {"cpu": "einsum_attention(", "gpu-h100-8": "einsum_attention(",
                           "tpu-v5e-8": "splash_attention(q, k, v"}
     for target, call in calls.items():
-        text = build_files(spec, target)["model.py"]
-        assert call in text, target
-        path = tmp_path / target / "model.py"
-        path.parent.mkdir()
-        path.write_text(text, encoding="utf-8")
-        mod_spec = importlib.util.spec_from_file_location(f"attn_same_{target.replace('-', '_')}", path)
-        module = importlib.util.module_from_spec(mod_spec)
-        mod_spec.loader.exec_module(module)
-        if hasattr(module, "PALLAS_INTERPRET"):
-            module.PALLAS_INTERPRET = True
+        files = build_files(spec, target)
+        assert call in files["model.py"], target
+        module = import_model(files, tmp_path / target)
+        if hasattr(kernels_of(module), "PALLAS_INTERPRET"):
+            kernels_of(module).PALLAS_INTERPRET = True
         cfg = module.Config(dtype=jnp.float32)
         params = jax.jit(module.init_params, static_argnums=0)(cfg, jax.random.key(0))
         params["blocks"]["attn"] = jax.tree.map(lambda w: w * 8.0, params["blocks"]["attn"])
@@ -428,25 +416,15 @@ def test_cudnn_choice_computes_what_cpu_does(tmp_path, monkeypatch):
     seg = np.array([[0, 0, 0, 1, 1, 2, 2, 2], [0, 1, 1, 1, 1, 1, 1, 1]], np.int32)
     want = reference(q, k, v, causal=True, scale=0.05, bias=bias, segment_ids=seg)
     for target in ("cpu", "gpu-h100-8"):
-        path = tmp_path / target / "model.py"
-        path.parent.mkdir()
-        path.write_text(build_files(spec, target)["model.py"], encoding="utf-8")
-        mod_spec = importlib.util.spec_from_file_location(f"attn_wide_{target.replace('-', '_')}", path)
-        module = importlib.util.module_from_spec(mod_spec)
-        mod_spec.loader.exec_module(module)
+        module = import_model(build_files(spec, target), tmp_path / target)
         np.testing.assert_allclose(_run(module, q, k, v, bias, seg), want, atol=TOL, rtol=TOL)
     assert implementations == ["xla", "cudnn"]
 
 
 # ----------------------------------------------------------------------------- splash
 def _tpu_module(tmp_path: Path, spec: Path, name: str):
-    path = tmp_path / name / "model.py"
-    path.parent.mkdir()
-    path.write_text(build_files(spec, "tpu-v5e-8")["model.py"], encoding="utf-8")
-    mod_spec = importlib.util.spec_from_file_location(f"attn_tpu_{name}", path)
-    module = importlib.util.module_from_spec(mod_spec)
-    mod_spec.loader.exec_module(module)
-    return module, path.read_text(encoding="utf-8")
+    files = build_files(spec, "tpu-v5e-8")
+    return import_model(files, tmp_path / name), files["model.py"] + files["kernels.py"]
 
 
 @pytest.mark.parametrize("mesh", [False, True], ids=["no_mesh", "mesh"])
@@ -458,7 +436,7 @@ def test_splash_runs_scale_softcap_and_segment_ids(tmp_path, monkeypatch, mesh):
     assert _has(text, "splash_attention(q, k, v, causal=True, window=None, scale=0.05, softcap=2.0, "
                       "segment_ids=seg)")
     assert "# attention:" not in text
-    monkeypatch.setattr(tpu, "PALLAS_INTERPRET", True)
+    monkeypatch.setattr(kernels_of(tpu), "PALLAS_INTERPRET", True)
     rng = np.random.default_rng(5)
     q, k, v = (rng.normal(size=(2, 128, 2, 128)).astype(np.float32) for _ in range(3))
     seg = np.repeat(np.array([[0, 1, 2, 3], [0, 0, 1, 1]], np.int32), 32, axis=1)
@@ -475,7 +453,7 @@ def test_splash_runs_a_v_head_dim_of_its_own(tmp_path, monkeypatch):
     spec = _wide(tmp_path, "attention(q, k, v, causal = true)", vd=256)
     tpu, text = _tpu_module(tmp_path, spec, "mla")
     assert _has(text, "splash_attention(q, k, v, causal=True, window=None)")
-    monkeypatch.setattr(tpu, "PALLAS_INTERPRET", True)
+    monkeypatch.setattr(kernels_of(tpu), "PALLAS_INTERPRET", True)
     rng = np.random.default_rng(6)
     q, k = (rng.normal(size=(1, 128, 2, 128)).astype(np.float32) for _ in range(2))
     v = rng.normal(size=(1, 128, 2, 256)).astype(np.float32)
@@ -488,7 +466,7 @@ def test_splash_gradients_with_softcap_and_segment_ids_match_the_cpu_file(tmp_pa
     spec = _wide(tmp_path, "attention(q, k, v, causal = true, softcap = 2.0, segment_ids = seg)",
                  extra=", seg: [B, S]")
     tpu, _ = _tpu_module(tmp_path, spec, "grads")
-    monkeypatch.setattr(tpu, "PALLAS_INTERPRET", True)
+    monkeypatch.setattr(kernels_of(tpu), "PALLAS_INTERPRET", True)
     cpu = _load(tmp_path, "grads_cpu", spec.read_text())
     assert "einsum_attention(" in cpu.SOURCE  # XLA on cpu, splash on tpu
     rng = np.random.default_rng(7)
@@ -552,8 +530,9 @@ def test_vjp_kernel_values_and_gradients_match_xla(tmp_path, call, extra, v_head
         return jax.jit(jax.value_and_grad(f, argnums=(0, 1, 2)))(q, k, v)
 
     want, want_grads = value_and_grads(slow)
-    for block in (fast.VJP_QUERY_BLOCK, 2):  # one block of all S queries; 4 blocks of 2 queries
-        fast.VJP_QUERY_BLOCK = block
+    kernels = kernels_of(fast)
+    for block in (kernels.VJP_QUERY_BLOCK, 2):  # one block of all S queries; 4 blocks of 2 queries
+        kernels.VJP_QUERY_BLOCK = block
         got, got_grads = value_and_grads(fast)
         np.testing.assert_allclose(float(got), float(want), rtol=1e-5)
         for g, w in zip(got_grads, want_grads):

@@ -3,13 +3,12 @@ MLAttention) and its `broadcast` primitive, in float32."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 
 import numpy as np
 import pytest
 
 from axdsl.build import build_files, write_atomic
+from axdsl.runs import import_output
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -23,11 +22,7 @@ def _load(tmp_path, name: str, source: str):
     spec.write_text(source)
     out = tmp_path / "out" / name
     write_atomic(out, build_files(spec, "cpu"))
-    mod_spec = importlib.util.spec_from_file_location(f"gen_ds_{name}", out / "model.py")
-    module = importlib.util.module_from_spec(mod_spec)
-    sys.modules[mod_spec.name] = module
-    mod_spec.loader.exec_module(module)
-    return module
+    return import_output(out)
 
 
 def test_broadcast_inserts_copies_along_a_new_dim(tmp_path):

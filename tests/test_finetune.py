@@ -141,9 +141,11 @@ def _run_docs_example(project: Path) -> None:
     code = (code.replace("tiny_llama-hf/params", "ft/hf_params").replace("tiny_llama-cpu/checkpoints/1000", "ft/checkpoints/12")
             .replace("tiny_llama", "ft_tiny").replace("# tokens: int32 [B, S]", "\nprint(logits.shape)"))
     # this project's generated/, not the one of the checkout the tests run from (also on sys.path)
-    code = code.replace("from generated.ft_tiny.cpu import model", "import importlib.util\n"
-                        "spec = importlib.util.spec_from_file_location('model', 'generated/ft/cpu/model.py')\n"
-                        "model = importlib.util.module_from_spec(spec)\nspec.loader.exec_module(model)")
+    code = code.replace("from generated.ft_tiny.cpu import model", "import importlib, importlib.util, sys\n"
+                        "spec = importlib.util.spec_from_file_location('ft', 'generated/ft/cpu/__init__.py', "
+                        "submodule_search_locations=['generated/ft/cpu'])\n"
+                        "sys.modules['ft'] = importlib.util.module_from_spec(spec)\n"
+                        "spec.loader.exec_module(sys.modules['ft'])\nmodel = importlib.import_module('ft.model')")
     assert "generated." not in code
     code = "import numpy as np\ntokens = np.zeros((2, 8), np.int32)\n" + code
     r = subprocess.run([sys.executable, "-c", code], cwd=project, capture_output=True, text=True, timeout=300,

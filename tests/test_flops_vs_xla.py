@@ -24,6 +24,7 @@ import pytest
 from axdsl.analysis.flops import model_flops, training_flops
 from axdsl.build import build_files, runtime_source, write_atomic
 from axdsl.pipeline import compile_spec
+from axdsl.runs import import_output
 
 jax = pytest.importorskip("jax")
 jnp = jax.numpy
@@ -65,7 +66,7 @@ def _xla_and_model(tmp_path, name: str, source: str, seq: int) -> tuple[float, i
     spec = tmp_path / f"{name}.axl"
     spec.write_text(source)
     write_atomic(tmp_path / name, build_files(spec, "cpu"))
-    model = _import(tmp_path / name / "model.py", f"gen_flops_{name}")
+    model = import_output(tmp_path / name)
     cfg = model.CONFIGS["m"]
     params = jax.eval_shape(lambda: model.init_params(cfg, jax.random.key(0)))
     tokens = jax.ShapeDtypeStruct((BATCH, seq), jnp.int32)

@@ -10,7 +10,7 @@ the same. The TPU file is also lowered for TPU to see the splash kernel in the S
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
+import functools
 import re
 from pathlib import Path
 
@@ -21,6 +21,7 @@ import pytest
 
 from axdsl.build import build_files
 from axdsl.errors import CompileError
+from tests.targets_util import import_model, kernels_of
 
 # head_dim 128, bf16, max_seq 128: both cuDNN and splash apply. kv_heads 1 exercises GQA/MQA.
 SMALL = """\
@@ -50,18 +51,15 @@ def _variant(**changes: str) -> str:
     return text
 
 
+@functools.cache
+def _files(spec: Path, target: str) -> dict[str, str]:
+    return build_files(spec, target)
+
+
 def _source(spec: Path, target: str) -> str:
-    return build_files(spec, target)["model.py"]
-
-
-def _import(source: str, directory: Path, name: str):
-    directory.mkdir(parents=True, exist_ok=True)
-    path = directory / "model.py"
-    path.write_text(source, encoding="utf-8")
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    """model.py and the kernels.py it imports from, as one text."""
+    files = _files(spec, target)
+    return files["model.py"] + files.get("kernels.py", "")
 
 
 @pytest.fixture(scope="module")
@@ -76,8 +74,8 @@ def built(tmp_path_factory):
 def models(built):
     tmp, sources = built
     return {
-        t: _import(src, tmp / t, f"kernels_small_{t.replace('-', '_')}")
-        for t, src in sources.items()
+        t: import_model(_files(tmp / "small.axl", t), tmp / t.replace("-", "_"))
+        for t in sources
     }
 
 
@@ -277,12 +275,12 @@ def _assert_close(got, want):
 @pytest.mark.parametrize("mesh", [False, True], ids=["no_mesh", "mesh"])
 def test_splash_matches_xla(models, reference, monkeypatch, mesh):
     tpu = models["tpu-v5e-8"]
-    monkeypatch.setattr(tpu, "PALLAS_INTERPRET", True)
+    monkeypatch.setattr(kernels_of(tpu), "PALLAS_INTERPRET", True)
     cfg, params, tokens, want = reference
     calls = []
-    kernel = tpu.splash_attention_kernel.make_splash_mha
+    kernel = kernels_of(tpu).splash_attention_kernel.make_splash_mha
     monkeypatch.setattr(
-        tpu.splash_attention_kernel,
+        kernels_of(tpu).splash_attention_kernel,
         "make_splash_mha",
         lambda *a, **kw: calls.append(kw["interpret"]) or kernel(*a, **kw),
     )
@@ -317,7 +315,7 @@ def test_gpu_file_matches_cpu_with_cudnn_swapped_for_xla(models, reference, monk
 def test_splash_masks_match_xla(models, monkeypatch, causal, window):
     """Full, and sliding-window masks (window tokens including the current one) over 2 tiles."""
     tpu = models["tpu-v5e-8"]
-    monkeypatch.setattr(tpu, "PALLAS_INTERPRET", True)
+    monkeypatch.setattr(kernels_of(tpu), "PALLAS_INTERPRET", True)
     kq, kk, kv = jax.random.split(jax.random.key(2), 3)
     q = jax.random.normal(kq, (1, 256, 2, 128))
     k, v = jax.random.normal(kk, (1, 256, 1, 128)), jax.random.normal(kv, (1, 256, 1, 128))
@@ -344,7 +342,7 @@ def test_splash_rejects_a_sequence_not_divisible_by_128(models):
 @pytest.mark.parametrize("mesh", [False, True], ids=["no_mesh", "mesh"])
 def test_tpu_lowering_contains_the_splash_kernel(models, mesh):
     tpu = models["tpu-v5e-8"]
-    assert tpu.PALLAS_INTERPRET is False
+    assert kernels_of(tpu).PALLAS_INTERPRET is False
     cfg = tpu.Config()
     params = jax.eval_shape(lambda: tpu.init_params(cfg, jax.random.key(0)))
     tokens = jax.ShapeDtypeStruct((8, cfg.max_seq + 1), jnp.int32)

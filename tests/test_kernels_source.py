@@ -242,3 +242,17 @@ def test_helper_sources_are_cut_from_the_kernel_files_without_jax():
             assert set(n for n in part.names if not n.isupper()) <= defined, helper.name
     with pytest.raises(AssertionError, match="defines no"):
         helpers.kernel_source(Source("rope", ("no_such_function",)))
+
+
+def test_every_helper_declares_exactly_the_imports_its_source_uses():
+    """kernels.py holds only helpers, so an import a helper declares but does not use is an
+    unused import there (the generated-code check refuses it), and one it uses but does not
+    declare is a NameError."""
+    from axdsl import primitives
+    from axdsl.codegen.helpers import source_text
+
+    for name, helper in sorted(primitives.HELPERS.items()):
+        tree = ast.parse(source_text(helper.code_for(frozenset({name}))))
+        used = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+        bound = {line.split()[-1] for line in helper.imports}
+        assert bound <= used, (name, sorted(bound - used))

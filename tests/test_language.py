@@ -1,7 +1,5 @@
 """End-to-end language features: static conditions on dtypes, dropout with explicit rng."""
 
-import importlib.util
-import sys
 
 import jax
 import jax.numpy as jnp
@@ -9,6 +7,7 @@ import pytest
 
 from axdsl.build import build_files, write_atomic
 from axdsl.pipeline import compile_spec
+from axdsl.runs import import_output
 
 
 def _load(tmp_path, name, source):
@@ -16,11 +15,7 @@ def _load(tmp_path, name, source):
     spec.write_text(source)
     out = tmp_path / "out" / name
     write_atomic(out, build_files(spec, "cpu"))
-    mod_spec = importlib.util.spec_from_file_location(f"gen_{name}", out / "model.py")
-    module = importlib.util.module_from_spec(mod_spec)
-    sys.modules[mod_spec.name] = module
-    mod_spec.loader.exec_module(module)
-    return module
+    return import_output(out)
 
 
 def test_dtype_equality_in_a_static_condition(tmp_path):

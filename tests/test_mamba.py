@@ -3,13 +3,12 @@ kernels) on random weights, in float32."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 
 import numpy as np
 import pytest
 
 from axdsl.build import build_files, write_atomic
+from axdsl.runs import import_output
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -24,12 +23,8 @@ def _module(tmp_path, name: str, source: str):
     spec = tmp_path / f"{name}.axl"
     spec.write_text(source)
     files = build_files(spec, "cpu")
-    write_atomic(tmp_path / "out", files)
-    loader = importlib.util.spec_from_file_location(f"gen_mamba_{name}", tmp_path / "out" / "model.py")
-    module = importlib.util.module_from_spec(loader)
-    sys.modules[loader.name] = module
-    loader.loader.exec_module(module)
-    return module
+    write_atomic(tmp_path / "out" / name, files)
+    return import_output(tmp_path / "out" / name)
 
 
 def _hf_mixer(groups: int):

@@ -5,9 +5,7 @@ against numpy cross-entropies. Training them end to end through train.py: tests/
 
 from __future__ import annotations
 
-import importlib.util
 import re
-import sys
 from pathlib import Path
 
 import jax
@@ -16,6 +14,7 @@ import numpy as np
 from axdsl import objectives
 from axdsl.build import build_files
 from axdsl.ir import nodes as ir
+from tests.targets_util import import_model
 
 SPECS = Path(__file__).resolve().parent / "specs"
 TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
@@ -38,13 +37,7 @@ def model_module(tmp_path: Path, spec: str, train: str):
     text = (SPECS / f"{spec}.axl").read_text().replace('import "mlm_tiny.axl"', f'import "{SPECS}/mlm_tiny.axl"')
     path = tmp_path / f"{spec}.axl"
     path.write_text(text + train)
-    code = build_files(path, "cpu")["model.py"]
-    (tmp_path / f"{spec}_model.py").write_text(code)
-    found = importlib.util.spec_from_file_location(f"_obj_{spec}", tmp_path / f"{spec}_model.py")
-    module = importlib.util.module_from_spec(found)
-    sys.modules[found.name] = module
-    found.loader.exec_module(module)
-    return module
+    return import_model(build_files(path, "cpu"), tmp_path / f"{spec}_out")
 
 
 def ce(logits: np.ndarray, labels: np.ndarray) -> np.ndarray:

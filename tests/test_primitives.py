@@ -125,7 +125,7 @@ from axdsl.pipeline import compile_spec
 spec = Path(sys.argv[1])
 module = compile_spec(spec)
 files = build_files(spec, "cpu")
-assert "def softsign(" in files["model.py"] and "softsign(dense(x, " in files["model.py"], files["model.py"]
+assert "def softsign(" in files["kernels.py"] and "softsign(dense(x, " in files["model.py"], files["model.py"]
 flops = model_flops(module.models[0], seq=16)
 assert flops.matmul > 0
 est = estimate_memory(module, "toy")
@@ -134,6 +134,7 @@ out = Path(sys.argv[2])
 out.mkdir()
 (out / "__init__.py").write_text("")
 (out / "model.py").write_text(files["model.py"])
+(out / "kernels.py").write_text(files["kernels.py"])
 print("ok")
 '''
 

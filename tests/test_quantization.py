@@ -14,7 +14,6 @@ the format can represent:
 """
 
 import functools
-import importlib.util
 import re
 from pathlib import Path
 
@@ -26,6 +25,7 @@ import pytest
 
 from axdsl.build import build_files
 from axdsl.primitives import quantized as quant
+from tests.targets_util import import_model
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -51,12 +51,7 @@ def _relative_error(got, want) -> float:
 def _load(files: dict[str, str], directory: Path, name: str):
     """Write generated files and import their model.py as a fresh module."""
     directory.mkdir(parents=True)
-    for filename, text in files.items():
-        (directory / filename).write_text(text)
-    spec = importlib.util.spec_from_file_location(name, directory / "model.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return import_model(files, directory)
 
 
 def _tiny_llama_with(tmp: Path, target_block: str) -> Path:

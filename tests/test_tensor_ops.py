@@ -3,9 +3,7 @@ run, and compared in float32 with numpy; their shape rules and memory rules."""
 
 from __future__ import annotations
 
-import importlib.util
 import math
-import sys
 
 import numpy as np
 import pytest
@@ -13,6 +11,7 @@ import pytest
 from axdsl.analysis.flops import model_flops
 from axdsl.build import build_files, write_atomic
 from axdsl.pipeline import compile_spec
+from axdsl.runs import import_output
 
 RNG = np.random.default_rng(0)
 
@@ -23,11 +22,8 @@ def _load(tmp_path, name: str, source: str):
     out = tmp_path / "out" / name
     files = build_files(spec, "cpu")
     write_atomic(out, files)
-    mod_spec = importlib.util.spec_from_file_location(f"gen_ops_{name}", out / "model.py")
-    module = importlib.util.module_from_spec(mod_spec)
-    sys.modules[mod_spec.name] = module
-    mod_spec.loader.exec_module(module)
-    module.SOURCE = files["model.py"]
+    module = import_output(out)
+    module.SOURCE = files["model.py"] + files.get("kernels.py", "")
     return module
 
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 
 import jinja2
 
-from axdsl import __version__, resources
+from axdsl import __version__, primitives, resources
 from axdsl.codegen import helpers
 from axdsl.codegen.decode import DecodePath, decode_path
 from axdsl.codegen.emit_objective import objective_code, objective_doc
@@ -120,6 +120,8 @@ def _planned_helpers(
     planned = set(module.helpers)
     called = {h for fns in per_model for f in fns for h in f.helpers}
     called |= decode.helpers if decode else set()
+    if module.models[0].head is not None:  # loss_fn's chunked loss
+        called.add(primitives.FUSED_CROSS_ENTROPY.name)
     if called != planned:
         raise InternalError(
             f"plan_functions recorded helpers {sorted(planned)}, the emitters called "
@@ -137,8 +139,19 @@ def _first_difference(table: tuple[list[str], list], first: tuple[list[str], lis
     return extra or f"it lacks {missing}"
 
 
-def emit_model(module: ir.Module) -> str:
-    """The unformatted source of generated/<spec>/<target>/model.py."""
+@dataclass(frozen=True)
+class ModelSource:
+    """The unformatted sources of model.py and of kernels.py beside it (None: the model calls
+    no helper)."""
+
+    model: str
+    kernels: str | None
+
+
+def emit_model(module: ir.Module) -> ModelSource:
+    """The unformatted sources of generated/<spec>/<target>/model.py and kernels.py: the model
+    itself, and the helpers it calls, copied from axdsl/kernels/ (model.py imports those it
+    calls by name from `.kernels`)."""
     per_model, letters = shared_functions(module)
     first = per_model[0]
     model = module.models[0]
@@ -159,8 +172,8 @@ def emit_model(module: ir.Module) -> str:
     decode = None
     if plan is not None and decodes:
         decode = decode_path(root, plan, functions, module.schedule, letters, top)
-    helper_code, imports = helpers.select(_planned_helpers(module, per_model, decode))
-    imports |= {line for f in functions for line in f.imports} | (
+    helper_code, helper_imports = helpers.select(_planned_helpers(module, per_model, decode))
+    imports = {line for f in functions for line in f.imports} | (
         decode.imports if decode else set()
     )
     if decode or split:
@@ -195,7 +208,6 @@ def emit_model(module: ir.Module) -> str:
         param_dtype=root.hparam("param_dtype") is not None,
         letters=letters.legend(),
         sharding=sharding,
-        helpers=helper_code,
         functions=functions,
         root_fn=functions[-1].name,
         root_aux=functions[-1].aux,
@@ -217,7 +229,27 @@ def emit_model(module: ir.Module) -> str:
             else ""
         ),
     )
-    return render_template("model.py.j2", imports=import_block(imports), **context)
+    kernels = (
+        render_template(
+            "kernels.py.j2",
+            imports=import_block(helper_imports),
+            helpers=helper_code,
+            **{k: context[k] for k in ("version", "spec", "sha256", "target", "models")},
+        )
+        if helper_code
+        else None
+    )
+    # model.py imports what it calls from kernels.py: rendered once to see what that is
+    draft = render_template(
+        "model.py.j2", imports=import_block(imports), kernel_names=(), **context
+    )
+    calls = helpers.linked(draft, kernels) if kernels else ()
+    if not calls:
+        return ModelSource(draft, kernels)
+    model_code = render_template(
+        "model.py.j2", imports=import_block(imports), kernel_names=calls, **context
+    )
+    return ModelSource(model_code, kernels)
 
 
 # Every import line generated code may have, in isort order (standard library first).

@@ -33,6 +33,20 @@ def select(used: set[str]) -> tuple[list[str], set[str]]:
     return [source_text(h.code_for(names)) for h in chosen], imports
 
 
+def linked(model: str, kernels: str) -> tuple[str, ...]:
+    """The names model.py imports from kernels.py: the top-level definitions of kernels.py that
+    model.py's code reads, sorted. Resolved on both sources' syntax trees, as a linker resolves
+    symbols, so a helper that only another helper calls (rotation_tables under apply_rope) is
+    not imported."""
+    defined = {name for node in ast.parse(kernels).body for name in _names(node)}
+    read = {
+        node.id
+        for node in ast.walk(ast.parse(model))
+        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load)
+    }
+    return tuple(sorted(defined & read))
+
+
 def source_text(code: HelperCode) -> str:
     """The text of a helper's code: written out, or cut from axdsl/kernels/."""
     if isinstance(code, str):

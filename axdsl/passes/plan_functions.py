@@ -50,6 +50,8 @@ def needed_helpers(models: tuple[ir.Model, ...], schedule: ir.Schedule | None) -
             for on_decode_path in (False, True) if inst.path in decoding else (False,):
                 for e in _emitted_exprs(inst):
                     out.update(_needs(e, schedule, on_decode_path))
+    if models and models[0].head is not None:  # loss_fn's chunked loss (split_head)
+        out.add(primitives.FUSED_CROSS_ENTROPY.name)
     return tuple(sorted(out))
 
 

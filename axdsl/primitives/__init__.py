@@ -9,7 +9,8 @@ tests): the forward builder, infer_shapes, codegen, select_kernels and the FLOPs
 analyses look primitives up here and never special-case one by name. The helper functions a
 primitive's emitted code calls are part of its entry (`Primitive.helpers`), and so is which of
 them a call needs (`Primitive.needs`; a weight matmul `x @ w` on the dense kernel: `matmul_needs`);
-`HELPERS` collects them by name for codegen.
+`HELPERS` collects them by name for codegen. `FUSED_CROSS_ENTROPY` is the one helper no call
+needs: the next-token loss_fn of a model whose head split_head cut calls it.
 """
 
 from __future__ import annotations
@@ -19,8 +20,10 @@ import pkgutil
 
 from axdsl.primitives.base import REQUIRED, Flops, Helper, Primitive, Signature, Static, StaticKind
 from axdsl.primitives.einsum import matmul_needs
+from axdsl.primitives.losses import FUSED_CROSS_ENTROPY
 
 __all__ = [
+    "FUSED_CROSS_ENTROPY",
     "HELPERS",
     "REGISTRY",
     "REQUIRED",

@@ -68,7 +68,7 @@ PRIMITIVES = (
         shape=_shape,
         flops=_flops,
         memory=_memory,
-        helpers=(Helper("causal_conv1d", CAUSAL_CONV1D),),
+        helpers=(Helper("causal_conv1d", CAUSAL_CONV1D, ("import jax",)),),
         needs=always("causal_conv1d"),
         decoding=Decoding.SEQUENCE,
     ),

@@ -16,6 +16,21 @@ from axdsl.primitives.base import Source
 from axdsl.primitives.reductions import ir_fmt
 
 CROSS_ENTROPY = Source("losses", ("cross_entropy",))
+# The next-token objective's loss_fn when split_head cut the model at its head (Model.head):
+# plan_functions records it for such a model; no call of `cross_entropy` needs it.
+FUSED_CROSS_ENTROPY = Helper(
+    "fused_cross_entropy",
+    Source(
+        "fused_loss",
+        (
+            "fused_cross_entropy",
+            "_chunked_cross_entropy",
+            "_fused_cross_entropy_fwd",
+            "_fused_cross_entropy_bwd",
+        ),
+    ),
+    ("import functools", "import jax", "import jax.numpy as jnp"),
+)
 
 
 def _shape(ctx, prim: ir.Prim, args):
@@ -62,7 +77,7 @@ PRIMITIVES = (
         emit=_emit,
         shape=_shape,
         memory=_memory,
-        helpers=(Helper("cross_entropy", CROSS_ENTROPY),),
+        helpers=(Helper("cross_entropy", CROSS_ENTROPY), FUSED_CROSS_ENTROPY),
         needs=always("cross_entropy"),
     ),
 )

@@ -5,7 +5,8 @@
 
 Read top to bottom: the config, one function per layer (leaves first), the model's entry point
 `forward` (no loss: the spec's train block names no objective this model fits); then the
-parameter table with `init_params`, the mesh and `param_specs`, and the helpers the layers call.
+parameter table with `init_params`, the mesh and `param_specs`.
+The helpers the layers call are in kernels.py beside this file, copied from axdsl's kernels.
 
 Fixed when this file was built (change the spec and rebuild):
     norm = LayerNorm(eps = 1e-12)
@@ -21,7 +22,6 @@ Fixed when this file was built (change the spec and rebuild):
 """
 
 import dataclasses
-import functools
 import math
 import zlib
 
@@ -31,6 +31,8 @@ import numpy as np
 from jax.ad_checkpoint import checkpoint_name
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
+
+from .kernels import fp8_einsum, segment_positions
 
 
 @dataclasses.dataclass(frozen=True)
@@ -323,77 +325,3 @@ def shard(x: jax.Array, spec: P) -> jax.Array:
     if jax.sharding.get_abstract_mesh().empty:
         return x
     return jax.lax.with_sharding_constraint(x, spec)
-
-
-# ----------------------------------------------------------------------------- helpers
-
-
-def segment_positions(segments: jax.Array) -> jax.Array:
-    """Each token's position in its run of equal segment ids along the last dim: 0, 1, ...
-    restarting where the id changes (a packed row's examples, and the padding after them)."""
-    idx = jnp.arange(segments.shape[-1], dtype=jnp.int32)
-    first = jnp.ones_like(segments[..., :1], dtype=bool)
-    starts = jnp.concatenate([first, segments[..., 1:] != segments[..., :-1]], axis=-1)
-    return idx - jax.lax.cummax(jnp.where(starts, idx, 0), axis=segments.ndim - 1)
-
-
-def _fp8_quantize(x: jax.Array, dtype) -> tuple[jax.Array, jax.Array]:
-    """x ~= q * scale: q in the fp8 `dtype`, one f32 scale for the whole tensor from its amax."""
-    x = x.astype(jnp.float32)
-    fp8_max = float(jnp.finfo(dtype).max)  # 448 for e4m3fn, 57344 for e5m2
-    scale = jnp.max(jnp.abs(x)) / fp8_max  # []
-    scale = jnp.where(scale > 0, scale, 1.0)  # an all-zero tensor: avoid 0 / 0
-    # Clip: x / scale can round just past fp8_max, and e4m3fn has no inf (it would become NaN).
-    q = jnp.clip(x / scale, -fp8_max, fp8_max).astype(dtype)
-    return q, scale
-
-
-def fp8_einsum(spec: str, x: jax.Array, w: jax.Array) -> jax.Array:
-    """jnp.einsum(spec, x, w) computed in fp8 (_fp8_einsum), its output named for remat: a custom
-    VJP hides its matmuls from jax.checkpoint_policies.dots_with_no_batch_dims_saveable, so
-    REMAT_POLICY's save_dots also saves the outputs named "quantized_matmul"."""
-    return checkpoint_name(_fp8_einsum(spec, x, w), "quantized_matmul")
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _fp8_einsum(spec: str, x: jax.Array, w: jax.Array) -> jax.Array:
-    """jnp.einsum(spec, x, w) computed in fp8, as on H100/B200 tensor cores.
-
-    Forward: both operands in e4m3 (3 mantissa bits, range +-448). Backward: the incoming
-    gradient in e5m2 (2 mantissa bits, range +-57344: gradients need range more than precision),
-    multiplied with the e4m3 operands saved by the forward pass. Every product accumulates in f32
-    and is rescaled; the result has the dtype of the einsum it replaces, the gradients those of
-    x and w.
-
-    Scaling is per tensor and *current* (just in time): each tensor's scale is its amax / format
-    max, computed right before it is cast. Delayed scaling (Transformer Engine's default) reuses
-    an amax history from earlier steps, which saves that reduction but needs per-tensor history
-    state carried in the train state; current scaling keeps the train state as params and
-    optimizer state only, and never overflows when a tensor's range jumps.
-    """
-    out, _ = _fp8_einsum_fwd(spec, x, w)
-    return out
-
-
-def _fp8_einsum_fwd(spec: str, x: jax.Array, w: jax.Array):
-    xq, x_scale = _fp8_quantize(x, jnp.float8_e4m3fn)
-    wq, w_scale = _fp8_quantize(w, jnp.float8_e4m3fn)
-    y = jnp.einsum(spec, xq, wq, preferred_element_type=jnp.float32) * (x_scale * w_scale)
-    # The empty arrays only carry the input dtypes (residuals must be arrays).
-    residuals = (xq, x_scale, wq, w_scale, jnp.zeros(0, x.dtype), jnp.zeros(0, w.dtype))
-    return y.astype(jnp.result_type(x, w)), residuals
-
-
-def _fp8_einsum_bwd(spec: str, residuals, g: jax.Array):
-    xq, x_scale, wq, w_scale, x_like, w_like = residuals
-    inputs, out = spec.split("->")
-    x_spec, w_spec = inputs.split(",")  # for "ab,bc->ac": dx = "ac,bc->ab", dw = "ab,ac->bc"
-    gq, g_scale = _fp8_quantize(g, jnp.float8_e5m2)
-    dx = jnp.einsum(f"{out},{w_spec}->{x_spec}", gq, wq, preferred_element_type=jnp.float32)
-    dw = jnp.einsum(f"{x_spec},{out}->{w_spec}", xq, gq, preferred_element_type=jnp.float32)
-    dx = dx * (g_scale * w_scale)
-    dw = dw * (x_scale * g_scale)
-    return dx.astype(x_like.dtype), dw.astype(w_like.dtype)
-
-
-_fp8_einsum.defvjp(_fp8_einsum_fwd, _fp8_einsum_bwd)

@@ -5,7 +5,8 @@
 
 Read top to bottom: the config, one function per layer (leaves first), the model's entry point
 `forward` and the next-token loss `loss_fn`; then the parameter table with `init_params`, the
-mesh and `param_specs`, and the helpers the layers call.
+mesh and `param_specs`.
+The helpers the layers call are in kernels.py beside this file, copied from axdsl's kernels.
 
 Fixed when this file was built (change the spec and rebuild):
     positions = "rope"
@@ -36,6 +37,8 @@ import numpy as np
 from jax.ad_checkpoint import checkpoint_name
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
+
+from .kernels import apply_rope, cached_attention, dense, einsum_attention, fused_cross_entropy
 
 
 @dataclasses.dataclass(frozen=True)
@@ -363,71 +366,6 @@ def loss_fn(
     return loss, ce
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 4, 5))
-def fused_cross_entropy(
-    head, params: dict, x: jax.Array, labels: jax.Array, z_loss: float, chunk: int
-) -> tuple[jax.Array, jax.Array]:
-    """(mean cross-entropy + z_loss * mean(logsumexp ** 2), mean cross-entropy) of the logits
-    head(params, x) [B, S, vocab] against integer labels [B, S], `chunk` positions at a time.
-
-    At most one chunk's float32 logits [B, chunk, vocab] exist at once. Under jax.grad the
-    forward pass also takes each chunk's gradient (softmax - one-hot, through the head), so the
-    backward pass only scales what the forward kept: the gradients of x and of params."""
-    return _chunked_cross_entropy(head, params, x, labels, z_loss, chunk, grads=False)[0]
-
-
-def _chunked_cross_entropy(head, params, x, labels, z_loss, chunk, grads):
-    """((loss, ce), gradients of loss and of ce w.r.t. (params, x), or None without grads)."""
-    b, s = labels.shape
-    c = min(chunk, s)
-    n = -(-s // c)  # chunks; the last one's padding weighs nothing
-    pad = [(0, 0), (0, n * c - s)]
-    xs = jnp.pad(x, pad + [(0, 0)] * (x.ndim - 2)).reshape(b, n, c, *x.shape[2:]).swapaxes(0, 1)
-    ys = jnp.pad(labels, pad).reshape(b, n, c).swapaxes(0, 1)  # [n, B, c]
-    weight = (jnp.arange(n * c) < s).reshape(n, 1, c) / (b * s)  # mean over the real positions
-
-    def step(acc, chunk_in):
-        x_c, y_c, w_c = chunk_in
-        logits, head_vjp = jax.vjp(head, params, x_c)  # [B, c, vocab]
-        lse = jax.nn.logsumexp(logits, axis=-1)  # [B, c]
-        ce = lse - jnp.take_along_axis(logits, y_c[..., None], axis=-1)[..., 0]  # [B, c]
-        if not grads:
-            return acc, (ce, lse, None)
-        probs = jnp.exp(logits - lse[..., None])  # softmax, from the one logsumexp
-        is_label = jnp.arange(logits.shape[-1]) == y_c[..., None]  # one-hot, never materialized
-        d_ce = (probs - is_label) * w_c[..., None]
-        gp, gx = head_vjp(d_ce)
-        if z_loss:  # the gradient of z_loss * mean(lse ** 2), kept apart: the ce output has none
-            gp_z, gx_z = head_vjp(probs * (2.0 * z_loss * lse * w_c)[..., None])
-            gp, gx = (gp, gp_z), (gx, gx_z)
-        return jax.tree.map(jnp.add, acc, gp), (ce, lse, gx)
-
-    zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.result_type(p)), params)
-    acc = ((zeros, zeros) if z_loss else zeros) if grads else None
-    acc, (ce, lse, gx) = jax.lax.scan(step, acc, (xs, ys, weight))
-    unchunk = lambda a: a.swapaxes(0, 1).reshape(b, n * c, *a.shape[3:])[:, :s]  # noqa: E731
-    ce_mean = unchunk(ce).mean()
-    loss = ce_mean + z_loss * jnp.mean(unchunk(lse) ** 2) if z_loss else ce_mean
-    return (loss, ce_mean), (acc, jax.tree.map(unchunk, gx)) if grads else None
-
-
-def _fused_cross_entropy_fwd(head, params, x, labels, z_loss, chunk):
-    return _chunked_cross_entropy(head, params, x, labels, z_loss, chunk, grads=True)
-
-
-def _fused_cross_entropy_bwd(head, z_loss, chunk, res, cotangents):
-    (gp, gx), (g_loss, g_ce) = res, cotangents
-    if not z_loss:  # loss == ce
-        scale = lambda a: ((g_loss + g_ce) * a).astype(a.dtype)  # noqa: E731
-        return jax.tree.map(scale, gp), scale(gx), None
-    # d loss = d ce + d z-loss, and d ce alone for the ce output
-    both = lambda a, z: ((g_loss + g_ce) * a + g_loss * z).astype(a.dtype)  # noqa: E731
-    return jax.tree.map(both, *gp), both(*gx), None
-
-
-fused_cross_entropy.defvjp(_fused_cross_entropy_fwd, _fused_cross_entropy_bwd)
-
-
 # ----------------------------------------------------------------------------- decoding
 # The layers above over only new tokens, with each attention call's keys and values kept in a
 # preallocated cache: `prefill` runs the prompt once, `decode_step` one token at a time.
@@ -605,140 +543,3 @@ def shard(x: jax.Array, spec: P) -> jax.Array:
     if jax.sharding.get_abstract_mesh().empty:
         return x
     return jax.lax.with_sharding_constraint(x, spec)
-
-
-# ----------------------------------------------------------------------------- helpers
-
-
-def apply_rope(x: jax.Array, theta: float, offset: int | jax.Array = 0) -> jax.Array:
-    """Rotary position embedding on x [B, S, heads, head_dim] (Llama's half-split layout), its
-    tokens at positions offset, offset + 1, ... (a decode step's offset is its cache position)."""
-    half = x.shape[-1] // 2
-    freqs = 1.0 / (theta ** (np.arange(half, dtype=np.float32) / half))  # [head_dim / 2]
-    cos, sin = rotation_tables(freqs, x.shape[1], offset)  # [1, S, 1, head_dim / 2]
-    x1, x2 = x[..., :half].astype(jnp.float32), x[..., half:].astype(jnp.float32)
-    out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
-    return out.astype(x.dtype)
-
-
-def cached_attention(
-    q: jax.Array,
-    k: jax.Array,
-    v: jax.Array,
-    cache_k: jax.Array,
-    cache_v: jax.Array,
-    pos: jax.Array,
-    window: int | None = None,
-    scale: float | None = None,
-    softcap: float = 0.0,
-) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """Causal attention of new tokens over a KV cache, for decoding.
-
-    q [B, T, heads, head_dim], k and v [B, T, kv_heads, ...] are T new tokens at positions
-    pos .. pos + T - 1. Their keys and values are written into cache_k, cache_v [B, L, kv_heads,
-    ...] at pos, then each query attends to the cached keys at or before its own position (and
-    within the sliding `window`): what einsum_attention computes over the whole sequence.
-    Returns (out [B, T, heads, v_head_dim], cache_k, cache_v).
-    """
-    cache_k = jax.lax.dynamic_update_slice_in_dim(cache_k, k.astype(cache_k.dtype), pos, axis=1)
-    cache_v = jax.lax.dynamic_update_slice_in_dim(cache_v, v.astype(cache_v.dtype), pos, axis=1)
-    query_pos = pos + jnp.arange(q.shape[1])[:, None]  # [T, 1]
-    key_pos = jnp.arange(cache_k.shape[1])[None, :]  # [1, L]
-    seen = key_pos <= query_pos  # later slots are not written yet
-    if window:
-        seen = seen & (key_pos > query_pos - window)
-    out = einsum_attention(
-        q, cache_k, cache_v, causal=False, scale=scale, softcap=softcap, mask=seen
-    )
-    return out, cache_k, cache_v
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
-def dense(x: jax.Array, w: jax.Array, contract: int = 1) -> jax.Array:
-    """x's last `contract` dims times the weight w's first ones (jnp.tensordot): `x @ w`, or
-    [B, S, heads, head_dim] x [heads, head_dim, dim] -> [B, S, dim] with contract=2.
-
-    The same forward as the einsum; the backward computes w's gradient as one matmul of x
-    flattened to [tokens, in], transposed, with the output's gradient [tokens, out]. Left to
-    autodiff, XLA:CPU transposes the larger output gradient element by element instead."""
-    return jnp.tensordot(x, w, contract)
-
-
-def _dense_fwd(x, w, contract):
-    return jnp.tensordot(x, w, contract), (x, w)
-
-
-def _dense_bwd(contract, res, dy):
-    x, w = res
-    tokens = math.prod(x.shape[: x.ndim - contract])
-    d_w = x.reshape(tokens, -1).T @ dy.reshape(tokens, -1)
-    out_dims = tuple(range(dy.ndim - (w.ndim - contract), dy.ndim))
-    d_x = jnp.tensordot(dy, w, (out_dims, tuple(range(contract, w.ndim))))
-    return d_x.astype(x.dtype), d_w.reshape(w.shape).astype(w.dtype)
-
-
-dense.defvjp(_dense_fwd, _dense_bwd)
-
-
-def einsum_attention(
-    q: jax.Array,
-    k: jax.Array,
-    v: jax.Array,
-    causal: bool,
-    window: int | None = None,
-    scale: float | None = None,
-    softcap: float = 0.0,
-    bias: jax.Array | None = None,
-    mask: jax.Array | None = None,
-) -> jax.Array:
-    """Attention written out, for what jax.nn.dot_product_attention cannot express.
-
-    q [B, S, heads, head_dim], k [B, S, kv_heads, head_dim], v [B, S, kv_heads, v_head_dim]
-    -> [B, S, heads, v_head_dim]; query head h reads kv head h // (heads // kv_heads). The
-    logits q.k * scale (scale None: 1 / sqrt(head_dim)) are soft-capped to
-    softcap * tanh(logits / softcap) when softcap > 0 (Gemma 2), and `bias` is added; then causal,
-    the sliding window (each query sees its last `window` keys, itself included) and `mask`
-    (True: attend) drop keys. bias and mask broadcast to [B, heads, S, S]; the softmax runs in
-    float32, like jax.nn.dot_product_attention's.
-    """
-    batch, seq, heads, head_dim = q.shape
-    kv_seq, kv_heads = k.shape[1], k.shape[2]
-    scale = head_dim**-0.5 if scale is None else scale
-    group = q.reshape(batch, seq, kv_heads, heads // kv_heads, head_dim)
-    logits = jnp.einsum("bqkgd,bskd->bkgqs", group, k, preferred_element_type=jnp.float32)
-    logits = logits.reshape(batch, heads, seq, kv_seq) * scale  # [B, heads, S, S]
-    if softcap:
-        logits = softcap * jnp.tanh(logits / softcap)
-    if bias is not None:
-        logits = logits + bias
-    query_pos, key_pos = jnp.arange(seq)[:, None], jnp.arange(kv_seq)[None, :]
-    keep = jnp.ones((seq, kv_seq), dtype=bool)
-    if causal:
-        keep = keep & (key_pos <= query_pos)
-    if window:
-        keep = keep & (key_pos > query_pos - window)
-    if mask is not None:
-        keep = keep & mask
-    logits = jnp.where(keep, logits, -0.7 * jnp.finfo(jnp.float32).max)
-    probs = jax.nn.softmax(logits, axis=-1).astype(v.dtype)
-    probs = probs.reshape(batch, kv_heads, heads // kv_heads, seq, kv_seq)
-    out = jnp.einsum("bkgqs,bskd->bqkgd", probs, v)
-    return out.reshape(batch, seq, heads, v.shape[-1])
-
-
-def rotation_tables(
-    freqs: np.ndarray, seq: int, offset: int | jax.Array = 0, scale: float = 1.0
-) -> tuple[np.ndarray | jax.Array, np.ndarray | jax.Array]:
-    """cos and sin [1, S, 1, len(freqs)] of the angles of positions offset, ..., offset + S - 1,
-    times `scale`.
-
-    With a Python int offset (training, prefill) they are numpy constants, computed once when the
-    step is traced: built from jax ops, they would be fused into the multiplies that read them,
-    and XLA would compute cos and sin again for every element of the [B, S, heads, head_dim]
-    tensor it rotates. A decode step's offset is traced, so its angles are computed in jax.
-    """
-    xp = np if isinstance(offset, int) else jnp
-    positions = offset + xp.arange(seq, dtype=np.float32)  # [S]
-    angles = positions[:, None] * freqs  # [S, len(freqs)]
-    cos, sin = scale * xp.cos(angles), scale * xp.sin(angles)
-    return cos[None, :, None, :].astype(np.float32), sin[None, :, None, :].astype(np.float32)

@@ -5,7 +5,8 @@
 
 Read top to bottom: the config, one function per layer (leaves first), the model's entry point
 `forward` and the next-token loss `loss_fn`; then the parameter table with `init_params`, the
-mesh and `param_specs`, and the helpers the layers call.
+mesh and `param_specs`.
+The helpers the layers call are in kernels.py beside this file, copied from axdsl's kernels.
 
 Fixed when this file was built (change the spec and rebuild):
     positions = "none"
@@ -32,6 +33,8 @@ import numpy as np
 from jax.ad_checkpoint import checkpoint_name
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
+
+from .kernels import causal_conv1d, dense, fused_cross_entropy, ssd
 
 
 @dataclasses.dataclass(frozen=True)
@@ -222,71 +225,6 @@ def loss_fn(
     return loss, ce
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 4, 5))
-def fused_cross_entropy(
-    head, params: dict, x: jax.Array, labels: jax.Array, z_loss: float, chunk: int
-) -> tuple[jax.Array, jax.Array]:
-    """(mean cross-entropy + z_loss * mean(logsumexp ** 2), mean cross-entropy) of the logits
-    head(params, x) [B, S, vocab] against integer labels [B, S], `chunk` positions at a time.
-
-    At most one chunk's float32 logits [B, chunk, vocab] exist at once. Under jax.grad the
-    forward pass also takes each chunk's gradient (softmax - one-hot, through the head), so the
-    backward pass only scales what the forward kept: the gradients of x and of params."""
-    return _chunked_cross_entropy(head, params, x, labels, z_loss, chunk, grads=False)[0]
-
-
-def _chunked_cross_entropy(head, params, x, labels, z_loss, chunk, grads):
-    """((loss, ce), gradients of loss and of ce w.r.t. (params, x), or None without grads)."""
-    b, s = labels.shape
-    c = min(chunk, s)
-    n = -(-s // c)  # chunks; the last one's padding weighs nothing
-    pad = [(0, 0), (0, n * c - s)]
-    xs = jnp.pad(x, pad + [(0, 0)] * (x.ndim - 2)).reshape(b, n, c, *x.shape[2:]).swapaxes(0, 1)
-    ys = jnp.pad(labels, pad).reshape(b, n, c).swapaxes(0, 1)  # [n, B, c]
-    weight = (jnp.arange(n * c) < s).reshape(n, 1, c) / (b * s)  # mean over the real positions
-
-    def step(acc, chunk_in):
-        x_c, y_c, w_c = chunk_in
-        logits, head_vjp = jax.vjp(head, params, x_c)  # [B, c, vocab]
-        lse = jax.nn.logsumexp(logits, axis=-1)  # [B, c]
-        ce = lse - jnp.take_along_axis(logits, y_c[..., None], axis=-1)[..., 0]  # [B, c]
-        if not grads:
-            return acc, (ce, lse, None)
-        probs = jnp.exp(logits - lse[..., None])  # softmax, from the one logsumexp
-        is_label = jnp.arange(logits.shape[-1]) == y_c[..., None]  # one-hot, never materialized
-        d_ce = (probs - is_label) * w_c[..., None]
-        gp, gx = head_vjp(d_ce)
-        if z_loss:  # the gradient of z_loss * mean(lse ** 2), kept apart: the ce output has none
-            gp_z, gx_z = head_vjp(probs * (2.0 * z_loss * lse * w_c)[..., None])
-            gp, gx = (gp, gp_z), (gx, gx_z)
-        return jax.tree.map(jnp.add, acc, gp), (ce, lse, gx)
-
-    zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.result_type(p)), params)
-    acc = ((zeros, zeros) if z_loss else zeros) if grads else None
-    acc, (ce, lse, gx) = jax.lax.scan(step, acc, (xs, ys, weight))
-    unchunk = lambda a: a.swapaxes(0, 1).reshape(b, n * c, *a.shape[3:])[:, :s]  # noqa: E731
-    ce_mean = unchunk(ce).mean()
-    loss = ce_mean + z_loss * jnp.mean(unchunk(lse) ** 2) if z_loss else ce_mean
-    return (loss, ce_mean), (acc, jax.tree.map(unchunk, gx)) if grads else None
-
-
-def _fused_cross_entropy_fwd(head, params, x, labels, z_loss, chunk):
-    return _chunked_cross_entropy(head, params, x, labels, z_loss, chunk, grads=True)
-
-
-def _fused_cross_entropy_bwd(head, z_loss, chunk, res, cotangents):
-    (gp, gx), (g_loss, g_ce) = res, cotangents
-    if not z_loss:  # loss == ce
-        scale = lambda a: ((g_loss + g_ce) * a).astype(a.dtype)  # noqa: E731
-        return jax.tree.map(scale, gp), scale(gx), None
-    # d loss = d ce + d z-loss, and d ce alone for the ce output
-    both = lambda a, z: ((g_loss + g_ce) * a + g_loss * z).astype(a.dtype)  # noqa: E731
-    return jax.tree.map(both, *gp), both(*gx), None
-
-
-fused_cross_entropy.defvjp(_fused_cross_entropy_fwd, _fused_cross_entropy_bwd)
-
-
 # No KV-cache decode path (`axdsl sample` runs the full forward per token):
 # `ssd`, which mixes positions without a cache (in Mamba2Mixer at /blocks/mixer).
 
@@ -420,108 +358,3 @@ def shard(x: jax.Array, spec: P) -> jax.Array:
     if jax.sharding.get_abstract_mesh().empty:
         return x
     return jax.lax.with_sharding_constraint(x, spec)
-
-
-# ----------------------------------------------------------------------------- helpers
-
-
-def causal_conv1d(x: jax.Array, w: jax.Array, b: jax.Array | None = None) -> jax.Array:
-    """Causal depthwise conv over the sequence: x [B, S, C], w [K, C], b [C] -> [B, S, C].
-
-    out[t] = sum_k w[k] * x[t - K + 1 + k] (+ b), zeros before the first position (Mamba's conv1d).
-    """
-    taps, channels = w.shape
-    out = jax.lax.conv_general_dilated(
-        x,
-        w[:, None, :].astype(x.dtype),  # [K, 1, C]: one input channel per group
-        window_strides=(1,),
-        padding=[(taps - 1, 0)],  # left only: no position sees the future
-        dimension_numbers=("NWC", "WIO", "NWC"),
-        feature_group_count=channels,
-    )
-    return out if b is None else out + b.astype(x.dtype)
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
-def dense(x: jax.Array, w: jax.Array, contract: int = 1) -> jax.Array:
-    """x's last `contract` dims times the weight w's first ones (jnp.tensordot): `x @ w`, or
-    [B, S, heads, head_dim] x [heads, head_dim, dim] -> [B, S, dim] with contract=2.
-
-    The same forward as the einsum; the backward computes w's gradient as one matmul of x
-    flattened to [tokens, in], transposed, with the output's gradient [tokens, out]. Left to
-    autodiff, XLA:CPU transposes the larger output gradient element by element instead."""
-    return jnp.tensordot(x, w, contract)
-
-
-def _dense_fwd(x, w, contract):
-    return jnp.tensordot(x, w, contract), (x, w)
-
-
-def _dense_bwd(contract, res, dy):
-    x, w = res
-    tokens = math.prod(x.shape[: x.ndim - contract])
-    d_w = x.reshape(tokens, -1).T @ dy.reshape(tokens, -1)
-    out_dims = tuple(range(dy.ndim - (w.ndim - contract), dy.ndim))
-    d_x = jnp.tensordot(dy, w, (out_dims, tuple(range(contract, w.ndim))))
-    return d_x.astype(x.dtype), d_w.reshape(w.shape).astype(w.dtype)
-
-
-dense.defvjp(_dense_fwd, _dense_bwd)
-
-
-def ssd(
-    x: jax.Array, dt: jax.Array, a: jax.Array, b: jax.Array, c: jax.Array, chunk: int
-) -> jax.Array:
-    """Mamba-2's selective scan, chunked: x [B, S, H, P], dt [B, S, H], a [H], b and c [B, S, G, N]
-    -> y [B, S, H, P] in float32, with state[t] = exp(dt a) state[t-1] + dt x b^T and y = state c.
-
-    As mamba_ssm's kernels compute it: C.B once per group (not per head), each decay a difference
-    of one cumulative sum per chunk, and every product with its operands in x's dtype,
-    accumulated in float32 (float32 models stay float32 throughout; a TPU's default precision
-    rounds float32 operands to bfloat16 anyway). On one TPU v5e, Mamba-2 2.7B's layer at 4 x
-    2048 took 38.1 ms forward and backward with transformers' form (a masked [L, L] cumulative
-    sum per chunk, B and C repeated per head, float32 operands), 11.6 ms this way.
-    """
-    batch, seq, heads, head_dim = x.shape
-    groups, state = b.shape[2], b.shape[3]
-    per = heads // groups  # heads per group of B and C
-    dtype, f32 = x.dtype, jnp.float32
-    pad = -seq % chunk  # zero steps at the end: dt = 0 leaves the state as it is
-    if pad:
-        x, dt, b, c = (
-            jnp.pad(t, [(0, 0), (0, pad)] + [(0, 0)] * (t.ndim - 2)) for t in (x, dt, b, c)
-        )
-    n = (seq + pad) // chunk
-    dt = dt.astype(f32)
-    xdt = x.astype(f32) * dt[..., None]  # discretized input
-    # [B, n, L, G, ...]: n chunks of L = chunk positions, the heads split into their groups
-    xdt = xdt.reshape(batch, n, chunk, groups, per, head_dim)
-    b, c = (t.reshape(batch, n, chunk, groups, state).astype(dtype) for t in (b, c))
-    log_decay = (a.astype(f32) * dt).reshape(batch, n, chunk, groups, per)
-    cum = jnp.cumsum(log_decay.transpose(0, 3, 4, 1, 2), axis=-1)  # [B, G, h, n, L]
-    dot = functools.partial(jnp.einsum, preferred_element_type=f32)
-
-    # 1. within each chunk: y[l] = sum_{s <= l} (c[l] . b[s]) exp(cum[l] - cum[s]) x[s]
-    causal = jnp.tril(jnp.ones((chunk, chunk), bool))
-    decay = jnp.exp(jnp.where(causal, cum[..., :, None] - cum[..., None, :], -jnp.inf))
-    scores = dot("bclgn,bcsgn->bgcls", c, b)[:, :, None] * decay  # [B, G, h, n, L, L]
-    y_diag = dot("bghcls,bcsghp->bclghp", scores.astype(dtype), xdt.astype(dtype))
-
-    # 2. each chunk's own contribution to the state at its end
-    to_end = jnp.exp(cum[..., -1:] - cum).transpose(0, 3, 4, 1, 2)  # [B, n, L, G, h]
-    chunk_states = dot("bclgn,bclghp->bcghpn", b, (xdt * to_end[..., None]).astype(dtype))
-
-    # 3. across chunks: the state entering each chunk
-    def step(carry, inputs):
-        chunk_decay, new = inputs  # [B, G, h], [B, G, h, P, N]
-        return carry * chunk_decay[..., None, None] + new, carry
-
-    chunk_decay = jnp.exp(cum[..., -1]).transpose(3, 0, 1, 2)  # [n, B, G, h]
-    start = jnp.zeros_like(chunk_states[:, 0])
-    _, entering = jax.lax.scan(step, start, (chunk_decay, jnp.moveaxis(chunk_states, 1, 0)))
-
-    # 4. the entering state read out at each position, decayed to it
-    from_start = jnp.exp(cum).transpose(0, 3, 4, 1, 2)  # [B, n, L, G, h]
-    y_off = dot("bclgn,cbghpn->bclghp", c, entering.astype(dtype)) * from_start[..., None]
-    y = (y_diag + y_off).reshape(batch, n * chunk, heads, head_dim)
-    return y[:, :seq]

@@ -5,7 +5,8 @@
 
 Read top to bottom: the config, one function per layer (leaves first), the model's entry point
 `forward` and the next-token loss `loss_fn`; then the parameter table with `init_params`, the
-mesh and `param_specs`, and the helpers the layers call.
+mesh and `param_specs`.
+The helpers the layers call are in kernels.py beside this file, copied from axdsl's kernels.
 
 Fixed when this file was built (change the spec and rebuild):
     positions = "none"
@@ -32,6 +33,8 @@ import numpy as np
 from jax.ad_checkpoint import checkpoint_name
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
+
+from .kernels import causal_conv1d, fp8_einsum, fused_cross_entropy, ssd
 
 
 @dataclasses.dataclass(frozen=True)
@@ -233,71 +236,6 @@ def loss_fn(
     return loss, ce
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 4, 5))
-def fused_cross_entropy(
-    head, params: dict, x: jax.Array, labels: jax.Array, z_loss: float, chunk: int
-) -> tuple[jax.Array, jax.Array]:
-    """(mean cross-entropy + z_loss * mean(logsumexp ** 2), mean cross-entropy) of the logits
-    head(params, x) [B, S, vocab] against integer labels [B, S], `chunk` positions at a time.
-
-    At most one chunk's float32 logits [B, chunk, vocab] exist at once. Under jax.grad the
-    forward pass also takes each chunk's gradient (softmax - one-hot, through the head), so the
-    backward pass only scales what the forward kept: the gradients of x and of params."""
-    return _chunked_cross_entropy(head, params, x, labels, z_loss, chunk, grads=False)[0]
-
-
-def _chunked_cross_entropy(head, params, x, labels, z_loss, chunk, grads):
-    """((loss, ce), gradients of loss and of ce w.r.t. (params, x), or None without grads)."""
-    b, s = labels.shape
-    c = min(chunk, s)
-    n = -(-s // c)  # chunks; the last one's padding weighs nothing
-    pad = [(0, 0), (0, n * c - s)]
-    xs = jnp.pad(x, pad + [(0, 0)] * (x.ndim - 2)).reshape(b, n, c, *x.shape[2:]).swapaxes(0, 1)
-    ys = jnp.pad(labels, pad).reshape(b, n, c).swapaxes(0, 1)  # [n, B, c]
-    weight = (jnp.arange(n * c) < s).reshape(n, 1, c) / (b * s)  # mean over the real positions
-
-    def step(acc, chunk_in):
-        x_c, y_c, w_c = chunk_in
-        logits, head_vjp = jax.vjp(head, params, x_c)  # [B, c, vocab]
-        lse = jax.nn.logsumexp(logits, axis=-1)  # [B, c]
-        ce = lse - jnp.take_along_axis(logits, y_c[..., None], axis=-1)[..., 0]  # [B, c]
-        if not grads:
-            return acc, (ce, lse, None)
-        probs = jnp.exp(logits - lse[..., None])  # softmax, from the one logsumexp
-        is_label = jnp.arange(logits.shape[-1]) == y_c[..., None]  # one-hot, never materialized
-        d_ce = (probs - is_label) * w_c[..., None]
-        gp, gx = head_vjp(d_ce)
-        if z_loss:  # the gradient of z_loss * mean(lse ** 2), kept apart: the ce output has none
-            gp_z, gx_z = head_vjp(probs * (2.0 * z_loss * lse * w_c)[..., None])
-            gp, gx = (gp, gp_z), (gx, gx_z)
-        return jax.tree.map(jnp.add, acc, gp), (ce, lse, gx)
-
-    zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.result_type(p)), params)
-    acc = ((zeros, zeros) if z_loss else zeros) if grads else None
-    acc, (ce, lse, gx) = jax.lax.scan(step, acc, (xs, ys, weight))
-    unchunk = lambda a: a.swapaxes(0, 1).reshape(b, n * c, *a.shape[3:])[:, :s]  # noqa: E731
-    ce_mean = unchunk(ce).mean()
-    loss = ce_mean + z_loss * jnp.mean(unchunk(lse) ** 2) if z_loss else ce_mean
-    return (loss, ce_mean), (acc, jax.tree.map(unchunk, gx)) if grads else None
-
-
-def _fused_cross_entropy_fwd(head, params, x, labels, z_loss, chunk):
-    return _chunked_cross_entropy(head, params, x, labels, z_loss, chunk, grads=True)
-
-
-def _fused_cross_entropy_bwd(head, z_loss, chunk, res, cotangents):
-    (gp, gx), (g_loss, g_ce) = res, cotangents
-    if not z_loss:  # loss == ce
-        scale = lambda a: ((g_loss + g_ce) * a).astype(a.dtype)  # noqa: E731
-        return jax.tree.map(scale, gp), scale(gx), None
-    # d loss = d ce + d z-loss, and d ce alone for the ce output
-    both = lambda a, z: ((g_loss + g_ce) * a + g_loss * z).astype(a.dtype)  # noqa: E731
-    return jax.tree.map(both, *gp), both(*gx), None
-
-
-fused_cross_entropy.defvjp(_fused_cross_entropy_fwd, _fused_cross_entropy_bwd)
-
-
 # No KV-cache decode path (`axdsl sample` runs the full forward per token):
 # `ssd`, which mixes positions without a cache (in Mamba2Mixer at /blocks/mixer).
 
@@ -434,143 +372,3 @@ def shard(x: jax.Array, spec: P) -> jax.Array:
     if jax.sharding.get_abstract_mesh().empty:
         return x
     return jax.lax.with_sharding_constraint(x, spec)
-
-
-# ----------------------------------------------------------------------------- helpers
-
-
-def causal_conv1d(x: jax.Array, w: jax.Array, b: jax.Array | None = None) -> jax.Array:
-    """Causal depthwise conv over the sequence: x [B, S, C], w [K, C], b [C] -> [B, S, C].
-
-    out[t] = sum_k w[k] * x[t - K + 1 + k] (+ b), zeros before the first position (Mamba's conv1d).
-    """
-    taps, channels = w.shape
-    out = jax.lax.conv_general_dilated(
-        x,
-        w[:, None, :].astype(x.dtype),  # [K, 1, C]: one input channel per group
-        window_strides=(1,),
-        padding=[(taps - 1, 0)],  # left only: no position sees the future
-        dimension_numbers=("NWC", "WIO", "NWC"),
-        feature_group_count=channels,
-    )
-    return out if b is None else out + b.astype(x.dtype)
-
-
-def ssd(
-    x: jax.Array, dt: jax.Array, a: jax.Array, b: jax.Array, c: jax.Array, chunk: int
-) -> jax.Array:
-    """Mamba-2's selective scan, chunked: x [B, S, H, P], dt [B, S, H], a [H], b and c [B, S, G, N]
-    -> y [B, S, H, P] in float32, with state[t] = exp(dt a) state[t-1] + dt x b^T and y = state c.
-
-    As mamba_ssm's kernels compute it: C.B once per group (not per head), each decay a difference
-    of one cumulative sum per chunk, and every product with its operands in x's dtype,
-    accumulated in float32 (float32 models stay float32 throughout; a TPU's default precision
-    rounds float32 operands to bfloat16 anyway). On one TPU v5e, Mamba-2 2.7B's layer at 4 x
-    2048 took 38.1 ms forward and backward with transformers' form (a masked [L, L] cumulative
-    sum per chunk, B and C repeated per head, float32 operands), 11.6 ms this way.
-    """
-    batch, seq, heads, head_dim = x.shape
-    groups, state = b.shape[2], b.shape[3]
-    per = heads // groups  # heads per group of B and C
-    dtype, f32 = x.dtype, jnp.float32
-    pad = -seq % chunk  # zero steps at the end: dt = 0 leaves the state as it is
-    if pad:
-        x, dt, b, c = (
-            jnp.pad(t, [(0, 0), (0, pad)] + [(0, 0)] * (t.ndim - 2)) for t in (x, dt, b, c)
-        )
-    n = (seq + pad) // chunk
-    dt = dt.astype(f32)
-    xdt = x.astype(f32) * dt[..., None]  # discretized input
-    # [B, n, L, G, ...]: n chunks of L = chunk positions, the heads split into their groups
-    xdt = xdt.reshape(batch, n, chunk, groups, per, head_dim)
-    b, c = (t.reshape(batch, n, chunk, groups, state).astype(dtype) for t in (b, c))
-    log_decay = (a.astype(f32) * dt).reshape(batch, n, chunk, groups, per)
-    cum = jnp.cumsum(log_decay.transpose(0, 3, 4, 1, 2), axis=-1)  # [B, G, h, n, L]
-    dot = functools.partial(jnp.einsum, preferred_element_type=f32)
-
-    # 1. within each chunk: y[l] = sum_{s <= l} (c[l] . b[s]) exp(cum[l] - cum[s]) x[s]
-    causal = jnp.tril(jnp.ones((chunk, chunk), bool))
-    decay = jnp.exp(jnp.where(causal, cum[..., :, None] - cum[..., None, :], -jnp.inf))
-    scores = dot("bclgn,bcsgn->bgcls", c, b)[:, :, None] * decay  # [B, G, h, n, L, L]
-    y_diag = dot("bghcls,bcsghp->bclghp", scores.astype(dtype), xdt.astype(dtype))
-
-    # 2. each chunk's own contribution to the state at its end
-    to_end = jnp.exp(cum[..., -1:] - cum).transpose(0, 3, 4, 1, 2)  # [B, n, L, G, h]
-    chunk_states = dot("bclgn,bclghp->bcghpn", b, (xdt * to_end[..., None]).astype(dtype))
-
-    # 3. across chunks: the state entering each chunk
-    def step(carry, inputs):
-        chunk_decay, new = inputs  # [B, G, h], [B, G, h, P, N]
-        return carry * chunk_decay[..., None, None] + new, carry
-
-    chunk_decay = jnp.exp(cum[..., -1]).transpose(3, 0, 1, 2)  # [n, B, G, h]
-    start = jnp.zeros_like(chunk_states[:, 0])
-    _, entering = jax.lax.scan(step, start, (chunk_decay, jnp.moveaxis(chunk_states, 1, 0)))
-
-    # 4. the entering state read out at each position, decayed to it
-    from_start = jnp.exp(cum).transpose(0, 3, 4, 1, 2)  # [B, n, L, G, h]
-    y_off = dot("bclgn,cbghpn->bclghp", c, entering.astype(dtype)) * from_start[..., None]
-    y = (y_diag + y_off).reshape(batch, n * chunk, heads, head_dim)
-    return y[:, :seq]
-
-
-def _fp8_quantize(x: jax.Array, dtype) -> tuple[jax.Array, jax.Array]:
-    """x ~= q * scale: q in the fp8 `dtype`, one f32 scale for the whole tensor from its amax."""
-    x = x.astype(jnp.float32)
-    fp8_max = float(jnp.finfo(dtype).max)  # 448 for e4m3fn, 57344 for e5m2
-    scale = jnp.max(jnp.abs(x)) / fp8_max  # []
-    scale = jnp.where(scale > 0, scale, 1.0)  # an all-zero tensor: avoid 0 / 0
-    # Clip: x / scale can round just past fp8_max, and e4m3fn has no inf (it would become NaN).
-    q = jnp.clip(x / scale, -fp8_max, fp8_max).astype(dtype)
-    return q, scale
-
-
-def fp8_einsum(spec: str, x: jax.Array, w: jax.Array) -> jax.Array:
-    """jnp.einsum(spec, x, w) computed in fp8 (_fp8_einsum), its output named for remat: a custom
-    VJP hides its matmuls from jax.checkpoint_policies.dots_with_no_batch_dims_saveable, so
-    REMAT_POLICY's save_dots also saves the outputs named "quantized_matmul"."""
-    return checkpoint_name(_fp8_einsum(spec, x, w), "quantized_matmul")
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _fp8_einsum(spec: str, x: jax.Array, w: jax.Array) -> jax.Array:
-    """jnp.einsum(spec, x, w) computed in fp8, as on H100/B200 tensor cores.
-
-    Forward: both operands in e4m3 (3 mantissa bits, range +-448). Backward: the incoming
-    gradient in e5m2 (2 mantissa bits, range +-57344: gradients need range more than precision),
-    multiplied with the e4m3 operands saved by the forward pass. Every product accumulates in f32
-    and is rescaled; the result has the dtype of the einsum it replaces, the gradients those of
-    x and w.
-
-    Scaling is per tensor and *current* (just in time): each tensor's scale is its amax / format
-    max, computed right before it is cast. Delayed scaling (Transformer Engine's default) reuses
-    an amax history from earlier steps, which saves that reduction but needs per-tensor history
-    state carried in the train state; current scaling keeps the train state as params and
-    optimizer state only, and never overflows when a tensor's range jumps.
-    """
-    out, _ = _fp8_einsum_fwd(spec, x, w)
-    return out
-
-
-def _fp8_einsum_fwd(spec: str, x: jax.Array, w: jax.Array):
-    xq, x_scale = _fp8_quantize(x, jnp.float8_e4m3fn)
-    wq, w_scale = _fp8_quantize(w, jnp.float8_e4m3fn)
-    y = jnp.einsum(spec, xq, wq, preferred_element_type=jnp.float32) * (x_scale * w_scale)
-    # The empty arrays only carry the input dtypes (residuals must be arrays).
-    residuals = (xq, x_scale, wq, w_scale, jnp.zeros(0, x.dtype), jnp.zeros(0, w.dtype))
-    return y.astype(jnp.result_type(x, w)), residuals
-
-
-def _fp8_einsum_bwd(spec: str, residuals, g: jax.Array):
-    xq, x_scale, wq, w_scale, x_like, w_like = residuals
-    inputs, out = spec.split("->")
-    x_spec, w_spec = inputs.split(",")  # for "ab,bc->ac": dx = "ac,bc->ab", dw = "ab,ac->bc"
-    gq, g_scale = _fp8_quantize(g, jnp.float8_e5m2)
-    dx = jnp.einsum(f"{out},{w_spec}->{x_spec}", gq, wq, preferred_element_type=jnp.float32)
-    dw = jnp.einsum(f"{x_spec},{out}->{w_spec}", xq, gq, preferred_element_type=jnp.float32)
-    dx = dx * (g_scale * w_scale)
-    dw = dw * (x_scale * g_scale)
-    return dx.astype(x_like.dtype), dw.astype(w_like.dtype)
-
-
-_fp8_einsum.defvjp(_fp8_einsum_fwd, _fp8_einsum_bwd)

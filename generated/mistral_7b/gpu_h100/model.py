@@ -5,7 +5,8 @@
 
 Read top to bottom: the config, one function per layer (leaves first), the model's entry point
 `forward` and the next-token loss `loss_fn`; then the parameter table with `init_params`, the
-mesh and `param_specs`, and the helpers the layers call.
+mesh and `param_specs`.
+The helpers the layers call are in kernels.py beside this file, copied from axdsl's kernels.
 
 Fixed when this file was built (change the spec and rebuild):
     positions = "rope"
@@ -30,6 +31,8 @@ import numpy as np
 from jax.ad_checkpoint import checkpoint_name
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
+
+from .kernels import apply_rope, cached_attention, fp8_einsum, fused_cross_entropy
 
 
 @dataclasses.dataclass(frozen=True)
@@ -264,71 +267,6 @@ def loss_fn(
     return loss, ce
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 4, 5))
-def fused_cross_entropy(
-    head, params: dict, x: jax.Array, labels: jax.Array, z_loss: float, chunk: int
-) -> tuple[jax.Array, jax.Array]:
-    """(mean cross-entropy + z_loss * mean(logsumexp ** 2), mean cross-entropy) of the logits
-    head(params, x) [B, S, vocab] against integer labels [B, S], `chunk` positions at a time.
-
-    At most one chunk's float32 logits [B, chunk, vocab] exist at once. Under jax.grad the
-    forward pass also takes each chunk's gradient (softmax - one-hot, through the head), so the
-    backward pass only scales what the forward kept: the gradients of x and of params."""
-    return _chunked_cross_entropy(head, params, x, labels, z_loss, chunk, grads=False)[0]
-
-
-def _chunked_cross_entropy(head, params, x, labels, z_loss, chunk, grads):
-    """((loss, ce), gradients of loss and of ce w.r.t. (params, x), or None without grads)."""
-    b, s = labels.shape
-    c = min(chunk, s)
-    n = -(-s // c)  # chunks; the last one's padding weighs nothing
-    pad = [(0, 0), (0, n * c - s)]
-    xs = jnp.pad(x, pad + [(0, 0)] * (x.ndim - 2)).reshape(b, n, c, *x.shape[2:]).swapaxes(0, 1)
-    ys = jnp.pad(labels, pad).reshape(b, n, c).swapaxes(0, 1)  # [n, B, c]
-    weight = (jnp.arange(n * c) < s).reshape(n, 1, c) / (b * s)  # mean over the real positions
-
-    def step(acc, chunk_in):
-        x_c, y_c, w_c = chunk_in
-        logits, head_vjp = jax.vjp(head, params, x_c)  # [B, c, vocab]
-        lse = jax.nn.logsumexp(logits, axis=-1)  # [B, c]
-        ce = lse - jnp.take_along_axis(logits, y_c[..., None], axis=-1)[..., 0]  # [B, c]
-        if not grads:
-            return acc, (ce, lse, None)
-        probs = jnp.exp(logits - lse[..., None])  # softmax, from the one logsumexp
-        is_label = jnp.arange(logits.shape[-1]) == y_c[..., None]  # one-hot, never materialized
-        d_ce = (probs - is_label) * w_c[..., None]
-        gp, gx = head_vjp(d_ce)
-        if z_loss:  # the gradient of z_loss * mean(lse ** 2), kept apart: the ce output has none
-            gp_z, gx_z = head_vjp(probs * (2.0 * z_loss * lse * w_c)[..., None])
-            gp, gx = (gp, gp_z), (gx, gx_z)
-        return jax.tree.map(jnp.add, acc, gp), (ce, lse, gx)
-
-    zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.result_type(p)), params)
-    acc = ((zeros, zeros) if z_loss else zeros) if grads else None
-    acc, (ce, lse, gx) = jax.lax.scan(step, acc, (xs, ys, weight))
-    unchunk = lambda a: a.swapaxes(0, 1).reshape(b, n * c, *a.shape[3:])[:, :s]  # noqa: E731
-    ce_mean = unchunk(ce).mean()
-    loss = ce_mean + z_loss * jnp.mean(unchunk(lse) ** 2) if z_loss else ce_mean
-    return (loss, ce_mean), (acc, jax.tree.map(unchunk, gx)) if grads else None
-
-
-def _fused_cross_entropy_fwd(head, params, x, labels, z_loss, chunk):
-    return _chunked_cross_entropy(head, params, x, labels, z_loss, chunk, grads=True)
-
-
-def _fused_cross_entropy_bwd(head, z_loss, chunk, res, cotangents):
-    (gp, gx), (g_loss, g_ce) = res, cotangents
-    if not z_loss:  # loss == ce
-        scale = lambda a: ((g_loss + g_ce) * a).astype(a.dtype)  # noqa: E731
-        return jax.tree.map(scale, gp), scale(gx), None
-    # d loss = d ce + d z-loss, and d ce alone for the ce output
-    both = lambda a, z: ((g_loss + g_ce) * a + g_loss * z).astype(a.dtype)  # noqa: E731
-    return jax.tree.map(both, *gp), both(*gx), None
-
-
-fused_cross_entropy.defvjp(_fused_cross_entropy_fwd, _fused_cross_entropy_bwd)
-
-
 # ----------------------------------------------------------------------------- decoding
 # The layers above over only new tokens, with each attention call's keys and values kept in a
 # preallocated cache: `prefill` runs the prompt once, `decode_step` one token at a time.
@@ -486,175 +424,3 @@ def shard(x: jax.Array, spec: P) -> jax.Array:
     if jax.sharding.get_abstract_mesh().empty:
         return x
     return jax.lax.with_sharding_constraint(x, spec)
-
-
-# ----------------------------------------------------------------------------- helpers
-
-
-def apply_rope(x: jax.Array, theta: float, offset: int | jax.Array = 0) -> jax.Array:
-    """Rotary position embedding on x [B, S, heads, head_dim] (Llama's half-split layout), its
-    tokens at positions offset, offset + 1, ... (a decode step's offset is its cache position)."""
-    half = x.shape[-1] // 2
-    freqs = 1.0 / (theta ** (np.arange(half, dtype=np.float32) / half))  # [head_dim / 2]
-    cos, sin = rotation_tables(freqs, x.shape[1], offset)  # [1, S, 1, head_dim / 2]
-    x1, x2 = x[..., :half].astype(jnp.float32), x[..., half:].astype(jnp.float32)
-    out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
-    return out.astype(x.dtype)
-
-
-def cached_attention(
-    q: jax.Array,
-    k: jax.Array,
-    v: jax.Array,
-    cache_k: jax.Array,
-    cache_v: jax.Array,
-    pos: jax.Array,
-    window: int | None = None,
-    scale: float | None = None,
-    softcap: float = 0.0,
-) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """Causal attention of new tokens over a KV cache, for decoding.
-
-    q [B, T, heads, head_dim], k and v [B, T, kv_heads, ...] are T new tokens at positions
-    pos .. pos + T - 1. Their keys and values are written into cache_k, cache_v [B, L, kv_heads,
-    ...] at pos, then each query attends to the cached keys at or before its own position (and
-    within the sliding `window`): what einsum_attention computes over the whole sequence.
-    Returns (out [B, T, heads, v_head_dim], cache_k, cache_v).
-    """
-    cache_k = jax.lax.dynamic_update_slice_in_dim(cache_k, k.astype(cache_k.dtype), pos, axis=1)
-    cache_v = jax.lax.dynamic_update_slice_in_dim(cache_v, v.astype(cache_v.dtype), pos, axis=1)
-    query_pos = pos + jnp.arange(q.shape[1])[:, None]  # [T, 1]
-    key_pos = jnp.arange(cache_k.shape[1])[None, :]  # [1, L]
-    seen = key_pos <= query_pos  # later slots are not written yet
-    if window:
-        seen = seen & (key_pos > query_pos - window)
-    out = einsum_attention(
-        q, cache_k, cache_v, causal=False, scale=scale, softcap=softcap, mask=seen
-    )
-    return out, cache_k, cache_v
-
-
-def einsum_attention(
-    q: jax.Array,
-    k: jax.Array,
-    v: jax.Array,
-    causal: bool,
-    window: int | None = None,
-    scale: float | None = None,
-    softcap: float = 0.0,
-    bias: jax.Array | None = None,
-    mask: jax.Array | None = None,
-) -> jax.Array:
-    """Attention written out, for what jax.nn.dot_product_attention cannot express.
-
-    q [B, S, heads, head_dim], k [B, S, kv_heads, head_dim], v [B, S, kv_heads, v_head_dim]
-    -> [B, S, heads, v_head_dim]; query head h reads kv head h // (heads // kv_heads). The
-    logits q.k * scale (scale None: 1 / sqrt(head_dim)) are soft-capped to
-    softcap * tanh(logits / softcap) when softcap > 0 (Gemma 2), and `bias` is added; then causal,
-    the sliding window (each query sees its last `window` keys, itself included) and `mask`
-    (True: attend) drop keys. bias and mask broadcast to [B, heads, S, S]; the softmax runs in
-    float32, like jax.nn.dot_product_attention's.
-    """
-    batch, seq, heads, head_dim = q.shape
-    kv_seq, kv_heads = k.shape[1], k.shape[2]
-    scale = head_dim**-0.5 if scale is None else scale
-    group = q.reshape(batch, seq, kv_heads, heads // kv_heads, head_dim)
-    logits = jnp.einsum("bqkgd,bskd->bkgqs", group, k, preferred_element_type=jnp.float32)
-    logits = logits.reshape(batch, heads, seq, kv_seq) * scale  # [B, heads, S, S]
-    if softcap:
-        logits = softcap * jnp.tanh(logits / softcap)
-    if bias is not None:
-        logits = logits + bias
-    query_pos, key_pos = jnp.arange(seq)[:, None], jnp.arange(kv_seq)[None, :]
-    keep = jnp.ones((seq, kv_seq), dtype=bool)
-    if causal:
-        keep = keep & (key_pos <= query_pos)
-    if window:
-        keep = keep & (key_pos > query_pos - window)
-    if mask is not None:
-        keep = keep & mask
-    logits = jnp.where(keep, logits, -0.7 * jnp.finfo(jnp.float32).max)
-    probs = jax.nn.softmax(logits, axis=-1).astype(v.dtype)
-    probs = probs.reshape(batch, kv_heads, heads // kv_heads, seq, kv_seq)
-    out = jnp.einsum("bkgqs,bskd->bqkgd", probs, v)
-    return out.reshape(batch, seq, heads, v.shape[-1])
-
-
-def rotation_tables(
-    freqs: np.ndarray, seq: int, offset: int | jax.Array = 0, scale: float = 1.0
-) -> tuple[np.ndarray | jax.Array, np.ndarray | jax.Array]:
-    """cos and sin [1, S, 1, len(freqs)] of the angles of positions offset, ..., offset + S - 1,
-    times `scale`.
-
-    With a Python int offset (training, prefill) they are numpy constants, computed once when the
-    step is traced: built from jax ops, they would be fused into the multiplies that read them,
-    and XLA would compute cos and sin again for every element of the [B, S, heads, head_dim]
-    tensor it rotates. A decode step's offset is traced, so its angles are computed in jax.
-    """
-    xp = np if isinstance(offset, int) else jnp
-    positions = offset + xp.arange(seq, dtype=np.float32)  # [S]
-    angles = positions[:, None] * freqs  # [S, len(freqs)]
-    cos, sin = scale * xp.cos(angles), scale * xp.sin(angles)
-    return cos[None, :, None, :].astype(np.float32), sin[None, :, None, :].astype(np.float32)
-
-
-def _fp8_quantize(x: jax.Array, dtype) -> tuple[jax.Array, jax.Array]:
-    """x ~= q * scale: q in the fp8 `dtype`, one f32 scale for the whole tensor from its amax."""
-    x = x.astype(jnp.float32)
-    fp8_max = float(jnp.finfo(dtype).max)  # 448 for e4m3fn, 57344 for e5m2
-    scale = jnp.max(jnp.abs(x)) / fp8_max  # []
-    scale = jnp.where(scale > 0, scale, 1.0)  # an all-zero tensor: avoid 0 / 0
-    # Clip: x / scale can round just past fp8_max, and e4m3fn has no inf (it would become NaN).
-    q = jnp.clip(x / scale, -fp8_max, fp8_max).astype(dtype)
-    return q, scale
-
-
-def fp8_einsum(spec: str, x: jax.Array, w: jax.Array) -> jax.Array:
-    """jnp.einsum(spec, x, w) computed in fp8 (_fp8_einsum), its output named for remat: a custom
-    VJP hides its matmuls from jax.checkpoint_policies.dots_with_no_batch_dims_saveable, so
-    REMAT_POLICY's save_dots also saves the outputs named "quantized_matmul"."""
-    return checkpoint_name(_fp8_einsum(spec, x, w), "quantized_matmul")
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _fp8_einsum(spec: str, x: jax.Array, w: jax.Array) -> jax.Array:
-    """jnp.einsum(spec, x, w) computed in fp8, as on H100/B200 tensor cores.
-
-    Forward: both operands in e4m3 (3 mantissa bits, range +-448). Backward: the incoming
-    gradient in e5m2 (2 mantissa bits, range +-57344: gradients need range more than precision),
-    multiplied with the e4m3 operands saved by the forward pass. Every product accumulates in f32
-    and is rescaled; the result has the dtype of the einsum it replaces, the gradients those of
-    x and w.
-
-    Scaling is per tensor and *current* (just in time): each tensor's scale is its amax / format
-    max, computed right before it is cast. Delayed scaling (Transformer Engine's default) reuses
-    an amax history from earlier steps, which saves that reduction but needs per-tensor history
-    state carried in the train state; current scaling keeps the train state as params and
-    optimizer state only, and never overflows when a tensor's range jumps.
-    """
-    out, _ = _fp8_einsum_fwd(spec, x, w)
-    return out
-
-
-def _fp8_einsum_fwd(spec: str, x: jax.Array, w: jax.Array):
-    xq, x_scale = _fp8_quantize(x, jnp.float8_e4m3fn)
-    wq, w_scale = _fp8_quantize(w, jnp.float8_e4m3fn)
-    y = jnp.einsum(spec, xq, wq, preferred_element_type=jnp.float32) * (x_scale * w_scale)
-    # The empty arrays only carry the input dtypes (residuals must be arrays).
-    residuals = (xq, x_scale, wq, w_scale, jnp.zeros(0, x.dtype), jnp.zeros(0, w.dtype))
-    return y.astype(jnp.result_type(x, w)), residuals
-
-
-def _fp8_einsum_bwd(spec: str, residuals, g: jax.Array):
-    xq, x_scale, wq, w_scale, x_like, w_like = residuals
-    inputs, out = spec.split("->")
-    x_spec, w_spec = inputs.split(",")  # for "ab,bc->ac": dx = "ac,bc->ab", dw = "ab,ac->bc"
-    gq, g_scale = _fp8_quantize(g, jnp.float8_e5m2)
-    dx = jnp.einsum(f"{out},{w_spec}->{x_spec}", gq, wq, preferred_element_type=jnp.float32)
-    dw = jnp.einsum(f"{x_spec},{out}->{w_spec}", xq, gq, preferred_element_type=jnp.float32)
-    dx = dx * (g_scale * w_scale)
-    dw = dw * (x_scale * g_scale)
-    return dx.astype(x_like.dtype), dw.astype(w_like.dtype)
-
-
-_fp8_einsum.defvjp(_fp8_einsum_fwd, _fp8_einsum_bwd)

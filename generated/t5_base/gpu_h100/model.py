@@ -5,7 +5,7 @@
 
 Read top to bottom: the config, one function per layer (leaves first), the model's entry point
 `forward` (no loss: the spec's train block names no objective this model fits); then the
-parameter table with `init_params`, the mesh and `param_specs`, and the helpers the layers call.
+parameter table with `init_params`, the mesh and `param_specs`.
 
 Fixed when this file was built (change the spec and rebuild):
     norm = RMSNorm(eps = 1e-06)

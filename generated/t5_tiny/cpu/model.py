@@ -5,7 +5,8 @@
 
 Read top to bottom: the config, one function per layer (leaves first), the model's entry point
 `forward` and `loss_fn`, the sequence-to-sequence loss (teacher forcing, loss on target tokens); then the parameter table with
-`init_params`, the mesh and `param_specs`, and the helpers the layers call.
+`init_params`, the mesh and `param_specs`.
+The helpers the layers call are in kernels.py beside this file, copied from axdsl's kernels.
 
 Fixed when this file was built (change the spec and rebuild):
     norm = RMSNorm(eps = 1e-06)
@@ -18,7 +19,6 @@ Fixed when this file was built (change the spec and rebuild):
 """
 
 import dataclasses
-import functools
 import math
 import zlib
 
@@ -29,6 +29,8 @@ import optax
 from jax.ad_checkpoint import checkpoint_name
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
+
+from .kernels import dense, vjp_attention
 
 
 @dataclasses.dataclass(frozen=True)
@@ -503,143 +505,3 @@ def shard(x: jax.Array, spec: P) -> jax.Array:
     if jax.sharding.get_abstract_mesh().empty:
         return x
     return jax.lax.with_sharding_constraint(x, spec)
-
-
-# ----------------------------------------------------------------------------- helpers
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
-def dense(x: jax.Array, w: jax.Array, contract: int = 1) -> jax.Array:
-    """x's last `contract` dims times the weight w's first ones (jnp.tensordot): `x @ w`, or
-    [B, S, heads, head_dim] x [heads, head_dim, dim] -> [B, S, dim] with contract=2.
-
-    The same forward as the einsum; the backward computes w's gradient as one matmul of x
-    flattened to [tokens, in], transposed, with the output's gradient [tokens, out]. Left to
-    autodiff, XLA:CPU transposes the larger output gradient element by element instead."""
-    return jnp.tensordot(x, w, contract)
-
-
-def _dense_fwd(x, w, contract):
-    return jnp.tensordot(x, w, contract), (x, w)
-
-
-def _dense_bwd(contract, res, dy):
-    x, w = res
-    tokens = math.prod(x.shape[: x.ndim - contract])
-    d_w = x.reshape(tokens, -1).T @ dy.reshape(tokens, -1)
-    out_dims = tuple(range(dy.ndim - (w.ndim - contract), dy.ndim))
-    d_x = jnp.tensordot(dy, w, (out_dims, tuple(range(contract, w.ndim))))
-    return d_x.astype(x.dtype), d_w.reshape(w.shape).astype(w.dtype)
-
-
-dense.defvjp(_dense_fwd, _dense_bwd)
-
-
-VJP_QUERY_BLOCK = 128  # causal and windowed attention: queries per block, at most 8 blocks
-
-
-def _vjp_attention_blocks(seq, kv_seq, causal, window):
-    """(first query, end query, first key, end key) of each block: the keys its queries see."""
-    if not (causal or window) or seq != kv_seq:
-        return [(0, seq, 0, kv_seq)]
-    size = max(VJP_QUERY_BLOCK, -(-seq // 8))
-    blocks = []
-    for start in range(0, seq, size):
-        end = min(seq, start + size)
-        first = max(0, start - window + 1) if window else 0
-        blocks.append((start, end, first, end if causal else kv_seq))
-    return blocks
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5))
-def vjp_attention(
-    q: jax.Array,
-    k: jax.Array,
-    v: jax.Array,
-    causal: bool,
-    window: int | None = None,
-    scale: float | None = None,
-    mask: jax.Array | None = None,
-) -> jax.Array:
-    """Attention as einsums over [B, kv_heads, group, S, head_dim], with its backward written
-    out (the `vjp` attention kernel of select_kernels).
-
-    q [B, S, heads, head_dim], k [B, S, kv_heads, head_dim], v [B, S, kv_heads, v_head_dim]
-    -> [B, S, heads, v_head_dim]; query head h reads kv head h // (heads // kv_heads). The
-    logits q.k * scale (None: 1 / sqrt(head_dim)) drop keys by causal, the sliding `window` and
-    `mask` (True: attend; broadcasts to [B, heads, S, S]); the softmax runs in float32. The same
-    values as jax.nn.dot_product_attention. The backward keeps the probabilities and takes the
-    softmax's row term from the output (rowsum(dy * y)), so XLA:CPU runs no [S, S] reduction
-    fused into a matmul and no transposed copies of the [B, heads, S, S] tensors.
-
-    Causal or windowed attention runs a block of queries at a time over only the keys that
-    block can see (_vjp_attention_blocks): the blocks above the diagonal, all masked, are never
-    computed (at 4 blocks, 10 of 16 remain). A query whose keys `mask` drops entirely averages
-    the values of its block's keys rather than of all keys; no other output changes.
-    """
-    return _vjp_attention_fwd(q, k, v, causal, window, scale, mask)[0]
-
-
-def _vjp_attention_fwd(q, k, v, causal, window, scale, mask):
-    batch, seq, heads, head_dim = q.shape
-    kv_seq, kv_heads = k.shape[1], k.shape[2]
-    group = heads // kv_heads
-    scale = head_dim**-0.5 if scale is None else scale
-    qg = q.reshape(batch, seq, kv_heads, group, head_dim).transpose(0, 2, 3, 1, 4)
-    kt, vt = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)  # [B, kv_heads, S_kv, d]
-    if (
-        mask is not None
-    ):  # [B | 1, heads | 1, S | 1, S_kv | 1] -> [B | 1, kv_heads | 1, group | 1, S, S_kv]
-        grouped = (kv_heads, group) if mask.shape[1] == heads else (1, 1)
-        mask = jnp.broadcast_to(mask, (*mask.shape[:2], seq, kv_seq))
-        mask = mask.reshape(mask.shape[0], *grouped, seq, kv_seq)
-    outs, probs = [], []
-    for start, end, first, last in _vjp_attention_blocks(seq, kv_seq, causal, window):
-        q_block, k_block = qg[:, :, :, start:end], kt[:, :, first:last]
-        logits = jnp.einsum(
-            "bkgqd,bksd->bkgqs", q_block, k_block, preferred_element_type=jnp.float32
-        )
-        query_pos, key_pos = jnp.arange(start, end)[:, None], jnp.arange(first, last)[None, :]
-        keep = jnp.ones((end - start, last - first), dtype=bool)
-        if causal:
-            keep = keep & (key_pos <= query_pos)
-        if window:
-            keep = keep & (key_pos > query_pos - window)
-        if mask is not None:
-            keep = keep & mask[:, :, :, start:end, first:last]
-        logits = jnp.where(keep, logits * scale, -0.7 * jnp.finfo(jnp.float32).max)
-        probs.append(jax.nn.softmax(logits, axis=-1).astype(v.dtype))  # [B, kv_heads, group, q, k]
-        outs.append(jnp.einsum("bkgqs,bksd->bkgqd", probs[-1], vt[:, :, first:last]))
-    out = outs[0] if len(outs) == 1 else jnp.concatenate(outs, axis=3)
-    y = out.transpose(0, 3, 1, 2, 4).reshape(batch, seq, heads, v.shape[-1])
-    return y, (qg, kt, vt, probs, out)
-
-
-def _vjp_attention_bwd(causal, window, scale, res, dy):
-    qg, kt, vt, probs, out = res
-    batch, kv_heads, group, seq, head_dim = qg.shape
-    kv_seq = kt.shape[2]
-    scale = head_dim**-0.5 if scale is None else scale
-    d_out = dy.reshape(batch, seq, kv_heads, group, -1).transpose(0, 2, 3, 1, 4)
-    row = jnp.sum(d_out.astype(jnp.float32) * out.astype(jnp.float32), axis=-1, keepdims=True)
-    d_q, d_k, d_v = [], 0, 0
-    blocks = _vjp_attention_blocks(seq, kv_seq, causal, window)
-    for (start, end, first, last), p in zip(blocks, probs, strict=True):
-        d_block, q_block = d_out[:, :, :, start:end], qg[:, :, :, start:end]
-        keys = ((0, 0), (0, 0), (first, kv_seq - last), (0, 0))  # this block's keys among all
-        # the key-side gradients come out [.., S_kv, d], so that their sum over the blocks and
-        # the transpose to [B, S_kv, kv_heads, d] (fused with what follows) read whole rows of d
-        d_v = d_v + jnp.pad(jnp.einsum("bkgqd,bkgqs->bksd", d_block, p), keys)
-        d_probs = jnp.einsum(
-            "bkgqd,bksd->bkgqs", d_block, vt[:, :, first:last], preferred_element_type=jnp.float32
-        )
-        d_logits = p.astype(jnp.float32) * (d_probs - row[:, :, :, start:end]) * scale
-        d_logits = d_logits.astype(qg.dtype)
-        d_q.append(jnp.einsum("bkgqs,bksd->bkgqd", d_logits, kt[:, :, first:last]))
-        d_k = d_k + jnp.pad(jnp.einsum("bkgqd,bkgqs->bksd", q_block, d_logits), keys)
-    d_q = d_q[0] if len(d_q) == 1 else jnp.concatenate(d_q, axis=3)
-    d_q = d_q.transpose(0, 3, 1, 2, 4).reshape(batch, seq, kv_heads * group, head_dim)
-    return d_q, d_k.transpose(0, 2, 1, 3), d_v.transpose(0, 2, 1, 3), None
-
-
-vjp_attention.defvjp(_vjp_attention_fwd, _vjp_attention_bwd)
