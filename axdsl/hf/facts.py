@@ -1,9 +1,13 @@
 """The facts of a model that Hugging Face interop compares: `Arch`, and how the spec states each.
 
 An `Arch` holds what a Hugging Face config.json states (dims, heads, norm, rope, window,
-feed-forward kind, experts, ...) as typed `Facts`, plus every parameter's path,
-shape and dtype, and the structure no HF family has (`problems`). This module sits below every
-other module of axdsl/hf: the families and the readers of the IR build on it.
+feed-forward kind, experts, ...) as typed facts, plus every parameter's path, shape and dtype,
+and the structure no HF family has (`problems`). `Facts` holds the facts every family states
+and `AttentionFacts` those of std's Block and Attention; each family's own type extends one of
+them (`Family.facts`: DecoderFacts in decoder_arch.py, MoeFacts in decoder.py, the others in
+their family's module), and `FIELDS` says how the spec states every fact of every declared type.
+This module sits below every other module of axdsl/hf: the families and the readers of the IR
+build on it.
 """
 
 from __future__ import annotations
@@ -124,17 +128,23 @@ def _names(cls: type[Facts]) -> frozenset[str]:
 
 
 class _Fields(Mapping[str, str]):
-    """fact -> how the spec states it (for messages), over every declared type: asked each time,
-    so a family's type counts from when its module is imported."""
+    """fact -> how the spec states it (for messages), over every declared type: made again when
+    a type is declared, so a family's type counts from when its module is imported."""
+
+    _cache: tuple[tuple[type[Facts], ...], dict[str, str]] = ((), {})
 
     def _table(self) -> dict[str, str]:
+        types = tuple(declared(Facts))
+        if self._cache[0] == types:
+            return self._cache[1]
         out: dict[str, str] = {}
-        for cls in declared(Facts):
+        for cls in types:
             for f in fields(cls):
                 if f.name != "written" and out.setdefault(f.name, f.metadata["spec"]) != (
                     f.metadata["spec"]
                 ):
                     raise AssertionError(f"two facts types state `{f.name}` differently")
+        self._cache = (types, out)
         return out
 
     def __getitem__(self, name: str) -> str:
