@@ -19,7 +19,6 @@ from axdsl.hf import families
 from axdsl.hf.arch import load_spec
 from axdsl.hf.config import family_of_arch, family_of_config, hf_config, mismatches
 from axdsl.hf.facts import FIELDS, Arch, Facts
-from axdsl.hf.family import Family
 from axdsl.hf.fields import Row
 from axdsl.hf.values import hf_values
 
