@@ -107,6 +107,16 @@ def test_a_family_whose_row_states_a_fact_of_another_family_is_refused():
         families.get("t5").facts().window = 4  # type: ignore[attr-defined]
 
 
+def test_a_model_of_a_root_no_family_reads_is_refused_by_name_on_export():
+    """No reader types its facts: the bare Facts reads every declared fact as unknown, so export
+    writes llama's config.json and the comparison names the root (no AttributeError)."""
+    arch = Arch("m", Facts(), {("w",): ((2,), "float32")}, root="MyLM")
+    assert family_of_arch(arch) == "llama"
+    assert mismatches(arch, "llama", hf_config(arch, "llama")) == [
+        "config.json is a LlamaForCausalLM (std's DecoderLM), the spec's model is a MyLM"
+    ]
+
+
 @pytest.mark.parametrize("name", sorted(SPECS))
 def test_a_family_reader_yields_the_family_facts_type(name, tmp_path):
     """The reader of a family's std spec states that family's facts type exactly (a shared reader

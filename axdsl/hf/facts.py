@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, fields
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 F = TypeVar("F", bound="Facts")
 G = TypeVar("G", bound="Facts")
@@ -73,6 +73,15 @@ class Facts:
                 raise AttributeError(f"{type(self).__name__} has no fact `{name}`")
             self.__dict__.setdefault("written", set()).add(name)
         object.__setattr__(self, name, value)
+
+    if not TYPE_CHECKING:  # at run time only: to mypy, a bare Facts has its own facts alone
+
+        def __getattr__(self, name: str) -> Any:
+            """A bare Facts reads any declared type's fact, None until stated (a model of a root
+            no family reads is exported, then refused, as llama's); a typed one only its own."""
+            if type(self) is Facts and name in FIELDS:
+                return None
+            raise AttributeError(f"{type(self).__name__} has no fact `{name}`")
 
     def set(self, **facts: Any) -> None:
         """State several facts at once."""
