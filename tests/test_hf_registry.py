@@ -8,12 +8,15 @@ and the family-neutral modules hold no family's name.
 
 from __future__ import annotations
 
+import dataclasses
 import re
+import sys
 from pathlib import Path
 
 import pytest
 
 from axdsl.hf import families
+from axdsl.hf.arch import load_spec
 from axdsl.hf.config import family_of_arch, family_of_config, hf_config, mismatches
 from axdsl.hf.facts import FIELDS, Arch, Facts
 from axdsl.hf.fields import Row
@@ -49,6 +52,84 @@ def test_a_row_must_name_a_fact():
         Row("hidden_sise", "intermediate_size", lambda c: 0)
     with pytest.raises(AttributeError):
         Facts().hidden_sise = 3  # type: ignore[attr-defined]
+
+
+# family -> a std spec of it (a zoo spec, or one at test size where the zoo has none) and its model
+SPECS = {
+    "bert": ("bert_tiny", "bert_tiny"),
+    "vit": ("vit_tiny", "vit_tiny"),
+    "t5": ("t5_tiny", "t5_tiny"),
+    "mamba2": ("mamba2_2_7b", "mamba2_tiny"),
+    "deepseek_v3": ("deepseek_v3", "deepseek_v3_tiny"),
+    "phi": ("phi2", "phi2_tiny"),
+    "gpt_neox": ("pythia_1_4b", "pythia_tiny"),
+    "gemma3_text": ("gemma3_1b", "gemma3_tiny"),
+    "gemma2": ("gemma2_2b", "gemma2_tiny"),
+    "gpt2": ("gpt2_small", "gpt2_tiny"),
+    "qwen3_moe": ("qwen3_30b_a3b", "qwen3_30b_a3b_tiny"),
+    "mixtral": ("mixtral_8x7b", "mixtral_8x7b_tiny"),
+    "qwen3": (
+        """import "std/transformer.axl"
+        model m = DecoderLM {
+          vocab = 96  dim = 64  layers = 2  heads = 4  kv_heads = 2  ffn = 128  max_seq = 64
+          norm = RMSNorm(eps = 1e-6)  tied = true
+          block = Block(attn = Attention(head_dim = 32, qk_norm = true))
+        }""",
+        "m",
+    ),
+    "qwen2": ("qwen2_5_7b", "qwen2_5_tiny"),
+    "mistral": ("mistral_7b", "mistral_7b_tiny"),
+    "llama": ("llama3_2_1b", "llama3_2_tiny"),
+}
+
+
+def test_every_family_module_declares_its_facts_type_beside_its_entry():
+    """A family's facts type is a `Facts` of its own kind (not the bare one), named in its module
+    (declared there, or imported from the shared module of its relatives), and it has every fact
+    the family's rows state."""
+    assert sorted(SPECS) == sorted(families.REGISTRY)
+    for name, family in families.REGISTRY.items():
+        module = sys.modules[f"{families.__name__}.{name}"]
+        assert issubclass(family.facts, Facts) and family.facts is not Facts, name
+        assert getattr(module, family.facts.__name__, None) is family.facts, name
+        own = {f.name for f in dataclasses.fields(family.facts)}
+        assert {row.field for row in family.rows} <= own, name
+
+
+def test_a_family_whose_row_states_a_fact_of_another_family_is_refused():
+    llama = families.get("llama")
+    deepseek = families.get("deepseek_v3")
+    with pytest.raises(
+        AssertionError, match="row states `attn`, which its facts type DecoderFacts has not"
+    ):
+        dataclasses.replace(llama, rows=llama.rows + deepseek.rows)
+    with pytest.raises(AttributeError, match="T5Facts has no fact `window`"):
+        families.get("t5").facts().window = 4  # type: ignore[attr-defined]
+
+
+def test_a_model_of_a_root_no_family_reads_is_refused_by_name_on_export():
+    """No reader types its facts: the bare Facts reads every declared fact as unknown, so export
+    writes llama's config.json and the comparison names the root (no AttributeError)."""
+    arch = Arch("m", Facts(), {("w",): ((2,), "float32")}, root="MyLM")
+    assert family_of_arch(arch) == "llama"
+    assert mismatches(arch, "llama", hf_config(arch, "llama")) == [
+        "config.json is a LlamaForCausalLM (std's DecoderLM), the spec's model is a MyLM"
+    ]
+
+
+@pytest.mark.parametrize("name", sorted(SPECS))
+def test_a_family_reader_yields_the_family_facts_type(name, tmp_path):
+    """The reader of a family's std spec states that family's facts type exactly (a shared reader
+    types them as the family it read: a MoE decoder's MoeFacts, a plain one's DecoderFacts), and
+    detection finds the family."""
+    spec, model = SPECS[name]
+    path = HF.parent.parent / "specs" / f"{spec}.axl"
+    if "\n" in spec:
+        path = tmp_path / "m.axl"
+        path.write_text(spec)
+    (arch,) = [a for a in load_spec(path) if a.name == model]
+    assert not arch.problems and family_of_arch(arch) == name
+    assert type(arch.facts) is families.get(name).facts, type(arch.facts).__name__
 
 
 def test_detection_asks_the_families_in_rank_order_and_llama_claims_the_rest():

@@ -100,13 +100,13 @@ used (a tied `lm_head` equal to the embedding and HF's non-parameter buffers exc
 a module that defines `FAMILY`), and the family-neutral modules, one per concern:
 
     errors.py          HFError, exit codes
-    facts.py           Arch: the facts a config.json states (FIELDS), the parameters, the problems
-    family.py          Family: what a registry entry holds (rows, export, layout, reader, ...)
+    facts.py           Arch (generic in its facts type), Facts and AttentionFacts, FIELDS
+    family.py          Family: what a registry entry holds (facts type, rows, export, layout, ...)
     families/          the registry; <model_type>.py per family (bert, vit and t5 with their notes)
     arch.py            arch_of: the spec's model read from its IR by its root's reader
-    decoder_arch.py    the reader of std's DecoderLM (every decoder family's spec side)
+    decoder_arch.py    DecoderFacts, and the reader of std's DecoderLM (every decoder's spec side)
     fields.py          config.json -> Arch fields: the rows' pieces, shared defaults, rope rows
-    decoder.py         the Llama-shaped families' shared rows, export and layout (typed `Decoder`)
+    decoder.py         the Llama-shaped families' MoeFacts, shared rows, export and layout
     parallel.py        Phi's and GPT-NeoX's shared rows and export (typed `Parallel`)
     gemma.py           Gemma 2's and Gemma 3's shared rows and export
     values.py          hf_values: a family's rows walked over a config.json
@@ -117,6 +117,25 @@ a module that defines `FAMILY`), and the family-neutral modules, one per concern
     importer.py        `import_hf`
     exporter.py        `export_hf`
     lora_merge.py      LoRA adapters: merge into the weights, `export-lora`
+
+**Typed facts**: each family states its facts as a type of its own (`Family.facts`), declared
+beside its entry or shared with its relatives; its reader states one, its export and layout read
+one (mypy flags a fact the family has not), and its rows state only that type's fields:
+
+    Facts                    sizes, norm, attention and feed-forward basics (every family)
+      BertFacts              + token types                                  bert
+      T5Facts                + decoder layers, relative buckets             t5
+      AttentionFacts         + window, scale, softcap, post_norms (std's Block and Attention)
+        VitFacts             + images, patches, classes                     vit
+        DecoderFacts         + rotary, per-layer windows, DecoderLM extras  gpt2, llama, mistral,
+                                                   qwen2, qwen3, phi, gpt_neox, gemma2, gemma3_text
+          MoeFacts           + experts                                      mixtral, qwen3_moe
+            DeepSeekFacts    + latent attention, dense blocks, expert groups  deepseek_v3
+          Mamba2Facts        + the Mamba2Mixer                              mamba2
+
+DecoderLM's reader types what it read as the smallest DecoderFacts type that has it all. The
+family-neutral code (detection, config.json comparison) reads a base `Facts` and the others' facts
+by name (`Facts.get`).
 
 """
 

@@ -23,7 +23,7 @@ def _param_tree(root) -> dict[tuple[str, ...], tuple[tuple[int, ...], str]]:
     return out
 
 
-def arch_of(model) -> Arch:
+def arch_of(model) -> Arch[Facts]:
     """The Arch of one IR model (an `ir.Model` after stack_repeats)."""
     root = model.root
     arch = Arch(model.name, Facts(), _param_tree(root), root=root.layer)
@@ -38,7 +38,7 @@ def arch_of(model) -> Arch:
     return read(arch, root)
 
 
-def load_spec(spec: Path) -> list[Arch]:
+def load_spec(spec: Path) -> list[Arch[Facts]]:
     """The Arch of every model of a spec (compiled for cpu, up to stack_repeats)."""
     from axdsl.pipeline import compile_spec
 
@@ -46,7 +46,7 @@ def load_spec(spec: Path) -> list[Arch]:
     return [arch_of(m) for m in module.models]
 
 
-def pick(archs: list[Arch], name: str | None, spec: Path) -> Arch:
+def pick(archs: list[Arch[Facts]], name: str | None, spec: Path) -> Arch[Facts]:
     """The model called `name`; HFError naming the spec's models when there is none."""
     names = [a.name for a in archs]
     for a in archs:

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from axdsl.checkpoints import good_steps
-from axdsl.hf.facts import Arch
+from axdsl.hf.facts import Arch, Facts
 from axdsl.hf.errors import HFError
 
 
@@ -96,7 +96,9 @@ def metadata_tree(path: Path) -> dict:
     return tree
 
 
-def restore_params(path: Path, arch: Arch, stored: dict[tuple[str, ...], Any], state: bool) -> dict:
+def restore_params(
+    path: Path, arch: Arch[Facts], stored: dict[tuple[str, ...], Any], state: bool
+) -> dict:
     """Read the parameters (of a train state: only its params) onto the CPU, in the stored
     dtypes."""
     import jax

@@ -13,7 +13,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from axdsl.hf.facts import Arch
+from axdsl.hf.decoder_arch import DecoderFacts
+from axdsl.hf.facts import Arch, fact
 from axdsl.hf.fields import (
     _PLAIN,
     ROPE_ROWS,
@@ -32,6 +33,18 @@ from axdsl.hf.fields import (
     rope_type_check,
 )
 from axdsl.hf.layout import MoeNames, Rule, decoder_layout, llama_block, mlp_moe_names
+
+
+@dataclass
+class MoeFacts(DecoderFacts):
+    """A DecoderLM of MoE blocks: the experts, beside the facts of `DecoderFacts`. The type of
+    mixtral and qwen3_moe; DeepSeek's extends it."""
+
+    experts: int = fact("MoE experts")
+    top_k: int = fact("MoE top_k")
+    normalize: bool = fact("MoE normalize")
+    shared: int = fact("MoE shared experts")
+    capacity_factor: float | None = fact("MoE capacity_factor")
 
 
 @dataclass(frozen=True)
@@ -172,7 +185,9 @@ def decoder_unsupported(d: Decoder) -> tuple[Unsupported, ...]:
     )
 
 
-def decoder_config(arch: Arch, family: str, hf_class: str, dtype: str) -> dict[str, Any]:
+def decoder_config(
+    arch: Arch[DecoderFacts], family: str, hf_class: str, dtype: str
+) -> dict[str, Any]:
     """The config.json keys every Llama-shaped family writes; a family adds its own."""
     v = arch.facts
     theta = v.rope_theta if v.rope_theta is not None else 10000.0
@@ -199,6 +214,6 @@ def decoder_config(arch: Arch, family: str, hf_class: str, dtype: str) -> dict[s
     }
 
 
-def decoder_rules(d: Decoder) -> Callable[[Arch, set[str] | None], list[Rule]]:
+def decoder_rules(d: Decoder) -> Callable[[Arch[DecoderFacts], set[str] | None], list[Rule]]:
     """The tensor layout of a Llama-shaped family."""
     return decoder_layout(lambda r: llama_block(r, moe_names=d.moe_names))

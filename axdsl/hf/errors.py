@@ -7,6 +7,7 @@ import sys
 from collections.abc import Callable
 
 from axdsl.errors import CompileError
+from axdsl.hf.facts import Arch, Facts
 
 
 class HFError(Exception):
@@ -34,11 +35,12 @@ def exit_code(command: Callable[..., None], *args) -> int:
     return 0
 
 
-def warn_capacity(arch, family: str) -> None:
+def warn_capacity(arch: Arch[Facts], family: str) -> None:
     """A spec MoE that drops tokens over capacity computes other logits than the HF model."""
-    if (arch.facts.capacity_factor or 0.0) > 0:
+    capacity = arch.facts.get("capacity_factor")  # a MoE's (MoeFacts)
+    if (capacity or 0.0) > 0:
         print(
             f"warning: `{arch.name}` drops tokens over expert capacity (capacity_factor = "
-            f"{arch.facts.capacity_factor}); {family} does not, so logits can differ",
+            f"{capacity}); {family} does not, so logits can differ",
             file=sys.stderr,
         )

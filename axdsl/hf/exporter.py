@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from axdsl.hf.arch import Arch, load_spec, pick
+from axdsl.hf.facts import Facts
 from axdsl.hf.checkpoint import find_checkpoint, flatten, metadata_tree, restore_params
 from axdsl.hf.config import FAMILIES, family_of_arch, hf_config, mismatches
 from axdsl.hf.errors import HFError, exit_code, warn_capacity
@@ -29,7 +30,7 @@ def export_hf(spec: Path, ckpt_dir: Path, out: Path, model: str | None = None) -
     return exit_code(_export_hf, Path(spec), Path(ckpt_dir), Path(out), model)
 
 
-def _shape_problems(arch: Arch, stored: dict[tuple[str, ...], Any]) -> list[str]:
+def _shape_problems(arch: Arch[Facts], stored: dict[tuple[str, ...], Any]) -> list[str]:
     out = []
     for p, (shape, _) in arch.params.items():
         if p not in stored:
@@ -47,8 +48,8 @@ def _shape_problems(arch: Arch, stored: dict[tuple[str, ...], Any]) -> list[str]
 
 
 def _checkpointed_model(
-    archs: list[Arch], model: str | None, spec: Path, path: Path, stored: dict
-) -> Arch:
+    archs: list[Arch[Facts]], model: str | None, spec: Path, path: Path, stored: dict
+) -> Arch[Facts]:
     """The model `model`, whose shapes the checkpoint must have; by default the first that has
     them."""
     if model is not None:
@@ -76,7 +77,7 @@ def _check_out_dir(out: Path) -> None:
 
 
 def _hf_tensors(
-    family: str, arch: Arch, flat: dict[tuple[str, ...], np.ndarray]
+    family: str, arch: Arch[Facts], flat: dict[tuple[str, ...], np.ndarray]
 ) -> dict[str, np.ndarray]:
     """Every parameter as HF tensors (layer i of a stacked parameter as HF's layer i)."""
     tensors: dict[str, np.ndarray] = {}

@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from typing import Any
 from collections.abc import Callable
 
-from axdsl.hf.facts import FIELDS, Facts
+from axdsl.hf.decoder_arch import DecoderFacts
+from axdsl.hf.facts import FIELDS
 
 # GELU variants that equal jax.nn.gelu's default (the tanh approximation).
 TANH_GELU = ("gelu_new", "gelu_pytorch_tanh", "gelu_fast")
@@ -232,7 +233,7 @@ _ROPE_KEYS = {
 }
 
 
-def rope_parameters(v: Facts, theta: float, partial: bool = True) -> dict:
+def rope_parameters(v: DecoderFacts, theta: float, partial: bool = True) -> dict:
     """transformers 5's rope_parameters: the rope type and the values its scaling reads, and
     (`partial`) the rotating fraction of each head when rope_dim is not head_dim."""
     scaling = v.rope_scaling or "none"

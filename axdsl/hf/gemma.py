@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 
 from axdsl.hf.errors import HFError
+from axdsl.hf.decoder_arch import DecoderFacts
 from axdsl.hf.facts import Arch, Facts
 from axdsl.hf.fields import (
     ROPE_ROWS,
@@ -45,9 +46,10 @@ _GEMMA3_ROPE = {"default": "none", "linear": "linear"}
 GEMMA = Defaults(head_dim=256, layers=26)
 
 
-def is_gemma(arch: Arch) -> bool:
+def is_gemma(arch: Arch[Facts]) -> bool:
     """A DecoderLM with Gemma's GemmaRMSNorm or sandwich norms (post_norms)."""
-    return arch.facts.norm == "GemmaRMSNorm" or bool(arch.facts.post_norms)
+    v = arch.facts
+    return v.norm == "GemmaRMSNorm" or (isinstance(v, DecoderFacts) and bool(v.post_norms))
 
 
 def _layer_types(c: Config, period: int) -> list[str]:
@@ -220,7 +222,7 @@ GEMMA3_UNSUPPORTED: tuple[Unsupported, ...] = (
 )
 
 
-def _query_pre_attn_scalar(v: Facts) -> int:
+def _query_pre_attn_scalar(v: DecoderFacts) -> int:
     """Gemma states its attention scale as scale = query_pre_attn_scalar ** -0.5 (an int)."""
     if not v.scale:
         return v.head_dim
@@ -233,7 +235,7 @@ def _query_pre_attn_scalar(v: Facts) -> int:
     return round(scalar)
 
 
-def _shared_config(v: Facts, family: str, architecture: str, dtype: str) -> dict:
+def _shared_config(v: DecoderFacts, family: str, architecture: str, dtype: str) -> dict:
     windows = v.layer_windows
     sliding = {w for w in windows if w}
     if len(sliding) > 1:
@@ -268,7 +270,7 @@ def _shared_config(v: Facts, family: str, architecture: str, dtype: str) -> dict
     }
 
 
-def gemma2_config(arch: Arch, dtype: str) -> dict:
+def gemma2_config(arch: Arch[DecoderFacts], dtype: str) -> dict:
     """Gemma 2: sandwich norms, GeGLU, soft caps, alternating sliding and full attention."""
     v = arch.facts
     theta = v.rope_theta if v.rope_theta is not None else 10000.0
@@ -279,7 +281,7 @@ def gemma2_config(arch: Arch, dtype: str) -> dict:
     }
 
 
-def gemma3_config(arch: Arch, dtype: str) -> dict:
+def gemma3_config(arch: Arch[DecoderFacts], dtype: str) -> dict:
     """Gemma 3 (text): Gemma 2's layout plus q/k norms and a rotary embedding per layer type."""
     v = arch.facts
     out = _shared_config(v, "gemma3_text", "Gemma3ForCausalLM", dtype)

@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from axdsl.hf.arch import Arch, load_spec, pick
+from axdsl.hf.facts import Facts
 from axdsl.hf.checkpoint import nest, save_params
 from axdsl.hf.config import FAMILIES, family_of_config, mismatches
 from axdsl.hf.errors import HFError, exit_code, warn_capacity
@@ -50,7 +51,7 @@ def _load_rule(r: Rule, reader: Reader, layers: int) -> tuple[np.ndarray, ...]:
     return tuple(np.stack([pl[j] for pl in per_layer]) for j in range(len(r.paths)))
 
 
-def _map_tensors(arch: Arch, rs: list[Rule], reader: Reader) -> tuple[dict, list[str]]:
+def _map_tensors(arch: Arch[Facts], rs: list[Rule], reader: Reader) -> tuple[dict, list[str]]:
     """Every rule's arrays, in the parameters' dtypes; and what did not map."""
     import jax.numpy as jnp
 
@@ -84,7 +85,9 @@ def _skipped(family: Family, key: str) -> bool:
     return family.skipped is not None and family.skipped.search(key) is not None
 
 
-def _leftovers(family: Family, arch: Arch, rs: list[Rule], reader: Reader, out: dict) -> list[str]:
+def _leftovers(
+    family: Family, arch: Arch[Facts], rs: list[Rule], reader: Reader, out: dict
+) -> list[str]:
     """A tied head that differs from the table, unfilled parameters and unused HF tensors."""
     problems = []
     keys = set(reader.where)
@@ -116,7 +119,9 @@ def _leftovers(family: Family, arch: Arch, rs: list[Rule], reader: Reader, out: 
     return problems
 
 
-def convert_from_hf(arch: Arch, family: str, hf_dir: Path) -> dict[tuple[str, ...], np.ndarray]:
+def convert_from_hf(
+    arch: Arch[Facts], family: str, hf_dir: Path
+) -> dict[tuple[str, ...], np.ndarray]:
     """Read and map every tensor: path -> array in the parameter's dtype. Raises HFError."""
     with ExitStack() as stack:
         reader = Reader(hf_dir, stack)
@@ -131,8 +136,8 @@ def convert_from_hf(arch: Arch, family: str, hf_dir: Path) -> dict[tuple[str, ..
 
 
 def _matching_model(
-    archs: list[Arch], model: str | None, spec: Path, hf_dir: Path, family: str, cfg: dict
-) -> Arch:
+    archs: list[Arch[Facts]], model: str | None, spec: Path, hf_dir: Path, family: str, cfg: dict
+) -> Arch[Facts]:
     """The model `model`, which config.json must match; by default the first that matches."""
     if model is not None:
         arch = pick(archs, model, spec)

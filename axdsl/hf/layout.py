@@ -13,10 +13,13 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from collections.abc import Callable
+from typing import Generic, TypeVar
 
 import numpy as np
 
-from axdsl.hf.facts import Arch
+from axdsl.hf.facts import Arch, Facts
+
+F = TypeVar("F", bound=Facts)
 
 # tensors HF checkpoints may hold that are not parameters
 BUFFERS = re.compile(r"(^|\.)attn\.(masked_)?bias$|rotary_emb\.inv_freq$")
@@ -41,11 +44,11 @@ def _T(a: np.ndarray) -> np.ndarray:
 
 
 @dataclass
-class _Rules:
+class _Rules(Generic[F]):
     """The rules being listed, and the one-parameter rule shapes (kept only for parameters `arch`
-    has)."""
+    has); `arch` typed as the family's facts."""
 
-    arch: Arch
+    arch: Arch[F]
     keys: set[str] | None
     out: list[Rule] = field(default_factory=list)
     block: str = "blocks"  # the repeated block's path: blocks, or blocks/<e> for pattern element e
@@ -99,16 +102,16 @@ class _Rules:
 
 # A block body: adds the rules of one repeated block and the model-level ones, and names the head
 # tensor (lm_head, or GPT-NeoX's embed_out).
-Body = Callable[["_Rules"], str]
+Body = Callable[["_Rules[F]"], str]
 # The MoE module's name and its experts' (gate, up, down) tensor names, given the checkpoint's keys
 MoeNames = Callable[["set[str] | None"], tuple[str, tuple[str, str, str]]]
 
 
-def decoder_layout(body: Body) -> Callable[[Arch, set[str] | None], list[Rule]]:
+def decoder_layout(body: Body[F]) -> Callable[[Arch[F], set[str] | None], list[Rule]]:
     """The layout of a DecoderLM family: embedding, `blocks` (one block, or a pattern of them),
     final norm and head, with `body` giving one block's tensors."""
 
-    def layout(arch: Arch, keys: set[str] | None) -> list[Rule]:
+    def layout(arch: Arch[F], keys: set[str] | None) -> list[Rule]:
         if arch.pattern:
             return _pattern_rules(body, arch, keys)
         return _family_rules(body, _Rules(arch, keys))
@@ -116,7 +119,7 @@ def decoder_layout(body: Body) -> Callable[[Arch, set[str] | None], list[Rule]]:
     return layout
 
 
-def _pattern_rules(body: Body, arch: Arch, keys: set[str] | None) -> list[Rule]:
+def _pattern_rules(body: Body[F], arch: Arch[F], keys: set[str] | None) -> list[Rule]:
     """A pattern of k blocks: layer i is element i % k, at index i // k of blocks/<e>; when k does
     not divide the layers, the scanned ones are blocks/groups/<e> and the last layers, run once
     after the scan, blocks/tail/<e> (one HF layer each, not stacked)."""
@@ -145,7 +148,7 @@ def _pattern_rules(body: Body, arch: Arch, keys: set[str] | None) -> list[Rule]:
     return out
 
 
-def _family_rules(body: Body, r: _Rules) -> list[Rule]:
+def _family_rules(body: Body[F], r: _Rules[F]) -> list[Rule]:
     head = body(r)
     r.rule(
         "head", False, lambda g, i: _T(g(f"{head}.weight")), lambda w, i: {f"{head}.weight": _T(w)}
@@ -159,7 +162,7 @@ def mlp_moe_names(keys: set[str] | None) -> tuple[str, tuple[str, str, str]]:
     return "mlp.", ("gate_proj", "up_proj", "down_proj")
 
 
-def llama_block(r: _Rules, sandwich: bool = False, moe_names: MoeNames = mlp_moe_names) -> str:
+def llama_block(r: _Rules[F], sandwich: bool = False, moe_names: MoeNames = mlp_moe_names) -> str:
     """Llama and its relatives: q/k/v/o projections, optional biases and qk norms, SwiGLU or MoE;
     `sandwich`: Gemma's norms after attention and the feed-forward too."""
     dim, heads, kv, hd = r.dims
@@ -190,8 +193,10 @@ def llama_block(r: _Rules, sandwich: bool = False, moe_names: MoeNames = mlp_moe
     r.same("blocks/attn/bo", a + "o_proj.bias")
     r.same("blocks/attn/q_norm/scale", a + "q_norm.weight")
     r.same("blocks/attn/k_norm/scale", a + "k_norm.weight")
-    if r.arch.facts.mlp == "MoE":
-        r.out += moe_rules(moe_names(r.keys), r.arch.facts.experts, r.arch.facts.hidden, L, r.keys)
+    if r.arch.facts.mlp == "MoE":  # the MoE families' type (MoeFacts) has `experts`
+        r.out += moe_rules(
+            moe_names(r.keys), r.arch.facts.get("experts"), r.arch.facts.hidden, L, r.keys
+        )
     else:
         r.linear_in("blocks/mlp/w_gate", L + "mlp.gate_proj.weight")
         r.linear_in("blocks/mlp/w_up", L + "mlp.up_proj.weight")
@@ -199,12 +204,12 @@ def llama_block(r: _Rules, sandwich: bool = False, moe_names: MoeNames = mlp_moe
     return "lm_head"
 
 
-def layer_norm(r: _Rules, ours: str, theirs: str, layered: bool = True) -> None:
+def layer_norm(r: _Rules[F], ours: str, theirs: str, layered: bool = True) -> None:
     r.same(f"{ours}/scale", theirs + ".weight", layered)
     r.same(f"{ours}/shift", theirs + ".bias", layered)
 
 
-def linear(r: _Rules, ours: str, theirs: str) -> None:
+def linear(r: _Rules[F], ours: str, theirs: str) -> None:
     """An nn.Linear with a bias: weight [out, in] -> w [in, out], bias as it is."""
     w, b = ours.rsplit("/", 1)[0] + "/w_", ours.rsplit("/", 1)[0] + "/b_"
     name = ours.rsplit("/", 1)[1]
@@ -212,7 +217,7 @@ def linear(r: _Rules, ours: str, theirs: str) -> None:
     r.same(b + name, theirs + ".bias")
 
 
-def out_proj(r: _Rules, key: str) -> None:
+def out_proj(r: _Rules[F], key: str) -> None:
     """The attention output projection [dim, heads*hd] -> wo [heads, hd, dim], and its bias."""
     dim, heads, _, hd = r.dims
     r.rule(
@@ -225,7 +230,7 @@ def out_proj(r: _Rules, key: str) -> None:
 
 
 def split_rule(
-    r: _Rules, paths: tuple[tuple[str, ...], ...], sizes: tuple[int, ...], load_one, save_one
+    r: _Rules[F], paths: tuple[tuple[str, ...], ...], sizes: tuple[int, ...], load_one, save_one
 ) -> None:
     """One HF tensor holding several axdsl parameters side by side on its last axis (as loaded):
     `load_one(g, i)` gives it, `save_one(whole, i)` writes it back; the parts have `sizes`."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from axdsl.hf.decoder_arch import DecoderFacts
 from axdsl.hf.facts import Arch
 from axdsl.hf.fields import (
     _PLAIN,
@@ -100,7 +101,9 @@ def parallel_rows(p: Parallel) -> tuple[Row, ...]:
     )
 
 
-def parallel_config(arch: Arch, family: str, hf_class: str, dtype: str) -> dict[str, Any]:
+def parallel_config(
+    arch: Arch[DecoderFacts], family: str, hf_class: str, dtype: str
+) -> dict[str, Any]:
     """The config.json keys Phi and GPT-NeoX both write; each adds its own."""
     v = arch.facts
     theta = v.rope_theta if v.rope_theta is not None else 10000.0

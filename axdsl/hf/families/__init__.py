@@ -1,33 +1,38 @@
 """The Hugging Face family registry: every family axdsl imports and exports, one module each.
 
-    axdsl/hf/families/<model_type>.py   FAMILY = Family("llama", "LlamaForCausalLM", rank=..., ...)
+    axdsl/hf/families/<model_type>.py   FAMILY = Family("llama", "LlamaForCausalLM", rank=...,
+                                                 facts=DecoderFacts, ...)
 
 Every module of this package that defines `FAMILY` is registered, so adding a family is one new
 module (plus its tests): arch_of, hf_values, mismatches, hf_config, rules and import-hf look the
-family up here and never branch on its name. Pieces several families share stay in shared
-modules of axdsl/hf/ (fields.py, decoder.py, parallel.py, gemma.py, layout.py, decoder_arch.py).
+family up here and never branch on its name. Each family has a typed facts class (`Family.facts`),
+declared beside its entry (bert, vit, t5, mamba2, deepseek_v3) or shared with its relatives
+(DecoderFacts in decoder_arch.py, MoeFacts in decoder.py). Pieces several families share stay in
+shared modules of axdsl/hf/ (fields.py, decoder.py, parallel.py, gemma.py, layout.py,
+decoder_arch.py).
 """
 
 from __future__ import annotations
 
 import importlib
 import pkgutil
+from typing import Any
 
-from axdsl.hf.facts import Arch
+from axdsl.hf.facts import Arch, Facts
 from axdsl.hf.family import Family, Reader
 from axdsl.hf.layout import Rule
 
 __all__ = ["REGISTRY", "Family", "get", "of_arch", "roots", "rules"]
 
 
-def _load() -> dict[str, Family]:
-    found: list[Family] = []
+def _load() -> dict[str, Family[Any]]:
+    found: list[Family[Any]] = []
     for info in pkgutil.iter_modules(__path__):
         module = importlib.import_module(f"{__name__}.{info.name}")
         family = getattr(module, "FAMILY", None)
         if family is not None:
             found.append(family)
-    registry: dict[str, Family] = {}
+    registry: dict[str, Family[Any]] = {}
     for family in sorted(found, key=lambda f: f.rank):
         if family.name in registry:
             raise AssertionError(f"family `{family.name}` is defined twice")
@@ -37,14 +42,14 @@ def _load() -> dict[str, Family]:
     return registry
 
 
-REGISTRY: dict[str, Family] = _load()  # in rank order
+REGISTRY: dict[str, Family[Any]] = _load()  # in rank order
 
 
-def get(name: str) -> Family:
+def get(name: str) -> Family[Any]:
     return REGISTRY[name]
 
 
-def of_arch(arch: Arch) -> Family:
+def of_arch(arch: Arch[Facts]) -> Family[Any]:
     """The first family (in rank order) that claims a spec's model."""
     for family in REGISTRY.values():
         if family.claims(arch):
@@ -61,7 +66,7 @@ def roots() -> dict[str, Reader]:
     return out
 
 
-def rules(family: str, arch: Arch, keys: set[str] | None) -> list[Rule]:
+def rules(family: str, arch: Arch[Facts], keys: set[str] | None) -> list[Rule]:
     """The mapping of every parameter `arch` has, as `family` lays it out. `keys` (import) picks
     among equivalent layouts."""
     return get(family).layout(arch, keys)

@@ -36,9 +36,10 @@ have: import skips them (`SKIPPED`) and says so.
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from typing import Any
 
-from axdsl.hf.facts import Arch, at
+from axdsl.hf.facts import Arch, Facts, at, fact
 from axdsl.hf.facts import hv as _hv
 from axdsl.hf.family import Family
 from axdsl.hf.fields import Row, Unsupported, _fact, _key, _when
@@ -55,9 +56,17 @@ TIED = "cls.predictions.decoder.weight"  # the decoder, tied to the word embeddi
 _NORMS = ("embed_norm", "blocks/attn_norm", "blocks/mlp_norm", "head_norm")
 
 
-def bert_arch(arch: Arch, root: Any) -> Arch:
-    """Fill `arch` (arch.py's Arch of a BertMLM model; `root` its IR instance) with the facts
+@dataclass
+class BertFacts(Facts):
+    """BertMLM: its token types, beside the facts of `Facts`."""
+
+    type_vocab: int = fact("type_vocab")
+
+
+def bert_arch(bare: Arch[Facts], root: Any) -> Arch[BertFacts]:
+    """`bare` (arch.py's Arch of a BertMLM model; `root` its IR instance) with the facts
     BertForMaskedLM's config states."""
+    arch = bare.with_facts(BertFacts())
     v = arch.facts
     for k in ("vocab", "dim", "layers", "heads", "max_seq", "type_vocab"):
         setattr(v, k, _hv(root, k))
@@ -92,7 +101,7 @@ def bert_arch(arch: Arch, root: Any) -> Arch:
     return arch
 
 
-def _read_norms(arch: Any, norms: list) -> None:
+def _read_norms(arch: Arch[BertFacts], norms: list) -> None:
     """BERT's four LayerNorms (embeddings, after attention, after the MLP, the head) share one
     eps."""
     kinds = {n.layer if n is not None else None for n in norms}
@@ -156,7 +165,7 @@ BERT_UNSUPPORTED: tuple[Unsupported, ...] = (
 )
 
 
-def bert_config(arch: Arch, dtype: str) -> dict[str, Any]:
+def bert_config(arch: Arch[BertFacts], dtype: str) -> dict[str, Any]:
     """transformers' BertConfig of a BertMLM (export); dropout is off, as in the generated
     forward."""
     v = arch.facts
@@ -185,7 +194,7 @@ def bert_config(arch: Arch, dtype: str) -> dict[str, Any]:
     }
 
 
-def _layout(arch: Arch, keys: set[str] | None) -> list[Rule]:
+def _layout(arch: Arch[BertFacts], keys: set[str] | None) -> list[Rule]:
     """Every BertMLM parameter <-> BertForMaskedLM's tensors (listed above)."""
     r = _Rules(arch, keys)
     _, heads, _, _ = r.dims
@@ -224,6 +233,7 @@ FAMILY = Family(
     name=NAME,
     hf_class=CLASS,
     rank=0,
+    facts=BertFacts,
     claims=lambda arch: arch.facts.block == BLOCK,
     root=ROOT,
     read=bert_arch,

@@ -10,9 +10,11 @@ stacked `dense_blocks`, layers k .. the `blocks`.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
+from axdsl.hf.decoder import MoeFacts
 from axdsl.hf.decoder_arch import read_decoder
-from axdsl.hf.facts import Arch
+from axdsl.hf.facts import Arch, fact
 from axdsl.hf.family import Family
 from axdsl.hf.fields import (
     ROPE_ROWS,
@@ -27,6 +29,25 @@ from axdsl.hf.fields import (
     rope_type_check,
 )
 from axdsl.hf.layout import _T, Rule, _Rules, mlp_moe_names, moe_rules
+
+
+@dataclass
+class DeepSeekFacts(MoeFacts):
+    """DeepSeek-V3: multi-head latent attention, the dense first blocks and DeepSeek's MoE (expert
+    groups, a routed scale, a sigmoid score), beside the facts of `MoeFacts`."""
+
+    attn: str | None = fact("attention layer")
+    dense_hidden: int | None = fact("the dense blocks' SwiGLU hidden")
+    q_rank: int = fact("MLAttention q_rank")
+    kv_rank: int = fact("MLAttention kv_rank")
+    nope_dim: int = fact("MLAttention nope_dim")
+    v_head_dim: int = fact("MLAttention v_head_dim")
+    rope_interleaved: bool = fact("attention rope_interleaved")
+    latent_norm_eps: float = fact("MLAttention kv_norm eps")
+    groups: int = fact("DeepSeekMoE groups")
+    top_groups: int = fact("DeepSeekMoE top_groups")
+    routed_scale: float = fact("DeepSeekMoE scale")
+    score: str = fact("DeepSeekMoE score")
 
 
 def _dense_layers(c: Config) -> int:
@@ -136,7 +157,7 @@ UNSUPPORTED = (
 )
 
 
-def _export(arch: Arch, dtype: str) -> dict:
+def _export(arch: Arch[DeepSeekFacts], dtype: str) -> dict:
     """DeepSeek-V3: latent attention, dense first layers, then DeepSeek's MoE."""
     v = arch.facts
     theta = v.rope_theta if v.rope_theta is not None else 10000.0
@@ -180,7 +201,7 @@ def _export(arch: Arch, dtype: str) -> dict:
     }
 
 
-def _layout(arch: Arch, keys: set[str] | None) -> list[Rule]:
+def _layout(arch: Arch[DeepSeekFacts], keys: set[str] | None) -> list[Rule]:
     """DeepSeek-V3: HF layers 0 .. k-1 are the stacked `dense_blocks`, layers k .. the `blocks`."""
     r = _Rules(arch, keys)
     pre = r.prefix("model.")
@@ -211,7 +232,7 @@ def _layout(arch: Arch, keys: set[str] | None) -> list[Rule]:
     return out
 
 
-def _latent_block_rules(r: _Rules, L: str, moe: bool) -> None:
+def _latent_block_rules(r: _Rules[DeepSeekFacts], L: str, moe: bool) -> None:
     """One DeepSeek layer's norms, latent attention, and SwiGLU (dense) or router bias and shared
     experts."""
     v = r.arch.facts
@@ -257,7 +278,9 @@ FAMILY = Family(
     name="deepseek_v3",
     hf_class="DeepseekV3ForCausalLM",
     rank=4,
-    claims=lambda arch: arch.facts.attn == "MLAttention" or arch.facts.mlp == "DeepSeekMoE",
+    facts=DeepSeekFacts,
+    claims=lambda arch: arch.facts.mlp == "DeepSeekMoE"
+    or (isinstance(arch.facts, DeepSeekFacts) and arch.facts.attn == "MLAttention"),
     root="DecoderLM",
     read=read_decoder,
     rows=ROWS,

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from axdsl.hf.decoder_arch import read_decoder
+from axdsl.hf.decoder_arch import DecoderFacts, read_decoder
 from axdsl.hf.facts import Arch
 from axdsl.hf.family import Family
 from axdsl.hf.fields import _PLAIN, TANH_GELU, Defaults, Row, _fact, _key, _layers, _when
@@ -65,7 +65,7 @@ UNSUPPORTED = (
 )
 
 
-def _export(arch: Arch, dtype: str) -> dict:
+def _export(arch: Arch[DecoderFacts], dtype: str) -> dict:
     v = arch.facts
     acts = {"gelu": "gelu_new", "relu": "relu", "silu": "silu"}
     return {
@@ -93,7 +93,7 @@ def _export(arch: Arch, dtype: str) -> dict:
     }
 
 
-def _block(r: _Rules) -> str:
+def _block(r: _Rules[DecoderFacts]) -> str:
     """GPT-2: Conv1D weights are [in, out] already; c_attn holds q, k and v side by side."""
     dim, heads, _, hd = r.dims
     pre = r.prefix("transformer.")  # the hub's gpt2 checkpoints name GPT2Model's tensors bare
@@ -151,6 +151,7 @@ FAMILY = Family(
     name="gpt2",
     hf_class="GPT2LMHeadModel",
     rank=9,
+    facts=DecoderFacts,
     claims=lambda arch: arch.facts.positions == "learned" or arch.facts.norm == "LayerNorm",
     root="DecoderLM",
     read=read_decoder,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from axdsl.hf.decoder_arch import read_decoder
+from axdsl.hf.decoder_arch import DecoderFacts, read_decoder
 from axdsl.hf.facts import Arch
 from axdsl.hf.family import Family
 from axdsl.hf.fields import Defaults, Row, _when, rope_type_check
@@ -25,7 +25,7 @@ CONFIG = Parallel(
 )
 
 
-def _export(arch: Arch, dtype: str) -> dict:
+def _export(arch: Arch[DecoderFacts], dtype: str) -> dict:
     out = parallel_config(arch, "gpt_neox", "GPTNeoXForCausalLM", dtype)
     out.update(
         use_parallel_residual=True,
@@ -37,7 +37,7 @@ def _export(arch: Arch, dtype: str) -> dict:
     return out
 
 
-def _block(r: _Rules) -> str:
+def _block(r: _Rules[DecoderFacts]) -> str:
     """GPT-NeoX: one fused query_key_value per layer, its output rows grouped by head
     ([heads, (q, k, v), head_dim]), two LayerNorms, dense_h_to_4h / dense_4h_to_h."""
     dim, heads, _, hd = r.dims
@@ -82,6 +82,7 @@ FAMILY = Family(
     name="gpt_neox",
     hf_class="GPTNeoXForCausalLM",
     rank=6,
+    facts=DecoderFacts,
     claims=lambda arch: arch.facts.block == "ParallelBlock",
     root="DecoderLM",
     read=read_decoder,

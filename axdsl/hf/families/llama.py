@@ -9,14 +9,14 @@ from axdsl.hf.decoder import (
     decoder_rules,
     decoder_unsupported,
 )
-from axdsl.hf.decoder_arch import read_decoder
+from axdsl.hf.decoder_arch import DecoderFacts, read_decoder
 from axdsl.hf.facts import Arch
 from axdsl.hf.family import Family
 
 CONFIG = Decoder()
 
 
-def _export(arch: Arch, dtype: str) -> dict:
+def _export(arch: Arch[DecoderFacts], dtype: str) -> dict:
     return {
         **decoder_config(arch, "llama", "LlamaForCausalLM", dtype),
         "attention_bias": arch.facts.attn_bias,
@@ -28,6 +28,7 @@ FAMILY = Family(
     name="llama",
     hf_class="LlamaForCausalLM",
     rank=15,
+    facts=DecoderFacts,
     claims=lambda arch: True,
     root="DecoderLM",
     read=read_decoder,

@@ -7,13 +7,30 @@ three short convs into one depthwise conv1d ([channels, 1, taps]: x, B, C).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
-from axdsl.hf.decoder_arch import read_decoder
-from axdsl.hf.facts import Arch
+from axdsl.hf.decoder_arch import DecoderFacts, read_decoder
+from axdsl.hf.facts import Arch, fact
 from axdsl.hf.family import Family
 from axdsl.hf.fields import Config, Row, _fact, _key, _when
 from axdsl.hf.layout import _T, _Rules, decoder_layout, split_rule
+
+
+@dataclass
+class Mamba2Facts(DecoderFacts):
+    """A DecoderLM of MambaBlocks: its Mamba2Mixer's sizes, conv and gated norm, beside the facts
+    of `DecoderFacts` (its attention facts stay unknown: it has none)."""
+
+    ssm_expand: int = fact("Mamba2Mixer expand")
+    ssm_head_dim: int = fact("Mamba2Mixer head_dim")
+    ssm_state: int = fact("Mamba2Mixer state")
+    ssm_groups: int = fact("Mamba2Mixer groups")
+    conv_kernel: int = fact("Mamba2Mixer conv_kernel")
+    chunk: int = fact("Mamba2Mixer chunk")
+    conv_bias: bool = fact("Mamba2Mixer conv_bias")
+    mixer_eps: float = fact("Mamba2Mixer eps (its gated norm)")
+
 
 ROWS = (
     _key("vocab_size", 32768, "vocab"),
@@ -63,7 +80,7 @@ def _time_step_limit(c: Config) -> bool:
     return _number(low) > 0.0 or _number(high) != float("inf")
 
 
-def _export(arch: Arch, dtype: str) -> dict:
+def _export(arch: Arch[Mamba2Facts], dtype: str) -> dict:
     """Mamba-2: attention-free blocks; transformers' Mamba2Config keys."""
     v = arch.facts
     return {
@@ -91,7 +108,7 @@ def _export(arch: Arch, dtype: str) -> dict:
     }
 
 
-def _block(r: _Rules) -> str:
+def _block(r: _Rules[Mamba2Facts]) -> str:
     """Mamba-2: transformers fuses the mixer's five input projections into in_proj (rows z, x, B,
     C, dt) and its three short convs into one depthwise conv1d ([channels, 1, taps]: x, B, C)."""
     v = r.arch.facts
@@ -143,6 +160,7 @@ FAMILY = Family(
     name="mamba2",
     hf_class="Mamba2ForCausalLM",
     rank=3,
+    facts=Mamba2Facts,
     claims=lambda arch: arch.facts.block == "MambaBlock",
     root="DecoderLM",
     read=read_decoder,

@@ -9,7 +9,7 @@ from axdsl.hf.decoder import (
     decoder_rules,
     decoder_unsupported,
 )
-from axdsl.hf.decoder_arch import read_decoder
+from axdsl.hf.decoder_arch import DecoderFacts, read_decoder
 from axdsl.hf.facts import Arch
 from axdsl.hf.family import Family
 from axdsl.hf.fields import Defaults
@@ -17,7 +17,7 @@ from axdsl.hf.fields import Defaults
 CONFIG = Decoder(windowed=True, default_window=4096)
 
 
-def _export(arch: Arch, dtype: str) -> dict:
+def _export(arch: Arch[DecoderFacts], dtype: str) -> dict:
     return {
         **decoder_config(arch, "mistral", "MistralForCausalLM", dtype),
         "sliding_window": arch.facts.window or None,
@@ -28,7 +28,8 @@ FAMILY = Family(
     name="mistral",
     hf_class="MistralForCausalLM",
     rank=14,
-    claims=lambda arch: bool(arch.facts.window),
+    facts=DecoderFacts,
+    claims=lambda arch: isinstance(arch.facts, DecoderFacts) and bool(arch.facts.window),
     root="DecoderLM",
     read=read_decoder,
     rows=decoder_rows(CONFIG),

@@ -12,7 +12,7 @@ from axdsl.hf.decoder import (
 from axdsl.hf.decoder_arch import read_decoder
 from axdsl.hf.facts import Arch
 from axdsl.hf.family import Family
-from axdsl.hf.decoder import Moe
+from axdsl.hf.decoder import Moe, MoeFacts
 from axdsl.hf.fields import Defaults
 
 
@@ -33,7 +33,7 @@ CONFIG = Decoder(
 )
 
 
-def _export(arch: Arch, dtype: str) -> dict:
+def _export(arch: Arch[MoeFacts], dtype: str) -> dict:
     return {
         **decoder_config(arch, "mixtral", "MixtralForCausalLM", dtype),
         "sliding_window": arch.facts.window or None,
@@ -48,6 +48,7 @@ FAMILY = Family(
     name="mixtral",
     hf_class="MixtralForCausalLM",
     rank=11,
+    facts=MoeFacts,
     claims=lambda arch: arch.facts.mlp == "MoE",
     root="DecoderLM",
     read=read_decoder,

@@ -6,7 +6,7 @@ Phi's tensors: Llama's q/k/v names with biases, `dense` out, fc1/fc2, one LayerN
 
 from __future__ import annotations
 
-from axdsl.hf.decoder_arch import read_decoder
+from axdsl.hf.decoder_arch import DecoderFacts, read_decoder
 from axdsl.hf.facts import Arch
 from axdsl.hf.family import Family
 from axdsl.hf.fields import Defaults, _when, rope_type_check
@@ -16,7 +16,7 @@ from axdsl.hf.parallel import Parallel, parallel_config, parallel_rows
 CONFIG = Parallel(act="gelu_new", biased=None, shared_norm=True, head_bias=True)
 
 
-def _export(arch: Arch, dtype: str) -> dict:
+def _export(arch: Arch[DecoderFacts], dtype: str) -> dict:
     return {
         **parallel_config(arch, "phi", "PhiForCausalLM", dtype),
         "num_key_value_heads": arch.facts.kv_heads,
@@ -26,7 +26,7 @@ def _export(arch: Arch, dtype: str) -> dict:
     }
 
 
-def _block(r: _Rules) -> str:
+def _block(r: _Rules[DecoderFacts]) -> str:
     """Phi: Llama's q/k/v names with biases, `dense` out, fc1/fc2, one LayerNorm per block."""
     _, heads, kv, _ = r.dims
     pre = r.prefix("model.")
@@ -48,7 +48,10 @@ FAMILY = Family(
     name="phi",
     hf_class="PhiForCausalLM",
     rank=5,
-    claims=lambda arch: arch.facts.block == "ParallelBlock" and bool(arch.facts.shared_norm),
+    facts=DecoderFacts,
+    claims=lambda arch: isinstance(arch.facts, DecoderFacts)
+    and arch.facts.block == "ParallelBlock"
+    and bool(arch.facts.shared_norm),
     root="DecoderLM",
     read=read_decoder,
     rows=parallel_rows(CONFIG),

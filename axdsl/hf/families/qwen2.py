@@ -9,7 +9,7 @@ from axdsl.hf.decoder import (
     decoder_rules,
     decoder_unsupported,
 )
-from axdsl.hf.decoder_arch import read_decoder
+from axdsl.hf.decoder_arch import DecoderFacts, read_decoder
 from axdsl.hf.facts import Arch
 from axdsl.hf.family import Family
 from axdsl.hf.fields import Defaults
@@ -17,7 +17,7 @@ from axdsl.hf.fields import Defaults
 CONFIG = Decoder(qkv_bias_only=True)
 
 
-def _export(arch: Arch, dtype: str) -> dict:
+def _export(arch: Arch[DecoderFacts], dtype: str) -> dict:
     return {
         **decoder_config(arch, "qwen2", "Qwen2ForCausalLM", dtype),
         "use_sliding_window": False,
@@ -30,6 +30,7 @@ FAMILY = Family(
     name="qwen2",
     hf_class="Qwen2ForCausalLM",
     rank=13,
+    facts=DecoderFacts,
     claims=lambda arch: bool(arch.facts.attn_bias) and not arch.facts.out_bias,
     root="DecoderLM",
     read=read_decoder,

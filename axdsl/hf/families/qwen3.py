@@ -9,7 +9,7 @@ from axdsl.hf.decoder import (
     decoder_rules,
     decoder_unsupported,
 )
-from axdsl.hf.decoder_arch import read_decoder
+from axdsl.hf.decoder_arch import DecoderFacts, read_decoder
 from axdsl.hf.facts import Arch
 from axdsl.hf.family import Family
 from axdsl.hf.fields import Defaults
@@ -17,7 +17,7 @@ from axdsl.hf.fields import Defaults
 CONFIG = Decoder(qk_norm=True)
 
 
-def _export(arch: Arch, dtype: str) -> dict:
+def _export(arch: Arch[DecoderFacts], dtype: str) -> dict:
     return {
         **decoder_config(arch, "qwen3", "Qwen3ForCausalLM", dtype),
         "attention_bias": arch.facts.attn_bias,
@@ -31,6 +31,7 @@ FAMILY = Family(
     name="qwen3",
     hf_class="Qwen3ForCausalLM",
     rank=12,
+    facts=DecoderFacts,
     claims=lambda arch: bool(arch.facts.qk_norm),
     root="DecoderLM",
     read=read_decoder,

@@ -12,7 +12,7 @@ from axdsl.hf.decoder import (
 from axdsl.hf.decoder_arch import read_decoder
 from axdsl.hf.facts import Arch
 from axdsl.hf.family import Family
-from axdsl.hf.decoder import Moe
+from axdsl.hf.decoder import Moe, MoeFacts
 from axdsl.hf.fields import Defaults, _when
 
 CONFIG = Decoder(
@@ -37,7 +37,7 @@ CONFIG = Decoder(
 )
 
 
-def _export(arch: Arch, dtype: str) -> dict:
+def _export(arch: Arch[MoeFacts], dtype: str) -> dict:
     return {
         **decoder_config(arch, "qwen3_moe", "Qwen3MoeForCausalLM", dtype),
         "attention_bias": arch.facts.attn_bias,
@@ -58,6 +58,7 @@ FAMILY = Family(
     name="qwen3_moe",
     hf_class="Qwen3MoeForCausalLM",
     rank=10,
+    facts=MoeFacts,
     claims=lambda arch: arch.facts.mlp == "MoE" and bool(arch.facts.qk_norm),
     root="DecoderLM",
     read=read_decoder,

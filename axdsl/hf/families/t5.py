@@ -50,7 +50,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from axdsl.hf.facts import Arch
+from axdsl.hf.facts import Arch, Facts, fact
 from axdsl.hf.facts import hv as _hv
 from axdsl.hf.family import Family
 from axdsl.hf.fields import Config, Row, Unsupported, _when
@@ -73,8 +73,19 @@ _HF_ACTS = {
 }
 
 
-def read_arch(arch: Arch, root) -> Arch:
+@dataclass
+class T5Facts(Facts):
+    """T5: its decoder stack's depth and its relative position buckets, beside the facts of
+    `Facts` (`layers` counts the encoder's)."""
+
+    dec_layers: int = fact("T5 dec_layers")
+    buckets: int = fact("T5 buckets")
+    max_distance: int = fact("T5 max_distance")
+
+
+def read_arch(bare: Arch[Facts], root) -> Arch[T5Facts]:
     """The facts of a std T5 model (root layer `T5`): sizes, buckets, norm eps, activation."""
+    arch = bare.with_facts(T5Facts())
     v, problems = arch.facts, arch.problems
     for k in (
         "vocab",
@@ -176,7 +187,7 @@ UNSUPPORTED: tuple[Unsupported, ...] = (
 )
 
 
-def hf_config(arch: Arch, dtype: str) -> dict:
+def hf_config(arch: Arch[T5Facts], dtype: str) -> dict:
     """The config.json of a std T5 model (export), as google/flan-t5-base's states it."""
     v = arch.facts
     return {
@@ -220,7 +231,7 @@ class Mapping:
     layers: tuple[int, ...] | None = None
 
 
-def mappings(arch: Arch, keys: set[str] | None) -> list[Mapping]:
+def mappings(arch: Arch[T5Facts], keys: set[str] | None) -> list[Mapping]:
     """Every parameter's mapping; the encoder's cover its `layers`, the decoder's `dec_layers`."""
     dim, heads, hd = arch.facts.dim, arch.facts.heads, arch.facts.head_dim
     out: list[Mapping] = []
@@ -292,7 +303,7 @@ def _shared(get, keys: set[str] | None) -> np.ndarray:
     return table
 
 
-def _layout(arch: Arch, keys: set[str] | None) -> list[Rule]:
+def _layout(arch: Arch[T5Facts], keys: set[str] | None) -> list[Rule]:
     return [
         Rule(
             (m.path,),
@@ -309,6 +320,7 @@ FAMILY = Family(
     name=FAMILY_NAME,
     hf_class=CLASS,
     rank=2,
+    facts=T5Facts,
     claims=lambda arch: arch.facts.block == ROOT,
     root=ROOT,
     read=read_arch,

@@ -36,11 +36,12 @@ Not modelled: interpolate_pos_encoding (other image sizes than the config's), th
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from axdsl.hf.facts import Arch, at
+from axdsl.hf.facts import Arch, AttentionFacts, Facts, at, fact
 from axdsl.hf.facts import hv as _hv
 from axdsl.hf.family import Family
 from axdsl.hf.fields import Row, Unsupported, _fact, _key, _when
@@ -53,9 +54,23 @@ CLASS = "ViTForImageClassification"
 _NORMS = ("blocks/attn_norm", "blocks/mlp_norm", "final_norm")
 
 
-def vit_arch(arch: Arch, root: Any) -> Arch:
-    """Fill `arch` (arch.py's Arch of a VisionTransformer model; `root` its IR instance) with the
-    facts ViTForImageClassification's config states."""
+@dataclass
+class VitFacts(AttentionFacts):
+    """VisionTransformer: its images, patches and classes, beside the facts of std's Block and
+    Attention (`AttentionFacts`)."""
+
+    root: str = fact("root layer")
+    height: int = fact("height")
+    width: int = fact("width")
+    patch: int = fact("patch")
+    channels: int = fact("channels")
+    classes: int = fact("classes")
+
+
+def vit_arch(bare: Arch[Facts], root: Any) -> Arch[VitFacts]:
+    """`bare` (arch.py's Arch of a VisionTransformer model; `root` its IR instance) with the facts
+    ViTForImageClassification's config states."""
+    arch = bare.with_facts(VitFacts())
     v = arch.facts
     for k in ("dim", "layers", "heads", "height", "width", "patch", "channels", "classes"):
         setattr(v, k, _hv(root, k))
@@ -78,7 +93,7 @@ def vit_arch(arch: Arch, root: Any) -> Arch:
     return arch
 
 
-def _read_attention(arch: Any, attn: Any) -> None:
+def _read_attention(arch: Arch[VitFacts], attn: Any) -> None:
     """ViT's attention: std's Attention, bidirectional, no rope, heads splitting dim, all biases."""
     v = arch.facts
     if attn is None or attn.layer != "Attention":
@@ -94,7 +109,7 @@ def _read_attention(arch: Any, attn: Any) -> None:
         )
 
 
-def _read_norms(arch: Any, norms: list) -> None:
+def _read_norms(arch: Arch[VitFacts], norms: list) -> None:
     """ViT's LayerNorms (before attention, before the MLP, the final one) share one eps."""
     kinds = {n.layer if n is not None else None for n in norms}
     arch.facts.norm = kinds.pop() if len(kinds) == 1 else None
@@ -178,7 +193,7 @@ VIT_UNSUPPORTED: tuple[Unsupported, ...] = (
 )
 
 
-def vit_config(arch: Arch, dtype: str) -> dict[str, Any]:
+def vit_config(arch: Arch[VitFacts], dtype: str) -> dict[str, Any]:
     """transformers' ViTConfig of a VisionTransformer (export); dropout is off, as in the generated
     forward."""
     v = arch.facts
@@ -207,7 +222,7 @@ def vit_config(arch: Arch, dtype: str) -> dict[str, Any]:
     }
 
 
-def _rules(r: _Rules) -> list[Rule]:
+def _rules(r: _Rules[VitFacts]) -> list[Rule]:
     """Every VisionTransformer parameter <-> ViTForImageClassification's tensors (this module's
     docstring lists them): the hub's names, or transformers 5's in-memory ones
     (vit.layers.i.attention.q_proj).
@@ -274,7 +289,8 @@ FAMILY = Family(
     name=NAME,
     hf_class=CLASS,
     rank=1,
-    claims=lambda arch: arch.facts.root == ROOT,
+    facts=VitFacts,
+    claims=lambda arch: isinstance(arch.facts, VitFacts) and arch.facts.root == ROOT,
     root=ROOT,
     read=vit_arch,
     rows=VIT_FIELDS,
