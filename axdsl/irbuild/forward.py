@@ -395,6 +395,7 @@ class _Lowering:
         reads = {a.span: ast.names_in(a) for a in given.values()}
         self._reading.update(reads)
         attrs = {s.name: self._static_attr(call, prim, s, given) for s in sig.statics}
+        self._check_bounds(call, sig.statics, given, attrs)
         if prim.check is not None:
             prim.check(self, given, attrs)
         names = tuple(k for k in sig.optional_tensors if k in optional)
@@ -407,6 +408,18 @@ class _Lowering:
             reads=tuple(dict.fromkeys(n for ns in reads.values() for n in ns)),
             decoding=prim.decoding,
         )
+
+    def _check_bounds(
+        self, call: ast.Call, statics: tuple[primitives.Static, ...], given: dict, attrs: dict
+    ) -> None:
+        """Every static attribute within its declared bounds (`window >= 0`), reported where the
+        value is written: a library layer's `window = window` is shown at the user's setting."""
+        for s in statics:
+            attr = attrs[s.name]
+            broken = ast.violated(s.bounds, attr.value) if isinstance(attr, HValue) else None
+            if broken is not None:
+                at = given[s.name].span if s.name in given else call.span
+                self.fail(at, f"`{s.name}` must be {broken}, got {attr.value!r}", s.hint)
 
     def _keywords(
         self, call: ast.Call, prim: primitives.Primitive, given: dict

@@ -269,7 +269,7 @@ class InstanceBuilder:
             )
             return None
         value = self._check_type(decl, type_name, value, origin, scope, at, expr)
-        if value is None:
+        if value is None or not self._check_bounds(decl, value, scope, at, expr):
             return None
         if is_root and type_name in ("int", "float", "dtype"):
             value = HValue(value.value, Field(decl.name))
@@ -354,6 +354,25 @@ class InstanceBuilder:
             at, msg, hint, scope, names, f"in the default of a layer at `{scope.path}`"
         )
         return None
+
+    def _check_bounds(
+        self, decl: ast.HParamDecl, value: HValue, scope: Scope, at: Span, expr: ast.Expr | None
+    ) -> bool:
+        """Check `value` against the bounds declared in its type (`eps: float(> 0)`); report at
+        the user's line that set it (or a value it derives from), never at the library's."""
+        broken = ast.violated(decl.type.bounds, value.value)
+        if broken is None:
+            return True
+        names = [decl.name] + (blamed_names(expr) if expr is not None else [])
+        self.ctx.error_at_user_line(
+            at,
+            f"`{decl.name}` must be {broken}, got {_show(value.value)}",
+            f"declared as `{decl.name}: {_show_type(decl.type)}` at {decl.span}",
+            scope,
+            names,
+            f"in a layer at `{scope.path}`",
+        )
+        return False
 
     def _eval_default(self, expr: ast.Expr, lookup, visible, scope: Scope) -> HValue:
         """A declaration's default, evaluated; an error in it (`dim / heads` with the user's
@@ -693,4 +712,6 @@ def _show(v) -> str:
 def _show_type(t: ast.TypeRef) -> str:
     if t.name == "enum":
         return "enum(" + ", ".join(_show(o) for o in t.options) + ")"
+    if t.bounds:
+        return f"{t.name}(" + ", ".join(map(str, t.bounds)) + ")"
     return t.name

@@ -26,6 +26,7 @@ import json
 from axdsl.errors import did_you_mean
 from axdsl.ir import nodes as ir
 from axdsl.ir.expr import reads_config
+from axdsl.syntax.ast import above
 from axdsl.primitives.base import (
     Decoding,
     Helper,
@@ -77,17 +78,13 @@ def _rotary_dim(prim, head_dim: int | None) -> int | None:
     return head_dim if given is None or given.value == 0 else given.value
 
 
+THETA_HINT = "the base of the rotary frequencies: 10000.0 (Llama 2), 500000.0 (Llama 3)"
+
+
 def _check(ctx, given: dict, attrs: dict) -> None:
     """Only known scaling rules reach generated code; each rule's parameters make sense."""
     scaling = attrs["scaling"].value
     where = given.get("scaling")
-    theta = attrs["theta"].value
-    if not theta > 0:  # frequencies theta ** (-2i / d): 0 or less is inf or nan
-        ctx.fail(
-            _span(given, "theta", where),
-            f"rope theta must be > 0, got {theta}",
-            "the base of the rotary frequencies: 10000.0 (Llama 2), 500000.0 (Llama 3)",
-        )
     if scaling not in SCALINGS:
         ctx.fail(
             where.span if where is not None else None,
@@ -223,7 +220,13 @@ PRIMITIVES = (
         Signature(
             ("x",),
             (
-                Static("theta", StaticKind.FLOAT, 10000.0),
+                Static(  # frequencies theta ** (-2i / d): 0 or less is inf or nan
+                    "theta",
+                    StaticKind.FLOAT,
+                    10000.0,
+                    above(0),
+                    THETA_HINT,
+                ),
                 Static("rotary_dim", StaticKind.INT, 0),  # 0: the whole head_dim
                 Static("interleaved", StaticKind.BOOL, False),
                 Static("scaling", StaticKind.STRING, "none"),
