@@ -68,6 +68,15 @@ MODEL_CASES = [  # a setting in the model block -> words of its error
     ("block = Block(mlp = MoE(experts = 4, aux_weight = -0.01))", "`aux_weight` must be >= 0"),
 ]
 
+SIZE_CASES = [  # sizes no machine can index or hold -> words of its error (issue 38: they passed
+    # check and failed in train)
+    ("layers = 1000000000000", "`repeat` count 1,000,000,000,000 is too large"),
+    ("vocab = 2147483648", "dimension 2,147,483,648 is too large"),
+    ("dim = 4294967296", "dimension 4,294,967,296 is too large"),
+    ("block = Block(attn = Attention(head_dim = 2147483648))", "dimension 2,147,483,648 is too"),
+    ("dim = 65536  ffn = 1073741824  layers = 100000", "more than any machine holds"),
+]
+
 TRAIN_CASES = [  # a setting in the train block -> words of its error
     ("batch = 0", "`batch` must be an integer >= 1, got 0"),
     ("seq = 0", "`seq` must be an integer >= 2, got 0"),
@@ -112,3 +121,16 @@ def test_a_bad_model_setting_is_an_error_at_the_users_file(tmp_path, capsys, set
 @pytest.mark.parametrize("setting, says", TRAIN_CASES, ids=[c[0] for c in TRAIN_CASES])
 def test_a_bad_train_setting_is_an_error_at_the_users_file(tmp_path, capsys, setting, says):
     _assert_located(*_check(tmp_path, capsys, HEAD + f"}}\ntrain {{ {setting} }}\n"), says)
+
+
+@pytest.mark.parametrize("setting, says", SIZE_CASES, ids=[c[0] for c in SIZE_CASES])
+def test_a_size_no_machine_can_index_or_hold_is_an_error_at_the_users_file(
+    tmp_path, capsys, setting, says
+):
+    _assert_located(*_check(tmp_path, capsys, HEAD + f"  {setting}\n}}\n"), says)
+
+
+def test_the_largest_indexable_dim_passes_check(tmp_path, capsys):
+    """2**31 - 1 is the bound, not a guess below it: a vocab of exactly that many checks."""
+    rc, err, _ = _check(tmp_path, capsys, HEAD + "  vocab = 2147483647\n}\n")
+    assert rc == 0, err

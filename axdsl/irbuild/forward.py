@@ -15,7 +15,7 @@ from axdsl.errors import Span, did_you_mean, is_library, relocated
 from axdsl.ir import nodes as ir
 from axdsl.ir.expr import BinOp, Const
 from axdsl.ir.nodes import DType, HValue, RefKind
-from axdsl.irbuild.consteval import EvalError, kind_of
+from axdsl.irbuild.consteval import MAX_DIM, MAX_DIM_HINT, EvalError, kind_of
 from axdsl.irbuild.context import BuildContext, Scope, blamed_names, dim_name
 from axdsl.primitives import REQUIRED, StaticKind
 from axdsl.syntax import ast
@@ -98,6 +98,8 @@ class _Lowering:
             raise _Abort()
         if not isinstance(v.value, int) or isinstance(v.value, bool) or v.value < 1:
             self.fail(e.span, f"a dimension must be a positive int, got {v.value!r}", None, e)
+        if v.value > MAX_DIM:
+            self.fail(e.span, f"dimension {v.value:,} is too large", MAX_DIM_HINT, e)
         return ir.Dim(dim_name(e), v.value, v.expr)
 
     # ---------------------------------------------------------------- body

@@ -13,6 +13,7 @@ its default. Each `HParam` records which (an `ir.Origin`), so `axdsl dump` can s
 
 from __future__ import annotations
 
+import math
 from typing import TypeGuard
 
 from axdsl.errors import Span, did_you_mean
@@ -30,7 +31,7 @@ from axdsl.ir.nodes import (
     RefKind,
 )
 from axdsl.ir.printer import value_text
-from axdsl.irbuild.consteval import EvalError, kind_of
+from axdsl.irbuild.consteval import MAX_DIM, MAX_DIM_HINT, EvalError, kind_of
 from axdsl.irbuild.context import BuildContext, Scope, blamed_names, dim_name
 from axdsl.irbuild.forward import lower_forward
 from axdsl.syntax import ast
@@ -76,7 +77,23 @@ class InstanceBuilder:
             parent=None,
             stack=(),
         )
-        return ir.Model(decl.name, root, decl.span) if root is not None else None
+        if root is None:
+            return None
+        self._check_param_count(decl, root)
+        return ir.Model(decl.name, root, decl.span)
+
+    def _check_param_count(self, decl: ast.ModelDecl, root: ir.Instance) -> None:
+        """A model no machine could hold is an error at the user's model, before any compute."""
+        total = _param_count(root)
+        if total > MAX_PARAMS:
+            self.diags.error(
+                decl.span,
+                f"model `{decl.name}` has {total:,} parameters ({total:.2e}), more than any "
+                f"machine holds",
+                f"at most 2**48 = {MAX_PARAMS:.2e} parameters: in f32 with Adam's two moments "
+                "that is 3 PiB, beyond the largest accelerator system (a TPU v7 pod: 9,216 chips "
+                "x 192 GB = 1.8 PB); check `layers`, `dim`, `vocab` and the other sizes",
+            )
 
     def _model_chain(self, decl: ast.ModelDecl) -> list[ast.ModelDecl] | None:
         chain, seen = [decl], {decl.name}
@@ -404,15 +421,20 @@ class InstanceBuilder:
             v = self.ctx.eval(d, scope)
             if v is None:
                 return None
-            if not isinstance(v.value, int) or isinstance(v.value, bool) or v.value < 1:
+            positive = isinstance(v.value, int) and not isinstance(v.value, bool) and v.value >= 1
+            if not positive or v.value > MAX_DIM:
                 # blamed: what the dim reads, then the root settings its value derives from
                 fields = (
                     [f.name for f in subexprs(v.expr) if isinstance(f, Field)] if v.expr else []
                 )
                 self.ctx.error_at_user_line(
                     d.span,
-                    f"a dimension must be a positive int, got {_show(v.value)}",
-                    None,
+                    (
+                        f"dimension {v.value:,} is too large"
+                        if positive
+                        else f"a dimension must be a positive int, got {_show(v.value)}"
+                    ),
+                    MAX_DIM_HINT if positive else None,
                     scope,
                     blamed_names(d) + fields,
                 )
@@ -707,6 +729,17 @@ def _show(v) -> str:
         )
         return f"`repeat({_show(v.count.value)}, {inner})`"
     return value_text(v)
+
+
+MAX_PARAMS = 2**48  # see InstanceBuilder._check_param_count
+
+
+def _param_count(inst: ir.Instance, copies: int = 1) -> int:
+    """The parameters of `inst` and its children, each repeated layer counted `repeat` times."""
+    if inst.repeat is not None and isinstance(inst.repeat.value, int):
+        copies *= inst.repeat.value
+    own = sum(math.prod(d.size or 1 for d in p.dims) for p in inst.params)
+    return copies * own + sum(_param_count(c, copies) for c in inst.children)
 
 
 def _show_type(t: ast.TypeRef) -> str:
