@@ -20,6 +20,7 @@ everywhere; --out always names what the command writes.
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import time
 from pathlib import Path
@@ -34,6 +35,7 @@ EXIT_INTERRUPTED = 130  # Ctrl-C
 
 
 def main(argv: list[str] | None = None) -> int:
+    _tolerant_output()
     parser = _parser()
     args = parser.parse_args(argv)
     if not getattr(args, "command", None):
@@ -59,6 +61,17 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_INTERRUPTED
     except Exception as exc:  # noqa: BLE001 - every user mistake is handled above: this is a bug
         return _internal_error(exc)
+
+
+def _tolerant_output() -> None:
+    """Never fail on printing what the user gave: a spec path or an argument that is not UTF-8
+    (`check $'\\xff'.axl`) reaches Python as lone surrogates, which a strict UTF-8 stdout (the
+    default under an en_US.UTF-8 locale) cannot encode: `ok` became an internal error, exit 70.
+    Both streams show such characters escaped, as stderr already does by default."""
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None and getattr(stream, "errors", None) == "strict":
+            reconfigure(errors="backslashreplace")
 
 
 def _user_errors() -> tuple[type[Exception], ...]:
@@ -323,6 +336,30 @@ def _add_export_lora(sub) -> None:
 
 
 TRAIN_OVERRIDES = {"steps": int, "batch": int, "seq": int, "lr": float, "checkpoint_every": int}
+# The most an integer flag may be: JAX counts steps and indexes sequences in int32 (x64 off).
+MAX_INT_FLAG = 2**31 - 1
+
+
+def _check_train_flags(args) -> None:
+    """Each train flag in the range the same key has in a train block, before anything is built
+    or started: `--steps 0` or `--lr nan` used to build, start train.py and import jax before it
+    refused (and, before that check, --lr -1 trained by gradient ascent with exit 0)."""
+    from axdsl.passes.configure_train import INT_KEYS
+
+    least = {name: INT_KEYS[name][1] for name in ("steps", "batch", "seq")}
+    least["checkpoint_every"] = 0  # checkpoint(every = 0): only at the end
+    for name, low in least.items():
+        value = getattr(args, name)
+        if value is not None and not low <= value <= MAX_INT_FLAG:
+            raise _UsageError(
+                f"argument --{name.replace('_', '-')}: must be an integer from {low} to "
+                f"2**31 - 1, got {value}"
+            )
+    if args.lr is not None and not (math.isfinite(args.lr) and args.lr > 0):
+        raise _UsageError(f"argument --lr: must be a finite learning rate above 0, got {args.lr}")
+    for name in ("data", "model"):
+        if getattr(args, name) is not None and not getattr(args, name).strip():
+            raise _UsageError(f"argument --{name}: needs a value, got {getattr(args, name)!r}")
 
 
 def _add_train(sub) -> None:
@@ -646,6 +683,8 @@ def _out_dir(args) -> Path:
 def _cmd_train(args) -> int:
     from axdsl import runs
 
+    _check_train_flags(args)
+    target = _target(args.target)
     overrides = {
         name: getattr(args, name) for name in TRAIN_OVERRIDES if getattr(args, name) is not None
     }
@@ -654,10 +693,10 @@ def _cmd_train(args) -> int:
     out = args.out
     if args.model is not None:  # train.py checks the name against the spec's models
         overrides["model"] = args.model
-        out = out or runs.default_run_dir(args.spec, _target(args.target), args.model)
+        out = out or runs.default_run_dir(args.spec, target, args.model)
     return runs.train(
         args.spec,
-        _target(args.target),
+        target,
         out,
         init_from=args.init_from,
         overrides=overrides,

@@ -13,8 +13,10 @@ import pytest
 
 from axdsl import cli
 
-HEAD = ('import "std/transformer.axl"\nmodel m = DecoderLM {\n'
-        "  vocab = 256  dim = 64  layers = 2  heads = 4  kv_heads = 2  ffn = 128  max_seq = 128\n")
+HEAD = (
+    'import "std/transformer.axl"\nmodel m = DecoderLM {\n'
+    "  vocab = 256  dim = 64  layers = 2  heads = 4  kv_heads = 2  ffn = 128  max_seq = 128\n"
+)
 
 MODEL_CASES = [  # a setting in the model block -> words of its error
     ("heads = 0", "division by zero"),
@@ -35,8 +37,8 @@ MODEL_CASES = [  # a setting in the model block -> words of its error
     ("block = Block(attn = Attention(window = -5))", "`window` must be >= 0"),
     ("block = Block(attn = Attention(head_dim = 0))", "a dimension must be a positive int, got 0"),
     ("block = Block(attn = Attention(softcap = -1.0))", "`softcap` must be >= 0, got -1.0"),
-    ("rope_theta = 0.0", "rope theta must be > 0, got 0.0"),
-    ("rope_theta = -10000.0", "rope theta must be > 0"),
+    ("rope_theta = 0.0", "`rope_theta` must be > 0, got 0.0"),
+    ("rope_theta = -10000.0", "`rope_theta` must be > 0"),
     ("dtype = f17", "unknown name `f17`"),
     ("param_dtype = int8", "unknown name `int8`"),
     ("tied = 3", "is bool, but got int 3"),
@@ -51,7 +53,28 @@ MODEL_CASES = [  # a setting in the model block -> words of its error
     ("dim = dim", "hyperparameter `dim` depends on itself"),
     ("heads = heads + 1", "hyperparameter `heads` depends on itself"),
     ("block = Block(attn = Attention(kv_heads = 0))", "a dimension must be a positive int, got 0"),
-    ("logit_softcap = -30.0", "`softcap` needs cap > 0, got -30.0"),
+    ("logit_softcap = -30.0", "`logit_softcap` must be >= 0, got -30.0"),
+    # value bounds declared on std's hyperparameters (`eps: float(> 0)`), checked at the setting
+    ("norm = RMSNorm(eps = 0)", "`eps` must be > 0, got 0.0"),
+    ("norm = LayerNorm(eps = -1e-5)", "`eps` must be > 0, got -1e-05"),
+    ("norm = GemmaRMSNorm(eps = -1.0)", "`eps` must be > 0, got -1.0"),
+    ("block = Block(dropout = 1.0)", "`dropout` must be < 1, got 1.0"),
+    ("block = Block(dropout = -0.1)", "`dropout` must be >= 0, got -0.1"),
+    ("block = ParallelBlock(dropout = 2.0)", "`dropout` must be < 1, got 2.0"),
+    ("block = Block(attn = Attention(scale = -0.125))", "`scale` must be >= 0, got -0.125"),
+    ("block = Block(attn = Attention(rope_theta = 0.0))", "`rope_theta` must be > 0, got 0.0"),
+    ("dense_layers = -1", "`dense_layers` must be >= 0, got -1"),
+    ("block = Block(mlp = MoE(experts = 4, top_k = 0))", "`top_k` must be >= 1, got 0"),
+    ("block = Block(mlp = MoE(experts = 4, aux_weight = -0.01))", "`aux_weight` must be >= 0"),
+]
+
+SIZE_CASES = [  # sizes no machine can index or hold -> words of its error (issue 38: they passed
+    # check and failed in train)
+    ("layers = 1000000000000", "`repeat` count 1,000,000,000,000 is too large"),
+    ("vocab = 2147483648", "dimension 2,147,483,648 is too large"),
+    ("dim = 4294967296", "dimension 4,294,967,296 is too large"),
+    ("block = Block(attn = Attention(head_dim = 2147483648))", "dimension 2,147,483,648 is too"),
+    ("dim = 65536  ffn = 1073741824  layers = 100000", "more than any machine holds"),
 ]
 
 TRAIN_CASES = [  # a setting in the train block -> words of its error
@@ -98,3 +121,16 @@ def test_a_bad_model_setting_is_an_error_at_the_users_file(tmp_path, capsys, set
 @pytest.mark.parametrize("setting, says", TRAIN_CASES, ids=[c[0] for c in TRAIN_CASES])
 def test_a_bad_train_setting_is_an_error_at_the_users_file(tmp_path, capsys, setting, says):
     _assert_located(*_check(tmp_path, capsys, HEAD + f"}}\ntrain {{ {setting} }}\n"), says)
+
+
+@pytest.mark.parametrize("setting, says", SIZE_CASES, ids=[c[0] for c in SIZE_CASES])
+def test_a_size_no_machine_can_index_or_hold_is_an_error_at_the_users_file(
+    tmp_path, capsys, setting, says
+):
+    _assert_located(*_check(tmp_path, capsys, HEAD + f"  {setting}\n}}\n"), says)
+
+
+def test_the_largest_indexable_dim_passes_check(tmp_path, capsys):
+    """2**31 - 1 is the bound, not a guess below it: a vocab of exactly that many checks."""
+    rc, err, _ = _check(tmp_path, capsys, HEAD + "  vocab = 2147483647\n}\n")
+    assert rc == 0, err

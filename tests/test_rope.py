@@ -124,6 +124,38 @@ def test_partial_and_interleaved_rotation(tmp_path, interleaved):
     assert logits.shape == (1, 8, 64) and bool(jnp.isfinite(logits).all())
 
 
+def test_an_odd_rotary_dim_rotates_one_feature_more_as_transformers_does(tmp_path):
+    """GPT-NeoX with a head of 12 and rotary_pct 0.25 has rotary_ndims = 3: transformers rotates 4
+    features (cos and sin of 2 frequencies theta^(-2i/3), doubled) and passes 8 through. A spec's
+    rope_dim = 3 was refused (issue 38); it now checks, and the helpers its generated code calls
+    (rope_frequencies(3, theta), apply_rotary: copied from axdsl/kernels/rope.py; the emitted call
+    is the partial form test_partial_and_interleaved_rotation runs) rotate the same features as
+    transformers' own GPTNeoXRotaryEmbedding and apply_rotary_pos_emb. No model is built: cheap."""
+    import jax.numpy as jnp
+
+    from axdsl.kernels import rope
+    from axdsl.pipeline import compile_spec
+
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from transformers.models.gpt_neox import modeling_gpt_neox as neox
+
+    spec = tmp_path / "odd.axl"
+    spec.write_text(SPEC.format(attn="rope_dim = 3"))
+    (attn,) = [i for i in compile_spec(spec, "cpu").models[0].root.walk() if i.layer == "Attention"]
+    assert attn.hparam("rope_dim").value.value == 3
+    conf = transformers.GPTNeoXConfig(hidden_size=24, num_attention_heads=2, rotary_pct=0.25,
+                                      rotary_emb_base=10000.0, max_position_embeddings=64)
+    x = np.random.default_rng(2).normal(size=(2, 16, 2, 12)).astype(np.float32)
+    q = torch.from_numpy(x).permute(0, 2, 1, 3)  # transformers' [B, heads, S, head_dim]
+    cos, sin = neox.GPTNeoXRotaryEmbedding(conf)(q, torch.arange(16)[None].expand(2, -1))
+    ref = neox.apply_rotary_pos_emb(q, q, cos, sin)[0].permute(0, 2, 1, 3).numpy()
+    out = np.asarray(rope.apply_rotary(jnp.asarray(x), rope.rope_frequencies(3, 10000.0)))
+    np.testing.assert_allclose(out, ref, atol=1e-6)
+    assert np.abs(out[..., 3] - x[..., 3]).max() > 1e-2  # the 4th feature rotates too
+    np.testing.assert_array_equal(out[..., 4:], x[..., 4:])
+
+
 def test_full_rotary_equals_the_plain_helper(tmp_path):
     """Every feature rotating with unit linear scaling is the plain rope: the same logits from
     `apply_rotary` as from `apply_rope`, for the same parameters."""

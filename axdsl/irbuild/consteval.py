@@ -21,6 +21,15 @@ from axdsl.ir.nodes import DTYPES, DType, HValue, LayerValue, PatternValue, Repe
 from axdsl.syntax import ast
 from axdsl.syntax.ast import INT64_MAX
 
+# The largest size of one dim (and a repeat count): JAX runs with 32-bit integers (x64 off), so
+# token ids, positions, gather indices and a scan's step counter are int32 and cannot reach a
+# larger index; XLA's own dynamic slices take int32 offsets too.
+MAX_DIM = 2**31 - 1
+MAX_DIM_HINT = (
+    "JAX indexes with int32 (x64 is off: token ids, positions, a scan's step counter), so a dim "
+    f"or a repeat count is at most 2**31 - 1 = {MAX_DIM:,}"
+)
+
 
 class EvalError(Exception):
     """Raised after a diagnostic was recorded, to abandon the current expression."""
@@ -259,6 +268,8 @@ class Evaluator:
         layer = self.eval(e.args[1], lookup, visible)
         if not isinstance(count.value, int) or isinstance(count.value, bool) or count.value < 1:
             self.fail(e.args[0].span, f"`repeat` count must be a positive int, got {count.value!r}")
+        if count.value > MAX_DIM:
+            self.fail(e.args[0].span, f"`repeat` count {count.value:,} is too large", MAX_DIM_HINT)
         if not isinstance(layer.value, (LayerValue, PatternValue)):
             self.fail(
                 e.args[1].span,

@@ -15,7 +15,7 @@ from axdsl.errors import Span, did_you_mean, is_library, relocated
 from axdsl.ir import nodes as ir
 from axdsl.ir.expr import BinOp, Const
 from axdsl.ir.nodes import DType, HValue, RefKind
-from axdsl.irbuild.consteval import EvalError, kind_of
+from axdsl.irbuild.consteval import MAX_DIM, MAX_DIM_HINT, EvalError, kind_of
 from axdsl.irbuild.context import BuildContext, Scope, blamed_names, dim_name
 from axdsl.primitives import REQUIRED, StaticKind
 from axdsl.syntax import ast
@@ -98,6 +98,8 @@ class _Lowering:
             raise _Abort()
         if not isinstance(v.value, int) or isinstance(v.value, bool) or v.value < 1:
             self.fail(e.span, f"a dimension must be a positive int, got {v.value!r}", None, e)
+        if v.value > MAX_DIM:
+            self.fail(e.span, f"dimension {v.value:,} is too large", MAX_DIM_HINT, e)
         return ir.Dim(dim_name(e), v.value, v.expr)
 
     # ---------------------------------------------------------------- body
@@ -395,6 +397,7 @@ class _Lowering:
         reads = {a.span: ast.names_in(a) for a in given.values()}
         self._reading.update(reads)
         attrs = {s.name: self._static_attr(call, prim, s, given) for s in sig.statics}
+        self._check_bounds(call, sig.statics, given, attrs)
         if prim.check is not None:
             prim.check(self, given, attrs)
         names = tuple(k for k in sig.optional_tensors if k in optional)
@@ -407,6 +410,18 @@ class _Lowering:
             reads=tuple(dict.fromkeys(n for ns in reads.values() for n in ns)),
             decoding=prim.decoding,
         )
+
+    def _check_bounds(
+        self, call: ast.Call, statics: tuple[primitives.Static, ...], given: dict, attrs: dict
+    ) -> None:
+        """Every static attribute within its declared bounds (`window >= 0`), reported where the
+        value is written: a library layer's `window = window` is shown at the user's setting."""
+        for s in statics:
+            attr = attrs[s.name]
+            broken = ast.violated(s.bounds, attr.value) if isinstance(attr, HValue) else None
+            if broken is not None:
+                at = given[s.name].span if s.name in given else call.span
+                self.fail(at, f"`{s.name}` must be {broken}, got {attr.value!r}", s.hint)
 
     def _keywords(
         self, call: ast.Call, prim: primitives.Primitive, given: dict

@@ -13,6 +13,7 @@ its default. Each `HParam` records which (an `ir.Origin`), so `axdsl dump` can s
 
 from __future__ import annotations
 
+import math
 from typing import TypeGuard
 
 from axdsl.errors import Span, did_you_mean
@@ -30,7 +31,7 @@ from axdsl.ir.nodes import (
     RefKind,
 )
 from axdsl.ir.printer import value_text
-from axdsl.irbuild.consteval import EvalError, kind_of
+from axdsl.irbuild.consteval import MAX_DIM, MAX_DIM_HINT, EvalError, kind_of
 from axdsl.irbuild.context import BuildContext, Scope, blamed_names, dim_name
 from axdsl.irbuild.forward import lower_forward
 from axdsl.syntax import ast
@@ -76,7 +77,23 @@ class InstanceBuilder:
             parent=None,
             stack=(),
         )
-        return ir.Model(decl.name, root, decl.span) if root is not None else None
+        if root is None:
+            return None
+        self._check_param_count(decl, root)
+        return ir.Model(decl.name, root, decl.span)
+
+    def _check_param_count(self, decl: ast.ModelDecl, root: ir.Instance) -> None:
+        """A model no machine could hold is an error at the user's model, before any compute."""
+        total = _param_count(root)
+        if total > MAX_PARAMS:
+            self.diags.error(
+                decl.span,
+                f"model `{decl.name}` has {total:,} parameters ({total:.2e}), more than any "
+                f"machine holds",
+                f"at most 2**48 = {MAX_PARAMS:.2e} parameters: in f32 with Adam's two moments "
+                "that is 3 PiB, beyond the largest accelerator system (a TPU v7 pod: 9,216 chips "
+                "x 192 GB = 1.8 PB); check `layers`, `dim`, `vocab` and the other sizes",
+            )
 
     def _model_chain(self, decl: ast.ModelDecl) -> list[ast.ModelDecl] | None:
         chain, seen = [decl], {decl.name}
@@ -269,7 +286,7 @@ class InstanceBuilder:
             )
             return None
         value = self._check_type(decl, type_name, value, origin, scope, at, expr)
-        if value is None:
+        if value is None or not self._check_bounds(decl, value, scope, at, expr):
             return None
         if is_root and type_name in ("int", "float", "dtype"):
             value = HValue(value.value, Field(decl.name))
@@ -355,6 +372,25 @@ class InstanceBuilder:
         )
         return None
 
+    def _check_bounds(
+        self, decl: ast.HParamDecl, value: HValue, scope: Scope, at: Span, expr: ast.Expr | None
+    ) -> bool:
+        """Check `value` against the bounds declared in its type (`eps: float(> 0)`); report at
+        the user's line that set it (or a value it derives from), never at the library's."""
+        broken = ast.violated(decl.type.bounds, value.value)
+        if broken is None:
+            return True
+        names = [decl.name] + (blamed_names(expr) if expr is not None else [])
+        self.ctx.error_at_user_line(
+            at,
+            f"`{decl.name}` must be {broken}, got {_show(value.value)}",
+            f"declared as `{decl.name}: {_show_type(decl.type)}` at {decl.span}",
+            scope,
+            names,
+            f"in a layer at `{scope.path}`",
+        )
+        return False
+
     def _eval_default(self, expr: ast.Expr, lookup, visible, scope: Scope) -> HValue:
         """A declaration's default, evaluated; an error in it (`dim / heads` with the user's
         `heads = 0`) is shown at the user's line that set a value it reads, the divisor first."""
@@ -385,15 +421,20 @@ class InstanceBuilder:
             v = self.ctx.eval(d, scope)
             if v is None:
                 return None
-            if not isinstance(v.value, int) or isinstance(v.value, bool) or v.value < 1:
+            positive = isinstance(v.value, int) and not isinstance(v.value, bool) and v.value >= 1
+            if not positive or v.value > MAX_DIM:
                 # blamed: what the dim reads, then the root settings its value derives from
                 fields = (
                     [f.name for f in subexprs(v.expr) if isinstance(f, Field)] if v.expr else []
                 )
                 self.ctx.error_at_user_line(
                     d.span,
-                    f"a dimension must be a positive int, got {_show(v.value)}",
-                    None,
+                    (
+                        f"dimension {v.value:,} is too large"
+                        if positive
+                        else f"a dimension must be a positive int, got {_show(v.value)}"
+                    ),
+                    MAX_DIM_HINT if positive else None,
                     scope,
                     blamed_names(d) + fields,
                 )
@@ -690,7 +731,20 @@ def _show(v) -> str:
     return value_text(v)
 
 
+MAX_PARAMS = 2**48  # see InstanceBuilder._check_param_count
+
+
+def _param_count(inst: ir.Instance, copies: int = 1) -> int:
+    """The parameters of `inst` and its children, each repeated layer counted `repeat` times."""
+    if inst.repeat is not None and isinstance(inst.repeat.value, int):
+        copies *= inst.repeat.value
+    own = sum(math.prod(d.size or 1 for d in p.dims) for p in inst.params)
+    return copies * own + sum(_param_count(c, copies) for c in inst.children)
+
+
 def _show_type(t: ast.TypeRef) -> str:
     if t.name == "enum":
         return "enum(" + ", ".join(_show(o) for o in t.options) + ")"
+    if t.bounds:
+        return f"{t.name}(" + ", ".join(map(str, t.bounds)) + ")"
     return t.name

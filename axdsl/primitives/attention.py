@@ -95,6 +95,7 @@ from axdsl.primitives.attention_kernels import (
     VJP_IMPORTS,
     vjp_kept_keys,
 )
+from axdsl.syntax.ast import at_least
 from axdsl.targets import profiles
 
 SPLASH_BLOCK = 128  # TPU lane width: splash tiles the sequence by 128
@@ -137,13 +138,6 @@ def _shape(ctx, prim, args):
             f"`attention` query heads `{q[2]}` are not a multiple of kv heads `{k[2]}`",
             "kv_heads must divide heads (GQA); MQA is kv_heads = 1",
         )
-    if prim.attr("window").value < 0:
-        ctx.fail(prim.span, "`window` must be >= 0 (0 means no sliding window)")
-    for name, off in (("scale", "1 / sqrt(head_dim)"), ("softcap", "no soft-capping")):
-        if prim.attr(name).value < 0:
-            ctx.fail(
-                prim.span, f"`{name}` must be >= 0, got {prim.attr(name).value}", f"0 means {off}"
-            )
     scores = (q[0], q[2], q[1], k[1])  # [B, heads, S_q, S_kv]
     for name in ("mask", "bias"):
         operand = _typed(prim, args, name)
@@ -539,9 +533,9 @@ PRIMITIVES = (
             ("q", "k", "v"),
             (
                 Static("causal", StaticKind.BOOL, False),
-                Static("window", StaticKind.INT, 0),
-                Static("scale", StaticKind.FLOAT, 0.0),
-                Static("softcap", StaticKind.FLOAT, 0.0),
+                Static("window", StaticKind.INT, 0, at_least(0), "0 means no sliding window"),
+                Static("scale", StaticKind.FLOAT, 0.0, at_least(0), "0 means 1 / sqrt(head_dim)"),
+                Static("softcap", StaticKind.FLOAT, 0.0, at_least(0), "0 means no soft-capping"),
             ),
             ("mask", "bias", "segment_ids"),
             doc="scaled dot-product attention; the kernel is chosen by a target pass",

@@ -27,6 +27,7 @@ from collections.abc import Callable
 
 from axdsl.errors import Span
 from axdsl.ir import nodes as ir
+from axdsl.syntax.ast import Bound
 from axdsl.ir.nodes import Decoding  # noqa: F401 (declared by each primitive; the IR records it)
 
 REQUIRED = object()  # a static attribute without a default must be given
@@ -48,9 +49,15 @@ class StaticKind(Enum):
 
 @dataclass(frozen=True)
 class Static:
+    """A static attribute; `bounds` are the values it may take (`window >= 0`), checked for every
+    call where the value is written (at the user's line when a library layer passes it on), and
+    `hint` says what the attribute means in that error ("0 means no sliding window")."""
+
     name: str
     kind: StaticKind
     default: Any = REQUIRED  # REQUIRED, None (absent) or a Python value
+    bounds: tuple[Bound, ...] = ()
+    hint: str | None = None
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 from axdsl.errors import did_you_mean
+from axdsl.syntax.ast import Bound, above
 from axdsl.primitives.base import (
     always,
     Helper,
@@ -104,15 +105,6 @@ def _emit_softcap(ctx, prim, args, precs) -> str:
     return f"{ctx.code(cap, 2)} * jnp.tanh({ctx.paren(args[0], precs[0], 2)} / {ctx.code(cap, 3)})"
 
 
-def _check_softcap(ctx, given: dict, attrs: dict) -> None:
-    if not attrs["cap"].value > 0:
-        ctx.fail(
-            given["cap"].span,
-            f"`softcap` needs cap > 0, got {attrs['cap'].value!r}",
-            "the result lies in (-cap, cap); Gemma 2 caps logits at 30.0",
-        )
-
-
 def _check_activate(ctx, given: dict, attrs: dict) -> None:
     """Only known activation names may reach generated code (no code injection through strings)."""
     kind = attrs["kind"].value
@@ -158,11 +150,17 @@ PRIMITIVES = (
         "softcap",
         Signature(
             ("x",),
-            (Static("cap", StaticKind.FLOAT),),
+            (
+                Static(
+                    "cap",
+                    StaticKind.FLOAT,
+                    bounds=above(0),
+                    hint="the result lies in (-cap, cap); Gemma 2 caps logits at 30.0",
+                ),
+            ),
             doc="logit soft-capping: cap * tanh(x / cap)",
         ),
         emit=_emit_softcap,
-        check=_check_softcap,
         memory=saves_memory(SAVES["softcap"]),
     ),
     Primitive(
@@ -183,7 +181,18 @@ PRIMITIVES = (
     ),
     Primitive(
         "dropout",
-        Signature(("x",), (Static("rate", StaticKind.FLOAT),), doc="dropout in training only"),
+        Signature(
+            ("x",),
+            (
+                Static(
+                    "rate",
+                    StaticKind.FLOAT,
+                    bounds=(Bound(">=", 0), Bound("<", 1)),
+                    hint="the fraction of activations zeroed in training (0.1 is usual)",
+                ),
+            ),
+            doc="dropout in training only",
+        ),
         emit=_emit_dropout,
         helpers=(Helper("dropout", DROPOUT),),
         needs=always("dropout"),

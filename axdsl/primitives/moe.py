@@ -30,6 +30,7 @@ import math
 from axdsl.errors import did_you_mean
 from axdsl.ir.expr import reads_config
 from axdsl.ir import nodes as ir
+from axdsl.syntax.ast import at_least
 from axdsl.primitives.base import (
     Flops,
     Helper,
@@ -101,15 +102,9 @@ def _shape(ctx, prim: ir.Prim, args):
 
 
 def _check_balance(ctx, prim: ir.Prim, bias: ir.TExpr | None) -> None:
-    """balance_rate >= 0; a positive one needs a bias that is a parameter of this layer (it is what
-    the balancing rule moves)."""
+    """A positive balance_rate (its bound, >= 0, is declared) needs a bias that is a parameter of
+    this layer (it is what the balancing rule moves)."""
     rate = prim.attr("balance_rate").value
-    if rate < 0:
-        ctx.fail(
-            prim.span,
-            f"`moe` balance_rate={rate} must be >= 0",
-            "0 turns balancing off; DeepSeek-V3 uses 0.001",
-        )
     if rate > 0 and not (isinstance(bias, ir.Ref) and bias.kind == ir.RefKind.PARAM):
         ctx.fail(
             prim.span,
@@ -444,13 +439,19 @@ PRIMITIVES = (
                 Static("top_k", StaticKind.INT, 2),
                 Static("capacity_factor", StaticKind.FLOAT, 1.25),
                 Static("normalize", StaticKind.BOOL, True),
-                Static("aux_weight", StaticKind.FLOAT, 0.01),
-                Static("z_weight", StaticKind.FLOAT, 0.001),
+                Static("aux_weight", StaticKind.FLOAT, 0.01, at_least(0), "0 turns it off"),
+                Static("z_weight", StaticKind.FLOAT, 0.001, at_least(0), "0 turns it off"),
                 Static("score", StaticKind.STRING, "softmax"),
                 Static("groups", StaticKind.INT, 1),
                 Static("top_groups", StaticKind.INT, 1),
                 Static("scale", StaticKind.FLOAT, 1.0),
-                Static("balance_rate", StaticKind.FLOAT, 0.0),
+                Static(
+                    "balance_rate",
+                    StaticKind.FLOAT,
+                    0.0,
+                    at_least(0),
+                    "0 turns balancing off; DeepSeek-V3 uses 0.001",
+                ),
             ),
             optional_tensors=("bias",),
             doc="mixture of SwiGLU experts: softmax or sigmoid router (DeepSeek: selection bias, "

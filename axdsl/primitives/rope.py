@@ -26,6 +26,7 @@ import json
 from axdsl.errors import did_you_mean
 from axdsl.ir import nodes as ir
 from axdsl.ir.expr import reads_config
+from axdsl.syntax.ast import above
 from axdsl.primitives.base import (
     Decoding,
     Helper,
@@ -61,12 +62,25 @@ def _rope_shape(ctx, prim, args):
     rotary = _rotary_dim(prim, head_dim)
     if head_dim is None or rotary is None:
         ctx.fail(prim.span, f"`rope` needs a known head_dim, got `{dims[-1]}`")
-    if rotary < 2 or rotary > head_dim or rotary % 2:
+    # An odd rotary dim r rotates r + 1 features at frequencies theta^(-2i / r), as transformers
+    # does (GPT-NeoX's rotary_pct of a head of 12: 3 -> 4 features): apply_rotary rotates the
+    # 2 * len(freqs) features rope_frequencies(r) gives. Interleaved pairs have no such rule
+    # (transformers' GPT-J fails on an odd rotary_dim), so they need an even one.
+    rotated = rotary + rotary % 2
+    if rotary < 1 or rotated > head_dim:
+        odd = f" (odd: {rotated} features rotate)" if rotary % 2 and rotary > 0 else ""
         ctx.fail(
             prim.span,
-            f"`rope` rotates an even number of features between 2 and the head size "
-            f"{head_dim}, got {rotary}",
-            "the rotary dim is how many features of each head rotate " "(Phi-2: 32 of 80)",
+            f"`rope` rotates between 1 and the head size {head_dim} features, got {rotary}{odd}",
+            "the rotary dim is how many features of each head rotate (Phi-2: 32 of 80); an odd "
+            "one rotates one more, as transformers does (GPT-NeoX: 3 of a head of 12 rotate 4)",
+        )
+    if rotary % 2 and prim.attr("interleaved").value:
+        ctx.fail(
+            prim.span,
+            f"`rope` interleaved pairs need an even rotary dim, got {rotary}",
+            "interleaved rotation pairs (x0, x1), (x2, x3), ...; the half-split layout takes an "
+            "odd rotary dim (it rotates one feature more, as transformers does)",
         )
     return dims
 
@@ -77,17 +91,13 @@ def _rotary_dim(prim, head_dim: int | None) -> int | None:
     return head_dim if given is None or given.value == 0 else given.value
 
 
+THETA_HINT = "the base of the rotary frequencies: 10000.0 (Llama 2), 500000.0 (Llama 3)"
+
+
 def _check(ctx, given: dict, attrs: dict) -> None:
     """Only known scaling rules reach generated code; each rule's parameters make sense."""
     scaling = attrs["scaling"].value
     where = given.get("scaling")
-    theta = attrs["theta"].value
-    if not theta > 0:  # frequencies theta ** (-2i / d): 0 or less is inf or nan
-        ctx.fail(
-            _span(given, "theta", where),
-            f"rope theta must be > 0, got {theta}",
-            "the base of the rotary frequencies: 10000.0 (Llama 2), 500000.0 (Llama 3)",
-        )
     if scaling not in SCALINGS:
         ctx.fail(
             where.span if where is not None else None,
@@ -223,7 +233,13 @@ PRIMITIVES = (
         Signature(
             ("x",),
             (
-                Static("theta", StaticKind.FLOAT, 10000.0),
+                Static(  # frequencies theta ** (-2i / d): 0 or less is inf or nan
+                    "theta",
+                    StaticKind.FLOAT,
+                    10000.0,
+                    above(0),
+                    THETA_HINT,
+                ),
                 Static("rotary_dim", StaticKind.INT, 0),  # 0: the whole head_dim
                 Static("interleaved", StaticKind.BOOL, False),
                 Static("scaling", StaticKind.STRING, "none"),

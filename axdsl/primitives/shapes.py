@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from axdsl.ir.expr import BinOp, Binary, field_of, spec_text
 from axdsl.ir.nodes import Dim
+from axdsl.syntax.ast import at_least
 from axdsl.primitives.base import (
     Decoding,
     Primitive,
@@ -19,8 +20,6 @@ from axdsl.primitives.reductions import ir_fmt
 def _split_heads_shape(ctx, prim, args):
     dims = args[0].type.dims
     heads = prim.attr("heads")
-    if heads.value < 1:
-        ctx.fail(prim.span, f"`split_heads` needs heads >= 1, got {heads.value}")
     last = dims[-1]
     if last.size is None:
         ctx.fail(prim.span, f"`split_heads` needs a known last dim, got `{last}`")
@@ -98,7 +97,11 @@ def _transpose_decode(prim) -> str | None:
 PRIMITIVES = (
     Primitive(
         "split_heads",
-        Signature(("x",), (Static("heads", StaticKind.INT),), doc="[..., h*d] -> [..., h, d]"),
+        Signature(
+            ("x",),
+            (Static("heads", StaticKind.INT, bounds=at_least(1)),),
+            doc="[..., h*d] -> [..., h, d]",
+        ),
         emit=lambda ctx, prim, a, p: (
             f"{a[0]}.reshape(*{a[0]}.shape[:-1], {ctx.code(prim.attr('heads'))}, -1)"
         ),

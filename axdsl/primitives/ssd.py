@@ -27,6 +27,7 @@ at S >= chunk a fixed figure per token, which train.py's MODEL_FLOPS keeps as a 
 from __future__ import annotations
 
 from axdsl.ir import nodes as ir
+from axdsl.syntax.ast import above
 from axdsl.primitives.base import (
     always,
     Decoding,
@@ -76,16 +77,6 @@ def _shape(ctx, prim: ir.Prim, args):
             "each group of B and C serves heads / groups heads",
         )
     return x
-
-
-def _check(ctx, given: dict, attrs: dict) -> None:
-    chunk = attrs["chunk"].value
-    if not chunk > 0:
-        ctx.fail(
-            given["chunk"].span,
-            f"`ssd` needs chunk > 0, got {chunk!r}",
-            "the scan runs in chunks of this many positions (Mamba-2: 256)",
-        )
 
 
 def _emit(ctx, prim: ir.Prim, args: list[str], precs: list[int]) -> str:
@@ -195,13 +186,20 @@ PRIMITIVES = (
         "ssd",
         Signature(
             ("x", "dt", "A", "B", "C"),
-            (Static("chunk", StaticKind.INT, 256),),
+            (
+                Static(
+                    "chunk",
+                    StaticKind.INT,
+                    256,
+                    above(0),
+                    "the scan runs in chunks of this many positions (Mamba-2: 256)",
+                ),
+            ),
             doc="Mamba-2's chunked state-space scan: x [B, S, heads, head_dim], "
             "dt [B, S, heads], A [heads], B and C [B, S, groups, state]",
         ),
         emit=_emit,
         shape=_shape,
-        check=_check,
         flops=_flops,
         memory=_memory,
         helpers=(

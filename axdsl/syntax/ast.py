@@ -114,10 +114,54 @@ Expr = Num | Str | Bool | Name | ListExpr | BinOp | Unary | Call | Attr | Ellips
 
 # ------------------------------------------------------------------ layers
 @dataclass(frozen=True)
+class Bound:
+    """A declared bound on a numeric value, `> 0` in `eps: float(> 0)`: checked where the value
+    is set, so `RMSNorm(eps = 0)` is an error at the user's line, not a NaN in training. A
+    primitive's static attribute declares its bounds the same way (primitives/base.py Static)."""
+
+    op: str  # ">", ">=", "<" or "<="
+    limit: int | float
+
+    def holds(self, value: int | float) -> bool:
+        """Whether `value` is within the bound (a NaN never is)."""
+        return {
+            ">": value > self.limit,
+            ">=": value >= self.limit,
+            "<": value < self.limit,
+            "<=": value <= self.limit,
+        }[self.op]
+
+    def __str__(self) -> str:
+        return f"{self.op} {self.limit!r}"
+
+
+BOUND_OPS = (">", ">=", "<", "<=")
+
+
+def violated(bounds: tuple[Bound, ...], value: object) -> Bound | None:
+    """The first of `bounds` that a number `value` breaks; None when it keeps them all (or is not
+    a number: a type error is reported on its own)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return next((b for b in bounds if not b.holds(value)), None)
+
+
+def at_least(limit: int | float) -> tuple[Bound, ...]:
+    """`>= limit`: a count or weight that may be zero (`window >= 0`)."""
+    return (Bound(">=", limit),)
+
+
+def above(limit: int | float) -> tuple[Bound, ...]:
+    """`> limit`: a scale or base that must be positive (`eps > 0`, `theta > 0`)."""
+    return (Bound(">", limit),)
+
+
+@dataclass(frozen=True)
 class TypeRef:
     name: str  # int, float, bool, string, dtype, Layer, enum
     options: tuple[str, ...]
     span: Span
+    bounds: tuple[Bound, ...] = ()  # `float(> 0, < 1)`: int and float only
 
 
 @dataclass(frozen=True)

@@ -265,11 +265,39 @@ class _ToAst(Transformer):
             self.error(
                 self.s(kind),
                 f"unknown parameterized type `{kind}`",
-                'the only one is `enum("a", "b")`',
+                'there are `enum("a", "b")` and bounded numbers: `float(> 0)`',
             )
         return ast.TypeRef(
             "enum", tuple(_unquote(c) for c in options if c is not None), self.s(meta)
         )
+
+    def bounded_type(self, meta, children):
+        kind, *bounds = children
+        bounds = tuple(b for b in bounds if b is not None)
+        if str(kind) not in ("int", "float"):
+            self.error(
+                self.s(kind),
+                f"only int and float take bounds, not `{kind}`",
+                "e.g. `eps: float(> 0)`, `window: int(>= 0)`",
+            )
+        return ast.TypeRef(str(kind), (), self.s(meta), bounds)
+
+    def bound(self, meta, children):
+        return self._bound(children[0], children[1], 1)
+
+    def neg_bound(self, meta, children):
+        return self._bound(children[0], children[1], -1)
+
+    def _bound(self, op: Token, number: Token, sign: int) -> ast.Bound | None:
+        if str(op) not in ast.BOUND_OPS:
+            self.error(
+                self.s(op),
+                f"`{op}` is not a bound",
+                "a bound is one of " + ", ".join(f"`{o}`" for o in ast.BOUND_OPS),
+            )
+            return None
+        limit = self.number(None, [number]).value
+        return ast.Bound(str(op), sign * limit)
 
     def param_def(self, meta, children):
         name, shape, *opts = children

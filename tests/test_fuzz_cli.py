@@ -1,0 +1,345 @@
+"""Fuzz train blocks and the command line's flags: a wrong value never exits 0, a right one is
+never refused, and nothing ends in a traceback or an internal error (exit 70).
+
+tests/test_fuzz.py mutates whole specs and checks that the front end never crashes; it cannot tell
+a wrong value that passed from a right one. Here every value comes from a table that says whether
+it is valid, so the oracle has two sides (issue 38: "check that no case exits with 0 while wrong"):
+
+- train blocks: a tiny model with 1-4 train settings, run through `axdsl check`. All valid (the
+  cross conditions included: microbatches divide the batch, the warmup fits the steps): exit 0.
+  Any invalid: exit 1, every error located in the spec (`file:line:col: error:`), none in std/.
+- flags of `axdsl train`, `check` and `build` (`--steps 0`, `--lr nan`, `--target ""`, names that
+  are not UTF-8, ...): all valid, exit 0; any invalid, a non-zero exit whose `error:` line names
+  what it refuses. `axdsl train`'s own work (building, then train.py in a child) is replaced by
+  a recorder, which must receive the values given; a build that would succeed costs 0.4-2 s, so a
+  `build` case always carries an invalid part (tests/test_cli.py builds for real).
+
+Everything runs in this process through `cli.main`, with the output written to UTF-8 streams as
+Python opens them under a UTF-8 locale (stdout strict, stderr backslashreplace). The cases come
+from fixed seeds (deterministic); all of them take about 2 s.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import os
+import random
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from axdsl import cli, runs
+
+MODEL = (
+    'import "std/transformer.axl"\n'
+    "model m = DecoderLM { vocab = 64  dim = 16  layers = 1  heads = 2  ffn = 32  max_seq = 64 }\n"
+)
+LOCATED = re.compile(r"^(\S.*?):(\d+):(\d+): error: ", re.MULTILINE)
+NOT_UTF8 = os.fsdecode(b"\xff\xfe")  # what Python makes of an argument that is not UTF-8
+
+
+@dataclass(frozen=True)
+class Outcome:
+    rc: int
+    out: str
+    err: str
+
+
+def run_main(argv: list[str]) -> Outcome:
+    """`axdsl ARGV` in this process: its exit code (argparse's SystemExit included) and output."""
+    out_bytes, err_bytes = io.BytesIO(), io.BytesIO()
+    out = io.TextIOWrapper(out_bytes, encoding="utf-8", errors="strict")
+    err = io.TextIOWrapper(err_bytes, encoding="utf-8", errors="backslashreplace")
+    saved = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = out, err
+    try:
+        try:
+            rc = cli.main(argv)
+        except SystemExit as exc:  # argparse: a value of the wrong type, --help
+            rc = exc.code if isinstance(exc.code, int) else 1
+    finally:
+        sys.stdout, sys.stderr = saved
+        out.flush()
+        err.flush()
+    return Outcome(rc, out_bytes.getvalue().decode(), err_bytes.getvalue().decode())
+
+
+def assert_no_crash(o: Outcome, case: str) -> None:
+    assert o.rc != cli.EXIT_INTERNAL and "Traceback" not in o.err + o.out, f"{case}\n{o.err}"
+    assert o.rc == 0 or "error:" in o.err, f"{case}: exit {o.rc} without an error line\n{o.err}"
+
+
+# ------------------------------------------------------------------------------ train blocks
+# setting -> (value, valid on its own); `microbatches` and `schedule` also depend on the others
+BATCH_DEFAULT, STEPS_DEFAULT = 8, 1000
+SETTINGS: dict[str, tuple[tuple[str, bool], ...]] = {
+    "batch": (
+        ("1", True),
+        ("4", True),
+        ("8", True),
+        ("0", False),
+        ("-2", False),
+        ("2.5", False),
+        ('"8"', False),
+        ("true", False),
+    ),
+    "seq": (("2", True), ("32", True), ("64", True), ("65", False), ("1", False), ("0", False)),
+    "steps": (("1", True), ("100", True), ("0", False), ("-5", False), ("1.5", False)),
+    "seed": (("0", True), ("7", True), ("-1", False)),
+    "eval_every": (("0", True), ("10", True), ("-1", False)),
+    "log_every": (("1", True), ("0", False)),
+    "microbatches": (("1", True), ("2", True), ("3", True), ("0", False)),
+    "clip": (("0.0", True), ("1.0", True), ("-1.0", False), ("x", False)),
+    "z_loss": (("0.0", True), ("1e-4", True), ("-0.5", False)),
+    "optimizer": (
+        ("adamw(lr = 3e-4)", True),
+        ("adamw(lr = 0.0)", False),
+        ("adamw(lr = -1.0)", False),
+        ("adamw(lr = 1e400)", False),
+        ("adamw(lr = nan)", False),
+        ("nosuch()", False),
+    ),
+    "schedule": (
+        ("cosine(warmup = 0, final = 0.1)", True),
+        ("cosine(warmup = 50)", True),
+        ("cosine(final = 2.0)", False),
+    ),
+    "checkpoint": (
+        ("checkpoint(every = 0)", True),
+        ("checkpoint(every = 10)", True),
+        ("checkpoint(every = -3)", False),
+    ),
+    "lr": (("lr = 1.0", False),),  # not a train setting: the optimizer's
+}
+
+
+def pick(rng: random.Random, pool, ok=lambda v: v[1]):
+    """A value of `pool`, a valid one three times in four (where there is one), so that about
+    half the cases are wholly valid and the refusal of a right value is tested too."""
+    good = [v for v in pool if ok(v)]
+    bad = [v for v in pool if not ok(v)]
+    return rng.choice(good if good and (not bad or rng.random() < 0.75) else bad)
+
+
+def _int(text: str) -> int | None:
+    return int(text) if re.fullmatch(r"-?\d+", text) else None
+
+
+def _valid_together(chosen: dict[str, tuple[str, bool]]) -> bool:
+    """Every value valid on its own, and the cross conditions hold."""
+    if not all(ok for _, ok in chosen.values()):
+        return False
+    batch = _int(chosen["batch"][0]) if "batch" in chosen else BATCH_DEFAULT
+    micro = _int(chosen["microbatches"][0]) if "microbatches" in chosen else 1
+    steps = _int(chosen["steps"][0]) if "steps" in chosen else STEPS_DEFAULT
+    warmup = re.search(r"warmup = (\d+)", chosen.get("schedule", ("", True))[0])
+    return bool(batch and micro and batch % micro == 0) and (
+        warmup is None or int(warmup.group(1)) <= (steps or 0)
+    )
+
+
+def _line(key: str, value: str) -> str:
+    return value if key in ("checkpoint", "lr") else f"{key} = {value}"
+
+
+def train_block_case(seed: int) -> tuple[str, bool]:
+    rng = random.Random(seed)
+    keys = rng.sample(sorted(SETTINGS), rng.randint(1, 4))
+    chosen = {k: pick(rng, SETTINGS[k]) for k in keys}
+    lines = "".join(f"  {_line(k, v)}\n" for k, (v, _) in chosen.items())
+    return MODEL + "train {\n" + lines + "}\n", _valid_together(chosen)
+
+
+@pytest.mark.parametrize("seed", range(24))
+def test_a_fuzzed_train_block_is_refused_exactly_when_wrong(tmp_path, seed):
+    text, valid = train_block_case(seed)
+    spec = tmp_path / "m.axl"
+    spec.write_text(text)
+    o = run_main(["check", str(spec)])
+    assert_no_crash(o, text)
+    if valid:
+        assert o.rc == 0, f"a valid train block was refused:\n{text}\n{o.err}"
+        return
+    assert o.rc == 1, f"a wrong train block passed (exit {o.rc}):\n{text}"
+    files = [m.group(1) for m in LOCATED.finditer(o.err)]
+    assert files and all(f == str(spec) for f in files), f"{text}\n{o.err}"
+
+
+# ------------------------------------------------------------------------------ flags
+INT_LEAST = {"steps": 1, "batch": 1, "seq": 2, "checkpoint-every": 0}
+INT_VALUES = (
+    "0",
+    "1",
+    "2",
+    "-5",
+    "10",
+    "2147483647",
+    "2147483648",
+    "1e3",
+    "x",
+    "",
+    NOT_UTF8,
+    "99999999999999999999",
+    " 7",
+)
+LR_VALUES = ("nan", "inf", "-inf", "-1", "0", "1e-3", "3e-4", "1e400", "x", "", " 1e-3\n")
+TARGETS = (
+    ("cpu", True),
+    ("gpu-h100-8", True),
+    ("", False),
+    (NOT_UTF8, False),
+    ("cpu-0", False),
+    (" cpu", False),
+    ("nosuch", False),
+)
+DATA = (
+    ("default", True),
+    ("corpus.bin", True),
+    (NOT_UTF8 + ".txt", True),
+    ("", False),
+    ("  ", False),
+)
+MODELS = (("m", True), (NOT_UTF8, True), ("", False))
+
+
+def _int_flag_ok(name: str, text: str) -> bool:
+    try:
+        value = int(text)
+    except ValueError:
+        return False
+    return INT_LEAST[name] <= value <= 2**31 - 1
+
+
+def _lr_ok(text: str) -> bool:
+    try:
+        value = float(text)
+    except ValueError:
+        return False
+    return math.isfinite(value) and value > 0
+
+
+def _flag(rng: random.Random, name: str, value: str) -> list[str]:
+    """`--name=value` or `--name value` (argparse reads a value such as -inf only in the first)."""
+    return [f"--{name}={value}"] if rng.random() < 0.5 else [f"--{name}", value]
+
+
+def train_flags_case(seed: int) -> tuple[list[str], dict[str, tuple[str, bool]]]:
+    rng = random.Random(seed)
+    given: dict[str, tuple[str, bool]] = {}
+    for name in rng.sample([*INT_LEAST, "lr", "target", "data", "model"], rng.randint(1, 4)):
+        if name in INT_LEAST:
+            text = pick(rng, INT_VALUES, lambda v, n=name: _int_flag_ok(n, v))
+            given[name] = (text, _int_flag_ok(name, text))
+        elif name == "lr":
+            text = pick(rng, LR_VALUES, _lr_ok)
+            given[name] = (text, _lr_ok(text))
+        else:
+            given[name] = pick(rng, {"target": TARGETS, "data": DATA, "model": MODELS}[name])
+    argv = []
+    for name, (text, _) in given.items():
+        argv += _flag(rng, name, text)
+    return argv, given
+
+
+@pytest.fixture
+def recorded_train(monkeypatch, tmp_path):
+    """`runs.train` replaced by a recorder: the flags are checked, nothing is built or run."""
+    calls: list[dict] = []
+
+    def record(spec, target, out, **kwargs):
+        calls.append({"spec": spec, "target": target, "out": out, **kwargs})
+        return 0
+
+    monkeypatch.setattr(runs, "train", record)
+    monkeypatch.chdir(tmp_path)
+    return calls
+
+
+def _names_a_wrong_flag(err: str, given: dict[str, tuple[str, bool]]) -> bool:
+    wrong = [name for name, (_, ok) in given.items() if not ok]
+    return any(f"--{n}" in err or (n == "target" and "target" in err) for n in wrong)
+
+
+@pytest.mark.parametrize("seed", range(32))
+def test_fuzzed_train_flags_are_refused_exactly_when_wrong(recorded_train, seed):
+    argv, given = train_flags_case(seed)
+    o = run_main(["train", "m.axl", "--out", "run", *argv])
+    case = f"axdsl train m.axl {argv!r}"
+    assert_no_crash(o, case)
+    if all(ok for _, ok in given.values()):
+        assert o.rc == 0 and len(recorded_train) == 1, f"{case} was refused:\n{o.err}"
+        call = recorded_train[0]
+        overrides = call["overrides"]
+        for name in ("steps", "batch", "seq", "checkpoint-every"):
+            if name in given:
+                assert overrides[name.replace("-", "_")] == int(given[name][0]), case
+        if "lr" in given:
+            assert overrides["lr"] == float(given["lr"][0]), case
+        assert call["target"] == given.get("target", ("cpu", True))[0], case
+        return
+    assert o.rc != 0 and not recorded_train, f"{case} passed a wrong value:\n{o.err}"
+    assert _names_a_wrong_flag(o.err, given), f"{case}: the error names no wrong flag\n{o.err}"
+
+
+def _specs(folder: Path) -> dict[str, tuple[str, bool]]:
+    """Spec arguments of `check` and `build`, made in `folder`, with whether each checks."""
+    (folder / "m.axl").write_text(MODEL)
+    (folder / (NOT_UTF8 + ".axl")).write_text(MODEL)  # a name that is not UTF-8, printed by `ok`
+    (folder / "latin1.axl").write_bytes(MODEL.encode() + b"# caf\xe9\n")
+    (folder / "dir.axl").mkdir()
+    return {
+        "m.axl": ("m.axl", True),
+        "not-utf8-name": (NOT_UTF8 + ".axl", True),
+        "empty": ("", False),
+        "missing": ("missing.axl", False),
+        "directory": ("dir.axl", False),
+        "latin1": ("latin1.axl", False),
+    }
+
+
+@pytest.mark.parametrize("seed", range(16))
+def test_fuzzed_check_arguments_pass_exactly_when_right(tmp_path, monkeypatch, seed):
+    monkeypatch.chdir(tmp_path)
+    rng = random.Random(1000 + seed)
+    spec, spec_ok = pick(rng, sorted(_specs(tmp_path).values()))
+    target, target_ok = pick(rng, TARGETS)
+    argv = ["check", spec, *_flag(rng, "target", target)]
+    o = run_main(argv)
+    assert_no_crash(o, repr(argv))
+    if spec_ok and target_ok:
+        assert o.rc == 0 and f"{spec.encode('utf-8', 'backslashreplace').decode()}: ok" in o.out
+    elif not target_ok:
+        assert o.rc == 2 and "target" in o.err, f"{argv!r}\n{o.err}"
+    else:
+        assert o.rc == 1 and LOCATED.search(o.err), f"{argv!r}\n{o.err}"
+
+
+def test_a_spec_whose_name_is_not_utf8_checks_under_a_strict_utf8_stdout(tmp_path, monkeypatch):
+    """`axdsl check $'\\xff\\xfe.axl'` printed its `ok` line to a strict UTF-8 stdout (the default
+    under an en_US.UTF-8 locale) and ended in UnicodeEncodeError, exit 70 (found by this fuzzer)."""
+    monkeypatch.chdir(tmp_path)
+    _specs(tmp_path)
+    o = run_main(["check", NOT_UTF8 + ".axl"])
+    assert o.rc == 0 and o.out == "\\udcff\\udcfe.axl: ok (m)\n", o.err
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_fuzzed_build_arguments_fail_cleanly(tmp_path, monkeypatch, seed):
+    monkeypatch.chdir(tmp_path)
+    rng = random.Random(2000 + seed)
+    specs = sorted(_specs(tmp_path).values())
+    (tmp_path / "a_file").write_text("")
+    while True:  # a build that would succeed is slow: keep a wrong spec or target in each case
+        (spec, spec_ok), (target, target_ok) = rng.choice(specs), rng.choice(TARGETS)
+        if not (spec_ok and target_ok):
+            break
+    out = rng.choice(("out", "a_file", ""))
+    argv = ["build", spec, "--out", out, *_flag(rng, "target", target)]
+    o = run_main(argv)
+    assert_no_crash(o, repr(argv))
+    assert o.rc in (1, 2) and not (tmp_path / "out").exists(), f"{argv!r}\n{o.err}"
+    assert ("target" in o.err) if not target_ok else LOCATED.search(o.err), f"{argv!r}\n{o.err}"
