@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from tests.targets_util import import_generated
+from tests.targets_util import import_generated, kernels_of
 
 RATE = 0.01
 
@@ -64,7 +64,7 @@ def test_the_bias_gradient_is_the_load_surplus_and_the_forward_is_unchanged(gene
     np.testing.assert_array_equal(np.asarray(y_of(bias, True)), np.asarray(y_of(bias, False)))
     grad = jax.grad(lambda b: jnp.sum(y_of(b, True) ** 2))(bias)
     assert not np.any(np.asarray(jax.grad(lambda b: jnp.sum(y_of(b, False) ** 2))(bias)))
-    chosen = np.asarray(model._moe_choose(jax.nn.sigmoid(logits), bias, 2, 4, 2))
+    chosen = np.asarray(kernels_of(model)._moe_choose(jax.nn.sigmoid(logits), bias, 2, 4, 2))
     load = np.bincount(chosen.reshape(-1), minlength=8).astype(np.float32)
     assert load.sum() == 2 * 12 * 2 and load.std() > 0
     np.testing.assert_allclose(np.asarray(grad), load - load.mean(), rtol=0, atol=1e-6)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.targets_util import import_generated
+from tests.targets_util import import_generated, kernels_of
 
 SPEC = """import "std/transformer.axl"
 model m = DecoderLM {{
@@ -81,21 +81,21 @@ def test_scaled_frequencies_match_transformers(tmp_path, rope_type, attn, params
     x = np.random.default_rng(0).normal(size=(1, 48, 2, 32)).astype(np.float32)
     q = jnp.asarray(x)
     if rope_type == "linear":
-        freqs = model.rope_frequencies(32, 10000.0) / 4.0
+        freqs = kernels_of(model).rope_frequencies(32, 10000.0) / 4.0
         factor = 1.0
     elif rope_type == "llama3":
-        freqs = model.llama3_frequencies(32, 10000.0, 8.0, 1.0, 4.0, 16)
+        freqs = kernels_of(model).llama3_frequencies(32, 10000.0, 8.0, 1.0, 4.0, 16)
         factor = 1.0
     else:
-        freqs = model.yarn_frequencies(32, 10000.0, params["factor"], params["original_max_position_embeddings"],
+        freqs = kernels_of(model).yarn_frequencies(32, 10000.0, params["factor"], params["original_max_position_embeddings"],
                                        params.get("beta_fast", 32.0), params.get("beta_slow", 1.0),
                                        params.get("truncate", True))
-        factor = model.yarn_attention_factor(params["factor"], params.get("mscale", 1.0),
+        factor = kernels_of(model).yarn_attention_factor(params["factor"], params.get("mscale", 1.0),
                                              params.get("mscale_all_dim", 0.0))
     np.testing.assert_allclose(np.asarray(freqs), ref, rtol=1e-6)
     assert factor == pytest.approx(ref_factor, rel=1e-12)
-    assert not np.allclose(np.asarray(freqs), np.asarray(model.rope_frequencies(32, 10000.0)))  # it scales
-    rotated = np.asarray(model.apply_rotary(q, freqs, scale=factor))
+    assert not np.allclose(np.asarray(freqs), np.asarray(kernels_of(model).rope_frequencies(32, 10000.0)))  # it scales
+    rotated = np.asarray(kernels_of(model).apply_rotary(q, freqs, scale=factor))
     np.testing.assert_allclose(rotated, _rotate_reference(x, ref, False, ref_factor), atol=2e-5)
     assert f"{rope_type}_frequencies(" in code or rope_type == "linear"
 
@@ -111,11 +111,11 @@ def test_partial_and_interleaved_rotation(tmp_path, interleaved):
     assert "apply_rotary(" in code and ("interleaved=True" in code) == interleaved
     x = np.random.default_rng(1).normal(size=(2, 16, 2, 32)).astype(np.float32)
     freqs = 1.0 / 10000.0 ** (np.arange(0, 8, 2) / 8)
-    out = np.asarray(model.apply_rotary(jnp.asarray(x), model.rope_frequencies(8, 10000.0), interleaved=interleaved))
+    out = np.asarray(kernels_of(model).apply_rotary(jnp.asarray(x), kernels_of(model).rope_frequencies(8, 10000.0), interleaved=interleaved))
     np.testing.assert_allclose(out, _rotate_reference(x, freqs, interleaved), atol=2e-5)
     np.testing.assert_array_equal(out[..., 8:], x[..., 8:])
     # the two layouts differ, and the whole model runs with the variant
-    other = np.asarray(model.apply_rotary(jnp.asarray(x), model.rope_frequencies(8, 10000.0),
+    other = np.asarray(kernels_of(model).apply_rotary(jnp.asarray(x), kernels_of(model).rope_frequencies(8, 10000.0),
                                           interleaved=not interleaved))
     assert np.abs(out - other).max() > 1e-2
     cfg = model.Config()
@@ -183,9 +183,9 @@ def test_rotation_tables_are_constants_not_recomputed_per_element(tmp_path, attn
 
     model, _ = _model(tmp_path, attn)
     freqs = 1.0 / 10000.0 ** (np.arange(0, 32, 2) / 32)
-    scale = 1.0 if not attn else model.yarn_attention_factor(4.0)
-    rotate = (lambda x, offset=0: model.apply_rope(x, 10000.0, offset)) if not attn else (
-        lambda x, offset=0: model.apply_rotary(x, model.yarn_frequencies(32, 10000.0, 4.0, 16), scale=scale,
+    scale = 1.0 if not attn else kernels_of(model).yarn_attention_factor(4.0)
+    rotate = (lambda x, offset=0: kernels_of(model).apply_rope(x, 10000.0, offset)) if not attn else (
+        lambda x, offset=0: kernels_of(model).apply_rotary(x, kernels_of(model).yarn_frequencies(32, 10000.0, 4.0, 16), scale=scale,
                                                offset=offset))
     x = jnp.asarray(np.random.default_rng(4).normal(size=(2, 24, 2, 32)).astype(np.float32))
     hlo = jax.jit(rotate).lower(x).compile().as_text()
