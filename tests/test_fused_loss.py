@@ -17,7 +17,7 @@ import numpy as np
 import optax
 import pytest
 
-from axdsl.passes.split_head import head_of as split_head
+from axdsl.analysis.head import head_of as split_head
 from axdsl.pipeline import compile_spec
 
 
@@ -86,7 +86,7 @@ def test_the_chunk_is_the_targets(monkeypatch):
     from dataclasses import replace
 
     from axdsl.analysis.memory import estimate_memory
-    from axdsl.passes.split_head import loss_chunk
+    from axdsl.analysis.head import loss_chunk
     from axdsl.targets import profiles
 
     root = Path(__file__).resolve().parent.parent

@@ -46,14 +46,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
 )
 
 # module -> imported module: the layering the code breaks today, and why.
-KNOWN_LAYER_VIOLATIONS = {
-    # fit_remat weighs the step before split_head records Model.head (split_head copies the root,
-    # so it runs after the last pass that changes it): the memory model asks for the cut itself
-    ("axdsl.analysis.memory", "axdsl.passes.split_head"),
-    # dim_axes / FREE_DIM_AXES: the logical axes of activation dims, read by the memory model
-    ("axdsl.analysis.memory", "axdsl.passes.annotate_sharding"),
-    ("axdsl.analysis.trace", "axdsl.passes.annotate_sharding"),
-}
+KNOWN_LAYER_VIOLATIONS: set[tuple[str, str]] = set()
 
 # The strongly connected components of the graph that exist today (each is being taken apart).
 KNOWN_CYCLES: set[frozenset[str]] = set()

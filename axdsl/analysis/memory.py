@@ -77,10 +77,10 @@ from axdsl.analysis.layout import DTYPE_BYTES, Layout
 from axdsl.analysis.platforms import CPU, PlatformFacts, facts
 from axdsl.analysis.trace import compute_dtype
 from axdsl.ir import nodes as ir
-from axdsl.passes.split_head import loss_chunk, loss_split
+from axdsl.ir.axes import dim_axes
+from axdsl.analysis.head import loss_chunk, loss_split
 from axdsl.lora import resolve as resolve_lora
 from axdsl.objectives import batch_fields, batches_of, inputs as forward_inputs, objective_name
-from axdsl.passes.annotate_sharding import dim_axes
 from axdsl.targets import profiles
 
 __all__ = [

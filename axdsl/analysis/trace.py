@@ -17,7 +17,7 @@ from axdsl.analysis.platforms import CPU
 from axdsl.analysis.values import Scope, Val, ValKind, attr_value, promote
 from axdsl.primitives.base import elementwise_memory
 from axdsl.ir import nodes as ir
-from axdsl.passes.annotate_sharding import FREE_DIM_AXES
+from axdsl.ir.axes import FREE_DIM_AXES
 
 
 def compute_dtype(root: ir.Instance) -> str | None:

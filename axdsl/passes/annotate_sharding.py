@@ -23,9 +23,6 @@ from dataclasses import replace
 from axdsl.errors import Diagnostics
 from axdsl.ir import nodes as ir
 
-# Free dims of activations by convention: the spec writes [B, S, ...] for batch and sequence.
-FREE_DIM_AXES = {"B": "batch", "S": "seq"}
-
 
 def annotate_sharding(module: ir.Module) -> ir.Module:
     sched = module.target
@@ -113,13 +110,3 @@ def activation_spec(
         used.update(axes)
         out.append(axes)
     return tuple(out)
-
-
-def dim_axes(root: ir.Instance) -> dict[str, str]:
-    """Logical axis of each named dim, read off the parameters (`dim` -> embed), plus B and S."""
-    out = dict(FREE_DIM_AXES)
-    for inst in root.walk():
-        for p in inst.params:
-            for d, a in zip(p.dims, p.axes, strict=True):
-                out.setdefault(d.name, a)
-    return out

@@ -30,7 +30,7 @@ from axdsl.ir.head import has_lm_signature
 from axdsl.ir.nodes import CacheEntry, DecodePlan
 from axdsl.ir.rewrite import forward_exprs, prims_of, sequence_dims
 from axdsl.objectives import objective_name
-from axdsl.passes.annotate_sharding import dim_axes
+from axdsl.ir.axes import dim_axes
 from axdsl.passes.shard_activations import placement
 from axdsl.primitives.base import Decoding
 

@@ -18,7 +18,8 @@ from dataclasses import replace
 from axdsl.ir import nodes as ir
 from axdsl.ir.nodes import ActivationSharding
 from axdsl.ir.rewrite import forward_exprs
-from axdsl.passes.annotate_sharding import activation_spec, dim_axes
+from axdsl.ir.axes import dim_axes
+from axdsl.passes.annotate_sharding import activation_spec
 
 
 def shard_activations(module: ir.Module) -> ir.Module:
