@@ -20,7 +20,6 @@ from axdsl.errors import Diagnostic, filled
 from axdsl.ir import nodes as ir
 
 KEPT = 0.98  # runtime.split: the first 98% of the tokens train, the last 2% are the eval split
-ID_BYTES = {"u16": 2, "u32": 4}
 BINARY_PROBE = (
     8192  # runtime.BINARY_PROBE: a text file with a NUL byte this near its start is binary
 )
@@ -219,10 +218,11 @@ def _token_count(source: ir.DataSource, path: Path) -> int | str | None:
     if size == 0:
         return f"data file {path} is empty"
     if source.kind == ir.DataKind.TOKENS:
-        width = ID_BYTES[source.dtype or "u16"]
+        ids = source.dtype or ir.TokenWidth.U16
+        width = ids.bytes
         if size % width:
             return (
-                f"token file {path} has {size} bytes, not a whole number of {source.dtype} ids: "
+                f"token file {path} has {size} bytes, not a whole number of {ids} ids: "
                 f"is its dtype right?"
             )
         return size // width

@@ -213,7 +213,11 @@ def _fields(module: ir.Module) -> list[Field]:
     else:
         add("data", str(data.kind), f"default, tokens or text ({origin['data'].origin})")
         add("data_path", data.path or "", "token file, or text file or directory")
-        add("data_dtype", data.dtype or "u16", "token file element type: u16 or u32")
+        add(
+            "data_dtype",
+            str(data.dtype or ir.TokenWidth.U16),
+            "token file element type: u16 or u32",
+        )
     if "sep" in objective_args(module):  # masked_lm
         add(
             "sep",
@@ -280,7 +284,11 @@ def _example_fields(add, images: bool, synthetic: ir.DataKind, data: ir.DataSour
         add("data", str(data.kind), f"synthetic_pairs (made here) or pairs ({origin})")
         add("data_path", data.path or "", "pairs: the source token file")
         add("data_target", data.path2 or "", "pairs: the target token file")
-        add("data_dtype", data.dtype or "u16", "token files' element type: u16 or u32")
+        add(
+            "data_dtype",
+            str(data.dtype or ir.TokenWidth.U16),
+            "token files' element type: u16 or u32",
+        )
         add(
             "eos",
             made["eos"] if data.kind is synthetic else files["eos"],

@@ -42,6 +42,7 @@ from axdsl.ir.settings import (  # noqa: F401
     ChipKind,
     DataKind,
     DataSource,
+    TokenWidth,
     FitTry,
     Kernel,
     NamedCall,

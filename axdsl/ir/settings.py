@@ -189,6 +189,17 @@ class ObjectiveKind(StrEnum):
     LOSS = "loss"  # the root forward returns the loss itself
 
 
+class TokenWidth(StrEnum):
+    """The element type of a token file: the ids are little-endian unsigned integers."""
+
+    U16 = "u16"
+    U32 = "u32"
+
+    @property
+    def bytes(self) -> int:
+        return 2 if self is TokenWidth.U16 else 4
+
+
 class DataKind(StrEnum):
     DEFAULT = "default"  # the Python standard library's .py files, read as bytes
     TOKENS = "tokens"  # a flat binary file of token ids
@@ -216,7 +227,7 @@ class Tokenizer:
 class DataSource:
     kind: DataKind
     path: str | None = None
-    dtype: str | None = None  # tokens: "u16" or "u32"
+    dtype: TokenWidth | None = None  # tokens and pairs: None reads u16
     path2: str | None = None  # pairs: the target token file
     options: tuple[
         tuple[str, Any], ...

@@ -445,7 +445,7 @@ def check_data(value: Any, span: Span, diags: Diagnostics) -> ir.DataSource | No
             )
             return None
         if k == "dtype":
-            if v not in ("u16", "u32"):
+            if v not in tuple(ir.TokenWidth):
                 diags.error(span, f'token files hold "u16" or "u32" tokens, not {value_text(v)}')
                 return None
         elif k == "noise":
@@ -467,7 +467,7 @@ def check_data(value: Any, span: Span, diags: Diagnostics) -> ir.DataSource | No
     return ir.DataSource(
         ir.DataKind(fn),
         args[0] if args else None,
-        dtype,
+        ir.TokenWidth(dtype) if dtype is not None else None,
         args[1] if len(args) > 1 else None,
         tuple(opts.items()),
     )

@@ -314,15 +314,15 @@ def _data(value: Any, span: Span, diags: Diagnostics):
                     ),
                 )
                 return None
-        dtype = opts.get("dtype", "u16")
-        if dtype not in ("u16", "u32"):
+        dtype = opts.get("dtype", ir.TokenWidth.U16.value)
+        if dtype not in tuple(ir.TokenWidth):
             diags.error(span, f'token files hold "u16" or "u32" tokens, not {_show(dtype)}')
             return None
         if fn == "text":
             return ir.DataSource(
                 ir.DataKind.TEXT, args[0], tokenizer=_tokenizer(opts.get("tokenizer"), span, diags)
             )
-        return ir.DataSource(ir.DataKind.TOKENS, args[0], dtype)
+        return ir.DataSource(ir.DataKind.TOKENS, args[0], ir.TokenWidth(dtype))
     diags.error(
         span,
         'data is "default", tokens("file.bin", dtype = "u16"), text("path"), '
