@@ -229,6 +229,14 @@ def emit_model(module: ir.Module) -> ModelSource:
             else ""
         ),
     )
+    return _render(context, imports, helper_code, helper_imports)
+
+
+def _render(
+    context: dict, imports: set[str], helper_code: list[str], helper_imports: set[str]
+) -> ModelSource:
+    """model.py from the template, and kernels.py with the helpers when there are any; model.py
+    imports by name what its code calls from kernels.py (rendered once to see what that is)."""
     kernels = (
         render_template(
             "kernels.py.j2",
@@ -239,7 +247,6 @@ def emit_model(module: ir.Module) -> ModelSource:
         if helper_code
         else None
     )
-    # model.py imports what it calls from kernels.py: rendered once to see what that is
     draft = render_template(
         "model.py.j2", imports=import_block(imports), kernel_names=(), **context
     )
