@@ -288,7 +288,8 @@ target "gpu-*" { remat(offload = [mlp_hidden], save = [context])  quantize(none)
 # ----------------------------------------------------------------------------- output
 def test_diff_between_targets_shows_the_schedule(in_root):
     diff = diff_targets(Path("specs/llama3_8b.axl"), "gpu-h100", "tpu-v5e")
-    assert diff.startswith("--- gpu_h100/model.py\n+++ tpu_v5e/model.py")
+    assert diff.startswith("--- gpu_h100/kernels.py\n+++ tpu_v5e/kernels.py")
+    assert "--- gpu_h100/model.py\n+++ tpu_v5e/model.py" in diff
     assert '+REMAT_POLICY = jax.checkpoint_policies.nothing_saveable' in diff  # fit_remat: none fits one v5e
     assert "+def splash_attention(" in diff and "int8_einsum" in diff and "fp8_einsum" in diff
 
