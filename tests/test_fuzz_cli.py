@@ -193,6 +193,7 @@ TARGETS = (
     ("", False),
     (NOT_UTF8, False),
     ("cpu-0", False),
+    ("cpu-99999999999999999999", False),
     (" cpu", False),
     ("nosuch", False),
 )

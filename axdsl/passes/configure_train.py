@@ -52,6 +52,7 @@ INT_KEYS = {
     "seed": (0, 0),
     "max_bad_steps": (3, 1),
 }
+INT_MAX = 2**31 - 1  # JAX counts steps, batches and positions in int32 (x64 is off)
 FLOAT_KEYS = {"clip": (1.0, 0.0), "z_loss": (0.0, 0.0)}
 CHECKPOINT = {"every": 100, "keep": 3, "async": True, "dir": "checkpoints"}
 # Mixed precision: the models' `dtype` (compute) and `param_dtype` (storage), overridden for
@@ -158,6 +159,13 @@ def _check(name: str, value: Any, span: Span, diags: Diagnostics) -> Any:
         low = INT_KEYS[name][1]
         if not isinstance(value, int) or isinstance(value, bool) or value < low:
             diags.error(span, f"`{name}` must be an integer >= {low}, got {_show(value)}")
+            return None
+        if value > INT_MAX:
+            diags.error(
+                span,
+                f"`{name}` must be at most 2**31 - 1 = {INT_MAX:,}, got {value:,}",
+                "the generated step counts in int32, as JAX does with x64 off",
+            )
             return None
         return value
     if name in FLOAT_KEYS:

@@ -177,6 +177,9 @@ def known_targets() -> tuple[str, ...]:
 KNOWN_TARGETS = known_targets()
 
 
+MAX_CHIPS = 2**20  # a chip count past any machine is a typo, not a plan
+
+
 def parse_target(name: str) -> tuple[str, int | None]:
     """`gpu-h100-8` -> ("gpu-h100", 8); `cpu` -> ("cpu", None). Raise UnknownTarget for others."""
     m = re.fullmatch(r"(.+?)(?:-(\d+))?", name)
@@ -190,6 +193,11 @@ def parse_target(name: str) -> tuple[str, int | None]:
         )
     if count is not None and int(count) < 1:
         raise UnknownTarget(f"target `{name}` asks for {count} chips; use a positive count")
+    if count is not None and int(count) > MAX_CHIPS:
+        raise UnknownTarget(
+            f"target `{name}` asks for {int(count):,} chips; at most {MAX_CHIPS:,} "
+            "(the largest clusters have a few hundred thousand accelerators)"
+        )
     return base, int(count) if count else None
 
 
