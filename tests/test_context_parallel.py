@@ -165,3 +165,25 @@ def test_zigzag_and_shard_positions_refuse_uneven_splits():
         context.zigzag_order(36, 4)
     with pytest.raises(ValueError, match="does not split"):
         context.shard_positions(30, 4, balance=False)
+
+
+def _ring_tiles_computed(seq: int, shards: int, balance: bool) -> list[int]:
+    """Per shard: the (query half, key half) tiles the causal ring computes over all the blocks
+    that reach it, the others being dropped whole by the mask (what its lax.cond skips)."""
+    rows = jnp.asarray(context.shard_positions(seq, shards, balance))
+    tiles = context._ring_tiles(seq // shards)
+    counts = []
+    for mine in rows:
+        count = 0
+        for theirs in rows:
+            keep = context._context_keep(mine[None], theirs[None], None, None, True, None)[0]
+            count += sum(bool(jnp.any(keep[r, c])) for r in tiles for c in tiles)
+        counts.append(count)
+    return counts
+
+
+def test_the_ring_computes_equal_tiles_per_shard_in_zigzag_order():
+    """4 shards: zig-zag, each shard 3 tiles of its own block and 2 of each other's; contiguous,
+    shard i computes 3 + 4 i (the last shard 15, 1.6 times the balanced 9)."""
+    assert _ring_tiles_computed(32, 4, balance=True) == [9, 9, 9, 9]
+    assert _ring_tiles_computed(32, 4, balance=False) == [3, 7, 11, 15]

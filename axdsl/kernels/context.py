@@ -155,50 +155,64 @@ def _ring_attention(q, k, v, segment_ids, positions, mesh_axis, causal, window, 
     return _ring_attention_fwd(q, k, v, segment_ids, positions, mesh_axis, causal, window, scale)[0]
 
 
+def _ring_tiles(seq: int) -> list[slice]:
+    """The halves of a shard's sequence the ring computes tile by tile (queries x keys), skipping
+    the tiles a mask drops whole: under the zig-zag order a shard's two halves are an early and
+    a late chunk, so every block is half skipped except the shard's own (a quarter)."""
+    half = seq // 2
+    return [slice(0, half), slice(half, seq)] if seq % 2 == 0 else [slice(0, seq)]
+
+
 def _ring_attention_fwd(q, k, v, segment_ids, positions, mesh_axis, causal, window, scale):
     batch, seq, heads, head_dim = q.shape
     kv_heads = k.shape[2]
     qg = q.reshape(batch, seq, kv_heads, heads // kv_heads, head_dim)
     shards = jax.lax.axis_size(mesh_axis)
     ring = [(j, (j + 1) % shards) for j in range(shards)]  # each shard sends to the next
+    tiles = _ring_tiles(seq)
 
-    def visit(state, block):  # fold one key/value block into the running softmax
+    def fold(q_tile, k_tile, v_tile, keep, state):  # one tile into the running softmax
+        out, top, total = state  # [B, kv_heads, group, S/2, dv], [B, kv_heads, group, S/2] x 2
+        logits = jnp.einsum("bqkgd,bskd->bkgqs", q_tile, k_tile, preferred_element_type=jnp.float32)
+        logits = jnp.where(keep[:, None, None], logits * scale, CONTEXT_MASKED)
+        new_top = jnp.maximum(top, jnp.max(logits, axis=-1))
+        probs = jnp.where(keep[:, None, None], jnp.exp(logits - new_top[..., None]), 0.0)
+        fade = jnp.exp(top - new_top)
+        seen = jnp.einsum(
+            "bkgqs,bskd->bkgqd", probs.astype(v.dtype), v_tile, preferred_element_type=jnp.float32
+        )
+        return out * fade[..., None] + seen, new_top, total * fade + jnp.sum(probs, axis=-1)
+
+    def visit(states, block):  # fold one key/value block in, tile by tile
         k_blk, v_blk, k_pos, k_seg = block
         keep = _context_keep(positions, k_pos, segment_ids, k_seg, causal, window)
-
-        def fold(state):
-            out, top, total = state  # [B, kv_heads, group, S, dv], [B, kv_heads, group, S] x 2
-            logits = jnp.einsum("bqkgd,bskd->bkgqs", qg, k_blk, preferred_element_type=jnp.float32)
-            logits = jnp.where(keep[:, None, None], logits * scale, CONTEXT_MASKED)
-            new_top = jnp.maximum(top, jnp.max(logits, axis=-1))
-            probs = jnp.where(keep[:, None, None], jnp.exp(logits - new_top[..., None]), 0.0)
-            fade = jnp.exp(top - new_top)
-            seen = jnp.einsum(
-                "bkgqs,bskd->bkgqd",
-                probs.astype(v.dtype),
-                v_blk,
-                preferred_element_type=jnp.float32,
-            )
-            return out * fade[..., None] + seen, new_top, total * fade + jnp.sum(probs, axis=-1)
-
-        return jax.lax.cond(jnp.any(keep), fold, lambda s: s, state)
+        states = list(states)
+        for i, rows in enumerate(tiles):
+            for cols in tiles:
+                tile = (qg[:, rows], k_blk[:, cols], v_blk[:, cols], keep[:, rows, cols])
+                run = functools.partial(fold, *tile)
+                states[i] = jax.lax.cond(jnp.any(tile[3]), run, lambda s: s, states[i])
+        return tuple(states)
 
     def step(carry, _):
-        state, block = carry
+        states, block = carry
         sent = jax.lax.ppermute(block, mesh_axis, ring)  # travels while this block is used
-        return (visit(state, block), sent), None
+        return (visit(states, block), sent), None
 
-    rows = (batch, kv_heads, heads // kv_heads, seq)
     # *_like(q): typed as varying over the mesh axes q varies over (shard_map's check_vma),
     # like what the steps return
-    state = (
-        jnp.zeros_like(q, jnp.float32, shape=(*rows, v.shape[-1])),
-        jnp.full_like(q, CONTEXT_MASKED, jnp.float32, shape=rows),
-        jnp.zeros_like(q, jnp.float32, shape=rows),
+    states = tuple(
+        (
+            jnp.zeros_like(q, jnp.float32, shape=(*rows, v.shape[-1])),
+            jnp.full_like(q, CONTEXT_MASKED, jnp.float32, shape=rows),
+            jnp.zeros_like(q, jnp.float32, shape=rows),
+        )
+        for rows in [(batch, kv_heads, heads // kv_heads, t.stop - t.start) for t in tiles]
     )
     block = (k, v, positions, segment_ids)
-    (state, block), _ = jax.lax.scan(step, (state, block), length=shards - 1)
-    out, top, total = visit(state, block)  # the last block: nothing left to send
+    (states, block), _ = jax.lax.scan(step, (states, block), length=shards - 1)
+    states = visit(states, block)  # the last block: nothing left to send
+    out, top, total = (jnp.concatenate(parts, axis=3) for parts in zip(*states, strict=True))
     out = out / jnp.where(total > 0, total, 1.0)[..., None]
     lse = top + jnp.log(jnp.where(total > 0, total, 1.0))  # log of each row's softmax sum
     y = out.transpose(0, 3, 1, 2, 4).reshape(batch, seq, heads, v.shape[-1]).astype(v.dtype)
@@ -215,36 +229,49 @@ def _ring_attention_bwd(mesh_axis, causal, window, scale, res, dy):
     row = jnp.sum(d_out * out, axis=-1)  # the softmax's row term: rowsum(dy * y)
     shards = jax.lax.axis_size(mesh_axis)
     ring = [(j, (j + 1) % shards) for j in range(shards)]
+    tiles = _ring_tiles(seq)
 
-    def visit(d_q, block):  # this shard's share of one block's gradients
-        k_blk, v_blk, k_pos, k_seg, d_k, d_v = block
+    def grads(rows, k_tile, v_tile, keep, acc):  # one tile's share of the gradients
+        d_q, d_k, d_v = acc
+        logits = jnp.einsum(
+            "bqkgd,bskd->bkgqs", qg[:, rows], k_tile, preferred_element_type=jnp.float32
+        )
+        probs = jnp.exp(logits * scale - lse[:, :, :, rows, None])
+        probs = jnp.where(keep[:, None, None], probs, 0.0)
+        d_v = d_v + jnp.einsum("bkgqs,bkgqd->bskd", probs, d_out[:, :, :, rows])
+        d_probs = jnp.einsum(
+            "bkgqd,bskd->bkgqs", d_out[:, :, :, rows], v_tile, preferred_element_type=jnp.float32
+        )
+        d_logits = probs * (d_probs - row[:, :, :, rows, None]) * scale
+        d_q = d_q + jnp.einsum("bkgqs,bskd->bqkgd", d_logits, k_tile.astype(jnp.float32))
+        d_k = d_k + jnp.einsum("bkgqs,bqkgd->bskd", d_logits, qg[:, rows].astype(jnp.float32))
+        return d_q, d_k, d_v
+
+    def visit(d_qs, block):  # this shard's share of one block's gradients, tile by tile
+        k_blk, v_blk, k_pos, k_seg, d_ks, d_vs = block
         keep = _context_keep(positions, k_pos, segment_ids, k_seg, causal, window)
-
-        def grads(args):
-            d_q, d_k, d_v = args
-            logits = jnp.einsum("bqkgd,bskd->bkgqs", qg, k_blk, preferred_element_type=jnp.float32)
-            probs = jnp.where(keep[:, None, None], jnp.exp(logits * scale - lse[..., None]), 0.0)
-            d_v = d_v + jnp.einsum("bkgqs,bkgqd->bskd", probs, d_out)
-            d_probs = jnp.einsum(
-                "bkgqd,bskd->bkgqs", d_out, v_blk, preferred_element_type=jnp.float32
-            )
-            d_logits = probs * (d_probs - row[..., None]) * scale
-            d_q = d_q + jnp.einsum("bkgqs,bskd->bqkgd", d_logits, k_blk.astype(jnp.float32))
-            d_k = d_k + jnp.einsum("bkgqs,bqkgd->bskd", d_logits, qg.astype(jnp.float32))
-            return d_q, d_k, d_v
-
-        d_q, d_k, d_v = jax.lax.cond(jnp.any(keep), grads, lambda a: a, (d_q, d_k, d_v))
-        return d_q, (k_blk, v_blk, k_pos, k_seg, d_k, d_v)
+        d_qs, d_ks, d_vs = list(d_qs), list(d_ks), list(d_vs)
+        for i, rows in enumerate(tiles):
+            for j, cols in enumerate(tiles):
+                tile = (rows, k_blk[:, cols], v_blk[:, cols], keep[:, rows, cols])
+                acc = (d_qs[i], d_ks[j], d_vs[j])
+                acc = jax.lax.cond(
+                    jnp.any(tile[3]), functools.partial(grads, *tile), lambda a: a, acc
+                )
+                d_qs[i], d_ks[j], d_vs[j] = acc
+        return tuple(d_qs), (k_blk, v_blk, k_pos, k_seg, tuple(d_ks), tuple(d_vs))
 
     def step(carry, _):
-        d_q, block = carry
-        d_q, block = visit(d_q, block)
-        return (d_q, jax.lax.ppermute(block, mesh_axis, ring)), None  # a full turn: home again
+        d_qs, block = carry
+        d_qs, block = visit(d_qs, block)
+        return (d_qs, jax.lax.ppermute(block, mesh_axis, ring)), None  # a full turn: home again
 
-    zeros = functools.partial(jnp.zeros_like, dtype=jnp.float32)  # varying like their input
+    def zeros(x):  # float32 accumulators per tile, varying like x (shard_map's check_vma)
+        return tuple(jnp.zeros_like(x[:, t], jnp.float32) for t in tiles)
+
     block = (k, v, positions, segment_ids, zeros(k), zeros(v))
-    (d_q, block), _ = jax.lax.scan(step, (zeros(qg), block), length=shards)
-    d_k, d_v = block[4], block[5]
+    (d_qs, block), _ = jax.lax.scan(step, (zeros(qg), block), length=shards)
+    d_q, d_k, d_v = (jnp.concatenate(parts, axis=1) for parts in (d_qs, block[4], block[5]))
     return (
         d_q.reshape(q.shape).astype(q.dtype),
         d_k.astype(k.dtype),
