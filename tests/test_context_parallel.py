@@ -1,0 +1,189 @@
+"""Context parallelism's kernels (axdsl/kernels/context.py) on fake CPU devices: attention with the
+sequence split over a `seq` mesh axis, all-gathered or as a ring, in contiguous or zig-zag order,
+gives single-device attention's outputs and gradients; the zig-zag order balances causal work."""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import Mesh
+from jax.sharding import PartitionSpec as P
+
+from axdsl.kernels import attention, context
+
+RNG = np.random.default_rng(0)
+BATCH, SEQ, HEADS, KV_HEADS, HEAD_DIM = 2, 32, 4, 2, 8
+Q = jnp.asarray(RNG.standard_normal((BATCH, SEQ, HEADS, HEAD_DIM)), jnp.float32)
+K = jnp.asarray(RNG.standard_normal((BATCH, SEQ, KV_HEADS, HEAD_DIM)), jnp.float32)
+V = jnp.asarray(RNG.standard_normal((BATCH, SEQ, KV_HEADS, HEAD_DIM)), jnp.float32)
+# packed documents whose boundaries fall inside the shards' chunks
+# XLA:CPU's cheaper optimizations: compiling dominates these tests (about 40% less), and the results
+# still agree to 1e-5
+QUICK_COMPILE = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True}
+SEGMENTS = jnp.asarray([[0] * 13 + [1] * 19, [0] * 5 + [1] * 20 + [2] * 7], jnp.int32)
+
+
+def _with_gradients(f):
+    """f's output and the gradients in q, k, v of sum(sin(output)), in one jitted call: every
+    output element gets its own cotangent."""
+
+    def run(q, k, v):
+        out, vjp = jax.vjp(f, q, k, v)
+        return out, vjp(jnp.cos(out))
+
+    return jax.jit(run, compiler_options=QUICK_COMPILE)(Q, K, V)
+
+
+@functools.cache
+def _reference(causal: bool, window: int | None, segments: bool):
+    """Single-device attention (jax.nn.dot_product_attention) and its gradient in q, k, v."""
+
+    def attend(q, k, v):
+        mask = SEGMENTS[:, None, :, None] == SEGMENTS[:, None, None, :] if segments else None
+        local = (window - 1, 0) if window else None
+        return jax.nn.dot_product_attention(
+            q, k, v, mask=mask, is_causal=causal, local_window_size=local
+        )
+
+    return _with_gradients(attend)
+
+
+def _sharded(strategy, mesh, balance, causal, window, segments, positions_from, attend=None):
+    """Outputs and q, k, v gradients of context attention under jax.shard_map over `seq` (the
+    batch over `data` when the mesh has it): the sequence put in zig-zag order when `balance`,
+    the output put back, so both compare with _reference in the original order."""
+    shards = mesh.shape["seq"]
+    order = context.zigzag_order(SEQ, shards) if balance else np.arange(SEQ)
+    inverse = context.zigzag_inverse(SEQ, shards) if balance else np.arange(SEQ)
+    batch = "data" if "data" in mesh.axis_names else None
+    kwargs = {} if attend is None else {"attend": attend}
+
+    def local(q, k, v, segment_ids, positions):
+        if positions_from == "index":  # computed in the shard from its index
+            positions = context.local_positions(q.shape[1], "seq", balance)
+        elif positions_from == "none":  # the kernel's default: contiguous shards
+            positions = None
+        run = getattr(context, f"context_attention_{strategy}")
+        return run(
+            q,
+            k,
+            v,
+            causal=causal,
+            window=window,
+            segment_ids=segment_ids if segments else None,
+            positions=positions,
+            **kwargs,
+        )
+
+    spec = P(batch, "seq")
+    specs = (spec, spec, spec, spec, P("seq"))
+    sharded = jax.shard_map(local, mesh=mesh, in_specs=specs, out_specs=spec)
+
+    def full(q, k, v):
+        out = sharded(q[:, order], k[:, order], v[:, order], SEGMENTS[:, order], order)
+        return out[:, inverse]
+
+    return _with_gradients(full)
+
+
+def _mesh(shape: tuple[int, ...], names: tuple[str, ...]) -> Mesh:
+    return Mesh(np.array(jax.devices()[: int(np.prod(shape))]).reshape(shape), names)
+
+
+CASES = [  # strategy, mesh, balance, causal, window, segments, where positions come from
+    ("all_gather", (4,), False, True, None, False, "none"),
+    ("ring", (4,), False, True, 5, True, "none"),
+    ("ring", (8,), True, True, None, False, "array"),
+    ("ring", (2, 4), True, True, 5, True, "index"),
+]
+
+
+@pytest.mark.parametrize("strategy,shape,balance,causal,window,segments,positions_from", CASES)
+def test_context_attention_matches_single_device_attention_and_its_gradients(
+    strategy, shape, balance, causal, window, segments, positions_from
+):
+    names = ("seq",) if len(shape) == 1 else ("data", "seq")
+    want = _reference(causal, window, segments)
+    got = _sharded(strategy, _mesh(shape, names), balance, causal, window, segments, positions_from)
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+
+
+def test_all_gather_in_zigzag_order_runs_the_attention_it_is_given():
+    """einsum_attention (the xla fallback kernel) as the local attention, windowed, with packed
+    documents, the positions computed in each shard from its index."""
+    attend = functools.partial(attention.einsum_attention, causal=False)
+    mesh = _mesh((4,), ("seq",))
+    got = _sharded("all_gather", mesh, True, True, 5, True, "index", attend=attend)
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(_reference(True, 5, True)), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("seq,shards", [(16, 4), (64, 8), (6, 1)])
+def test_zigzag_order_round_trips_and_pairs_early_with_late_chunks(seq, shards):
+    order, inverse = context.zigzag_order(seq, shards), context.zigzag_inverse(seq, shards)
+    x = RNG.standard_normal((2, seq))
+    np.testing.assert_array_equal(x[:, order][:, inverse], x)
+    np.testing.assert_array_equal(np.sort(order), np.arange(seq))
+    chunk = seq // (2 * shards)
+    rows = context.shard_positions(seq, shards, balance=True)
+    for i, row in enumerate(rows):  # shard i: chunk i, then chunk 2 * shards - 1 - i
+        late = 2 * shards - 1 - i
+        np.testing.assert_array_equal(row[:chunk], np.arange(i * chunk, (i + 1) * chunk))
+        np.testing.assert_array_equal(row[chunk:], np.arange(late * chunk, (late + 1) * chunk))
+    np.testing.assert_array_equal(
+        context.shard_positions(seq, shards, balance=False), np.arange(seq).reshape(shards, -1)
+    )
+
+
+def _causal_work(seq: int, shards: int, balance: bool, window: int | None = None) -> list[int]:
+    """Per shard: the (query, key) pairs the causal (and windowed) mask keeps."""
+    work = []
+    for row in context.shard_positions(seq, shards, balance):
+        keys = np.arange(seq)[None, :]
+        keep = keys <= row[:, None]
+        if window:
+            keep &= keys > row[:, None] - window
+        work.append(int(keep.sum()))
+    return work
+
+
+@pytest.mark.parametrize("seq,shards", [(32, 4), (64, 8), (4096, 16)])
+def test_zigzag_balances_causal_work_and_contiguous_does_not(seq, shards):
+    balanced, contiguous = _causal_work(seq, shards, True), _causal_work(seq, shards, False)
+    assert len(set(balanced)) == 1 and sum(balanced) == seq * (seq + 1) // 2
+    assert sum(contiguous) == sum(balanced)
+    assert contiguous == sorted(contiguous) and contiguous[-1] > 2 * contiguous[0]
+
+
+def test_zigzag_and_shard_positions_refuse_uneven_splits():
+    with pytest.raises(ValueError, match="multiple of 8"):
+        context.zigzag_order(36, 4)
+    with pytest.raises(ValueError, match="does not split"):
+        context.shard_positions(30, 4, balance=False)
+
+
+def _ring_tiles_computed(seq: int, shards: int, balance: bool) -> list[int]:
+    """Per shard: the (query half, key half) tiles the causal ring computes over all the blocks
+    that reach it, the others being dropped whole by the mask (what its lax.cond skips)."""
+    rows = jnp.asarray(context.shard_positions(seq, shards, balance))
+    tiles = context._ring_tiles(seq // shards)
+    counts = []
+    for mine in rows:
+        count = 0
+        for theirs in rows:
+            keep = context._context_keep(mine[None], theirs[None], None, None, True, None)[0]
+            count += sum(bool(jnp.any(keep[r, c])) for r in tiles for c in tiles)
+        counts.append(count)
+    return counts
+
+
+def test_the_ring_computes_equal_tiles_per_shard_in_zigzag_order():
+    """4 shards: zig-zag, each shard 3 tiles of its own block and 2 of each other's; contiguous,
+    shard i computes 3 + 4 i (the last shard 15, 1.6 times the balanced 9)."""
+    assert _ring_tiles_computed(32, 4, balance=True) == [9, 9, 9, 9]
+    assert _ring_tiles_computed(32, 4, balance=False) == [3, 7, 11, 15]
