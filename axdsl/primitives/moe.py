@@ -214,6 +214,23 @@ def _emit(ctx, prim: ir.Prim, args: list[str], precs: list[int]) -> str:
     calls `moe_dispatch`, which keeps both."""
     x, logits, w_gate, w_up, w_down = args[:5]
     bias = args[5] if prim.operand("bias") is not None else None
+    weights, chosen = _route(ctx, prim, logits, bias)
+    out = ctx.fresh("moe_y")
+    call = f"{x}, {weights}, {chosen}, {w_gate}, {w_up}, {w_down}"
+    ctx.line(f"{out} = {_dispatch(ctx, prim, call)}  # {ctx.shape_comment(prim.type)}")
+    if prim.attr("balance_rate").value > 0:  # the bias's gradient: each expert's load surplus
+        ctx.line(
+            f"{out} = {CALLS[BALANCE]}({out}, {bias}, {chosen})  # {ctx.shape_comment(prim.type)}"
+        )
+    for helper in _needs(prim, ctx.schedule, False):
+        ctx.use_helper(helper)
+    return out
+
+
+def _route(ctx, prim: ir.Prim, logits: str, bias: str | None) -> tuple[str, str]:
+    """`weights, chosen, moe_aux = moe_route(...)` (or `moe_route_deepseek`, with DeepSeek's
+    options and the bias); moe_aux joins this layer's auxiliary loss. The names of the routing
+    weights and the chosen experts."""
     weights, chosen, aux = ctx.fresh("weights"), ctx.fresh("chosen"), ctx.fresh("moe_aux")
     ctx.add_aux(aux)
     router = CHOOSE if _selects(prim) else ROUTE
@@ -223,23 +240,21 @@ def _emit(ctx, prim: ir.Prim, args: list[str], precs: list[int]) -> str:
     per_choice = ctx.shape_comment(ir.TensorType((*_token_dims(prim), ir.Dim("top_k"))))
     ctx.line(f"# each token's routing {weights} and {chosen} experts {per_choice}, and {aux} []")
     ctx.line(f"{weights}, {chosen}, {aux} = {call})")
+    return weights, chosen
+
+
+def _dispatch(ctx, prim: ir.Prim, routed: str) -> str:
+    """The call of the dispatch path on `routed` (x, weights, chosen and the expert weights): the
+    one a capacity written in the spec picks, or `moe_dispatch` for one read from Config."""
     paths = _paths(prim)
     dispatch = EITHER if len(paths) == 2 else paths[0]
-    call = f"{CALLS[dispatch]}({x}, {weights}, {chosen}, {w_gate}, {w_up}, {w_down}"
+    call = f"{CALLS[dispatch]}({routed}"
     if CAPACITY in paths:
         call += f", capacity_factor={ctx.code(prim.attr('capacity_factor'))}"
     batch_axes = ctx.schedule.kept_axes("batch") if ctx.schedule is not None else ()
     if DROPLESS in paths and batch_axes:  # each batch shard dispatches its own tokens
         call += f", batch_axes={batch_axes!r}"
-    out = ctx.fresh("moe_y")
-    ctx.line(f"{out} = {call})  # {ctx.shape_comment(prim.type)}")
-    if prim.attr("balance_rate").value > 0:  # the bias's gradient: each expert's load surplus
-        ctx.line(
-            f"{out} = {CALLS[BALANCE]}({out}, {bias}, {chosen})  # {ctx.shape_comment(prim.type)}"
-        )
-    for helper in _needs(prim, ctx.schedule, False):
-        ctx.use_helper(helper)
-    return out
+    return call + ")"
 
 
 def _kwargs(ctx, prim: ir.Prim, names: tuple[str, ...]) -> str:
