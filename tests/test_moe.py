@@ -42,9 +42,17 @@ def dropless(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def capped(tmp_path_factory):
-    """A build whose experts have a capacity: only it ships the capacity dispatch."""
+    """A build whose experts have a capacity, read from its Config (the model is the layer): it
+    ships both dispatch paths and calls `moe_dispatch`, which picks one by that capacity."""
     tmp = tmp_path_factory.mktemp("moe_capped")
-    return import_generated(_spec(tmp, "capped", 4.0), "cpu", tmp)
+    path = tmp / "capped.axl"
+    path.write_text(
+        'import "std/layers.axl"\n'
+        "model capped = MoE { dim = 16  hidden = 8  experts = 4  top_k = 2  capacity_factor = 4.0 }\n"
+    )
+    model, _ = import_generated(path, "cpu", tmp)
+    assert model.Config().capacity_factor == 4.0
+    return model, None
 
 
 def _reference_moe(x, logits, w_gate, w_up, w_down, top_k):
@@ -75,12 +83,12 @@ def _random_moe_inputs(experts=4, dim=16, hidden=8, batch=2, seq=12):
 
 
 def _moe(model, x, logits, w_gate, w_up, w_down, top_k, normalize, aux_weight, z_weight, **paths):
-    """The generated layer's calls: its router, then the capacity path when a capacity_factor is
-    given (only a build with a capacity has it), else the dropless one."""
+    """The generated layer's calls: its router, then `moe_dispatch` when a capacity_factor is
+    given (the `capped` build, whose Config holds it), else the dropless path."""
     weights, chosen, aux = model.moe_route(
         logits, top_k=top_k, normalize=normalize, aux_weight=aux_weight, z_weight=z_weight
     )
-    dispatch = model.moe_with_capacity if "capacity_factor" in paths else model.moe_dropless
+    dispatch = model.moe_dispatch if "capacity_factor" in paths else model.moe_dropless
     return dispatch(x, weights, chosen, w_gate, w_up, w_down, **paths), aux
 
 
