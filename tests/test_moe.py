@@ -48,7 +48,9 @@ def capped(tmp_path_factory):
     path = tmp / "capped.axl"
     path.write_text(
         'import "std/layers.axl"\n'
-        "model capped = MoE { dim = 16  hidden = 8  experts = 4  top_k = 2  capacity_factor = 4.0 }\n"
+        "model capped = MoE {\n"
+        "  dim = 16  hidden = 8  experts = 4  top_k = 2  capacity_factor = 4.0\n"
+        "}\n"
     )
     model, _ = import_generated(path, "cpu", tmp)
     assert model.Config().capacity_factor == 4.0
@@ -65,7 +67,7 @@ def _reference_moe(x, logits, w_gate, w_up, w_down, top_k):
         for s in range(x.shape[1]):
             top = np.argsort(-probs[b, s], kind="stable")[:top_k]
             w = probs[b, s, top] / probs[b, s, top].sum()
-            for e, we in zip(top, w):
+            for e, we in zip(top, w, strict=True):
                 g = x[b, s] @ np.asarray(w_gate[e], np.float64)
                 h = g / (1 + np.exp(-g)) * (x[b, s] @ np.asarray(w_up[e], np.float64))
                 out[b, s] += we * (h @ np.asarray(w_down[e], np.float64))
@@ -201,7 +203,7 @@ def test_experts_shard_over_the_expert_axis_with_unchanged_results(tmp_path, cap
         )  # 4 experts / 4
         got = jax.jit(jax.value_and_grad(lambda p: model.loss_fn(cfg, p, tokens)[0]))(sharded)
     np.testing.assert_allclose(float(got[0]), float(want[0]), rtol=1e-6)
-    for g, w in zip(jax.tree.leaves(got[1]), jax.tree.leaves(want[1])):
+    for g, w in zip(jax.tree.leaves(got[1]), jax.tree.leaves(want[1]), strict=True):
         np.testing.assert_allclose(np.asarray(g), np.asarray(w), atol=1e-5, rtol=1e-4)
 
 
