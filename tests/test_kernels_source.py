@@ -153,7 +153,11 @@ def test_rope_variants_agree_and_rotate_by_position():
     assert rope.yarn_attention_factor(1.0) == 1.0
 
 
-def test_moe_dispatch_paths_agree_when_nothing_is_dropped():
+def test_moe_routers_and_dispatch_paths_agree_with_a_per_token_reference():
+    """Both routers pick each token's top-k experts (the DeepSeek one, without its options, as
+    the softmax one does); the Switch loss is experts x sum(load x importance); both dispatch
+    paths (and moe_dispatch, which picks one) equal every token run through its chosen experts
+    when nothing is dropped; and balancing leaves y and gives the bias the load surplus."""
     batch, seq, dim, hidden, experts, top_k = 1, 4, 3, 5, 4, 2
     x = _normal(batch, seq, dim)
     w_gate, w_up, w_down = (
@@ -161,11 +165,18 @@ def test_moe_dispatch_paths_agree_when_nothing_is_dropped():
         _normal(experts, dim, hidden),
         _normal(experts, hidden, dim),
     )
-    probs = jax.nn.softmax(_normal(batch, seq, experts), axis=-1)
-    chosen = moe._moe_choose(probs, None, top_k, 1, 1)
-    np.testing.assert_array_equal(chosen, jax.lax.top_k(probs, top_k)[1])
-    weights = jnp.take_along_axis(probs, chosen, axis=-1)
-    routed = jax.nn.one_hot(chosen, experts)
+    logits = _normal(batch, seq, experts)
+    probs = jax.nn.softmax(logits, axis=-1)
+    weights, chosen, aux = moe.moe_route(logits, top_k, False, 1.0, 0.0)
+    want_weights, want_chosen = jax.lax.top_k(probs, top_k)
+    np.testing.assert_array_equal(chosen, want_chosen)
+    np.testing.assert_array_equal(weights, want_weights)
+    load = np.bincount(np.asarray(chosen).reshape(-1), minlength=experts) / (batch * seq * top_k)
+    want_aux = experts * np.sum(load * np.asarray(probs).mean(axis=(0, 1)))
+    np.testing.assert_allclose(aux, want_aux, rtol=1e-5)
+    plain = moe.moe_route_deepseek(logits, top_k, False, 1.0, 0.0, "softmax", 1, 1, 1.0)
+    for a, b in zip(plain, (weights, chosen, aux), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-6)
     want = sum(  # every token through its chosen experts, one at a time
         weights[..., j, None]
         * jnp.einsum(
@@ -176,13 +187,19 @@ def test_moe_dispatch_paths_agree_when_nothing_is_dropped():
         )
         for j in range(top_k)
     )
-    dropless = moe._moe_dropless(x, weights, chosen, w_gate, w_up, w_down)
-    capacity = moe._moe_with_capacity(x, weights, routed, w_gate, w_up, w_down, 4.0)
-    np.testing.assert_allclose(dropless, want, rtol=1e-5, atol=1e-5)
-    np.testing.assert_allclose(capacity, want, rtol=1e-5, atol=1e-5)
-    load = jnp.array([3.0, 1.0, 0.0, 0.0])
-    bias_grad = jax.grad(lambda b: jnp.sum(moe._moe_balance(x, b, load)))(jnp.zeros(4))
-    np.testing.assert_allclose(bias_grad, load - jnp.mean(load))
+    routed = (x, weights, chosen, w_gate, w_up, w_down)
+    for got in (
+        moe.moe_dropless(*routed),
+        moe.moe_with_capacity(*routed, 4.0),
+        moe.moe_dispatch(*routed, 0.0),
+        moe.moe_dispatch(*routed, 4.0),
+    ):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    bias = jnp.zeros(experts)
+    np.testing.assert_array_equal(moe.moe_balance(x, bias, chosen), x)
+    bias_grad = jax.grad(lambda b: jnp.sum(moe.moe_balance(x, b, chosen)))(bias)
+    surplus = np.bincount(np.asarray(chosen).reshape(-1), minlength=experts)
+    np.testing.assert_allclose(bias_grad, surplus - surplus.mean())
 
 
 def test_dense_is_tensordot_with_its_gradients():

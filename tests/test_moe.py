@@ -42,9 +42,19 @@ def dropless(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def capped(tmp_path_factory):
-    """A build whose experts have a capacity: only it ships the capacity dispatch."""
+    """A build whose experts have a capacity, read from its Config (the model is the layer): it
+    ships both dispatch paths and calls `moe_dispatch`, which picks one by that capacity."""
     tmp = tmp_path_factory.mktemp("moe_capped")
-    return import_generated(_spec(tmp, "capped", 4.0), "cpu", tmp)
+    path = tmp / "capped.axl"
+    path.write_text(
+        'import "std/layers.axl"\n'
+        "model capped = MoE {\n"
+        "  dim = 16  hidden = 8  experts = 4  top_k = 2  capacity_factor = 4.0\n"
+        "}\n"
+    )
+    model, _ = import_generated(path, "cpu", tmp)
+    assert model.Config().capacity_factor == 4.0
+    return model, None
 
 
 def _reference_moe(x, logits, w_gate, w_up, w_down, top_k):
@@ -57,7 +67,7 @@ def _reference_moe(x, logits, w_gate, w_up, w_down, top_k):
         for s in range(x.shape[1]):
             top = np.argsort(-probs[b, s], kind="stable")[:top_k]
             w = probs[b, s, top] / probs[b, s, top].sum()
-            for e, we in zip(top, w):
+            for e, we in zip(top, w, strict=True):
                 g = x[b, s] @ np.asarray(w_gate[e], np.float64)
                 h = g / (1 + np.exp(-g)) * (x[b, s] @ np.asarray(w_up[e], np.float64))
                 out[b, s] += we * (h @ np.asarray(w_down[e], np.float64))
@@ -74,6 +84,16 @@ def _random_moe_inputs(experts=4, dim=16, hidden=8, batch=2, seq=12):
     return x, logits, w_gate, w_up, w_down
 
 
+def _moe(model, x, logits, w_gate, w_up, w_down, top_k, normalize, aux_weight, z_weight, **paths):
+    """The generated layer's calls: its router, then `moe_dispatch` when a capacity_factor is
+    given (the `capped` build, whose Config holds it), else the dropless path."""
+    weights, chosen, aux = model.moe_route(
+        logits, top_k=top_k, normalize=normalize, aux_weight=aux_weight, z_weight=z_weight
+    )
+    dispatch = model.moe_dispatch if "capacity_factor" in paths else model.moe_dropless
+    return dispatch(x, weights, chosen, w_gate, w_up, w_down, **paths), aux
+
+
 @pytest.mark.parametrize("capacity_factor", [0.0, 4.0])
 def test_dropless_and_ample_capacity_equal_the_per_token_reference(
     dropless, capped, capacity_factor
@@ -81,9 +101,9 @@ def test_dropless_and_ample_capacity_equal_the_per_token_reference(
     args = _random_moe_inputs()
     kwargs = dict(top_k=2, normalize=True, aux_weight=0.01, z_weight=0.001)
     if capacity_factor > 0:
-        y, aux = capped[0].moe_swiglu(*args, capacity_factor=capacity_factor, **kwargs)
-    else:  # a dropless build's moe_swiglu has no capacity path and no capacity_factor argument
-        y, aux = dropless[0].moe_swiglu(*args, **kwargs)
+        y, aux = _moe(capped[0], *args, capacity_factor=capacity_factor, **kwargs)
+    else:  # a dropless build has no capacity path
+        y, aux = _moe(dropless[0], *args, **kwargs)
     np.testing.assert_allclose(np.asarray(y), _reference_moe(*args, top_k=2), atol=1e-5, rtol=1e-5)
     # The auxiliary loss, recomputed from its definition.
     logits = np.asarray(args[1], np.float64)
@@ -100,7 +120,8 @@ def test_capacity_drops_tokens_beyond_each_experts_slots(capped):
     x, logits, w_gate, w_up, w_down = _random_moe_inputs(seq=16)
     logits = logits.at[..., 0].add(10.0)  # every token's first choice is expert 0
     cf = 0.5
-    y, _ = model.moe_swiglu(
+    y, _ = _moe(
+        model,
         x,
         logits,
         w_gate,
@@ -125,9 +146,12 @@ def test_capacity_drops_tokens_beyond_each_experts_slots(capped):
 def test_moe_is_a_drop_in_feed_forward_and_trains(dropless):
     model, train = dropless
     source = Path(model.__file__).read_text()
-    assert (
-        "_moe_with_capacity" not in source and "capacity_factor: float" not in source
-    )  # dropless only
+    kernels = Path(model.__file__).with_name("kernels.py").read_text()
+    assert "def moe_dropless(" in kernels and "def moe_route(" in kernels
+    assert not any(  # dropless only, plain softmax routing
+        f"def {name}(" in kernels
+        for name in ("moe_with_capacity", "moe_dispatch", "moe_route_deepseek", "moe_balance")
+    )
     assert (
         "def moe(cfg: Config, params: dict, x: jax.Array) -> tuple[jax.Array, jax.Array]:" in source
     )
@@ -179,7 +203,7 @@ def test_experts_shard_over_the_expert_axis_with_unchanged_results(tmp_path, cap
         )  # 4 experts / 4
         got = jax.jit(jax.value_and_grad(lambda p: model.loss_fn(cfg, p, tokens)[0]))(sharded)
     np.testing.assert_allclose(float(got[0]), float(want[0]), rtol=1e-6)
-    for g, w in zip(jax.tree.leaves(got[1]), jax.tree.leaves(want[1])):
+    for g, w in zip(jax.tree.leaves(got[1]), jax.tree.leaves(want[1]), strict=True):
         np.testing.assert_allclose(np.asarray(g), np.asarray(w), atol=1e-5, rtol=1e-4)
 
 
@@ -194,7 +218,7 @@ def test_dropless_dispatch_sorts_only_each_devices_tokens(dropless, shape):
     kwargs = dict(top_k=2, normalize=True, aux_weight=0.01, z_weight=0.001, batch_axes=("data",))
 
     def loss(x, logits, w_gate):  # logits an argument: XLA would fold a constant's routing
-        y, _ = dropless[0].moe_swiglu(x, logits, w_gate, w_up, w_down, **kwargs)
+        y, _ = _moe(dropless[0], x, logits, w_gate, w_up, w_down, **kwargs)
         return jnp.sum(y**2), y
 
     step = jax.jit(jax.value_and_grad(loss, argnums=(0, 2), has_aux=True))

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from tests.targets_util import import_generated, kernels_of
+from tests.targets_util import import_generated
 
 RATE = 0.01
 
@@ -58,13 +58,15 @@ def test_the_bias_gradient_is_the_load_surplus_and_the_forward_is_unchanged(gene
     kw = dict(top_k=2, normalize=True, aux_weight=0.0, z_weight=0.0, score="sigmoid", groups=4, top_groups=2,
               scale=2.5)
 
-    def y_of(b, balance):
-        return model.moe_swiglu(x, logits, *w, bias=b, balance=balance, **kw)[0]
+    def y_of(b, balance):  # the generated layer's calls, with and without its balancing update
+        weights, chosen, _ = model.moe_route_deepseek(logits, bias=b, **kw)
+        y = model.moe_dropless(x, weights, chosen, *w)
+        return model.moe_balance(y, b, chosen) if balance else y
 
     np.testing.assert_array_equal(np.asarray(y_of(bias, True)), np.asarray(y_of(bias, False)))
     grad = jax.grad(lambda b: jnp.sum(y_of(b, True) ** 2))(bias)
     assert not np.any(np.asarray(jax.grad(lambda b: jnp.sum(y_of(b, False) ** 2))(bias)))
-    chosen = np.asarray(kernels_of(model)._moe_choose(jax.nn.sigmoid(logits), bias, 2, 4, 2))
+    chosen = np.asarray(model.moe_route_deepseek(logits, bias=bias, **kw)[1])  # (test_deepseek checks the choice)
     load = np.bincount(chosen.reshape(-1), minlength=8).astype(np.float32)
     assert load.sum() == 2 * 12 * 2 and load.std() > 0
     np.testing.assert_allclose(np.asarray(grad), load - load.mean(), rtol=0, atol=1e-6)

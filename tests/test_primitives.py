@@ -46,7 +46,7 @@ def test_helpers_and_kernels_live_on_their_primitive():
 
     owners = {h.name: n for n, p in primitives.REGISTRY.items() for h in p.helpers}
     assert owners["apply_rope"] == "rope" and owners["splash_attention"] == "attention"
-    assert {owners["moe_swiglu"], owners["moe_swiglu.capacity"], owners["fp8_einsum"]} == {"moe", "quantized"}
+    assert {owners["moe.route"], owners["moe.run.capacity"], owners["fp8_einsum"]} == {"moe", "quantized"}
     assert set(primitives.HELPERS) == set(owners)
     for profile in profiles().values():  # every kernel a profile prefers is one its primitive has
         for op, kernels in profile.kernels.items():

@@ -6,11 +6,11 @@ choice of experts only (its weights stay the plain scores: DeepSeek's e_score_co
 `groups` > 1 with `top_groups` (experts in `groups` equal groups; a token picks among the experts
 of its `top_groups` best groups, a group scored by the sum of its two best experts) and `scale`
 (multiplies the routing weights after normalizing: routed_scaling_factor). With the defaults the
-generated helper is the plain softmax router; any of these picks the `moe_swiglu.choose` helper.
+generated router is the plain softmax top-k (`moe_route`); any of these picks `moe_route_deepseek`.
 
 `balance_rate` > 0 is DeepSeek-V3's auxiliary-loss-free load balancing: after each step the
 bias (a parameter of the layer) moves by -balance_rate * sign(load - mean load), the tokens each
-expert got in that step's batch. The forward is unchanged; the generated `_moe_balance` gives the
+expert got in that step's batch. The forward is unchanged; the generated `moe_balance` gives the
 bias that load surplus as its gradient (its true gradient is zero: the choice is discrete), and
 train.py's optimizer applies the sign rule to the parameters `balanced_biases` lists, outside
 AdamW, clipping and the logged gradient norm.
@@ -18,8 +18,11 @@ AdamW, clipping and the logged gradient norm.
 FLOPs: top_k x 2 x (elements of one expert's three matrices): only routed experts work;
 capacity padding is not counted (MaxText).
 
-Generated code: `y, aux = moe_swiglu(...)`, a helper copied into the model with only the dispatch
-paths the spec uses (`moe_swiglu.capacity`, `moe_swiglu.dropless`); its source is below.
+Generated code: the layer's statements call the pieces of axdsl/kernels/moe.py the spec uses: a
+router with its auxiliary loss (`moe_route`, or `moe_route_deepseek` with any of DeepSeek's
+options), a dispatch path (`moe_with_capacity`, `moe_dropless`, or `moe_dispatch` when a
+capacity_factor read from Config picks one at run time) and, balancing, `moe_balance`;
+kernels.py holds only those.
 """
 
 from __future__ import annotations
@@ -39,18 +42,27 @@ from axdsl.primitives.base import (
     Signature,
     Static,
     StaticKind,
+    Source,
 )
-from axdsl.primitives.base import Source
 from axdsl.primitives.reductions import ir_fmt
 
-OPTIONS = ("top_k", "capacity_factor", "normalize", "aux_weight", "z_weight")
-SELECTION = ("score", "groups", "top_groups", "scale")  # DeepSeek's routing, emitted only when used
-ROUTER = "moe_swiglu"  # helpers: the router, and the two dispatch paths it may call
-CAPACITY, DROPLESS = f"{ROUTER}.capacity", f"{ROUTER}.dropless"
-CHOOSE = f"{ROUTER}.choose"  # sigmoid scores, a selection bias, group-limited top-k, scaled weights
-BALANCE = (
-    f"{ROUTER}.balance"  # the load surplus as the selection bias's gradient (balance_rate > 0)
-)
+ROUTING = ("top_k", "normalize")  # the router's options
+SELECTION = ("score", "groups", "top_groups", "scale")  # DeepSeek's, emitted only when used
+LOSSES = ("aux_weight", "z_weight")
+# The helpers (axdsl/kernels/moe.py), named so that kernels.py, which orders them by name, reads
+# in the layer's order: a router and the auxiliary loss it computes, a dispatch path through the
+# experts, the balancing update.
+ROUTE, CHOOSE, AUX = "moe.route", "moe.route.deepseek", "moe.route.loss"
+CAPACITY, DROPLESS, EITHER = "moe.run.capacity", "moe.run.dropless", "moe.run.either"
+BALANCE = "moe.update.balance"  # the load surplus as the selection bias's gradient
+CALLS = {  # the function of each helper that model.py calls
+    ROUTE: "moe_route",  # softmax top-k
+    CHOOSE: "moe_route_deepseek",  # sigmoid scores, a selection bias, group-limited top-k, scale
+    CAPACITY: "moe_with_capacity",
+    DROPLESS: "moe_dropless",
+    EITHER: "moe_dispatch",  # capacity or dropless, as a capacity_factor read from Config says
+    BALANCE: "moe_balance",
+}
 SCORES = ("softmax", "sigmoid")
 
 
@@ -178,39 +190,83 @@ def _paths(prim: ir.Prim) -> tuple[str, ...]:
 
 
 def _needs(prim: ir.Prim, schedule: ir.Schedule | None, decoding: bool) -> tuple[str, ...]:
-    """The router, the routing paths, the selection and the balancing update a call uses."""
-    balance = (BALANCE,) if prim.attr("balance_rate").value > 0 else ()
-    return (ROUTER, *_paths(prim), *((CHOOSE,) if _selects(prim) else ()), *balance)
+    """The router (with its auxiliary loss), the dispatch paths and the balancing update a call
+    uses."""
+    paths = _paths(prim)
+    return (
+        CHOOSE if _selects(prim) else ROUTE,
+        AUX,
+        *paths,
+        *((EITHER,) if len(paths) == 2 else ()),
+        *((BALANCE,) if prim.attr("balance_rate").value > 0 else ()),
+    )
 
 
 def _emit(ctx, prim: ir.Prim, args: list[str], precs: list[int]) -> str:
-    """`y, aux = moe_swiglu(...)` as its own statement; aux joins this layer's auxiliary loss.
+    """The layer as the statements a reader follows: the router (its auxiliary loss joins this
+    layer's), the dispatch through the experts and, with balance_rate > 0, the balancing update.
 
-    The generated helper holds only the routing the spec uses: a capacity written in the spec
-    picks the capacity or the dropless path; one read from Config keeps both."""
-    out, aux = ctx.fresh("moe_y"), ctx.fresh("moe_aux")
-    ctx.add_aux(aux)
-    paths = _paths(prim)
-    selects = _selects(prim)
-    for helper in (ROUTER, *paths, *((CHOOSE,) if selects else ())):
+        weights, chosen, moe_aux = moe_route(logits, top_k=2, normalize=True, aux_weight=0.01, ...)
+        moe_y = moe_dropless(x, weights, chosen, w_gate, w_up, w_down, batch_axes=("data",))
+
+    Each is a helper of axdsl/kernels/moe.py, so kernels.py holds only the routing the spec uses:
+    a capacity written in the spec picks the capacity or the dropless path; one read from Config
+    calls `moe_dispatch`, which keeps both."""
+    x, logits, w_gate, w_up, w_down = args[:5]
+    bias = args[5] if prim.operand("bias") is not None else None
+    weights, chosen = _route(ctx, prim, logits, bias)
+    out = ctx.fresh("moe_y")
+    call = f"{x}, {weights}, {chosen}, {w_gate}, {w_up}, {w_down}"
+    ctx.line(f"{out} = {_dispatch(ctx, prim, call)}  # {ctx.shape_comment(prim.type)}")
+    if prim.attr("balance_rate").value > 0:  # the bias's gradient: each expert's load surplus
+        ctx.line(
+            f"{out} = {CALLS[BALANCE]}({out}, {bias}, {chosen})  # {ctx.shape_comment(prim.type)}"
+        )
+    for helper in _needs(prim, ctx.schedule, False):
         ctx.use_helper(helper)
-    names = OPTIONS if CAPACITY in paths else tuple(k for k in OPTIONS if k != "capacity_factor")
-    if selects:
-        names += SELECTION
-    kwargs = ", ".join(f"{k}={ctx.code(prim.attr(k))}" for k in names)
-    if prim.operand("bias") is not None:
-        kwargs += f", bias={args[5]}"
+    return out
+
+
+def _route(ctx, prim: ir.Prim, logits: str, bias: str | None) -> tuple[str, str]:
+    """`weights, chosen, moe_aux = moe_route(...)` (or `moe_route_deepseek`, with DeepSeek's
+    options and the bias); moe_aux joins this layer's auxiliary loss. The names of the routing
+    weights and the chosen experts."""
+    weights, chosen, aux = ctx.fresh("weights"), ctx.fresh("chosen"), ctx.fresh("moe_aux")
+    ctx.add_aux(aux)
+    router = CHOOSE if _selects(prim) else ROUTE
+    call = f"{CALLS[router]}({logits}, {_kwargs(ctx, prim, ROUTING + LOSSES)}"
+    if router == CHOOSE:
+        call += ", " + _kwargs(ctx, prim, SELECTION) + ("" if bias is None else f", bias={bias}")
+    per_choice = ctx.shape_comment(ir.TensorType((*_token_dims(prim), ir.Dim("top_k"))))
+    ctx.line(f"# each token's routing {weights} and {chosen} experts {per_choice}, and {aux} []")
+    ctx.line(f"{weights}, {chosen}, {aux} = {call})")
+    return weights, chosen
+
+
+def _dispatch(ctx, prim: ir.Prim, routed: str) -> str:
+    """The call of the dispatch path on `routed` (x, weights, chosen and the expert weights): the
+    one a capacity written in the spec picks, or `moe_dispatch` for one read from Config."""
+    paths = _paths(prim)
+    dispatch = EITHER if len(paths) == 2 else paths[0]
+    call = f"{CALLS[dispatch]}({routed}"
+    if CAPACITY in paths:
+        call += f", capacity_factor={ctx.code(prim.attr('capacity_factor'))}"
     batch_axes = ctx.schedule.kept_axes("batch") if ctx.schedule is not None else ()
     if DROPLESS in paths and batch_axes:  # each batch shard dispatches its own tokens
-        kwargs += f", batch_axes={batch_axes!r}"
-    if prim.attr("balance_rate").value > 0:
-        ctx.use_helper(BALANCE)
-        kwargs += ", balance=True"
-    ctx.line(
-        f"{out}, {aux} = moe_swiglu({', '.join(args[:5])}, {kwargs})"
-        f"  # {ctx.shape_comment(prim.type)}, []"
-    )
-    return out
+        call += f", batch_axes={batch_axes!r}"
+    return call + ")"
+
+
+def _kwargs(ctx, prim: ir.Prim, names: tuple[str, ...]) -> str:
+    """`top_k=2, normalize=True`: the call's statics `names` as keyword arguments."""
+    return ", ".join(f"{k}={ctx.code(prim.attr(k))}" for k in names)
+
+
+def _token_dims(prim: ir.Prim) -> tuple[ir.Dim, ...]:
+    """[B, S] of the router logits [B, S, experts]."""
+    logits = prim.args[1].type
+    assert isinstance(logits, ir.TensorType), "shape inference typed the router logits"
+    return logits.dims[:-1]
 
 
 def _flops(ctx, prim: ir.Prim) -> Flops:
@@ -223,7 +279,7 @@ def _flops(ctx, prim: ir.Prim) -> Flops:
 
 
 def _memory(t, prim: ir.Prim, args, dims, label: str):
-    """The generated `moe_swiglu`: router softmax, then either one-hot dispatch to [B, experts,
+    """The generated layer: router softmax, then either one-hot dispatch to [B, experts,
     capacity] slots (capacity_factor > 0) or tokens sorted by expert and grouped matmuls
     (dropless); each expert runs a SwiGLU on its tokens. Expert matmuls are batched over experts,
     so save_dots keeps none of them."""
@@ -277,144 +333,27 @@ def _unused_params(ctx, prim: ir.Prim) -> int:
 
 
 # ---------------------------------------------------------------------------- generated code
-def _moe_swiglu(used: frozenset[str]) -> str:
-    """moe_swiglu with only the dispatch paths in use (both, and the branch, when a Config
-    decides)."""
-    capacity, dropless, choose = CAPACITY in used, DROPLESS in used, CHOOSE in used
-    params = [p for p in MOE_PARAMS if capacity or p != "capacity_factor: float"]
-    if choose:
-        params += MOE_SELECT_PARAMS
-    if dropless:
-        params.append("batch_axes: tuple[str, ...] = ()")
-    if BALANCE in used:
-        params.append("balance: bool = False")
-    signature = (
-        "def moe_swiglu(\n"
-        + "".join(f"    {p},\n" for p in params)
-        + ") -> tuple[jax.Array, jax.Array]:\n"
-    )
-    doc = [MOE_DOC_HEAD]
-    if choose:
-        doc.append(MOE_DOC_CHOOSE)
-    if BALANCE in used:
-        doc.append(MOE_DOC_BALANCE)
-    if capacity:
-        doc.append(MOE_DOC_CAPACITY)
-    if dropless:
-        doc.append(MOE_DOC_DROPLESS)
-    if capacity and dropless:
-        tail = (
-            "    if capacity_factor > 0:\n        "
-            + MOE_CALL_CAPACITY
-            + "\n    else:\n        "
-            + MOE_CALL_DROPLESS
-        )
-    else:
-        tail = "    " + (MOE_CALL_CAPACITY if capacity else MOE_CALL_DROPLESS)
-    routing = MOE_ROUTING.replace(MOE_SOFTMAX_CHOICE, MOE_CHOICE) if choose else MOE_ROUTING
-    if BALANCE in used:
-        tail += "\n" + MOE_CALL_BALANCE
-    return (
-        signature
-        + '    """'
-        + " ".join(doc)
-        + MOE_DOC_TAIL
-        + '    """\n'
-        + routing
-        + tail
-        + "\n    return y.astype(x.dtype), aux"
-    )
-
-
-MOE_PARAMS = (
-    "x: jax.Array",
-    "logits: jax.Array",
-    "w_gate: jax.Array",
-    "w_up: jax.Array",
-    "w_down: jax.Array",
-    "top_k: int",
-    "capacity_factor: float",
-    "normalize: bool",
-    "aux_weight: float",
-    "z_weight: float",
-)
-MOE_DOC_HEAD = """Mixture of SwiGLU experts on x [B, S, dim] with router logits [B, S, experts].
-
-    Each token goes to its `top_k` experts, weighted by the router softmax (renormalized over the
-    chosen k when `normalize`, as Mixtral and Qwen3 do)."""
-MOE_SELECT_PARAMS = (
-    "score: str",
-    "groups: int",
-    "top_groups: int",
-    "scale: float",
-    "bias: jax.Array | None = None",
-)
-MOE_DOC_CHOOSE = """With `score` "sigmoid" the
-    scores are sigmoids; `bias` (if given) shifts them for the choice only; with `groups` > 1 a
-    token chooses among the experts of its `top_groups` best groups; `scale` multiplies the weights
-    (DeepSeek-V3)."""
-MOE_DOC_BALANCE = """With `balance` the bias
-    gets, as its gradient, each expert's load surplus (see _moe_balance)."""
-MOE_CALL_BALANCE = (
-    "    if balance:\n"
-    "        y = _moe_balance("
-    "y, bias, jnp.bincount(chosen.reshape(-1), length=experts).astype(jnp.float32))"
-)
-MOE_BALANCE = Source("moe", ("_moe_balance", "_moe_balance_fwd", "_moe_balance_bwd"))
-MOE_DOC_CAPACITY = """With capacity_factor > 0 an expert takes
-    at most ceil(top_k * S * capacity_factor / experts) tokens of each sequence, first choices
-    first (GShard, Switch); tokens over capacity skip that expert and keep their residual."""
-MOE_DOC_DROPLESS = """Nothing is dropped (the spec's
-    capacity_factor <= 0): tokens are sorted by expert and run through grouped matmuls, each
-    shard of the batch (split over the mesh axes `batch_axes`) on its own device."""
-MOE_DOC_TAIL = """
-    Returns (y [B, S, dim], auxiliary loss []): aux_weight x the Switch load-balancing loss plus
-    z_weight x the router z-loss (ST-MoE).
-"""
-MOE_ROUTING = """    experts = logits.shape[-1]
-    logits = logits.astype(jnp.float32)
-    probs = jax.nn.softmax(logits, axis=-1)  # [B, S, experts]
-    weights, chosen = jax.lax.top_k(probs, top_k)  # [B, S, top_k]
-    if normalize:
-        weights = weights / jnp.sum(weights, axis=-1, keepdims=True)
-    routed = jax.nn.one_hot(chosen, experts, dtype=jnp.float32)  # [B, S, top_k, experts]
-    # Per expert: its share of the routed tokens, and its mean router probability.
-    load = jnp.mean(jnp.sum(routed, axis=2), axis=(0, 1)) / top_k
-    importance = jnp.mean(probs, axis=(0, 1))
-    aux = aux_weight * experts * jnp.sum(load * importance)
-    aux = aux + z_weight * jnp.mean(jax.nn.logsumexp(logits, axis=-1) ** 2)
-"""
-MOE_SOFTMAX_CHOICE = """    probs = jax.nn.softmax(logits, axis=-1)  # [B, S, experts]
-    weights, chosen = jax.lax.top_k(probs, top_k)  # [B, S, top_k]
-    if normalize:
-        weights = weights / jnp.sum(weights, axis=-1, keepdims=True)
-"""
-MOE_CHOICE = """    if score == "sigmoid":
-        probs = jax.nn.sigmoid(logits)  # [B, S, experts]
-    else:
-        probs = jax.nn.softmax(logits, axis=-1)
-    chosen = _moe_choose(probs, bias, top_k, groups, top_groups)  # [B, S, top_k]
-    weights = jnp.take_along_axis(probs, chosen, axis=-1)  # the scores, without the bias
-    if normalize:
-        weights = weights / (jnp.sum(weights, axis=-1, keepdims=True) + 1e-20)
-    weights = scale * weights
-"""
-MOE_CHOOSE = Source("moe", ("_moe_choose",))
-MOE_CALL_CAPACITY = (
-    "y = _moe_with_capacity(x, weights, routed, w_gate, w_up, w_down, capacity_factor)"
-)
-MOE_CALL_DROPLESS = "y = _moe_dropless(x, weights, chosen, w_gate, w_up, w_down, batch_axes)"
-MOE_CAPACITY = Source("moe", ("_moe_with_capacity",))
-MOE_DROPLESS = Source("moe", ("_moe_dropless", "_moe_dropless_rows"))
-
-
 _JAX = ("import jax", "import jax.numpy as jnp")
 _HELPERS = (
-    Helper(ROUTER, _moe_swiglu, _JAX, HelperSection.LAYER),
-    Helper(CAPACITY, MOE_CAPACITY, _JAX + ("import math",), HelperSection.LAYER),
-    Helper(DROPLESS, MOE_DROPLESS, _JAX + ("import math",), HelperSection.LAYER),
-    Helper(CHOOSE, MOE_CHOOSE, _JAX, HelperSection.LAYER),
-    Helper(BALANCE, MOE_BALANCE, _JAX, HelperSection.LAYER),
+    Helper(ROUTE, Source("moe", (CALLS[ROUTE],)), _JAX, HelperSection.LAYER),
+    Helper(AUX, Source("moe", ("_moe_aux_loss",)), _JAX, HelperSection.LAYER),
+    Helper(CHOOSE, Source("moe", (CALLS[CHOOSE], "_moe_choose")), _JAX, HelperSection.LAYER),
+    Helper(
+        CAPACITY, Source("moe", (CALLS[CAPACITY],)), (*_JAX, "import math"), HelperSection.LAYER
+    ),
+    Helper(
+        DROPLESS,
+        Source("moe", (CALLS[DROPLESS], "_moe_dropless_rows")),
+        (*_JAX, "import math"),
+        HelperSection.LAYER,
+    ),
+    Helper(EITHER, Source("moe", (CALLS[EITHER],)), ("import jax",), HelperSection.LAYER),
+    Helper(
+        BALANCE,
+        Source("moe", (CALLS[BALANCE], "_moe_balance", "_moe_balance_fwd", "_moe_balance_bwd")),
+        _JAX,
+        HelperSection.LAYER,
+    ),
 )
 
 

@@ -385,12 +385,8 @@ def yarn_attention_factor(factor: float, mscale: float = 1.0, mscale_all_dim: fl
     return m(mscale) / m(mscale_all_dim) if mscale and mscale_all_dim else m(1.0)
 
 
-def moe_swiglu(
-    x: jax.Array,
+def moe_route_deepseek(
     logits: jax.Array,
-    w_gate: jax.Array,
-    w_up: jax.Array,
-    w_down: jax.Array,
     top_k: int,
     normalize: bool,
     aux_weight: float,
@@ -400,23 +396,14 @@ def moe_swiglu(
     top_groups: int,
     scale: float,
     bias: jax.Array | None = None,
-    batch_axes: tuple[str, ...] = (),
-    balance: bool = False,
-) -> tuple[jax.Array, jax.Array]:
-    """Mixture of SwiGLU experts on x [B, S, dim] with router logits [B, S, experts].
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """DeepSeek-V3's router: with `score` "sigmoid" the scores are independent sigmoids (else a
+    softmax); `bias` (if given) shifts them for the choice of experts only; with `groups` > 1 a
+    token chooses among the experts of its `top_groups` best groups; the weights are the chosen
+    scores without the bias, renormalized when `normalize`, times `scale`.
 
-    Each token goes to its `top_k` experts, weighted by the router softmax (renormalized over the
-    chosen k when `normalize`, as Mixtral and Qwen3 do). With `score` "sigmoid" the
-    scores are sigmoids; `bias` (if given) shifts them for the choice only; with `groups` > 1 a
-    token chooses among the experts of its `top_groups` best groups; `scale` multiplies the weights
-    (DeepSeek-V3). With `balance` the bias
-    gets, as its gradient, each expert's load surplus (see _moe_balance). Nothing is dropped (the spec's
-    capacity_factor <= 0): tokens are sorted by expert and run through grouped matmuls, each
-    shard of the batch (split over the mesh axes `batch_axes`) on its own device.
-    Returns (y [B, S, dim], auxiliary loss []): aux_weight x the Switch load-balancing loss plus
-    z_weight x the router z-loss (ST-MoE).
-    """
-    experts = logits.shape[-1]
+    logits [B, S, experts] -> (weights [B, S, top_k], chosen experts [B, S, top_k], auxiliary
+    loss [], see _moe_aux_loss)."""
     logits = logits.astype(jnp.float32)
     if score == "sigmoid":
         probs = jax.nn.sigmoid(logits)  # [B, S, experts]
@@ -427,18 +414,92 @@ def moe_swiglu(
     if normalize:
         weights = weights / (jnp.sum(weights, axis=-1, keepdims=True) + 1e-20)
     weights = scale * weights
+    return weights, chosen, _moe_aux_loss(logits, probs, chosen, aux_weight, z_weight)
+
+
+def _moe_choose(probs, bias, top_k, groups, top_groups):
+    """Each token's top_k experts by score (+ bias), among the experts of its top_groups best
+    groups."""
+    choice = probs if bias is None else probs + bias.astype(jnp.float32)  # [B, S, experts]
+    if groups > 1:
+        grouped = choice.reshape(*choice.shape[:-1], groups, -1)  # [B, S, groups, experts / groups]
+        group_scores = jnp.sum(jax.lax.top_k(grouped, 2)[0], axis=-1)  # its two best experts
+        best = jax.lax.top_k(group_scores, top_groups)[1]  # [B, S, top_groups]
+        kept = jnp.sum(jax.nn.one_hot(best, groups), axis=-2) > 0  # [B, S, groups]
+        choice = jnp.where(kept[..., None], grouped, -jnp.inf).reshape(choice.shape)
+    return jax.lax.top_k(choice, top_k)[1]
+
+
+def _moe_aux_loss(logits, probs, chosen, aux_weight, z_weight):
+    """The router's auxiliary loss [] from its float32 logits and scores [B, S, experts] and
+    choices [B, S, top_k]: aux_weight x the Switch load-balancing loss (experts x the sum over
+    experts of its share of the routed tokens times its mean router probability) plus z_weight x
+    the router z-loss (ST-MoE: the mean squared logsumexp of the logits)."""
+    experts, top_k = probs.shape[-1], chosen.shape[-1]
     routed = jax.nn.one_hot(chosen, experts, dtype=jnp.float32)  # [B, S, top_k, experts]
-    # Per expert: its share of the routed tokens, and its mean router probability.
     load = jnp.mean(jnp.sum(routed, axis=2), axis=(0, 1)) / top_k
     importance = jnp.mean(probs, axis=(0, 1))
     aux = aux_weight * experts * jnp.sum(load * importance)
-    aux = aux + z_weight * jnp.mean(jax.nn.logsumexp(logits, axis=-1) ** 2)
-    y = _moe_dropless(x, weights, chosen, w_gate, w_up, w_down, batch_axes)
-    if balance:
-        y = _moe_balance(
-            y, bias, jnp.bincount(chosen.reshape(-1), length=experts).astype(jnp.float32)
-        )
-    return y.astype(x.dtype), aux
+    return aux + z_weight * jnp.mean(jax.nn.logsumexp(logits, axis=-1) ** 2)
+
+
+def moe_dropless(
+    x: jax.Array,
+    weights: jax.Array,
+    chosen: jax.Array,
+    w_gate: jax.Array,
+    w_up: jax.Array,
+    w_down: jax.Array,
+    batch_axes: tuple[str, ...] = (),
+) -> jax.Array:
+    """The routed tokens x [B, S, dim] through SwiGLU experts with nothing dropped: tokens are
+    sorted by expert and run through grouped matmuls, y [B, S, dim].
+
+    One batch shard at a time: under a mesh that splits the batch over `batch_axes`, each device
+    sorts and runs only its own tokens (shard_map; the expert weights enter whole, as the grouped
+    matmuls need them). One sort over the whole batch would make every device hold and compute
+    every device's routed rows. A token's output depends on that token alone, so the split
+    changes no output; the weights' gradients are summed per shard and then across shards, as
+    every layer's are when the batch is split."""
+    mesh = jax.sharding.get_abstract_mesh()
+    axes = tuple(a for a in batch_axes if not mesh.empty and mesh.shape.get(a, 1) > 1)
+    if not axes or x.shape[0] % math.prod(mesh.shape[a] for a in axes):
+        y = _moe_dropless_rows(x, weights, chosen, w_gate, w_up, w_down)
+    else:
+        # Manual over the batch axes only where other axes split something (experts, model), so
+        # the weights keep their layout on those; else over the whole mesh (XLA:CPU 0.10.2
+        # aborted compiling a partly manual shard_map whose other axes all had size 1).
+        others = any(n > 1 for a, n in mesh.shape.items() if a not in axes)
+        rows, whole = jax.sharding.PartitionSpec(axes), jax.sharding.PartitionSpec()
+        y = jax.shard_map(
+            _moe_dropless_rows,
+            in_specs=(rows, rows, rows, whole, whole, whole),
+            out_specs=rows,
+            axis_names=frozenset(axes) if others else frozenset(),
+        )(x, weights, chosen, w_gate, w_up, w_down)
+    return y.astype(x.dtype)
+
+
+def _moe_dropless_rows(x, weights, chosen, w_gate, w_up, w_down):
+    """Sort the (token, choice) pairs by expert and run grouped matmuls: no token is dropped."""
+    batch, seq, dim = x.shape
+    top_k, experts = chosen.shape[-1], w_gate.shape[0]
+    flat = chosen.reshape(-1)  # [B * S * top_k]
+    order = jnp.argsort(flat, stable=True)
+    tokens = jnp.repeat(x.reshape(-1, dim), top_k, axis=0)[order]  # grouped by expert
+    sizes = jnp.bincount(flat, length=experts).astype(jnp.int32)  # tokens per expert
+    gate = jax.lax.ragged_dot(tokens, w_gate, sizes)
+    h = jax.nn.silu(gate) * jax.lax.ragged_dot(tokens, w_up, sizes)
+    out = jax.lax.ragged_dot(h, w_down, sizes)  # [B * S * top_k, dim], sorted
+    out = jnp.zeros_like(out).at[order].set(out).reshape(batch, seq, top_k, dim)
+    return jnp.einsum("bskd,bsk->bsd", out, weights.astype(x.dtype))
+
+
+def moe_balance(y: jax.Array, bias: jax.Array, chosen: jax.Array) -> jax.Array:
+    """y, unchanged; in the backward pass the selection bias [experts] gets each expert's load
+    surplus, its tokens among `chosen` [B, S, top_k] above the mean (see _moe_balance)."""
+    load = jnp.bincount(chosen.reshape(-1), length=bias.shape[0]).astype(jnp.float32)
+    return _moe_balance(y, bias, load)
 
 
 @jax.custom_vjp
@@ -460,55 +521,3 @@ def _moe_balance_bwd(residual, g):
 
 
 _moe_balance.defvjp(_moe_balance_fwd, _moe_balance_bwd)
-
-
-def _moe_choose(probs, bias, top_k, groups, top_groups):
-    """Each token's top_k experts by score (+ bias), among the experts of its top_groups best
-    groups."""
-    choice = probs if bias is None else probs + bias.astype(jnp.float32)  # [B, S, experts]
-    if groups > 1:
-        grouped = choice.reshape(*choice.shape[:-1], groups, -1)  # [B, S, groups, experts / groups]
-        group_scores = jnp.sum(jax.lax.top_k(grouped, 2)[0], axis=-1)  # its two best experts
-        best = jax.lax.top_k(group_scores, top_groups)[1]  # [B, S, top_groups]
-        kept = jnp.sum(jax.nn.one_hot(best, groups), axis=-2) > 0  # [B, S, groups]
-        choice = jnp.where(kept[..., None], grouped, -jnp.inf).reshape(choice.shape)
-    return jax.lax.top_k(choice, top_k)[1]
-
-
-def _moe_dropless(x, weights, chosen, w_gate, w_up, w_down, batch_axes=()):
-    """The dropless path, one batch shard at a time: under a mesh that splits the batch over
-    `batch_axes`, each device sorts and runs only its own tokens (shard_map; the expert weights
-    enter whole, as the grouped matmuls need them). One sort over the whole batch would make
-    every device hold and compute every device's routed rows. A token's output depends on that
-    token alone, so the split changes no output; the weights' gradients are summed per shard and
-    then across shards, as every layer's are when the batch is split."""
-    mesh = jax.sharding.get_abstract_mesh()
-    axes = tuple(a for a in batch_axes if not mesh.empty and mesh.shape.get(a, 1) > 1)
-    if not axes or x.shape[0] % math.prod(mesh.shape[a] for a in axes):
-        return _moe_dropless_rows(x, weights, chosen, w_gate, w_up, w_down)
-    # Manual over the batch axes only where other axes split something (experts, model), so the
-    # weights keep their layout on those; else over the whole mesh (XLA:CPU 0.10.2 aborted
-    # compiling a partly manual shard_map whose other axes all had size 1).
-    others = any(n > 1 for a, n in mesh.shape.items() if a not in axes)
-    rows, whole = jax.sharding.PartitionSpec(axes), jax.sharding.PartitionSpec()
-    return jax.shard_map(
-        _moe_dropless_rows,
-        in_specs=(rows, rows, rows, whole, whole, whole),
-        out_specs=rows,
-        axis_names=frozenset(axes) if others else frozenset(),
-    )(x, weights, chosen, w_gate, w_up, w_down)
-
-
-def _moe_dropless_rows(x, weights, chosen, w_gate, w_up, w_down):
-    """Sort the (token, choice) pairs by expert and run grouped matmuls: no token is dropped."""
-    batch, seq, dim = x.shape
-    top_k, experts = chosen.shape[-1], w_gate.shape[0]
-    flat = chosen.reshape(-1)  # [B * S * top_k]
-    order = jnp.argsort(flat, stable=True)
-    tokens = jnp.repeat(x.reshape(-1, dim), top_k, axis=0)[order]  # grouped by expert
-    sizes = jnp.bincount(flat, length=experts).astype(jnp.int32)  # tokens per expert
-    gate = jax.lax.ragged_dot(tokens, w_gate, sizes)
-    h = jax.nn.silu(gate) * jax.lax.ragged_dot(tokens, w_up, sizes)
-    out = jax.lax.ragged_dot(h, w_down, sizes)  # [B * S * top_k, dim], sorted
-    out = jnp.zeros_like(out).at[order].set(out).reshape(batch, seq, top_k, dim)
-    return jnp.einsum("bskd,bsk->bsd", out, weights.astype(x.dtype))

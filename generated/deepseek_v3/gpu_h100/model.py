@@ -43,7 +43,9 @@ from .kernels import (
     einsum_attention,
     fp8_einsum,
     fused_cross_entropy,
-    moe_swiglu,
+    moe_balance,
+    moe_dropless,
+    moe_route_deepseek,
     yarn_attention_factor,
     yarn_frequencies,
 )
@@ -291,12 +293,9 @@ def deep_seek_moe(cfg: Config, params: dict, x: jax.Array) -> tuple[jax.Array, j
             x.astype(jnp.float32) @ params["router"].astype(jnp.float32), "router_logits"
         )  # [B, S, experts]
     with jax.named_scope("moe_out"):
-        moe_y, moe_aux = moe_swiglu(
-            x,
+        # each token's routing weights and chosen experts [B, S, top_k], and moe_aux []
+        weights, chosen, moe_aux = moe_route_deepseek(
             logits,
-            params["w_gate"],
-            params["w_up"],
-            params["w_down"],
             top_k=8,
             normalize=True,
             aux_weight=0.0,
@@ -306,9 +305,17 @@ def deep_seek_moe(cfg: Config, params: dict, x: jax.Array) -> tuple[jax.Array, j
             top_groups=4,
             scale=2.5,
             bias=params["score_bias"],
+        )
+        moe_y = moe_dropless(
+            x,
+            weights,
+            chosen,
+            params["w_gate"],
+            params["w_up"],
+            params["w_down"],
             batch_axes=("fsdp",),
-            balance=True,
-        )  # [B, S, dim], []
+        )  # [B, S, dim]
+        moe_y = moe_balance(moe_y, params["score_bias"], chosen)  # [B, S, dim]
         y = checkpoint_name(moe_y, "moe_out")  # [B, S, dim]
     with jax.named_scope("shared_mlp"):
         shared_mlp_out = swiglu_2(cfg, params["shared_mlp"], x)  # [B, S, dim]

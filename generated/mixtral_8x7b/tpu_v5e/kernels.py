@@ -385,65 +385,70 @@ def splash_block_sizes(
     )
 
 
-def moe_swiglu(
-    x: jax.Array,
-    logits: jax.Array,
-    w_gate: jax.Array,
-    w_up: jax.Array,
-    w_down: jax.Array,
-    top_k: int,
-    normalize: bool,
-    aux_weight: float,
-    z_weight: float,
-    batch_axes: tuple[str, ...] = (),
-) -> tuple[jax.Array, jax.Array]:
-    """Mixture of SwiGLU experts on x [B, S, dim] with router logits [B, S, experts].
+def moe_route(
+    logits: jax.Array, top_k: int, normalize: bool, aux_weight: float, z_weight: float
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Softmax router: each token's `top_k` experts by router probability, weighted by those
+    probabilities (renormalized over the chosen k when `normalize`, as Mixtral and Qwen3 do).
 
-    Each token goes to its `top_k` experts, weighted by the router softmax (renormalized over the
-    chosen k when `normalize`, as Mixtral and Qwen3 do). Nothing is dropped (the spec's
-    capacity_factor <= 0): tokens are sorted by expert and run through grouped matmuls, each
-    shard of the batch (split over the mesh axes `batch_axes`) on its own device.
-    Returns (y [B, S, dim], auxiliary loss []): aux_weight x the Switch load-balancing loss plus
-    z_weight x the router z-loss (ST-MoE).
-    """
-    experts = logits.shape[-1]
+    logits [B, S, experts] -> (weights [B, S, top_k], chosen experts [B, S, top_k], auxiliary
+    loss [], see _moe_aux_loss)."""
     logits = logits.astype(jnp.float32)
     probs = jax.nn.softmax(logits, axis=-1)  # [B, S, experts]
     weights, chosen = jax.lax.top_k(probs, top_k)  # [B, S, top_k]
     if normalize:
         weights = weights / jnp.sum(weights, axis=-1, keepdims=True)
+    return weights, chosen, _moe_aux_loss(logits, probs, chosen, aux_weight, z_weight)
+
+
+def _moe_aux_loss(logits, probs, chosen, aux_weight, z_weight):
+    """The router's auxiliary loss [] from its float32 logits and scores [B, S, experts] and
+    choices [B, S, top_k]: aux_weight x the Switch load-balancing loss (experts x the sum over
+    experts of its share of the routed tokens times its mean router probability) plus z_weight x
+    the router z-loss (ST-MoE: the mean squared logsumexp of the logits)."""
+    experts, top_k = probs.shape[-1], chosen.shape[-1]
     routed = jax.nn.one_hot(chosen, experts, dtype=jnp.float32)  # [B, S, top_k, experts]
-    # Per expert: its share of the routed tokens, and its mean router probability.
     load = jnp.mean(jnp.sum(routed, axis=2), axis=(0, 1)) / top_k
     importance = jnp.mean(probs, axis=(0, 1))
     aux = aux_weight * experts * jnp.sum(load * importance)
-    aux = aux + z_weight * jnp.mean(jax.nn.logsumexp(logits, axis=-1) ** 2)
-    y = _moe_dropless(x, weights, chosen, w_gate, w_up, w_down, batch_axes)
-    return y.astype(x.dtype), aux
+    return aux + z_weight * jnp.mean(jax.nn.logsumexp(logits, axis=-1) ** 2)
 
 
-def _moe_dropless(x, weights, chosen, w_gate, w_up, w_down, batch_axes=()):
-    """The dropless path, one batch shard at a time: under a mesh that splits the batch over
-    `batch_axes`, each device sorts and runs only its own tokens (shard_map; the expert weights
-    enter whole, as the grouped matmuls need them). One sort over the whole batch would make
-    every device hold and compute every device's routed rows. A token's output depends on that
-    token alone, so the split changes no output; the weights' gradients are summed per shard and
-    then across shards, as every layer's are when the batch is split."""
+def moe_dropless(
+    x: jax.Array,
+    weights: jax.Array,
+    chosen: jax.Array,
+    w_gate: jax.Array,
+    w_up: jax.Array,
+    w_down: jax.Array,
+    batch_axes: tuple[str, ...] = (),
+) -> jax.Array:
+    """The routed tokens x [B, S, dim] through SwiGLU experts with nothing dropped: tokens are
+    sorted by expert and run through grouped matmuls, y [B, S, dim].
+
+    One batch shard at a time: under a mesh that splits the batch over `batch_axes`, each device
+    sorts and runs only its own tokens (shard_map; the expert weights enter whole, as the grouped
+    matmuls need them). One sort over the whole batch would make every device hold and compute
+    every device's routed rows. A token's output depends on that token alone, so the split
+    changes no output; the weights' gradients are summed per shard and then across shards, as
+    every layer's are when the batch is split."""
     mesh = jax.sharding.get_abstract_mesh()
     axes = tuple(a for a in batch_axes if not mesh.empty and mesh.shape.get(a, 1) > 1)
     if not axes or x.shape[0] % math.prod(mesh.shape[a] for a in axes):
-        return _moe_dropless_rows(x, weights, chosen, w_gate, w_up, w_down)
-    # Manual over the batch axes only where other axes split something (experts, model), so the
-    # weights keep their layout on those; else over the whole mesh (XLA:CPU 0.10.2 aborted
-    # compiling a partly manual shard_map whose other axes all had size 1).
-    others = any(n > 1 for a, n in mesh.shape.items() if a not in axes)
-    rows, whole = jax.sharding.PartitionSpec(axes), jax.sharding.PartitionSpec()
-    return jax.shard_map(
-        _moe_dropless_rows,
-        in_specs=(rows, rows, rows, whole, whole, whole),
-        out_specs=rows,
-        axis_names=frozenset(axes) if others else frozenset(),
-    )(x, weights, chosen, w_gate, w_up, w_down)
+        y = _moe_dropless_rows(x, weights, chosen, w_gate, w_up, w_down)
+    else:
+        # Manual over the batch axes only where other axes split something (experts, model), so
+        # the weights keep their layout on those; else over the whole mesh (XLA:CPU 0.10.2
+        # aborted compiling a partly manual shard_map whose other axes all had size 1).
+        others = any(n > 1 for a, n in mesh.shape.items() if a not in axes)
+        rows, whole = jax.sharding.PartitionSpec(axes), jax.sharding.PartitionSpec()
+        y = jax.shard_map(
+            _moe_dropless_rows,
+            in_specs=(rows, rows, rows, whole, whole, whole),
+            out_specs=rows,
+            axis_names=frozenset(axes) if others else frozenset(),
+        )(x, weights, chosen, w_gate, w_up, w_down)
+    return y.astype(x.dtype)
 
 
 def _moe_dropless_rows(x, weights, chosen, w_gate, w_up, w_down):

@@ -39,7 +39,8 @@ from .kernels import (
     cached_attention,
     fused_cross_entropy,
     int8_einsum,
-    moe_swiglu,
+    moe_dropless,
+    moe_route,
     splash_attention,
 )
 
@@ -146,18 +147,19 @@ def moe(cfg: Config, params: dict, x: jax.Array) -> tuple[jax.Array, jax.Array]:
     with jax.named_scope("router_logits"):
         logits = checkpoint_name(x @ params["router"], "router_logits")  # [B, S, experts]
     with jax.named_scope("moe_out"):
-        moe_y, moe_aux = moe_swiglu(
+        # each token's routing weights and chosen experts [B, S, top_k], and moe_aux []
+        weights, chosen, moe_aux = moe_route(
+            logits, top_k=8, normalize=True, aux_weight=0.01, z_weight=0.001
+        )
+        moe_y = moe_dropless(
             x,
-            logits,
+            weights,
+            chosen,
             params["w_gate"],
             params["w_up"],
             params["w_down"],
-            top_k=8,
-            normalize=True,
-            aux_weight=0.01,
-            z_weight=0.001,
             batch_axes=("fsdp",),
-        )  # [B, S, dim], []
+        )  # [B, S, dim]
         y = checkpoint_name(moe_y, "moe_out")  # [B, S, dim]
     return y, moe_aux  # [B, S, dim], []
 
