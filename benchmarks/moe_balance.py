@@ -6,7 +6,7 @@ the most loaded expert's share over the mean (1.0 is perfectly balanced) after t
 The same tiny DeepSeekMoE LM (tests/test_moe_balance.py's spec) trains on uniform random tokens
 with and without balancing (a stream dominated by one token id cannot be balanced: the same token
 always meets the same experts, whatever the bias). The load is read from the balanced model's own probe: the selection
-bias's gradient is each expert's tokens minus the mean (see _moe_balance in the generated model.py),
+bias's gradient is each expert's tokens minus the mean (see _moe_balance in the generated kernels.py),
 so load = gradient + mean. Both runs share the forward (balancing never changes it).
 """
 

@@ -148,7 +148,7 @@ def base_optimizer(tc: TrainConfig) -> optax.GradientTransformation:
 
 
 # The MoE selection biases moved by DeepSeek-V3's auxiliary-loss-free balancing (balance_rate):
-# path -> rate. Their gradient is the step's load surplus per expert (see _moe_balance in model.py).
+# path -> rate. Their gradient is the step's load surplus per expert (see _moe_balance in kernels.py).
 BALANCE = {
     "blocks/mlp/score_bias": 0.001,
 }
