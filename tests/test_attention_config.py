@@ -137,7 +137,7 @@ def test_negative_softcap_is_a_located_error(tmp_path):
     with pytest.raises(CompileError) as info:
         build_files(spec, "cpu")
     text = info.value.render()
-    assert f"{spec}:3:12: error: `softcap` must be >= 0, got -1.0" in text
+    assert f"{spec}:3:41: error: `softcap` must be >= 0, got -1.0" in text  # at the value
     assert "hint: 0 means no soft-capping" in text
 
 
