@@ -34,6 +34,13 @@ EXIT_INTERNAL = 70  # EX_SOFTWARE: a bug in axdsl, not a user mistake
 EXIT_INTERRUPTED = 130  # Ctrl-C
 
 
+
+def _path(text: str) -> Path:
+    """A path argument; an empty one is refused (Path("") would be the current directory)."""
+    if not text:
+        raise argparse.ArgumentTypeError("an empty path; give a file or directory")
+    return Path(text)
+
 def main(argv: list[str] | None = None) -> int:
     _tolerant_output()
     parser = _parser()
@@ -171,13 +178,13 @@ def _add_build(sub) -> None:
     b.add_argument(
         "spec",
         nargs="?",
-        type=Path,
+        type=_path,
         help="the .axl spec (default with --check: every committed output)",
     )
     _add_target(b)
     b.add_argument(
         "--out",
-        type=Path,
+        type=_path,
         default=Path("generated"),
         metavar="ROOT",
         help="output root: writes ROOT/<spec>/<target>/ and ROOT/runtime.py",
@@ -195,7 +202,7 @@ def _add_check(sub) -> None:
         help="run the static checks on specs",
         description="Parse and check specs; write nothing.",
     )
-    c.add_argument("specs", nargs="+", type=Path, help="one or more .axl specs")
+    c.add_argument("specs", nargs="+", type=_path, help="one or more .axl specs")
     _add_target(c)
     c.set_defaults(run=_cmd_check)
 
@@ -204,7 +211,7 @@ def _add_dump(sub) -> None:
     d = sub.add_parser(
         "dump", help="print the IR of a spec", description="Print the canonical IR text."
     )
-    d.add_argument("spec", type=Path, help=SPEC_HELP)
+    d.add_argument("spec", type=_path, help=SPEC_HELP)
     _add_target(d)
     d.add_argument("--after", default=None, help="stop after this pass (default: after every pass)")
     d.set_defaults(run=_cmd_dump)
@@ -216,7 +223,7 @@ def _add_diff(sub) -> None:
         help="diff the generated code of two targets",
         description="Print the unified diff between two targets' generated code.",
     )
-    df.add_argument("spec", type=Path, help=SPEC_HELP)
+    df.add_argument("spec", type=_path, help=SPEC_HELP)
     df.add_argument(
         "--target",
         "-t",
@@ -234,7 +241,7 @@ def _add_aot(sub) -> None:
         description="Lower the generated train step for the target on this machine and "
         "report per-chip memory and FLOPs. Exit 0 if it fits, 3 if not.",
     )
-    a.add_argument("spec", type=Path, help=SPEC_HELP)
+    a.add_argument("spec", type=_path, help=SPEC_HELP)
     _add_target(a)
     a.add_argument("--model", default=None, help=MODEL_HELP)
     a.add_argument(
@@ -256,7 +263,7 @@ def _add_stats(sub) -> None:
         description="Count parameters (total and active), model FLOPs per token and per "
         "step, and per-chip memory for the target, from the IR alone.",
     )
-    st.add_argument("spec", type=Path, help=SPEC_HELP)
+    st.add_argument("spec", type=_path, help=SPEC_HELP)
     _add_target(st)
     st.add_argument("--model", default=None, help=MODEL_HELP)
     st.set_defaults(run=_cmd_stats)
@@ -269,14 +276,14 @@ def _add_import_hf(sub) -> None:
         description="Read config.json and *.safetensors and write an orbax params "
         "checkpoint for the spec's model.",
     )
-    hi.add_argument("spec", type=Path, help=SPEC_HELP)
+    hi.add_argument("spec", type=_path, help=SPEC_HELP)
     hi.add_argument(
-        "hf_dir", type=Path, help="a Hugging Face model directory (config.json, *.safetensors)"
+        "hf_dir", type=_path, help="a Hugging Face model directory (config.json, *.safetensors)"
     )
     hi.add_argument("--model", default=None, help=MODEL_HELP)
     hi.add_argument(
         "--out",
-        type=Path,
+        type=_path,
         default=None,
         help="the checkpoint directory to write (default: runs/<spec>-hf/params)",
     )
@@ -291,16 +298,16 @@ def _add_export_hf(sub) -> None:
         "run (its newest intact step). The same form as import-hf: "
         "SPEC SOURCE --out DEST.",
     )
-    he.add_argument("spec", type=Path, help=SPEC_HELP)
+    he.add_argument("spec", type=_path, help=SPEC_HELP)
     he.add_argument(
         "ckpt_dir",
-        type=Path,
+        type=_path,
         help="a params checkpoint, a run directory, its checkpoints/ or one step",
     )
-    he.add_argument("legacy_out", nargs="?", type=Path, default=None, help=argparse.SUPPRESS)
+    he.add_argument("legacy_out", nargs="?", type=_path, default=None, help=argparse.SUPPRESS)
     he.add_argument(
         "--out",
-        type=Path,
+        type=_path,
         default=None,
         help="the Hugging Face directory to write (required; no default)",
     )
@@ -316,12 +323,12 @@ def _add_export_lora(sub) -> None:
         "step) and write an orbax checkpoint of its adapters (with lora.json), "
         "or with --merge its weights W + (alpha / rank) * A @ B.",
     )
-    el.add_argument("spec", type=Path, help="the spec the run was trained from")
-    el.add_argument("ckpt_dir", type=Path, help="a run directory, its checkpoints/ or one step")
-    el.add_argument("legacy_out", nargs="?", type=Path, default=None, help=argparse.SUPPRESS)
+    el.add_argument("spec", type=_path, help="the spec the run was trained from")
+    el.add_argument("ckpt_dir", type=_path, help="a run directory, its checkpoints/ or one step")
+    el.add_argument("legacy_out", nargs="?", type=_path, default=None, help=argparse.SUPPRESS)
     el.add_argument(
         "--out",
-        type=Path,
+        type=_path,
         default=None,
         help="the new checkpoint's directory, which must not exist or be empty "
         "(required; no default)",
@@ -370,7 +377,7 @@ def _add_train(sub) -> None:
         "below are passed on to it (python -m generated.<spec>.<target>.train "
         "--help lists every one).",
     )
-    tr.add_argument("spec", type=Path, help=SPEC_HELP)
+    tr.add_argument("spec", type=_path, help=SPEC_HELP)
     _add_target(tr)
     tr.add_argument(
         "--model",
@@ -379,7 +386,7 @@ def _add_train(sub) -> None:
     )
     tr.add_argument(
         "--out",
-        type=Path,
+        type=_path,
         default=None,
         help="run directory (default: runs/<spec>-<target>, or runs/<spec>-<target>-<model>)",
     )
@@ -410,7 +417,7 @@ def _add_train(sub) -> None:
     )
     tr.add_argument(
         "--init-from",
-        type=Path,
+        type=_path,
         default=None,
         help="start a new run from these parameters: a Hugging Face model directory (imported "
         "into RUN/hf_params), a params checkpoint or a run (default: the train block's init_from)",
@@ -434,8 +441,8 @@ def _add_plot(sub) -> None:
         help="plot a run's loss, eval loss, learning rate and throughput",
         description="Plot RUN_DIR/metrics.jsonl with matplotlib.",
     )
-    pl.add_argument("run_dir", type=Path, help="a run directory (holding metrics.jsonl)")
-    pl.add_argument("--out", type=Path, default=None, help="PNG path (default: RUN_DIR/loss.png)")
+    pl.add_argument("run_dir", type=_path, help="a run directory (holding metrics.jsonl)")
+    pl.add_argument("--out", type=_path, default=None, help="PNG path (default: RUN_DIR/loss.png)")
     pl.set_defaults(run=_cmd_plot)
 
 
@@ -446,7 +453,7 @@ def _add_sample(sub) -> None:
         description="Generate text from the newest intact checkpoint of RUN_DIR (a run, or "
         "a checkpoint import-hf wrote), streaming it as it comes.",
     )
-    sm.add_argument("run_dir", type=Path, help="a run directory or an imported params checkpoint")
+    sm.add_argument("run_dir", type=_path, help="a run directory or an imported params checkpoint")
     sm.add_argument(
         "prompt", nargs="?", default=None, help='the prompt (default: "\\n"; or give --prompt)'
     )

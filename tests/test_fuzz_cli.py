@@ -313,6 +313,8 @@ def test_fuzzed_check_arguments_pass_exactly_when_right(tmp_path, monkeypatch, s
     assert_no_crash(o, repr(argv))
     if spec_ok and target_ok:
         assert o.rc == 0 and f"{spec.encode('utf-8', 'backslashreplace').decode()}: ok" in o.out
+    elif spec == "":  # refused as an argument (it was `.:0:0: cannot read spec: a directory`)
+        assert o.rc == 2 and "an empty path" in o.err, f"{argv!r}\n{o.err}"
     elif not target_ok:
         assert o.rc == 2 and "target" in o.err, f"{argv!r}\n{o.err}"
     else:
@@ -343,4 +345,7 @@ def test_fuzzed_build_arguments_fail_cleanly(tmp_path, monkeypatch, seed):
     o = run_main(argv)
     assert_no_crash(o, repr(argv))
     assert o.rc in (1, 2) and not (tmp_path / "out").exists(), f"{argv!r}\n{o.err}"
-    assert ("target" in o.err) if not target_ok else LOCATED.search(o.err), f"{argv!r}\n{o.err}"
+    if "" in (spec, out):  # refused as an argument, before the target is read
+        assert o.rc == 2 and "an empty path" in o.err, f"{argv!r}\n{o.err}"
+    else:
+        assert ("target" in o.err) if not target_ok else LOCATED.search(o.err), f"{argv!r}\n{o.err}"
