@@ -34,12 +34,12 @@ EXIT_INTERNAL = 70  # EX_SOFTWARE: a bug in axdsl, not a user mistake
 EXIT_INTERRUPTED = 130  # Ctrl-C
 
 
-
 def _path(text: str) -> Path:
     """A path argument; an empty one is refused (Path("") would be the current directory)."""
     if not text:
         raise argparse.ArgumentTypeError("an empty path; give a file or directory")
     return Path(text)
+
 
 def main(argv: list[str] | None = None) -> int:
     _tolerant_output()

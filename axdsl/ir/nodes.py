@@ -83,6 +83,11 @@ class LayerValue:
     layer: str
     args: tuple[tuple[str, HValue], ...]
     span: Span
+    arg_spans: tuple[tuple[str, Span], ...] = ()  # where each argument was written (`eps = 0`)
+
+    def span_of(self, name: str) -> Span:
+        """Where argument `name` was written; the whole constructor when it came from a base."""
+        return dict(self.arg_spans).get(name, self.span)
 
 
 @dataclass(frozen=True)

@@ -254,10 +254,11 @@ class Evaluator:
                 f"layer `{fname}` takes keyword arguments",
                 f"write `{fname}(name = value)`",
             )
-        args = dict(base.args)
+        args, spans = dict(base.args), dict(base.arg_spans)
         for kw in e.kwargs:
             args[kw.name] = self.eval(kw.value, lookup, visible)
-        return HValue(LayerValue(base.layer, tuple(args.items()), e.span))
+            spans[kw.name] = kw.span
+        return HValue(LayerValue(base.layer, tuple(args.items()), e.span, tuple(spans.items())))
 
     def _repeat(self, e: ast.Call, lookup, visible) -> HValue:
         if len(e.args) != 2 or e.kwargs:

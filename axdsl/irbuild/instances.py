@@ -131,7 +131,7 @@ class InstanceBuilder:
         parent: Scope | None,
         stack: tuple[str, ...],
         repeat: HValue | None = None,
-        set_span: Span | None = None,
+        set_by: LayerValue | None = None,
     ) -> ir.Instance | None:
         if layer.name in stack:
             cycle = " -> ".join(stack + (layer.name,))
@@ -152,7 +152,7 @@ class InstanceBuilder:
         for key in set_values:
             if key not in declared:
                 self.diags.error(
-                    set_span or span,  # the user's `SwiGLU(hiden = 96)`, not the library's child
+                    set_by.span_of(key) if set_by else span,  # the user's `hiden = 96`, not std's
                     f"layer `{layer.name}` has no hyperparameter `{key}`",
                     did_you_mean(key, list(declared)),
                 )
@@ -164,7 +164,7 @@ class InstanceBuilder:
             set_values,
             is_root=parent is None,
             span=span,
-            set_span=set_span,
+            set_by=set_by,
         )
         hparams = tuple(scope.values[h.name] for h in layer.hparams if h.name in scope.values)
         if len(hparams) != len(layer.hparams):
@@ -203,7 +203,7 @@ class InstanceBuilder:
         set_values,
         is_root: bool,
         span: Span,
-        set_span: Span | None,
+        set_by: LayerValue | None,
     ) -> None:
         declared = {h.name: h for h in layer.hparams}
         busy: set[str] = set()
@@ -218,7 +218,7 @@ class InstanceBuilder:
             busy.add(name)
             try:
                 hp = self._hparam_value(
-                    layer, decl, scope, set_exprs, set_values, lookup, is_root, span, set_span
+                    layer, decl, scope, set_exprs, set_values, lookup, is_root, span, set_by
                 )
             except EvalError:
                 hp = None
@@ -249,13 +249,13 @@ class InstanceBuilder:
         lookup,
         is_root: bool,
         inst_span: Span,
-        set_span: Span | None,
+        set_by: LayerValue | None,
     ) -> ir.HParam | None:
         """Resolve one hyperparameter; type errors point where the user wrote the value.
 
-        `set_span` is the layer constructor (`RMSNorm(eps = 1e-5)`) that set `set_values`.
+        `set_by` is the layer constructor (`RMSNorm(eps = 1e-5)`) that set `set_values`: the
+        origin of such a value is the constructor; its errors point at the argument.
         """
-        set_spans = {k: set_span for k in set_values} if set_span else {}
         type_name = self._type_name(decl.type)
         if type_name is None:
             return None
@@ -263,8 +263,9 @@ class InstanceBuilder:
         expr: ast.Expr | None = None
         at = decl.span
         if decl.name in set_values:
-            value, origin = set_values[decl.name], Origin(OriginKind.SET, set_spans.get(decl.name))
-            at = set_spans.get(decl.name) or inst_span
+            origin = Origin(OriginKind.SET, set_by.span if set_by else None)
+            value = set_values[decl.name]
+            at = set_by.span_of(decl.name) if set_by else inst_span
         elif decl.name in set_exprs:
             setting = set_exprs[decl.name]
             expr, at = setting.value, setting.value.span
@@ -537,7 +538,7 @@ class InstanceBuilder:
             parent=scope,
             stack=stack,
             repeat=repeat,
-            set_span=value.span,
+            set_by=value,
         )
 
     def _pattern(
@@ -652,7 +653,7 @@ class InstanceBuilder:
                 set_values=dict(lv.args),
                 parent=scope,
                 stack=stack,
-                set_span=lv.span,
+                set_by=lv,
             )
             for i, lv in enumerate(layers)
         ]
