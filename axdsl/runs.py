@@ -322,18 +322,7 @@ def import_output(out_dir: Path, name: str = "model"):
     """Module `name` (model, train) of the generated output in `out_dir`, imported as a package
     under a private name, so model.py's `from .kernels import ...` resolves to the kernels.py
     beside it, and two outputs never shadow each other."""
-    out_dir = out_dir.resolve()
-    alias = "_axdsl_output_" + hashlib.sha256(str(out_dir).encode()).hexdigest()[:16]
-    if alias not in sys.modules:
-        spec = importlib.util.spec_from_file_location(
-            alias, out_dir / "__init__.py", submodule_search_locations=[str(out_dir)]
-        )
-        if spec is None or spec.loader is None:
-            raise ImportError(f"cannot import {out_dir}")
-        package = importlib.util.module_from_spec(spec)
-        sys.modules[alias] = package
-        spec.loader.exec_module(package)
-    return importlib.import_module(f"{alias}.{name}")
+    return importlib.import_module(f"{_package(out_dir, '_axdsl_output_')}.{name}")
 
 
 def load_run(run_dir: Path):
@@ -345,15 +334,21 @@ def load_run(run_dir: Path):
     """
     info = json.loads((run_dir / "run.json").read_text(encoding="utf-8"))
     top, *rest = info["package"].split(".")
-    top_dir = Path(info["root"]) / top
-    alias = "_axdsl_run_" + hashlib.sha256(str(top_dir.resolve()).encode()).hexdigest()[:16]
+    alias = _package(Path(info["root"]) / top, "_axdsl_run_")
+    return info, importlib.import_module(".".join([alias, *rest, "train"]))
+
+
+def _package(directory: Path, prefix: str) -> str:
+    """Import `directory` as a package named `prefix` + a hash of its path (once); its name."""
+    directory = directory.resolve()
+    alias = prefix + hashlib.sha256(str(directory).encode()).hexdigest()[:16]
     if alias not in sys.modules:
         spec = importlib.util.spec_from_file_location(
-            alias, top_dir / "__init__.py", submodule_search_locations=[str(top_dir)]
+            alias, directory / "__init__.py", submodule_search_locations=[str(directory)]
         )
         if spec is None or spec.loader is None:
-            raise ImportError(f"cannot import {top_dir}")
+            raise ImportError(f"cannot import {directory}")
         package = importlib.util.module_from_spec(spec)
         sys.modules[alias] = package
         spec.loader.exec_module(package)
-    return info, importlib.import_module(".".join([alias, *rest, "train"]))
+    return alias
