@@ -343,21 +343,20 @@ def _add_export_lora(sub) -> None:
 
 
 TRAIN_OVERRIDES = {"steps": int, "batch": int, "seq": int, "lr": float, "checkpoint_every": int}
-# The most an integer flag may be: JAX counts steps and indexes sequences in int32 (x64 off).
-MAX_INT_FLAG = 2**31 - 1
 
 
 def _check_train_flags(args) -> None:
     """Each train flag in the range the same key has in a train block, before anything is built
     or started: `--steps 0` or `--lr nan` used to build, start train.py and import jax before it
     refused (and, before that check, --lr -1 trained by gradient ascent with exit 0)."""
+    from axdsl.ir.dtypes import INT32_MAX
     from axdsl.passes.configure_train import INT_KEYS
 
     least = {name: INT_KEYS[name][1] for name in ("steps", "batch", "seq")}
     least["checkpoint_every"] = 0  # checkpoint(every = 0): only at the end
     for name, low in least.items():
         value = getattr(args, name)
-        if value is not None and not low <= value <= MAX_INT_FLAG:
+        if value is not None and not low <= value <= INT32_MAX:
             raise _UsageError(
                 f"argument --{name.replace('_', '-')}: must be an integer from {low} to "
                 f"2**31 - 1, got {value}"

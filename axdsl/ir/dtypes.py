@@ -5,6 +5,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+# The largest count or index the generated code can hold: JAX runs with 32-bit integers (x64 off),
+# so token ids, positions, gather indices and a scan's step counter are int32.
+INT32_MAX = 2**31 - 1
+
 DTYPES = {
     "f32": "float32",
     "f16": "float16",

@@ -16,15 +16,14 @@ from collections.abc import Callable
 from typing import NoReturn
 
 from axdsl.errors import Diagnostics, Span, did_you_mean
+from axdsl.ir.dtypes import INT32_MAX
 from axdsl.ir.expr import BinOp, Binary, Call, Const, Expr, Items, MathFn, Unary, UnaryOp
 from axdsl.ir.nodes import DTYPES, DType, HValue, LayerValue, PatternValue, RepeatValue
 from axdsl.syntax import ast
 from axdsl.syntax.ast import INT64_MAX
 
-# The largest size of one dim (and a repeat count): JAX runs with 32-bit integers (x64 off), so
-# token ids, positions, gather indices and a scan's step counter are int32 and cannot reach a
-# larger index; XLA's own dynamic slices take int32 offsets too.
-MAX_DIM = 2**31 - 1
+# The largest size of one dim (and a repeat count); XLA's own dynamic slices take int32 offsets.
+MAX_DIM = INT32_MAX
 MAX_DIM_HINT = (
     "JAX indexes with int32 (x64 is off: token ids, positions, a scan's step counter), so a dim "
     f"or a repeat count is at most 2**31 - 1 = {MAX_DIM:,}"

@@ -30,6 +30,7 @@ from typing import Any
 from axdsl import finetune, lora, objectives, optim
 from axdsl.errors import Diagnostics, Span, did_you_mean
 from axdsl.ir import nodes as ir
+from axdsl.ir.dtypes import INT32_MAX
 from axdsl.ir.printer import value_text
 
 DATA_SOURCES = (
@@ -52,7 +53,6 @@ INT_KEYS = {
     "seed": (0, 0),
     "max_bad_steps": (3, 1),
 }
-INT_MAX = 2**31 - 1  # JAX counts steps, batches and positions in int32 (x64 is off)
 FLOAT_KEYS = {"clip": (1.0, 0.0), "z_loss": (0.0, 0.0)}
 CHECKPOINT = {"every": 100, "keep": 3, "async": True, "dir": "checkpoints"}
 # Mixed precision: the models' `dtype` (compute) and `param_dtype` (storage), overridden for
@@ -160,10 +160,10 @@ def _check(name: str, value: Any, span: Span, diags: Diagnostics) -> Any:
         if not isinstance(value, int) or isinstance(value, bool) or value < low:
             diags.error(span, f"`{name}` must be an integer >= {low}, got {_show(value)}")
             return None
-        if value > INT_MAX:
+        if value > INT32_MAX:
             diags.error(
                 span,
-                f"`{name}` must be at most 2**31 - 1 = {INT_MAX:,}, got {value:,}",
+                f"`{name}` must be at most 2**31 - 1 = {INT32_MAX:,}, got {value:,}",
                 "the generated step counts in int32, as JAX does with x64 off",
             )
             return None
