@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 from axdsl.errors import did_you_mean
-from axdsl.syntax.ast import Bound, above
+from axdsl.syntax.ast import Bound, BoundOp, above
 from axdsl.primitives.base import (
     always,
     Helper,
@@ -187,7 +187,7 @@ PRIMITIVES = (
                 Static(
                     "rate",
                     StaticKind.FLOAT,
-                    bounds=(Bound(">=", 0), Bound("<", 1)),
+                    bounds=(Bound(BoundOp.GE, 0), Bound(BoundOp.LT, 1)),
                     hint="the fraction of activations zeroed in training (0.1 is usual)",
                 ),
             ),

@@ -5,7 +5,9 @@ The AST knows nothing about meaning; `passes/resolve.py` turns it into the IR.
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass
+from enum import StrEnum
 
 from axdsl.errors import Span
 
@@ -113,29 +115,41 @@ Expr = Num | Str | Bool | Name | ListExpr | BinOp | Unary | Call | Attr | Ellips
 
 
 # ------------------------------------------------------------------ layers
+class BoundOp(StrEnum):
+    """The comparison of a declared bound."""
+
+    GT = ">"
+    GE = ">="
+    LT = "<"
+    LE = "<="
+
+
+_HOLDS = {
+    BoundOp.GT: operator.gt,
+    BoundOp.GE: operator.ge,
+    BoundOp.LT: operator.lt,
+    BoundOp.LE: operator.le,
+}
+
+
 @dataclass(frozen=True)
 class Bound:
     """A declared bound on a numeric value, `> 0` in `eps: float(> 0)`: checked where the value
     is set, so `RMSNorm(eps = 0)` is an error at the user's line, not a NaN in training. A
     primitive's static attribute declares its bounds the same way (primitives/base.py Static)."""
 
-    op: str  # ">", ">=", "<" or "<="
+    op: BoundOp
     limit: int | float
 
     def holds(self, value: int | float) -> bool:
         """Whether `value` is within the bound (a NaN never is)."""
-        return {
-            ">": value > self.limit,
-            ">=": value >= self.limit,
-            "<": value < self.limit,
-            "<=": value <= self.limit,
-        }[self.op]
+        return bool(_HOLDS[self.op](value, self.limit))
 
     def __str__(self) -> str:
         return f"{self.op} {self.limit!r}"
 
 
-BOUND_OPS = (">", ">=", "<", "<=")
+BOUND_OPS = tuple(BoundOp)
 
 
 def violated(bounds: tuple[Bound, ...], value: object) -> Bound | None:
@@ -148,12 +162,12 @@ def violated(bounds: tuple[Bound, ...], value: object) -> Bound | None:
 
 def at_least(limit: int | float) -> tuple[Bound, ...]:
     """`>= limit`: a count or weight that may be zero (`window >= 0`)."""
-    return (Bound(">=", limit),)
+    return (Bound(BoundOp.GE, limit),)
 
 
 def above(limit: int | float) -> tuple[Bound, ...]:
     """`> limit`: a scale or base that must be positive (`eps > 0`, `theta > 0`)."""
-    return (Bound(">", limit),)
+    return (Bound(BoundOp.GT, limit),)
 
 
 @dataclass(frozen=True)

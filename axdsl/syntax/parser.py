@@ -297,7 +297,7 @@ class _ToAst(Transformer):
             )
             return None
         limit = self.number(None, [number]).value
-        return ast.Bound(str(op), sign * limit)
+        return ast.Bound(ast.BoundOp(str(op)), sign * limit)
 
     def param_def(self, meta, children):
         name, shape, *opts = children
