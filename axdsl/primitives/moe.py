@@ -219,11 +219,10 @@ def _emit(ctx, prim: ir.Prim, args: list[str], precs: list[int]) -> str:
     call = f"{x}, {weights}, {chosen}, {w_gate}, {w_up}, {w_down}"
     ctx.line(f"{out} = {_dispatch(ctx, prim, call)}  # {ctx.shape_comment(prim.type)}")
     if prim.attr("balance_rate").value > 0:  # the bias's gradient: each expert's load surplus
+        ctx.use_helper(BALANCE)
         ctx.line(
             f"{out} = {CALLS[BALANCE]}({out}, {bias}, {chosen})  # {ctx.shape_comment(prim.type)}"
         )
-    for helper in _needs(prim, ctx.schedule, False):
-        ctx.use_helper(helper)
     return out
 
 
@@ -234,6 +233,8 @@ def _route(ctx, prim: ir.Prim, logits: str, bias: str | None) -> tuple[str, str]
     weights, chosen, aux = ctx.fresh("weights"), ctx.fresh("chosen"), ctx.fresh("moe_aux")
     ctx.add_aux(aux)
     router = CHOOSE if _selects(prim) else ROUTE
+    ctx.use_helper(router)
+    ctx.use_helper(AUX)  # both routers compute it
     call = f"{CALLS[router]}({logits}, {_kwargs(ctx, prim, ROUTING + LOSSES)}"
     if router == CHOOSE:
         call += ", " + _kwargs(ctx, prim, SELECTION) + ("" if bias is None else f", bias={bias}")
@@ -248,6 +249,8 @@ def _dispatch(ctx, prim: ir.Prim, routed: str) -> str:
     one a capacity written in the spec picks, or `moe_dispatch` for one read from Config."""
     paths = _paths(prim)
     dispatch = EITHER if len(paths) == 2 else paths[0]
+    for helper in {dispatch, *paths}:  # moe_dispatch calls both paths
+        ctx.use_helper(helper)
     call = f"{CALLS[dispatch]}({routed}"
     if CAPACITY in paths:
         call += f", capacity_factor={ctx.code(prim.attr('capacity_factor'))}"
