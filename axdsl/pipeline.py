@@ -2,7 +2,7 @@
 
     spec.axl --lark--> AST --irbuild ("resolve")--> IR --check, infer_shapes, stack_repeats--> IR
         --configure_target, configure_train, annotate_sharding, shard_activations, insert_remat,
-          unroll_repeats, quantize_matmuls, select_kernels, fit_remat--> IR
+          unroll_repeats, quantize_matmuls, select_kernels, plan_context, fit_remat--> IR
         --split_head, plan_decode, select_config, plan_functions--> IR
         --codegen--> model.py, train.py
 
@@ -32,6 +32,7 @@ from axdsl.passes.configure_train import configure_train
 from axdsl.passes.infer_shapes import infer_shapes
 from axdsl.passes.fit_remat import fit_remat
 from axdsl.passes.insert_remat import insert_remat
+from axdsl.passes.plan_context import plan_context
 from axdsl.passes.plan_decode import plan_decode
 from axdsl.passes.plan_functions import plan_functions
 from axdsl.passes.quantize_matmuls import quantize_matmuls
@@ -58,6 +59,7 @@ PASSES: tuple[tuple[str, Pass], ...] = (
     ("unroll_repeats", unroll_repeats),
     ("quantize_matmuls", quantize_matmuls),
     ("select_kernels", select_kernels),
+    ("plan_context", plan_context),
     ("fit_remat", fit_remat),
     ("split_head", split_head),
     ("plan_decode", plan_decode),

@@ -5,6 +5,7 @@ gives single-device attention's outputs and gradients; the zig-zag order balance
 from __future__ import annotations
 
 import functools
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -14,6 +15,7 @@ from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
 from axdsl.kernels import attention, context
+from tests.targets_util import import_generated
 
 RNG = np.random.default_rng(0)
 BATCH, SEQ, HEADS, KV_HEADS, HEAD_DIM = 2, 32, 4, 2, 8
@@ -187,3 +189,63 @@ def test_the_ring_computes_equal_tiles_per_shard_in_zigzag_order():
     shard i computes 3 + 4 i (the last shard 15, 1.6 times the balanced 9)."""
     assert _ring_tiles_computed(32, 4, balance=True) == [9, 9, 9, 9]
     assert _ring_tiles_computed(32, 4, balance=False) == [3, 7, 11, 15]
+
+
+# ----------------------------------------------------------------------------- generated models
+# A small GQA Llama, sliding window; `{context}` is the target block's context(...) directive.
+CP_SPEC = """\
+import "std/transformer.axl"
+
+model lm = DecoderLM {{
+  vocab = 256  dim = 64  layers = 1  heads = 4  kv_heads = 2  ffn = 128  max_seq = 64
+  dtype = f32  block = Block(attn = Attention(window = {window}, softcap = {softcap}))
+}}
+train {{ batch = 4  seq = 32 }}
+target "cpu-8" {{ mesh(data = 2, seq = 4)  {context} }}
+"""
+CP_CASES = [  # context(...), window, softcap; the collective its attention must run
+    ('context(strategy = "ring")', 0, 0.0, "collective-permute"),
+    ('context(strategy = "ring", balance = false)', 12, 0.0, "collective-permute"),
+    ("context()", 12, 0.0, "all-gather"),  # balanced, on cpu's vjp kernel
+    ("context(balance = false)", 0, 30.0, "all-gather"),  # einsum_attention with the soft cap
+]
+
+
+def _spec(tmp_path, name: str, context: str, window: int, softcap: float) -> Path:
+    path = tmp_path / f"{name}.axl"
+    path.write_text(CP_SPEC.format(context=context, window=window, softcap=softcap))
+    return path
+
+
+@pytest.mark.parametrize("context_dir,window,softcap,collective", CP_CASES)
+def test_generated_context_parallel_model_keeps_the_loss_and_gradients(
+    tmp_path, context_dir, window, softcap, collective
+):
+    """The spec built for cpu-8 with context(...) (the sequence over 4 shards, the batch over 2)
+    gives the cpu build's loss and gradients with the mesh set, its attention running the
+    collective of its strategy. The first case also runs without a mesh (one shard, as sampling
+    does) and checks that forward's logits come back in order."""
+    ref, _ = import_generated(_spec(tmp_path, "ref", "", window, softcap), "cpu", tmp_path)
+    cp, _ = import_generated(_spec(tmp_path, "cp", context_dir, window, softcap), "cpu-8", tmp_path)
+    cfg = ref.CONFIGS["lm"]
+    params = ref.init_params(cfg, jax.random.key(0))
+    params = jax.tree.map(lambda a: a * 3.0 if a.ndim > 2 else a, params)
+    tokens = jax.random.randint(jax.random.key(1), (4, 33), 0, cfg.vocab)
+
+    def loss_and_grads(model):
+        run = jax.value_and_grad(lambda p: model.loss_fn(cfg, p, tokens)[0])
+        return jax.jit(run, compiler_options=QUICK_COMPILE)
+
+    want = loss_and_grads(ref)(params)
+    with jax.set_mesh(cp.make_mesh()):
+        step = loss_and_grads(cp).lower(params).compile()
+        assert collective in step.as_text()
+        runs = [step(params)]
+    if context_dir == CP_CASES[0][0]:
+        runs.append(loss_and_grads(cp)(params))
+        logits = cp.forward(cfg, params, tokens[:, :-1])
+        np.testing.assert_allclose(logits, ref.forward(cfg, params, tokens[:, :-1]), atol=1e-5)
+    for loss, grads in runs:
+        np.testing.assert_allclose(float(loss), float(want[0]), rtol=1e-6)
+        for g, w in zip(jax.tree.leaves(grads), jax.tree.leaves(want[1]), strict=True):
+            np.testing.assert_allclose(np.asarray(g), np.asarray(w), atol=2e-5, rtol=1e-4)

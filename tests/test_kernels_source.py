@@ -20,6 +20,7 @@ from axdsl.kernels import (
     dense,
     dropout,
     losses,
+    mesh,
     moe,
     positions,
     quantized,
@@ -98,7 +99,7 @@ def test_splash_attention_in_interpret_mode_matches_plain_attention(monkeypatch)
     q, k, v = (_normal(1, 128, 2, 8) for _ in range(3))
     got = splash.splash_attention(q, k, v, causal=True, window=None)
     np.testing.assert_allclose(got, _reference_attention(q, k, v, True), rtol=2e-3, atol=2e-3)
-    assert splash._dividing_axes(
+    assert mesh.dividing_axes(
         jax.sharding.AbstractMesh((2, 4), ("data", "model")), ("data", "model"), 4
     ) == ("data",)
 

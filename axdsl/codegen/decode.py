@@ -217,7 +217,8 @@ def _branch(train: list[str], decode: list[str]) -> list[str]:
         middle = [t[0][0], *_indent(inner)]
     else:
         flat = lambda blocks: [line for block in blocks for line in block]  # noqa: E731
-        middle = ["if cache is None:", *_indent(flat(t)), "else:", *_indent(flat(d))]
+        middle = ["if cache is None:", *_indent(flat(t))]
+        middle += ["else:", *_indent(flat(d))] if d else []
     return [*head, *middle, *(line for block in tail for line in block)]
 
 

@@ -265,6 +265,7 @@ _IMPORT_ORDER = (
     "import functools",
     "import math",
     "import zlib",
+    "from collections.abc import Callable",
     "",
     "import jax",
     "import jax.numpy as jnp",
@@ -330,6 +331,7 @@ def _functions(
             own_aux=aux,
             master=shared.master,
             takes_pos=shared.takes_pos,
+            reorders=inst is root,
         )
         body = emitter.emit_body()
         args = ", ".join(f"{a.name}: jax.Array" for a in inst.fwd.args)
@@ -404,6 +406,7 @@ def _split_root(
         own_aux=root_fn.aux,
         master=mixed,
         takes_pos=decodes,
+        reorders=True,
     )
     head = FunctionEmitter(
         replace(split.head, children=()),

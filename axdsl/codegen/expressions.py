@@ -90,6 +90,9 @@ class FunctionEmitter:
     decoding = False  # the KV-cache decode path's emitter (axdsl/codegen/decode.py) says True
     decode_pos = "pos"  # the decode path's first position of the new tokens
     takes_pos: bool = False  # a layer the decode path shares: its positions start at `pos`
+    # a model's root under context(balance = true): it runs its [B, S] inputs in zig-zag order
+    # and puts its [B, S, ...] result back in order (plan_context)
+    reorders: bool = False
     starts: list[int] = field(default_factory=list)  # where each statement's lines begin
     result: str = ""  # the code the body returns
 
@@ -102,24 +105,48 @@ class FunctionEmitter:
         if self.casts_params():
             self._cast_params()
         self.imports.update(("import jax", "import jax.numpy as jnp"))
-        for stmt in fwd.body:
+        for n, stmt in enumerate(fwd.body):
             self.starts.append(len(self.lines))
+            if n == 0 and self.reorders and self.balanced:
+                self._reorder_inputs()
             if isinstance(stmt, ir.Let):
                 self._let(stmt)
             else:
                 aux = ""
                 if isinstance(stmt.value, ir.CallChild):
                     self._child_call(stmt.value, "out")
-                    code, comment = "out", ""
+                    code, prec, comment = "out", _ATOM, ""
                 else:
-                    code, _ = self.expr(stmt.value)
+                    code, prec = self.expr(stmt.value)
                     comment = f"  # {shape_comment(stmt.value.type)}"
+                if self.reorders and self.balanced:  # back in order (plan_context)
+                    code = f"{self._paren(code, prec, _ATOM)}[:, np.argsort(order)]"
                 if self.own_aux:
                     aux = ", " + (" + ".join(self.aux_terms) or "jnp.zeros((), jnp.float32)")
                     comment = f"  # {shape_comment(stmt.value.type)}, []"
                 self.result = code + aux
                 self.lines.append(f"return {code}{aux}{comment}")
         return self.lines
+
+    @property
+    def balanced(self) -> bool:
+        """Whether this forward runs the sequence in context parallelism's zig-zag order (the
+        decode path never does: it attends over a cache in order)."""
+        context = self.schedule.context.value if self.schedule is not None else None
+        return context is not None and bool(context.balance) and not self.decoding
+
+    def _reorder_inputs(self) -> None:
+        """The root's [B, S, ...] inputs in the order its layers run them (plan_context)."""
+        args = [a.name for a in self.inst.fwd.args if len(a.dims) >= 2]
+        self.use_helper(primitives.CONTEXT_ORDER_HELPER.name)
+        self.imports.add("import numpy as np")
+        self.lines.append(
+            "# plan_context: the layers run the sequence in zig-zag order (context(balance)):"
+        )
+        self.lines.append("# every shard of the `seq` mesh axis gets the same causal work")
+        self.lines.append(f"order = context_order({args[0]}.shape[1])  # [S], numpy")
+        for name in args:
+            self.lines.append(f"{name} = {name}[:, order]")
 
     def chunks(self) -> list[list[str]]:
         """The body's lines cut at each statement, after a preamble (the weights' cast)."""

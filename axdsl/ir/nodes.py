@@ -40,6 +40,8 @@ from axdsl.ir.sections import (  # noqa: F401
 from axdsl.ir.settings import (  # noqa: F401
     CheckpointPolicy,
     ChipKind,
+    ContextPolicy,
+    ContextStrategy,
     DataKind,
     DataSource,
     TokenWidth,

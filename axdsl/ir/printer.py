@@ -65,7 +65,16 @@ def schedule_lines(s: ir.Schedule) -> list[str]:
         lines.append(f"  kernels({op} = {c.value or 'auto'})  # {c.origin}")
     lines.append(f"  unroll({s.unroll.value})  # {s.unroll.origin}")
     lines.append(f"  steps_per_call({s.steps_per_call.value})  # {s.steps_per_call.origin}")
+    if s.context.value is not None:
+        lines.append(f"  {context_text(s.context.value)}  # {s.context.origin}")
     return lines
+
+
+def context_text(c: ir.ContextPolicy) -> str:
+    """`context(strategy = "ring", balance = true)`, then what plan_context resolved."""
+    balance = "" if c.balance is None else f", balance = {str(c.balance).lower()}"
+    shards = f" over {c.shards} shards of `seq`" if c.shards else ""
+    return f'context(strategy = "{c.strategy}"{balance}){shards}'
 
 
 def remat_text(r: ir.RematPolicy) -> str:

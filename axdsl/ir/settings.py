@@ -95,6 +95,25 @@ class QuantPolicy:
         object.__setattr__(self, "format", QuantFormat(self.format))
 
 
+class ContextStrategy(StrEnum):
+    """How attention meets the keys of other shards under context parallelism."""
+
+    ALL_GATHER = "all_gather"  # keys and values gathered once per layer (MaxText's default)
+    RING = "ring"  # key/value blocks travel by ppermute with an online softmax: flat memory
+
+
+@dataclass(frozen=True)
+class ContextPolicy:
+    """Context parallelism: the sequence split over the `seq` mesh axis, attention run per shard
+    inside shard_map. `balance`: the layers run the sequence in zig-zag order, so every shard
+    has the same causal work (None until plan_context decides it: true when every attention is
+    causal, the only case it changes anything)."""
+
+    strategy: ContextStrategy
+    balance: bool | None = None
+    shards: int = 0  # the `seq` mesh axis's size; plan_context fills it in
+
+
 @dataclass(frozen=True)
 class Schedule:
     """The schedule for one target: profile defaults overridden by the first matching block."""
@@ -114,6 +133,9 @@ class Schedule:
     unroll: Choice  # value: int, the most layers a repeat may have and run unrolled (0: never)
     steps_per_call: Choice  # value: int >= 1, train steps one jitted call runs (numerics unchanged)
     remat_fit: RematFit | None = None  # set by fit_remat when it chose `remat` by memory
+    # value: ContextPolicy, or None (no context parallelism); balance and shards resolved by
+    # plan_context
+    context: Choice = Choice(None)
 
     def unrolls(self, layers: int) -> bool:
         """Whether a repeat of `layers` layers (steps x layers per step) runs unrolled here."""

@@ -5,6 +5,9 @@ jax.shard_map, and the zig-zag order that balances its causal work.
   torchtitan. The sequence is cut into 2 * shards chunks and shard i holds chunks i and
   2 * shards - 1 - i, so every shard has the same number of (query, key) pairs to compute.
 - local_positions: inside shard_map, the original positions of this shard's tokens.
+- context_order / context_parallel: what a generated model calls. context_order is the order its
+  layers run a sequence in (zig-zag over the mesh's `seq` shards when balanced); context_parallel
+  runs one of the attentions below on each shard's slice inside jax.shard_map.
 - context_attention_all_gather: keys and values are gathered once; this shard's queries attend to
   all of them (MaxText's default). The masks come from the tokens' original positions, so it is
   right in either order.
@@ -21,12 +24,19 @@ standard library.
 """
 
 import functools
+import math
 from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import Mesh
+from jax.sharding import PartitionSpec as P
 
+from axdsl.kernels.mesh import dividing_axes
+
+CONTEXT_BATCH_AXES = ("data", "fsdp")  # mesh axes context_parallel splits the batch over
+CONTEXT_HEAD_AXES = ("model",)  # mesh axes it splits the heads over
 CONTEXT_MASKED = -0.7 * float(np.finfo(np.float32).max)  # a masked logit: finite, no inf - inf
 
 
@@ -55,6 +65,54 @@ def shard_positions(seq: int, shards: int, balance: bool) -> np.ndarray:
         raise ValueError(f"a sequence of {seq} does not split over {shards} shards")
     order = zigzag_order(seq, shards) if balance else np.arange(seq)
     return order.reshape(shards, seq // shards)
+
+
+def context_order(seq: int, mesh_axis: str = "seq") -> np.ndarray:
+    """The order a balanced context-parallel model runs `seq` positions in: zig-zag over the
+    `mesh_axis` shards of the mesh set by jax.set_mesh (0, 1, ... without one). A numpy constant
+    when the step is traced, so the reorder, RoPE's tables and the masks cost nothing to build."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty or mesh_axis not in mesh.axis_names:
+        return np.arange(seq)
+    return zigzag_order(seq, mesh.shape[mesh_axis])
+
+
+def context_parallel(
+    attend: Callable[..., jax.Array],
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    positions: np.ndarray | None = None,
+    segment_ids: jax.Array | None = None,
+    mesh_axis: str = "seq",
+) -> jax.Array:
+    """attend(q, k, v, positions=, segment_ids=, mesh_axis=) on each shard's slice of the
+    sequence, inside jax.shard_map over the mesh set by jax.set_mesh: the sequence split over
+    `mesh_axis`, the batch over CONTEXT_BATCH_AXES and the heads over CONTEXT_HEAD_AXES as far
+    as they divide evenly (heads only where the kv heads divide too, so every shard's query
+    heads find their kv heads locally). `attend` is context_attention_all_gather or
+    context_attention_ring with its settings bound. `positions` [S]: the tokens' original
+    positions in the order they run (None: 0, 1, ...). With no mesh set (tests, sampling on one
+    device) it runs on a one-device mesh, so the same code computes the same values.
+    Returns [B, S, heads, v_head_dim]."""
+    batch, seq, heads, kv_heads = q.shape[0], q.shape[1], q.shape[2], k.shape[2]
+    mesh: Mesh | jax.sharding.AbstractMesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty or mesh_axis not in mesh.axis_names:
+        mesh = Mesh(np.asarray(jax.devices()[:1]), (mesh_axis,))
+    batch_axes = dividing_axes(mesh, CONTEXT_BATCH_AXES, batch)
+    head_axes = dividing_axes(mesh, CONTEXT_HEAD_AXES, math.gcd(heads, kv_heads))
+    spec = P(batch_axes or None, mesh_axis, head_axes or None)
+    positions = np.arange(seq) if positions is None else positions
+    args: tuple = (q, k, v, jnp.asarray(positions, jnp.int32))
+    specs: tuple = (spec, spec, spec, P(mesh_axis))
+    if segment_ids is not None:
+        args, specs = args + (segment_ids,), specs + (P(batch_axes or None, mesh_axis),)
+
+    def local(q, k, v, positions, segment_ids=None):
+        return attend(q, k, v, positions=positions, segment_ids=segment_ids, mesh_axis=mesh_axis)
+
+    run = jax.shard_map(local, mesh=mesh, in_specs=specs, out_specs=spec, check_vma=False)
+    return run(*args)
 
 
 def local_positions(local_seq: int, mesh_axis: str = "seq", balance: bool = False) -> jax.Array:

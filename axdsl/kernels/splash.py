@@ -15,6 +15,8 @@ from jax.experimental.pallas.ops.tpu.splash_attention import (
 )
 from jax.sharding import PartitionSpec as P
 
+from axdsl.kernels.mesh import dividing_axes
+
 PALLAS_INTERPRET = False  # True runs Pallas kernels in interpret mode (CPU tests, debugging)
 SPLASH_BATCH_AXES = ("data", "fsdp")  # mesh axes splash attention splits the batch over
 SPLASH_HEAD_AXES = ("model",)  # mesh axes it splits the heads over
@@ -54,8 +56,8 @@ def splash_attention(
     if mesh.empty:
         out = run(*args)
     else:
-        batch_axes = _dividing_axes(mesh, SPLASH_BATCH_AXES, batch)
-        head_axes = _dividing_axes(mesh, SPLASH_HEAD_AXES, heads)
+        batch_axes = dividing_axes(mesh, SPLASH_BATCH_AXES, batch)
+        head_axes = dividing_axes(mesh, SPLASH_HEAD_AXES, heads)
         if kv_heads % math.prod(mesh.shape[a] for a in head_axes):
             # Fewer kv heads than head shards: give every query head its own copy.
             k, v = (jnp.repeat(x, heads // kv_heads, axis=1) for x in (k, v))
@@ -64,16 +66,6 @@ def splash_attention(
         specs = (spec, spec, spec) + ((P(batch_axes, None),) if segment_ids is not None else ())
         out = jax.shard_map(run, mesh=mesh, in_specs=specs, out_specs=spec, check_vma=False)(*args)
     return jnp.swapaxes(out, 1, 2)  # [B, S, heads, v_head_dim]
-
-
-def _dividing_axes(mesh, names: tuple[str, ...], size: int) -> tuple[str, ...]:
-    """The mesh axes of `names`, in order, whose product of sizes divides `size`."""
-    axes: list[str] = []
-    for name in names:
-        if name in mesh.axis_names:
-            if size % (math.prod(mesh.shape[a] for a in axes) * mesh.shape[name]) == 0:
-                axes.append(name)
-    return tuple(axes)
 
 
 def _splash_per_device(

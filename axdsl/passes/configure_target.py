@@ -8,7 +8,8 @@
       kernels(attention = cudnn)
       unroll(16)                    repeats of up to 16 layers run unrolled (0: always scanned)
       steps_per_call(8)             train.py runs 8 steps per jitted call (the same results)
-    }
+      context(strategy = "ring")    attention with the sequence split over the `seq` mesh axis
+    }                               (plan_context checks it against the model)
 
 Every block is checked (a typo in a TPU block fails a CPU build too); what a chip supports
 (quantization formats, kernels) is checked for the matched block only.
@@ -40,6 +41,7 @@ class TargetDirective(StrEnum):
     KERNELS = "kernels"
     UNROLL = "unroll"
     STEPS_PER_CALL = "steps_per_call"
+    CONTEXT = "context"
 
 
 DIRECTIVES = tuple(str(d) for d in TargetDirective)
@@ -305,6 +307,44 @@ def _parse_kernels(d: ir.Directive, diags: Diagnostics):
     return tuple(out)
 
 
+def _parse_context(d: ir.Directive, diags: Diagnostics):
+    """context(strategy = "all_gather" | "ring", balance = true | false); both optional."""
+    if not _no_positional(d, diags):
+        return None
+    strategies = tuple(str(s) for s in ir.ContextStrategy)
+    policy = ir.ContextPolicy(ir.ContextStrategy.ALL_GATHER)
+    for key, value, span in ((a.key, a.value, a.span) for a in d.kwargs):
+        if key == "strategy":
+            name = value if isinstance(value, str) else _name(value)
+            if name not in strategies:
+                diags.error(
+                    span,
+                    f"unknown context strategy {value_text(value)}",
+                    did_you_mean(str(name), strategies)
+                    or 'strategy = "all_gather" (keys and values gathered once per layer) or '
+                    '"ring" (blocks passed around the shards: flat memory per chip)',
+                )
+                return None
+            policy = replace(policy, strategy=ir.ContextStrategy(name))
+        elif key == "balance":
+            if not isinstance(value, bool):
+                diags.error(
+                    span,
+                    "balance takes true or false",
+                    "true runs the sequence in zig-zag order so every shard has equal causal work",
+                )
+                return None
+            policy = replace(policy, balance=value)
+        else:
+            diags.error(
+                span,
+                f"unknown context option `{key}`",
+                did_you_mean(key, ("strategy", "balance")) or "options: strategy, balance",
+            )
+            return None
+    return policy
+
+
 # Each directive's parser: (directive, diags) -> its value, or None after reporting an error.
 PARSERS: dict[TargetDirective, Callable[[ir.Directive, Diagnostics], Any]] = {
     TargetDirective.MESH: _parse_mesh,
@@ -314,6 +354,7 @@ PARSERS: dict[TargetDirective, Callable[[ir.Directive, Diagnostics], Any]] = {
     TargetDirective.KERNELS: _parse_kernels,
     TargetDirective.UNROLL: _parse_unroll,
     TargetDirective.STEPS_PER_CALL: _parse_steps_per_call,
+    TargetDirective.CONTEXT: _parse_context,
 }
 
 
@@ -358,6 +399,7 @@ def _schedule(
         kernels=_kernels(ov, diags),
         unroll=_unroll(ov),
         steps_per_call=_steps_per_call(ov),
+        context=_context(ov),
     )
 
 
@@ -406,6 +448,14 @@ def _steps_per_call(ov: _Overrides) -> ir.Choice:
         value, span = ov.parsed[TargetDirective.STEPS_PER_CALL]
         return ir.Choice(value, ov.origin(span))
     return ir.Choice(ov.target.profile.steps_per_call, ov.default)
+
+
+def _context(ov: _Overrides) -> ir.Choice:
+    """The block's context(...) policy; profiles have none (context parallelism is asked for)."""
+    if TargetDirective.CONTEXT in ov.parsed:
+        value, span = ov.parsed[TargetDirective.CONTEXT]
+        return ir.Choice(value, ov.origin(span))
+    return ir.Choice(None, ov.default)
 
 
 def _quantize(ov: _Overrides, diags: Diagnostics) -> ir.Choice:

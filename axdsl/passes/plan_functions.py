@@ -52,6 +52,9 @@ def needed_helpers(models: tuple[ir.Model, ...], schedule: ir.Schedule | None) -
                     out.update(_needs(e, schedule, on_decode_path))
     if models and models[0].head is not None:  # loss_fn's chunked loss (split_head)
         out.add(primitives.FUSED_CROSS_ENTROPY.name)
+    context = schedule.context.value if schedule is not None else None
+    if context is not None and context.balance:  # the root's zig-zag reorder (plan_context)
+        out.add(primitives.CONTEXT_ORDER_HELPER.name)
     return tuple(sorted(out))
 
 

@@ -10,7 +10,8 @@ analyses look primitives up here and never special-case one by name. The helper 
 primitive's emitted code calls are part of its entry (`Primitive.helpers`), and so is which of
 them a call needs (`Primitive.needs`; a weight matmul `x @ w` on the dense kernel: `matmul_needs`);
 `HELPERS` collects them by name for codegen. `FUSED_CROSS_ENTROPY` is the one helper no call
-needs: the next-token loss_fn of a model whose head split_head cut calls it.
+needs: the next-token loss_fn of a model whose head split_head cut calls it; `CONTEXT_ORDER_HELPER`
+is the other: the root of a balanced context-parallel model reorders its inputs by it.
 """
 
 from __future__ import annotations
@@ -19,10 +20,12 @@ import importlib
 import pkgutil
 
 from axdsl.primitives.base import REQUIRED, Flops, Helper, Primitive, Signature, Static, StaticKind
+from axdsl.primitives.attention_kernels import CONTEXT_ORDER_HELPER
 from axdsl.primitives.einsum import matmul_needs
 from axdsl.primitives.losses import FUSED_CROSS_ENTROPY
 
 __all__ = [
+    "CONTEXT_ORDER_HELPER",
     "FUSED_CROSS_ENTROPY",
     "HELPERS",
     "REGISTRY",

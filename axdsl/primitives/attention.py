@@ -89,6 +89,11 @@ from axdsl.primitives.reductions import ir_fmt
 from axdsl.primitives.attention_kernels import (
     CACHED_ATTENTION,
     EINSUM_ATTENTION,
+    CONTEXT_ALL_GATHER,
+    CONTEXT_IMPORTS,
+    CONTEXT_ORDER_HELPER,
+    CONTEXT_PARALLEL,
+    CONTEXT_RING,
     SPLASH_ATTENTION,
     SPLASH_IMPORTS,
     VJP_ATTENTION,
@@ -207,6 +212,9 @@ def _emit(ctx, prim: ir.Prim, args: list[str], precs: list[int]) -> str:
         segment_ids=operand("segment_ids"),
         written_out=not v_dims[3].same(k_dims[3]),
     )
+    context = ctx.schedule.context.value if ctx.schedule is not None else None
+    if context is not None:
+        return _emit_context(ctx, prim, call, choice, context)
     if call.segment_ids is not None and choice.kernel is not ir.Kernel.SPLASH:
         same = ctx.fresh("same_segment")
         ids = call.segment_ids
@@ -221,11 +229,90 @@ def _emit(ctx, prim: ir.Prim, args: list[str], precs: list[int]) -> str:
     return code
 
 
+def _emit_context(
+    ctx, prim: ir.Prim, call: AttentionCall, choice: ir.KernelChoice, context: ir.ContextPolicy
+) -> str:
+    """Context parallelism (plan_context): the call runs on each shard's slice of the sequence
+    inside jax.shard_map (`context_parallel`), gathering the keys and values once or passing
+    them around the ring; its masks come from the tokens' original positions."""
+    ctx.imports.add("import functools")
+    local, helpers = _context_local(prim, call, choice, context)
+    for name in helpers:
+        ctx.use_helper(name)
+    ring = context.strategy is ir.ContextStrategy.RING
+    ctx.line("# plan_context: the sequence is split over the `seq` mesh axis (context(...));")
+    if ring:
+        ctx.line("# key/value blocks pass around its shards (ppermute), an online softmax adds up")
+    else:
+        ctx.line("# each shard gathers the keys and values once and attends with its own queries")
+    if not ring:
+        ctx.kernel_comment(prim)
+        if choice.rejected:
+            ctx.line(f"# attention: {'; '.join(choice.rejected)}")
+    rest = "".join(
+        f", {name}={code}"
+        for name, code in (
+            ("positions", f"context_order({call.q}.shape[1])" if context.balance else None),
+            ("segment_ids", call.segment_ids),
+        )
+        if code is not None
+    )
+    return f"context_parallel({local}, {call.q}, {call.k}, {call.v}{rest})"
+
+
+def _context_local(
+    prim: ir.Prim, call: AttentionCall, choice: ir.KernelChoice, context: ir.ContextPolicy
+) -> tuple[str, tuple[str, ...]]:
+    """The per-shard attention context_parallel runs, with its settings bound, and the helpers
+    it calls: the ring, or the all-gather around the chosen kernel (jax.nn.dot_product_attention
+    by default; written out with a soft cap or a different v_head_dim; the vjp kernel)."""
+    settings = "".join(
+        f", {name}={getattr(call, name)}"
+        for name in ("window", "scale")
+        if getattr(call, name) is not None
+    )
+    order = (CONTEXT_ORDER_HELPER.name,) if context.balance else ()
+    if context.strategy is ir.ContextStrategy.RING:
+        code = f"functools.partial(context_attention_ring, causal={call.causal}{settings})"
+        return code, ("context_parallel", "context_attention_ring", *order)
+    helpers: tuple[str, ...] = ("context_parallel", "context_attention_all_gather", *order)
+    if call.softcap is not None or call.written_out:
+        softcap = f", softcap={call.softcap}" if call.softcap is not None else ""
+        attend = f", attend=functools.partial(einsum_attention, causal=False{softcap})"
+        helpers += ("einsum_attention",)
+    elif choice.kernel is ir.Kernel.VJP:
+        attend = ", attend=functools.partial(vjp_attention, causal=False)"
+        helpers += ("vjp_attention",)
+    else:
+        attend = ""  # jax.nn.dot_product_attention, the all-gather's default
+    code = (
+        f"functools.partial(context_attention_all_gather, causal={call.causal}{settings}{attend})"
+    )
+    return code, helpers
+
+
+def _context_needs(prim: ir.Prim, schedule: ir.Schedule) -> tuple[str, ...]:
+    """The helpers of a context-parallel call (what _context_local prints)."""
+    k_dims, v_dims = ir.tensor_type(prim.args[1]).dims, ir.tensor_type(prim.args[2]).dims
+    call = AttentionCall(
+        "q",
+        "k",
+        "v",
+        "causal",
+        softcap="softcap" if _set(prim.attr("softcap")) else None,
+        written_out=not v_dims[3].same(k_dims[3]),
+    )
+    choice = prim.kernel or ir.KernelChoice(KERNELS[0])
+    return _context_local(prim, call, choice, schedule.context.value)[1]
+
+
 def _needs(prim: ir.Prim, schedule: ir.Schedule | None, decoding: bool) -> tuple[str, ...]:
     """The generated attention helper the chosen kernel calls (none for
     jax.nn.dot_product_attention), or the decode path's cached attention."""
     if decoding:
         return ("cached_attention", "einsum_attention")
+    if schedule is not None and schedule.context.value is not None:
+        return _context_needs(prim, schedule)
     kernel = (prim.kernel or ir.KernelChoice(KERNELS[0])).kernel
     if kernel is ir.Kernel.VJP:
         return ("vjp_attention",)
@@ -267,6 +354,21 @@ def _emit_cached(ctx, prim: ir.Prim, args: list[str], window, scale, softcap, nu
     )
     ctx.line(f")  # {ctx.shape_comment(prim.type)}")
     return out
+
+
+def _context_check(prim: ir.Prim, context: ir.ContextPolicy) -> str | None:
+    """Why this call cannot run per shard of a split sequence: a mask or bias is an [S, S]
+    operand (T5's relative bias) the shards would have to slice by their positions; the ring's
+    online softmax has no soft cap."""
+    for name in ("mask", "bias"):
+        if prim.operand(name) is not None:
+            return f"an attention with an explicit {name} (causal, window and segment_ids split)"
+    if context.strategy is ir.ContextStrategy.RING and prim.attr("softcap").value:
+        return (
+            "a soft-capped attention: the ring's online softmax runs on raw logits; "
+            'context(strategy = "all_gather") runs it'
+        )
+    return None
 
 
 def _decode_check(prim: ir.Prim) -> str | None:
@@ -348,6 +450,11 @@ def kernel_violations(
                 )
         if sched is not None:
             out.extend(_cudnn_sharding_violations(sched))
+    if kernel in FLASH_KERNELS and sched is not None and sched.context.value is not None:
+        out.append(
+            "context parallelism: each shard's queries attend to keys chosen by a mask of the "
+            f"tokens' original positions, which the {kernel} kernel is not given here"
+        )
     elif kernel is ir.Kernel.SPLASH:
         if dtype not in ("bf16", "f32"):
             out.append(f"{model.name} computes in {dtype}; splash attention takes bf16 or f32")
@@ -551,8 +658,22 @@ PRIMITIVES = (
             Helper("einsum_attention", EINSUM_ATTENTION),
             Helper("vjp_attention", VJP_ATTENTION, VJP_IMPORTS),
             Helper("cached_attention", CACHED_ATTENTION),
+            Helper("context_parallel", CONTEXT_PARALLEL, CONTEXT_IMPORTS),
+            Helper(
+                "context_attention_all_gather",
+                CONTEXT_ALL_GATHER,
+                ("import functools", "from collections.abc import Callable", "import jax"),
+            ),
+            Helper(
+                "context_attention_ring",
+                CONTEXT_RING,
+                ("import functools", "import jax", "import jax.numpy as jnp"),
+            ),
+            CONTEXT_ORDER_HELPER,
         ),
         decoding=Decoding.CACHED,
         decode_check=_decode_check,
+        takes_positions=True,
+        context_check=_context_check,
     ),
 )

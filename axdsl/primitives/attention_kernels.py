@@ -7,7 +7,7 @@ Pallas kernel and its sharding)."""
 from __future__ import annotations
 
 from axdsl.kernels.vjp_blocks import _vjp_attention_blocks
-from axdsl.primitives.base import Source
+from axdsl.primitives.base import Helper, Source
 
 EINSUM_ATTENTION = Source("attention", ("einsum_attention",))
 
@@ -21,17 +21,22 @@ VJP_IMPORTS = ("import functools", "import jax", "import jax.numpy as jnp")
 
 CACHED_ATTENTION = Source("attention", ("cached_attention",))
 
-SPLASH_ATTENTION = Source(
-    "splash",
-    (
-        "PALLAS_INTERPRET",
-        "SPLASH_BATCH_AXES",
-        "SPLASH_HEAD_AXES",
-        "SPLASH_FUSED_DQ_BYTES",
-        "splash_attention",
-        "_dividing_axes",
-        "_splash_per_device",
-        "splash_block_sizes",
+# dividing_axes is copied by both splash and context parallelism, which never run together
+# (select_kernels rejects splash under context(...)).
+DIVIDING_AXES = Source("mesh", ("dividing_axes",))
+SPLASH_ATTENTION = (
+    DIVIDING_AXES,
+    Source(
+        "splash",
+        (
+            "PALLAS_INTERPRET",
+            "SPLASH_BATCH_AXES",
+            "SPLASH_HEAD_AXES",
+            "SPLASH_FUSED_DQ_BYTES",
+            "splash_attention",
+            "_splash_per_device",
+            "splash_block_sizes",
+        ),
     ),
 )
 SPLASH_IMPORTS = (
@@ -42,6 +47,50 @@ SPLASH_IMPORTS = (
     "from jax.sharding import PartitionSpec as P",
     "from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel",
     "from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask",
+)
+
+# context_parallel and what it runs: the generated model calls context_parallel with one of the
+# two attentions (and context_order when the sequence runs in zig-zag order).
+CONTEXT_PARALLEL = (
+    DIVIDING_AXES,
+    Source(
+        "context",
+        (
+            "CONTEXT_BATCH_AXES",
+            "CONTEXT_HEAD_AXES",
+            "CONTEXT_MASKED",
+            "context_parallel",
+            "local_positions",
+            "_context_keep",
+        ),
+    ),
+)
+CONTEXT_IMPORTS = (
+    "import math",
+    "from collections.abc import Callable",
+    "import jax",
+    "import jax.numpy as jnp",
+    "import numpy as np",
+    "from jax.sharding import Mesh",
+    "from jax.sharding import PartitionSpec as P",
+)
+CONTEXT_ALL_GATHER = Source("context", ("context_attention_all_gather",))
+CONTEXT_RING = Source(
+    "context",
+    (
+        "context_attention_ring",
+        "_ring_attention",
+        "_ring_attention_fwd",
+        "_ring_attention_bwd",
+        "_ring_tiles",
+    ),
+)
+# The order a balanced context-parallel model runs the sequence in: the root reorders by it, rope
+# and attention read it (the one helper that more than attention's calls need).
+CONTEXT_ORDER_HELPER = Helper(
+    "context_order",
+    Source("context", ("zigzag_order", "context_order")),
+    ("import jax", "import numpy as np"),
 )
 
 

@@ -233,6 +233,12 @@ class Primitive:
     decode_check: Callable[[ir.Prim], str | None] | None = (
         None  # why this call cannot decode, or None
     )
+    # context parallelism (passes/plan_context.py): it runs wherever the sequence is split,
+    # in the order it is given, from the tokens' positions its emitter passes (rope, attention);
+    # a primitive without it that reads positions rules out the zig-zag order
+    takes_positions: bool = False
+    # why this call cannot run per shard of a split sequence under the policy, or None
+    context_check: Callable[[ir.Prim, ir.ContextPolicy], str | None] | None = None
 
     @property
     def has_kernels(self) -> bool:

@@ -36,6 +36,7 @@ from axdsl.primitives.base import (
     StaticKind,
     linear_memory,
 )
+from axdsl.primitives.attention_kernels import CONTEXT_ORDER_HELPER
 from axdsl.primitives.base import Source
 from axdsl.primitives.reductions import ir_fmt
 
@@ -151,12 +152,13 @@ def _non_default(ctx, prim, defaults: dict) -> str:
 def _needs(prim: ir.Prim, schedule: ir.Schedule | None, decoding: bool) -> tuple[str, ...]:
     """`apply_rope` for the plain rotation, else `apply_rotary` with its frequencies."""
     head_dim = ir.tensor_type(prim.args[0]).dims[-1].size
+    order = (CONTEXT_ORDER_HELPER.name,) if _balanced(schedule, decoding) else ()
     if head_dim is not None and _is_plain(prim, head_dim):  # sized: infer_shapes checks it
-        return ("apply_rope", "rotation_tables")
+        return ("apply_rope", "rotation_tables", *order)
     scaling = prim.attr("scaling").value
     frequencies = {"none": (), "linear": (), "llama3": ("llama3_frequencies",)}
     extra = frequencies.get(scaling, ("yarn_frequencies",))  # as _emit: the rest is YaRN
-    return ("apply_rotary", "rotation_tables", "rope_frequencies", *extra)
+    return ("apply_rotary", "rotation_tables", "rope_frequencies", *extra, *order)
 
 
 def _emit(ctx, prim, args: list[str], precs: list[int]) -> str:
@@ -165,7 +167,7 @@ def _emit(ctx, prim, args: list[str], precs: list[int]) -> str:
     if _is_plain(prim, head_dim):
         ctx.use_helper("apply_rope")
         ctx.use_helper("rotation_tables")
-        return f"apply_rope({args[0]}, theta={theta}{_offset(ctx)})"
+        return f"apply_rope({args[0]}, theta={theta}{_offset(ctx, args[0])})"
     ctx.use_helper("apply_rotary")
     ctx.use_helper("rotation_tables")
     ctx.use_helper("rope_frequencies")
@@ -215,13 +217,24 @@ def _emit(ctx, prim, args: list[str], precs: list[int]) -> str:
             extra.append(f"scale=yarn_attention_factor({', '.join([a['factor'], *ms])})")
     if prim.attr("interleaved").value:
         extra.insert(0, "interleaved=True")
-    return f"apply_rotary({', '.join([args[0], freqs, *extra])}{_offset(ctx)})"
+    return f"apply_rotary({', '.join([args[0], freqs, *extra])}{_offset(ctx, args[0])})"
 
 
-def _offset(ctx) -> str:
+def _offset(ctx, x: str) -> str:
     """`, offset=pos` in a layer the decode path runs, whose tokens start at cache position `pos`
-    (0 in the forward: the default offset, so training traces the same)."""
+    (0 in the forward: the default offset, so training traces the same); in a forward that runs
+    the sequence in zig-zag order (plan_context's balance), the positions of that order."""
+    if ctx.balanced:
+        ctx.use_helper(CONTEXT_ORDER_HELPER.name)
+        x = x if x.isidentifier() else f"({x})"
+        return f", positions=context_order({x}.shape[1])"
     return f", offset={ctx.decode_pos}" if ctx.decoding or ctx.takes_pos else ""
+
+
+def _balanced(schedule: ir.Schedule | None, decoding: bool) -> bool:
+    """Whether a forward on `schedule` runs the sequence in zig-zag order (see _offset)."""
+    context = schedule.context.value if schedule is not None else None
+    return context is not None and bool(context.balance) and not decoding
 
 
 _NUMPY = ("import jax", "import jax.numpy as jnp", "import numpy as np")
@@ -266,6 +279,7 @@ PRIMITIVES = (
         check=_check,
         memory=linear_memory,
         decoding=Decoding.POSITIONS,
+        takes_positions=True,
         needs=_needs,
         helpers=(
             Helper("apply_rope", APPLY_ROPE, _NUMPY),

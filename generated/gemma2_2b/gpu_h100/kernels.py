@@ -16,12 +16,18 @@ import numpy as np
 from jax.ad_checkpoint import checkpoint_name
 
 
-def apply_rope(x: jax.Array, theta: float, offset: int | jax.Array = 0) -> jax.Array:
+def apply_rope(
+    x: jax.Array,
+    theta: float,
+    offset: int | jax.Array = 0,
+    positions: np.ndarray | None = None,
+) -> jax.Array:
     """Rotary position embedding on x [B, S, heads, head_dim] (Llama's half-split layout), its
-    tokens at positions offset, offset + 1, ... (a decode step's offset is its cache position)."""
+    tokens at positions offset, offset + 1, ... (a decode step's offset is its cache position),
+    or at `positions` [S] (context parallelism's zig-zag order)."""
     half = x.shape[-1] // 2
     freqs = 1.0 / (theta ** (np.arange(half, dtype=np.float32) / half))  # [head_dim / 2]
-    cos, sin = rotation_tables(freqs, x.shape[1], offset)  # [1, S, 1, head_dim / 2]
+    cos, sin = rotation_tables(freqs, x.shape[1], offset, positions=positions)  # [1, S, 1, half]
     x1, x2 = x[..., :half].astype(jnp.float32), x[..., half:].astype(jnp.float32)
     out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
     return out.astype(x.dtype)
@@ -171,10 +177,14 @@ fused_cross_entropy.defvjp(_fused_cross_entropy_fwd, _fused_cross_entropy_bwd)
 
 
 def rotation_tables(
-    freqs: np.ndarray, seq: int, offset: int | jax.Array = 0, scale: float = 1.0
+    freqs: np.ndarray,
+    seq: int,
+    offset: int | jax.Array = 0,
+    scale: float = 1.0,
+    positions: np.ndarray | None = None,
 ) -> tuple[np.ndarray | jax.Array, np.ndarray | jax.Array]:
-    """cos and sin [1, S, 1, len(freqs)] of the angles of positions offset, ..., offset + S - 1,
-    times `scale`.
+    """cos and sin [1, S, 1, len(freqs)] of the angles of positions offset, ..., offset + S - 1
+    (or of `positions` [S], numpy, when given), times `scale`.
 
     With a Python int offset (training, prefill) they are numpy constants, computed once when the
     step is traced: built from jax ops, they would be fused into the multiplies that read them,
@@ -182,8 +192,9 @@ def rotation_tables(
     tensor it rotates. A decode step's offset is traced, so its angles are computed in jax.
     """
     xp = np if isinstance(offset, int) else jnp
-    positions = offset + xp.arange(seq, dtype=np.float32)  # [S]
-    angles = positions[:, None] * freqs  # [S, len(freqs)]
+    if positions is None:
+        positions = offset + xp.arange(seq, dtype=np.float32)  # [S]
+    angles = positions.astype(np.float32)[:, None] * freqs  # [S, len(freqs)]
     cos, sin = scale * xp.cos(angles), scale * xp.sin(angles)
     return cos[None, :, None, :].astype(np.float32), sin[None, :, None, :].astype(np.float32)
 

@@ -20,12 +20,18 @@ from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_ma
 from jax.sharding import PartitionSpec as P
 
 
-def apply_rope(x: jax.Array, theta: float, offset: int | jax.Array = 0) -> jax.Array:
+def apply_rope(
+    x: jax.Array,
+    theta: float,
+    offset: int | jax.Array = 0,
+    positions: np.ndarray | None = None,
+) -> jax.Array:
     """Rotary position embedding on x [B, S, heads, head_dim] (Llama's half-split layout), its
-    tokens at positions offset, offset + 1, ... (a decode step's offset is its cache position)."""
+    tokens at positions offset, offset + 1, ... (a decode step's offset is its cache position),
+    or at `positions` [S] (context parallelism's zig-zag order)."""
     half = x.shape[-1] // 2
     freqs = 1.0 / (theta ** (np.arange(half, dtype=np.float32) / half))  # [head_dim / 2]
-    cos, sin = rotation_tables(freqs, x.shape[1], offset)  # [1, S, 1, head_dim / 2]
+    cos, sin = rotation_tables(freqs, x.shape[1], offset, positions=positions)  # [1, S, 1, half]
     x1, x2 = x[..., :half].astype(jnp.float32), x[..., half:].astype(jnp.float32)
     out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
     return out.astype(x.dtype)
@@ -175,10 +181,14 @@ fused_cross_entropy.defvjp(_fused_cross_entropy_fwd, _fused_cross_entropy_bwd)
 
 
 def rotation_tables(
-    freqs: np.ndarray, seq: int, offset: int | jax.Array = 0, scale: float = 1.0
+    freqs: np.ndarray,
+    seq: int,
+    offset: int | jax.Array = 0,
+    scale: float = 1.0,
+    positions: np.ndarray | None = None,
 ) -> tuple[np.ndarray | jax.Array, np.ndarray | jax.Array]:
-    """cos and sin [1, S, 1, len(freqs)] of the angles of positions offset, ..., offset + S - 1,
-    times `scale`.
+    """cos and sin [1, S, 1, len(freqs)] of the angles of positions offset, ..., offset + S - 1
+    (or of `positions` [S], numpy, when given), times `scale`.
 
     With a Python int offset (training, prefill) they are numpy constants, computed once when the
     step is traced: built from jax ops, they would be fused into the multiplies that read them,
@@ -186,8 +196,9 @@ def rotation_tables(
     tensor it rotates. A decode step's offset is traced, so its angles are computed in jax.
     """
     xp = np if isinstance(offset, int) else jnp
-    positions = offset + xp.arange(seq, dtype=np.float32)  # [S]
-    angles = positions[:, None] * freqs  # [S, len(freqs)]
+    if positions is None:
+        positions = offset + xp.arange(seq, dtype=np.float32)  # [S]
+    angles = positions.astype(np.float32)[:, None] * freqs  # [S, len(freqs)]
     cos, sin = scale * xp.cos(angles), scale * xp.sin(angles)
     return cos[None, :, None, :].astype(np.float32), sin[None, :, None, :].astype(np.float32)
 
@@ -252,6 +263,17 @@ def _int8_einsum_bwd(spec: str, residuals, g: jax.Array):
 _int8_einsum.defvjp(_int8_einsum_fwd, _int8_einsum_bwd)
 
 
+def dividing_axes(mesh, names: tuple[str, ...], size: int) -> tuple[str, ...]:
+    """The mesh axes of `names`, in order, whose product of sizes divides `size`: how far a dim
+    of `size` splits over them evenly."""
+    axes: list[str] = []
+    for name in names:
+        if name in mesh.axis_names:
+            if size % (math.prod(mesh.shape[a] for a in axes) * mesh.shape[name]) == 0:
+                axes.append(name)
+    return tuple(axes)
+
+
 PALLAS_INTERPRET = False  # True runs Pallas kernels in interpret mode (CPU tests, debugging)
 SPLASH_BATCH_AXES = ("data", "fsdp")  # mesh axes splash attention splits the batch over
 SPLASH_HEAD_AXES = ("model",)  # mesh axes it splits the heads over
@@ -291,8 +313,8 @@ def splash_attention(
     if mesh.empty:
         out = run(*args)
     else:
-        batch_axes = _dividing_axes(mesh, SPLASH_BATCH_AXES, batch)
-        head_axes = _dividing_axes(mesh, SPLASH_HEAD_AXES, heads)
+        batch_axes = dividing_axes(mesh, SPLASH_BATCH_AXES, batch)
+        head_axes = dividing_axes(mesh, SPLASH_HEAD_AXES, heads)
         if kv_heads % math.prod(mesh.shape[a] for a in head_axes):
             # Fewer kv heads than head shards: give every query head its own copy.
             k, v = (jnp.repeat(x, heads // kv_heads, axis=1) for x in (k, v))
@@ -301,16 +323,6 @@ def splash_attention(
         specs = (spec, spec, spec) + ((P(batch_axes, None),) if segment_ids is not None else ())
         out = jax.shard_map(run, mesh=mesh, in_specs=specs, out_specs=spec, check_vma=False)(*args)
     return jnp.swapaxes(out, 1, 2)  # [B, S, heads, v_head_dim]
-
-
-def _dividing_axes(mesh, names: tuple[str, ...], size: int) -> tuple[str, ...]:
-    """The mesh axes of `names`, in order, whose product of sizes divides `size`."""
-    axes: list[str] = []
-    for name in names:
-        if name in mesh.axis_names:
-            if size % (math.prod(mesh.shape[a] for a in axes) * mesh.shape[name]) == 0:
-                axes.append(name)
-    return tuple(axes)
 
 
 def _splash_per_device(

@@ -22,16 +22,20 @@ def apply_rotary(
     interleaved: bool = False,
     scale: float = 1.0,
     offset: int | jax.Array = 0,
+    positions: np.ndarray | None = None,
 ) -> jax.Array:
     """Rotary embedding on x [B, S, heads, head_dim] with the given frequencies [rotary_dim / 2].
 
     Only the first rotary_dim = 2 * len(freqs) features of each head rotate; the rest pass
     through. `interleaved` pairs (x0, x1), (x2, x3), ...; otherwise (x_i, x_{i + rotary_dim / 2}).
     `scale` multiplies cos and sin (YaRN's attention factor). The tokens sit at positions
-    offset, offset + 1, ... (a decode step's offset is its cache position).
+    offset, offset + 1, ... (a decode step's offset is its cache position), or at `positions`
+    [S] (context parallelism's zig-zag order).
     """
     rotary_dim = 2 * freqs.shape[0]
-    cos, sin = rotation_tables(freqs, x.shape[1], offset, scale)  # [1, S, 1, rotary_dim / 2]
+    cos, sin = rotation_tables(
+        freqs, x.shape[1], offset, scale, positions
+    )  # [1, S, 1, rotary_dim / 2]
     rot, rest = x[..., :rotary_dim].astype(jnp.float32), x[..., rotary_dim:]
     if interleaved:
         x1, x2 = rot[..., 0::2], rot[..., 1::2]
@@ -218,10 +222,14 @@ def rope_frequencies(rotary_dim: int, theta: float) -> np.ndarray:
 
 
 def rotation_tables(
-    freqs: np.ndarray, seq: int, offset: int | jax.Array = 0, scale: float = 1.0
+    freqs: np.ndarray,
+    seq: int,
+    offset: int | jax.Array = 0,
+    scale: float = 1.0,
+    positions: np.ndarray | None = None,
 ) -> tuple[np.ndarray | jax.Array, np.ndarray | jax.Array]:
-    """cos and sin [1, S, 1, len(freqs)] of the angles of positions offset, ..., offset + S - 1,
-    times `scale`.
+    """cos and sin [1, S, 1, len(freqs)] of the angles of positions offset, ..., offset + S - 1
+    (or of `positions` [S], numpy, when given), times `scale`.
 
     With a Python int offset (training, prefill) they are numpy constants, computed once when the
     step is traced: built from jax ops, they would be fused into the multiplies that read them,
@@ -229,8 +237,9 @@ def rotation_tables(
     tensor it rotates. A decode step's offset is traced, so its angles are computed in jax.
     """
     xp = np if isinstance(offset, int) else jnp
-    positions = offset + xp.arange(seq, dtype=np.float32)  # [S]
-    angles = positions[:, None] * freqs  # [S, len(freqs)]
+    if positions is None:
+        positions = offset + xp.arange(seq, dtype=np.float32)  # [S]
+    angles = positions.astype(np.float32)[:, None] * freqs  # [S, len(freqs)]
     cos, sin = scale * xp.cos(angles), scale * xp.sin(angles)
     return cos[None, :, None, :].astype(np.float32), sin[None, :, None, :].astype(np.float32)
 
