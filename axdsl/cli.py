@@ -15,6 +15,8 @@ everywhere; --out always names what the command writes.
     axdsl train SPEC [--target T] [--out RUN]   build, then train (rerunning resumes)
     axdsl plot RUN_DIR                          loss, eval, lr and throughput PNG (matplotlib)
     axdsl sample RUN_DIR [PROMPT]               generate text from the latest checkpoint
+    axdsl fmt [--check] [--diff] FILE...        format .axl files in the canonical layout
+    axdsl lsp                                   the language server for editors (stdio)
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import time
 from pathlib import Path
 
 from axdsl import __version__
+from axdsl.editor.commands import add_fmt, add_lsp
 from axdsl.errors import CompileError, shorten_words
 
 EXIT_OK, EXIT_ERROR, EXIT_DRIFT = 0, 1, 1
@@ -144,6 +147,8 @@ def _parser() -> argparse.ArgumentParser:
         _add_train,
         _add_plot,
         _add_sample,
+        add_fmt,
+        add_lsp,
     ):
         add(sub)
     return p
