@@ -6,6 +6,7 @@ is relative to the importing file. Import cycles and duplicate layer or model na
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -39,8 +40,10 @@ def display_path(path: Path) -> str:
         return path.as_posix()
 
 
-def load(path: Path) -> Program:
-    """Parse `path` and its imports; raise CompileError with every problem found."""
+def load(path: Path, unsaved: Mapping[Path, str] | None = None) -> Program:
+    """Parse `path` and its imports; raise CompileError with every problem found. `unsaved`
+    holds texts to read instead of the files at those (resolved) paths: an editor's buffers."""
+    unsaved = unsaved or {}
     diags = Diagnostics()
     sources: dict[str, str] = {}
     files: list[ast.SpecFile] = []
@@ -62,7 +65,7 @@ def load(path: Path) -> Program:
         try:
             if p.exists() and not p.is_file():  # /dev/zero grew to 21 GB; a FIFO blocks forever
                 raise OSError(0, "a directory" if p.is_dir() else "not a regular file")
-            data = p.read_bytes()
+            data = unsaved[p].encode("utf-8", "surrogatepass") if p in unsaved else p.read_bytes()
             # a leading byte-order mark and CR or CRLF line ends are what editors on other
             # systems write: read as plain UTF-8 lines (CR-only was "this spec defines no model")
             text = data.decode("utf-8-sig").replace("\r\n", "\n").replace("\r", "\n")
