@@ -38,7 +38,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("irbuild", "analysis"),  # AST -> IR; cost models over the IR (fit_remat needs them)
     ("passes",),
     ("pipeline", "codegen"),
-    ("build", "stats", "hf"),
+    ("build", "stats", "hf", "editor"),  # editor: fmt, lsp and highlighting, over the pipeline
     ("aot", "runs"),
     ("sampling",),
     ("cli",),

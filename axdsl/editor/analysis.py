@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import Enum
 from pathlib import Path
 
@@ -64,6 +64,19 @@ def analyze(path: Path, text: str, target: str = "cpu", encoding: str = "utf-16"
         out.sources.update(exc.sources)
     out.seconds = time.perf_counter() - start
     return out
+
+
+def in_context(a: Analysis, others: list[Analysis]) -> Analysis:
+    """A library file (no model of its own: std/transformer.axl) seen through the IR of a spec
+    that imports it (the first of `others` that does: the server passes the most recently
+    checked first), so that hovers on its layers' members show their values in that spec."""
+    if a.module is not None or a.program is None or a.program.main.models:
+        return a
+    name = a.program.main.path
+    for other in others:
+        if other.module is not None and name in other.sources:
+            return replace(a, module=other.module, target=other.target)
+    return a
 
 
 # ---------------------------------------------------------------- positions

@@ -64,7 +64,7 @@ class AxdslServer(LanguageServer):
         current = self.analyses.get(uri)
         if current is None or current.text != doc.source:
             current = await self.check(uri)
-        return current
+        return an.in_context(current, list(reversed(self.analyses.values())))
 
     async def check(self, uri: str) -> an.Analysis:
         """Check the document's current text in the worker thread; one check runs at a time."""
@@ -75,6 +75,7 @@ class AxdslServer(LanguageServer):
                 an.analyze, path, doc.source, self.target, self.encoding
             )
         if self.workspace.get_text_document(uri).source == result.text:
+            self.analyses.pop(uri, None)  # the most recently checked last
             self.analyses[uri] = result
             self.publish(uri, result)
         return result
