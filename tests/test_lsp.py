@@ -316,3 +316,31 @@ def test_the_editor_never_imports_jax():
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip() == "False"
+
+
+@pytest.mark.parametrize(
+    "name",
+    [*FIXTURES, "head_dim_division_not_exact", "target_unknown_mesh_axis", "import_cycle"],
+)
+def test_diagnostics_are_what_axdsl_check_prints(name: str, monkeypatch, capsys):
+    """The server's diagnostics are `axdsl check`'s, message for message, hints and notes too."""
+    from axdsl.cli import main
+    from axdsl.editor.analysis import analyze
+    from axdsl.errors import CompileError
+
+    monkeypatch.chdir(REPO)
+    path = Path("tests") / "errors" / f"{name}.axl"
+    text = path.read_text(encoding="utf-8")
+    target = next(
+        (
+            line.removeprefix("# target:").strip()
+            for line in text.splitlines()
+            if line.startswith("# target:")
+        ),
+        "cpu",
+    )
+    assert main(["check", str(path), "--target", target]) == 1
+    printed = capsys.readouterr().err
+    found = analyze(path, text, target)
+    assert found.diagnostics
+    assert CompileError(found.diagnostics, found.sources).render() + "\n" == printed

@@ -47,18 +47,17 @@ class Analysis:
 
 
 def analyze(path: Path, text: str, target: str = "cpu", encoding: str = "utf-16") -> Analysis:
-    """Check `text` as the contents of `path` for `target`, as `axdsl check` does (parse, resolve,
-    every pass), collecting diagnostics instead of printing them. A file that defines no model (a
-    library of layers) is only loaded: there is nothing to build."""
-    from axdsl.pipeline import run_passes  # the passes import the primitives: load them lazily
-
+    """Check `text` as the contents of `path` for `target` with the steps `axdsl check` runs
+    (parse, resolve, every pass, the models' shared code, the data), collecting diagnostics
+    instead of printing them. A file that defines no model (a library of layers) is only loaded:
+    there is nothing to build."""
     start = time.perf_counter()
     out = Analysis(path.resolve(), text, target, encoding)
     try:
         out.program = load(out.path, {out.path: text})
         out.sources = dict(out.program.sources)
         if out.program.main.models:
-            out.module = run_passes(out.program, target)
+            out.module = _check_module(out.program, out.path, target)
     except CompileError as exc:
         out.diagnostics = list(exc.diagnostics)
         out.sources.update(exc.sources)
@@ -77,6 +76,21 @@ def in_context(a: Analysis, others: list[Analysis]) -> Analysis:
         if other.module is not None and name in other.sources:
             return replace(a, module=other.module, target=other.target)
     return a
+
+
+def _check_module(program: Program, path: Path, target: str) -> ir.Module:
+    """cli's `_cmd_check` after loading: the passes, then the checks that need the finished IR.
+    Raises CompileError with every problem found."""
+    from axdsl.codegen.emit import shared_functions  # loaded lazily: the passes and codegen
+    from axdsl.datacheck import data_problems
+    from axdsl.pipeline import run_passes
+
+    module = run_passes(program, target)
+    shared_functions(module)  # the models of a spec share one generated code
+    problems = data_problems(module, path)  # data that exists and cannot train
+    if problems:
+        raise CompileError(problems, program.sources)
+    return module
 
 
 # ---------------------------------------------------------------- positions
