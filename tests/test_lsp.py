@@ -344,3 +344,20 @@ def test_diagnostics_are_what_axdsl_check_prints(name: str, monkeypatch, capsys)
     found = analyze(path, text, target)
     assert found.diagnostics
     assert CompileError(found.diagnostics, found.sources).render() + "\n" == printed
+
+
+def test_a_keyword_argument_leads_to_its_layers_hyperparameter():
+    """`Attention(rope = false)` in a model: `rope` is Attention's, in std/, set here."""
+    from axdsl.editor.analysis import analyze, definition, hover
+
+    spec = REPO / "specs" / "gpt2_small.axl"
+    text = spec.read_text(encoding="utf-8")
+    checked = analyze(spec, text)
+    where = _pos(text, "rope = false")
+    span = definition(checked, where.line, where.character)
+    assert span is not None and span.file == "std/transformer.axl"
+    std_line = (REPO / "axdsl" / "std" / "transformer.axl").read_text(encoding="utf-8")
+    assert std_line.splitlines()[span.line - 1][span.col - 1 :].startswith("rope: bool = true")
+    shown = hover(checked, where.line, where.character)
+    assert shown is not None and "Attention.rope: bool = true" in shown
+    assert "gpt2_small /blocks/attn: rope = false  # set at specs/gpt2_small.axl:9:" in shown

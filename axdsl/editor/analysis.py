@@ -165,6 +165,7 @@ class Cursor:
     item: ast.LayerDecl | ast.ModelDecl | ast.SectionDecl | None
     import_path: str | None  # the string of an `import "..."` line
     called: bool = False  # the word is followed by `(`
+    argument_of: str | None = None  # `Attention` for `rope` in `Attention(rope = false)`
 
 
 def cursor(a: Analysis, line: int, character: int) -> Cursor | None:
@@ -189,7 +190,30 @@ def cursor(a: Analysis, line: int, character: int) -> Cursor | None:
         item,
         imported.group(1) if imported else None,
         word is not None and text[word.end() :].lstrip().startswith("("),
+        _argument_of(a.text, line, word) if word is not None else None,
     )
+
+
+def _argument_of(source: str, line: int, word: re.Match[str]) -> str | None:
+    """The callee whose keyword argument `word` names (`name = ...` inside `callee(`), found by
+    walking back from the word to the innermost `(` still open; None elsewhere."""
+    rest = word.string[word.end() :].lstrip()
+    if not rest.startswith("=") or rest.startswith("=="):
+        return None
+    offset = sum(len(text) + 1 for text in source.split("\n")[:line]) + word.start()
+    depth = 0
+    for i in range(offset - 1, -1, -1):
+        c = source[i]
+        if c in "{}":
+            return None
+        if c == ")":
+            depth += 1
+        elif c == "(" and depth > 0:
+            depth -= 1
+        elif c == "(":
+            callee = re.search(r"([A-Za-z_][A-Za-z0-9_]*)\s*$", source[max(0, i - 200) : i])
+            return callee.group(1) if callee else None
+    return None
 
 
 def _main(a: Analysis) -> ast.SpecFile | None:
@@ -235,12 +259,20 @@ def definition(a: Analysis, line: int, character: int) -> Span | None:
         return program.layers[word].span
     if word in program.models:
         return program.models[word].span
-    layer = at.item if isinstance(at.item, ast.LayerDecl) else None
-    if isinstance(at.item, ast.ModelDecl):
-        layer = base_layer(program, at.item)
+    layer = _scope(program, at)
     if layer is None:
         return None
     return next((m.span for m in members(layer) if m.name == word), None)
+
+
+def _scope(program: Program, at: Cursor) -> ast.LayerDecl | None:
+    """The layer whose members the word under the cursor may name: the callee of a keyword
+    argument (`Attention(rope = ...)`), the layer being written, or the layer a model sets."""
+    if at.argument_of is not None and at.argument_of in program.layers:
+        return program.layers[at.argument_of]
+    if isinstance(at.item, ast.ModelDecl):
+        return base_layer(program, at.item)
+    return at.item if isinstance(at.item, ast.LayerDecl) else None
 
 
 def members(layer: ast.LayerDecl) -> list[ast.HParamDecl | ast.ParamDecl | ast.ChildDecl]:
@@ -271,12 +303,13 @@ def hover(a: Analysis, line: int, character: int) -> str | None:
         return _fenced(f"model {model.name} {'extends' if model.extends else '='} {model.base}")
     if at.called and not _is_callable_member(at, word) and (text := _primitive(word)):
         return text
-    if isinstance(at.item, ast.ModelDecl):
+    if isinstance(at.item, ast.ModelDecl) and at.argument_of is None:
         text = _model_setting(a, at.item, word)
         if text is not None:
             return text
-    if isinstance(at.item, ast.LayerDecl):
-        text = _layer_member(a, at.item, word)
+    layer = _scope(program, at)
+    if layer is not None:
+        text = _layer_member(a, layer, word)
         if text is not None:
             return text
     return _primitive(word)
@@ -327,7 +360,8 @@ def _layer_member(a: Analysis, layer: ast.LayerDecl, word: str) -> str | None:
         h = next((h for h in inst.hparams if h.name == word), None)
         p = next((p for p in inst.params if p.name == word), None)
         if h is not None:
-            rows.append(f"{model} {inst.path}: {value_text(h.value.value)}  # {h.origin}")
+            value = value_text(h.value.value)
+            rows.append(f"{model} {inst.path}: {h.name} = {value}  # {h.origin}")
         elif p is not None:
             rows.append(f"{model} {inst.path}: {param_text(p)}")
     decl = _declaration(a, layer, word)
