@@ -361,3 +361,22 @@ def test_a_keyword_argument_leads_to_its_layers_hyperparameter():
     shown = hover(checked, where.line, where.character)
     assert shown is not None and "Attention.rope: bool = true" in shown
     assert "gpt2_small /blocks/attn: rope = false  # set at specs/gpt2_small.axl:9:" in shown
+
+
+def test_children_show_the_dims_they_inherit():
+    """In std/transformer.axl seen through llama3_8b: Block's `child attn = attn` takes dim,
+    heads, kv_heads from the model and norm from Block; the hint sits at the end of the child's line."""
+    from axdsl.editor.analysis import analyze, in_context, inlay_hints
+
+    spec = REPO / "specs" / "llama3_8b.axl"
+    built = analyze(spec, spec.read_text(encoding="utf-8"))
+    std = REPO / "axdsl" / "std" / "transformer.axl"
+    text = std.read_text(encoding="utf-8")
+    hints = dict(
+        ((span.line, span.col), label)
+        for span, label in inlay_hints(in_context(analyze(std, text), [built]))
+    )
+    line = _pos(text, "child attn = attn").line
+    label = hints[(line + 1, len(text.splitlines()[line]) + 1)]
+    assert label.startswith("dim = 4096, heads = 32, kv_heads = 8")
+    assert label.endswith("norm = RMSNorm(eps = 1e-05) from /, /blocks")

@@ -563,9 +563,21 @@ def _layer_symbol(layer: ast.LayerDecl) -> Symbol:
 # ---------------------------------------------------------------- inlay hints
 
 
+def inlay_hints(a: Analysis) -> list[tuple[Span, str]]:
+    """(where, label) for every hint of the document: what models inherit through `extends`,
+    and the dims each child inherits from the layers around it."""
+    return sorted([*inherited_settings(a), *inherited_dims(a)], key=lambda h: (h[0].line, h[0].col))
+
+
+def _listed(values: list[str]) -> str:
+    """`a = 1, b = 2, ... 3 more`: at most MAX_LISTED values."""
+    more = f", ... {len(values) - MAX_LISTED} more" if len(values) > MAX_LISTED else ""
+    return ", ".join(values[:MAX_LISTED]) + more
+
+
 def inherited_settings(a: Analysis) -> list[tuple[Span, str]]:
-    """For each `model X extends Y` of the document: at its name, the values it inherits from
-    its base models (set there, not here), e.g. `rope_theta = 500000.0, dtype = bf16`."""
+    """For each `model X extends Y` of the document: at its base's name, the values it inherits
+    from its base models (set there, not here), e.g. `rope_theta = 500000.0, dtype = bf16`."""
     main = _main(a)
     out: list[tuple[Span, str]] = []
     if main is None:
@@ -581,8 +593,29 @@ def inherited_settings(a: Analysis) -> list[tuple[Span, str]]:
             if h.origin.kind is ir.OriginKind.SET and h.name not in own
         ]
         if inherited:
-            more = (
-                f", ... {len(inherited) - MAX_LISTED} more" if len(inherited) > MAX_LISTED else ""
+            out.append((model.base_span, f"inherits {_listed(inherited)}"))
+    return out
+
+
+def inherited_dims(a: Analysis) -> list[tuple[Span, str]]:
+    """For each `child` of the document's layers: at its name, the hyperparameters its instance
+    takes from the layers around it (`dim = 4096, heads = 32 from /blocks`), in the first
+    instance of the layer that the checked module has (a library file: in the spec that uses it)."""
+    main = _main(a)
+    out: list[tuple[Span, str]] = []
+    for layer in main.layers if main is not None else ():
+        inst = next((i for _, i in instances(a, layer.name)), None)
+        if inst is None:
+            continue
+        kids = {c.name: c for c in inst.children}
+        for child in layer.children:
+            kid = kids.get(child.name)
+            inherited = (
+                [h for h in kid.hparams if h.origin.kind is ir.OriginKind.INHERITED] if kid else []
             )
-            out.append((model.base_span, f"inherits {', '.join(inherited[:MAX_LISTED])}{more}"))
+            if inherited:
+                values = [f"{h.name} = {value_text(h.value.value)}" for h in inherited]
+                owners = sorted({h.origin.where for h in inherited})
+                end = Span(child.span.file, child.span.line, len(_source_line(a, child.span)) + 1)
+                out.append((end, f"{_listed(values)} from {', '.join(owners)}"))
     return out

@@ -228,7 +228,7 @@ def build_server(debounce: float = 0.2) -> AxdslServer:
         result = await ls.analysis(params.text_document.uri)
         first, last = params.range.start.line, params.range.end.line
         hints = []
-        for span, label in an.inherited_settings(result):
+        for span, label in an.inlay_hints(result):
             end = _range(span, result).end
             if first <= end.line <= last:
                 hints.append(lsp.InlayHint(position=end, label=label, padding_left=True))
