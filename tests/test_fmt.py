@@ -71,6 +71,28 @@ def test_repository_file_is_formatted_and_survives_mess(path: Path):
     assert _without_spans(parse(normalize(messy), name)) == _without_spans(parse(text, name))
 
 
+def test_error_fixtures_format_without_changing_meaning():
+    """tests/errors/ stays as written (its fixtures quote their own columns), but every fixture
+    that parses formats idempotently to the same AST, and one that does not parses is refused
+    with the parser's own error."""
+    formatted = refused = 0
+    for path in sorted((REPO / "tests" / "errors").glob("*.axl")):
+        text, name = path.read_text(encoding="utf-8"), path.name
+        try:
+            before = _without_spans(parse(normalize(text), name))
+        except CompileError as exc:
+            with pytest.raises(CompileError) as again:
+                format_source(text, name)
+            assert again.value.render() == exc.render()
+            refused += 1
+            continue
+        out = format_source(text, name)
+        assert format_source(out, name) == out, name
+        assert _without_spans(parse(out, name)) == before, name
+        formatted += 1
+    assert formatted > 100 and refused >= 3
+
+
 _POSITIONS = re.compile(r"spec sha256: \w+|\.axl:\d+(:\d+)?|\"sha256\": \{[^}]*\}")
 
 
