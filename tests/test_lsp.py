@@ -365,7 +365,7 @@ def test_a_keyword_argument_leads_to_its_layers_hyperparameter():
 
 def test_children_show_the_dims_they_inherit():
     """In std/transformer.axl seen through llama3_8b: Block's `child attn = attn` takes dim,
-    heads, kv_heads from the model and norm from Block; the hint sits at the end of the child's line."""
+    heads, kv_heads from the model and norm from Block; the hint ends the child's line."""
     from axdsl.editor.analysis import analyze, in_context, inlay_hints
 
     spec = REPO / "specs" / "llama3_8b.axl"
@@ -380,3 +380,17 @@ def test_children_show_the_dims_they_inherit():
     label = hints[(line + 1, len(text.splitlines()[line]) + 1)]
     assert label.startswith("dim = 4096, heads = 32, kv_heads = 8")
     assert label.endswith("norm = RMSNorm(eps = 1e-05) from /, /blocks")
+
+
+def test_a_compiler_bug_is_a_diagnostic_not_a_dead_server(monkeypatch):
+    import axdsl.pipeline
+    from axdsl.editor.analysis import analyze
+
+    def broken(*args, **kwargs):
+        raise KeyError("no such pass")
+
+    monkeypatch.setattr(axdsl.pipeline, "run_passes", broken)
+    spec = REPO / "specs" / "tiny_llama.axl"
+    (bug,) = analyze(spec, spec.read_text(encoding="utf-8")).diagnostics
+    assert bug.span.line == 1 and bug.message.startswith("internal error (a bug in axdsl")
+    assert "KeyError: 'no such pass'" in bug.message

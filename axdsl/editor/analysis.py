@@ -23,7 +23,7 @@ from axdsl.errors import CompileError, Diagnostic, Span
 from axdsl.ir import nodes as ir
 from axdsl.ir.printer import value_text
 from axdsl.syntax import ast
-from axdsl.syntax.loader import Program, load
+from axdsl.syntax.loader import Program, display_path, load
 
 _WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _IMPORT = re.compile(r'^\s*import\s+"([^"]*)"')
@@ -61,6 +61,8 @@ def analyze(path: Path, text: str, target: str = "cpu", encoding: str = "utf-16"
     except CompileError as exc:
         out.diagnostics = list(exc.diagnostics)
         out.sources.update(exc.sources)
+    except Exception as exc:  # noqa: BLE001 - a bug: say so where the user looks, keep serving
+        out.diagnostics = [_internal_error(out.path, exc)]
     out.seconds = time.perf_counter() - start
     return out
 
@@ -76,6 +78,17 @@ def in_context(a: Analysis, others: list[Analysis]) -> Analysis:
         if other.module is not None and name in other.sources:
             return replace(a, module=other.module, target=other.target)
     return a
+
+
+def _internal_error(path: Path, exc: BaseException) -> Diagnostic:
+    """A compiler bug met while checking, as a diagnostic on the first line: the server keeps
+    running, and the message says what the CLI says (`axdsl check` writes the traceback)."""
+    message = str(exc).splitlines()[0][:200] if str(exc) else ""
+    return Diagnostic(
+        Span(display_path(path), 1, 1),
+        f"internal error (a bug in axdsl, please report it): {type(exc).__name__}: {message}",
+        f"`axdsl check {display_path(path)}` writes the traceback to a file",
+    )
 
 
 def _check_module(program: Program, path: Path, target: str) -> ir.Module:
