@@ -16,7 +16,7 @@ import lark
 from lark import Token
 
 from axdsl import resources
-from axdsl.errors import CompileError
+from axdsl.errors import InternalError
 from axdsl.syntax.parser import parse
 
 # Parse-tree rules whose first token starts a statement, a setting, a member or a top-level
@@ -92,8 +92,8 @@ def tokens(source: str, path: str) -> list[Tok]:
         _COMMENTS.clear()
         try:
             tree = _cst_parser().parse(source)
-        except lark.exceptions.LarkError as exc:  # parse() accepted it: cannot happen
-            raise CompileError([]) from exc
+        except lark.exceptions.LarkError as exc:
+            raise InternalError(f"{path}: the parser accepted what the token pass did not") from exc
         comments = list(_COMMENTS)
         _COMMENTS.clear()
     starts, signs = _roles(tree)
