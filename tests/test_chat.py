@@ -376,6 +376,22 @@ def test_load_template_reads_what_transformers_reads(tmp_path):
     assert chat.load_template(tmp_path) == "J"
     with pytest.raises(ValueError, match="does not exist"):
         chat.load_template(tmp_path / "missing")
+    legacy = {
+        "bos_token": {"content": "<B>"},
+        "unk_token": "<U>",
+    }  # read without added_tokens_decoder
+    (tmp_path / "special_tokens_map.json").write_text(json.dumps(legacy))
+    assert chat.load_special_tokens(tmp_path) == {
+        "bos_token": "<B>",
+        "eos_token": "</s>",
+        "unk_token": "<U>",
+    }
+    config["added_tokens_decoder"] = {}
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
+    assert chat.load_special_tokens(tmp_path) == {"bos_token": "<s>", "eos_token": "</s>"}
+    (tmp_path / "tokenizer_config.json").write_text("[1]")
+    with pytest.raises(ValueError, match="does not hold a JSON object"):
+        chat.load_special_tokens(tmp_path / "tokenizer.json")
 
 
 def test_validation_names_each_problem():

@@ -73,10 +73,17 @@ def load_template(path: str | Path) -> str:
 
 def load_special_tokens(path: str | Path) -> dict[str, str]:
     """The named special tokens a template may read (bos_token, eos_token, ...) of the tokenizer
-    in `path` (its directory or tokenizer.json), from tokenizer_config.json as transformers reads
-    them: a token is its text, or an AddedToken's {"content": ...}; absent ones are left out."""
+    in `path` (its directory or tokenizer.json), as transformers reads them: those of
+    tokenizer_config.json, overridden by a legacy special_tokens_map.json's when the config has no
+    `added_tokens_decoder`; a token is its text or an AddedToken's {"content": ...}; absent ones
+    are left out. (transformers 5's model-specific tokenizer classes add defaults of their own,
+    e.g. Gemma's mask_token; those models' templates read only bos_token and eos_token.)"""
     path = Path(path)
-    config = read_tokenizer_config(path.parent if path.is_file() else path)
+    folder = path.parent if path.is_file() else path
+    config = read_tokenizer_config(folder)
+    legacy = folder / "special_tokens_map.json"
+    if "added_tokens_decoder" not in config and legacy.is_file():
+        config = {**config, **read_json_object(legacy)}
     special = {}
     for name in SPECIAL_TOKEN_NAMES:
         value = config.get(name)
@@ -88,17 +95,19 @@ def load_special_tokens(path: str | Path) -> dict[str, str]:
 
 
 def read_tokenizer_config(folder: Path) -> dict:
-    """tokenizer_config.json of `folder` as a dict ({} when there is none); a ValueError when it
-    is not a JSON object."""
+    """tokenizer_config.json of `folder` as a dict ({} when there is none)."""
     config = folder / "tokenizer_config.json"
-    if not config.is_file():
-        return {}
+    return read_json_object(config) if config.is_file() else {}
+
+
+def read_json_object(path: Path) -> dict:
+    """The JSON object in `path`; a ValueError when it holds none."""
     try:
-        found = json.loads(config.read_text(encoding="utf-8"))
+        found = json.loads(path.read_text(encoding="utf-8"))
     except (ValueError, UnicodeDecodeError) as exc:
-        raise ValueError(f"{config} is not valid JSON: {exc}") from None
+        raise ValueError(f"{path} is not valid JSON: {exc}") from None
     if not isinstance(found, dict):
-        raise ValueError(f"{config} does not hold a JSON object")
+        raise ValueError(f"{path} does not hold a JSON object")
     return found
 
 
