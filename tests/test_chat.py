@@ -302,6 +302,30 @@ def test_mask_finds_contents_the_template_trims(folders, monkeypatch):
     assert located == []  # no whitespace to trim: one render with sentinels found every content
 
 
+def test_mask_skips_text_the_template_adds_before_a_content(folders):
+    """Qwen 3 writes an empty <think></think> before the last assistant content only: rendering a
+    conversation's prefix does not give a prefix of its text, the sentinels still find each
+    content, and the think block (written by the prompt in thinking-off mode) is not learned."""
+    from tokenizers import Tokenizer
+
+    hf = hf_tokenizer(folders["qwen"])
+    tokenizer = Tokenizer.from_file(str(folders["qwen"] / "tokenizer.json"))
+    template = (
+        "{% for m in messages %}<|im_start|>{{ m.role }}\n{% if m.role == 'assistant' and "
+        "loop.last %}<think>\n\n</think>\n\n{% endif %}{{ m.content }}<|im_end|>\n{% endfor %}"
+    )
+    messages = CONVERSATIONS[0]
+    ids, mask = chat.encode_chat(messages, tokenizer, template, {})
+    assert ids.tolist() == hf.apply_chat_template(
+        messages, chat_template=template, tokenize=True, return_dict=False
+    )
+    turns = [m["content"] + "<|im_end|>" for m in messages if m["role"] == "assistant"]
+    assert masked_runs(tokenizer, ids, mask) == turns
+    odd = [{"role": "user", "content": "\ufdd0"}, {"role": "assistant", "content": "\ufdd1!"}]
+    ids, mask = chat.encode_chat(odd, tokenizer, template, {})  # sentinels the text lacks
+    assert masked_runs(tokenizer, ids, mask) == ["\ufdd1!<|im_end|>"]
+
+
 def test_a_template_that_rewrites_the_content_is_refused(folders):
     """A content rendered twice, or cut, cannot be located: a clear error, unless train_on="all"."""
     from tokenizers import Tokenizer

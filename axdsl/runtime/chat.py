@@ -275,10 +275,10 @@ def assistant_spans(
     """The character span in `text` (the rendering of `messages`) of each assistant message's
     content, in order (see encode_chat)."""
     turns = [i for i, m in enumerate(messages) if m.get("role") == "assistant"]
-    free = [c for c in SENTINELS if c not in text]
-    if len(free) < 2:
+    free = (c for c in SENTINELS if c not in text)
+    begin, end = next(free, None), next(free, None)
+    if begin is None or end is None:
         raise ValueError("a conversation holds all the unicode noncharacters U+FDD0..U+FDEF")
-    begin, end = free[0], free[1]
     wrapped = [dict(m) for m in messages]
     for i in turns:
         wrapped[i]["content"] = begin + str(messages[i].get("content", "")) + end
