@@ -240,6 +240,8 @@ def encode_chat(
 
     The ids are transformers' `apply_chat_template(messages, tokenize=True)`: the rendered text
     encoded by the `tokenizers.Tokenizer` without added special tokens (the template writes them).
+    (transformers 5 builds some model-specific classes, e.g. Qwen2Tokenizer, with a pre-tokenizer
+    of their own instead of tokenizer.json's; where the two differ, these ids are tokenizer.json's.)
     With train_on="all" the mask is all 1. With "assistant" it is 1 on the tokens the model must
     learn to produce: each assistant message's content as the template rendered it, and the
     end-of-turn token the template writes after it (an added token such as <|eot_id|>,
