@@ -453,41 +453,48 @@ def read_pairs(
 
 def pack_pairs(sources: list, targets: list, seq: int, packed: bool) -> dict[str, np.ndarray]:
     """Rows of `seq` source and `seq` target positions: tokens, segments (0: padding, k: the k-th
-    example of the row), targets and dec_segments. Pairs are taken in order, as many to a row as
-    fit on both sides (one when not `packed`); a longer example is cut to `seq` tokens."""
+    example of the row), targets and dec_segments (see pack_examples)."""
     cut = sum(len(s) > seq or len(t) > seq for s, t in zip(sources, targets, strict=True))
     if cut and is_lead():
         print(
             f"warning: {cut} of {len(sources)} pairs are longer than seq {seq} and were cut",
             file=sys.stderr,
         )
-    rows: list[list[tuple[np.ndarray, np.ndarray]]] = []
-    row: list[tuple[np.ndarray, np.ndarray]] = []
-    used = [0, 0]
-    for s, t in zip(sources, targets, strict=True):
-        s, t = s[:seq], t[:seq]
-        if row and (not packed or used[0] + len(s) > seq or used[1] + len(t) > seq):
+    sides = [({"tokens": sources}, "segments"), ({"targets": targets}, "dec_segments")]
+    return pack_examples(sides, seq, packed)
+
+
+def pack_examples(sides: list[tuple[dict, str]], seq: int, packed: bool) -> dict[str, np.ndarray]:
+    """Examples packed into rows of `seq` positions per side, int32. A side is (its fields, each
+    a list of one array per example, all of one example the same length; the name of its segment
+    ids: 0 padding, k the row's k-th example). Examples are taken in order, as many to a row as
+    fit on every side (one to a row when not `packed`); a longer one is cut to `seq` positions.
+    seq2seq packs (source, target) pairs on two sides; chat data a side of tokens and loss mask."""
+    count = len(next(iter(sides[0][0].values())))
+    sizes = [
+        [min(len(next(iter(fields.values()))[i]), seq) for fields, _ in sides] for i in range(count)
+    ]
+    rows: list[list[int]] = []
+    row: list[int] = []
+    used = [0] * len(sides)
+    for i in range(count):
+        if row and (not packed or any(u + n > seq for u, n in zip(used, sizes[i], strict=True))):
             rows.append(row)
-            row, used = [], [0, 0]
-        row.append((s, t))
-        used = [used[0] + len(s), used[1] + len(t)]
+            row, used = [], [0] * len(sides)
+        row.append(i)
+        used = [u + n for u, n in zip(used, sizes[i], strict=True)]
     rows += [row] if row else []
-    out = {
-        k: np.zeros((len(rows), seq), np.int32)
-        for k in ("tokens", "segments", "targets", "dec_segments")
-    }
+    names = [name for fields, segments in sides for name in (*fields, segments)]
+    out = {name: np.zeros((len(rows), seq), np.int32) for name in names}
     for r, row in enumerate(rows):
-        at = [0, 0]
-        for k, (s, t) in enumerate(row, start=1):
-            out["tokens"][r, at[0] : at[0] + len(s)], out["segments"][r, at[0] : at[0] + len(s)] = (
-                s,
-                k,
-            )
-            (
-                out["targets"][r, at[1] : at[1] + len(t)],
-                out["dec_segments"][r, at[1] : at[1] + len(t)],
-            ) = (t, k)
-            at = [at[0] + len(s), at[1] + len(t)]
+        for side, (fields, segments) in enumerate(sides):
+            at = 0
+            for k, i in enumerate(row, start=1):
+                n = sizes[i][side]
+                for name, arrays in fields.items():
+                    out[name][r, at : at + n] = arrays[i][:n]
+                out[segments][r, at : at + n] = k
+                at += n
     return out
 
 
@@ -1067,6 +1074,127 @@ def keys_of(obj: dict) -> str:
     return ", ".join(json.dumps(k) for k in list(obj)[:8]) if obj else "no keys"
 
 
+# ------------------------------------------------------------------- chat data for training
+# data = chat("conversations.jsonl", tokenizer = DIR, train_on = ...): every conversation is
+# encoded (encode_chat) and put in a row of its own of seq + 1 tokens (the model's forward takes
+# no segment ids, so a row holds one conversation: attention and positions stay inside it),
+# padded with id 0 and loss mask 0. A longer conversation is cut; the cuts are counted.
+
+
+def load_chat(cfg, tc, spec: str, from_flag: bool, run_dir: Path | None = None):
+    """(train rows, eval rows, figures) of chat data, checked before the first step. Rows are
+    {"tokens": [N, seq + 1], "loss_mask": [N, seq + 1]} (int32; the mask is 1 on the tokens the
+    loss is taken on, read at the label positions 1..seq); figures say how many conversations,
+    rows, tokens and loss tokens there are and how many conversations were cut (run.json). The
+    run keeps RUN_DIR/tokenizer.json, which `axdsl sample` decodes with."""
+    path = data_path(tc, spec, from_flag)
+    if not path.is_file():
+        sys.exit(f"error: chat data {path} does not exist or is not a file")
+    folder = tokenizer_folder(tc.tokenizer, spec)
+    try:
+        template = load_template(folder)
+        special = load_special_tokens(folder)
+    except ValueError as exc:
+        sys.exit(f"error: {exc}")
+    tokenizer = read_tokenizer(folder / "tokenizer.json", "a tokenizers tokenizer.json")
+    conversations = read_conversations(path)
+    encoded = [encode_line(m, n, path, tokenizer, template, special, tc) for n, m in conversations]
+    vocab = getattr(cfg, "vocab", None)
+    top = max(int(ids.max(initial=0)) for ids, _ in encoded)
+    if vocab is not None and top >= vocab:
+        sys.exit(
+            f"error: chat data {path}: the tokenizer gives id {top}, not below the model's vocab "
+            f"{vocab}: the tokenizer is another model's"
+        )
+    width = tc.seq + 1  # a row is seq inputs and, shifted by one, seq labels
+    fields = {"tokens": [ids for ids, _ in encoded], "loss_mask": [mask for _, mask in encoded]}
+    rows = pack_examples([(fields, "segments")], width, packed=False)
+    del rows["segments"]  # one conversation to a row: the model reads no segment ids
+    figures = chat_figures(encoded, rows, width)
+    if is_lead():
+        print(
+            f"chat data: {figures['conversations']} conversations, {figures['loss_tokens']} of "
+            f"{figures['tokens']} tokens trained on (train_on {tc.train_on}); "
+            f"{figures['cut']} longer than seq + 1 = {width} tokens were cut",
+            file=sys.stderr,
+        )
+    keep_tokenizer(folder / "tokenizer.json", run_dir)
+    train, held_out = split_rows(rows)
+    if tc.eval_every and not len(held_out["tokens"]):
+        sys.exit(
+            f"error: {len(rows['tokens'])} conversations leave none for the eval split "
+            "(the last 2%): add conversations or set --eval-every 0"
+        )
+    return train, held_out, figures
+
+
+def tokenizer_folder(tokenizer: str, spec: str) -> Path:
+    """The directory of chat data's tokenizer: `tokenizer` is it or its tokenizer.json, relative
+    to the spec's directory unless absolute."""
+    path = Path(tokenizer) if Path(tokenizer).is_absolute() else Path(spec).parent / tokenizer
+    folder = path.parent if path.suffix == ".json" else path
+    if not (folder / "tokenizer.json").is_file():
+        sys.exit(f"error: tokenizer {path} is not a directory holding tokenizer.json, nor one")
+    return folder
+
+
+def read_conversations(path: Path) -> list[tuple[int, list[dict]]]:
+    """(line number, messages) of each non-blank line of a chat file; exits naming the first
+    problems (bad JSON with its line, unknown roles, no assistant turn, ...) when there are any."""
+    found, problems = [], []
+    with path.open(encoding="utf-8") as lines:
+        for n, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except ValueError as exc:
+                problems.append(f"line {n}: not JSON ({exc})")
+                continue
+            wrong = validate_conversation(obj, n)
+            problems += wrong
+            if not wrong:
+                found.append((n, obj["messages"]))
+    if problems:
+        more = f" (and {len(problems) - 5} more)" if len(problems) > 5 else ""
+        sys.exit(f"error: chat data {path}: " + "; ".join(problems[:5]) + more)
+    if not found:
+        sys.exit(f"error: chat data {path} holds no conversation")
+    return found
+
+
+def encode_line(messages: list[dict], n: int, path: Path, tokenizer, template, special, tc):
+    """encode_chat of line `n`'s conversation; exits naming the line when its template fails."""
+    import jinja2
+
+    try:
+        return encode_chat(messages, tokenizer, template, special, tc.train_on)
+    except (ValueError, jinja2.TemplateError) as exc:
+        sys.exit(f"error: chat data {path}, line {n}: the chat template fails: {exc}")
+
+
+def chat_figures(encoded: list, rows: dict, width: int) -> dict[str, int]:
+    """How many conversations, rows, tokens (as encoded), loss tokens (in the rows, at label
+    positions) and cut conversations the chat data has."""
+    return {
+        "conversations": len(encoded),
+        "rows": len(rows["tokens"]),
+        "tokens": sum(len(ids) for ids, _ in encoded),
+        "loss_tokens": int(rows["loss_mask"][:, 1:].sum()),
+        "cut": sum(len(ids) > width for ids, _ in encoded),
+    }
+
+
+def keep_tokenizer(source: Path, run_dir: Path | None) -> None:
+    """RUN_DIR/tokenizer.json: a copy of the chat data's tokenizer (process 0, once)."""
+    if run_dir is None or not is_lead():
+        return
+    kept = run_dir / "tokenizer.json"
+    if not kept.exists():
+        kept.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(kept, source.read_bytes())
+
+
 # ----------------------------------------------------- command line (axdsl/runtime/command_line.py)
 
 
@@ -1183,13 +1311,16 @@ def train_config(args: argparse.Namespace, train, configs: dict):
 
 def data_flag(value: str, tc) -> dict:
     """The TrainConfig fields that --data sets: for a classifier a .npz (or synthetic_images), for
-    seq2seq SOURCE.bin,TARGET.bin (or synthetic_pairs), else "default", a .bin or text."""
+    seq2seq SOURCE.bin,TARGET.bin (or synthetic_pairs), for chat data a .jsonl, else "default", a
+    .bin or text."""
     if hasattr(tc, "synthetic_noise"):  # classify
         return (
             {"data": value}
             if value == "synthetic_images"
             else {"data": "arrays", "data_path": value}
         )
+    if hasattr(tc, "train_on"):  # chat data: another conversations file
+        return {"data": "chat", "data_path": value}
     if hasattr(tc, "data_target"):  # seq2seq
         if value == "synthetic_pairs":
             return {"data": value}
@@ -1984,6 +2115,13 @@ NEUTRAL_SETTINGS = frozenset(
 )
 DATA_SETTINGS = ("data_path", "data_target")  # compared by content: the files may move
 CODE_FILES = ("model.py", "kernels.py", "train.py")  # kernels.py: only when the model has helpers
+# chat data: the files of its tokenizer that shape the ids (vocabulary, template, special tokens)
+CHAT_TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "chat_template.jinja",
+    "special_tokens_map.json",
+)
 SAMPLE_BYTES = 1 << 16  # a data file's digest reads this much of its start and of its end
 
 
@@ -2024,6 +2162,15 @@ def files_digest(path: Path) -> str | None:
     return digest.hexdigest()
 
 
+def tokenizer_digest(folder: Path) -> str:
+    """sha256 over the chat tokenizer's files in `folder` (CHAT_TOKENIZER_FILES, those present)."""
+    digest = hashlib.sha256()
+    for name in CHAT_TOKENIZER_FILES:
+        if (folder / name).is_file():
+            digest.update(f"{name}\0".encode() + (folder / name).read_bytes())
+    return digest.hexdigest()
+
+
 def run_identity(tc, spec: str, target: str, file: str, data_from_flag: bool) -> dict:
     """The identity run.json records: `file` is train.py's `__file__`; `data_from_flag`: the
     data path came from --data (relative to the working directory, else to the spec)."""
@@ -2033,6 +2180,8 @@ def run_identity(tc, spec: str, target: str, file: str, data_from_flag: bool) ->
         if getattr(tc, name, ""):
             where = dataclasses.replace(tc, data_path=getattr(tc, name))
             data[name] = files_digest(data_path(where, spec, data_from_flag))
+    if getattr(tc, "data", "") == "chat":  # its ids also depend on the tokenizer and template
+        data["tokenizer"] = tokenizer_digest(tokenizer_folder(tc.tokenizer, spec))
     return {
         "target": target,
         "code": {name: code_digest(here / name) for name in CODE_FILES if (here / name).exists()},
@@ -2254,10 +2403,12 @@ def start_run(
     target: str,
     identity: dict,
     forced: dict | None = None,
+    data: dict | None = None,
 ) -> None:
     """Make RUN_DIR; process 0 writes RUN_DIR/run.json, what runs here, so that `axdsl plot` and
     `axdsl sample` find the code and config, and a resume can check that it continues this run
     (`identity`: see run_identity). `package` and `file`: train.py's `__package__`, `__file__`.
+    `data`: figures of the data recorded under "data" (chat data: conversations, cuts, ...).
     Process 0 first takes RUN_DIR/lock (see RunLock): one trainer per run directory.
     """
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -2275,6 +2426,8 @@ def start_run(
         "devices": jax.device_count(),
         "identity": identity,
     }
+    if data is not None:
+        info["data"] = data
     # every forced resume of this run stays on record (check_resume: --force-resume)
     earlier = (recorded(run_dir) or {}).get("forced_resumes", [])
     if earlier or forced:

@@ -212,6 +212,14 @@ class DataKind(StrEnum):
     SYNTHETIC_PAIRS = (
         "synthetic_pairs"  # a learnable seq2seq set made on the machine (reversed strings)
     )
+    CHAT = "chat"  # conversations (jsonl), rendered with a tokenizer's chat template
+
+
+class TrainOn(StrEnum):
+    """Which tokens of chat data the loss is taken on (`chat(..., train_on = ...)`)."""
+
+    ASSISTANT = "assistant"  # the assistant turns' contents and their end-of-turn tokens
+    ALL = "all"  # every token of each conversation
 
 
 @dataclass(frozen=True)
@@ -232,7 +240,8 @@ class DataSource:
     options: tuple[
         tuple[str, Any], ...
     ] = ()  # pairs: eos; synthetic_*: count, (noise,) (eos,) seed
-    tokenizer: Tokenizer | None = None  # default and text: None reads bytes
+    tokenizer: Tokenizer | None = None  # default and text: None reads bytes; chat: required
+    train_on: TrainOn | None = None  # chat: the tokens the loss is taken on
 
     def option(self, key: str, default: Any = None) -> Any:
         return dict(self.options).get(key, default)

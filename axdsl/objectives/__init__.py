@@ -91,8 +91,16 @@ def _check_classify(args: dict[str, Any], span: Span, diags: Diagnostics) -> Non
 
 
 REGISTRY: dict[ir.ObjectiveKind, Objective] = {
+    # chat data: token rows too, with a loss_mask field (runtime/chat.py, model.py's loss_fn)
     Kind.NEXT_TOKEN: Objective(
-        Kind.NEXT_TOKEN, (), ("tokens",), (), 3, "logits [B, S, vocab]", TOKEN_DATA, token_rows=True
+        Kind.NEXT_TOKEN,
+        (),
+        ("tokens",),
+        (),
+        3,
+        "logits [B, S, vocab]",
+        (*TOKEN_DATA, ir.DataKind.CHAT),
+        token_rows=True,
     ),
     Kind.MASKED_LM: Objective(
         Kind.MASKED_LM,

@@ -302,6 +302,8 @@ def _data(value: Any, span: Span, diags: Diagnostics):
         and getattr(value, "fn", getattr(value, "id", "")) in objectives.DATA_SOURCES
     ):
         return objectives.check_data(value, span, diags)
+    if isinstance(value, (ir.CallValue, ir.NameValue)) and _fn_name(value) == "chat":
+        return _chat(value, span, diags)
     if isinstance(value, ir.CallValue) and value.fn in ("tokens", "text"):
         fn, args, kwargs = value.fn, value.args, value.kwargs
         if len(args) != 1 or not isinstance(args[0], str):
@@ -334,10 +336,65 @@ def _data(value: Any, span: Span, diags: Diagnostics):
     diags.error(
         span,
         'data is "default", tokens("file.bin", dtype = "u16"), text("path"), '
-        'pairs("src.bin", "tgt.bin"), arrays("train.npz"), synthetic_images() or synthetic_pairs()',
+        'chat("conversations.jsonl", tokenizer = "dir"), pairs("src.bin", "tgt.bin"), '
+        'arrays("train.npz"), synthetic_images() or synthetic_pairs()',
         "the default is the Python standard library's source files, read as bytes",
     )
     return None
+
+
+def _fn_name(value: ir.CallValue | ir.NameValue) -> str:
+    """The name of a call (`chat(...)`) or of a bare name (`chat`)."""
+    return value.fn if isinstance(value, ir.CallValue) else value.id
+
+
+CHAT_EXAMPLE = 'chat("conversations.jsonl", tokenizer = "hf/llama", train_on = "assistant")'
+
+
+def _chat(value: ir.CallValue | ir.NameValue, span: Span, diags: Diagnostics):
+    """`chat("conversations.jsonl", tokenizer = "DIR or tokenizer.json", train_on = "assistant")`:
+    conversations rendered with the tokenizer's chat template; the loss on the assistant turns
+    (train_on = "assistant", the default) or on every token ("all")."""
+    args = value.args if isinstance(value, ir.CallValue) else ()
+    opts = dict(value.kwargs) if isinstance(value, ir.CallValue) else {}
+    if len(args) != 1 or not isinstance(args[0], str) or not args[0]:
+        diags.error(
+            span,
+            "chat(...) takes one path string, the conversations' .jsonl file",
+            f"as in {CHAT_EXAMPLE}",
+        )
+        return None
+    for k in opts:
+        if k not in ("tokenizer", "train_on"):
+            diags.error(
+                span,
+                f"chat(...) has no option `{k}`",
+                did_you_mean(k, ("tokenizer", "train_on")) or f"as in {CHAT_EXAMPLE}",
+            )
+            return None
+    tokenizer = opts.get("tokenizer")
+    if not isinstance(tokenizer, str) or not tokenizer:
+        diags.error(
+            span,
+            'chat(...) needs `tokenizer = "..."`: the directory of a Hugging Face tokenizer '
+            "(tokenizer.json and its chat template) or its tokenizer.json",
+            f"as in {CHAT_EXAMPLE}; `axdsl import-hf` writes one beside the model",
+        )
+        return None
+    train_on = opts.get("train_on", ir.TrainOn.ASSISTANT.value)
+    if train_on not in tuple(ir.TrainOn):
+        diags.error(
+            span,
+            f'chat(train_on = {_show(train_on)}) is "assistant" or "all"',
+            '"assistant" (the default) takes the loss on the assistant turns only',
+        )
+        return None
+    return ir.DataSource(
+        ir.DataKind.CHAT,
+        args[0],
+        tokenizer=ir.Tokenizer(path=tokenizer),
+        train_on=ir.TrainOn(train_on),
+    )
 
 
 def _tokenizer(value: Any, span: Span, diags: Diagnostics) -> ir.Tokenizer | None:

@@ -77,10 +77,12 @@ def start_run(
     target: str,
     identity: dict,
     forced: dict | None = None,
+    data: dict | None = None,
 ) -> None:
     """Make RUN_DIR; process 0 writes RUN_DIR/run.json, what runs here, so that `axdsl plot` and
     `axdsl sample` find the code and config, and a resume can check that it continues this run
     (`identity`: see run_identity). `package` and `file`: train.py's `__package__`, `__file__`.
+    `data`: figures of the data recorded under "data" (chat data: conversations, cuts, ...).
     Process 0 first takes RUN_DIR/lock (see RunLock): one trainer per run directory.
     """
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -98,6 +100,8 @@ def start_run(
         "devices": jax.device_count(),
         "identity": identity,
     }
+    if data is not None:
+        info["data"] = data
     # every forced resume of this run stays on record (check_resume: --force-resume)
     earlier = (recorded(run_dir) or {}).get("forced_resumes", [])
     if earlier or forced:
