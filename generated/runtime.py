@@ -650,7 +650,7 @@ def get_examples(
     }
 
 
-# ---------------------------------------------------------------- chat data (axdsl/runtime/chat.py)
+# ----------------------------------------------------------- chat templates (axdsl/runtime/chat.py)
 # A line of a chat file is {"messages": [{"role": ..., "content": ...}, ...]}. The conversation is
 # rendered with the tokenizer's chat template (a jinja2 template that Hugging Face tokenizers ship)
 # in the environment transformers renders it in, so that the text and the token ids equal what
@@ -1057,6 +1057,34 @@ def validate_conversation(obj, line_no: int) -> list[str]:
     return problems
 
 
+def scan_conversations(path: Path) -> tuple[list[tuple[int, list[dict]]], list[str]]:
+    """(line number, messages) of each good non-blank line of a chat file, and what is wrong with
+    the others (bad JSON with its line, unknown roles, no assistant turn, ...: see
+    validate_conversation). `axdsl check` and the trainer both read a file with it."""
+    found, problems = [], []
+    with path.open(encoding="utf-8", errors="replace") as lines:
+        for n, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except ValueError as exc:
+                problems.append(f"line {n}: not JSON ({exc})")
+                continue
+            wrong = validate_conversation(obj, n)
+            problems += wrong
+            if not wrong:
+                found.append((n, obj["messages"]))
+    return found, problems
+
+
+def tokenizer_folder(tokenizer: str, spec: str) -> Path:
+    """The directory of chat data's tokenizer: `tokenizer` names it or its tokenizer.json,
+    relative to the spec's directory unless absolute (not checked to exist)."""
+    path = Path(tokenizer) if Path(tokenizer).is_absolute() else Path(spec).parent / tokenizer
+    return path.parent if path.suffix == ".json" else path
+
+
 def json_kind(value) -> str:
     """How JSON names the kind of a parsed value, with an article: "an array", "null"."""
     kinds = ((bool, "a boolean"), (int, "a number"), (float, "a number"), (str, "a string"))
@@ -1074,7 +1102,7 @@ def keys_of(obj: dict) -> str:
     return ", ".join(json.dumps(k) for k in list(obj)[:8]) if obj else "no keys"
 
 
-# ------------------------------------------------------------------- chat data for training
+# ----------------------------------------------------------- chat data (axdsl/runtime/chat_data.py)
 # data = chat("conversations.jsonl", tokenizer = DIR, train_on = ...): every conversation is
 # encoded (encode_chat) and put in a row of its own of seq + 1 tokens (the model's forward takes
 # no segment ids, so a row holds one conversation: attention and positions stay inside it),
@@ -1091,6 +1119,10 @@ def load_chat(cfg, tc, spec: str, from_flag: bool, run_dir: Path | None = None):
     if not path.is_file():
         sys.exit(f"error: chat data {path} does not exist or is not a file")
     folder = tokenizer_folder(tc.tokenizer, spec)
+    if not (folder / "tokenizer.json").is_file():
+        sys.exit(
+            f"error: tokenizer {tc.tokenizer!r} is not a tokenizer.json nor a directory of one"
+        )
     try:
         template = load_template(folder)
         special = load_special_tokens(folder)
@@ -1128,33 +1160,10 @@ def load_chat(cfg, tc, spec: str, from_flag: bool, run_dir: Path | None = None):
     return train, held_out, figures
 
 
-def tokenizer_folder(tokenizer: str, spec: str) -> Path:
-    """The directory of chat data's tokenizer: `tokenizer` is it or its tokenizer.json, relative
-    to the spec's directory unless absolute."""
-    path = Path(tokenizer) if Path(tokenizer).is_absolute() else Path(spec).parent / tokenizer
-    folder = path.parent if path.suffix == ".json" else path
-    if not (folder / "tokenizer.json").is_file():
-        sys.exit(f"error: tokenizer {path} is not a directory holding tokenizer.json, nor one")
-    return folder
-
-
 def read_conversations(path: Path) -> list[tuple[int, list[dict]]]:
     """(line number, messages) of each non-blank line of a chat file; exits naming the first
     problems (bad JSON with its line, unknown roles, no assistant turn, ...) when there are any."""
-    found, problems = [], []
-    with path.open(encoding="utf-8") as lines:
-        for n, line in enumerate(lines, 1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except ValueError as exc:
-                problems.append(f"line {n}: not JSON ({exc})")
-                continue
-            wrong = validate_conversation(obj, n)
-            problems += wrong
-            if not wrong:
-                found.append((n, obj["messages"]))
+    found, problems = scan_conversations(path)
     if problems:
         more = f" (and {len(problems) - 5} more)" if len(problems) > 5 else ""
         sys.exit(f"error: chat data {path}: " + "; ".join(problems[:5]) + more)

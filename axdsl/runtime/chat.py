@@ -6,17 +6,11 @@ Copied (without this docstring and the imports) into the generated runtime.py by
 axdsl/codegen/runtime_source.py; it must import nothing of axdsl but its sibling modules here."""
 
 import json
-import sys
 from datetime import datetime
 from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
-
-from axdsl.runtime.data import data_path
-from axdsl.runtime.examples import pack_examples, split_rows
-from axdsl.runtime.processes import is_lead
-from axdsl.runtime.tokenizers import read_tokenizer, write_atomic
 
 # A line of a chat file is {"messages": [{"role": ..., "content": ...}, ...]}. The conversation is
 # rendered with the tokenizer's chat template (a jinja2 template that Hugging Face tokenizers ship)
@@ -424,6 +418,34 @@ def validate_conversation(obj, line_no: int) -> list[str]:
     return problems
 
 
+def scan_conversations(path: Path) -> tuple[list[tuple[int, list[dict]]], list[str]]:
+    """(line number, messages) of each good non-blank line of a chat file, and what is wrong with
+    the others (bad JSON with its line, unknown roles, no assistant turn, ...: see
+    validate_conversation). `axdsl check` and the trainer both read a file with it."""
+    found, problems = [], []
+    with path.open(encoding="utf-8", errors="replace") as lines:
+        for n, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except ValueError as exc:
+                problems.append(f"line {n}: not JSON ({exc})")
+                continue
+            wrong = validate_conversation(obj, n)
+            problems += wrong
+            if not wrong:
+                found.append((n, obj["messages"]))
+    return found, problems
+
+
+def tokenizer_folder(tokenizer: str, spec: str) -> Path:
+    """The directory of chat data's tokenizer: `tokenizer` names it or its tokenizer.json,
+    relative to the spec's directory unless absolute (not checked to exist)."""
+    path = Path(tokenizer) if Path(tokenizer).is_absolute() else Path(spec).parent / tokenizer
+    return path.parent if path.suffix == ".json" else path
+
+
 def json_kind(value) -> str:
     """How JSON names the kind of a parsed value, with an article: "an array", "null"."""
     kinds = ((bool, "a boolean"), (int, "a number"), (float, "a number"), (str, "a string"))
@@ -439,124 +461,3 @@ def json_kind(value) -> str:
 def keys_of(obj: dict) -> str:
     """The keys of an object, for a message: `"a", "b"` or "no keys"."""
     return ", ".join(json.dumps(k) for k in list(obj)[:8]) if obj else "no keys"
-
-
-# ------------------------------------------------------------------- chat data for training
-# data = chat("conversations.jsonl", tokenizer = DIR, train_on = ...): every conversation is
-# encoded (encode_chat) and put in a row of its own of seq + 1 tokens (the model's forward takes
-# no segment ids, so a row holds one conversation: attention and positions stay inside it),
-# padded with id 0 and loss mask 0. A longer conversation is cut; the cuts are counted.
-
-
-def load_chat(cfg, tc, spec: str, from_flag: bool, run_dir: Path | None = None):
-    """(train rows, eval rows, figures) of chat data, checked before the first step. Rows are
-    {"tokens": [N, seq + 1], "loss_mask": [N, seq + 1]} (int32; the mask is 1 on the tokens the
-    loss is taken on, read at the label positions 1..seq); figures say how many conversations,
-    rows, tokens and loss tokens there are and how many conversations were cut (run.json). The
-    run keeps RUN_DIR/tokenizer.json, which `axdsl sample` decodes with."""
-    path = data_path(tc, spec, from_flag)
-    if not path.is_file():
-        sys.exit(f"error: chat data {path} does not exist or is not a file")
-    folder = tokenizer_folder(tc.tokenizer, spec)
-    try:
-        template = load_template(folder)
-        special = load_special_tokens(folder)
-    except ValueError as exc:
-        sys.exit(f"error: {exc}")
-    tokenizer = read_tokenizer(folder / "tokenizer.json", "a tokenizers tokenizer.json")
-    conversations = read_conversations(path)
-    encoded = [encode_line(m, n, path, tokenizer, template, special, tc) for n, m in conversations]
-    vocab = getattr(cfg, "vocab", None)
-    top = max(int(ids.max(initial=0)) for ids, _ in encoded)
-    if vocab is not None and top >= vocab:
-        sys.exit(
-            f"error: chat data {path}: the tokenizer gives id {top}, not below the model's vocab "
-            f"{vocab}: the tokenizer is another model's"
-        )
-    width = tc.seq + 1  # a row is seq inputs and, shifted by one, seq labels
-    fields = {"tokens": [ids for ids, _ in encoded], "loss_mask": [mask for _, mask in encoded]}
-    rows = pack_examples([(fields, "segments")], width, packed=False)
-    del rows["segments"]  # one conversation to a row: the model reads no segment ids
-    figures = chat_figures(encoded, rows, width)
-    if is_lead():
-        print(
-            f"chat data: {figures['conversations']} conversations, {figures['loss_tokens']} of "
-            f"{figures['tokens']} tokens trained on (train_on {tc.train_on}); "
-            f"{figures['cut']} longer than seq + 1 = {width} tokens were cut",
-            file=sys.stderr,
-        )
-    keep_tokenizer(folder / "tokenizer.json", run_dir)
-    train, held_out = split_rows(rows)
-    if tc.eval_every and not len(held_out["tokens"]):
-        sys.exit(
-            f"error: {len(rows['tokens'])} conversations leave none for the eval split "
-            "(the last 2%): add conversations or set --eval-every 0"
-        )
-    return train, held_out, figures
-
-
-def tokenizer_folder(tokenizer: str, spec: str) -> Path:
-    """The directory of chat data's tokenizer: `tokenizer` is it or its tokenizer.json, relative
-    to the spec's directory unless absolute."""
-    path = Path(tokenizer) if Path(tokenizer).is_absolute() else Path(spec).parent / tokenizer
-    folder = path.parent if path.suffix == ".json" else path
-    if not (folder / "tokenizer.json").is_file():
-        sys.exit(f"error: tokenizer {path} is not a directory holding tokenizer.json, nor one")
-    return folder
-
-
-def read_conversations(path: Path) -> list[tuple[int, list[dict]]]:
-    """(line number, messages) of each non-blank line of a chat file; exits naming the first
-    problems (bad JSON with its line, unknown roles, no assistant turn, ...) when there are any."""
-    found, problems = [], []
-    with path.open(encoding="utf-8") as lines:
-        for n, line in enumerate(lines, 1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except ValueError as exc:
-                problems.append(f"line {n}: not JSON ({exc})")
-                continue
-            wrong = validate_conversation(obj, n)
-            problems += wrong
-            if not wrong:
-                found.append((n, obj["messages"]))
-    if problems:
-        more = f" (and {len(problems) - 5} more)" if len(problems) > 5 else ""
-        sys.exit(f"error: chat data {path}: " + "; ".join(problems[:5]) + more)
-    if not found:
-        sys.exit(f"error: chat data {path} holds no conversation")
-    return found
-
-
-def encode_line(messages: list[dict], n: int, path: Path, tokenizer, template, special, tc):
-    """encode_chat of line `n`'s conversation; exits naming the line when its template fails."""
-    import jinja2
-
-    try:
-        return encode_chat(messages, tokenizer, template, special, tc.train_on)
-    except (ValueError, jinja2.TemplateError) as exc:
-        sys.exit(f"error: chat data {path}, line {n}: the chat template fails: {exc}")
-
-
-def chat_figures(encoded: list, rows: dict, width: int) -> dict[str, int]:
-    """How many conversations, rows, tokens (as encoded), loss tokens (in the rows, at label
-    positions) and cut conversations the chat data has."""
-    return {
-        "conversations": len(encoded),
-        "rows": len(rows["tokens"]),
-        "tokens": sum(len(ids) for ids, _ in encoded),
-        "loss_tokens": int(rows["loss_mask"][:, 1:].sum()),
-        "cut": sum(len(ids) > width for ids, _ in encoded),
-    }
-
-
-def keep_tokenizer(source: Path, run_dir: Path | None) -> None:
-    """RUN_DIR/tokenizer.json: a copy of the chat data's tokenizer (process 0, once)."""
-    if run_dir is None or not is_lead():
-        return
-    kept = run_dir / "tokenizer.json"
-    if not kept.exists():
-        kept.parent.mkdir(parents=True, exist_ok=True)
-        write_atomic(kept, source.read_bytes())
