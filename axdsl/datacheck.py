@@ -40,7 +40,7 @@ def data_problems(module: ir.Module, spec: Path) -> list[Diagnostic]:
         return [Diagnostic(choice.span, m) for m in _pairs_problems(source, spec)]
     if source.kind == ir.DataKind.ARRAYS:
         return [Diagnostic(choice.span, m, h) for m, h in _arrays_problems(module, source, spec)]
-    if source.kind == ir.DataKind.CHAT:
+    if source.kind in (ir.DataKind.CHAT, ir.DataKind.PREFERENCES):
         return [Diagnostic(choice.span, m, h) for m, h in _chat_problems(source, spec, settings)]
     if source.kind not in (ir.DataKind.TOKENS, ir.DataKind.TEXT):
         return []  # the standard library's sources (tens of MiB), or a set made on the machine
@@ -141,6 +141,9 @@ def _arrays_problems(module: ir.Module, source: ir.DataSource, spec: Path) -> li
 
 
 CHAT_LINE = '{"messages": [{"role": "user", "content": "..."}, {"role": "assistant", ...}]}'
+PREFERENCE_LINE = (
+    '{"prompt": "...", "chosen": "...", "rejected": "..."} (or "messages" for "prompt")'
+)
 SHOWN = 5  # a chat file's problems listed, of all those found
 
 
@@ -149,7 +152,8 @@ def _chat_problems(
 ) -> list[tuple[str, str]]:
     """chat("x.jsonl", tokenizer = ...): the tokenizer has a chat template; the file, when it
     exists, holds conversations only (each line one: see runtime's validate_conversation), at
-    least two when there is an eval split."""
+    least two when there is an eval split. preferences(...): the same of preference pairs
+    (validate_preference)."""
     from axdsl.runtime import chat
 
     tokenizer = filled(source.tokenizer, "chat data's tokenizer", "configure_train")
@@ -166,26 +170,31 @@ def _chat_problems(
     try:
         chat.load_template(folder)
     except ValueError as exc:
-        return [(str(exc), "chat data is rendered with the tokenizer's own chat template")]
-    path = _resolve(source.path, spec)
+        return [(str(exc), "the data is rendered with the tokenizer's own chat template")]
+    path, pairs = _resolve(source.path, spec), source.kind is ir.DataKind.PREFERENCES
     if not path.is_file():
         return []  # not there yet: train.py says so if it still is not
     try:
-        found, problems = chat.scan_conversations(path)
+        found, problems = chat.scan_conversations(path, pairs)
     except OSError as exc:
-        return [(f"chat data {path} cannot be read: {exc.strerror or exc}", "")]
-    hint = f"each line is one conversation: {CHAT_LINE}"
+        return [(f"{source.kind} data {path} cannot be read: {exc.strerror or exc}", "")]
+    hint = (
+        f"each line is one pair: {PREFERENCE_LINE}"
+        if pairs
+        else f"each line is one conversation: {CHAT_LINE}"
+    )
     if problems:
         more = f" (and {len(problems) - SHOWN} more)" if len(problems) > SHOWN else ""
-        return [(f"chat data {path}: {p}", hint) for p in problems[: SHOWN - 1]] + [
-            (f"chat data {path}: {p}{more}", hint) for p in problems[SHOWN - 1 : SHOWN]
+        return [(f"{source.kind} data {path}: {p}", hint) for p in problems[: SHOWN - 1]] + [
+            (f"{source.kind} data {path}: {p}{more}", hint) for p in problems[SHOWN - 1 : SHOWN]
         ]
+    what = "pair" if pairs else "conversation"
     if not found:
-        return [(f"chat data {path} holds no conversation", hint)]
+        return [(f"{source.kind} data {path} holds no {what}", hint)]
     if settings.get("eval_every") and len(found) < 2:
         return [
             (
-                f"chat data {path} holds one conversation: none is left for the eval split",
+                f"{source.kind} data {path} holds one {what}: none is left for the eval split",
                 "add conversations or set eval_every = 0",
             )
         ]

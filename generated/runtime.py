@@ -1057,10 +1057,14 @@ def validate_conversation(obj, line_no: int) -> list[str]:
     return problems
 
 
-def scan_conversations(path: Path) -> tuple[list[tuple[int, list[dict]]], list[str]]:
+def scan_conversations(
+    path: Path, preferences: bool = False
+) -> tuple[list[tuple[int, list[dict]]], list[str]]:
     """(line number, messages) of each good non-blank line of a chat file, and what is wrong with
     the others (bad JSON with its line, unknown roles, no assistant turn, ...: see
-    validate_conversation). `axdsl check` and the trainer both read a file with it."""
+    validate_conversation). `axdsl check` and the trainer both read a file with it. With
+    `preferences`, the lines are preference pairs (validate_preference), given as their objects."""
+    validate = validate_preference if preferences else validate_conversation
     found, problems = [], []
     with path.open(encoding="utf-8", errors="replace") as lines:
         for n, line in enumerate(lines, 1):
@@ -1071,11 +1075,71 @@ def scan_conversations(path: Path) -> tuple[list[tuple[int, list[dict]]], list[s
             except ValueError as exc:
                 problems.append(f"line {n}: not JSON ({exc})")
                 continue
-            wrong = validate_conversation(obj, n)
+            wrong = validate(obj, n)
             problems += wrong
             if not wrong:
-                found.append((n, obj["messages"]))
+                found.append((n, obj if preferences else obj["messages"]))
     return found, problems
+
+
+def validate_preference(obj, line_no: int) -> list[str]:
+    """What is wrong with one parsed line of a preferences file, as messages fit for users; empty
+    when it is a pair to train on: an object with a `prompt` (a string: the user's message) or
+    `messages` (the conversation so far, as validate_conversation checks it, without needing an
+    assistant turn), and a `chosen` and a `rejected` answer, each a string or a list of assistant
+    messages."""
+    where = f"line {line_no}"
+    if not isinstance(obj, dict):
+        return [f"{where}: a preference pair is a JSON object, not {json_kind(obj)}"]
+    problems = []
+    if isinstance(obj.get("prompt"), str):
+        pass
+    elif isinstance(obj.get("messages"), list):
+        problems += [
+            p
+            for p in validate_conversation({"messages": obj["messages"]}, line_no)
+            if "no assistant message" not in p
+        ]
+    else:
+        problems.append(
+            f'{where}: no "prompt" string nor "messages" list (the object has {keys_of(obj)})'
+        )
+    for side in ("chosen", "rejected"):
+        answer = obj.get(side)
+        if isinstance(answer, str):
+            continue
+        if not isinstance(answer, list) or not answer:
+            said = json_kind(answer) if side in obj else "missing"
+            problems.append(f'{where}: "{side}" is {said}, not a string or assistant messages')
+            continue
+        bad = [m for m in answer if not (isinstance(m, dict) and m.get("role") == "assistant")]
+        if bad or any(not isinstance(m.get("content"), str) for m in answer):
+            problems.append(f'{where}: "{side}" holds messages other than assistant ones')
+    return problems
+
+
+def preference_conversations(obj: dict) -> tuple[list[dict], list[dict], int]:
+    """(chosen conversation, rejected conversation, assistant turns of the prompt) of a valid
+    preference line: the prompt's messages followed by each answer's."""
+    prompt = obj["messages"] if "messages" in obj and "prompt" not in obj else None
+    if prompt is None:
+        prompt = [{"role": "user", "content": obj["prompt"]}]
+
+    def answer(a) -> list[dict]:
+        return [{"role": "assistant", "content": a}] if isinstance(a, str) else list(a)
+
+    turns = sum(m.get("role") == "assistant" for m in prompt)
+    return prompt + answer(obj["chosen"]), prompt + answer(obj["rejected"]), turns
+
+
+def answer_mask(mask: np.ndarray, skip: int) -> np.ndarray:
+    """encode_chat's assistant mask less its first `skip` runs of 1s (one run per assistant
+    turn): 1 on the answer's turns only, those after the prompt's."""
+    starts = np.flatnonzero(np.diff(np.concatenate([[0], mask])) == 1)
+    out = mask.copy()
+    if skip:
+        out[: starts[skip] if skip < len(starts) else len(out)] = 0
+    return out
 
 
 def tokenizer_folder(tokenizer: str, spec: str) -> Path:
@@ -1115,29 +1179,12 @@ def load_chat(cfg, tc, spec: str, from_flag: bool, run_dir: Path | None = None):
     loss is taken on, read at the label positions 1..seq); figures say how many conversations,
     rows, tokens and loss tokens there are and how many conversations were cut (run.json). The
     run keeps RUN_DIR/tokenizer.json, which `axdsl sample` decodes with."""
-    path = data_path(tc, spec, from_flag)
-    if not path.is_file():
-        sys.exit(f"error: chat data {path} does not exist or is not a file")
-    folder = tokenizer_folder(tc.tokenizer, spec)
-    if not (folder / "tokenizer.json").is_file():
-        sys.exit(
-            f"error: tokenizer {tc.tokenizer!r} is not a tokenizer.json nor a directory of one"
-        )
-    try:
-        template = load_template(folder)
-        special = load_special_tokens(folder)
-    except ValueError as exc:
-        sys.exit(f"error: {exc}")
-    tokenizer = read_tokenizer(folder / "tokenizer.json", "a tokenizers tokenizer.json")
+    path, (tokenizer, template, special) = chat_path(tc, spec, from_flag), chat_tokenizer(tc, spec)
     conversations = read_conversations(path)
-    encoded = [encode_line(m, n, path, tokenizer, template, special, tc) for n, m in conversations]
-    vocab = getattr(cfg, "vocab", None)
-    top = max(int(ids.max(initial=0)) for ids, _ in encoded)
-    if vocab is not None and top >= vocab:
-        sys.exit(
-            f"error: chat data {path}: the tokenizer gives id {top}, not below the model's vocab "
-            f"{vocab}: the tokenizer is another model's"
-        )
+    encoded = [
+        encode_line(m, n, path, tokenizer, template, special, tc.train_on) for n, m in conversations
+    ]
+    check_vocab([ids for ids, _ in encoded], cfg, path)
     width = tc.seq + 1  # a row is seq inputs and, shifted by one, seq labels
     fields = {"tokens": [ids for ids, _ in encoded], "loss_mask": [mask for _, mask in encoded]}
     rows = pack_examples([(fields, "segments")], width, packed=False)
@@ -1150,36 +1197,81 @@ def load_chat(cfg, tc, spec: str, from_flag: bool, run_dir: Path | None = None):
             f"{figures['cut']} longer than seq + 1 = {width} tokens were cut",
             file=sys.stderr,
         )
-    keep_tokenizer(folder / "tokenizer.json", run_dir)
-    train, held_out = split_rows(rows)
-    if tc.eval_every and not len(held_out["tokens"]):
+    keep_tokenizer(tokenizer_folder(tc.tokenizer, spec) / "tokenizer.json", run_dir)
+    return (*split_chat_rows(rows, tc, "conversations"), figures)
+
+
+def chat_path(tc, spec: str, from_flag: bool) -> Path:
+    """The .jsonl of chat or preference data (exits when it is not a file)."""
+    path = data_path(tc, spec, from_flag)
+    if not path.is_file():
+        sys.exit(f"error: {tc.data} data {path} does not exist or is not a file")
+    return path
+
+
+def chat_tokenizer(tc, spec: str) -> tuple:
+    """(tokenizers.Tokenizer, chat template, special tokens) of tc.tokenizer; exits saying what
+    is missing."""
+    folder = tokenizer_folder(tc.tokenizer, spec)
+    if not (folder / "tokenizer.json").is_file():
         sys.exit(
-            f"error: {len(rows['tokens'])} conversations leave none for the eval split "
-            "(the last 2%): add conversations or set --eval-every 0"
+            f"error: tokenizer {tc.tokenizer!r} is not a tokenizer.json nor a directory of one"
         )
-    return train, held_out, figures
+    try:
+        template, special = load_template(folder), load_special_tokens(folder)
+    except ValueError as exc:
+        sys.exit(f"error: {exc}")
+    return (
+        read_tokenizer(folder / "tokenizer.json", "a tokenizers tokenizer.json"),
+        template,
+        special,
+    )
 
 
-def read_conversations(path: Path) -> list[tuple[int, list[dict]]]:
-    """(line number, messages) of each non-blank line of a chat file; exits naming the first
-    problems (bad JSON with its line, unknown roles, no assistant turn, ...) when there are any."""
-    found, problems = scan_conversations(path)
+def check_vocab(ids: list[np.ndarray], cfg, path: Path) -> None:
+    """Exit when the tokenizer gives an id the model cannot embed."""
+    vocab = getattr(cfg, "vocab", None)
+    top = max(int(i.max(initial=0)) for i in ids)
+    if vocab is not None and top >= vocab:
+        sys.exit(
+            f"error: data {path}: the tokenizer gives id {top}, not below the model's vocab "
+            f"{vocab}: the tokenizer is another model's"
+        )
+
+
+def split_chat_rows(rows: dict, tc, what: str) -> tuple[dict, dict]:
+    """The train and eval rows (the last 2%); exits when evaluation has none."""
+    train, held_out = split_rows(rows)
+    if tc.eval_every and not len(next(iter(held_out.values()))):
+        sys.exit(
+            f"error: {len(next(iter(rows.values())))} {what} leave none for the eval split "
+            "(the last 2%): add data or set --eval-every 0"
+        )
+    return train, held_out
+
+
+def read_conversations(path: Path, preferences: bool = False) -> list:
+    """(line number, messages, or with `preferences` the line's object) of each non-blank line of
+    a chat or preferences file; exits naming the first problems (bad JSON with its line, unknown
+    roles, no assistant turn, ...) when there are any."""
+    found, problems = scan_conversations(path, preferences)
+    what = "preferences" if preferences else "chat"
     if problems:
         more = f" (and {len(problems) - 5} more)" if len(problems) > 5 else ""
-        sys.exit(f"error: chat data {path}: " + "; ".join(problems[:5]) + more)
+        sys.exit(f"error: {what} data {path}: " + "; ".join(problems[:5]) + more)
     if not found:
-        sys.exit(f"error: chat data {path} holds no conversation")
+        sys.exit(f"error: {what} data {path} holds no {'pair' if preferences else 'conversation'}")
     return found
 
 
-def encode_line(messages: list[dict], n: int, path: Path, tokenizer, template, special, tc):
+def encode_line(messages: list[dict], n: int, path: Path, tokenizer, template, special, train_on):
     """encode_chat of line `n`'s conversation; exits naming the line when its template fails."""
     import jinja2
 
     try:
-        return encode_chat(messages, tokenizer, template, special, tc.train_on)
+        return encode_chat(messages, tokenizer, template, special, train_on)
     except (ValueError, jinja2.TemplateError) as exc:
-        sys.exit(f"error: chat data {path}, line {n}: the chat template fails: {exc}")
+        sys.exit(f"error: data {path}, line {n}: the chat template fails: {exc}")
 
 
 def chat_figures(encoded: list, rows: dict, width: int) -> dict[str, int]:
@@ -1202,6 +1294,80 @@ def keep_tokenizer(source: Path, run_dir: Path | None) -> None:
     if not kept.exists():
         kept.parent.mkdir(parents=True, exist_ok=True)
         write_atomic(kept, source.read_bytes())
+
+
+# ------------------------------------------------------------------- preference pairs (dpo)
+# data = preferences("pairs.jsonl", tokenizer = DIR) with objective = dpo(...): each line's prompt
+# with its chosen answer, and with its rejected one, encoded as chat data is, each in a row of its
+# own; the mask marks the answer's tokens only. The reference's log-probabilities of both answers
+# are added to the rows before the first step (with_reference).
+
+
+def load_preferences(cfg, tc, spec: str, from_flag: bool, run_dir: Path | None = None):
+    """(train rows, eval rows, figures) of preference pairs, checked before the first step. Rows
+    are chosen, chosen_mask, rejected, rejected_mask [N, seq + 1] (int32: ids, and 1 on the
+    answer's tokens); figures: pairs, and those cut (a side longer than seq + 1 tokens)."""
+    path, (tokenizer, template, special) = chat_path(tc, spec, from_flag), chat_tokenizer(tc, spec)
+    sides: dict[str, list] = {k: [] for k in ("chosen", "chosen_mask", "rejected", "rejected_mask")}
+    for n, obj in read_conversations(path, preferences=True):
+        chosen, rejected, turns = preference_conversations(obj)
+        for side, messages in (("chosen", chosen), ("rejected", rejected)):
+            ids, mask = encode_line(messages, n, path, tokenizer, template, special, "assistant")
+            sides[side].append(ids)
+            sides[f"{side}_mask"].append(answer_mask(mask, turns))
+    check_vocab(sides["chosen"] + sides["rejected"], cfg, path)
+    width = tc.seq + 1
+    rows = pack_examples(
+        [
+            ({"chosen": sides["chosen"], "chosen_mask": sides["chosen_mask"]}, "chosen_rows"),
+            (
+                {"rejected": sides["rejected"], "rejected_mask": sides["rejected_mask"]},
+                "rejected_rows",
+            ),
+        ],
+        width,
+        packed=False,
+    )
+    del rows["chosen_rows"], rows["rejected_rows"]  # one pair to a row
+    cut = sum(
+        len(c) > width or len(r) > width
+        for c, r in zip(sides["chosen"], sides["rejected"], strict=True)
+    )
+    figures = {"pairs": len(sides["chosen"]), "cut": cut}
+    if is_lead():
+        print(
+            f"preference data: {figures['pairs']} pairs; {cut} with a side longer than "
+            f"seq + 1 = {width} tokens were cut",
+            file=sys.stderr,
+        )
+    keep_tokenizer(tokenizer_folder(tc.tokenizer, spec) / "tokenizer.json", run_dir)
+    return (*split_chat_rows(rows, tc, "pairs"), figures)
+
+
+def with_reference(rows: dict, logps, params, tc, sharding) -> dict:
+    """`rows` with ref_chosen and ref_rejected [N] (float32): each answer's log-probability under
+    `params` (the reference), from `logps(params, tokens, mask)` -> [batch], run over the rows
+    tc.batch at a time (the last batch filled from the first rows), each process feeding its own
+    part of every batch."""
+    n = len(rows["chosen"])
+    per = tc.batch // jax.process_count()
+    mine = slice(jax.process_index() * per, (jax.process_index() + 1) * per)
+    out = dict(rows)
+    for side in ("chosen", "rejected"):
+        found = []
+        for start in range(0, n, tc.batch):
+            picks = np.arange(start, start + tc.batch)[mine] % n
+            batch = [
+                jax.make_array_from_process_local_data(
+                    sharding, rows[k][picks], (tc.batch, tc.seq + 1)
+                )
+                for k in (side, f"{side}_mask")
+            ]
+            found.append(
+                np.asarray(multihost_utils.process_allgather(logps(params, *batch), tiled=True))
+            )
+        out[f"ref_{side}"] = np.concatenate(found)[:n].astype(np.float32)
+    return out
 
 
 # ----------------------------------------------------- command line (axdsl/runtime/command_line.py)
@@ -1320,16 +1486,16 @@ def train_config(args: argparse.Namespace, train, configs: dict):
 
 def data_flag(value: str, tc) -> dict:
     """The TrainConfig fields that --data sets: for a classifier a .npz (or synthetic_images), for
-    seq2seq SOURCE.bin,TARGET.bin (or synthetic_pairs), for chat data a .jsonl, else "default", a
-    .bin or text."""
+    seq2seq SOURCE.bin,TARGET.bin (or synthetic_pairs), for chat and preference data a .jsonl, else
+    "default", a .bin or text."""
     if hasattr(tc, "synthetic_noise"):  # classify
         return (
             {"data": value}
             if value == "synthetic_images"
             else {"data": "arrays", "data_path": value}
         )
-    if hasattr(tc, "train_on"):  # chat data: another conversations file
-        return {"data": "chat", "data_path": value}
+    if getattr(tc, "data", "") in ("chat", "preferences"):  # another .jsonl of the same kind
+        return {"data": tc.data, "data_path": value}
     if hasattr(tc, "data_target"):  # seq2seq
         if value == "synthetic_pairs":
             return {"data": value}
@@ -2189,7 +2355,7 @@ def run_identity(tc, spec: str, target: str, file: str, data_from_flag: bool) ->
         if getattr(tc, name, ""):
             where = dataclasses.replace(tc, data_path=getattr(tc, name))
             data[name] = files_digest(data_path(where, spec, data_from_flag))
-    if getattr(tc, "data", "") == "chat":  # its ids also depend on the tokenizer and template
+    if getattr(tc, "data", "") in ("chat", "preferences"):  # ids: tokenizer and template too
         data["tokenizer"] = tokenizer_digest(tokenizer_folder(tc.tokenizer, spec))
     return {
         "target": target,
@@ -2401,6 +2567,10 @@ def _axdsl_run_json(path: Path) -> bool:
     """Whether `path` is a run.json as start_run writes it."""
     info = recorded(path.parent)
     return info is not None and {"package", "spec", "target", "train"} <= info.keys()
+
+
+# What every train step reports (train.py's train_step); anything else is an objective's own.
+STEP_METRICS = frozenset({"loss", "grad_norm", "lr", "ok", "bad_steps"})
 
 
 def start_run(
@@ -2698,6 +2868,8 @@ class MetricsLog:
             "grad_norm": float(report["grad_norm"]),
             "lr": float(report["lr"]),
         }
+        # an objective's own metrics (dpo: reward_accuracy, margin, ...), as the step gave them
+        row.update({k: float(v) for k, v in report.items() if k not in STEP_METRICS})
         if rate is not None:
             speed = rate * self.tc.batch * self.per_row
             row[f"{self.unit}_per_s"] = speed

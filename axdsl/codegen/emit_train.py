@@ -80,6 +80,9 @@ def emit_train(module: ir.Module, package: str, flops: list[TrainingFlops]) -> s
         batches=str(batches.kind),
         batch_fields=", ".join(batches.fields),
         masks=objective.masks,  # loss_fn and accuracy take a key for the masks
+        stats=list(objective.stats),  # loss_fn's metrics beside the loss (dpo)
+        stats_text=repr(objective.stats),
+        reference=objective.reference,  # rows carry the initial parameters' logps (dpo)
         accuracy=objective.accuracy,
         spec_loss=objective.spec_loss,  # train.py reads its batches as BATCHES does
         images=batches.images,
@@ -211,7 +214,7 @@ def _fields(module: ir.Module) -> list[Field]:
     data = t.get("data")
     if (synthetic := batches.synthetic) is not None:  # pairs or images
         _example_fields(add, batches.images, synthetic, data, origin["data"].origin)
-    elif data.kind is ir.DataKind.CHAT:
+    elif data.kind in (ir.DataKind.CHAT, ir.DataKind.PREFERENCES):
         _chat_fields(add, data, origin["data"].origin)
     else:
         add("data", str(data.kind), f"default, tokens or text ({origin['data'].origin})")
@@ -229,7 +232,7 @@ def _fields(module: ir.Module) -> list[Field]:
             "pack the documents it ends, segment ids 1, 2, ...; "
             "-1: rows from anywhere, one segment",
         )
-    if data.tokenizer is not None and data.kind is not ir.DataKind.CHAT:  # text as token ids
+    if data.tokenizer is not None and data.kind in (ir.DataKind.DEFAULT, ir.DataKind.TEXT):
         tok = data.tokenizer
         add(
             "tokenizer",
@@ -276,20 +279,26 @@ def is_chat(module: ir.Module) -> bool:
 
 
 def _chat_fields(add, data: ir.DataSource, origin) -> None:
-    """The data fields of chat data: the conversations, the tokenizer, what the loss is on."""
+    """The data fields of chat and preference data: the file, the tokenizer, and for chat data
+    what the loss is on."""
     tokenizer = filled(data.tokenizer, "chat data's tokenizer", "configure_train")
-    add("data", str(data.kind), f"chat: conversations, one JSON object a line ({origin})")
-    add("data_path", data.path or "", 'a .jsonl of {"messages": [{"role", "content"}, ...]}')
+    if data.kind is ir.DataKind.PREFERENCES:
+        add("data", str(data.kind), f"preferences: pairs, one JSON object a line ({origin})")
+        add("data_path", data.path or "", 'a .jsonl of {"prompt", "chosen", "rejected"}')
+    else:
+        add("data", str(data.kind), f"chat: conversations, one JSON object a line ({origin})")
+        add("data_path", data.path or "", 'a .jsonl of {"messages": [{"role", "content"}, ...]}')
     add(
         "tokenizer",
         tokenizer.path or "",
         "its directory (tokenizer.json, chat template), relative to the spec",
     )
-    add(
-        "train_on",
-        str(data.train_on or ir.TrainOn.ASSISTANT),
-        '"assistant": the loss on assistant turns only; "all": on every token',
-    )
+    if data.kind is ir.DataKind.CHAT:
+        add(
+            "train_on",
+            str(data.train_on or ir.TrainOn.ASSISTANT),
+            '"assistant": the loss on assistant turns only; "all": on every token',
+        )
 
 
 def _example_fields(add, images: bool, synthetic: ir.DataKind, data: ir.DataSource, origin) -> None:

@@ -187,6 +187,7 @@ class ObjectiveKind(StrEnum):
     SEQ2SEQ = "seq2seq"  # teacher forcing over (source, target) pairs
     CLASSIFY = "classify"  # images [B, H, W, C] -> logits [B, classes]
     LOSS = "loss"  # the root forward returns the loss itself
+    DPO = "dpo"  # direct preference optimization over (chosen, rejected) pairs
 
 
 class TokenWidth(StrEnum):
@@ -213,6 +214,7 @@ class DataKind(StrEnum):
         "synthetic_pairs"  # a learnable seq2seq set made on the machine (reversed strings)
     )
     CHAT = "chat"  # conversations (jsonl), rendered with a tokenizer's chat template
+    PREFERENCES = "preferences"  # (prompt, chosen, rejected) lines (jsonl), rendered like chat
 
 
 class TrainOn(StrEnum):
@@ -240,7 +242,9 @@ class DataSource:
     options: tuple[
         tuple[str, Any], ...
     ] = ()  # pairs: eos; synthetic_*: count, (noise,) (eos,) seed
-    tokenizer: Tokenizer | None = None  # default and text: None reads bytes; chat: required
+    tokenizer: Tokenizer | None = (
+        None  # default, text: None reads bytes; chat, preferences: required
+    )
     train_on: TrainOn | None = None  # chat: the tokens the loss is taken on
 
     def option(self, key: str, default: Any = None) -> Any:

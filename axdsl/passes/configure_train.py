@@ -302,7 +302,7 @@ def _data(value: Any, span: Span, diags: Diagnostics):
         and getattr(value, "fn", getattr(value, "id", "")) in objectives.DATA_SOURCES
     ):
         return objectives.check_data(value, span, diags)
-    if isinstance(value, (ir.CallValue, ir.NameValue)) and _fn_name(value) == "chat":
+    if isinstance(value, (ir.CallValue, ir.NameValue)) and _fn_name(value) in CHAT_EXAMPLES:
         return _chat(value, span, diags)
     if isinstance(value, ir.CallValue) and value.fn in ("tokens", "text"):
         fn, args, kwargs = value.fn, value.args, value.kwargs
@@ -348,39 +348,45 @@ def _fn_name(value: ir.CallValue | ir.NameValue) -> str:
     return value.fn if isinstance(value, ir.CallValue) else value.id
 
 
-CHAT_EXAMPLE = 'chat("conversations.jsonl", tokenizer = "hf/llama", train_on = "assistant")'
+# chat(...) and preferences(...): a .jsonl rendered with a tokenizer's chat template; their options
+CHAT_EXAMPLES = {
+    "chat": 'chat("conversations.jsonl", tokenizer = "hf/llama", train_on = "assistant")',
+    "preferences": 'preferences("pairs.jsonl", tokenizer = "hf/llama")',
+}
+CHAT_OPTIONS = {"chat": ("tokenizer", "train_on"), "preferences": ("tokenizer",)}
 
 
 def _chat(value: ir.CallValue | ir.NameValue, span: Span, diags: Diagnostics):
     """`chat("conversations.jsonl", tokenizer = "DIR or tokenizer.json", train_on = "assistant")`:
     conversations rendered with the tokenizer's chat template; the loss on the assistant turns
-    (train_on = "assistant", the default) or on every token ("all")."""
+    (train_on = "assistant", the default) or on every token ("all"). `preferences("pairs.jsonl",
+    tokenizer = ...)`: (prompt, chosen, rejected) lines for objective = dpo(...), rendered alike."""
+    fn = _fn_name(value)
+    example, allowed = CHAT_EXAMPLES[fn], CHAT_OPTIONS[fn]
     args = value.args if isinstance(value, ir.CallValue) else ()
     opts = dict(value.kwargs) if isinstance(value, ir.CallValue) else {}
     if len(args) != 1 or not isinstance(args[0], str) or not args[0]:
-        diags.error(
-            span,
-            "chat(...) takes one path string, the conversations' .jsonl file",
-            f"as in {CHAT_EXAMPLE}",
-        )
+        diags.error(span, f"{fn}(...) takes one path string, a .jsonl file", f"as in {example}")
         return None
     for k in opts:
-        if k not in ("tokenizer", "train_on"):
+        if k not in allowed:
             diags.error(
                 span,
-                f"chat(...) has no option `{k}`",
-                did_you_mean(k, ("tokenizer", "train_on")) or f"as in {CHAT_EXAMPLE}",
+                f"{fn}(...) has no option `{k}`",
+                did_you_mean(k, allowed) or f"as in {example}",
             )
             return None
     tokenizer = opts.get("tokenizer")
     if not isinstance(tokenizer, str) or not tokenizer:
         diags.error(
             span,
-            'chat(...) needs `tokenizer = "..."`: the directory of a Hugging Face tokenizer '
+            f'{fn}(...) needs `tokenizer = "..."`: the directory of a Hugging Face tokenizer '
             "(tokenizer.json and its chat template) or its tokenizer.json",
-            f"as in {CHAT_EXAMPLE}; `axdsl import-hf` writes one beside the model",
+            f"as in {example}; `axdsl import-hf` writes one beside the model",
         )
         return None
+    if fn == "preferences":
+        return ir.DataSource(ir.DataKind.PREFERENCES, args[0], tokenizer=ir.Tokenizer(tokenizer))
     train_on = opts.get("train_on", ir.TrainOn.ASSISTANT.value)
     if train_on not in tuple(ir.TrainOn):
         diags.error(

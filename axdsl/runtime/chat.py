@@ -418,10 +418,14 @@ def validate_conversation(obj, line_no: int) -> list[str]:
     return problems
 
 
-def scan_conversations(path: Path) -> tuple[list[tuple[int, list[dict]]], list[str]]:
+def scan_conversations(
+    path: Path, preferences: bool = False
+) -> tuple[list[tuple[int, list[dict]]], list[str]]:
     """(line number, messages) of each good non-blank line of a chat file, and what is wrong with
     the others (bad JSON with its line, unknown roles, no assistant turn, ...: see
-    validate_conversation). `axdsl check` and the trainer both read a file with it."""
+    validate_conversation). `axdsl check` and the trainer both read a file with it. With
+    `preferences`, the lines are preference pairs (validate_preference), given as their objects."""
+    validate = validate_preference if preferences else validate_conversation
     found, problems = [], []
     with path.open(encoding="utf-8", errors="replace") as lines:
         for n, line in enumerate(lines, 1):
@@ -432,11 +436,71 @@ def scan_conversations(path: Path) -> tuple[list[tuple[int, list[dict]]], list[s
             except ValueError as exc:
                 problems.append(f"line {n}: not JSON ({exc})")
                 continue
-            wrong = validate_conversation(obj, n)
+            wrong = validate(obj, n)
             problems += wrong
             if not wrong:
-                found.append((n, obj["messages"]))
+                found.append((n, obj if preferences else obj["messages"]))
     return found, problems
+
+
+def validate_preference(obj, line_no: int) -> list[str]:
+    """What is wrong with one parsed line of a preferences file, as messages fit for users; empty
+    when it is a pair to train on: an object with a `prompt` (a string: the user's message) or
+    `messages` (the conversation so far, as validate_conversation checks it, without needing an
+    assistant turn), and a `chosen` and a `rejected` answer, each a string or a list of assistant
+    messages."""
+    where = f"line {line_no}"
+    if not isinstance(obj, dict):
+        return [f"{where}: a preference pair is a JSON object, not {json_kind(obj)}"]
+    problems = []
+    if isinstance(obj.get("prompt"), str):
+        pass
+    elif isinstance(obj.get("messages"), list):
+        problems += [
+            p
+            for p in validate_conversation({"messages": obj["messages"]}, line_no)
+            if "no assistant message" not in p
+        ]
+    else:
+        problems.append(
+            f'{where}: no "prompt" string nor "messages" list (the object has {keys_of(obj)})'
+        )
+    for side in ("chosen", "rejected"):
+        answer = obj.get(side)
+        if isinstance(answer, str):
+            continue
+        if not isinstance(answer, list) or not answer:
+            said = json_kind(answer) if side in obj else "missing"
+            problems.append(f'{where}: "{side}" is {said}, not a string or assistant messages')
+            continue
+        bad = [m for m in answer if not (isinstance(m, dict) and m.get("role") == "assistant")]
+        if bad or any(not isinstance(m.get("content"), str) for m in answer):
+            problems.append(f'{where}: "{side}" holds messages other than assistant ones')
+    return problems
+
+
+def preference_conversations(obj: dict) -> tuple[list[dict], list[dict], int]:
+    """(chosen conversation, rejected conversation, assistant turns of the prompt) of a valid
+    preference line: the prompt's messages followed by each answer's."""
+    prompt = obj["messages"] if "messages" in obj and "prompt" not in obj else None
+    if prompt is None:
+        prompt = [{"role": "user", "content": obj["prompt"]}]
+
+    def answer(a) -> list[dict]:
+        return [{"role": "assistant", "content": a}] if isinstance(a, str) else list(a)
+
+    turns = sum(m.get("role") == "assistant" for m in prompt)
+    return prompt + answer(obj["chosen"]), prompt + answer(obj["rejected"]), turns
+
+
+def answer_mask(mask: np.ndarray, skip: int) -> np.ndarray:
+    """encode_chat's assistant mask less its first `skip` runs of 1s (one run per assistant
+    turn): 1 on the answer's turns only, those after the prompt's."""
+    starts = np.flatnonzero(np.diff(np.concatenate([[0], mask])) == 1)
+    out = mask.copy()
+    if skip:
+        out[: starts[skip] if skip < len(starts) else len(out)] = 0
+    return out
 
 
 def tokenizer_folder(tokenizer: str, spec: str) -> Path:

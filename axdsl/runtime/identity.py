@@ -111,7 +111,7 @@ def run_identity(tc, spec: str, target: str, file: str, data_from_flag: bool) ->
         if getattr(tc, name, ""):
             where = dataclasses.replace(tc, data_path=getattr(tc, name))
             data[name] = files_digest(data_path(where, spec, data_from_flag))
-    if getattr(tc, "data", "") == "chat":  # its ids also depend on the tokenizer and template
+    if getattr(tc, "data", "") in ("chat", "preferences"):  # ids: tokenizer and template too
         data["tokenizer"] = tokenizer_digest(tokenizer_folder(tc.tokenizer, spec))
     return {
         "target": target,

@@ -68,6 +68,10 @@ def _axdsl_run_json(path: Path) -> bool:
     return info is not None and {"package", "spec", "target", "train"} <= info.keys()
 
 
+# What every train step reports (train.py's train_step); anything else is an objective's own.
+STEP_METRICS = frozenset({"loss", "grad_norm", "lr", "ok", "bad_steps"})
+
+
 def start_run(
     run_dir: Path,
     tc,
@@ -363,6 +367,8 @@ class MetricsLog:
             "grad_norm": float(report["grad_norm"]),
             "lr": float(report["lr"]),
         }
+        # an objective's own metrics (dpo: reward_accuracy, margin, ...), as the step gave them
+        row.update({k: float(v) for k, v in report.items() if k not in STEP_METRICS})
         if rate is not None:
             speed = rate * self.tc.batch * self.per_row
             row[f"{self.unit}_per_s"] = speed
