@@ -156,3 +156,17 @@ def test_a_dpo_run_starts_at_the_reference_and_resumes_bitwise(tm, tmp_path):
     assert any(s["margin"] != 0.0 for s in steps[1:])
     info = json.loads((whole / "run.json").read_text())
     assert info["data"] == {"pairs": 34, "cut": 0} and set(info["identity"]["data"]) == {"data_path", "tokenizer"}
+
+
+def test_dpo_with_lora_takes_the_base_without_adapters_as_the_reference(tmp_path):
+    """Under LoRA the reference is the frozen base (B starts at zero: step 1 is ln 2 with margin
+    0); only the adapters move."""
+    lora = TRAIN + '  lora(rank = 2, alpha = 4.0, targets = "blocks/*/attn/w[qv]")\n'
+    write_spec(tmp_path, PREFERENCES, "  objective = dpo(beta = 0.1)\n" + lora)
+    lm = build_package(tmp_path, "lm", (tmp_path / "lm.axl").read_text())
+    train(lm, tmp_path / "run", 4)
+    first = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[0])
+    assert first["loss"] == pytest.approx(math.log(2), abs=1e-6) and first["margin"] == 0.0
+    start, end = saved_state(tmp_path / "run", 2), saved_state(tmp_path / "run", 4)
+    assert all(start[k] == end[k] for k in start if k.startswith("['params']"))
+    assert any(start[k] != end[k] for k in start if k.startswith("['lora']"))
