@@ -6,7 +6,9 @@ the user a build and a JAX start. This module sizes the data from the file syste
 of the tokens, no jax) and reports, located at the `data = ...` line, what would stop training:
 an empty source, a token file of a partial id, a binary file in a text source (a NUL byte near its
 start), a train or eval split shorter than one sequence; for pairs(...), each file's ids; for
-arrays(...), the .npz's images and labels against the model's image shape (headers only).
+arrays(...), the .npz's images and labels against the model's image shape (headers only); for
+chat(...), the tokenizer and its chat template, and every line of the file (JSON, roles, an
+assistant turn), with the trainer's own reader (axdsl/runtime/chat.py, which imports no jax).
 
 The split rule is runtime.py's: the last 2% of the tokens are held out; a batch row reads
 seq + 1 tokens from a random start, so a split needs seq + 2.
@@ -38,6 +40,8 @@ def data_problems(module: ir.Module, spec: Path) -> list[Diagnostic]:
         return [Diagnostic(choice.span, m) for m in _pairs_problems(source, spec)]
     if source.kind == ir.DataKind.ARRAYS:
         return [Diagnostic(choice.span, m, h) for m, h in _arrays_problems(module, source, spec)]
+    if source.kind in (ir.DataKind.CHAT, ir.DataKind.PREFERENCES):
+        return [Diagnostic(choice.span, m, h) for m, h in _chat_problems(source, spec, settings)]
     if source.kind not in (ir.DataKind.TOKENS, ir.DataKind.TEXT):
         return []  # the standard library's sources (tens of MiB), or a set made on the machine
     path = _resolve(source.path, spec)
@@ -131,6 +135,67 @@ def _arrays_problems(module: ir.Module, source: ir.DataSource, spec: Path) -> li
                 f"arrays data {path} holds {ishape[0]} example(s): "
                 "none is left to hold out for evaluation",
                 "add data or set eval_every = 0",
+            )
+        ]
+    return []
+
+
+CHAT_LINE = '{"messages": [{"role": "user", "content": "..."}, {"role": "assistant", ...}]}'
+PREFERENCE_LINE = (
+    '{"prompt": "...", "chosen": "...", "rejected": "..."} (or "messages" for "prompt")'
+)
+SHOWN = 5  # a chat file's problems listed, of all those found
+
+
+def _chat_problems(
+    source: ir.DataSource, spec: Path, settings: ir.TrainSettings
+) -> list[tuple[str, str]]:
+    """chat("x.jsonl", tokenizer = ...): the tokenizer has a chat template; the file, when it
+    exists, holds conversations only (each line one: see runtime's validate_conversation), at
+    least two when there is an eval split. preferences(...): the same of preference pairs
+    (validate_preference)."""
+    from axdsl.runtime import chat
+
+    tokenizer = filled(source.tokenizer, "chat data's tokenizer", "configure_train")
+    folder = chat.tokenizer_folder(filled(tokenizer.path, "its path", "configure_train"), str(spec))
+    if not (folder / "tokenizer.json").is_file():
+        return [
+            (
+                f"tokenizer {tokenizer.path!r} is not a tokenizer.json nor a directory holding one "
+                f"(looked in {folder})",
+                "give the directory of a Hugging Face tokenizer (`axdsl import-hf` writes one), "
+                "relative to the spec",
+            )
+        ]
+    try:
+        chat.load_template(folder)
+    except ValueError as exc:
+        return [(str(exc), "the data is rendered with the tokenizer's own chat template")]
+    path, pairs = _resolve(source.path, spec), source.kind is ir.DataKind.PREFERENCES
+    if not path.is_file():
+        return []  # not there yet: train.py says so if it still is not
+    try:
+        found, problems = chat.scan_conversations(path, pairs)
+    except OSError as exc:
+        return [(f"{source.kind} data {path} cannot be read: {exc.strerror or exc}", "")]
+    hint = (
+        f"each line is one pair: {PREFERENCE_LINE}"
+        if pairs
+        else f"each line is one conversation: {CHAT_LINE}"
+    )
+    if problems:
+        more = f" (and {len(problems) - SHOWN} more)" if len(problems) > SHOWN else ""
+        return [(f"{source.kind} data {path}: {p}", hint) for p in problems[: SHOWN - 1]] + [
+            (f"{source.kind} data {path}: {p}{more}", hint) for p in problems[SHOWN - 1 : SHOWN]
+        ]
+    what = "pair" if pairs else "conversation"
+    if not found:
+        return [(f"{source.kind} data {path} holds no {what}", hint)]
+    if settings.get("eval_every") and len(found) < 2:
+        return [
+            (
+                f"{source.kind} data {path} holds one {what}: none is left for the eval split",
+                "add conversations or set eval_every = 0",
             )
         ]
     return []

@@ -187,10 +187,12 @@ def cross_check(values: dict, module: ir.Module, diags: Diagnostics) -> None:
             "`freeze` and lora(...) together: lora already freezes " "every base weight",
             "drop `freeze`; only the adapters train",
         )
-    if "objective" in values and values["objective"].value.name != "next_token":
+    adapted = (ir.ObjectiveKind.NEXT_TOKEN, ir.ObjectiveKind.DPO)  # next-token models' objectives
+    if "objective" in values and values["objective"].value.name not in adapted:
         diags.error(
             span,
-            f"lora(...) supports the next_token objective, not {values['objective'].value.name}",
+            "lora(...) supports the next_token and dpo objectives, not "
+            f"{values['objective'].value.name}",
             "fine-tune this model fully, or with `freeze`",
         )
 

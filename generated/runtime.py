@@ -30,6 +30,8 @@ import tempfile
 import threading
 import time
 import zipfile
+from datetime import datetime
+from functools import lru_cache
 from pathlib import Path
 from typing import NamedTuple
 from typing import NoReturn
@@ -451,41 +453,48 @@ def read_pairs(
 
 def pack_pairs(sources: list, targets: list, seq: int, packed: bool) -> dict[str, np.ndarray]:
     """Rows of `seq` source and `seq` target positions: tokens, segments (0: padding, k: the k-th
-    example of the row), targets and dec_segments. Pairs are taken in order, as many to a row as
-    fit on both sides (one when not `packed`); a longer example is cut to `seq` tokens."""
+    example of the row), targets and dec_segments (see pack_examples)."""
     cut = sum(len(s) > seq or len(t) > seq for s, t in zip(sources, targets, strict=True))
     if cut and is_lead():
         print(
             f"warning: {cut} of {len(sources)} pairs are longer than seq {seq} and were cut",
             file=sys.stderr,
         )
-    rows: list[list[tuple[np.ndarray, np.ndarray]]] = []
-    row: list[tuple[np.ndarray, np.ndarray]] = []
-    used = [0, 0]
-    for s, t in zip(sources, targets, strict=True):
-        s, t = s[:seq], t[:seq]
-        if row and (not packed or used[0] + len(s) > seq or used[1] + len(t) > seq):
+    sides = [({"tokens": sources}, "segments"), ({"targets": targets}, "dec_segments")]
+    return pack_examples(sides, seq, packed)
+
+
+def pack_examples(sides: list[tuple[dict, str]], seq: int, packed: bool) -> dict[str, np.ndarray]:
+    """Examples packed into rows of `seq` positions per side, int32. A side is (its fields, each
+    a list of one array per example, all of one example the same length; the name of its segment
+    ids: 0 padding, k the row's k-th example). Examples are taken in order, as many to a row as
+    fit on every side (one to a row when not `packed`); a longer one is cut to `seq` positions.
+    seq2seq packs (source, target) pairs on two sides; chat data a side of tokens and loss mask."""
+    count = len(next(iter(sides[0][0].values())))
+    sizes = [
+        [min(len(next(iter(fields.values()))[i]), seq) for fields, _ in sides] for i in range(count)
+    ]
+    rows: list[list[int]] = []
+    row: list[int] = []
+    used = [0] * len(sides)
+    for i in range(count):
+        if row and (not packed or any(u + n > seq for u, n in zip(used, sizes[i], strict=True))):
             rows.append(row)
-            row, used = [], [0, 0]
-        row.append((s, t))
-        used = [used[0] + len(s), used[1] + len(t)]
+            row, used = [], [0] * len(sides)
+        row.append(i)
+        used = [u + n for u, n in zip(used, sizes[i], strict=True)]
     rows += [row] if row else []
-    out = {
-        k: np.zeros((len(rows), seq), np.int32)
-        for k in ("tokens", "segments", "targets", "dec_segments")
-    }
+    names = [name for fields, segments in sides for name in (*fields, segments)]
+    out = {name: np.zeros((len(rows), seq), np.int32) for name in names}
     for r, row in enumerate(rows):
-        at = [0, 0]
-        for k, (s, t) in enumerate(row, start=1):
-            out["tokens"][r, at[0] : at[0] + len(s)], out["segments"][r, at[0] : at[0] + len(s)] = (
-                s,
-                k,
-            )
-            (
-                out["targets"][r, at[1] : at[1] + len(t)],
-                out["dec_segments"][r, at[1] : at[1] + len(t)],
-            ) = (t, k)
-            at = [at[0] + len(s), at[1] + len(t)]
+        for side, (fields, segments) in enumerate(sides):
+            at = 0
+            for k, i in enumerate(row, start=1):
+                n = sizes[i][side]
+                for name, arrays in fields.items():
+                    out[name][r, at : at + n] = arrays[i][:n]
+                out[segments][r, at : at + n] = k
+                at += n
     return out
 
 
@@ -641,6 +650,726 @@ def get_examples(
     }
 
 
+# ----------------------------------------------------------- chat templates (axdsl/runtime/chat.py)
+# A line of a chat file is {"messages": [{"role": ..., "content": ...}, ...]}. The conversation is
+# rendered with the tokenizer's chat template (a jinja2 template that Hugging Face tokenizers ship)
+# in the environment transformers renders it in, so that the text and the token ids equal what
+# `tokenizer.apply_chat_template(messages, tokenize=True)` gives; the loss is taken on the tokens
+# the model must learn to produce: each assistant turn's content and the end-of-turn token after it.
+
+CHAT_ROLES = ("system", "user", "assistant", "tool")
+# The named special tokens transformers hands every template (bos_token, eos_token, ...): its
+# `special_tokens_map`, read from tokenizer_config.json.
+SPECIAL_TOKEN_NAMES = (
+    "bos_token",
+    "eos_token",
+    "unk_token",
+    "sep_token",
+    "pad_token",
+    "cls_token",
+    "mask_token",
+)
+# Message fields a model's reasoning is given under; templates read `reasoning_content` (most) or
+# `thinking` (gpt-oss), so each is filled from whichever the message has, as transformers does.
+REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
+# Unicode noncharacters: never in real text, and no template strips them (they are not whitespace).
+# Two absent from a conversation's rendering mark where its assistant contents begin and end.
+SENTINELS = tuple(chr(c) for c in range(0xFDD0, 0xFDF0))
+
+
+def load_template(path: str | Path) -> str:
+    """The chat template of a tokenizer: `path` is its directory or its tokenizer.json (whose
+    directory is read). As transformers loads it: chat_template.jinja (what transformers 5 saves)
+    wins, else tokenizer_config.json's `chat_template`, a string or a list of named templates of
+    which the one named "default" is used. A ValueError says what is missing when there is none."""
+    path = Path(path)
+    folder = path.parent if path.is_file() else path
+    if not folder.is_dir():
+        raise ValueError(f"tokenizer {path} does not exist")
+    jinja = folder / "chat_template.jinja"
+    if jinja.is_file():
+        return jinja.read_text(encoding="utf-8")
+    config = read_tokenizer_config(folder)
+    template = config.get("chat_template")
+    if isinstance(template, str) and template:
+        return template
+    if isinstance(template, list):
+        # [{"name": ..., "template": ...}, ...]
+        named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
+        default = named.get("default")
+        if isinstance(default, str):
+            return default
+        raise ValueError(
+            f"the tokenizer in {folder} has several chat templates "
+            f"({', '.join(sorted(str(n) for n in named))}) and none named \"default\""
+        )
+    raise ValueError(
+        f"the tokenizer in {folder} has no chat template: neither chat_template.jinja nor a "
+        "`chat_template` in tokenizer_config.json (a base model's tokenizer has none; give the "
+        "tokenizer of its instruct version, or write a chat_template.jinja beside it)"
+    )
+
+
+def load_special_tokens(path: str | Path) -> dict[str, str]:
+    """The named special tokens a template may read (bos_token, eos_token, ...) of the tokenizer
+    in `path` (its directory or tokenizer.json), as transformers reads them: those of
+    tokenizer_config.json, overridden by a legacy special_tokens_map.json's when the config has no
+    `added_tokens_decoder`; a token is its text or an AddedToken's {"content": ...}; absent ones
+    are left out. (transformers 5's model-specific tokenizer classes add defaults of their own,
+    e.g. Gemma's mask_token; those models' templates read only bos_token and eos_token.)"""
+    path = Path(path)
+    folder = path.parent if path.is_file() else path
+    config = read_tokenizer_config(folder)
+    legacy = folder / "special_tokens_map.json"
+    if "added_tokens_decoder" not in config and legacy.is_file():
+        config = {**config, **read_json_object(legacy)}
+    special = {}
+    for name in SPECIAL_TOKEN_NAMES:
+        value = config.get(name)
+        if isinstance(value, dict):
+            value = value.get("content")
+        if isinstance(value, str):
+            special[name] = value
+    return special
+
+
+def read_tokenizer_config(folder: Path) -> dict:
+    """tokenizer_config.json of `folder` as a dict ({} when there is none)."""
+    config = folder / "tokenizer_config.json"
+    return read_json_object(config) if config.is_file() else {}
+
+
+def read_json_object(path: Path) -> dict:
+    """The JSON object in `path`; a ValueError when it holds none."""
+    try:
+        found = json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{path} is not valid JSON: {exc}") from None
+    if not isinstance(found, dict):
+        raise ValueError(f"{path} does not hold a JSON object")
+    return found
+
+
+def render_chat(
+    messages: list[dict], template: str, special: dict[str, str], add_generation_prompt=False
+) -> str:
+    """`messages` rendered with the chat `template`, exactly as transformers' apply_chat_template
+    renders them (tokenize=False): the same jinja2 sandbox and globals (see chat_environment), the
+    special tokens as variables, `tools` and `documents` None. As transformers does, message
+    fields whose value is None are dropped and a message's reasoning is given under every name
+    templates read it by. A template's `raise_exception(...)` is a jinja2 TemplateError."""
+    compiled = compile_template(template)
+    return compiled.render(
+        messages=[chat_message(m) for m in messages],
+        tools=None,
+        documents=None,
+        add_generation_prompt=add_generation_prompt,
+        **special,
+    )
+
+
+def chat_message(message: dict) -> dict:
+    """A copy of `message` as transformers hands it to the template: None fields dropped, and
+    a reasoning given under one name copied to `thinking` and `reasoning_content`."""
+    message = {k: v for k, v in message.items() if v is not None}
+    reasoning = next((message[k] for k in REASONING_FIELDS if message.get(k) is not None), None)
+    if reasoning is not None:
+        message = {"thinking": reasoning, **message, "reasoning_content": reasoning}
+    return message
+
+
+@lru_cache(maxsize=16)
+def compile_template(template: str):
+    """The jinja2 Template of a chat template's text, compiled once."""
+    return chat_environment().from_string(template)
+
+
+@lru_cache(maxsize=1)
+def chat_environment():
+    """The jinja2 environment chat templates are written for: transformers' (whose templates
+    come from model repositories and are untrusted code, hence the sandbox). An immutable sandbox
+    with trim_blocks and lstrip_blocks; the loop controls `break` and `continue`; `tojson` that
+    keeps non-ASCII text and takes indent, separators and sort_keys; `raise_exception(message)`;
+    `strftime_now(format)` (today's date in Llama 3.1's system prompt); `dict` and `namespace`
+    that cannot reach Python internals; and a `{% generation %}` block, which marks the assistant
+    text for transformers' assistant mask and here only renders its body (encode_chat finds the
+    assistant text without it)."""
+    import jinja2
+    import jinja2.ext
+    import jinja2.nodes
+    import jinja2.utils
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    class GenerationBlock(jinja2.ext.Extension):
+        """`{% generation %}...{% endgeneration %}`: renders what it encloses."""
+
+        tags = {"generation"}
+
+        def parse(self, parser):
+            line = next(parser.stream).lineno
+            body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+            call = self.call_method("_enclosed")
+            return jinja2.nodes.CallBlock(call, [], [], body).set_lineno(line)
+
+        def _enclosed(self, caller):
+            return caller()
+
+    class SafeNamespace(jinja2.utils.Namespace):
+        """jinja2's namespace() that refuses attribute names starting with "_"."""
+
+        def __init__(*args, **kwargs):  # the self-less signature of jinja2's Namespace
+            self, rest = args[0], args[1:]
+            attributes = dict(*rest, **kwargs)
+            for name in attributes:
+                SafeNamespace.refuse_private(name)
+            jinja2.utils.Namespace.__init__(self, attributes)
+
+        def __setitem__(self, name, value):
+            SafeNamespace.refuse_private(name)
+            jinja2.utils.Namespace.__setitem__(self, name, value)
+
+        @staticmethod
+        def refuse_private(name):
+            if isinstance(name, str) and name.startswith("_"):
+                raise jinja2.exceptions.SecurityError(
+                    f"a chat template cannot set {name!r} on a namespace (a name starting with _)"
+                )
+
+    class PlainDict:
+        """dict(...) and dict.fromkeys(...) for templates, without the dict type itself."""
+
+        def __call__(self, *args, **kwargs):
+            return dict(*args, **kwargs)
+
+        def fromkeys(self, *args, **kwargs):
+            return dict.fromkeys(*args, **kwargs)
+
+    def raise_exception(message):
+        raise jinja2.exceptions.TemplateError(message)
+
+    def tojson(value, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+        return json.dumps(
+            value,
+            ensure_ascii=ensure_ascii,
+            indent=indent,
+            separators=separators,
+            sort_keys=sort_keys,
+        )
+
+    def strftime_now(format):
+        return datetime.now().strftime(format)
+
+    environment = ImmutableSandboxedEnvironment(
+        trim_blocks=True,
+        lstrip_blocks=True,
+        extensions=[GenerationBlock, jinja2.ext.loopcontrols],
+    )
+    environment.filters["tojson"] = tojson
+    environment.globals["raise_exception"] = raise_exception
+    environment.globals["strftime_now"] = strftime_now
+    environment.globals["dict"] = PlainDict()
+    environment.globals["namespace"] = SafeNamespace
+    return environment
+
+
+def encode_chat(
+    messages: list[dict], tokenizer, template: str, special: dict[str, str], train_on="assistant"
+) -> tuple[np.ndarray, np.ndarray]:
+    """A conversation as token ids (int32) and its loss mask (int32, 1 where the loss is taken).
+
+    The ids are transformers' `apply_chat_template(messages, tokenize=True)`: the rendered text
+    encoded by the `tokenizers.Tokenizer` without added special tokens (the template writes them).
+    (transformers 5 builds some model-specific classes, e.g. Qwen2Tokenizer, with a pre-tokenizer
+    of their own instead of tokenizer.json's; where the two differ, these ids are tokenizer.json's.)
+    With train_on="all" the mask is all 1. With "assistant" it is 1 on the tokens the model must
+    learn to produce: each assistant message's content as the template rendered it, and the
+    end-of-turn token the template writes after it (an added token such as <|eot_id|>,
+    <|im_end|> or <end_of_turn>, reached over whitespace only); 0 on everything else, the
+    turn headers (<|im_start|>assistant...) included, which are the prompt.
+
+    How the assistant text is found without the `{% generation %}` blocks most templates lack:
+    the template is rendered again with every assistant content wrapped in two sentinel
+    characters (unicode noncharacters absent from the text; no template strips them). When that
+    text, less the sentinels, is the conversation's text, the sentinels mark each content's
+    characters. When it is not (a template that trims the whitespace around a content, which the
+    sentinels shield), each content is located alone by two renders: with a sentinel before it,
+    the text first differs from the conversation's where the content starts; with one after it,
+    where the content ends; both are checked to differ only there (by the sentinel and trimmed
+    whitespace), so that a template that renders other text from a content fails loudly. Tokens
+    are then taken by their character offsets: every token that overlaps a content is masked,
+    so a token straddling a content's edge is learned whole."""
+    text = render_chat(messages, template, special)
+    encoding = tokenizer.encode(text, add_special_tokens=False)
+    ids = np.asarray(encoding.ids, dtype=np.int32)
+    if train_on == "all":
+        return ids, np.ones(len(ids), dtype=np.int32)
+    if train_on != "assistant":
+        raise ValueError(f'train_on is "assistant" or "all", not {train_on!r}')
+    spans = assistant_spans(messages, template, special, text)
+    added = {int(i) for i in tokenizer.get_added_tokens_decoder()}
+    return ids, span_mask(encoding.ids, encoding.offsets, spans, added, text)
+
+
+def assistant_spans(
+    messages: list[dict], template: str, special: dict[str, str], text: str
+) -> list[tuple[int, int]]:
+    """The character span in `text` (the rendering of `messages`) of each assistant message's
+    content, in order (see encode_chat)."""
+    turns = [i for i, m in enumerate(messages) if m.get("role") == "assistant"]
+    free = (c for c in SENTINELS if c not in text)
+    begin, end = next(free, None), next(free, None)
+    if begin is None or end is None:
+        raise ValueError("a conversation holds all the unicode noncharacters U+FDD0..U+FDEF")
+    wrapped = [dict(m) for m in messages]
+    for i in turns:
+        wrapped[i]["content"] = begin + str(messages[i].get("content", "")) + end
+    marked = render_chat(wrapped, template, special)
+    if marked.replace(begin, "").replace(end, "") == text:
+        spans = sentinel_spans(marked, begin, end)
+        if spans is not None and len(spans) == len(turns):
+            return spans
+    return [content_span(messages, i, template, special, text, begin) for i in turns]
+
+
+def sentinel_spans(marked: str, begin: str, end: str) -> list[tuple[int, int]] | None:
+    """The spans between `begin` and `end` in `marked`, as offsets into `marked` without them;
+    None unless the two alternate, begin first."""
+    spans, at, removed = [], 0, 0
+    while (first := marked.find(begin, at)) >= 0:
+        last = marked.find(end, first)
+        if last < 0 or marked.find(begin, first + 1, last) >= 0:
+            return None
+        spans.append((first - removed, last - removed - 1))
+        removed += 2
+        at = last + 1
+    if marked.count(end) != len(spans):
+        return None
+    return spans
+
+
+def content_span(
+    messages: list[dict], turn: int, template: str, special: dict[str, str], text: str, mark: str
+) -> tuple[int, int]:
+    """The span in `text` of message `turn`'s content, located by rendering it with `mark` before
+    it and then after it (see encode_chat)."""
+    content = str(messages[turn].get("content", ""))
+    found = []
+    for changed in (mark + content, content + mark):
+        altered = [dict(m) for m in messages]
+        altered[turn]["content"] = changed
+        other = render_chat(altered, template, special)
+        at = common_prefix(text, other)
+        # `other` from `at` must be: whitespace, the mark, whitespace, then `text` from `at` (the
+        # whitespace is what the template trimmed from the content and the mark kept)
+        after = other[at:].lstrip()
+        tail = text[at:]
+        between = after[1 : len(after) - len(tail)]
+        if not (after.startswith(mark) and after.endswith(tail) and not between.strip()):
+            raise ValueError(
+                f"cannot locate message {turn + 1}'s content in the conversation as the chat "
+                "template renders it (the template renders text other than the content from it); "
+                'train on every token with train_on = "all"'
+            )
+        # after the content, the common prefix can run on over the template's own whitespace
+        found.append(at if changed.startswith(mark) else at - len(between))
+    start, stop = found
+    return start, max(start, stop)
+
+
+def common_prefix(a: str, b: str) -> int:
+    """The length of the longest common prefix of `a` and `b`."""
+    lo, hi = 0, min(len(a), len(b))
+    while lo < hi:  # a binary search over slice comparisons: C speed, not a Python loop
+        mid = (lo + hi + 1) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def span_mask(
+    ids: list[int],
+    offsets: list[tuple[int, int]],
+    spans: list[tuple[int, int]],
+    added: set[int],
+    text: str,
+) -> np.ndarray:
+    """1 on the tokens overlapping each span and on the end-of-turn token after it (the first
+    added token after the span when only whitespace lies between), 0 elsewhere."""
+    mask = np.zeros(len(ids), dtype=np.int32)
+    t = 0
+    for start, end in spans:
+        while t < len(ids) and offsets[t][1] <= start:
+            t += 1  # tokens before the span
+        while t < len(ids) and offsets[t][0] < end:
+            mask[t] = 1  # tokens overlapping it
+            t += 1
+        marker = t
+        while marker < len(ids) and ids[marker] not in added and is_blank(text, offsets[marker]):
+            marker += 1
+        if (
+            marker < len(ids)
+            and ids[marker] in added
+            and not text[end : offsets[marker][0]].strip()
+        ):
+            mask[t : marker + 1] = 1
+            t = marker + 1
+    return mask
+
+
+def is_blank(text: str, offset: tuple[int, int]) -> bool:
+    """Whether the token at `offset` in `text` is whitespace (or empty)."""
+    return not text[offset[0] : offset[1]].strip()
+
+
+def validate_conversation(obj, line_no: int) -> list[str]:
+    """What is wrong with one parsed line of a chat file (`line_no` counts from 1), as messages
+    fit for users; empty when it is a conversation to train on: an object whose `messages` is a
+    list of {"role", "content"} objects, roles among system, user, assistant and tool, every
+    content a string, and at least one assistant turn (else nothing would be learned)."""
+    where = f"line {line_no}"
+    if not isinstance(obj, dict):
+        return [f"{where}: a conversation is a JSON object, not {json_kind(obj)}"]
+    messages = obj.get("messages")
+    if not isinstance(messages, list):
+        if "messages" not in obj:
+            return [f'{where}: no "messages" list (the object has {keys_of(obj)})']
+        return [f'{where}: "messages" is {json_kind(messages)}, not a list of messages']
+    if not messages:
+        return [f'{where}: "messages" is empty']
+    problems = []
+    for n, message in enumerate(messages, 1):
+        at = f"{where}, message {n}"
+        if not isinstance(message, dict):
+            problems.append(f"{at}: a message is a JSON object, not {json_kind(message)}")
+            continue
+        role = message.get("role")
+        if role not in CHAT_ROLES:
+            said = f"unknown role {role!r}" if "role" in message else "no role"
+            problems.append(f"{at}: {said} (the roles are {', '.join(CHAT_ROLES)})")
+        if "content" not in message:
+            problems.append(f"{at}: no content")
+        elif not isinstance(message["content"], str):
+            problems.append(f"{at}: content is {json_kind(message['content'])}, not a string")
+    if not any(isinstance(m, dict) and m.get("role") == "assistant" for m in messages):
+        problems.append(f"{where}: no assistant message (nothing for the model to learn)")
+    return problems
+
+
+def scan_conversations(
+    path: Path, preferences: bool = False
+) -> tuple[list[tuple[int, list[dict]]], list[str]]:
+    """(line number, messages) of each good non-blank line of a chat file, and what is wrong with
+    the others (bad JSON with its line, unknown roles, no assistant turn, ...: see
+    validate_conversation). `axdsl check` and the trainer both read a file with it. With
+    `preferences`, the lines are preference pairs (validate_preference), given as their objects."""
+    validate = validate_preference if preferences else validate_conversation
+    found, problems = [], []
+    with path.open(encoding="utf-8", errors="replace") as lines:
+        for n, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except ValueError as exc:
+                problems.append(f"line {n}: not JSON ({exc})")
+                continue
+            wrong = validate(obj, n)
+            problems += wrong
+            if not wrong:
+                found.append((n, obj if preferences else obj["messages"]))
+    return found, problems
+
+
+def validate_preference(obj, line_no: int) -> list[str]:
+    """What is wrong with one parsed line of a preferences file, as messages fit for users; empty
+    when it is a pair to train on: an object with a `prompt` (a string: the user's message) or
+    `messages` (the conversation so far, as validate_conversation checks it, without needing an
+    assistant turn), and a `chosen` and a `rejected` answer, each a string or a list of assistant
+    messages."""
+    where = f"line {line_no}"
+    if not isinstance(obj, dict):
+        return [f"{where}: a preference pair is a JSON object, not {json_kind(obj)}"]
+    problems = []
+    if isinstance(obj.get("prompt"), str):
+        pass
+    elif isinstance(obj.get("messages"), list):
+        problems += [
+            p
+            for p in validate_conversation({"messages": obj["messages"]}, line_no)
+            if "no assistant message" not in p
+        ]
+    else:
+        problems.append(
+            f'{where}: no "prompt" string nor "messages" list (the object has {keys_of(obj)})'
+        )
+    for side in ("chosen", "rejected"):
+        answer = obj.get(side)
+        if isinstance(answer, str):
+            continue
+        if not isinstance(answer, list) or not answer:
+            said = json_kind(answer) if side in obj else "missing"
+            problems.append(f'{where}: "{side}" is {said}, not a string or assistant messages')
+            continue
+        bad = [m for m in answer if not (isinstance(m, dict) and m.get("role") == "assistant")]
+        if bad or any(not isinstance(m.get("content"), str) for m in answer):
+            problems.append(f'{where}: "{side}" holds messages other than assistant ones')
+    return problems
+
+
+def preference_conversations(obj: dict) -> tuple[list[dict], list[dict], int]:
+    """(chosen conversation, rejected conversation, assistant turns of the prompt) of a valid
+    preference line: the prompt's messages followed by each answer's."""
+    prompt = obj["messages"] if "messages" in obj and "prompt" not in obj else None
+    if prompt is None:
+        prompt = [{"role": "user", "content": obj["prompt"]}]
+
+    def answer(a) -> list[dict]:
+        return [{"role": "assistant", "content": a}] if isinstance(a, str) else list(a)
+
+    turns = sum(m.get("role") == "assistant" for m in prompt)
+    return prompt + answer(obj["chosen"]), prompt + answer(obj["rejected"]), turns
+
+
+def answer_mask(mask: np.ndarray, skip: int) -> np.ndarray:
+    """encode_chat's assistant mask less its first `skip` runs of 1s (one run per assistant
+    turn): 1 on the answer's turns only, those after the prompt's."""
+    starts = np.flatnonzero(np.diff(np.concatenate([[0], mask])) == 1)
+    out = mask.copy()
+    if skip:
+        out[: starts[skip] if skip < len(starts) else len(out)] = 0
+    return out
+
+
+def tokenizer_folder(tokenizer: str, spec: str) -> Path:
+    """The directory of chat data's tokenizer: `tokenizer` names it or its tokenizer.json,
+    relative to the spec's directory unless absolute (not checked to exist)."""
+    path = Path(tokenizer) if Path(tokenizer).is_absolute() else Path(spec).parent / tokenizer
+    return path.parent if path.suffix == ".json" else path
+
+
+def json_kind(value) -> str:
+    """How JSON names the kind of a parsed value, with an article: "an array", "null"."""
+    kinds = ((bool, "a boolean"), (int, "a number"), (float, "a number"), (str, "a string"))
+    if value is None:
+        return "null"
+    if isinstance(value, list):
+        return "an array"
+    if isinstance(value, dict):
+        return "an object"
+    return next((name for kind, name in kinds if isinstance(value, kind)), type(value).__name__)
+
+
+def keys_of(obj: dict) -> str:
+    """The keys of an object, for a message: `"a", "b"` or "no keys"."""
+    return ", ".join(json.dumps(k) for k in list(obj)[:8]) if obj else "no keys"
+
+
+# ----------------------------------------------------------- chat data (axdsl/runtime/chat_data.py)
+# data = chat("conversations.jsonl", tokenizer = DIR, train_on = ...): every conversation is
+# encoded (encode_chat) and put in a row of its own of seq + 1 tokens (the model's forward takes
+# no segment ids, so a row holds one conversation: attention and positions stay inside it),
+# padded with id 0 and loss mask 0. A longer conversation is cut; the cuts are counted.
+
+
+def load_chat(cfg, tc, spec: str, from_flag: bool, run_dir: Path | None = None):
+    """(train rows, eval rows, figures) of chat data, checked before the first step. Rows are
+    {"tokens": [N, seq + 1], "loss_mask": [N, seq + 1]} (int32; the mask is 1 on the tokens the
+    loss is taken on, read at the label positions 1..seq); figures say how many conversations,
+    rows, tokens and loss tokens there are and how many conversations were cut (run.json). The
+    run keeps RUN_DIR/tokenizer.json, which `axdsl sample` decodes with."""
+    path, (tokenizer, template, special) = chat_path(tc, spec, from_flag), chat_tokenizer(tc, spec)
+    conversations = read_conversations(path)
+    encoded = [
+        encode_line(m, n, path, tokenizer, template, special, tc.train_on) for n, m in conversations
+    ]
+    check_vocab([ids for ids, _ in encoded], cfg, path)
+    width = tc.seq + 1  # a row is seq inputs and, shifted by one, seq labels
+    fields = {"tokens": [ids for ids, _ in encoded], "loss_mask": [mask for _, mask in encoded]}
+    rows = pack_examples([(fields, "segments")], width, packed=False)
+    del rows["segments"]  # one conversation to a row: the model reads no segment ids
+    figures = chat_figures(encoded, rows, width)
+    if is_lead():
+        print(
+            f"chat data: {figures['conversations']} conversations, {figures['loss_tokens']} of "
+            f"{figures['tokens']} tokens trained on (train_on {tc.train_on}); "
+            f"{figures['cut']} longer than seq + 1 = {width} tokens were cut",
+            file=sys.stderr,
+        )
+    keep_tokenizer(tokenizer_folder(tc.tokenizer, spec) / "tokenizer.json", run_dir)
+    return (*split_chat_rows(rows, tc, "conversations"), figures)
+
+
+def chat_path(tc, spec: str, from_flag: bool) -> Path:
+    """The .jsonl of chat or preference data (exits when it is not a file)."""
+    path = data_path(tc, spec, from_flag)
+    if not path.is_file():
+        sys.exit(f"error: {tc.data} data {path} does not exist or is not a file")
+    return path
+
+
+def chat_tokenizer(tc, spec: str) -> tuple:
+    """(tokenizers.Tokenizer, chat template, special tokens) of tc.tokenizer; exits saying what
+    is missing."""
+    folder = tokenizer_folder(tc.tokenizer, spec)
+    if not (folder / "tokenizer.json").is_file():
+        sys.exit(
+            f"error: tokenizer {tc.tokenizer!r} is not a tokenizer.json nor a directory of one"
+        )
+    try:
+        template, special = load_template(folder), load_special_tokens(folder)
+    except ValueError as exc:
+        sys.exit(f"error: {exc}")
+    return (
+        read_tokenizer(folder / "tokenizer.json", "a tokenizers tokenizer.json"),
+        template,
+        special,
+    )
+
+
+def check_vocab(ids: list[np.ndarray], cfg, path: Path) -> None:
+    """Exit when the tokenizer gives an id the model cannot embed."""
+    vocab = getattr(cfg, "vocab", None)
+    top = max(int(i.max(initial=0)) for i in ids)
+    if vocab is not None and top >= vocab:
+        sys.exit(
+            f"error: data {path}: the tokenizer gives id {top}, not below the model's vocab "
+            f"{vocab}: the tokenizer is another model's"
+        )
+
+
+def split_chat_rows(rows: dict, tc, what: str) -> tuple[dict, dict]:
+    """The train and eval rows (the last 2%); exits when evaluation has none."""
+    train, held_out = split_rows(rows)
+    if tc.eval_every and not len(next(iter(held_out.values()))):
+        sys.exit(
+            f"error: {len(next(iter(rows.values())))} {what} leave none for the eval split "
+            "(the last 2%): add data or set --eval-every 0"
+        )
+    return train, held_out
+
+
+def read_conversations(path: Path, preferences: bool = False) -> list:
+    """(line number, messages, or with `preferences` the line's object) of each non-blank line of
+    a chat or preferences file; exits naming the first problems (bad JSON with its line, unknown
+    roles, no assistant turn, ...) when there are any."""
+    found, problems = scan_conversations(path, preferences)
+    what = "preferences" if preferences else "chat"
+    if problems:
+        more = f" (and {len(problems) - 5} more)" if len(problems) > 5 else ""
+        sys.exit(f"error: {what} data {path}: " + "; ".join(problems[:5]) + more)
+    if not found:
+        sys.exit(f"error: {what} data {path} holds no {'pair' if preferences else 'conversation'}")
+    return found
+
+
+def encode_line(messages: list[dict], n: int, path: Path, tokenizer, template, special, train_on):
+    """encode_chat of line `n`'s conversation; exits naming the line when its template fails."""
+    import jinja2
+
+    try:
+        return encode_chat(messages, tokenizer, template, special, train_on)
+    except (ValueError, jinja2.TemplateError) as exc:
+        sys.exit(f"error: data {path}, line {n}: the chat template fails: {exc}")
+
+
+def chat_figures(encoded: list, rows: dict, width: int) -> dict[str, int]:
+    """How many conversations, rows, tokens (as encoded), loss tokens (in the rows, at label
+    positions) and cut conversations the chat data has."""
+    return {
+        "conversations": len(encoded),
+        "rows": len(rows["tokens"]),
+        "tokens": sum(len(ids) for ids, _ in encoded),
+        "loss_tokens": int(rows["loss_mask"][:, 1:].sum()),
+        "cut": sum(len(ids) > width for ids, _ in encoded),
+    }
+
+
+def keep_tokenizer(source: Path, run_dir: Path | None) -> None:
+    """RUN_DIR/tokenizer.json: a copy of the chat data's tokenizer (process 0, once)."""
+    if run_dir is None or not is_lead():
+        return
+    kept = run_dir / "tokenizer.json"
+    if not kept.exists():
+        kept.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(kept, source.read_bytes())
+
+
+# ------------------------------------------------------------------- preference pairs (dpo)
+# data = preferences("pairs.jsonl", tokenizer = DIR) with objective = dpo(...): each line's prompt
+# with its chosen answer, and with its rejected one, encoded as chat data is, each in a row of its
+# own; the mask marks the answer's tokens only. The reference's log-probabilities of both answers
+# are added to the rows before the first step (with_reference).
+
+
+def load_preferences(cfg, tc, spec: str, from_flag: bool, run_dir: Path | None = None):
+    """(train rows, eval rows, figures) of preference pairs, checked before the first step. Rows
+    are chosen, chosen_mask, rejected, rejected_mask [N, seq + 1] (int32: ids, and 1 on the
+    answer's tokens); figures: pairs, and those cut (a side longer than seq + 1 tokens)."""
+    path, (tokenizer, template, special) = chat_path(tc, spec, from_flag), chat_tokenizer(tc, spec)
+    sides: dict[str, list] = {k: [] for k in ("chosen", "chosen_mask", "rejected", "rejected_mask")}
+    for n, obj in read_conversations(path, preferences=True):
+        chosen, rejected, turns = preference_conversations(obj)
+        for side, messages in (("chosen", chosen), ("rejected", rejected)):
+            ids, mask = encode_line(messages, n, path, tokenizer, template, special, "assistant")
+            sides[side].append(ids)
+            sides[f"{side}_mask"].append(answer_mask(mask, turns))
+    check_vocab(sides["chosen"] + sides["rejected"], cfg, path)
+    width = tc.seq + 1
+    rows = pack_examples(
+        [
+            ({"chosen": sides["chosen"], "chosen_mask": sides["chosen_mask"]}, "chosen_rows"),
+            (
+                {"rejected": sides["rejected"], "rejected_mask": sides["rejected_mask"]},
+                "rejected_rows",
+            ),
+        ],
+        width,
+        packed=False,
+    )
+    del rows["chosen_rows"], rows["rejected_rows"]  # one pair to a row
+    cut = sum(
+        len(c) > width or len(r) > width
+        for c, r in zip(sides["chosen"], sides["rejected"], strict=True)
+    )
+    figures = {"pairs": len(sides["chosen"]), "cut": cut}
+    if is_lead():
+        print(
+            f"preference data: {figures['pairs']} pairs; {cut} with a side longer than "
+            f"seq + 1 = {width} tokens were cut",
+            file=sys.stderr,
+        )
+    keep_tokenizer(tokenizer_folder(tc.tokenizer, spec) / "tokenizer.json", run_dir)
+    return (*split_chat_rows(rows, tc, "pairs"), figures)
+
+
+def with_reference(rows: dict, logps, params, tc, sharding) -> dict:
+    """`rows` with ref_chosen and ref_rejected [N] (float32): each answer's log-probability under
+    `params` (the reference), from `logps(params, tokens, mask)` -> [batch], run over the rows
+    tc.batch at a time (the last batch filled from the first rows), each process feeding its own
+    part of every batch."""
+    n = len(rows["chosen"])
+    per = tc.batch // jax.process_count()
+    mine = slice(jax.process_index() * per, (jax.process_index() + 1) * per)
+    out = dict(rows)
+    for side in ("chosen", "rejected"):
+        found = []
+        for start in range(0, n, tc.batch):
+            picks = np.arange(start, start + tc.batch)[mine] % n
+            batch = [
+                jax.make_array_from_process_local_data(
+                    sharding, rows[k][picks], (tc.batch, tc.seq + 1)
+                )
+                for k in (side, f"{side}_mask")
+            ]
+            found.append(
+                np.asarray(multihost_utils.process_allgather(logps(params, *batch), tiled=True))
+            )
+        out[f"ref_{side}"] = np.concatenate(found)[:n].astype(np.float32)
+    return out
+
+
 # ----------------------------------------------------- command line (axdsl/runtime/command_line.py)
 
 
@@ -757,13 +1486,16 @@ def train_config(args: argparse.Namespace, train, configs: dict):
 
 def data_flag(value: str, tc) -> dict:
     """The TrainConfig fields that --data sets: for a classifier a .npz (or synthetic_images), for
-    seq2seq SOURCE.bin,TARGET.bin (or synthetic_pairs), else "default", a .bin or text."""
+    seq2seq SOURCE.bin,TARGET.bin (or synthetic_pairs), for chat and preference data a .jsonl, else
+    "default", a .bin or text."""
     if hasattr(tc, "synthetic_noise"):  # classify
         return (
             {"data": value}
             if value == "synthetic_images"
             else {"data": "arrays", "data_path": value}
         )
+    if getattr(tc, "data", "") in ("chat", "preferences"):  # another .jsonl of the same kind
+        return {"data": tc.data, "data_path": value}
     if hasattr(tc, "data_target"):  # seq2seq
         if value == "synthetic_pairs":
             return {"data": value}
@@ -1558,6 +2290,13 @@ NEUTRAL_SETTINGS = frozenset(
 )
 DATA_SETTINGS = ("data_path", "data_target")  # compared by content: the files may move
 CODE_FILES = ("model.py", "kernels.py", "train.py")  # kernels.py: only when the model has helpers
+# chat data: the files of its tokenizer that shape the ids (vocabulary, template, special tokens)
+CHAT_TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "chat_template.jinja",
+    "special_tokens_map.json",
+)
 SAMPLE_BYTES = 1 << 16  # a data file's digest reads this much of its start and of its end
 
 
@@ -1598,6 +2337,15 @@ def files_digest(path: Path) -> str | None:
     return digest.hexdigest()
 
 
+def tokenizer_digest(folder: Path) -> str:
+    """sha256 over the chat tokenizer's files in `folder` (CHAT_TOKENIZER_FILES, those present)."""
+    digest = hashlib.sha256()
+    for name in CHAT_TOKENIZER_FILES:
+        if (folder / name).is_file():
+            digest.update(f"{name}\0".encode() + (folder / name).read_bytes())
+    return digest.hexdigest()
+
+
 def run_identity(tc, spec: str, target: str, file: str, data_from_flag: bool) -> dict:
     """The identity run.json records: `file` is train.py's `__file__`; `data_from_flag`: the
     data path came from --data (relative to the working directory, else to the spec)."""
@@ -1607,6 +2355,8 @@ def run_identity(tc, spec: str, target: str, file: str, data_from_flag: bool) ->
         if getattr(tc, name, ""):
             where = dataclasses.replace(tc, data_path=getattr(tc, name))
             data[name] = files_digest(data_path(where, spec, data_from_flag))
+    if getattr(tc, "data", "") in ("chat", "preferences"):  # ids: tokenizer and template too
+        data["tokenizer"] = tokenizer_digest(tokenizer_folder(tc.tokenizer, spec))
     return {
         "target": target,
         "code": {name: code_digest(here / name) for name in CODE_FILES if (here / name).exists()},
@@ -1819,6 +2569,10 @@ def _axdsl_run_json(path: Path) -> bool:
     return info is not None and {"package", "spec", "target", "train"} <= info.keys()
 
 
+# What every train step reports (train.py's train_step); anything else is an objective's own.
+STEP_METRICS = frozenset({"loss", "grad_norm", "lr", "ok", "bad_steps"})
+
+
 def start_run(
     run_dir: Path,
     tc,
@@ -1828,10 +2582,12 @@ def start_run(
     target: str,
     identity: dict,
     forced: dict | None = None,
+    data: dict | None = None,
 ) -> None:
     """Make RUN_DIR; process 0 writes RUN_DIR/run.json, what runs here, so that `axdsl plot` and
     `axdsl sample` find the code and config, and a resume can check that it continues this run
     (`identity`: see run_identity). `package` and `file`: train.py's `__package__`, `__file__`.
+    `data`: figures of the data recorded under "data" (chat data: conversations, cuts, ...).
     Process 0 first takes RUN_DIR/lock (see RunLock): one trainer per run directory.
     """
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -1849,6 +2605,8 @@ def start_run(
         "devices": jax.device_count(),
         "identity": identity,
     }
+    if data is not None:
+        info["data"] = data
     # every forced resume of this run stays on record (check_resume: --force-resume)
     earlier = (recorded(run_dir) or {}).get("forced_resumes", [])
     if earlier or forced:
@@ -2110,6 +2868,8 @@ class MetricsLog:
             "grad_norm": float(report["grad_norm"]),
             "lr": float(report["lr"]),
         }
+        # an objective's own metrics (dpo: reward_accuracy, margin, ...), as the step gave them
+        row.update({k: float(v) for k, v in report.items() if k not in STEP_METRICS})
         if rate is not None:
             speed = rate * self.tc.batch * self.per_row
             row[f"{self.unit}_per_s"] = speed

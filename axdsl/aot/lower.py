@@ -222,11 +222,12 @@ def _compile_for_tpu(train, mod, cfg, tc, chips: int) -> dict:
 
 def abstract_batch(train, tc, mesh):
     """The shape of one global batch, sharded as train.py shards it: tokens [B, S + 1] for
-    next_token; for the other objectives the dict of fields runtime.get_examples builds."""
+    next_token (and a loss_mask of that shape for chat data); for the other objectives the dict
+    of fields runtime.get_examples builds."""
     import jax
     import jax.numpy as jnp
 
-    from axdsl.objectives import batch_fields
+    from axdsl.objectives import batch_fields, get
 
     sharding = train.batch_sharding(mesh)
 
@@ -236,8 +237,14 @@ def abstract_batch(train, tc, mesh):
     objective = getattr(
         train, "BATCHES", getattr(train, "OBJECTIVE", "next_token")
     )  # loss(): its data's batches
-    if objective == "next_token":
-        return field(tc.seq + 1)
+    if objective == "next_token":  # chat data (CHAT_FIELDS): tokens and loss_mask, both rows
+        chat = getattr(train, "CHAT_FIELDS", None)
+        return {k: field(tc.seq + 1) for k in chat} if chat else field(tc.seq + 1)
+    if get(objective).reference:  # dpo: answers, masks [B, S + 1]; reference logps ref_* [B]
+        rows = get(objective).fields
+        return {
+            k: field(dtype=jnp.float32) if k.startswith("ref_") else field(tc.seq + 1) for k in rows
+        }
     if objective == "classify":
         shape, _ = train.IMAGES[tc.model]
         return {"images": field(*shape, dtype=jnp.float32), "labels": field()}

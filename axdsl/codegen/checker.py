@@ -13,8 +13,18 @@ import sys
 import libcst as cst
 
 # tokenizers (HF's, issue 13) is imported by runtime.py only inside the functions for text with a
-# tokenizer; tensorboardX writes the TensorBoard event files.
-ALLOWED_THIRD_PARTY = {"jax", "numpy", "optax", "orbax", "tqdm", "tokenizers", "tensorboardX"}
+# tokenizer, jinja2 (an axdsl dependency) only inside those rendering chat templates (issue 37);
+# tensorboardX writes the TensorBoard event files.
+ALLOWED_THIRD_PARTY = {
+    "jax",
+    "numpy",
+    "optax",
+    "orbax",
+    "tqdm",
+    "tokenizers",
+    "jinja2",
+    "tensorboardX",
+}
 FORBIDDEN_CALLS = {
     "exec",
     "eval",

@@ -214,6 +214,7 @@ def emit_model(module: ir.Module) -> ModelSource:
         root_rng=functions[-1].rng,
         loss=loss,
         loss_chunk=split.chunk if split is not None else 0,
+        loss_mask=_reads_loss_mask(module),  # chat data: loss_fn takes its batches' mask
         head=head,
         decode=decode,
         no_decode=plan.problem if plan is not None else None,
@@ -230,6 +231,12 @@ def emit_model(module: ir.Module) -> ModelSource:
         ),
     )
     return _render(context, imports, helper_code, helper_imports)
+
+
+def _reads_loss_mask(module: ir.Module) -> bool:
+    """Whether the train block reads chat data, whose batches carry a loss_mask for loss_fn."""
+    t = module.train_settings
+    return t is not None and "data" in dict(t.settings) and t.get("data").kind is ir.DataKind.CHAT
 
 
 def _render(

@@ -74,11 +74,15 @@ def emit_train(module: ir.Module, package: str, flops: list[TrainingFlops]) -> s
         batch_axes=spec_text((batch_axes,))[2:-1] or "None",
         dropout=uses_dropout(module.models[0].root),
         lm=objective.token_rows,
+        chat=is_chat(module),  # batches of tokens and loss_mask; loss_fn takes the mask
         objective=str(objective.kind),
         inputs=repr(inputs(module.models[0].root)),
         batches=str(batches.kind),
         batch_fields=", ".join(batches.fields),
         masks=objective.masks,  # loss_fn and accuracy take a key for the masks
+        stats=list(objective.stats),  # loss_fn's metrics beside the loss (dpo)
+        stats_text=repr(objective.stats),
+        reference=objective.reference,  # rows carry the initial parameters' logps (dpo)
         accuracy=objective.accuracy,
         spec_loss=objective.spec_loss,  # train.py reads its batches as BATCHES does
         images=batches.images,
@@ -210,6 +214,8 @@ def _fields(module: ir.Module) -> list[Field]:
     data = t.get("data")
     if (synthetic := batches.synthetic) is not None:  # pairs or images
         _example_fields(add, batches.images, synthetic, data, origin["data"].origin)
+    elif data.kind in (ir.DataKind.CHAT, ir.DataKind.PREFERENCES):
+        _chat_fields(add, data, origin["data"].origin)
     else:
         add("data", str(data.kind), f"default, tokens or text ({origin['data'].origin})")
         add("data_path", data.path or "", "token file, or text file or directory")
@@ -226,7 +232,7 @@ def _fields(module: ir.Module) -> list[Field]:
             "pack the documents it ends, segment ids 1, 2, ...; "
             "-1: rows from anywhere, one segment",
         )
-    if data.tokenizer is not None:  # text as token ids; without it, text is bytes
+    if data.tokenizer is not None and data.kind in (ir.DataKind.DEFAULT, ir.DataKind.TEXT):
         tok = data.tokenizer
         add(
             "tokenizer",
@@ -265,6 +271,34 @@ def _fields(module: ir.Module) -> list[Field]:
     add("checkpoint_async", ckpt.async_save, "save in the background while training continues")
     add("checkpoint_dir", ckpt.dir, "inside the run directory")
     return out
+
+
+def is_chat(module: ir.Module) -> bool:
+    """Whether the train block reads chat data (its batches carry a loss_mask)."""
+    return module.train.get("data").kind is ir.DataKind.CHAT
+
+
+def _chat_fields(add, data: ir.DataSource, origin) -> None:
+    """The data fields of chat and preference data: the file, the tokenizer, and for chat data
+    what the loss is on."""
+    tokenizer = filled(data.tokenizer, "chat data's tokenizer", "configure_train")
+    if data.kind is ir.DataKind.PREFERENCES:
+        add("data", str(data.kind), f"preferences: pairs, one JSON object a line ({origin})")
+        add("data_path", data.path or "", 'a .jsonl of {"prompt", "chosen", "rejected"}')
+    else:
+        add("data", str(data.kind), f"chat: conversations, one JSON object a line ({origin})")
+        add("data_path", data.path or "", 'a .jsonl of {"messages": [{"role", "content"}, ...]}')
+    add(
+        "tokenizer",
+        tokenizer.path or "",
+        "its directory (tokenizer.json, chat template), relative to the spec",
+    )
+    if data.kind is ir.DataKind.CHAT:
+        add(
+            "train_on",
+            str(data.train_on or ir.TrainOn.ASSISTANT),
+            '"assistant": the loss on assistant turns only; "all": on every token',
+        )
 
 
 def _example_fields(add, images: bool, synthetic: ir.DataKind, data: ir.DataSource, origin) -> None:

@@ -49,6 +49,8 @@ SECTIONS = (  # the order of runtime.py: what train.py calls first comes first
     Section("data", "data"),
     Section("tokenizers", "tokenizers"),
     Section("examples", "examples"),
+    Section("chat", "chat templates"),
+    Section("chat_data", "chat data"),
     Section("command_line", "command line"),
     Section("state", "train state"),
     Section("processes", "processes and compile cache"),

@@ -58,6 +58,7 @@ from axdsl.ir.settings import (  # noqa: F401
     Schedule,
     ScheduleKind,
     Tokenizer,
+    TrainOn,
     TrainSettings,
 )
 

@@ -140,6 +140,7 @@ def value_text(v: object) -> str:
             ("dtype", v.dtype),
             *v.options,
             ("tokenizer", v.tokenizer),
+            ("train_on", v.train_on),
         )
         args = [f"{k} = {value_text(x)}" for k, x in named if x is not None]
         return f"{v.kind}({', '.join(args)})"

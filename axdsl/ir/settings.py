@@ -209,6 +209,7 @@ class ObjectiveKind(StrEnum):
     SEQ2SEQ = "seq2seq"  # teacher forcing over (source, target) pairs
     CLASSIFY = "classify"  # images [B, H, W, C] -> logits [B, classes]
     LOSS = "loss"  # the root forward returns the loss itself
+    DPO = "dpo"  # direct preference optimization over (chosen, rejected) pairs
 
 
 class TokenWidth(StrEnum):
@@ -234,6 +235,15 @@ class DataKind(StrEnum):
     SYNTHETIC_PAIRS = (
         "synthetic_pairs"  # a learnable seq2seq set made on the machine (reversed strings)
     )
+    CHAT = "chat"  # conversations (jsonl), rendered with a tokenizer's chat template
+    PREFERENCES = "preferences"  # (prompt, chosen, rejected) lines (jsonl), rendered like chat
+
+
+class TrainOn(StrEnum):
+    """Which tokens of chat data the loss is taken on (`chat(..., train_on = ...)`)."""
+
+    ASSISTANT = "assistant"  # the assistant turns' contents and their end-of-turn tokens
+    ALL = "all"  # every token of each conversation
 
 
 @dataclass(frozen=True)
@@ -254,7 +264,10 @@ class DataSource:
     options: tuple[
         tuple[str, Any], ...
     ] = ()  # pairs: eos; synthetic_*: count, (noise,) (eos,) seed
-    tokenizer: Tokenizer | None = None  # default and text: None reads bytes
+    tokenizer: Tokenizer | None = (
+        None  # default, text: None reads bytes; chat, preferences: required
+    )
+    train_on: TrainOn | None = None  # chat: the tokens the loss is taken on
 
     def option(self, key: str, default: Any = None) -> Any:
         return dict(self.options).get(key, default)

@@ -68,6 +68,9 @@ class Objective:
     loss: Callable[[LossSite], str] | None = None  # loss_fn's source; None: model.py.j2's own
     doc: str = ""  # what model.py's loss_fn computes, for its docstring
     check: Callable[[dict[str, Any], Span, Diagnostics], None] | None = None  # its arguments
+    stats: tuple[str, ...] = ()  # metrics loss_fn returns beside the loss (dpo), logged each step
+    lm: bool = False  # it trains a next-token model: tokens [B, S] -> logits [B, S, vocab]
+    reference: bool = False  # rows carry the initial parameters' log-probabilities (dpo)
 
     @property
     def has_seq(self) -> bool:
@@ -83,6 +86,15 @@ def _check_masked_lm(args: dict[str, Any], span: Span, diags: Diagnostics) -> No
         )
 
 
+def _check_dpo(args: dict[str, Any], span: Span, diags: Diagnostics) -> None:
+    if not args["beta"] > 0:
+        diags.error(
+            span,
+            f"dpo(beta = {args['beta']}) weighs the log-ratios to the reference, a number > 0",
+            "the DPO paper uses 0.1 to 0.5",
+        )
+
+
 def _check_classify(args: dict[str, Any], span: Span, diags: Diagnostics) -> None:
     if not 0 <= args["smoothing"] < 1:
         diags.error(
@@ -91,8 +103,17 @@ def _check_classify(args: dict[str, Any], span: Span, diags: Diagnostics) -> Non
 
 
 REGISTRY: dict[ir.ObjectiveKind, Objective] = {
+    # chat data: token rows too, with a loss_mask field (runtime/chat.py, model.py's loss_fn)
     Kind.NEXT_TOKEN: Objective(
-        Kind.NEXT_TOKEN, (), ("tokens",), (), 3, "logits [B, S, vocab]", TOKEN_DATA, token_rows=True
+        Kind.NEXT_TOKEN,
+        (),
+        ("tokens",),
+        (),
+        3,
+        "logits [B, S, vocab]",
+        (*TOKEN_DATA, ir.DataKind.CHAT),
+        token_rows=True,
+        lm=True,
     ),
     Kind.MASKED_LM: Objective(
         Kind.MASKED_LM,
@@ -157,6 +178,27 @@ REGISTRY: dict[ir.ObjectiveKind, Objective] = {
         doc="the loss the spec's forward computes (objective = loss())",
     ),
 }
+# Direct preference optimization (Rafailov et al. 2023) of a next-token model over preference
+# pairs: the reference log-probabilities come from the run's initial parameters (train.py computes
+# them once per row, as `ref_chosen` and `ref_rejected`, before the first step).
+REGISTRY[Kind.DPO] = Objective(
+    Kind.DPO,
+    (("beta", 0.1),),
+    ("tokens",),
+    (),
+    3,
+    "logits [B, S, vocab]",
+    (ir.DataKind.PREFERENCES,),
+    'data = preferences("pairs.jsonl", tokenizer = "DIR")',
+    fields=("chosen", "chosen_mask", "rejected", "rejected_mask", "ref_chosen", "ref_rejected"),
+    seq_doc="tokens per row of a chosen or a rejected conversation, less one",
+    loss=losses.dpo_loss,
+    doc="the DPO loss over (chosen, rejected) pairs against the reference log-probabilities",
+    check=_check_dpo,
+    stats=("reward_accuracy", "margin", "chosen_logp", "rejected_logp"),
+    lm=True,
+    reference=True,
+)
 # Objectives: their arguments and defaults (None: required), as configure_train checks them
 ARGUMENTS = {str(k): dict(o.arguments) for k, o in REGISTRY.items()}
 # loss(): which objective's batches each data kind gives (else masked_lm's token rows)
@@ -297,7 +339,7 @@ def _mismatch(root: ir.Instance, shape: Objective) -> str | None:
     if f is None:
         return "it has no forward"
     names = inputs(root)
-    if shape.kind is Kind.NEXT_TOKEN:
+    if shape.lm:
         ok = len(f.args) == 1 and len(f.args[0].dims) == 2 and len(f.result) == 3
         return None if ok else "its forward is not tokens [B, S] -> logits [B, S, vocab]"
     if shape.spec_loss:  # its inputs are checked against the data's fields (_loss_fields)
@@ -476,10 +518,18 @@ def check_data(value: Any, span: Span, diags: Diagnostics) -> ir.DataSource | No
 def cross_check(values: dict[str, ir.Choice], module: ir.Module, diags: Diagnostics) -> None:
     """The objective against every model's forward, its ids against the vocab, the data kind."""
     choice = values.get("objective")
-    if choice is None or choice.value.name is Kind.NEXT_TOKEN:
+    if choice is None or REGISTRY[choice.value.name].lm:
         _check_causal(module, diags)
     if choice is None:  # next_token by default: a model that does not fit simply gets no train.py
         data = values["data"]
+        if data.value.kind is ir.DataKind.PREFERENCES:
+            diags.error(
+                module.report_at(data.span),
+                "data preferences(...) is for objective = dpo(...): pairs of a chosen and a "
+                "rejected answer",
+                "add objective = dpo(beta = 0.1) to the train block, or train on "
+                'chat("conversations.jsonl", tokenizer = ...)',
+            )
         if data.value.kind in DATA_SOURCES:
             diags.error(
                 module.report_at(data.span),

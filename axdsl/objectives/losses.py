@@ -258,3 +258,69 @@ def explicit_loss(s: LossSite) -> str:
             f"    return {total}, spec_loss",
         ]
     )
+
+
+def dpo_loss(s: LossSite) -> str:
+    """Direct preference optimization (Rafailov et al. 2023): each pair's chosen and rejected
+    answers' log-probabilities against the reference's, the loss -log sigmoid(beta * margin)."""
+    return "\n".join(
+        [
+            f"BETA = {s.args['beta']!r}  # dpo(beta): the weight of the log-ratios to the"
+            " reference",
+            "",
+            "",
+            "def sequence_logps(",
+            f"    cfg: Config, params: dict, tokens: jax.Array, mask: jax.Array{s.rng_arg}",
+            ") -> jax.Array:",
+            '    """The log-probability of each row\'s marked labels, summed [B]: of tokens[:, 1:]'
+            " read from",
+            "    tokens[:, :-1] [B, S + 1] where mask[:, 1:] is 1 (a preference pair's answer)."
+            f"{s.rng_doc}",
+            '    """',
+            f"    logits = forward(cfg, params, tokens[:, :-1]{s.drop})  # [B, S, vocab]",
+            "    logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)",
+            "    picked = jnp.take_along_axis(logp, tokens[:, 1:, None], axis=-1)[..., 0]"
+            "  # [B, S]",
+            "    return jnp.sum(picked * mask[:, 1:], axis=-1)",
+            "",
+            "",
+            "def loss_fn(",
+            f"    cfg: Config, params: dict, batch: dict{s.rng_arg}, z_loss: float = 0.0",
+            ") -> tuple[jax.Array, dict]:",
+            '    """(loss to minimize, metrics) of DPO over a batch of preference pairs.',
+            "",
+            "    batch: chosen and rejected [B, S + 1] (one prompt and its two answers, rendered"
+            " with the",
+            "    chat template), chosen_mask and rejected_mask (1 on each answer's tokens),"
+            " ref_chosen and",
+            "    ref_rejected [B] (the answers' log-probabilities under the reference: the run's"
+            " initial",
+            "    parameters). Both answers run as one batch [2B, S + 1].",
+            "    loss = -mean(log sigmoid(BETA * ((chosen - ref_chosen) - (rejected -"
+            " ref_rejected)))). Metrics:",
+            "    the loss, reward_accuracy (the pairs whose chosen reward is the larger),"
+            " margin (the mean",
+            "    reward difference), chosen_logp and rejected_logp (means over the pairs)."
+            " z_loss is unused"
+            + (" and the MoE auxiliary losses are left out." if s.aux else ".")
+            + s.rng_doc,
+            '    """',
+            '    tokens = jnp.concatenate([batch["chosen"], batch["rejected"]])',
+            '    mask = jnp.concatenate([batch["chosen_mask"], batch["rejected_mask"]])',
+            f"    logps = sequence_logps(cfg, params, tokens, mask{s.drop})  # [2B]",
+            "    chosen, rejected = jnp.split(logps, 2)",
+            '    rewards = BETA * (chosen - batch["ref_chosen"]), BETA * (rejected -'
+            ' batch["ref_rejected"])',
+            "    margin = rewards[0] - rewards[1]",
+            "    loss = optax.sigmoid_binary_cross_entropy(margin, jnp.ones_like(margin)).mean()"
+            "  # -log sigmoid",
+            "    metrics = {",
+            '        "loss": loss,',
+            '        "reward_accuracy": jnp.mean(margin > 0),',
+            '        "margin": jnp.mean(margin),',
+            '        "chosen_logp": jnp.mean(chosen),',
+            '        "rejected_logp": jnp.mean(rejected),',
+            "    }",
+            "    return loss, metrics",
+        ]
+    )

@@ -302,6 +302,8 @@ def _data(value: Any, span: Span, diags: Diagnostics):
         and getattr(value, "fn", getattr(value, "id", "")) in objectives.DATA_SOURCES
     ):
         return objectives.check_data(value, span, diags)
+    if isinstance(value, (ir.CallValue, ir.NameValue)) and _fn_name(value) in CHAT_EXAMPLES:
+        return _chat(value, span, diags)
     if isinstance(value, ir.CallValue) and value.fn in ("tokens", "text"):
         fn, args, kwargs = value.fn, value.args, value.kwargs
         if len(args) != 1 or not isinstance(args[0], str):
@@ -334,10 +336,71 @@ def _data(value: Any, span: Span, diags: Diagnostics):
     diags.error(
         span,
         'data is "default", tokens("file.bin", dtype = "u16"), text("path"), '
-        'pairs("src.bin", "tgt.bin"), arrays("train.npz"), synthetic_images() or synthetic_pairs()',
+        'chat("conversations.jsonl", tokenizer = "dir"), pairs("src.bin", "tgt.bin"), '
+        'arrays("train.npz"), synthetic_images() or synthetic_pairs()',
         "the default is the Python standard library's source files, read as bytes",
     )
     return None
+
+
+def _fn_name(value: ir.CallValue | ir.NameValue) -> str:
+    """The name of a call (`chat(...)`) or of a bare name (`chat`)."""
+    return value.fn if isinstance(value, ir.CallValue) else value.id
+
+
+# chat(...) and preferences(...): a .jsonl rendered with a tokenizer's chat template; their options
+CHAT_EXAMPLES = {
+    "chat": 'chat("conversations.jsonl", tokenizer = "hf/llama", train_on = "assistant")',
+    "preferences": 'preferences("pairs.jsonl", tokenizer = "hf/llama")',
+}
+CHAT_OPTIONS = {"chat": ("tokenizer", "train_on"), "preferences": ("tokenizer",)}
+
+
+def _chat(value: ir.CallValue | ir.NameValue, span: Span, diags: Diagnostics):
+    """`chat("conversations.jsonl", tokenizer = "DIR or tokenizer.json", train_on = "assistant")`:
+    conversations rendered with the tokenizer's chat template; the loss on the assistant turns
+    (train_on = "assistant", the default) or on every token ("all"). `preferences("pairs.jsonl",
+    tokenizer = ...)`: (prompt, chosen, rejected) lines for objective = dpo(...), rendered alike."""
+    fn = _fn_name(value)
+    example, allowed = CHAT_EXAMPLES[fn], CHAT_OPTIONS[fn]
+    args = value.args if isinstance(value, ir.CallValue) else ()
+    opts = dict(value.kwargs) if isinstance(value, ir.CallValue) else {}
+    if len(args) != 1 or not isinstance(args[0], str) or not args[0]:
+        diags.error(span, f"{fn}(...) takes one path string, a .jsonl file", f"as in {example}")
+        return None
+    for k in opts:
+        if k not in allowed:
+            diags.error(
+                span,
+                f"{fn}(...) has no option `{k}`",
+                did_you_mean(k, allowed) or f"as in {example}",
+            )
+            return None
+    tokenizer = opts.get("tokenizer")
+    if not isinstance(tokenizer, str) or not tokenizer:
+        diags.error(
+            span,
+            f'{fn}(...) needs `tokenizer = "..."`: the directory of a Hugging Face tokenizer '
+            "(tokenizer.json and its chat template) or its tokenizer.json",
+            f"as in {example}; `axdsl import-hf` writes one beside the model",
+        )
+        return None
+    if fn == "preferences":
+        return ir.DataSource(ir.DataKind.PREFERENCES, args[0], tokenizer=ir.Tokenizer(tokenizer))
+    train_on = opts.get("train_on", ir.TrainOn.ASSISTANT.value)
+    if train_on not in tuple(ir.TrainOn):
+        diags.error(
+            span,
+            f'chat(train_on = {_show(train_on)}) is "assistant" or "all"',
+            '"assistant" (the default) takes the loss on the assistant turns only',
+        )
+        return None
+    return ir.DataSource(
+        ir.DataKind.CHAT,
+        args[0],
+        tokenizer=ir.Tokenizer(path=tokenizer),
+        train_on=ir.TrainOn(train_on),
+    )
 
 
 def _tokenizer(value: Any, span: Span, diags: Diagnostics) -> ir.Tokenizer | None:

@@ -131,13 +131,16 @@ def train_config(args: argparse.Namespace, train, configs: dict):
 
 def data_flag(value: str, tc) -> dict:
     """The TrainConfig fields that --data sets: for a classifier a .npz (or synthetic_images), for
-    seq2seq SOURCE.bin,TARGET.bin (or synthetic_pairs), else "default", a .bin or text."""
+    seq2seq SOURCE.bin,TARGET.bin (or synthetic_pairs), for chat and preference data a .jsonl, else
+    "default", a .bin or text."""
     if hasattr(tc, "synthetic_noise"):  # classify
         return (
             {"data": value}
             if value == "synthetic_images"
             else {"data": "arrays", "data_path": value}
         )
+    if getattr(tc, "data", "") in ("chat", "preferences"):  # another .jsonl of the same kind
+        return {"data": tc.data, "data_path": value}
     if hasattr(tc, "data_target"):  # seq2seq
         if value == "synthetic_pairs":
             return {"data": value}

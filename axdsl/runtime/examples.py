@@ -104,41 +104,48 @@ def read_pairs(
 
 def pack_pairs(sources: list, targets: list, seq: int, packed: bool) -> dict[str, np.ndarray]:
     """Rows of `seq` source and `seq` target positions: tokens, segments (0: padding, k: the k-th
-    example of the row), targets and dec_segments. Pairs are taken in order, as many to a row as
-    fit on both sides (one when not `packed`); a longer example is cut to `seq` tokens."""
+    example of the row), targets and dec_segments (see pack_examples)."""
     cut = sum(len(s) > seq or len(t) > seq for s, t in zip(sources, targets, strict=True))
     if cut and is_lead():
         print(
             f"warning: {cut} of {len(sources)} pairs are longer than seq {seq} and were cut",
             file=sys.stderr,
         )
-    rows: list[list[tuple[np.ndarray, np.ndarray]]] = []
-    row: list[tuple[np.ndarray, np.ndarray]] = []
-    used = [0, 0]
-    for s, t in zip(sources, targets, strict=True):
-        s, t = s[:seq], t[:seq]
-        if row and (not packed or used[0] + len(s) > seq or used[1] + len(t) > seq):
+    sides = [({"tokens": sources}, "segments"), ({"targets": targets}, "dec_segments")]
+    return pack_examples(sides, seq, packed)
+
+
+def pack_examples(sides: list[tuple[dict, str]], seq: int, packed: bool) -> dict[str, np.ndarray]:
+    """Examples packed into rows of `seq` positions per side, int32. A side is (its fields, each
+    a list of one array per example, all of one example the same length; the name of its segment
+    ids: 0 padding, k the row's k-th example). Examples are taken in order, as many to a row as
+    fit on every side (one to a row when not `packed`); a longer one is cut to `seq` positions.
+    seq2seq packs (source, target) pairs on two sides; chat data a side of tokens and loss mask."""
+    count = len(next(iter(sides[0][0].values())))
+    sizes = [
+        [min(len(next(iter(fields.values()))[i]), seq) for fields, _ in sides] for i in range(count)
+    ]
+    rows: list[list[int]] = []
+    row: list[int] = []
+    used = [0] * len(sides)
+    for i in range(count):
+        if row and (not packed or any(u + n > seq for u, n in zip(used, sizes[i], strict=True))):
             rows.append(row)
-            row, used = [], [0, 0]
-        row.append((s, t))
-        used = [used[0] + len(s), used[1] + len(t)]
+            row, used = [], [0] * len(sides)
+        row.append(i)
+        used = [u + n for u, n in zip(used, sizes[i], strict=True)]
     rows += [row] if row else []
-    out = {
-        k: np.zeros((len(rows), seq), np.int32)
-        for k in ("tokens", "segments", "targets", "dec_segments")
-    }
+    names = [name for fields, segments in sides for name in (*fields, segments)]
+    out = {name: np.zeros((len(rows), seq), np.int32) for name in names}
     for r, row in enumerate(rows):
-        at = [0, 0]
-        for k, (s, t) in enumerate(row, start=1):
-            out["tokens"][r, at[0] : at[0] + len(s)], out["segments"][r, at[0] : at[0] + len(s)] = (
-                s,
-                k,
-            )
-            (
-                out["targets"][r, at[1] : at[1] + len(t)],
-                out["dec_segments"][r, at[1] : at[1] + len(t)],
-            ) = (t, k)
-            at = [at[0] + len(s), at[1] + len(t)]
+        for side, (fields, segments) in enumerate(sides):
+            at = 0
+            for k, i in enumerate(row, start=1):
+                n = sizes[i][side]
+                for name, arrays in fields.items():
+                    out[name][r, at : at + n] = arrays[i][:n]
+                out[segments][r, at : at + n] = k
+                at += n
     return out
 
 

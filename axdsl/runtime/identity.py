@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
+from axdsl.runtime.chat import tokenizer_folder
 from axdsl.runtime.data import data_path
 from axdsl.runtime.processes import is_lead
 
@@ -45,6 +46,13 @@ NEUTRAL_SETTINGS = frozenset(
 )
 DATA_SETTINGS = ("data_path", "data_target")  # compared by content: the files may move
 CODE_FILES = ("model.py", "kernels.py", "train.py")  # kernels.py: only when the model has helpers
+# chat data: the files of its tokenizer that shape the ids (vocabulary, template, special tokens)
+CHAT_TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "chat_template.jinja",
+    "special_tokens_map.json",
+)
 SAMPLE_BYTES = 1 << 16  # a data file's digest reads this much of its start and of its end
 
 
@@ -85,6 +93,15 @@ def files_digest(path: Path) -> str | None:
     return digest.hexdigest()
 
 
+def tokenizer_digest(folder: Path) -> str:
+    """sha256 over the chat tokenizer's files in `folder` (CHAT_TOKENIZER_FILES, those present)."""
+    digest = hashlib.sha256()
+    for name in CHAT_TOKENIZER_FILES:
+        if (folder / name).is_file():
+            digest.update(f"{name}\0".encode() + (folder / name).read_bytes())
+    return digest.hexdigest()
+
+
 def run_identity(tc, spec: str, target: str, file: str, data_from_flag: bool) -> dict:
     """The identity run.json records: `file` is train.py's `__file__`; `data_from_flag`: the
     data path came from --data (relative to the working directory, else to the spec)."""
@@ -94,6 +111,8 @@ def run_identity(tc, spec: str, target: str, file: str, data_from_flag: bool) ->
         if getattr(tc, name, ""):
             where = dataclasses.replace(tc, data_path=getattr(tc, name))
             data[name] = files_digest(data_path(where, spec, data_from_flag))
+    if getattr(tc, "data", "") in ("chat", "preferences"):  # ids: tokenizer and template too
+        data["tokenizer"] = tokenizer_digest(tokenizer_folder(tc.tokenizer, spec))
     return {
         "target": target,
         "code": {name: code_digest(here / name) for name in CODE_FILES if (here / name).exists()},

@@ -68,6 +68,10 @@ def _axdsl_run_json(path: Path) -> bool:
     return info is not None and {"package", "spec", "target", "train"} <= info.keys()
 
 
+# What every train step reports (train.py's train_step); anything else is an objective's own.
+STEP_METRICS = frozenset({"loss", "grad_norm", "lr", "ok", "bad_steps"})
+
+
 def start_run(
     run_dir: Path,
     tc,
@@ -77,10 +81,12 @@ def start_run(
     target: str,
     identity: dict,
     forced: dict | None = None,
+    data: dict | None = None,
 ) -> None:
     """Make RUN_DIR; process 0 writes RUN_DIR/run.json, what runs here, so that `axdsl plot` and
     `axdsl sample` find the code and config, and a resume can check that it continues this run
     (`identity`: see run_identity). `package` and `file`: train.py's `__package__`, `__file__`.
+    `data`: figures of the data recorded under "data" (chat data: conversations, cuts, ...).
     Process 0 first takes RUN_DIR/lock (see RunLock): one trainer per run directory.
     """
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -98,6 +104,8 @@ def start_run(
         "devices": jax.device_count(),
         "identity": identity,
     }
+    if data is not None:
+        info["data"] = data
     # every forced resume of this run stays on record (check_resume: --force-resume)
     earlier = (recorded(run_dir) or {}).get("forced_resumes", [])
     if earlier or forced:
@@ -359,6 +367,8 @@ class MetricsLog:
             "grad_norm": float(report["grad_norm"]),
             "lr": float(report["lr"]),
         }
+        # an objective's own metrics (dpo: reward_accuracy, margin, ...), as the step gave them
+        row.update({k: float(v) for k, v in report.items() if k not in STEP_METRICS})
         if rate is not None:
             speed = rate * self.tc.batch * self.per_row
             row[f"{self.unit}_per_s"] = speed
