@@ -60,12 +60,15 @@ def trace_activations(
     split: HeadSplit | None = None,
     loss_chunk: int = LOSS_CHUNK,
     platform: PlatformFacts = CPU,
+    context: ir.ContextPolicy | None = None,
 ) -> Activations:
     """Trace the model and its loss; `remat` replaces every scanned block's policy. `split`: the
     loss is the fused cross-entropy over the model cut at its head (ir/head.py loss_split),
-    `loss_chunk` positions at a time. `platform`: how many transients XLA keeps at once there."""
+    `loss_chunk` positions at a time. `platform`: how many transients XLA keeps at once there.
+    `context`: the schedule's context parallelism (attention's memory rule reads it)."""
     t = Tracer(root, layout, batch, seq)
     t.platform = platform
+    t.context = context
     args = [Val(a.dims, "i32", ValKind.INPUT, f"/{a.name}") for a in root.fwd.args]
     if split is None:
         loss_working, kept = loss(t, t.call(root, args)), 0.0

@@ -275,6 +275,7 @@ def estimate_memory(
         split,
         loss_chunk(module.schedule),
         platform_of(module),
+        module.schedule.context.value if module.schedule is not None else None,
     )
     return MemoryEstimate(
         model=m.name,

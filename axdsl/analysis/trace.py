@@ -34,6 +34,8 @@ class Tracer:
     def __init__(self, root: ir.Instance, layout: Layout, batch: int, seq: int) -> None:
         self.root, self.layout, self.batch, self.seq = root, layout, batch, seq
         self.platform = CPU  # what XLA keeps at once on the target (analysis/platforms.py)
+        # context parallelism on the target (plan_context): attention's memory rule reads it
+        self.context: ir.ContextPolicy | None = None
         self.compute = compute_dtype(root)
         self.outer = Scope()
         self.scope = self.outer

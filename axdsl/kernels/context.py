@@ -5,9 +5,10 @@ jax.shard_map, and the zig-zag order that balances its causal work.
   torchtitan. The sequence is cut into 2 * shards chunks and shard i holds chunks i and
   2 * shards - 1 - i, so every shard has the same number of (query, key) pairs to compute.
 - local_positions: inside shard_map, the original positions of this shard's tokens.
-- context_order / context_parallel: what a generated model calls. context_order is the order its
-  layers run a sequence in (zig-zag over the mesh's `seq` shards when balanced); context_parallel
-  runs one of the attentions below on each shard's slice inside jax.shard_map.
+- context_order, context_parallel: what a generated model calls. context_order is the order its
+  layers run a sequence in (zig-zag over the mesh's `seq` shards when balanced);
+  context_parallel runs one of the two attentions above on each shard's slice inside
+  jax.shard_map.
 - context_attention_all_gather: keys and values are gathered once; this shard's queries attend to
   all of them (MaxText's default). The masks come from the tokens' original positions, so it is
   right in either order.
@@ -87,32 +88,45 @@ def context_parallel(
     mesh_axis: str = "seq",
 ) -> jax.Array:
     """attend(q, k, v, positions=, segment_ids=, mesh_axis=) on each shard's slice of the
-    sequence, inside jax.shard_map over the mesh set by jax.set_mesh: the sequence split over
-    `mesh_axis`, the batch over CONTEXT_BATCH_AXES and the heads over CONTEXT_HEAD_AXES as far
-    as they divide evenly (heads only where the kv heads divide too, so every shard's query
-    heads find their kv heads locally). `attend` is context_attention_all_gather or
-    context_attention_ring with its settings bound. `positions` [S]: the tokens' original
-    positions in the order they run (None: 0, 1, ...). With no mesh set (tests, sampling on one
-    device) it runs on a one-device mesh, so the same code computes the same values.
-    Returns [B, S, heads, v_head_dim]."""
-    batch, seq, heads, kv_heads = q.shape[0], q.shape[1], q.shape[2], k.shape[2]
-    mesh: Mesh | jax.sharding.AbstractMesh = jax.sharding.get_abstract_mesh()
-    if mesh.empty or mesh_axis not in mesh.axis_names:
-        mesh = Mesh(np.asarray(jax.devices()[:1]), (mesh_axis,))
-    batch_axes = dividing_axes(mesh, CONTEXT_BATCH_AXES, batch)
-    head_axes = dividing_axes(mesh, CONTEXT_HEAD_AXES, math.gcd(heads, kv_heads))
-    spec = P(batch_axes or None, mesh_axis, head_axes or None)
-    positions = np.arange(seq) if positions is None else positions
-    args: tuple = (q, k, v, jnp.asarray(positions, jnp.int32))
-    specs: tuple = (spec, spec, spec, P(mesh_axis))
-    if segment_ids is not None:
-        args, specs = args + (segment_ids,), specs + (P(batch_axes or None, mesh_axis),)
+    sequence, inside jax.shard_map over the mesh set by jax.set_mesh (context_layout says how
+    q, k, v are split). `attend` is context_attention_all_gather or context_attention_ring
+    with its settings bound.
+    `positions` [S]: the tokens' original positions in the order they run (None: 0, 1, ...).
+    With no mesh set (tests, sampling on one device) it runs on a one-device mesh, so the same
+    code computes the same values. Returns [B, S, heads, v_head_dim]."""
+    mesh, spec, segment_spec = context_layout(q, k, mesh_axis)
+    args, specs = _context_args(q, k, v, positions, segment_ids, spec, segment_spec, mesh_axis)
 
     def local(q, k, v, positions, segment_ids=None):
         return attend(q, k, v, positions=positions, segment_ids=segment_ids, mesh_axis=mesh_axis)
 
     run = jax.shard_map(local, mesh=mesh, in_specs=specs, out_specs=spec, check_vma=False)
     return run(*args)
+
+
+def context_layout(q: jax.Array, k: jax.Array, mesh_axis: str = "seq") -> tuple:
+    """(mesh, spec of q, k and v, spec of segment ids) for attention with the sequence split
+    over `mesh_axis` of the mesh set by jax.set_mesh (a one-device mesh without one): the batch
+    over CONTEXT_BATCH_AXES and the heads over CONTEXT_HEAD_AXES as far as they divide evenly
+    (heads only where the kv heads divide too, so every shard's query heads find their kv heads
+    locally)."""
+    mesh: Mesh | jax.sharding.AbstractMesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty or mesh_axis not in mesh.axis_names:
+        mesh = Mesh(np.asarray(jax.devices()[:1]), (mesh_axis,))
+    batch_axes = dividing_axes(mesh, CONTEXT_BATCH_AXES, q.shape[0])
+    head_axes = dividing_axes(mesh, CONTEXT_HEAD_AXES, math.gcd(q.shape[2], k.shape[2]))
+    spec = P(batch_axes or None, mesh_axis, head_axes or None)
+    return mesh, spec, P(batch_axes or None, mesh_axis)
+
+
+def _context_args(q, k, v, positions, segment_ids, spec, segment_spec, mesh_axis):
+    """The shard_map operands q, k, v, positions (and segment ids) and their specs."""
+    positions = np.arange(q.shape[1]) if positions is None else positions
+    args: tuple = (q, k, v, jnp.asarray(positions, jnp.int32))
+    specs: tuple = (spec, spec, spec, P(mesh_axis))
+    if segment_ids is not None:
+        args, specs = args + (segment_ids,), specs + (segment_spec,)
+    return args, specs
 
 
 def local_positions(local_seq: int, mesh_axis: str = "seq", balance: bool = False) -> jax.Array:
@@ -172,6 +186,7 @@ def context_attention_all_gather(
     Returns [B, S_local, heads, v_head_dim]."""
     if positions is None:
         positions = local_positions(q.shape[1], mesh_axis)
+    positions, q = jax.lax.optimization_barrier((positions, q))  # see _tied: masks stay per layer
     q_pos = positions if positions.ndim == 2 else positions[None]
     gather = functools.partial(jax.lax.all_gather, axis_name=mesh_axis, axis=1, tiled=True)
     k_all, v_all, k_pos = gather(k), gather(v), gather(q_pos)
@@ -219,6 +234,16 @@ def _ring_attention(q, k, v, segment_ids, positions, mesh_axis, causal, window, 
     return _ring_attention_fwd(q, k, v, segment_ids, positions, mesh_axis, causal, window, scale)[0]
 
 
+def _tied(positions: jax.Array, q: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """positions and q, unchanged, but positions now depends on q for JAX. The masks of every
+    ring step are functions of the positions alone: inside a scan over layers, JAX's partial
+    evaluation hoisted them out of the layer loop as loop-invariant, one mask and one masked
+    fill per (step, tile) broadcast to [B, kv_heads, group, S/2, S/2] and kept for all steps
+    (deviceless v5p: 38 GiB of temporaries for 2 layers at 32k tokens over 8 shards, against
+    1 GiB for one layer). Tied to q, they are computed where they are used."""
+    return jax.lax.optimization_barrier((positions, q))
+
+
 def _ring_tiles(seq: int) -> list[slice]:
     """The halves of a shard's sequence the ring computes tile by tile (queries x keys), skipping
     the tiles a mask drops whole: under the zig-zag order a shard's two halves are an early and
@@ -228,6 +253,7 @@ def _ring_tiles(seq: int) -> list[slice]:
 
 
 def _ring_attention_fwd(q, k, v, segment_ids, positions, mesh_axis, causal, window, scale):
+    positions, q = _tied(positions, q)
     batch, seq, heads, head_dim = q.shape
     kv_heads = k.shape[2]
     qg = q.reshape(batch, seq, kv_heads, heads // kv_heads, head_dim)
@@ -285,6 +311,7 @@ def _ring_attention_fwd(q, k, v, segment_ids, positions, mesh_axis, causal, wind
 
 def _ring_attention_bwd(mesh_axis, causal, window, scale, res, dy):
     q, k, v, segment_ids, positions, out, lse = res
+    positions, q = _tied(positions, q)
     batch, seq, heads, head_dim = q.shape
     kv_heads = k.shape[2]
     qg = q.reshape(batch, seq, kv_heads, heads // kv_heads, head_dim)

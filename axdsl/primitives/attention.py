@@ -235,21 +235,28 @@ def _emit_context(
     """Context parallelism (plan_context): the call runs on each shard's slice of the sequence
     inside jax.shard_map (`context_parallel`), gathering the keys and values once or passing
     them around the ring; its masks come from the tokens' original positions."""
-    ctx.imports.add("import functools")
-    local, helpers = _context_local(prim, call, choice, context)
+    code, helpers = _context_call(call, choice, context)
     for name in helpers:
         ctx.use_helper(name)
-    ring = context.strategy is ir.ContextStrategy.RING
+    ctx.imports.add("import functools")
     ctx.line("# plan_context: the sequence is split over the `seq` mesh axis (context(...));")
-    if ring:
+    if context.strategy is ir.ContextStrategy.RING:
         ctx.line("# key/value blocks pass around its shards (ppermute), an online softmax adds up")
-    else:
-        ctx.line("# each shard gathers the keys and values once and attends with its own queries")
-    if not ring:
-        ctx.kernel_comment(prim)
-        if choice.rejected:
-            ctx.line(f"# attention: {'; '.join(choice.rejected)}")
-    rest = "".join(
+        return code
+    ctx.line("# each shard gathers the keys and values once and attends with its own queries")
+    ctx.kernel_comment(prim)
+    if choice.rejected:
+        ctx.line(f"# attention: {'; '.join(choice.rejected)}")
+    return code
+
+
+def _context_call(
+    call: AttentionCall, choice: ir.KernelChoice, context: ir.ContextPolicy
+) -> tuple[str, tuple[str, ...]]:
+    """The code of one context-parallel call and the helpers it calls: the ring, or the
+    all-gather around the chosen kernel (jax.nn.dot_product_attention by default; written out
+    with a soft cap or a different v_head_dim; the vjp kernel)."""
+    operands = f"{call.q}, {call.k}, {call.v}" + "".join(
         f", {name}={code}"
         for name, code in (
             ("positions", f"context_order({call.q}.shape[1])" if context.balance else None),
@@ -257,38 +264,26 @@ def _emit_context(
         )
         if code is not None
     )
-    return f"context_parallel({local}, {call.q}, {call.k}, {call.v}{rest})"
-
-
-def _context_local(
-    prim: ir.Prim, call: AttentionCall, choice: ir.KernelChoice, context: ir.ContextPolicy
-) -> tuple[str, tuple[str, ...]]:
-    """The per-shard attention context_parallel runs, with its settings bound, and the helpers
-    it calls: the ring, or the all-gather around the chosen kernel (jax.nn.dot_product_attention
-    by default; written out with a soft cap or a different v_head_dim; the vjp kernel)."""
-    settings = "".join(
+    settings = f"causal={call.causal}" + "".join(
         f", {name}={getattr(call, name)}"
         for name in ("window", "scale")
         if getattr(call, name) is not None
     )
-    order = (CONTEXT_ORDER_HELPER.name,) if context.balance else ()
+    helpers: tuple[str, ...] = ("context_parallel",)
+    helpers += (CONTEXT_ORDER_HELPER.name,) if context.balance else ()
     if context.strategy is ir.ContextStrategy.RING:
-        code = f"functools.partial(context_attention_ring, causal={call.causal}{settings})"
-        return code, ("context_parallel", "context_attention_ring", *order)
-    helpers: tuple[str, ...] = ("context_parallel", "context_attention_all_gather", *order)
+        local = f"functools.partial(context_attention_ring, {settings})"
+        return f"context_parallel({local}, {operands})", (*helpers, "context_attention_ring")
+    helpers += ("context_attention_all_gather",)
     if call.softcap is not None or call.written_out:
         softcap = f", softcap={call.softcap}" if call.softcap is not None else ""
-        attend = f", attend=functools.partial(einsum_attention, causal=False{softcap})"
+        settings += f", attend=functools.partial(einsum_attention, causal=False{softcap})"
         helpers += ("einsum_attention",)
     elif choice.kernel is ir.Kernel.VJP:
-        attend = ", attend=functools.partial(vjp_attention, causal=False)"
+        settings += ", attend=functools.partial(vjp_attention, causal=False)"
         helpers += ("vjp_attention",)
-    else:
-        attend = ""  # jax.nn.dot_product_attention, the all-gather's default
-    code = (
-        f"functools.partial(context_attention_all_gather, causal={call.causal}{settings}{attend})"
-    )
-    return code, helpers
+    local = f"functools.partial(context_attention_all_gather, {settings})"
+    return f"context_parallel({local}, {operands})", helpers
 
 
 def _context_needs(prim: ir.Prim, schedule: ir.Schedule) -> tuple[str, ...]:
@@ -303,7 +298,7 @@ def _context_needs(prim: ir.Prim, schedule: ir.Schedule) -> tuple[str, ...]:
         written_out=not v_dims[3].same(k_dims[3]),
     )
     choice = prim.kernel or ir.KernelChoice(KERNELS[0])
-    return _context_local(prim, call, choice, schedule.context.value)[1]
+    return _context_call(call, choice, schedule.context.value)[1]
 
 
 def _needs(prim: ir.Prim, schedule: ir.Schedule | None, decoding: bool) -> tuple[str, ...]:
@@ -532,6 +527,12 @@ def _memory(t, prim: ir.Prim, args, dims, label: str):
     out = t.new(dims, q.dtype, label, (q, k, v))
     for x in (q, k, v):
         t.save(x)
+    if t.context is not None and t.context.strategy is ir.ContextStrategy.RING:
+        return _ring_memory(t, q, k, out, label)
+    if t.context is not None:  # all_gather: the backward keeps this shard's gathered keys, values
+        for x, what in ((k, "keys"), (v, "values")):
+            full = (x.dims[0], ir.Dim("S_kv", t.seq), *x.dims[2:])
+            t.save(t.internal(full, x.dtype, f"{label} gathered {what}", (x,)))
     kernel = prim.kernel.kernel if prim.kernel is not None else KERNELS[0]
     if kernel in FLASH_KERNELS:
         t.save(out)
@@ -573,6 +574,21 @@ def _memory(t, prim: ir.Prim, args, dims, label: str):
         internals.append((q.dtype, "probabilities"))
     for dtype, what in internals:
         t.save(t.internal(scores, dtype, f"{label} {what}", (q, k)))
+    return out
+
+
+def _ring_memory(t, q, k, out, label: str):
+    """Ring attention (kernels/context.py) keeps its output and float32 log-sum-exp for the
+    backward; in flight, the key/value block arriving besides the one in use, and the float32
+    logits of one tile (half this shard's queries by half a block's keys): nothing grows with
+    the whole sequence."""
+    shards = t.context.shards or 1
+    t.save(out)
+    t.save(t.internal((q.dims[0], q.dims[-2], q.dims[1]), "f32", f"{label} logsumexp", (q, k)))
+    t.internal(k.dims, k.dtype, f"{label} arriving keys", (k,))
+    t.internal(k.dims, k.dtype, f"{label} arriving values", (k,))
+    half = ir.Dim("tile", max(1, t.seq // (2 * shards)))
+    t.internal((q.dims[0], q.dims[-2], half, half), "f32", f"{label} tile logits", (q, k))
     return out
 
 

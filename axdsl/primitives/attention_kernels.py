@@ -49,8 +49,8 @@ SPLASH_IMPORTS = (
     "from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask",
 )
 
-# context_parallel and what it runs: the generated model calls context_parallel with one of the
-# two attentions (and context_order when the sequence runs in zig-zag order).
+# Context parallelism (kernels/context.py): context_parallel lays q, k, v out on the mesh and runs
+# one of the two attentions in jax.shard_map (with the mask of original positions both use).
 CONTEXT_PARALLEL = (
     DIVIDING_AXES,
     Source(
@@ -60,6 +60,8 @@ CONTEXT_PARALLEL = (
             "CONTEXT_HEAD_AXES",
             "CONTEXT_MASKED",
             "context_parallel",
+            "context_layout",
+            "_context_args",
             "local_positions",
             "_context_keep",
         ),
@@ -80,9 +82,10 @@ CONTEXT_RING = Source(
     (
         "context_attention_ring",
         "_ring_attention",
+        "_ring_tiles",
+        "_tied",
         "_ring_attention_fwd",
         "_ring_attention_bwd",
-        "_ring_tiles",
     ),
 )
 # The order a balanced context-parallel model runs the sequence in: the root reorders by it, rope
