@@ -153,18 +153,26 @@ def einsum_attention(
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 4, 5))
 def fused_cross_entropy(
-    head, params: dict, x: jax.Array, labels: jax.Array, z_loss: float, chunk: int
+    head,
+    params: dict,
+    x: jax.Array,
+    labels: jax.Array,
+    z_loss: float,
+    chunk: int,
+    weights: jax.Array | None = None,
 ) -> tuple[jax.Array, jax.Array]:
     """(mean cross-entropy + z_loss * mean(logsumexp ** 2), mean cross-entropy) of the logits
     head(params, x) [B, S, vocab] against integer labels [B, S], `chunk` positions at a time.
+    `weights` [B, S] (1: taken, 0: not; chat data's assistant turns): the means are over the
+    positions it marks (a loss of 0 when it marks none); None: over every position.
 
     At most one chunk's float32 logits [B, chunk, vocab] exist at once. Under jax.grad the
     forward pass also takes each chunk's gradient (softmax - one-hot, through the head), so the
     backward pass only scales what the forward kept: the gradients of x and of params."""
-    return _chunked_cross_entropy(head, params, x, labels, z_loss, chunk, grads=False)[0]
+    return _chunked_cross_entropy(head, params, x, labels, z_loss, chunk, weights, False)[0]
 
 
-def _chunked_cross_entropy(head, params, x, labels, z_loss, chunk, grads):
+def _chunked_cross_entropy(head, params, x, labels, z_loss, chunk, weights, grads):
     """((loss, ce), gradients of loss and of ce w.r.t. (params, x), or None without grads)."""
     b, s = labels.shape
     c = min(chunk, s)
@@ -172,7 +180,11 @@ def _chunked_cross_entropy(head, params, x, labels, z_loss, chunk, grads):
     pad = [(0, 0), (0, n * c - s)]
     xs = jnp.pad(x, pad + [(0, 0)] * (x.ndim - 2)).reshape(b, n, c, *x.shape[2:]).swapaxes(0, 1)
     ys = jnp.pad(labels, pad).reshape(b, n, c).swapaxes(0, 1)  # [n, B, c]
-    weight = (jnp.arange(n * c) < s).reshape(n, 1, c) / (b * s)  # mean over the real positions
+    if weights is None:
+        weight = (jnp.arange(n * c) < s).reshape(n, 1, c) / (b * s)  # mean over the positions
+    else:  # mean over the marked positions
+        weights = weights.astype(jnp.float32) / jnp.maximum(jnp.sum(weights), 1.0)
+        weight = jnp.pad(weights, pad).reshape(b, n, c).swapaxes(0, 1)  # [n, B, c]
 
     def step(acc, chunk_in):
         x_c, y_c, w_c = chunk_in
@@ -194,23 +206,24 @@ def _chunked_cross_entropy(head, params, x, labels, z_loss, chunk, grads):
     acc = ((zeros, zeros) if z_loss else zeros) if grads else None
     acc, (ce, lse, gx) = jax.lax.scan(step, acc, (xs, ys, weight))
     unchunk = lambda a: a.swapaxes(0, 1).reshape(b, n * c, *a.shape[3:])[:, :s]  # noqa: E731
-    ce_mean = unchunk(ce).mean()
-    loss = ce_mean + z_loss * jnp.mean(unchunk(lse) ** 2) if z_loss else ce_mean
+    mean = jnp.mean if weights is None else lambda a: jnp.sum(a * weights)
+    ce_mean = mean(unchunk(ce))
+    loss = ce_mean + z_loss * mean(unchunk(lse) ** 2) if z_loss else ce_mean
     return (loss, ce_mean), (acc, jax.tree.map(unchunk, gx)) if grads else None
 
 
-def _fused_cross_entropy_fwd(head, params, x, labels, z_loss, chunk):
-    return _chunked_cross_entropy(head, params, x, labels, z_loss, chunk, grads=True)
+def _fused_cross_entropy_fwd(head, params, x, labels, z_loss, chunk, weights=None):
+    return _chunked_cross_entropy(head, params, x, labels, z_loss, chunk, weights, True)
 
 
 def _fused_cross_entropy_bwd(head, z_loss, chunk, res, cotangents):
     (gp, gx), (g_loss, g_ce) = res, cotangents
     if not z_loss:  # loss == ce
         scale = lambda a: ((g_loss + g_ce) * a).astype(a.dtype)  # noqa: E731
-        return jax.tree.map(scale, gp), scale(gx), None
+        return jax.tree.map(scale, gp), scale(gx), None, None
     # d loss = d ce + d z-loss, and d ce alone for the ce output
     both = lambda a, z: ((g_loss + g_ce) * a + g_loss * z).astype(a.dtype)  # noqa: E731
-    return jax.tree.map(both, *gp), both(*gx), None
+    return jax.tree.map(both, *gp), both(*gx), None, None
 
 
 fused_cross_entropy.defvjp(_fused_cross_entropy_fwd, _fused_cross_entropy_bwd)
