@@ -3,11 +3,12 @@
 Each try re-runs the analytic estimate (`estimate_memory`) with something changed. On more chips:
 more FSDP (on the same chips, then on more). On the same chips, each lever alone, each printed
 with its per-chip figure whether or not it is enough by itself: a stronger remat policy, more
-micro-batches, the first moment in bf16 (`adamw(mu_dtype = bf16)`), Adafactor (factored second
-moments), quantized matmuls in a format the target runs (int8, fp8: quantize_matmuls re-run on
-the IR), and LoRA adapters (when fine-tuning). When no lever alone fits, they are combined, one
-at a time in that order, until the step fits on the same chips; when even all of them do not,
-remat(full) together with more chips.
+micro-batches, context parallelism for long sequences, the first moment in bf16
+(`adamw(mu_dtype = bf16)`), Adafactor (factored second moments), quantized matmuls in a format
+the target runs (int8, fp8: quantize_matmuls re-run on the IR), and LoRA adapters (when
+fine-tuning). When no lever alone fits, they are combined, one at a time in that order, until
+the step fits on the same chips; when even all of them do not, remat(full) together with more
+chips.
 
 When XLA decided that the step does not fit (a TPU compile, tpu.py), the tries are still
 analytic (compiling each would take minutes), but each is held to XLA's bound, and shown, scaled
@@ -31,6 +32,9 @@ from axdsl.passes.quantize_matmuls import quantize_matmuls
 from axdsl.targets import profiles
 
 _REMAT_ORDER = ["none", "save", "offload", "save_dots", "full"]
+# Context parallelism is suggested from this sequence length on: below it, activations rarely
+# dominate and the attention's matmuls get too small per shard to pay for the traffic.
+CONTEXT_MIN_SEQ = 8192
 
 
 @dataclass
@@ -182,6 +186,41 @@ def _microbatches(s: _Search) -> _Lever | None:
     return found
 
 
+def _context(s: _Search) -> _Lever | None:
+    """A long sequence split over a `seq` mesh axis taken from fsdp on the same chips, with
+    ring attention (context parallelism): the fewest shards that fit alone, else the most the
+    mesh allows (up to 16)."""
+    sched = s.module.target
+    if sched.context.value is not None or s.est.seq < CONTEXT_MIN_SEQ:
+        return None
+    mesh, found, n = dict(s.est.mesh), None, 2
+    while mesh.get("fsdp", 1) % n == 0 and s.est.seq % (2 * n) == 0 and n <= 16:
+        split = {**mesh, "fsdp": mesh.get("fsdp", 1) // n, "seq": mesh.get("seq", 1) * n}
+        policy = ir.ContextPolicy(ir.ContextStrategy.RING, True, split["seq"])
+
+        def apply(module: ir.Module, kw: dict, split=split, policy=policy) -> tuple:
+            sched = module.target
+            rules = tuple(
+                (k, ir.Choice(("fsdp", "seq"), ir.DEFAULT) if k == "embed" else c)
+                for k, c in sched.rules
+            )
+            context = ir.Choice(policy, ir.DEFAULT)
+            sched = replace(sched, context=context, rules=rules)
+            return replace(module, schedule=sched), {**kw, "mesh": split}
+
+        found = _Lever(
+            f"context parallelism (the sequence over {split['seq']} chips, ring attention, "
+            "the weights sharded over them too)",
+            f'{s.pattern} {{ mesh(seq = {split["seq"]}, fsdp = -1)  rules(embed = [fsdp, seq])  '
+            'context(strategy = "ring") }',
+            apply,
+        )
+        if s.ok(found.total(s)):
+            break
+        n *= 2
+    return found
+
+
 def _mu_bf16(s: _Search) -> _Lever | None:
     """adamw's and lion's first moment in bf16 (optax's mu_dtype), when it is larger now."""
     if not optim.OPTIMIZERS[s.est.optimizer].has_mu_dtype or s.est.mu_dtype in ("bf16", "f16"):
@@ -260,10 +299,18 @@ def _lora(s: _Search) -> _Lever | None:
 
 
 def _levers(s: _Search) -> list[_Lever]:
-    """What the same chips can do, in the order they are combined: recomputation and smaller
-    micro-batches cost time only; then the optimizer's state; then precision; LoRA last (it
-    changes what is trained)."""
-    found = [_remat(s), _microbatches(s), _mu_bf16(s), _adafactor(s), *_quantized(s), _lora(s)]
+    """What the same chips can do, in the order they are combined: recomputation, smaller
+    micro-batches and context parallelism cost time only; then the optimizer's state; then
+    precision; LoRA last (it changes what is trained)."""
+    found = [
+        _remat(s),
+        _microbatches(s),
+        _context(s),
+        _mu_bf16(s),
+        _adafactor(s),
+        *_quantized(s),
+        _lora(s),
+    ]
     return [lever for lever in found if lever is not None]
 
 
