@@ -14,6 +14,8 @@ import pytest
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
+from axdsl import stats
+from axdsl.ir import nodes as ir
 from axdsl.kernels.pipeline import pipeline
 from tests.targets_util import import_generated
 
@@ -129,3 +131,23 @@ def test_generated_pipelined_model_keeps_the_loss_and_gradients(tmp_path, refere
         cache = pp.init_cache(cfg, 2, 16)
         got, _ = pp.prefill(cfg, pp.decode_params(cfg, params), prompt, cache)
         np.testing.assert_allclose(got, logits, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "stages,microbatches,repeats,bubble",
+    [(2, 4, 1, 1 / 5), (4, 4, 1, 3 / 7), (4, 8, 1, 3 / 11), (4, 4, 2, 3 / 11), (8, 16, 4, 7 / 71)],
+)
+def test_bubble_is_maxtexts_circular_formula(stages, microbatches, repeats, bubble):
+    """(stages - 1) / (microbatches * repeats + stages - 1): the idle share of the loop."""
+    policy = ir.PipelinePolicy(microbatches, repeats, stages=stages)
+    assert policy.iterations == microbatches * repeats + stages - 1
+    assert policy.bubble == pytest.approx(bubble)
+
+
+def test_stats_prints_the_pipeline_and_its_bubble(tmp_path, capsys):
+    """`axdsl stats` says how the layers split and the bubble (axdsl aot adds it as a note)."""
+    spec = _spec(tmp_path, "pp", PP_CASES[1])
+    assert stats.run(spec, "cpu-8") == 0
+    out = capsys.readouterr().out
+    assert "over 4 stages of `stage`: /blocks (lm 8 = 4 x 2 x 1 layers), 11 iterations" in out
+    assert "bubble 27.3%" in out
