@@ -171,12 +171,15 @@ def _check_call(model: ir.Model, child: ir.Instance, at: Span, diags: Diagnostic
             "activation does not start with the batch",
             "remove pipeline(...) from this target block",
         )
-    for flag, what in (("uses_rng", "draws random numbers"), ("aux_loss", "adds an aux loss")):
+    for flag, what in (
+        ("uses_rng", "draws random numbers, and the pipeline passes no keys to its stages yet"),
+        ("aux_loss", "adds an auxiliary loss, which the pipeline does not carry yet"),
+    ):
         found = next((p for inst in child.walk() for p in prims_of(inst) if _flag(p, flag)), None)
         if found is not None:
             diags.error(
                 at,
-                f"pipeline(...) cannot run {child.name} yet: its `{found.name}` {what}",
+                f"pipeline(...) cannot run {child.name}: its `{found.name}` {what}",
                 "remove pipeline(...) from this target block",
             )
 
