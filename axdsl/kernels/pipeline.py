@@ -57,6 +57,8 @@ def pipeline(
             specs,
         )
 
+    on_stages = P(mesh_axis, *carry_spec)  # [stages, B / microbatches, ...]: one per stage
+
     def run_stage(h, stage_params):  # one stage: its layers in turn
         return jax.lax.scan(step, h, stage_params, unroll=unroll)[0]
 
@@ -65,15 +67,17 @@ def pipeline(
     def iteration(carry, t):
         state, io = carry  # state [stages, B / microbatches, ...]: each stage's input
         # stage 0 takes piece t: a new micro-batch, or its output of the last repeat
-        state = _constrain(state.at[0].set(io[t % microbatches]), P(mesh_axis, *carry_spec))
+        state = _constrain(state.at[0].set(io[t % microbatches]), on_stages)
         # each stage's repeat: stage s works on piece t - s
         repeat = jnp.clip((t - jnp.arange(stages)) // microbatches, 0, repeats - 1)
         current = jax.tree.map(lambda w: _stage_weights(w, repeat), weights)
-        out = run_stages(state, current)
+        out = _constrain(run_stages(state, current), on_stages)
         done = t - (stages - 1)  # the piece the last stage finished (none yet while negative)
         slot = done % microbatches
         io = io.at[slot].set(jnp.where(done >= 0, out[-1], io[slot]))
-        state = jnp.roll(out, 1, axis=0)  # stage s's output is stage s + 1's next input
+        # stage s's output is stage s + 1's next input: a roll along the stage-sharded dim,
+        # which GSPMD runs as a collective-permute between neighbouring stages
+        state = _constrain(jnp.roll(out, 1, axis=0), on_stages)
         return (state, io), None
 
     state = jnp.zeros((stages, *pieces.shape[1:]), x.dtype)
