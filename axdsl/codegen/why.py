@@ -72,7 +72,7 @@ def remat_kind(child: ir.Instance) -> str | None:
 def sharding_why(
     schedule: ir.Schedule, logical: tuple[str | None, ...], spec: tuple[tuple[str, ...], ...]
 ) -> str:
-    """`annotate_sharding: batch -> fsdp (rule batch -> stage, data, fsdp from profile gpu-h100)`."""
+    """`annotate_sharding: batch -> fsdp (rule batch -> stage, data, fsdp from profile cpu)`."""
     parts = []
     for axis, mesh in zip(logical, spec, strict=True):
         choice = schedule.rule_choice(axis) if axis else None
