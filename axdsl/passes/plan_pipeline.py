@@ -32,8 +32,9 @@ What cannot run is a located error at the directive:
   whose layers draw random numbers (dropout) or add an auxiliary loss (MoE balance);
 - layers that do not split into stages x repeats equal pieces;
 - a step batch that microbatches do not divide, fewer microbatches than stages (the circular
-  schedule feeds a micro-batch back to the first stage after it left the last one), a micro-batch
-  that does not split over the batch's mesh axes;
+  schedule feeds a micro-batch back to the first stage only after it left the last one; without
+  repeats most of the loop would be bubble, as MaxText also requires), a micro-batch that does not
+  split over the batch's mesh axes;
 - context(...) in the same block (not composed yet).
 
 The decode path (KV cache) runs the layers unpipelined, as before.
@@ -195,10 +196,15 @@ def _check_batch(
     splitting over the mesh axes the batch takes inside a stage."""
     m = policy.microbatches
     if m < policy.stages:
+        why = (
+            "a micro-batch would be due back at the first stage before it left the last one"
+            if policy.repeats > 1
+            else f"the stages would idle {replace(policy, microbatches=m).bubble:.0%} of the loop"
+        )
         diags.error(
             at,
             f"pipeline(microbatches = {m}) feeds fewer micro-batches than the {policy.stages} "
-            "stages: a stage would wait for the one it hands its output to",
+            f"stages: {why}",
             f"use microbatches = {2 * policy.stages} (twice the stages keeps the bubble small)",
         )
         return
