@@ -2,7 +2,8 @@
 
     spec.axl --lark--> AST --irbuild ("resolve")--> IR --check, infer_shapes, stack_repeats--> IR
         --configure_target, configure_train, annotate_sharding, shard_activations, insert_remat,
-          unroll_repeats, quantize_matmuls, select_kernels, plan_context, fit_remat--> IR
+          unroll_repeats, quantize_matmuls, select_kernels, plan_context, fit_remat,
+          plan_pipeline--> IR
         --split_head, plan_decode, select_config, plan_functions--> IR
         --codegen--> model.py, train.py
 
@@ -35,6 +36,7 @@ from axdsl.passes.insert_remat import insert_remat
 from axdsl.passes.plan_context import plan_context
 from axdsl.passes.plan_decode import plan_decode
 from axdsl.passes.plan_functions import plan_functions
+from axdsl.passes.plan_pipeline import plan_pipeline
 from axdsl.passes.quantize_matmuls import quantize_matmuls
 from axdsl.passes.select_config import select_config
 from axdsl.passes.select_kernels import select_kernels
@@ -61,6 +63,7 @@ PASSES: tuple[tuple[str, Pass], ...] = (
     ("select_kernels", select_kernels),
     ("plan_context", plan_context),
     ("fit_remat", fit_remat),
+    ("plan_pipeline", plan_pipeline),
     ("split_head", split_head),
     ("plan_decode", plan_decode),
     ("select_config", select_config),

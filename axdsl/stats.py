@@ -17,6 +17,7 @@ from axdsl import primitives
 from axdsl.analysis.flops import RuleContext, layer_count, model_flops, param_count
 from axdsl.analysis.memory import estimate_memory
 from axdsl.ir import nodes as ir
+from axdsl.ir.printer import pipeline_text
 from axdsl.ir.rewrite import prims_of
 from axdsl.lora import resolve as resolve_lora
 from axdsl.pipeline import compile_spec
@@ -123,6 +124,8 @@ def run(spec: Path, target: str = "cpu", model: str | None = None) -> int:
         print(
             f"  at 100% MFU       {step_s * 1e3:.1f} ms per step on {sched.chips} chips (bf16 peak)"
         )
+        if sched.pipeline.value is not None:  # plan_pipeline: the layers' share idles this much
+            print(f"  pipeline          {pipeline_text(sched.pipeline.value)}")
         print(
             f"  memory per chip   parameters {_gib(est.params)}, gradients {_gib(est.grads)}, "
             f"optimizer state {_gib(est.opt_state)}, activations {_gib(est.activations)} "

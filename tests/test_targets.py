@@ -170,7 +170,7 @@ def test_data_fsdp_and_tensor_parallel_at_once(spec, tmp_path):
     assert promised["embed/table"] == ("model", "fsdp")
     cfg, tc = model.CONFIGS["lm"], train.TRAIN
     mesh = model.make_mesh()
-    assert dict(mesh.shape) == {"data": 2, "expert": 1, "fsdp": 2, "seq": 1, "model": 2}
+    assert dict(mesh.shape) == {"stage": 1, "data": 2, "expert": 1, "fsdp": 2, "seq": 1, "model": 2}
     with jax.set_mesh(mesh):
         state = train.init_state(cfg, tc, mesh, jax.random.key(0))
         assert _actual(state["params"]) == promised

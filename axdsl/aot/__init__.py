@@ -42,7 +42,7 @@ from axdsl.aot.lower import lower_step
 from axdsl.aot.render import render
 from axdsl.aot.report import EXIT_ERROR, EXIT_FITS, EXIT_NO_FIT, Report
 from axdsl.aot.suggest import suggest
-from axdsl.ir.printer import fit_lines
+from axdsl.ir.printer import fit_lines, pipeline_text
 from axdsl.aot.xla import xla_total
 from axdsl.objectives import batches_of
 from axdsl.targets import USABLE_FRACTION, profiles
@@ -137,6 +137,11 @@ def analyze(
                 f"for batch {est.batch} x seq {est.seq}, set remat(...) in a target block "
                 "if this report says it does not fit"
             )
+    if sched.pipeline.value is not None:  # plan_pipeline's split and the bubble it costs
+        report.notes.append(
+            f"{pipeline_text(sched.pipeline.value)}; the memory figures below do not model the "
+            "stages yet"
+        )
     edited = edited_files(default_out_dir(spec, target))
     if edited:
         report.notes.append(

@@ -15,6 +15,7 @@ from axdsl.codegen.names import EinsumLetters, dim_label, distinct_labels, py_st
 from axdsl.codegen.pyexpr import py, py_size, py_value
 from axdsl.codegen.why import (
     kernel_why,
+    pipeline_why,
     quant_why,
     remat_kind,
     remat_why,
@@ -260,6 +261,9 @@ class FunctionEmitter:
                 self.lines.append(f"    return {fn}(cfg, layer_params, {_carried(args)}), None")
                 xs = f"params[{py_str(call.child)}]"
             self.lines.append("")
+            if self._pipelined(child):
+                self._pipeline_call(child, step, args[0], target, comment)
+                return
             unroll = self._unroll(child)
             self.lines.append(f"with jax.named_scope({py_str(call.child)}):")
             self.lines.append(
@@ -332,6 +336,34 @@ class FunctionEmitter:
             self.lines.append(
                 f"    _, {target} = jax.lax.scan({step}, {init}, {scanned})  # {comment}"
             )
+
+    def _pipelined(self, child: ir.Instance) -> bool:
+        """Whether this call of a repeated child runs as plan_pipeline's pipeline (the decode
+        path runs the layers unpipelined)."""
+        policy = self.schedule.pipeline.value if self.schedule is not None else None
+        return policy is not None and policy.child == child.path and not self.decoding
+
+    def _pipeline_call(
+        self, child: ir.Instance, step: str, x: str, target: str, comment: str
+    ) -> None:
+        """`pipeline(step, x, params[child], ...)` instead of the scan: the same step on each
+        stage's layers, a vmap over the stages, one scan over the iterations (kernels/pipeline.py).
+        """
+        schedule = filled(self.schedule, "the schedule of a pipeline", "plan_pipeline")
+        policy: ir.PipelinePolicy = schedule.pipeline.value
+        placed = filled(child.carry_sharding, f"the carry of {child.path}", "shard_activations")
+        self.use_helper(primitives.PIPELINE_HELPER.name)
+        self.imports.add("from jax.sharding import PartitionSpec as P")
+        self.lines.extend(f"# {line}" for line in pipeline_why(schedule, child))
+        unroll = self._unroll(child)
+        name = py_str(child.name)
+        self.lines.append(f"with jax.named_scope({name}):")
+        self.lines.append(
+            f"    {target} = pipeline({step}, {x}, params[{name}], stages={policy.stages}, "
+            f"microbatches={policy.microbatches}, repeats={policy.repeats}, "
+            f"carry_spec={spec_text(placed.mesh)}, specs=param_specs()[{name}]{unroll})"
+            f"  # {comment}"
+        )
 
     def _step_header(self, child: ir.Instance) -> None:
         """What comes before a scan step's `def`: what a pattern's step runs, the remat

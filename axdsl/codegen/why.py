@@ -72,7 +72,7 @@ def remat_kind(child: ir.Instance) -> str | None:
 def sharding_why(
     schedule: ir.Schedule, logical: tuple[str | None, ...], spec: tuple[tuple[str, ...], ...]
 ) -> str:
-    """`annotate_sharding: batch -> fsdp (rule batch -> data, fsdp from profile gpu-h100)`."""
+    """`annotate_sharding: batch -> fsdp (rule batch -> stage, data, fsdp from profile cpu)`."""
     parts = []
     for axis, mesh in zip(logical, spec, strict=True):
         choice = schedule.rule_choice(axis) if axis else None
@@ -82,3 +82,22 @@ def sharding_why(
                 f"from {choice.origin})"
             )
     return "annotate_sharding: " + ("; ".join(parts) or "replicated")
+
+
+def pipeline_why(schedule: ir.Schedule, child: ir.Instance) -> list[str]:
+    """plan_pipeline's decision over a few comment lines: the directive, the split and the
+    bubble (the layer count as code: the models of a spec share these lines)."""
+    p: ir.PipelinePolicy = schedule.pipeline.value
+    lines = [
+        f"plan_pipeline: pipeline(microbatches = {p.microbatches}, repeats = {p.repeats}) from "
+        f"{schedule.pipeline.origin}:",
+        f"the {py_value(child.repeat)} layers in {p.stages} stages over the `stage` mesh axis, "
+        f"{p.microbatches} micro-batches in flight",
+    ]
+    if p.repeats > 1:
+        lines.append(f"(circular: each micro-batch passes through the stages {p.repeats} times);")
+    lines.append(
+        f"bubble (stages - 1) / (microbatches * repeats + stages - 1) = {p.stages - 1} / "
+        f"{p.iterations} = {p.bubble:.1%}"
+    )
+    return lines

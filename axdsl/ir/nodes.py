@@ -44,6 +44,7 @@ from axdsl.ir.settings import (  # noqa: F401
     ContextStrategy,
     DataKind,
     DataSource,
+    PipelinePolicy,
     TokenWidth,
     FitTry,
     Kernel,

@@ -67,7 +67,24 @@ def schedule_lines(s: ir.Schedule) -> list[str]:
     lines.append(f"  steps_per_call({s.steps_per_call.value})  # {s.steps_per_call.origin}")
     if s.context.value is not None:
         lines.append(f"  {context_text(s.context.value)}  # {s.context.origin}")
+    if s.pipeline.value is not None:
+        lines.append(f"  {pipeline_text(s.pipeline.value)}  # {s.pipeline.origin}")
     return lines
+
+
+def pipeline_text(p: ir.PipelinePolicy) -> str:
+    """`pipeline(microbatches = 8, repeats = 2)`, then what plan_pipeline resolved: the repeat
+    it splits, each model's layers per stage and the bubble."""
+    text = f"pipeline(microbatches = {p.microbatches}, repeats = {p.repeats})"
+    if not p.stages:
+        return text
+    split = ", ".join(
+        f"{name} {n} = {p.stages} x {p.repeats} x {p.layers_per_stage(n)}" for name, n in p.layers
+    )
+    return (
+        f"{text} over {p.stages} stages of `stage`: {p.child} ({split} layers), "
+        f"{p.iterations} iterations, bubble {p.bubble:.1%}"
+    )
 
 
 def context_text(c: ir.ContextPolicy) -> str:

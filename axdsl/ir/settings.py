@@ -115,6 +115,40 @@ class ContextPolicy:
 
 
 @dataclass(frozen=True)
+class PipelinePolicy:
+    """Pipeline parallelism: the model's main repeat of layers split into consecutive stages over
+    the `stage` mesh axis, the batch cut into `microbatches` that flow through them. With
+    `repeats` > 1 the schedule is circular: each stage holds `repeats` blocks of layers and a
+    micro-batch passes through the stages that many times (MaxText's circular pipeline).
+
+    plan_pipeline fills in the rest: `stages` (the mesh axis's size), `child` (the instance path
+    of the repeat it splits, e.g. "/blocks") and `layers` (each model's count of that repeat's
+    layers, by model name)."""
+
+    microbatches: int
+    repeats: int = 1
+    stages: int = 0
+    child: str = ""
+    layers: tuple[tuple[str, int], ...] = ()
+
+    @property
+    def iterations(self) -> int:
+        """Steps of the pipeline loop: every micro-batch through every repeat, then the last
+        one's way through the remaining stages."""
+        return self.microbatches * self.repeats + self.stages - 1
+
+    @property
+    def bubble(self) -> float:
+        """The fraction of the loop each stage idles: (stages - 1) / (microbatches * repeats +
+        stages - 1), MaxText's formula for its circular pipeline (GPipe's when repeats = 1)."""
+        return (self.stages - 1) / self.iterations if self.stages else 0.0
+
+    def layers_per_stage(self, layers: int) -> int:
+        """The layers one stage runs in a row (per repeat) out of a repeat of `layers`."""
+        return layers // (self.stages * self.repeats)
+
+
+@dataclass(frozen=True)
 class Schedule:
     """The schedule for one target: profile defaults overridden by the first matching block."""
 
@@ -136,6 +170,9 @@ class Schedule:
     # value: ContextPolicy, or None (no context parallelism); balance and shards resolved by
     # plan_context
     context: Choice = Choice(None)
+    # value: PipelinePolicy, or None (no pipeline); stages, child and layers resolved by
+    # plan_pipeline
+    pipeline: Choice = Choice(None)
 
     def unrolls(self, layers: int) -> bool:
         """Whether a repeat of `layers` layers (steps x layers per step) runs unrolled here."""

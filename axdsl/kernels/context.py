@@ -36,7 +36,7 @@ from jax.sharding import PartitionSpec as P
 
 from axdsl.kernels.mesh import dividing_axes
 
-CONTEXT_BATCH_AXES = ("data", "fsdp")  # mesh axes context_parallel splits the batch over
+CONTEXT_BATCH_AXES = ("stage", "data", "fsdp")  # mesh axes context_parallel splits the batch over
 CONTEXT_HEAD_AXES = ("model",)  # mesh axes it splits the heads over
 CONTEXT_MASKED = -0.7 * float(np.finfo(np.float32).max)  # a masked logit: finite, no inf - inf
 

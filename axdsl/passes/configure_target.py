@@ -9,7 +9,9 @@
       unroll(16)                    repeats of up to 16 layers run unrolled (0: always scanned)
       steps_per_call(8)             train.py runs 8 steps per jitted call (the same results)
       context(strategy = "ring")    attention with the sequence split over the `seq` mesh axis
-    }                               (plan_context checks it against the model)
+                                    (plan_context checks it against the model)
+      pipeline(microbatches = 8)    the main repeat of layers in stages over the `stage` mesh
+    }                               axis (plan_pipeline checks it against the model)
 
 Every block is checked (a typo in a TPU block fails a CPU build too); what a chip supports
 (quantization formats, kernels) is checked for the matched block only.
@@ -42,6 +44,7 @@ class TargetDirective(StrEnum):
     UNROLL = "unroll"
     STEPS_PER_CALL = "steps_per_call"
     CONTEXT = "context"
+    PIPELINE = "pipeline"
 
 
 DIRECTIVES = tuple(str(d) for d in TargetDirective)
@@ -345,6 +348,41 @@ def _parse_context(d: ir.Directive, diags: Diagnostics):
     return policy
 
 
+_PIPELINE_OPTIONS = ("microbatches", "repeats")
+
+
+def _parse_pipeline(d: ir.Directive, diags: Diagnostics):
+    """pipeline(microbatches = M, repeats = R): M is required, R defaults to 1 (no circle)."""
+    if not _no_positional(d, diags):
+        return None
+    values: dict[str, int] = {}
+    for key, value, span in ((a.key, a.value, a.span) for a in d.kwargs):
+        if key not in _PIPELINE_OPTIONS:
+            diags.error(
+                span,
+                f"unknown pipeline option `{key}`",
+                did_you_mean(key, _PIPELINE_OPTIONS) or "options: microbatches, repeats",
+            )
+            return None
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            diags.error(
+                span,
+                f"{key} takes a positive integer",
+                "microbatches: pieces of the batch in flight (at least the stages); repeats: "
+                "times a micro-batch passes through the stages (1: GPipe, more: circular)",
+            )
+            return None
+        values[key] = value
+    if "microbatches" not in values:
+        diags.error(
+            d.span,
+            "pipeline(...) needs microbatches = M, the pieces the batch is cut into",
+            "for example pipeline(microbatches = 8): twice the stages keeps the bubble small",
+        )
+        return None
+    return ir.PipelinePolicy(values["microbatches"], values.get("repeats", 1))
+
+
 # Each directive's parser: (directive, diags) -> its value, or None after reporting an error.
 PARSERS: dict[TargetDirective, Callable[[ir.Directive, Diagnostics], Any]] = {
     TargetDirective.MESH: _parse_mesh,
@@ -355,6 +393,7 @@ PARSERS: dict[TargetDirective, Callable[[ir.Directive, Diagnostics], Any]] = {
     TargetDirective.UNROLL: _parse_unroll,
     TargetDirective.STEPS_PER_CALL: _parse_steps_per_call,
     TargetDirective.CONTEXT: _parse_context,
+    TargetDirective.PIPELINE: _parse_pipeline,
 }
 
 
@@ -400,6 +439,7 @@ def _schedule(
         unroll=_unroll(ov),
         steps_per_call=_steps_per_call(ov),
         context=_context(ov),
+        pipeline=_pipeline(ov),
     )
 
 
@@ -454,6 +494,14 @@ def _context(ov: _Overrides) -> ir.Choice:
     """The block's context(...) policy; profiles have none (context parallelism is asked for)."""
     if TargetDirective.CONTEXT in ov.parsed:
         value, span = ov.parsed[TargetDirective.CONTEXT]
+        return ir.Choice(value, ov.origin(span))
+    return ir.Choice(None, ov.default)
+
+
+def _pipeline(ov: _Overrides) -> ir.Choice:
+    """The block's pipeline(...) policy; profiles have none (pipelines are asked for)."""
+    if TargetDirective.PIPELINE in ov.parsed:
+        value, span = ov.parsed[TargetDirective.PIPELINE]
         return ir.Choice(value, ov.origin(span))
     return ir.Choice(None, ov.default)
 

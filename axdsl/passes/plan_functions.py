@@ -55,6 +55,8 @@ def needed_helpers(models: tuple[ir.Model, ...], schedule: ir.Schedule | None) -
     context = schedule.context.value if schedule is not None else None
     if context is not None and context.balance:  # the root's zig-zag reorder (plan_context)
         out.add(primitives.CONTEXT_ORDER_HELPER.name)
+    if schedule is not None and schedule.pipeline.value is not None:  # plan_pipeline
+        out.add(primitives.PIPELINE_HELPER.name)
     return tuple(sorted(out))
 
 

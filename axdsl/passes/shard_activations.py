@@ -1,6 +1,6 @@
 """shard_activations: pin each scanned layer's carry to the mesh, by the same rules as parameters.
 
-    /blocks : Block x32                       rules: batch -> data, fsdp     mesh: fsdp = 8
+    /blocks : Block x32                rules: batch -> stage, data, fsdp     mesh: fsdp = 8
                                         ->    /blocks : Block x32 carry(fsdp, _, _)
 
 The activation a repeated layer's scan carries from one layer to the next ([B, S, dim]) is

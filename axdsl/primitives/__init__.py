@@ -11,7 +11,8 @@ primitive's emitted code calls are part of its entry (`Primitive.helpers`), and 
 them a call needs (`Primitive.needs`; a weight matmul `x @ w` on the dense kernel: `matmul_needs`);
 `HELPERS` collects them by name for codegen. `FUSED_CROSS_ENTROPY` is the one helper no call
 needs: the next-token loss_fn of a model whose head split_head cut calls it; `CONTEXT_ORDER_HELPER`
-is the other: the root of a balanced context-parallel model reorders its inputs by it.
+is the other: the root of a balanced context-parallel model reorders its inputs by it;
+`PIPELINE_HELPER`, which no primitive owns, runs a pipelined model's main repeat (plan_pipeline).
 """
 
 from __future__ import annotations
@@ -23,11 +24,13 @@ from axdsl.primitives.base import REQUIRED, Flops, Helper, Primitive, Signature,
 from axdsl.primitives.attention_kernels import CONTEXT_ORDER_HELPER
 from axdsl.primitives.einsum import matmul_needs
 from axdsl.primitives.losses import FUSED_CROSS_ENTROPY
+from axdsl.primitives.pipeline import PIPELINE_HELPER
 
 __all__ = [
     "CONTEXT_ORDER_HELPER",
     "FUSED_CROSS_ENTROPY",
     "HELPERS",
+    "PIPELINE_HELPER",
     "REGISTRY",
     "REQUIRED",
     "Flops",
@@ -60,6 +63,9 @@ def _helpers(registry: dict[str, Primitive]) -> dict[str, Helper]:
             if helper.name in out:
                 raise AssertionError(f"helper `{helper.name}` is defined twice ({prim.name})")
             out[helper.name] = helper
+    if PIPELINE_HELPER.name in out:
+        raise AssertionError(f"helper `{PIPELINE_HELPER.name}` is defined twice")
+    out[PIPELINE_HELPER.name] = PIPELINE_HELPER
     return out
 
 

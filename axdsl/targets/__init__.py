@@ -19,8 +19,11 @@ from axdsl.errors import did_you_mean
 from axdsl.ir.settings import ChipKind, Kernel, QuantFormat, RematKind
 
 # Mesh axes, least to most communication per step (AXLearn's order): `model` is innermost, so
-# tensor-parallel peers sit on the fastest links.
-MESH_AXES = ("data", "expert", "fsdp", "seq", "model")
+# tensor-parallel peers sit on the fastest links. `stage` is outermost (MaxText's order): pipeline
+# stages exchange one micro-batch's activations per step, the least traffic of all; no default
+# rule maps a parameter's axis to it, and outside a pipeline it acts as data parallelism (the batch
+# rule lists it first). Its default size is 1.
+MESH_AXES = ("stage", "data", "expert", "fsdp", "seq", "model")
 REMAT_KINDS = tuple(str(k) for k in RematKind)
 QUANT_FORMATS = tuple(str(f) for f in QuantFormat)
 

@@ -389,7 +389,7 @@ def blocks_pattern(
         def groups_step(h, layer_params):
             # this layer's weights in cfg.dtype
             layer_params = jax.tree.map(lambda w: w.astype(cfg.dtype), layer_params)
-            # annotate_sharding: batch -> fsdp (rule batch -> data, fsdp from profile gpu-h100)
+            # annotate_sharding: batch -> fsdp (rule batch -> stage, data, fsdp from profile gpu-h100)
             h = shard(h, P("fsdp"))
             return blocks_group(cfg, layer_params, h), None
 
@@ -401,7 +401,7 @@ def blocks_pattern(
             layer_params, layer_cache = xs
             # this layer's weights in cfg.dtype
             layer_params = jax.tree.map(lambda w: w.astype(cfg.dtype), layer_params)
-            # annotate_sharding: batch -> fsdp (rule batch -> data, fsdp from profile gpu-h100)
+            # annotate_sharding: batch -> fsdp (rule batch -> stage, data, fsdp from profile gpu-h100)
             h = shard(h, P("fsdp"))
             return blocks_group(cfg, layer_params, h, layer_cache, pos)
 
@@ -752,8 +752,9 @@ def _nest(leaves: dict) -> dict:
 
 # ----------------------------------------------------------------------------- sharding
 # Target gpu-h100 (8 chips): mesh from profile gpu-h100 -> fsdp=8.
-# annotate_sharding rules (logical axis -> mesh axes, from profile gpu-h100): batch -> data, fsdp; embed -> fsdp.
+# annotate_sharding rules (logical axis -> mesh axes, from profile gpu-h100): batch -> stage, data, fsdp; embed -> fsdp.
 MESH_SHAPE = {
+    "stage": 1,
     "data": 1,
     "expert": 1,
     "fsdp": -1,

@@ -296,7 +296,7 @@ def dividing_axes(mesh, names: tuple[str, ...], size: int) -> tuple[str, ...]:
     return tuple(axes)
 
 
-CONTEXT_BATCH_AXES = ("data", "fsdp")  # mesh axes context_parallel splits the batch over
+CONTEXT_BATCH_AXES = ("stage", "data", "fsdp")  # mesh axes context_parallel splits the batch over
 CONTEXT_HEAD_AXES = ("model",)  # mesh axes it splits the heads over
 CONTEXT_MASKED = -0.7 * float(np.finfo(np.float32).max)  # a masked logit: finite, no inf - inf
 

@@ -266,7 +266,7 @@ def decoder_lm_hidden(
         def blocks_step(h, layer_params):  # one of cfg.layers stacked layers
             # this layer's weights in cfg.dtype
             layer_params = jax.tree.map(lambda w: w.astype(cfg.dtype), layer_params)
-            # annotate_sharding: batch -> fsdp (rule batch -> data, fsdp from profile gpu-h100); seq -> seq (rule seq -> seq from profile gpu-h100)
+            # annotate_sharding: batch -> fsdp (rule batch -> stage, data, fsdp from profile gpu-h100); seq -> seq (rule seq -> seq from profile gpu-h100)
             h = shard(h, P("fsdp", "seq"))
             return block(cfg, layer_params, h), None
 
@@ -278,7 +278,7 @@ def decoder_lm_hidden(
             layer_params, layer_cache = xs
             # this layer's weights in cfg.dtype
             layer_params = jax.tree.map(lambda w: w.astype(cfg.dtype), layer_params)
-            # annotate_sharding: batch -> fsdp (rule batch -> data, fsdp from profile gpu-h100); seq -> seq (rule seq -> seq from profile gpu-h100)
+            # annotate_sharding: batch -> fsdp (rule batch -> stage, data, fsdp from profile gpu-h100); seq -> seq (rule seq -> seq from profile gpu-h100)
             h = shard(h, P("fsdp", "seq"))
             return block(cfg, layer_params, h, layer_cache, pos)
 
@@ -460,8 +460,9 @@ def _nest(leaves: dict) -> dict:
 
 # ----------------------------------------------------------------------------- sharding
 # Target gpu-h100 (8 chips): mesh from target "gpu-h100-*" at specs/llama3_1_8b.axl:30:3 -> fsdp=1, seq=8.
-# annotate_sharding rules (logical axis -> mesh axes): batch -> data, fsdp (profile gpu-h100); seq -> seq (profile gpu-h100); embed -> fsdp, seq (target "gpu-h100-*" at specs/llama3_1_8b.axl:31:9).
+# annotate_sharding rules (logical axis -> mesh axes): batch -> stage, data, fsdp (profile gpu-h100); seq -> seq (profile gpu-h100); embed -> fsdp, seq (target "gpu-h100-*" at specs/llama3_1_8b.axl:31:9).
 MESH_SHAPE = {
+    "stage": 1,
     "data": 1,
     "expert": 1,
     "fsdp": -1,

@@ -168,7 +168,7 @@ def decoder_lm_hidden(cfg: Config, params: dict, tokens: jax.Array) -> jax.Array
     def blocks_step(h, layer_params):  # one of cfg.layers stacked layers
         # this layer's weights in cfg.dtype
         layer_params = jax.tree.map(lambda w: w.astype(cfg.dtype), layer_params)
-        # annotate_sharding: batch -> data (rule batch -> data, fsdp from profile cpu)
+        # annotate_sharding: batch -> data (rule batch -> stage, data, fsdp from profile cpu)
         h = shard(h, P("data"))
         return mamba_block(cfg, layer_params, h), None
 
@@ -327,8 +327,9 @@ def _nest(leaves: dict) -> dict:
 
 # ----------------------------------------------------------------------------- sharding
 # Target cpu (1 chip): mesh from profile cpu -> data=1.
-# annotate_sharding rules (logical axis -> mesh axes, from profile cpu): batch -> data, fsdp.
+# annotate_sharding rules (logical axis -> mesh axes, from profile cpu): batch -> stage, data, fsdp.
 MESH_SHAPE = {
+    "stage": 1,
     "data": -1,
     "expert": 1,
     "fsdp": 1,

@@ -216,7 +216,7 @@ def decoder_lm_hidden(
             h, aux = carry
             # this layer's weights in cfg.dtype
             layer_params = jax.tree.map(lambda w: w.astype(cfg.dtype), layer_params)
-            # annotate_sharding: batch -> fsdp (rule batch -> data, fsdp from profile gpu-h100)
+            # annotate_sharding: batch -> fsdp (rule batch -> stage, data, fsdp from profile gpu-h100)
             h = shard(h, P("fsdp"))
             h, layer_aux = block(cfg, layer_params, h)
             return (h, aux + layer_aux), None
@@ -231,7 +231,7 @@ def decoder_lm_hidden(
             layer_params, layer_cache = xs
             # this layer's weights in cfg.dtype
             layer_params = jax.tree.map(lambda w: w.astype(cfg.dtype), layer_params)
-            # annotate_sharding: batch -> fsdp (rule batch -> data, fsdp from profile gpu-h100)
+            # annotate_sharding: batch -> fsdp (rule batch -> stage, data, fsdp from profile gpu-h100)
             h = shard(h, P("fsdp"))
             return block(cfg, layer_params, h, layer_cache, pos)
 
@@ -419,8 +419,9 @@ def _nest(leaves: dict) -> dict:
 
 # ----------------------------------------------------------------------------- sharding
 # Target gpu-h100 (8 chips): mesh from profile gpu-h100 -> fsdp=8.
-# annotate_sharding rules (logical axis -> mesh axes, from profile gpu-h100): batch -> data, fsdp; embed -> fsdp.
+# annotate_sharding rules (logical axis -> mesh axes, from profile gpu-h100): batch -> stage, data, fsdp; embed -> fsdp.
 MESH_SHAPE = {
+    "stage": 1,
     "data": 1,
     "expert": 1,
     "fsdp": -1,

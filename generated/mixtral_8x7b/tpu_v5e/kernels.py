@@ -288,7 +288,7 @@ def dividing_axes(mesh, names: tuple[str, ...], size: int) -> tuple[str, ...]:
 
 
 PALLAS_INTERPRET = False  # True runs Pallas kernels in interpret mode (CPU tests, debugging)
-SPLASH_BATCH_AXES = ("data", "fsdp")  # mesh axes splash attention splits the batch over
+SPLASH_BATCH_AXES = ("stage", "data", "fsdp")  # mesh axes splash attention splits the batch over
 SPLASH_HEAD_AXES = ("model",)  # mesh axes it splits the heads over
 SPLASH_FUSED_DQ_BYTES = 4 << 30  # the most the fused backward's per-key-tile dq copies may take
 

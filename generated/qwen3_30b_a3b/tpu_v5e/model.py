@@ -223,7 +223,7 @@ def decoder_lm_hidden(
             h, aux = carry
             # this layer's weights in cfg.dtype
             layer_params = jax.tree.map(lambda w: w.astype(cfg.dtype), layer_params)
-            # annotate_sharding: batch -> fsdp (rule batch -> data, fsdp from profile tpu-v5e)
+            # annotate_sharding: batch -> fsdp (rule batch -> stage, data, fsdp from profile tpu-v5e)
             h = shard(h, P("fsdp"))
             h, layer_aux = block(cfg, layer_params, h)
             return (h, aux + layer_aux), None
@@ -238,7 +238,7 @@ def decoder_lm_hidden(
             layer_params, layer_cache = xs
             # this layer's weights in cfg.dtype
             layer_params = jax.tree.map(lambda w: w.astype(cfg.dtype), layer_params)
-            # annotate_sharding: batch -> fsdp (rule batch -> data, fsdp from profile tpu-v5e)
+            # annotate_sharding: batch -> fsdp (rule batch -> stage, data, fsdp from profile tpu-v5e)
             h = shard(h, P("fsdp"))
             return block(cfg, layer_params, h, layer_cache, pos)
 
@@ -429,8 +429,9 @@ def _nest(leaves: dict) -> dict:
 
 # ----------------------------------------------------------------------------- sharding
 # Target tpu-v5e (8 chips): mesh from profile tpu-v5e -> fsdp=8.
-# annotate_sharding rules (logical axis -> mesh axes, from profile tpu-v5e): batch -> data, fsdp; embed -> fsdp.
+# annotate_sharding rules (logical axis -> mesh axes, from profile tpu-v5e): batch -> stage, data, fsdp; embed -> fsdp.
 MESH_SHAPE = {
+    "stage": 1,
     "data": 1,
     "expert": 1,
     "fsdp": -1,

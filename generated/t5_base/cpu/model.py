@@ -302,7 +302,7 @@ def t5(
     def encoder_step(h, layer_params):  # one of cfg.layers stacked layers
         # this layer's weights in cfg.dtype
         layer_params = jax.tree.map(lambda w: w.astype(cfg.dtype), layer_params)
-        # annotate_sharding: batch -> data (rule batch -> data, fsdp from profile cpu)
+        # annotate_sharding: batch -> data (rule batch -> stage, data, fsdp from profile cpu)
         h = shard(h, P("data"))
         return t5_encoder_block(cfg, layer_params, h, enc_bias_out, segments), None
 
@@ -332,7 +332,7 @@ def t5(
     def decoder_step(h, layer_params):  # one of cfg.dec_layers stacked layers
         # this layer's weights in cfg.dtype
         layer_params = jax.tree.map(lambda w: w.astype(cfg.dtype), layer_params)
-        # annotate_sharding: batch -> data (rule batch -> data, fsdp from profile cpu)
+        # annotate_sharding: batch -> data (rule batch -> stage, data, fsdp from profile cpu)
         h = shard(h, P("data"))
         return (
             t5_decoder_block(cfg, layer_params, h, mem, dec_bias_out, dec_segments, same_example),
@@ -442,8 +442,9 @@ def _nest(leaves: dict) -> dict:
 
 # ----------------------------------------------------------------------------- sharding
 # Target cpu (1 chip): mesh from profile cpu -> data=1.
-# annotate_sharding rules (logical axis -> mesh axes, from profile cpu): batch -> data, fsdp.
+# annotate_sharding rules (logical axis -> mesh axes, from profile cpu): batch -> stage, data, fsdp.
 MESH_SHAPE = {
+    "stage": 1,
     "data": -1,
     "expert": 1,
     "fsdp": 1,

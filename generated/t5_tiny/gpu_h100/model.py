@@ -322,7 +322,7 @@ def t5(
     def encoder_step(h, layer_params):  # one of cfg.layers stacked layers
         # this layer's weights in cfg.dtype
         layer_params = jax.tree.map(lambda w: w.astype(cfg.dtype), layer_params)
-        # annotate_sharding: batch -> fsdp (rule batch -> data, fsdp from profile gpu-h100)
+        # annotate_sharding: batch -> fsdp (rule batch -> stage, data, fsdp from profile gpu-h100)
         h = shard(h, P("fsdp"))
         return t5_encoder_block(cfg, layer_params, h, enc_bias_out, segments), None
 
@@ -351,7 +351,7 @@ def t5(
     def decoder_step(h, layer_params):  # one of cfg.dec_layers stacked layers
         # this layer's weights in cfg.dtype
         layer_params = jax.tree.map(lambda w: w.astype(cfg.dtype), layer_params)
-        # annotate_sharding: batch -> fsdp (rule batch -> data, fsdp from profile gpu-h100)
+        # annotate_sharding: batch -> fsdp (rule batch -> stage, data, fsdp from profile gpu-h100)
         h = shard(h, P("fsdp"))
         return (
             t5_decoder_block(cfg, layer_params, h, mem, dec_bias_out, dec_segments, same_example),
@@ -491,8 +491,9 @@ def _nest(leaves: dict) -> dict:
 
 # ----------------------------------------------------------------------------- sharding
 # Target gpu-h100 (8 chips): mesh from profile gpu-h100 -> fsdp=8.
-# annotate_sharding rules (logical axis -> mesh axes, from profile gpu-h100): batch -> data, fsdp; embed -> fsdp.
+# annotate_sharding rules (logical axis -> mesh axes, from profile gpu-h100): batch -> stage, data, fsdp; embed -> fsdp.
 MESH_SHAPE = {
+    "stage": 1,
     "data": 1,
     "expert": 1,
     "fsdp": -1,

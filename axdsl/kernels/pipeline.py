@@ -1,0 +1,105 @@
+"""Pipeline parallelism as plain JAX (plan_pipeline, the target directive `pipeline(...)`).
+
+`pipeline` runs a repeat's stacked layers as `stages` stages over the `stage` mesh axis, in the
+SPMD form of MaxText's pipeline: one stage's layers vmapped over the stages, one jax.lax.scan
+over the iterations, and each stage's output rolled to the next stage (GSPMD turns a roll along a
+stage-sharded dim into a collective-permute). The batch is cut into `microbatches` pieces: at
+iteration t stage s works on piece t - s. With `repeats` R > 1 the schedule is circular: stage s
+holds the layers of blocks s, stages + s, 2 * stages + s, ..., and a piece passes through the
+stages R times, coming back to stage 0 from the output buffer.
+
+Copied into generated models by codegen (codegen/helpers.py reads this file as text and cuts out
+the definitions the helper's `Source` names); the copies import only what the helper's
+`imports` list.
+"""
+
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
+
+
+def pipeline(
+    step: Callable,
+    x: jax.Array,
+    layer_params,
+    *,
+    stages: int,
+    microbatches: int,
+    repeats: int = 1,
+    carry_spec: P | None = None,
+    specs=None,
+    unroll: bool = False,
+    mesh_axis: str = "stage",
+) -> jax.Array:
+    """The repeat's layers on x [B, ...] as a pipeline; the same result as
+    `jax.lax.scan(step, x, layer_params)[0]` up to float rounding.
+
+    step(h, one_layer_params) -> (h, _): the repeat's scan step (remat and the weights' cast
+    included). layer_params: the stacked weights, [layers, ...] each, layer
+    (r * stages + s) * per_stage + j running on stage s in repeat r. carry_spec: where one
+    micro-batch lives inside a stage (the carry's PartitionSpec without `mesh_axis`); specs: the
+    stacked weights' PartitionSpecs (their `layers` dim on `mesh_axis`), or None. The loop runs
+    microbatches * repeats + stages - 1 iterations, stages - 1 of them the bubble. Without a
+    mesh that has `mesh_axis` (set by jax.set_mesh) it is that scan.
+    """
+    if not _mesh_has(mesh_axis):  # one device (sampling, tests): a pipeline is only overhead
+        return jax.lax.scan(step, x, layer_params, unroll=unroll)[0]
+    carry_spec = P() if carry_spec is None else carry_spec
+    pieces = x.reshape(microbatches, x.shape[0] // microbatches, *x.shape[1:])
+    io = _constrain(pieces, P(None, *carry_spec))  # stage 0's inputs, then the outputs
+    weights = jax.tree.map(lambda w: w.reshape(repeats, stages, -1, *w.shape[1:]), layer_params)
+    if specs is not None:
+        weights = jax.tree.map(
+            lambda w, spec: _constrain(w, P(None, mesh_axis, None, *spec[1:])),
+            weights,
+            specs,
+        )
+
+    on_stages = P(mesh_axis, *carry_spec)  # [stages, B / microbatches, ...]: one per stage
+
+    def run_stage(h, stage_params):  # one stage: its layers in turn
+        return jax.lax.scan(step, h, stage_params, unroll=unroll)[0]
+
+    run_stages = jax.vmap(run_stage, spmd_axis_name=mesh_axis)  # every stage at once, one per shard
+
+    def iteration(carry, t):
+        state, io = carry  # state [stages, B / microbatches, ...]: each stage's input
+        # stage 0 takes piece t: a new micro-batch, or its output of the last repeat
+        state = _constrain(state.at[0].set(io[t % microbatches]), on_stages)
+        # each stage's repeat: stage s works on piece t - s
+        repeat = jnp.clip((t - jnp.arange(stages)) // microbatches, 0, repeats - 1)
+        current = jax.tree.map(lambda w: _stage_weights(w, repeat), weights)
+        out = _constrain(run_stages(state, current), on_stages)
+        done = t - (stages - 1)  # the piece the last stage finished (none yet while negative)
+        slot = done % microbatches
+        io = io.at[slot].set(jnp.where(done >= 0, out[-1], io[slot]))
+        # stage s's output is stage s + 1's next input: a roll along the stage-sharded dim,
+        # which GSPMD runs as a collective-permute between neighbouring stages
+        state = _constrain(jnp.roll(out, 1, axis=0), on_stages)
+        return (state, io), None
+
+    state = jnp.zeros((stages, *pieces.shape[1:]), x.dtype)
+    steps = jnp.arange(microbatches * repeats + stages - 1)
+    (_, io), _ = jax.lax.scan(iteration, (state, io), steps)
+    return io.reshape(x.shape)
+
+
+def _stage_weights(w: jax.Array, repeat: jax.Array) -> jax.Array:
+    """w [repeats, stages, per_stage, ...] -> [stages, per_stage, ...]: each stage's block of
+    layers for its current repeat (stage s reads w[repeat[s], s])."""
+    if w.shape[0] == 1:
+        return w[0]
+    return jax.vmap(lambda ws, r: ws[r], in_axes=(1, 0))(w, repeat)
+
+
+def _mesh_has(axis: str) -> bool:
+    """Whether the mesh set by jax.set_mesh has `axis` (no mesh: a one-device run)."""
+    mesh = jax.sharding.get_abstract_mesh()
+    return not mesh.empty and axis in mesh.axis_names
+
+
+def _constrain(x: jax.Array, spec: P) -> jax.Array:
+    """x pinned to `spec` on the mesh set by jax.set_mesh."""
+    return jax.lax.with_sharding_constraint(x, spec)

@@ -1,0 +1,153 @@
+"""Pipeline parallelism (issue 36): the `pipeline` helper (axdsl/kernels/pipeline.py) gives the
+plain scan's result and gradients, and a generated model built with pipeline(...) on 8 fake CPU
+devices gives the cpu build's loss and gradients, with a collective-permute between its stages.
+The directive's errors (one stage, uneven layers, batches) are tests/ir/plan_pipeline.test."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import Mesh
+from jax.sharding import PartitionSpec as P
+
+from axdsl import stats
+from axdsl.ir import nodes as ir
+from axdsl.kernels.pipeline import pipeline
+from tests.targets_util import import_generated
+
+QUICK_COMPILE = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True}
+
+
+def _step(h, w):
+    """A residual layer as a repeat's scan step: (h, one layer's weights) -> (h, None)."""
+    return h + jnp.tanh(h @ w), None
+
+
+@pytest.mark.parametrize("stages,microbatches,repeats", [(2, 4, 1), (4, 4, 2), (2, 6, 3)])
+def test_pipeline_gives_the_scans_result_and_gradients(stages, microbatches, repeats):
+    """On a (stage, data) mesh every micro-batch meets layer l's weights in order, on the stage
+    that holds them: the scan's result and gradients over the same stack, the roll to the next
+    stage a collective-permute. Without a mesh it is the scan itself."""
+    layers = stages * repeats * 2
+    w = 0.3 * jax.random.normal(jax.random.key(0), (layers, 8, 8))
+    x = jax.random.normal(jax.random.key(1), (24, 3, 8))
+
+    def scanned(w):
+        return jnp.sum(jax.lax.scan(_step, x, w)[0] ** 2)
+
+    def piped(w):
+        y = pipeline(
+            _step,
+            x,
+            w,
+            stages=stages,
+            microbatches=microbatches,
+            repeats=repeats,
+            carry_spec=P("data"),
+            specs=P("stage"),
+        )
+        return jnp.sum(y**2)
+
+    want = jax.value_and_grad(scanned)(w)
+    run = jax.jit(jax.value_and_grad(piped), compiler_options=QUICK_COMPILE)
+    mesh = Mesh(np.array(jax.devices()).reshape(stages, -1), ("stage", "data"))
+    with jax.set_mesh(mesh):
+        compiled = run.lower(jax.device_put(w, jax.NamedSharding(mesh, P("stage")))).compile()
+        got = compiled(w)
+    assert "collective-permute" in compiled.as_text()
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-5)
+    np.testing.assert_allclose(got[1], want[1], rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(run(w)[0], want[0], rtol=1e-6)  # no mesh: the scan
+
+
+# ----------------------------------------------------------------------------- generated models
+# A small GQA Llama of 8 layers; `{target}` is the target block's directives.
+PP_SPEC = """\
+import "std/transformer.axl"
+
+model lm = DecoderLM {{
+  vocab = 256  dim = 64  layers = 8  heads = 4  kv_heads = 2  ffn = 128  max_seq = 64
+  dtype = f32
+}}
+train {{ batch = 16  seq = 16 }}
+target "cpu-8" {{ {target} }}
+"""
+PP_CASES = [  # FSDP inside each stage; 2 and 4 stages, repeats 1 and 2; remat in the stages
+    "mesh(stage = 2, fsdp = 4)  pipeline(microbatches = 4)",
+    "mesh(stage = 4, fsdp = 2)  remat(full)  pipeline(microbatches = 4, repeats = 2)",
+]
+
+
+def _spec(tmp_path, name: str, target: str) -> Path:
+    path = tmp_path / f"{name}.axl"
+    path.write_text(PP_SPEC.format(target=target))
+    return path
+
+
+def _loss_and_grads(model, cfg, tokens):
+    run = jax.value_and_grad(lambda p: model.loss_fn(cfg, p, tokens)[0])
+    return jax.jit(run, compiler_options=QUICK_COMPILE)
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """The spec built for cpu (no pipeline): its module, parameters, tokens, loss and grads."""
+    tmp_path = tmp_path_factory.mktemp("pp_ref")
+    ref, _ = import_generated(_spec(tmp_path, "ref", ""), "cpu", tmp_path)
+    cfg = ref.CONFIGS["lm"]
+    params = ref.init_params(cfg, jax.random.key(0))
+    params = jax.tree.map(lambda a: a * 3.0 if a.ndim > 2 else a, params)
+    tokens = jax.random.randint(jax.random.key(1), (16, 17), 0, cfg.vocab)
+    return ref, params, tokens, _loss_and_grads(ref, cfg, tokens)(params)
+
+
+@pytest.mark.parametrize("target", PP_CASES)
+def test_generated_pipelined_model_keeps_the_loss_and_gradients(tmp_path, reference, target):
+    """The spec built for cpu-8 with pipeline(...) gives the cpu build's loss and gradients with
+    its mesh set (the loss is a mean over the micro-batches), its stages exchanging activations
+    by collective-permute. The first case also checks the forward without a mesh (the plain
+    scan) and that prefill, which runs the layers unpipelined, is unchanged."""
+    ref, params, tokens, want = reference
+    pp, _ = import_generated(_spec(tmp_path, "pp", target), "cpu-8", tmp_path)
+    cfg = pp.CONFIGS["lm"]
+    mesh = pp.make_mesh()
+    shardings = jax.tree.map(lambda s: jax.NamedSharding(mesh, s), pp.param_specs())
+    placed = jax.device_put(params, shardings)
+    with jax.set_mesh(mesh):
+        step = _loss_and_grads(pp, cfg, tokens).lower(placed).compile()
+        assert "collective-permute" in step.as_text()
+        loss, grads = step(placed)
+    np.testing.assert_allclose(float(loss), float(want[0]), rtol=1e-6)
+    for g, w in zip(jax.tree.leaves(grads), jax.tree.leaves(want[1]), strict=True):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(w), atol=2e-5, rtol=1e-4)
+    if target == PP_CASES[0]:
+        prompt = tokens[:2, :8]
+        logits = jax.jit(pp.forward, static_argnums=0)(cfg, params, prompt)
+        np.testing.assert_allclose(logits, ref.forward(cfg, params, prompt), atol=1e-5)
+        cache = pp.init_cache(cfg, 2, 16)
+        got, _ = pp.prefill(cfg, pp.decode_params(cfg, params), prompt, cache)
+        np.testing.assert_allclose(got, logits, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "stages,microbatches,repeats,bubble",
+    [(2, 4, 1, 1 / 5), (4, 4, 1, 3 / 7), (4, 8, 1, 3 / 11), (4, 4, 2, 3 / 11), (8, 16, 4, 7 / 71)],
+)
+def test_bubble_is_maxtexts_circular_formula(stages, microbatches, repeats, bubble):
+    """(stages - 1) / (microbatches * repeats + stages - 1): the idle share of the loop."""
+    policy = ir.PipelinePolicy(microbatches, repeats, stages=stages)
+    assert policy.iterations == microbatches * repeats + stages - 1
+    assert policy.bubble == pytest.approx(bubble)
+
+
+def test_stats_prints_the_pipeline_and_its_bubble(tmp_path, capsys):
+    """`axdsl stats` says how the layers split and the bubble (axdsl aot adds it as a note)."""
+    spec = _spec(tmp_path, "pp", PP_CASES[1])
+    assert stats.run(spec, "cpu-8") == 0
+    out = capsys.readouterr().out
+    assert "over 4 stages of `stage`: /blocks (lm 8 = 4 x 2 x 1 layers), 11 iterations" in out
+    assert "bubble 27.3%" in out
