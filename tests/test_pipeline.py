@@ -151,3 +151,27 @@ def test_stats_prints_the_pipeline_and_its_bubble(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "over 4 stages of `stage`: /blocks (lm 8 = 4 x 2 x 1 layers), 11 iterations" in out
     assert "bubble 27.3%" in out
+
+
+def test_each_stage_keeps_its_layers_weights_and_optimizer_state(tmp_path):
+    """The memory model: under pipeline(...) over 4 stages, the repeat's weights, gradients and
+    optimizer state per chip are a quarter of what the same chips hold with `stage` as data
+    parallelism; the embedding, final norm and head stay as they are."""
+    from axdsl.analysis.layout import Layout
+    from axdsl.analysis.memory import estimate_memory
+    from axdsl.ir.axes import dim_axes
+    from axdsl.pipeline import compile_spec
+
+    staged = compile_spec(_spec(tmp_path, "pp", "mesh(stage = 4, fsdp = 2)  pipeline(microbatches = 4)"), "cpu-8")
+    flat = compile_spec(_spec(tmp_path, "dp", "mesh(stage = 4, fsdp = 2)"), "cpu-8")
+    pp, dp = estimate_memory(staged), estimate_memory(flat)
+    root, sched = flat.models[0].root, flat.target
+    layout = Layout(dict(sched.mesh_sizes), {k: c.value for k, c in sched.rules}, dim_axes(root))
+    blocks = sum(  # f32 bytes per chip of the repeat's weights with `stage` as data parallelism
+        layout.param_elements(p) * 4
+        for i in root.walk()
+        if i.path.startswith("/blocks")
+        for p in i.params
+    )
+    assert dp.params - pp.params == blocks - blocks // 4
+    assert dp.opt_state - pp.opt_state == 2 * (blocks - blocks // 4)  # adamw: two f32 moments

@@ -254,7 +254,9 @@ def estimate_memory(
     kept = policy.kind  # what the blocks keep: every residual where the platform ignores remat
     if _unrolled(m.root) and not platform_of(module).unrolled_remat:
         kept = ir.RematKind.NONE
-    st = _state(m.root, layout, optimizer, kept, mu_dtype)
+    pipeline = module.schedule.pipeline.value if module.schedule is not None else None
+    staged = (pipeline.child, sizes.get("stage", 1)) if pipeline is not None else None
+    st = _state(m.root, layout, optimizer, kept, mu_dtype, staged)
     grads = st.params + (
         st.param_f32 if microbatches > 1 else 0
     )  # + the micro-batch scan's accumulator
@@ -314,19 +316,24 @@ def _state(
     optimizer: ir.OptimizerKind,
     remat: ir.RematKind,
     mu: str | None = None,
+    staged: tuple[str, int] | None = None,
 ) -> _State:
     """Parameters and optimizer moments, sharded; the cast copies when the model computes in
     another dtype. The root casts what is outside its stacked children once (a copy and its
     gradient); a stacked child one layer at a time in its scan step, so only one layer's copy and
     gradient exist at once, unless the scan keeps every layer's cast weights for the backward
-    (remat none)."""
+    (remat none). `staged`: (the pipelined repeat's path, stages) under pipeline(...): each chip
+    keeps only its stage's layers of that repeat (plan_pipeline puts their `layers` dim on
+    `stage`)."""
     params = opt = copies = f32 = layered = 0
     compute = compute_dtype(root)
     per_layer: dict[str, int] = {}  # a stack's path -> one layer's cast bytes
     for inst in root.walk():
         top = root.stack_of(inst.path)  # the stack this layer is cast in, a layer at a time
+        stages = staged[1] if staged and top is not None and top.path == staged[0] else 1
         for p in inst.params:
-            n = layout.param_elements(p)
+            full = layout.param_elements(p)
+            n = -(-full // stages)  # this chip's stage holds 1 / stages of a pipelined stack
             params += n * DTYPE_BYTES[p.dtype.name]
             opt += _opt_bytes(optimizer, p, n, mu)
             f32 += n * 4
@@ -338,7 +345,7 @@ def _state(
                 copies += 2 * n * DTYPE_BYTES[compute]  # the cast copy and its gradient
                 continue
             layers = math.prod(ir.static_size(d) for d in p.stack)
-            per_layer[top.path] = per_layer.get(top.path, 0) + n // layers * DTYPE_BYTES[compute]
+            per_layer[top.path] = per_layer.get(top.path, 0) + full // layers * DTYPE_BYTES[compute]
             if remat is ir.RematKind.NONE:
                 copies += n * DTYPE_BYTES[compute]  # every layer's cast weights, kept as residuals
     return _State(params, opt, copies + 2 * max(per_layer.values(), default=0), f32, None, layered)

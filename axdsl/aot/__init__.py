@@ -139,8 +139,9 @@ def analyze(
             )
     if sched.pipeline.value is not None:  # plan_pipeline's split and the bubble it costs
         report.notes.append(
-            f"{pipeline_text(sched.pipeline.value)}; the memory figures below do not model the "
-            "stages yet"
+            f"{pipeline_text(sched.pipeline.value)}; the memory figures below divide the "
+            "pipelined layers' weights, gradients and optimizer state by the stages, but not "
+            "yet the activations of the micro-batches in flight"
         )
     edited = edited_files(default_out_dir(spec, target))
     if edited:
