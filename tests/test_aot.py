@@ -311,3 +311,25 @@ def test_nothing_fits_one_chip_alone_so_levers_combine(in_root, tmp_path):
     last = r.suggestions[-1]
     assert last.startswith("even together on this chip") and "mu_dtype" not in last, last
     assert "adafactor()" in last and float(last.split(": ")[-1].split(" GiB")[0]) * 2**30 > r.limit
+
+
+def test_a_batch_the_mesh_cannot_split_does_not_run_and_context_parallelism_is_suggested(tmp_path):
+    """A long sequence with a global batch (--batch) smaller than the chips: the analytic figure is no
+    verdict (train.py would refuse the batch split), so aot says it does not run and suggests a
+    batch the mesh splits and context parallelism, each with its per-chip figure."""
+    from axdsl.aot import analyze
+    from axdsl.aot.render import render
+
+    spec = tmp_path / "long.axl"
+    spec.write_text(
+        'import "std/transformer.axl"\n'
+        "model lm = DecoderLM { vocab = 512  dim = 256  layers = 2  heads = 4  ffn = 512"
+        "  max_seq = 16384  dtype = bf16 }\n"
+        "train { batch = 16  seq = 16384 }\n"
+    )
+    report = analyze(spec, "gpu-h100-16", batch=2, lower=False)  # `axdsl aot --batch 2`
+    assert not report.fits and "does not split over the 16 ways" in report.unsplittable
+    text = render(report)
+    assert "=> does NOT run on this mesh" in text and "=> fits" not in text
+    assert "`--batch 16`" in text
+    assert 'mesh(seq = 8, fsdp = -1)  rules(embed = [fsdp, seq])  context(strategy = "ring")' in text

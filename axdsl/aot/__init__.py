@@ -41,7 +41,7 @@ from axdsl.analysis.memory import GENERATED_UPDATE_SKIP, UpdateSkip, estimate_me
 from axdsl.aot.lower import lower_step
 from axdsl.aot.render import render
 from axdsl.aot.report import EXIT_ERROR, EXIT_FITS, EXIT_NO_FIT, Report
-from axdsl.aot.suggest import suggest
+from axdsl.aot.suggest import split_suggestions, suggest, unsplittable
 from axdsl.ir.printer import fit_lines, pipeline_text
 from axdsl.aot.xla import xla_total
 from axdsl.objectives import batches_of
@@ -158,6 +158,9 @@ def analyze(
             report.lowering = lower_step(
                 files, spec, target, model, batch, seq, sched.chips, sched.kind, compile
             )
-    if not report.fits:  # searched with the analytic model, scaled by XLA's ratio when it decided
+    report.unsplittable = unsplittable(module, est)
+    if report.unsplittable is not None:
+        report.suggestions = split_suggestions(module, model, est, report.limit, target, select)
+    elif not report.fits:  # searched with the analytic model, scaled by XLA's ratio if it decided
         report.suggestions = suggest(module, model, est, report.limit, target, select, report.ratio)
     return report

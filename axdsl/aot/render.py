@@ -100,13 +100,16 @@ def _memory(r: Report) -> list[str]:
     lines.append(f"  peak:             {phases[e.peak_phase]}")
     lines.append(f"  batch             {gib(e.inputs):>12}")
     lines += _verdict_xla(r) if r.xla_decides else _verdict_analytic(r)
+    if r.unsplittable is not None:
+        lines.append(f"  => does NOT run on this mesh: {r.unsplittable}")
     if not r.fits:
         scaled = (
             " (found with the analytic model; figures scaled by XLA's ratio)"
             if r.ratio != 1.0
             else ""
         )
-        lines.append(f"  to make it fit{scaled}:")
+        what = "run" if r.unsplittable is not None else "fit"
+        lines.append(f"  to make it {what}{scaled}:")
         lines += [f"    - {s}" for s in r.suggestions]
     return lines
 
@@ -118,6 +121,8 @@ def _verdict_analytic(r: Report) -> list[str]:
         f"  total             {gib(e.total):>12}   of {gib(r.hbm)} HBM "
         f"({100 * e.total / r.hbm:.0f}%; usable {r.usable / r.hbm:.0%}: {gib(r.usable)})"
     )
+    if r.unsplittable is not None:  # no verdict on memory for a step that cannot run
+        return [total]
     if r.borderline:
         return [
             total,
@@ -125,7 +130,7 @@ def _verdict_analytic(r: Report) -> list[str]:
             "memory, within what the model overestimates steps that fit by on this "
             "platform; compile for the target (libtpu) to be sure",
         ]
-    if r.fits:
+    if e.total <= r.limit:
         return [total, f"  => fits (analytic): {gib(r.usable - e.total)} to spare"]
     return [
         total,

@@ -38,6 +38,9 @@ class Report:
     suggestions: list[str] = dataclasses.field(default_factory=list)
     notes: list[str] = dataclasses.field(default_factory=list)  # caveats printed with the header
     images: bool = False  # an image model's batch: no sequence, FLOPs not counted per token
+    # why the step cannot run on this mesh whatever its memory (the batch does not split over
+    # the mesh axes of `batch`, as train.py's check_settings refuses it), or None
+    unsplittable: str | None = None
 
     @property
     def usable(self) -> int:
@@ -103,7 +106,7 @@ class Report:
         step fits, whatever memory_analysis()'s sum says (a 32k-token Llama cut summed to 16.53
         GiB against 15.75, compiled, and trained on the chip; its peak was within it). Otherwise
         the analytic one."""
-        if self.out_of_memory is not None:
+        if self.out_of_memory is not None or self.unsplittable is not None:
             return False
         if self.xla_peak is not None:
             return True

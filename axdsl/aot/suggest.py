@@ -190,35 +190,90 @@ def _context(s: _Search) -> _Lever | None:
     """A long sequence split over a `seq` mesh axis taken from fsdp on the same chips, with
     ring attention (context parallelism): the fewest shards that fit alone, else the most the
     mesh allows (up to 16)."""
-    sched = s.module.target
-    if sched.context.value is not None or s.est.seq < CONTEXT_MIN_SEQ:
+    if s.module.target.context.value is not None or s.est.seq < CONTEXT_MIN_SEQ:
         return None
-    mesh, found, n = dict(s.est.mesh), None, 2
-    while mesh.get("fsdp", 1) % n == 0 and s.est.seq % (2 * n) == 0 and n <= 16:
-        split = {**mesh, "fsdp": mesh.get("fsdp", 1) // n, "seq": mesh.get("seq", 1) * n}
-        policy = ir.ContextPolicy(ir.ContextStrategy.RING, True, split["seq"])
-
-        def apply(module: ir.Module, kw: dict, split=split, policy=policy) -> tuple:
-            sched = module.target
-            rules = tuple(
-                (k, ir.Choice(("fsdp", "seq"), ir.DEFAULT) if k == "embed" else c)
-                for k, c in sched.rules
-            )
-            context = ir.Choice(policy, ir.DEFAULT)
-            sched = replace(sched, context=context, rules=rules)
-            return replace(module, schedule=sched), {**kw, "mesh": split}
-
-        found = _Lever(
-            f"context parallelism (the sequence over {split['seq']} chips, ring attention, "
-            "the weights sharded over them too)",
-            f'{s.pattern} {{ mesh(seq = {split["seq"]}, fsdp = -1)  rules(embed = [fsdp, seq])  '
-            'context(strategy = "ring") }',
-            apply,
-        )
+    found = None
+    for n in _context_shards(s):
+        found = _context_lever(s, n)
         if s.ok(found.total(s)):
             break
-        n *= 2
     return found
+
+
+def _context_shards(s: _Search) -> list[int]:
+    """The seq shard counts context parallelism may take from fsdp: 2, 4, ... up to 16, each
+    dividing fsdp and leaving 2 chunks per shard of the sequence (the zig-zag order)."""
+    fsdp, out, n = s.est.mesh.get("fsdp", 1), [], 2
+    while fsdp % n == 0 and s.est.seq % (2 * n) == 0 and n <= 16:
+        out.append(n)
+        n *= 2
+    return out
+
+
+def _context_lever(s: _Search, n: int) -> _Lever:
+    """n of fsdp's shards moved to `seq` with ring attention; the weights stay sharded over
+    both (rules(embed = [fsdp, seq]), MaxText's rule)."""
+    mesh = s.est.mesh
+    split = {**mesh, "fsdp": mesh.get("fsdp", 1) // n, "seq": mesh.get("seq", 1) * n}
+    policy = ir.ContextPolicy(ir.ContextStrategy.RING, True, split["seq"])
+
+    def apply(module: ir.Module, kw: dict) -> tuple[ir.Module, dict]:
+        sched = module.target
+        rules = tuple(
+            (k, ir.Choice(("fsdp", "seq"), ir.DEFAULT) if k == "embed" else c)
+            for k, c in sched.rules
+        )
+        sched = replace(sched, context=ir.Choice(policy, ir.DEFAULT), rules=rules)
+        return replace(module, schedule=sched), {**kw, "mesh": split}
+
+    return _Lever(
+        f"context parallelism (the sequence over {split['seq']} chips, ring attention, "
+        "the weights sharded over them too)",
+        f'{s.pattern} {{ mesh(seq = {split["seq"]}, fsdp = -1)  rules(embed = [fsdp, seq])  '
+        'context(strategy = "ring") }',
+        apply,
+    )
+
+
+def unsplittable(module: ir.Module, est: MemoryEstimate) -> str | None:
+    """Why the step's batch does not split over the mesh axes of `batch` (train.py's
+    check_settings refuses it), or None."""
+    ways = _Search(module, est.model, est, 0, "", False).shards(est.mesh)
+    piece, rest = divmod(est.batch, est.microbatches)
+    if rest == 0 and piece % ways == 0:
+        return None
+    return (
+        f"batch {est.batch} in {est.microbatches} micro-batch"
+        f"{'es' if est.microbatches > 1 else ''} does not split over the {ways} ways the mesh "
+        "splits the batch"
+    )
+
+
+def split_suggestions(
+    module: ir.Module, model: str, est: MemoryEstimate, usable: int, target: str, select: bool
+) -> list[str]:
+    """What makes an unsplittable batch run: a batch the mesh splits, or, for a long sequence,
+    some of fsdp's shards moved to the sequence (context parallelism), each with its figure."""
+    s = _Search(module, model, est, usable, target, select)
+    ways = s.shards(est.mesh)
+    step = ways * est.microbatches
+    batch = -(-est.batch // step) * step
+    t = s.total(batch=batch)
+    out = [
+        f"a global batch the mesh splits: `--batch {batch}` (or train {{ batch = {batch} }}) -> "
+        f"{s.shown(t)} per chip{'' if s.ok(t) else ', does not fit'}"
+    ]
+    if module.target.context.value is not None:
+        return out
+    for n in _context_shards(s):
+        piece = est.batch // est.microbatches
+        if piece % (ways // n) == 0:
+            lever = _context_lever(s, n)
+            t = lever.total(s)
+            fits = "" if s.ok(t) else ", does not fit"
+            out.append(f"{lever.what}: `{lever.how}` -> {s.shown(t)} per chip{fits}")
+            break
+    return out
 
 
 def _mu_bf16(s: _Search) -> _Lever | None:
