@@ -249,3 +249,16 @@ def test_generated_context_parallel_model_keeps_the_loss_and_gradients(
         np.testing.assert_allclose(float(loss), float(want[0]), rtol=1e-6)
         for g, w in zip(jax.tree.leaves(grads), jax.tree.leaves(want[1]), strict=True):
             np.testing.assert_allclose(np.asarray(g), np.asarray(w), atol=2e-5, rtol=1e-4)
+
+
+def test_train_py_refuses_a_seq_the_shards_do_not_split(tmp_path):
+    """--seq is checked before tracing: 4 shards in zig-zag order need a multiple of 8 (the
+    model would otherwise fail inside jit with a traceback)."""
+    import dataclasses
+
+    _, train = import_generated(_spec(tmp_path, "cp", "context()", 0, 0.0), "cpu-8", tmp_path)
+    mesh = __import__(train.__package__ + ".model", fromlist=["model"]).make_mesh()
+    cfg, tc = train.model_config(train.TRAIN), train.TRAIN
+    train.check_config(cfg, tc, mesh)  # seq 32: 8 chunks of 4
+    with pytest.raises(SystemExit, match="multiple of 8"):
+        train.check_config(cfg, dataclasses.replace(tc, seq=30), mesh)

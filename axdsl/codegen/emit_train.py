@@ -95,7 +95,17 @@ def emit_train(module: ir.Module, package: str, flops: list[TrainingFlops]) -> s
         # LoRA trains adapters only: the selection biases stay as they are, like every base weight
         balance=[] if "lora" in dict(t.settings) else balanced_biases(module.models[0].root),
         remat_fit=_remat_fit(module.target) if batches.has_seq else None,
+        context_chunks=_context_chunks(module.target) if batches.has_seq else None,
     )
+
+
+def _context_chunks(schedule: ir.Schedule) -> int | None:
+    """Pieces per `seq` shard the sequence is cut into under context parallelism (2 in the
+    zig-zag order, else 1), for check_config's --seq check; None without it."""
+    context = schedule.context.value
+    if context is None:
+        return None
+    return 2 if context.balance else 1
 
 
 def _remat_fit(schedule: ir.Schedule) -> dict | None:

@@ -118,6 +118,12 @@ def model_config(tc: TrainConfig) -> Config:
 def check_config(cfg: Config, tc: TrainConfig, mesh) -> None:
     """Exit with a message when flags break the batch split, max_seq or the vocabulary."""
     runtime.check_settings(cfg, tc, mesh, batch_sharding(mesh))
+    pieces = 2 * mesh.shape["seq"]  # plan_context: the sequence over `seq`, zig-zag
+    if tc.seq % pieces:
+        raise SystemExit(
+            f"error: --seq {tc.seq} does not split over the mesh's {mesh.shape['seq']} sequence "
+            f"shards in zig-zag order: use a multiple of {pieces}"
+        )
 
 
 # ----------------------------------------------------------------------------- optimizer
