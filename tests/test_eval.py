@@ -221,3 +221,4 @@ def test_a_results_file_the_user_wrote_is_never_replaced(tmp_path, capsys):
     assert main(["eval", str(tmp_path), "--task", str(task)]) == 1
     assert "was not written by axdsl eval: not replacing it" in capsys.readouterr().err
     assert (tmp_path / "evals" / "t.json").read_text() == '{"mine": 1}'
+
