@@ -525,7 +525,7 @@ def _add_eval(sub) -> None:
         action="append",
         required=True,
         metavar="FILE",
-        help="a task file (repeat for several)",
+        help="a task file (repeat for several; required, no default)",
     )
     ev.add_argument(
         "--tokenizer",

@@ -222,3 +222,9 @@ def test_a_results_file_the_user_wrote_is_never_replaced(tmp_path, capsys):
     assert "was not written by axdsl eval: not replacing it" in capsys.readouterr().err
     assert (tmp_path / "evals" / "t.json").read_text() == '{"mine": 1}'
 
+
+
+def test_eval_needs_a_task(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["eval", "runs/x"])
+    assert exc.value.code == 2 and "--task" in capsys.readouterr().err
