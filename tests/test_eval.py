@@ -8,6 +8,7 @@ generation against `generate`. Then every bad input is a located error, never a 
 from __future__ import annotations
 
 import json
+import re
 import math
 import os
 from pathlib import Path
@@ -109,12 +110,49 @@ def _pair(tok, context: str, continuation: str) -> tuple[list[int], list[int]]:
     return ctx or [HF_CONFIG["bos_token_id"]], whole[len(ctx):]
 
 
-def test_multiple_choice_matches_transformers(imported, capsys):
+TEXT = "Perplexity in windows: every token is predicted once, ünïcode too.\n" * 3
+PROMPTS = ["The model", "def main(", "axdsl eval"]
+
+
+def _hf_greedy(model, tok, prompt: str, n: int) -> list[int]:
+    import torch
+
+    ids = tok.encode(prompt, add_special_tokens=False).ids
+    with torch.no_grad():
+        gen = model.generate(torch.tensor([ids]), max_new_tokens=n, do_sample=False,
+                             attention_mask=torch.ones(1, len(ids), dtype=torch.long))
+    return gen[0, len(ids):].tolist()
+
+
+@pytest.fixture(scope="module")
+def evaluated(imported):
+    """One `axdsl eval` of the import on the three kinds of task (one load, one jit per bucket;
+    --batch 3 splits the choices' rows over batches): (results by task, table, HF's greedy ids)."""
+    import contextlib
+    import io
+
     root, out, model, tok = imported
-    task = _write_jsonl(root / "mc.jsonl", CHOICES)
-    assert _eval(root, str(out), "--task", str(task)) == 0, capsys.readouterr().err
-    table = capsys.readouterr().out
-    result = json.loads((out / "evals" / "mc.json").read_text())
+    _write_jsonl(root / "mc.jsonl", CHOICES)
+    (root / "text.txt").write_text(TEXT, encoding="utf-8")
+    outputs = [_hf_greedy(model, tok, p, 6) for p in PROMPTS]
+    texts = [tok.decode(o) for o in outputs]
+    stop = texts[1][len(texts[1]) // 2:] or "\n"  # cut the second output at its second half
+    _write_jsonl(root / "gen.jsonl", [
+        {"prompt": PROMPTS[0], "answer": f" {texts[0]}  "},
+        {"prompt": PROMPTS[1], "answer": texts[1][: texts[1].find(stop)], "until": [stop]},
+        {"prompt": PROMPTS[2], "answer": texts[2] + "not it"}])
+    shown = io.StringIO()
+    with contextlib.redirect_stdout(shown):
+        argv = ["--task", "mc.jsonl", "--task", "text.txt", "--task", "gen.jsonl"]
+        assert _eval(root, str(out), *argv, "--max-tokens", "6", "--batch", "3") == 0
+    results = {n: json.loads((out / "evals" / f"{n}.json").read_text()) for n in ("mc", "text", "gen")}
+    return results, shown.getvalue(), outputs
+
+
+def test_multiple_choice_matches_transformers(imported, evaluated):
+    _, _, model, tok = imported
+    results, table, _ = evaluated
+    result = results["mc"]
     acc = acc_norm = 0
     for item, got in zip(CHOICES, result["items"], strict=True):
         delimiter = item.get("delimiter", " ")
@@ -124,18 +162,15 @@ def test_multiple_choice_matches_transformers(imported, capsys):
         acc_norm += int(np.argmax(np.array(ref) / [len(c) for c in item["choices"]]) == item["gold"])
     assert result["metrics"] == {"acc": acc / 4, "acc_norm": acc_norm / 4}
     assert 0 < acc < 4 or 0 < acc_norm < 4  # the task tells right from wrong: not all one way
-    assert "mc.jsonl  acc " in table and f"{acc / 4:.4f}" in table
+    assert re.search(rf"mc.jsonl +acc +{acc / 4:.4f} +4\n", table), table
 
 
-def test_perplexity_and_bits_per_byte_match_transformers(imported, capsys):
+def test_perplexity_and_bits_per_byte_match_transformers(imported, evaluated):
     import torch
 
-    root, out, model, tok = imported
-    text = "Perplexity in windows: every token is predicted once, ünïcode too.\n" * 3
-    (root / "text.txt").write_text(text, encoding="utf-8")
-    assert _eval(root, str(out), "--task", "text.txt") == 0, capsys.readouterr().err
-    result = json.loads((out / "evals" / "text.json").read_text())
-    ids = [HF_CONFIG["bos_token_id"]] + tok.encode(text, add_special_tokens=False).ids
+    _, _, model, tok = imported
+    result = evaluated[0]["text"]
+    ids = [HF_CONFIG["bos_token_id"]] + tok.encode(TEXT, add_special_tokens=False).ids
     nats, window = 0.0, 32
     for start in range(0, len(ids) - 1, window):  # disjoint windows of the model's max_seq
         chunk = ids[start:start + window + 1]
@@ -145,30 +180,13 @@ def test_perplexity_and_bits_per_byte_match_transformers(imported, capsys):
     tokens = len(ids) - 1
     assert result["windows"] > 2 and result["n"] == tokens
     assert result["metrics"]["perplexity"] == pytest.approx(math.exp(nats / tokens), rel=1e-5)
-    bpb = nats / (math.log(2) * len(text.encode("utf-8")))
+    bpb = nats / (math.log(2) * len(TEXT.encode("utf-8")))
     assert result["metrics"]["bits_per_byte"] == pytest.approx(bpb, rel=1e-5)
 
 
-def test_greedy_exact_match_matches_transformers_generate(imported, capsys):
-    import torch
-
-    root, out, model, tok = imported
-    prompts = ["The model", "def main(", "axdsl eval"]
-    outputs = []
-    for prompt in prompts:
-        ids = tok.encode(prompt, add_special_tokens=False).ids
-        with torch.no_grad():
-            gen = model.generate(torch.tensor([ids]), max_new_tokens=6, do_sample=False,
-                                 attention_mask=torch.ones(1, len(ids), dtype=torch.long))
-        outputs.append(gen[0, len(ids):].tolist())
-    texts = [tok.decode(o) for o in outputs]
-    stop = texts[1][len(texts[1]) // 2:] or "\n"  # cut the second output at its second half
-    rows = [{"prompt": prompts[0], "answer": f" {texts[0]}  "},
-            {"prompt": prompts[1], "answer": texts[1][: texts[1].find(stop)], "until": [stop]},
-            {"prompt": prompts[2], "answer": texts[2] + "not it"}]
-    task = _write_jsonl(root / "gen.jsonl", rows)
-    assert _eval(root, str(out), "--task", str(task), "--max-tokens", "6") == 0, capsys.readouterr().err
-    result = json.loads((out / "evals" / "gen.json").read_text())
+def test_greedy_exact_match_matches_transformers_generate(evaluated):
+    results, _, outputs = evaluated
+    result = results["gen"]
     assert [i["exact_match"] for i in result["items"]] == [True, True, False]
     assert result["items"][0]["ids"] == outputs[0] and result["items"][2]["ids"] == outputs[2]
     assert result["metrics"]["exact_match"] == pytest.approx(2 / 3)
