@@ -5,7 +5,8 @@ The model is loaded as `axdsl sample` loads it (sampling.load_run_model, load_im
 text goes through the run's own tokenizer as sample and train use it: UTF-8 bytes for a byte-level
 run, the run's kept tokenizer.json for one trained through a tokenizer, the Hugging Face
 directory's tokenizer.json for an import (or `--tokenizer`). Contexts and continuations are
-tokenized as lm-evaluation-harness does (see `encode_pair`).
+tokenized as lm-evaluation-harness does (axdsl/runtime/evals.py `encode_pair`, which a train
+block's `evals` share).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from axdsl.errors import shorten_words
-from axdsl.evaluation.tasks import ChoiceItem, Problem, Task, TaskError, TaskKind, read_tasks
+from axdsl.runtime.eval_tasks import Problem, Task, TaskError, TaskKind, read_tasks
 
 WRITTEN_BY = "axdsl eval"  # in every JSON eval writes: only such a file is ever replaced
 RUN_HINT = (
@@ -51,7 +52,8 @@ class Text:
 class Loaded:
     """The model to evaluate, where its results go, and what to record about it."""
 
-    scorer: Any  # scoring.Scorer
+    scorer: Any  # axdsl.runtime.evals.Scorer
+    model: Any  # the generated model module (generation uses its decode path)
     text: Text
     out_dir: Path
     about: dict
@@ -136,7 +138,7 @@ def load(
     """The model of `run` (its newest good checkpoint, or the import's parameters), with its
     text codec and window."""
     from axdsl import sampling
-    from axdsl.evaluation.scoring import Scorer
+    from axdsl.runtime.evals import Scorer
 
     if (run / "run.json").is_file():
         model = sampling.load_run_model(run, "`eval` scores")
@@ -156,8 +158,8 @@ def load(
     if "dec_tokens" in inspect.signature(model.model.forward).parameters:
         raise EvalError(f"{run} is an encoder-decoder model: `eval` scores decoder-only models")
     about |= {"tokenizer": text.source, "window": window, "max_tokens": max_tokens}
-    scorer = Scorer(model.model, model.cfg, model.params, window, batch)
-    return Loaded(scorer, text, out_dir, about, max_tokens)
+    scorer = Scorer(model.model.forward, model.cfg, model.params, window, batch)
+    return Loaded(scorer, model.model, text, out_dir, about, max_tokens)
 
 
 def run_text(run: Path, tc, tokenizer: Path | None) -> Text:
@@ -247,75 +249,27 @@ def run_task(loaded: Loaded, task: Task) -> dict:
     return {"task": str(task.path), "kind": task.kind.value, **result}
 
 
-def encode_pair(text: Text, context: str, continuation: str) -> tuple[list[int], list[int]]:
-    """(context ids, continuation ids) as lm-evaluation-harness's `_encode_pair` makes them:
-    spaces ending the context move to the continuation; the whole string is tokenized, and the
-    continuation's ids are those after the context's own tokenization (so a token that spans the
-    boundary counts as continuation)."""
-    spaces = len(context) - len(context.rstrip())
-    if spaces:
-        context, continuation = context[:-spaces], context[-spaces:] + continuation
-    whole = text.encode(context + continuation)
-    context_ids = text.encode(context)
-    return context_ids, whole[len(context_ids) :]
-
-
 def choice_task(loaded: Loaded, task: Task) -> dict:
-    """acc (the most likely choice is gold) and acc_norm (likelihood per character of the
-    choice, lm-evaluation-harness's normalisation) over the items."""
-    from axdsl.evaluation.scoring import continuation_row
+    """acc and acc_norm over the items (axdsl/runtime/evals.py: choice_rows, choice_scores)."""
+    from axdsl.runtime.evals import choice_rows, choice_scores
 
-    rows, problems = [], []
-    for item in task.choices:
-        for choice in item.choices:
-            context, continuation = encode_pair(loaded.text, item.context, item.delimiter + choice)
-            problem = _pair_problem(loaded.text, item, context, continuation)
-            if problem:
-                problems.append(Problem(task.path, item.line, *problem))
-                break
-            context = context or [loaded.text.prefix]  # type: ignore[list-item]
-            rows.append(continuation_row(context, continuation, loaded.scorer.window))
-    if problems:
-        raise TaskError(problems)
-    scores = iter(loaded.scorer.log_likelihoods(rows))
-    items, acc, acc_norm = [], 0, 0
-    for item in task.choices:
-        lls = [next(scores)[0] for _ in item.choices]
-        normed = [ll / max(1, len(c)) for ll, c in zip(lls, item.choices, strict=True)]
-        best, best_norm = lls.index(max(lls)), normed.index(max(normed))
-        acc, acc_norm = acc + (best == item.gold), acc_norm + (best_norm == item.gold)
-        items.append({"line": item.line, "loglikelihoods": lls, "pred": best, "gold": item.gold})
-    n = len(task.choices)
-    return {"metrics": {"acc": acc / n, "acc_norm": acc_norm / n}, "n": n, "items": items}
-
-
-def _pair_problem(
-    text: Text, item: ChoiceItem, context: list[int], continuation: list[int]
-) -> tuple[str, str] | None:
-    """Why a choice cannot be scored: nothing to condition on, or nothing to score."""
-    if not continuation:
-        return ("a choice tokenizes to nothing to score", "give every choice some text")
-    if not context and text.prefix is None:
-        return (
-            "the context is empty and the model has no BOS token to condition on",
-            "give a non-empty context (this run's text has no BOS)",
-        )
-    return None
+    t, scorer = loaded.text, loaded.scorer
+    rows = choice_rows(task, t.encode, t.prefix, scorer.window)
+    metrics, items = choice_scores(task, scorer.log_likelihoods(rows))
+    return {"metrics": metrics, "n": len(task.choices), "items": items}
 
 
 def text_task(loaded: Loaded, task: Task) -> dict:
     """Perplexity and bits per byte of a text, in disjoint windows of the model's window."""
-    from axdsl.evaluation.scoring import perplexity, text_rows
+    from axdsl.runtime.evals import text_rows, text_scores
 
-    tokens = loaded.text.encode(task.text)
-    rows = text_rows(tokens, loaded.text.prefix, loaded.scorer.window)
+    rows = text_rows(loaded.text.encode(task.text), loaded.text.prefix, loaded.scorer.window)
     scored = sum(r.scored for r in rows)
     if not scored:
         raise TaskError(
             [Problem(task.path, 0, "the text is a single token", "give a longer text to measure")]
         )
-    results = loaded.scorer.log_likelihoods(rows)
-    metrics = perplexity(results, scored, task.size)
+    metrics = text_scores(loaded.scorer.log_likelihoods(rows), scored, task.size)
     return {
         "metrics": metrics,
         "n": scored,
@@ -328,8 +282,6 @@ def text_task(loaded: Loaded, task: Task) -> dict:
 def generate_task(loaded: Loaded, task: Task) -> dict:
     """Exact match of greedy generation (the output cut at the item's stop strings, both sides
     stripped of surrounding whitespace)."""
-    from axdsl.evaluation.scoring import greedy
-
     items, hits = [], 0
     for item in task.generate:
         prompt = loaded.text.encode(item.prompt) or (
@@ -339,7 +291,7 @@ def generate_task(loaded: Loaded, task: Task) -> dict:
             raise TaskError([Problem(task.path, item.line, "the prompt is empty", "give a prompt")])
         t = loaded.text
         ids, output = greedy(
-            loaded.scorer,
+            loaded,
             prompt,
             loaded.max_tokens,
             t.eos,
@@ -352,6 +304,45 @@ def generate_task(loaded: Loaded, task: Task) -> dict:
         items.append({"line": item.line, "output": output, "ids": ids, "exact_match": hit})
     n = len(task.generate)
     return {"metrics": {"exact_match": hits / n}, "n": n, "items": items}
+
+
+def greedy(
+    loaded: Loaded,
+    prompt: list[int],
+    max_tokens: int,
+    eos: int | None,
+    limit: int | None,
+    decode: Callable[[list[int]], str],
+    until: tuple[str, ...],
+) -> tuple[list[int], str]:
+    """The greedy continuation of `prompt` (ids, and its text cut at the first of `until`),
+    generated as `axdsl sample --temperature 0` generates: prefill, then one KV-cache decode step
+    per token (full forwards for a model without a decode path). Stops at `eos`, at a stop
+    string, or after `max_tokens`."""
+    import numpy as np
+
+    from axdsl.sampling import Sampling, generate_tokens
+
+    scorer, ids = loaded.scorer, []
+    for token in generate_tokens(
+        loaded.model,
+        scorer.cfg,
+        scorer.params,
+        prompt,
+        scorer.window,
+        max_tokens,
+        Sampling(temperature=0.0, eos=eos),
+        np.random.default_rng(0),
+        limit,
+    ):
+        if token == eos:
+            break
+        ids.append(token)
+        if until and any(stop in decode(ids) for stop in until):
+            break
+    text = decode(ids)
+    cut = min((text.find(s) for s in until if s in text), default=len(text))
+    return ids, text[:cut]
 
 
 # ----------------------------------------------------------------------------- output

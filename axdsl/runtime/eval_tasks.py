@@ -5,10 +5,10 @@ byte on; a JSON-lines file whose first object has "choices" is multiple choice (
 harness's local style: {"context", "choices", "gold"}); one whose first object has "prompt" is
 greedy generation scored by exact match ({"prompt", "answer", optional "until"}). Every problem is
 reported with its file and line, so a mistake is found without a traceback and without waiting
-for a model to load. Nothing here imports jax.
-"""
+for a model to load. `axdsl eval` and a train block's `evals = [...]` both read tasks here.
 
-from __future__ import annotations
+Copied (without this docstring and the imports) into the generated runtime.py by
+axdsl/codegen/runtime_source.py; it must import nothing of axdsl but its sibling modules here."""
 
 import enum
 import json
