@@ -15,6 +15,7 @@ everywhere; --out always names what the command writes.
     axdsl train SPEC [--target T] [--out RUN]   build, then train (rerunning resumes)
     axdsl plot RUN_DIR                          loss, eval, lr and throughput PNG (matplotlib)
     axdsl sample RUN_DIR [PROMPT]               generate text from the latest checkpoint
+    axdsl eval RUN --task FILE [--task FILE]    multiple choice, perplexity, exact match
     axdsl fmt [--check] [--diff] FILE...        format .axl files in the canonical layout
     axdsl lsp                                   the language server for editors (stdio)
 """
@@ -147,6 +148,7 @@ def _parser() -> argparse.ArgumentParser:
         _add_train,
         _add_plot,
         _add_sample,
+        _add_eval,
         add_fmt,
         add_lsp,
     ):
@@ -500,6 +502,44 @@ def _add_sample(sub) -> None:
     sm.set_defaults(run=_cmd_sample)
 
 
+def _add_eval(sub) -> None:
+    ev = sub.add_parser(
+        "eval",
+        help="score a run's latest checkpoint on task files",
+        description="Score the newest intact checkpoint of RUN (a run, an import-hf output or its "
+        "params checkpoint) on task files: multiple choice by log-likelihood (.jsonl with "
+        "context, choices, gold), perplexity and bits per byte (.txt), greedy generation by exact "
+        "match (.jsonl with prompt, answer). Prints a table and writes RUN/evals/<task>.json "
+        "(docs/eval.md).",
+    )
+    ev.add_argument(
+        "run_dir",
+        metavar="RUN",
+        type=_path,
+        help="a run directory, an import-hf output or its params",
+    )
+    ev.add_argument(
+        "--task",
+        dest="tasks",
+        type=_path,
+        action="append",
+        required=True,
+        metavar="FILE",
+        help="a task file (repeat for several; required, no default)",
+    )
+    ev.add_argument(
+        "--tokenizer",
+        type=_path,
+        default=None,
+        help="a tokenizer.json or a directory holding one (default: the run's own)",
+    )
+    ev.add_argument("--batch", type=int, default=8, help="rows per scoring forward")
+    ev.add_argument(
+        "--max-tokens", type=int, default=64, help="most tokens generated per generation item"
+    )
+    ev.set_defaults(run=_cmd_eval)
+
+
 def _target(name: str | None) -> str:
     from axdsl.targets import UnknownTarget, parse_target
 
@@ -739,6 +779,12 @@ def _cmd_sample(args) -> int:
         args.eos,
         args.cache,
     )
+
+
+def _cmd_eval(args) -> int:
+    from axdsl.evaluation import evaluate
+
+    return evaluate(args.run_dir, args.tasks, args.tokenizer, args.batch, args.max_tokens)
 
 
 if __name__ == "__main__":

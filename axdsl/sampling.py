@@ -18,6 +18,7 @@ import logging
 import math
 import sys
 from pathlib import Path
+from typing import Any
 
 from axdsl.runs import _error, import_output, load_run
 from axdsl.textcodec import CodecError, TextCodec
@@ -69,20 +70,10 @@ def sample(
         )
     import numpy as np
 
-    info, tm = load_run(run_dir)
-    if getattr(tm, "OBJECTIVE", "next_token") in ("masked_lm", "classify", "loss"):
-        return _error(
-            f"{run_dir} trained a {tm.OBJECTIVE} model: `sample` generates from next_token "
-            "and seq2seq models"
-        )
-    model = importlib.import_module(tm.__package__ + ".model")
-    known = {f.name for f in dataclasses.fields(tm.TrainConfig)}
-    tc = tm.TrainConfig(**{k: v for k, v in info["train"].items() if k in known})
-    cfg = tm.model_config(tc)
-    checkpoints = (run_dir / tc.checkpoint_dir).absolute()
-    params = _newest_good_params(tm, cfg, tc, checkpoints)
-    if params is None:
-        return _error(f"no complete, undamaged checkpoint in {checkpoints}")
+    loaded = load_run_model(run_dir, "`sample` generates from")
+    if isinstance(loaded, str):
+        return _error(loaded)
+    tm, model, tc, cfg, params = loaded.tm, loaded.model, loaded.tc, loaded.cfg, loaded.params
 
     try:
         codec = TextCodec.for_run(run_dir, tc.data, getattr(tc, "tokenizer", ""))
@@ -130,32 +121,12 @@ def _sample_imported(out: Path, prompt: str, max_tokens: int, sampling: Sampling
     """`sample` from an `axdsl import-hf` output: its import.json names the spec and model, which
     are built for the cpu target (as `train` builds) and restored from the params checkpoint.
     A Hugging Face vocabulary is not bytes, so the prompt and output are token ids."""
-    import jax
     import numpy as np
-    import orbax.checkpoint as ocp
 
-    from axdsl import build
-
-    info = json.loads((out / "import.json").read_text(encoding="utf-8"))
-    spec = Path(info["spec"])
-    if not spec.exists():
-        return _error(f"{out}/import.json names {spec}, which no longer exists")
-    out_dir = build.default_out_dir(spec, "cpu")
-    files = build.build_files(spec, "cpu")
-    if build.diff_against(out_dir, files) or not (out_dir / "__init__.py").exists():
-        build.write_atomic(out_dir, files, make_packages=True)
-        print(f"built {out_dir}/", file=sys.stderr)
-    model = _load_model(out_dir / "model.py")
-    if info["model"] not in model.CONFIGS:
-        return _error(
-            f"{out}/import.json names model `{info['model']}`, which {spec} no longer has"
-        )
-    cfg = model.CONFIGS[info["model"]]
-    one = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-    shapes = jax.eval_shape(lambda k: model.init_params(cfg, k), jax.random.key(0))
-    abstract = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=one), shapes)
-    with ocp.StandardCheckpointer() as checkpointer:
-        params = checkpointer.restore((out / info["params"]).absolute(), abstract)
+    loaded = load_imported_model(out)
+    if isinstance(loaded, str):
+        return _error(loaded)
+    model, cfg, params, info = loaded.model, loaded.cfg, loaded.params, loaded.info
     try:
         ids = [int(t) for t in prompt.split()]
     except ValueError:
@@ -195,6 +166,69 @@ def _sample_imported(out: Path, prompt: str, max_tokens: int, sampling: Sampling
         TextCodec("ids"),
     )
     return 0
+
+
+@dataclasses.dataclass
+class LoadedModel:
+    """A model ready to run: the generated model module, its config and restored parameters.
+    From a run: its train module `tm`, TrainConfig `tc` and checkpoint `step`; from an import-hf
+    output: import.json as `info`. `sample` and `eval` both load through here."""
+
+    model: Any
+    cfg: Any
+    params: Any
+    tm: Any = None
+    tc: Any = None
+    step: int | None = None
+    info: dict = dataclasses.field(default_factory=dict)
+
+
+def load_run_model(run_dir: Path, use: str) -> LoadedModel | str:
+    """The newest good checkpoint of the run in `run_dir`, or why not (the error text). `use`
+    ends the sentence refusing an objective that does not predict tokens ("`sample` generates
+    from")."""
+    info, tm = load_run(run_dir)
+    if getattr(tm, "OBJECTIVE", "next_token") in ("masked_lm", "classify", "loss"):
+        return f"{run_dir} trained a {tm.OBJECTIVE} model: {use} next_token and seq2seq models"
+    model = importlib.import_module(tm.__package__ + ".model")
+    known = {f.name for f in dataclasses.fields(tm.TrainConfig)}
+    tc = tm.TrainConfig(**{k: v for k, v in info["train"].items() if k in known})
+    cfg = tm.model_config(tc)
+    checkpoints = (run_dir / tc.checkpoint_dir).absolute()
+    found = _newest_good_params(tm, cfg, tc, checkpoints)
+    if found is None:
+        return f"no complete, undamaged checkpoint in {checkpoints}"
+    step, params = found
+    return LoadedModel(model, cfg, params, tm=tm, tc=tc, step=step, info=info)
+
+
+def load_imported_model(out: Path) -> LoadedModel | str:
+    """The model of an `axdsl import-hf` output `out` (the directory holding import.json), built
+    for the cpu target as `train` builds, with the imported parameters; or why not."""
+    import jax
+    import orbax.checkpoint as ocp
+
+    from axdsl import build
+
+    info = json.loads((out / "import.json").read_text(encoding="utf-8"))
+    spec = Path(info["spec"])
+    if not spec.exists():
+        return f"{out}/import.json names {spec}, which no longer exists"
+    out_dir = build.default_out_dir(spec, "cpu")
+    files = build.build_files(spec, "cpu")
+    if build.diff_against(out_dir, files) or not (out_dir / "__init__.py").exists():
+        build.write_atomic(out_dir, files, make_packages=True)
+        print(f"built {out_dir}/", file=sys.stderr)
+    model = _load_model(out_dir / "model.py")
+    if info["model"] not in model.CONFIGS:
+        return f"{out}/import.json names model `{info['model']}`, which {spec} no longer has"
+    cfg = model.CONFIGS[info["model"]]
+    one = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    shapes = jax.eval_shape(lambda k: model.init_params(cfg, k), jax.random.key(0))
+    abstract = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=one), shapes)
+    with ocp.StandardCheckpointer() as checkpointer:
+        params = checkpointer.restore((out / info["params"]).absolute(), abstract)
+    return LoadedModel(model, cfg, params, info=info)
 
 
 def _hf_config(hf_dir: Path) -> dict:
@@ -243,8 +277,8 @@ def _load_model(path: Path):
     return import_output(path.parent, path.stem)
 
 
-def _newest_good_params(tm, cfg, tc, checkpoints: Path):
-    """The parameters of the newest checkpoint that verifies and restores; damaged ones are
+def _newest_good_params(tm, cfg, tc, checkpoints: Path) -> tuple[int, Any] | None:
+    """(step, parameters) of the newest checkpoint that verifies and restores; damaged ones are
     reported and skipped, never moved (a training may be running). None when none is good."""
     from axdsl.checkpoints import good_steps
 
@@ -254,7 +288,7 @@ def _newest_good_params(tm, cfg, tc, checkpoints: Path):
     for step in good_steps(checkpoints, warn):
         try:
             with _quiet_orbax():
-                return _restore_params(tm, cfg, tc, checkpoints / str(step) / "state")
+                return step, _restore_params(tm, cfg, tc, checkpoints / str(step) / "state")
         except Exception as exc:  # noqa: BLE001 - whatever orbax or tensorstore raise on a bad step
             first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ""
             warn(

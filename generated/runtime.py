@@ -14,6 +14,7 @@ import argparse
 import ast
 import atexit
 import dataclasses
+import enum
 import fnmatch
 import hashlib
 import io
@@ -30,9 +31,13 @@ import tempfile
 import threading
 import time
 import zipfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from dataclasses import field
 from datetime import datetime
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
 from typing import NamedTuple
 from typing import NoReturn
 
@@ -1368,6 +1373,471 @@ def with_reference(rows: dict, logps, params, tc, sharding) -> dict:
             )
         out[f"ref_{side}"] = np.concatenate(found)[:n].astype(np.float32)
     return out
+
+
+# ---------------------------------------------------- eval task files (axdsl/runtime/eval_tasks.py)
+# Problems listed for one file before the rest are summarised: enough to see a pattern.
+MAX_PROBLEMS = 10
+
+
+class TaskKind(enum.Enum):
+    """What a task measures."""
+
+    CHOICE = "multiple_choice"  # acc and acc_norm from the log-likelihood of each choice
+    PERPLEXITY = "perplexity"  # perplexity and bits per byte of a text
+    GENERATE = "generate"  # exact match of greedy generation
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One thing wrong with a task file, located (line 0: the file as a whole)."""
+
+    path: Path
+    line: int
+    message: str
+    hint: str
+
+    def render(self) -> str:
+        where = f"{self.path}:{self.line}" if self.line else str(self.path)
+        return f"{where}: error: {self.message}\n  hint: {self.hint}"
+
+
+class TaskError(Exception):
+    """Task files that cannot be evaluated; `problems` say where and why."""
+
+    def __init__(self, problems: list[Problem]):
+        super().__init__(problems[0].message if problems else "bad task")
+        self.problems = problems
+
+    def render(self) -> str:
+        shown = [p.render() for p in self.problems[:MAX_PROBLEMS]]
+        more = len(self.problems) - MAX_PROBLEMS
+        return "\n".join(shown + ([f"... and {more} more"] if more > 0 else []))
+
+
+@dataclass(frozen=True)
+class ChoiceItem:
+    """A multiple-choice question: each choice is scored as `delimiter + choice` after `context`
+    (lm-evaluation-harness's target delimiter, a space by default)."""
+
+    line: int
+    context: str
+    choices: tuple[str, ...]
+    gold: int
+    delimiter: str = " "
+
+
+@dataclass(frozen=True)
+class GenerateItem:
+    """A prompt to continue greedily; the output, cut at the first of `until`, must equal
+    `answer` (both stripped of surrounding whitespace)."""
+
+    line: int
+    prompt: str
+    answer: str
+    until: tuple[str, ...] = ()
+
+
+@dataclass
+class Task:
+    """One task file: its kind and its items (or, for perplexity, its text)."""
+
+    path: Path
+    kind: TaskKind
+    choices: list[ChoiceItem] = field(default_factory=list)
+    generate: list[GenerateItem] = field(default_factory=list)
+    text: str = ""
+
+    @property
+    def name(self) -> str:
+        return self.path.stem
+
+    @property
+    def size(self) -> int:
+        """Items in the task (UTF-8 bytes for a text)."""
+        if self.kind is TaskKind.PERPLEXITY:
+            return len(self.text.encode("utf-8"))
+        return len(self.choices) if self.kind is TaskKind.CHOICE else len(self.generate)
+
+
+JSONL_HINT = (
+    'each line is one JSON object: {"context": ..., "choices": [...], "gold": i} for multiple '
+    'choice, {"prompt": ..., "answer": ...} for generation; a .txt file is text for perplexity'
+)
+
+
+def read_tasks(paths: list[Path]) -> list[Task]:
+    """Every task file read and checked; a TaskError with all their problems otherwise."""
+    tasks, problems = [], []
+    for path in paths:
+        try:
+            tasks.append(read_task(path))
+        except TaskError as exc:
+            problems += exc.problems
+    if problems:
+        raise TaskError(problems)
+    return tasks
+
+
+def read_task(path: Path) -> Task:
+    """One task file, its kind told by its name (.txt) or its first object's keys."""
+    raw = _read_bytes(path)
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw[: exc.start].count(b"\n") + 1
+        raise TaskError(
+            [
+                Problem(
+                    path,
+                    line,
+                    f"not UTF-8 text: byte 0x{raw[exc.start]:02x} at offset {exc.start}",
+                    "save the file as UTF-8 (e.g. `iconv -f latin1 -t utf-8`)",
+                )
+            ]
+        ) from None
+    if path.suffix == ".txt":
+        if not text.strip():
+            raise TaskError([Problem(path, 0, "the text is empty", "give a text to measure")])
+        return Task(path, TaskKind.PERPLEXITY, text=text)
+    return _read_jsonl(path, text)
+
+
+def _read_bytes(path: Path) -> bytes:
+    """The file's bytes; a missing or unreadable file is a located problem."""
+    try:
+        return path.read_bytes()
+    except OSError as exc:
+        raise TaskError(
+            [Problem(path, 0, f"cannot read the task: {exc.strerror or exc}", JSONL_HINT)]
+        ) from None
+
+
+def _read_jsonl(path: Path, text: str) -> Task:
+    """A JSON-lines task: its kind from the first object's keys, then every line checked."""
+    objects, problems = [], []
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            objects.append((number, json.loads(line)))
+        except (ValueError, RecursionError) as exc:
+            problems.append(Problem(path, number, f"not JSON ({exc})", JSONL_HINT))
+    if not objects and not problems:
+        problems.append(Problem(path, 0, "the task has no items", JSONL_HINT))
+    kind = _kind_of(objects)
+    if kind is None and objects:
+        number, obj = objects[0]
+        what = f"an object with {keys_of(obj)}" if isinstance(obj, dict) else json_kind(obj)
+        problems.append(Problem(path, number, f"not a task item: {what}", JSONL_HINT))
+    task = Task(path, kind or TaskKind.CHOICE)
+    for number, obj in objects if kind is not None else []:
+        item, wrong = _choice(obj, number) if kind is TaskKind.CHOICE else _generate(obj, number)
+        problems += [Problem(path, number, message, hint) for message, hint in wrong]
+        if isinstance(item, ChoiceItem):
+            task.choices.append(item)
+        elif isinstance(item, GenerateItem):
+            task.generate.append(item)
+    if problems:
+        raise TaskError(problems)
+    return task
+
+
+def _kind_of(objects: list[tuple[int, object]]) -> TaskKind | None:
+    """CHOICE or GENERATE from the first object's keys; None when it is neither."""
+    first = objects[0][1] if objects else None
+    if isinstance(first, dict) and "choices" in first:
+        return TaskKind.CHOICE
+    if isinstance(first, dict) and "prompt" in first:
+        return TaskKind.GENERATE
+    return None
+
+
+CHOICE_HINT = '{"context": "...", "choices": ["a", "b"], "gold": 0}: gold indexes choices'
+
+
+def _choice(obj: object, line: int) -> tuple[ChoiceItem | None, list[tuple[str, str]]]:
+    """A multiple-choice item from one parsed line, or what is wrong with it."""
+    if not isinstance(obj, dict):
+        return None, [(f"an item is a JSON object, not {json_kind(obj)}", CHOICE_HINT)]
+    wrong = []
+    context, choices, gold = obj.get("context"), obj.get("choices"), obj.get("gold")
+    delimiter = obj.get("delimiter", " ")
+    if not isinstance(context, str):
+        said = "no context" if "context" not in obj else f"context is {json_kind(context)}"
+        wrong.append((f"{said}, not a string", CHOICE_HINT))
+    if not isinstance(choices, list) or not choices:
+        said = "empty" if choices == [] else json_kind(choices) if "choices" in obj else "missing"
+        wrong.append((f"choices is {said}: a multiple-choice item needs a list", CHOICE_HINT))
+    elif not all(isinstance(c, str) for c in choices):
+        wrong.append(("every choice must be a string", CHOICE_HINT))
+    if not isinstance(gold, int) or isinstance(gold, bool):
+        said = "no gold" if "gold" not in obj else f"gold is {json_kind(gold)}"
+        wrong.append((f"{said}, not the index of the right choice", CHOICE_HINT))
+    elif isinstance(choices, list) and choices and not 0 <= gold < len(choices):
+        wrong.append(
+            (f"gold {gold} is out of range for {len(choices)} choices", "gold counts from 0")
+        )
+    if not isinstance(delimiter, str):
+        wrong.append((f"delimiter is {json_kind(delimiter)}, not a string", CHOICE_HINT))
+    if wrong:
+        return None, wrong
+    return ChoiceItem(line, obj["context"], tuple(obj["choices"]), obj["gold"], delimiter), []
+
+
+GENERATE_HINT = '{"prompt": "...", "answer": "...", "until": ["\\n"]}: until is optional'
+
+
+def _generate(obj: object, line: int) -> tuple[GenerateItem | None, list[tuple[str, str]]]:
+    """A generation item from one parsed line, or what is wrong with it."""
+    if not isinstance(obj, dict):
+        return None, [(f"an item is a JSON object, not {json_kind(obj)}", GENERATE_HINT)]
+    wrong = []
+    for key in ("prompt", "answer"):
+        if not isinstance(obj.get(key), str):
+            said = f"no {key}" if key not in obj else f"{key} is {json_kind(obj[key])}"
+            wrong.append((f"{said}, not a string", GENERATE_HINT))
+    until = obj.get("until", [])
+    until = [until] if isinstance(until, str) else until
+    if not isinstance(until, list) or not all(isinstance(u, str) and u for u in until):
+        wrong.append(("until must be a list of non-empty stop strings", GENERATE_HINT))
+    if wrong:
+        return None, wrong
+    return GenerateItem(line, obj["prompt"], obj["answer"], tuple(until)), []
+
+
+# ------------------------------------------------- evals by log-likelihood (axdsl/runtime/evals.py)
+
+
+SMALLEST_BUCKET = 16  # rows shorter than this are padded to it: fewer shapes to compile
+
+
+@dataclass(frozen=True)
+class Row:
+    """Token ids whose last `scored` ids are scored, each given the ids before it."""
+
+    ids: tuple[int, ...]
+    scored: int
+
+
+@dataclass
+class Scorer:
+    """A model's forward (cfg, params, tokens [B, S]) -> logits, ready to score rows: `window`
+    is the most tokens one forward sees."""
+
+    forward: Callable
+    cfg: Any
+    params: Any
+    window: int
+    batch: int = 8
+    _jitted: Callable | None = None
+
+    def log_likelihoods(self, rows: list[Row]) -> list[tuple[float, bool]]:
+        """(sum of the scored ids' log-probabilities, whether each was the argmax) for each row,
+        in the order given."""
+        order = sorted(range(len(rows)), key=lambda i: -len(rows[i].ids))
+        results: list[tuple[float, bool]] = [(0.0, False)] * len(rows)
+        for start in range(0, len(order), self.batch):
+            chunk = order[start : start + self.batch]
+            for i, result in zip(chunk, self._score([rows[i] for i in chunk]), strict=True):
+                results[i] = result
+        return results
+
+    def _score(self, rows: list[Row]) -> list[tuple[float, bool]]:
+        """One padded batch of rows (each at most window + 1 ids) through the jitted forward."""
+        length = bucket(max(len(r.ids) - 1 for r in rows), self.window)
+        inputs = np.zeros((self.batch, length), np.int32)
+        targets = np.zeros((self.batch, length), np.int32)
+        for n, row in enumerate(rows):
+            inputs[n, : len(row.ids) - 1] = row.ids[:-1]
+            targets[n, : len(row.ids) - 1] = row.ids[1:]
+        logp, greedy = (np.asarray(a) for a in self._compiled()(self.params, inputs, targets))
+        out = []
+        for n, row in enumerate(rows):
+            scored = slice(len(row.ids) - 1 - row.scored, len(row.ids) - 1)
+            total = float(logp[n, scored].astype(np.float64).sum())
+            out.append((total, bool(greedy[n, scored].all())))
+        return out
+
+    def _compiled(self) -> Callable:
+        """jit(params, inputs [B, L], targets [B, L]) -> (log p(target) [B, L], is argmax [B, L]),
+        compiled once per shape."""
+        if self._jitted is None:
+            forward, cfg = self.forward, self.cfg
+
+            @jax.jit
+            def scores(params, inputs, targets):
+                logits = forward(cfg, params, inputs).astype(jnp.float32)
+                logp = jax.nn.log_softmax(logits, axis=-1)
+                picked = jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]
+                return picked, jnp.argmax(logits, axis=-1) == targets
+
+            self._jitted = scores
+        return self._jitted
+
+
+def bucket(length: int, window: int) -> int:
+    """The padded length for a row of `length` inputs: the next power of two (at least
+    SMALLEST_BUCKET), never more than the window."""
+    return min(window, max(SMALLEST_BUCKET, 1 << max(0, length - 1).bit_length()))
+
+
+def continuation_row(context: list[int], continuation: list[int], window: int) -> Row:
+    """The row scoring `continuation` after `context`, cut from the left to window + 1 ids (the
+    scored ids are never cut while they fit)."""
+    ids = (context + continuation)[-(window + 1) :]
+    return Row(tuple(ids), min(len(continuation), len(ids) - 1))
+
+
+def text_rows(tokens: list[int], prefix: int | None, window: int) -> list[Row]:
+    """Disjoint windows over a text: every token is predicted exactly once, by a forward of at
+    most `window` inputs that starts one token before the tokens it predicts (lm-evaluation-
+    harness's rolling windows). With a `prefix` (BOS) the first token is predicted from it;
+    without one the first token is only context."""
+    ids = ([prefix] if prefix is not None else []) + tokens
+    return [
+        Row(tuple(ids[start : start + window + 1]), min(window, len(ids) - 1 - start))
+        for start in range(0, len(ids) - 1, window)
+    ]
+
+
+def encode_pair(
+    encode: Callable[[str], list[int]], context: str, continuation: str
+) -> tuple[list[int], list[int]]:
+    """(context ids, continuation ids) as lm-evaluation-harness's `_encode_pair` makes them:
+    spaces ending the context move to the continuation; the whole string is tokenized, and the
+    continuation's ids are those after the context's own tokenization (so a token that spans the
+    boundary counts as continuation)."""
+    spaces = len(context) - len(context.rstrip())
+    if spaces:
+        context, continuation = context[:-spaces], context[-spaces:] + continuation
+    whole = encode(context + continuation)
+    context_ids = encode(context)
+    return context_ids, whole[len(context_ids) :]
+
+
+def choice_rows(
+    task: Task, encode: Callable[[str], list[int]], prefix: int | None, window: int
+) -> list[Row]:
+    """One row per choice of every item, in order; a TaskError at the items that cannot be
+    scored (a choice that tokenizes to nothing, an empty context with no BOS to condition on)."""
+    rows, problems = [], []
+    for item in task.choices:
+        for choice in item.choices:
+            context, continuation = encode_pair(encode, item.context, item.delimiter + choice)
+            if not continuation:
+                problems.append(
+                    Problem(task.path, item.line, "a choice tokenizes to nothing to score",
+                            "give every choice some text")
+                )  # fmt: skip
+                break
+            if not context and prefix is None:
+                problems.append(
+                    Problem(
+                        task.path,
+                        item.line,
+                        "the context is empty and the model has no BOS token to condition on",
+                        "give a non-empty context (this model's text has no BOS)",
+                    )
+                )
+                break
+            rows.append(continuation_row(context or [prefix], continuation, window))  # type: ignore[list-item]
+    if problems:
+        raise TaskError(problems)
+    return rows
+
+
+def choice_scores(task: Task, results: list[tuple[float, bool]]) -> tuple[dict, list[dict]]:
+    """acc (the most likely choice is gold) and acc_norm (likelihood per character of the
+    choice, lm-evaluation-harness's normalisation), and each item's details."""
+    scores = iter(results)
+    items, acc, acc_norm = [], 0, 0
+    for item in task.choices:
+        lls = [next(scores)[0] for _ in item.choices]
+        normed = [ll / max(1, len(c)) for ll, c in zip(lls, item.choices, strict=True)]
+        best, best_norm = lls.index(max(lls)), normed.index(max(normed))
+        acc, acc_norm = acc + (best == item.gold), acc_norm + (best_norm == item.gold)
+        items.append({"line": item.line, "loglikelihoods": lls, "pred": best, "gold": item.gold})
+    n = len(task.choices)
+    return {"acc": acc / n, "acc_norm": acc_norm / n}, items
+
+
+def text_scores(results: list[tuple[float, bool]], tokens: int, n_bytes: int) -> dict[str, float]:
+    """Perplexity per token and bits per byte from the windows' log-likelihoods: total nats
+    over the tokens scored, and over ln 2 times the text's UTF-8 bytes."""
+    nats = -sum(ll for ll, _ in results)
+    return {
+        "perplexity": math.exp(nats / tokens),
+        "bits_per_byte": nats / (math.log(2) * n_bytes),
+        "nats_per_token": nats / tokens,
+    }
+
+
+# ----------------------------------------------------------------------------- during training
+
+
+@dataclass
+class TrainEval:
+    """A task of the train block's `evals`, tokenized once: its rows and how to score them."""
+
+    task: Task
+    rows: list[Row]
+
+
+def prepare_evals(tc, spec: str, run_dir: Path, window: int) -> list[TrainEval]:
+    """tc.evals read (relative to the spec's directory, as data paths are), checked and tokenized
+    with the run's own codec before the first step; a mistake exits with its file and line."""
+    if jax.process_count() > 1:  # the scores would live on every process's devices
+        print("warning: evals are not run in runs of several processes", file=sys.stderr)
+        return []
+    paths = [p if p.is_absolute() else Path(spec).parent / p for p in map(Path, tc.evals)]
+    try:
+        tasks = read_tasks(paths)
+        encode = eval_encoder(tc, run_dir)
+        prepared = []
+        for task in tasks:
+            if task.kind is TaskKind.GENERATE:
+                raise TaskError(
+                    [Problem(task.path, 0, "generation tasks are not run during training",
+                             "score them with `axdsl eval RUN --task FILE`")]
+                )  # fmt: skip
+            if task.kind is TaskKind.CHOICE:
+                rows = choice_rows(task, encode, None, window)
+            else:
+                rows = text_rows(encode(task.text), None, window)
+            prepared.append(TrainEval(task, rows))
+    except TaskError as exc:
+        sys.exit(exc.render())
+    return prepared
+
+
+def eval_encoder(tc, run_dir: Path) -> Callable[[str], list[int]]:
+    """The run's text codec, as `axdsl sample` uses it: UTF-8 bytes, or the tokenizer the run
+    keeps (RUN_DIR/tokenizer.json, written before the first step), encoded without special
+    tokens. A run on token files has no text: its evals are refused."""
+    if tc.data in ("tokens", "pairs"):
+        sys.exit("error: evals need text, and this run trains on token files (no tokenizer)")
+    if not getattr(tc, "tokenizer", ""):
+        return lambda s: list(s.encode("utf-8"))
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(run_dir / "tokenizer.json"))
+    return lambda s: list(tok.encode(s, add_special_tokens=False).ids)
+
+
+def run_evals(evals: list[TrainEval], scorer: Scorer) -> dict[str, float]:
+    """Every prepared task scored with `scorer` (the current parameters): eval_<task>_acc and
+    _acc_norm, or eval_<task>_perplexity and _bits_per_byte."""
+    row: dict[str, float] = {}
+    for e in evals:
+        results = scorer.log_likelihoods(e.rows)
+        if e.task.kind is TaskKind.CHOICE:
+            metrics = choice_scores(e.task, results)[0]
+        else:
+            metrics = text_scores(results, sum(r.scored for r in e.rows), e.task.size)
+            del metrics["nats_per_token"]
+        row |= {f"eval_{e.task.name}_{k}": v for k, v in metrics.items()}
+    return row
 
 
 # ----------------------------------------------------- command line (axdsl/runtime/command_line.py)

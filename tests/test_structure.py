@@ -41,6 +41,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("build", "stats", "hf", "editor"),  # editor: fmt, lsp and highlighting, over the pipeline
     ("aot", "runs"),
     ("sampling",),
+    ("evaluation",),  # axdsl eval: loads models through sampling
     ("cli",),
     ("__main__",),
 )

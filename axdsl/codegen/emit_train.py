@@ -90,6 +90,7 @@ def emit_train(module: ir.Module, package: str, flops: list[TrainingFlops]) -> s
         rng_use="masks tokens" if objective.masks else "drops out",
         rng_what="Masking and dropout" if objective.masks else "Dropout",
         lora="lora" in dict(t.settings),
+        evals="evals" in dict(t.settings),  # score task files at each evaluation
         lora_targets=lora.adapter_table(module) if "lora" in dict(t.settings) else [],
         lora_origin=str(t.choice("lora").origin) if "lora" in dict(t.settings) else "",
         # LoRA trains adapters only: the selection biases stay as they are, like every base weight
@@ -263,6 +264,15 @@ def _fields(module: ir.Module) -> list[Field]:
         tune["freeze"].value if "freeze" in tune else "",
         "parameters left as they are: comma-separated globs over paths",
     )
+    if "evals" in tune:  # only a spec with evals has this field
+        out.append(
+            Field(
+                "evals",
+                "tuple",
+                repr(tune["evals"].value),
+                "task files scored at each evaluation (docs/eval.md), relative to the spec",
+            )
+        )
     if "lora" in tune:  # only a spec with lora(...) has these fields
         adapters = tune["lora"].value
         add("lora_rank", adapters.rank, f"LoRA adapter rank; {tune['lora'].origin}")

@@ -51,6 +51,8 @@ SECTIONS = (  # the order of runtime.py: what train.py calls first comes first
     Section("examples", "examples"),
     Section("chat", "chat templates"),
     Section("chat_data", "chat data"),
+    Section("eval_tasks", "eval task files"),
+    Section("evals", "evals by log-likelihood"),
     Section("command_line", "command line"),
     Section("state", "train state"),
     Section("processes", "processes and compile cache"),

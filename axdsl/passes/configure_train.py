@@ -63,9 +63,10 @@ KEYS = (
     tuple(INT_KEYS)
     + tuple(FLOAT_KEYS)
     + DTYPE_KEYS
-    + ("optimizer", "schedule", "data", "checkpoint", "objective")
+    + ("optimizer", "schedule", "data", "checkpoint", "objective", "evals")
     + finetune.KEYS
 )
+EVAL_SUFFIXES = (".jsonl", ".json", ".txt")  # multiple choice (JSON lines) or a text
 
 
 def configure_train(module: ir.Module) -> ir.Module:
@@ -110,6 +111,7 @@ def configure_train(module: ir.Module) -> ir.Module:
     _cross_checks(values, module, diags)
     finetune.cross_check(values, module, diags)
     lora.cross_check(values, module, diags)
+    _evals_fit(values, module, diags)
     diags.raise_if_any()
     # dtype and param_dtype appear only when set: by default training keeps the models' own.
     return replace(
@@ -190,7 +192,45 @@ def _check(name: str, value: Any, span: Span, diags: Diagnostics) -> Any:
         return objectives.check_call(value, span, diags)
     if name in finetune.KEYS:
         return finetune.check(name, value, span, diags)
+    if name == "evals":
+        return _evals(value, span, diags)
     return _data(value, span, diags)
+
+
+def _evals_fit(values: dict[str, ir.Choice], module: ir.Module, diags: Diagnostics) -> None:
+    """`evals` score a model that predicts the next token over rows of tokens (next_token, chat):
+    the objectives whose train.py has the hook."""
+    if "evals" not in values:
+        return
+    kind = values["objective"].value.name if "objective" in values else None
+    if kind is not None and not objectives.get(kind).token_rows:
+        diags.error(
+            module.report_at(values["evals"].span),
+            f"`evals` score next-token models, and this train block's objective is {kind}",
+            "remove evals, or score the run's checkpoints with `axdsl eval RUN --task FILE`",
+        )
+
+
+def _evals(value: Any, span: Span, diags: Diagnostics) -> tuple[str, ...] | None:
+    """`evals = ["tasks/choice.jsonl", "tasks/text.txt"]`: task files scored at each evaluation
+    (docs/eval.md), relative to the spec's directory; train.py reads and checks their content."""
+    paths = value if isinstance(value, tuple) else None
+    if not paths or not all(isinstance(p, str) and p.strip() for p in paths):
+        diags.error(
+            span,
+            "`evals` takes a non-empty list of task file paths",
+            'for example evals = ["tasks/choice.jsonl", "tasks/text.txt"]',
+        )
+        return None
+    for path in paths:
+        if not path.endswith(EVAL_SUFFIXES):
+            diags.error(
+                span,
+                f"`evals` task {path!r} is neither JSON lines nor a text",
+                "multiple-choice tasks are .jsonl, perplexity texts are .txt (docs/eval.md)",
+            )
+            return None
+    return tuple(p.strip() for p in paths)
 
 
 def _call(
