@@ -6,6 +6,8 @@ decoder_input_ids match transformers' within 1e-4 (sequences longer than max_dis
 log-spaced and the clamped buckets count). Export then import is lossless and transformers loads
 the export with the same tensors and logits. flan-t5-base's published config.json matches the
 zoo spec field by field, and `axdsl stats` counts its parameters exactly.
+A tied T5 (`T5(tied = true)`, T5 v1.0's head as in the original t5-base) imports a
+tie_word_embeddings checkpoint with the same logits and parameter count.
 """
 
 from __future__ import annotations
@@ -61,7 +63,7 @@ def test_published_flan_t5_base_config_matches_the_spec():
     v10 = {**FLAN_T5_BASE, "feed_forward_proj": "relu", "tie_word_embeddings": True}
     problems = axhf.mismatches(arch, "t5", v10)
     assert any("feed_forward_proj = \"relu\"" in p for p in problems)
-    assert any("T5 v1.0's tied head" in p for p in problems)
+    assert "config.json has tie_word_embeddings=true, the spec has tied = false" in problems
 
 
 def test_stats_count_flan_t5_base_exactly_as_transformers(in_root):
@@ -260,4 +262,75 @@ def test_a_v1_0_config_is_refused_before_any_tensor_is_read(tmp_path, capsys):
     assert axhf.import_hf(TINY_SPEC, tmp_path / "hf", "t5_tiny", tmp_path / "ckpt") == 1
     err = capsys.readouterr().err
     assert "does not match model `t5_tiny`" in err and 'feed_forward_proj = "relu"' in err
-    assert "T5 v1.0's tied head" in err and not (tmp_path / "ckpt").exists()
+    assert "config.json has scale_decoder_outputs=true, the spec has tied = false" in err
+    assert not (tmp_path / "ckpt").exists()
+
+
+TIED_SPEC = """import "std/t5.axl"
+
+model tied = T5 {
+  vocab = 64  dim = 32  layers = 2  dec_layers = 1  heads = 4  head_dim = 8  ffn = 48
+  buckets = 10  max_distance = 20  tied = true  dtype = f32
+}
+"""
+
+
+def test_tied_t5_reads_t5_base_style_configs_and_exports_tie_word_embeddings(tmp_path):
+    """`T5(tied = true)` (T5 v1.0's head: the embedding, after d_model ** -0.5) has no `head`
+    parameter; it matches a config.json whose tie_word_embeddings is true or missing (t5-base's) or
+    whose scale_decoder_outputs is true (transformers 5's), and refuses Flan-T5's untied one."""
+    spec = tmp_path / "tied.axl"
+    spec.write_text(TIED_SPEC)
+    arch = axhf.pick(axhf.load_spec(spec), "tied", spec)
+    assert ("head",) not in arch.params and arch.facts.tied
+    sizes = {"vocab_size": 64, "d_model": 32, "d_kv": 8, "d_ff": 48, "num_layers": 2,
+             "num_decoder_layers": 1, "num_heads": 4, "relative_attention_num_buckets": 10,
+             "relative_attention_max_distance": 20, "feed_forward_proj": "gated-gelu", "model_type": "t5"}
+    for tie in ({}, {"tie_word_embeddings": True}, {"tie_word_embeddings": True, "scale_decoder_outputs": True}):
+        assert axhf.mismatches(arch, "t5", {**sizes, **tie}) == [], tie
+    assert axhf.mismatches(arch, "t5", {**sizes, "tie_word_embeddings": False}) == [
+        "config.json has tie_word_embeddings=false, the spec has tied = true"]
+    written = axhf.hf_config(arch, "t5")
+    assert written["tie_word_embeddings"] is True and axhf.mismatches(arch, "t5", written) == []
+
+
+@pytest.mark.slow
+def test_tied_t5_v1_0_logits_and_parameter_count_match_transformers(tmp_path, capsys):
+    """A tiny T5 with tie_word_embeddings=True (the original t5-base's head: lm_head is `shared`,
+    decoder outputs scaled by d_model ** -0.5) imports into `T5(tied = true)`: logits within 1e-4 of
+    transformers' float32 ones, exactly its parameter count, and an export transformers loads to
+    the same logits."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from tests.targets_util import import_generated
+
+    spec = tmp_path / "tied.axl"
+    spec.write_text(TIED_SPEC)
+    model, _ = import_generated(spec, "cpu", tmp_path / "gen")
+    cfg = model.CONFIGS["tied"]
+    conf = transformers.T5Config(vocab_size=64, d_model=32, d_kv=8, d_ff=48, num_layers=2, num_decoder_layers=1,
+                                 num_heads=4, relative_attention_num_buckets=10, relative_attention_max_distance=20,
+                                 feed_forward_proj="gated-gelu", tie_word_embeddings=True, dropout_rate=0.0)
+    torch.manual_seed(0)
+    hf = transformers.T5ForConditionalGeneration(conf).eval()
+    gen = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for name, p in hf.named_parameters():  # lm_head is `shared`: named once
+            p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=gen) if p.ndim == 1
+                    else torch.randn(p.shape, generator=gen) / (1.0 if "relative" in name else p.shape[-1] ** 0.5))
+    assert hf.lm_head.weight is hf.shared.weight and hf.config.scale_decoder_outputs
+    hf.save_pretrained(tmp_path / "hf")
+    assert axhf.import_hf(spec, tmp_path / "hf", None, tmp_path / "ckpt") == 0, capsys.readouterr().err
+    params = _restore(model, cfg, tmp_path / "ckpt")
+    import jax
+
+    assert sum(int(np.prod(a.shape)) for a in jax.tree.leaves(params)) == hf.num_parameters()
+    rng = np.random.default_rng(0)
+    tokens, dec_tokens = rng.integers(0, 64, (2, 30)), rng.integers(0, 64, (2, 25))
+    ref = _hf_logits(hf, tokens, dec_tokens)
+    ours = np.asarray(model.forward(cfg, params, tokens, dec_tokens, np.ones_like(tokens), np.ones_like(dec_tokens)))
+    print(f"tied t5: max |logits - HF logits| = {np.abs(ours - ref).max():.2e} (logits std {ref.std():.2f})")
+    assert np.abs(ours - ref).max() < 1e-4
+    assert axhf.export_hf(spec, tmp_path / "ckpt", tmp_path / "export", None) == 0, capsys.readouterr().err
+    hf2 = transformers.T5ForConditionalGeneration.from_pretrained(tmp_path / "export").eval()
+    assert np.abs(_hf_logits(hf2, tokens, dec_tokens) - ref).max() <= 1e-6

@@ -1,4 +1,5 @@
-"""T5 interop: std/t5.axl's `T5` <-> transformers' T5ForConditionalGeneration (T5 v1.1, Flan-T5).
+"""T5 interop: std/t5.axl's `T5` <-> transformers' T5ForConditionalGeneration (T5 v1.1, Flan-T5;
+T5 v1.0's tied head with `tied = true`).
 
 The decoder-only families share one shape (embed, `blocks`, final norm, head); T5 has two stacks,
 a relative position bias per stack and cross-attention, so its facts (read from std's `T5` root),
@@ -10,7 +11,7 @@ then axdsl's parameter below it:
     shared                                                    [vocab, dim]
         embed/table
     lm_head                                                   [vocab, dim]
-        head [dim, vocab]
+        head [dim, vocab] (absent with `tied = true`: the head is embed/table)
     encoder.block.0.layer.0.SelfAttention.relative_attention_bias  [buckets, heads]
         enc_bias/table
     decoder.block.0.layer.0.SelfAttention.relative_attention_bias  [buckets, heads]
@@ -37,8 +38,10 @@ it is tied to `shared`) gives `head` the embedding's values; export always write
 
 transformers 5's T5Config always ties `lm_head` to `shared` when it builds a model, and keeps T5
 v1.0's output scaling (`scale_decoder_outputs`) apart; from_pretrained unties them when the
-checkpoint's lm_head differs. T5 v1.0 (a tied head and decoder outputs scaled by d_model ** -0.5)
-and the ungated feed-forward (`feed_forward_proj = "relu"`) are reported unsupported.
+checkpoint's lm_head differs. T5 v1.0's head (tie_word_embeddings true or missing, or
+scale_decoder_outputs true: decoder outputs scaled by d_model ** -0.5, then `shared` as the head)
+is std's `T5(tied = true)`; a checkpoint that stores an lm_head for it must store `shared`'s
+values. The ungated feed-forward (`feed_forward_proj = "relu"`) is reported unsupported.
 """
 
 from __future__ import annotations
@@ -98,7 +101,7 @@ def read_arch(bare: Arch[Facts], root) -> Arch[T5Facts]:
         "max_distance",
     ):
         setattr(v, k, _hv(root, k))
-    v.set(block=ROOT, tied=False, kv_heads=v.heads)
+    v.set(block=ROOT, tied=bool(_hv(root, "tied", False)), kv_heads=v.heads)
     stacks = {"encoder": "T5EncoderBlock", "decoder": "T5DecoderBlock"}
     for name, layer in stacks.items():
         block = root.child(name)
@@ -124,12 +127,17 @@ def read_arch(bare: Arch[Facts], root) -> Arch[T5Facts]:
     return arch
 
 
-def _scale_decoder_outputs(cfg: dict) -> bool:
-    """T5 v1.0's d_model ** -0.5 on the decoder's output: transformers 5 states it as
-    scale_decoder_outputs; older configs as tie_word_embeddings (missing: true)."""
-    if "scale_decoder_outputs" in cfg:
-        return bool(cfg["scale_decoder_outputs"])
-    return cfg.get("tie_word_embeddings", True) is not False
+def _tied_key(c: Config) -> str:
+    """The key that states T5 v1.0's tied, scaled head: transformers 5 writes
+    scale_decoder_outputs (its tie_word_embeddings is always true); older configs state only
+    tie_word_embeddings."""
+    return "scale_decoder_outputs" if "scale_decoder_outputs" in c.cfg else "tie_word_embeddings"
+
+
+def _tied(c: Config) -> bool:
+    """T5 v1.0's head (d_model ** -0.5 on the decoder's output, `shared` as lm_head): the key
+    `_tied_key` names, true when missing (T5Config's default)."""
+    return c.cfg.get(_tied_key(c), True) is not False
 
 
 def _proj(c: Config) -> str:
@@ -172,6 +180,7 @@ ROWS = (
     ),
     _row("norm_eps", "layer_norm_epsilon", lambda c: float(c.cfg.get("layer_norm_epsilon", 1e-6))),
     Row("act", "feed_forward_proj", _act, _proj),
+    Row("tied", _tied_key, _tied),
 )
 UNSUPPORTED: tuple[Unsupported, ...] = (
     lambda c: _when(
@@ -179,16 +188,12 @@ UNSUPPORTED: tuple[Unsupported, ...] = (
         f"feed_forward_proj = {json.dumps(_proj(c))} (std/t5.axl has T5 v1.1's gated "
         "feed-forward: gated-gelu, gated-silu or gated-relu)",
     ),
-    lambda c: _when(
-        _scale_decoder_outputs(c.cfg),
-        "T5 v1.0's tied head with decoder outputs scaled by d_model ** -0.5 "
-        "(tie_word_embeddings true, or scale_decoder_outputs true); std/t5.axl is T5 v1.1",
-    ),
 )
 
 
 def hf_config(arch: Arch[T5Facts], dtype: str) -> dict:
-    """The config.json of a std T5 model (export), as google/flan-t5-base's states it."""
+    """The config.json of a std T5 model (export), as google/flan-t5-base's states it (as
+    t5-base's, tie_word_embeddings true, when the model is tied)."""
     v = arch.facts
     return {
         "architectures": [CLASS],
@@ -204,7 +209,7 @@ def hf_config(arch: Arch[T5Facts], dtype: str) -> dict:
         "relative_attention_max_distance": v.max_distance,
         "layer_norm_epsilon": v.norm_eps,
         "feed_forward_proj": _ACTS.get(v.act, v.act),
-        "tie_word_embeddings": False,
+        "tie_word_embeddings": v.tied,
         "is_encoder_decoder": True,
         "dropout_rate": 0.0,
         "initializer_factor": 1.0,
