@@ -1,5 +1,5 @@
 """T5 interop: std/t5.axl's `T5` <-> transformers' T5ForConditionalGeneration (T5 v1.1, Flan-T5;
-T5 v1.0's tied head with `tied = true`).
+T5 v1.0, the original t5-base: `tied = true` and `mlp = MLP(act = "relu")`).
 
 The decoder-only families share one shape (embed, `blocks`, final norm, head); T5 has two stacks,
 a relative position bias per stack and cross-attention, so its facts (read from std's `T5` root),
@@ -25,6 +25,8 @@ then axdsl's parameter below it:
     encoder.block.i.layer.1 / decoder.block.i.layer.2 .DenseReluDense.wi_0, wi_1 / wo
                                                               [ffn, dim] / [dim, ffn]
         .../mlp/w_gate, w_up / w_down
+    ... .DenseReluDense.wi / wo (feed_forward_proj "relu")   [ffn, dim] / [dim, ffn]
+        .../mlp/w_in / w_out (std's MLP(act = "relu"))
     layer.0 / layer.1 (decoder: layer.2) .layer_norm          [dim]
         .../attn_norm, (cross_norm,) mlp_norm scale
     encoder.final_layer_norm, decoder.final_layer_norm        [dim]
@@ -41,7 +43,8 @@ v1.0's output scaling (`scale_decoder_outputs`) apart; from_pretrained unties th
 checkpoint's lm_head differs. T5 v1.0's head (tie_word_embeddings true or missing, or
 scale_decoder_outputs true: decoder outputs scaled by d_model ** -0.5, then `shared` as the head)
 is std's `T5(tied = true)`; a checkpoint that stores an lm_head for it must store `shared`'s
-values. The ungated feed-forward (`feed_forward_proj = "relu"`) is reported unsupported.
+values. The ungated feed-forward of T5 v1.0 (`feed_forward_proj = "relu"`) is std's
+`MLP(act = "relu")` as T5's `mlp`; other ungated ones are reported unsupported.
 """
 
 from __future__ import annotations
@@ -116,15 +119,33 @@ def read_arch(bare: Arch[Facts], root) -> Arch[T5Facts]:
             + ", ".join(f"{n.path} = {n.layer}(eps = {_hv(n, 'eps')})" for n in norms)
         )
     v.norm, v.norm_eps = norms[0].layer, _hv(norms[0], "eps")
-    mlps = [root.child(name).child("mlp") for name in stacks]
-    facts = {(m.layer, _hv(m, "act"), _hv(m, "hidden")) if m is not None else None for m in mlps}
-    if len(facts) != 1 or mlps[0] is None or mlps[0].layer != "GatedMLP":
-        problems.append(
-            "T5's feed-forwards must be one GatedMLP in both stacks (HF's gated DenseReluDense)"
-        )
-    else:
-        v.act, v.hidden = _hv(mlps[0], "act"), _hv(mlps[0], "hidden")
+    _read_mlp(arch, [root.child(name).child("mlp") for name in stacks])
     return arch
+
+
+def _read_mlp(arch: Arch[T5Facts], mlps: list) -> None:
+    """The feed-forward, one in both stacks: a GatedMLP (T5 v1.1's gated DenseReluDense) or a
+    relu MLP without biases (T5 v1.0's ungated one; transformers' other ungated activations are
+    not std's MLP's: its "gelu" is the tanh form, HF's the erf)."""
+    facts = {
+        (m.layer, _hv(m, "act"), _hv(m, "hidden"), _hv(m, "bias", False)) if m is not None else None
+        for m in mlps
+    }
+    first = mlps[0]
+    if len(facts) != 1 or first is None or not _expressible(first):
+        arch.problems.append(
+            'T5\'s feed-forwards must be one GatedMLP, or one MLP(act = "relu", bias = false), '
+            "in both stacks (HF's DenseReluDense, gated or T5 v1.0's)"
+        )
+        return
+    arch.facts.set(mlp=first.layer, act=_hv(first, "act"), hidden=_hv(first, "hidden"))
+
+
+def _expressible(mlp) -> bool:
+    """A feed-forward transformers' T5 has: any GatedMLP, or a relu MLP without biases."""
+    if mlp.layer == "GatedMLP":
+        return True
+    return mlp.layer == "MLP" and _hv(mlp, "act") == "relu" and not _hv(mlp, "bias", False)
 
 
 def _tied_key(c: Config) -> str:
@@ -142,6 +163,15 @@ def _tied(c: Config) -> bool:
 
 def _proj(c: Config) -> str:
     return c.cfg.get("feed_forward_proj", "relu")
+
+
+def _gated(c: Config) -> bool:
+    return _proj(c).startswith("gated-")
+
+
+def _supported(proj: str) -> bool:
+    """The feed-forwards std expresses: gated-{gelu,silu,relu} (GatedMLP) and relu (MLP)."""
+    return proj == "relu" or proj in _ACTS.values()
 
 
 def _act(c: Config) -> str:
@@ -179,14 +209,15 @@ ROWS = (
         _cfg("relative_attention_max_distance", 128),
     ),
     _row("norm_eps", "layer_norm_epsilon", lambda c: float(c.cfg.get("layer_norm_epsilon", 1e-6))),
+    Row("mlp", "feed_forward_proj", lambda c: "GatedMLP" if _gated(c) else "MLP", _proj),
     Row("act", "feed_forward_proj", _act, _proj),
     Row("tied", _tied_key, _tied),
 )
 UNSUPPORTED: tuple[Unsupported, ...] = (
     lambda c: _when(
-        _proj(c).split("-")[0] != "gated" or len(_proj(c).split("-")) != 2,
+        not _supported(_proj(c)),
         f"feed_forward_proj = {json.dumps(_proj(c))} (std/t5.axl has T5 v1.1's gated "
-        "feed-forward: gated-gelu, gated-silu or gated-relu)",
+        "feed-forward, gated-gelu, gated-silu or gated-relu, and T5 v1.0's relu)",
     ),
 )
 
@@ -208,7 +239,7 @@ def hf_config(arch: Arch[T5Facts], dtype: str) -> dict:
         "relative_attention_num_buckets": v.buckets,
         "relative_attention_max_distance": v.max_distance,
         "layer_norm_epsilon": v.norm_eps,
-        "feed_forward_proj": _ACTS.get(v.act, v.act),
+        "feed_forward_proj": _ACTS.get(v.act, v.act) if v.mlp == "GatedMLP" else v.act,
         "tie_word_embeddings": v.tied,
         "is_encoder_decoder": True,
         "dropout_rate": 0.0,
@@ -271,9 +302,10 @@ def mappings(arch: Arch[T5Facts], keys: set[str] | None) -> list[Mapping]:
             layers,
         )
 
-    def feed_forward(path: str, key: str, layers: int) -> None:
-        for name, w in (("w_gate", "wi_0"), ("w_up", "wi_1"), ("w_down", "wo")):
+    def feed_forward(path: str, key: str, layers: int) -> None:  # only the spec's params map
+        for name, w in (("w_gate", "wi_0"), ("w_up", "wi_1"), ("w_in", "wi"), ("w_out", "wo")):
             linear(f"{path}/{name}", f"{key}.DenseReluDense.{w}.weight", layers)
+        linear(f"{path}/w_down", f"{key}.DenseReluDense.wo.weight", layers)
 
     add("embed/table", lambda g, i: _shared(g, keys), lambda a, i: {"shared.weight": a})
     # transformers 5 saves no lm_head while it is tied to `shared` (a model it built, not loaded)

@@ -10,6 +10,7 @@ parameter table with `init_params`, the mesh and `param_specs`.
 Fixed when this file was built (change the spec and rebuild):
     tied = false
     norm = RMSNorm(eps = 1e-06)
+    mlp = GatedMLP(hidden = 2048, act = "gelu_tanh", std = 0.036084391824351615, out_std = 0.022097086912079608)
     enc_bias.bidirectional = true
     encoder/attn.causal = false
     encoder/mlp.act = "gelu_tanh"
@@ -301,7 +302,7 @@ def t5(
     segments: jax.Array,
     dec_segments: jax.Array,
 ) -> jax.Array:
-    """T5 (std/t5.axl:118): tokens: [B, S], dec_tokens: [B, T], segments: [B, S], dec_segments: [B, T] -> [B, T, vocab].
+    """T5 (std/t5.axl:119): tokens: [B, S], dec_tokens: [B, T], segments: [B, S], dec_segments: [B, T] -> [B, T, vocab].
 
     Used at /.
     """

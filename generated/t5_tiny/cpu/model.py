@@ -11,6 +11,7 @@ The helpers the layers call are in kernels.py beside this file, copied from axds
 Fixed when this file was built (change the spec and rebuild):
     tied = false
     norm = RMSNorm(eps = 1e-06)
+    mlp = GatedMLP(hidden = 128, act = "gelu_tanh", std = 0.125, out_std = 0.08838834764831843)
     enc_bias.bidirectional = true
     encoder/attn.causal = false
     encoder/mlp.act = "gelu_tanh"
@@ -286,7 +287,7 @@ def t5(
     segments: jax.Array,
     dec_segments: jax.Array,
 ) -> jax.Array:
-    """T5 (std/t5.axl:118): tokens: [B, S], dec_tokens: [B, T], segments: [B, S], dec_segments: [B, T] -> [B, T, vocab].
+    """T5 (std/t5.axl:119): tokens: [B, S], dec_tokens: [B, T], segments: [B, S], dec_segments: [B, T] -> [B, T, vocab].
 
     Used at /.
     """
