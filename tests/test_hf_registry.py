@@ -43,8 +43,9 @@ def test_a_family_is_found_from_its_config_json_and_its_rows_state_facts(name):
     assert family_of_config({"architectures": [family.hf_class]}) == name
     values, src, unsupported = hf_values(family, {})  # transformers' defaults
     assert values and set(values) <= set(FIELDS) and set(src) == set(values)
-    # the defaults are what axdsl expresses, but T5Config's: T5 v1.0 (relu, scaled tied head)
-    assert len(unsupported) == (2 if name == "t5" else 0), unsupported
+    # the defaults are what axdsl expresses, T5Config's (T5 v1.0: relu, a tied scaled head) too:
+    # T5(tied = true, mlp = MLP(act = "relu"))
+    assert unsupported == [], unsupported
 
 
 def test_a_row_must_name_a_fact():

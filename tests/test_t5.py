@@ -6,6 +6,8 @@ decoder_input_ids match transformers' within 1e-4 (sequences longer than max_dis
 log-spaced and the clamped buckets count). Export then import is lossless and transformers loads
 the export with the same tensors and logits. flan-t5-base's published config.json matches the
 zoo spec field by field, and `axdsl stats` counts its parameters exactly.
+A tied T5 (`T5(tied = true)`, T5 v1.0's head as in the original t5-base) imports a
+tie_word_embeddings checkpoint with the same logits and parameter count.
 """
 
 from __future__ import annotations
@@ -60,8 +62,8 @@ def test_published_flan_t5_base_config_matches_the_spec():
     assert "config.json has num_decoder_layers=6, the spec has T5 dec_layers = 12" in problems
     v10 = {**FLAN_T5_BASE, "feed_forward_proj": "relu", "tie_word_embeddings": True}
     problems = axhf.mismatches(arch, "t5", v10)
-    assert any("feed_forward_proj = \"relu\"" in p for p in problems)
-    assert any("T5 v1.0's tied head" in p for p in problems)
+    assert 'config.json has feed_forward_proj="relu", the spec has feed-forward layer = "GatedMLP"' in problems
+    assert "config.json has tie_word_embeddings=true, the spec has tied = false" in problems
 
 
 def test_stats_count_flan_t5_base_exactly_as_transformers(in_root):
@@ -259,5 +261,115 @@ def test_a_v1_0_config_is_refused_before_any_tensor_is_read(tmp_path, capsys):
     conf.save_pretrained(tmp_path / "hf")
     assert axhf.import_hf(TINY_SPEC, tmp_path / "hf", "t5_tiny", tmp_path / "ckpt") == 1
     err = capsys.readouterr().err
-    assert "does not match model `t5_tiny`" in err and 'feed_forward_proj = "relu"' in err
-    assert "T5 v1.0's tied head" in err and not (tmp_path / "ckpt").exists()
+    assert "does not match model `t5_tiny`" in err
+    assert "config.json has scale_decoder_outputs=true, the spec has tied = false" in err
+    assert 'config.json has feed_forward_proj="relu", the spec has feed-forward layer = "GatedMLP"' in err
+    assert not (tmp_path / "ckpt").exists()
+
+
+TIED_SPEC = """import "std/t5.axl"
+
+model tied = T5 {
+  vocab = 64  dim = 32  layers = 2  dec_layers = 1  heads = 4  head_dim = 8  ffn = 48
+  buckets = 10  max_distance = 20  tied = true  dtype = f32
+}
+"""
+V1_0_SPEC = TIED_SPEC.replace("model tied", "model v1_0").replace("f32\n", """f32
+  mlp = MLP(hidden = ffn, act = "relu", std = 1 / sqrt(dim), out_std = 1 / sqrt(ffn))
+""")  # the original t5-base's structure at toy size (models of one spec share one structure)
+T5_BASE = {  # the original t5-base's config.json (T5 v1.0: relu and a tied head, both left to defaults)
+    "architectures": ["T5WithLMHeadModel"], "d_ff": 3072, "d_kv": 64, "d_model": 768,
+    "decoder_start_token_id": 0, "dropout_rate": 0.1, "eos_token_id": 1, "initializer_factor": 1.0,
+    "is_encoder_decoder": True, "layer_norm_epsilon": 1e-06, "model_type": "t5", "n_positions": 512,
+    "num_heads": 12, "num_layers": 12, "output_past": True, "pad_token_id": 0,
+    "relative_attention_num_buckets": 32, "vocab_size": 32128,
+}
+T5_BASE_PARAMS = 222_903_552  # its lm_head is `shared`
+
+
+def test_tied_t5_reads_t5_base_style_configs_and_exports_tie_word_embeddings(tmp_path):
+    """`T5(tied = true)` (T5 v1.0's head: the embedding, after d_model ** -0.5) has no `head`
+    parameter; it matches a config.json whose tie_word_embeddings is true or missing (t5-base's) or
+    whose scale_decoder_outputs is true (transformers 5's), and refuses Flan-T5's untied one."""
+    spec = tmp_path / "tied.axl"
+    spec.write_text(TIED_SPEC)
+    arch = axhf.pick(axhf.load_spec(spec), "tied", spec)
+    assert ("head",) not in arch.params and arch.facts.tied
+    sizes = {"vocab_size": 64, "d_model": 32, "d_kv": 8, "d_ff": 48, "num_layers": 2,
+             "num_decoder_layers": 1, "num_heads": 4, "relative_attention_num_buckets": 10,
+             "relative_attention_max_distance": 20, "feed_forward_proj": "gated-gelu", "model_type": "t5"}
+    for tie in ({}, {"tie_word_embeddings": True}, {"tie_word_embeddings": True, "scale_decoder_outputs": True}):
+        assert axhf.mismatches(arch, "t5", {**sizes, **tie}) == [], tie
+    assert axhf.mismatches(arch, "t5", {**sizes, "tie_word_embeddings": False}) == [
+        "config.json has tie_word_embeddings=false, the spec has tied = true"]
+    written = axhf.hf_config(arch, "t5")
+    assert written["tie_word_embeddings"] is True and axhf.mismatches(arch, "t5", written) == []
+    (tmp_path / "v1_0.axl").write_text(V1_0_SPEC)
+    v1_0 = axhf.pick(axhf.load_spec(tmp_path / "v1_0.axl"), "v1_0", spec)
+    assert ("encoder", "mlp", "w_in") in v1_0.params and v1_0.facts.mlp == "MLP"
+    assert axhf.mismatches(v1_0, "t5", {**sizes, "feed_forward_proj": "relu"}) == []
+    assert axhf.hf_config(v1_0, "t5")["feed_forward_proj"] == "relu"
+    assert axhf.mismatches(arch, "t5", {**sizes, "feed_forward_proj": "relu"}) == [
+        'config.json has feed_forward_proj="relu", the spec has feed-forward layer = "GatedMLP"']
+
+
+def test_the_original_t5_base_config_matches_a_few_lines_and_its_parameter_count(tmp_path):
+    """The original t5-base (T5 v1.0) is std's T5 with `tied = true` and a relu MLP: its published
+    config.json matches, and the spec counts transformers' parameters exactly; an ungated feed-forward
+    std cannot express (gelu, whose erf form std's MLP has not) is still refused."""
+    spec = tmp_path / "t5_base_v1_0.axl"
+    spec.write_text('import "std/t5.axl"\nmodel t5_v1_0 = T5 {\n  vocab = 32128  dim = 768  layers = 12  '
+                    'heads = 12  head_dim = 64  ffn = 3072  tied = true\n'
+                    '  mlp = MLP(hidden = ffn, act = "relu", std = 1 / sqrt(dim), out_std = 1 / sqrt(ffn))\n}\n')
+    arch = axhf.pick(axhf.load_spec(spec), "t5_v1_0", spec)
+    assert axhf.mismatches(arch, "t5", T5_BASE) == []
+    assert sum(int(np.prod(shape)) for shape, _ in arch.params.values()) == T5_BASE_PARAMS
+    problems = axhf.mismatches(arch, "t5", {**T5_BASE, "feed_forward_proj": "gelu"})
+    assert any('feed_forward_proj = "gelu"' in p and "is not supported" in p for p in problems)
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    conf = transformers.T5Config(**{k: v for k, v in T5_BASE.items() if k != "architectures"})
+    with torch.device("meta"):
+        assert transformers.T5ForConditionalGeneration(conf).num_parameters() == T5_BASE_PARAMS
+
+
+@pytest.mark.slow
+def test_tied_t5_v1_0_logits_and_parameter_count_match_transformers(tmp_path, capsys):
+    """A tiny T5 v1.0 as the original t5-base (tie_word_embeddings=True: lm_head is `shared`,
+    decoder outputs scaled by d_model ** -0.5; the ungated relu feed-forward) imports into
+    `T5(tied = true, mlp = MLP(act = "relu"))`: logits within 1e-4 of transformers' float32 ones,
+    exactly its parameter count, and an export transformers loads to the same logits."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from tests.targets_util import import_generated
+
+    spec = tmp_path / "v1_0.axl"
+    spec.write_text(V1_0_SPEC)
+    model, _ = import_generated(spec, "cpu", tmp_path / "gen")
+    cfg = model.CONFIGS["v1_0"]
+    conf = transformers.T5Config(vocab_size=64, d_model=32, d_kv=8, d_ff=48, num_layers=2, num_decoder_layers=1,
+                                 num_heads=4, relative_attention_num_buckets=10, relative_attention_max_distance=20,
+                                 feed_forward_proj="relu", tie_word_embeddings=True, dropout_rate=0.0)
+    torch.manual_seed(0)
+    hf = transformers.T5ForConditionalGeneration(conf).eval()
+    gen = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for name, p in hf.named_parameters():  # lm_head is `shared`: named once
+            p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=gen) if p.ndim == 1
+                    else torch.randn(p.shape, generator=gen) / (1.0 if "relative" in name else p.shape[-1] ** 0.5))
+    assert hf.lm_head.weight is hf.shared.weight and hf.config.scale_decoder_outputs
+    hf.save_pretrained(tmp_path / "hf")
+    assert axhf.import_hf(spec, tmp_path / "hf", "v1_0", tmp_path / "ckpt") == 0, capsys.readouterr().err
+    params = _restore(model, cfg, tmp_path / "ckpt")
+    import jax
+
+    assert sum(int(np.prod(a.shape)) for a in jax.tree.leaves(params)) == hf.num_parameters()
+    rng = np.random.default_rng(0)
+    tokens, dec_tokens = rng.integers(0, 64, (2, 30)), rng.integers(0, 64, (2, 25))
+    ref = _hf_logits(hf, tokens, dec_tokens)
+    ours = np.asarray(model.forward(cfg, params, tokens, dec_tokens, np.ones_like(tokens), np.ones_like(dec_tokens)))
+    print(f"tied t5: max |logits - HF logits| = {np.abs(ours - ref).max():.2e} (logits std {ref.std():.2f})")
+    assert np.abs(ours - ref).max() < 1e-4
+    assert axhf.export_hf(spec, tmp_path / "ckpt", tmp_path / "export", "v1_0") == 0, capsys.readouterr().err
+    hf2 = transformers.T5ForConditionalGeneration.from_pretrained(tmp_path / "export").eval()
+    assert np.abs(_hf_logits(hf2, tokens, dec_tokens) - ref).max() <= 1e-6

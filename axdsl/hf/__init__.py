@@ -27,7 +27,8 @@ Families (detected from config.json's `model_type`, or chosen from the spec's st
     vit          ViTForImageClassification   std/vit.axl: VisionTransformer (patches, class token;
                                              families/vit.py)
     t5           T5ForConditionalGeneration  std/t5.axl's T5 (v1.1, Flan-T5): relative buckets,
-                                             gated GELU, cross-attention; families/t5.py
+                                             gated GELU, cross-attention; T5 v1.0 with tied =
+                                             true and mlp = MLP(act = "relu"); families/t5.py
 
 Llama-family rope scalings map to Attention's rope_* settings: rope_parameters' rope_type
 "llama3" (factor, low/high_freq_factor, original_max_position_embeddings), "linear" and "yarn"

@@ -130,9 +130,7 @@ def _collect_names(program: Program, diags: Diagnostics) -> None:
             if layer.name in program.layers:
                 first = program.layers[layer.name].span
                 diags.error(
-                    layer.span,
-                    f"layer `{layer.name}` is defined twice",
-                    f"first defined at {first}",
+                    layer.span, f"layer `{layer.name}` is defined twice", _twice_hint(first, layer)
                 )
             else:
                 program.layers[layer.name] = layer
@@ -141,6 +139,20 @@ def _collect_names(program: Program, diags: Diagnostics) -> None:
                 diags.error(model.span, f"`{model.name}` is defined twice")
             else:
                 program.models[model.name] = model
+
+
+def _twice_hint(first: Span, layer: ast.LayerDecl) -> str:
+    """Where the first definition is; when another file holds it, the rule and the way out: a
+    spec and the files it imports share one namespace of layers (no shadowing, so every layer
+    name means one layer in every file, std's included), and a variant of an imported layer is
+    made through its hyperparameters (std's T5 has `tied` for T5 v1.0's head)."""
+    if first.file == layer.span.file:
+        return f"first defined at {first}"
+    return (
+        f"first defined at {first}, an imported file: a spec and the files it imports share one "
+        f"namespace of layers, so an imported layer cannot be redefined; give this layer another "
+        f"name, or set the imported `{layer.name}`'s hyperparameters"
+    )
 
 
 def _check_members(layer: ast.LayerDecl, diags: Diagnostics) -> None:

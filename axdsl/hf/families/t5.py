@@ -1,4 +1,5 @@
-"""T5 interop: std/t5.axl's `T5` <-> transformers' T5ForConditionalGeneration (T5 v1.1, Flan-T5).
+"""T5 interop: std/t5.axl's `T5` <-> transformers' T5ForConditionalGeneration (T5 v1.1, Flan-T5;
+T5 v1.0, the original t5-base: `tied = true` and `mlp = MLP(act = "relu")`).
 
 The decoder-only families share one shape (embed, `blocks`, final norm, head); T5 has two stacks,
 a relative position bias per stack and cross-attention, so its facts (read from std's `T5` root),
@@ -10,7 +11,7 @@ then axdsl's parameter below it:
     shared                                                    [vocab, dim]
         embed/table
     lm_head                                                   [vocab, dim]
-        head [dim, vocab]
+        head [dim, vocab] (absent with `tied = true`: the head is embed/table)
     encoder.block.0.layer.0.SelfAttention.relative_attention_bias  [buckets, heads]
         enc_bias/table
     decoder.block.0.layer.0.SelfAttention.relative_attention_bias  [buckets, heads]
@@ -24,6 +25,8 @@ then axdsl's parameter below it:
     encoder.block.i.layer.1 / decoder.block.i.layer.2 .DenseReluDense.wi_0, wi_1 / wo
                                                               [ffn, dim] / [dim, ffn]
         .../mlp/w_gate, w_up / w_down
+    ... .DenseReluDense.wi / wo (feed_forward_proj "relu")   [ffn, dim] / [dim, ffn]
+        .../mlp/w_in / w_out (std's MLP(act = "relu"))
     layer.0 / layer.1 (decoder: layer.2) .layer_norm          [dim]
         .../attn_norm, (cross_norm,) mlp_norm scale
     encoder.final_layer_norm, decoder.final_layer_norm        [dim]
@@ -37,8 +40,11 @@ it is tied to `shared`) gives `head` the embedding's values; export always write
 
 transformers 5's T5Config always ties `lm_head` to `shared` when it builds a model, and keeps T5
 v1.0's output scaling (`scale_decoder_outputs`) apart; from_pretrained unties them when the
-checkpoint's lm_head differs. T5 v1.0 (a tied head and decoder outputs scaled by d_model ** -0.5)
-and the ungated feed-forward (`feed_forward_proj = "relu"`) are reported unsupported.
+checkpoint's lm_head differs. T5 v1.0's head (tie_word_embeddings true or missing, or
+scale_decoder_outputs true: decoder outputs scaled by d_model ** -0.5, then `shared` as the head)
+is std's `T5(tied = true)`; a checkpoint that stores an lm_head for it must store `shared`'s
+values. The ungated feed-forward of T5 v1.0 (`feed_forward_proj = "relu"`) is std's
+`MLP(act = "relu")` as T5's `mlp`; other ungated ones are reported unsupported.
 """
 
 from __future__ import annotations
@@ -98,7 +104,7 @@ def read_arch(bare: Arch[Facts], root) -> Arch[T5Facts]:
         "max_distance",
     ):
         setattr(v, k, _hv(root, k))
-    v.set(block=ROOT, tied=False, kv_heads=v.heads)
+    v.set(block=ROOT, tied=bool(_hv(root, "tied", False)), kv_heads=v.heads)
     stacks = {"encoder": "T5EncoderBlock", "decoder": "T5DecoderBlock"}
     for name, layer in stacks.items():
         block = root.child(name)
@@ -113,27 +119,59 @@ def read_arch(bare: Arch[Facts], root) -> Arch[T5Facts]:
             + ", ".join(f"{n.path} = {n.layer}(eps = {_hv(n, 'eps')})" for n in norms)
         )
     v.norm, v.norm_eps = norms[0].layer, _hv(norms[0], "eps")
-    mlps = [root.child(name).child("mlp") for name in stacks]
-    facts = {(m.layer, _hv(m, "act"), _hv(m, "hidden")) if m is not None else None for m in mlps}
-    if len(facts) != 1 or mlps[0] is None or mlps[0].layer != "GatedMLP":
-        problems.append(
-            "T5's feed-forwards must be one GatedMLP in both stacks (HF's gated DenseReluDense)"
-        )
-    else:
-        v.act, v.hidden = _hv(mlps[0], "act"), _hv(mlps[0], "hidden")
+    _read_mlp(arch, [root.child(name).child("mlp") for name in stacks])
     return arch
 
 
-def _scale_decoder_outputs(cfg: dict) -> bool:
-    """T5 v1.0's d_model ** -0.5 on the decoder's output: transformers 5 states it as
-    scale_decoder_outputs; older configs as tie_word_embeddings (missing: true)."""
-    if "scale_decoder_outputs" in cfg:
-        return bool(cfg["scale_decoder_outputs"])
-    return cfg.get("tie_word_embeddings", True) is not False
+def _read_mlp(arch: Arch[T5Facts], mlps: list) -> None:
+    """The feed-forward, one in both stacks: a GatedMLP (T5 v1.1's gated DenseReluDense) or a
+    relu MLP without biases (T5 v1.0's ungated one; transformers' other ungated activations are
+    not std's MLP's: its "gelu" is the tanh form, HF's the erf)."""
+    facts = {
+        (m.layer, _hv(m, "act"), _hv(m, "hidden"), _hv(m, "bias", False)) if m is not None else None
+        for m in mlps
+    }
+    first = mlps[0]
+    if len(facts) != 1 or first is None or not _expressible(first):
+        arch.problems.append(
+            'T5\'s feed-forwards must be one GatedMLP, or one MLP(act = "relu", bias = false), '
+            "in both stacks (HF's DenseReluDense, gated or T5 v1.0's)"
+        )
+        return
+    arch.facts.set(mlp=first.layer, act=_hv(first, "act"), hidden=_hv(first, "hidden"))
+
+
+def _expressible(mlp) -> bool:
+    """A feed-forward transformers' T5 has: any GatedMLP, or a relu MLP without biases."""
+    if mlp.layer == "GatedMLP":
+        return True
+    return mlp.layer == "MLP" and _hv(mlp, "act") == "relu" and not _hv(mlp, "bias", False)
+
+
+def _tied_key(c: Config) -> str:
+    """The key that states T5 v1.0's tied, scaled head: transformers 5 writes
+    scale_decoder_outputs (its tie_word_embeddings is always true); older configs state only
+    tie_word_embeddings."""
+    return "scale_decoder_outputs" if "scale_decoder_outputs" in c.cfg else "tie_word_embeddings"
+
+
+def _tied(c: Config) -> bool:
+    """T5 v1.0's head (d_model ** -0.5 on the decoder's output, `shared` as lm_head): the key
+    `_tied_key` names, true when missing (T5Config's default)."""
+    return c.cfg.get(_tied_key(c), True) is not False
 
 
 def _proj(c: Config) -> str:
     return c.cfg.get("feed_forward_proj", "relu")
+
+
+def _gated(c: Config) -> bool:
+    return _proj(c).startswith("gated-")
+
+
+def _supported(proj: str) -> bool:
+    """The feed-forwards std expresses: gated-{gelu,silu,relu} (GatedMLP) and relu (MLP)."""
+    return proj == "relu" or proj in _ACTS.values()
 
 
 def _act(c: Config) -> str:
@@ -171,24 +209,22 @@ ROWS = (
         _cfg("relative_attention_max_distance", 128),
     ),
     _row("norm_eps", "layer_norm_epsilon", lambda c: float(c.cfg.get("layer_norm_epsilon", 1e-6))),
+    Row("mlp", "feed_forward_proj", lambda c: "GatedMLP" if _gated(c) else "MLP", _proj),
     Row("act", "feed_forward_proj", _act, _proj),
+    Row("tied", _tied_key, _tied),
 )
 UNSUPPORTED: tuple[Unsupported, ...] = (
     lambda c: _when(
-        _proj(c).split("-")[0] != "gated" or len(_proj(c).split("-")) != 2,
+        not _supported(_proj(c)),
         f"feed_forward_proj = {json.dumps(_proj(c))} (std/t5.axl has T5 v1.1's gated "
-        "feed-forward: gated-gelu, gated-silu or gated-relu)",
-    ),
-    lambda c: _when(
-        _scale_decoder_outputs(c.cfg),
-        "T5 v1.0's tied head with decoder outputs scaled by d_model ** -0.5 "
-        "(tie_word_embeddings true, or scale_decoder_outputs true); std/t5.axl is T5 v1.1",
+        "feed-forward, gated-gelu, gated-silu or gated-relu, and T5 v1.0's relu)",
     ),
 )
 
 
 def hf_config(arch: Arch[T5Facts], dtype: str) -> dict:
-    """The config.json of a std T5 model (export), as google/flan-t5-base's states it."""
+    """The config.json of a std T5 model (export), as google/flan-t5-base's states it (as
+    t5-base's, tie_word_embeddings true, when the model is tied)."""
     v = arch.facts
     return {
         "architectures": [CLASS],
@@ -203,8 +239,8 @@ def hf_config(arch: Arch[T5Facts], dtype: str) -> dict:
         "relative_attention_num_buckets": v.buckets,
         "relative_attention_max_distance": v.max_distance,
         "layer_norm_epsilon": v.norm_eps,
-        "feed_forward_proj": _ACTS.get(v.act, v.act),
-        "tie_word_embeddings": False,
+        "feed_forward_proj": _ACTS.get(v.act, v.act) if v.mlp == "GatedMLP" else v.act,
+        "tie_word_embeddings": v.tied,
         "is_encoder_decoder": True,
         "dropout_rate": 0.0,
         "initializer_factor": 1.0,
@@ -266,9 +302,10 @@ def mappings(arch: Arch[T5Facts], keys: set[str] | None) -> list[Mapping]:
             layers,
         )
 
-    def feed_forward(path: str, key: str, layers: int) -> None:
-        for name, w in (("w_gate", "wi_0"), ("w_up", "wi_1"), ("w_down", "wo")):
+    def feed_forward(path: str, key: str, layers: int) -> None:  # only the spec's params map
+        for name, w in (("w_gate", "wi_0"), ("w_up", "wi_1"), ("w_in", "wi"), ("w_out", "wo")):
             linear(f"{path}/{name}", f"{key}.DenseReluDense.{w}.weight", layers)
+        linear(f"{path}/w_down", f"{key}.DenseReluDense.wo.weight", layers)
 
     add("embed/table", lambda g, i: _shared(g, keys), lambda a, i: {"shared.weight": a})
     # transformers 5 saves no lm_head while it is tied to `shared` (a model it built, not loaded)

@@ -8,7 +8,9 @@ Read top to bottom: the config, one function per layer (leaves first), the model
 parameter table with `init_params`, the mesh and `param_specs`.
 
 Fixed when this file was built (change the spec and rebuild):
+    tied = false
     norm = RMSNorm(eps = 1e-06)
+    mlp = GatedMLP(hidden = 2048, act = "gelu_tanh", std = 0.036084391824351615, out_std = 0.022097086912079608)
     enc_bias.bidirectional = true
     encoder/attn.causal = false
     encoder/mlp.act = "gelu_tanh"
@@ -64,7 +66,7 @@ def embedding(cfg: Config, params: dict, ids: jax.Array) -> jax.Array:
 
 
 def relative_bias(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
-    """RelativeBias (std/t5.axl:12): x: [B, S, dim] -> [1, heads, S, S].
+    """RelativeBias (std/t5.axl:13): x: [B, S, dim] -> [1, heads, S, S].
 
     Used at /enc_bias.
     """
@@ -98,7 +100,7 @@ def rms_norm(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
 def t5_attention(
     cfg: Config, params: dict, x: jax.Array, bias: jax.Array, segments: jax.Array
 ) -> jax.Array:
-    """T5Attention (std/t5.axl:40): x: [B, S, dim], bias: [1, heads, S, S], segments: [B, S] -> [B, S, dim].
+    """T5Attention (std/t5.axl:41): x: [B, S, dim], bias: [1, heads, S, S], segments: [B, S] -> [B, S, dim].
 
     Used at /encoder/attn.
     """
@@ -150,7 +152,7 @@ def gated_mlp(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
 def t5_encoder_block(
     cfg: Config, params: dict, x: jax.Array, bias: jax.Array, segments: jax.Array
 ) -> jax.Array:
-    """T5EncoderBlock (std/t5.axl:77): x: [B, S, dim], bias: [1, heads, S, S], segments: [B, S] -> [B, S, dim].
+    """T5EncoderBlock (std/t5.axl:78): x: [B, S, dim], bias: [1, heads, S, S], segments: [B, S] -> [B, S, dim].
 
     Used at /encoder.
     """
@@ -167,7 +169,7 @@ def t5_encoder_block(
 
 
 def relative_bias_2(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
-    """RelativeBias (std/t5.axl:12): x: [B, S, dim] -> [1, heads, S, S].
+    """RelativeBias (std/t5.axl:13): x: [B, S, dim] -> [1, heads, S, S].
 
     Used at /dec_bias.
     """
@@ -191,7 +193,7 @@ def relative_bias_2(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
 def t5_attention_2(
     cfg: Config, params: dict, x: jax.Array, bias: jax.Array, segments: jax.Array
 ) -> jax.Array:
-    """T5Attention (std/t5.axl:40): x: [B, S, dim], bias: [1, heads, S, S], segments: [B, S] -> [B, S, dim].
+    """T5Attention (std/t5.axl:41): x: [B, S, dim], bias: [1, heads, S, S], segments: [B, S] -> [B, S, dim].
 
     Used at /decoder/attn.
     """
@@ -231,7 +233,7 @@ def t5_attention_2(
 def t5_cross_attention(
     cfg: Config, params: dict, x: jax.Array, mem: jax.Array, keep: jax.Array
 ) -> jax.Array:
-    """T5CrossAttention (std/t5.axl:59): x: [B, S, dim], mem: [B, M, dim], keep: [B, heads, S, M] -> [B, S, dim].
+    """T5CrossAttention (std/t5.axl:60): x: [B, S, dim], mem: [B, M, dim], keep: [B, heads, S, M] -> [B, S, dim].
 
     Used at /decoder/cross.
     """
@@ -269,7 +271,7 @@ def t5_decoder_block(
     segments: jax.Array,
     keep: jax.Array,
 ) -> jax.Array:
-    """T5DecoderBlock (std/t5.axl:92): x: [B, S, dim], mem: [B, M, dim], bias: [1, heads, S, S], segments: [B, S], keep: [B, heads, S, M] -> [B, S, dim].
+    """T5DecoderBlock (std/t5.axl:93): x: [B, S, dim], mem: [B, M, dim], bias: [1, heads, S, S], segments: [B, S], keep: [B, heads, S, M] -> [B, S, dim].
 
     Used at /decoder.
     """
@@ -300,7 +302,7 @@ def t5(
     segments: jax.Array,
     dec_segments: jax.Array,
 ) -> jax.Array:
-    """T5 (std/t5.axl:115): tokens: [B, S], dec_tokens: [B, T], segments: [B, S], dec_segments: [B, T] -> [B, T, vocab].
+    """T5 (std/t5.axl:119): tokens: [B, S], dec_tokens: [B, T], segments: [B, S], dec_segments: [B, T] -> [B, T, vocab].
 
     Used at /.
     """
