@@ -103,11 +103,11 @@ target "gpu-h100-*" { mesh(data = 2, fsdp = -1) }
 target "gpu-*" { mesh(fsdp = 4, model = -1) }"""))
     text = print_module(compile_spec(path, "gpu-h100-8"))
     assert 'target "gpu-h100-*"' in text.split("schedule gpu-h100-8")[1].splitlines()[0]
-    assert "mesh(data = 2, fsdp = -1) -> data=2, expert=1, fsdp=4, seq=1, model=1" in text
+    assert "mesh(data = 2, fsdp = -1) -> stage=1, data=2, expert=1, fsdp=4, seq=1, model=1" in text
     assert "rule embed -> [fsdp]  # profile gpu-h100" in text
     assert "quantize(fp8" in text  # no quantize() in the matched block: the profile's default
     other = print_module(compile_spec(path, "gpu-a100-8"))
-    assert "mesh(fsdp = 4, model = -1) -> data=1, expert=1, fsdp=4, seq=1, model=2" in other
+    assert "mesh(fsdp = 4, model = -1) -> stage=1, data=1, expert=1, fsdp=4, seq=1, model=2" in other
     plain = print_module(compile_spec(path, "cpu"))
     assert "no target block matched" in plain
 
