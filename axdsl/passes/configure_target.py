@@ -542,3 +542,19 @@ def block_span(block: ir.Section | None) -> Span:
     from axdsl.errors import UNKNOWN_SPAN
 
     return block.span if block is not None else UNKNOWN_SPAN
+
+
+def axis_shards(
+    sched: ir.Schedule, axis: str, directive: str, splits: str, at: Span, diags: Diagnostics
+) -> int:
+    """The size of mesh axis `axis`, which `directive(...)` (context, pipeline) splits `splits`
+    over: below 2 there is nothing to split, a located error with the way out."""
+    shards = sched.size(axis)
+    if shards < 2:
+        diags.error(
+            at,
+            f"{directive}(...) splits {splits} over the `{axis}` mesh axis, which has 1 shard on "
+            f"{sched.name}",
+            f"give it shards in this target block, e.g. mesh({axis} = 4, fsdp = -1)",
+        )
+    return shards

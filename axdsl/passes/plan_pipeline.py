@@ -49,6 +49,7 @@ from axdsl import primitives
 from axdsl.errors import Diagnostics, Span
 from axdsl.ir import nodes as ir
 from axdsl.ir.rewrite import forward_exprs, prims_of
+from axdsl.passes.configure_target import axis_shards
 
 STAGE_AXIS = "stage"  # the mesh axis pipeline stages are laid out on
 
@@ -84,15 +85,7 @@ def plan_pipeline(module: ir.Module) -> ir.Module:
 
 def _stages(sched: ir.Schedule, at: Span, diags: Diagnostics) -> int:
     """The `stage` mesh axis's size, which must be above 1."""
-    stages = sched.size(STAGE_AXIS)
-    if stages < 2:
-        diags.error(
-            at,
-            f"pipeline(...) splits the layers over the `stage` mesh axis, which has 1 shard on "
-            f"{sched.name}",
-            "give it shards in this target block, e.g. mesh(stage = 4, fsdp = -1)",
-        )
-    return stages
+    return axis_shards(sched, STAGE_AXIS, "pipeline", "the layers", at, diags)
 
 
 def _main_repeat(module: ir.Module, at: Span, diags: Diagnostics) -> str | None:
