@@ -175,3 +175,48 @@ def test_each_stage_keeps_its_layers_weights_and_optimizer_state(tmp_path):
     )
     assert dp.params - pp.params == blocks - blocks // 4
     assert dp.opt_state - pp.opt_state == 2 * (blocks - blocks // 4)  # adamw: two f32 moments
+
+
+def test_a_pipelined_run_killed_and_resumed_is_bitwise_the_uninterrupted_one(tmp_path):
+    """pipeline(...) over 2 stages on 8 fake devices: the generated train.py, killed (SIGKILL)
+    after its step-4 checkpoint and rerun with the same command, ends with the bytes of the
+    uninterrupted run's parameters, moments and counters."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tests.test_train_objectives import complete, final_params
+
+    spec = _spec(tmp_path, "pp", "mesh(stage = 2, fsdp = 4)  pipeline(microbatches = 4)")
+    built = subprocess.run([sys.executable, "-m", "axdsl", "build", str(spec), "--target", "cpu-8",
+                            "--out", str(tmp_path / "gen")], capture_output=True, text=True, timeout=120)
+    assert built.returncode == 0, built.stderr
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
+
+    def train(run: Path) -> list[str]:
+        return [sys.executable, "-m", "gen.pp.cpu_8.train", "--out", str(run), "--steps", "8",
+                "--checkpoint-every", "4", "--no-progress", "--compile-cache", str(tmp_path / "cache")]
+
+    def run_to_end(run: Path) -> str:
+        done = subprocess.run(train(run), cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-3000:]
+        return done.stderr
+
+    run_to_end(tmp_path / "reference")
+    killed = tmp_path / "killed"
+    with open(tmp_path / "log", "w") as log:
+        child = subprocess.Popen(train(killed), cwd=tmp_path, env=env, stdout=log, stderr=log)
+        deadline = time.monotonic() + 240
+        while not [s for s in complete(killed) if s >= 4] and child.poll() is None:
+            assert time.monotonic() < deadline, "no checkpoint at step 4 in time"
+            time.sleep(0.01)
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+    assert child.returncode == -signal.SIGKILL, (tmp_path / "log").read_text()[-2000:]
+    assert "resumed from step" in run_to_end(killed)
+    want, got = final_params("pp", tmp_path / "reference", 8), final_params("pp", killed, 8)
+    assert want.keys() == got.keys()
+    for key in want:
+        assert want[key].tobytes() == got[key].tobytes(), key
