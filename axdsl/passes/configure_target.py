@@ -545,7 +545,12 @@ def block_span(block: ir.Section | None) -> Span:
 
 
 def axis_shards(
-    sched: ir.Schedule, axis: str, directive: str, splits: str, at: Span, diags: Diagnostics
+    sched: ir.Schedule,
+    axis: str,
+    directive: TargetDirective,
+    splits: str,
+    at: Span,
+    diags: Diagnostics,
 ) -> int:
     """The size of mesh axis `axis`, which `directive(...)` (context, pipeline) splits `splits`
     over: below 2 there is nothing to split, a located error with the way out."""

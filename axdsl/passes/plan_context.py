@@ -35,7 +35,7 @@ from axdsl import primitives
 from axdsl.errors import Diagnostic, Diagnostics, Note, Span, filled
 from axdsl.ir import nodes as ir
 from axdsl.ir.rewrite import prims_of
-from axdsl.passes.configure_target import axis_shards
+from axdsl.passes.configure_target import TargetDirective, axis_shards
 from axdsl.passes.fit_remat import sized_seq
 
 CONTEXT_AXIS = "seq"  # the mesh axis context parallelism splits the sequence over
@@ -66,7 +66,7 @@ def plan_context(module: ir.Module) -> ir.Module:
 
 def _shards(sched: ir.Schedule, at: Span, diags: Diagnostics) -> int:
     """The `seq` mesh axis's size, which must be above 1 and be where `seq` activations go."""
-    shards = axis_shards(sched, CONTEXT_AXIS, "context", "the sequence", at, diags)
+    shards = axis_shards(sched, CONTEXT_AXIS, TargetDirective.CONTEXT, "the sequence", at, diags)
     if CONTEXT_AXIS not in sched.rule("seq"):
         diags.error(
             at,

@@ -49,7 +49,7 @@ from axdsl import primitives
 from axdsl.errors import Diagnostics, Span
 from axdsl.ir import nodes as ir
 from axdsl.ir.rewrite import forward_exprs, prims_of
-from axdsl.passes.configure_target import axis_shards
+from axdsl.passes.configure_target import TargetDirective, axis_shards
 
 STAGE_AXIS = "stage"  # the mesh axis pipeline stages are laid out on
 
@@ -85,7 +85,7 @@ def plan_pipeline(module: ir.Module) -> ir.Module:
 
 def _stages(sched: ir.Schedule, at: Span, diags: Diagnostics) -> int:
     """The `stage` mesh axis's size, which must be above 1."""
-    return axis_shards(sched, STAGE_AXIS, "pipeline", "the layers", at, diags)
+    return axis_shards(sched, STAGE_AXIS, TargetDirective.PIPELINE, "the layers", at, diags)
 
 
 def _main_repeat(module: ir.Module, at: Span, diags: Diagnostics) -> str | None:
