@@ -253,9 +253,7 @@ def _emit_context(
 def _context_call(
     call: AttentionCall, choice: ir.KernelChoice, context: ir.ContextPolicy
 ) -> tuple[str, tuple[str, ...]]:
-    """The code of one context-parallel call and the helpers it calls: the ring, or the
-    all-gather around the chosen kernel (jax.nn.dot_product_attention by default; written out
-    with a soft cap or a different v_head_dim; the vjp kernel)."""
+    """The code of one context-parallel call and the helpers it calls (_context_helpers)."""
     operands = f"{call.q}, {call.k}, {call.v}" + "".join(
         f", {name}={code}"
         for name, code in (
@@ -269,36 +267,45 @@ def _context_call(
         for name in ("window", "scale")
         if getattr(call, name) is not None
     )
+    helpers = _context_helpers(call.softcap is not None, call.written_out, choice, context)
+    local = helpers[-1]  # the per-shard attention: the ring, or the all-gather around `attend`
+    if local == "einsum_attention":
+        softcap = f", softcap={call.softcap}" if call.softcap is not None else ""
+        settings += f", attend=functools.partial(einsum_attention, causal=False{softcap})"
+    elif local == "vjp_attention":
+        settings += ", attend=functools.partial(vjp_attention, causal=False)"
+    strategy = (
+        "context_attention_ring"
+        if local == "context_attention_ring"
+        else ("context_attention_all_gather")
+    )
+    return f"context_parallel(functools.partial({strategy}, {settings}), {operands})", helpers
+
+
+def _context_helpers(
+    softcap: bool, written_out: bool, choice: ir.KernelChoice, context: ir.ContextPolicy
+) -> tuple[str, ...]:
+    """The helpers a context-parallel call runs, the innermost last: the ring; or the all-gather
+    around the chosen kernel (jax.nn.dot_product_attention by default, which is no helper;
+    einsum_attention for a soft cap or a different v_head_dim; the vjp kernel)."""
     helpers: tuple[str, ...] = ("context_parallel",)
     helpers += (CONTEXT_ORDER_HELPER.name,) if context.balance else ()
     if context.strategy is ir.ContextStrategy.RING:
-        local = f"functools.partial(context_attention_ring, {settings})"
-        return f"context_parallel({local}, {operands})", (*helpers, "context_attention_ring")
+        return (*helpers, "context_attention_ring")
     helpers += ("context_attention_all_gather",)
-    if call.softcap is not None or call.written_out:
-        softcap = f", softcap={call.softcap}" if call.softcap is not None else ""
-        settings += f", attend=functools.partial(einsum_attention, causal=False{softcap})"
-        helpers += ("einsum_attention",)
-    elif choice.kernel is ir.Kernel.VJP:
-        settings += ", attend=functools.partial(vjp_attention, causal=False)"
-        helpers += ("vjp_attention",)
-    local = f"functools.partial(context_attention_all_gather, {settings})"
-    return f"context_parallel({local}, {operands})", helpers
+    if softcap or written_out:
+        return (*helpers, "einsum_attention")
+    if choice.kernel is ir.Kernel.VJP:
+        return (*helpers, "vjp_attention")
+    return helpers
 
 
 def _context_needs(prim: ir.Prim, schedule: ir.Schedule) -> tuple[str, ...]:
-    """The helpers of a context-parallel call (what _context_local prints)."""
+    """The helpers of a context-parallel call (what _context_call prints)."""
     k_dims, v_dims = ir.tensor_type(prim.args[1]).dims, ir.tensor_type(prim.args[2]).dims
-    call = AttentionCall(
-        "q",
-        "k",
-        "v",
-        "causal",
-        softcap="softcap" if _set(prim.attr("softcap")) else None,
-        written_out=not v_dims[3].same(k_dims[3]),
-    )
     choice = prim.kernel or ir.KernelChoice(KERNELS[0])
-    return _context_call(call, choice, schedule.context.value)[1]
+    written_out = not v_dims[3].same(k_dims[3])
+    return _context_helpers(_set(prim.attr("softcap")), written_out, choice, schedule.context.value)
 
 
 def _needs(prim: ir.Prim, schedule: ir.Schedule | None, decoding: bool) -> tuple[str, ...]:
