@@ -274,11 +274,8 @@ def _context_call(
         settings += f", attend=functools.partial(einsum_attention, causal=False{softcap})"
     elif local == "vjp_attention":
         settings += ", attend=functools.partial(vjp_attention, causal=False)"
-    strategy = (
-        "context_attention_ring"
-        if local == "context_attention_ring"
-        else ("context_attention_all_gather")
-    )
+    ring = context.strategy is ir.ContextStrategy.RING
+    strategy = "context_attention_ring" if ring else "context_attention_all_gather"
     return f"context_parallel(functools.partial({strategy}, {settings}), {operands})", helpers
 
 
