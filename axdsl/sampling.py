@@ -475,9 +475,13 @@ def _jit_logits_at(model, cfg):
     """jit(params, tokens [S], pos) -> float32 logits [vocab] at position `pos`."""
     import jax
 
+    from axdsl.runtime.evals import token_forward
+
+    forward = token_forward(model.forward)
+
     @jax.jit
     def logits_at(params, tokens, pos):
-        return model.forward(cfg, params, tokens[None])[0, pos].astype(jax.numpy.float32)
+        return forward(cfg, params, tokens[None])[0, pos].astype(jax.numpy.float32)
 
     return logits_at
 

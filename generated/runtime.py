@@ -17,6 +17,7 @@ import dataclasses
 import enum
 import fnmatch
 import hashlib
+import inspect
 import io
 import json
 import math
@@ -1173,15 +1174,17 @@ def keys_of(obj: dict) -> str:
 
 # ----------------------------------------------------------- chat data (axdsl/runtime/chat_data.py)
 # data = chat("conversations.jsonl", tokenizer = DIR, train_on = ...): every conversation is
-# encoded (encode_chat) and put in a row of its own of seq + 1 tokens (the model's forward takes
-# no segment ids, so a row holds one conversation: attention and positions stay inside it),
-# padded with id 0 and loss mask 0. A longer conversation is cut; the cuts are counted.
+# encoded (encode_chat) and put in rows of seq + 1 tokens, padded with id 0 and loss mask 0. A
+# model that reads segment ids (DecoderLM's `packed = true`) gets as many conversations to a row
+# as fit, in order, numbered 1, 2, ... in `segments`: attention and positions stay inside each.
+# Otherwise a row holds one conversation. A longer conversation is cut; the cuts are counted.
 
 
-def load_chat(cfg, tc, spec: str, from_flag: bool, run_dir: Path | None = None):
+def load_chat(cfg, tc, spec: str, from_flag: bool, run_dir: Path | None = None, batch=()):
     """(train rows, eval rows, figures) of chat data, checked before the first step. Rows are
     {"tokens": [N, seq + 1], "loss_mask": [N, seq + 1]} (int32; the mask is 1 on the tokens the
-    loss is taken on, read at the label positions 1..seq); figures say how many conversations,
+    loss is taken on, read at the label positions 1..seq), and "segments" [N, seq + 1] when the
+    `batch` fields hold them (the model reads segment ids); figures say how many conversations,
     rows, tokens and loss tokens there are and how many conversations were cut (run.json). The
     run keeps RUN_DIR/tokenizer.json, which `axdsl sample` decodes with."""
     path, (tokenizer, template, special) = chat_path(tc, spec, from_flag), chat_tokenizer(tc, spec)
@@ -1192,14 +1195,20 @@ def load_chat(cfg, tc, spec: str, from_flag: bool, run_dir: Path | None = None):
     check_vocab([ids for ids, _ in encoded], cfg, path)
     width = tc.seq + 1  # a row is seq inputs and, shifted by one, seq labels
     fields = {"tokens": [ids for ids, _ in encoded], "loss_mask": [mask for _, mask in encoded]}
-    rows = pack_examples([(fields, "segments")], width, packed=False)
-    del rows["segments"]  # one conversation to a row: the model reads no segment ids
+    packed = "segments" in batch
+    rows = pack_examples([(fields, "segments")], width, packed=packed)
+    if packed:  # a conversation's first token is no label: its input is another conversation's
+        starts = rows["segments"] != np.pad(rows["segments"], ((0, 0), (1, 0)))[:, :-1]
+        rows["loss_mask"] = np.where(starts, 0, rows["loss_mask"]).astype(np.int32)
+    else:
+        del rows["segments"]  # one conversation to a row: the model reads no segment ids
     figures = chat_figures(encoded, rows, width)
     if is_lead():
         print(
             f"chat data: {figures['conversations']} conversations, {figures['loss_tokens']} of "
             f"{figures['tokens']} tokens trained on (train_on {tc.train_on}); "
-            f"{figures['cut']} longer than seq + 1 = {width} tokens were cut",
+            f"{figures['cut']} longer than seq + 1 = {width} tokens were cut; "
+            f"{figures['rows']} rows" + (", several conversations to a row" if packed else ""),
             file=sys.stderr,
         )
     keep_tokenizer(tokenizer_folder(tc.tokenizer, spec) / "tokenizer.json", run_dir)
@@ -1663,7 +1672,7 @@ class Scorer:
         """jit(params, inputs [B, L], targets [B, L]) -> (log p(target) [B, L], is argmax [B, L]),
         compiled once per shape."""
         if self._jitted is None:
-            forward, cfg = self.forward, self.cfg
+            forward, cfg = token_forward(self.forward), self.cfg
 
             @jax.jit
             def scores(params, inputs, targets):
@@ -1674,6 +1683,14 @@ class Scorer:
 
             self._jitted = scores
         return self._jitted
+
+
+def token_forward(forward: Callable) -> Callable:
+    """A next-token model's forward as (cfg, params, tokens [B, S]) -> logits: a packed model's
+    (it also reads segment ids) sees each row as one sequence, segments all 1."""
+    if "segments" not in inspect.signature(forward).parameters:
+        return forward
+    return lambda cfg, params, tokens: forward(cfg, params, tokens, jnp.ones_like(tokens))
 
 
 def bucket(length: int, window: int) -> int:

@@ -25,7 +25,7 @@ from axdsl.codegen.pyexpr import py, py_value
 from axdsl.errors import CompileError, Diagnostic, InternalError, filled
 from axdsl.ir import nodes as ir
 from axdsl.ir.expr import reads_config
-from axdsl.ir.head import has_lm_signature
+from axdsl.ir.head import has_lm_signature, takes_segments
 from axdsl.ir.nodes import ConfigFields, DType, HeadSplit
 from axdsl.ir.printer import fit_lines, value_text
 from axdsl.objectives import fits, objective_args, objective_name
@@ -215,6 +215,7 @@ def emit_model(module: ir.Module) -> ModelSource:
         loss=loss,
         loss_chunk=split.chunk if split is not None else 0,
         loss_mask=_reads_loss_mask(module),  # chat data: loss_fn takes its batches' mask
+        segments=takes_segments(root),  # packed rows: the forward and loss_fn take segment ids
         head=head,
         decode=decode,
         no_decode=plan.problem if plan is not None else None,

@@ -18,6 +18,7 @@ from axdsl.codegen.emit import render_template
 from axdsl.codegen.names import py_str, spec_text
 from axdsl.errors import filled
 from axdsl.ir import nodes as ir
+from axdsl.ir.head import takes_segments
 from axdsl.ir.rewrite import tree_has
 from axdsl.objectives import (
     DATA_SOURCES,
@@ -75,6 +76,7 @@ def emit_train(module: ir.Module, package: str, flops: list[TrainingFlops]) -> s
         dropout=uses_dropout(module.models[0].root),
         lm=objective.token_rows,
         chat=is_chat(module),  # batches of tokens and loss_mask; loss_fn takes the mask
+        segments=takes_segments(module.models[0].root),  # packed chat rows: and segment ids
         objective=str(objective.kind),
         inputs=repr(inputs(module.models[0].root)),
         batches=str(batches.kind),

@@ -15,6 +15,16 @@ from axdsl.ir import nodes as ir
 
 
 def has_lm_signature(root: ir.Instance) -> bool:
-    """tokens [B, S] -> logits [B, S, vocab]: the next-token objective's model."""
+    """tokens [B, S] -> logits [B, S, vocab], or (tokens, segments [B, S]) for packed rows: the
+    next-token objective's model."""
     f = root.fwd
-    return len(f.args) == 1 and len(f.args[0].dims) == 2 and len(f.result) == 3
+    if len(f.result) != 3 or not f.args or len(f.args[0].dims) != 2:
+        return False
+    return len(f.args) == 1 or (len(f.args) == 2 and takes_segments(root))
+
+
+def takes_segments(root: ir.Instance) -> bool:
+    """Whether the root reads `segments` [B, S] after its tokens: its rows are packed with
+    several sequences (a DecoderLM with `packed = true`)."""
+    f = root.fwd
+    return len(f.args) == 2 and f.args[1].name == "segments" and len(f.args[1].dims) == 2

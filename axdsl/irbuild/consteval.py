@@ -140,6 +140,13 @@ class Evaluator:
     def _EllipsisDim(self, e: ast.EllipsisDim, lookup, visible) -> HValue:
         self.fail(e.span, "`...` is only allowed in a forward's tensor shapes")
 
+    def _When(self, e: ast.When, lookup, visible) -> HValue:
+        self.fail(
+            e.span,
+            "`value if condition` is only allowed as an argument of a call in a forward",
+            "set the value with a conditional hyperparameter default, or in an `if` block",
+        )
+
     def _Attr(self, e: ast.Attr, lookup, visible) -> HValue:
         self.fail(e.span, "`.` is only allowed in a forward, to read a child's parameter")
 

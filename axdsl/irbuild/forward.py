@@ -50,6 +50,7 @@ class _Lowering:
         self.locals: set[str] = set()
         self.poisoned: set[str] = set()  # locals whose assignment failed: uses are not errors again
         self.free: set[str] = set()
+        self.off_inputs: dict[str, ast.Expr] = {}  # inputs whose `if` is false: its condition
         self.failed = False
         self._reading: dict = {}  # span -> the names the expression there reads (see `fail`)
 
@@ -107,9 +108,12 @@ class _Lowering:
         fwd = self.layer.forward
         args = []
         for a in fwd.args:
-            if a.name in self.locals:
+            if a.name in self.locals or a.name in self.off_inputs:
                 self.fail(a.span, f"argument `{a.name}` is declared twice")
             self._check_new_name(a.name, a.span)
+            if a.condition is not None and not self.condition(a.condition):
+                self.off_inputs[a.name] = a.condition
+                continue
             args.append(ir.Arg(a.name, self.shape(a.shape, bind_free=True), a.span))
             self.locals.add(a.name)
         result = self.shape(fwd.result, bind_free=False)
@@ -218,6 +222,13 @@ class _Lowering:
             self.fail(e.span, f"child `{n}` must be called", f"write `{n}(x)`")
         if n in self.poisoned:
             raise _Abort()  # its assignment already failed with an error
+        if n in self.off_inputs:
+            cond = self.ctx.source_text(self.off_inputs[n])
+            self.fail(
+                e.span,
+                f"input `{n}` does not exist for these hyperparameters (its `if` is false)",
+                f"use it under the same condition: `if {cond} {{ ... }}` or `{n} if {cond}`",
+            )
         if n in self.declared_params:
             self._missing_member(e.span, "parameter", n, self.layer.params)
         if n in self.declared_children:
@@ -252,13 +263,21 @@ class _Lowering:
         if fname in self.children:
             if e.kwargs:
                 self.fail(e.kwargs[0].span, "children take tensors as positional arguments")
-            return ir.CallChild(fname, tuple(self.expr(a) for a in e.args), e.span)
+            given = [v for v in (self.given(a) for a in e.args) if v is not None]
+            return ir.CallChild(fname, tuple(self.expr(a) for a in given), e.span)
         if fname in primitives.REGISTRY and not primitives.get(fname).internal:
             return self.primitive(e, primitives.get(fname))
         if fname in self.declared_children:
             self._missing_member(e.func.span, "child", fname, self.layer.children)
         candidates = sorted(set(self.children) | set(primitives.callable_names()))
         self.fail(e.func.span, f"unknown function `{fname}`", did_you_mean(fname, candidates))
+
+    def given(self, e: ast.Expr) -> ast.Expr | None:
+        """An argument as passed: `value if cond` is the value when the static condition holds,
+        else nothing (None)."""
+        if not isinstance(e, ast.When):
+            return e
+        return e.value if self.condition(e.condition) else None
 
     def scan(self, e: ast.Call) -> ir.CallChild:
         """`scan(cell, x, over = S, init = h0)`: the child `cell` over the steps of dim S."""
@@ -378,6 +397,13 @@ class _Lowering:
         if prim.lower is not None:
             return prim.lower(self, call)
         sig, name = prim.signature, prim.name
+        for a in call.args:
+            if isinstance(a, ast.When):
+                self.fail(
+                    a.span,
+                    f"a positional argument of `{name}` cannot be conditional",
+                    "make it a keyword, `name = value if cond`, or use an `if` block",
+                )
         if len(call.args) > len(sig.tensors) + len(sig.statics):
             self.fail(
                 call.span,
@@ -430,6 +456,10 @@ class _Lowering:
         sig, optional = prim.signature, {}
         statics = [s.name for s in sig.statics]
         for kw in call.kwargs:
+            value = self.given(kw.value)
+            if value is None:
+                continue  # `name = value if cond` with a false condition: not given
+            kw = ast.Kwarg(kw.name, value, kw.span)
             if kw.name in sig.optional_tensors:
                 optional[kw.name] = self.expr(kw.value)
             elif kw.name in statics:

@@ -32,6 +32,7 @@ from typing import Any
 
 from axdsl.errors import Diagnostics, Span, did_you_mean, relocated
 from axdsl.ir import nodes as ir
+from axdsl.ir.head import has_lm_signature
 from axdsl.ir.rewrite import prims_of
 from axdsl.ir.printer import value_text
 from axdsl.objectives import losses
@@ -340,7 +341,7 @@ def _mismatch(root: ir.Instance, shape: Objective) -> str | None:
         return "it has no forward"
     names = inputs(root)
     if shape.lm:
-        ok = len(f.args) == 1 and len(f.args[0].dims) == 2 and len(f.result) == 3
+        ok = has_lm_signature(root)
         return None if ok else "its forward is not tokens [B, S] -> logits [B, S, vocab]"
     if shape.spec_loss:  # its inputs are checked against the data's fields (_loss_fields)
         if any(d.size != 1 for d in f.result):

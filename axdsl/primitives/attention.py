@@ -371,13 +371,15 @@ def _context_check(prim: ir.Prim, context: ir.ContextPolicy) -> str | None:
 
 
 def _decode_check(prim: ir.Prim) -> str | None:
-    """Why this call cannot run over a KV cache: the cache holds causal self-attention's keys."""
+    """Why this call cannot run over a KV cache: the cache holds causal self-attention's keys.
+    Segment ids are no obstacle: a decoded row holds one sequence (its prompt and what follows),
+    so every cached key is of its segment."""
     q, k = ir.tensor_type(prim.args[0]).dims, ir.tensor_type(prim.args[1]).dims
     if not q[1].same(k[1]):
         return "cross-attention (its keys are not the decoded tokens)"
     if not prim.attr("causal").value:
         return "non-causal attention (a token would see later tokens)"
-    for name in ("bias", "mask", "segment_ids"):
+    for name in ("bias", "mask"):
         if prim.operand(name) is not None:
             return f"attention with an explicit {name.replace('_', ' ')}"
     return None

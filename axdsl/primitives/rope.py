@@ -83,6 +83,16 @@ def _rope_shape(ctx, prim, args):
             "interleaved rotation pairs (x0, x1), (x2, x3), ...; the half-split layout takes an "
             "odd rotary dim (it rotates one feature more, as transformers does)",
         )
+    positions = args[1] if prim.optional else None
+    if positions is not None:
+        pdims = positions.type.dims
+        if len(pdims) != 2 or not pdims[0].same(dims[0]) or not pdims[1].same(dims[1]):
+            ctx.fail(
+                getattr(positions, "span", None) or prim.span,
+                f"`rope` positions must be [B, S] like x's batch and sequence "
+                f"{ir_fmt(dims[:2])}, got {ir_fmt(pdims)}",
+                "one position per token: a packed row's `segment_positions(segments)`",
+            )
     return dims
 
 
@@ -152,7 +162,8 @@ def _non_default(ctx, prim, defaults: dict) -> str:
 def _needs(prim: ir.Prim, schedule: ir.Schedule | None, decoding: bool) -> tuple[str, ...]:
     """`apply_rope` for the plain rotation, else `apply_rotary` with its frequencies."""
     head_dim = ir.tensor_type(prim.args[0]).dims[-1].size
-    order = (CONTEXT_ORDER_HELPER.name,) if _balanced(schedule, decoding) else ()
+    balanced = _balanced(schedule, decoding) and not prim.optional
+    order = (CONTEXT_ORDER_HELPER.name,) if balanced else ()
     if head_dim is not None and _is_plain(prim, head_dim):  # sized: infer_shapes checks it
         return ("apply_rope", "rotation_tables", *order)
     scaling = prim.attr("scaling").value
@@ -167,7 +178,7 @@ def _emit(ctx, prim, args: list[str], precs: list[int]) -> str:
     if _is_plain(prim, head_dim):
         ctx.use_helper("apply_rope")
         ctx.use_helper("rotation_tables")
-        return f"apply_rope({args[0]}, theta={theta}{_offset(ctx, args[0])})"
+        return f"apply_rope({args[0]}, theta={theta}{_offset(ctx, prim, args)})"
     ctx.use_helper("apply_rotary")
     ctx.use_helper("rotation_tables")
     ctx.use_helper("rope_frequencies")
@@ -217,13 +228,17 @@ def _emit(ctx, prim, args: list[str], precs: list[int]) -> str:
             extra.append(f"scale=yarn_attention_factor({', '.join([a['factor'], *ms])})")
     if prim.attr("interleaved").value:
         extra.insert(0, "interleaved=True")
-    return f"apply_rotary({', '.join([args[0], freqs, *extra])}{_offset(ctx, args[0])})"
+    return f"apply_rotary({', '.join([args[0], freqs, *extra])}{_offset(ctx, prim, args)})"
 
 
-def _offset(ctx, x: str) -> str:
+def _offset(ctx, prim: ir.Prim, args: list[str]) -> str:
     """`, offset=pos` in a layer the decode path runs, whose tokens start at cache position `pos`
     (0 in the forward: the default offset, so training traces the same); in a forward that runs
-    the sequence in zig-zag order (plan_context's balance), the positions of that order."""
+    the sequence in zig-zag order (plan_context's balance), the positions of that order. Given
+    `positions` (a packed row's; in the decode path pos, pos + 1, ...), it reads them."""
+    x = args[0]
+    if prim.optional:
+        return f", positions={args[1]}"
     if ctx.balanced:
         ctx.use_helper(CONTEXT_ORDER_HELPER.name)
         x = x if x.isidentifier() else f"({x})"
@@ -269,9 +284,10 @@ PRIMITIVES = (
                 Static("mscale", StaticKind.FLOAT, 1.0),
                 Static("mscale_all_dim", StaticKind.FLOAT, 0.0),
             ),
+            optional_tensors=("positions",),
             doc=(
                 "rotary embedding on [B, S, H, D]: partial, interleaved, "
-                "linear/llama3/yarn scaling"
+                "linear/llama3/yarn scaling; `positions` [B, S] (a packed row's) or 0, 1, ..."
             ),
         ),
         emit=_emit,

@@ -155,7 +155,11 @@ def _segment_positions_shape(ctx, prim, args):
 
 
 def _emit_segment_positions(ctx, prim, args, precs) -> str:
+    """In the decode path a row is one sequence whose new tokens start at the cache position:
+    their positions are pos, pos + 1, ... (a packed row's restart at each segment)."""
     ctx.use_helper("segment_positions")
+    if ctx.decoding or ctx.takes_pos:  # pos is 0 in the forward: one statement serves both
+        return f"({ctx.decode_pos} + segment_positions({args[0]}))"
     return f"segment_positions({args[0]})"
 
 
@@ -205,6 +209,6 @@ PRIMITIVES = (
         memory=_iota_memory_of_ids,
         helpers=(Helper("segment_positions", SEGMENT_POSITIONS),),
         needs=always("segment_positions"),
-        decoding=Decoding.SEQUENCE,
+        decoding=Decoding.POSITIONS,
     ),
 )

@@ -12,6 +12,7 @@ positions are never read.
 Copied (without this docstring and the imports) into the generated runtime.py by
 axdsl/codegen/runtime_source.py; it must import nothing of axdsl but its sibling modules here."""
 
+import inspect
 import math
 import sys
 from collections.abc import Callable
@@ -79,7 +80,7 @@ class Scorer:
         """jit(params, inputs [B, L], targets [B, L]) -> (log p(target) [B, L], is argmax [B, L]),
         compiled once per shape."""
         if self._jitted is None:
-            forward, cfg = self.forward, self.cfg
+            forward, cfg = token_forward(self.forward), self.cfg
 
             @jax.jit
             def scores(params, inputs, targets):
@@ -90,6 +91,14 @@ class Scorer:
 
             self._jitted = scores
         return self._jitted
+
+
+def token_forward(forward: Callable) -> Callable:
+    """A next-token model's forward as (cfg, params, tokens [B, S]) -> logits: a packed model's
+    (it also reads segment ids) sees each row as one sequence, segments all 1."""
+    if "segments" not in inspect.signature(forward).parameters:
+        return forward
+    return lambda cfg, params, tokens: forward(cfg, params, tokens, jnp.ones_like(tokens))
 
 
 def bucket(length: int, window: int) -> int:

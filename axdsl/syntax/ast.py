@@ -101,6 +101,8 @@ def names_in(e: Expr) -> list[str]:
             return [n for a in (*e.args, *(k.value for k in e.kwargs)) for n in names_in(a)]
         case Attr():
             return names_in(e.obj)
+        case When():
+            return names_in(e.value) + names_in(e.condition)
     return []
 
 
@@ -111,7 +113,18 @@ class EllipsisDim:
     span: Span
 
 
-Expr = Num | Str | Bool | Name | ListExpr | BinOp | Unary | Call | Attr | EllipsisDim
+@dataclass(frozen=True)
+class When:
+    """`value if condition` as an argument of a call in a forward: the argument is passed only when
+    the static condition holds (`attn(x, segments if packed)`, `segment_ids = segments if packed`),
+    as `param ... if` and `child ... if` declare members only when theirs does."""
+
+    value: Expr
+    condition: Expr
+    span: Span
+
+
+Expr = Num | Str | Bool | Name | ListExpr | BinOp | Unary | Call | Attr | EllipsisDim | When
 
 
 # ------------------------------------------------------------------ layers
@@ -216,9 +229,13 @@ class ChildDecl:
 
 @dataclass(frozen=True)
 class TensorArg:
+    """`name: [dims]` of a forward, or `name: [dims] if cond`: an input the layer takes only when
+    the static condition holds (a packed decoder's `segments`)."""
+
     name: str
     shape: tuple[Expr, ...]
     span: Span
+    condition: Expr | None = None
 
 
 @dataclass(frozen=True)

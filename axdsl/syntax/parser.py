@@ -363,7 +363,7 @@ class _ToAst(Transformer):
         return ast.ForwardDecl(tensor_args, shapes[0], self.s(meta), stmts, self.s(meta))
 
     def tensor_arg(self, meta, children):
-        return ast.TensorArg(str(children[0]), children[1], self.s(children[0]))
+        return ast.TensorArg(str(children[0]), children[1], self.s(children[0]), children[2])
 
     def assign_stmt(self, meta, children):
         name, value, point = children
@@ -453,10 +453,14 @@ class _ToAst(Transformer):
         return ast.Attr(children[0], str(children[1]), self.s(meta))
 
     def arg(self, meta, children):
-        return children[0]
+        value, condition = children
+        return value if condition is None else ast.When(value, condition, self.s(meta))
 
     def kwarg(self, meta, children):
-        return ast.Kwarg(str(children[0]), children[1], self.s(children[0]))
+        name, value, condition = children
+        if condition is not None:
+            value = ast.When(value, condition, self.s(meta))
+        return ast.Kwarg(str(name), value, self.s(name))
 
     def number(self, meta, children):
         text, span = str(children[0]), self.s(children[0])

@@ -15,6 +15,7 @@ Fixed when this file was built (change the spec and rebuild):
     norm = RMSNorm(eps = 1e-06)
     block = Block(attn = MLAttention(q_rank = 1536, kv_rank = 512, nope_dim = 128, rope_dim = 64, v_head_dim = 128, rope_scaling = "yarn", rope_factor = 40.0, rope_original_max_seq = 4096, rope_mscale = 1.0, rope_mscale_all_dim = 1.0), mlp = DeepSeekMoE(hidden = 2048, experts = 256, top_k = 8, groups = 8, top_groups = 4, scale = 2.5, shared = 1, capacity_factor = 0.0, balance_rate = 0.001))
     dense_block = Block(attn = MLAttention(q_rank = 1536, kv_rank = 512, nope_dim = 128, rope_dim = 64, v_head_dim = 128, rope_scaling = "yarn", rope_factor = 40.0, rope_original_max_seq = 4096, rope_mscale = 1.0, rope_mscale_all_dim = 1.0), mlp = SwiGLU(hidden = 18432))
+    packed = false
     dense_blocks/attn.causal = true
     dense_blocks/attn.rope_interleaved = true
     dense_blocks/attn.rope_scaling = "yarn"
@@ -174,7 +175,7 @@ def swiglu(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
 def block(
     cfg: Config, params: dict, x: jax.Array, cache: dict | None = None, pos: jax.Array | int = 0
 ) -> jax.Array | tuple[jax.Array, dict]:
-    """Block (std/transformer.axl:66): x: [B, S, dim] -> [B, S, dim].
+    """Block (std/transformer.axl:70): x: [B, S, dim] -> [B, S, dim].
 
     Used at /dense_blocks.
     With `cache` (decoding), x holds new tokens at positions pos, pos + 1, ...:
@@ -253,7 +254,7 @@ def deep_seek_moe(cfg: Config, params: dict, x: jax.Array) -> tuple[jax.Array, j
 def block_2(
     cfg: Config, params: dict, x: jax.Array, cache: dict | None = None, pos: jax.Array | int = 0
 ) -> tuple[jax.Array, jax.Array] | tuple[jax.Array, dict]:
-    """Block (std/transformer.axl:66): x: [B, S, dim] -> ([B, S, dim], auxiliary loss []).
+    """Block (std/transformer.axl:70): x: [B, S, dim] -> ([B, S, dim], auxiliary loss []).
 
     Used at /blocks.
     With `cache` (decoding), x holds new tokens at positions pos, pos + 1, ...:
@@ -287,7 +288,7 @@ def decoder_lm_hidden(
     cache: dict | None = None,
     pos: jax.Array | int = 0,
 ) -> tuple[jax.Array, jax.Array] | tuple[jax.Array, dict]:
-    """DecoderLM (std/transformer.axl:112) up to its output head: tokens: [B, S] -> [B, S, dim], auxiliary loss [].
+    """DecoderLM (std/transformer.axl:118) up to its output head: tokens: [B, S] -> [B, S, dim], auxiliary loss [].
 
     `loss_fn` applies the head itself, a chunk of positions at a time.
     With `cache` (decoding), tokens holds new tokens at positions pos, pos + 1, ...:
@@ -365,7 +366,7 @@ def decoder_lm_hidden(
 
 
 def decoder_lm_head(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
-    """The output head of DecoderLM (std/transformer.axl:112): x: [B, S, dim] -> [B, S, vocab].
+    """The output head of DecoderLM (std/transformer.axl:118): x: [B, S, dim] -> [B, S, vocab].
 
     Position-wise: each position's logits read only its own x.
     """
@@ -376,7 +377,7 @@ def decoder_lm_head(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
 
 
 def decoder_lm(cfg: Config, params: dict, tokens: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """DecoderLM (std/transformer.axl:112): tokens: [B, S] -> ([B, S, vocab], auxiliary loss []).
+    """DecoderLM (std/transformer.axl:118): tokens: [B, S] -> ([B, S, vocab], auxiliary loss []).
 
     Used at /.
     """

@@ -15,6 +15,7 @@ Fixed when this file was built (change the spec and rebuild):
     norm = GemmaRMSNorm(eps = 1e-06)
     block = [Block(post_norms = true, mlp = GatedMLP(hidden = 9216, act = "gelu_tanh"), attn = Attention(head_dim = 256, scale = 0.0625, softcap = 50.0, window = 4096)), Block(post_norms = true, mlp = GatedMLP(hidden = 9216, act = "gelu_tanh"), attn = Attention(head_dim = 256, scale = 0.0625, softcap = 50.0))]
     dense_block = Block()
+    packed = false
     blocks/0.post_norms = true
     blocks/0/attn.causal = true
     blocks/0/attn.rope = true
@@ -99,7 +100,7 @@ def gemma_rms_norm(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
 def attention(
     cfg: Config, params: dict, x: jax.Array, cache: dict | None = None, pos: jax.Array | int = 0
 ) -> jax.Array | tuple[jax.Array, dict]:
-    """Attention (std/transformer.axl:11): x: [B, S, dim] -> [B, S, dim].
+    """Attention (std/transformer.axl:13): x: [B, S, dim] -> [B, S, dim].
 
     Used at /blocks/0/attn.
     With `cache` (decoding), x holds new tokens at positions pos, pos + 1, ...:
@@ -158,7 +159,7 @@ def gated_mlp(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
 def block(
     cfg: Config, params: dict, x: jax.Array, cache: dict | None = None, pos: jax.Array | int = 0
 ) -> jax.Array | tuple[jax.Array, dict]:
-    """Block (std/transformer.axl:66): x: [B, S, dim] -> [B, S, dim].
+    """Block (std/transformer.axl:70): x: [B, S, dim] -> [B, S, dim].
 
     Used at /blocks/0.
     With `cache` (decoding), x holds new tokens at positions pos, pos + 1, ...:
@@ -189,7 +190,7 @@ def block(
 def attention_2(
     cfg: Config, params: dict, x: jax.Array, cache: dict | None = None, pos: jax.Array | int = 0
 ) -> jax.Array | tuple[jax.Array, dict]:
-    """Attention (std/transformer.axl:11): x: [B, S, dim] -> [B, S, dim].
+    """Attention (std/transformer.axl:13): x: [B, S, dim] -> [B, S, dim].
 
     Used at /blocks/1/attn.
     With `cache` (decoding), x holds new tokens at positions pos, pos + 1, ...:
@@ -232,7 +233,7 @@ def attention_2(
 def block_2(
     cfg: Config, params: dict, x: jax.Array, cache: dict | None = None, pos: jax.Array | int = 0
 ) -> jax.Array | tuple[jax.Array, dict]:
-    """Block (std/transformer.axl:66): x: [B, S, dim] -> [B, S, dim].
+    """Block (std/transformer.axl:70): x: [B, S, dim] -> [B, S, dim].
 
     Used at /blocks/1.
     With `cache` (decoding), x holds new tokens at positions pos, pos + 1, ...:
@@ -290,7 +291,7 @@ def decoder_lm_hidden(
     cache: dict | None = None,
     pos: jax.Array | int = 0,
 ) -> jax.Array | tuple[jax.Array, dict]:
-    """DecoderLM (std/transformer.axl:112) up to its output head: tokens: [B, S] -> [B, S, dim].
+    """DecoderLM (std/transformer.axl:118) up to its output head: tokens: [B, S] -> [B, S, dim].
 
     `loss_fn` applies the head itself, a chunk of positions at a time.
     With `cache` (decoding), tokens holds new tokens at positions pos, pos + 1, ...:
@@ -339,7 +340,7 @@ def decoder_lm_hidden(
 
 
 def decoder_lm_head(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
-    """The output head of DecoderLM (std/transformer.axl:112): x: [B, S, dim] -> [B, S, vocab].
+    """The output head of DecoderLM (std/transformer.axl:118): x: [B, S, dim] -> [B, S, vocab].
 
     Position-wise: each position's logits read only its own x.
     """
@@ -352,7 +353,7 @@ def decoder_lm_head(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
 
 
 def decoder_lm(cfg: Config, params: dict, tokens: jax.Array) -> jax.Array:
-    """DecoderLM (std/transformer.axl:112): tokens: [B, S] -> [B, S, vocab].
+    """DecoderLM (std/transformer.axl:118): tokens: [B, S] -> [B, S, vocab].
 
     Used at /.
     """

@@ -15,6 +15,7 @@ Fixed when this file was built (change the spec and rebuild):
     norm = GemmaRMSNorm(eps = 1e-06)
     block = [Block(post_norms = true, mlp = GatedMLP(hidden = 6912, act = "gelu_tanh"), attn = Attention(head_dim = 256, scale = 0.0625, qk_norm = true, window = 512, rope_theta = 10000.0)), Block(post_norms = true, mlp = GatedMLP(hidden = 6912, act = "gelu_tanh"), attn = Attention(head_dim = 256, scale = 0.0625, qk_norm = true, window = 512, rope_theta = 10000.0)), Block(post_norms = true, mlp = GatedMLP(hidden = 6912, act = "gelu_tanh"), attn = Attention(head_dim = 256, scale = 0.0625, qk_norm = true, window = 512, rope_theta = 10000.0)), Block(post_norms = true, mlp = GatedMLP(hidden = 6912, act = "gelu_tanh"), attn = Attention(head_dim = 256, scale = 0.0625, qk_norm = true, window = 512, rope_theta = 10000.0)), Block(post_norms = true, mlp = GatedMLP(hidden = 6912, act = "gelu_tanh"), attn = Attention(head_dim = 256, scale = 0.0625, qk_norm = true, window = 512, rope_theta = 10000.0)), Block(post_norms = true, mlp = GatedMLP(hidden = 6912, act = "gelu_tanh"), attn = Attention(head_dim = 256, scale = 0.0625, qk_norm = true, rope_theta = 1000000.0))]
     dense_block = Block()
+    packed = false
     blocks/groups/0.post_norms = true
     blocks/groups/0/attn.causal = true
     blocks/groups/0/attn.rope = true
@@ -121,7 +122,7 @@ def gemma_rms_norm(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
 def attention(
     cfg: Config, params: dict, x: jax.Array, cache: dict | None = None, pos: jax.Array | int = 0
 ) -> jax.Array | tuple[jax.Array, dict]:
-    """Attention (std/transformer.axl:11): x: [B, S, dim] -> [B, S, dim].
+    """Attention (std/transformer.axl:13): x: [B, S, dim] -> [B, S, dim].
 
     Used at /blocks/groups/0/attn, /blocks/groups/1/attn, /blocks/groups/2/attn, /blocks/groups/3/attn, /blocks/groups/4/attn, /blocks/tail/0/attn, /blocks/tail/1/attn.
     With `cache` (decoding), x holds new tokens at positions pos, pos + 1, ...:
@@ -172,7 +173,7 @@ def gated_mlp(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
 def block(
     cfg: Config, params: dict, x: jax.Array, cache: dict | None = None, pos: jax.Array | int = 0
 ) -> jax.Array | tuple[jax.Array, dict]:
-    """Block (std/transformer.axl:66): x: [B, S, dim] -> [B, S, dim].
+    """Block (std/transformer.axl:70): x: [B, S, dim] -> [B, S, dim].
 
     Used at /blocks/groups/0, /blocks/groups/1, /blocks/groups/2, /blocks/groups/3, /blocks/groups/4, /blocks/tail/0, /blocks/tail/1.
     With `cache` (decoding), x holds new tokens at positions pos, pos + 1, ...:
@@ -203,7 +204,7 @@ def block(
 def attention_2(
     cfg: Config, params: dict, x: jax.Array, cache: dict | None = None, pos: jax.Array | int = 0
 ) -> jax.Array | tuple[jax.Array, dict]:
-    """Attention (std/transformer.axl:11): x: [B, S, dim] -> [B, S, dim].
+    """Attention (std/transformer.axl:13): x: [B, S, dim] -> [B, S, dim].
 
     Used at /blocks/groups/5/attn.
     With `cache` (decoding), x holds new tokens at positions pos, pos + 1, ...:
@@ -242,7 +243,7 @@ def attention_2(
 def block_2(
     cfg: Config, params: dict, x: jax.Array, cache: dict | None = None, pos: jax.Array | int = 0
 ) -> jax.Array | tuple[jax.Array, dict]:
-    """Block (std/transformer.axl:66): x: [B, S, dim] -> [B, S, dim].
+    """Block (std/transformer.axl:70): x: [B, S, dim] -> [B, S, dim].
 
     Used at /blocks/groups/5.
     With `cache` (decoding), x holds new tokens at positions pos, pos + 1, ...:
@@ -394,7 +395,7 @@ def decoder_lm_hidden(
     cache: dict | None = None,
     pos: jax.Array | int = 0,
 ) -> jax.Array | tuple[jax.Array, dict]:
-    """DecoderLM (std/transformer.axl:112) up to its output head: tokens: [B, S] -> [B, S, dim].
+    """DecoderLM (std/transformer.axl:118) up to its output head: tokens: [B, S] -> [B, S, dim].
 
     `loss_fn` applies the head itself, a chunk of positions at a time.
     With `cache` (decoding), tokens holds new tokens at positions pos, pos + 1, ...:
@@ -423,7 +424,7 @@ def decoder_lm_hidden(
 
 
 def decoder_lm_head(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
-    """The output head of DecoderLM (std/transformer.axl:112): x: [B, S, dim] -> [B, S, vocab].
+    """The output head of DecoderLM (std/transformer.axl:118): x: [B, S, dim] -> [B, S, vocab].
 
     Position-wise: each position's logits read only its own x.
     """
@@ -434,7 +435,7 @@ def decoder_lm_head(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
 
 
 def decoder_lm(cfg: Config, params: dict, tokens: jax.Array) -> jax.Array:
-    """DecoderLM (std/transformer.axl:112): tokens: [B, S] -> [B, S, vocab].
+    """DecoderLM (std/transformer.axl:118): tokens: [B, S] -> [B, S, vocab].
 
     Used at /.
     """

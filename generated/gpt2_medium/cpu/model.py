@@ -15,6 +15,7 @@ Fixed when this file was built (change the spec and rebuild):
     norm = LayerNorm(eps = 1e-05)
     block = Block(attn = Attention(rope = false, bias = true), mlp = MLP(hidden = 4096, act = "gelu", bias = true))
     dense_block = Block()
+    packed = false
     blocks/attn_norm.bias = true
     blocks/attn.causal = true
     blocks/attn.rope = false
@@ -93,7 +94,7 @@ def layer_norm(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
 def attention(
     cfg: Config, params: dict, x: jax.Array, cache: dict | None = None, pos: jax.Array | int = 0
 ) -> jax.Array | tuple[jax.Array, dict]:
-    """Attention (std/transformer.axl:11): x: [B, S, dim] -> [B, S, dim].
+    """Attention (std/transformer.axl:13): x: [B, S, dim] -> [B, S, dim].
 
     Used at /blocks/attn.
     With `cache` (decoding), x holds new tokens at positions pos, pos + 1, ...:
@@ -144,7 +145,7 @@ def mlp(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
 def block(
     cfg: Config, params: dict, x: jax.Array, cache: dict | None = None, pos: jax.Array | int = 0
 ) -> jax.Array | tuple[jax.Array, dict]:
-    """Block (std/transformer.axl:66): x: [B, S, dim] -> [B, S, dim].
+    """Block (std/transformer.axl:70): x: [B, S, dim] -> [B, S, dim].
 
     Used at /blocks.
     With `cache` (decoding), x holds new tokens at positions pos, pos + 1, ...:
@@ -175,7 +176,7 @@ def decoder_lm_hidden(
     cache: dict | None = None,
     pos: jax.Array | int = 0,
 ) -> jax.Array | tuple[jax.Array, dict]:
-    """DecoderLM (std/transformer.axl:112) up to its output head: tokens: [B, S] -> [B, S, dim].
+    """DecoderLM (std/transformer.axl:118) up to its output head: tokens: [B, S] -> [B, S, dim].
 
     `loss_fn` applies the head itself, a chunk of positions at a time.
     With `cache` (decoding), tokens holds new tokens at positions pos, pos + 1, ...:
@@ -227,7 +228,7 @@ def decoder_lm_hidden(
 
 
 def decoder_lm_head(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
-    """The output head of DecoderLM (std/transformer.axl:112): x: [B, S, dim] -> [B, S, vocab].
+    """The output head of DecoderLM (std/transformer.axl:118): x: [B, S, dim] -> [B, S, vocab].
 
     Position-wise: each position's logits read only its own x.
     """
@@ -238,7 +239,7 @@ def decoder_lm_head(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
 
 
 def decoder_lm(cfg: Config, params: dict, tokens: jax.Array) -> jax.Array:
-    """DecoderLM (std/transformer.axl:112): tokens: [B, S] -> [B, S, vocab].
+    """DecoderLM (std/transformer.axl:118): tokens: [B, S] -> [B, S, vocab].
 
     Used at /.
     """

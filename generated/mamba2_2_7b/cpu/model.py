@@ -15,6 +15,7 @@ Fixed when this file was built (change the spec and rebuild):
     norm = RMSNorm(eps = 1e-05)
     block = MambaBlock()
     dense_block = Block()
+    packed = false
     blocks/mixer.conv_bias = true
     blocks/mixer/conv_x.bias = true
     blocks/mixer/conv_b.bias = true
@@ -152,7 +153,7 @@ def mamba_block(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
 
 
 def decoder_lm_hidden(cfg: Config, params: dict, tokens: jax.Array) -> jax.Array:
-    """DecoderLM (std/transformer.axl:112) up to its output head: tokens: [B, S] -> [B, S, dim].
+    """DecoderLM (std/transformer.axl:118) up to its output head: tokens: [B, S] -> [B, S, dim].
 
     `loss_fn` applies the head itself, a chunk of positions at a time.
     """
@@ -180,7 +181,7 @@ def decoder_lm_hidden(cfg: Config, params: dict, tokens: jax.Array) -> jax.Array
 
 
 def decoder_lm_head(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
-    """The output head of DecoderLM (std/transformer.axl:112): x: [B, S, dim] -> [B, S, vocab].
+    """The output head of DecoderLM (std/transformer.axl:118): x: [B, S, dim] -> [B, S, vocab].
 
     Position-wise: each position's logits read only its own x.
     """
@@ -191,7 +192,7 @@ def decoder_lm_head(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
 
 
 def decoder_lm(cfg: Config, params: dict, tokens: jax.Array) -> jax.Array:
-    """DecoderLM (std/transformer.axl:112): tokens: [B, S] -> [B, S, vocab].
+    """DecoderLM (std/transformer.axl:118): tokens: [B, S] -> [B, S, vocab].
 
     Used at /.
     """

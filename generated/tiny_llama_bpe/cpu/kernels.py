@@ -20,11 +20,11 @@ def apply_rope(
     x: jax.Array,
     theta: float,
     offset: int | jax.Array = 0,
-    positions: np.ndarray | None = None,
+    positions: np.ndarray | jax.Array | None = None,
 ) -> jax.Array:
     """Rotary position embedding on x [B, S, heads, head_dim] (Llama's half-split layout), its
     tokens at positions offset, offset + 1, ... (a decode step's offset is its cache position),
-    or at `positions` [S] (context parallelism's zig-zag order)."""
+    or at `positions`: [S] (context parallelism's zig-zag order) or [B, S] (a packed row's)."""
     half = x.shape[-1] // 2
     freqs = 1.0 / (theta ** (np.arange(half, dtype=np.float32) / half))  # [head_dim / 2]
     cos, sin = rotation_tables(freqs, x.shape[1], offset, positions=positions)  # [1, S, 1, half]
@@ -221,21 +221,25 @@ def rotation_tables(
     seq: int,
     offset: int | jax.Array = 0,
     scale: float = 1.0,
-    positions: np.ndarray | None = None,
+    positions: np.ndarray | jax.Array | None = None,
 ) -> tuple[np.ndarray | jax.Array, np.ndarray | jax.Array]:
     """cos and sin [1, S, 1, len(freqs)] of the angles of positions offset, ..., offset + S - 1
-    (or of `positions` [S], numpy, when given), times `scale`.
+    (or of `positions` when given: [S], numpy; or [B, S], a packed row's, giving [B, S, 1,
+    len(freqs)]), times `scale`.
 
     With a Python int offset (training, prefill) they are numpy constants, computed once when the
     step is traced: built from jax ops, they would be fused into the multiplies that read them,
     and XLA would compute cos and sin again for every element of the [B, S, heads, head_dim]
     tensor it rotates. A decode step's offset is traced, so its angles are computed in jax.
     """
-    xp = np if isinstance(offset, int) else jnp
+    known = positions is None or isinstance(positions, np.ndarray)
+    xp = np if isinstance(offset, int) and known else jnp
     if positions is None:
         positions = offset + xp.arange(seq, dtype=np.float32)  # [S]
-    angles = positions.astype(np.float32)[:, None] * freqs  # [S, len(freqs)]
+    angles = positions.astype(np.float32)[..., None] * freqs  # [S or B, S, len(freqs)]
     cos, sin = scale * xp.cos(angles), scale * xp.sin(angles)
+    if angles.ndim == 3:  # a position per row and token: [B, S, 1, len(freqs)]
+        return cos[:, :, None, :].astype(np.float32), sin[:, :, None, :].astype(np.float32)
     return cos[None, :, None, :].astype(np.float32), sin[None, :, None, :].astype(np.float32)
 
 

@@ -98,7 +98,7 @@ def layer_norm(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
 
 
 def attention(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
-    """Attention (std/transformer.axl:11): x: [B, S, dim] -> [B, S, dim].
+    """Attention (std/transformer.axl:13): x: [B, S, dim] -> [B, S, dim].
 
     Used at /blocks/attn.
     """
@@ -137,7 +137,7 @@ def mlp(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
 
 
 def block(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
-    """Block (std/transformer.axl:66): x: [B, S, dim] -> [B, S, dim].
+    """Block (std/transformer.axl:70): x: [B, S, dim] -> [B, S, dim].
 
     Used at /blocks.
     """
