@@ -187,11 +187,13 @@ def cross_check(values: dict, module: ir.Module, diags: Diagnostics) -> None:
             "`freeze` and lora(...) together: lora already freezes " "every base weight",
             "drop `freeze`; only the adapters train",
         )
-    adapted = (ir.ObjectiveKind.NEXT_TOKEN, ir.ObjectiveKind.DPO)  # next-token models' objectives
-    if "objective" in values and values["objective"].value.name not in adapted:
+    from axdsl.objectives import get
+
+    # next-token models' objectives: next_token and the preference ones (dpo, simpo, orpo)
+    if "objective" in values and not get(values["objective"].value.name).lm:
         diags.error(
             span,
-            "lora(...) supports the next_token and dpo objectives, not "
+            "lora(...) supports the next_token, dpo, simpo and orpo objectives, not "
             f"{values['objective'].value.name}",
             "fine-tune this model fully, or with `freeze`",
         )

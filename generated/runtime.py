@@ -3256,6 +3256,13 @@ class ModelFlops(NamedTuple):
         return self.dense + sum(m.per_key * m.keys(seq) for m in self.mixers)
 
 
+def sequences_per_row(tc) -> int:
+    """Sequences of tc.seq tokens the train step runs for one row of the batch: a preference
+    pair (dpo, simpo, orpo) is two, its chosen and its rejected answer; any other row is one.
+    Tokens per second, FLOPs and MFU count them all."""
+    return 2 if getattr(tc, "data", "") == "preferences" else 1
+
+
 class MetricsLog:
     """RUN_DIR/metrics.jsonl (one JSON object per line), the same scalars as TensorBoard events
     in RUN_DIR/tensorboard, the progress bar, eval losses and an end-of-run summary on screen.
@@ -3282,7 +3289,7 @@ class MetricsLog:
         self.lead = is_lead()
         # Rows of tc.seq tokens; a classifier's rows are images (its FLOPs are per image)
         tokens = hasattr(tc, "seq")
-        self.per_row: int = tc.seq if tokens else 1
+        self.per_row: int = tc.seq * sequences_per_row(tc) if tokens else 1
         self.unit = "tokens" if tokens else "images"
         self.flops_per_step = flops.per_token(self.per_row) * tc.batch * self.per_row
         self.tc, self.peak_flops, self.run_dir, self.start = tc, peak_flops, args.out, start

@@ -240,7 +240,7 @@ def abstract_batch(train, tc, mesh):
     if objective == "next_token":  # chat data (CHAT_FIELDS): tokens and loss_mask, both rows
         chat = getattr(train, "CHAT_FIELDS", None)
         return {k: field(tc.seq + 1) for k in chat} if chat else field(tc.seq + 1)
-    if get(objective).reference:  # dpo: answers, masks [B, S + 1]; reference logps ref_* [B]
+    if get(objective).preferences:  # answers, masks [B, S + 1]; dpo's reference logps ref_* [B]
         rows = get(objective).fields
         return {
             k: field(dtype=jnp.float32) if k.startswith("ref_") else field(tc.seq + 1) for k in rows

@@ -82,8 +82,9 @@ def emit_train(module: ir.Module, package: str, flops: list[TrainingFlops]) -> s
         batches=str(batches.kind),
         batch_fields=", ".join(batches.fields),
         masks=objective.masks,  # loss_fn and accuracy take a key for the masks
-        stats=list(objective.stats),  # loss_fn's metrics beside the loss (dpo)
+        stats=list(objective.stats),  # loss_fn's metrics beside the loss (dpo, simpo, orpo)
         stats_text=repr(objective.stats),
+        preferences=objective.preferences,  # rows of preference pairs (dpo, simpo, orpo)
         reference=objective.reference,  # rows carry the initial parameters' logps (dpo)
         accuracy=objective.accuracy,
         spec_loss=objective.spec_loss,  # train.py reads its batches as BATCHES does

@@ -247,6 +247,8 @@ class ObjectiveKind(StrEnum):
     CLASSIFY = "classify"  # images [B, H, W, C] -> logits [B, classes]
     LOSS = "loss"  # the root forward returns the loss itself
     DPO = "dpo"  # direct preference optimization over (chosen, rejected) pairs
+    SIMPO = "simpo"  # SimPO: reference-free, length-normalized rewards and a target margin
+    ORPO = "orpo"  # ORPO: the chosen answers' NLL plus a log odds-ratio term, reference-free
 
 
 class TokenWidth(StrEnum):

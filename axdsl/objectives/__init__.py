@@ -5,6 +5,9 @@
     objective = seq2seq(start_token = 0)    # teacher forcing: dec_tokens = start + targets[:-1]
     objective = classify(smoothing = 0.1)   # labels [B], logits [B, classes]
     objective = loss()                      # the forward returns the loss itself
+    objective = dpo(beta = 0.1)             # preference pairs against a frozen reference
+    objective = simpo(beta = 2.0, gamma = 0.5)  # preference pairs, length-normalized, no reference
+    objective = orpo(beta = 0.1)            # the chosen answers' NLL plus an odds-ratio term
 
 `loss()` is for anything the others do not say: the root forward takes batch fields by name and
 returns one number (every dim of size 1, as `mean(x, B)` leaves it), which train.py minimizes.
@@ -69,13 +72,19 @@ class Objective:
     loss: Callable[[LossSite], str] | None = None  # loss_fn's source; None: model.py.j2's own
     doc: str = ""  # what model.py's loss_fn computes, for its docstring
     check: Callable[[dict[str, Any], Span, Diagnostics], None] | None = None  # its arguments
-    stats: tuple[str, ...] = ()  # metrics loss_fn returns beside the loss (dpo), logged each step
+    stats: tuple[str, ...] = ()  # metrics loss_fn returns beside the loss (dpo, simpo, orpo)
     lm: bool = False  # it trains a next-token model: tokens [B, S] -> logits [B, S, vocab]
     reference: bool = False  # rows carry the initial parameters' log-probabilities (dpo)
 
     @property
     def has_seq(self) -> bool:
         return not self.images
+
+    @property
+    def preferences(self) -> bool:
+        """Its rows are preference pairs (dpo, simpo, orpo): chosen and rejected answers with
+        their masks, [B, seq + 1] each, and two sequences a row for the throughput."""
+        return self.data == (ir.DataKind.PREFERENCES,)
 
 
 def _check_masked_lm(args: dict[str, Any], span: Span, diags: Diagnostics) -> None:
@@ -93,6 +102,30 @@ def _check_dpo(args: dict[str, Any], span: Span, diags: Diagnostics) -> None:
             span,
             f"dpo(beta = {args['beta']}) weighs the log-ratios to the reference, a number > 0",
             "the DPO paper uses 0.1 to 0.5",
+        )
+
+
+def _check_simpo(args: dict[str, Any], span: Span, diags: Diagnostics) -> None:
+    if not args["beta"] > 0:
+        diags.error(
+            span,
+            f"simpo(beta = {args['beta']}) scales the length-normalized rewards, a number > 0",
+            "the SimPO paper uses 2.0 to 2.5",
+        )
+    if not args["gamma"] >= 0:
+        diags.error(
+            span,
+            f"simpo(gamma = {args['gamma']}) is the target reward margin, a number >= 0",
+            "the SimPO paper uses 0.5 to 1.5 (0: no margin)",
+        )
+
+
+def _check_orpo(args: dict[str, Any], span: Span, diags: Diagnostics) -> None:
+    if not args["beta"] > 0:
+        diags.error(
+            span,
+            f"orpo(beta = {args['beta']}) weighs the odds-ratio term beside the NLL, a number > 0",
+            "the ORPO paper uses 0.1 to 0.25",
         )
 
 
@@ -199,6 +232,44 @@ REGISTRY[Kind.DPO] = Objective(
     stats=("reward_accuracy", "margin", "chosen_logp", "rejected_logp"),
     lm=True,
     reference=True,
+)
+# SimPO (Meng et al. 2024) and ORPO (Hong et al. 2024): preference objectives without a
+# reference, so their rows carry no reference log-probabilities and train.py runs no frozen pass.
+PAIR_FIELDS = ("chosen", "chosen_mask", "rejected", "rejected_mask")
+REGISTRY[Kind.SIMPO] = Objective(
+    Kind.SIMPO,
+    (("beta", 2.0), ("gamma", 0.5)),
+    ("tokens",),
+    (),
+    3,
+    "logits [B, S, vocab]",
+    (ir.DataKind.PREFERENCES,),
+    'data = preferences("pairs.jsonl", tokenizer = "DIR")',
+    fields=PAIR_FIELDS,
+    seq_doc="tokens per row of a chosen or a rejected conversation, less one",
+    loss=losses.simpo_loss,
+    doc="the SimPO loss over (chosen, rejected) pairs: length-normalized rewards, no reference",
+    check=_check_simpo,
+    stats=("reward_accuracy", "margin", "chosen_logp", "rejected_logp"),
+    lm=True,
+)
+REGISTRY[Kind.ORPO] = Objective(
+    Kind.ORPO,
+    (("beta", 0.1),),
+    ("tokens",),
+    (),
+    3,
+    "logits [B, S, vocab]",
+    (ir.DataKind.PREFERENCES,),
+    'data = preferences("pairs.jsonl", tokenizer = "DIR")',
+    fields=PAIR_FIELDS,
+    seq_doc="tokens per row of a chosen or a rejected conversation, less one",
+    loss=losses.orpo_loss,
+    doc="the ORPO loss over (chosen, rejected) pairs: the chosen answers' NLL plus the log "
+    "odds-ratio term, no reference",
+    check=_check_orpo,
+    stats=("reward_accuracy", "margin", "chosen_logp", "rejected_logp", "nll", "log_odds"),
+    lm=True,
 )
 # Objectives: their arguments and defaults (None: required), as configure_train checks them
 ARGUMENTS = {str(k): dict(o.arguments) for k, o in REGISTRY.items()}
@@ -526,8 +597,8 @@ def cross_check(values: dict[str, ir.Choice], module: ir.Module, diags: Diagnost
         if data.value.kind is ir.DataKind.PREFERENCES:
             diags.error(
                 module.report_at(data.span),
-                "data preferences(...) is for objective = dpo(...): pairs of a chosen and a "
-                "rejected answer",
+                "data preferences(...) is for objective = dpo(...), simpo(...) or orpo(...): "
+                "pairs of a chosen and a rejected answer",
                 "add objective = dpo(beta = 0.1) to the train block, or train on "
                 'chat("conversations.jsonl", tokenizer = ...)',
             )

@@ -1,9 +1,11 @@
-"""The loss of each non-next-token objective in model.py (masked_lm, seq2seq, classify, loss()).
+"""The loss of each non-next-token objective in model.py (masked_lm, seq2seq, classify, loss(),
+and the preference objectives dpo, simpo and orpo).
 
 next_token keeps its template in model.py.j2; each other objective's registry entry
 (axdsl/objectives/__init__.py) points at one function here, which writes the objective's settings
 as module constants, then `loss_fn(cfg, params, batch, ...)` over a dict of named arrays (the
-runtime's batches), and for masked_lm and classify an `accuracy`. `mask_tokens` (masked_lm) draws
+runtime's batches), and for masked_lm and classify an `accuracy`; the preference objectives also
+write `sequence_logps` and return a dict of metrics. `mask_tokens` (masked_lm) draws
 every random choice from its key, so a step's masks are a pure function of (seed, step), like
 dropout. Codegen (codegen/emit_objective.py) fills in the `LossSite` and places the text.
 """
@@ -260,6 +262,67 @@ def explicit_loss(s: LossSite) -> str:
     )
 
 
+def sequence_logps_source(s: LossSite) -> list[str]:
+    """model.py's `sequence_logps`, shared by the preference objectives: each row's summed
+    log-probability of its answer's tokens (dpo's reference is computed with it too)."""
+    return [
+        "def sequence_logps(",
+        f"    cfg: Config, params: dict, tokens: jax.Array, mask: jax.Array{s.rng_arg}",
+        ") -> jax.Array:",
+        '    """The log-probability of each row\'s marked labels, summed [B]: of tokens[:, 1:]'
+        " read from",
+        "    tokens[:, :-1] [B, S + 1] where mask[:, 1:] is 1 (a preference pair's answer)."
+        f"{s.rng_doc}",
+        '    """',
+        f"    logits = forward(cfg, params, tokens[:, :-1]{s.drop})  # [B, S, vocab]",
+        "    logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)",
+        "    picked = jnp.take_along_axis(logp, tokens[:, 1:, None], axis=-1)[..., 0]" "  # [B, S]",
+        "    return jnp.sum(picked * mask[:, 1:], axis=-1)",
+    ]
+
+
+# The lines every preference loss_fn starts with: both answers as one batch [2B, S + 1]
+PAIR_BATCH = [
+    '    tokens = jnp.concatenate([batch["chosen"], batch["rejected"]])',
+    '    mask = jnp.concatenate([batch["chosen_mask"], batch["rejected_mask"]])',
+]
+# What the batch of every preference loss_fn holds, for its docstring
+PAIR_DOC = [
+    "    batch: chosen and rejected [B, S + 1] (one prompt and its two answers, rendered"
+    " with the",
+    "    chat template), chosen_mask and rejected_mask (1 on each answer's tokens).",
+]
+# Reference-free objectives (simpo, orpo): said in their loss_fn's docstring
+REFERENCE_FREE = [
+    "    Reference-free: there is no reference model, so no frozen pass computes reference",
+    "    log-probabilities (train.py holds one copy of the weights and runs no extra forward).",
+]
+
+
+def _pair_metrics(extra: tuple[str, ...] = ()) -> list[str]:
+    """The metrics dict every preference loss_fn returns (`extra`: more of its own entries)."""
+    return [
+        "    metrics = {",
+        '        "loss": loss,',
+        '        "reward_accuracy": jnp.mean(margin > 0),',
+        '        "margin": jnp.mean(margin),',
+        '        "chosen_logp": jnp.mean(chosen),',
+        '        "rejected_logp": jnp.mean(rejected),',
+        *extra,
+        "    }",
+        "    return loss, metrics",
+    ]
+
+
+def _closing(s: LossSite) -> str:
+    """The end of a preference loss_fn's docstring: what it leaves out."""
+    return (
+        " z_loss is unused"
+        + (" and the MoE auxiliary losses are left out." if s.aux else ".")
+        + s.rng_doc
+    )
+
+
 def dpo_loss(s: LossSite) -> str:
     """Direct preference optimization (Rafailov et al. 2023): each pair's chosen and rejected
     answers' log-probabilities against the reference's, the loss -log sigmoid(beta * margin)."""
@@ -269,19 +332,7 @@ def dpo_loss(s: LossSite) -> str:
             " reference",
             "",
             "",
-            "def sequence_logps(",
-            f"    cfg: Config, params: dict, tokens: jax.Array, mask: jax.Array{s.rng_arg}",
-            ") -> jax.Array:",
-            '    """The log-probability of each row\'s marked labels, summed [B]: of tokens[:, 1:]'
-            " read from",
-            "    tokens[:, :-1] [B, S + 1] where mask[:, 1:] is 1 (a preference pair's answer)."
-            f"{s.rng_doc}",
-            '    """',
-            f"    logits = forward(cfg, params, tokens[:, :-1]{s.drop})  # [B, S, vocab]",
-            "    logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)",
-            "    picked = jnp.take_along_axis(logp, tokens[:, 1:, None], axis=-1)[..., 0]"
-            "  # [B, S]",
-            "    return jnp.sum(picked * mask[:, 1:], axis=-1)",
+            *sequence_logps_source(s),
             "",
             "",
             "def loss_fn(",
@@ -301,12 +352,9 @@ def dpo_loss(s: LossSite) -> str:
             "    the loss, reward_accuracy (the pairs whose chosen reward is the larger),"
             " margin (the mean",
             "    reward difference), chosen_logp and rejected_logp (means over the pairs)."
-            " z_loss is unused"
-            + (" and the MoE auxiliary losses are left out." if s.aux else ".")
-            + s.rng_doc,
+            + _closing(s),
             '    """',
-            '    tokens = jnp.concatenate([batch["chosen"], batch["rejected"]])',
-            '    mask = jnp.concatenate([batch["chosen_mask"], batch["rejected_mask"]])',
+            *PAIR_BATCH,
             f"    logps = sequence_logps(cfg, params, tokens, mask{s.drop})  # [2B]",
             "    chosen, rejected = jnp.split(logps, 2)",
             '    rewards = BETA * (chosen - batch["ref_chosen"]), BETA * (rejected -'
@@ -314,13 +362,108 @@ def dpo_loss(s: LossSite) -> str:
             "    margin = rewards[0] - rewards[1]",
             "    loss = optax.sigmoid_binary_cross_entropy(margin, jnp.ones_like(margin)).mean()"
             "  # -log sigmoid",
-            "    metrics = {",
-            '        "loss": loss,',
-            '        "reward_accuracy": jnp.mean(margin > 0),',
-            '        "margin": jnp.mean(margin),',
-            '        "chosen_logp": jnp.mean(chosen),',
-            '        "rejected_logp": jnp.mean(rejected),',
-            "    }",
-            "    return loss, metrics",
+            *_pair_metrics(),
+        ]
+    )
+
+
+def simpo_loss(s: LossSite) -> str:
+    """SimPO (Meng et al. 2024): reference-free; each answer's reward is beta times its mean
+    log-probability per token, and the loss -log sigmoid(reward margin - gamma)."""
+    return "\n".join(
+        [
+            f"BETA = {s.args['beta']!r}  # simpo(beta): the scale of the length-normalized"
+            " rewards",
+            f"GAMMA = {s.args['gamma']!r}  # simpo(gamma): the target reward margin",
+            "",
+            "",
+            *sequence_logps_source(s),
+            "",
+            "",
+            "def loss_fn(",
+            f"    cfg: Config, params: dict, batch: dict{s.rng_arg}, z_loss: float = 0.0",
+            ") -> tuple[jax.Array, dict]:",
+            '    """(loss to minimize, metrics) of SimPO over a batch of preference pairs.',
+            "",
+            *PAIR_DOC,
+            *REFERENCE_FREE,
+            "    Each answer's reward is BETA times its log-probability per answer token; both"
+            " answers",
+            "    run as one batch [2B, S + 1].",
+            "    loss = -mean(log sigmoid(BETA * (chosen / |chosen| - rejected / |rejected|)"
+            " - GAMMA)).",
+            "    Metrics: the loss, reward_accuracy (the pairs whose chosen reward is the larger),"
+            " margin",
+            "    (the mean reward difference, GAMMA not subtracted), chosen_logp and rejected_logp"
+            " (summed",
+            "    over each answer, means over the pairs)." + _closing(s),
+            '    """',
+            *PAIR_BATCH,
+            f"    logps = sequence_logps(cfg, params, tokens, mask{s.drop})  # [2B]",
+            "    lengths = jnp.maximum(jnp.sum(mask[:, 1:], axis=-1), 1)  # answer tokens"
+            " (a cut-off answer: 1)",
+            "    chosen, rejected = jnp.split(logps, 2)",
+            "    rewards = jnp.split(BETA * logps / lengths, 2)",
+            "    margin = rewards[0] - rewards[1]",
+            "    loss = optax.sigmoid_binary_cross_entropy(margin - GAMMA,"
+            " jnp.ones_like(margin)).mean()  # -log sigmoid",
+            *_pair_metrics(),
+        ]
+    )
+
+
+def orpo_loss(s: LossSite) -> str:
+    """ORPO (Hong et al. 2024): reference-free; the chosen answers' NLL plus beta times
+    -log sigmoid of the log odds ratio of their mean per-token probabilities."""
+    return "\n".join(
+        [
+            f"BETA = {s.args['beta']!r}  # orpo(beta): the weight of the odds-ratio term beside"
+            " the NLL",
+            "",
+            "",
+            *sequence_logps_source(s),
+            "",
+            "",
+            "def log_odds(logp: jax.Array) -> jax.Array:",
+            '    """log(p / (1 - p)) of probabilities p given as log p (an answer\'s mean'
+            " log-probability",
+            "    per token). p is kept below 1 - 1e-6 so that log(1 - p) stays finite when the"
+            " model is",
+            '    sure of an answer."""',
+            "    logp = jnp.minimum(logp, -1e-6)",
+            "    return logp - jnp.log(-jnp.expm1(logp))  # log(1 - p) = log(-expm1(log p))",
+            "",
+            "",
+            "def loss_fn(",
+            f"    cfg: Config, params: dict, batch: dict{s.rng_arg}, z_loss: float = 0.0",
+            ") -> tuple[jax.Array, dict]:",
+            '    """(loss to minimize, metrics) of ORPO over a batch of preference pairs.',
+            "",
+            *PAIR_DOC,
+            *REFERENCE_FREE,
+            "    Both answers run as one batch [2B, S + 1]. With p each answer's mean"
+            " log-probability per",
+            "    answer token, exponentiated: loss = nll + BETA * -mean(log sigmoid(log_odds(chosen"
+            " p) -",
+            "    log_odds(rejected p))), nll the chosen answers' cross-entropy per answer token."
+            " Metrics:",
+            "    the loss, reward_accuracy (the pairs whose chosen reward BETA * log p is the"
+            " larger), margin",
+            "    (the mean reward difference), chosen_logp and rejected_logp (summed over each"
+            " answer, means",
+            "    over the pairs), nll, and log_odds (the mean log odds ratio)." + _closing(s),
+            '    """',
+            *PAIR_BATCH,
+            f"    logps = sequence_logps(cfg, params, tokens, mask{s.drop})  # [2B]",
+            "    lengths = jnp.sum(mask[:, 1:], axis=-1)  # answer tokens [2B]",
+            "    chosen, rejected = jnp.split(logps, 2)",
+            "    means = jnp.split(logps / jnp.maximum(lengths, 1), 2)  # log p: per token",
+            '    nll = -jnp.sum(chosen) / jnp.maximum(jnp.sum(batch["chosen_mask"][:, 1:]), 1)'
+            "  # per token",
+            "    ratio = log_odds(means[0]) - log_odds(means[1])",
+            "    loss = nll + BETA * optax.sigmoid_binary_cross_entropy(ratio,"
+            " jnp.ones_like(ratio)).mean()",
+            "    margin = BETA * (means[0] - means[1])",
+            *_pair_metrics(('        "nll": nll,', '        "log_odds": jnp.mean(ratio),')),
         ]
     )
