@@ -187,10 +187,10 @@ def cross_check(values: dict, module: ir.Module, diags: Diagnostics) -> None:
             "`freeze` and lora(...) together: lora already freezes " "every base weight",
             "drop `freeze`; only the adapters train",
         )
-    from axdsl.objectives import get
-
-    # next-token models' objectives: next_token and the preference ones (dpo, simpo, orpo)
-    if "objective" in values and not get(values["objective"].value.name).lm:
+    kinds = ir.ObjectiveKind
+    # next-token models' objectives: next_token and the preference ones
+    adapted = (kinds.NEXT_TOKEN, kinds.DPO, kinds.SIMPO, kinds.ORPO)
+    if "objective" in values and values["objective"].value.name not in adapted:
         diags.error(
             span,
             "lora(...) supports the next_token, dpo, simpo and orpo objectives, not "

@@ -199,41 +199,53 @@ import "std/transformer.axl"
 model lm = DecoderLM {{
   vocab = 256  dim = 64  layers = 1  heads = 4  kv_heads = 2  ffn = 128  max_seq = 64
   dtype = f32  block = Block(attn = Attention(window = {window}, softcap = {softcap}))
+  packed = {packed}
 }}
 train {{ batch = 4  seq = 32 }}
 target "cpu-8" {{ mesh(data = 2, seq = 4)  {context} }}
 """
-CP_CASES = [  # context(...), window, softcap; the collective its attention must run
-    ('context(strategy = "ring")', 0, 0.0, "collective-permute"),
-    ('context(strategy = "ring", balance = false)', 12, 0.0, "collective-permute"),
-    ("context()", 12, 0.0, "all-gather"),  # balanced, on cpu's vjp kernel
-    ("context(balance = false)", 0, 30.0, "all-gather"),  # einsum_attention with the soft cap
+CP_CASES = [  # context(...), window, softcap, packed; the collective its attention must run
+    ('context(strategy = "ring")', 0, 0.0, False, "collective-permute"),
+    ('context(strategy = "ring", balance = false)', 12, 0.0, True, "collective-permute"),
+    ("context()", 12, 0.0, True, "all-gather"),  # balanced, on cpu's vjp kernel
+    ("context(balance = false)", 0, 30.0, False, "all-gather"),  # einsum_attention, soft cap
+    ('context(strategy = "ring")', 0, 0.0, True, "collective-permute"),
 ]
+# Packed rows: documents whose boundaries fall inside the shards' chunks, and padding (0)
+ROW_SEGMENTS = jnp.asarray(
+    [[1] * 7 + [2] * 20 + [3] * 6, [1] * 30 + [0] * 3, [1] * 33, [1] * 3 + [2] * 25 + [0] * 5],
+    jnp.int32,
+)
 
 
-def _spec(tmp_path, name: str, context: str, window: int, softcap: float) -> Path:
+def _spec(tmp_path, name: str, context: str, window: int, softcap: float, packed=False) -> Path:
     path = tmp_path / f"{name}.axl"
-    path.write_text(CP_SPEC.format(context=context, window=window, softcap=softcap))
+    packed_text = "true" if packed else "false"
+    path.write_text(CP_SPEC.format(context=context, window=window, softcap=softcap, packed=packed_text))
     return path
 
 
-@pytest.mark.parametrize("context_dir,window,softcap,collective", CP_CASES)
+@pytest.mark.parametrize("context_dir,window,softcap,packed,collective", CP_CASES)
 def test_generated_context_parallel_model_keeps_the_loss_and_gradients(
-    tmp_path, context_dir, window, softcap, collective
+    tmp_path, context_dir, window, softcap, packed, collective
 ):
     """The spec built for cpu-8 with context(...) (the sequence over 4 shards, the batch over 2)
     gives the cpu build's loss and gradients with the mesh set, its attention running the
-    collective of its strategy. The first case also runs without a mesh (one shard, as sampling
-    does) and checks that forward's logits come back in order."""
-    ref, _ = import_generated(_spec(tmp_path, "ref", "", window, softcap), "cpu", tmp_path)
-    cp, _ = import_generated(_spec(tmp_path, "cp", context_dir, window, softcap), "cpu-8", tmp_path)
+    collective of its strategy; packed rows (segment ids, positions restarting in each document)
+    too, in zig-zag order or not. The last case also runs without a mesh (one shard, as
+    sampling does) and checks that forward's logits come back in order."""
+    ref_spec = _spec(tmp_path, "ref", "", window, softcap, packed)
+    ref, _ = import_generated(ref_spec, "cpu", tmp_path)
+    cp_spec = _spec(tmp_path, "cp", context_dir, window, softcap, packed)
+    cp, _ = import_generated(cp_spec, "cpu-8", tmp_path)
     cfg = ref.CONFIGS["lm"]
     params = ref.init_params(cfg, jax.random.key(0))
     params = jax.tree.map(lambda a: a * 3.0 if a.ndim > 2 else a, params)
     tokens = jax.random.randint(jax.random.key(1), (4, 33), 0, cfg.vocab)
+    segments = (ROW_SEGMENTS,) if packed else ()
 
     def loss_and_grads(model):
-        run = jax.value_and_grad(lambda p: model.loss_fn(cfg, p, tokens)[0])
+        run = jax.value_and_grad(lambda p: model.loss_fn(cfg, p, tokens, *segments)[0])
         return jax.jit(run, compiler_options=QUICK_COMPILE)
 
     want = loss_and_grads(ref)(params)
@@ -241,10 +253,11 @@ def test_generated_context_parallel_model_keeps_the_loss_and_gradients(
         step = loss_and_grads(cp).lower(params).compile()
         assert collective in step.as_text()
         runs = [step(params)]
-    if context_dir == CP_CASES[0][0]:
+    if (context_dir, packed) == CP_CASES[-1][::3]:
         runs.append(loss_and_grads(cp)(params))
-        logits = cp.forward(cfg, params, tokens[:, :-1])
-        np.testing.assert_allclose(logits, ref.forward(cfg, params, tokens[:, :-1]), atol=1e-5)
+        inputs = (tokens[:, :-1], *(s[:, :-1] for s in segments))
+        logits = cp.forward(cfg, params, *inputs)
+        np.testing.assert_allclose(logits, ref.forward(cfg, params, *inputs), atol=1e-5)
     for loss, grads in runs:
         np.testing.assert_allclose(float(loss), float(want[0]), rtol=1e-6)
         for g, w in zip(jax.tree.leaves(grads), jax.tree.leaves(want[1]), strict=True):

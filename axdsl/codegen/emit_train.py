@@ -77,6 +77,7 @@ def emit_train(module: ir.Module, package: str, flops: list[TrainingFlops]) -> s
         lm=objective.token_rows,
         chat=is_chat(module),  # batches of tokens and loss_mask; loss_fn takes the mask
         segments=takes_segments(module.models[0].root),  # packed chat rows: and segment ids
+        documents=_documents(module),  # packed token rows: segment ids from tc.sep
         objective=str(objective.kind),
         inputs=repr(inputs(module.models[0].root)),
         batches=str(batches.kind),
@@ -238,7 +239,14 @@ def _fields(module: ir.Module) -> list[Field]:
             str(data.dtype or ir.TokenWidth.U16),
             "token file element type: u16 or u32",
         )
-    if "sep" in objective_args(module):  # masked_lm
+    if _documents(module):
+        add(
+            "sep",
+            objective_args(module).get("sep", -1),
+            "next_token(sep): documents end with this id, and a packed row's segment ids "
+            "count them 1, 2, ...; -1: a row is one document",
+        )
+    elif "sep" in objective_args(module):  # masked_lm
         add(
             "sep",
             objective_args(module).get("sep", -1),
@@ -294,6 +302,13 @@ def _fields(module: ir.Module) -> list[Field]:
     add("checkpoint_async", ckpt.async_save, "save in the background while training continues")
     add("checkpoint_dir", ckpt.dir, "inside the run directory")
     return out
+
+
+def _documents(module: ir.Module) -> bool:
+    """Whether train.py numbers the documents of token rows for a packed model (its forward
+    reads segment ids) from tc.sep: next_token over token or text data."""
+    root = module.models[0].root
+    return objective_of(module).token_rows and not is_chat(module) and takes_segments(root)
 
 
 def is_chat(module: ir.Module) -> bool:

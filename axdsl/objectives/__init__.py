@@ -140,7 +140,7 @@ REGISTRY: dict[ir.ObjectiveKind, Objective] = {
     # chat data: token rows too, with a loss_mask field (runtime/chat.py, model.py's loss_fn)
     Kind.NEXT_TOKEN: Objective(
         Kind.NEXT_TOKEN,
-        (),
+        (("sep", -1),),  # sep: documents end with it, for a packed model's segment ids; -1: none
         ("tokens",),
         (),
         3,
@@ -386,7 +386,8 @@ def _check_causal(module: ir.Module, diags: Diagnostics) -> None:
         for inst in tree.values():
             for prim in prims_of(inst, "attention"):
                 causal, window = (ir.plain(prim.attr(k)) for k in ("causal", "window"))
-                if causal or window or prim.optional:
+                masked = any(prim.operand(k) is not None for k in ("mask", "bias"))
+                if causal or window or masked:  # segment ids still show a segment's future
                     continue
                 user = ir.user_line(
                     ("causal",), functools.partial(ir.hparam_origins, tree, inst.path)
@@ -632,10 +633,14 @@ def cross_check(values: dict[str, ir.Choice], module: ir.Module, diags: Diagnost
         if args.get("sep", -1) >= 0 and "segments" not in _input_names(m.root):
             diags.error(
                 where,
-                f"masked_lm(sep = {args['sep']}) packs documents into rows with segment ids, "
+                f"{name}(sep = {args['sep']}) packs documents into rows with segment ids, "
                 f"but model `{m.name}`'s forward takes no `segments`",
-                "add `segments: [B, S]` to the forward and pass it to "
-                "attention(segment_ids = ...), or drop sep",
+                (
+                    "set `packed = true` (std's DecoderLM), or drop sep"
+                    if shape.lm
+                    else "add `segments: [B, S]` to the forward and pass it to "
+                    "attention(segment_ids = ...), or drop sep"
+                ),
             )
             return
         for k in ("mask_token", "start_token", "sep"):

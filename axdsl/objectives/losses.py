@@ -274,11 +274,17 @@ def sequence_logps_source(s: LossSite) -> list[str]:
         "    tokens[:, :-1] [B, S + 1] where mask[:, 1:] is 1 (a preference pair's answer)."
         f"{s.rng_doc}",
         '    """',
-        f"    logits = forward(cfg, params, tokens[:, :-1]{s.drop})  # [B, S, vocab]",
+        f"    logits = forward(cfg, params, tokens[:, :-1]{_one_segment(s)}{s.drop})"
+        "  # [B, S, vocab]",
         "    logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)",
         "    picked = jnp.take_along_axis(logp, tokens[:, 1:, None], axis=-1)[..., 0]" "  # [B, S]",
         "    return jnp.sum(picked * mask[:, 1:], axis=-1)",
     ]
+
+
+def _one_segment(s: LossSite) -> str:
+    """`, segments` for a packed model's forward: a preference row is one conversation."""
+    return ", jnp.ones_like(tokens[:, :-1])" if "segments" in s.names else ""
 
 
 # The lines every preference loss_fn starts with: both answers as one batch [2B, S + 1]

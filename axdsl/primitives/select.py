@@ -19,7 +19,6 @@ from __future__ import annotations
 
 from axdsl.ir import nodes as ir
 from axdsl.primitives.base import (
-    always,
     Decoding,
     Helper,
     Primitive,
@@ -28,6 +27,7 @@ from axdsl.primitives.base import (
     StaticKind,
     linear_memory,
 )
+from axdsl.primitives.attention_kernels import CONTEXT_ORDER_HELPER
 from axdsl.primitives.base import Source
 from axdsl.primitives.reductions import ONE, axis_of, ir_fmt, negative_axis
 
@@ -154,10 +154,23 @@ def _segment_positions_shape(ctx, prim, args):
     return dims
 
 
+def _segment_positions_needs(
+    prim: ir.Prim, schedule: ir.Schedule | None, decoding: bool
+) -> tuple[str, ...]:
+    """The helper, and context_order in a forward that runs the row in zig-zag order."""
+    context = schedule.context.value if schedule is not None else None
+    balanced = context is not None and bool(context.balance) and not decoding
+    return ("segment_positions", CONTEXT_ORDER_HELPER.name) if balanced else ("segment_positions",)
+
+
 def _emit_segment_positions(ctx, prim, args, precs) -> str:
     """In the decode path a row is one sequence whose new tokens start at the cache position:
     their positions are pos, pos + 1, ... (a packed row's restart at each segment)."""
     ctx.use_helper("segment_positions")
+    if ctx.balanced:  # the row is in zig-zag order (plan_context): count runs in the original
+        ctx.use_helper(CONTEXT_ORDER_HELPER.name)
+        x = args[0] if args[0].isidentifier() else f"({args[0]})"
+        return f"segment_positions({x}, order=context_order({x}.shape[1]))"
     if ctx.decoding or ctx.takes_pos:  # pos is 0 in the forward: one statement serves both
         return f"({ctx.decode_pos} + segment_positions({args[0]}))"
     return f"segment_positions({args[0]})"
@@ -207,8 +220,15 @@ PRIMITIVES = (
         emit=_emit_segment_positions,
         shape=_segment_positions_shape,
         memory=_iota_memory_of_ids,
-        helpers=(Helper("segment_positions", SEGMENT_POSITIONS),),
-        needs=always("segment_positions"),
+        helpers=(
+            Helper(
+                "segment_positions",
+                SEGMENT_POSITIONS,
+                ("import jax", "import jax.numpy as jnp", "import numpy as np"),
+            ),
+        ),
+        needs=_segment_positions_needs,
+        takes_positions=True,  # in zig-zag order it counts the runs in the original order
         decoding=Decoding.POSITIONS,
     ),
 )

@@ -46,14 +46,8 @@ def load_chat(cfg, tc, spec: str, from_flag: bool, run_dir: Path | None = None, 
     ]
     check_vocab([ids for ids, _ in encoded], cfg, path)
     width = tc.seq + 1  # a row is seq inputs and, shifted by one, seq labels
-    fields = {"tokens": [ids for ids, _ in encoded], "loss_mask": [mask for _, mask in encoded]}
     packed = "segments" in batch
-    rows = pack_examples([(fields, "segments")], width, packed=packed)
-    if packed:  # a conversation's first token is no label: its input is another conversation's
-        starts = rows["segments"] != np.pad(rows["segments"], ((0, 0), (1, 0)))[:, :-1]
-        rows["loss_mask"] = np.where(starts, 0, rows["loss_mask"]).astype(np.int32)
-    else:
-        del rows["segments"]  # one conversation to a row: the model reads no segment ids
+    rows = chat_rows(encoded, width, packed)
     figures = chat_figures(encoded, rows, width)
     if is_lead():
         print(
@@ -65,6 +59,20 @@ def load_chat(cfg, tc, spec: str, from_flag: bool, run_dir: Path | None = None, 
         )
     keep_tokenizer(tokenizer_folder(tc.tokenizer, spec) / "tokenizer.json", run_dir)
     return (*split_chat_rows(rows, tc, "conversations"), figures)
+
+
+def chat_rows(encoded: list, width: int, packed: bool) -> dict[str, np.ndarray]:
+    """Rows of `width` of the encoded (ids, mask) conversations: one to a row, or `packed` as
+    many as fit, in order, with their segment ids. A conversation's first token is then no
+    label (its input would be the end of another conversation)."""
+    fields = {"tokens": [ids for ids, _ in encoded], "loss_mask": [mask for _, mask in encoded]}
+    rows = pack_examples([(fields, "segments")], width, packed=packed)
+    if not packed:
+        del rows["segments"]  # one conversation to a row: the model reads no segment ids
+        return rows
+    starts = rows["segments"] != np.pad(rows["segments"], ((0, 0), (1, 0)))[:, :-1]
+    rows["loss_mask"] = np.where(starts, 0, rows["loss_mask"]).astype(np.int32)
+    return rows
 
 
 def chat_path(tc, spec: str, from_flag: bool) -> Path:

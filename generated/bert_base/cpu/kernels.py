@@ -13,6 +13,7 @@ import math
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
@@ -42,9 +43,14 @@ def _dense_bwd(contract, res, dy):
 dense.defvjp(_dense_fwd, _dense_bwd)
 
 
-def segment_positions(segments: jax.Array) -> jax.Array:
+def segment_positions(segments: jax.Array, order=None) -> jax.Array:
     """Each token's position in its run of equal segment ids along the last dim: 0, 1, ...
-    restarting where the id changes (a packed row's examples, and the padding after them)."""
+    restarting where the id changes (a packed row's examples, and the padding after them).
+    `order` (numpy [S]): the segments are in that order (context parallelism's zig-zag), so the
+    runs are counted in the original order and the positions given back in `order`."""
+    if order is not None:
+        original = segments[..., np.argsort(order)]
+        return segment_positions(original)[..., order]
     idx = jnp.arange(segments.shape[-1], dtype=jnp.int32)
     first = jnp.ones_like(segments[..., :1], dtype=bool)
     starts = jnp.concatenate([first, segments[..., 1:] != segments[..., :-1]], axis=-1)
