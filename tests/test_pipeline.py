@@ -79,6 +79,8 @@ target "cpu-8" {{ {target} }}
 PP_CASES = [  # FSDP inside each stage; 2 and 4 stages, repeats 1 and 2; remat in the stages
     "mesh(stage = 2, fsdp = 4)  pipeline(microbatches = 4)",
     "mesh(stage = 4, fsdp = 2)  remat(full)  pipeline(microbatches = 4, repeats = 2)",
+    # PP + CP + TP: the ring's shard_map inside the stages' vmap, heads over `model`
+    'mesh(stage = 2, seq = 2, model = 2)  context(strategy = "ring")  pipeline(microbatches = 2)',
 ]
 
 

@@ -339,6 +339,7 @@ def _functions(
             own_aux=aux,
             master=shared.master,
             takes_pos=shared.takes_pos,
+            staged=shared.staged,
             reorders=inst is root,
         )
         body = emitter.emit_body()

@@ -91,6 +91,7 @@ class FunctionEmitter:
     decoding = False  # the KV-cache decode path's emitter (axdsl/codegen/decode.py) says True
     decode_pos = "pos"  # the decode path's first position of the new tokens
     takes_pos: bool = False  # a layer the decode path shares: its positions start at `pos`
+    staged: bool = False  # its context-parallel attention runs inside the pipeline's stages
     # a model's root under context(balance = true): it runs its [B, S] inputs in zig-zag order
     # and puts its [B, S, ...] result back in order (plan_context)
     reorders: bool = False

@@ -647,12 +647,15 @@ class SharedFunction:
     aux: bool = False  # it returns an auxiliary loss too (its forward's, or a child's)
     master: bool = False  # it reads master weights and casts them (ir.master_weight_paths)
     takes_pos: bool = False  # the decode path shares it: it reads positions from `pos`
+    # its context-parallel attention runs inside pipeline()'s vmap over the `stage` axis
+    staged: bool = False
 
     @property
     def roles(self) -> tuple[str, ...]:
         """The flags set, by name, for `axdsl dump`."""
         flags = (("rng", self.rng), ("aux", self.aux), ("master", self.master))
-        return tuple(n for n, on in flags + (("pos", self.takes_pos),) if on)
+        flags += (("pos", self.takes_pos), ("staged", self.staged))
+        return tuple(n for n, on in flags if on)
 
 
 @dataclass(frozen=True)

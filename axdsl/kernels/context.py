@@ -86,15 +86,17 @@ def context_parallel(
     positions: np.ndarray | None = None,
     segment_ids: jax.Array | None = None,
     mesh_axis: str = "seq",
+    staged: bool = False,
 ) -> jax.Array:
     """attend(q, k, v, positions=, segment_ids=, mesh_axis=) on each shard's slice of the
     sequence, inside jax.shard_map over the mesh set by jax.set_mesh (context_layout says how
     q, k, v are split). `attend` is context_attention_all_gather or context_attention_ring
-    with its settings bound.
+    with its settings bound. `staged`: the call runs inside pipeline()'s vmap over the `stage`
+    axis, which holds that axis, so the batch splits over the others.
     `positions` [S]: the tokens' original positions in the order they run (None: 0, 1, ...).
     With no mesh set (tests, sampling on one device) it runs on a one-device mesh, so the same
     code computes the same values. Returns [B, S, heads, v_head_dim]."""
-    mesh, spec, segment_spec = context_layout(q, k, mesh_axis)
+    mesh, spec, segment_spec = context_layout(q, k, mesh_axis, staged)
     args, specs = _context_args(q, k, v, positions, segment_ids, spec, segment_spec, mesh_axis)
 
     def local(q, k, v, positions, segment_ids=None):
@@ -104,16 +106,19 @@ def context_parallel(
     return run(*args)
 
 
-def context_layout(q: jax.Array, k: jax.Array, mesh_axis: str = "seq") -> tuple:
+def context_layout(
+    q: jax.Array, k: jax.Array, mesh_axis: str = "seq", staged: bool = False
+) -> tuple:
     """(mesh, spec of q, k and v, spec of segment ids) for attention with the sequence split
     over `mesh_axis` of the mesh set by jax.set_mesh (a one-device mesh without one): the batch
-    over CONTEXT_BATCH_AXES and the heads over CONTEXT_HEAD_AXES as far as they divide evenly
-    (heads only where the kv heads divide too, so every shard's query heads find their kv heads
-    locally)."""
+    over CONTEXT_BATCH_AXES (less `stage` when `staged`: the pipeline's vmap holds it) and the
+    heads over CONTEXT_HEAD_AXES as far as they divide evenly (heads only where the kv heads
+    divide too, so every shard's query heads find their kv heads locally)."""
     mesh: Mesh | jax.sharding.AbstractMesh = jax.sharding.get_abstract_mesh()
     if mesh.empty or mesh_axis not in mesh.axis_names:
         mesh = Mesh(np.asarray(jax.devices()[:1]), (mesh_axis,))
-    batch_axes = dividing_axes(mesh, CONTEXT_BATCH_AXES, q.shape[0])
+    candidates = tuple(a for a in CONTEXT_BATCH_AXES if not (staged and a == "stage"))
+    batch_axes = dividing_axes(mesh, candidates, q.shape[0])
     head_axes = dividing_axes(mesh, CONTEXT_HEAD_AXES, math.gcd(q.shape[2], k.shape[2]))
     spec = P(batch_axes or None, mesh_axis, head_axes or None)
     return mesh, spec, P(batch_axes or None, mesh_axis)

@@ -35,7 +35,7 @@ from axdsl.ir.rewrite import prims_of
 
 
 def plan_functions(module: ir.Module) -> ir.Module:
-    models = tuple(_plan(m) for m in module.models)
+    models = tuple(_plan(m, module.schedule) for m in module.models)
     return replace(module, models=models, helpers=needed_helpers(models, module.schedule))
 
 
@@ -92,8 +92,24 @@ def _emitted_exprs(inst: ir.Instance) -> Iterator[ir.TExpr]:
         yield from walk(s.value)
 
 
-def _plan(model: ir.Model) -> ir.Model:
-    return replace(model, functions=shared_functions(model.root, decode_shared(model)))
+def _plan(model: ir.Model, schedule: ir.Schedule | None) -> ir.Model:
+    staged = staged_attention(model.root, schedule)
+    return replace(model, functions=shared_functions(model.root, decode_shared(model), staged))
+
+
+def staged_attention(root: ir.Instance, schedule: ir.Schedule | None) -> frozenset[str]:
+    """The layers whose context-parallel attention runs inside the pipeline's stages (plan_context
+    and plan_pipeline both set): there the pipeline's vmap holds the `stage` mesh axis, so the
+    attention's shard_map must leave it out of the batch's axes."""
+    if schedule is None or schedule.context.value is None or schedule.pipeline.value is None:
+        return frozenset()
+    child = schedule.pipeline.value.child
+    return frozenset(
+        inst.path
+        for inst in root.walk()
+        if (inst.path == child or inst.path.startswith(child + "/"))
+        and any(True for _ in prims_of(inst, "attention"))
+    )
 
 
 def decode_shared(model: ir.Model) -> frozenset[str]:
@@ -106,7 +122,9 @@ def decode_shared(model: ir.Model) -> frozenset[str]:
 
 
 def shared_functions(
-    root: ir.Instance, takes_pos: frozenset[str] = frozenset()
+    root: ir.Instance,
+    takes_pos: frozenset[str] = frozenset(),
+    staged: frozenset[str] = frozenset(),
 ) -> tuple[ir.SharedFunction, ...]:
     """The layer functions of the tree at `root` in post-order, instances of one structure
     sharing one."""
@@ -130,6 +148,7 @@ def shared_functions(
             aux,
             inst.path in masters,
             inst.path in takes_pos,
+            inst.path in staged,
         )
         for i, k in enumerate(keys):
             if k == key:
@@ -149,6 +168,7 @@ def shared_functions(
                 aux=aux,
                 master=inst.path in masters,
                 takes_pos=inst.path in takes_pos,
+                staged=inst.path in staged,
             )
         )
         return name, rng, aux

@@ -34,8 +34,10 @@ What cannot run is a located error at the directive:
 - a step batch that microbatches do not divide, fewer microbatches than stages (the circular
   schedule feeds a micro-batch back to the first stage only after it left the last one; without
   repeats most of the loop would be bubble, as MaxText also requires), a micro-batch that does not
-  split over the batch's mesh axes;
-- context(...) in the same block (not composed yet).
+  split over the batch's mesh axes.
+
+With context(...) in the same block, attention inside the stages splits the sequence too: its
+shard_map leaves the `stage` axis to the pipeline's vmap (plan_functions marks those layers).
 
 The decode path (KV cache) runs the layers unpipelined, as before.
 """
@@ -62,12 +64,6 @@ def plan_pipeline(module: ir.Module) -> ir.Module:
     at = module.report_at(sched.pipeline.span)
     diags = Diagnostics()
     stages = _stages(sched, at, diags)
-    if sched.context.value is not None:
-        diags.error(
-            at,
-            "pipeline(...) does not compose with context(...) yet",
-            "remove one of them from this target block",
-        )
     child = _main_repeat(module, at, diags)
     diags.raise_if_any()
     assert child is not None  # _main_repeat reported an error otherwise

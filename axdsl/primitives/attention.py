@@ -235,7 +235,7 @@ def _emit_context(
     """Context parallelism (plan_context): the call runs on each shard's slice of the sequence
     inside jax.shard_map (`context_parallel`), gathering the keys and values once or passing
     them around the ring; its masks come from the tokens' original positions."""
-    code, helpers = _context_call(call, choice, context)
+    code, helpers = _context_call(call, choice, context, ctx.staged)
     for name in helpers:
         ctx.use_helper(name)
     ctx.imports.add("import functools")
@@ -251,14 +251,16 @@ def _emit_context(
 
 
 def _context_call(
-    call: AttentionCall, choice: ir.KernelChoice, context: ir.ContextPolicy
+    call: AttentionCall, choice: ir.KernelChoice, context: ir.ContextPolicy, staged: bool = False
 ) -> tuple[str, tuple[str, ...]]:
-    """The code of one context-parallel call and the helpers it calls (_context_helpers)."""
+    """The code of one context-parallel call and the helpers it calls (_context_helpers);
+    `staged`: it runs inside the pipeline's stages (plan_functions)."""
     operands = f"{call.q}, {call.k}, {call.v}" + "".join(
         f", {name}={code}"
         for name, code in (
             ("positions", f"context_order({call.q}.shape[1])" if context.balance else None),
             ("segment_ids", call.segment_ids),
+            ("staged", "True" if staged else None),
         )
         if code is not None
     )
