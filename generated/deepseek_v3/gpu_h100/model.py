@@ -577,9 +577,9 @@ def param_table(cfg: Config) -> dict[str, Param]:
         "embed/table":                     Param((vocab, dim),                               ("vocab", "embed"),                       "normal", 0.02, P(None, "fsdp")),
         "dense_blocks/attn_norm/scale":    Param((dense_layers, dim),                        ("layers", "norm"),                       "ones",   1.0,  P()),
         "dense_blocks/attn/wq_a":          Param((dense_layers, dim, q_rank),                ("layers", "embed", "mlp"),               "normal", 0.02, P(None, "fsdp")),
-        "dense_blocks/attn/wq_b":          Param((dense_layers, q_rank, heads, qk_head_dim), ("layers", "mlp", "heads", "head_dim"),   "normal", 0.02, P()),
+        "dense_blocks/attn/wq_b":          Param((dense_layers, q_rank, heads, qk_head_dim), ("layers", "embed", "heads", "head_dim"), "normal", 0.02, P(None, "fsdp")),
         "dense_blocks/attn/wkv_a":         Param((dense_layers, dim, kv_a_dim),              ("layers", "embed", "mlp"),               "normal", 0.02, P(None, "fsdp")),
-        "dense_blocks/attn/wkv_b":         Param((dense_layers, kv_rank, heads, kv_b_dim),   ("layers", "mlp", "heads", "head_dim"),   "normal", 0.02, P()),
+        "dense_blocks/attn/wkv_b":         Param((dense_layers, kv_rank, heads, kv_b_dim),   ("layers", "embed", "heads", "head_dim"), "normal", 0.02, P(None, "fsdp")),
         "dense_blocks/attn/wo":            Param((dense_layers, heads, v_head_dim, dim),     ("layers", "heads", "head_dim", "embed"), "normal", 0.02, P(None, None, None, "fsdp")),
         "dense_blocks/attn/q_norm/scale":  Param((dense_layers, q_rank),                     ("layers", "norm"),                       "ones",   1.0,  P()),
         "dense_blocks/attn/kv_norm/scale": Param((dense_layers, kv_rank),                    ("layers", "norm"),                       "ones",   1.0,  P()),
@@ -589,9 +589,9 @@ def param_table(cfg: Config) -> dict[str, Param]:
         "dense_blocks/mlp/w_down":         Param((dense_layers, ffn, dim),                   ("layers", "mlp", "embed"),               "normal", 0.02, P(None, None, "fsdp")),
         "blocks/attn_norm/scale":          Param((layers, dim),                              ("layers", "norm"),                       "ones",   1.0,  P()),
         "blocks/attn/wq_a":                Param((layers, dim, q_rank),                      ("layers", "embed", "mlp"),               "normal", 0.02, P(None, "fsdp")),
-        "blocks/attn/wq_b":                Param((layers, q_rank, heads, qk_head_dim),       ("layers", "mlp", "heads", "head_dim"),   "normal", 0.02, P()),
+        "blocks/attn/wq_b":                Param((layers, q_rank, heads, qk_head_dim),       ("layers", "embed", "heads", "head_dim"), "normal", 0.02, P(None, "fsdp")),
         "blocks/attn/wkv_a":               Param((layers, dim, kv_a_dim),                    ("layers", "embed", "mlp"),               "normal", 0.02, P(None, "fsdp")),
-        "blocks/attn/wkv_b":               Param((layers, kv_rank, heads, kv_b_dim),         ("layers", "mlp", "heads", "head_dim"),   "normal", 0.02, P()),
+        "blocks/attn/wkv_b":               Param((layers, kv_rank, heads, kv_b_dim),         ("layers", "embed", "heads", "head_dim"), "normal", 0.02, P(None, "fsdp")),
         "blocks/attn/wo":                  Param((layers, heads, v_head_dim, dim),           ("layers", "heads", "head_dim", "embed"), "normal", 0.02, P(None, None, None, "fsdp")),
         "blocks/attn/q_norm/scale":        Param((layers, q_rank),                           ("layers", "norm"),                       "ones",   1.0,  P()),
         "blocks/attn/kv_norm/scale":       Param((layers, kv_rank),                          ("layers", "norm"),                       "ones",   1.0,  P()),
@@ -660,7 +660,7 @@ MESH_SHAPE = {
 # Rematerialization of each scanned layer, remat(full) from fit_remat, for profile gpu-h100:
 # keep only each layer's input; recompute the rest in the backward pass.
 # fit_remat, for deepseek_v3 at batch 8 x seq 163840, 65.45 GiB usable per chip (analytic):
-# none 2180932.17, save(points) 51155.46, save_dots 50921.87, full 49576.61 GiB: nothing fits, so full
+# none 2180883.31, save(points) 51112.02, save_dots 50878.42, full 49533.17 GiB: nothing fits, so full
 REMAT_POLICY = jax.checkpoint_policies.nothing_saveable
 
 
