@@ -333,3 +333,38 @@ def test_a_batch_the_mesh_cannot_split_does_not_run_and_context_parallelism_is_s
     assert "=> does NOT run on this mesh" in text and "=> fits" not in text
     assert "`--batch 16`" in text
     assert 'mesh(seq = 8, fsdp = -1)  rules(embed = [fsdp, seq])  context(strategy = "ring")' in text
+
+
+# A Llama whose width (96 = 3 x 32) lets FSDP split its weights at most 32 ways by doubling.
+NARROW = """
+import "std/transformer.axl"
+model lm = DecoderLM {
+  vocab = 256  dim = 96  layers = 64  heads = 3  kv_heads = 3  ffn = 384  max_seq = 64
+  dtype = f32
+}
+train { batch = 16  seq = 16 }
+target "cpu-8" { mesh(fsdp = -1)  remat(full)  unroll(0) }
+"""
+
+
+def test_pipeline_stages_are_suggested_where_the_weights_stop_fsdp(tmp_path):
+    """Weights that do not fit with FSDP alone: FSDP stops where a weight's dim no longer splits
+    (96 at 32 ways), so pipeline stages on more chips are suggested, each stage keeping its
+    share of the repeat's state, with the figure plan_pipeline's schedule gives and the bubble."""
+    from axdsl.analysis.memory import estimate_memory
+    from axdsl.aot.suggest import fsdp_cap, suggest
+    from axdsl.pipeline import compile_spec
+
+    spec = tmp_path / "narrow.axl"
+    spec.write_text(NARROW)
+    module = compile_spec(spec, "cpu-8")
+    est = estimate_memory(module, update_select=False)
+    assert fsdp_cap(module, "lm", est.mesh) == 96
+    at32 = estimate_memory(module, mesh={**est.mesh, "fsdp": 32}, update_select=False, batch=32)
+    usable = at32.total - 1024  # a chip too small for FSDP's best
+    found = suggest(module, "lm", est, usable, "cpu-8", update_select=False)
+    line = next(x for x in found if x.startswith("pipeline stages"))
+    assert "stop FSDP at 32 ways" in line and "pipeline(microbatches = 4)" in line, line
+    assert "mesh(stage = 2, fsdp = 32)" in line and "over 64 chips" in line
+    assert "bubble 20.0%" in line and not any(x.startswith("more FSDP") for x in found)
+    assert "MiB per chip" in line and float(line.split("-> ")[1].split(" MiB")[0]) * 2**20 < usable

@@ -140,8 +140,8 @@ def analyze(
     if sched.pipeline.value is not None:  # plan_pipeline's split and the bubble it costs
         report.notes.append(
             f"{pipeline_text(sched.pipeline.value)}; the memory figures below divide the "
-            "pipelined layers' weights, gradients and optimizer state by the stages, but not "
-            "yet the activations of the micro-batches in flight"
+            "pipelined layers' weights, gradients and optimizer state by the stages, and count "
+            "the activations of every micro-batch in flight on a stage (the bubble's included)"
         )
     edited = edited_files(default_out_dir(spec, target))
     if edited:
