@@ -149,9 +149,10 @@ def _more_fsdp(s: _Search) -> list[str]:
 def _more_stages(s: _Search) -> list[str]:
     """Pipeline stages on more chips, for weights that do not fit with FSDP alone: FSDP as far
     as the weights' dims let it go (`fsdp_cap`); when the state is still most of the step there,
-    each stage keeps 1 / stages of the main repeat's weights, gradients and optimizer state. `microbatches = 2 x stages` keeps the bubble
-    near a third (docs/targets.md says how to lower it). The fewest stages that fit; plan_pipeline
-    must accept the model, else its reason is the suggestion."""
+    each stage keeps 1 / stages of the main repeat's weights, gradients and optimizer state.
+    `microbatches = 2 x stages` keeps the bubble near a third (docs/targets.md says how to lower
+    it). The fewest stages that fit; plan_pipeline must accept the model, else its reason is the
+    suggestion."""
     sched, base = s.module.target, s.base
     if sched.pipeline.value is not None or sched.context.value is not None:
         return []
