@@ -226,9 +226,11 @@ def test_a_pipeline_keeps_every_micro_batch_in_flight(tmp_path):
     assert pp.in_flight == 7 * 2 * piece + 4 * piece  # 7 iterations x 2 layers, the 4 pieces
     assert pp.in_flight == 8 * piece / (1 - pp.pipeline.bubble) + 4 * piece
     assert pp.saved - flat.saved == pp.in_flight - 8 * piece  # the rest is as before
-    # circular: 2 repeats of 1 layer per stage, 4 + 4 + 3 iterations
+    # circular: 2 repeats of 1 layer per stage, 4 + 4 + 3 iterations, each keeping the layer's
+    # weights it picked (f32 over fsdp 2: wq, wk, wv, wo, the MLP's three; the norms whole)
     circ = estimate_memory(_pipelined(tmp_path, "pipeline(microbatches = 4, repeats = 2)"))
-    assert circ.in_flight == 11 * 1 * piece + 4 * piece
+    weights = ((64 * 64 + 2 * 64 * 32 + 64 * 64 + 3 * 64 * 128) // 2 + 2 * 64) * 4
+    assert circ.in_flight == 11 * 1 * piece + 4 * piece + 11 * weights
     # more micro-batches: smaller pieces, a smaller bubble
     eight = estimate_memory(_pipelined(tmp_path, "pipeline(microbatches = 8)"))
     assert eight.in_flight == 11 * 2 * piece // 2 + 8 * piece // 2

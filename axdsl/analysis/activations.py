@@ -14,8 +14,12 @@ x repeats)) on one micro-batch (batch / microbatches sequences over the batch's 
 `stage`, which the vmap over stages takes). Autodiff keeps what each iteration's layers keep, the
 bubble's iterations included, so the repeat keeps iterations x layers per stage x one layer's
 kept bytes of a micro-batch (the plain figure / (1 - bubble)); beside it the loop's input and
-output buffer holds every micro-batch's activation at the repeat's boundary. One layer's backward
-transient is a micro-batch's on one stage.
+output buffer holds every micro-batch's activation at the repeat's boundary. With repeats > 1 each
+iteration selects its repeat's weights (kernels/pipeline.py `_stage_weights`), and the loop keeps
+that selection, a stage's layers' weights in the compute dtype, for every iteration: a deviceless
+v5e 2x4 compile (16 layers of dim 1024, stage 4 x fsdp 2, microbatches 8, repeats 2) holds
+bf16[19, 2, 1, 4096, 512] and like buffers, 608 MiB. One layer's backward transient is a
+micro-batch's on one stage.
 """
 
 from __future__ import annotations
@@ -185,7 +189,19 @@ def _add_pipelined(
     before = blocks.saved
     _add_block(stage, blocks, inst, layer, x, policy, p.iterations * p.layers_per_stage(n))
     blocks.saved += p.microbatches * stage.nbytes(x)  # the loop's input and output buffer
+    if p.repeats > 1:  # each iteration picks its repeat's weights: kept per iteration
+        blocks.saved += p.iterations * p.layers_per_stage(n) * layer_weights(t, inst)
     blocks.in_flight += blocks.saved - before
+
+
+def layer_weights(t: Tracer, inst: ir.Instance) -> float:
+    """One layer's weights on a chip (sharded as at rest, without their `layers` dim), in the
+    compute dtype."""
+    return sum(
+        t.layout.param_elements(replace(p, stack=())) * DTYPE_BYTES[t.compute or p.dtype.name]
+        for i in inst.walk()
+        for p in i.params
+    )
 
 
 def staged_tracer(t: Tracer, p: ir.PipelinePolicy) -> Tracer:
