@@ -368,3 +368,29 @@ def test_pipeline_stages_are_suggested_where_the_weights_stop_fsdp(tmp_path):
     assert "mesh(stage = 2, fsdp = 32)" in line and "over 64 chips" in line
     assert "bubble 20.0%" in line and not any(x.startswith("more FSDP") for x in found)
     assert "MiB per chip" in line and float(line.split("-> ")[1].split(" MiB")[0]) * 2**20 < usable
+
+
+def test_the_report_shows_the_micro_batches_in_flight_and_the_bubble(tmp_path):
+    """A pipelined step: the activations line says what the stages keep in flight, and the
+    compute section the bubble's cost (the pipelined layers' FLOPs 1 / (1 - bubble) as long)."""
+    from axdsl.analysis.flops import model_flops
+    from axdsl.analysis.memory import estimate_memory
+    from axdsl.aot.render import render
+    from axdsl.aot.report import Report
+    from axdsl.pipeline import compile_spec
+    from axdsl.targets import profiles
+
+    spec = tmp_path / "pp.axl"
+    spec.write_text(
+        NARROW.replace("mesh(fsdp = -1)", "mesh(stage = 2, fsdp = 4)  pipeline(microbatches = 4)")
+    )
+    module = compile_spec(spec, "cpu-8")
+    e, profile = estimate_memory(module), profiles()["cpu"]
+    flops = model_flops(module.models[0], e.seq)
+    report = Report(spec, "cpu-8", profile, "lm", e, flops, 1, 0, profile.hbm_bytes)
+    text = render(report)
+    assert e.pipeline is not None and e.in_flight > 0
+    assert "of which in flight" in text and "5 iterations x its layers on one stage" in text
+    assert "for one micro-batch of 4" in text
+    assert "pipeline bubble      20.0% of the loop idles each stage" in text
+    assert "MFU at most" in text
