@@ -148,11 +148,11 @@ def _more_fsdp(s: _Search) -> list[str]:
 
 def _more_stages(s: _Search) -> list[str]:
     """Pipeline stages on more chips, for weights that do not fit with FSDP alone: FSDP as far
-    as the weights' dims let it go (`fsdp_cap`); when the state is still most of the step there,
-    each stage keeps 1 / stages of the main repeat's weights, gradients and optimizer state.
-    `microbatches = 2 x stages` keeps the bubble near a third (docs/targets.md says how to lower
-    it). The fewest stages that fit; plan_pipeline must accept the model, else its reason is the
-    suggestion."""
+    as the weights' dims let it go (`fsdp_cap`); when the state alone does not fit there, or is
+    most of the step, each stage keeps 1 / stages of the main repeat's weights, gradients and
+    optimizer state. `microbatches = 2 x stages` keeps the bubble near a third (docs/targets.md
+    says how to lower it). The fewest stages that fit; plan_pipeline must accept the model, else
+    its reason is the suggestion."""
     sched, base = s.module.target, s.base
     if sched.pipeline.value is not None or sched.context.value is not None:
         return []
@@ -169,7 +169,8 @@ def _more_stages(s: _Search) -> list[str]:
         microbatches=s.est.microbatches,
         update_select=s.update_select,
     )
-    if at.params + at.grads + at.opt_state < at.total / 2:
+    state = at.params + at.grads + at.opt_state
+    if s.ok(state) and state < at.total / 2:
         return []  # activations dominate: stages would not help (micro-batches, remat do)
     for stages in (2, 4, 8, 16, 32):
         mesh = {**widest, "stage": base.get("stage", 1) * stages}
