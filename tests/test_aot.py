@@ -368,6 +368,12 @@ def test_pipeline_stages_are_suggested_where_the_weights_stop_fsdp(tmp_path):
     assert "mesh(stage = 2, fsdp = 32)" in line and "over 64 chips" in line
     assert "bubble 20.0%" in line and not any(x.startswith("more FSDP") for x in found)
     assert "MiB per chip" in line and float(line.split("-> ")[1].split(" MiB")[0]) * 2**20 < usable
+    # 63 layers split into no power of two of stages: plan_pipeline's reason is the suggestion
+    spec.write_text(NARROW.replace("layers = 64", "layers = 63"))
+    module = compile_spec(spec, "cpu-8")
+    found = suggest(module, "lm", estimate_memory(module), usable, "cpu-8", update_select=False)
+    line = next(x for x in found if x.startswith("pipeline stages"))
+    assert "but lm: blocks has 63 layers, which do not split into 2 stages" in line, line
 
 
 def test_the_report_shows_the_micro_batches_in_flight_and_the_bubble(tmp_path):

@@ -172,6 +172,7 @@ def _more_stages(s: _Search) -> list[str]:
     state = at.params + at.grads + at.opt_state
     if s.ok(state) and state < at.total / 2:
         return []  # activations dominate: stages would not help (micro-batches, remat do)
+    refused = ""  # plan_pipeline's first reason to refuse a stage count
     for stages in (2, 4, 8, 16, 32):
         mesh = {**widest, "stage": base.get("stage", 1) * stages}
         micro = 2 * stages
@@ -179,7 +180,8 @@ def _more_stages(s: _Search) -> list[str]:
         batch = -(-s.grown_batch(mesh) // ways) * ways  # the same sequences per chip
         staged = _staged(s.module, mesh, micro, batch)
         if isinstance(staged, str):
-            return [f"pipeline stages would split the weights further, but {staged}"]
+            refused = refused or staged
+            continue
         t = replace(s, module=staged).total(batch=batch, mesh=mesh)
         if s.ok(t):
             n = math.prod(mesh.values())
@@ -191,7 +193,7 @@ def _more_stages(s: _Search) -> list[str]:
                 f"over {n} chips -> {s.shown(t)} per chip, bubble {bubble:.1%}; check it with "
                 f"`axdsl aot {s.module.spec} --target {sched.profile}-{n}{grown}`"
             ]
-    return []
+    return [f"pipeline stages would split the weights further, but {refused}"] if refused else []
 
 
 def _staged(
