@@ -180,6 +180,8 @@ CONFIGS = (
     Config("pipeline 4x2 r2", "PP, 8 micro-batches, repeats 2", LLAMA_PP, 32, 1024,
            "mesh(stage = 4, fsdp = 2) remat(full) kernels(attention = xla) "
            "pipeline(microbatches = 8, repeats = 2)", "tpu-v5e-8"),
+    # XLA 2.05 GiB, analytic 1.59: no per-iteration weights (repeats 1); the gap is the loss and
+    # head after the pipeline (bf16[8, 512, 32768] chunks where 4 sequences a chip were modelled)
     Config("pipeline 4x2 r1", "PP, 8 micro-batches", LLAMA_PP, 32, 1024,
            "mesh(stage = 4, fsdp = 2) remat(full) kernels(attention = xla) "
            "pipeline(microbatches = 8)", "tpu-v5e-8"),
