@@ -14,7 +14,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from axdsl import primitives
-from axdsl.analysis.flops import RuleContext, layer_count, model_flops, param_count
+from axdsl.analysis.flops import (
+    RuleContext,
+    bubble_slowdown,
+    layer_count,
+    model_flops,
+    param_count,
+)
 from axdsl.analysis.memory import estimate_memory
 from axdsl.ir import nodes as ir
 from axdsl.ir.printer import pipeline_text
@@ -126,6 +132,11 @@ def run(spec: Path, target: str = "cpu", model: str | None = None) -> int:
         )
         if sched.pipeline.value is not None:  # plan_pipeline: the layers' share idles this much
             print(f"  pipeline          {pipeline_text(sched.pipeline.value)}")
+            slowed = bubble_slowdown(model_flops(m, seq), sched.pipeline.value)
+            print(
+                f"  with the bubble   {step_s * slowed * 1e3:.1f} ms per step at best: "
+                f"MFU at most {1 / slowed:.1%}"
+            )
         print(
             f"  memory per chip   parameters {_gib(est.params)}, gradients {_gib(est.grads)}, "
             f"optimizer state {_gib(est.opt_state)}, activations {_gib(est.activations)} "

@@ -1,6 +1,6 @@
 """The analytic per-chip memory (axdsl/analysis/memory.py) against XLA's TPU compile, per config.
 
-    python benchmarks/memory_table.py            # 15 TPU configs + 7 CPU ones
+    python benchmarks/memory_table.py            # 20 TPU configs (5 on a v5e 2x4) + 7 CPU ones
     python benchmarks/memory_table.py --quick    # 5 TPU configs + 1 CPU one
 
 On the 2 shared cores here a TPU compile takes 15-220 s (25 min for all, with other compiles
@@ -110,6 +110,28 @@ model small = DecoderLM {
 """
 NO_INT8 = "quantize(none)"  # int8_einsum is a custom_vjp: save_dots would see no dots to save
 
+# DeepSeek-V3's layers cut down (MLA, 64 routed experts of 512 + a shared one, top-8 of 8 groups)
+# for the multi-chip rows: the dropless MoE's experts gathered whole, on a v5e 2x4 topology.
+DEEPSEEK_SMALL = """import "std/deepseek.axl"
+model ds_small = DecoderLM {
+  vocab = 2048  dim = 1024  layers = 4  dense_layers = 1  heads = 8  ffn = 4608  max_seq = 1024
+  norm = RMSNorm(eps = 1e-6)
+  dense_block = Block(attn = MLAttention(q_rank = 256, kv_rank = 128, nope_dim = 64, rope_dim = 64,
+                                         v_head_dim = 128), mlp = SwiGLU(hidden = ffn))
+  block = Block(attn = MLAttention(q_rank = 256, kv_rank = 128, nope_dim = 64, rope_dim = 64,
+                                   v_head_dim = 128),
+                mlp = DeepSeekMoE(hidden = 512, experts = 64, top_k = 8, groups = 8, top_groups = 4,
+                                  scale = 2.5, shared = 1, capacity_factor = 0.0, balance_rate = 0.001))
+  dtype = bf16  param_dtype = f32
+}
+"""
+# 16 layers of dim 1024 for the pipelined rows (stage 4 x fsdp 2 on a v5e 2x4 topology).
+LLAMA_PP = """import "std/transformer.axl"
+model lm = DecoderLM {
+  vocab = 32768  dim = 1024  layers = 16  heads = 8  kv_heads = 8  ffn = 4096  max_seq = 1024
+  dtype = bf16  param_dtype = f32
+}
+"""
 
 @dataclass(frozen=True)
 class Config:
@@ -146,6 +168,23 @@ CONFIGS = (
     Config("qwen3-moe 2x1024 full", "MoE, half the tokens", QWEN3_MOE, 2, 1024, tpu("full")),
     Config("qwen3-moe full int8", "MoE, int8 attention (v5e's default)", QWEN3_MOE, 4, 2048,
            "remat(full)"),
+    # v5e 2x4, 2026-12-07 (plan): XLA 2.58 GiB, analytic 2.30; XLA 1.47, analytic 1.46; XLA 2.35,
+    # analytic 2.32 (the layout of specs/deepseek_v3.axl's v5p-1024 plan)
+    Config("deepseek ep4 full", "MoE, expert = 4 x fsdp = 2", DEEPSEEK_SMALL, 16, 1024,
+           "mesh(expert = 4, fsdp = -1) remat(full)", "tpu-v5e-8"),
+    Config("deepseek fsdp8 full", "MoE, fsdp = 8", DEEPSEEK_SMALL, 16, 1024,
+           "mesh(fsdp = -1) remat(full)", "tpu-v5e-8"),
+    Config("deepseek dp2 full", "MoE, data = 2 x fsdp = 4", DEEPSEEK_SMALL, 16, 1024,
+           "mesh(data = 2, fsdp = -1) remat(full)", "tpu-v5e-8"),
+    # XLA 2.44 GiB, analytic 2.16 (stages keep each iteration's micro-batch and weights)
+    Config("pipeline 4x2 r2", "PP, 8 micro-batches, repeats 2", LLAMA_PP, 32, 1024,
+           "mesh(stage = 4, fsdp = 2) remat(full) kernels(attention = xla) "
+           "pipeline(microbatches = 8, repeats = 2)", "tpu-v5e-8"),
+    # XLA 2.05 GiB, analytic 1.59: no per-iteration weights (repeats 1); the gap is the loss and
+    # head after the pipeline (bf16[8, 512, 32768] chunks where 4 sequences a chip were modelled)
+    Config("pipeline 4x2 r1", "PP, 8 micro-batches", LLAMA_PP, 32, 1024,
+           "mesh(stage = 4, fsdp = 2) remat(full) kernels(attention = xla) "
+           "pipeline(microbatches = 8)", "tpu-v5e-8"),
     Config("mamba2 full", "Mamba-2 SSD", MAMBA2, 4, 2048, tpu("full"), quick=True),
     Config("mamba2 none", "Mamba-2, remat none", MAMBA2, 4, 2048, tpu("none")),
     Config("cpu llama none", "CPU: dense GQA, f32", LLAMA_SMALL, 8, 256,

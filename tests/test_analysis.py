@@ -192,6 +192,98 @@ def test_activations_scale_with_microbatches_and_batch():
     assert double.saved - head_grads == pytest.approx(2 * (one.saved - head_grads), rel=0.01)
 
 
+# A small Llama of 8 layers on 8 chips; `{target}` is the target block's directives.
+PIPELINED = """\
+import "std/transformer.axl"
+
+model lm = DecoderLM {{
+  vocab = 256  dim = 64  layers = 8  heads = 4  kv_heads = 2  ffn = 128  max_seq = 64
+  dtype = f32
+}}
+train {{ batch = 16  seq = 16 }}
+target "cpu-8" {{ mesh(stage = 4, fsdp = 2)  remat(full)  unroll(0)  {target} }}
+"""
+
+
+def _pipelined(tmp_path: Path, target: str) -> ir.Module:
+    spec = tmp_path / f"pp{abs(hash(target))}.axl"
+    spec.write_text(PIPELINED.format(target=target))
+    return compile_spec(spec, "cpu-8")
+
+
+def test_a_pipeline_keeps_every_micro_batch_in_flight(tmp_path):
+    """Under pipeline(...) the loop's scan keeps, for each of its M x R + S - 1 iterations, what
+    a stage's layers keep for one micro-batch, the bubble's iterations included: the
+    unpipelined figure / (1 - bubble), plus the loop's buffer of the whole batch at the
+    repeat's input. With remat(full) a layer keeps its f32 input: 16 sequences over fsdp 2 in
+    4 micro-batches are 2 x 16 x 64 x 4 bytes a layer, as the 8 unpipelined layers keep with
+    stage as data parallelism (16 / 8 sequences a chip)."""
+    flat = estimate_memory(_pipelined(tmp_path, ""))
+    pp = estimate_memory(_pipelined(tmp_path, "pipeline(microbatches = 4)"))
+    piece = 2 * 16 * 64 * 4
+    assert flat.saved_per_layer == pp.saved_per_layer == piece
+    assert flat.in_flight == 0 and pp.pipeline is not None and pp.pipeline.bubble == 3 / 7
+    assert pp.in_flight == 7 * 2 * piece + 4 * piece  # 7 iterations x 2 layers, the 4 pieces
+    assert pp.in_flight == 8 * piece / (1 - pp.pipeline.bubble) + 4 * piece
+    assert pp.saved - flat.saved == pp.in_flight - 8 * piece  # the rest is as before
+    # circular: 2 repeats of 1 layer per stage, 4 + 4 + 3 iterations, each keeping the layer's
+    # weights it picked (f32 over fsdp 2: wq, wk, wv, wo, the MLP's three; the norms whole)
+    circ = estimate_memory(_pipelined(tmp_path, "pipeline(microbatches = 4, repeats = 2)"))
+    weights = ((64 * 64 + 2 * 64 * 32 + 64 * 64 + 3 * 64 * 128) // 2 + 2 * 64) * 4
+    assert circ.in_flight == 11 * 1 * piece + 4 * piece + 11 * weights
+    # more micro-batches: smaller pieces, a smaller bubble
+    eight = estimate_memory(_pipelined(tmp_path, "pipeline(microbatches = 8)"))
+    assert eight.in_flight == 11 * 2 * piece // 2 + 8 * piece // 2
+
+
+def test_the_bubble_slows_only_the_pipelined_layers(tmp_path):
+    """MFU under a pipeline: the repeat's share of the FLOPs takes 1 / (1 - bubble) as long."""
+    from axdsl.analysis.flops import bubble_slowdown, pipelined_share
+
+    module = _pipelined(tmp_path, "pipeline(microbatches = 4)")
+    flops = model_flops(module.models[0], 16)
+    share = pipelined_share(flops, "/blocks")
+    policy = module.target.pipeline.value
+    assert 0.5 < share < 1  # the head's matmul is outside
+    assert bubble_slowdown(flops, policy) == pytest.approx(1 - share + share * 7 / 4)
+
+
+MOE_EP = """\
+import "std/transformer.axl"
+
+model moe = DecoderLM {{
+  vocab = 256  dim = 64  layers = 2  heads = 4  ffn = 32  max_seq = 64
+  block = Block(mlp = MoE(hidden = ffn, experts = 8, top_k = 2, capacity_factor = {cf}))
+  dtype = bf16  param_dtype = f32
+}}
+target "cpu-8" {{ mesh(expert = 4, fsdp = 2) }}
+"""
+
+
+def test_dropless_experts_are_gathered_whole_with_their_gradient(tmp_path):
+    """The dropless MoE's shard_map takes the expert matrices whole and XLA gathers their
+    `expert` axis too (a deviceless v5e 2x4 compile holds [64, 1024, 512] matrices where the
+    mesh shards 64 experts 4 ways): a layer's backward holds them whole in the compute dtype,
+    and their whole gradient. The capacity path's einsums keep the experts sharded."""
+    from axdsl.analysis.activations import gathered_weights
+    from axdsl.analysis.layout import Layout
+    from axdsl.analysis.trace import Tracer
+    from axdsl.ir.axes import dim_axes
+
+    def gathered(cf: str) -> float:
+        spec = tmp_path / f"moe{cf.replace('.', '_')}.axl"
+        spec.write_text(MOE_EP.format(cf=cf))
+        module = compile_spec(spec, "cpu-8")
+        root, sched = module.models[0].root, module.target
+        rules = {k: c.value for k, c in sched.rules}
+        t = Tracer(root, Layout(dict(sched.mesh_sizes), rules, dim_axes(root)), 16, 16)
+        t.compute = "bf16"
+        return gathered_weights(t, root.expect_child("blocks"))
+
+    whole = 3 * 8 * 64 * 32 * 2  # w_gate, w_up, w_down of 8 experts, bf16
+    assert gathered("0.0") - gathered("1.0") == 2 * whole - whole // 4
+
+
 def test_analysis_never_imports_jax():
     code = ("import sys; from pathlib import Path; from axdsl.pipeline import compile_spec; "
             "from axdsl.analysis import model_flops; from axdsl.analysis.memory import estimate_memory; "

@@ -333,3 +333,70 @@ def test_a_batch_the_mesh_cannot_split_does_not_run_and_context_parallelism_is_s
     assert "=> does NOT run on this mesh" in text and "=> fits" not in text
     assert "`--batch 16`" in text
     assert 'mesh(seq = 8, fsdp = -1)  rules(embed = [fsdp, seq])  context(strategy = "ring")' in text
+
+
+# A Llama whose width (96 = 3 x 32) lets FSDP split its weights at most 32 ways by doubling.
+NARROW = """
+import "std/transformer.axl"
+model lm = DecoderLM {
+  vocab = 256  dim = 96  layers = 64  heads = 3  kv_heads = 3  ffn = 384  max_seq = 64
+  dtype = f32
+}
+train { batch = 16  seq = 16 }
+target "cpu-8" { mesh(fsdp = -1)  remat(full)  unroll(0) }
+"""
+
+
+def test_pipeline_stages_are_suggested_where_the_weights_stop_fsdp(tmp_path):
+    """Weights that do not fit with FSDP alone: FSDP stops where a weight's dim no longer splits
+    (96 at 32 ways), so pipeline stages on more chips are suggested, each stage keeping its
+    share of the repeat's state, with the figure plan_pipeline's schedule gives and the bubble."""
+    from axdsl.analysis.memory import estimate_memory
+    from axdsl.aot.suggest import fsdp_cap, suggest
+    from axdsl.pipeline import compile_spec
+
+    spec = tmp_path / "narrow.axl"
+    spec.write_text(NARROW)
+    module = compile_spec(spec, "cpu-8")
+    est = estimate_memory(module, update_select=False)
+    assert fsdp_cap(module, "lm", est.mesh) == 96
+    at32 = estimate_memory(module, mesh={**est.mesh, "fsdp": 32}, update_select=False, batch=32)
+    usable = at32.total - 1024  # a chip too small for FSDP's best
+    found = suggest(module, "lm", est, usable, "cpu-8", update_select=False)
+    line = next(x for x in found if x.startswith("pipeline stages"))
+    assert "stop FSDP at 32 ways" in line and "pipeline(microbatches = 4)" in line, line
+    assert "mesh(stage = 2, fsdp = 32)" in line and "over 64 chips" in line
+    assert "bubble 20.0%" in line and not any(x.startswith("more FSDP") for x in found)
+    assert "MiB per chip" in line and float(line.split("-> ")[1].split(" MiB")[0]) * 2**20 < usable
+    # 63 layers split into no power of two of stages: plan_pipeline's reason is the suggestion
+    spec.write_text(NARROW.replace("layers = 64", "layers = 63"))
+    module = compile_spec(spec, "cpu-8")
+    found = suggest(module, "lm", estimate_memory(module), usable, "cpu-8", update_select=False)
+    line = next(x for x in found if x.startswith("pipeline stages"))
+    assert "but lm: blocks has 63 layers, which do not split into 2 stages" in line, line
+
+
+def test_the_report_shows_the_micro_batches_in_flight_and_the_bubble(tmp_path):
+    """A pipelined step: the activations line says what the stages keep in flight, and the
+    compute section the bubble's cost (the pipelined layers' FLOPs 1 / (1 - bubble) as long)."""
+    from axdsl.analysis.flops import model_flops
+    from axdsl.analysis.memory import estimate_memory
+    from axdsl.aot.render import render
+    from axdsl.aot.report import Report
+    from axdsl.pipeline import compile_spec
+    from axdsl.targets import profiles
+
+    spec = tmp_path / "pp.axl"
+    spec.write_text(
+        NARROW.replace("mesh(fsdp = -1)", "mesh(stage = 2, fsdp = 4)  pipeline(microbatches = 4)")
+    )
+    module = compile_spec(spec, "cpu-8")
+    e, profile = estimate_memory(module), profiles()["cpu"]
+    flops = model_flops(module.models[0], e.seq)
+    report = Report(spec, "cpu-8", profile, "lm", e, flops, 1, 0, profile.hbm_bytes)
+    text = render(report)
+    assert e.pipeline is not None and e.in_flight > 0
+    assert "of which in flight" in text and "5 iterations x its layers on one stage" in text
+    assert "for one micro-batch of 4" in text
+    assert "pipeline bubble      20.0% of the loop idles each stage" in text
+    assert "MFU at most" in text

@@ -7,12 +7,27 @@ recompute a residual; save/offload names: the layer input and those points, offl
 host), plus the residuals outside the scan and of the loss (float32 softmax over the vocabulary).
 The working set is the larger of the loss's and one layer's backward transients (both, without
 remat). See `memory.py` for the whole model.
+
+Under pipeline(...) the pipelined repeat runs inside the loop of kernels/pipeline.py: a scan of
+microbatches x repeats + stages - 1 iterations, each running one stage's layers (layers / (stages
+x repeats)) on one micro-batch (batch / microbatches sequences over the batch's mesh axes less
+`stage`, which the vmap over stages takes). Autodiff keeps what each iteration's layers keep, the
+bubble's iterations included, so the repeat keeps iterations x layers per stage x one layer's
+kept bytes of a micro-batch (the plain figure / (1 - bubble)); beside it the loop's input and
+output buffer holds every micro-batch's activation at the repeat's boundary. With repeats > 1 each
+iteration selects its repeat's weights (kernels/pipeline.py `_stage_weights`), and the loop keeps
+that selection, a stage's layers' weights in the compute dtype, for every iteration: a deviceless
+v5e 2x4 compile (16 layers of dim 1024, stage 4 x fsdp 2, microbatches 8, repeats 2) holds
+bf16[19, 2, 1, 4096, 512] and like buffers, 608 MiB. One layer's backward transient is a
+micro-batch's on one stage.
 """
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field, replace
 
+from axdsl.analysis.flops import param_of
 from axdsl.analysis.layout import DTYPE_BYTES, Layout
 from axdsl.analysis.platforms import CPU, PlatformFacts
 from axdsl.analysis.trace import Tracer
@@ -20,6 +35,9 @@ from axdsl.analysis.values import Scope, Val, ValKind
 from axdsl.errors import filled
 from axdsl.ir import nodes as ir
 from axdsl.ir.nodes import LOSS_CHUNK, HeadSplit
+from axdsl.ir.rewrite import prims_of
+
+STAGE_AXIS = "stage"  # the mesh axis pipeline stages are laid out on (passes/plan_pipeline.py)
 
 
 @dataclass(frozen=True)
@@ -36,6 +54,7 @@ class Activations:
     reused: int = 0  # unrolled blocks: gradient bytes written where freed residuals were
     loss_working: int = 0  # the loss's transient (at the end of the forward pass)
     layer_working: int = 0  # one layer's backward transient (the largest layer's)
+    in_flight: int = 0  # of `saved`: the pipelined repeat's, all micro-batches and iterations
 
 
 @dataclass
@@ -48,6 +67,7 @@ class _Blocks:
     layers: int = 0
     working: float = 0.0
     reused: float = 0.0
+    in_flight: float = 0.0  # what the pipelined repeat keeps (pipeline(...))
     detail: dict[str, int] = field(default_factory=dict)
 
 
@@ -61,11 +81,14 @@ def trace_activations(
     loss_chunk: int = LOSS_CHUNK,
     platform: PlatformFacts = CPU,
     context: ir.ContextPolicy | None = None,
+    pipeline: ir.PipelinePolicy | None = None,
 ) -> Activations:
     """Trace the model and its loss; `remat` replaces every scanned block's policy. `split`: the
     loss is the fused cross-entropy over the model cut at its head (ir/head.py loss_split),
     `loss_chunk` positions at a time. `platform`: how many transients XLA keeps at once there.
-    `context`: the schedule's context parallelism (attention's memory rule reads it)."""
+    `context`: the schedule's context parallelism (attention's memory rule reads it).
+    `pipeline`: the schedule's pipeline parallelism, as plan_pipeline resolved it (its repeat
+    keeps the micro-batches in flight, module docstring)."""
     t = Tracer(root, layout, batch, seq)
     t.platform = platform
     t.context = context
@@ -81,7 +104,10 @@ def trace_activations(
         if inst.unrolled and not platform.unrolled_remat:  # XLA:CPU keeps it all (platforms.py)
             policy = ir.RematPolicy(ir.RematKind.NONE)
         policies.append(policy)
-        _add_block(t, blocks, inst, layer, x, policy)
+        if pipeline is not None and pipeline.stages > 1 and inst.path == pipeline.child:
+            _add_pipelined(t, blocks, inst, layer, x, policy, pipeline)
+        else:
+            _add_block(t, blocks, inst, layer, x, policy)
     if split is None and all(p.kind is ir.RematKind.NONE for p in policies):
         working = loss_working + blocks.working  # measured: XLA reuses neither for the other
     # (the fused loss's transient ends with the forward pass, before any layer's backward)
@@ -98,26 +124,35 @@ def trace_activations(
         reused=int(blocks.reused),
         loss_working=int(loss_working),
         layer_working=int(blocks.working),
+        in_flight=int(blocks.in_flight),
     )
 
 
 def _add_block(
-    t: Tracer, blocks: _Blocks, inst: ir.Instance, layer: Scope, x: Val, policy: ir.RematPolicy
+    t: Tracer,
+    blocks: _Blocks,
+    inst: ir.Instance,
+    layer: Scope,
+    x: Val,
+    policy: ir.RematPolicy,
+    kept_layers: int | None = None,
 ) -> None:
     """One scanned block: `repeat` layers that each keep what `policy` keeps (a pattern's step
-    runs k layers: its n / k steps count as n layers, each keeping a k-th of a step)."""
+    runs k layers: its n / k steps count as n layers, each keeping a k-th of a step).
+    `kept_layers`: how many layers' residuals are kept, when not n (a pipeline's iterations)."""
     n = int(filled(inst.repeat, f"the repeat of {inst.path}", "resolve").value)
     k = len(inst.children) if inst.pattern else 1
     kept, host = kept_values(layer, x, policy)
     kept_bytes = sum(t.nbytes(v) for v in kept)
+    times = n if kept_layers is None else kept_layers
     blocks.per_layer += kept_bytes / k
     blocks.layers += n * k
-    blocks.saved += n * kept_bytes
-    blocks.offloaded += n * sum(t.nbytes(v) for v in host)
+    blocks.saved += times * kept_bytes
+    blocks.offloaded += times * sum(t.nbytes(v) for v in host)
     for v in kept:
         key = f"{inst.path}: {v.label}"
         blocks.detail[key] = blocks.detail.get(key, 0) + int(t.nbytes(v))
-    if inst.unrolled:
+    if inst.unrolled and kept_layers is None:
         blocks.reused += unrolled_reuse(t, inst, n, kept_bytes)
     # Backward of one layer: its residuals again, recomputed where remat dropped them
     # (XLA frees each as the backward consumes it, and cotangents reuse the space).
@@ -135,6 +170,49 @@ def _add_block(
     else:  # XLA:TPU fuses the elementwise recomputation into its consumers (platforms.py)
         transient *= t.platform.layer_recompute
     blocks.working = max(blocks.working, transient + gathered_weights(t, inst))
+
+
+def _add_pipelined(
+    t: Tracer,
+    blocks: _Blocks,
+    inst: ir.Instance,
+    layer: Scope,
+    x: Val,
+    policy: ir.RematPolicy,
+    p: ir.PipelinePolicy,
+) -> None:
+    """The pipelined repeat (kernels/pipeline.py): every iteration of the loop keeps what one
+    stage's layers keep for one micro-batch, and the loop's buffer holds every micro-batch at
+    the repeat's boundary (the module docstring)."""
+    n = int(filled(inst.repeat, f"the repeat of {inst.path}", "resolve").value)
+    stage = staged_tracer(t, p)
+    before = blocks.saved
+    _add_block(stage, blocks, inst, layer, x, policy, p.iterations * p.layers_per_stage(n))
+    blocks.saved += p.microbatches * stage.nbytes(x)  # the loop's input and output buffer
+    if p.repeats > 1:  # each iteration picks its repeat's weights: kept per iteration
+        blocks.saved += p.iterations * p.layers_per_stage(n) * layer_weights(t, inst)
+    blocks.in_flight += blocks.saved - before
+
+
+def layer_weights(t: Tracer, inst: ir.Instance) -> float:
+    """One layer's weights on a chip (sharded as at rest, without their `layers` dim), in the
+    compute dtype."""
+    return sum(
+        t.layout.param_elements(replace(p, stack=())) * DTYPE_BYTES[t.compute or p.dtype.name]
+        for i in inst.walk()
+        for p in i.params
+    )
+
+
+def staged_tracer(t: Tracer, p: ir.PipelinePolicy) -> Tracer:
+    """`t` as one pipeline stage sees its work: a micro-batch (batch / microbatches sequences)
+    split over the batch's mesh axes other than `stage` (the vmap over stages takes that)."""
+    rules = dict(t.layout.rules)
+    rules["batch"] = tuple(a for a in rules.get("batch", ()) if a != STAGE_AXIS)
+    view = copy.copy(t)
+    view.layout = Layout(t.layout.sizes, rules, t.layout.axes_of_dim)
+    view.batch = max(t.batch // p.microbatches, 1)
+    return view
 
 
 def unrolled_reuse(t: Tracer, inst: ir.Instance, n: int, kept: float) -> float:
@@ -192,18 +270,45 @@ def kept_values(layer: Scope, x: Val, policy: ir.RematPolicy) -> tuple[list[Val]
 
 
 def gathered_weights(t: Tracer, inst: ir.Instance) -> float:
-    """One layer's weights gathered over the batch (FSDP) axes, in the compute dtype."""
+    """One layer's weights gathered over the batch (FSDP) axes, in the compute dtype.
+
+    A dropless MoE's expert weights enter its shard_map whole (kernels/moe.py `moe_dropless`,
+    in_specs P() over the batch axes), and XLA gathers their `expert` axis too for the grouped
+    matmuls (ragged_dot): a deviceless v5e 2x4 compile of a 64-expert MoE with mesh(expert = 4,
+    fsdp = 2) holds bf16[64, 1024, 512] expert matrices, not [16, ...] (benchmarks/RESULTS.md).
+    Their gradient is made whole on each chip before it is summed over the shards (the
+    transpose of a replicated shard_map input), so it is counted beside them."""
     fsdp = set(t.layout.batch_axes())
-    if not fsdp:
-        return 0.0
+    experts = set(t.layout.rules.get("experts", ())) | fsdp
+    whole = _dropless_expert_weights(inst)
     total = 0.0
     for i in inst.walk():
         for p in i.params:
-            full = t.layout.param_elements(replace(p, stack=()), exclude=tuple(fsdp))
+            moe = (i.path, p.name) in whole
+            exclude = experts if moe else fsdp
+            if not exclude:
+                continue
+            full = t.layout.param_elements(replace(p, stack=()), exclude=tuple(exclude))
             sharded = t.layout.param_elements(replace(p, stack=()))
             if full != sharded:
-                total += full * DTYPE_BYTES[t.compute or p.dtype.name]
+                total += (2 if moe else 1) * full * DTYPE_BYTES[t.compute or p.dtype.name]
     return total
+
+
+def _dropless_expert_weights(inst: ir.Instance) -> set[tuple[str, str]]:
+    """(instance path, parameter name) of the expert matrices of every MoE under `inst` that may
+    run its dropless path (capacity_factor <= 0, or one read from Config)."""
+    out = set()
+    for i in inst.walk():
+        for prim in prims_of(i, "moe"):
+            cf = prim.attr("capacity_factor")
+            if isinstance(cf.value, (int, float)) and cf.value > 0:
+                continue
+            for w in prim.args[2:5]:
+                where = param_of(i, w)
+                if where is not None:
+                    out.add(where)
+    return out
 
 
 def fused_loss(t: Tracer, split: HeadSplit, hidden: Val, loss_chunk: int) -> tuple[float, float]:

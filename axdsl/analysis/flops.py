@@ -105,6 +105,30 @@ class FlopCount:
         return self.train_per_token * batch * self.seq
 
 
+def pipelined_share(flops: FlopCount, child: str) -> float:
+    """The fraction of the forward FLOPs per token that the repeat at path `child` does (the
+    part pipeline(...) runs in stages)."""
+    inside = sum(
+        n for path, n in flops.by_path.items() if path == child or path.startswith(child + "/")
+    )
+    return inside / flops.forward_per_token if flops.forward_per_token else 0.0
+
+
+def bubble_slowdown(flops: FlopCount, pipeline: ir.PipelinePolicy) -> float:
+    """How much longer a step takes at the same FLOP rate when its pipelined repeat idles each
+    stage for the bubble: the repeat's share of the FLOPs takes 1 / (1 - bubble) as long, the
+    layers outside the pipeline as long as before. 1 / this is the best MFU the step can reach.
+
+        >>> from axdsl.ir.settings import PipelinePolicy
+        >>> f = FlopCount("m", 1, matmul=90, attention=0, by_path={"/blocks": 80, "/head": 10})
+        >>> p = PipelinePolicy(microbatches=4, stages=4, child="/blocks")  # bubble 3 / 7
+        >>> round(bubble_slowdown(f, p), 4)  # 1/9 + 8/9 x 7/4
+        1.6667
+    """
+    share = pipelined_share(flops, pipeline.child)
+    return 1 - share + share / (1 - pipeline.bubble)
+
+
 # ---------------------------------------------------------------------------- parameters
 def param_count(model: ir.Model) -> ParamCount:
     total = embedding = 0

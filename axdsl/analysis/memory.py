@@ -46,6 +46,13 @@ Step temporaries
                     the generated step uses jax.lax.cond instead, which writes the update in
                     place (`GENERATED_UPDATE_SKIP`)
 
+    in flight       under pipeline(...), the pipelined repeat keeps, for each of the loop's
+                    microbatches x repeats + stages - 1 iterations, what one stage's layers keep
+                    for one micro-batch (batch / microbatches over the batch's axes less
+                    `stage`), the bubble's iterations included: the unpipelined figure / (1 -
+                    bubble); plus the loop's buffer of every micro-batch at the repeat's input.
+                    Its layer backward is one micro-batch's (activations.py)
+
     unrolled      a block the target unrolls (unroll_repeats) frees each step's residuals as its
                     backward makes that step's gradients, which reuse the space: (steps - 1) x
                     min(one step's saved bytes, one step's gradient bytes) less in the backward
@@ -68,7 +75,7 @@ figures; `axdsl aot` prints both when it can compile.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import Enum
 
 from axdsl import optim
@@ -147,6 +154,9 @@ class MemoryEstimate:
     layer_grads: int = 0  # gradients of the scanned layers' parameters (made by their backward)
     loss_working: int = 0
     layer_working: int = 0
+    # of `saved`: what the pipelined repeat keeps for every micro-batch in flight (pipeline(...))
+    in_flight: int = 0
+    pipeline: ir.PipelinePolicy | None = None  # the schedule's, on this estimate's mesh
 
     @property
     def activations(self) -> int:
@@ -255,7 +265,9 @@ def estimate_memory(
     if _unrolled(m.root) and not platform_of(module).unrolled_remat:
         kept = ir.RematKind.NONE
     pipeline = module.schedule.pipeline.value if module.schedule is not None else None
-    staged = (pipeline.child, sizes.get("stage", 1)) if pipeline is not None else None
+    if pipeline is not None:  # the stages of the mesh estimated (a suggestion may try others)
+        pipeline = replace(pipeline, stages=sizes.get("stage", 1))
+    staged = (pipeline.child, pipeline.stages) if pipeline is not None else None
     st = _state(m.root, layout, optimizer, kept, mu_dtype, staged)
     grads = st.params + (
         st.param_f32 if microbatches > 1 else 0
@@ -278,6 +290,7 @@ def estimate_memory(
         loss_chunk(module.schedule),
         platform_of(module),
         module.schedule.context.value if module.schedule is not None else None,
+        pipeline,
     )
     return MemoryEstimate(
         model=m.name,
@@ -307,6 +320,8 @@ def estimate_memory(
         layer_grads=st.layer_params if microbatches == 1 else grads,
         loss_working=act.loss_working,
         layer_working=act.layer_working,
+        in_flight=act.in_flight,
+        pipeline=pipeline,
     )
 
 

@@ -137,11 +137,13 @@ def analyze(
                 f"for batch {est.batch} x seq {est.seq}, set remat(...) in a target block "
                 "if this report says it does not fit"
             )
+    for left, why in sched.left_out:  # annotate_sharding: a variant this mesh cannot shard
+        report.notes.append(f"{left} is left out of this target's build: {why}")
     if sched.pipeline.value is not None:  # plan_pipeline's split and the bubble it costs
         report.notes.append(
             f"{pipeline_text(sched.pipeline.value)}; the memory figures below divide the "
-            "pipelined layers' weights, gradients and optimizer state by the stages, but not "
-            "yet the activations of the micro-batches in flight"
+            "pipelined layers' weights, gradients and optimizer state by the stages, and count "
+            "the activations of every micro-batch in flight on a stage (the bubble's included)"
         )
     edited = edited_files(default_out_dir(spec, target))
     if edited:

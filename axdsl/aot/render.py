@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from axdsl.analysis.flops import bubble_slowdown, pipelined_share
 from axdsl.aot.xla import xla_total
 from axdsl.ir import nodes as ir
 from axdsl.aot.report import Report, gib
@@ -78,6 +79,13 @@ def _memory(r: Report) -> list[str]:
         f"({e.layers} layers x {gib(e.saved_per_layer)} + outside the scan), "
         f"working {gib(e.working)} ({'loss' if e.working_kind == 'loss' else 'one layer backward'})"
     )
+    if e.in_flight and e.pipeline is not None:
+        pl = e.pipeline
+        lines.append(
+            f"  of which in flight {gib(e.in_flight):>11}   (the pipelined {pl.child}: "
+            f"{pl.iterations} iterations x its layers on one stage, for one micro-batch of "
+            f"{e.batch // e.microbatches // pl.microbatches}, plus the loop's buffer)"
+        )
     if e.reused:
         lines.append(
             f"  unrolled reuse    {gib(-e.reused):>12}   "
@@ -183,7 +191,7 @@ def _compute(r: Report) -> list[str]:
     peak = r.profile.peak_flops("bf16")
     step_flops = f.per_step(e.batch)
     ideal = step_flops / (peak * e.chips)
-    return [
+    lines = [
         "compute (model FLOPs, MaxText's formula: 6 x params-in-matmuls + sequence mixing)",
         f"  per token (train)    {_si(f.train_per_token)}FLOP   (matmuls {_si(3 * f.matmul)}FLOP, "
         f"attention/SSD {_si(3 * f.attention)}FLOP at seq {f.seq})",
@@ -191,8 +199,17 @@ def _compute(r: Report) -> list[str]:
         f"  ideal step time      {ideal * 1e3:.4g} ms at the bf16 peak "
         f"({_si(peak)}FLOP/s x {e.chips} chips, "
         f"100% MFU); {ideal / 0.4 * 1e3:.4g} ms at 40% MFU",
-        f"  ideal throughput     {e.batch * e.seq / ideal:,.0f} tokens/s",
     ]
+    if e.pipeline is not None and e.pipeline.stages > 1:
+        slowed = bubble_slowdown(f, e.pipeline)
+        lines.append(
+            f"  pipeline bubble      {e.pipeline.bubble:.1%} of the loop idles each stage; "
+            f"{pipelined_share(f, e.pipeline.child):.0%} of the FLOPs run in it: "
+            f"{ideal * slowed * 1e3:.4g} ms at best, MFU at most {1 / slowed:.1%}"
+        )
+        ideal *= slowed
+    lines.append(f"  ideal throughput     {e.batch * e.seq / ideal:,.0f} tokens/s")
+    return lines
 
 
 def _render_lowering(r: Report) -> list[str]:

@@ -1,7 +1,8 @@
 """The suggestion search: concrete changes that make a step that does not fit fit.
 
 Each try re-runs the analytic estimate (`estimate_memory`) with something changed. On more chips:
-more FSDP (on the same chips, then on more). On the same chips, each lever alone, each printed
+more FSDP (on the same chips, then on more), or, where the weights' dims stop FSDP, pipeline
+stages. On the same chips, each lever alone, each printed
 with its per-chip figure whether or not it is enough by itself: a stronger remat policy, more
 micro-batches, context parallelism for long sequences, the first moment in bf16
 (`adamw(mu_dtype = bf16)`), Adafactor (factored second moments), quantized matmuls in a format
@@ -107,10 +108,30 @@ def _fsdp_same_chips(s: _Search) -> list[str]:
     ]
 
 
+def fsdp_cap(module: ir.Module, model: str, mesh: dict[str, int]) -> int:
+    """The most ways FSDP can split the parameters: every dim that `fsdp` splits, less the
+    other mesh axes on that dim, must divide (annotate_sharding refuses the rest). 0: no
+    parameter dim is on fsdp."""
+    rules = {k: c.value for k, c in module.target.rules}
+    root = next(m.root for m in module.models if m.name == model)
+    cap = 0
+    for inst in root.walk():
+        for p in inst.params:
+            for d, logical in zip(p.full_dims, p.full_axes, strict=True):
+                axes = rules.get(logical, ()) if logical else ()
+                if "fsdp" in axes:
+                    others = math.prod(mesh.get(a, 1) for a in axes if a != "fsdp")
+                    cap = math.gcd(cap, ir.static_size(d) // others)
+    return cap
+
+
 def _more_fsdp(s: _Search) -> list[str]:
     base, sched = s.base, s.module.target
+    cap = fsdp_cap(s.module, s.model, base)
     for k in range(1, 13):
         fsdp = base.get("fsdp", 1) * 2**k
+        if cap and cap % fsdp:  # a weight's dim does not split that many ways
+            return []
         mesh = {**base, "fsdp": fsdp}
         batch = s.grown_batch(mesh)
         t = s.total(batch=batch, mesh=mesh)
@@ -123,6 +144,81 @@ def _more_fsdp(s: _Search) -> list[str]:
                 + (f" --batch {batch}`" if grown else "`")
             ]
     return []
+
+
+def _more_stages(s: _Search) -> list[str]:
+    """Pipeline stages on more chips, for weights that do not fit with FSDP alone: FSDP as far
+    as the weights' dims let it go (`fsdp_cap`); when the state alone does not fit there, or is
+    most of the step, each stage keeps 1 / stages of the main repeat's weights, gradients and
+    optimizer state. `microbatches = 2 x stages` keeps the bubble near a third (docs/targets.md
+    says how to lower it). The fewest stages that fit; plan_pipeline must accept the model, else
+    its reason is the suggestion."""
+    sched, base = s.module.target, s.base
+    if sched.pipeline.value is not None or sched.context.value is not None:
+        return []
+    cap, fsdp = fsdp_cap(s.module, s.model, base), base.get("fsdp", 1)
+    while fsdp < 2**12 and (not cap or cap % (2 * fsdp) == 0):
+        fsdp *= 2
+    widest = {**base, "fsdp": fsdp}
+    at = estimate_memory(
+        s.module,
+        s.model,
+        seq=s.est.seq,
+        batch=s.grown_batch(widest),
+        mesh=widest,
+        microbatches=s.est.microbatches,
+        update_select=s.update_select,
+    )
+    state = at.params + at.grads + at.opt_state
+    if s.ok(state) and state < at.total / 2:
+        return []  # activations dominate: stages would not help (micro-batches, remat do)
+    refused = ""  # plan_pipeline's first reason to refuse a stage count
+    for stages in (2, 4, 8, 16, 32):
+        mesh = {**widest, "stage": base.get("stage", 1) * stages}
+        micro = 2 * stages
+        ways = s.shards({**mesh, "stage": 1}) * micro  # each micro-batch split over data x fsdp
+        batch = -(-s.grown_batch(mesh) // ways) * ways  # the same sequences per chip
+        staged = _staged(s.module, mesh, micro, batch)
+        if isinstance(staged, str):
+            refused = refused or staged
+            continue
+        t = replace(s, module=staged).total(batch=batch, mesh=mesh)
+        if s.ok(t):
+            n = math.prod(mesh.values())
+            bubble = staged.target.pipeline.value.bubble
+            grown = f" --batch {batch}" if batch != s.est.batch else ""
+            return [
+                f"pipeline stages (the weights' dims stop FSDP at {fsdp} ways): `{s.pattern} "
+                f"{{ mesh(stage = {stages}, fsdp = {fsdp})  pipeline(microbatches = {micro}) }}` "
+                f"over {n} chips -> {s.shown(t)} per chip, bubble {bubble:.1%}; check it with "
+                f"`axdsl aot {s.module.spec} --target {sched.profile}-{n}{grown}`"
+            ]
+    return [f"pipeline stages would split the weights further, but {refused}"] if refused else []
+
+
+def _staged(
+    module: ir.Module, mesh: dict[str, int], microbatches: int, batch: int
+) -> ir.Module | str:
+    """`module` with pipeline(microbatches) over mesh's `stage` axis for a step of `batch`
+    sequences, as plan_pipeline plans it, or the first reason it refuses."""
+    from axdsl.errors import CompileError
+    from axdsl.passes.plan_pipeline import plan_pipeline
+
+    sched, train = module.target, module.train
+    settings = tuple((k, replace(c, value=batch) if k == "batch" else c) for k, c in train.settings)
+    module = replace(module, train_settings=replace(train, settings=settings))
+    written = tuple((a, n) for a, n in mesh.items() if n > 1 or a == "fsdp")
+    sched = replace(
+        sched,
+        chips=math.prod(mesh.values()),
+        mesh=replace(sched.mesh, value=written),
+        mesh_sizes=tuple(mesh.items()),
+        pipeline=ir.Choice(ir.PipelinePolicy(microbatches), ir.DEFAULT),
+    )
+    try:
+        return plan_pipeline(replace(module, schedule=sched))
+    except CompileError as exc:
+        return exc.diagnostics[0].message
 
 
 @dataclass(frozen=True)
@@ -438,6 +534,6 @@ def suggest(
     (the analytic total, scaled by `ratio`, XLA's over the analytic, when XLA decided): more
     chips, then what the same chips can do, each lever with its figure (`_on_these_chips`)."""
     s = _Search(module, model, est, usable, target, update_select, ratio)
-    chips = _fsdp_same_chips(s) + _more_fsdp(s)
+    chips = _fsdp_same_chips(s) + (_more_fsdp(s) or _more_stages(s))
     same, fits_here = _on_these_chips(s)
     return chips + same + ([] if chips or fits_here else _together(s))

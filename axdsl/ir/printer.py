@@ -69,6 +69,8 @@ def schedule_lines(s: ir.Schedule) -> list[str]:
         lines.append(f"  {context_text(s.context.value)}  # {s.context.origin}")
     if s.pipeline.value is not None:
         lines.append(f"  {pipeline_text(s.pipeline.value)}  # {s.pipeline.origin}")
+    for model, why in s.left_out:
+        lines.append(f"  # {model} is left out of this target's build: {why}")
     return lines
 
 

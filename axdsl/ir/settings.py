@@ -173,6 +173,9 @@ class Schedule:
     # value: PipelinePolicy, or None (no pipeline); stages, child and layers resolved by
     # plan_pipeline
     pipeline: Choice = Choice(None)
+    # set by annotate_sharding: (model, why) for each model after the spec's first whose
+    # parameters this target's mesh does not divide; the target's build leaves them out
+    left_out: tuple[tuple[str, str], ...] = ()
 
     def unrolls(self, layers: int) -> bool:
         """Whether a repeat of `layers` layers (steps x layers per step) runs unrolled here."""

@@ -8,6 +8,9 @@ Data, FSDP, tensor, sequence and expert parallelism are all just rules. A mesh a
 is dropped from specs (it shards nothing); the -1 axis is always kept, since its size follows the
 chip count. A parameter that would use one mesh axis twice, or a dim its mesh axes do not divide,
 is a compile-time error located at the rule (or at the parameter when the rule is a default).
+Divisibility is required of the spec's first model, the one a target block is written for; a
+later model the mesh does not divide (a test-sized variant on a 1024-chip mesh) is left out of
+that target's build, and the schedule says so (`Schedule.left_out`, shown by dump and aot).
 
 Activations: `activation_spec` maps the dims of a layer-boundary activation to mesh axes with the
 same rules, skipping a mesh axis already used by an earlier dim (batch takes `fsdp` before embed
@@ -27,14 +30,25 @@ from axdsl.ir import nodes as ir
 def annotate_sharding(module: ir.Module) -> ir.Module:
     sched = module.target
     diags = Diagnostics()
-    models = []
-    for model in module.models:
+    models, left_out = [], []
+    for i, model in enumerate(module.models):
         undivided: dict[tuple[str, int], list[str]] = {}
         root = _annotate(model.root, sched, diags, undivided)
+        if undivided and i > 0:  # a variant (a test-sized model) that this mesh cannot shard
+            left_out.append((model.name, _left_out_reason(sched, undivided)))
+            continue
         _report_undivided(model, sched, undivided, diags)
         models.append(replace(model, root=root))
     diags.raise_if_any()
-    return replace(module, models=tuple(models))
+    sched = replace(sched, left_out=tuple(left_out))
+    return replace(module, models=tuple(models), schedule=sched)
+
+
+def _left_out_reason(sched: ir.Schedule, undivided: dict) -> str:
+    """Why a model is left out of the target's build: its first undivided logical axis."""
+    (logical, size), paths = next(iter(undivided.items()))
+    how = " x ".join(f"{a}={sched.size(a)}" for a in sched.kept_axes(logical))
+    return f"its `{logical}` of {size} ({paths[0]}) does not split over {how}"
 
 
 def _report_undivided(

@@ -434,7 +434,7 @@ MESH_SHAPE = {
 # Rematerialization of each scanned layer, remat(full) from fit_remat, for profile tpu-v5e:
 # keep only each layer's input; recompute the rest in the backward pass.
 # fit_remat, for mixtral_8x7b at batch 8 x seq 32768, 14.32 GiB usable per chip (analytic):
-# none 568.65, save(points) 134.64, save_dots 126.75, full 106.52 GiB: nothing fits, so full
+# none 571.28, save(points) 137.27, save_dots 129.37, full 109.15 GiB: nothing fits, so full
 REMAT_POLICY = jax.checkpoint_policies.nothing_saveable
 
 

@@ -442,7 +442,7 @@ MESH_SHAPE = {
 # Rematerialization of each scanned layer, remat(full) from fit_remat, for profile tpu-v5e:
 # keep only each layer's input; recompute the rest in the backward pass.
 # fit_remat, for qwen3_30b_a3b at batch 8 x seq 40960, 14.32 GiB usable per chip (analytic):
-# none 760.55, save(points) 115.44, save_dots 100.57, full 73.87 GiB: nothing fits, so full
+# none 761.68, save(points) 116.57, save_dots 101.70, full 75.00 GiB: nothing fits, so full
 REMAT_POLICY = jax.checkpoint_policies.nothing_saveable
 
 
