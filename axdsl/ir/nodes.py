@@ -653,8 +653,13 @@ class SharedFunction:
     @property
     def roles(self) -> tuple[str, ...]:
         """The flags set, by name, for `axdsl dump`."""
-        flags = (("rng", self.rng), ("aux", self.aux), ("master", self.master))
-        flags += (("pos", self.takes_pos), ("staged", self.staged))
+        flags: tuple[tuple[str, bool], ...] = (
+            ("rng", self.rng),
+            ("aux", self.aux),
+            ("master", self.master),
+            ("pos", self.takes_pos),
+            ("staged", self.staged),
+        )
         return tuple(n for n, on in flags if on)
 
 
