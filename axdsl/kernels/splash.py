@@ -32,6 +32,7 @@ def splash_attention(
     scale: float | None = None,
     softcap: float | None = None,
     segment_ids: jax.Array | None = None,
+    staged: bool = False,
 ) -> jax.Array:
     """Splash attention, the TPU Pallas flash-attention kernel, on q [B, S, heads, head_dim].
 
@@ -42,7 +43,8 @@ def splash_attention(
     jax.nn.dot_product_attention(q, k, v, is_causal=causal, local_window_size=(window - 1, 0) if
     window else None). Under a mesh it runs in jax.shard_map (Pallas TPU kernels compile only
     there): the batch split over SPLASH_BATCH_AXES, the heads over SPLASH_HEAD_AXES, each as far
-    as they divide evenly.
+    as they divide evenly. `staged`: the call runs inside pipeline()'s vmap over the `stage`
+    axis, which holds that axis, so the batch splits over the others.
     """
     batch, seq, heads, head_dim = q.shape
     kv_heads = k.shape[2]
@@ -56,7 +58,8 @@ def splash_attention(
     if mesh.empty:
         out = run(*args)
     else:
-        batch_axes = dividing_axes(mesh, SPLASH_BATCH_AXES, batch)
+        axes = tuple(a for a in SPLASH_BATCH_AXES if not (staged and a == "stage"))
+        batch_axes = dividing_axes(mesh, axes, batch)
         head_axes = dividing_axes(mesh, SPLASH_HEAD_AXES, heads)
         if kv_heads % math.prod(mesh.shape[a] for a in head_axes):
             # Fewer kv heads than head shards: give every query head its own copy.

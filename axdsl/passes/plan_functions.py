@@ -98,10 +98,10 @@ def _plan(model: ir.Model, schedule: ir.Schedule | None) -> ir.Model:
 
 
 def staged_attention(root: ir.Instance, schedule: ir.Schedule | None) -> frozenset[str]:
-    """The layers whose context-parallel attention runs inside the pipeline's stages (plan_context
-    and plan_pipeline both set): there the pipeline's vmap holds the `stage` mesh axis, so the
-    attention's shard_map must leave it out of the batch's axes."""
-    if schedule is None or schedule.context.value is None or schedule.pipeline.value is None:
+    """The layers whose attention runs inside the pipeline's stages: there the pipeline's vmap
+    holds the `stage` mesh axis, so an attention that runs in shard_map (context parallelism,
+    splash) must leave it out of the batch's axes."""
+    if schedule is None or schedule.pipeline.value is None:
         return frozenset()
     child = schedule.pipeline.value.child
     return frozenset(

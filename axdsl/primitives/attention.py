@@ -211,6 +211,7 @@ def _emit(ctx, prim: ir.Prim, args: list[str], precs: list[int]) -> str:
         mask=operand("mask"),
         segment_ids=operand("segment_ids"),
         written_out=not v_dims[3].same(k_dims[3]),
+        staged=ctx.staged,
     )
     context = ctx.schedule.context.value if ctx.schedule is not None else None
     if context is not None:
@@ -235,7 +236,7 @@ def _emit_context(
     """Context parallelism (plan_context): the call runs on each shard's slice of the sequence
     inside jax.shard_map (`context_parallel`), gathering the keys and values once or passing
     them around the ring; its masks come from the tokens' original positions."""
-    code, helpers = _context_call(call, choice, context, ctx.staged)
+    code, helpers = _context_call(call, choice, context)
     for name in helpers:
         ctx.use_helper(name)
     ctx.imports.add("import functools")
@@ -251,16 +252,15 @@ def _emit_context(
 
 
 def _context_call(
-    call: AttentionCall, choice: ir.KernelChoice, context: ir.ContextPolicy, staged: bool = False
+    call: AttentionCall, choice: ir.KernelChoice, context: ir.ContextPolicy
 ) -> tuple[str, tuple[str, ...]]:
-    """The code of one context-parallel call and the helpers it calls (_context_helpers);
-    `staged`: it runs inside the pipeline's stages (plan_functions)."""
+    """The code of one context-parallel call and the helpers it calls (_context_helpers)."""
     operands = f"{call.q}, {call.k}, {call.v}" + "".join(
         f", {name}={code}"
         for name, code in (
             ("positions", f"context_order({call.q}.shape[1])" if context.balance else None),
             ("segment_ids", call.segment_ids),
-            ("staged", "True" if staged else None),
+            ("staged", "True" if call.staged else None),
         )
         if code is not None
     )
@@ -616,6 +616,7 @@ class AttentionCall:
     mask: str | None = None
     segment_ids: str | None = None  # splash takes them; the others get them as `mask`
     written_out: bool = False  # v's head_dim is not k's: jax.nn.dot_product_attention cannot
+    staged: bool = False  # inside the pipeline's stages: a shard_map leaves `stage` to its vmap
 
 
 def emit_attention(kernel: ir.Kernel, call: AttentionCall) -> tuple[str, str | None]:
@@ -639,6 +640,7 @@ def emit_attention(kernel: ir.Kernel, call: AttentionCall) -> tuple[str, str | N
             for name in ("scale", "softcap", "segment_ids")
             if getattr(call, name) is not None
         )
+        extra += ", staged=True" if call.staged else ""
         code = f"splash_attention({q}, {k}, {v}, causal={call.causal}, window={call.window}{extra})"
         return code, "splash_attention"
     if call.softcap is not None or call.written_out:  # only the xla kernel runs these
