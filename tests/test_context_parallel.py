@@ -275,3 +275,27 @@ def test_train_py_refuses_a_seq_the_shards_do_not_split(tmp_path):
     train.check_config(cfg, tc, mesh)  # seq 32: 8 chunks of 4
     with pytest.raises(SystemExit, match="multiple of 8"):
         train.check_config(cfg, dataclasses.replace(tc, seq=30), mesh)
+
+
+def test_decoding_reads_a_cache_split_over_seq(tmp_path):
+    """On the context-parallel target the KV cache's positions are split over `seq` like the
+    activations (cache_specs), and the decode path over it, prefill then one token at a time,
+    gives the forward's logits (a packed model, each row one sequence)."""
+    spec = _spec(tmp_path, "cp", 'context(strategy = "ring")', 0, 0.0, packed=True)
+    cp, _ = import_generated(spec, "cpu-8", tmp_path)
+    cfg = cp.CONFIGS["lm"]
+    params = cp.init_params(cfg, jax.random.key(0))
+    tokens = jax.random.randint(jax.random.key(1), (4, 16), 0, cfg.vocab)
+    mesh = cp.make_mesh()
+    assert cp.cache_specs()["blocks"]["attn"]["k"] == P(None, "data", "seq")
+    with jax.set_mesh(mesh):
+        forward = jax.jit(cp.forward, static_argnums=0, compiler_options=QUICK_COMPILE)
+        want = forward(cfg, params, tokens, jnp.ones_like(tokens))
+        places = jax.tree.map(lambda s: jax.NamedSharding(mesh, s), cp.cache_specs())
+        cache = jax.device_put(cp.init_cache(cfg, 4, 16), places)
+        logits, cache = cp.prefill(cfg, params, tokens[:, :12], cache)
+        assert cache["blocks"]["attn"]["k"].sharding.spec == P(None, "data", "seq")
+        np.testing.assert_allclose(logits, want[:, :12], atol=1e-5)
+        for pos in range(12, 16):
+            step, cache = cp.decode_step(cfg, params, tokens[:, pos], cache, jnp.int32(pos))
+            np.testing.assert_allclose(step, want[:, pos], atol=1e-5)
