@@ -366,9 +366,9 @@ def test_plot_reads_a_damaged_metrics_file_with_warnings(tmp_path, capsys):
 # ----------------------------------------------------------------------------- the kill loop
 
 
-# 4 chains of 2 killed runs, each chain then resumed to the end (about 60 s in CI, whose suite
+# 3 chains of 2 killed runs, each chain then resumed to the end (about 45 s in CI, whose suite
 # must stay under 30 minutes on 2 cores); AXDSL_KILLS=40 runs a longer soak
-KILLS, PER_CHAIN = int(os.environ.get("AXDSL_KILLS", 8)), 2
+KILLS, PER_CHAIN = int(os.environ.get("AXDSL_KILLS", 6)), 2
 
 
 def kill_once(run: Path, cache: Path, log: Path, rng: random.Random) -> str | None:
