@@ -71,56 +71,79 @@ import "std/transformer.axl"
 
 model lm = DecoderLM {{
   vocab = 256  dim = 64  layers = 8  heads = 4  kv_heads = 2  ffn = 128  max_seq = 64
-  dtype = f32
+  dtype = f32{packed}
 }}
 train {{ batch = 16  seq = 16 }}
 target "cpu-8" {{ {target} }}
 """
+PACKED = "  packed = true"  # the last case's model: segment ids go through the pipeline too
 PP_CASES = [  # FSDP inside each stage; 2 and 4 stages, repeats 1 and 2; remat in the stages
     "mesh(stage = 2, fsdp = 4)  pipeline(microbatches = 4)",
     "mesh(stage = 4, fsdp = 2)  remat(full)  pipeline(microbatches = 4, repeats = 2)",
-    # PP + CP + TP: the ring's shard_map inside the stages' vmap, heads over `model`
+    # PP + CP + TP on packed rows: the ring's shard_map inside the stages' vmap, heads over
+    # `model`, each micro-batch's segment ids beside it
     'mesh(stage = 2, seq = 2, model = 2)  context(strategy = "ring")  pipeline(microbatches = 2)',
 ]
+# packed rows of 17 tokens: documents whose boundaries differ between the micro-batches
+SEGMENTS = np.repeat(np.array([[1, 2, 2, 3]] * 8 + [[1, 1, 1, 1]] * 8), [5, 4, 4, 4], axis=1)
 
 
-def _spec(tmp_path, name: str, target: str) -> Path:
+def _spec(tmp_path, name: str, target: str, packed: bool = False) -> Path:
     path = tmp_path / f"{name}.axl"
-    path.write_text(PP_SPEC.format(target=target))
+    path.write_text(PP_SPEC.format(target=target, packed=PACKED if packed else ""))
     return path
 
 
-def _loss_and_grads(model, cfg, tokens):
-    run = jax.value_and_grad(lambda p: model.loss_fn(cfg, p, tokens)[0])
+def _loss_and_grads(model, cfg, tokens, segments=None):
+    given = () if segments is None else (jnp.asarray(segments, jnp.int32),)
+    run = jax.value_and_grad(lambda p: model.loss_fn(cfg, p, tokens, *given)[0])
     return jax.jit(run, compiler_options=QUICK_COMPILE)
 
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
-    """The spec built for cpu (no pipeline): its module, parameters, tokens, loss and grads."""
+    """The spec built for cpu (no pipeline): its module, parameters, tokens, and a function of
+    `packed` giving the loss and grads of the model, unpacked or packed (computed once each)."""
     tmp_path = tmp_path_factory.mktemp("pp_ref")
     ref, _ = import_generated(_spec(tmp_path, "ref", ""), "cpu", tmp_path)
     cfg = ref.CONFIGS["lm"]
     params = ref.init_params(cfg, jax.random.key(0))
     params = jax.tree.map(lambda a: a * 3.0 if a.ndim > 2 else a, params)
     tokens = jax.random.randint(jax.random.key(1), (16, 17), 0, cfg.vocab)
-    return ref, params, tokens, _loss_and_grads(ref, cfg, tokens)(params)
+    wanted: dict[bool, tuple] = {}
+
+    def want(packed: bool) -> tuple:
+        if packed not in wanted:
+            model = ref
+            if packed:
+                model, _ = import_generated(_spec(tmp_path, "packed", "", True), "cpu", tmp_path)
+            wanted[packed] = _loss_and_grads(model, cfg, tokens, SEGMENTS if packed else None)(
+                params
+            )
+        return wanted[packed]
+
+    return ref, params, tokens, want
 
 
 @pytest.mark.parametrize("target", PP_CASES)
 def test_generated_pipelined_model_keeps_the_loss_and_gradients(tmp_path, reference, target):
     """The spec built for cpu-8 with pipeline(...) gives the cpu build's loss and gradients with
     its mesh set (the loss is a mean over the micro-batches), its stages exchanging activations
-    by collective-permute. The first case also checks the forward without a mesh (the plain
-    scan) and that prefill, which runs the layers unpipelined, is unchanged."""
-    ref, params, tokens, want = reference
-    pp, _ = import_generated(_spec(tmp_path, "pp", target), "cpu-8", tmp_path)
+    by collective-permute; packed rows (the last case) cut their segment ids into the same
+    micro-batches. The first case also checks the forward without a mesh (the plain scan) and
+    that prefill, which runs the layers unpipelined, is unchanged."""
+    ref, params, tokens, wanted = reference
+    packed = target == PP_CASES[-1]
+    want = wanted(packed)
+    pp, _ = import_generated(_spec(tmp_path, "pp", target, packed), "cpu-8", tmp_path)
     cfg = pp.CONFIGS["lm"]
     mesh = pp.make_mesh()
     shardings = jax.tree.map(lambda s: jax.NamedSharding(mesh, s), pp.param_specs())
     placed = jax.device_put(params, shardings)
     with jax.set_mesh(mesh):
-        step = _loss_and_grads(pp, cfg, tokens).lower(placed).compile()
+        step = (
+            _loss_and_grads(pp, cfg, tokens, SEGMENTS if packed else None).lower(placed).compile()
+        )
         assert "collective-permute" in step.as_text()
         loss, grads = step(placed)
     np.testing.assert_allclose(float(loss), float(want[0]), rtol=1e-6)
@@ -269,7 +292,7 @@ def test_attention_in_shard_map_leaves_the_stage_axis_to_the_pipeline(tmp_path):
     spec.write_text(
         text.replace("seq = 16", "seq = 128")
         .replace("max_seq = 64", "max_seq = 128")
-        .format(target="mesh(stage = 2, fsdp = 2, model = 2)  pipeline(microbatches = 2)")
+        .format(target="mesh(stage = 2, fsdp = 2, model = 2)  pipeline(microbatches = 2)", packed="")
         .replace('target "cpu-8"', 'target "tpu-v5e-8"')
     )
     model = build_files(spec, "tpu-v5e-8")["model.py"]

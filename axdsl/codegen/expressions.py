@@ -256,14 +256,16 @@ class FunctionEmitter:
                 )
                 xs = f"(params[{py_str(call.child)}], jnp.arange({py_value(child.repeat)}))"
             else:
-                self._step_def(step, "h, layer_params", child)
+                # a pipeline cuts the side inputs into micro-batches too: the step takes them
+                sides = args[1:] if self._pipelined(child) else []
+                self._step_def(step, ", ".join(["h", "layer_params", *sides]), child)
                 self.cast_layer()
                 self._shard_carry(child)
                 self.lines.append(f"    return {fn}(cfg, layer_params, {_carried(args)}), None")
                 xs = f"params[{py_str(call.child)}]"
             self.lines.append("")
             if self._pipelined(child):
-                self._pipeline_call(child, step, args[0], target, comment)
+                self._pipeline_call(child, step, args, target, comment)
                 return
             unroll = self._unroll(child)
             self.lines.append(f"with jax.named_scope({py_str(call.child)}):")
@@ -345,11 +347,13 @@ class FunctionEmitter:
         return policy is not None and policy.child == child.path and not self.decoding
 
     def _pipeline_call(
-        self, child: ir.Instance, step: str, x: str, target: str, comment: str
+        self, child: ir.Instance, step: str, args: list[str], target: str, comment: str
     ) -> None:
         """`pipeline(step, x, params[child], ...)` instead of the scan: the same step on each
-        stage's layers, a vmap over the stages, one scan over the iterations (kernels/pipeline.py).
+        stage's layers, a vmap over the stages, one scan over the iterations (kernels/pipeline.py);
+        the call's other inputs (each [B, ...]) go in as `sides`, cut into the same micro-batches.
         """
+        x, sides = args[0], args[1:]
         schedule = filled(self.schedule, "the schedule of a pipeline", "plan_pipeline")
         policy: ir.PipelinePolicy = schedule.pipeline.value
         placed = filled(child.carry_sharding, f"the carry of {child.path}", "shard_activations")
@@ -362,8 +366,9 @@ class FunctionEmitter:
         self.lines.append(
             f"    {target} = pipeline({step}, {x}, params[{name}], stages={policy.stages}, "
             f"microbatches={policy.microbatches}, repeats={policy.repeats}, "
-            f"carry_spec={spec_text(placed.mesh)}, specs=param_specs()[{name}]{unroll})"
-            f"  # {comment}"
+            f"carry_spec={spec_text(placed.mesh)}, specs=param_specs()[{name}]{unroll}"
+            + (f", sides=({', '.join(sides)},)" if sides else "")
+            + f")  # {comment}"
         )
 
     def _step_header(self, child: ir.Instance) -> None:

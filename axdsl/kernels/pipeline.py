@@ -32,12 +32,14 @@ def pipeline(
     specs=None,
     unroll: bool = False,
     mesh_axis: str = "stage",
+    sides: tuple[jax.Array, ...] = (),
 ) -> jax.Array:
     """The repeat's layers on x [B, ...] as a pipeline; the same result as
     `jax.lax.scan(step, x, layer_params)[0]` up to float rounding.
 
-    step(h, one_layer_params) -> (h, _): the repeat's scan step (remat and the weights' cast
-    included). layer_params: the stacked weights, [layers, ...] each, layer
+    step(h, one_layer_params, *sides) -> (h, _): the repeat's scan step (remat and the weights'
+    cast included); `sides` are the layers' other inputs, each [B, ...] like x (a packed row's
+    segment ids), cut into the same micro-batches: a stage reads those of the piece it works on. layer_params: the stacked weights, [layers, ...] each, layer
     (r * stages + s) * per_stage + j running on stage s in repeat r. carry_spec: where one
     micro-batch lives inside a stage (the carry's PartitionSpec without `mesh_axis`); specs: the
     stacked weights' PartitionSpecs (their `layers` dim on `mesh_axis`), or None. The loop runs
@@ -45,10 +47,11 @@ def pipeline(
     mesh that has `mesh_axis` (set by jax.set_mesh) it is that scan.
     """
     if not _mesh_has(mesh_axis):  # one device (sampling, tests): a pipeline is only overhead
-        return jax.lax.scan(step, x, layer_params, unroll=unroll)[0]
+        return jax.lax.scan(lambda h, w: step(h, w, *sides), x, layer_params, unroll=unroll)[0]
     carry_spec = P() if carry_spec is None else carry_spec
     pieces = x.reshape(microbatches, x.shape[0] // microbatches, *x.shape[1:])
     io = _constrain(pieces, P(None, *carry_spec))  # stage 0's inputs, then the outputs
+    side_pieces = [s.reshape(microbatches, -1, *s.shape[1:]) for s in sides]  # [M, B / M, ...]
     weights = jax.tree.map(lambda w: w.reshape(repeats, stages, -1, *w.shape[1:]), layer_params)
     if specs is not None:
         weights = jax.tree.map(
@@ -59,8 +62,10 @@ def pipeline(
 
     on_stages = P(mesh_axis, *carry_spec)  # [stages, B / microbatches, ...]: one per stage
 
-    def run_stage(h, stage_params):  # one stage: its layers in turn
-        return jax.lax.scan(step, h, stage_params, unroll=unroll)[0]
+    def run_stage(h, stage_sides, stage_params):  # one stage: its layers in turn
+        return jax.lax.scan(lambda h, w: step(h, w, *stage_sides), h, stage_params, unroll=unroll)[
+            0
+        ]
 
     run_stages = jax.vmap(run_stage, spmd_axis_name=mesh_axis)  # every stage at once, one per shard
 
@@ -71,7 +76,11 @@ def pipeline(
         # each stage's repeat: stage s works on piece t - s
         repeat = jnp.clip((t - jnp.arange(stages)) // microbatches, 0, repeats - 1)
         current = jax.tree.map(lambda w: _stage_weights(w, repeat), weights)
-        out = _constrain(run_stages(state, current), on_stages)
+        piece = (t - jnp.arange(stages)) % microbatches  # the piece each stage works on
+        stage_sides = [
+            _constrain(p[piece], P(mesh_axis, *carry_spec[: p.ndim - 1])) for p in side_pieces
+        ]
+        out = _constrain(run_stages(state, stage_sides, current), on_stages)
         done = t - (stages - 1)  # the piece the last stage finished (none yet while negative)
         slot = done % microbatches
         io = io.at[slot].set(jnp.where(done >= 0, out[-1], io[slot]))

@@ -28,8 +28,9 @@ the pipeline drops `stage` (the stage dim the vmap adds takes it).
 
 What cannot run is a located error at the directive:
 - the `stage` mesh axis has one shard;
-- no repeated child of the root, or one whose call passes more than the carried activation, or
-  whose layers draw random numbers (dropout) or add an auxiliary loss (MoE balance);
+- no repeated child of the root, or one whose call passes an input without the batch dim (T5's
+  relative bias), or whose layers draw random numbers (dropout) or add an auxiliary loss (MoE
+  balance);
 - layers that do not split into stages x repeats equal pieces;
 - a step batch that microbatches do not divide, fewer microbatches than stages (the circular
   schedule feeds a micro-batch back to the first stage only after it left the last one; without
@@ -139,20 +140,28 @@ def _check_model(model: ir.Model, policy: ir.PipelinePolicy, at: Span, diags: Di
 
 
 def _check_call(model: ir.Model, child: ir.Instance, at: Span, diags: Diagnostics) -> None:
-    """The root passes the repeat only its carried [B, ...] activation, and its layers neither
-    draw random numbers nor add an auxiliary loss (not threaded through the pipeline yet)."""
+    """The root passes the repeat its carried [B, ...] activation and other inputs that start
+    with the batch (a packed row's segment ids: cut into the same micro-batches), and its layers
+    neither draw random numbers nor add an auxiliary loss (not threaded through the pipeline
+    yet)."""
     calls = [
         e
         for e in forward_exprs(model.root)
         if isinstance(e, ir.CallChild) and e.child == child.name
     ]
-    if any(len(c.args) != 1 for c in calls):
-        diags.error(
-            at,
-            f"pipeline(...) feeds micro-batches of one activation to {child.name}, but "
-            f"{model.root.layer} passes it more arguments",
-            "remove pipeline(...) from this target block",
-        )
+    for c in calls:
+        batch = ir.tensor_type(c.args[0]).dims[0]
+        for side in c.args[1:]:
+            dims = ir.tensor_type(side).dims
+            if not dims or not dims[0].same(batch):
+                diags.error(
+                    at,
+                    f"pipeline(...) cuts {child.name}'s inputs into micro-batches, but "
+                    f"{model.root.layer} passes it one without the batch dim "
+                    f"[{', '.join(str(d) for d in dims)}]",
+                    "remove pipeline(...) from this target block",
+                )
+                return
     placed = child.carry_sharding
     if placed is None or not placed.logical or placed.logical[0] != "batch":
         diags.error(
