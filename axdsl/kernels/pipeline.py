@@ -39,7 +39,8 @@ def pipeline(
 
     step(h, one_layer_params, *sides) -> (h, _): the repeat's scan step (remat and the weights'
     cast included); `sides` are the layers' other inputs, each [B, ...] like x (a packed row's
-    segment ids), cut into the same micro-batches: a stage reads those of the piece it works on. layer_params: the stacked weights, [layers, ...] each, layer
+    segment ids), cut into the same micro-batches: a stage reads those of the piece it works
+    on. layer_params: the stacked weights, [layers, ...] each, layer
     (r * stages + s) * per_stage + j running on stage s in repeat r. carry_spec: where one
     micro-batch lives inside a stage (the carry's PartitionSpec without `mesh_axis`); specs: the
     stacked weights' PartitionSpecs (their `layers` dim on `mesh_axis`), or None. The loop runs
