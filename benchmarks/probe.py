@@ -359,6 +359,7 @@ PROBES: list[Probe] = [
         C("cli", f"train.py {flag} {value}", ("--out", "run", flag, value), 1, (flag,),
           run=T, absent=("run",))
         for flag, value in (("--microbatches", "0"), ("--log-every", "0"), ("--seed", "-1"),
+                            ("--seed", "2147483648"), ("--steps", "3000000000"),
                             ("--steps-per-call", "0"), ("--eval-every", "-1"))
     ),
     C("cli", "train.py --profile garbage", ("--out", "run", "--profile", "x"), (1, 2),
@@ -610,7 +611,7 @@ def run_trainer(argv: list[str]) -> Got:
     out = Path(argv[argv.index("--out") + 1]) if "--out" in argv else Path("runs")
     held = os.path.lexists(out / "lock")
     argv = argv if "--compile-cache" in argv else [*argv, "--compile-cache", "none"]
-    cache = jax.config.read("jax_compilation_cache_dir")
+    cache = getattr(jax.config, "jax_compilation_cache_dir")  # noqa: B009 - mypy knows no such field
     try:
         got = _in_process(lambda: train.main(argv))
     finally:
