@@ -225,6 +225,7 @@ class Probe:
     tmpfs_kib: int = 0  # tmpfs: the size of the disk mounted at ./disk
     issue: bool = False  # one of issue 38's findings (else added by this harness)
     elsewhere: str = ""  # a slow probe that a test elsewhere runs in CI: tests/test_probe skips it
+    trainer: str = TRAINER  # the trainer module a `trainer` probe runs
 
     @property
     def id(self) -> str:
@@ -370,6 +371,9 @@ PROBES: list[Probe] = [
     C("data", "an EIO file in a text directory", ("--out", "run", "--data", "t"), 1,
       ("Input/output error",), (write("t/a.txt", TEXT), symlink("t/b.txt", "/proc/self/mem")),
       run=T, absent=("run",), issue=True),
+    C("data", "a BPE run says it trains its tokenizer", ("--out", "run", "--data", "s.txt"), 1,
+      ("training a byte-level BPE of 2,048 tokens", "too few"), (write("s.txt", TEXT[:300]),),
+      run=T, trainer="generated.tiny_llama_bpe.cpu.train", issue=True),
     C("data", "an empty file", ("--out", "run", "--data", "e.txt"), 1, ("is empty",),
       (write("e.txt", ""),), run=T, absent=("run",)),
     C("data", "binary bytes as text", ("--out", "run", "--data", "b.txt"), 1, ("is binary",),
@@ -523,7 +527,8 @@ PROBES: list[Probe] = [
       ("-m", TRAINER, "--out", "run", *PROCESS_FLAGS[:2], "--steps", "500",
        *PROCESS_FLAGS[4:6], "--checkpoint-every", "0", *PROCESS_FLAGS[8:]), 129,
       ("SIGHUP at step", "saved checkpoint"), (lab_copy("d.txt"),), run="process",
-      send=(signal.SIGHUP, "compiled in"), exists=("run/checkpoints",), issue=True),
+      send=(signal.SIGHUP, "compiled in"), exists=("run/checkpoints",), issue=True,
+      elsewhere="tests/test_preemption.py: SIGTERM mid-run end to end, and SIGHUP as SIGTERM"),
     C("signal", "SIGHUP to axdsl train before training",
       ("-m", "axdsl", "train", "m.axl", "--out", "run", "--data", "d.txt"), 129, (),
       (write("m.axl", MODEL + "train { steps = 5 }\n"), lab_copy("d.txt")), run="process",
@@ -538,8 +543,8 @@ PROBES: list[Probe] = [
       ("a checkpoint takes",), (lab_copy("d.txt"),), run="tmpfs", tmpfs_kib=256,
       absent=("disk/run/checkpoints",)),
     C("disk", "the disk fills up mid-run",
-      ("-m", TRAINER, "--out", "disk/run", *PROCESS_FLAGS[:2], "--steps",
-       "3", *PROCESS_FLAGS[4:]), 1, ("No space left on device", "checkpoint 1 and those before it"),
+      ("-m", TRAINER, "--out", "disk/run", *PROCESS_FLAGS), 1,
+      ("No space left on device", "checkpoint 1 and those before it"),
       (lab_copy("d.txt"),), run="tmpfs", tmpfs_kib=2048, issue=True),
 ]  # fmt: skip
 
@@ -601,17 +606,18 @@ def run_axdsl(argv: list[str]) -> Got:
     return _in_process(lambda: cli.main(argv))
 
 
-def run_trainer(argv: list[str]) -> Got:
+def run_trainer(argv: list[str], module: str = TRAINER) -> Got:
     """The trainer's main in this process: with no compile cache (its default, RUN/compile_cache,
     would stay jax's setting for everything else this process compiles), lock released after."""
+    import importlib
+
     import jax
 
-    from generated.tiny_llama.cpu import train
-
+    train = importlib.import_module(module)
     out = Path(argv[argv.index("--out") + 1]) if "--out" in argv else Path("runs")
     held = os.path.lexists(out / "lock")
     argv = argv if "--compile-cache" in argv else [*argv, "--compile-cache", "none"]
-    cache = getattr(jax.config, "jax_compilation_cache_dir")  # noqa: B009 - mypy knows no such field
+    cache = jax.config.jax_compilation_cache_dir  # type: ignore[attr-defined]
     try:
         got = _in_process(lambda: train.main(argv))
     finally:
@@ -706,7 +712,7 @@ def run_probe(p: Probe, lab: Lab) -> Got:
         if p.run == "axdsl":
             got = run_axdsl(argv)
         elif p.run == "trainer":
-            got = run_trainer(argv)
+            got = run_trainer(argv, p.trainer)
         elif p.run == "process":
             got = run_process([sys.executable, *argv], p.send)
         else:
@@ -726,7 +732,9 @@ def judge(p: Probe, got: Got, here: Path, before: dict[str, object]) -> list[str
         problems.append("an internal error (exit 70)")
     for stream, text in (("stderr", got.err), ("stdout", got.out)):
         if "Traceback (most recent call last)" in text:
-            problems.append(f"a traceback on {stream}")
+            after = text.split("Traceback (most recent call last)", 1)[1].splitlines()[1:]
+            raised = next((line for line in after if line and not line[0].isspace()), "")
+            problems.append(f"a traceback on {stream} ({raised[:200]})")
     where = got.err + (got.out if 0 in _codes(p) else "")
     problems += [f"no {words!r} in the output" for words in p.says if words not in where]
     for name, old in before.items():
