@@ -58,8 +58,10 @@ def main_train_blocks(args: argparse.Namespace) -> int:
                 failures += 1
                 print(f"seed {seed}: {problem}", flush=True)
     spent = time.perf_counter() - start
-    print(f"{args.cases} train blocks in {spent:.1f} s ({args.cases / spent:.1f} cases/s), "
-          f"{failures} failure{'s' if failures != 1 else ''}")
+    print(
+        f"{args.cases} train blocks in {spent:.1f} s ({args.cases / spent:.1f} cases/s), "
+        f"{failures} failure{'s' if failures != 1 else ''}"
+    )
     return 1 if failures else 0
 
 
@@ -86,8 +88,10 @@ def main() -> int:
                 failures.append((seed, case.origin, problem))
                 print(f"seed {seed}: {case.origin} [{case.target}]: {problem}", flush=True)
     spent = time.perf_counter() - start
-    print(f"{args.cases} cases in {spent:.1f} s ({args.cases / spent:.1f} cases/s), "
-          f"{len(failures)} failure{'s' if len(failures) != 1 else ''}")
+    print(
+        f"{args.cases} cases in {spent:.1f} s ({args.cases / spent:.1f} cases/s), "
+        f"{len(failures)} failure{'s' if len(failures) != 1 else ''}"
+    )
     if failures:
         print("failing seeds:", " ".join(str(s) for s, _, _ in failures))
     return 1 if failures else 0
