@@ -88,8 +88,9 @@ def _tolerant_output() -> None:
 def _user_errors() -> tuple[type[Exception], ...]:
     """Exceptions the library raises for user mistakes, printed as `axdsl: error: ...`."""
     from axdsl.build import OutputError
+    from axdsl.runs import RunError
 
-    return (OutputError,)
+    return (OutputError, RunError)
 
 
 def _internal_error(exc: Exception) -> int:
@@ -683,7 +684,14 @@ def _cmd_diff(args) -> int:
 
 def _cmd_aot(args) -> int:
     from axdsl import aot
+    from axdsl.ir.dtypes import INT32_MAX
 
+    for name, low in (("batch", 1), ("seq", 2)):  # as train's flags: --batch 0 reported a fit
+        value = getattr(args, name)
+        if value is not None and not low <= value <= INT32_MAX:
+            raise _UsageError(
+                f"argument --{name}: must be an integer from {low} to 2**31 - 1, got {value}"
+            )
     return aot.run(
         args.spec, _target(args.target), args.model, args.batch, args.seq, compile=args.compile
     )

@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import importlib
 import importlib.util
+import io
 import json
 import math
 import os
@@ -253,8 +254,13 @@ def plot(run_dir: Path, out: Path | None = None) -> int:
     if not out.parent.is_dir():
         return _error(f"{out}: the directory {out.parent} does not exist")
     figure = run_figure(series, run_title(run_dir))
+    image = io.BytesIO()
     try:
-        figure.savefig(out, dpi=100)
+        figure.savefig(image, format=out.suffix[1:] or "png", dpi=100)
+    except ValueError as exc:  # a suffix matplotlib cannot write (x.foo)
+        return _error(f"{out}: {exc}")
+    try:  # written here, so that a failed write is an error (a full disk was "wrote", exit 0)
+        out.write_bytes(image.getvalue())
     except OSError as exc:
         return _error(f"{out}: {exc.strerror or exc}")
     print(f"wrote {out} ({len(series['loss'])} train and {len(series['eval_loss'])} eval points)")
@@ -325,17 +331,37 @@ def import_output(out_dir: Path, name: str = "model"):
     return importlib.import_module(f"{_package(out_dir, '_axdsl_output_')}.{name}")
 
 
+class RunError(Exception):
+    """A run directory that cannot be used: its run.json is not a run's, or its code is gone."""
+
+
 def load_run(run_dir: Path):
     """(run.json as a dict, the run's generated train module), imported from where it was built.
 
     The top package (generated/, which holds runtime.py) is imported under a private name, so
     runs built in different directories (or a `generated` package already imported) never shadow
-    each other.
+    each other. Raises RunError for a run.json that is not a run's (it was an internal error) or
+    generated code that is no longer where the run was built.
     """
-    info = json.loads((run_dir / "run.json").read_text(encoding="utf-8"))
+    path = run_dir / "run.json"
+    try:
+        info = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, ValueError):
+        info = None
+    kinds = {"package": str, "root": str, "train": dict}
+    if not isinstance(info, dict) or not all(isinstance(info.get(k), t) for k, t in kinds.items()):
+        raise RunError(f"{path} was not written by axdsl train: {run_dir} is not a run directory")
     top, *rest = info["package"].split(".")
-    alias = _package(Path(info["root"]) / top, "_axdsl_run_")
-    return info, importlib.import_module(".".join([alias, *rest, "train"]))
+    folder = Path(info["root"]) / top
+    try:
+        alias = _package(folder, "_axdsl_run_")
+        return info, importlib.import_module(".".join([alias, *rest, "train"]))
+    except (ImportError, FileNotFoundError):
+        raise RunError(
+            f"{run_dir} was trained by {folder / Path(*rest)}/train.py, which is not there "
+            f"(moved or deleted?): in {info['root']}, run `axdsl build {info.get('spec')} "
+            f"--target {info.get('target')}` to build it again"
+        ) from None
 
 
 def _package(directory: Path, prefix: str) -> str:
@@ -350,5 +376,9 @@ def _package(directory: Path, prefix: str) -> str:
             raise ImportError(f"cannot import {directory}")
         package = importlib.util.module_from_spec(spec)
         sys.modules[alias] = package
-        spec.loader.exec_module(package)
+        try:
+            spec.loader.exec_module(package)
+        except BaseException:
+            del sys.modules[alias]  # not left half imported for the next caller
+            raise
     return alias

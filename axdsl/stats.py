@@ -10,6 +10,7 @@ routed to (an MoE layer with E experts and top-k routing uses k / E of its exper
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -100,7 +101,7 @@ def run(spec: Path, target: str = "cpu", model: str | None = None) -> int:
     models = [m for m in module.models if model is None or m.name == model]
     if not models:
         names = ", ".join(m.name for m in module.models)
-        print(f"axdsl: error: no model `{model}` in {spec}; models: {names}")
+        print(f"axdsl: error: no model `{model}` in {spec}; models: {names}", file=sys.stderr)
         return 1
     mesh = ", ".join(f"{a}={n}" for a, n in sched.mesh_sizes if n != 1) or "one chip"
     print(

@@ -20,6 +20,7 @@ import hashlib
 import inspect
 import io
 import json
+import logging
 import math
 import os
 import re
@@ -103,7 +104,10 @@ def load_tokens(tc, run_dir: Path | None = None, vocab: int | None = None) -> np
     else:
         path = Path(tc.data_path)
         files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
-        data = np.frombuffer(b"\n".join(p.read_bytes() for p in files), dtype=np.uint8)
+        try:
+            data = np.frombuffer(b"\n".join(p.read_bytes() for p in files), dtype=np.uint8)
+        except OSError as exc:
+            unreadable(exc)
     if not getattr(tc, "tokenizer", ""):
         return data
     source = None if tc.data == "default" else Path(tc.data_path)
@@ -198,10 +202,22 @@ def binary_files(path: Path) -> list[Path]:
     files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
     found = []
     for file in files:
-        with file.open("rb") as f:
-            if b"\0" in f.read(BINARY_PROBE):
-                found.append(file)
+        try:
+            with file.open("rb") as f:
+                if b"\0" in f.read(BINARY_PROBE):
+                    found.append(file)
+        except OSError as exc:
+            unreadable(exc)
     return found
+
+
+def unreadable(exc: OSError) -> NoReturn:
+    """Exit with one line naming a data file that cannot be read (an I/O error, no permission),
+    not a traceback before the first step."""
+    sys.exit(
+        f"error: cannot read data {exc.filename or ''}: {exc.strerror or exc}; "
+        "fix or remove that file, or give another --data"
+    )
 
 
 def token_problems(tokens: np.ndarray, vocab: int | None, chunk: int = 1 << 26) -> list[str]:
@@ -2020,13 +2036,17 @@ LEAST = {
 }
 
 
+INT32_MAX = 2**31 - 1  # the most a train block's integer may be (axdsl.ir.dtypes.INT32_MAX)
+
+
 def check_values(tc) -> None:
     """Each command-line value in its range, as the same key in a train block must be: --lr -1
     would train by gradient ascent and --steps -5 record a run of -5 steps, both with exit 0."""
     problems = [
-        f"--{name.replace('_', '-')} {getattr(tc, name)} must be an integer >= {least}"
+        f"--{name.replace('_', '-')} {getattr(tc, name)} must be an integer "
+        + (f">= {least}" if getattr(tc, name) < least else "<= 2**31 - 1")
         for name, least in LEAST.items()
-        if hasattr(tc, name) and getattr(tc, name) < least
+        if hasattr(tc, name) and not least <= getattr(tc, name) <= INT32_MAX
     ]
     lr = getattr(tc, "lr", None)
     if lr is not None and not (math.isfinite(lr) and lr > 0):
@@ -2455,10 +2475,61 @@ class CheckpointManager(ocp.CheckpointManager):
     """
 
     def wait_until_finished(self) -> None:
-        super().wait_until_finished()
+        try:
+            super().wait_until_finished()
+        except Exception as exc:  # noqa: BLE001 - a save failed in the background: disk full, I/O
+            save_failed(Path(self.directory), exc)
         if is_lead():
             for step in self.all_steps():
                 write_checksums(step_dir(self, step))
+
+
+def io_failure(exc: BaseException | None) -> str | None:
+    """The operating system's reason when `exc` (or what caused it) is a failed read or write,
+    as Python or tensorstore words it ("No space left on device"); else None."""
+    while exc is not None:
+        if isinstance(exc, OSError) and exc.strerror:
+            return exc.strerror
+        if code := re.search(r"os_error_code='(\d+)'", str(exc)):
+            return os.strerror(int(code.group(1)))
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
+def save_failed(directory: Path, exc: BaseException) -> NoReturn:
+    """Exit 1 with one line for a checkpoint that could not be written (a full disk gave 450
+    lines and five tracebacks of orbax's threads), naming the cause and the newest complete
+    checkpoint, which the failed save left intact."""
+    cause = io_failure(exc) or (str(exc).splitlines() or [type(exc).__name__])[0][:300]
+    done = sorted(
+        int(p.name) for p in directory.glob("[0-9]*") if (p / "commit_success.txt").exists()
+    )
+    kept = (
+        f"checkpoint {done[-1]} and those before it are intact: make room, then rerun the same "
+        "command to resume from it"
+        if done
+        else "no checkpoint was complete before it: make room, then rerun the same command"
+    )
+    sys.exit(f"error: saving a checkpoint in {directory} failed: {cause}; {kept}")
+
+
+def _not_io_failure(record: logging.LogRecord) -> bool:
+    """A filter for absl's log (orbax's): drop the records of a failed read or write, each a
+    traceback from one of its threads; save_failed reports the failure in one line."""
+    return not (record.exc_info and io_failure(record.exc_info[1]))
+
+
+def _quiet_closed_loop(previous):
+    """An unraisable-exception hook that drops "Event loop is closed": after a failed save,
+    tensorstore's writes still in flight report to orbax's closed loop, a traceback each (tens
+    of them on a full disk); any other unraisable exception goes to `previous`."""
+
+    def hook(unraisable) -> None:
+        value = unraisable.exc_value
+        if not (isinstance(value, RuntimeError) and str(value) == "Event loop is closed"):
+            previous(unraisable)
+
+    return hook
 
 
 def checkpoint_manager(run_dir: Path, tc) -> ocp.CheckpointManager:
@@ -2467,6 +2538,9 @@ def checkpoint_manager(run_dir: Path, tc) -> ocp.CheckpointManager:
     Orbax writes each step to `<step>.orbax-checkpoint-tmp-*`, writes `commit_success.txt` into it
     and renames it to `<step>` when complete; leftover temporary directories are removed here.
     """
+    if _not_io_failure not in logging.getLogger("absl").filters:
+        logging.getLogger("absl").addFilter(_not_io_failure)
+        sys.unraisablehook = _quiet_closed_loop(sys.unraisablehook)
     options = ocp.CheckpointManagerOptions(
         max_to_keep=tc.checkpoint_keep,
         enable_async_checkpointing=tc.checkpoint_async,
@@ -2817,18 +2891,22 @@ def _is_docstring(node: ast.stmt) -> bool:
 def files_digest(path: Path) -> str | None:
     """A digest of a data file or directory: each file's name (relative), size, first and last
     SAMPLE_BYTES. Cheap on terabytes and blind to a move, not to an edit, an append or a new
-    file. None when the path does not exist (the data check says so later)."""
-    if not path.exists():
-        return None
+    file. None when the path is absent, or neither a file nor a directory (a FIFO, a device,
+    whose open would block or never end): the data check refuses those later."""
+    if not (path.is_file() or path.is_dir()):
+        return None  # a FIFO would block the open (and a device never end): load_data refuses it
     files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
     digest = hashlib.sha256()
     for file in files:
-        size = file.stat().st_size
-        digest.update(f"{file.relative_to(path) if path.is_dir() else ''}\0{size}\0".encode())
-        with file.open("rb") as f:
-            digest.update(f.read(SAMPLE_BYTES))
-            f.seek(max(size - SAMPLE_BYTES, 0))
-            digest.update(f.read(SAMPLE_BYTES))
+        try:
+            size = file.stat().st_size
+            digest.update(f"{file.relative_to(path) if path.is_dir() else ''}\0{size}\0".encode())
+            with file.open("rb") as f:
+                digest.update(f.read(SAMPLE_BYTES))
+                f.seek(max(size - SAMPLE_BYTES, 0))
+                digest.update(f.read(SAMPLE_BYTES))
+        except OSError as exc:
+            unreadable(exc)
     return digest.hexdigest()
 
 
@@ -2888,7 +2966,12 @@ def check_resume(
             continue
         if old[name] != new:
             problems.append(f"{name} was {old[name]!r}, now {new!r}")
-    if old.get("steps", tc.steps) != tc.steps:
+    if max(steps) > tc.steps:  # it resumed past its end with exit 0: more steps than asked for
+        problems.append(
+            f"steps was {old.get('steps')}, now {tc.steps}: it has taken {max(steps)} already, "
+            "and a resume cannot take steps back"
+        )
+    elif old.get("steps", tc.steps) != tc.steps:
         problems += _schedule_change(tc, old, max(steps), lr_schedule)
     if not problems:
         return None
@@ -3030,6 +3113,8 @@ def check_run_dir(run_dir: Path, tc) -> None:
     problems = []
     if run_dir.exists() and not run_dir.is_dir():
         problems.append(f"--out {run_dir} is a file, not a run directory")
+    elif run_dir.is_symlink() and not run_dir.exists():  # mkdir would fail: FileExistsError
+        problems.append(f"--out {run_dir} is a link to {os.readlink(run_dir)}, which is not there")
     else:
         kinds = ((tc.checkpoint_dir, True), ("metrics.jsonl", False), ("run.json", False))
         for name, is_dir in kinds + (("lock", False),):
@@ -3037,6 +3122,8 @@ def check_run_dir(run_dir: Path, tc) -> None:
             if path.exists() and path.is_dir() != is_dir:
                 want, got = ("a directory", "a file") if is_dir else ("a file", "a directory")
                 problems.append(f"{path} is {got}; a run writes {want} there")
+            elif path.exists() and not is_dir and not path.is_file():  # a FIFO blocks the open
+                problems.append(f"{path} is a device or a FIFO; a run writes a file there")
         info = run_dir / "run.json"
         if info.is_file() and not _axdsl_run_json(info):
             problems.append(f"{info} was not written by axdsl")
@@ -3049,8 +3136,10 @@ def _unwritable(run_dir: Path) -> list[str]:
     """[] when a file can be made in RUN_DIR (or, before it exists, in its nearest existing
     parent), else why not: tried, since permissions alone do not tell (root, read-only mounts)."""
     where = next((p for p in [run_dir, *run_dir.absolute().parents] if p.exists()), None)
-    if where is None or not where.is_dir():
+    if where is None:
         return []
+    if not where.is_dir():  # --out FILE/run: mkdir would fail (NotADirectoryError)
+        return [f"{where} is a file, so {run_dir} cannot be made"]
     try:
         with tempfile.TemporaryFile(dir=where):
             return []

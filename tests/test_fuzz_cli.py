@@ -14,18 +14,27 @@ it is valid, so the oracle has two sides (issue 38: "check that no case exits wi
   a recorder, which must receive the values given; a build that would succeed costs 0.4-2 s, so a
   `build` case always carries an invalid part (tests/test_cli.py builds for real).
 
-Everything runs in this process through `cli.main`, with the output written to UTF-8 streams as
-Python opens them under a UTF-8 locale (stdout strict, stderr backslashreplace). The cases come
-from fixed seeds (deterministic); all of them take about 2 s.
+- flags of `axdsl sample` and `aot`, and of train.py itself (`--microbatches 0`, `--seed -3`,
+  `--profile 4:2`, `--batch 16 --microbatches 8` over 8 data-parallel devices): the same two
+  sides, with the command's work (loading the run, lowering the step, the memory check and the
+  data) replaced by a recorder that must receive the values given.
+
+Everything runs in this process through `cli.main` (or the committed tiny_llama trainer's
+`main`), with the output written to UTF-8 streams as Python opens them under a UTF-8 locale
+(stdout strict, stderr backslashreplace). The cases come from fixed seeds (deterministic); all
+of them take about 10 s.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import io
 import math
 import os
 import random
 import re
+import signal
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -349,3 +358,224 @@ def test_fuzzed_build_arguments_fail_cleanly(tmp_path, monkeypatch, seed):
         assert o.rc == 2 and "an empty path" in o.err, f"{argv!r}\n{o.err}"
     else:
         assert ("target" in o.err) if not target_ok else LOCATED.search(o.err), f"{argv!r}\n{o.err}"
+
+
+# ------------------------------------------------------------------------------ more commands
+# The same two-sided oracle over the flags of `sample`, `aot` and train.py itself: a value is
+# wrong when it is outside the range the command documents (the table says which), and every
+# case with a wrong value must be refused, naming it, before any work; every right one must
+# reach the work with the values given (a recorder stands in for the work).
+
+SAMPLE_VALUES: dict[str, tuple[tuple[str, bool], ...]] = {
+    "max-tokens": (("0", True), ("5", True), ("-1", False), ("x", False)),
+    "temperature": (
+        ("0", True),
+        ("0.8", True),
+        ("-0.5", False),
+        ("nan", False),
+        ("inf", False),
+        ("x", False),
+    ),
+    "top-k": (("1", True), ("40", True), ("0", False), ("-3", False), ("1.5", False)),
+    "top-p": (("0.9", True), ("1", True), ("0", False), ("1.5", False), ("nan", False)),
+    "eos": (("0", True), ("2", True), ("-1", False)),
+    "seed": (("0", True), ("7", True), ("x", False)),
+}
+SAMPLE_REACHED = "probe: the run would load here"
+
+
+@pytest.fixture
+def recorded_sample(monkeypatch, tmp_path):
+    """A run directory whose loading is a recorder: the flags are checked, nothing is loaded."""
+    from axdsl import sampling
+
+    calls: list[Path] = []
+
+    def record(run_dir, use):
+        calls.append(run_dir)
+        return SAMPLE_REACHED  # sample prints it as its error: the checks were passed
+
+    monkeypatch.setattr(sampling, "load_run_model", record)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "run.json").write_text("{}")
+    return calls
+
+
+@pytest.mark.parametrize("seed", range(16))
+def test_fuzzed_sample_flags_are_refused_exactly_when_wrong(recorded_sample, seed):
+    rng = random.Random(3000 + seed)
+    given = {
+        name: pick(rng, SAMPLE_VALUES[name])
+        for name in rng.sample(sorted(SAMPLE_VALUES), rng.randint(1, 3))
+    }
+    argv = ["sample", "run", "hi"]
+    for name, (text, _) in given.items():
+        argv += _flag(rng, name, text)
+    o = run_main(argv)
+    assert_no_crash(o, repr(argv))
+    if all(ok for _, ok in given.values()):
+        assert o.rc == 1 and SAMPLE_REACHED in o.err and recorded_sample, f"{argv!r}\n{o.err}"
+        return
+    assert o.rc != 0 and not recorded_sample, f"{argv!r} passed a wrong value:\n{o.err}"
+    assert _names_a_wrong_flag(o.err, given), f"{argv!r}: the error names no wrong flag\n{o.err}"
+
+
+AOT_LEAST = {"batch": 1, "seq": 2}
+
+
+def _int_in(text: str, low: int) -> bool:
+    """Whether argparse reads `text` as an integer from `low` to 2**31 - 1."""
+    try:
+        return low <= int(text) <= 2**31 - 1
+    except ValueError:
+        return False
+
+
+@pytest.fixture
+def recorded_aot(monkeypatch, tmp_path):
+    from axdsl import aot
+
+    calls: list[tuple] = []
+    monkeypatch.setattr(aot, "run", lambda *args, **kwargs: calls.append(args) or 0)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "m.axl").write_text(MODEL)
+    return calls
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_fuzzed_aot_flags_are_refused_exactly_when_wrong(recorded_aot, seed):
+    """`aot --batch 0` reported a fit with exit 0 and `--seq -1` printed negative FLOPs (found by
+    the probe harness): the sizes are checked as train's are."""
+    rng = random.Random(4000 + seed)
+    given: dict[str, tuple[str, bool]] = {}
+    for name in rng.sample(["batch", "seq", "target"], rng.randint(1, 3)):
+        if name == "target":
+            given[name] = pick(rng, TARGETS)
+            continue
+        ok = functools.partial(_int_in, low=AOT_LEAST[name])
+        text = pick(rng, INT_VALUES, ok)
+        given[name] = (text, ok(text))
+    argv = ["aot", "m.axl"]
+    for name, (text, _) in given.items():
+        argv += _flag(rng, name, text)
+    o = run_main(argv)
+    assert_no_crash(o, repr(argv))
+    if all(ok for _, ok in given.values()):
+        assert o.rc == 0 and len(recorded_aot) == 1, f"{argv!r} was refused:\n{o.err}"
+        _, target, _, batch, seq = recorded_aot[0]
+        assert target == given.get("target", ("cpu", True))[0]
+        assert (batch, seq) == tuple(
+            int(given[n][0]) if n in given else None for n in ("batch", "seq")
+        ), argv
+        return
+    assert o.rc != 0 and not recorded_aot, f"{argv!r} passed a wrong value:\n{o.err}"
+    assert _names_a_wrong_flag(o.err, given), f"{argv!r}: the error names no wrong flag\n{o.err}"
+
+
+# train.py's own flags (python -m generated.<spec>.<target>.train): tiny_llama's trainer, in this
+# process, stopped by a recorder once its checks are done (before the memory check and the data)
+TRAINER_LEAST = {
+    "steps": 1,
+    "batch": 1,
+    "seq": 2,
+    "microbatches": 1,
+    "log-every": 1,
+    "eval-every": 0,
+    "seed": 0,
+    "checkpoint-every": 0,
+    "steps-per-call": 1,
+}
+TRAINER_INTS = ("0", "1", "2", "4", "8", "16", "64", "129", "-3", "2147483648", "x")
+TRAINER_POOLS = {  # mostly values that pass the cross conditions too, so that each flag is tested
+    "batch": ("8", "16", "64", "0", "-3", "x", "2147483648"),
+    "microbatches": ("1", "2", "8", "0", "-3", "x"),
+    "seq": ("2", "64", "128", "129", "1", "0", "x"),
+}
+PROFILES = (("2:4", True), ("0:1", True), ("4:2", False), ("x", False), ("-1:3", False))
+
+
+class Checked(Exception):
+    """Raised by the recorder after train.py's checks: they passed."""
+
+
+def _trainer_valid(given: dict[str, tuple[str, bool]], ways: int, max_seq: int) -> bool:
+    """Every value in its range, and together: the batch splits into micro-batches of a multiple
+    of the data-parallel ways, seq fits max_seq, a profile window ends within the steps."""
+    if not all(ok for _, ok in given.values()):
+        return False
+    value = {n: int(t) for n, (t, _) in given.items() if n != "profile" and n != "lr"}
+    batch, micro = value.get("batch", 8), value.get("microbatches", 1)
+    if batch % micro or (batch // micro) % ways or value.get("seq", 64) > max_seq:
+        return False
+    stop = int(given["profile"][0].split(":")[1]) if "profile" in given else 0
+    return stop <= value.get("steps", 1000)
+
+
+@pytest.mark.parametrize("seed", range(48))
+def test_fuzzed_trainer_flags_are_refused_exactly_when_wrong(tmp_path, monkeypatch, seed):
+    """train.py checks its own flags as a train block checks the same keys (--microbatches 0
+    divided by zero; --lr -1 trained by gradient ascent): a wrong value exits 1 naming it before
+    any data or compute, and a right one reaches the run with exactly the values given."""
+    from generated.tiny_llama.cpu import train as tm
+
+    reached: list = []
+
+    def record(cfg, tc, mesh):
+        original(cfg, tc, mesh)
+        reached.append(tc)
+        raise Checked()
+
+    original = tm.check_config
+    monkeypatch.setattr(tm, "check_config", record)
+    mesh = tm.make_mesh()
+    ways = mesh.shape["data"]  # conftest's 8 fake devices: the cpu target puts them on `data`
+    rng = random.Random(5000 + seed)
+    given: dict[str, tuple[str, bool]] = {}
+    for name in rng.sample([*TRAINER_LEAST, "lr", "profile"], rng.randint(1, 4)):
+        if name == "lr":
+            text = pick(rng, LR_VALUES, _lr_ok)
+            given[name] = (text, _lr_ok(text))
+        elif name == "profile":
+            given[name] = pick(rng, PROFILES)
+        else:
+            ok = functools.partial(_int_in, low=TRAINER_LEAST[name])
+            text = pick(rng, TRAINER_POOLS.get(name, TRAINER_INTS), ok)
+            given[name] = (text, ok(text))
+    argv = ["--out", str(tmp_path / "run"), "--compile-cache", "none", "--seq", "64"]
+    argv = argv[:-2] if "seq" in given else argv
+    for name, (text, _) in given.items():
+        argv += _flag(rng, name, text)
+    valid = _trainer_valid(given, ways, tm.CONFIGS[tm.TRAIN.model].max_seq)
+    signals = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
+    out, err = io.StringIO(), io.StringIO()
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            tm.main(argv)
+        rc, message = 0, err.getvalue()
+    except Checked:
+        rc, message = 0, err.getvalue()
+    except SystemExit as exc:
+        rc = exc.code if isinstance(exc.code, int) else 1
+        message = err.getvalue() + (exc.code if isinstance(exc.code, str) else "")
+    finally:
+        for signum, handler in signals.items():  # main installs its own before its checks
+            signal.signal(signum, handler)
+    case = f"train.py {argv[2:]!r}"
+    assert "Traceback" not in message, f"{case}\n{message}"
+    if valid:
+        assert rc == 0 and reached, f"{case} was refused:\n{message}"
+        tc = reached[0]
+        for name, (text, _) in given.items():
+            field = name.replace("-", "_")
+            if name == "profile":
+                continue
+            want = float(text) if name == "lr" else int(text)
+            assert getattr(tc, field) == want, f"{case}: {field} is {getattr(tc, field)}"
+        return
+    assert rc != 0 and not reached, f"{case} passed a wrong value:\n{message}"
+    wrong = [n for n, (_, ok) in given.items() if not ok]
+    if wrong:
+        assert any(f"--{n}" in message for n in wrong), f"{case}: names no wrong flag\n{message}"
+    else:  # right values that do not go together: the batch split, max_seq, the profile window
+        assert any(w in message for w in ("batch", "seq", "--profile")), f"{case}\n{message}"

@@ -8,11 +8,13 @@ mismatch message quotes (`model_type` for a fact of the family itself, such as G
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
-from collections.abc import Callable
 
 from axdsl.hf.decoder_arch import DecoderFacts
+from axdsl.hf.errors import HFError
 from axdsl.hf.facts import FIELDS
 
 # GELU variants that equal jax.nn.gelu's default (the tanh approximation).
@@ -46,8 +48,12 @@ class Config:
     defaults: Defaults = Defaults()
 
     def get(self, key: str, default: Any = None) -> Any:
-        """`cfg[key]`, or `default` when the key is missing or null."""
-        return self.cfg[key] if self.cfg.get(key) is not None else default
+        """`cfg[key]`, or `default` when the key is missing or null. A key whose default is a
+        number must hold one: `"hidden_size": "64"` was a TypeError deep in a row (exit 70)."""
+        value = self.cfg[key] if self.cfg.get(key) is not None else default
+        if _is_number(default) and not _is_number(value):
+            raise HFError(f"config.json: {key} is {json.dumps(value)}, not a number")
+        return value
 
     def flag(self, key: str, default: bool) -> bool:
         return bool(self.cfg.get(key, default))
@@ -81,6 +87,10 @@ class Config:
     def rope_param(self, key: str, default: Any) -> Any:
         value = self.rope_params.get(key)
         return default if value is None else value
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 @dataclass(frozen=True)

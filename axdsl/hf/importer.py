@@ -35,11 +35,19 @@ def import_hf(spec: Path, hf_dir: Path, model: str | None = None, out: Path | No
 def _read_config(hf_dir: Path) -> dict:
     path = hf_dir / "config.json"
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        cfg = json.loads(path.read_text(encoding="utf-8"), parse_constant=_not_finite)
     except FileNotFoundError:
         raise HFError(f"{path} not found: is {hf_dir} a Hugging Face model directory?") from None
     except (OSError, ValueError) as exc:
         raise HFError(f"cannot read {path}: {exc}") from None
+    if not isinstance(cfg, dict):  # a list was an AttributeError (exit 70)
+        raise HFError(f"{path} is not a JSON object: is {hf_dir} a Hugging Face model directory?")
+    return cfg
+
+
+def _not_finite(name: str) -> float:
+    """json's hook for NaN and Infinity, which no config field means (rope_theta NaN imported)."""
+    raise ValueError(f"it holds {name}, not a finite number")
 
 
 def _load_rule(r: Rule, reader: Reader, layers: int) -> tuple[np.ndarray, ...]:

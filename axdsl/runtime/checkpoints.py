@@ -6,9 +6,12 @@ axdsl/codegen/runtime_source.py; it must import nothing of axdsl but its sibling
 
 import hashlib
 import json
+import logging
 import os
+import re
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 import jax
 import orbax.checkpoint as ocp
@@ -30,10 +33,61 @@ class CheckpointManager(ocp.CheckpointManager):
     """
 
     def wait_until_finished(self) -> None:
-        super().wait_until_finished()
+        try:
+            super().wait_until_finished()
+        except Exception as exc:  # noqa: BLE001 - a save failed in the background: disk full, I/O
+            save_failed(Path(self.directory), exc)
         if is_lead():
             for step in self.all_steps():
                 write_checksums(step_dir(self, step))
+
+
+def io_failure(exc: BaseException | None) -> str | None:
+    """The operating system's reason when `exc` (or what caused it) is a failed read or write,
+    as Python or tensorstore words it ("No space left on device"); else None."""
+    while exc is not None:
+        if isinstance(exc, OSError) and exc.strerror:
+            return exc.strerror
+        if code := re.search(r"os_error_code='(\d+)'", str(exc)):
+            return os.strerror(int(code.group(1)))
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
+def save_failed(directory: Path, exc: BaseException) -> NoReturn:
+    """Exit 1 with one line for a checkpoint that could not be written (a full disk gave 450
+    lines and five tracebacks of orbax's threads), naming the cause and the newest complete
+    checkpoint, which the failed save left intact."""
+    cause = io_failure(exc) or (str(exc).splitlines() or [type(exc).__name__])[0][:300]
+    done = sorted(
+        int(p.name) for p in directory.glob("[0-9]*") if (p / "commit_success.txt").exists()
+    )
+    kept = (
+        f"checkpoint {done[-1]} and those before it are intact: make room, then rerun the same "
+        "command to resume from it"
+        if done
+        else "no checkpoint was complete before it: make room, then rerun the same command"
+    )
+    sys.exit(f"error: saving a checkpoint in {directory} failed: {cause}; {kept}")
+
+
+def _not_io_failure(record: logging.LogRecord) -> bool:
+    """A filter for absl's log (orbax's): drop the records of a failed read or write, each a
+    traceback from one of its threads; save_failed reports the failure in one line."""
+    return not (record.exc_info and io_failure(record.exc_info[1]))
+
+
+def _quiet_closed_loop(previous):
+    """An unraisable-exception hook that drops "Event loop is closed": after a failed save,
+    tensorstore's writes still in flight report to orbax's closed loop, a traceback each (tens
+    of them on a full disk); any other unraisable exception goes to `previous`."""
+
+    def hook(unraisable) -> None:
+        value = unraisable.exc_value
+        if not (isinstance(value, RuntimeError) and str(value) == "Event loop is closed"):
+            previous(unraisable)
+
+    return hook
 
 
 def checkpoint_manager(run_dir: Path, tc) -> ocp.CheckpointManager:
@@ -42,6 +96,9 @@ def checkpoint_manager(run_dir: Path, tc) -> ocp.CheckpointManager:
     Orbax writes each step to `<step>.orbax-checkpoint-tmp-*`, writes `commit_success.txt` into it
     and renames it to `<step>` when complete; leftover temporary directories are removed here.
     """
+    if _not_io_failure not in logging.getLogger("absl").filters:
+        logging.getLogger("absl").addFilter(_not_io_failure)
+        sys.unraisablehook = _quiet_closed_loop(sys.unraisablehook)
     options = ocp.CheckpointManagerOptions(
         max_to_keep=tc.checkpoint_keep,
         enable_async_checkpointing=tc.checkpoint_async,

@@ -170,13 +170,17 @@ LEAST = {
 }
 
 
+INT32_MAX = 2**31 - 1  # the most a train block's integer may be (axdsl.ir.dtypes.INT32_MAX)
+
+
 def check_values(tc) -> None:
     """Each command-line value in its range, as the same key in a train block must be: --lr -1
     would train by gradient ascent and --steps -5 record a run of -5 steps, both with exit 0."""
     problems = [
-        f"--{name.replace('_', '-')} {getattr(tc, name)} must be an integer >= {least}"
+        f"--{name.replace('_', '-')} {getattr(tc, name)} must be an integer "
+        + (f">= {least}" if getattr(tc, name) < least else "<= 2**31 - 1")
         for name, least in LEAST.items()
-        if hasattr(tc, name) and getattr(tc, name) < least
+        if hasattr(tc, name) and not least <= getattr(tc, name) <= INT32_MAX
     ]
     lr = getattr(tc, "lr", None)
     if lr is not None and not (math.isfinite(lr) and lr > 0):

@@ -10,6 +10,7 @@ import os
 import sys
 import sysconfig
 from pathlib import Path
+from typing import NoReturn
 
 import jax
 import numpy as np
@@ -51,7 +52,10 @@ def load_tokens(tc, run_dir: Path | None = None, vocab: int | None = None) -> np
     else:
         path = Path(tc.data_path)
         files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
-        data = np.frombuffer(b"\n".join(p.read_bytes() for p in files), dtype=np.uint8)
+        try:
+            data = np.frombuffer(b"\n".join(p.read_bytes() for p in files), dtype=np.uint8)
+        except OSError as exc:
+            unreadable(exc)
     if not getattr(tc, "tokenizer", ""):
         return data
     source = None if tc.data == "default" else Path(tc.data_path)
@@ -146,10 +150,22 @@ def binary_files(path: Path) -> list[Path]:
     files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
     found = []
     for file in files:
-        with file.open("rb") as f:
-            if b"\0" in f.read(BINARY_PROBE):
-                found.append(file)
+        try:
+            with file.open("rb") as f:
+                if b"\0" in f.read(BINARY_PROBE):
+                    found.append(file)
+        except OSError as exc:
+            unreadable(exc)
     return found
+
+
+def unreadable(exc: OSError) -> NoReturn:
+    """Exit with one line naming a data file that cannot be read (an I/O error, no permission),
+    not a traceback before the first step."""
+    sys.exit(
+        f"error: cannot read data {exc.filename or ''}: {exc.strerror or exc}; "
+        "fix or remove that file, or give another --data"
+    )
 
 
 def token_problems(tokens: np.ndarray, vocab: int | None, chunk: int = 1 << 26) -> list[str]:

@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from axdsl.runtime.chat import tokenizer_folder
-from axdsl.runtime.data import data_path
+from axdsl.runtime.data import data_path, unreadable
 from axdsl.runtime.processes import is_lead
 
 # Train settings that are schedule, not results: changing them on a resume mixes nothing.
@@ -78,18 +78,22 @@ def _is_docstring(node: ast.stmt) -> bool:
 def files_digest(path: Path) -> str | None:
     """A digest of a data file or directory: each file's name (relative), size, first and last
     SAMPLE_BYTES. Cheap on terabytes and blind to a move, not to an edit, an append or a new
-    file. None when the path does not exist (the data check says so later)."""
-    if not path.exists():
-        return None
+    file. None when the path is absent, or neither a file nor a directory (a FIFO, a device,
+    whose open would block or never end): the data check refuses those later."""
+    if not (path.is_file() or path.is_dir()):
+        return None  # a FIFO would block the open (and a device never end): load_data refuses it
     files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
     digest = hashlib.sha256()
     for file in files:
-        size = file.stat().st_size
-        digest.update(f"{file.relative_to(path) if path.is_dir() else ''}\0{size}\0".encode())
-        with file.open("rb") as f:
-            digest.update(f.read(SAMPLE_BYTES))
-            f.seek(max(size - SAMPLE_BYTES, 0))
-            digest.update(f.read(SAMPLE_BYTES))
+        try:
+            size = file.stat().st_size
+            digest.update(f"{file.relative_to(path) if path.is_dir() else ''}\0{size}\0".encode())
+            with file.open("rb") as f:
+                digest.update(f.read(SAMPLE_BYTES))
+                f.seek(max(size - SAMPLE_BYTES, 0))
+                digest.update(f.read(SAMPLE_BYTES))
+        except OSError as exc:
+            unreadable(exc)
     return digest.hexdigest()
 
 
@@ -149,7 +153,12 @@ def check_resume(
             continue
         if old[name] != new:
             problems.append(f"{name} was {old[name]!r}, now {new!r}")
-    if old.get("steps", tc.steps) != tc.steps:
+    if max(steps) > tc.steps:  # it resumed past its end with exit 0: more steps than asked for
+        problems.append(
+            f"steps was {old.get('steps')}, now {tc.steps}: it has taken {max(steps)} already, "
+            "and a resume cannot take steps back"
+        )
+    elif old.get("steps", tc.steps) != tc.steps:
         problems += _schedule_change(tc, old, max(steps), lr_schedule)
     if not problems:
         return None

@@ -34,6 +34,8 @@ def check_run_dir(run_dir: Path, tc) -> None:
     problems = []
     if run_dir.exists() and not run_dir.is_dir():
         problems.append(f"--out {run_dir} is a file, not a run directory")
+    elif run_dir.is_symlink() and not run_dir.exists():  # mkdir would fail: FileExistsError
+        problems.append(f"--out {run_dir} is a link to {os.readlink(run_dir)}, which is not there")
     else:
         kinds = ((tc.checkpoint_dir, True), ("metrics.jsonl", False), ("run.json", False))
         for name, is_dir in kinds + (("lock", False),):
@@ -41,6 +43,8 @@ def check_run_dir(run_dir: Path, tc) -> None:
             if path.exists() and path.is_dir() != is_dir:
                 want, got = ("a directory", "a file") if is_dir else ("a file", "a directory")
                 problems.append(f"{path} is {got}; a run writes {want} there")
+            elif path.exists() and not is_dir and not path.is_file():  # a FIFO blocks the open
+                problems.append(f"{path} is a device or a FIFO; a run writes a file there")
         info = run_dir / "run.json"
         if info.is_file() and not _axdsl_run_json(info):
             problems.append(f"{info} was not written by axdsl")
@@ -53,8 +57,10 @@ def _unwritable(run_dir: Path) -> list[str]:
     """[] when a file can be made in RUN_DIR (or, before it exists, in its nearest existing
     parent), else why not: tried, since permissions alone do not tell (root, read-only mounts)."""
     where = next((p for p in [run_dir, *run_dir.absolute().parents] if p.exists()), None)
-    if where is None or not where.is_dir():
+    if where is None:
         return []
+    if not where.is_dir():  # --out FILE/run: mkdir would fail (NotADirectoryError)
+        return [f"{where} is a file, so {run_dir} cannot be made"]
     try:
         with tempfile.TemporaryFile(dir=where):
             return []
