@@ -154,3 +154,22 @@ def test_sample_chat_errors_are_located(imported, tmp_path, monkeypatch, capsys)
     assert main(["sample", "lm-hf", "--chat", "Hi. " * 20]) == 1
     err = capsys.readouterr().err
     assert "the chat prompt is" in err and "the model sees 32" in err and "Traceback" not in err
+
+
+def test_eval_stops_a_chat_runs_generation_at_the_end_of_turn(tmp_path):
+    """`axdsl eval`'s generation tasks on a chat run stop where `sample --chat` does (the run's
+    template's end-of-turn id); other runs keep the stop they had."""
+    from types import SimpleNamespace
+
+    from axdsl.evaluation.command import _chat_end
+
+    shutil.copytree(EXAMPLE / "tokenizer", tmp_path / "tokenizer")
+    info = {
+        "spec": "lm.axl",
+        "root": str(tmp_path),
+        "train": {"data": "chat", "tokenizer": "tokenizer"},
+    }
+    (tmp_path / "run.json").write_text(json.dumps(info))
+    end = ChatTemplate.load(EXAMPLE / "tokenizer").tokenizer.token_to_id("<|im_end|>")
+    assert _chat_end(tmp_path, SimpleNamespace(data="chat"), None) == end
+    assert _chat_end(tmp_path, SimpleNamespace(data="text"), 7) == 7
