@@ -507,13 +507,13 @@ def _add_sample(sub) -> None:
         metavar="MESSAGE",
         help="a user's message (or the prompt given otherwise): render it with the chat template "
         "the run trained with and the assistant's turn header, print only the answer, stop at "
-        "the end of the turn",
+        "the end of the turn (default: plain text, no template)",
     )
     sm.add_argument(
         "--system",
         default=None,
         metavar="TEXT",
-        help="with --chat: a system message before the user's",
+        help="with --chat: a system message before the user's (default: none)",
     )
     sm.set_defaults(run=_cmd_sample)
 
