@@ -173,3 +173,32 @@ def test_eval_stops_a_chat_runs_generation_at_the_end_of_turn(tmp_path):
     end = ChatTemplate.load(EXAMPLE / "tokenizer").tokenizer.token_to_id("<|im_end|>")
     assert _chat_end(tmp_path, SimpleNamespace(data="chat"), None) == end
     assert _chat_end(tmp_path, SimpleNamespace(data="text"), 7) == 7
+
+
+def test_the_walk_through_files_agree(in_root, capsys):
+    """The README walk-through's pieces, short of running it (about 75 s): its specs pass `axdsl
+    check` (data lines, LoRA targets), every examples/ path it names exists, and the eval task of
+    pairs is pairs.jsonl as the template renders it (the prompt with the assistant's header as
+    context, each answer and its end of turn as a choice, the chosen one gold)."""
+    import re
+
+    from axdsl.runtime.chat import render_chat
+
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    walk = readme[readme.index("### From a base model to an assistant") :].split("```")[1]
+    named = set(re.findall(r"examples/chat/\S+", walk))
+    assert len(named) >= 5 and all((ROOT / p).is_file() for p in named), named
+    for spec in ("assistant_sft.axl", "assistant_dpo.axl"):
+        assert main(["check", f"examples/chat/{spec}"]) == 0, capsys.readouterr().err
+    chat = ChatTemplate.load(EXAMPLE / "tokenizer")
+    lines = (EXAMPLE / "pairs.jsonl").read_text(encoding="utf-8").splitlines()
+    items = (EXAMPLE / "eval_pairs.jsonl").read_text(encoding="utf-8").splitlines()
+    assert len(items) == len(lines)
+    for line, item in zip(lines, items, strict=True):
+        pair, item = json.loads(line), json.loads(item)
+        prompt = pair.get("messages") or [{"role": "user", "content": pair["prompt"]}]
+        assert item["context"] == render_chat(prompt, chat.template, chat.special, True)
+        answers = [
+            a if isinstance(a, str) else a[0]["content"] for a in (pair["chosen"], pair["rejected"])
+        ]
+        assert item["choices"] == [a + "<|im_end|>" for a in answers] and item["gold"] == 0
