@@ -14,7 +14,7 @@ everywhere; --out always names what the command writes.
     axdsl export-lora SPEC RUN --out DIR [--merge]  a LoRA run's adapters alone, or merged weights
     axdsl train SPEC [--target T] [--out RUN]   build, then train (rerunning resumes)
     axdsl plot RUN_DIR                          loss, eval, lr and throughput PNG (matplotlib)
-    axdsl sample RUN_DIR [PROMPT]               generate text from the latest checkpoint
+    axdsl sample RUN_DIR [PROMPT] [--chat]      text, or a chat answer, from the latest checkpoint
     axdsl eval RUN --task FILE [--task FILE]    multiple choice, perplexity, exact match
     axdsl fmt [--check] [--diff] FILE...        format .axl files in the canonical layout
     axdsl lsp                                   the language server for editors (stdio)
@@ -500,6 +500,22 @@ def _add_sample(sub) -> None:
         help="run one full forward per token instead of the KV-cache decode path (default: "
         "the cache, where the model has one); greedy output is the same",
     )
+    sm.add_argument(
+        "--chat",
+        nargs="?",
+        const="",
+        default=None,
+        metavar="MESSAGE",
+        help="a user's message (or the prompt given otherwise): render it with the chat template "
+        "the run trained with and the assistant's turn header, print only the answer, stop at "
+        "the end of the turn (default: plain text, no template)",
+    )
+    sm.add_argument(
+        "--system",
+        default=None,
+        metavar="TEXT",
+        help="with --chat: a system message before the user's (default: none)",
+    )
     sm.set_defaults(run=_cmd_sample)
 
 
@@ -775,7 +791,20 @@ def _cmd_sample(args) -> int:
 
     if args.prompt is not None and args.prompt_flag is not None and args.prompt != args.prompt_flag:
         raise _UsageError("two prompts given (a positional one and --prompt): give one")
-    prompt = next((p for p in (args.prompt, args.prompt_flag) if p is not None), "\n")
+    given = next((p for p in (args.prompt, args.prompt_flag) if p is not None), None)
+    if args.system is not None and args.chat is None:
+        raise _UsageError("--system is a chat prompt's system message: give it with --chat")
+    if args.chat is not None:
+        if args.chat and given is not None and args.chat != given:
+            raise _UsageError("two prompts given (--chat MESSAGE and another): give one")
+        given = args.chat or given
+        if given is None:
+            raise _UsageError('--chat needs the user\'s message: axdsl sample RUN --chat "..."')
+        stop = sampling.Sampling(args.temperature, args.top_k, args.top_p, args.eos, args.cache)
+        return sampling.sample_chat(
+            args.run_dir, given, args.system, args.max_tokens, stop, args.seed
+        )
+    prompt = "\n" if given is None else given
     return sampling.sample(
         args.run_dir,
         prompt,

@@ -268,7 +268,7 @@ def generate_seq2seq(
         token = _pick(np.asarray(logits_at(params, tokens, dec, n), np.float64), s, rng)
         dec[n + 1] = token
         yield token
-        if token == s.eos:
+        if s.ends(token):
             return
 
 
@@ -363,6 +363,11 @@ class Sampling:
     cache: bool = (
         True  # use the model's KV-cache decode path when it has one (--no-cache: full forwards)
     )
+    stops: tuple[int, ...] = ()  # more ids generation stops after (a chat template's end of turn)
+
+    def ends(self, token: int) -> bool:
+        """Whether generation stops after `token`: the eos or one of the stops."""
+        return token == self.eos or token in self.stops
 
 
 def _pick(logits, s: Sampling, rng) -> int:
@@ -421,7 +426,7 @@ def generate_tokens(
         token = _pick(logits, s, rng)
         ids.append(token)
         yield token
-        if token == s.eos:
+        if s.ends(token):
             return
 
 
@@ -460,7 +465,7 @@ def generate_cached(
         token = _pick(logits[:limit] if limit is not None else logits, s, rng)
         ids.append(token)
         yield token
-        if token == s.eos or n == max_tokens - 1:
+        if s.ends(token) or n == max_tokens - 1:
             return
         if pos == window:  # the cache is full
             logits, kv, pos = start(ids[-(window // 2) :])
@@ -506,3 +511,240 @@ def _stream(tokens, ids: list[int], prompt: str, codec) -> None:
         out.flush()
     out.write(printable(codec.finish()) + "\n")
     out.flush()
+
+
+# ------------------------------------------------------------------------------- sample --chat
+# `axdsl sample RUN --chat MESSAGE [--system TEXT]`: the message is rendered as a user turn by the
+# chat template the run trained with (axdsl/runtime/chat.py, as training renders), with the
+# assistant's turn header after it (add_generation_prompt), so the model writes the answer; only
+# the answer is printed, up to the template's end-of-turn token.
+
+
+class ChatError(Exception):
+    """Why a chat prompt cannot be made (shown as `axdsl: error: ...`)."""
+
+
+@dataclasses.dataclass
+class ChatTemplate:
+    """A tokenizer with its chat template and named special tokens, as training renders with
+    them (axdsl/runtime/chat.py); `folder` is where the template was read."""
+
+    folder: Path
+    tokenizer: Any  # a tokenizers.Tokenizer
+    template: str
+    special: dict[str, str]
+
+    @classmethod
+    def load(cls, folder: Path, tokenizer_file: Path | None = None) -> ChatTemplate:
+        """The template of the tokenizer in `folder`, with the tokenizer in `tokenizer_file`
+        (default: the folder's tokenizer.json); a ChatError says what is missing."""
+        from tokenizers import Tokenizer
+
+        from axdsl.runtime.chat import load_special_tokens, load_template
+
+        try:
+            template, special = load_template(folder), load_special_tokens(folder)
+        except ValueError as exc:
+            raise ChatError(str(exc)) from None
+        file = tokenizer_file or folder / "tokenizer.json"
+        try:
+            tokenizer = Tokenizer.from_file(str(file))
+        except Exception as exc:  # tokenizers raises plain Exceptions for files it cannot parse
+            raise ChatError(f"{file} is not a tokenizer.json: {str(exc)[:200]}") from None
+        return cls(folder, tokenizer, template, special)
+
+    def prompt_ids(self, messages: list[dict]) -> list[int]:
+        """The ids of `messages` followed by the assistant's turn header: transformers'
+        `apply_chat_template(messages, add_generation_prompt=True, tokenize=True)`."""
+        from axdsl.runtime.chat import render_chat
+
+        text = self._render(lambda: render_chat(messages, self.template, self.special, True))
+        return list(self.tokenizer.encode(text, add_special_tokens=False).ids)
+
+    def end_of_turn(self) -> tuple[int, ...]:
+        """The ids after which an answer is over: the end-of-turn token the template writes after
+        an assistant's content (the last token training's loss mask marks in a one-exchange
+        conversation, when it is an added token: <|im_end|>, <|eot_id|>, <end_of_turn>), and
+        the tokenizer's eos_token where it has one."""
+        from axdsl.runtime.chat import encode_chat
+
+        exchange = [{"role": "user", "content": "Hi."}, {"role": "assistant", "content": "Hello."}]
+        ids, mask = self._render(
+            lambda: encode_chat(exchange, self.tokenizer, self.template, self.special)
+        )
+        added = {int(i) for i in self.tokenizer.get_added_tokens_decoder()}
+        marked = [int(i) for i in ids[mask == 1]]
+        stops = [marked[-1]] if marked and marked[-1] in added else []
+        eos = self.special.get("eos_token")
+        eos_id = self.tokenizer.token_to_id(eos) if eos else None
+        return tuple(stops + ([eos_id] if eos_id is not None and eos_id not in stops else []))
+
+    def _render(self, render):
+        """`render()`, with a template's failure as a ChatError naming where it was read."""
+        import jinja2
+
+        try:
+            return render()
+        except (ValueError, jinja2.TemplateError) as exc:
+            raise ChatError(f"the chat template of {self.folder} fails: {exc}") from None
+
+
+def run_chat_template(run_dir: Path, info: dict) -> ChatTemplate:
+    """The chat template a run trained with: that of the tokenizer its data named (`tokenizer =
+    DIR`, relative to the spec), read where the run's run.json says the spec is, with the
+    vocabulary the run keeps (RUN/tokenizer.json). A ChatError says how to get one when the run
+    trained without a tokenizer or its tokenizer has no template."""
+    from axdsl.runtime.chat import tokenizer_folder
+
+    train = info.get("train", {})
+    tokenizer, data = train.get("tokenizer") or "", train.get("data", "")
+    if tokenizer in ("", "bpe"):
+        raise ChatError(
+            f"{run_dir} has no chat template: it trained on {data or 'byte'} data without a "
+            "Hugging Face tokenizer. Fine-tune it on conversations first: data = "
+            'chat("conversations.jsonl", tokenizer = "DIR"), with the directory of a tokenizer '
+            "that has a chat template (docs/chat.md)"
+        )
+    spec = Path(info.get("spec", ""))
+    if not spec.is_absolute():
+        spec = Path(info.get("root", ".")) / spec
+    folder = tokenizer_folder(tokenizer, str(spec))
+    if not folder.is_dir():
+        raise ChatError(
+            f"{run_dir} trained with the tokenizer in {folder}, which no longer exists: its chat "
+            "template is read there"
+        )
+    kept = run_dir / "tokenizer.json"
+    try:
+        chat = ChatTemplate.load(folder, kept if kept.is_file() else None)
+    except ChatError as exc:
+        raise ChatError(
+            f"{run_dir} has no chat template to prompt with: {exc}. Chat fine-tune it with "
+            'data = chat(..., tokenizer = "DIR") on a tokenizer that has one (docs/chat.md)'
+        ) from None
+    _warn_if_changed(info, folder)
+    return chat
+
+
+def _warn_if_changed(info: dict, folder: Path) -> None:
+    """Warn when the chat tokenizer's files differ from those the run trained with (run.json's
+    identity holds their digest)."""
+    from axdsl.runtime.identity import tokenizer_digest
+
+    trained = info.get("identity", {}).get("data", {}).get("tokenizer")
+    if trained and tokenizer_digest(folder) != trained:
+        print(
+            f"axdsl: warning: the tokenizer files in {folder} changed since the run trained; "
+            "prompting with them as they are now",
+            file=sys.stderr,
+        )
+
+
+def sample_chat(
+    run_dir: Path,
+    message: str,
+    system: str | None,
+    max_tokens: int,
+    sampling: Sampling,
+    seed: int,
+) -> int:
+    """Print the answer the newest checkpoint of `run_dir` (a run, or an import-hf output with
+    a chat template in its Hugging Face directory) gives to `message` as a user turn, after the
+    `system` prompt when there is one. Generation stops at the template's end-of-turn token or
+    the tokenizer's eos (ChatTemplate.end_of_turn), which is not printed."""
+    import numpy as np
+
+    problem = (
+        sampling_problem(sampling, max_tokens)
+        or prompt_problem(message)
+        or (prompt_problem(system) if system is not None else None)
+    )
+    if problem:
+        return _error(problem)
+    messages = [{"role": "user", "content": message}]
+    if system is not None:
+        messages.insert(0, {"role": "system", "content": system})
+    try:
+        loaded, chat, window = _chat_model(run_dir)
+        ids = chat.prompt_ids(messages)
+        stops = chat.end_of_turn()
+    except ChatError as exc:
+        return _error(str(exc))
+    vocab = getattr(loaded.cfg, "vocab", None)
+    if vocab is not None and max(ids) >= vocab:
+        return _error(
+            f"the chat template gives id {max(ids)}, not below the model's vocab {vocab}: "
+            f"the tokenizer in {chat.folder} is another model's"
+        )
+    window = window or len(ids) + max_tokens
+    if len(ids) >= window:
+        return _error(
+            f"the chat prompt is {len(ids)} tokens and the model sees {window}: shorten the "
+            "message (or the --system prompt)"
+        )
+    if not stops:
+        print(
+            f"axdsl: warning: the chat template of {chat.folder} writes no end-of-turn token "
+            "and the tokenizer has no eos_token: generating --max-tokens tokens",
+            file=sys.stderr,
+        )
+    sampling = dataclasses.replace(sampling, stops=stops)
+    codec = TextCodec("tokenizer", chat.tokenizer)
+    codec.prompt_text("", ids)  # decoding continues the prompt's text; only the answer is shown
+    tokens = generate_tokens(
+        loaded.model,
+        loaded.cfg,
+        loaded.params,
+        ids,
+        window,
+        max_tokens,
+        sampling,
+        np.random.default_rng(seed),
+        codec.limit,
+    )
+    out = sys.stdout
+    for token in tokens:
+        if sampling.ends(token):
+            break
+        out.write(printable(codec.feed(token)))
+        out.flush()
+    out.write(printable(codec.finish()) + "\n")
+    out.flush()
+    return 0
+
+
+def _chat_model(run_dir: Path) -> tuple[LoadedModel, ChatTemplate, int | None]:
+    """(the model, its chat template, its window: None for a model without a max_seq) of a run
+    or an import-hf output; the template is found before the model loads, so that a run without
+    one fails fast."""
+    if (run_dir / "run.json").exists():
+        info = json.loads((run_dir / "run.json").read_text(encoding="utf-8"))
+        chat = run_chat_template(run_dir, info)
+        loaded = load_run_model(run_dir, "`sample --chat` generates from")
+        if isinstance(loaded, str):
+            raise ChatError(loaded)
+        if getattr(loaded.tm, "OBJECTIVE", "next_token") == "seq2seq":
+            raise ChatError(f"{run_dir} is a seq2seq model: `sample --chat` prompts decoders")
+        cfg, tc = loaded.cfg, loaded.tc
+        return loaded, chat, min(tc.seq, getattr(cfg, "max_seq", tc.seq))
+    for where in (run_dir, run_dir.parent):  # runs/x-hf or runs/x-hf/params
+        if (where / "import.json").exists():
+            info = json.loads((where / "import.json").read_text(encoding="utf-8"))
+            hf_dir = Path(info["hf_dir"])
+            try:
+                chat = ChatTemplate.load(hf_dir)
+            except ChatError as exc:
+                raise ChatError(
+                    f"{where} has no chat template to prompt with: {exc}. Import an instruct "
+                    "model, or chat fine-tune this one (docs/chat.md)"
+                ) from None
+            found = load_imported_model(where)
+            if isinstance(found, str):
+                raise ChatError(found)
+            if "dec_tokens" in inspect.signature(found.model.forward).parameters:
+                raise ChatError(f"{where} is an encoder-decoder: `sample --chat` prompts decoders")
+            return found, chat, getattr(found.cfg, "max_seq", None)
+    raise ChatError(
+        f"{run_dir}/run.json not found: is {run_dir} a run directory or an `axdsl import-hf` "
+        "output?"
+    )

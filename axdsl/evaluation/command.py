@@ -184,13 +184,30 @@ def run_text(run: Path, tc, tokenizer: Path | None) -> Text:
         )
     if codec.kind == "tokenizer":
         text = _tokenizer_codec(codec.tokenizer, str(run / "tokenizer.json"), hf_config(hf_dir))
-        return replace(text, limit=codec.limit)  # as sample: ids past the tokenizer are untrained
+        # as sample: ids past the tokenizer are untrained
+        return replace(text, limit=codec.limit, eos=_chat_end(run, tc, text.eos))
     if hf_dir is not None:
         return hf_text(hf_dir, None)
     raise EvalError(
         f"{run} trained on token files and keeps no tokenizer: give --tokenizer "
         "(a tokenizer.json or a Hugging Face directory holding one)"
     )
+
+
+def _chat_end(run: Path, tc, eos: int | None) -> int | None:
+    """A chat run's generation stop: the end-of-turn token of the chat template it trained with
+    (as `sample --chat` stops), so that an answer ends where the assistant's turn does; `eos`
+    for other runs, or when the template cannot be read."""
+    if tc.data not in ("chat", "preferences"):
+        return eos
+    from axdsl.sampling import ChatError, run_chat_template
+
+    try:
+        info = json.loads((run / "run.json").read_text(encoding="utf-8"))
+        stops = run_chat_template(run, info).end_of_turn()
+    except (ChatError, OSError, ValueError):
+        return eos
+    return stops[0] if stops else eos
 
 
 def hf_text(hf_dir: Path, tokenizer: Path | None) -> Text:
