@@ -150,3 +150,22 @@ def test_lora_errors_are_located(tmp_path, setting, message):
     r = _build_errors(tmp_path, f"\ntrain {{\n  {setting}\n}}\n")
     assert r.returncode == 1 and message in r.stderr, r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_init_from_a_lora_run_is_refused_not_silently_the_base(tmp_path):
+    """A LoRA run's checkpoint holds the base weights and the adapters apart; starting from it
+    used to load the base alone, dropping what the run learned. It is refused, with the merge
+    command (`axdsl export-lora --merge`) as the way out. A real orbax checkpoint of that form."""
+    import jax
+    import orbax.checkpoint as ocp
+
+    from axdsl.runtime import finetune
+
+    step = tmp_path / "step" / "state"
+    state = {"params": {"w": np.ones((2, 2), np.float32)}, "lora": {"w_a": np.zeros((2, 1), np.float32)}}
+    ocp.PyTreeCheckpointer().save(step, state)
+    one = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    abstract = {"w": jax.ShapeDtypeStruct((2, 2), np.float32, sharding=one)}
+    tc = SimpleNamespace(init_from=str(step.parent), model="m")
+    with pytest.raises(SystemExit, match="is a LoRA run.*export-lora SPEC .* --merge --out DIR"):
+        finetune.load_params(tc, str(tmp_path / "s.axl"), True, abstract)

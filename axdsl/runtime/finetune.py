@@ -89,6 +89,13 @@ def load_params(tc, spec: str, from_flag: bool, abstract: dict) -> dict:
             f"error: init_from {source} is not an orbax checkpoint: "
             f"{str(exc).splitlines()[0][:300]}"
         )
+    if step is not None and stored.get("lora"):  # its params are the base, without adapters
+        sys.exit(
+            f"error: init_from {path} is a LoRA run: its checkpoint holds the base weights and "
+            "the adapters apart, and starting from the base alone would drop what it learned; "
+            f"merge them first, `axdsl export-lora SPEC {path} --merge --out DIR`, and start "
+            "from DIR"
+        )
     stored = stored["params"] if step is not None else stored
     if problem := _tree_mismatch(stored, abstract):
         sys.exit(f"error: init_from {source} does not fit model {tc.model}: {problem}")
