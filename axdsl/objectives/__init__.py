@@ -96,37 +96,68 @@ def _check_masked_lm(args: dict[str, Any], span: Span, diags: Diagnostics) -> No
         )
 
 
-def _check_dpo(args: dict[str, Any], span: Span, diags: Diagnostics) -> None:
-    if not args["beta"] > 0:
+@dataclass(frozen=True)
+class Weight:
+    """A preference objective's numeric argument: the least it may be (`above`: strictly), what
+    it means and the values its paper uses, for the error a value out of range gets."""
+
+    name: str
+    least: float
+    above: bool
+    meaning: str
+    usual: str
+
+    def check(self, objective: str, args: dict[str, Any], span: Span, diags: Diagnostics) -> None:
+        value = args[self.name]
+        if value > self.least or (value == self.least and not self.above):
+            return
+        bound = f"{'>' if self.above else '>='} {self.least:g}"
         diags.error(
-            span,
-            f"dpo(beta = {args['beta']}) weighs the log-ratios to the reference, a number > 0",
-            "the DPO paper uses 0.1 to 0.5",
+            span, f"{objective}({self.name} = {value}) {self.meaning}, a number {bound}", self.usual
         )
 
 
-def _check_simpo(args: dict[str, Any], span: Span, diags: Diagnostics) -> None:
-    if not args["beta"] > 0:
-        diags.error(
-            span,
-            f"simpo(beta = {args['beta']}) scales the length-normalized rewards, a number > 0",
-            "the SimPO paper uses 2.0 to 2.5",
-        )
-    if not args["gamma"] >= 0:
-        diags.error(
-            span,
-            f"simpo(gamma = {args['gamma']}) is the target reward margin, a number >= 0",
-            "the SimPO paper uses 0.5 to 1.5 (0: no margin)",
-        )
+def _weights(
+    objective: str, *weights: Weight
+) -> Callable[[dict[str, Any], Span, Diagnostics], None]:
+    """The argument check of a preference objective: each of its weights in range."""
+
+    def check(args: dict[str, Any], span: Span, diags: Diagnostics) -> None:
+        for w in weights:
+            w.check(objective, args, span, diags)
+
+    return check
 
 
-def _check_orpo(args: dict[str, Any], span: Span, diags: Diagnostics) -> None:
-    if not args["beta"] > 0:
-        diags.error(
-            span,
-            f"orpo(beta = {args['beta']}) weighs the odds-ratio term beside the NLL, a number > 0",
-            "the ORPO paper uses 0.1 to 0.25",
-        )
+_check_dpo = _weights(
+    "dpo",
+    Weight(
+        "beta", 0, True, "weighs the log-ratios to the reference", "the DPO paper uses 0.1 to 0.5"
+    ),
+)
+_check_simpo = _weights(
+    "simpo",
+    Weight(
+        "beta", 0, True, "scales the length-normalized rewards", "the SimPO paper uses 2.0 to 2.5"
+    ),
+    Weight(
+        "gamma",
+        0,
+        False,
+        "is the target reward margin",
+        "the SimPO paper uses 0.5 to 1.5 (0: no margin)",
+    ),
+)
+_check_orpo = _weights(
+    "orpo",
+    Weight(
+        "beta",
+        0,
+        True,
+        "weighs the odds-ratio term beside the NLL",
+        "the ORPO paper uses 0.1 to 0.25",
+    ),
+)
 
 
 def _check_classify(args: dict[str, Any], span: Span, diags: Diagnostics) -> None:

@@ -305,6 +305,74 @@ REFERENCE_FREE = [
 ]
 
 
+# The docstring of DPO's loss_fn after its first line; _closing(s) ends it
+_DPO_DOC = [
+    "    batch: chosen and rejected [B, S + 1] (one prompt and its two answers, rendered"
+    " with the",
+    "    chat template), chosen_mask and rejected_mask (1 on each answer's tokens),"
+    " ref_chosen and",
+    "    ref_rejected [B] (the answers' log-probabilities under the reference: the run's"
+    " initial",
+    "    parameters). Both answers run as one batch [2B, S + 1].",
+    "    loss = -mean(log sigmoid(BETA * ((chosen - ref_chosen) - (rejected -"
+    " ref_rejected)))). Metrics:",
+    "    the loss, reward_accuracy (the pairs whose chosen reward is the larger),"
+    " margin (the mean",
+    "    reward difference), chosen_logp and rejected_logp (means over the pairs).",
+]
+
+
+# The docstring of SimPO's loss_fn after its first line; _closing(s) ends it
+_SimPO_DOC = [
+    *PAIR_DOC,
+    *REFERENCE_FREE,
+    "    Each answer's reward is BETA times its log-probability per answer token; both" " answers",
+    "    run as one batch [2B, S + 1].",
+    "    loss = -mean(log sigmoid(BETA * (chosen / |chosen| - rejected / |rejected|)" " - GAMMA)).",
+    "    Metrics: the loss, reward_accuracy (the pairs whose chosen reward is the larger),"
+    " margin",
+    "    (the mean reward difference, GAMMA not subtracted), chosen_logp and rejected_logp"
+    " (summed",
+    "    over each answer, means over the pairs).",
+]
+
+
+# The docstring of ORPO's loss_fn after its first line; _closing(s) ends it
+_ORPO_DOC = [
+    *PAIR_DOC,
+    *REFERENCE_FREE,
+    "    Both answers run as one batch [2B, S + 1]. With p each answer's mean"
+    " log-probability per",
+    "    answer token, exponentiated: loss = nll + BETA * -mean(log sigmoid(log_odds(chosen"
+    " p) -",
+    "    log_odds(rejected p))), nll the chosen answers' cross-entropy per answer token."
+    " Metrics:",
+    "    the loss, reward_accuracy (the pairs whose chosen reward BETA * log p is the"
+    " larger), margin",
+    "    (the mean reward difference), chosen_logp and rejected_logp (summed over each"
+    " answer, means",
+    "    over the pairs), nll, and log_odds (the mean log odds ratio).",
+]
+
+
+def _pair_loss_fn(s: LossSite, name: str, doc: list[str]) -> list[str]:
+    """The start of a preference objective's loss_fn: its signature, its docstring (`doc` after
+    the first line, then _closing), both answers as one batch [2B, S + 1] and their
+    log-probabilities `logps`."""
+    return [
+        "def loss_fn(",
+        f"    cfg: Config, params: dict, batch: dict{s.rng_arg}, z_loss: float = 0.0",
+        ") -> tuple[jax.Array, dict]:",
+        f'    """(loss to minimize, metrics) of {name} over a batch of preference pairs.',
+        "",
+        *doc[:-1],
+        doc[-1] + _closing(s),
+        '    """',
+        *PAIR_BATCH,
+        f"    logps = sequence_logps(cfg, params, tokens, mask{s.drop})  # [2B]",
+    ]
+
+
 def _pair_metrics(extra: tuple[str, ...] = ()) -> list[str]:
     """The metrics dict every preference loss_fn returns (`extra`: more of its own entries)."""
     return [
@@ -341,27 +409,7 @@ def dpo_loss(s: LossSite) -> str:
             *sequence_logps_source(s),
             "",
             "",
-            "def loss_fn(",
-            f"    cfg: Config, params: dict, batch: dict{s.rng_arg}, z_loss: float = 0.0",
-            ") -> tuple[jax.Array, dict]:",
-            '    """(loss to minimize, metrics) of DPO over a batch of preference pairs.',
-            "",
-            "    batch: chosen and rejected [B, S + 1] (one prompt and its two answers, rendered"
-            " with the",
-            "    chat template), chosen_mask and rejected_mask (1 on each answer's tokens),"
-            " ref_chosen and",
-            "    ref_rejected [B] (the answers' log-probabilities under the reference: the run's"
-            " initial",
-            "    parameters). Both answers run as one batch [2B, S + 1].",
-            "    loss = -mean(log sigmoid(BETA * ((chosen - ref_chosen) - (rejected -"
-            " ref_rejected)))). Metrics:",
-            "    the loss, reward_accuracy (the pairs whose chosen reward is the larger),"
-            " margin (the mean",
-            "    reward difference), chosen_logp and rejected_logp (means over the pairs)."
-            + _closing(s),
-            '    """',
-            *PAIR_BATCH,
-            f"    logps = sequence_logps(cfg, params, tokens, mask{s.drop})  # [2B]",
+            *_pair_loss_fn(s, "DPO", _DPO_DOC),
             "    chosen, rejected = jnp.split(logps, 2)",
             '    rewards = BETA * (chosen - batch["ref_chosen"]), BETA * (rejected -'
             ' batch["ref_rejected"])',
@@ -386,26 +434,7 @@ def simpo_loss(s: LossSite) -> str:
             *sequence_logps_source(s),
             "",
             "",
-            "def loss_fn(",
-            f"    cfg: Config, params: dict, batch: dict{s.rng_arg}, z_loss: float = 0.0",
-            ") -> tuple[jax.Array, dict]:",
-            '    """(loss to minimize, metrics) of SimPO over a batch of preference pairs.',
-            "",
-            *PAIR_DOC,
-            *REFERENCE_FREE,
-            "    Each answer's reward is BETA times its log-probability per answer token; both"
-            " answers",
-            "    run as one batch [2B, S + 1].",
-            "    loss = -mean(log sigmoid(BETA * (chosen / |chosen| - rejected / |rejected|)"
-            " - GAMMA)).",
-            "    Metrics: the loss, reward_accuracy (the pairs whose chosen reward is the larger),"
-            " margin",
-            "    (the mean reward difference, GAMMA not subtracted), chosen_logp and rejected_logp"
-            " (summed",
-            "    over each answer, means over the pairs)." + _closing(s),
-            '    """',
-            *PAIR_BATCH,
-            f"    logps = sequence_logps(cfg, params, tokens, mask{s.drop})  # [2B]",
+            *_pair_loss_fn(s, "SimPO", _SimPO_DOC),
             "    lengths = jnp.maximum(jnp.sum(mask[:, 1:], axis=-1), 1)  # answer tokens"
             " (a cut-off answer: 1)",
             "    chosen, rejected = jnp.split(logps, 2)",
@@ -440,27 +469,7 @@ def orpo_loss(s: LossSite) -> str:
             "    return logp - jnp.log(-jnp.expm1(logp))  # log(1 - p) = log(-expm1(log p))",
             "",
             "",
-            "def loss_fn(",
-            f"    cfg: Config, params: dict, batch: dict{s.rng_arg}, z_loss: float = 0.0",
-            ") -> tuple[jax.Array, dict]:",
-            '    """(loss to minimize, metrics) of ORPO over a batch of preference pairs.',
-            "",
-            *PAIR_DOC,
-            *REFERENCE_FREE,
-            "    Both answers run as one batch [2B, S + 1]. With p each answer's mean"
-            " log-probability per",
-            "    answer token, exponentiated: loss = nll + BETA * -mean(log sigmoid(log_odds(chosen"
-            " p) -",
-            "    log_odds(rejected p))), nll the chosen answers' cross-entropy per answer token."
-            " Metrics:",
-            "    the loss, reward_accuracy (the pairs whose chosen reward BETA * log p is the"
-            " larger), margin",
-            "    (the mean reward difference), chosen_logp and rejected_logp (summed over each"
-            " answer, means",
-            "    over the pairs), nll, and log_odds (the mean log odds ratio)." + _closing(s),
-            '    """',
-            *PAIR_BATCH,
-            f"    logps = sequence_logps(cfg, params, tokens, mask{s.drop})  # [2B]",
+            *_pair_loss_fn(s, "ORPO", _ORPO_DOC),
             "    lengths = jnp.sum(mask[:, 1:], axis=-1)  # answer tokens [2B]",
             "    chosen, rejected = jnp.split(logps, 2)",
             "    means = jnp.split(logps / jnp.maximum(lengths, 1), 2)  # log p: per token",
