@@ -92,6 +92,17 @@ def _lora_line(settings, model: ir.Model) -> str:
     )
 
 
+def _batch_source(module: ir.Module) -> str:
+    """Where the step's batch and seq come from: the train block, or the defaults."""
+    t = module.train_settings
+    kinds = {t.choice(k).origin.kind for k in ("batch", "seq")} if t is not None else set()
+    if kinds == {ir.OriginKind.DEFAULT} or not kinds:
+        return "(the defaults: no train block sets them)"
+    return (
+        "from the train block" if ir.OriginKind.DEFAULT not in kinds else "(train block, defaults)"
+    )
+
+
 def run(spec: Path, target: str = "cpu", model: str | None = None) -> int:
     module = compile_spec(spec, target)
     sched = module.target
@@ -106,7 +117,7 @@ def run(spec: Path, target: str = "cpu", model: str | None = None) -> int:
     mesh = ", ".join(f"{a}={n}" for a, n in sched.mesh_sizes if n != 1) or "one chip"
     print(
         f"{spec} on {target}: {sched.chips} x {profile.description} ({mesh}); "
-        f"batch {batch} x seq {seq} from the train block"
+        f"batch {batch} x seq {seq} {_batch_source(module)}"
     )
     for m in models:
         s = model_stats(m, seq, batch)

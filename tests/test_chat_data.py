@@ -300,3 +300,15 @@ def test_lora_on_chat_data_starts_from_the_base_model_and_trains_only_the_adapte
     base = [k for k in first if k.startswith("['params']")]
     assert base and all(first[k] == last[k] for k in base)
     assert any(first[k] != last[k] for k in first if k.startswith("['lora']"))
+
+
+def test_a_preference_line_with_a_mistyped_prompt_says_which_key():
+    """`{"messages": 5}` said `no "prompt" string nor "messages" list (the object has "messages")`;
+    a key that is there but of the wrong kind is now named with what it holds."""
+    from axdsl.runtime.chat import validate_preference
+
+    pair = {"chosen": "a", "rejected": "b"}
+    assert validate_preference({"messages": 5, **pair}, 3) == [
+        'line 3: "messages" is a number, not a list of messages'
+    ]
+    assert validate_preference({"prompt": [1], **pair}, 3) == ['line 3: "prompt" is an array, not a string']

@@ -464,3 +464,18 @@ def test_a_signal_before_training_began_exits_at_once():
     assert out.returncode == 130 and "not reached" not in out.stdout, out
     assert out.stderr.strip() == "train.py: SIGINT before training began; nothing to save"
 
+
+
+def test_a_rerun_of_a_finished_run_says_there_is_nothing_to_train(tmp_path, capsys):
+    """Rerunning a run already at its last step printed two empty progress bars and no summary;
+    it now shows no bar and says so in one line, with the ways on."""
+    from generated import runtime
+    from generated.tiny_llama.cpu import train as tm
+
+    tc = dataclasses.replace(tm.TRAIN, steps=10)
+    flops = runtime.ModelFlops(1, (runtime.Mixer(1),))
+    log = runtime.MetricsLog(SimpleNamespace(out=tmp_path, no_progress=False), tc, 10, flops, 1.0)
+    assert log.bar.disable
+    log.close()
+    err = capsys.readouterr().err
+    assert err.strip() == f"{tmp_path} is already at step 10 of 10: nothing to train (a larger --steps goes on, --out another directory starts anew)"

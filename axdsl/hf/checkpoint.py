@@ -9,6 +9,7 @@ checkpoint or a `train.py` run (its "state" item's `params`).
 from __future__ import annotations
 
 import json
+import logging
 import sys
 from pathlib import Path
 from typing import Any
@@ -45,6 +46,7 @@ def save_params(out: Path, tree: dict) -> None:
     import jax
     import orbax.checkpoint as ocp
 
+    quiet_orbax()
     one = jax.sharding.SingleDeviceSharding(jax.devices("cpu")[0])
     tree = jax.tree.map(lambda a: jax.device_put(a, one), tree)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -84,9 +86,25 @@ def find_checkpoint(ckpt: Path) -> tuple[Path, str | None]:
     return base / str(steps[0]) / "state", run_model
 
 
+def _no_missing_metadata_warning(record: logging.LogRecord) -> bool:
+    """absl's log filter: drop orbax's "Metadata file does not exist" about a train state's item
+    directory (train.py's CheckpointManager keeps that file a level up), a warning a user of
+    export-lora and export-hf can do nothing about."""
+    return not str(record.msg).startswith("Metadata file does not exist")
+
+
+def quiet_orbax() -> None:
+    """Install _no_missing_metadata_warning once."""
+    log = logging.getLogger("absl")
+    if _no_missing_metadata_warning not in log.filters:
+        log.addFilter(_no_missing_metadata_warning)
+
+
 def metadata_tree(path: Path) -> dict:
     """The stored tree of an orbax checkpoint (shapes and dtypes, no arrays read)."""
     import orbax.checkpoint as ocp
+
+    quiet_orbax()
 
     meta = ocp.StandardCheckpointer().metadata(path)
     tree = getattr(meta, "item_metadata", meta)
@@ -104,6 +122,7 @@ def restore_params(
     import jax
     import orbax.checkpoint as ocp
 
+    quiet_orbax()
     one = jax.sharding.SingleDeviceSharding(jax.devices("cpu")[0])
     flat = {
         p: jax.ShapeDtypeStruct(shape, stored[p].dtype if p in stored else dtype, sharding=one)

@@ -21,7 +21,14 @@ from typing import Any
 
 import numpy as np
 
-from axdsl.hf.checkpoint import find_checkpoint, flatten, metadata_tree, nest, save_params
+from axdsl.hf.checkpoint import (
+    find_checkpoint,
+    flatten,
+    metadata_tree,
+    nest,
+    quiet_orbax,
+    save_params,
+)
 from axdsl.hf.errors import HFError, exit_code
 
 
@@ -35,6 +42,7 @@ def restore_item(path: Path, meta: dict, key: str) -> dict:
     import jax
     import orbax.checkpoint as ocp
 
+    quiet_orbax()
     one = jax.sharding.SingleDeviceSharding(jax.devices("cpu")[0])
     abstract = {
         key: jax.tree.map(

@@ -461,6 +461,10 @@ def validate_preference(obj, line_no: int) -> list[str]:
             for p in validate_conversation({"messages": obj["messages"]}, line_no)
             if "no assistant message" not in p
         ]
+    elif "prompt" in obj or "messages" in obj:  # there, but of the wrong kind
+        key = "prompt" if "prompt" in obj else "messages"
+        want = "a string" if key == "prompt" else "a list of messages"
+        problems.append(f'{where}: "{key}" is {json_kind(obj[key])}, not {want}')
     else:
         problems.append(
             f'{where}: no "prompt" string nor "messages" list (the object has {keys_of(obj)})'

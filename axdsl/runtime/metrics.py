@@ -317,7 +317,7 @@ class MetricsLog:
         # those.
         self.tensorboard = tensorboard_writer(args.out, start + 1) if self.lead else None
         self.last: dict[str, float] = {}  # the newest loss and eval_loss, for the summary
-        disable = not self.lead or args.no_progress
+        disable = not self.lead or args.no_progress or start >= tc.steps  # nothing to train
         self.bar = tqdm(total=tc.steps, initial=start, disable=disable, unit="step")
         self.meter = Throughput()
         self.began = time.perf_counter()
@@ -434,6 +434,13 @@ class MetricsLog:
             self.tensorboard.close()
             if summary and self.start < self.tc.steps:
                 print(self.summary(), file=sys.stderr, flush=True)
+            elif summary:  # a rerun of a finished run: it printed nothing, two empty bars
+                print(
+                    f"{self.run_dir} is already at step {self.start} of {self.tc.steps}: nothing "
+                    "to train (a larger --steps goes on, --out another directory starts anew)",
+                    file=sys.stderr,
+                    flush=True,
+                )
 
     def summary(self) -> str:
         """Steps, tokens, time, final train and eval loss, where the checkpoints and logs are."""
