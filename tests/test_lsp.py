@@ -134,7 +134,8 @@ async def test_a_note_in_std_is_related_information(client: LanguageClient):
     (note,) = found.related_information
     std = REPO / "axdsl" / "std" / "transformer.axl"
     assert note.location.uri == std.resolve().as_uri()
-    assert note.location.range.start == lsp.Position(line=10, character=61)
+    where = _pos(std.read_text(encoding="utf-8"), "head_dim: int = dim / heads")
+    assert note.location.range.start == where  # Attention's hyperparameter of that default
     assert note.message.startswith("raised here, in the default of a layer")
 
 
@@ -213,7 +214,7 @@ async def test_hover_and_definition_into_std(client: LanguageClient):
         lsp.HoverParams(lsp.TextDocumentIdentifier(uri=llama_uri), _pos(llama, "DecoderLM"))
     )
     assert layer is not None and "layer DecoderLM(" in layer.contents.value
-    assert "forward(tokens: [B, S]) -> [B, S, vocab]" in layer.contents.value
+    assert "forward(tokens: [B, S], segments: [B, S] if packed) -> [B, S, vocab]" in layer.contents.value
     found = await client.text_document_definition_async(
         lsp.DefinitionParams(lsp.TextDocumentIdentifier(uri=llama_uri), _pos(llama, "DecoderLM"))
     )
@@ -379,7 +380,7 @@ def test_children_show_the_dims_they_inherit():
     line = _pos(text, "child attn = attn").line
     label = hints[(line + 1, len(text.splitlines()[line]) + 1)]
     assert label.startswith("dim = 4096, heads = 32, kv_heads = 8")
-    assert label.endswith("norm = RMSNorm(eps = 1e-05) from /, /blocks")
+    assert label.endswith("norm = RMSNorm(eps = 1e-05), packed = false from /, /blocks")
 
 
 def test_a_compiler_bug_is_a_diagnostic_not_a_dead_server(monkeypatch):

@@ -98,9 +98,9 @@ def _plan(model: ir.Model, schedule: ir.Schedule | None) -> ir.Model:
 
 
 def staged_attention(root: ir.Instance, schedule: ir.Schedule | None) -> frozenset[str]:
-    """The layers whose attention runs inside the pipeline's stages: there the pipeline's vmap
-    holds the `stage` mesh axis, so an attention that runs in shard_map (context parallelism,
-    splash) must leave it out of the batch's axes."""
+    """The layers inside the pipeline's stages that call a primitive whose code may run in
+    shard_map (attention: context parallelism, splash): there the pipeline's vmap holds the
+    `stage` mesh axis, so the shard_map must leave it out of the batch's axes."""
     if schedule is None or schedule.pipeline.value is None:
         return frozenset()
     child = schedule.pipeline.value.child
@@ -108,7 +108,7 @@ def staged_attention(root: ir.Instance, schedule: ir.Schedule | None) -> frozens
         inst.path
         for inst in root.walk()
         if (inst.path == child or inst.path.startswith(child + "/"))
-        and any(True for _ in prims_of(inst, "attention"))
+        and any(primitives.get(p.name).shard_mapped for p in prims_of(inst))
     )
 
 

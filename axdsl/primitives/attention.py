@@ -700,6 +700,7 @@ PRIMITIVES = (
         decoding=Decoding.CACHED,
         decode_check=_decode_check,
         takes_positions=True,
+        shard_mapped=True,
         context_check=_context_check,
     ),
 )

@@ -239,6 +239,9 @@ class Primitive:
     takes_positions: bool = False
     # why this call cannot run per shard of a split sequence under the policy, or None
     context_check: Callable[[ir.Prim, ir.ContextPolicy], str | None] | None = None
+    # its code may run in jax.shard_map (splash, context parallelism): inside a pipeline's
+    # stages, whose vmap holds the `stage` axis, its layer is marked staged (plan_functions)
+    shard_mapped: bool = False
 
     @property
     def has_kernels(self) -> bool:
