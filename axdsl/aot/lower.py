@@ -69,7 +69,10 @@ def _can_run_here(chips: int) -> bool:
 
 
 def request_devices(chips: int) -> None:
-    """Ask XLA for `chips` host devices; must run before jax is imported."""
+    """Ask XLA for `chips` host devices; must run before jax is imported. The lowering runs on
+    them, so jax starts its CPU backend only (JAX_PLATFORMS, unless set): with libtpu installed
+    and no chip, starting the TPU backend printed libtpu's errors about worker hostnames."""
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
     flags = os.environ.get("XLA_FLAGS", "")
     m = re.search(r"--xla_force_host_platform_device_count=(\d+)", flags)
     if m and int(m.group(1)) >= chips:
@@ -86,6 +89,7 @@ def _lower_in_subprocess(
         r"--xla_force_host_platform_device_count=\d+", "", env.get("XLA_FLAGS", "")
     ).strip()
     env["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={chips}".strip()
+    env.setdefault("JAX_PLATFORMS", "cpu")  # as request_devices: the lowering runs on the host
     root = str(Path(__file__).resolve().parents[2])  # the directory holding axdsl/
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     cmd = [
