@@ -124,7 +124,7 @@ def test_stats_command(in_root):
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=120).returncode == 0
     r = subprocess.run([sys.executable, "-m", "axdsl", "stats", "specs/mixtral_8x7b.axl", "--model", "nope"],
                        capture_output=True, text=True, timeout=120)
-    assert r.returncode == 1 and "no model `nope`" in r.stdout
+    assert r.returncode == 1 and "no model `nope`" in r.stderr and not r.stdout  # errors go to stderr
 
 
 def test_balancing_biases_are_counted_apart_from_the_trained_parameters(in_root, capsys):

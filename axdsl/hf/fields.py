@@ -49,9 +49,11 @@ class Config:
 
     def get(self, key: str, default: Any = None) -> Any:
         """`cfg[key]`, or `default` when the key is missing or null. A key whose default is a
-        number must hold one: `"hidden_size": "64"` was a TypeError deep in a row (exit 70)."""
+        number must hold one, or a list of them (a ViT's rectangular `image_size` [16, 24]):
+        `"hidden_size": "64"` was a TypeError deep in a row (exit 70)."""
         value = self.cfg[key] if self.cfg.get(key) is not None else default
-        if _is_number(default) and not _is_number(value):
+        pair = isinstance(value, list) and value and all(_is_number(v) for v in value)
+        if _is_number(default) and not (_is_number(value) or pair):
             raise HFError(f"config.json: {key} is {json.dumps(value)}, not a number")
         return value
 
