@@ -243,64 +243,71 @@ REGISTRY: dict[ir.ObjectiveKind, Objective] = {
         doc="the loss the spec's forward computes (objective = loss())",
     ),
 }
+PAIR_FIELDS = ("chosen", "chosen_mask", "rejected", "rejected_mask")
+PAIR_STATS = ("reward_accuracy", "margin", "chosen_logp", "rejected_logp")
+
+
+def _preference(
+    kind: Kind,
+    arguments: tuple[tuple[str, Any], ...],
+    loss: Callable[[losses.LossSite], str],
+    doc: str,
+    check: Callable[[dict[str, Any], Span, Diagnostics], None],
+    stats: tuple[str, ...] = PAIR_STATS,
+    reference: bool = False,
+) -> Objective:
+    """A preference objective's entry: a next-token model over preferences(...) pairs, rows of a
+    chosen and a rejected answer with their masks (and the reference's log-probabilities of both
+    when it has a `reference`)."""
+    fields = PAIR_FIELDS + (("ref_chosen", "ref_rejected") if reference else ())
+    return Objective(
+        kind,
+        arguments,
+        ("tokens",),
+        (),
+        3,
+        "logits [B, S, vocab]",
+        (ir.DataKind.PREFERENCES,),
+        'data = preferences("pairs.jsonl", tokenizer = "DIR")',
+        fields=fields,
+        seq_doc="tokens per row of a chosen or a rejected conversation, less one",
+        loss=loss,
+        doc=doc,
+        check=check,
+        stats=stats,
+        lm=True,
+        reference=reference,
+    )
+
+
 # Direct preference optimization (Rafailov et al. 2023) of a next-token model over preference
 # pairs: the reference log-probabilities come from the run's initial parameters (train.py computes
 # them once per row, as `ref_chosen` and `ref_rejected`, before the first step).
-REGISTRY[Kind.DPO] = Objective(
+REGISTRY[Kind.DPO] = _preference(
     Kind.DPO,
     (("beta", 0.1),),
-    ("tokens",),
-    (),
-    3,
-    "logits [B, S, vocab]",
-    (ir.DataKind.PREFERENCES,),
-    'data = preferences("pairs.jsonl", tokenizer = "DIR")',
-    fields=("chosen", "chosen_mask", "rejected", "rejected_mask", "ref_chosen", "ref_rejected"),
-    seq_doc="tokens per row of a chosen or a rejected conversation, less one",
-    loss=losses.dpo_loss,
-    doc="the DPO loss over (chosen, rejected) pairs against the reference log-probabilities",
-    check=_check_dpo,
-    stats=("reward_accuracy", "margin", "chosen_logp", "rejected_logp"),
-    lm=True,
+    losses.dpo_loss,
+    "the DPO loss over (chosen, rejected) pairs against the reference log-probabilities",
+    _check_dpo,
     reference=True,
 )
 # SimPO (Meng et al. 2024) and ORPO (Hong et al. 2024): preference objectives without a
 # reference, so their rows carry no reference log-probabilities and train.py runs no frozen pass.
-PAIR_FIELDS = ("chosen", "chosen_mask", "rejected", "rejected_mask")
-REGISTRY[Kind.SIMPO] = Objective(
+REGISTRY[Kind.SIMPO] = _preference(
     Kind.SIMPO,
     (("beta", 2.0), ("gamma", 0.5)),
-    ("tokens",),
-    (),
-    3,
-    "logits [B, S, vocab]",
-    (ir.DataKind.PREFERENCES,),
-    'data = preferences("pairs.jsonl", tokenizer = "DIR")',
-    fields=PAIR_FIELDS,
-    seq_doc="tokens per row of a chosen or a rejected conversation, less one",
-    loss=losses.simpo_loss,
-    doc="the SimPO loss over (chosen, rejected) pairs: length-normalized rewards, no reference",
-    check=_check_simpo,
-    stats=("reward_accuracy", "margin", "chosen_logp", "rejected_logp"),
-    lm=True,
+    losses.simpo_loss,
+    "the SimPO loss over (chosen, rejected) pairs: length-normalized rewards, no reference",
+    _check_simpo,
 )
-REGISTRY[Kind.ORPO] = Objective(
+REGISTRY[Kind.ORPO] = _preference(
     Kind.ORPO,
     (("beta", 0.1),),
-    ("tokens",),
-    (),
-    3,
-    "logits [B, S, vocab]",
-    (ir.DataKind.PREFERENCES,),
-    'data = preferences("pairs.jsonl", tokenizer = "DIR")',
-    fields=PAIR_FIELDS,
-    seq_doc="tokens per row of a chosen or a rejected conversation, less one",
-    loss=losses.orpo_loss,
-    doc="the ORPO loss over (chosen, rejected) pairs: the chosen answers' NLL plus the log "
+    losses.orpo_loss,
+    "the ORPO loss over (chosen, rejected) pairs: the chosen answers' NLL plus the log "
     "odds-ratio term, no reference",
-    check=_check_orpo,
-    stats=("reward_accuracy", "margin", "chosen_logp", "rejected_logp", "nll", "log_odds"),
-    lm=True,
+    _check_orpo,
+    stats=PAIR_STATS + ("nll", "log_odds"),
 )
 # Objectives: their arguments and defaults (None: required), as configure_train checks them
 ARGUMENTS = {str(k): dict(o.arguments) for k, o in REGISTRY.items()}
