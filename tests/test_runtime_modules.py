@@ -74,6 +74,26 @@ def test_checksums_find_truncated_and_corrupt_files(tmp_path):
     )
 
 
+def test_a_failed_saves_tracebacks_are_dropped_from_orbax_and_asyncio_logs(tmp_path, capsys):
+    """A full disk mid-save: orbax's threads (absl) and tensorstore's tasks still in flight
+    (asyncio's "Task exception was never retrieved") each log a traceback; save_failed's one line
+    says it. Other errors still reach the logs."""
+    import logging
+
+    tc = SimpleNamespace(checkpoint_keep=1, checkpoint_async=True, checkpoint_dir="checkpoints")
+    checkpoints.checkpoint_manager(tmp_path, tc).close()
+    full = ValueError(
+        'RESOURCE_EXHAUSTED: Error writing "step/0": No space left on device [os_error_code=\'28\']'
+    )
+    assert checkpoints.io_failure(full) == "No space left on device"
+    for name in checkpoints.QUIETED_LOGS:
+        log = logging.getLogger(name)
+        dropped = log.makeRecord(name, logging.ERROR, "f", 1, "failed", (), (ValueError, full, None))
+        kept = log.makeRecord(name, logging.ERROR, "f", 1, "other", (), (KeyError, KeyError(1), None))
+        assert not log.filter(dropped), name
+        assert log.filter(kept), name
+
+
 def test_pairs_pack_into_rows_with_segments():
     sources = [np.array([1, 2]), np.array([3])]
     targets = [np.array([4]), np.array([5, 6])]

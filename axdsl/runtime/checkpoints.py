@@ -71,9 +71,14 @@ def save_failed(directory: Path, exc: BaseException) -> NoReturn:
     sys.exit(f"error: saving a checkpoint in {directory} failed: {cause}; {kept}")
 
 
+# Logs that report a failed save's writes, a traceback each: absl's (orbax's threads) and
+# asyncio's ("Task exception was never retrieved" for tensorstore writes still in flight).
+QUIETED_LOGS = ("absl", "asyncio")
+
+
 def _not_io_failure(record: logging.LogRecord) -> bool:
-    """A filter for absl's log (orbax's): drop the records of a failed read or write, each a
-    traceback from one of its threads; save_failed reports the failure in one line."""
+    """A filter for QUIETED_LOGS: drop the records of a failed read or write, each a traceback
+    from one of orbax's threads or tasks; save_failed reports the failure in one line."""
     return not (record.exc_info and io_failure(record.exc_info[1]))
 
 
@@ -97,7 +102,8 @@ def checkpoint_manager(run_dir: Path, tc) -> ocp.CheckpointManager:
     and renames it to `<step>` when complete; leftover temporary directories are removed here.
     """
     if _not_io_failure not in logging.getLogger("absl").filters:
-        logging.getLogger("absl").addFilter(_not_io_failure)
+        for name in QUIETED_LOGS:
+            logging.getLogger(name).addFilter(_not_io_failure)
         sys.unraisablehook = _quiet_closed_loop(sys.unraisablehook)
     options = ocp.CheckpointManagerOptions(
         max_to_keep=tc.checkpoint_keep,
