@@ -47,6 +47,10 @@ RESERVED = {
     "forward_with_aux",
 }
 
+# Names every decoded layer function takes or defines (codegen/decode.py): its `cache` and `pos`
+# arguments and the `new_cache` it returns. A forward's input or variable may not take them.
+DECODE_NAMES = {"cache", "pos", "new_cache"}
+
 
 def check(module: ir.Module) -> ir.Module:
     diags = Diagnostics()
@@ -63,21 +67,31 @@ def check(module: ir.Module) -> ir.Module:
                 _check_identifier(h.name, h.span, diags, "hyperparameter")
             if inst.forward:
                 for a in inst.forward.args:
-                    _check_identifier(a.name, a.span, diags, "argument")
+                    _check_identifier(a.name, a.span, diags, "argument", local=True)
                     for d in a.dims:
                         if d.is_free:
                             _check_identifier(d.name, a.span, diags, "dim")
                 for s in inst.forward.body:
                     if isinstance(s, ir.Let):
-                        _check_identifier(s.name, s.span, diags, "variable")
+                        _check_identifier(s.name, s.span, diags, "variable", local=True)
                         if s.point is not None:
                             _check_identifier(s.point, s.span, diags, "named point")
     diags.raise_if_any()
     return module
 
 
-def _check_identifier(name: str, span, diags: Diagnostics, what: str) -> None:
-    if keyword.iskeyword(name) or keyword.issoftkeyword(name):
+def _check_identifier(name: str, span, diags: Diagnostics, what: str, local: bool = False) -> None:
+    """A spec name that becomes a Python identifier: no keyword, no name the generated module
+    defines, and for a forward's inputs and variables (`local`) none a decoded layer's function
+    uses for its cache and positions."""
+    if local and name in DECODE_NAMES:
+        diags.error(
+            span,
+            f"{what} name `{name}` is reserved: the generated decode path (KV cache) names its "
+            "own argument so",
+            "rename it",
+        )
+    elif keyword.iskeyword(name) or keyword.issoftkeyword(name):
         diags.error(
             span,
             f"{what} name `{name}` is a Python keyword, reserved in generated code",
