@@ -138,14 +138,31 @@ def train_run(package_root: Path, module: str, steps: int) -> dict:
             "peak_bytes": stats.get("peak_bytes_in_use")}
 
 
-def _run_isolated(package_root: Path, module: str, steps: int) -> dict:
+def _start_isolated(package_root: Path, module: str, steps: int) -> subprocess.Popen:
     """train_run in a fresh process (each run its own device memory and compile)."""
     code = (f"import json, sys; sys.path.insert(0, {str(REPO / 'benchmarks')!r}); import gpu_check; "
             f"print(json.dumps(gpu_check.train_run(gpu_check.Path({str(package_root)!r}), {module!r}, {steps})))")
-    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout
+    return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _result(proc: subprocess.Popen) -> dict:
+    """What a _start_isolated process printed: its train_run figures."""
     import json
 
+    out, err = proc.communicate()
+    if proc.returncode:
+        raise subprocess.CalledProcessError(proc.returncode, proc.args, out, err)
     return json.loads(out.strip().splitlines()[-1])
+
+
+def _run_all(package_root: Path, modules: dict[str, str], steps: int, together: bool) -> dict[str, dict]:
+    """train_run for each module in its own process: one after another on the device (each run
+    alone on the chip, so its tokens/s and peak memory are its own), side by side on CPU for the
+    dry run (it checks the harness, and its figures mean nothing)."""
+    if together:
+        procs = {name: _start_isolated(package_root, m, steps) for name, m in modules.items()}
+        return {name: _result(proc) for name, proc in procs.items()}
+    return {name: _result(_start_isolated(package_root, m, steps)) for name, m in modules.items()}
 
 
 def analytic_total(spec: Path, target: str, batch: int, seq: int) -> int:
@@ -188,8 +205,8 @@ def main(argv=None) -> int:
             dirs = tiny
         else:
             steps, dirs = STEPS, gpu_dirs
-        runs = {name: _run_isolated(tmp, f"{d.parent.parent.name}.{d.parent.name}.{d.name}.train", steps)
-                for name, d in dirs.items()}
+        modules = {name: f"{d.parent.parent.name}.{d.parent.name}.{d.name}.train" for name, d in dirs.items()}
+        runs = _run_all(tmp, modules, steps, together=dry)
         b, f = runs["bf16"], runs["fp8"]
         tail = min(10, steps)
         mean = lambda xs: sum(xs[-tail:]) / tail  # noqa: E731

@@ -146,25 +146,31 @@ def test_a_given_tokenizer_file_and_its_errors(tmp_path, monkeypatch):
     (tmp_path / "hf").mkdir()
     runtime.train_bpe((tmp_path / "corpus.txt").read_bytes(), 1000).save(str(tmp_path / "hf" / "tokenizer.json"))
 
-    def train(tokenizer: str, name: str) -> subprocess.CompletedProcess:
+    def start(tokenizer: str, name: str) -> subprocess.Popen:
         (tmp_path / f"{name}.axl").write_text(SPEC.format(steps=2, tokenizer=tokenizer))
-        return subprocess.run([sys.executable, "-m", "axdsl", "train", f"{name}.axl", "--target", "cpu",
-                               "--out", f"runs/{name}"], capture_output=True, text=True)
+        return subprocess.Popen([sys.executable, "-m", "axdsl", "train", f"{name}.axl", "--target", "cpu",
+                                 "--out", f"runs/{name}"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True)
 
-    too_big = train('"hf/tokenizer.json"', "big")  # 1000 tokens for a model of vocab 512
-    assert too_big.returncode == 1 and "Traceback" not in too_big.stderr
+    def done(proc: subprocess.Popen) -> subprocess.CompletedProcess:
+        out, err = proc.communicate(timeout=300)
+        return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+    # the three refusals are independent runs: side by side
+    (tmp_path / "bad.json").write_text("{not json")
+    started = [start('"hf/tokenizer.json"', "big"), start('"nope/tokenizer.json"', "missing"),
+               start('"bad.json"', "bad")]
+    too_big, missing, damaged = (done(p) for p in started)
+    assert too_big.returncode == 1 and "Traceback" not in too_big.stderr  # 1000 tokens, vocab 512
     assert "the tokenizer has 1000 tokens, more than the model's vocab 512" in too_big.stderr
 
-    missing = train('"nope/tokenizer.json"', "missing")
     assert missing.returncode == 1 and "Traceback" not in missing.stderr
     assert "tokenizer" in missing.stderr and "does not exist" in missing.stderr
 
-    (tmp_path / "bad.json").write_text("{not json")
-    damaged = train('"bad.json"', "bad")
     assert damaged.returncode == 1 and "Traceback" not in damaged.stderr
     assert "is not a tokenizers tokenizer.json" in damaged.stderr
 
     runtime.train_bpe((tmp_path / "corpus.txt").read_bytes(), 500).save(str(tmp_path / "hf" / "tokenizer.json"))
-    ok = train('"hf/tokenizer.json"', "ok")
+    ok = done(start('"hf/tokenizer.json"', "ok"))
     assert ok.returncode == 0, ok.stderr
     assert (tmp_path / "runs" / "ok" / "tokenizer.json").read_text() == (tmp_path / "hf" / "tokenizer.json").read_text()

@@ -134,12 +134,11 @@ def final_params(spec: str, run: Path, step: int) -> dict[str, np.ndarray]:
 @pytest.mark.parametrize("spec", SPECS)
 def test_sigkill_and_resume_is_bitwise(spec, tmp_path, cache):
     args = ("--steps", "24", "--batch", "8", "--checkpoint-every", "6", "--eval-every", "12", "--log-every", "1")
-    reference = tmp_path / "reference"
-    proc = subprocess.run(command(spec, reference, cache, *args), cwd=ROOT, env=ENV, capture_output=True,
-                          text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    killed = tmp_path / "killed"
-    with open(tmp_path / "log", "w") as log:
+    reference, killed = tmp_path / "reference", tmp_path / "killed"
+    # the uninterrupted run and the one to kill are independent processes: they run side by side
+    with open(tmp_path / "reference.log", "w") as ref_log, open(tmp_path / "log", "w") as log:
+        uninterrupted = subprocess.Popen(command(spec, reference, cache, *args), cwd=ROOT, env=ENV,
+                                         stdout=ref_log, stderr=ref_log)
         child = subprocess.Popen(command(spec, killed, cache, *args), cwd=ROOT, env=ENV, stdout=log, stderr=log)
         deadline = time.monotonic() + 240
         while not [s for s in complete(killed) if s >= 12] and child.poll() is None:
@@ -147,6 +146,7 @@ def test_sigkill_and_resume_is_bitwise(spec, tmp_path, cache):
             time.sleep(0.01)
         child.send_signal(signal.SIGKILL)
         child.wait()
+        assert uninterrupted.wait(timeout=300) == 0, (tmp_path / "reference.log").read_text()[-3000:]
     assert child.returncode == -signal.SIGKILL, (tmp_path / "log").read_text()[-2000:]
     proc = subprocess.run(command(spec, killed, cache, *args), cwd=ROOT, env=ENV, capture_output=True,
                           text=True, timeout=300)
