@@ -590,12 +590,15 @@ class ChatTemplate:
 
 
 def run_chat_template(run_dir: Path, info: dict) -> ChatTemplate:
-    """The chat template a run trained with: that of the tokenizer its data named (`tokenizer =
-    DIR`, relative to the spec), read where the run's run.json says the spec is, with the
-    vocabulary the run keeps (RUN/tokenizer.json). A ChatError says how to get one when the run
-    trained without a tokenizer or its tokenizer has no template."""
+    """The chat template a run trained with. A chat run keeps it (RUN/chat_template.jinja, beside
+    its tokenizer.json and special_tokens_map.json): that is used. Runs from before it kept them
+    read the tokenizer their data named (`tokenizer = DIR`, relative to the spec) where run.json
+    says the spec is, with the vocabulary the run keeps. A ChatError says how to get one when the
+    run trained without a tokenizer or its tokenizer has no template."""
     from axdsl.runtime.chat import tokenizer_folder
 
+    if (run_dir / "chat_template.jinja").is_file():
+        return ChatTemplate.load(run_dir)
     train = info.get("train", {})
     tokenizer, data = train.get("tokenizer") or "", train.get("data", "")
     if tokenizer in ("", "bpe"):

@@ -1225,7 +1225,7 @@ def load_chat(cfg, tc, spec: str, from_flag: bool, run_dir: Path | None = None, 
             f"{figures['rows']} rows" + (", several conversations to a row" if packed else ""),
             file=sys.stderr,
         )
-    keep_tokenizer(tokenizer_folder(tc.tokenizer, spec) / "tokenizer.json", run_dir)
+    keep_tokenizer(tc, spec, template, special, run_dir)
     return (*split_chat_rows(rows, tc, "conversations"), figures)
 
 
@@ -1328,14 +1328,24 @@ def chat_figures(encoded: list, rows: dict, width: int) -> dict[str, int]:
     }
 
 
-def keep_tokenizer(source: Path, run_dir: Path | None) -> None:
-    """RUN_DIR/tokenizer.json: a copy of the chat data's tokenizer (process 0, once)."""
+def keep_tokenizer(tc, spec: str, template: str, special: dict, run_dir: Path | None) -> None:
+    """What the run's chat data was rendered with, kept in RUN_DIR as a tokenizer directory
+    (process 0, once): tokenizer.json, chat_template.jinja and special_tokens_map.json (the
+    named special tokens the template reads). `axdsl sample --chat` and `axdsl eval` prompt with
+    these, so a run still chats as it trained after its tokenizer's directory changes or goes."""
     if run_dir is None or not is_lead():
         return
-    kept = run_dir / "tokenizer.json"
-    if not kept.exists():
-        kept.parent.mkdir(parents=True, exist_ok=True)
-        write_atomic(kept, source.read_bytes())
+    source = tokenizer_folder(tc.tokenizer, spec) / "tokenizer.json"
+    special_map = json.dumps(special, indent=2, sort_keys=True) + "\n"
+    kept = {
+        "tokenizer.json": source.read_bytes,
+        "chat_template.jinja": lambda: template.encode("utf-8"),
+        "special_tokens_map.json": lambda: special_map.encode("utf-8"),
+    }
+    run_dir.mkdir(parents=True, exist_ok=True)
+    for name, content in kept.items():
+        if not (run_dir / name).exists():
+            write_atomic(run_dir / name, content())
 
 
 # ------------------------------------------------------------------- preference pairs (dpo)
@@ -1382,7 +1392,7 @@ def load_preferences(cfg, tc, spec: str, from_flag: bool, run_dir: Path | None =
             f"seq + 1 = {width} tokens were cut",
             file=sys.stderr,
         )
-    keep_tokenizer(tokenizer_folder(tc.tokenizer, spec) / "tokenizer.json", run_dir)
+    keep_tokenizer(tc, spec, template, special, run_dir)
     return (*split_chat_rows(rows, tc, "pairs"), figures)
 
 

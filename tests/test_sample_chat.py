@@ -175,6 +175,40 @@ def test_eval_stops_a_chat_runs_generation_at_the_end_of_turn(tmp_path):
     assert _chat_end(tmp_path, SimpleNamespace(data="text"), 7) == 7
 
 
+def test_a_chat_run_keeps_its_template_and_prompts_with_it_after_the_tokenizer_goes(tmp_path):
+    """keep_tokenizer writes the run's tokenizer directory (tokenizer.json, chat_template.jinja,
+    special_tokens_map.json); sample --chat and eval read it, so the run prompts as it trained
+    after the spec's tokenizer directory is changed or removed."""
+    from types import SimpleNamespace
+
+    from axdsl.runtime.chat_data import chat_tokenizer, keep_tokenizer
+    from axdsl.sampling import run_chat_template
+
+    shutil.copytree(EXAMPLE / "tokenizer", tmp_path / "tokenizer")
+    spec = str(tmp_path / "lm.axl")
+    tc = SimpleNamespace(tokenizer="tokenizer")
+    _, template, special = chat_tokenizer(tc, spec)
+    run = tmp_path / "run"
+    keep_tokenizer(tc, spec, template, special, run)
+    assert sorted(p.name for p in run.iterdir()) == [
+        "chat_template.jinja",
+        "special_tokens_map.json",
+        "tokenizer.json",
+    ]
+    messages = [{"role": "system", "content": "Be terse."}, {"role": "user", "content": "Hi."}]
+    want = ChatTemplate.load(EXAMPLE / "tokenizer")
+    shutil.rmtree(tmp_path / "tokenizer")  # the spec's tokenizer directory is gone
+    info = {
+        "spec": "lm.axl",
+        "root": str(tmp_path),
+        "train": {"data": "chat", "tokenizer": "tokenizer"},
+    }
+    got = run_chat_template(run, info)
+    assert got.special == want.special and got.template == want.template
+    assert got.prompt_ids(messages) == want.prompt_ids(messages)
+    assert got.end_of_turn() == want.end_of_turn()
+
+
 def test_the_walk_through_files_agree(in_root, capsys):
     """The README walk-through's pieces, short of running it (about 75 s): its specs pass `axdsl
     check` (data lines, LoRA targets), every examples/ path it names exists, and the eval task of
