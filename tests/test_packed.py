@@ -17,29 +17,39 @@ from tests.targets_util import import_generated
 QUICK = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True}
 
 SPEC = """\
-import "std/transformer.axl"
+import "std/deepseek.axl"
 
 model lm = DecoderLM {{
   vocab = 64  dim = 32  layers = 1  heads = 4  kv_heads = 2  ffn = 64  max_seq = 32
   dtype = f32  packed = {packed}
-  block = Block(attn = Attention(window = 9))
+  block = Block(attn = {attn})
 }}
 train {{ batch = 2  seq = 24  objective = next_token(sep = 5) }}
 """
+# std's two attentions that take segment ids: grouped-query (here windowed) and DeepSeek's
+# multi-head latent attention (its rotary part a slice of each head, in YaRN's scaling)
+ATTENTIONS = {
+    "attention": "Attention(window = 9)",
+    "mla": "MLAttention(q_rank = 16, kv_rank = 8, nope_dim = 8, rope_dim = 4, v_head_dim = 8, "
+    'rope_scaling = "yarn", rope_factor = 4.0, rope_original_max_seq = 8)',
+}
 
 
-@pytest.fixture(scope="module")
-def models(tmp_path_factory):
-    """(packed model, its train module, the unpacked model) built for cpu."""
+@pytest.fixture(scope="module", params=sorted(ATTENTIONS))
+def models(request, tmp_path_factory):
+    """(packed model, its train module, the unpacked model) built for cpu. MLA's unpacked model
+    is not built (suite time): its reference is the packed model with one segment to a row."""
     tmp = tmp_path_factory.mktemp("packed")
     built = []
-    for packed in ("true", "false"):
+    for packed in ("true", "false") if request.param == "attention" else ("true",):
         spec = tmp / f"lm_{packed}.axl"
-        text = SPEC.format(packed=packed)
+        text = SPEC.format(packed=packed, attn=ATTENTIONS[request.param])
         spec.write_text(
             text if packed == "true" else text.replace("next_token(sep = 5)", "next_token()")
         )
         built.append(import_generated(spec, "cpu", tmp))
+    if len(built) == 1:
+        return built[0][0], built[0][1], None
     return built[0][0], built[0][1], built[1][0]
 
 
@@ -47,8 +57,8 @@ def test_each_packed_sequence_equals_the_sequence_run_alone(models):
     """A row of three sequences and padding: each sequence's logits are the unpacked model's on
     that sequence alone (attention stays inside it, RoPE positions restart at 0), within 1e-5."""
     packed, _, plain = models
-    cfg = plain.CONFIGS["lm"]
-    params = plain.init_params(cfg, jax.random.key(0))
+    cfg = packed.CONFIGS["lm"]
+    params = packed.init_params(cfg, jax.random.key(0))
     lengths = (7, 12, 3)
     tokens = jax.random.randint(jax.random.key(1), (1, 24), 0, cfg.vocab)
     segments = np.zeros((1, 24), np.int32)
@@ -61,7 +71,12 @@ def test_each_packed_sequence_equals_the_sequence_run_alone(models):
     starts = np.cumsum((0, *lengths))
     for k, n in enumerate(lengths):
         alone[k, :n] = tokens[0, starts[k] : starts[k] + n]
-    want = jax.jit(plain.forward, static_argnums=0, compiler_options=QUICK)(cfg, params, alone)
+    if plain is not None:
+        want = jax.jit(plain.forward, static_argnums=0, compiler_options=QUICK)(cfg, params, alone)
+    else:
+        want = jax.jit(packed.forward, static_argnums=0, compiler_options=QUICK)(
+            cfg, params, alone, jnp.ones_like(alone)
+        )
     for k, n in enumerate(lengths):
         np.testing.assert_allclose(logits[0, starts[k] : starts[k] + n], want[k, :n], atol=1e-5)
 

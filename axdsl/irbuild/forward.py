@@ -264,6 +264,7 @@ class _Lowering:
             if e.kwargs:
                 self.fail(e.kwargs[0].span, "children take tensors as positional arguments")
             given = [v for v in (self.given(a) for a in e.args) if v is not None]
+            self._check_conditional_arity(e, self.children[fname], len(given))
             return ir.CallChild(fname, tuple(self.expr(a) for a in given), e.span)
         if fname in primitives.REGISTRY and not primitives.get(fname).internal:
             return self.primitive(e, primitives.get(fname))
@@ -271,6 +272,25 @@ class _Lowering:
             self._missing_member(e.func.span, "child", fname, self.layer.children)
         candidates = sorted(set(self.children) | set(primitives.callable_names()))
         self.fail(e.func.span, f"unknown function `{fname}`", did_you_mean(fname, candidates))
+
+    def _check_conditional_arity(self, e: ast.Call, child: ir.Instance, passed: int) -> None:
+        """A call whose `value if cond` arguments leave the child the wrong number of inputs
+        (std's DecoderLM with `packed = true` over a block that takes no segment ids) is an
+        error at the user's line that set a condition, not at the library's call."""
+        conditions = [a.condition for a in e.args if isinstance(a, ast.When)]
+        fwd = child.forward
+        if not conditions or fwd is None or passed == len(fwd.args):
+            return
+        inputs = ", ".join(a.name for a in fwd.args)
+        read = ast.ListExpr(tuple(conditions), e.span)
+        settings = " and ".join(f"`{n}`" for n in dict.fromkeys(ast.names_in(read)))
+        self.fail(
+            e.span,
+            f"child `{child.name}` ({child.layer}) takes {len(fwd.args)} input(s) ({inputs}), "
+            f"but with {settings} as set it is passed {passed}",
+            f"leave {settings} at its default, or use a layer whose forward takes the input",
+            read=read,
+        )
 
     def given(self, e: ast.Expr) -> ast.Expr | None:
         """An argument as passed: `value if cond` is the value when the static condition holds,

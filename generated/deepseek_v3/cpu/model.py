@@ -101,7 +101,7 @@ def rms_norm(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
 def ml_attention(
     cfg: Config, params: dict, x: jax.Array, cache: dict | None = None, pos: jax.Array | int = 0
 ) -> jax.Array | tuple[jax.Array, dict]:
-    """MLAttention (std/deepseek.axl:12): x: [B, S, dim] -> [B, S, dim].
+    """MLAttention (std/deepseek.axl:13): x: [B, S, dim] -> [B, S, dim].
 
     Used at /dense_blocks/attn, /blocks/attn.
     With `cache` (decoding), x holds new tokens at positions pos, pos + 1, ...:
@@ -212,7 +212,7 @@ def swiglu_2(cfg: Config, params: dict, x: jax.Array) -> jax.Array:
 
 
 def deep_seek_moe(cfg: Config, params: dict, x: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """DeepSeekMoE (std/deepseek.axl:61): x: [B, S, dim] -> ([B, S, dim], auxiliary loss []).
+    """DeepSeekMoE (std/deepseek.axl:65): x: [B, S, dim] -> ([B, S, dim], auxiliary loss []).
 
     Used at /blocks/mlp.
     """
