@@ -115,6 +115,17 @@ def test_context_attention_matches_single_device_attention_and_its_gradients(
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
 
 
+def test_ring_folds_key_blocks_smaller_than_a_tile(monkeypatch):
+    """The ring's blocked inner loop: with RING_KEY_BLOCK 2, each shard's query halves (4
+    tokens) take a travelling block's keys 2 at a time (the online softmax over more steps, the
+    fully masked blocks skipped), forward and backward; the results stay the full attention's."""
+    monkeypatch.setattr(context, "RING_KEY_BLOCK", 2)
+    assert [context._ring_key_block(n) for n in (8, 6, 1)] == [2, 1, 1]
+    got = _sharded("ring", _mesh((4,), ("seq",)), True, True, 5, True, "index")
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(_reference(True, 5, True)), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+
+
 def test_all_gather_in_zigzag_order_runs_the_attention_it_is_given():
     """einsum_attention (the xla fallback kernel) as the local attention, windowed, with packed
     documents, the positions computed in each shard from its index."""

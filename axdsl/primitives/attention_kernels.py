@@ -80,9 +80,13 @@ CONTEXT_ALL_GATHER = Source("context", ("context_attention_all_gather",))
 CONTEXT_RING = Source(
     "context",
     (
+        "RING_KEY_BLOCK",
         "context_attention_ring",
         "_ring_attention",
         "_ring_tiles",
+        "_ring_key_block",
+        "_blocks",
+        "_unblocks",
         "_tied",
         "_ring_attention_fwd",
         "_ring_attention_bwd",
