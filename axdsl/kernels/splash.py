@@ -135,17 +135,18 @@ def splash_context_attention(
     batch, seq, heads, head_dim = q.shape
     positions = np.arange(seq) if positions is None else np.asarray(positions)
     mesh, spec, segment_spec = context_layout(q, k, mesh_axis, staged)
-    shards, head_axes = mesh.shape[mesh_axis], spec[2] or ()
-    head_axes = (head_axes,) if isinstance(head_axes, str) else head_axes  # P's 1-tuples are names
+    shards, head_axes = mesh.shape[mesh_axis], _spec_axes(spec[2])
     if seq % (128 * shards):
         raise ValueError(
             f"splash attention over {shards} shards needs a sequence length divisible by "
             f"{128 * shards}, got {seq}"
         )
     mask = _splash_context_mask(seq, causal, window, positions)
+    split = math.prod(mesh.shape[a] for part in spec for a in _spec_axes(part))
+    q_bytes = q.size * q.dtype.itemsize // split  # one device's q
     kernel = splash_attention_kernel.make_splash_mha(
         splash_attention_mask.MultiHeadMask([mask] * heads),
-        block_sizes=splash_block_sizes(seq // shards, head_dim, q.size * q.dtype.itemsize),
+        block_sizes=splash_block_sizes(seq // shards, head_dim, q_bytes),
         head_shards=math.prod(mesh.shape[a] for a in head_axes),
         q_seq_shards=shards,
         attn_logits_soft_cap=softcap or None,
@@ -169,6 +170,11 @@ def splash_context_attention(
     specs += () if segment_ids is None else (segment_spec,)
     run = jax.shard_map(local, mesh=mesh, in_specs=specs, out_specs=spec, check_vma=False)
     return run(*args)
+
+
+def _spec_axes(part: str | tuple[str, ...] | None) -> tuple[str, ...]:
+    """The mesh axes one entry of a PartitionSpec names (P keeps a 1-tuple as the bare name)."""
+    return () if part is None else (part,) if isinstance(part, str) else tuple(part)
 
 
 def _splash_context_mask(

@@ -49,6 +49,7 @@ SPLASH_CONTEXT_ATTENTION = Source(
         "PALLAS_INTERPRET",
         "SPLASH_FUSED_DQ_BYTES",
         "splash_context_attention",
+        "_spec_axes",
         "_splash_context_mask",
         "splash_block_sizes",
     ),
