@@ -14,8 +14,9 @@ import pytest
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
-from axdsl.kernels import attention, context
-from tests.targets_util import import_generated
+from axdsl.kernels import attention, context, splash
+from axdsl.build import build_files
+from tests.targets_util import import_generated, kernels_of
 
 RNG = np.random.default_rng(0)
 BATCH, SEQ, HEADS, KV_HEADS, HEAD_DIM = 2, 32, 4, 2, 8
@@ -115,6 +116,20 @@ def test_context_attention_matches_single_device_attention_and_its_gradients(
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
 
 
+def test_ring_folds_key_blocks_smaller_than_a_tile(monkeypatch):
+    """The ring's blocked inner loop: with RING_KEY_BLOCK 2, each shard's query halves (4
+    tokens) take a travelling block's keys 2 at a time (the online softmax over more steps, the
+    fully masked blocks skipped), forward and backward; the results stay the full attention's."""
+    from axdsl.primitives import attention as registry
+
+    assert registry.RING_KEY_BLOCK == context.RING_KEY_BLOCK  # aot's memory model, one figure
+    monkeypatch.setattr(context, "RING_KEY_BLOCK", 2)
+    assert [context._ring_key_block(n) for n in (8, 6, 1)] == [2, 1, 1]
+    got = _sharded("ring", _mesh((4,), ("seq",)), True, True, 5, True, "index")
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(_reference(True, 5, True)), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+
+
 def test_all_gather_in_zigzag_order_runs_the_attention_it_is_given():
     """einsum_attention (the xla fallback kernel) as the local attention, windowed, with packed
     documents, the positions computed in each shard from its index."""
@@ -122,6 +137,46 @@ def test_all_gather_in_zigzag_order_runs_the_attention_it_is_given():
     mesh = _mesh((4,), ("seq",))
     got = _sharded("all_gather", mesh, True, True, 5, True, "index", attend=attend)
     for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(_reference(True, 5, True)), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+
+
+def test_splash_under_all_gather_matches_full_attention(monkeypatch):
+    """Splash (interpret mode) on each shard's queries, the kernel built over the whole sequence
+    in zig-zag order and cut into rows by q_seq_shards (and heads by head_shards): the full
+    attention's outputs and q, k, v gradients in f32, causal, packed documents, GQA (4 query
+    heads over 2 kv heads of 64, split over `model`). The generated-model test below runs it
+    windowed, in contiguous order."""
+    monkeypatch.setattr(splash, "PALLAS_INTERPRET", True)
+    rng = np.random.default_rng(1)
+    seq, mesh = 256, _mesh((2, 2), ("model", "seq"))
+    q = jnp.asarray(rng.standard_normal((1, seq, 4, 64)), jnp.float32)
+    k, v = (jnp.asarray(rng.standard_normal((1, seq, 2, 64)), jnp.float32) for _ in range(2))
+    ids = jnp.asarray([[0] * 90 + [1] * 100 + [2] * 66], jnp.int32)
+    order = context.zigzag_order(seq, mesh.shape["seq"])
+
+    def full(q, k, v):
+        mask = ids[:, None, :, None] == ids[:, None, None, :]
+        return jax.nn.dot_product_attention(q, k, v, mask=mask, is_causal=True)
+
+    def sharded(q, k, v):
+        out = splash.splash_context_attention(
+            q[:, order],
+            k[:, order],
+            v[:, order],
+            causal=True,
+            positions=order,
+            segment_ids=ids[:, order],
+        )
+        return out[:, np.argsort(order)]
+
+    def with_gradients(f):
+        out, vjp = jax.vjp(f, q, k, v)
+        return out, vjp(jnp.cos(out))
+
+    want = jax.jit(lambda: with_gradients(full), compiler_options=QUICK_COMPILE)()
+    with jax.set_mesh(mesh):
+        got = jax.jit(lambda: with_gradients(sharded), compiler_options=QUICK_COMPILE)()
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
 
 
@@ -221,7 +276,8 @@ ROW_SEGMENTS = jnp.asarray(
 def _spec(tmp_path, name: str, context: str, window: int, softcap: float, packed=False) -> Path:
     path = tmp_path / f"{name}.axl"
     packed_text = "true" if packed else "false"
-    path.write_text(CP_SPEC.format(context=context, window=window, softcap=softcap, packed=packed_text))
+    text = CP_SPEC.format(context=context, window=window, softcap=softcap, packed=packed_text)
+    path.write_text(text)
     return path
 
 
@@ -262,6 +318,65 @@ def test_generated_context_parallel_model_keeps_the_loss_and_gradients(
         np.testing.assert_allclose(float(loss), float(want[0]), rtol=1e-6)
         for g, w in zip(jax.tree.leaves(grads), jax.tree.leaves(want[1]), strict=True):
             np.testing.assert_allclose(np.asarray(g), np.asarray(w), atol=2e-5, rtol=1e-4)
+
+
+SPLASH_SPEC = """\
+import "std/transformer.axl"
+
+model lm = DecoderLM {
+  vocab = 256  dim = 128  layers = 1  heads = 2  kv_heads = 1  ffn = 128  max_seq = 256
+  dtype = f32  block = Block(attn = Attention(window = 100))  packed = true
+}
+train { batch = 4  seq = 256 }
+target "tpu-v5e-8" { mesh(data = 2, fsdp = 2, seq = 2)  context(balance = false)  quantize(none) }
+"""
+
+
+def test_generated_model_runs_splash_under_all_gather(tmp_path, monkeypatch):
+    """Built for tpu-v5e-8 with context(balance = false), the attention is splash on each shard's
+    queries (select_kernels keeps it under all_gather), windowed, packed, GQA; on 8 CPU devices
+    in interpret mode it gives the cpu build's loss and gradients."""
+    spec = tmp_path / "splash.axl"
+    spec.write_text(SPLASH_SPEC)
+    ref, _ = import_generated(spec, "cpu", tmp_path)
+    tpu, _ = import_generated(spec, "tpu-v5e-8", tmp_path)
+    source = Path(tpu.__file__).read_text()
+    assert "splash_context_attention(" in source and "context_parallel(" not in source
+    monkeypatch.setattr(kernels_of(tpu), "PALLAS_INTERPRET", True)
+    cfg = ref.CONFIGS["lm"]
+    params = ref.init_params(cfg, jax.random.key(0))
+    tokens = jax.random.randint(jax.random.key(1), (4, 257), 0, cfg.vocab)
+    rows = [[1] * 100 + [2] * 157] * 2 + [[1] * 257, [1] * 60 + [2] * 190 + [0] * 7]
+    segments = jnp.asarray(rows, jnp.int32)
+
+    def loss_and_grads(model):
+        run = jax.value_and_grad(lambda p: model.loss_fn(cfg, p, tokens, segments)[0])
+        return jax.jit(run, compiler_options=QUICK_COMPILE)
+
+    want = loss_and_grads(ref)(params)
+    with jax.set_mesh(tpu.make_mesh()):
+        loss, grads = loss_and_grads(tpu)(params)
+    np.testing.assert_allclose(float(loss), float(want[0]), rtol=1e-6)
+    for g, w in zip(jax.tree.leaves(grads), jax.tree.leaves(want[1]), strict=True):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(w), atol=2e-5, rtol=1e-4)
+
+
+def test_cudnn_runs_on_each_shards_queries_under_all_gather_and_not_in_the_ring(tmp_path):
+    """On gpu-h100-8 (bf16) under context() the all-gather passes cuDNN the mask of the tokens'
+    original positions ([B, 1, S_local, S], jax's dense-bias input, which spans this shard's
+    queries and all keys); the ring computes in its own blocks, so cuDNN is not chosen. cuDNN
+    cannot run on the CPU: the generated text is checked (the all-gather around
+    jax.nn.dot_product_attention with that mask runs in the tests above)."""
+    spec = tmp_path / "gpu.axl"
+    gpu = 'target "gpu-h100-8" {{ mesh(data = 2, seq = 4)  {} }}\n'
+    base = CP_SPEC.split('target "cpu-8"')[0].format(window=12, softcap=0.0, packed="true")
+    spec.write_text(base.replace("dtype = f32", "dtype = bf16") + gpu.format("context()"))
+    model = build_files(spec, "gpu-h100-8")["model.py"]
+    assert "context_attention_all_gather," in model and "select_kernels: cudnn" in model
+    assert 'jax.nn.dot_product_attention, implementation="cudnn"' in model
+    spec.write_text(spec.read_text().replace("context()", 'context(strategy = "ring")'))
+    model = build_files(spec, "gpu-h100-8")["model.py"]
+    assert "context_attention_ring" in model and 'implementation="cudnn"' not in model
 
 
 def test_train_py_refuses_a_seq_the_shards_do_not_split(tmp_path):

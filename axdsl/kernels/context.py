@@ -13,9 +13,10 @@ jax.shard_map, and the zig-zag order that balances its causal work.
   all of them (MaxText's default). The masks come from the tokens' original positions, so it is
   right in either order.
 - context_attention_ring: key/value blocks travel around the ring by ppermute and an online
-  softmax (float32 running max and sum) accumulates them, so memory per chip stays flat in the
-  sequence length. Its backward (a custom VJP) runs the ring again, the key/value gradients
-  travelling with their blocks; (query half, key half) tiles the mask drops whole are skipped.
+  softmax (float32 running max and sum) accumulates them, RING_KEY_BLOCK keys at a time, so
+  memory per chip stays flat in the sequence length. Its backward (a custom VJP) runs the ring
+  again, the key/value gradients travelling with their blocks; (query half, key block) pairs the
+  mask drops whole are skipped.
 
 Shapes: q [B, S_local, heads, head_dim], k [B, S_local, kv_heads, head_dim], v [B, S_local,
 kv_heads, v_head_dim] (kv_heads divides heads: query head h reads kv head h // (heads //
@@ -39,6 +40,7 @@ from axdsl.kernels.mesh import dividing_axes
 CONTEXT_BATCH_AXES = ("stage", "data", "fsdp")  # mesh axes context_parallel splits the batch over
 CONTEXT_HEAD_AXES = ("model",)  # mesh axes it splits the heads over
 CONTEXT_MASKED = -0.7 * float(np.finfo(np.float32).max)  # a masked logit: finite, no inf - inf
+RING_KEY_BLOCK = 512  # keys the ring's online softmax folds in at a time (_ring_key_block)
 
 
 def zigzag_order(seq: int, shards: int) -> np.ndarray:
@@ -214,17 +216,17 @@ def context_attention_ring(
 ) -> jax.Array:
     """Ring attention, inside shard_map over `mesh_axis`: this shard's queries meet every key/value
     block as the blocks travel around the ring (jax.lax.ppermute, one hop a step), and an online
-    softmax accumulates them in float32. A device holds two key/value blocks (the one in use,
-    the one arriving) and the logits of one tile, [B, heads, S_local / 2, S_local / 2]: memory
-    per chip stays flat as the sequence grows with the shards. (Deviceless on a v5e:2x4, 8 heads
-    of 128 in bf16, forward and backward: 35 MiB of temporaries at 16k tokens, 1.0 GiB at 64k;
-    the all-gather took 1.6 GiB at 16k and did not fit in 16 GiB at 64k.)
+    softmax accumulates them in float32. Within a step each half of the queries folds the block
+    in RING_KEY_BLOCK keys at a time (a lax.scan), so a device holds two key/value blocks (the
+    one in use, the one arriving) and logits of [B, heads, S_local / 2, RING_KEY_BLOCK]: memory
+    per chip grows linearly with the sequence per shard, not with its square
+    (benchmarks/ring_memory.py, 4 CPU shards, 4 heads of 64 in bf16, forward and backward: 33 MiB
+    of temporaries at 4k tokens and 127 MiB at 16k; 28 and 362 MiB with whole-tile logits).
     Masks come from the original positions (`positions`; None: contiguous shards), so a zig-zag
-    order gives the same result. Each block is computed as 2 x 2 tiles (halves of the queries x
-    halves of the keys) and a tile the mask drops whole (causal future, outside the window,
-    other documents) is skipped: in zig-zag order every shard computes the same number. The
-    backward runs the ring again (a custom VJP): each block's key/value gradients travel with
-    it and are home after a full turn.
+    order gives the same result, and a key block the mask drops whole (causal future, outside the
+    window, other documents) is skipped: in zig-zag order every shard computes the same number.
+    The backward runs the ring again (a custom VJP), block by block the same way: each block's
+    key/value gradients travel with it and are home after a full turn.
     Returns [B, S_local, heads, v_head_dim]; each query must see at least one key (its own)."""
     if positions is None:
         positions = local_positions(q.shape[1], mesh_axis)
@@ -250,11 +252,33 @@ def _tied(positions: jax.Array, q: jax.Array) -> tuple[jax.Array, jax.Array]:
 
 
 def _ring_tiles(seq: int) -> list[slice]:
-    """The halves of a shard's sequence the ring computes tile by tile (queries x keys), skipping
-    the tiles a mask drops whole: under the zig-zag order a shard's two halves are an early and
-    a late chunk, so every block is half skipped except the shard's own (a quarter)."""
+    """The halves of a shard's queries the ring computes one at a time: under the zig-zag order
+    a shard's two halves are an early and a late chunk, so every other shard's block is half
+    skipped by each (the blocks of keys a half never sees, _ring_key_block)."""
     half = seq // 2
     return [slice(0, half), slice(half, seq)] if seq % 2 == 0 else [slice(0, seq)]
+
+
+def _ring_key_block(seq: int) -> int:
+    """How many keys of a travelling block one fold of the online softmax takes: the largest
+    divisor of a half of the shard's sequence (the tiles of _ring_tiles) up to RING_KEY_BLOCK.
+    Blocks never straddle the zig-zag order's two chunks, so a block the mask drops whole is
+    skipped; the logits in memory are [B, heads, S_local / 2, block] whatever the length."""
+    half = seq // 2 if seq % 2 == 0 else seq
+    return max(b for b in range(1, min(half, RING_KEY_BLOCK) + 1) if half % b == 0)
+
+
+def _blocks(x: jax.Array | None, size: int) -> jax.Array | None:
+    """[B, S, ...] -> [S / size, B, size, ...]: what lax.scan walks over, a block a step."""
+    if x is None:
+        return None
+    return jnp.moveaxis(x.reshape(x.shape[0], x.shape[1] // size, size, *x.shape[2:]), 1, 0)
+
+
+def _unblocks(x: jax.Array) -> jax.Array:
+    """The inverse of _blocks: [S / size, B, size, ...] -> [B, S, ...]."""
+    x = jnp.moveaxis(x, 0, 1)
+    return x.reshape(x.shape[0], x.shape[1] * x.shape[2], *x.shape[3:])
 
 
 def _ring_attention_fwd(q, k, v, segment_ids, positions, mesh_axis, causal, window, scale):
@@ -264,9 +288,9 @@ def _ring_attention_fwd(q, k, v, segment_ids, positions, mesh_axis, causal, wind
     qg = q.reshape(batch, seq, kv_heads, heads // kv_heads, head_dim)
     shards = jax.lax.axis_size(mesh_axis)
     ring = [(j, (j + 1) % shards) for j in range(shards)]  # each shard sends to the next
-    tiles = _ring_tiles(seq)
+    tiles, size = _ring_tiles(seq), _ring_key_block(seq)
 
-    def fold(q_tile, k_tile, v_tile, keep, state):  # one tile into the running softmax
+    def fold(q_tile, k_tile, v_tile, keep, state):  # one block of keys into the running softmax
         out, top, total = state  # [B, kv_heads, group, S/2, dv], [B, kv_heads, group, S/2] x 2
         logits = jnp.einsum("bqkgd,bskd->bkgqs", q_tile, k_tile, preferred_element_type=jnp.float32)
         logits = jnp.where(keep[:, None, None], logits * scale, CONTEXT_MASKED)
@@ -278,15 +302,19 @@ def _ring_attention_fwd(q, k, v, segment_ids, positions, mesh_axis, causal, wind
         )
         return out * fade[..., None] + seen, new_top, total * fade + jnp.sum(probs, axis=-1)
 
-    def visit(states, block):  # fold one key/value block in, tile by tile
-        k_blk, v_blk, k_pos, k_seg = block
-        keep = _context_keep(positions, k_pos, segment_ids, k_seg, causal, window)
+    def visit(states, block):  # fold one travelling block in: each query half, key block by block
+        blocks = tuple(_blocks(x, size) for x in block)  # k, v, positions, segment ids
         states = list(states)
         for i, rows in enumerate(tiles):
-            for cols in tiles:
-                tile = (qg[:, rows], k_blk[:, cols], v_blk[:, cols], keep[:, rows, cols])
-                run = functools.partial(fold, *tile)
-                states[i] = jax.lax.cond(jnp.any(tile[3]), run, lambda s: s, states[i])
+            q_seg = None if segment_ids is None else segment_ids[:, rows]
+
+            def fold_block(state, key_block, rows=rows, q_seg=q_seg):
+                k_blk, v_blk, k_pos, k_seg = key_block
+                keep = _context_keep(positions[:, rows], k_pos, q_seg, k_seg, causal, window)
+                run = functools.partial(fold, qg[:, rows], k_blk, v_blk, keep)
+                return jax.lax.cond(jnp.any(keep), run, lambda s: s, state), None
+
+            states[i], _ = jax.lax.scan(fold_block, states[i], blocks)
         return tuple(states)
 
     def step(carry, _):
@@ -325,53 +353,63 @@ def _ring_attention_bwd(mesh_axis, causal, window, scale, res, dy):
     row = jnp.sum(d_out * out, axis=-1)  # the softmax's row term: rowsum(dy * y)
     shards = jax.lax.axis_size(mesh_axis)
     ring = [(j, (j + 1) % shards) for j in range(shards)]
-    tiles = _ring_tiles(seq)
+    tiles, size = _ring_tiles(seq), _ring_key_block(seq)
 
-    def grads(rows, k_tile, v_tile, keep, acc):  # one tile's share of the gradients
+    def grads(rows, k_blk, v_blk, keep, acc):  # one (query half, key block)'s gradients
         d_q, d_k, d_v = acc
         logits = jnp.einsum(
-            "bqkgd,bskd->bkgqs", qg[:, rows], k_tile, preferred_element_type=jnp.float32
+            "bqkgd,bskd->bkgqs", qg[:, rows], k_blk, preferred_element_type=jnp.float32
         )
         probs = jnp.exp(logits * scale - lse[:, :, :, rows, None])
         probs = jnp.where(keep[:, None, None], probs, 0.0)
         d_v = d_v + jnp.einsum("bkgqs,bkgqd->bskd", probs, d_out[:, :, :, rows])
         d_probs = jnp.einsum(
-            "bkgqd,bskd->bkgqs", d_out[:, :, :, rows], v_tile, preferred_element_type=jnp.float32
+            "bkgqd,bskd->bkgqs", d_out[:, :, :, rows], v_blk, preferred_element_type=jnp.float32
         )
         d_logits = probs * (d_probs - row[:, :, :, rows, None]) * scale
-        d_q = d_q + jnp.einsum("bkgqs,bskd->bqkgd", d_logits, k_tile.astype(jnp.float32))
+        d_q = d_q + jnp.einsum("bkgqs,bskd->bqkgd", d_logits, k_blk.astype(jnp.float32))
         d_k = d_k + jnp.einsum("bkgqs,bqkgd->bskd", d_logits, qg[:, rows].astype(jnp.float32))
         return d_q, d_k, d_v
 
-    def visit(d_qs, block):  # this shard's share of one block's gradients, tile by tile
-        k_blk, v_blk, k_pos, k_seg, d_ks, d_vs = block
-        keep = _context_keep(positions, k_pos, segment_ids, k_seg, causal, window)
-        d_qs, d_ks, d_vs = list(d_qs), list(d_ks), list(d_vs)
+    def visit(d_qs, block):  # this shard's share of one travelling block's gradients
+        k_blk, v_blk, k_pos, k_seg, d_k, d_v = block
+        d_qs = list(d_qs)
         for i, rows in enumerate(tiles):
-            for j, cols in enumerate(tiles):
-                tile = (rows, k_blk[:, cols], v_blk[:, cols], keep[:, rows, cols])
-                acc = (d_qs[i], d_ks[j], d_vs[j])
-                acc = jax.lax.cond(
-                    jnp.any(tile[3]), functools.partial(grads, *tile), lambda a: a, acc
-                )
-                d_qs[i], d_ks[j], d_vs[j] = acc
-        return tuple(d_qs), (k_blk, v_blk, k_pos, k_seg, tuple(d_ks), tuple(d_vs))
+            q_seg = None if segment_ids is None else segment_ids[:, rows]
+
+            def grads_block(d_q, key_block, rows=rows, q_seg=q_seg):
+                k_b, v_b, k_pos, k_seg, d_k, d_v = key_block
+                keep = _context_keep(positions[:, rows], k_pos, q_seg, k_seg, causal, window)
+                run = functools.partial(grads, rows, k_b, v_b, keep)
+                d_q, d_k, d_v = jax.lax.cond(jnp.any(keep), run, lambda a: a, (d_q, d_k, d_v))
+                return d_q, (d_k, d_v)
+
+            blocks = tuple(_blocks(x, size) for x in (k_blk, v_blk, k_pos, k_seg, d_k, d_v))
+            d_qs[i], (d_k, d_v) = jax.lax.scan(grads_block, d_qs[i], blocks)
+            d_k, d_v = _unblocks(d_k), _unblocks(d_v)
+        return tuple(d_qs), (k_blk, v_blk, k_pos, k_seg, d_k, d_v)
 
     def step(carry, _):
         d_qs, block = carry
         d_qs, block = visit(d_qs, block)
         return (d_qs, jax.lax.ppermute(block, mesh_axis, ring)), None  # a full turn: home again
 
-    def zeros(x):  # float32 accumulators per tile, varying like x (shard_map's check_vma)
-        return tuple(jnp.zeros_like(x[:, t], jnp.float32) for t in tiles)
-
-    block = (k, v, positions, segment_ids, zeros(k), zeros(v))
-    (d_qs, block), _ = jax.lax.scan(step, (zeros(qg), block), length=shards)
-    d_q, d_k, d_v = (jnp.concatenate(parts, axis=1) for parts in (d_qs, block[4], block[5]))
+    # float32 accumulators, varying like what they accumulate (shard_map's check_vma)
+    d_qs = tuple(jnp.zeros_like(qg[:, t], jnp.float32) for t in tiles)
+    block = (
+        k,
+        v,
+        positions,
+        segment_ids,
+        jnp.zeros_like(k, jnp.float32),
+        jnp.zeros_like(v, jnp.float32),
+    )
+    (d_qs, block), _ = jax.lax.scan(step, (d_qs, block), length=shards)
+    d_q = jnp.concatenate(d_qs, axis=1)
     return (
         d_q.reshape(q.shape).astype(q.dtype),
-        d_k.astype(k.dtype),
-        d_v.astype(v.dtype),
+        block[4].astype(k.dtype),
+        block[5].astype(v.dtype),
         None,
         None,
     )

@@ -9,12 +9,14 @@ import math
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.experimental.pallas.ops.tpu.splash_attention import (
     splash_attention_kernel,
     splash_attention_mask,
 )
 from jax.sharding import PartitionSpec as P
 
+from axdsl.kernels.context import context_layout
 from axdsl.kernels.mesh import dividing_axes
 
 PALLAS_INTERPRET = False  # True runs Pallas kernels in interpret mode (CPU tests, debugging)
@@ -102,6 +104,95 @@ def _splash_per_device(
         return jax.vmap(kernel)(q, k, v)
     ids = splash_attention_kernel.SegmentIds(q=segment_ids, kv=segment_ids)
     return jax.vmap(kernel)(q, k, v, ids)
+
+
+def splash_context_attention(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    *,
+    causal: bool,
+    window: int | None = None,
+    scale: float | None = None,
+    softcap: float | None = None,
+    positions: np.ndarray | None = None,
+    segment_ids: jax.Array | None = None,
+    mesh_axis: str = "seq",
+    staged: bool = False,
+) -> jax.Array:
+    """Splash attention with the sequence split over `mesh_axis` (context parallelism's
+    all_gather strategy): each shard gathers the keys and values once and runs the kernel on its
+    own queries, inside jax.shard_map (context_layout splits the batch and heads).
+
+    Splash's masks are static, so the kernel is built once over the whole sequence, as MaxText
+    does: its rows are the queries in the order they run, each row's mask computed from its
+    original position (`positions` [S], a numpy array: context_order's zig-zag order, or None for
+    0, 1, ...), its columns the keys back in their original order. The kernel's mask metadata is
+    cut into one piece of rows per shard (q_seq_shards, manual_sharding_spec), so each shard's
+    kernel skips exactly the blocks its own queries never see. Shapes and the other arguments as
+    splash_attention's; the sequence each shard holds must be a multiple of 128.
+    """
+    batch, seq, heads, head_dim = q.shape
+    positions = np.arange(seq) if positions is None else np.asarray(positions)
+    mesh, spec, segment_spec = context_layout(q, k, mesh_axis, staged)
+    shards, head_axes = mesh.shape[mesh_axis], _spec_axes(spec[2])
+    if seq % (128 * shards):
+        raise ValueError(
+            f"splash attention over {shards} shards needs a sequence length divisible by "
+            f"{128 * shards}, got {seq}"
+        )
+    mask = _splash_context_mask(seq, causal, window, positions)
+    split = math.prod(mesh.shape[a] for part in spec for a in _spec_axes(part))
+    q_bytes = q.size * q.dtype.itemsize // split  # one device's q
+    kernel = splash_attention_kernel.make_splash_mha(
+        splash_attention_mask.MultiHeadMask([mask] * heads),
+        block_sizes=splash_block_sizes(seq // shards, head_dim, q_bytes),
+        head_shards=math.prod(mesh.shape[a] for a in head_axes),
+        q_seq_shards=shards,
+        attn_logits_soft_cap=softcap or None,
+        interpret=PALLAS_INTERPRET,
+    )
+    rows = jax.sharding.NamedSharding(mesh, P(spec[2], mesh_axis))  # [heads, query blocks]
+    restore = np.argsort(positions)  # the gathered keys, back in their original order
+
+    def local(kernel, q, k, v, segment_ids=None):
+        gather = functools.partial(jax.lax.all_gather, axis_name=mesh_axis, axis=1, tiled=True)
+        k, v = gather(k)[:, restore], gather(v)[:, restore]
+        q = q * (1.0 / math.sqrt(head_dim) if scale is None else scale)  # the kernel does not scale
+        q, k, v = (jnp.swapaxes(x, 1, 2) for x in (q, k, v))  # the kernel's [B, heads, S, d]
+        if segment_ids is None:
+            return jnp.swapaxes(jax.vmap(kernel)(q, k, v), 1, 2)
+        ids = splash_attention_kernel.SegmentIds(q=segment_ids, kv=gather(segment_ids)[:, restore])
+        return jnp.swapaxes(jax.vmap(kernel)(q, k, v, ids), 1, 2)
+
+    args: tuple = (kernel, q, k, v) + (() if segment_ids is None else (segment_ids,))
+    specs: tuple = (kernel.manual_sharding_spec(rows), spec, spec, spec)
+    specs += () if segment_ids is None else (segment_spec,)
+    run = jax.shard_map(local, mesh=mesh, in_specs=specs, out_specs=spec, check_vma=False)
+    return run(*args)
+
+
+def _spec_axes(part: str | tuple[str, ...] | None) -> tuple[str, ...]:
+    """The mesh axes one entry of a PartitionSpec names (P keeps a 1-tuple as the bare name)."""
+    return () if part is None else (part,) if isinstance(part, str) else tuple(part)
+
+
+def _splash_context_mask(
+    seq: int, causal: bool, window: int | None, positions: np.ndarray
+) -> splash_attention_mask.Mask:
+    """The [S, S] mask of queries in run order over keys in original order: a query's row is
+    the causal (or sliding-window) mask's row at its original position. Splash's computable
+    masks read a row's position from their `q_sequence`, in the kernel too, so it is set to the
+    queries' original positions."""
+    if not causal and not window:
+        return splash_attention_mask.FullMask((seq, seq))
+    mask: splash_attention_mask.LocalMask | splash_attention_mask.CausalMask
+    if window:
+        mask = splash_attention_mask.LocalMask((seq, seq), window_size=(window - 1, 0), offset=0)
+    else:
+        mask = splash_attention_mask.CausalMask((seq, seq))
+    mask.q_sequence = np.asarray(positions, np.int32)
+    return mask
 
 
 def splash_block_sizes(

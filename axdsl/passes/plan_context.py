@@ -5,8 +5,16 @@
 Context parallelism splits the sequence over the `seq` mesh axis. Every attention call of the
 forward then runs on each shard's queries inside jax.shard_map (codegen prints
 `context_parallel(...)`, kernels/context.py): `all_gather` gathers the keys and values once per
-layer, `ring` passes key/value blocks around the shards with an online softmax. Everything else
-the layers compute is position-wise or left to GSPMD, as the `seq -> seq` rule already does.
+layer, `ring` passes key/value blocks around the shards with an online softmax, a fixed block
+of keys at a time. Everything else the layers compute is position-wise or left to GSPMD, as the
+`seq -> seq` rule already does.
+
+Under `all_gather` the kernel select_kernels chose (it runs before this pass) runs on each
+shard's queries: xla, vjp and cudnn given the mask of the tokens' original positions, splash as
+`splash_context_attention(...)` (kernels/splash.py), its static mask built over the whole
+sequence in run order and cut into rows per shard. Under `ring` no kernel runs (the ring is its
+own attention), so select_kernels does not choose splash or cudnn there
+(primitives/attention.py `_context_violations` says why).
 
 `balance` runs the layers over the sequence in zig-zag order (MaxText's and torchtitan's load
 balancing): the root reorders its [B, S] inputs once and puts its result back, RoPE and the

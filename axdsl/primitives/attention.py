@@ -50,7 +50,9 @@ Constraints, from the installed jax (0.10.2) sources:
               ids reach it the same way (jax's packed-layout offsets are not exposed by
               dot_product_attention)
             - sharded only over batch and heads: no sequence (`seq`) or head_dim sharding, and
-              q, k, v sharded alike (the `heads` and `kv_heads` rules agree)
+              q, k, v sharded alike (the `heads` and `kv_heads` rules agree); under
+              context(strategy = "all_gather") it runs per shard inside shard_map, the mask of
+              the tokens' original positions ([B, 1, S/n, S]) as its bias; not in the ring
     splash  jax/experimental/pallas/ops/tpu/splash_attention/ (BlockSizes, make_splash_mha):
             - bf16 or f32; sequence tiles of 128 (NUM_LANES), so max_seq % 128 == 0 (the helper
               raises ValueError for another runtime length); head_dim and v's head dim
@@ -61,7 +63,10 @@ Constraints, from the installed jax (0.10.2) sources:
               there is no additive bias input; segment ids (SegmentIds) and the soft cap
               (attn_logits_soft_cap) are native; the scale is applied to q before the kernel
             - GQA is native (kv head = query head // group); any sharding: the helper runs in
-              jax.shard_map over batch and heads and gathers what else is split
+              jax.shard_map over batch and heads and gathers what else is split; under
+              context(strategy = "all_gather") splash_context_attention builds the mask over
+              the whole sequence and shards its rows (q_seq_shards), so each shard's sequence
+              is a multiple of 128; not in the ring
     vjp     the helper's own backward (axdsl/kernels/attention.py, vjp_attention):
             - no soft-capping and no additive bias: their backward (tanh's slope, the bias's
               own gradient) is not written out; a boolean mask and segment ids are (no gradient)
@@ -95,6 +100,7 @@ from axdsl.primitives.attention_kernels import (
     CONTEXT_PARALLEL,
     CONTEXT_RING,
     SPLASH_ATTENTION,
+    SPLASH_CONTEXT_ATTENTION,
     SPLASH_IMPORTS,
     VJP_ATTENTION,
     VJP_IMPORTS,
@@ -255,7 +261,8 @@ def _context_call(
     call: AttentionCall, choice: ir.KernelChoice, context: ir.ContextPolicy
 ) -> tuple[str, tuple[str, ...]]:
     """The code of one context-parallel call and the helpers it calls (_context_helpers)."""
-    operands = f"{call.q}, {call.k}, {call.v}" + "".join(
+    qkv = f"{call.q}, {call.k}, {call.v}"
+    keywords = "".join(
         f", {name}={code}"
         for name, code in (
             ("positions", f"context_order({call.q}.shape[1])" if context.balance else None),
@@ -264,6 +271,7 @@ def _context_call(
         )
         if code is not None
     )
+    operands = qkv + keywords
     settings = f"causal={call.causal}" + "".join(
         f", {name}={getattr(call, name)}"
         for name in ("window", "scale")
@@ -271,11 +279,17 @@ def _context_call(
     )
     helpers = _context_helpers(call.softcap is not None, call.written_out, choice, context)
     local = helpers[-1]  # the per-shard attention: the ring, or the all-gather around `attend`
+    if local == "splash_context_attention":  # its own shard_map: the kernel is built outside
+        softcap = f", softcap={call.softcap}" if call.softcap is not None else ""
+        return f"splash_context_attention({qkv}, {settings}{softcap}{keywords})", helpers
     if local == "einsum_attention":
         softcap = f", softcap={call.softcap}" if call.softcap is not None else ""
         settings += f", attend=functools.partial(einsum_attention, causal=False{softcap})"
     elif local == "vjp_attention":
         settings += ", attend=functools.partial(vjp_attention, causal=False)"
+    elif choice.kernel is ir.Kernel.CUDNN and local == "context_attention_all_gather":
+        cudnn = 'functools.partial(jax.nn.dot_product_attention, implementation="cudnn")'
+        settings += f", attend={cudnn}"
     ring = context.strategy is ir.ContextStrategy.RING
     strategy = "context_attention_ring" if ring else "context_attention_all_gather"
     return f"context_parallel(functools.partial({strategy}, {settings}), {operands})", helpers
@@ -285,12 +299,15 @@ def _context_helpers(
     softcap: bool, written_out: bool, choice: ir.KernelChoice, context: ir.ContextPolicy
 ) -> tuple[str, ...]:
     """The helpers a context-parallel call runs, the innermost last: the ring; or the all-gather
-    around the chosen kernel (jax.nn.dot_product_attention by default, which is no helper;
-    einsum_attention for a soft cap or a different v_head_dim; the vjp kernel)."""
+    around the chosen kernel (jax.nn.dot_product_attention by default, which is no helper, and
+    with implementation="cudnn" for the cudnn kernel; einsum_attention for a soft cap or a
+    different v_head_dim; the vjp kernel); or splash's own (splash_context_attention)."""
     helpers: tuple[str, ...] = ("context_parallel",)
     helpers += (CONTEXT_ORDER_HELPER.name,) if context.balance else ()
     if context.strategy is ir.ContextStrategy.RING:
         return (*helpers, "context_attention_ring")
+    if choice.kernel is ir.Kernel.SPLASH:  # the kernel built over the whole sequence
+        return (*helpers, "splash_context_attention")
     helpers += ("context_attention_all_gather",)
     if softcap or written_out:
         return (*helpers, "einsum_attention")
@@ -451,14 +468,11 @@ def kernel_violations(
                     f"a {name} that is not [..., S, S]; jax's cuDNN path adds it as a "
                     "bias, which must span the query and key sequences"
                 )
-        if sched is not None:
+        if sched is not None and sched.context.value is None:  # context(...): per shard
             out.extend(_cudnn_sharding_violations(sched))
     if kernel in FLASH_KERNELS and sched is not None and sched.context.value is not None:
-        out.append(
-            "context parallelism: each shard's queries attend to keys chosen by a mask of the "
-            f"tokens' original positions, which the {kernel} kernel is not given here"
-        )
-    elif kernel is ir.Kernel.SPLASH:
+        out.extend(_context_violations(kernel, sched.context.value, model, sched))
+    if kernel is ir.Kernel.SPLASH:
         if dtype not in ("bf16", "f32"):
             out.append(f"{model.name} computes in {dtype}; splash attention takes bf16 or f32")
         if head_dim is None or head_dim % SPLASH_HEAD_DIM:
@@ -486,6 +500,28 @@ def kernel_violations(
         if bias is not None:
             out.append("an additive bias; the vjp kernel's backward gives it no gradient")
     return out
+
+
+def _context_violations(
+    kernel: ir.Kernel, context: ir.ContextPolicy, model: ir.Model, sched: ir.Schedule
+) -> list[str]:
+    """Why a flash kernel cannot run under context(...): the ring computes attention in its own
+    key blocks (kernels/context.py), so no kernel runs there; under all_gather a kernel runs on
+    each shard's queries (cuDNN with the mask of original positions as its dense bias, splash
+    with its rows' original positions), and splash tiles each shard's sequence by 128."""
+    if context.strategy is ir.ContextStrategy.RING:
+        return [
+            'context(strategy = "ring") computes attention in its own key blocks with an online '
+            f"softmax, not in the {kernel} kernel"
+        ]
+    max_seq, shards = model.root.hparam("max_seq"), sched.size("seq")
+    if kernel is ir.Kernel.SPLASH and max_seq is not None:
+        if max_seq.value.value % (SPLASH_BLOCK * shards):
+            return [
+                f"{model.name} has max_seq {max_seq.value.value}; splash over {shards} `seq` "
+                f"shards needs a multiple of {SPLASH_BLOCK * shards} ({SPLASH_BLOCK} a shard)"
+            ]
+    return []
 
 
 def _cudnn_sharding_violations(sched: ir.Schedule) -> list[str]:
@@ -517,6 +553,8 @@ def _cudnn_sharding_violations(sched: ir.Schedule) -> list[str]:
 FLASH_KERNELS = (ir.Kernel.CUDNN, ir.Kernel.SPLASH)
 # kernels/splash.py's SPLASH_FUSED_DQ_BYTES (the kernel is text to this package: it imports jax)
 SPLASH_FUSED_DQ_BYTES = 4 << 30
+# kernels/context.py's RING_KEY_BLOCK: keys the ring's online softmax takes at a time
+RING_KEY_BLOCK = 512
 
 
 def splash_fused_backward(seq: int, head_dim: int, q_bytes: float) -> bool:
@@ -542,6 +580,9 @@ def _memory(t, prim: ir.Prim, args, dims, label: str):
             full = (x.dims[0], ir.Dim("S_kv", t.seq), *x.dims[2:])
             t.save(t.internal(full, x.dtype, f"{label} gathered {what}", (x,)))
     kernel = prim.kernel.kernel if prim.kernel is not None else KERNELS[0]
+    if kernel is ir.Kernel.CUDNN and t.context is not None:  # the mask, as cuDNN's dense bias
+        scores = (q.dims[0], ir.Dim("1", 1), q.dims[1], ir.Dim("S_kv", t.seq))
+        t.save(t.internal(scores, q.dtype, f"{label} mask bias", (q, k)))
     if kernel in FLASH_KERNELS:
         t.save(out)
         t.save(t.internal((q.dims[0], heads, q.dims[1]), "f32", f"{label} logsumexp", (q, k)))
@@ -588,15 +629,17 @@ def _memory(t, prim: ir.Prim, args, dims, label: str):
 def _ring_memory(t, q, k, out, label: str):
     """Ring attention (kernels/context.py) keeps its output and float32 log-sum-exp for the
     backward; in flight, the key/value block arriving besides the one in use, and the float32
-    logits of one tile (half this shard's queries by half a block's keys): nothing grows with
-    the whole sequence."""
+    logits of half this shard's queries by one block of at most RING_KEY_BLOCK keys: nothing
+    grows with the whole sequence, nor with the square of a shard's."""
     shards = t.context.shards or 1
     t.save(out)
     t.save(t.internal((q.dims[0], q.dims[-2], q.dims[1]), "f32", f"{label} logsumexp", (q, k)))
     t.internal(k.dims, k.dtype, f"{label} arriving keys", (k,))
     t.internal(k.dims, k.dtype, f"{label} arriving values", (k,))
-    half = ir.Dim("tile", max(1, t.seq // (2 * shards)))
-    t.internal((q.dims[0], q.dims[-2], half, half), "f32", f"{label} tile logits", (q, k))
+    half = max(1, t.seq // (2 * shards))
+    block = max(b for b in range(1, min(half, RING_KEY_BLOCK) + 1) if half % b == 0)
+    rows, keys = ir.Dim("tile", half), ir.Dim("key block", block)
+    t.internal((q.dims[0], q.dims[-2], rows, keys), "f32", f"{label} block logits", (q, k))
     return out
 
 
@@ -685,6 +728,12 @@ PRIMITIVES = (
             Helper("vjp_attention", VJP_ATTENTION, VJP_IMPORTS),
             Helper("cached_attention", CACHED_ATTENTION),
             Helper("context_parallel", CONTEXT_PARALLEL, CONTEXT_IMPORTS),
+            Helper(
+                "splash_context_attention",
+                SPLASH_CONTEXT_ATTENTION,
+                (*SPLASH_IMPORTS, "import numpy as np"),
+                HelperSection.KERNEL,
+            ),
             Helper(
                 "context_attention_all_gather",
                 CONTEXT_ALL_GATHER,

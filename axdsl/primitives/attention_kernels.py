@@ -22,7 +22,7 @@ VJP_IMPORTS = ("import functools", "import jax", "import jax.numpy as jnp")
 CACHED_ATTENTION = Source("attention", ("cached_attention",))
 
 # dividing_axes is copied by both splash and context parallelism, which never run together
-# (select_kernels rejects splash under context(...)).
+# (under context(...) splash runs as splash_context_attention, which does not copy it).
 DIVIDING_AXES = Source("mesh", ("dividing_axes",))
 SPLASH_ATTENTION = (
     DIVIDING_AXES,
@@ -37,6 +37,21 @@ SPLASH_ATTENTION = (
             "_splash_per_device",
             "splash_block_sizes",
         ),
+    ),
+)
+# Splash under context(strategy = "all_gather"): its own shard_map (context_layout, from
+# CONTEXT_PARALLEL, which every context-parallel call copies) around the kernel built over the
+# whole sequence; never copied with SPLASH_ATTENTION (a context-parallel model's calls all run
+# per shard).
+SPLASH_CONTEXT_ATTENTION = Source(
+    "splash",
+    (
+        "PALLAS_INTERPRET",
+        "SPLASH_FUSED_DQ_BYTES",
+        "splash_context_attention",
+        "_spec_axes",
+        "_splash_context_mask",
+        "splash_block_sizes",
     ),
 )
 SPLASH_IMPORTS = (
@@ -80,9 +95,13 @@ CONTEXT_ALL_GATHER = Source("context", ("context_attention_all_gather",))
 CONTEXT_RING = Source(
     "context",
     (
+        "RING_KEY_BLOCK",
         "context_attention_ring",
         "_ring_attention",
         "_ring_tiles",
+        "_ring_key_block",
+        "_blocks",
+        "_unblocks",
         "_tied",
         "_ring_attention_fwd",
         "_ring_attention_bwd",

@@ -473,7 +473,7 @@ MESH_SHAPE = {
 # Rematerialization of each scanned layer, remat(full) from fit_remat, for profile gpu-h100:
 # keep only each layer's input; recompute the rest in the backward pass.
 # fit_remat, for llama3_1_8b at batch 8 x seq 131072, 65.45 GiB usable per chip (analytic):
-# none 1075.55, save(points) 370.59, save_dots 444.59, full 147.84, none in 2 micro-batches 550.76, save(points) in 2 micro-batches 197.07, save_dots in 2 micro-batches 234.07, full in 2 micro-batches 85.69, none in 4 micro-batches 286.49, save(points) in 4 micro-batches 108.44, save_dots in 4 micro-batches 126.94, full in 4 micro-batches 52.75 GiB: full in 4 micro-batches fits
+# none 1015.55, save(points) 310.59, save_dots 384.59, full 87.84, none in 2 micro-batches 520.76, save(points) in 2 micro-batches 167.07, save_dots in 2 micro-batches 204.07, full in 2 micro-batches 55.69 GiB: full in 2 micro-batches fits
 REMAT_POLICY = jax.checkpoint_policies.nothing_saveable
 
 

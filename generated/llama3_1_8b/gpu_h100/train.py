@@ -72,7 +72,7 @@ class TrainConfig:
     seq: int = 128  # tokens per sequence; default (128, at most max_seq)
     steps: int = 1000  # optimizer steps; default
     # gradient accumulation: the batch runs in this many pieces; fit_remat, for profile gpu-h100
-    microbatches: int = 4
+    microbatches: int = 2
     lr: float = 0.0003  # adamw: lr; default
     b1: float = 0.9  # adamw: b1; default
     b2: float = 0.95  # adamw: b2; default
