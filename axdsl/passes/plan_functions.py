@@ -98,9 +98,11 @@ def _plan(model: ir.Model, schedule: ir.Schedule | None) -> ir.Model:
 
 
 def staged_attention(root: ir.Instance, schedule: ir.Schedule | None) -> frozenset[str]:
-    """The layers inside the pipeline's stages that call a primitive whose code may run in
-    shard_map (attention: context parallelism, splash): there the pipeline's vmap holds the
-    `stage` mesh axis, so the shard_map must leave it out of the batch's axes."""
+    """The layers inside the pipeline's stages whose code differs there: those that call a
+    primitive whose code may run in shard_map (attention: context parallelism, splash), where the
+    pipeline's vmap holds the `stage` mesh axis, so the shard_map must leave it out of the
+    batch's axes; and those that add an auxiliary loss (MoE), which return its statistics for
+    the pipeline to average over the micro-batches."""
     if schedule is None or schedule.pipeline.value is None:
         return frozenset()
     child = schedule.pipeline.value.child
@@ -108,7 +110,10 @@ def staged_attention(root: ir.Instance, schedule: ir.Schedule | None) -> frozens
         inst.path
         for inst in root.walk()
         if (inst.path == child or inst.path.startswith(child + "/"))
-        and any(primitives.get(p.name).shard_mapped for p in prims_of(inst))
+        and any(
+            primitives.get(p.name).shard_mapped or primitives.get(p.name).aux_loss
+            for p in prims_of(inst)
+        )
     )
 
 

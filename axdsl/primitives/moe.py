@@ -46,6 +46,8 @@ from axdsl.primitives.base import (
 )
 from axdsl.primitives.reductions import ir_fmt
 
+STAGE_AXIS = "stage"  # the pipeline's mesh axis (plan_pipeline's), which its vmap holds
+
 ROUTING = ("top_k", "normalize")  # the router's options
 SELECTION = ("score", "groups", "top_groups", "scale")  # DeepSeek's, emitted only when used
 LOSSES = ("aux_weight", "z_weight")
@@ -53,6 +55,7 @@ LOSSES = ("aux_weight", "z_weight")
 # in the layer's order: a router and the auxiliary loss it computes, a dispatch path through the
 # experts, the balancing update.
 ROUTE, CHOOSE, AUX = "moe.route", "moe.route.deepseek", "moe.route.loss"
+AUX_STATS = "moe.route.loss.stats"  # the loss's statistics, for a layer inside a pipeline
 CAPACITY, DROPLESS, EITHER = "moe.run.capacity", "moe.run.dropless", "moe.run.either"
 BALANCE = "moe.update.balance"  # the load surplus as the selection bias's gradient
 CALLS = {  # the function of each helper that model.py calls
@@ -199,6 +202,8 @@ def _needs(prim: ir.Prim, schedule: ir.Schedule | None, decoding: bool) -> tuple
         *paths,
         *((EITHER,) if len(paths) == 2 else ()),
         *((BALANCE,) if prim.attr("balance_rate").value > 0 else ()),
+        # a layer inside the pipeline's stages returns the loss's statistics (plan_pipeline)
+        *((AUX_STATS,) if schedule is not None and schedule.pipeline.value is not None else ()),
     )
 
 
@@ -239,7 +244,16 @@ def _route(ctx, prim: ir.Prim, logits: str, bias: str | None) -> tuple[str, str]
     if router == CHOOSE:
         call += ", " + _kwargs(ctx, prim, SELECTION) + ("" if bias is None else f", bias={bias}")
     per_choice = ctx.shape_comment(ir.TensorType((*_token_dims(prim), ir.Dim("top_k"))))
-    ctx.line(f"# each token's routing {weights} and {chosen} experts {per_choice}, and {aux} []")
+    if ctx.staged:  # inside the pipeline's stages: the loss's statistics (plan_pipeline)
+        ctx.use_helper(AUX_STATS)
+        call += ", aux=moe_aux_stats"
+        ctx.line(f"# each token's routing {weights} and {chosen} experts {per_choice}, and {aux}:")
+        ctx.line("# this micro-batch's statistics of the auxiliary loss, which the pipeline")
+        ctx.line("# averages over the micro-batches (the loss is a product of batch means)")
+    else:
+        ctx.line(
+            f"# each token's routing {weights} and {chosen} experts {per_choice}, and {aux} []"
+        )
     ctx.line(f"{weights}, {chosen}, {aux} = {call})")
     return weights, chosen
 
@@ -255,8 +269,12 @@ def _dispatch(ctx, prim: ir.Prim, routed: str) -> str:
     if CAPACITY in paths:
         call += f", capacity_factor={ctx.code(prim.attr('capacity_factor'))}"
     batch_axes = ctx.schedule.kept_axes("batch") if ctx.schedule is not None else ()
+    if ctx.staged:  # inside the pipeline's stages, whose vmap holds the `stage` axis
+        batch_axes = tuple(a for a in batch_axes if a != STAGE_AXIS)
     if DROPLESS in paths and batch_axes:  # each batch shard dispatches its own tokens
         call += f", batch_axes={batch_axes!r}"
+    if DROPLESS in paths and ctx.staged:  # its shard_map inside the pipeline's vmap
+        call += ", staged=True"
     return call + ")"
 
 
@@ -339,7 +357,8 @@ def _unused_params(ctx, prim: ir.Prim) -> int:
 _JAX = ("import jax", "import jax.numpy as jnp")
 _HELPERS = (
     Helper(ROUTE, Source("moe", (CALLS[ROUTE],)), _JAX, HelperSection.LAYER),
-    Helper(AUX, Source("moe", ("_moe_aux_loss",)), _JAX, HelperSection.LAYER),
+    Helper(AUX, Source("moe", ("_moe_aux_loss", "_moe_load")), _JAX, HelperSection.LAYER),
+    Helper(AUX_STATS, Source("moe", ("moe_aux_stats",)), _JAX, HelperSection.LAYER),
     Helper(CHOOSE, Source("moe", (CALLS[CHOOSE], "_moe_choose")), _JAX, HelperSection.LAYER),
     Helper(
         CAPACITY, Source("moe", (CALLS[CAPACITY],)), (*_JAX, "import math"), HelperSection.LAYER
