@@ -125,10 +125,16 @@ class FunctionEmitter:
                     code = f"{self._paren(code, prec, _ATOM)}[:, np.argsort(order)]"
                 if self.own_aux:
                     aux = ", " + (" + ".join(self.aux_terms) or "jnp.zeros((), jnp.float32)")
-                    comment = f"  # {shape_comment(stmt.value.type)}, []"
+                    comment = f"  # {shape_comment(stmt.value.type)}, {self._aux_shape}"
                 self.result = code + aux
                 self.lines.append(f"return {code}{aux}{comment}")
         return self.lines
+
+    @property
+    def _aux_shape(self) -> str:
+        """What a comment says an auxiliary loss is: [], or inside the pipeline's stages (a staged
+        layer) the statistics the pipeline averages (plan_pipeline)."""
+        return "statistics" if self.staged else "[]"
 
     @property
     def balanced(self) -> bool:
@@ -243,7 +249,7 @@ class FunctionEmitter:
             self.lines.append(f"with jax.named_scope({py_str(call.child)}):")
             self.lines.append(
                 f"    {target}, {aux_name} = {fn}(cfg, params[{py_str(call.child)}], "
-                f"{', '.join(args)}{rng})  # {comment}, []"
+                f"{', '.join(args)}{rng})  # {comment}, {self._aux_shape}"
             )
             return
         if child.repeat is not None:

@@ -101,19 +101,21 @@ def staged_attention(root: ir.Instance, schedule: ir.Schedule | None) -> frozens
     """The layers inside the pipeline's stages whose code differs there: those that call a
     primitive whose code may run in shard_map (attention: context parallelism, splash), where the
     pipeline's vmap holds the `stage` mesh axis, so the shard_map must leave it out of the
-    batch's axes; and those that add an auxiliary loss (MoE), which return its statistics for
-    the pipeline to average over the micro-batches."""
+    batch's axes; and those that add an auxiliary loss (MoE) or hold one that does, which return
+    its statistics for the pipeline to average over the micro-batches."""
     if schedule is None or schedule.pipeline.value is None:
         return frozenset()
     child = schedule.pipeline.value.child
+
+    def flagged(inst: ir.Instance) -> bool:
+        own = (primitives.get(p.name) for p in prims_of(inst))
+        below = (primitives.get(p.name) for i in inst.walk() for p in prims_of(i))
+        return any(e.shard_mapped for e in own) or any(e.aux_loss for e in below)
+
     return frozenset(
         inst.path
         for inst in root.walk()
-        if (inst.path == child or inst.path.startswith(child + "/"))
-        and any(
-            primitives.get(p.name).shard_mapped or primitives.get(p.name).aux_loss
-            for p in prims_of(inst)
-        )
+        if (inst.path == child or inst.path.startswith(child + "/")) and flagged(inst)
     )
 
 
