@@ -123,8 +123,10 @@ target "cpu-8" {{ {target} }}
 VARIANTS = {
     "": "",
     "packed": "  packed = true",  # segment ids go through the pipeline too
-    # 4 layers of dropless MoE: each adds its load-balancing and z losses
-    "moe": "\n  block = Block(mlp = MoE(hidden = 32, experts = 4, capacity_factor = 0.0))",
+    # 4 layers of DeepSeek's dropless MoE (sigmoid router, a shared expert): each adds its
+    # load-balancing and z losses, and its selection bias gets the load surplus (balance_rate)
+    "moe": "\n  block = Block(attn = Attention(kv_heads = 2), mlp = DeepSeekMoE(hidden = 16, "
+    "experts = 4, top_k = 2, aux_weight = 0.01, z_weight = 0.001, balance_rate = 0.01))",
 }
 PP_CASES = [  # (target, variant): FSDP inside each stage; 2 and 4 stages, repeats 1 and 2
     ("mesh(stage = 2, fsdp = 4)  pipeline(microbatches = 4)", ""),
@@ -137,7 +139,8 @@ PP_CASES = [  # (target, variant): FSDP inside each stage; 2 and 4 stages, repea
         "packed",
     ),
     # MoE with EP under PP (circular): experts over `expert`, dropless dispatch in each stage,
-    # the auxiliary loss from each layer's statistics averaged over the micro-batches
+    # the auxiliary loss and the bias's load surplus from each layer's statistics averaged over
+    # the micro-batches
     ("mesh(stage = 2, expert = 2, fsdp = 2)  pipeline(microbatches = 4, repeats = 2)", "moe"),
 ]
 # packed rows of 17 tokens: documents whose boundaries differ between the micro-batches
@@ -148,7 +151,7 @@ def _spec(tmp_path, name: str, target: str, variant: str = "") -> Path:
     path = tmp_path / f"{name}.axl"
     text = PP_SPEC.format(target=target, variant=VARIANTS[variant])
     if variant == "moe":  # 4 layers: enough for 2 stages x 2 repeats, and quicker
-        text = text.replace("layers = 8", "layers = 4")
+        text = text.replace("layers = 8", "layers = 4").replace("transformer.axl", "deepseek.axl")
     path.write_text(text)
     return path
 
@@ -209,8 +212,10 @@ def test_generated_pipelined_model_keeps_the_loss_and_gradients(
     np.testing.assert_allclose(float(loss), float(want[0]), rtol=1e-6)
     for g, w in zip(jax.tree.leaves(grads), jax.tree.leaves(want[1]), strict=True):
         np.testing.assert_allclose(np.asarray(g), np.asarray(w), atol=2e-5, rtol=1e-4)
-    if variant == "moe":  # the experts rest on `expert`
+    if variant == "moe":  # the experts rest on `expert`; the bias got the whole batch's surplus
         assert placed["blocks"]["mlp"]["w_gate"].sharding.spec[:2] == ("stage", "expert")
+        surplus = np.asarray(grads["blocks"]["mlp"]["score_bias"])
+        assert np.abs(surplus).max() >= 1 and np.all(surplus == np.round(surplus))
     if target == PP_CASES[0][0]:
         prompt = tokens[:2, :8]
         logits = jax.jit(pp.forward, static_argnums=0)(cfg, params, prompt)

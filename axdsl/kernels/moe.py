@@ -230,6 +230,18 @@ def moe_balance(y: jax.Array, bias: jax.Array, chosen: jax.Array) -> jax.Array:
     return _moe_balance(y, bias, load)
 
 
+def moe_balance_stats(bias: jax.Array, chosen: jax.Array, microbatches: int):
+    """moe_balance for a layer inside a pipeline, as statistics of the auxiliary loss (see
+    moe_aux_stats): ((bias - stop_gradient(bias), microbatches x the load surplus of `chosen`
+    [B, S, top_k], 0),). Their loss is exactly 0. Its gradient for the bias is the surplus
+    averaged over the micro-batches the pipeline ran, the bubble's left out, times
+    `microbatches`: the whole batch's surplus, the gradient moe_balance gives unpipelined. A
+    custom_vjp's gradient would not depend on the output's, so the bubble's would count."""
+    load = jnp.bincount(chosen.reshape(-1), length=bias.shape[0]).astype(jnp.float32)
+    surplus = jax.lax.stop_gradient((load - jnp.mean(load)) * microbatches)
+    return ((bias - jax.lax.stop_gradient(bias), surplus, jnp.zeros((), jnp.float32)),)
+
+
 @jax.custom_vjp
 def _moe_balance(y, bias, load):
     """y, unchanged. In the backward pass `bias` gets load - mean(load): each expert's tokens in

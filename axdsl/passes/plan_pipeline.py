@@ -30,14 +30,16 @@ Layers that add an auxiliary loss (MoE) run in the stages: plan_functions marks 
 and their router returns the loss's statistics, means over one micro-batch (moe_aux_stats). The
 pipeline averages each layer's over the micro-batches it ran, leaving out the bubble, and
 computes the loss from the means: the whole batch's. A mean of the micro-batches' losses would
-differ, the balancing loss being a product of two batch means.
+differ, the balancing loss being a product of two batch means. DeepSeek's bias balancing
+(balance_rate) goes the same way (moe_balance_stats): a term of loss 0 whose gradient for the
+bias is the micro-batch's load surplus times the micro-batches, averaged by the pipeline: the
+whole batch's surplus, the bubble's left out (moe_balance's custom_vjp would count it).
 
 What cannot run is a located error at the directive:
 - the `stage` mesh axis has one shard;
 - no repeated child of the root, or one whose call passes an input without the batch dim (T5's
-  relative bias), or whose layers draw random numbers (dropout), or balance their experts' bias
-  (DeepSeek's balance_rate: its gradient is the load whatever the output, so the bubble's would
-  count), or add an auxiliary loss in a repeat nested in a layer (its scan sums losses);
+  relative bias), or whose layers draw random numbers (dropout), or add an auxiliary loss in a
+  repeat nested in a layer (its scan sums losses);
 - layers that do not split into stages x repeats equal pieces;
 - a step batch that microbatches do not divide, fewer microbatches than stages (the circular
   schedule feeds a micro-batch back to the first stage only after it left the last one; without
@@ -191,39 +193,21 @@ def _check_call(model: ir.Model, child: ir.Instance, at: Span, diags: Diagnostic
 def _check_aux(child: ir.Instance, at: Span, diags: Diagnostics) -> None:
     """The layers' auxiliary losses (MoE) can be carried: each is returned as statistics that
     the pipeline averages over the micro-batches (kernels/pipeline.py). Not so in a repeat
-    nested in a layer, whose scan sums losses, nor DeepSeek's balancing bias, whose gradient is
-    the load whatever the output's, so the bubble's garbage would count."""
+    nested in a layer, whose scan sums losses."""
     for inst in child.walk():
-        for p in prims_of(inst):
-            if not _flag(p, "aux_loss"):
-                continue
-            nested = inst.path != child.path and any(
-                a.repeat is not None
-                for a in child.walk()
-                if a.path != child.path and (inst.path + "/").startswith(a.path + "/")
-            )
-            rate = p.attr("balance_rate")
-            if nested:
-                why = (
-                    "sits in a repeat inside the pipelined layers, whose scan sums losses, not "
-                    "the statistics the pipeline averages"
-                )
-                hint = "remove pipeline(...) from this target block"
-            elif rate is not None and rate.value > 0:
-                why = (
-                    f"balances its experts' bias (balance_rate = {rate.value}), whose update "
-                    "would count the load of the pipeline's idle iterations"
-                )
-                hint = (
-                    "balance with the auxiliary loss instead (balance_rate = 0, aux_weight > 0), "
-                    "or remove pipeline(...) from this target block"
-                )
-            else:
-                continue
+        nested = inst.path != child.path and any(
+            a.repeat is not None
+            for a in child.walk()
+            if a.path != child.path and (inst.path + "/").startswith(a.path + "/")
+        )
+        found = next((p for p in prims_of(inst) if _flag(p, "aux_loss")), None)
+        if nested and found is not None:
             diags.error(
                 at,
-                f"pipeline(...) cannot run {child.name}: its `{p.name}` at {inst.path} {why}",
-                hint,
+                f"pipeline(...) cannot run {child.name}: its `{found.name}` at {inst.path} adds "
+                "an auxiliary loss in a repeat inside the pipelined layers, whose scan sums "
+                "losses, not the statistics the pipeline averages",
+                "remove pipeline(...) from this target block",
             )
             return
 

@@ -58,6 +58,7 @@ ROUTE, CHOOSE, AUX = "moe.route", "moe.route.deepseek", "moe.route.loss"
 AUX_STATS = "moe.route.loss.stats"  # the loss's statistics, for a layer inside a pipeline
 CAPACITY, DROPLESS, EITHER = "moe.run.capacity", "moe.run.dropless", "moe.run.either"
 BALANCE = "moe.update.balance"  # the load surplus as the selection bias's gradient
+BALANCE_STATS = "moe.update.balance.stats"  # the same, inside a pipeline's stages
 CALLS = {  # the function of each helper that model.py calls
     ROUTE: "moe_route",  # softmax top-k
     CHOOSE: "moe_route_deepseek",  # sigmoid scores, a selection bias, group-limited top-k, scale
@@ -196,14 +197,17 @@ def _needs(prim: ir.Prim, schedule: ir.Schedule | None, decoding: bool) -> tuple
     """The router (with its auxiliary loss), the dispatch paths and the balancing update a call
     uses."""
     paths = _paths(prim)
+    balancing = prim.attr("balance_rate").value > 0
+    piped = schedule is not None and schedule.pipeline.value is not None
     return (
         CHOOSE if _selects(prim) else ROUTE,
         AUX,
         *paths,
         *((EITHER,) if len(paths) == 2 else ()),
-        *((BALANCE,) if prim.attr("balance_rate").value > 0 else ()),
+        *((BALANCE,) if balancing and not piped else ()),
         # a layer inside the pipeline's stages returns the loss's statistics (plan_pipeline)
-        *((AUX_STATS,) if schedule is not None and schedule.pipeline.value is not None else ()),
+        *((AUX_STATS,) if piped else ()),
+        *((BALANCE_STATS,) if balancing and piped else ()),
     )
 
 
@@ -223,7 +227,15 @@ def _emit(ctx, prim: ir.Prim, args: list[str], precs: list[int]) -> str:
     out = ctx.fresh("moe_y")
     call = f"{x}, {weights}, {chosen}, {w_gate}, {w_up}, {w_down}"
     ctx.line(f"{out} = {_dispatch(ctx, prim, call)}  # {ctx.shape_comment(prim.type)}")
-    if prim.attr("balance_rate").value > 0:  # the bias's gradient: each expert's load surplus
+    if prim.attr("balance_rate").value > 0 and ctx.staged:  # as statistics, inside a pipeline
+        ctx.use_helper(BALANCE_STATS)
+        balance = ctx.fresh("balance_aux")
+        ctx.add_aux(balance)
+        microbatches = ctx.schedule.pipeline.value.microbatches
+        ctx.line(f"# {balance}: the bias's gradient, this micro-batch's load surplus times the")
+        ctx.line(f"# {microbatches} micro-batches, which the pipeline averages (its loss is 0)")
+        ctx.line(f"{balance} = moe_balance_stats({bias}, {chosen}, microbatches={microbatches})")
+    elif prim.attr("balance_rate").value > 0:  # the bias's gradient: each expert's load surplus
         ctx.use_helper(BALANCE)
         ctx.line(
             f"{out} = {CALLS[BALANCE]}({out}, {bias}, {chosen})  # {ctx.shape_comment(prim.type)}"
@@ -376,6 +388,7 @@ _HELPERS = (
         _JAX,
         HelperSection.LAYER,
     ),
+    Helper(BALANCE_STATS, Source("moe", ("moe_balance_stats",)), _JAX, HelperSection.LAYER),
 )
 
 
