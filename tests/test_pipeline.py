@@ -64,33 +64,95 @@ def test_pipeline_gives_the_scans_result_and_gradients(stages, microbatches, rep
     np.testing.assert_allclose(run(w)[0], want[0], rtol=1e-6)  # no mesh: the scan
 
 
+def _aux_step(h, w):
+    """A layer with an auxiliary loss, as the pipeline takes it: (h, ((a, b, c),)) with a, b, c
+    means over this batch's rows, the loss sum(a * b) + c (a product of batch means, as MoE's
+    balancing loss). Nonzero on zero input, so the bubble's garbage would count if not left out."""
+    h = h + jnp.tanh(h @ w + 0.5)
+    stats = (jnp.mean(h, axis=(0, 1)), jnp.mean(jnp.tanh(h) ** 2, axis=(0, 1)), jnp.mean(h**2))
+    return h, (stats,)
+
+
+def test_pipeline_gives_the_scans_auxiliary_loss_from_each_layers_statistics():
+    """With aux=True each layer's statistics are averaged over the micro-batches it ran (the
+    bubble's left out): the loss and gradients of the scan, which sees the whole batch; a mean of
+    the micro-batches' losses would differ, which shows the test can fail."""
+    stages, microbatches, repeats = 2, 4, 2
+    w = 0.3 * jax.random.normal(jax.random.key(0), (stages * repeats * 2, 8, 8))
+    x = jax.random.normal(jax.random.key(1), (16, 3, 8))
+
+    def layer_loss(stats):
+        return sum(jnp.sum(a * b) + c for a, b, c in stats)
+
+    def scanned(w):
+        y, stats = jax.lax.scan(_aux_step, x, w)
+        return jnp.mean(y**2) + jnp.sum(jax.vmap(layer_loss)(stats))
+
+    def piped(w):
+        kw = dict(stages=stages, microbatches=microbatches, repeats=repeats)
+        y, aux = pipeline(_aux_step, x, w, carry_spec=P("data"), specs=P("stage"), aux=True, **kw)
+        return jnp.mean(y**2) + aux
+
+    pieces = x.reshape(microbatches, -1, *x.shape[1:])
+    per_piece = jax.vmap(lambda p: jnp.sum(jax.vmap(layer_loss)(jax.lax.scan(_aux_step, p, w)[1])))
+    naive = jnp.mean(per_piece(pieces)) + jnp.mean(jax.lax.scan(_aux_step, x, w)[0] ** 2)
+    want = jax.value_and_grad(scanned)(w)
+    assert abs(float(naive) - float(want[0])) > 1e-3 * abs(float(want[0]))
+    run = jax.jit(jax.value_and_grad(piped), compiler_options=QUICK_COMPILE)
+    mesh = Mesh(np.array(jax.devices()).reshape(stages, -1), ("stage", "data"))
+    with jax.set_mesh(mesh):
+        got = run(jax.device_put(w, jax.NamedSharding(mesh, P("stage"))))
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-6)
+    np.testing.assert_allclose(got[1], want[1], rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(run(w)[0], want[0], rtol=1e-6)  # no mesh: the scan
+
+
 # ----------------------------------------------------------------------------- generated models
-# A small GQA Llama of 8 layers; `{target}` is the target block's directives.
+# A small GQA Llama of 8 layers; `{target}` is the target block's directives, `{variant}` the
+# model's extra lines.
 PP_SPEC = """\
 import "std/transformer.axl"
 
 model lm = DecoderLM {{
   vocab = 256  dim = 64  layers = 8  heads = 4  kv_heads = 2  ffn = 128  max_seq = 64
-  dtype = f32{packed}
+  dtype = f32{variant}
 }}
 train {{ batch = 16  seq = 16 }}
 target "cpu-8" {{ {target} }}
 """
-PACKED = "  packed = true"  # the last case's model: segment ids go through the pipeline too
-PP_CASES = [  # FSDP inside each stage; 2 and 4 stages, repeats 1 and 2; remat in the stages
-    "mesh(stage = 2, fsdp = 4)  pipeline(microbatches = 4)",
-    "mesh(stage = 4, fsdp = 2)  remat(full)  pipeline(microbatches = 4, repeats = 2)",
+VARIANTS = {
+    "": "",
+    "packed": "  packed = true",  # segment ids go through the pipeline too
+    # 4 layers of DeepSeek's dropless MoE (sigmoid router, a shared expert): each adds its
+    # load-balancing and z losses, and its selection bias gets the load surplus (balance_rate)
+    "moe": "\n  block = Block(attn = Attention(kv_heads = 2), mlp = DeepSeekMoE(hidden = 16, "
+    "experts = 4, top_k = 2, aux_weight = 0.01, z_weight = 0.001, balance_rate = 0.01))",
+}
+PP_CASES = [  # (target, variant): FSDP inside each stage; 2 and 4 stages, repeats 1 and 2
+    ("mesh(stage = 2, fsdp = 4)  pipeline(microbatches = 4)", ""),
+    ("mesh(stage = 4, fsdp = 2)  remat(full)  pipeline(microbatches = 4, repeats = 2)", ""),
     # PP + CP + TP on packed rows: the ring's shard_map inside the stages' vmap, heads over
     # `model`, each micro-batch's segment ids beside it
-    'mesh(stage = 2, seq = 2, model = 2)  context(strategy = "ring")  pipeline(microbatches = 2)',
+    (
+        "mesh(stage = 2, seq = 2, model = 2)  "
+        'context(strategy = "ring")  pipeline(microbatches = 2)',
+        "packed",
+    ),
+    # MoE with EP under PP (circular): experts over `expert`, dropless dispatch in each stage,
+    # the auxiliary loss and the bias's load surplus from each layer's statistics averaged over
+    # the micro-batches
+    ("mesh(stage = 2, expert = 2, fsdp = 2)  pipeline(microbatches = 4, repeats = 2)", "moe"),
 ]
 # packed rows of 17 tokens: documents whose boundaries differ between the micro-batches
 SEGMENTS = np.repeat(np.array([[1, 2, 2, 3]] * 8 + [[1, 1, 1, 1]] * 8), [5, 4, 4, 4], axis=1)
 
 
-def _spec(tmp_path, name: str, target: str, packed: bool = False) -> Path:
+def _spec(tmp_path, name: str, target: str, variant: str = "") -> Path:
     path = tmp_path / f"{name}.axl"
-    path.write_text(PP_SPEC.format(target=target, packed=PACKED if packed else ""))
+    text = PP_SPEC.format(target=target, variant=VARIANTS[variant])
+    if variant == "moe":  # 4 layers: enough for 2 stages x 2 repeats, and quicker
+        text = text.replace("layers = 8", "layers = 4").replace("transformer.axl", "deepseek.axl")
+    path.write_text(text)
     return path
 
 
@@ -102,54 +164,59 @@ def _loss_and_grads(model, cfg, tokens, segments=None):
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
-    """The spec built for cpu (no pipeline): its module, parameters, tokens, and a function of
-    `packed` giving the loss and grads of the model, unpacked or packed (computed once each)."""
+    """The spec built for cpu (no pipeline): its module, tokens, and a function of the variant
+    giving its module, parameters and the loss and grads (computed once each)."""
     tmp_path = tmp_path_factory.mktemp("pp_ref")
     ref, _ = import_generated(_spec(tmp_path, "ref", ""), "cpu", tmp_path)
-    cfg = ref.CONFIGS["lm"]
-    params = ref.init_params(cfg, jax.random.key(0))
-    params = jax.tree.map(lambda a: a * 3.0 if a.ndim > 2 else a, params)
-    tokens = jax.random.randint(jax.random.key(1), (16, 17), 0, cfg.vocab)
-    wanted: dict[bool, tuple] = {}
+    tokens = jax.random.randint(jax.random.key(1), (16, 17), 0, ref.CONFIGS["lm"].vocab)
+    wanted: dict[str, tuple] = {}
 
-    def want(packed: bool) -> tuple:
-        if packed not in wanted:
+    def want(variant: str) -> tuple:
+        if variant not in wanted:
             model = ref
-            if packed:
-                model, _ = import_generated(_spec(tmp_path, "packed", "", True), "cpu", tmp_path)
-            wanted[packed] = _loss_and_grads(model, cfg, tokens, SEGMENTS if packed else None)(
-                params
-            )
-        return wanted[packed]
+            if variant:
+                model, _ = import_generated(_spec(tmp_path, variant, "", variant), "cpu", tmp_path)
+            cfg = model.CONFIGS["lm"]
+            params = model.init_params(cfg, jax.random.key(0))
+            params = jax.tree.map(lambda a: a * 3.0 if a.ndim > 2 else a, params)
+            segments = SEGMENTS if variant == "packed" else None
+            result = _loss_and_grads(model, cfg, tokens, segments)(params)
+            wanted[variant] = model, params, result
+        return wanted[variant]
 
-    return ref, params, tokens, want
+    return ref, tokens, want
 
 
-@pytest.mark.parametrize("target", PP_CASES)
-def test_generated_pipelined_model_keeps_the_loss_and_gradients(tmp_path, reference, target):
+@pytest.mark.parametrize("target,variant", PP_CASES)
+def test_generated_pipelined_model_keeps_the_loss_and_gradients(
+    tmp_path, reference, target, variant
+):
     """The spec built for cpu-8 with pipeline(...) gives the cpu build's loss and gradients with
     its mesh set (the loss is a mean over the micro-batches), its stages exchanging activations
-    by collective-permute; packed rows (the last case) cut their segment ids into the same
-    micro-batches. The first case also checks the forward without a mesh (the plain scan) and
-    that prefill, which runs the layers unpipelined, is unchanged."""
-    ref, params, tokens, wanted = reference
-    packed = target == PP_CASES[-1]
-    want = wanted(packed)
-    pp, _ = import_generated(_spec(tmp_path, "pp", target, packed), "cpu-8", tmp_path)
+    by collective-permute; packed rows cut their segment ids into the same micro-batches; MoE
+    layers under EP give the whole batch's auxiliary loss (a product of batch means, not a mean
+    of the micro-batches' losses). The first case also checks the forward without a mesh (the
+    plain scan) and that prefill, which runs the layers unpipelined, is unchanged."""
+    ref, tokens, wanted = reference
+    _, params, want = wanted(variant)
+    segments = SEGMENTS if variant == "packed" else None
+    pp, _ = import_generated(_spec(tmp_path, "pp", target, variant), "cpu-8", tmp_path)
     cfg = pp.CONFIGS["lm"]
     mesh = pp.make_mesh()
     shardings = jax.tree.map(lambda s: jax.NamedSharding(mesh, s), pp.param_specs())
     placed = jax.device_put(params, shardings)
     with jax.set_mesh(mesh):
-        step = (
-            _loss_and_grads(pp, cfg, tokens, SEGMENTS if packed else None).lower(placed).compile()
-        )
+        step = _loss_and_grads(pp, cfg, tokens, segments).lower(placed).compile()
         assert "collective-permute" in step.as_text()
         loss, grads = step(placed)
     np.testing.assert_allclose(float(loss), float(want[0]), rtol=1e-6)
     for g, w in zip(jax.tree.leaves(grads), jax.tree.leaves(want[1]), strict=True):
         np.testing.assert_allclose(np.asarray(g), np.asarray(w), atol=2e-5, rtol=1e-4)
-    if target == PP_CASES[0]:
+    if variant == "moe":  # the experts rest on `expert`; the bias got the whole batch's surplus
+        assert placed["blocks"]["mlp"]["w_gate"].sharding.spec[:2] == ("stage", "expert")
+        surplus = np.asarray(grads["blocks"]["mlp"]["score_bias"])
+        assert np.abs(surplus).max() >= 1 and np.all(surplus == np.round(surplus))
+    if target == PP_CASES[0][0]:
         prompt = tokens[:2, :8]
         logits = jax.jit(pp.forward, static_argnums=0)(cfg, params, prompt)
         np.testing.assert_allclose(logits, ref.forward(cfg, params, prompt), atol=1e-5)
@@ -171,7 +238,7 @@ def test_bubble_is_maxtexts_circular_formula(stages, microbatches, repeats, bubb
 
 def test_stats_prints_the_pipeline_and_its_bubble(tmp_path, capsys):
     """`axdsl stats` says how the layers split and the bubble (axdsl aot adds it as a note)."""
-    spec = _spec(tmp_path, "pp", PP_CASES[1])
+    spec = _spec(tmp_path, "pp", PP_CASES[1][0])
     assert stats.run(spec, "cpu-8") == 0
     out = capsys.readouterr().out
     assert "over 4 stages of `stage`: /blocks (lm 8 = 4 x 2 x 1 layers), 11 iterations" in out
@@ -292,7 +359,9 @@ def test_attention_in_shard_map_leaves_the_stage_axis_to_the_pipeline(tmp_path):
     spec.write_text(
         text.replace("seq = 16", "seq = 128")
         .replace("max_seq = 64", "max_seq = 128")
-        .format(target="mesh(stage = 2, fsdp = 2, model = 2)  pipeline(microbatches = 2)", packed="")
+        .format(
+            target="mesh(stage = 2, fsdp = 2, model = 2)  pipeline(microbatches = 2)", variant=""
+        )
         .replace('target "cpu-8"', 'target "tpu-v5e-8"')
     )
     model = build_files(spec, "tpu-v5e-8")["model.py"]

@@ -355,7 +355,9 @@ def _functions(
             return f.name, f.rng, f.aux
         sig = ", ".join(f"{a.name}: {dims_text(a.dims)}" for a in inst.fwd.args)
         result = dims_text(inst.fwd.result)
-        result = f"({result}, auxiliary loss [])" if aux else result
+        if aux:  # inside the pipeline's stages: the loss's statistics (plan_pipeline)
+            loss = "its auxiliary loss's statistics" if shared.staged else "auxiliary loss []"
+            result = f"({result}, {loss})"
         doc_head = (
             f"{inst.layer} ({inst.layer_span.file}:{inst.layer_span.line}): {sig} -> {result}."
         )

@@ -125,10 +125,16 @@ class FunctionEmitter:
                     code = f"{self._paren(code, prec, _ATOM)}[:, np.argsort(order)]"
                 if self.own_aux:
                     aux = ", " + (" + ".join(self.aux_terms) or "jnp.zeros((), jnp.float32)")
-                    comment = f"  # {shape_comment(stmt.value.type)}, []"
+                    comment = f"  # {shape_comment(stmt.value.type)}, {self._aux_shape}"
                 self.result = code + aux
                 self.lines.append(f"return {code}{aux}{comment}")
         return self.lines
+
+    @property
+    def _aux_shape(self) -> str:
+        """What a comment says an auxiliary loss is: [], or inside the pipeline's stages (a staged
+        layer) the statistics the pipeline averages (plan_pipeline)."""
+        return "statistics" if self.staged else "[]"
 
     @property
     def balanced(self) -> bool:
@@ -231,6 +237,9 @@ class FunctionEmitter:
         aux = self.child_aux.get(call.child, False)
         if child.repeat is not None:
             args = [args[0]] + [self._side_input(call.child, a) for a in args[1:]]
+        if child.repeat is not None and aux and self._pipelined(child):
+            self._pipeline_with_aux(call, child, fn, args, target, comment)
+            return
         if child.repeat is not None and aux:
             self._scan_with_aux(call, child, fn, args, target, layer_rng, comment)
             return
@@ -240,7 +249,7 @@ class FunctionEmitter:
             self.lines.append(f"with jax.named_scope({py_str(call.child)}):")
             self.lines.append(
                 f"    {target}, {aux_name} = {fn}(cfg, params[{py_str(call.child)}], "
-                f"{', '.join(args)}{rng})  # {comment}, []"
+                f"{', '.join(args)}{rng})  # {comment}, {self._aux_shape}"
             )
             return
         if child.repeat is not None:
@@ -346,12 +355,44 @@ class FunctionEmitter:
         policy = self.schedule.pipeline.value if self.schedule is not None else None
         return policy is not None and policy.child == child.path and not self.decoding
 
+    def _pipeline_with_aux(
+        self,
+        call: ir.CallChild,
+        child: ir.Instance,
+        fn: str,
+        args: list[str],
+        target: str,
+        comment: str,
+    ) -> None:
+        """A pipelined repeat whose layers add an auxiliary loss: its step returns (h, this
+        micro-batch's statistics of the loss), and `pipeline(..., aux=True)` returns (x, the
+        loss) from their means over the micro-batches (the layers are marked staged)."""
+        step = f"{_stem(call.child)}_step"
+        self._step_header(child)
+        self._step_def(step, ", ".join(["h", "layer_params", *args[1:]]), child)
+        self.cast_layer()
+        self._shard_carry(child)
+        self.lines.append(
+            f"    return {fn}(cfg, layer_params, {_carried(args)})  # (h, its statistics)"
+        )
+        self.lines.append("")
+        aux_name = self._fresh(f"{_stem(call.child)}_aux")
+        self.aux_terms.append(aux_name)
+        self._pipeline_call(child, step, args, f"{target}, {aux_name}", f"{comment}, []", True)
+
     def _pipeline_call(
-        self, child: ir.Instance, step: str, args: list[str], target: str, comment: str
+        self,
+        child: ir.Instance,
+        step: str,
+        args: list[str],
+        target: str,
+        comment: str,
+        aux: bool = False,
     ) -> None:
         """`pipeline(step, x, params[child], ...)` instead of the scan: the same step on each
         stage's layers, a vmap over the stages, one scan over the iterations (kernels/pipeline.py);
-        the call's other inputs (each [B, ...]) go in as `sides`, cut into the same micro-batches.
+        the call's other inputs (each [B, ...]) go in as `sides`, cut into the same micro-batches;
+        `aux=True` when the step returns its auxiliary loss's statistics too.
         """
         x, sides = args[0], args[1:]
         schedule = filled(self.schedule, "the schedule of a pipeline", "plan_pipeline")
@@ -368,6 +409,7 @@ class FunctionEmitter:
             f"microbatches={policy.microbatches}, repeats={policy.repeats}, "
             f"carry_spec={spec_text(placed.mesh)}, specs=param_specs()[{name}]{unroll}"
             + (f", sides=({', '.join(sides)},)" if sides else "")
+            + (", aux=True" if aux else "")
             + f")  # {comment}"
         )
 

@@ -16,19 +16,25 @@ import jax.numpy as jnp
 
 
 def moe_route(
-    logits: jax.Array, top_k: int, normalize: bool, aux_weight: float, z_weight: float
+    logits: jax.Array,
+    top_k: int,
+    normalize: bool,
+    aux_weight: float,
+    z_weight: float,
+    aux=None,
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
     """Softmax router: each token's `top_k` experts by router probability, weighted by those
     probabilities (renormalized over the chosen k when `normalize`, as Mixtral and Qwen3 do).
 
     logits [B, S, experts] -> (weights [B, S, top_k], chosen experts [B, S, top_k], auxiliary
-    loss [], see _moe_aux_loss)."""
+    loss [], see _moe_aux_loss; or, with aux=moe_aux_stats, its statistics)."""
     logits = logits.astype(jnp.float32)
     probs = jax.nn.softmax(logits, axis=-1)  # [B, S, experts]
     weights, chosen = jax.lax.top_k(probs, top_k)  # [B, S, top_k]
     if normalize:
         weights = weights / jnp.sum(weights, axis=-1, keepdims=True)
-    return weights, chosen, _moe_aux_loss(logits, probs, chosen, aux_weight, z_weight)
+    aux = _moe_aux_loss if aux is None else aux
+    return weights, chosen, aux(logits, probs, chosen, aux_weight, z_weight)
 
 
 def moe_route_deepseek(
@@ -42,6 +48,7 @@ def moe_route_deepseek(
     top_groups: int,
     scale: float,
     bias: jax.Array | None = None,
+    aux=None,
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
     """DeepSeek-V3's router: with `score` "sigmoid" the scores are independent sigmoids (else a
     softmax); `bias` (if given) shifts them for the choice of experts only; with `groups` > 1 a
@@ -49,7 +56,7 @@ def moe_route_deepseek(
     scores without the bias, renormalized when `normalize`, times `scale`.
 
     logits [B, S, experts] -> (weights [B, S, top_k], chosen experts [B, S, top_k], auxiliary
-    loss [], see _moe_aux_loss)."""
+    loss [], see _moe_aux_loss; or, with aux=moe_aux_stats, its statistics)."""
     logits = logits.astype(jnp.float32)
     if score == "sigmoid":
         probs = jax.nn.sigmoid(logits)  # [B, S, experts]
@@ -60,7 +67,8 @@ def moe_route_deepseek(
     if normalize:
         weights = weights / (jnp.sum(weights, axis=-1, keepdims=True) + 1e-20)
     weights = scale * weights
-    return weights, chosen, _moe_aux_loss(logits, probs, chosen, aux_weight, z_weight)
+    aux = _moe_aux_loss if aux is None else aux
+    return weights, chosen, aux(logits, probs, chosen, aux_weight, z_weight)
 
 
 def _moe_choose(probs, bias, top_k, groups, top_groups):
@@ -81,12 +89,31 @@ def _moe_aux_loss(logits, probs, chosen, aux_weight, z_weight):
     choices [B, S, top_k]: aux_weight x the Switch load-balancing loss (experts x the sum over
     experts of its share of the routed tokens times its mean router probability) plus z_weight x
     the router z-loss (ST-MoE: the mean squared logsumexp of the logits)."""
+    load, importance = _moe_load(probs, chosen)
+    aux = aux_weight * probs.shape[-1] * jnp.sum(load * importance)
+    return aux + z_weight * jnp.mean(jax.nn.logsumexp(logits, axis=-1) ** 2)
+
+
+def _moe_load(probs, chosen):
+    """Each expert's share of the routed tokens (load [experts]) and its mean router probability
+    (importance [experts]), from the scores [B, S, experts] and choices [B, S, top_k]."""
     experts, top_k = probs.shape[-1], chosen.shape[-1]
     routed = jax.nn.one_hot(chosen, experts, dtype=jnp.float32)  # [B, S, top_k, experts]
     load = jnp.mean(jnp.sum(routed, axis=2), axis=(0, 1)) / top_k
-    importance = jnp.mean(probs, axis=(0, 1))
-    aux = aux_weight * experts * jnp.sum(load * importance)
-    return aux + z_weight * jnp.mean(jax.nn.logsumexp(logits, axis=-1) ** 2)
+    return load, jnp.mean(probs, axis=(0, 1))
+
+
+def moe_aux_stats(logits, probs, chosen, aux_weight, z_weight):
+    """_moe_aux_loss's statistics, for a layer inside a pipeline, which sees one micro-batch at
+    a time: ((aux_weight x experts x load [experts], importance [experts], z_weight x z-loss []),),
+    each a mean over the micro-batch's tokens. Their means over equal micro-batches are the whole
+    batch's, from which the pipeline computes the loss, sum(load x importance) + z-loss: the
+    balancing loss is a product of two means, so a mean of the micro-batches' losses would differ.
+    A 1-tuple, so that the statistics of a layer's several routers add up by concatenation."""
+    load, importance = _moe_load(probs, chosen)
+    experts = probs.shape[-1]
+    z = jnp.mean(jax.nn.logsumexp(logits, axis=-1) ** 2)
+    return ((aux_weight * experts * load, importance, z_weight * z),)
 
 
 def moe_with_capacity(
@@ -130,6 +157,7 @@ def moe_dropless(
     w_up: jax.Array,
     w_down: jax.Array,
     batch_axes: tuple[str, ...] = (),
+    staged: bool = False,
 ) -> jax.Array:
     """The routed tokens x [B, S, dim] through SwiGLU experts with nothing dropped: tokens are
     sorted by expert and run through grouped matmuls, y [B, S, dim].
@@ -139,7 +167,9 @@ def moe_dropless(
     matmuls need them). One sort over the whole batch would make every device hold and compute
     every device's routed rows. A token's output depends on that token alone, so the split
     changes no output; the weights' gradients are summed per shard and then across shards, as
-    every layer's are when the batch is split."""
+    every layer's are when the batch is split. `staged`: the call runs inside pipeline()'s vmap
+    over the `stage` axis, which holds that axis (not among `batch_axes`): the shard_map is
+    manual over the whole mesh, since a partly manual one cannot leave the vmap's axis to XLA."""
     mesh = jax.sharding.get_abstract_mesh()
     axes = tuple(a for a in batch_axes if not mesh.empty and mesh.shape.get(a, 1) > 1)
     if not axes or x.shape[0] % math.prod(mesh.shape[a] for a in axes):
@@ -154,7 +184,7 @@ def moe_dropless(
             _moe_dropless_rows,
             in_specs=(rows, rows, rows, whole, whole, whole),
             out_specs=rows,
-            axis_names=frozenset(axes) if others else frozenset(),
+            axis_names=frozenset(axes) if others and not staged else frozenset(),
         )(x, weights, chosen, w_gate, w_up, w_down)
     return y.astype(x.dtype)
 
@@ -183,12 +213,14 @@ def moe_dispatch(
     w_down: jax.Array,
     capacity_factor: float,
     batch_axes: tuple[str, ...] = (),
+    staged: bool = False,
 ) -> jax.Array:
-    """The capacity path when capacity_factor > 0, else the dropless one (over `batch_axes`): for a
-    capacity_factor the Config holds, so that either may run."""
+    """The capacity path when capacity_factor > 0, else the dropless one (over `batch_axes`,
+    `staged` inside a pipeline's stages): for a capacity_factor the Config holds, so that either
+    may run."""
     if capacity_factor > 0:
         return moe_with_capacity(x, weights, chosen, w_gate, w_up, w_down, capacity_factor)
-    return moe_dropless(x, weights, chosen, w_gate, w_up, w_down, batch_axes)
+    return moe_dropless(x, weights, chosen, w_gate, w_up, w_down, batch_axes, staged)
 
 
 def moe_balance(y: jax.Array, bias: jax.Array, chosen: jax.Array) -> jax.Array:
@@ -196,6 +228,18 @@ def moe_balance(y: jax.Array, bias: jax.Array, chosen: jax.Array) -> jax.Array:
     surplus, its tokens among `chosen` [B, S, top_k] above the mean (see _moe_balance)."""
     load = jnp.bincount(chosen.reshape(-1), length=bias.shape[0]).astype(jnp.float32)
     return _moe_balance(y, bias, load)
+
+
+def moe_balance_stats(bias: jax.Array, chosen: jax.Array, microbatches: int):
+    """moe_balance for a layer inside a pipeline, as statistics of the auxiliary loss (see
+    moe_aux_stats): ((bias - stop_gradient(bias), microbatches x the load surplus of `chosen`
+    [B, S, top_k], 0),). Their loss is exactly 0. Its gradient for the bias is the surplus
+    averaged over the micro-batches the pipeline ran, the bubble's left out, times
+    `microbatches`: the whole batch's surplus, the gradient moe_balance gives unpipelined. A
+    custom_vjp's gradient would not depend on the output's, so the bubble's would count."""
+    load = jnp.bincount(chosen.reshape(-1), length=bias.shape[0]).astype(jnp.float32)
+    surplus = jax.lax.stop_gradient((load - jnp.mean(load)) * microbatches)
+    return ((bias - jax.lax.stop_gradient(bias), surplus, jnp.zeros((), jnp.float32)),)
 
 
 @jax.custom_vjp

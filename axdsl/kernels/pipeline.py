@@ -33,7 +33,8 @@ def pipeline(
     unroll: bool = False,
     mesh_axis: str = "stage",
     sides: tuple[jax.Array, ...] = (),
-) -> jax.Array:
+    aux: bool = False,
+):
     """The repeat's layers on x [B, ...] as a pipeline; the same result as
     `jax.lax.scan(step, x, layer_params)[0]` up to float rounding.
 
@@ -46,9 +47,16 @@ def pipeline(
     stacked weights' PartitionSpecs (their `layers` dim on `mesh_axis`), or None. The loop runs
     microbatches * repeats + stages - 1 iterations, stages - 1 of them the bubble. Without a
     mesh that has `mesh_axis` (set by jax.set_mesh) it is that scan.
+
+    With `aux`, the layers add an auxiliary loss: step returns (h, statistics), a tuple of
+    (a, b, c) means over the micro-batch's tokens whose loss is sum(a * b) + c (moe_aux_stats).
+    Each layer's statistics are averaged over the micro-batches it ran (the bubble's iterations
+    count for nothing), which gives the whole batch's, and pipeline returns (y, the loss summed
+    over the layers): the same as the scan's, which sees the whole batch at once.
     """
     if not _mesh_has(mesh_axis):  # one device (sampling, tests): a pipeline is only overhead
-        return jax.lax.scan(lambda h, w: step(h, w, *sides), x, layer_params, unroll=unroll)[0]
+        y, stats = jax.lax.scan(lambda h, w: step(h, w, *sides), x, layer_params, unroll=unroll)
+        return (y, _aux_loss(stats)) if aux else y
     carry_spec = P() if carry_spec is None else carry_spec
     pieces = x.reshape(microbatches, x.shape[0] // microbatches, *x.shape[1:])
     io = _constrain(pieces, P(None, *carry_spec))  # stage 0's inputs, then the outputs
@@ -64,9 +72,7 @@ def pipeline(
     on_stages = P(mesh_axis, *carry_spec)  # [stages, B / microbatches, ...]: one per stage
 
     def run_stage(h, stage_sides, stage_params):  # one stage: its layers in turn
-        return jax.lax.scan(lambda h, w: step(h, w, *stage_sides), h, stage_params, unroll=unroll)[
-            0
-        ]
+        return jax.lax.scan(lambda h, w: step(h, w, *stage_sides), h, stage_params, unroll=unroll)
 
     run_stages = jax.vmap(run_stage, spmd_axis_name=mesh_axis)  # every stage at once, one per shard
 
@@ -81,19 +87,48 @@ def pipeline(
         stage_sides = [
             _constrain(p[piece], P(mesh_axis, *carry_spec[: p.ndim - 1])) for p in side_pieces
         ]
-        out = _constrain(run_stages(state, stage_sides, current), on_stages)
+        out, stats = run_stages(state, stage_sides, current)  # stats [stages, per_stage, ...]
+        out = _constrain(out, on_stages)
         done = t - (stages - 1)  # the piece the last stage finished (none yet while negative)
         slot = done % microbatches
         io = io.at[slot].set(jnp.where(done >= 0, out[-1], io[slot]))
         # stage s's output is stage s + 1's next input: a roll along the stage-sharded dim,
         # which GSPMD runs as a collective-permute between neighbouring stages
         state = _constrain(jnp.roll(out, 1, axis=0), on_stages)
-        return (state, io), None
+        return (state, io), (stats if aux else None)
 
     state = jnp.zeros((stages, *pieces.shape[1:]), x.dtype)
     steps = jnp.arange(microbatches * repeats + stages - 1)
-    (_, io), _ = jax.lax.scan(iteration, (state, io), steps)
-    return io.reshape(x.shape)
+    (_, io), stats = jax.lax.scan(iteration, (state, io), steps)
+    y = io.reshape(x.shape)
+    if not aux:
+        return y
+    return y, _aux_loss(jax.tree.map(lambda a: _per_layer(a, microbatches, repeats), stats))
+
+
+def _per_layer(stats: jax.Array, microbatches: int, repeats: int) -> jax.Array:
+    """One statistic of every iteration, [iterations, stages, per_stage, ...] -> [layers, ...]:
+    each layer's mean over the micro-batches. At iteration t stage s ran piece t - s in repeat
+    (t - s) // microbatches, or idled in the bubble (t - s outside [0, microbatches * repeats)),
+    whose statistics of garbage are left out."""
+    iterations, stages = stats.shape[:2]
+    piece = jnp.arange(iterations)[:, None] - jnp.arange(stages)[None, :]  # [iterations, stages]
+    piece = piece.reshape(piece.shape + (1,) * (stats.ndim - 2))
+    per_repeat = [  # [stages, per_stage, ...] each: the sum over the micro-batches of repeat r
+        jnp.sum(
+            jnp.where((piece >= r * microbatches) & (piece < (r + 1) * microbatches), stats, 0),
+            axis=0,
+        )
+        for r in range(repeats)
+    ]
+    # layer (r * stages + s) * per_stage + j is repeat r's stage s's j-th
+    return (jnp.stack(per_repeat) / microbatches).reshape(-1, *stats.shape[3:])
+
+
+def _aux_loss(stats) -> jax.Array:
+    """The auxiliary loss [] from the layers' statistics, a tuple of (a, b, c) triples of
+    [layers, ...] means: the sum of sum(a * b) + c over the triples and the layers."""
+    return sum((jnp.sum(a * b) + jnp.sum(c) for a, b, c in stats), jnp.zeros((), jnp.float32))
 
 
 def _stage_weights(w: jax.Array, repeat: jax.Array) -> jax.Array:

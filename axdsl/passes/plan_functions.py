@@ -46,10 +46,13 @@ def needed_helpers(models: tuple[ir.Model, ...], schedule: ir.Schedule | None) -
     out: set[str] = set()
     for model in models:
         decoding = decode_shared(model)
+        staged = staged_attention(model.root, schedule)
         for inst in model.root.walk():
+            # a primitive sees a pipeline only inside its stages (the layers marked staged)
+            seen = schedule if inst.path in staged else _unpiped(schedule)
             for on_decode_path in (False, True) if inst.path in decoding else (False,):
                 for e in _emitted_exprs(inst):
-                    out.update(_needs(e, schedule, on_decode_path))
+                    out.update(_needs(e, seen, on_decode_path))
     if models and models[0].head is not None:  # loss_fn's chunked loss (split_head)
         out.add(primitives.FUSED_CROSS_ENTROPY.name)
     context = schedule.context.value if schedule is not None else None
@@ -58,6 +61,13 @@ def needed_helpers(models: tuple[ir.Model, ...], schedule: ir.Schedule | None) -
     if schedule is not None and schedule.pipeline.value is not None:  # plan_pipeline
         out.add(primitives.PIPELINE_HELPER.name)
     return tuple(sorted(out))
+
+
+def _unpiped(schedule: ir.Schedule | None) -> ir.Schedule | None:
+    """The schedule without its pipeline: what a layer outside the pipeline's stages runs."""
+    if schedule is None or schedule.pipeline.value is None:
+        return schedule
+    return replace(schedule, pipeline=replace(schedule.pipeline, value=None))
 
 
 def _needs(e: ir.TExpr, schedule: ir.Schedule | None, decoding: bool) -> tuple[str, ...]:
@@ -98,17 +108,24 @@ def _plan(model: ir.Model, schedule: ir.Schedule | None) -> ir.Model:
 
 
 def staged_attention(root: ir.Instance, schedule: ir.Schedule | None) -> frozenset[str]:
-    """The layers inside the pipeline's stages that call a primitive whose code may run in
-    shard_map (attention: context parallelism, splash): there the pipeline's vmap holds the
-    `stage` mesh axis, so the shard_map must leave it out of the batch's axes."""
+    """The layers inside the pipeline's stages whose code differs there: those that call a
+    primitive whose code may run in shard_map (attention: context parallelism, splash), where the
+    pipeline's vmap holds the `stage` mesh axis, so the shard_map must leave it out of the
+    batch's axes; and those that add an auxiliary loss (MoE) or hold one that does, which return
+    its statistics for the pipeline to average over the micro-batches."""
     if schedule is None or schedule.pipeline.value is None:
         return frozenset()
     child = schedule.pipeline.value.child
+
+    def flagged(inst: ir.Instance) -> bool:
+        own = (primitives.get(p.name) for p in prims_of(inst))
+        below = (primitives.get(p.name) for i in inst.walk() for p in prims_of(i))
+        return any(e.shard_mapped for e in own) or any(e.aux_loss for e in below)
+
     return frozenset(
         inst.path
         for inst in root.walk()
-        if (inst.path == child or inst.path.startswith(child + "/"))
-        and any(primitives.get(p.name).shard_mapped for p in prims_of(inst))
+        if (inst.path == child or inst.path.startswith(child + "/")) and flagged(inst)
     )
 
 

@@ -26,11 +26,20 @@ The repeat's stacked weights live on their stage (`layers` dim over `stage`: eac
 its stage's layers; with repeats > 1 the loop regroups them once per step), and its carry inside
 the pipeline drops `stage` (the stage dim the vmap adds takes it).
 
+Layers that add an auxiliary loss (MoE) run in the stages: plan_functions marks them staged,
+and their router returns the loss's statistics, means over one micro-batch (moe_aux_stats). The
+pipeline averages each layer's over the micro-batches it ran, leaving out the bubble, and
+computes the loss from the means: the whole batch's. A mean of the micro-batches' losses would
+differ, the balancing loss being a product of two batch means. DeepSeek's bias balancing
+(balance_rate) goes the same way (moe_balance_stats): a term of loss 0 whose gradient for the
+bias is the micro-batch's load surplus times the micro-batches, averaged by the pipeline: the
+whole batch's surplus, the bubble's left out (moe_balance's custom_vjp would count it).
+
 What cannot run is a located error at the directive:
 - the `stage` mesh axis has one shard;
 - no repeated child of the root, or one whose call passes an input without the batch dim (T5's
-  relative bias), or whose layers draw random numbers (dropout) or add an auxiliary loss (MoE
-  balance);
+  relative bias), or whose layers draw random numbers (dropout), or add an auxiliary loss in a
+  repeat nested in a layer (its scan sums losses);
 - layers that do not split into stages x repeats equal pieces;
 - a step batch that microbatches do not divide, fewer microbatches than stages (the circular
   schedule feeds a micro-batch back to the first stage only after it left the last one; without
@@ -141,9 +150,9 @@ def _check_model(model: ir.Model, policy: ir.PipelinePolicy, at: Span, diags: Di
 
 def _check_call(model: ir.Model, child: ir.Instance, at: Span, diags: Diagnostics) -> None:
     """The root passes the repeat its carried [B, ...] activation and other inputs that start
-    with the batch (a packed row's segment ids: cut into the same micro-batches), and its layers
-    neither draw random numbers nor add an auxiliary loss (not threaded through the pipeline
-    yet)."""
+    with the batch (a packed row's segment ids: cut into the same micro-batches), its layers draw
+    no random numbers (no keys are passed to the stages yet), and their auxiliary losses can be
+    carried."""
     calls = [
         e
         for e in forward_exprs(model.root)
@@ -170,17 +179,37 @@ def _check_call(model: ir.Model, child: ir.Instance, at: Span, diags: Diagnostic
             "activation does not start with the batch",
             "remove pipeline(...) from this target block",
         )
-    for flag, what in (
-        ("uses_rng", "draws random numbers, and the pipeline passes no keys to its stages yet"),
-        ("aux_loss", "adds an auxiliary loss, which the pipeline does not carry yet"),
-    ):
-        found = next((p for inst in child.walk() for p in prims_of(inst) if _flag(p, flag)), None)
-        if found is not None:
+    rng = next((p for inst in child.walk() for p in prims_of(inst) if _flag(p, "uses_rng")), None)
+    if rng is not None:
+        diags.error(
+            at,
+            f"pipeline(...) cannot run {child.name}: its `{rng.name}` draws random numbers, and "
+            "the pipeline passes no keys to its stages yet",
+            "remove pipeline(...) from this target block",
+        )
+    _check_aux(child, at, diags)
+
+
+def _check_aux(child: ir.Instance, at: Span, diags: Diagnostics) -> None:
+    """The layers' auxiliary losses (MoE) can be carried: each is returned as statistics that
+    the pipeline averages over the micro-batches (kernels/pipeline.py). Not so in a repeat
+    nested in a layer, whose scan sums losses."""
+    for inst in child.walk():
+        nested = inst.path != child.path and any(
+            a.repeat is not None
+            for a in child.walk()
+            if a.path != child.path and (inst.path + "/").startswith(a.path + "/")
+        )
+        found = next((p for p in prims_of(inst) if _flag(p, "aux_loss")), None)
+        if nested and found is not None:
             diags.error(
                 at,
-                f"pipeline(...) cannot run {child.name}: its `{found.name}` {what}",
+                f"pipeline(...) cannot run {child.name}: its `{found.name}` at {inst.path} adds "
+                "an auxiliary loss in a repeat inside the pipelined layers, whose scan sums "
+                "losses, not the statistics the pipeline averages",
                 "remove pipeline(...) from this target block",
             )
+            return
 
 
 def _flag(prim: ir.Prim, flag: str) -> bool:

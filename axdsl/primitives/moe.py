@@ -46,6 +46,8 @@ from axdsl.primitives.base import (
 )
 from axdsl.primitives.reductions import ir_fmt
 
+STAGE_AXIS = "stage"  # the pipeline's mesh axis (plan_pipeline's), which its vmap holds
+
 ROUTING = ("top_k", "normalize")  # the router's options
 SELECTION = ("score", "groups", "top_groups", "scale")  # DeepSeek's, emitted only when used
 LOSSES = ("aux_weight", "z_weight")
@@ -53,8 +55,10 @@ LOSSES = ("aux_weight", "z_weight")
 # in the layer's order: a router and the auxiliary loss it computes, a dispatch path through the
 # experts, the balancing update.
 ROUTE, CHOOSE, AUX = "moe.route", "moe.route.deepseek", "moe.route.loss"
+AUX_STATS = "moe.route.loss.stats"  # the loss's statistics, for a layer inside a pipeline
 CAPACITY, DROPLESS, EITHER = "moe.run.capacity", "moe.run.dropless", "moe.run.either"
 BALANCE = "moe.update.balance"  # the load surplus as the selection bias's gradient
+BALANCE_STATS = "moe.update.balance.stats"  # the same, inside a pipeline's stages
 CALLS = {  # the function of each helper that model.py calls
     ROUTE: "moe_route",  # softmax top-k
     CHOOSE: "moe_route_deepseek",  # sigmoid scores, a selection bias, group-limited top-k, scale
@@ -193,12 +197,17 @@ def _needs(prim: ir.Prim, schedule: ir.Schedule | None, decoding: bool) -> tuple
     """The router (with its auxiliary loss), the dispatch paths and the balancing update a call
     uses."""
     paths = _paths(prim)
+    balancing = prim.attr("balance_rate").value > 0
+    piped = schedule is not None and schedule.pipeline.value is not None
     return (
         CHOOSE if _selects(prim) else ROUTE,
         AUX,
         *paths,
         *((EITHER,) if len(paths) == 2 else ()),
-        *((BALANCE,) if prim.attr("balance_rate").value > 0 else ()),
+        *((BALANCE,) if balancing and not piped else ()),
+        # a layer inside the pipeline's stages returns the loss's statistics (plan_pipeline)
+        *((AUX_STATS,) if piped else ()),
+        *((BALANCE_STATS,) if balancing and piped else ()),
     )
 
 
@@ -218,7 +227,15 @@ def _emit(ctx, prim: ir.Prim, args: list[str], precs: list[int]) -> str:
     out = ctx.fresh("moe_y")
     call = f"{x}, {weights}, {chosen}, {w_gate}, {w_up}, {w_down}"
     ctx.line(f"{out} = {_dispatch(ctx, prim, call)}  # {ctx.shape_comment(prim.type)}")
-    if prim.attr("balance_rate").value > 0:  # the bias's gradient: each expert's load surplus
+    if prim.attr("balance_rate").value > 0 and ctx.staged:  # as statistics, inside a pipeline
+        ctx.use_helper(BALANCE_STATS)
+        balance = ctx.fresh("balance_aux")
+        ctx.add_aux(balance)
+        microbatches = ctx.schedule.pipeline.value.microbatches
+        ctx.line(f"# {balance}: the bias's gradient, this micro-batch's load surplus times the")
+        ctx.line(f"# {microbatches} micro-batches, which the pipeline averages (its loss is 0)")
+        ctx.line(f"{balance} = moe_balance_stats({bias}, {chosen}, microbatches={microbatches})")
+    elif prim.attr("balance_rate").value > 0:  # the bias's gradient: each expert's load surplus
         ctx.use_helper(BALANCE)
         ctx.line(
             f"{out} = {CALLS[BALANCE]}({out}, {bias}, {chosen})  # {ctx.shape_comment(prim.type)}"
@@ -239,7 +256,16 @@ def _route(ctx, prim: ir.Prim, logits: str, bias: str | None) -> tuple[str, str]
     if router == CHOOSE:
         call += ", " + _kwargs(ctx, prim, SELECTION) + ("" if bias is None else f", bias={bias}")
     per_choice = ctx.shape_comment(ir.TensorType((*_token_dims(prim), ir.Dim("top_k"))))
-    ctx.line(f"# each token's routing {weights} and {chosen} experts {per_choice}, and {aux} []")
+    if ctx.staged:  # inside the pipeline's stages: the loss's statistics (plan_pipeline)
+        ctx.use_helper(AUX_STATS)
+        call += ", aux=moe_aux_stats"
+        ctx.line(f"# each token's routing {weights} and {chosen} experts {per_choice}, and {aux}:")
+        ctx.line("# this micro-batch's statistics of the auxiliary loss, which the pipeline")
+        ctx.line("# averages over the micro-batches (the loss is a product of batch means)")
+    else:
+        ctx.line(
+            f"# each token's routing {weights} and {chosen} experts {per_choice}, and {aux} []"
+        )
     ctx.line(f"{weights}, {chosen}, {aux} = {call})")
     return weights, chosen
 
@@ -255,8 +281,12 @@ def _dispatch(ctx, prim: ir.Prim, routed: str) -> str:
     if CAPACITY in paths:
         call += f", capacity_factor={ctx.code(prim.attr('capacity_factor'))}"
     batch_axes = ctx.schedule.kept_axes("batch") if ctx.schedule is not None else ()
+    if ctx.staged:  # inside the pipeline's stages, whose vmap holds the `stage` axis
+        batch_axes = tuple(a for a in batch_axes if a != STAGE_AXIS)
     if DROPLESS in paths and batch_axes:  # each batch shard dispatches its own tokens
         call += f", batch_axes={batch_axes!r}"
+    if DROPLESS in paths and ctx.staged:  # its shard_map inside the pipeline's vmap
+        call += ", staged=True"
     return call + ")"
 
 
@@ -339,7 +369,8 @@ def _unused_params(ctx, prim: ir.Prim) -> int:
 _JAX = ("import jax", "import jax.numpy as jnp")
 _HELPERS = (
     Helper(ROUTE, Source("moe", (CALLS[ROUTE],)), _JAX, HelperSection.LAYER),
-    Helper(AUX, Source("moe", ("_moe_aux_loss",)), _JAX, HelperSection.LAYER),
+    Helper(AUX, Source("moe", ("_moe_aux_loss", "_moe_load")), _JAX, HelperSection.LAYER),
+    Helper(AUX_STATS, Source("moe", ("moe_aux_stats",)), _JAX, HelperSection.LAYER),
     Helper(CHOOSE, Source("moe", (CALLS[CHOOSE], "_moe_choose")), _JAX, HelperSection.LAYER),
     Helper(
         CAPACITY, Source("moe", (CALLS[CAPACITY],)), (*_JAX, "import math"), HelperSection.LAYER
@@ -357,6 +388,7 @@ _HELPERS = (
         _JAX,
         HelperSection.LAYER,
     ),
+    Helper(BALANCE_STATS, Source("moe", ("moe_balance_stats",)), _JAX, HelperSection.LAYER),
 )
 
 

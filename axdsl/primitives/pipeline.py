@@ -13,7 +13,10 @@ from axdsl.primitives.base import Helper, HelperSection, Source
 
 PIPELINE_HELPER = Helper(
     "pipeline",
-    Source("pipeline", ("pipeline", "_stage_weights", "_mesh_has", "_constrain")),
+    Source(
+        "pipeline",
+        ("pipeline", "_per_layer", "_aux_loss", "_stage_weights", "_mesh_has", "_constrain"),
+    ),
     (
         "from collections.abc import Callable",
         "import jax",

@@ -354,19 +354,25 @@ vjp_attention.defvjp(_vjp_attention_fwd, _vjp_attention_bwd)
 
 
 def moe_route(
-    logits: jax.Array, top_k: int, normalize: bool, aux_weight: float, z_weight: float
+    logits: jax.Array,
+    top_k: int,
+    normalize: bool,
+    aux_weight: float,
+    z_weight: float,
+    aux=None,
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
     """Softmax router: each token's `top_k` experts by router probability, weighted by those
     probabilities (renormalized over the chosen k when `normalize`, as Mixtral and Qwen3 do).
 
     logits [B, S, experts] -> (weights [B, S, top_k], chosen experts [B, S, top_k], auxiliary
-    loss [], see _moe_aux_loss)."""
+    loss [], see _moe_aux_loss; or, with aux=moe_aux_stats, its statistics)."""
     logits = logits.astype(jnp.float32)
     probs = jax.nn.softmax(logits, axis=-1)  # [B, S, experts]
     weights, chosen = jax.lax.top_k(probs, top_k)  # [B, S, top_k]
     if normalize:
         weights = weights / jnp.sum(weights, axis=-1, keepdims=True)
-    return weights, chosen, _moe_aux_loss(logits, probs, chosen, aux_weight, z_weight)
+    aux = _moe_aux_loss if aux is None else aux
+    return weights, chosen, aux(logits, probs, chosen, aux_weight, z_weight)
 
 
 def _moe_aux_loss(logits, probs, chosen, aux_weight, z_weight):
@@ -374,12 +380,18 @@ def _moe_aux_loss(logits, probs, chosen, aux_weight, z_weight):
     choices [B, S, top_k]: aux_weight x the Switch load-balancing loss (experts x the sum over
     experts of its share of the routed tokens times its mean router probability) plus z_weight x
     the router z-loss (ST-MoE: the mean squared logsumexp of the logits)."""
+    load, importance = _moe_load(probs, chosen)
+    aux = aux_weight * probs.shape[-1] * jnp.sum(load * importance)
+    return aux + z_weight * jnp.mean(jax.nn.logsumexp(logits, axis=-1) ** 2)
+
+
+def _moe_load(probs, chosen):
+    """Each expert's share of the routed tokens (load [experts]) and its mean router probability
+    (importance [experts]), from the scores [B, S, experts] and choices [B, S, top_k]."""
     experts, top_k = probs.shape[-1], chosen.shape[-1]
     routed = jax.nn.one_hot(chosen, experts, dtype=jnp.float32)  # [B, S, top_k, experts]
     load = jnp.mean(jnp.sum(routed, axis=2), axis=(0, 1)) / top_k
-    importance = jnp.mean(probs, axis=(0, 1))
-    aux = aux_weight * experts * jnp.sum(load * importance)
-    return aux + z_weight * jnp.mean(jax.nn.logsumexp(logits, axis=-1) ** 2)
+    return load, jnp.mean(probs, axis=(0, 1))
 
 
 def moe_dropless(
@@ -390,6 +402,7 @@ def moe_dropless(
     w_up: jax.Array,
     w_down: jax.Array,
     batch_axes: tuple[str, ...] = (),
+    staged: bool = False,
 ) -> jax.Array:
     """The routed tokens x [B, S, dim] through SwiGLU experts with nothing dropped: tokens are
     sorted by expert and run through grouped matmuls, y [B, S, dim].
@@ -399,7 +412,9 @@ def moe_dropless(
     matmuls need them). One sort over the whole batch would make every device hold and compute
     every device's routed rows. A token's output depends on that token alone, so the split
     changes no output; the weights' gradients are summed per shard and then across shards, as
-    every layer's are when the batch is split."""
+    every layer's are when the batch is split. `staged`: the call runs inside pipeline()'s vmap
+    over the `stage` axis, which holds that axis (not among `batch_axes`): the shard_map is
+    manual over the whole mesh, since a partly manual one cannot leave the vmap's axis to XLA."""
     mesh = jax.sharding.get_abstract_mesh()
     axes = tuple(a for a in batch_axes if not mesh.empty and mesh.shape.get(a, 1) > 1)
     if not axes or x.shape[0] % math.prod(mesh.shape[a] for a in axes):
@@ -414,7 +429,7 @@ def moe_dropless(
             _moe_dropless_rows,
             in_specs=(rows, rows, rows, whole, whole, whole),
             out_specs=rows,
-            axis_names=frozenset(axes) if others else frozenset(),
+            axis_names=frozenset(axes) if others and not staged else frozenset(),
         )(x, weights, chosen, w_gate, w_up, w_down)
     return y.astype(x.dtype)
 
