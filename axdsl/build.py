@@ -129,15 +129,26 @@ def _anchored(out_dir: Path) -> Path:
     return out_dir if len(out_dir.parts) > 2 else out_dir.absolute()
 
 
+def recorded_hashes(out_dir: Path) -> dict[str, str]:
+    """The sha256 of each file as axdsl wrote it into `out_dir`, from its manifest.json; {} when
+    there is none or it is damaged (a merge conflict in committed generated code leaves one):
+    then a file counts as the user's edit only where it lost its "DO NOT EDIT" header."""
+    try:
+        found = json.loads((out_dir / MANIFEST).read_text(encoding="utf-8")).get("sha256", {})
+    except (OSError, ValueError, UnicodeDecodeError, AttributeError):
+        return {}
+    if not isinstance(found, dict):
+        return {}
+    return {k: v for k, v in found.items() if isinstance(k, str) and isinstance(v, str)}
+
+
 def edited_files(out_dir: Path) -> list[str]:
     """The EDITABLE files in `out_dir` that differ from what axdsl wrote there (manifest.json).
 
     An output without a manifest (built by an older axdsl) counts as edited only where the file
     lost its "DO NOT EDIT" header.
     """
-    recorded = {}
-    if (out_dir / MANIFEST).exists():
-        recorded = json.loads((out_dir / MANIFEST).read_text(encoding="utf-8")).get("sha256", {})
+    recorded = recorded_hashes(out_dir)
     edited = []
     for name in EDITABLE:
         path = out_dir / name
@@ -226,12 +237,7 @@ def _foreign_files(out_dir: Path, files: dict[str, str]) -> list[str]:
         return []
     ours = set(files) | _OWN_NAMES
     if (out_dir / MANIFEST).exists():
-        try:
-            ours |= set(
-                json.loads((out_dir / MANIFEST).read_text(encoding="utf-8")).get("sha256", {})
-            )
-        except (ValueError, UnicodeDecodeError, AttributeError):
-            pass  # a damaged manifest: only what this build writes counts as ours
+        ours |= set(recorded_hashes(out_dir))  # damaged: only what this build writes is ours
     elif not _is_generated(out_dir / "model.py"):
         ours = set(_OWN_NAMES)  # no manifest and no generated model.py: nothing here is ours
     return sorted(p.name for p in out_dir.iterdir() if p.name not in ours)

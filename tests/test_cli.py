@@ -117,6 +117,20 @@ def test_build_keeps_an_edited_train_py_unless_forced(tmp_path):
     assert "kept" not in r.stderr and r.stdout.startswith("built ")
 
 
+def test_a_damaged_manifest_is_read_as_none(tmp_path):
+    """A merge conflict in a committed manifest.json (or any damage) made every build of that
+    output an internal error; it now counts as no manifest: files are told apart by their
+    header (model.py is axdsl's, train.py has none and is kept as an edit until --force)."""
+    out = tmp_path / "cpu"
+    shutil.copytree(ROOT / "generated" / "tiny_llama" / "cpu", out)
+    text = (out / "manifest.json").read_text()
+    (out / "manifest.json").write_text(text.replace('  "sha256"', '<<<<<<< HEAD\n  "sha256"', 1))
+    assert build.recorded_hashes(out) == {}
+    assert build.edited_files(out) == ["train.py"]
+    (out / "manifest.json").write_text('["not", "a", "manifest"]')
+    assert build.recorded_hashes(out) == {} and build.edited_files(out) == ["train.py"]
+
+
 def test_axdsl_train_never_rebuilds_over_an_edited_train_py(tmp_path):
     out = _project(tmp_path)
     mine = _edit(out / "train.py")
