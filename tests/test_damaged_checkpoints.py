@@ -13,10 +13,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from tests.targets_util import xla_flags
 
 ROOT = Path(__file__).resolve().parent.parent
 ARGS = ["--batch", "8", "--seq", "64", "--checkpoint-every", "10", "--eval-every", "0", "--no-progress"]
-ENV = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2", JAX_PLATFORMS="cpu")
+ENV = dict(os.environ, XLA_FLAGS=xla_flags(2), JAX_PLATFORMS="cpu")
 
 
 def train(run: Path, steps: int, cache: Path) -> subprocess.CompletedProcess:

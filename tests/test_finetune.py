@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 from axdsl import runs
+from tests.targets_util import xla_flags
 
 ROOT = Path(__file__).resolve().parent.parent
 MODEL = """import "std/transformer.axl"
@@ -93,7 +94,7 @@ def _losses(run: Path) -> dict[int, float]:
 @pytest.mark.slow
 def test_fine_tune_from_a_transformers_model(tmp_path, monkeypatch, capfd):
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=2")
+    monkeypatch.setenv("XLA_FLAGS", xla_flags(2))
     text = (ROOT / "README.md").read_bytes() + (ROOT / "docs" / "language.md").read_bytes()
     np.frombuffer(text, np.uint8).astype(np.uint16).tofile(tmp_path / "data.bin")
     (tmp_path / "ft.axl").write_text(MODEL + TRAIN)

@@ -20,6 +20,7 @@ import pytest
 
 from axdsl import runs, sampling
 from test_finetune import MODEL, ROOT, _arrays, _build_errors, _hf_loss, _hf_model, _losses, _runtime
+from tests.targets_util import xla_flags
 
 RANK, ALPHA = 4, 8.0
 TRAIN = f"""
@@ -37,7 +38,7 @@ TARGETS = ("['blocks']['attn']['wq']", "['blocks']['attn']['wv']", "['blocks']['
 @pytest.mark.slow
 def test_lora_fine_tune_from_a_transformers_model(tmp_path, monkeypatch, capfd):
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=2")
+    monkeypatch.setenv("XLA_FLAGS", xla_flags(2))
     text = (ROOT / "README.md").read_bytes() + (ROOT / "docs" / "language.md").read_bytes()
     np.frombuffer(text, np.uint8).astype(np.uint16).tofile(tmp_path / "data.bin")
     (tmp_path / "ft.axl").write_text(MODEL + TRAIN)

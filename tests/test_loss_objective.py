@@ -19,10 +19,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.targets_util import import_generated
+from tests.targets_util import import_generated, xla_flags
 from tests.test_train_objectives import complete, final_params, metrics
 
-ENV = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2", JAX_PLATFORMS="cpu")
+ENV = dict(os.environ, XLA_FLAGS=xla_flags(2), JAX_PLATFORMS="cpu")
 
 LAYER = """
 layer PixelClassifier(height: int, width: int, channels: int, classes: int, hidden: int = 64) {{

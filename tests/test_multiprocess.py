@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from tests.targets_util import xla_flags
 
 ROOT = Path(__file__).resolve().parent.parent
 COMMON = ["--steps", "6", "--batch", "16", "--seq", "64", "--log-every", "1", "--eval-every", "6",
@@ -27,7 +28,7 @@ def free_port() -> int:
 
 
 def start(args: list[str], devices: int, log: Path) -> subprocess.Popen:
-    env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}", JAX_PLATFORMS="cpu")
+    env = dict(os.environ, XLA_FLAGS=xla_flags(devices), JAX_PLATFORMS="cpu")
     with open(log, "w") as out:
         return subprocess.Popen([sys.executable, "-m", "generated.tiny_llama.cpu.train", *COMMON, *args],
                                 cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
@@ -124,7 +125,7 @@ def test_packed_chat_data_in_two_processes_matches_one(tmp_path):
     args = ["--steps", "2", "--batch", "8", "--log-every", "1", "--eval-every", "2", "--no-progress"]
 
     def run(out: str, devices: int, extra: list[str], log: Path) -> subprocess.Popen:
-        flags = dict(env, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
+        flags = dict(env, XLA_FLAGS=xla_flags(devices))
         with open(log, "w") as f:
             return subprocess.Popen([sys.executable, "-m", "generated.chat.cpu.train", *args, "--out", out, *extra],
                                     cwd=tmp_path, env=flags, stdout=f, stderr=subprocess.STDOUT)

@@ -17,7 +17,7 @@ from jax.sharding import PartitionSpec as P
 from axdsl import stats
 from axdsl.ir import nodes as ir
 from axdsl.kernels.pipeline import pipeline
-from tests.targets_util import import_generated
+from tests.targets_util import import_generated, xla_flags
 
 QUICK_COMPILE = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True}
 
@@ -302,7 +302,7 @@ def test_a_pipelined_run_killed_and_resumed_is_bitwise_the_uninterrupted_one(tmp
     )
     assert built.returncode == 0, built.stderr
     env = dict(
-        os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu"
+        os.environ, XLA_FLAGS=xla_flags(8), JAX_PLATFORMS="cpu"
     )
 
     def train(run: Path) -> list[str]:

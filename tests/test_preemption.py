@@ -28,13 +28,14 @@ import numpy as np
 import pytest
 
 from axdsl import runs
+from tests.targets_util import xla_flags
 
 ROOT = Path(__file__).resolve().parent.parent
 STEPS = 24
 EVERY = 4
 ARGS = ["--steps", str(STEPS), "--batch", "8", "--seq", "64", "--checkpoint-every", str(EVERY),
         "--log-every", "1", "--eval-every", "0", "--no-progress"]
-ENV = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2", JAX_PLATFORMS="cpu")
+ENV = dict(os.environ, XLA_FLAGS=xla_flags(2), JAX_PLATFORMS="cpu")
 STOP_LINE = "train.py: {name} at step {step}: saved checkpoint {step} in {run}/checkpoints; " \
             "rerun the same command to resume"
 

@@ -19,9 +19,10 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from tests.targets_util import xla_flags
 
 ROOT = Path(__file__).resolve().parent.parent
-ENV = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2", JAX_PLATFORMS="cpu")
+ENV = dict(os.environ, XLA_FLAGS=xla_flags(2), JAX_PLATFORMS="cpu")
 ARGS = ["--steps", "6", "--batch", "8", "--seq", "64", "--eval-every", "0", "--checkpoint-every", "0",
         "--log-every", "1", "--no-progress", "--compile-cache", "none"]
 

@@ -24,12 +24,13 @@ import pytest
 
 from axdsl import runs, sampling
 from test_preemption import tensorboard_scalars
+from tests.targets_util import xla_flags
 
 ROOT = Path(__file__).resolve().parent.parent
 STEPS = 60
 ARGS = ["--steps", str(STEPS), "--batch", "8", "--seq", "64", "--checkpoint-every", "10",
         "--log-every", "1", "--eval-every", "0", "--no-progress"]
-ENV = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2", JAX_PLATFORMS="cpu")
+ENV = dict(os.environ, XLA_FLAGS=xla_flags(2), JAX_PLATFORMS="cpu")
 
 
 @pytest.fixture(scope="module")
@@ -232,7 +233,7 @@ def test_axdsl_train_plot_sample(tmp_path, monkeypatch, capfd):
     """`axdsl train` from another directory: builds generated/ there, trains, rerunning resumes;
     then the run is plotted and sampled (greedy, and top-k 1, which must equal greedy)."""
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=2")
+    monkeypatch.setenv("XLA_FLAGS", xla_flags(2))
     spec = ROOT / "specs" / "tiny_llama.axl"
     assert runs.train(spec, "cpu", None, 12, 6) == 0
     run = tmp_path / "runs" / "tiny_llama-cpu"

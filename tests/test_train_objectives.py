@@ -21,9 +21,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from tests.targets_util import xla_flags
 
 ROOT = Path(__file__).resolve().parent.parent
-ENV = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2", JAX_PLATFORMS="cpu")
+ENV = dict(os.environ, XLA_FLAGS=xla_flags(2), JAX_PLATFORMS="cpu")
 SPECS = ("bert_tiny", "t5_tiny", "vit_tiny")
 
 

@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 
 from axdsl.build import build_files, write_atomic
+from tests.targets_util import xla_flags
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -42,7 +43,7 @@ def build_package(tmp_path: Path, name: str, text: str):
 
 def run_train(args: list[str], devices: int, cwd: Path = ROOT, timeout: float = 300) -> subprocess.CompletedProcess:
     """Run generated/tiny_llama/cpu/train.py as its users do, on `devices` fake CPU devices."""
-    env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}", JAX_PLATFORMS="cpu")
+    env = dict(os.environ, XLA_FLAGS=xla_flags(devices), JAX_PLATFORMS="cpu")
     proc = subprocess.run([sys.executable, "-m", "generated.tiny_llama.cpu.train", "--no-progress", *args],
                           cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, proc.stderr[-4000:]
