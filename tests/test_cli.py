@@ -43,16 +43,23 @@ def test_build_check_is_clean_on_committed_tree():
     assert "in sync" in r.stdout
 
 
-def test_build_check_reports_drift_with_a_unified_diff(tmp_path):
+def test_build_check_reports_spec_and_runtime_drift_with_a_unified_diff(tmp_path):
+    """A spec changed since its output was built, and an edited generated/runtime.py: one
+    `build --check` reports both, runtime.py once (not once per output)."""
     shutil.copytree(ROOT / "specs", tmp_path / "specs")
     shutil.copytree(ROOT / "generated", tmp_path / "generated")
     spec = tmp_path / "specs" / "tiny_llama.axl"
     spec.write_text(spec.read_text().replace("ffn = 128", "ffn = 192"))
+    runtime = tmp_path / "generated" / "runtime.py"
+    runtime.write_text(runtime.read_text().replace("def split(", "def split_tokens("))
     r = run_cli("build", "--check", cwd=tmp_path)
     assert r.returncode == 1
     assert "--- generated/tiny_llama/cpu/model.py (committed)" in r.stdout
     assert "+    ffn: int = 192" in r.stdout
-    assert "out of date" in r.stderr
+    assert "generated/tiny_llama/cpu: out of date" in r.stderr
+    assert "--- generated/runtime.py (committed)" in r.stdout and "+def split(" in r.stdout
+    assert r.stdout.count("generated/runtime.py (committed)") == 1
+    assert "generated/runtime.py: out of date" in r.stderr
 
 
 def test_failed_build_leaves_existing_output_untouched(tmp_path, in_root):
@@ -163,18 +170,6 @@ def test_axdsl_train_runs_an_edited_train_py_as_it_is(tmp_path, monkeypatch, cap
     assert runs.train(Path("specs/tiny_llama.axl"), "cpu", None, 1) == 0
     assert ran and ran[0][1:3] == ["-m", "generated.tiny_llama.cpu.train"]
     assert "running your edited" in capfd.readouterr().err and (out / "train.py").read_text() == mine
-
-
-def test_build_check_reports_runtime_drift(tmp_path):
-    shutil.copytree(ROOT / "specs", tmp_path / "specs")
-    shutil.copytree(ROOT / "generated", tmp_path / "generated")
-    runtime = tmp_path / "generated" / "runtime.py"
-    runtime.write_text(runtime.read_text().replace("def split(", "def split_tokens("))
-    r = run_cli("build", "--check", cwd=tmp_path)
-    assert r.returncode == 1
-    assert "--- generated/runtime.py (committed)" in r.stdout and "+def split(" in r.stdout
-    assert r.stdout.count("generated/runtime.py (committed)") == 1  # once, not once per output
-    assert "generated/runtime.py: out of date" in r.stderr
 
 
 def test_user_errors_exit_1_without_traceback(tmp_path):
