@@ -37,8 +37,6 @@ from axdsl.ir import nodes as ir
 from axdsl.ir.nodes import LOSS_CHUNK, HeadSplit
 from axdsl.ir.rewrite import prims_of
 
-STAGE_AXIS = "stage"  # the mesh axis pipeline stages are laid out on (passes/plan_pipeline.py)
-
 
 @dataclass(frozen=True)
 class Activations:
@@ -208,7 +206,7 @@ def staged_tracer(t: Tracer, p: ir.PipelinePolicy) -> Tracer:
     """`t` as one pipeline stage sees its work: a micro-batch (batch / microbatches sequences)
     split over the batch's mesh axes other than `stage` (the vmap over stages takes that)."""
     rules = dict(t.layout.rules)
-    rules["batch"] = tuple(a for a in rules.get("batch", ()) if a != STAGE_AXIS)
+    rules["batch"] = tuple(a for a in rules.get("batch", ()) if a != ir.STAGE_AXIS)
     view = copy.copy(t)
     view.layout = Layout(t.layout.sizes, rules, t.layout.axes_of_dim)
     view.batch = max(t.batch // p.microbatches, 1)

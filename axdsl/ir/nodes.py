@@ -45,6 +45,7 @@ from axdsl.ir.settings import (  # noqa: F401
     DataKind,
     DataSource,
     PipelinePolicy,
+    STAGE_AXIS,
     TokenWidth,
     FitTry,
     Kernel,

@@ -114,6 +114,9 @@ class ContextPolicy:
     shards: int = 0  # the `seq` mesh axis's size; plan_context fills it in
 
 
+STAGE_AXIS = "stage"  # the mesh axis pipeline stages are laid out on (passes/plan_pipeline.py)
+
+
 @dataclass(frozen=True)
 class PipelinePolicy:
     """Pipeline parallelism: the model's main repeat of layers split into consecutive stages over

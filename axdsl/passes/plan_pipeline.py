@@ -63,8 +63,6 @@ from axdsl.ir import nodes as ir
 from axdsl.ir.rewrite import forward_exprs, prims_of
 from axdsl.passes.configure_target import TargetDirective, axis_shards
 
-STAGE_AXIS = "stage"  # the mesh axis pipeline stages are laid out on
-
 
 def plan_pipeline(module: ir.Module) -> ir.Module:
     sched = module.schedule
@@ -91,7 +89,7 @@ def plan_pipeline(module: ir.Module) -> ir.Module:
 
 def _stages(sched: ir.Schedule, at: Span, diags: Diagnostics) -> int:
     """The `stage` mesh axis's size, which must be above 1."""
-    return axis_shards(sched, STAGE_AXIS, TargetDirective.PIPELINE, "the layers", at, diags)
+    return axis_shards(sched, ir.STAGE_AXIS, TargetDirective.PIPELINE, "the layers", at, diags)
 
 
 def _main_repeat(module: ir.Module, at: Span, diags: Diagnostics) -> str | None:
@@ -247,7 +245,7 @@ def _check_batch(
         )
         return
     sched = module.target
-    axes = [a for a in sched.kept_axes("batch") if a != STAGE_AXIS]
+    axes = [a for a in sched.kept_axes("batch") if a != ir.STAGE_AXIS]
     ways = math.prod(sched.size(a) for a in axes)
     if (batch // m) % ways:
         diags.error(
@@ -268,7 +266,7 @@ def _place(root: ir.Instance, path: str) -> ir.Instance:
         children = tuple(visit(c, inside) for c in inst.children)
         placed = inst.carry_sharding
         if inst.path == path and placed is not None:
-            mesh = tuple(tuple(a for a in axes if a != STAGE_AXIS) for axes in placed.mesh)
+            mesh = tuple(tuple(a for a in axes if a != ir.STAGE_AXIS) for axes in placed.mesh)
             placed = replace(placed, mesh=mesh)
         return replace(inst, params=params, children=children, carry_sharding=placed)
 
@@ -279,6 +277,6 @@ def _on_stage(p: ir.Param) -> ir.Param:
     """A stacked weight of the pipelined repeat: its outermost `layers` dim over `stage`."""
     assert p.stack and p.sharding is not None  # stack_repeats and annotate_sharding ran
     first = p.sharding[0]
-    if STAGE_AXIS in first:
+    if ir.STAGE_AXIS in first:
         return p
-    return replace(p, sharding=((STAGE_AXIS, *first), *p.sharding[1:]))
+    return replace(p, sharding=((ir.STAGE_AXIS, *first), *p.sharding[1:]))

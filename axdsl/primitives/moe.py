@@ -46,8 +46,6 @@ from axdsl.primitives.base import (
 )
 from axdsl.primitives.reductions import ir_fmt
 
-STAGE_AXIS = "stage"  # the pipeline's mesh axis (plan_pipeline's), which its vmap holds
-
 ROUTING = ("top_k", "normalize")  # the router's options
 SELECTION = ("score", "groups", "top_groups", "scale")  # DeepSeek's, emitted only when used
 LOSSES = ("aux_weight", "z_weight")
@@ -282,7 +280,7 @@ def _dispatch(ctx, prim: ir.Prim, routed: str) -> str:
         call += f", capacity_factor={ctx.code(prim.attr('capacity_factor'))}"
     batch_axes = ctx.schedule.kept_axes("batch") if ctx.schedule is not None else ()
     if ctx.staged:  # inside the pipeline's stages, whose vmap holds the `stage` axis
-        batch_axes = tuple(a for a in batch_axes if a != STAGE_AXIS)
+        batch_axes = tuple(a for a in batch_axes if a != ir.STAGE_AXIS)
     if DROPLESS in paths and batch_axes:  # each batch shard dispatches its own tokens
         call += f", batch_axes={batch_axes!r}"
     if DROPLESS in paths and ctx.staged:  # its shard_map inside the pipeline's vmap
