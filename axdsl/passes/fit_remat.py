@@ -58,7 +58,8 @@ def fit_remat(module: ir.Module) -> ir.Module:
     if not any(i.repeat is not None for i in train.root.walk()):
         return _decide(module, ir.RematPolicy(ir.RematKind.NONE), choice, None)
     profile = profiles()[module.target.profile]
-    usable = int(profile.hbm_bytes * facts(profile.kind).usable_fraction / (1 + FIT_MARGIN))
+    fraction = profile.usable_fraction(facts(profile.kind).usable_fraction)
+    usable = int(profile.hbm_bytes * fraction / (1 + FIT_MARGIN))
     seq = sized_seq(module, train)
     tried: list[ir.FitTry] = []
     for k in microbatch_counts(module):

@@ -66,10 +66,18 @@ class Profile:
     peak_nominal: bool = (
         False  # the peak is a placeholder, not a chip's (cpu): MFU is labelled nominal
     )
+    # The fraction of the HBM the generated train.py gives XLA's allocator
+    # (XLA_PYTHON_CLIENT_MEM_FRACTION; GPUs only, None elsewhere): what a step may use there.
+    mem_fraction: float | None = None
 
     @property
     def hbm_bytes(self) -> int:
         return int(self.hbm_gib * 2**30)
+
+    def usable_fraction(self, measured: float) -> float:
+        """The fraction of the HBM a step may use: the memory pool the generated code asks for
+        where it sets one (GPUs), else `measured`, the platform's (analysis/platforms.py)."""
+        return self.mem_fraction if self.mem_fraction is not None else measured
 
     def peak_flops(self, fmt: str = "bf16") -> float:
         """Dense peak FLOP/s per chip for a number format (bf16 when the format has no entry)."""
@@ -136,6 +144,7 @@ def profiles() -> dict[str, Profile]:
             ),
             cudnn_head_dim_max=t.get("cudnn_head_dim_max", 128),
             peak_nominal=t.get("peak_nominal", False),
+            mem_fraction=t.get("mem_fraction"),
             loss_chunk=t.get("loss_chunk", defaults["loss_chunk"]),
             unroll=t.get("unroll", defaults["unroll"]),
             steps_per_call=t.get("steps_per_call", defaults["steps_per_call"]),

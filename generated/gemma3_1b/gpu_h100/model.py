@@ -764,7 +764,7 @@ MESH_SHAPE = {
 }  # -1 takes the chips the other axes leave
 # Rematerialization of each scanned layer, remat(save) from fit_remat, for profile gpu-h100:
 # keep the named points listed; recompute the rest.
-# fit_remat, for gemma3_1b at batch 8 x seq 32768, 65.45 GiB usable per chip (analytic):
+# fit_remat, for gemma3_1b at batch 8 x seq 32768, 64.73 GiB usable per chip (analytic):
 # none 134.76, save(points) 58.85 GiB: save(points) fits
 REMAT_POLICY = jax.checkpoint_policies.save_only_these_names(
     *["context", "key_proj", "mlp_hidden", "out_proj", "query_proj", "value_proj"]

@@ -428,7 +428,7 @@ MESH_SHAPE = {
 }  # -1 takes the chips the other axes leave
 # Rematerialization of each scanned layer, remat(full) from fit_remat, for profile gpu-h100:
 # keep only each layer's input; recompute the rest in the backward pass.
-# fit_remat, for llama3_2_1b at batch 8 x seq 131072, 65.45 GiB usable per chip (analytic):
+# fit_remat, for llama3_2_1b at batch 8 x seq 131072, 64.73 GiB usable per chip (analytic):
 # none 278.73, save(points) 91.51, save_dots 112.01, full 32.14 GiB: full fits
 REMAT_POLICY = jax.checkpoint_policies.nothing_saveable
 
