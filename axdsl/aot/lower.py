@@ -8,6 +8,7 @@ with libtpu installed, TPU targets are also compiled for the real topology.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib
 import json
@@ -20,6 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from axdsl.aot.gpu import compile_for_gpus, target_config, target_cudnn
 from axdsl.aot.tpu import compile_for_topology
 from axdsl.aot.xla import memory_stats, short, xla_total
 from axdsl.ir import nodes as ir
@@ -139,7 +141,8 @@ def lower_here(
     try:
         train = importlib.import_module(f"{package}.spec.target.train")
         mod = importlib.import_module(f"{package}.spec.target.model")
-        _lower_generated(train, mod, result, model, batch, seq, chips, kind, compile)
+        with _cudnn_of(train, kind):
+            _lower_generated(train, mod, result, model, batch, seq, chips, kind, compile)
     except Exception as exc:  # noqa: BLE001 - the generated code failed: say so, exit 1
         msg = short(exc)
         if "cuDNN" in msg or "cudnn" in msg:
@@ -207,11 +210,13 @@ def _lower_generated(
             )
     if kind is ir.ChipKind.TPU:
         result.update(_compile_for_tpu(train, mod, cfg, tc, chips))
+    elif kind is ir.ChipKind.GPU:
+        result.update(_compile_for_gpu(train, mod, cfg, tc, chips))
 
 
-def _compile_for_tpu(train, mod, cfg, tc, chips: int) -> dict:
-    """Compile the same step for the target's real TPU topology (tpu.py), when libtpu is here."""
-    from axdsl.targets import parse_target, profiles
+def _builder(train, mod, cfg, tc):
+    """What tpu.py and gpu.py compile: the mesh on the topology's devices, the step and its
+    abstract arguments."""
 
     def build(devices: list):
         mesh = mod.make_mesh(devices)
@@ -220,8 +225,34 @@ def _compile_for_tpu(train, mod, cfg, tc, chips: int) -> dict:
         args = (train.abstract_state(cfg, tc, mesh), abstract_batch(train, tc, mesh))
         return mesh, train.make_train_step(cfg, tc, mesh), args
 
+    return build
+
+
+def _compile_for_tpu(train, mod, cfg, tc, chips: int) -> dict:
+    """Compile the same step for the target's real TPU topology (tpu.py), when libtpu is here."""
+    from axdsl.targets import parse_target, profiles
+
     profile = profiles()[parse_target(train.TARGET)[0]]
+    build = _builder(train, mod, cfg, tc)
     return compile_for_topology(train.TARGET, chips, profile.chips_per_host, build)
+
+
+def _compile_for_gpu(train, mod, cfg, tc, chips: int) -> dict:
+    """Compile the same step for the target's GPUs (gpu.py), when jax's CUDA plugin is here."""
+    from axdsl.targets import parse_target, profiles
+
+    profile = profiles()[parse_target(train.TARGET)[0]]
+    build = _builder(train, mod, cfg, tc)
+    return compile_for_gpus(profile.name, chips, profile.chips_per_host, build)
+
+
+def _cudnn_of(train, kind: ir.ChipKind):
+    """For a GPU target, jax's cuDNN checks see the target's cuDNN and compute capability while
+    the step is traced (gpu.target_cudnn); elsewhere nothing changes."""
+    from axdsl.targets import parse_target
+
+    text = target_config(parse_target(train.TARGET)[0]) if kind is ir.ChipKind.GPU else None
+    return target_cudnn(text) if text else contextlib.nullcontext()
 
 
 def abstract_batch(train, tc, mesh):

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from axdsl.analysis.flops import bubble_slowdown, pipelined_share
+from axdsl.aot.hlo import summary
 from axdsl.aot.xla import xla_total
-from axdsl.ir import nodes as ir
 from axdsl.aot.report import Report, gib
 
 
@@ -30,6 +30,12 @@ def render(r: Report) -> str:
 
 
 def _footer(r: Report) -> str:
+    if r.gpu:
+        return (
+            "The verdict is XLA's: it compiled the step for the target's GPUs, and its figure is "
+            "held to the memory pool train.py asks for (XLA_PYTHON_CLIENT_MEM_FRACTION). The "
+            "memory terms and FLOPs above are analytic (from the IR)."
+        )
     if r.xla_decides:
         return (
             "The verdict is XLA's: it compiled the step for the target's TPU topology. The memory "
@@ -148,6 +154,8 @@ def _verdict_analytic(r: Report) -> list[str]:
 
 def _verdict_xla(r: Report) -> list[str]:
     """XLA's per-chip figure against the HBM it gives a program; the analytic total beside it."""
+    if r.gpu:
+        return _verdict_gpu(r)
     e, where = r.estimate, f"TPU topology {r.lowering.get('tpu_topology')}"
     total = f"  total (analytic)  {gib(e.total):>12}   of {gib(r.hbm)} HBM"
     if r.peak is None:  # ran out of HBM; the message gave no figure
@@ -177,6 +185,30 @@ def _verdict_xla(r: Report) -> list[str]:
         f"of {gib(r.limit)} XLA gives a program per chip ({how})",
         f"  {verdict}",
         f"  analytic: {gib(e.total)} ({100 * (e.total - r.peak) / r.peak:+.0f}% of XLA's)",
+    ]
+
+
+def _verdict_gpu(r: Report) -> list[str]:
+    """XLA's per-GPU figure against the memory pool train.py asks for; the analytic beside it."""
+    e, peak = r.estimate, r.peak or 0
+    memory = r.lowering.get("device_memory") or r.hbm
+    fraction = r.profile.usable_fraction(1.0)
+    verdict = (
+        f"=> fits (XLA): {gib(r.limit - peak)} to spare"
+        if peak <= r.limit
+        else f"=> does NOT fit (XLA): {gib(peak - r.limit)} over the pool"
+    )
+    return [
+        f"  total (analytic)  {gib(e.total):>12}   of {gib(r.hbm)} HBM",
+        f"  XLA (GPUs {r.lowering.get('gpu_topology')}) {gib(peak):>9}   of {gib(r.limit)}: "
+        f"the pool train.py asks for ({fraction:.0%} of {gib(memory)}; arguments + "
+        "temporaries + outputs not donated)",
+        f"  {verdict}",
+        (
+            f"  analytic: {gib(e.total)} ({100 * (e.total - peak) / peak:+.0f}% of XLA's)"
+            if peak
+            else f"  analytic: {gib(e.total)}"
+        ),
     ]
 
 
@@ -236,11 +268,11 @@ def _render_lowering(r: Report) -> list[str]:
         out.append(f"  {lo['compile_note']}")
     if lo.get("tpu"):
         out.append(f"  TPU: {lo['tpu']}")
-    elif r.profile.kind is ir.ChipKind.GPU and not xla:
-        out.append(
-            "  GPU: exact per-chip figures need a compile on a machine with the GPU "
-            "(jax cannot compile for CUDA without one); run `axdsl aot ... --compile` there"
-        )
+    if lo.get("gpu"):
+        out.append(f"  GPU: {lo['gpu']}")
+    if lo.get("kernels"):
+        out.append("  what the compiled step runs (per GPU):")
+        out += [f"    {line}" for line in summary(lo["kernels"])]
     return out
 
 
@@ -259,7 +291,11 @@ def _xla(r: Report) -> tuple[list[str], dict | None]:
     if not xla:
         return [], xla
     tpu = bool(lo.get("tpu_topology"))
-    where = f"TPU topology {lo['tpu_topology']}" if tpu else "this CPU"
+    where = (
+        f"TPU topology {lo['tpu_topology']}"
+        if tpu
+        else f"GPUs {lo['gpu_topology']}" if r.gpu else "this CPU"
+    )
     total = xla_total(xla, tpu)
     temps = total - xla["argument"] if tpu else xla["temp"]
     if tpu:  # the peak is what a chip needs; temp_size sums buffers never live together

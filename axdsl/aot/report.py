@@ -3,8 +3,11 @@
 Who decides the verdict: XLA, when it compiled the step for the target's TPU topology (tpu.py):
 a compile that succeeded fits (XLA checks the program against the chip's HBM), one that ran out
 of HBM does not; the figure shown is XLA's peak (peak_memory_in_bytes, what a chip was measured
-to need within 2.5%). Otherwise the analytic total (memory.py) against
-USABLE_FRACTION of the chip's HBM, and the report says the verdict is analytic.
+to need within 2.5%). For GPUs (gpu.py), XLA's compile never refuses a step for its size, so its
+figure (arguments + the one block of temporaries + outputs not donated) is held to the memory
+pool the generated train.py asks for (the profile's mem_fraction of the device memory).
+Otherwise the analytic total (memory.py) against the usable fraction of the chip's HBM, and the
+report says the verdict is analytic.
 """
 
 from __future__ import annotations
@@ -47,7 +50,9 @@ class Report:
         """The analytic verdict's bound: what XLA gives a program where measured (TPU: 15.75 of
         v5e's 16 GiB), the memory pool the generated code asks for (GPUs), else a margin below
         the HBM for what the model misses."""
-        return int(self.hbm * self.profile.usable_fraction(facts(self.profile.kind).usable_fraction))
+        return int(
+            self.hbm * self.profile.usable_fraction(facts(self.profile.kind).usable_fraction)
+        )
 
     @property
     def xla_decides(self) -> bool:
@@ -61,15 +66,26 @@ class Report:
         return self.lowering.get("xla_oom")
 
     @property
+    def gpu(self) -> bool:
+        """Whether XLA's figures are from a compile for the target's GPUs (gpu.py)."""
+        return bool(self.lowering.get("gpu_topology")) and bool(self.lowering.get("xla"))
+
+    @property
     def xla_peak(self) -> int | None:
-        """XLA's per-chip HBM bytes for the target, when it compiled for the TPU topology."""
+        """XLA's per-chip HBM bytes for the target, when it compiled for the TPU topology or the
+        GPUs."""
         lo = self.lowering
-        return xla_total(lo["xla"], tpu=True) if lo.get("tpu_topology") and lo.get("xla") else None
+        if lo.get("tpu_topology") and lo.get("xla"):
+            return xla_total(lo["xla"], tpu=True)
+        return xla_total(lo["xla"]) if self.gpu else None
 
     @property
     def limit(self) -> int:
         """What the deciding figure is held to: XLA's available HBM (what its own out-of-memory
         check uses; v5e 15.75 GiB), or the usable fraction of the HBM for the analytic figure."""
+        if self.gpu:  # the pool train.py asks for, of the memory the target config gives a GPU
+            memory = self.lowering.get("device_memory") or self.hbm
+            return int(memory * self.profile.usable_fraction(1.0))
         if self.xla_decides:
             oom = self.out_of_memory or {}
             return oom.get("available") or self.lowering.get("hbm_available") or self.hbm
@@ -109,6 +125,8 @@ class Report:
         the analytic one."""
         if self.out_of_memory is not None or self.unsplittable is not None:
             return False
+        if self.gpu:  # XLA:GPU compiles a step of any size: its figure against the pool
+            return (self.xla_peak or 0) <= self.limit
         if self.xla_peak is not None:
             return True
         return self.estimate.total <= self.limit or self.borderline
