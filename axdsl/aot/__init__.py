@@ -38,11 +38,15 @@ from pathlib import Path
 
 from axdsl.analysis.flops import model_flops, param_count
 from axdsl.analysis.memory import GENERATED_UPDATE_SKIP, UpdateSkip, estimate_memory
+from axdsl.aot.hlo import missing
 from axdsl.aot.lower import lower_step
 from axdsl.aot.render import render
 from axdsl.aot.report import EXIT_ERROR, EXIT_FITS, EXIT_NO_FIT, Report
 from axdsl.aot.suggest import split_suggestions, suggest, unsplittable
+from axdsl.ir import nodes as ir
 from axdsl.ir.printer import fit_lines, pipeline_text
+from axdsl.ir.rewrite import prims_of
+from axdsl.primitives.quantized import QUANTIZED
 from axdsl.aot.xla import xla_total
 from axdsl.objectives import batches_of
 from axdsl.targets import USABLE_FRACTION, profiles
@@ -60,6 +64,14 @@ __all__ = [
     "suggest",
     "xla_total",
 ]
+
+
+def selected_kernels(model: ir.Model) -> tuple[bool, bool]:
+    """(cuDNN attention, fp8 matmuls): whether the passes chose them anywhere in `model`."""
+    prims = [p for inst in model.root.walk() for p in prims_of(inst)]
+    cudnn = any(p.kernel is not None and p.kernel.kernel is ir.Kernel.CUDNN for p in prims)
+    fp8 = any(p.name == QUANTIZED and p.attr("format") is ir.QuantFormat.FP8 for p in prims)
+    return cudnn, fp8
 
 
 class AotError(Exception):
@@ -81,7 +93,7 @@ def run(
         print(f"axdsl aot: error: {exc}", file=sys.stderr)
         return EXIT_ERROR
     print(render(report))
-    if report.lowering.get("error"):
+    if report.lowering.get("error") or report.kernel_problems:
         return EXIT_ERROR
     return EXIT_FITS if report.fits else EXIT_NO_FIT
 
@@ -160,6 +172,9 @@ def analyze(
             report.lowering = lower_step(
                 files, spec, target, model, batch, seq, sched.chips, sched.kind, compile
             )
+    kernels = report.lowering.get("kernels")
+    if kernels is not None:  # the compiled program runs what select_kernels and quantize chose
+        report.kernel_problems = missing(kernels, *selected_kernels(m))
     report.unsplittable = unsplittable(module, est)
     if report.unsplittable is not None:
         report.suggestions = split_suggestions(module, model, est, report.limit, target, select)

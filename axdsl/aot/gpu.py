@@ -26,6 +26,7 @@ hlo.py.
 from __future__ import annotations
 
 import contextlib
+import importlib.metadata
 import importlib.util
 import math
 import re
@@ -54,6 +55,26 @@ def plugin_installed() -> bool:
         return any(importlib.util.find_spec(f"jax_plugins.{p}") is not None for p in PLUGINS)
     except ModuleNotFoundError:  # no jax_plugins namespace at all
         return False
+
+
+def plugin_mismatch() -> str | None:
+    """Why the installed CUDA plugin cannot serve this jax (another version: jax refuses to load
+    it, or loads it and fails), or None."""
+    import jax
+
+    for name in ("jax-cuda13-plugin", "jax-cuda12-plugin"):
+        try:
+            version = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+        if version != jax.__version__:
+            return (
+                f"{name} {version} is installed for jax {jax.__version__}: "
+                f"`pip install {name}=={jax.__version__} "
+                f"{name.replace('plugin', 'pjrt')}=={jax.__version__}`"
+            )
+        return None
+    return None
 
 
 def target_config(profile: str) -> str | None:
@@ -126,6 +147,9 @@ def compile_for_gpus(profile: str, chips: int, chips_per_host: int, build: Build
         return {
             "gpu": f"jax's CUDA plugin is not installed: the verdict is analytic; {INSTALL_HINT}"
         }
+    mismatch = plugin_mismatch()
+    if mismatch is not None:
+        return {"gpu": f"the verdict is analytic: {mismatch}"}
     text = target_config(profile)
     if text is None:
         return {"gpu": f"axdsl has no target config for {profile}: the verdict is analytic"}

@@ -22,7 +22,7 @@ import re
 from collections import Counter
 from dataclasses import dataclass
 
-__all__ = ["COLLECTIVES", "FP8_TYPES", "fp8_gemms", "inventory", "summary"]
+__all__ = ["COLLECTIVES", "FP8_TYPES", "fp8_gemms", "inventory", "missing", "summary"]
 
 FP8_TYPES = ("f8e4m3fn", "f8e5m2", "f8e4m3", "f8e4m3fnuz", "f8e5m2fnuz", "f8e3m4", "f8e4m3b11fnuz")
 COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
@@ -155,3 +155,21 @@ def summary(inv: dict) -> list[str]:
         + " (in the program text: an op in a loop body once)"
     )
     return lines
+
+
+def missing(inv: dict, cudnn: bool, fp8: bool) -> list[str]:
+    """What the target selected that the compiled program does not run: cuDNN attention with no
+    cuDNN call in the program, fp8 matmuls with no gemm of two 8-bit floats (the casts around a
+    matmul in a higher precision). Empty when the program runs what was chosen."""
+    out = []
+    if cudnn and not inv.get("cudnn"):
+        out.append(
+            "the target selected cuDNN attention, but the compiled step has no cuDNN call "
+            "(XLA computes attention itself)"
+        )
+    if fp8 and not fp8_gemms(inv):
+        out.append(
+            "the target selected fp8 matmuls, but the compiled step has no gemm of two fp8 "
+            "operands (the quantize-dequantize pattern became a matmul in a higher precision)"
+        )
+    return out

@@ -273,6 +273,7 @@ def _render_lowering(r: Report) -> list[str]:
     if lo.get("kernels"):
         out.append("  what the compiled step runs (per GPU):")
         out += [f"    {line}" for line in summary(lo["kernels"])]
+        out += [f"  ERROR: {problem}" for problem in r.kernel_problems]
     return out
 
 

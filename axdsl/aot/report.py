@@ -44,6 +44,9 @@ class Report:
     # why the step cannot run on this mesh whatever its memory (the batch does not split over
     # the mesh axes of `batch`, as train.py's check_settings refuses it), or None
     unsplittable: str | None = None
+    # what the target selected (cuDNN attention, fp8 matmuls) that the compiled program does not
+    # run (hlo.missing): an axdsl bug, exit 1
+    kernel_problems: list[str] = dataclasses.field(default_factory=list)
 
     @property
     def usable(self) -> int:
