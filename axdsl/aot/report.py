@@ -47,7 +47,9 @@ class Report:
         """The analytic verdict's bound: what XLA gives a program where measured (TPU: 15.75 of
         v5e's 16 GiB), the memory pool the generated code asks for (GPUs), else a margin below
         the HBM for what the model misses."""
-        return int(self.hbm * self.profile.usable_fraction(facts(self.profile.kind).usable_fraction))
+        return int(
+            self.hbm * self.profile.usable_fraction(facts(self.profile.kind).usable_fraction)
+        )
 
     @property
     def xla_decides(self) -> bool:
