@@ -3,7 +3,7 @@
     spec.axl --lark--> AST --irbuild ("resolve")--> IR --check, infer_shapes, stack_repeats--> IR
         --configure_target, configure_train, annotate_sharding, shard_activations, insert_remat,
           unroll_repeats, quantize_matmuls, select_kernels, plan_context, fit_remat,
-          plan_pipeline--> IR
+          plan_pipeline, choose_xla_flags--> IR
         --split_head, plan_decode, select_config, plan_functions--> IR
         --codegen--> model.py, train.py
 
@@ -28,6 +28,7 @@ from axdsl.ir import nodes as ir
 from axdsl.irbuild import build_module
 from axdsl.passes.annotate_sharding import annotate_sharding
 from axdsl.passes.check import check
+from axdsl.passes.choose_xla_flags import choose_xla_flags
 from axdsl.passes.configure_target import configure_target
 from axdsl.passes.configure_train import configure_train
 from axdsl.passes.infer_shapes import infer_shapes
@@ -64,6 +65,7 @@ PASSES: tuple[tuple[str, Pass], ...] = (
     ("plan_context", plan_context),
     ("fit_remat", fit_remat),
     ("plan_pipeline", plan_pipeline),
+    ("choose_xla_flags", choose_xla_flags),
     ("split_head", split_head),
     ("plan_decode", plan_decode),
     ("select_config", select_config),

@@ -9,6 +9,7 @@ dropout key only for models with dropout). runtime.py depends on no spec: one co
 
 from __future__ import annotations
 
+import textwrap
 from dataclasses import dataclass
 
 from axdsl import __version__, lora, optim, primitives
@@ -101,7 +102,31 @@ def emit_train(module: ir.Module, package: str, flops: list[TrainingFlops]) -> s
         balance=[] if "lora" in dict(t.settings) else balanced_biases(module.models[0].root),
         remat_fit=_remat_fit(module.target) if batches.has_seq else None,
         context_chunks=_context_chunks(module.target) if batches.has_seq else None,
+        gpu_runtime=_gpu_runtime(module.target),
     )
+
+
+def _gpu_runtime(schedule: ir.Schedule) -> dict | None:
+    """The XLA flags and memory fraction choose_xla_flags recorded (GPUs; None elsewhere), each
+    with its reason as comment lines."""
+    runtime = schedule.gpu_runtime
+    if runtime is None:
+        return None
+    return dict(
+        flags=[(_comment(_sentence(f.reason), 4), py_str(f.text)) for f in runtime.flags],
+        mem_fraction=py_str(str(runtime.mem_fraction)),
+        mem_fraction_why=_comment(_sentence(runtime.mem_fraction_reason), 4),
+    )
+
+
+def _sentence(reason: str) -> str:
+    """A reason as the IR keeps it (`order the step ...`) as a comment's sentence."""
+    return reason[:1].upper() + reason[1:] + "."
+
+
+def _comment(text: str, indent: int) -> list[str]:
+    """`text` as comment lines that fit black's 100 columns at `indent`."""
+    return textwrap.wrap(text, 100 - indent - 2, break_long_words=False, break_on_hyphens=False)
 
 
 def _context_chunks(schedule: ir.Schedule) -> int | None:

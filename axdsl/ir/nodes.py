@@ -48,6 +48,8 @@ from axdsl.ir.settings import (  # noqa: F401
     STAGE_AXIS,
     TokenWidth,
     FitTry,
+    FlagSetting,
+    GpuRuntime,
     Kernel,
     NamedCall,
     ObjectiveKind,
@@ -62,6 +64,7 @@ from axdsl.ir.settings import (  # noqa: F401
     Tokenizer,
     TrainOn,
     TrainSettings,
+    XlaFlag,
 )
 
 # Logical axis names a parameter or activation dim may carry; target rules map them to mesh axes.

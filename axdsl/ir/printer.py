@@ -71,6 +71,18 @@ def schedule_lines(s: ir.Schedule) -> list[str]:
         lines.append(f"  {pipeline_text(s.pipeline.value)}  # {s.pipeline.origin}")
     for model, why in s.left_out:
         lines.append(f"  # {model} is left out of this target's build: {why}")
+    if s.gpu_runtime is not None:
+        lines.extend(runtime_lines(s.gpu_runtime))
+    return lines
+
+
+def runtime_lines(r: ir.GpuRuntime) -> list[str]:
+    """What a GPU schedule sets before jax starts: each XLA flag, then the memory fraction."""
+    lines = [f"  {f.text}  # choose_xla_flags: {f.reason}" for f in r.flags]
+    lines.append(
+        f"  XLA_PYTHON_CLIENT_MEM_FRACTION={r.mem_fraction}  # choose_xla_flags: "
+        f"{r.mem_fraction_reason}"
+    )
     return lines
 
 

@@ -151,6 +151,50 @@ class PipelinePolicy:
         return layers // (self.stages * self.repeats)
 
 
+class XlaFlag(StrEnum):
+    """The XLA flags a GPU schedule sets (choose_xla_flags), each one known to jaxlib 0.10.2
+    and 0.11.2: XLA aborts the process on a flag it does not know."""
+
+    LATENCY_HIDING_SCHEDULER = "xla_gpu_enable_latency_hiding_scheduler"
+    COMMAND_BUFFER = "xla_gpu_enable_command_buffer"
+    TRITON_GEMM = "xla_gpu_enable_triton_gemm"
+    DISABLE_HLO_PASSES = "xla_disable_hlo_passes"
+    ALL_REDUCE_COMBINE_BYTES = "xla_gpu_all_reduce_combine_threshold_bytes"
+    ALL_GATHER_COMBINE_BYTES = "xla_gpu_all_gather_combine_threshold_bytes"
+    REDUCE_SCATTER_COMBINE_BYTES = "xla_gpu_reduce_scatter_combine_threshold_bytes"
+    ALL_GATHER_COMBINE_BY_DIM = "xla_gpu_enable_all_gather_combine_by_dim"
+    REDUCE_SCATTER_COMBINE_BY_DIM = "xla_gpu_enable_reduce_scatter_combine_by_dim"
+    PIPELINED_ALL_GATHER = "xla_gpu_enable_pipelined_all_gather"
+    PIPELINED_REDUCE_SCATTER = "xla_gpu_enable_pipelined_reduce_scatter"
+    PIPELINED_ALL_REDUCE = "xla_gpu_enable_pipelined_all_reduce"
+    WHILE_LOOP_DOUBLE_BUFFERING = "xla_gpu_enable_while_loop_double_buffering"
+
+
+@dataclass(frozen=True)
+class FlagSetting:
+    """One XLA flag with the value a schedule gives it (XLA's text form; "" for an empty list)
+    and why, in one line."""
+
+    flag: XlaFlag
+    value: str
+    reason: str
+
+    @property
+    def text(self) -> str:
+        """As XLA_FLAGS writes it: `--xla_gpu_enable_triton_gemm=false`."""
+        return f"--{self.flag}={self.value}"
+
+
+@dataclass(frozen=True)
+class GpuRuntime:
+    """What a GPU schedule sets in the environment before jax starts (choose_xla_flags): XLA's
+    flags, and the fraction of the HBM XLA's allocator takes (XLA_PYTHON_CLIENT_MEM_FRACTION)."""
+
+    flags: tuple[FlagSetting, ...]
+    mem_fraction: float
+    mem_fraction_reason: str
+
+
 @dataclass(frozen=True)
 class Schedule:
     """The schedule for one target: profile defaults overridden by the first matching block."""
@@ -179,6 +223,9 @@ class Schedule:
     # set by annotate_sharding: (model, why) for each model after the spec's first whose
     # parameters this target's mesh does not divide; the target's build leaves them out
     left_out: tuple[tuple[str, str], ...] = ()
+    # set by choose_xla_flags on GPU targets (None elsewhere): the XLA flags and memory fraction
+    # the generated train.py sets before jax starts
+    gpu_runtime: GpuRuntime | None = None
 
     def unrolls(self, layers: int) -> bool:
         """Whether a repeat of `layers` layers (steps x layers per step) runs unrolled here."""

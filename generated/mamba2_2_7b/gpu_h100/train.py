@@ -11,6 +11,7 @@ nothing under SLURM (srun) and on multi-host TPU VMs.
 """
 
 import dataclasses
+import os
 import signal
 import sys
 import time
@@ -19,6 +20,49 @@ import time
 # (raised inside jax's imports it can be swallowed, or end in a traceback), with nothing to save.
 _STARTUP_SIGINT = []
 signal.signal(signal.SIGINT, lambda signum, frame: _STARTUP_SIGINT.append(signum))
+
+# The GPU schedule's XLA flags (pass choose_xla_flags), from MaxText's and JAX-Toolbox's H100
+# recipes. XLA reads them once, when its backend starts, so they are set before jax loads; a flag
+# you set in XLA_FLAGS wins over the one of the same name here.
+XLA_FLAGS = [
+    # Order the step so collectives and host copies run while compute does (MaxText's and
+    # JAX-Toolbox's H100 recipes).
+    "--xla_gpu_enable_latency_hiding_scheduler=true",
+    # No CUDA graphs: JAX-Toolbox's MaxText recipe turns them off; off until measured here.
+    "--xla_gpu_enable_command_buffer=",
+    # Fp8 matmuls compile to cuBLASLt's fp8 gemm (__cublas$lt$matmul$f8), not a Triton one.
+    "--xla_gpu_enable_triton_gemm=false",
+    # The schedule's remat(save = [out_proj, ssd_out]) decides what is recomputed; XLA's pass must
+    # not redo it.
+    "--xla_disable_hlo_passes=rematerialization",
+    # Gradient all-reduces combined up to 1 GiB: large messages use more of NVLink.
+    "--xla_gpu_all_reduce_combine_threshold_bytes=1073741824",
+    # FSDP's weight all-gathers combined up to 1 GiB (at least a layer's weights).
+    "--xla_gpu_all_gather_combine_threshold_bytes=1073741824",
+    # FSDP's gradient reduce-scatters combined up to 128 MiB.
+    "--xla_gpu_reduce_scatter_combine_threshold_bytes=134217728",
+    # All-gathers combine whatever dimension they gather on, into fewer messages.
+    "--xla_gpu_enable_all_gather_combine_by_dim=false",
+    # Reduce-scatters combine whatever dimension they scatter on, into fewer messages.
+    "--xla_gpu_enable_reduce_scatter_combine_by_dim=false",
+    # The scan over layers gathers the next layer's weights while this layer computes.
+    "--xla_gpu_enable_pipelined_all_gather=true",
+    # The scan over layers scatters a layer's gradients while the next layer computes.
+    "--xla_gpu_enable_pipelined_reduce_scatter=true",
+    # The scan over layers all-reduces a layer's gradients while the next layer computes.
+    "--xla_gpu_enable_pipelined_all_reduce=true",
+    # Layer loops unrolled by two, so one layer's collectives overlap the other's compute.
+    "--xla_gpu_enable_while_loop_double_buffering=true",
+]
+if "jax" not in sys.modules:  # imported by a tool that loaded jax: too late, change nothing
+    _yours = os.environ.get("XLA_FLAGS", "").split()
+    _named = {flag.split("=", 1)[0] for flag in _yours}
+    _ours = [flag for flag in XLA_FLAGS if flag.split("=", 1)[0] not in _named]
+    os.environ["XLA_FLAGS"] = " ".join(_ours + _yours)
+    # XLA's allocator takes 90% of the HBM (jax's default 75%), the rest is for CUDA, cuBLAS and
+    # NCCL; fit_remat and `axdsl aot` size a step to this pool.
+    # An XLA_PYTHON_CLIENT_MEM_FRACTION you set wins.
+    os.environ.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.9")
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
