@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from axdsl.aot import run
-from axdsl.aot.lower import RESULT_TAG, lower_here, request_devices
+from axdsl.aot.lower import RESULT_TAG, lower_here, request_devices, schedule_flags
 
 
 def _main(argv: list[str] | None = None) -> int:
@@ -36,9 +36,10 @@ def _main(argv: list[str] | None = None) -> int:
     module = compile_spec(args.spec, args.target)
     train = module.train
     sched = module.target
-    request_devices(sched.chips)
+    files = build_files(args.spec, args.target)
+    request_devices(sched.chips, schedule_flags(files))
     result = lower_here(
-        build_files(args.spec, args.target),
+        files,
         args.model or module.models[0].name,
         args.batch or train.get("batch"),
         args.seq or train.get("seq"),

@@ -52,16 +52,31 @@ def lower_step(
     kind: ir.ChipKind,
     compile: bool,
 ) -> dict:
-    """Lower the generated step here when jax can have `chips` devices, else in a subprocess."""
-    if _can_run_here(chips):
+    """Lower the generated step here when jax can have `chips` devices and the schedule's XLA
+    flags (a GPU train.py's: `schedule_flags`), else in a subprocess."""
+    flags = schedule_flags(files)
+    if _can_run_here(chips, flags):
         return lower_here(files, model, batch, seq, chips, kind, compile)
-    return _lower_in_subprocess(spec, target, model, batch, seq, chips, compile)
+    return _lower_in_subprocess(spec, target, model, batch, seq, chips, compile, flags)
 
 
-def _can_run_here(chips: int) -> bool:
+def schedule_flags(files: dict[str, str]) -> list[str]:
+    """The XLA flags the generated train.py sets before jax starts (a GPU schedule's, from
+    choose_xla_flags; none elsewhere). XLA reads its flags once, when its backend starts, and
+    train.py sets them only when it loads before jax, so the compile that aot reports on must be
+    given them the same way: they change what XLA:GPU compiles (cuBLAS gemms for Triton ones,
+    no rematerialization pass)."""
+    m = re.search(r"^XLA_FLAGS = \[\n(.*?)^\]", files.get("train.py", ""), re.S | re.M)
+    return re.findall(r'^\s*"(--[^"]+)",', m.group(1), re.M) if m else []
+
+
+def _can_run_here(chips: int, flags: list[str]) -> bool:
     if "jax" not in sys.modules:
-        request_devices(chips)
+        request_devices(chips, flags)
         return True
+    current = os.environ.get("XLA_FLAGS", "").split()
+    if any(f not in current for f in flags):  # this process's XLA started without them
+        return False
     import jax
 
     try:
@@ -70,27 +85,41 @@ def _can_run_here(chips: int) -> bool:
         return False
 
 
-def request_devices(chips: int) -> None:
-    """Ask XLA for `chips` host devices; must run before jax is imported. The lowering runs on
-    them, so jax starts its CPU backend only (JAX_PLATFORMS, unless set): with libtpu installed
-    and no chip, starting the TPU backend printed libtpu's errors about worker hostnames."""
+def request_devices(chips: int, schedule: list[str] | None = None) -> None:
+    """Ask XLA for `chips` host devices, with the schedule's XLA flags; must run before jax is
+    imported. The lowering runs on them, so jax starts its CPU backend only (JAX_PLATFORMS,
+    unless set): with libtpu installed and no chip, starting the TPU backend printed libtpu's
+    errors about worker hostnames."""
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
-    flags = os.environ.get("XLA_FLAGS", "")
+    os.environ["XLA_FLAGS"] = _with_flags(os.environ.get("XLA_FLAGS", ""), chips, schedule or [])
+
+
+def _with_flags(flags: str, chips: int, schedule: list[str]) -> str:
+    """`flags` asking for at least `chips` host devices, with the schedule's flags of names it
+    does not set already."""
     m = re.search(r"--xla_force_host_platform_device_count=(\d+)", flags)
-    if m and int(m.group(1)) >= chips:
-        return
-    flags = re.sub(r"--xla_force_host_platform_device_count=\d+", "", flags).strip()
-    os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={chips}".strip()
+    if not (m and int(m.group(1)) >= chips):
+        flags = re.sub(r"--xla_force_host_platform_device_count=\d+", "", flags).strip()
+        flags = f"{flags} --xla_force_host_platform_device_count={chips}".strip()
+    named = {f.split("=", 1)[0] for f in flags.split()}
+    return " ".join([flags, *(f for f in schedule if f.split("=", 1)[0] not in named)]).strip()
 
 
 def _lower_in_subprocess(
-    spec: Path, target: str, model: str, batch: int, seq: int, chips: int, compile: bool
+    spec: Path,
+    target: str,
+    model: str,
+    batch: int,
+    seq: int,
+    chips: int,
+    compile: bool,
+    schedule: list[str],
 ) -> dict:
     env = dict(os.environ)
     flags = re.sub(
         r"--xla_force_host_platform_device_count=\d+", "", env.get("XLA_FLAGS", "")
     ).strip()
-    env["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={chips}".strip()
+    env["XLA_FLAGS"] = _with_flags(flags, chips, schedule)
     env.setdefault("JAX_PLATFORMS", "cpu")  # as request_devices: the lowering runs on the host
     root = str(Path(__file__).resolve().parents[2])  # the directory holding axdsl/
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")

@@ -103,6 +103,8 @@ def emit_train(module: ir.Module, package: str, flops: list[TrainingFlops]) -> s
         remat_fit=_remat_fit(module.target) if batches.has_seq else None,
         context_chunks=_context_chunks(module.target) if batches.has_seq else None,
         gpu_runtime=_gpu_runtime(module.target),
+        # the host CPU is the target: jax starts no accelerator backend (see train.py.j2)
+        host_only=module.target.kind is ir.ChipKind.CPU,
     )
 
 

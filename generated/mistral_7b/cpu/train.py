@@ -11,6 +11,7 @@ nothing under SLURM (srun) and on multi-host TPU VMs.
 """
 
 import dataclasses
+import os
 import signal
 import sys
 import time
@@ -19,6 +20,12 @@ import time
 # (raised inside jax's imports it can be swallowed, or end in a traceback), with nothing to save.
 _STARTUP_SIGINT = []
 signal.signal(signal.SIGINT, lambda signum, frame: _STARTUP_SIGINT.append(signum))
+
+# The target is this machine's CPU: jax starts its CPU backend only. With jax's CUDA plugin or
+# libtpu installed (`axdsl aot`'s gpu and tpu extras) and no such chip, starting them printed
+# their errors. A JAX_PLATFORMS you set wins.
+if "jax" not in sys.modules:
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
