@@ -304,7 +304,8 @@ def peak_report(dump: Path, top: int = 12) -> str:
     """What XLA:GPU keeps at its peak, from a dump of the step (`--dump`): the live-range file's
     "Live ranges at N (peak)" section with each buffer's shape from the buffer assignment, the
     largest `top` by size, and the sum by shape."""
-    ranges = sorted(dump.glob("*jit_step*gpu_after_optimizations-live-range.txt"))  # the newest last
+    ranges = sorted(dump.glob("*jit_step*gpu_after_optimizations-live-range.txt"),
+                    key=lambda f: f.stat().st_mtime)  # the newest last
     if not ranges:
         return f"no step dump in {dump}"
     text = ranges[-1].read_text()

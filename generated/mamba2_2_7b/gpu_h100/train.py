@@ -117,10 +117,10 @@ def model_config(tc: TrainConfig) -> Config:
 def check_config(cfg: Config, tc: TrainConfig, mesh) -> None:
     """Exit with a message when flags break the batch split, max_seq or the vocabulary."""
     runtime.check_settings(cfg, tc, mesh, batch_sharding(mesh))
-    # fit_remat chose model.REMAT_POLICY, remat(save), for batch 8 x seq 2048
+    # fit_remat chose model.REMAT_POLICY, remat(none), for batch 8 x seq 2048
     if tc.batch * tc.seq > 16384 and runtime.is_lead():
         print(
-            "note: remat(save) was chosen to fit 16384 tokens a step; this run "
+            "note: remat(none) was chosen to fit 16384 tokens a step; this run "
             f"takes {tc.batch * tc.seq}. If it runs out of memory, rebuild with remat(full) in a "
             "target block, or check the step with `axdsl aot specs/mamba2_2_7b.axl --target gpu-h100 "
             f"--batch {tc.batch} --seq {tc.seq}`",
