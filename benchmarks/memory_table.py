@@ -2,6 +2,7 @@
 
     python benchmarks/memory_table.py            # 20 TPU configs (5 on a v5e 2x4) + 7 CPU ones
     python benchmarks/memory_table.py --quick    # 5 TPU configs + 1 CPU one
+    python benchmarks/memory_table.py --gpu      # 14 GPU configs (H100 x1, x8, H200), no GPU
 
 On the 2 shared cores here a TPU compile takes 15-220 s (25 min for all, with other compiles
 running beside it); `--quick` or `--only NAME` for less, `--xla-cache` to skip the compiles.
@@ -25,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 import tempfile
 import time
@@ -125,6 +127,14 @@ model ds_small = DecoderLM {
   dtype = bf16  param_dtype = f32
 }
 """
+# Llama 3 8B whole (specs/llama3_8b.axl): 32 layers in one scan compile in about 10 s for 8 GPUs.
+LLAMA_8B = """import "std/transformer.axl"
+model llama8b = DecoderLM {
+  vocab = 128256  dim = 4096  layers = 32  heads = 32  kv_heads = 8  ffn = 14336
+  rope_theta = 500000.0  max_seq = 8192  norm = RMSNorm(eps = 1e-5)
+  dtype = bf16  param_dtype = f32
+}
+"""
 # 16 layers of dim 1024 for the pipelined rows (stage 4 x fsdp 2 on a v5e 2x4 topology).
 LLAMA_PP = """import "std/transformer.axl"
 model lm = DecoderLM {
@@ -201,6 +211,36 @@ CONFIGS = (
     Config("cpu llama fp8", "CPU: fp8 matmuls", LLAMA_SMALL, 8, 256,
            "remat(none) kernels(attention = xla) quantize(fp8)", "cpu-8"),
     Config("cpu mamba2 full", "CPU: Mamba-2", MAMBA_SMALL, 8, 512, "remat(full)", "cpu-8"),
+    # GPU rows (--gpu): compiled by XLA's GPU compiler with no GPU (jax's CUDA plugin,
+    # axdsl/aot/gpu.py); the gpu profiles quantize to fp8 by default, `quantize(none)` is bf16.
+    Config("gpu llama1b fsdp8 full", "GPU: dense 1B, FSDP 8, fp8", LLAMA_1B, 8, 2048,
+           "remat(full)", "gpu-h100-8", quick=True),
+    Config("gpu llama1b fsdp8 full bf16", "GPU: dense 1B, FSDP 8, bf16", LLAMA_1B, 8, 2048,
+           f"remat(full) {NO_INT8}", "gpu-h100-8"),
+    Config("gpu llama1b fsdp8 save=[qkv]", "GPU: remat save = [names], bf16", LLAMA_1B, 8, 2048,
+           f"remat(save = [query_proj, key_proj, value_proj]) {NO_INT8}", "gpu-h100-8"),
+    Config("gpu llama1b fsdp8 none", "GPU: remat none, bf16", LLAMA_1B, 8, 2048,
+           f"remat(none) {NO_INT8}", "gpu-h100-8"),
+    Config("gpu llama1b 1 gpu full", "GPU: dense 1B, one H100, fp8", LLAMA_1B, 4, 2048,
+           "remat(full)", "gpu-h100-1"),
+    Config("gpu llama1b 1 gpu save_dots", "GPU: remat save_dots, bf16", LLAMA_1B, 4, 2048,
+           f"remat(save_dots) {NO_INT8}", "gpu-h100-1"),
+    Config("gpu llama8b fsdp8 full", "GPU: dense 8B, FSDP 8, fp8", LLAMA_8B, 8, 2048,
+           "remat(full)", "gpu-h100-8", quick=True),
+    Config("gpu llama8b fsdp8 none bf16", "GPU: dense 8B, remat none, bf16", LLAMA_8B, 8, 1024,
+           f"remat(none) {NO_INT8}", "gpu-h100-8"),
+    Config("gpu llama 32k full", "GPU: 32k tokens, H200, fp8", LLAMA_32K, 1, 32768,
+           "remat(full)", "gpu-h200-1", quick=True),
+    Config("gpu llama 32k none", "GPU: 32k tokens, remat none, bf16", LLAMA_32K, 1, 32768,
+           f"remat(none) {NO_INT8}", "gpu-h200-1"),
+    Config("gpu qwen3-moe full", "GPU: MoE 32 experts top-8", QWEN3_MOE, 4, 2048,
+           "remat(full)", "gpu-h100-1"),
+    Config("gpu qwen3-moe fsdp8 full", "GPU: MoE, FSDP 8", QWEN3_MOE, 8, 2048,
+           "remat(full)", "gpu-h100-8"),
+    Config("gpu mamba2 full", "GPU: Mamba-2 SSD", MAMBA2, 4, 2048, "remat(full)", "gpu-h100-1",
+           quick=True),
+    Config("gpu mamba2 none", "GPU: Mamba-2, remat none", MAMBA2, 4, 2048,
+           f"remat(none) {NO_INT8}", "gpu-h100-1"),
 )
 
 
@@ -248,13 +288,44 @@ def measure(cfg: Config, tmp: Path, cache: dict) -> Row:
         xla, oom, available, note = cached["xla"], cached["xla_oom"], cached["available"], cached["note"]
     else:
         lo = r.lowering
-        note = lo.get("tpu") or lo.get("error") or ""
+        note = lo.get("tpu") or lo.get("gpu") or lo.get("error") or ""
         oom = lo.get("xla_oom") is not None
-        tpu = bool(lo.get("tpu_topology"))
+        tpu = bool(lo.get("tpu_topology"))  # a GPU's figure: arguments + temp + outputs
         xla = lo["xla_oom"]["required"] if oom else (xla_total(lo["xla"], tpu) if lo.get("xla") else None)
         available = (lo.get("xla_oom") or {}).get("available") or lo.get("hbm_available")
+        if lo.get("gpu_topology"):  # XLA:GPU compiles any size: its figure against the pool
+            available = r.limit
+            oom = xla is not None and xla > available
     return Row(cfg.name, cfg.kind, cfg.target, r.estimate.total, xla, oom, available,
                round(time.perf_counter() - t0, 1), note[:80])
+
+
+def peak_report(dump: Path, top: int = 12) -> str:
+    """What XLA:GPU keeps at its peak, from a dump of the step (`--dump`): the live-range file's
+    "Live ranges at N (peak)" section with each buffer's shape from the buffer assignment, the
+    largest `top` by size, and the sum by shape."""
+    ranges = sorted(dump.glob("*jit_step*gpu_after_optimizations-live-range.txt"),
+                    key=lambda f: f.stat().st_mtime)  # the newest last
+    if not ranges:
+        return f"no step dump in {dump}"
+    text = ranges[-1].read_text()
+    assignment = ranges[-1].with_name(ranges[-1].name.replace("live-range", "buffer-assignment"))
+    shapes = {}
+    for m in re.finditer(r"value: <\d+ (\S+)(?: \(phi\))? @\d+> \(size=\d+,offset=\d+\): (\S+)",
+                         assignment.read_text()):
+        name = m.group(1) if "{" in m.group(1) else m.group(1) + "{}"
+        shapes.setdefault(name, m.group(2).split("{")[0])
+    section = text.split("(peak):", 1)[1].split("Stack trace", 1)[0]
+    live = [(m.group(1), int(m.group(2)))
+            for m in re.finditer(r"^\s+(\S+): (\d+) bytes", section, re.M)]
+    by_shape: dict[str, list[int]] = {}
+    for name, size in live:
+        by_shape.setdefault(shapes.get(name, "?"), []).append(size)
+    g = 2**20
+    lines = [f"peak: {sum(s for _, s in live) / g:,.1f} MiB of temporaries live in {len(live)} buffers"]
+    lines += [f"  {len(v)} x {k}: {sum(v) / g:,.1f} MiB"
+              for k, v in sorted(by_shape.items(), key=lambda kv: -sum(kv[1]))[:top]]
+    return "\n".join(lines)
 
 
 def render(rows: list[Row]) -> str:
@@ -276,7 +347,11 @@ def render(rows: list[Row]) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="a subset: five TPU configs, one CPU")
+    ap.add_argument("--gpu", action="store_true",
+                    help="the GPU rows instead (XLA's GPU compiler, jax's CUDA plugin)")
     ap.add_argument("--only", help="configs whose name contains this")
+    ap.add_argument("--dump", type=Path, help="XLA's dumps of the steps' compiles in this folder "
+                    "(buffer assignment, live ranges); GPU rows print what is live at the peak")
     ap.add_argument("--json", type=Path, help="write the rows here")
     ap.add_argument("--xla-cache", type=Path, help="reuse XLA's figures from an earlier --json")
     args = ap.parse_args()
@@ -284,11 +359,17 @@ def main() -> None:
     if args.xla_cache and args.xla_cache.exists():
         cache = {r["name"]: {"xla": r["xla"], "xla_oom": r["xla_oom"], "available": r["available"],
                              "note": r["note"]} for r in json.loads(args.xla_cache.read_text())}
-    configs = [c for c in CONFIGS if (c.quick or not args.quick) and (not args.only or args.only in c.name)]
+    configs = [c for c in CONFIGS if (c.quick or not args.quick) and (not args.only or args.only in c.name)
+               and c.target.startswith("gpu") == args.gpu]
     tmp, rows = Path(tempfile.mkdtemp()), []
+    if args.dump:  # XLA reads its flags once, when jax starts its backend (after this)
+        os.environ["XLA_FLAGS"] = (f"{os.environ.get('XLA_FLAGS', '')} --xla_dump_to={args.dump} "
+                                   "--xla_dump_hlo_as_text --xla_dump_hlo_module_re=.*jit_step.*")
     for cfg in configs:
         rows.append(measure(cfg, tmp, cache))
         r = rows[-1]
+        if args.dump and cfg.target.startswith("gpu"):
+            print(peak_report(args.dump), file=sys.stderr)
         print(f"{r.name:24} analytic {r.analytic / 2**30:6.2f} GiB  XLA "
               f"{'-' if r.xla is None else f'{r.xla / 2**30:6.2f}'} GiB  "
               f"{'' if r.error is None else f'{r.error:+6.1f}%'}  ({r.seconds} s) {r.note}",

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from axdsl.analysis.memory import estimate_memory
-from axdsl.analysis.platforms import CPU, TPU, facts
+from axdsl.analysis.platforms import CPU, GPU, TPU, facts
 from axdsl.aot import analyze, xla_total
 from axdsl.pipeline import compile_spec
 
@@ -40,7 +40,7 @@ def _check(r, rel: float = 0.10) -> None:
 
 def test_platform_facts_are_per_target_kind(tmp_path):
     """A TPU target's loss keeps one float32 and one bf16 chunk of logits (CPU: three and two)."""
-    assert facts("tpu") is TPU and facts("cpu") is CPU and facts("gpu") is CPU
+    assert facts("tpu") is TPU and facts("cpu") is CPU and facts("gpu") is GPU
     spec = _spec(tmp_path, "remat(full) quantize(none)", 4, 2048, VOCAB="32000", DIM="512",
                  FFN="1536", DTYPE="bf16")
     tpu = estimate_memory(compile_spec(spec, "tpu-v5e-1"))
@@ -86,3 +86,20 @@ def test_analytic_verdict_never_refuses_within_the_measured_overestimate(in_root
     assert r.fits and r.borderline and "fits (analytic, borderline)" in render(r)
     r.estimate = extra(int(r.usable * 1.11))
     assert not r.fits and not r.borderline
+
+
+def test_gpu_facts_update_head_and_phases(tmp_path):
+    """XLA:GPU (platforms.GPU, measured): the lax.cond-skipped update materializes new parameters
+    and moments beside the gradients, FSDP's loss holds the whole head and its full-size
+    gradient in the compute dtype, and the figure is a peak over phases. Analytic only."""
+    spec = _spec(tmp_path, "remat(full) quantize(none)", 8, 2048, VOCAB="32000", DIM="512",
+                 FFN="1536", DTYPE="bf16")
+    one = estimate_memory(compile_spec(spec, "gpu-h100-1"), update_select=False)
+    assert one.phased and one.update == one.params + one.opt_state - 12  # all trained + moments
+    assert one.temporaries >= one.grads + one.update
+    eight = estimate_memory(compile_spec(spec, "gpu-h100-8"), update_select=False)
+    assert eight.mesh.get("fsdp") == 8
+    head = 32000 * 512 * 2  # the untied head [dim, vocab], gathered whole, bf16
+    assert eight.loss_working >= GPU.loss_gathered_head * head
+    cpu = estimate_memory(compile_spec(spec, "cpu-8"), update_select=False)
+    assert cpu.update == 0 and not cpu.phased  # CPU and TPU: written in place

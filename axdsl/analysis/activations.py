@@ -36,6 +36,7 @@ from axdsl.errors import filled
 from axdsl.ir import nodes as ir
 from axdsl.ir.nodes import LOSS_CHUNK, HeadSplit
 from axdsl.ir.rewrite import prims_of
+from axdsl.primitives.moe import DENSE
 
 
 @dataclass(frozen=True)
@@ -160,13 +161,15 @@ def _add_block(
     # benchmarks/aot_report.py): next to what remat recomputes, the largest one (the attention
     # probabilities' at long sequences); with remat none nothing is recomputed, but the stacked
     # residuals stay allocated until the scan's backward ends, and the two largest are live at once.
-    sizes = sorted((t.nbytes(v) for v in layer.values if v.dims), reverse=True)
+    dense = [v for v in layer.values if v.label.endswith(DENSE)]  # XLA:GPU's ragged_dot
+    sizes = sorted((t.nbytes(v) for v in layer.values if v.dims and v not in dense), reverse=True)
     cotangents = sum(sizes[:1] if policy.kind is not ir.RematKind.NONE else sizes[:2])
     transient = recompute + cotangents
     if policy.kind is ir.RematKind.NONE:
         transient = cotangents
     else:  # XLA:TPU fuses the elementwise recomputation into its consumers (platforms.py)
         transient *= t.platform.layer_recompute
+    transient += sum(t.nbytes(v) for v in dense)
     blocks.working = max(blocks.working, transient + gathered_weights(t, inst))
 
 
@@ -325,7 +328,20 @@ def fused_loss(t: Tracer, split: HeadSplit, hidden: Val, loss_chunk: int) -> tup
     if chunk < 1:  # a scan over the chunks: the hidden gradients stacked by chunk, then unchunked,
         # and the head's gradient carried from chunk to chunk besides the one returned (CPU)
         kept = 2 * t.nbytes(hidden) + facts.loss_head_grads * grads
-    return chunk * (facts.loss_f32 * f32 + facts.loss_low * _low_precision_bytes(t, logits)), kept
+    working = chunk * (facts.loss_f32 * f32 + facts.loss_low * _low_precision_bytes(t, logits))
+    return working + facts.loss_gathered_head * gathered_head(t, split), kept
+
+
+def gathered_head(t: Tracer, split: HeadSplit) -> float:
+    """The head's parameters gathered whole over the batch (FSDP) axes, in the compute dtype
+    (0 when no batch axis shards them)."""
+    fsdp = tuple(t.layout.batch_axes())
+    total = 0.0
+    for p in _head_params(split):
+        full = t.layout.param_elements(p, exclude=fsdp) if fsdp else 0
+        if full != t.layout.param_elements(p):
+            total += full * DTYPE_BYTES[t.compute or p.dtype.name]
+    return total
 
 
 def _head_params(split: HeadSplit) -> list[ir.Param]:

@@ -313,7 +313,10 @@ def estimate_memory(
         layers=act.layers,
         working_kind=act.working_kind,
         detail=act.detail,
-        update=int(UPDATE_SELECT_FRACTION * (_trained(st) + st.moments)) if update_select else 0,
+        update=int(
+            (UPDATE_SELECT_FRACTION if update_select else platform_of(module).cond_update)
+            * (_trained(st) + st.moments)
+        ),
         reused=act.reused,
         mu_dtype=mu_dtype,
         phased=platform_of(module).phased,

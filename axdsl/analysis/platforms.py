@@ -8,8 +8,9 @@ justifies it (buffer assignments: `XLA_FLAGS=--xla_dump_to=DIR --xla_dump_hlo_as
 step's `*memory-usage-report.txt`; TPU figures from deviceless tpu-v5e-1 compiles with libtpu,
 checked against a real v5e chip in /work/tpu_results, benchmarks/memory_table.py).
 
-GPU and Trainium targets use the CPU facts until they are measured: those are the conservative
-ones (more buffers live), so their analytic verdicts err towards "does not fit".
+GPU facts come from deviceless compiles by XLA's GPU compiler (jax's CUDA plugin, aot/gpu.py).
+Trainium targets use the CPU facts until they are measured: those are the conservative ones (more
+buffers live), so their analytic verdicts err towards "does not fit".
 """
 
 from __future__ import annotations
@@ -62,6 +63,19 @@ class PlatformFacts:
     # what a chip needs) rather than a sum of its buffers (XLA:CPU's temp_size): then the
     # layers' gradients do not yet exist at the loss, and the activations are gone at the update.
     phased: bool = False
+    # The generated step's update, skipped on a non-finite loss with jax.lax.cond: the fraction
+    # of (trained parameters + optimizer moments) it materializes beside the gradients before
+    # they are copied into the donated state (0: written in place, as XLA:CPU and XLA:TPU do).
+    cond_update: float = 0.0
+    # Under FSDP, buffers of the whole output head (all its parameters, gathered over the batch
+    # axes, in the compute dtype) live in the fused cross-entropy's loop: the gathered weights
+    # and their full-size gradient before it is reduce-scattered (0: XLA keeps the head sharded
+    # or counts it elsewhere).
+    loss_gathered_head: int = 0
+    # Buffers [experts, tokens x top_k, d] (d: the model dim, the expert hidden, the model dim)
+    # in a dropless MoE layer's backward: XLA:GPU expands each grouped matmul (ragged_dot) into
+    # a masked dot per expert (0: XLA computes it grouped).
+    moe_ragged_dense: int = 0
 
 
 CPU = PlatformFacts(
@@ -114,9 +128,52 @@ TPU = PlatformFacts(
     phased=True,
 )
 
+# XLA:GPU, measured 2026-12-07 on deviceless compiles for H100 / H200 (jax's CUDA plugin,
+# axdsl/aot/gpu.py; benchmarks/memory_table.py --gpu --dump DIR, which prints what the step's
+# `*live-range.txt` says is live at XLA's peak, with shapes from `*buffer-assignment.txt`):
+# Phased: XLA:GPU's temp_size is ONE preallocated-temp allocation whose values sit at offsets the
+# heap simulator assigned, and values of different phases share offsets (llama 3 8B, FSDP 8: offset
+# 0 of the block holds the loss's bf16[4096, 128256] head, fp8 weight copies and the update's
+# f32[32, 14336, 512] moments): its size is a peak over the step, like TPU's.
+# cond_update: llama 3 8B on 8 H100s at 8 x 128 and 8 x 2048 peaks in the update: the block's
+# 14.96 GiB is the f32 gradients (3.74) and the jax.lax.cond's outputs, new parameters and both
+# Adam moments (11.22), copied into the donated state after the conditional (41 copies); llama
+# 3.2 1B on one H100 likewise (9.21 GiB = 4 x 2.30). Was modelled in place: -32%.
+# loss_gathered_head: llama 3.2 1B (tied) on 8 H100s, 8 x 2048, remat full: the peak is in the
+# chunked loss's loop and holds bf16[2048, 128256] (the embedding gathered whole) and
+# bf16[128256, 2048] (its full-size gradient), 501 MiB each, beside one chunk's bf16[1, 512,
+# 128256] logits and their bf16[512, 128256] gradient (loss_low 2; a float32 chunk, loss_f32 1,
+# keeps the 1B rows within 6%, none within 15%) and one head gradient (loss_head_grads 1).
+# layer_recompute 0.42 and ssd_fused as on TPU: with CPU's 1.0 and unfused SSD, 32k tokens with
+# remat full was +44% and Mamba-2 +46% (XLA:GPU fuses the recomputed elementwise values too);
+# Mamba-2 with remat none keeps more than the fused SSD's values (f32[4, 4, 2048, 5120] input
+# copies per layer): -19%, the one row outside 10%.
+# moe_ragged_dense: a 2-layer Qwen3-MoE (32 experts of 768, top-8) on one H100, 4 x 2048: the
+# layer backward holds bf16[32, 65536, 2048] twice and bf16[65536, 32, 2048] (8 GiB each: every
+# expert's masked copy of the 65,536 dispatched rows); on 8 H100s (1 x 2048 each) two bf16[32,
+# 16384, 2048] and a bf16[32, 16384, 768], with 1.8 GiB more of the temp block than its values
+# at the peak; four buffers (dim, hidden, dim, dim) keep both within 7% (without: -59%, -74%).
+# Overestimate: at most +6.5% on the GPU rows XLA fits (the 1-GPU MoE).
+GPU = PlatformFacts(
+    loss_f32=1,
+    loss_low=2,
+    loss_head_grads=1,
+    layer_recompute=0.42,
+    lanes=0,
+    splash_dq_live=1.0,
+    ssd_fused=True,
+    moe_dispatch_u32=0,
+    usable_fraction=0.9,
+    overestimate=0.07,
+    phased=True,
+    cond_update=1.0,
+    loss_gathered_head=2,
+    moe_ragged_dense=4,
+)
+
 FACTS = {
     ir.ChipKind.CPU: CPU,
-    ir.ChipKind.GPU: CPU,
+    ir.ChipKind.GPU: GPU,
     ir.ChipKind.TRN: CPU,
     ir.ChipKind.TPU: TPU,
 }

@@ -349,7 +349,17 @@ def _memory(t, prim: ir.Prim, args, dims, label: str):
     ):  # XLA:TPU sorts and scatters the dispatched tokens in 32 bits (analysis/platforms.py)
         for _ in range(t.platform.moe_dispatch_u32):
             t.save(t.internal(slot + (model_dim,), "u32", f"{label} 32-bit dispatch", (x, logits)))
+        # XLA:GPU expands the grouped matmuls (ragged_dot) into a masked dot per expert: the
+        # backward's [experts, tokens x top_k, d] buffers, not kept (analysis/platforms.py)
+        widths = (model_dim, hidden, model_dim, model_dim)[: t.platform.moe_ragged_dense]
+        for i, d in enumerate(widths):
+            rows = (experts, *slot, d)
+            t.internal(rows, x.dtype, f"{label} ragged_dot per expert {i} {DENSE}", (x, logits))
     return out
+
+
+# The label's end of a transient the layer backward adds whole (activations.py _add_block).
+DENSE = "(dense)"
 
 
 def _unused_params(ctx, prim: ir.Prim) -> int:

@@ -32,8 +32,7 @@ XLA_FLAGS = [
     "--xla_gpu_enable_command_buffer=",
     # Fp8 matmuls compile to cuBLASLt's fp8 gemm (__cublas$lt$matmul$f8), not a Triton one.
     "--xla_gpu_enable_triton_gemm=false",
-    # The schedule's remat(save = [out_proj, ssd_out]) decides what is recomputed; XLA's pass must
-    # not redo it.
+    # The schedule's remat(none) decides what is recomputed; XLA's pass must not redo it.
     "--xla_disable_hlo_passes=rematerialization",
     # Gradient all-reduces combined up to 1 GiB: large messages use more of NVLink.
     "--xla_gpu_all_reduce_combine_threshold_bytes=1073741824",
@@ -161,10 +160,10 @@ def model_config(tc: TrainConfig) -> Config:
 def check_config(cfg: Config, tc: TrainConfig, mesh) -> None:
     """Exit with a message when flags break the batch split, max_seq or the vocabulary."""
     runtime.check_settings(cfg, tc, mesh, batch_sharding(mesh))
-    # fit_remat chose model.REMAT_POLICY, remat(save), for batch 8 x seq 2048
+    # fit_remat chose model.REMAT_POLICY, remat(none), for batch 8 x seq 2048
     if tc.batch * tc.seq > 16384 and runtime.is_lead():
         print(
-            "note: remat(save) was chosen to fit 16384 tokens a step; this run "
+            "note: remat(none) was chosen to fit 16384 tokens a step; this run "
             f"takes {tc.batch * tc.seq}. If it runs out of memory, rebuild with remat(full) in a "
             "target block, or check the step with `axdsl aot specs/mamba2_2_7b.axl --target gpu-h100 "
             f"--batch {tc.batch} --seq {tc.seq}`",

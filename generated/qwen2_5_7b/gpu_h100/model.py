@@ -409,7 +409,7 @@ MESH_SHAPE = {
 # Rematerialization of each scanned layer, remat(full) from fit_remat, for profile gpu-h100:
 # keep only each layer's input; recompute the rest in the backward pass.
 # fit_remat, for qwen2_5_7b at batch 8 x seq 32768, 64.73 GiB usable per chip (analytic):
-# none 274.05, save(points) 85.45, save_dots 109.61, full 33.17 GiB: full fits
+# none 273.29, save(points) 78.90, save_dots 104.27, full 26.49 GiB: full fits
 REMAT_POLICY = jax.checkpoint_policies.nothing_saveable
 
 
