@@ -309,36 +309,42 @@ def _line(r: dict) -> str:
 
 def run(root: Path, only: list[str], steps: int, results: Path, timeout: int, profile: str = "",
         fill: bool = False, per_build: bool = False, budget: float | None = None,
-        report: Callable[[Path], None] | None = None) -> int:
-    """Each config (with `per_build`, each build) in a fresh process, then the table (`report`).
-    With a `budget` in seconds for them all, a process may take up to twice its share of what is
-    left. A plan with a `mem_fraction` gives XLA's allocator that fraction of the chip."""
+        together: int = 1, report: Callable[[Path], None] | None = None) -> int:
+    """Each config (with `per_build`, each build) in a fresh process, `together` at a time (one on
+    a chip; more on a dry run's CPU cores), then the table (`report`). With a `budget` in seconds
+    for them all, a process may take up to twice its share of what is left. The plan's `env` is
+    set for them (a GPU plan's: XLA's memory pool)."""
     plan = json.loads((root / "plan.json").read_text())
     picked = [r for r in plan["runs"] if not only or r["config"] in only]
     units = list(dict.fromkeys((r["config"], r["variant"] if per_build else None) for r in picked))
-    env = dict(os.environ)
-    if plan.get("mem_fraction"):
-        env["XLA_PYTHON_CLIENT_MEM_FRACTION"] = f"{plan['mem_fraction']:.2f}"
+    env = os.environ | plan.get("env", {})
+
+    def start(config: str, variant: str | None) -> subprocess.Popen:
+        code = (f"import sys; sys.path.insert(0, {str(REPO / 'benchmarks')!r}); import tpu_bench; "
+                f"from pathlib import Path; tpu_bench._measure_config(Path({str(root)!r}), {config!r}, "
+                f"{steps}, Path({str(results)!r}), {profile!r}, {fill!r}, {variant!r})")
+        return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, env=env)
+
     began = time.perf_counter()
+    started: list[subprocess.Popen] = []
     for i, (config, variant) in enumerate(units):
+        started += [start(*unit) for unit in units[len(started):i + together]]
         limit = timeout
         if budget is not None:
             left = budget - (time.perf_counter() - began)
             limit = int(max(min(timeout, 2 * left / (len(units) - i)), 1))
         name = f"{config} {variant or ''}".strip()
         print(f"[{time.perf_counter() - began:5.0f} s] {name}: up to {limit} s", flush=True)
-        code = (f"import sys; sys.path.insert(0, {str(REPO / 'benchmarks')!r}); import tpu_bench; "
-                f"from pathlib import Path; tpu_bench._measure_config(Path({str(root)!r}), {config!r}, "
-                f"{steps}, Path({str(results)!r}), {profile!r}, {fill!r}, {variant!r})")
+        proc = started[i]
         try:
-            proc = subprocess.run([sys.executable, "-c", code], timeout=limit, capture_output=True,
-                                  text=True, env=env)
-            print(proc.stdout, end="", flush=True)
-            failed = f"exited {proc.returncode}: {proc.stderr[-1500:]}" if proc.returncode else ""
-        except subprocess.TimeoutExpired as exc:
-            said = exc.stdout or ""
-            print(said.decode() if isinstance(said, bytes) else said, end="")
+            said, err = proc.communicate(timeout=limit)
+            failed = f"exited {proc.returncode}: {err[-1500:]}" if proc.returncode else ""
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            said, _ = proc.communicate()
             failed = f"over {limit} s, stopped"
+        print(said, end="", flush=True)
         if failed:
             print(f"{name}: {failed}", flush=True)
             if variant is not None:  # the build's row says why it has no figures
