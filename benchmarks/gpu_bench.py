@@ -21,8 +21,9 @@ steps from the same initial state and data for both precisions, then the table: 
 (argument + temp + output - alias: XLA:GPU allocates its temporaries as one block), the chip's
 peak, the analytic figure and the loss after the last step. Then each config against the goals
 (the issue): bf16 MFU dense >= 55% (the 32k Llama too), MoE >= 30%, Mamba-2 >= 25%; fp8 step time
-<= 0.75 x bf16's; fp8's loss within 2% of bf16's. On the device tool, with bench_gpu prepared in
-the repository (untracked, not ignored: it travels with the working tree):
+<= 0.75 x bf16's; fp8's loss within 2% of bf16's; and how many gemms of the fp8 build XLA compiled
+with 8-bit operands (a quantize-dequantize can compile to a bf16 gemm). On the device tool, with
+bench_gpu prepared in the repository (untracked, not ignored: it travels with the working tree):
 
     PYTHONUNBUFFERED=1 python benchmarks/gpu_bench.py run bench_gpu --results $OUT/results.jsonl \
         2>&1 | tee $OUT/run.log                                          # timeout_s 600
@@ -177,7 +178,8 @@ def goals(rows: dict[tuple[str, str], dict]) -> list[str]:
                 f"; fp8 step {ratio:.2f}x bf16's (goal <= {FP8_STEP}: {_ok(ratio <= FP8_STEP)}); "
                 f"loss after {len(b['losses'])} steps bf16 {b['losses'][-1]:.4f}, fp8 "
                 f"{f['losses'][-1]:.4f}, {drift:.2%} apart (within {FP8_LOSS:.0%}: "
-                f"{_ok(drift <= FP8_LOSS)})"
+                f"{_ok(drift <= FP8_LOSS)}); fp8's compiled step has {f.get('f8_gemms', '?')} f8 "
+                "gemms"
             )
         out.append(line)
     return out

@@ -249,6 +249,10 @@ def measure(root: str, run: dict, steps: int, profile: Path | None = None, fill:
         out["xla"] = {k: int(getattr(ma, f"{k}_size_in_bytes")) for k in ("argument", "output", "alias", "temp")}
         out["xla_sum"] = out["xla"]["argument"] + out["xla"]["temp"] + max(out["xla"]["output"] - out["xla"]["alias"], 0)
         out["xla_bytes"] = (int(ma.peak_memory_in_bytes) if xla_peak else 0) or out["xla_sum"]
+        # matmuls XLA kept in 8-bit floats (a quantize-dequantize can compile to a bf16 gemm)
+        hlo = compiled.as_text() or ""
+        out["f8_gemms"] = sum("f8e" in line and ("custom-call(" in line or " dot(" in line)
+                              for line in hlo.splitlines())
         tokens, _ = tm.runtime.split(tm.runtime.stdlib_bytes(8 << 20))
         state = tm.init_state(cfg, tc, mesh, jax.random.key(tc.seed))
         times, losses = [], []

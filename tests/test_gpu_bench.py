@@ -7,11 +7,14 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.targets_util import xla_flags
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
+@pytest.mark.slow  # about 20 s on 2 cores: two builds, each trained 4 steps in its own process
 def test_gpu_bench_dry_run_one_config(capsys, monkeypatch):
     monkeypatch.setenv("XLA_FLAGS", xla_flags(1))  # the builds' processes: one cpu, as from a shell
     sys.path.insert(0, str(ROOT / "benchmarks"))
