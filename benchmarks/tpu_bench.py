@@ -19,6 +19,9 @@ XLA refuses for memory is reported as "does not fit" with XLA's figure. Results 
 as JSON lines to RESULTS (default DIR/results.jsonl). It prints a markdown table for
 benchmarks/RESULTS.md. The goals (issue 34): dense >= 55%, 32k context >= 55%, MoE >= 35%,
 Mamba-2 >= 30%.
+
+benchmarks/gpu_bench.py runs the same machinery on one H200: its own configs, builds and table,
+the peak and XLA figure it writes into plan.json, a process per build and a time budget for all.
 """
 
 from __future__ import annotations
@@ -27,12 +30,14 @@ import argparse
 import dataclasses
 import importlib
 import json
+import os
 import re
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -122,19 +127,26 @@ def cut_spec(config: Config, out: Path, schedule: str, dry: bool) -> Path:
     return path
 
 
-def prepare(out: Path, variants: bool, dry: bool) -> dict:
-    """Build every config (and variant) under `out`, a package root; write and return plan.json."""
+def schedules_of(config: Config, variants: bool) -> dict[str, str]:
+    """A config's builds: "chosen" (no schedule line), and with `variants` those of VARIANTS."""
+    tried = {k: line for k, (line, names) in VARIANTS.items() if config.name in names}
+    return {"chosen": ""} | (tried if variants else {})
+
+
+def prepare(out: Path, variants: bool, dry: bool, target: str = TARGET,
+            configs: tuple[Config, ...] = CONFIGS,
+            schedules: Callable[[Config, bool], dict[str, str]] = schedules_of) -> dict:
+    """Build every config (and variant) under `out`, a package root; write and return plan.json.
+    `schedules` names each build of a config and the target-block line it is built with."""
     sys.path.insert(0, str(REPO / "benchmarks"))
     from gpu_check import build
 
     from axdsl.aot import analyze
 
-    target = "cpu" if dry else TARGET
+    target = "cpu" if dry else target
     plan: dict = {"target": target, "runs": []}
-    for config in CONFIGS:
-        tried = {k: line for k, (line, names) in VARIANTS.items() if config.name in names}
-        schedules = {"chosen": ""} | (tried if variants and not dry else {})
-        for name, schedule in schedules.items():
+    for config in configs:
+        for name, schedule in schedules(config, variants and not dry).items():
             spec = cut_spec(config, out / f"spec_{config.name}_{name}", schedule, dry)
             model, package = f"{config.name}_cut", f"gen_{config.name}_{name}"
             gen = build(spec, target, out / package)
@@ -144,6 +156,7 @@ def prepare(out: Path, variants: bool, dry: bool) -> dict:
                 "module": f"{package}.{gen.parent.name}.{gen.name}.train", "why": config.why,
                 "batch": 2 if dry else config.batch, "seq": 128 if dry else config.seq,
                 "analytic_bytes": report.estimate.total, "remat": str(report.estimate.remat),
+                "fits": report.fits, "model_flops_per_token": report.flops.train_per_token,
             })
     (out / "__init__.py").touch()
     (out / "plan.json").write_text(json.dumps(plan, indent=1))
@@ -206,8 +219,12 @@ def chip_need(compiled, box: list, batch, fresh_state, tries: int = 6) -> tuple[
     return limit - lo, state
 
 
-def measure(root: str, run: dict, steps: int, profile: Path | None = None, fill: bool = False) -> dict:
-    """Compile one build's train step, then time `steps` steps after WARMUP: its figures."""
+def measure(root: str, run: dict, steps: int, profile: Path | None = None, fill: bool = False,
+            peak: float = PEAK, xla_peak: bool = True) -> dict:
+    """Compile one build's train step, then time `steps` steps after WARMUP: its figures. MFU is
+    against `peak` FLOP/s; the XLA memory is its peak_memory_in_bytes with `xla_peak` (TPU), else
+    arguments + temporaries + outputs not donated (XLA:GPU allocates its temporaries as one
+    block)."""
     import jax
 
     sys.path.insert(0, root)
@@ -231,7 +248,11 @@ def measure(root: str, run: dict, steps: int, profile: Path | None = None, fill:
         ma = compiled.memory_analysis()
         out["xla"] = {k: int(getattr(ma, f"{k}_size_in_bytes")) for k in ("argument", "output", "alias", "temp")}
         out["xla_sum"] = out["xla"]["argument"] + out["xla"]["temp"] + max(out["xla"]["output"] - out["xla"]["alias"], 0)
-        out["xla_bytes"] = int(ma.peak_memory_in_bytes) or out["xla_sum"]  # XLA's own peak
+        out["xla_bytes"] = (int(ma.peak_memory_in_bytes) if xla_peak else 0) or out["xla_sum"]
+        # matmuls XLA kept in 8-bit floats (a quantize-dequantize can compile to a bf16 gemm)
+        hlo = compiled.as_text() or ""
+        out["f8_gemms"] = sum("f8e" in line and ("custom-call(" in line or " dot(" in line)
+                              for line in hlo.splitlines())
         tokens, _ = tm.runtime.split(tm.runtime.stdlib_bytes(8 << 20))
         state = tm.init_state(cfg, tc, mesh, jax.random.key(tc.seed))
         times, losses = [], []
@@ -241,6 +262,7 @@ def measure(root: str, run: dict, steps: int, profile: Path | None = None, fill:
             state, metrics = compiled(state, batch)
             losses.append(float(metrics["loss"]))  # waits for the step
             times.append(time.perf_counter() - t0)
+        out["chip_peak"] = (jax.devices()[0].memory_stats() or {}).get("peak_bytes_in_use")
         if fill:  # what the step really needs on the chip, for the memory model
             box, state, metrics = [state], None, None
             out["chip_need"], state = chip_need(
@@ -251,18 +273,22 @@ def measure(root: str, run: dict, steps: int, profile: Path | None = None, fill:
     step_s = timed[len(timed) // 2]  # the median step
     per_token = tm.MODEL_FLOPS[tc.model].per_token(tc.seq)
     out.update(step_s=step_s, tokens_per_s=tc.batch * tc.seq / step_s, losses=losses,
-               model_flops_per_token=per_token, mfu=per_token * tc.batch * tc.seq / step_s / PEAK)
+               model_flops_per_token=per_token, mfu=per_token * tc.batch * tc.seq / step_s / peak)
     return out
 
 
 def _measure_config(root: Path, config: str, steps: int, results: Path, profile: str = "",
-                    fill: bool = False) -> None:
-    """Every build of one config, in this process (one chip holder), each result appended."""
+                    fill: bool = False, variant: str | None = None) -> None:
+    """Every build of one config (or its build `variant`), in this process (one chip holder), each
+    result appended. The plan says the peak and the XLA figure (a GPU plan: its own)."""
     plan = json.loads((root / "plan.json").read_text())
-    for run in (r for r in plan["runs"] if r["config"] == config):
+    peak, xla_peak = plan.get("peak_flops", PEAK), plan.get("xla_memory", "peak") == "peak"
+    runs = [r for r in plan["runs"] if r["config"] == config and variant in (None, r["variant"])]
+    for run in runs:
         began = time.perf_counter()
         try:
-            r = measure(str(root), run, steps, Path(profile) if profile else None, fill)
+            where = Path(profile) if profile else None
+            r = measure(str(root), run, steps, where, fill, peak, xla_peak)
         except Exception as exc:  # noqa: BLE001 - one build failing must not hide the others
             r = {"config": config, "variant": run["variant"], "error": f"{type(exc).__name__}: {exc}"[:400]}
         r["wall_s"] = round(time.perf_counter() - began, 1)
@@ -277,30 +303,59 @@ def _measure_config(root: Path, config: str, steps: int, results: Path, profile:
 def _line(r: dict) -> str:
     if "error" in r:
         return f"{r['config']:10s} {r['variant']:10s} ERROR {r['error'][:300]}"
+    chip = "".join(f"{what} {r[k] / 2**30:5.2f} GiB  " for k, what in
+                   (("chip_need", "chip needs"), ("chip_peak", "chip peak")) if r.get(k))
     return (f"{r['config']:10s} {r['variant']:10s} {r['tokens_per_s']:9.0f} tok/s  MFU {r['mfu']:6.1%}  "
-            f"step {r['step_s'] * 1e3:7.1f} ms  XLA {r['xla_bytes'] / 2**30:5.2f} GiB  "
-            f"chip needs {(r.get('chip_need') or 0) / 2**30:5.2f} GiB  "
+            f"step {r['step_s'] * 1e3:7.1f} ms  XLA {r['xla_bytes'] / 2**30:5.2f} GiB  {chip}"
             f"analytic {r['analytic_bytes'] / 2**30:5.2f} GiB  compile {r['compile_s']} s  "
             f"loss {r['losses'][0]:.3f}->{r['losses'][-1]:.3f}")
 
 
 def run(root: Path, only: list[str], steps: int, results: Path, timeout: int, profile: str = "",
-        fill: bool = False) -> int:
-    """Each config in a fresh process; then the table."""
+        fill: bool = False, per_build: bool = False, budget: float | None = None,
+        together: int = 1, report: Callable[[Path], None] | None = None) -> int:
+    """Each config (with `per_build`, each build) in a fresh process, `together` at a time (one on
+    a chip; more on a dry run's CPU cores), then the table (`report`). With a `budget` in seconds
+    for them all, a process may take up to twice its share of what is left. The plan's `env` is
+    set for them (a GPU plan's: XLA's memory pool)."""
     plan = json.loads((root / "plan.json").read_text())
-    configs = list(dict.fromkeys(r["config"] for r in plan["runs"] if not only or r["config"] in only))
-    for config in configs:
+    picked = [r for r in plan["runs"] if not only or r["config"] in only]
+    units = list(dict.fromkeys((r["config"], r["variant"] if per_build else None) for r in picked))
+    env = os.environ | plan.get("env", {})
+
+    def start(config: str, variant: str | None) -> subprocess.Popen:
         code = (f"import sys; sys.path.insert(0, {str(REPO / 'benchmarks')!r}); import tpu_bench; "
                 f"from pathlib import Path; tpu_bench._measure_config(Path({str(root)!r}), {config!r}, "
-                f"{steps}, Path({str(results)!r}), {profile!r}, {fill!r})")
+                f"{steps}, Path({str(results)!r}), {profile!r}, {fill!r}, {variant!r})")
+        return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, env=env)
+
+    began = time.perf_counter()
+    started: list[subprocess.Popen] = []
+    for i, (config, variant) in enumerate(units):
+        started += [start(*unit) for unit in units[len(started):i + together]]
+        limit = timeout
+        if budget is not None:
+            left = budget - (time.perf_counter() - began)
+            limit = int(max(min(timeout, 2 * left / (len(units) - i)), 1))
+        name = f"{config} {variant or ''}".strip()
+        print(f"[{time.perf_counter() - began:5.0f} s] {name}: up to {limit} s", flush=True)
+        proc = started[i]
         try:
-            proc = subprocess.run([sys.executable, "-c", code], timeout=timeout, capture_output=True, text=True)
-            print(proc.stdout, end="", flush=True)
-            if proc.returncode:
-                print(f"{config}: exited {proc.returncode}: {proc.stderr[-1500:]}", flush=True)
+            said, err = proc.communicate(timeout=limit)
+            failed = f"exited {proc.returncode}: {err[-1500:]}" if proc.returncode else ""
         except subprocess.TimeoutExpired:
-            print(f"{config}: over {timeout} s, stopped", flush=True)
-    table(results)
+            proc.kill()
+            said, _ = proc.communicate()
+            failed = f"over {limit} s, stopped"
+        print(said, end="", flush=True)
+        if failed:
+            print(f"{name}: {failed}", flush=True)
+            if variant is not None:  # the build's row says why it has no figures
+                row = {"config": config, "variant": variant, "error": failed[-400:]}
+                with results.open("a") as f:
+                    f.write(json.dumps(row) + "\n")
+    (report or table)(results)
     return 0
 
 
