@@ -1,9 +1,9 @@
 """The compiler pipeline in one place: load -> build the IR -> PASSES -> codegen.
 
     spec.axl --lark--> AST --irbuild ("resolve")--> IR --check, infer_shapes, stack_repeats--> IR
-        --configure_target, configure_train, annotate_sharding, shard_activations, insert_remat,
-          unroll_repeats, quantize_matmuls, select_kernels, plan_context, fit_remat,
-          plan_pipeline, choose_xla_flags--> IR
+        --configure_target, choose_update_skip, configure_train, annotate_sharding,
+          shard_activations, insert_remat, unroll_repeats, quantize_matmuls, select_kernels,
+          plan_context, fit_remat, plan_pipeline, choose_xla_flags--> IR
         --split_head, plan_decode, select_config, plan_functions--> IR
         --codegen--> model.py, train.py
 
@@ -28,6 +28,7 @@ from axdsl.ir import nodes as ir
 from axdsl.irbuild import build_module
 from axdsl.passes.annotate_sharding import annotate_sharding
 from axdsl.passes.check import check
+from axdsl.passes.choose_update_skip import choose_update_skip
 from axdsl.passes.choose_xla_flags import choose_xla_flags
 from axdsl.passes.configure_target import configure_target
 from axdsl.passes.configure_train import configure_train
@@ -55,6 +56,7 @@ PASSES: tuple[tuple[str, Pass], ...] = (
     ("infer_shapes", infer_shapes),
     ("stack_repeats", stack_repeats),
     ("configure_target", configure_target),
+    ("choose_update_skip", choose_update_skip),
     ("configure_train", configure_train),
     ("annotate_sharding", annotate_sharding),
     ("shard_activations", shard_activations),

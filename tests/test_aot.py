@@ -72,25 +72,31 @@ def test_suggestions_cover_remat_and_microbatches(in_root, tmp_path):
     assert "microbatches = 2" in text or "microbatches = 4" in text
 
 
-def test_update_model_is_the_cond_the_generated_step_uses(in_root):
-    # aot models the update from GENERATED_UPDATE_SKIP, not from train.py's text: keep that fact
-    # true of what the build emits (a lax.cond that skips the update, no select over the state),
-    # and the select's update term present only when asked for.
+def test_update_model_is_the_form_the_generated_step_uses(in_root):
+    # aot models the update from the schedule's update_skip (choose_update_skip), not from
+    # train.py's text: keep that true of what the build emits. cpu: a lax.cond that skips the
+    # update in place, no select over the state; gpu: a select of each leaf, no lax.cond.
     import re
 
-    from axdsl.analysis.memory import GENERATED_UPDATE_SKIP, UpdateSkip, estimate_memory
+    from axdsl.analysis.memory import UpdateSkip, estimate_memory
     from axdsl.build import build_files
     from axdsl.pipeline import compile_spec
 
-    files = build_files(Path("specs/tiny_llama.axl"), "cpu")
-    emitted = "\n".join(text for name, text in files.items() if name.endswith(".py"))
-    assert GENERATED_UPDATE_SKIP is UpdateSkip.COND
-    assert re.search(r"jax\.lax\.cond\(\s*ok, update,", emitted)
-    assert not re.search(r"jnp\.where\(ok, \w+, \w+\)", emitted)
+    for target, skip in (("cpu", UpdateSkip.COND), ("gpu-h100-1", UpdateSkip.SELECT)):
+        module = compile_spec(Path("specs/tiny_llama.axl"), target)
+        assert module.target.update_skip is skip, target
+        files = build_files(Path("specs/tiny_llama.axl"), target)
+        emitted = "\n".join(text for name, text in files.items() if name.endswith(".py"))
+        cond = re.search(r"jax\.lax\.cond\(\s*ok, update,", emitted)
+        select = re.search(r"jnp\.where\(ok, n, o\), updated, old\)", emitted)
+        assert (bool(cond), bool(select)) == (skip is UpdateSkip.COND, skip is UpdateSkip.SELECT)
     r = analyze(Path("specs/tiny_llama.axl"), "cpu", lower=False)
     assert r.estimate.update == 0
     module = compile_spec(Path("specs/tiny_llama.axl"), "cpu")
     assert estimate_memory(module, update_select=True).update > 0
+    # XLA:GPU writes the select in place, and made a copy under the cond (platforms.GPU)
+    gpu = compile_spec(Path("specs/tiny_llama.axl"), "gpu-h100-1")
+    assert estimate_memory(gpu).update == 0 < estimate_memory(gpu, update_select=False).update
 
 
 def test_unknown_model_is_an_error(in_root, capsys):

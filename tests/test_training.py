@@ -181,11 +181,31 @@ def test_microbatches_equal_one_large_batch(tiny):
     assert abs(float(m1["grad_norm"]) - float(m4["grad_norm"])) <= 1e-6
 
 
-def test_non_finite_step_leaves_the_state_alone(tiny):
-    """A token outside the vocabulary makes the loss NaN: the update is skipped, bad_steps counts."""
+@pytest.fixture(scope="module")
+def tiny_gpu():
+    """tiny_llama's gpu-h100 train module (fp8 matmuls, XLA attention: it computes in f32), on
+    the same 8 devices: its step skips a bad update with a select (choose_update_skip)."""
     import jax
 
-    tm, mesh, tc, batch, state, step = tiny
+    from generated.tiny_llama.gpu_h100 import train as tm
+
+    assert "jnp.where(ok, n, o), updated, old)" in Path(tm.__file__).read_text()
+    mesh = tm.make_mesh()
+    tc = dataclasses.replace(tm.TRAIN, batch=32, warmup=0, eps=1e-4)
+    tokens, _ = tm.runtime.split(tm.runtime.stdlib_bytes(1 << 20))
+    with jax.set_mesh(mesh):
+        batch = tm.runtime.get_batch(tokens, tc, 0, tm.batch_sharding(mesh))
+        state = tm.init_state(tm.CONFIGS[tc.model], tc, mesh, jax.random.key(0))
+    return tm, mesh, tc, batch, state, tm.make_train_step(tm.CONFIGS[tc.model], tc, mesh)
+
+
+@pytest.mark.parametrize("setup", ["tiny", "tiny_gpu"])
+def test_non_finite_step_leaves_the_state_alone(setup, request):
+    """A token outside the vocabulary makes the loss NaN: the update is skipped, bad_steps counts.
+    cpu's step skips it with lax.cond, gpu's with a select of each leaf: both bit for bit."""
+    import jax
+
+    tm, mesh, tc, batch, state, step = request.getfixturevalue(setup)
     corrupt = np.asarray(batch).copy()
     corrupt[3, 50] = 300  # vocab is 256
     with jax.set_mesh(mesh):

@@ -40,11 +40,13 @@ Step temporaries
                     backward consumes it and the cotangents reuse that space), or, without remat,
                     the layer's two largest cotangents. With FSDP, one layer's gathered weights
                     in the compute dtype come on top. Without remat both transients add up.
-    update          the optimizer update runs after the activations are freed; when the step
-                    skips non-finite updates with `jnp.where(ok, new, old)` the new parameters
-                    and moments are materialized before the select (`UPDATE_SELECT_FRACTION`);
-                    the generated step uses jax.lax.cond instead, which writes the update in
-                    place (`GENERATED_UPDATE_SKIP`)
+    update          the optimizer update runs after the activations are freed. The step skips
+                    a non-finite update in the form the schedule records (`update_skip`, chosen
+                    per platform by choose_update_skip): with `jnp.where(ok, new, old)` the
+                    platform's `select_update` fraction of (parameters + moments) is
+                    materialized before the select (XLA:CPU 0.57; XLA:GPU fuses it in place);
+                    with jax.lax.cond, its `cond_update` fraction (XLA:CPU and TPU write it in
+                    place; XLA:GPU makes new parameters and moments beside the old)
 
     in flight       under pipeline(...), the pipelined repeat keeps, for each of the loop's
                     microbatches x repeats + stages - 1 iterations, what one stage's layers keep
@@ -76,7 +78,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
-from enum import Enum
 
 from axdsl import optim
 from axdsl.analysis.activations import trace_activations
@@ -92,7 +93,6 @@ from axdsl.targets import profiles
 
 __all__ = [
     "DTYPE_BYTES",
-    "GENERATED_UPDATE_SKIP",
     "Layout",
     "MemoryEstimate",
     "UPDATE_SELECT_FRACTION",
@@ -101,22 +101,12 @@ __all__ = [
 ]
 
 
-class UpdateSkip(Enum):
-    """How a train step skips an update whose loss or gradient is not finite."""
-
-    SELECT = "select"  # jax.tree.map(lambda n, o: jnp.where(ok, n, o), new, old): new state first
-    COND = "cond"  # jax.lax.cond: the update is written in place
-
-
-# The generated train step (`make_train_step` in train.py) skips a non-finite update with
-# jax.lax.cond, so the update is written in place; `axdsl aot` models its update with this, not
-# by reading train.py.
-GENERATED_UPDATE_SKIP = UpdateSkip.COND
-# The optimizer update with a skip-on-non-finite select computes new parameters and moments
-# before selecting them, so they cannot be written in place: measured on XLA:CPU, about this
-# fraction of (parameters + moments) is live at once (0.53-0.58 over three model shapes; the
-# select overlaps with the next leaf's update). `jax.lax.cond` instead of the select avoids it.
-UPDATE_SELECT_FRACTION = 0.57
+# How a train step skips an update whose loss or gradient is not finite: the schedule records the
+# generated step's form (choose_update_skip, `Schedule.update_skip`), and the memory model reads
+# it there, not from train.py's text.
+UpdateSkip = ir.UpdateSkip
+# XLA:CPU's measured cost of the select form (platforms.py `select_update`).
+UPDATE_SELECT_FRACTION = CPU.select_update
 # A jnp dtype name (what the train block resolves dtypes to) -> its spec name.
 SPEC_DTYPES = {jnp_name: name for name, jnp_name in ir.DTYPES.items()}
 
@@ -233,19 +223,24 @@ def estimate_memory(
     optimizer: str | None = None,
     mesh: dict[str, int] | None = None,
     remat: ir.RematPolicy | None = None,
-    update_select: bool = True,
+    update_select: bool | None = None,
     mu_dtype: str | None = None,
 ) -> MemoryEstimate:
     """Per-chip bytes of a training step of `model` (default: the spec's first model).
 
     Unset arguments come from the spec's train block (`module.train_settings`) and the target's
     schedule; `mesh` (axis -> size) and `remat` replace the target's to try another layout.
-    `update_select`: the step keeps the old state when the loss is not finite with an
-    elementwise select (`jnp.where(ok, new, old)`), which materializes new values first.
+    `update_select`: whether the step keeps the old state when the loss is not finite with an
+    elementwise select (`jnp.where(ok, new, old)`) rather than jax.lax.cond; by default the
+    schedule's form (`update_skip`), cpu's cond without a target.
     `mu_dtype` (a spec dtype name, "bf16"): the optimizer's first moment in that dtype (optax's
     mu_dtype); by default the train block's optimizer argument, else the parameter dtype.
     """
     m = _model(module, model)
+    platform = platform_of(module)
+    if update_select is None:
+        skip = module.schedule.update_skip if module.schedule is not None else UpdateSkip.COND
+        update_select = skip is UpdateSkip.SELECT
     train = module.train_settings
     batch = batch or (train.get("batch") if train else 8)
     seq = seq or (train.get("seq") if train else 128)
@@ -314,7 +309,7 @@ def estimate_memory(
         working_kind=act.working_kind,
         detail=act.detail,
         update=int(
-            (UPDATE_SELECT_FRACTION if update_select else platform_of(module).cond_update)
+            (platform.select_update if update_select else platform.cond_update)
             * (_trained(st) + st.moments)
         ),
         reused=act.reused,

@@ -37,7 +37,7 @@ import sys
 from pathlib import Path
 
 from axdsl.analysis.flops import model_flops, param_count
-from axdsl.analysis.memory import GENERATED_UPDATE_SKIP, UpdateSkip, estimate_memory
+from axdsl.analysis.memory import UpdateSkip, estimate_memory
 from axdsl.aot.hlo import missing
 from axdsl.aot.lower import lower_step
 from axdsl.aot.render import render
@@ -123,9 +123,9 @@ def analyze(
     profile = profiles()[sched.profile]
     m = next(x for x in module.models if x.name == model)
     files = build_files(spec, target)
-    # A skip-on-non-finite select would cost memory at the update; the generated step's
-    # lax.cond does not (see memory.py).
-    select = "train.py" in files and GENERATED_UPDATE_SKIP is UpdateSkip.SELECT
+    # the update's skip in the form the generated step writes (choose_update_skip); a build with
+    # no train.py has no update
+    select = "train.py" in files and sched.update_skip is UpdateSkip.SELECT
     est = estimate_memory(module, model, batch=batch, seq=seq, update_select=select)
     pc = param_count(m)
     report = Report(

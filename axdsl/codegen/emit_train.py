@@ -105,6 +105,8 @@ def emit_train(module: ir.Module, package: str, flops: list[TrainingFlops]) -> s
         gpu_runtime=_gpu_runtime(module.target),
         # the host CPU is the target: jax starts no accelerator backend (see train.py.j2)
         host_only=module.target.kind is ir.ChipKind.CPU,
+        update_skip=str(module.target.update_skip),
+        platform=str(module.target.kind).upper(),
     )
 
 

@@ -64,6 +64,7 @@ from axdsl.ir.settings import (  # noqa: F401
     Tokenizer,
     TrainOn,
     TrainSettings,
+    UpdateSkip,
     XlaFlag,
 )
 

@@ -73,6 +73,10 @@ def schedule_lines(s: ir.Schedule) -> list[str]:
         lines.append(f"  # {model} is left out of this target's build: {why}")
     if s.gpu_runtime is not None:
         lines.extend(runtime_lines(s.gpu_runtime))
+    if s.update_skip is not ir.UpdateSkip.COND:
+        lines.append(
+            f"  update_skip({s.update_skip})  # choose_update_skip: the platform's cheaper form"
+        )
     return lines
 
 

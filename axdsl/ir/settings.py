@@ -185,6 +185,14 @@ class FlagSetting:
         return f"--{self.flag}={self.value}"
 
 
+class UpdateSkip(StrEnum):
+    """How the generated train step skips an update whose loss or gradient is not finite
+    (choose_update_skip): both keep the old state bit for bit; they differ in memory by platform."""
+
+    COND = "cond"  # jax.lax.cond(ok, update, keep, ...): only the taken branch runs
+    SELECT = "select"  # every leaf jnp.where(ok, new, old): the update always runs, then selects
+
+
 @dataclass(frozen=True)
 class GpuRuntime:
     """What a GPU schedule sets in the environment before jax starts (choose_xla_flags): XLA's
@@ -226,6 +234,9 @@ class Schedule:
     # set by choose_xla_flags on GPU targets (None elsewhere): the XLA flags and memory fraction
     # the generated train.py sets before jax starts
     gpu_runtime: GpuRuntime | None = None
+    # set by choose_update_skip: the form of the skip-if-not-finite update that keeps the least
+    # memory on this platform (analysis/platforms.py `update_skip`)
+    update_skip: UpdateSkip = UpdateSkip.COND
 
     def unrolls(self, layers: int) -> bool:
         """Whether a repeat of `layers` layers (steps x layers per step) runs unrolled here."""

@@ -36,7 +36,7 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
-from axdsl.analysis.memory import GENERATED_UPDATE_SKIP, UpdateSkip, estimate_memory
+from axdsl.analysis.memory import estimate_memory
 from axdsl.analysis.platforms import facts
 from axdsl.ir import nodes as ir
 from axdsl.passes.insert_remat import attach_remat, named_points
@@ -70,7 +70,6 @@ def fit_remat(module: ir.Module) -> ir.Module:
                 seq=seq,
                 microbatches=k,
                 remat=policy,
-                update_select=GENERATED_UPDATE_SKIP is UpdateSkip.SELECT,
             )
             tried.append(ir.FitTry(policy, est.total, k))
             if est.total <= usable:

@@ -234,10 +234,11 @@ def train_step(cfg: Config, tc: TrainConfig):
             updates, opt_state = optimizer.update(grads, opt_state, params)
             return optax.apply_updates(params, updates), opt_state
 
-        # A non-finite loss or gradient skips the update: parameters are never poisoned. Under
-        # lax.cond only the taken branch runs, so the update writes over the old state in place
-        # (a jnp.where over both would keep a copy of the optimizer state to select from).
+        # A non-finite loss or gradient skips the update: parameters are never poisoned.
         ok = jnp.isfinite(ce) & jnp.isfinite(grad_norm)
+        # choose_update_skip: under lax.cond only the taken branch runs, and XLA:CPU writes
+        # the update over the old state in place (a jnp.where over both would keep a copy of the
+        # optimizer state to select from).
         params, opt_state = jax.lax.cond(
             ok, update, lambda *old: old, state["params"], state["opt_state"]
         )

@@ -280,13 +280,15 @@ def train_step(cfg: Config, tc: TrainConfig):
             updates, opt_state = optimizer.update(grads, opt_state, params)
             return optax.apply_updates(params, updates), opt_state
 
-        # A non-finite loss or gradient skips the update: parameters are never poisoned. Under
-        # lax.cond only the taken branch runs, so the update writes over the old state in place
-        # (a jnp.where over both would keep a copy of the optimizer state to select from).
+        # A non-finite loss or gradient skips the update: parameters are never poisoned.
         ok = jnp.isfinite(ce) & jnp.isfinite(grad_norm)
-        params, opt_state = jax.lax.cond(
-            ok, update, lambda *old: old, state["params"], state["opt_state"]
-        )
+        # choose_update_skip: the update always runs and each leaf keeps its old value where the
+        # step is not ok. XLA:GPU fuses the select into the update and writes the donated state
+        # in place; under jax.lax.cond it made the new parameters and moments beside the old
+        # ones (llama 3 8B on 8 H100s: 11 GiB a GPU more).
+        old = (state["params"], state["opt_state"])
+        updated = update(*old)
+        params, opt_state = jax.tree.map(lambda n, o: jnp.where(ok, n, o), updated, old)
         bad_steps = jnp.where(ok, 0, state["bad_steps"] + 1)
         new = dict(params=params, opt_state=opt_state, step=state["step"] + 1, bad_steps=bad_steps)
         lr = schedule(state["step"])
