@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import sys
 import time
 from pathlib import Path
@@ -719,15 +720,24 @@ def _cmd_stats(args) -> int:
     return stats.run(args.spec, _target(args.target), args.model)
 
 
+def _host_jax() -> None:
+    """A command that converts weights runs its jax on this machine's CPU, whatever accelerator
+    plugins are installed: with jax's CUDA plugin or libtpu here for `axdsl aot` and no such
+    chip, starting them printed their errors. A JAX_PLATFORMS you set wins."""
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+
 def _cmd_import_hf(args) -> int:
     from axdsl import hf
 
+    _host_jax()
     return hf.import_hf(args.spec, args.hf_dir, args.model, args.out)
 
 
 def _cmd_export_hf(args) -> int:
     from axdsl import hf
 
+    _host_jax()
     out = _out_dir(args)
     return hf.export_hf(args.spec, args.ckpt_dir, out, args.model)
 
@@ -735,6 +745,7 @@ def _cmd_export_hf(args) -> int:
 def _cmd_export_lora(args) -> int:
     from axdsl.hf.lora_merge import export_lora
 
+    _host_jax()
     return export_lora(args.spec, args.ckpt_dir, _out_dir(args), args.merge)
 
 

@@ -14,6 +14,7 @@ import importlib
 import importlib.util
 import inspect
 import json
+import os
 import logging
 import math
 import sys
@@ -205,6 +206,7 @@ def load_run_model(run_dir: Path, use: str) -> LoadedModel | str:
 def load_imported_model(out: Path) -> LoadedModel | str:
     """The model of an `axdsl import-hf` output `out` (the directory holding import.json), built
     for the cpu target as `train` builds, with the imported parameters; or why not."""
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")  # a cpu build: no accelerator plugin starts
     import jax
     import orbax.checkpoint as ocp
 
