@@ -287,6 +287,15 @@ def estimate_memory(
         module.schedule.context.value if module.schedule is not None else None,
         pipeline,
     )
+    # XLA:GPU's transposed copy of the stacked layers' weights (platforms.py `transposed_layers_*`)
+    fsdp = any(sizes.get(a, 1) > 1 for a in layout.batch_axes())
+    quant = module.schedule.quantize.value.format if module.schedule is not None else None
+    transposed = (
+        platform.transposed_layers_fsdp
+        if fsdp
+        else (platform.transposed_layers_fp8 if quant is ir.QuantFormat.FP8 else 0.0)
+    )
+    st = replace(st, weight_copies=st.weight_copies + int(transposed * st.layer_params))
     return MemoryEstimate(
         model=m.name,
         chips=math.prod(sizes.values()),

@@ -72,10 +72,19 @@ class PlatformFacts:
     # and their full-size gradient before it is reduce-scattered (0: XLA keeps the head sharded
     # or counts it elsewhere).
     loss_gathered_head: int = 0
-    # Buffers [experts, tokens x top_k, d] (d: the model dim, the expert hidden, the model dim)
-    # in a dropless MoE layer's backward: XLA:GPU expands each grouped matmul (ragged_dot) into
-    # a masked dot per expert (0: XLA computes it grouped).
-    moe_ragged_dense: int = 0
+    # Buffers [experts, tokens x top_k, d] in a dropless MoE layer's backward, as (how many with
+    # d the model dim, how many with d the expert hidden): XLA:GPU expands each grouped matmul
+    # (ragged_dot) into a masked dot per expert ((0, 0): XLA computes it grouped).
+    moe_ragged_dense: tuple[int, int] = (0, 0)
+    # The same on more than one chip, where the step runs under other XLA flags (train.py's
+    # multi-GPU ones: pipelined collectives, double-buffered loops); None: as on one chip.
+    moe_ragged_dense_sharded: tuple[int, int] | None = None
+    # A copy of the stacked layers' parameters (this fraction of their bytes on a chip) that XLA
+    # transposes once before the layer loops and keeps through the backward: on one chip when
+    # the matmuls are fp8 (cuBLASLt's fp8 gemms take one operand layout only), and under FSDP
+    # (0: no such copy).
+    transposed_layers_fp8: float = 0.0
+    transposed_layers_fsdp: float = 0.0
     # The form of the generated step's skip-if-not-finite update that keeps the least memory here
     # (choose_update_skip records it; codegen writes it): jax.lax.cond, written in place by
     # XLA:CPU and XLA:TPU, or an elementwise select of every leaf.
@@ -181,7 +190,10 @@ GPU = PlatformFacts(
     phased=True,
     cond_update=1.0,
     loss_gathered_head=2,
-    moe_ragged_dense=4,
+    moe_ragged_dense=(3, 0),
+    moe_ragged_dense_sharded=(4, 3),
+    transposed_layers_fp8=1.0,
+    transposed_layers_fsdp=1 / 3,
     update_skip=ir.UpdateSkip.SELECT,
     select_update=0.0,
 )
