@@ -147,6 +147,9 @@ class MemoryEstimate:
     # of `saved`: what the pipelined repeat keeps for every micro-batch in flight (pipeline(...))
     in_flight: int = 0
     pipeline: ir.PipelinePolicy | None = None  # the schedule's, on this estimate's mesh
+    # XLA:GPU's transposed copy of the stacked layers' weights, kept through the backward
+    # (platforms.py `transposed_layers_fp8`, `transposed_layers_fsdp`)
+    transposed: int = 0
 
     @property
     def activations(self) -> int:
@@ -161,14 +164,15 @@ class MemoryEstimate:
                 return "update"
             at_loss = self.loss_working >= self.layer_grads + self.layer_working
             return "loss" if at_loss else "layer"
-        return "update" if self.update > self.weight_copies + self.activations else "backward"
+        backward = self.weight_copies + self.transposed + self.activations
+        return "update" if self.update > backward else "backward"
 
     def _backward(self) -> int:
         """A phased platform's backward peak: what the forward saved and the weight copies, then
         the larger of the loss's transient (at the end of the forward, before any layer's
         gradient exists) and one layer's backward beside the layers' gradients."""
         phases = max(self.loss_working, self.layer_grads + self.layer_working)
-        return self.weight_copies + self.saved - self.reused + phases
+        return self.weight_copies + self.transposed + self.saved - self.reused + phases
 
     @property
     def state(self) -> int:
@@ -182,7 +186,8 @@ class MemoryEstimate:
         phased platform, the larger of the backward's peak and every gradient with the update."""
         if self.phased:
             return max(self._backward(), self.grads + self.update)
-        return self.grads + max(self.weight_copies + self.activations - self.reused, self.update)
+        backward = self.weight_copies + self.transposed + self.activations - self.reused
+        return self.grads + max(backward, self.update)
 
     @property
     def total(self) -> int:
@@ -287,6 +292,14 @@ def estimate_memory(
         module.schedule.context.value if module.schedule is not None else None,
         pipeline,
     )
+    # XLA:GPU's transposed copy of the stacked layers' weights (platforms.py `transposed_layers_*`)
+    fsdp = any(sizes.get(a, 1) > 1 for a in layout.batch_axes())
+    quant = module.schedule.quantize.value.format if module.schedule is not None else None
+    transposed = (
+        platform.transposed_layers_fsdp
+        if fsdp
+        else (platform.transposed_layers_fp8 if quant is ir.QuantFormat.FP8 else 0.0)
+    )
     return MemoryEstimate(
         model=m.name,
         chips=math.prod(sizes.values()),
@@ -300,6 +313,7 @@ def estimate_memory(
         grads=grads,
         opt_state=st.moments + 3 * 4,  # + step, step count, bad_steps
         weight_copies=st.weight_copies,
+        transposed=int(transposed * st.layer_params),
         inputs=inputs,
         saved=act.saved,
         working=act.working,

@@ -72,10 +72,19 @@ class PlatformFacts:
     # and their full-size gradient before it is reduce-scattered (0: XLA keeps the head sharded
     # or counts it elsewhere).
     loss_gathered_head: int = 0
-    # Buffers [experts, tokens x top_k, d] (d: the model dim, the expert hidden, the model dim)
-    # in a dropless MoE layer's backward: XLA:GPU expands each grouped matmul (ragged_dot) into
-    # a masked dot per expert (0: XLA computes it grouped).
-    moe_ragged_dense: int = 0
+    # Buffers [experts, tokens x top_k, d] in a dropless MoE layer's backward, as (how many with
+    # d the model dim, how many with d the expert hidden): XLA:GPU expands each grouped matmul
+    # (ragged_dot) into a masked dot per expert ((0, 0): XLA computes it grouped).
+    moe_ragged_dense: tuple[int, int] = (0, 0)
+    # The same on more than one chip, where the step runs under other XLA flags (train.py's
+    # multi-GPU ones: pipelined collectives, double-buffered loops); None: as on one chip.
+    moe_ragged_dense_sharded: tuple[int, int] | None = None
+    # A copy of the stacked layers' parameters (this fraction of their bytes on a chip) that XLA
+    # transposes once before the layer loops and keeps through the backward: on one chip when
+    # the matmuls are fp8 (cuBLASLt's fp8 gemms take one operand layout only), and under FSDP
+    # (0: no such copy).
+    transposed_layers_fp8: float = 0.0
+    transposed_layers_fsdp: float = 0.0
     # The form of the generated step's skip-if-not-finite update that keeps the least memory here
     # (choose_update_skip records it; codegen writes it): jax.lax.cond, written in place by
     # XLA:CPU and XLA:TPU, or an elementwise select of every leaf.
@@ -154,19 +163,35 @@ TPU = PlatformFacts(
 # keeps the 1B rows within 6%, none within 15%) and one head gradient (loss_head_grads 1).
 # layer_recompute 0.42 and ssd_fused as on TPU: with CPU's 1.0 and unfused SSD, 32k tokens with
 # remat full was +44% and Mamba-2 +46% (XLA:GPU fuses the recomputed elementwise values too);
-# Mamba-2 with remat none keeps more than the fused SSD's values (f32[4, 4, 2048, 5120] input
-# copies per layer): -19%, the one row outside 10%.
-# moe_ragged_dense: a 2-layer Qwen3-MoE (32 experts of 768, top-8) on one H100, 4 x 2048: the
-# layer backward holds bf16[32, 65536, 2048] twice and bf16[65536, 32, 2048] (8 GiB each: every
-# expert's masked copy of the 65,536 dispatched rows); on 8 H100s (1 x 2048 each) two bf16[32,
-# 16384, 2048] and a bf16[32, 16384, 768], with 1.8 GiB more of the temp block than its values
-# at the peak; four buffers (dim, hidden, dim, dim) keep both within 7% (without: -59%, -74%).
-# Overestimate: at most +6.5% on the GPU rows XLA fits (the 1-GPU MoE).
+# Mamba-2 with remat none keeps more than the fused SSD's values: with train.py's flags the
+# backward holds six stacked f32[4, 4, 2048, 5120] (3.75 GiB) and six bf16 ones of the
+# [B, S, 2 x dim] width per layer, and the SSD's f32[4, 4, 8, 1, 80, 256, 256] scores (2.5 GiB):
+# -21.7%, not yet named in a memory rule (the one row outside 10%).
+# moe_ragged_dense: a 2-layer Qwen3-MoE (32 experts of 768, top-8); with train.py's XLA flags
+# (2026-12-07, benchmarks/memory_table.py --gpu --dump): on one H100 at 4 x 2048 the layer
+# backward holds two bf16[32, 65536, 2048] and their transpose bf16[65536, 32, 2048] (8 GiB each:
+# every expert's masked copy of the 65,536 dispatched rows), no hidden-wide one at the peak: (3,
+# 0), -2.2%; on 8 H100s (1 x 2048 each, pipelined collectives, double-buffered loops) three
+# bf16[32, 16384, 2048], their transpose and three bf16[32, 16384, 768] (10.25 GiB): (4, 3),
+# -5.2% (was -33% with (dim, hidden, dim, dim) everywhere). Not two layers' gathered experts:
+# those are one layer's, 3 x 96 MiB and their gradient, as gathered_weights counts.
+# transposed_layers: llama 3.2 1B on one H100 with fp8 keeps `wrapped_transpose` copies of every
+# stacked layer matrix (bf16[2048, 16, 8192], bf16[8192, 16, 2048] x 2, ...: 1.81 GiB, the
+# layers' bytes) through the backward; in bf16 (save_dots) there are none. Under FSDP 8 one of
+# each group is transposed: bf16[256, 16, 8192] and bf16[256, 16, 32, 64] for the 1B (80 of 243
+# MiB, live at its peak in the loss), f32[512, 32, 14336] and f32[512, 32, 32, 128] for the 8B
+# (1.13 of 3.25 GiB): 1/3. Rows: 1B one GPU -15.6% -> -0.9%, 1B bf16 FSDP 8 -12.1% -> -9.5%, 8B
+# FSDP 8 -9.9% -> -4.1%; Mamba-2 full (one GPU, fp8) -17.9% -> -10.4% (it transposes 400 of its
+# 643 MiB, and keeps the SSD's float32 scores, f32[2560, 256, 256], 640 MiB, as a cuBLAS output).
+# Overestimate: at most +6.5% on the GPU rows XLA fits (the 1-GPU MoE, default flags).
 # update_skip select: the same steps with the skip written as jnp.where(ok, new, old) per leaf
 # instead of jax.lax.cond: XLA:GPU fuses each select into the update's elementwise loop and
 # writes the donated state in place. Temp block, deviceless, with train.py's XLA flags: llama 3
 # 8B on 8 H100s at 8 x 2048, 14.99 -> 10.74 GiB; llama 3.2 1B (f32 weights, 4 micro-batches)
-# on one H100 at 4 x 2048, 18.42 -> 12.09 GiB. select_update 0: no update transient modelled.
+# on one H100 at 4 x 2048, 18.42 -> 12.09 GiB. select_update 0, measured: in the 8B's dump the
+# update phase (after the backward loop) holds the f32 gradients and transposed copies of a
+# third of them (input_transpose_fusion, 1.13 GiB), 6.12 GiB at most, no new parameters or
+# moments, under the backward's 7.36; no GPU row peaks in the update any more.
 GPU = PlatformFacts(
     loss_f32=1,
     loss_low=2,
@@ -181,7 +206,10 @@ GPU = PlatformFacts(
     phased=True,
     cond_update=1.0,
     loss_gathered_head=2,
-    moe_ragged_dense=4,
+    moe_ragged_dense=(3, 0),
+    moe_ragged_dense_sharded=(4, 3),
+    transposed_layers_fp8=1.0,
+    transposed_layers_fsdp=1 / 3,
     update_skip=ir.UpdateSkip.SELECT,
     select_update=0.0,
 )

@@ -80,6 +80,11 @@ def _memory(r: Report) -> list[str]:
             f"  weight copies     {gib(e.weight_copies):>12}   "
             "(compute-dtype parameters and their gradients)"
         )
+    if e.transposed:
+        lines.append(
+            f"  transposed layers {gib(e.transposed):>12}   "
+            "(XLA:GPU's transposed copy of the stacked layers' weights)"
+        )
     lines.append(
         f"  activations       {gib(e.activations):>12}   saved {gib(e.saved)} "
         f"({e.layers} layers x {gib(e.saved_per_layer)} + outside the scan), "

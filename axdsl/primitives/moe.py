@@ -351,7 +351,12 @@ def _memory(t, prim: ir.Prim, args, dims, label: str):
             t.save(t.internal(slot + (model_dim,), "u32", f"{label} 32-bit dispatch", (x, logits)))
         # XLA:GPU expands the grouped matmuls (ragged_dot) into a masked dot per expert: the
         # backward's [experts, tokens x top_k, d] buffers, not kept (analysis/platforms.py)
-        widths = (model_dim, hidden, model_dim, model_dim)[: t.platform.moe_ragged_dense]
+        # how many: one chip's count, or with more chips train.py's multi-GPU XLA flags' count
+        facts = t.platform
+        wide, narrow = facts.moe_ragged_dense
+        if math.prod(t.layout.sizes.values()) > 1 and facts.moe_ragged_dense_sharded is not None:
+            wide, narrow = facts.moe_ragged_dense_sharded
+        widths = (model_dim,) * wide + (hidden,) * narrow
         for i, d in enumerate(widths):
             rows = (experts, *slot, d)
             t.internal(rows, x.dtype, f"{label} ragged_dot per expert {i} {DENSE}", (x, logits))

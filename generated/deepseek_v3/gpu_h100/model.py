@@ -661,7 +661,7 @@ MESH_SHAPE = {
 # Rematerialization of each scanned layer, remat(full) from fit_remat, for profile gpu-h100:
 # keep only each layer's input; recompute the rest in the backward pass.
 # fit_remat, for deepseek_v3 at batch 8 x seq 163840, 64.73 GiB usable per chip (analytic):
-# none 2195623.01, save(points) 37947.70, save_dots 37714.84, full 36368.86 GiB: nothing fits, so full
+# none 2202766.88, save(points) 45091.57, save_dots 44858.71, full 43512.73 GiB: nothing fits, so full
 REMAT_POLICY = jax.checkpoint_policies.nothing_saveable
 
 

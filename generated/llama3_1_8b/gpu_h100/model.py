@@ -473,7 +473,7 @@ MESH_SHAPE = {
 # Rematerialization of each scanned layer, remat(full) from fit_remat, for profile gpu-h100:
 # keep only each layer's input; recompute the rest in the backward pass.
 # fit_remat, for llama3_1_8b at batch 8 x seq 131072, 64.73 GiB usable per chip (analytic):
-# none 1014.81, save(points) 290.40, save_dots 367.88, full 66.93, none in 2 micro-batches 520.51, save(points) in 2 micro-batches 157.09, save_dots in 2 micro-batches 195.83, full in 2 micro-batches 45.35 GiB: full in 2 micro-batches fits
+# none 1018.06, save(points) 293.65, save_dots 371.13, full 70.18, none in 2 micro-batches 523.76, save(points) in 2 micro-batches 160.34, save_dots in 2 micro-batches 199.08, full in 2 micro-batches 48.60 GiB: full in 2 micro-batches fits
 REMAT_POLICY = jax.checkpoint_policies.nothing_saveable
 
 

@@ -429,7 +429,7 @@ MESH_SHAPE = {
 # Rematerialization of each scanned layer, remat(full) from fit_remat, for profile gpu-h100:
 # keep only each layer's input; recompute the rest in the backward pass.
 # fit_remat, for llama3_2_1b at batch 8 x seq 131072, 64.73 GiB usable per chip (analytic):
-# none 278.48, save(points) 80.71, save_dots 103.24, full 20.97 GiB: full fits
+# none 278.63, save(points) 80.86, save_dots 103.39, full 21.13 GiB: full fits
 REMAT_POLICY = jax.checkpoint_policies.nothing_saveable
 
 

@@ -403,7 +403,7 @@ MESH_SHAPE = {
 # Rematerialization of each scanned layer, remat(full) from fit_remat, for profile gpu-h100:
 # keep only each layer's input; recompute the rest in the backward pass.
 # fit_remat, for mistral_7b at batch 8 x seq 32768, 64.73 GiB usable per chip (analytic):
-# none 271.33, save(points) 82.86, save_dots 102.23, full 26.99 GiB: full fits
+# none 272.41, save(points) 83.95, save_dots 103.32, full 28.08 GiB: full fits
 REMAT_POLICY = jax.checkpoint_policies.nothing_saveable
 
 

@@ -432,7 +432,7 @@ MESH_SHAPE = {
 # Rematerialization of each scanned layer, remat(full) from fit_remat, for profile gpu-h100:
 # keep only each layer's input; recompute the rest in the backward pass.
 # fit_remat, for mixtral_8x7b at batch 8 x seq 32768, 64.73 GiB usable per chip (analytic):
-# none 540.04, save(points) 162.25, save_dots 154.36, full 134.37 GiB: nothing fits, so full
+# none 579.25, save(points) 201.46, save_dots 193.56, full 173.57 GiB: nothing fits, so full
 REMAT_POLICY = jax.checkpoint_policies.nothing_saveable
 
 

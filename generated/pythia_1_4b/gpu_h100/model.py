@@ -429,7 +429,7 @@ MESH_SHAPE = {
 }  # -1 takes the chips the other axes leave
 # insert_remat: remat(none) from fit_remat, for profile gpu-h100: scanned layers keep every activation.
 # fit_remat, for pythia_1_4b at batch 8 x seq 2048, 64.73 GiB usable per chip (analytic):
-# none 9.29 GiB: none fits
+# none 9.48 GiB: none fits
 
 
 def make_mesh(devices=None) -> Mesh:

@@ -409,7 +409,7 @@ MESH_SHAPE = {
 # Rematerialization of each scanned layer, remat(full) from fit_remat, for profile gpu-h100:
 # keep only each layer's input; recompute the rest in the backward pass.
 # fit_remat, for qwen2_5_7b at batch 8 x seq 32768, 64.73 GiB usable per chip (analytic):
-# none 273.29, save(points) 78.90, save_dots 104.27, full 26.49 GiB: full fits
+# none 274.30, save(points) 79.91, save_dots 105.28, full 27.50 GiB: full fits
 REMAT_POLICY = jax.checkpoint_policies.nothing_saveable
 
 

@@ -440,7 +440,7 @@ MESH_SHAPE = {
 # Rematerialization of each scanned layer, remat(full) from fit_remat, for profile gpu-h100:
 # keep only each layer's input; recompute the rest in the backward pass.
 # fit_remat, for qwen3_30b_a3b at batch 8 x seq 40960, 64.73 GiB usable per chip (analytic):
-# none 1000.54, save(points) 653.39, save_dots 638.52, full 611.82 GiB: nothing fits, so full
+# none 1285.18, save(points) 938.03, save_dots 923.16, full 896.46 GiB: nothing fits, so full
 REMAT_POLICY = jax.checkpoint_policies.nothing_saveable
 
 
