@@ -118,7 +118,8 @@ def _gemms(schedule: ir.Schedule) -> ir.FlagSetting:
     """cuBLAS gemms; with fp8 matmuls, cuBLASLt's fp8 gemm (a Triton gemm otherwise)."""
     fp8 = schedule.quantize.value.format is ir.QuantFormat.FP8
     why = (
-        "fp8 matmuls compile to cuBLASLt's fp8 gemm (__cublas$lt$matmul$f8), not a Triton one"
+        "matmuls in cuBLAS/cuBLASLt, the fp8 ones as cuBLASLt's fp8 gemm "
+        "(__cublas$lt$matmul$f8), not Triton gemms"
         if fp8
         else "matmuls in cuBLAS/cuBLASLt, as MaxText's H100 recipe, not Triton gemms"
     )

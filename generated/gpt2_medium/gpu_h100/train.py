@@ -30,7 +30,8 @@ XLA_FLAGS = [
     "--xla_gpu_enable_latency_hiding_scheduler=true",
     # No CUDA graphs: JAX-Toolbox's MaxText recipe turns them off; off until measured here.
     "--xla_gpu_enable_command_buffer=",
-    # Fp8 matmuls compile to cuBLASLt's fp8 gemm (__cublas$lt$matmul$f8), not a Triton one.
+    # Matmuls in cuBLAS/cuBLASLt, the fp8 ones as cuBLASLt's fp8 gemm (__cublas$lt$matmul$f8), not
+    # Triton gemms.
     "--xla_gpu_enable_triton_gemm=false",
     # The schedule's remat(none) decides what is recomputed; XLA's pass must not redo it.
     "--xla_disable_hlo_passes=rematerialization",
