@@ -158,3 +158,35 @@ def test_flops_count_the_chunked_products(tmp_path):
             flops.attention
             == 2 * chunk * (groups * state + heads * head_dim) + 4 * heads * head_dim * state
         )
+
+
+def test_gpu_keeps_the_measured_extras(tmp_path, monkeypatch):
+    """XLA:GPU keeps the fused set (XLA:TPU's) and the SSD values platforms.GPU names: with
+    float32 x, the float32 decay, C.B per group and the read-out product (x in float32 is kept
+    only when x is not float32)."""
+    import dataclasses
+
+    from axdsl.analysis import platforms
+    from axdsl.analysis.memory import estimate_memory
+    from axdsl.ir import nodes as ir
+    from axdsl.pipeline import compile_spec
+    from axdsl.primitives.ssd import FUSED_KEEPS
+
+    spec = tmp_path / "mem.axl"
+    spec.write_text("""
+layer Scan(heads: int = 4, head_dim: int = 3, groups: int = 2, state: int = 5) {
+  forward(x: [B, S, heads, head_dim], dt: [B, S, heads], a: [heads], b: [B, S, groups, state],
+          c: [B, S, groups, state]) -> [B, S, heads, head_dim] {
+    return ssd(x, dt, a, b, c, chunk = 4)
+  }
+}
+model scan = Scan {}
+""")
+    gpu = platforms.GPU
+    assert not platforms.TPU.ssd_extra_keeps and not gpu.ssd_extra_keeps & FUSED_KEEPS
+    kept = estimate_memory(compile_spec(spec, "gpu-h100-1"), batch=2, seq=8).saved
+    fused = dataclasses.replace(gpu, ssd_extra_keeps=frozenset())
+    monkeypatch.setitem(platforms.FACTS, ir.ChipKind.GPU, fused)
+    less = estimate_memory(compile_spec(spec, "gpu-h100-1"), batch=2, seq=8).saved
+    # float32 [B, heads, S, chunk] decay, [B, S, heads, head_dim] read-out, [B, groups, S, chunk] C.B
+    assert kept - less == 4 * (2 * 4 * 8 * 4 + 2 * 8 * 4 * 3 + 2 * 2 * 8 * 4)

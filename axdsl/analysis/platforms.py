@@ -56,6 +56,9 @@ class PlatformFacts:
     # verdict says "fits (borderline)" up to usable x (1 + this), so that it never refuses a step
     # the compiler would fit (the price: a step in that band may not fit; the report says so).
     overestimate: float = 0.0
+    # Of the SSD's internals (primitives/ssd.py's list), what XLA keeps beyond the fused set
+    # (ssd.py `FUSED_KEEPS`, XLA:TPU's) when `ssd_fused`: names from that list.
+    ssd_extra_keeps: frozenset[str] = frozenset()
     # Whether a remat policy lowers what an unrolled block (unroll_repeats) keeps. XLA:CPU keeps
     # every residual of an unrolled block whatever its policy: its figure is remat none's.
     unrolled_remat: bool = True
@@ -163,10 +166,21 @@ TPU = PlatformFacts(
 # keeps the 1B rows within 6%, none within 15%) and one head gradient (loss_head_grads 1).
 # layer_recompute 0.42 and ssd_fused as on TPU: with CPU's 1.0 and unfused SSD, 32k tokens with
 # remat full was +44% and Mamba-2 +46% (XLA:GPU fuses the recomputed elementwise values too);
-# Mamba-2 with remat none keeps more than the fused SSD's values: with train.py's flags the
-# backward holds six stacked f32[4, 4, 2048, 5120] (3.75 GiB) and six bf16 ones of the
-# [B, S, 2 x dim] width per layer, and the SSD's f32[4, 4, 8, 1, 80, 256, 256] scores (2.5 GiB):
-# -21.7%, not yet named in a memory rule (the one row outside 10%).
+# ssd_extra_keeps: Mamba-2 2.7B at 4 layers, 4 x 2048, one H100, remat none, with train.py's
+# flags (benchmarks/memory_table.py --gpu --dump, module jit_step): the forward layer loop's
+# stacked outputs (while tuple) that the backward reads hold, per layer, beyond the fused set:
+# the f32 `decay` exp(where(causal, cum_l - cum_s, -inf)) (index 34, f32[4, 4, 8, 1, 80, 256,
+# 256], 640 MiB a layer: fused_dynamic_update_slice.16 computes the exp; the bf16 scores beside
+# it, index 38, are the fused set's "scores"), x in float32 (index 31, f32[4, 4, 2048, 80, 64],
+# convert of silu(conv_x)), the read-out product (index 50, the f32 output of the
+# `bclgn,cbghpn->bclghp` cuBLAS dot, f32[4, 4, 8, 1, 80, 64, 256]) and C.B per group (index 37,
+# f32[4, 4, 1, 1, 8, 256, 256], the `bclgn,bcsgn->bgcls` dot): 968 MiB a layer. Mamba-2 none
+# -21.6% -> -0.6% (15.87 -> 20.12 GiB against XLA's 20.25); remat full, where these are in a
+# layer's recompute, -8.3% -> -1.4% (7.10 -> 7.63 against 7.74). The block's other stacked
+# values (a layer's seven f32 [B, S, 5120] and six bf16 ones, 1.56 GiB, and smaller [B, S,
+# dim] and [B, S, state] ones: about 1.8 GiB; the gated norm's, the D skip's, the silus' and
+# their casts) are matched in bulk, not one by one, by the residuals the tracer lists outside
+# the SSD (1.74 GiB a layer).
 # moe_ragged_dense: a 2-layer Qwen3-MoE (32 experts of 768, top-8); with train.py's XLA flags
 # (2026-12-07, benchmarks/memory_table.py --gpu --dump): on one H100 at 4 x 2048 the layer
 # backward holds two bf16[32, 65536, 2048] and their transpose bf16[65536, 32, 2048] (8 GiB each:
@@ -182,7 +196,7 @@ TPU = PlatformFacts(
 # MiB, live at its peak in the loss), f32[512, 32, 14336] and f32[512, 32, 32, 128] for the 8B
 # (1.13 of 3.25 GiB): 1/3. Rows: 1B one GPU -15.6% -> -0.9%, 1B bf16 FSDP 8 -12.1% -> -9.5%, 8B
 # FSDP 8 -9.9% -> -4.1%; Mamba-2 full (one GPU, fp8) -17.9% -> -10.4% (it transposes 400 of its
-# 643 MiB, and keeps the SSD's float32 scores, f32[2560, 256, 256], 640 MiB, as a cuBLAS output).
+# 643 MiB; the rest of its gap was the SSD's f32 values, ssd_extra_keeps above, now -1.4%).
 # Overestimate: at most +6.5% on the GPU rows XLA fits (the 1-GPU MoE, default flags).
 # update_skip select: the same steps with the skip written as jnp.where(ok, new, old) per leaf
 # instead of jax.lax.cond: XLA:GPU fuses each select into the update's elementwise loop and
@@ -200,6 +214,7 @@ GPU = PlatformFacts(
     lanes=0,
     splash_dq_live=1.0,
     ssd_fused=True,
+    ssd_extra_keeps=frozenset(("decay", "x in float32", "read-out product", "C.B per group")),
     moe_dispatch_u32=0,
     usable_fraction=0.9,
     overestimate=0.07,

@@ -99,6 +99,7 @@ def _flops(ctx, prim: ir.Prim) -> Flops:
 
 # What XLA:TPU keeps of the list below (platforms.py `ssd_fused`): the scores, the discretized x
 # and the states; it recomputes masks, decays, C.B and float32 copies inside their readers.
+# XLA:GPU keeps these and a few more (platforms.py `ssd_extra_keeps`).
 FUSED_KEEPS = frozenset(
     (
         "scores",
@@ -175,7 +176,8 @@ def _memory(t, prim: ir.Prim, args, dims, label: str):
     if low != "f32":
         internals.append(((batch, padded, heads, head_dim), low, "discretized x, operand"))
     if t.platform.ssd_fused:  # XLA recomputes the rest where it is read (analysis/platforms.py)
-        internals = [i for i in internals if i[2] in FUSED_KEEPS]
+        keeps = FUSED_KEEPS | t.platform.ssd_extra_keeps  # XLA:GPU keeps more (platforms.GPU)
+        internals = [i for i in internals if i[2] in keeps]
     for shape, dtype, what in internals:
         t.save(t.internal(shape, dtype, f"{label} {what}", (x,)))
     return out
