@@ -176,7 +176,7 @@ TPU = PlatformFacts(
 # `bclgn,cbghpn->bclghp` cuBLAS dot, f32[4, 4, 8, 1, 80, 64, 256]) and C.B per group (index 37,
 # f32[4, 4, 1, 1, 8, 256, 256], the `bclgn,bcsgn->bgcls` dot): 968 MiB a layer. Mamba-2 none
 # -21.6% -> -0.6% (15.87 -> 20.12 GiB against XLA's 20.25); remat full, where these are in a
-# layer's recompute, -8.3% -> -1.4% (7.10 -> 7.63 against 7.74). The block's other stacked
+# layer's recompute, -8.3% -> -1.5% (7.10 -> 7.63 against 7.74). The block's other stacked
 # values (a layer's seven f32 [B, S, 5120] and six bf16 ones, 1.56 GiB, and smaller [B, S,
 # dim] and [B, S, state] ones: about 1.8 GiB; the gated norm's, the D skip's, the silus' and
 # their casts) are matched in bulk, not one by one, by the residuals the tracer lists outside
@@ -196,7 +196,7 @@ TPU = PlatformFacts(
 # MiB, live at its peak in the loss), f32[512, 32, 14336] and f32[512, 32, 32, 128] for the 8B
 # (1.13 of 3.25 GiB): 1/3. Rows: 1B one GPU -15.6% -> -0.9%, 1B bf16 FSDP 8 -12.1% -> -9.5%, 8B
 # FSDP 8 -9.9% -> -4.1%; Mamba-2 full (one GPU, fp8) -17.9% -> -10.4% (it transposes 400 of its
-# 643 MiB; the rest of its gap was the SSD's f32 values, ssd_extra_keeps above, now -1.4%).
+# 643 MiB; the rest of its gap was the SSD's f32 values, ssd_extra_keeps above, now -1.5%).
 # Overestimate: at most +6.5% on the GPU rows XLA fits (the 1-GPU MoE, default flags).
 # update_skip select: the same steps with the skip written as jnp.where(ok, new, old) per leaf
 # instead of jax.lax.cond: XLA:GPU fuses each select into the update's elementwise loop and
