@@ -302,7 +302,7 @@ PROBES: list[Probe] = [
     C("spec", "build a spec importing a file named with a newline and Python",
       ("build", "m.axl", "--out", "gen"), 0, ("built",),
       (write(NEWLINE_IMPORT, MODEL.replace("model m", "model base")),
-       write("m.axl", f"import {json.dumps(NEWLINE_IMPORT)}\nmodel m extends base {{ dim = 32 }}\n")),
+       write("m.axl", f"import {json.dumps(NEWLINE_IMPORT)}\nmodel m extends base {{ dim = 32 }}")),
       exists=("gen/m/cpu/model.py",), absent=("X",)),
     # ---------------------------------------------------------------- CLI values
     *(
