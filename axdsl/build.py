@@ -92,7 +92,7 @@ def build_files(spec: Path, target: str, root: str = "generated") -> dict[str, s
             training_flops(m) if per_token else TrainingFlops(m.name, 0) for m in module.models
         ]
         files["train.py"] = formatted(emit_train(module, package, flops))
-        files["slurm.sh"] = emit_slurm(module, package)
+        files["slurm.sh"] = emit_slurm(module, package, spec.stem)
     for name, text in files.items():
         if name.endswith(".py"):
             checked(text, name)

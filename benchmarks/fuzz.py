@@ -6,8 +6,12 @@ With --train-blocks, the cases are tests/test_fuzz_cli.py's train blocks instead
 from a table of right and wrong values, `train_block_case(seed)`) under its two-sided oracle:
 `axdsl check` exits 0 exactly when every value is right, else 1 with every error located in the
 spec, and never a traceback (no case may exit 0 while wrong).
+With --names, the cases are tests/test_injection.py's (`names_case(seed)`, `injection_failure`):
+a spec and the file it imports named with shell and Python payloads, newlines, quotes and bytes
+that are not UTF-8, and train-block strings holding them; each is built, and nothing it names may
+reach model.py, train.py or slurm.sh as code (about 1 s a case).
 
-    python benchmarks/fuzz.py [--cases 3000] [--start 0] [--train-blocks]
+    python benchmarks/fuzz.py [--cases 3000] [--start 0] [--train-blocks | --names]
 
 Exit 1 if any case failed; rerun one with `--start SEED --cases 1`.
 """
@@ -28,6 +32,7 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 from test_fuzz import failure, make_case  # noqa: E402
 from test_fuzz_cli import LOCATED, run_main, train_block_case  # noqa: E402
+from test_injection import injection_failure, names_case  # noqa: E402
 
 
 def train_block_failure(seed: int, folder: Path) -> str | None:
@@ -65,6 +70,24 @@ def main_train_blocks(args: argparse.Namespace) -> int:
     return 1 if failures else 0
 
 
+def main_names(args: argparse.Namespace) -> int:
+    failures = 0
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="axdsl-fuzz-names-") as tmp:
+        for seed in range(args.start, args.start + args.cases):
+            case = names_case(seed)
+            problem = injection_failure(case, Path(tmp) / "case")
+            if problem:
+                failures += 1
+                print(f"seed {seed}: {case!r:.300}: {problem}", flush=True)
+    spent = time.perf_counter() - start
+    print(
+        f"{args.cases} named builds in {spent:.1f} s ({args.cases / spent:.2f} cases/s), "
+        f"{failures} failure{'s' if failures != 1 else ''}"
+    )
+    return 1 if failures else 0
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--cases", type=int, default=3000)
@@ -72,7 +95,12 @@ def main() -> int:
     p.add_argument(
         "--train-blocks", action="store_true", help="fuzz train blocks (two-sided) instead"
     )
+    p.add_argument(
+        "--names", action="store_true", help="fuzz file names and train-block strings instead"
+    )
     args = p.parse_args()
+    if args.names:
+        return main_names(args)
     if args.train_blocks:
         return main_train_blocks(args)
     failures: list[tuple[int, str, str]] = []

@@ -71,6 +71,7 @@ RUN_FLAGS = (
 # none, which would stay set for everything else this process runs)
 PROCESS_FLAGS = (*RUN_FLAGS[:-1], "{lab}/cache")
 INTERNAL = 70  # axdsl.cli.EXIT_INTERNAL
+NEWLINE_IMPORT = 'e\nfrom os import system; system("touch X")\n#.axl'  # issue 51's imported file
 
 
 # ------------------------------------------------------------------------------ the lab
@@ -293,6 +294,16 @@ PROBES: list[Probe] = [
       (write("m.axl", MODEL + "model {\n"),), untouched=("m.axl",)),
     C("spec", "two train blocks", ("check", "m.axl"), 1, ("m.axl:", "train"),
       (spec("", "train { steps = 10 }\ntrain { steps = 20 }\n"),)),
+    # issue 51: names the user chose reach generated code only as text (tests/test_injection.py
+    # also compiles each file, runs slurm.sh with a stand-in srun and fuzzes such names)
+    C("spec", "build a spec named a$(touch X).axl", ("build", "a$(touch X).axl", "--out", "gen"),
+      0, ("built",), (write("a$(touch X).axl", MODEL),),
+      exists=("gen/a$(touch X)/cpu/slurm.sh",), absent=("X",)),
+    C("spec", "build a spec importing a file named with a newline and Python",
+      ("build", "m.axl", "--out", "gen"), 0, ("built",),
+      (write(NEWLINE_IMPORT, MODEL.replace("model m", "model base")),
+       write("m.axl", f"import {json.dumps(NEWLINE_IMPORT)}\nmodel m extends base {{ dim = 32 }}")),
+      exists=("gen/m/cpu/model.py",), absent=("X",)),
     # ---------------------------------------------------------------- CLI values
     *(
         C("cli", f'{cmd} --target ""', (cmd, *args, "--target", ""), 2, ("target",),

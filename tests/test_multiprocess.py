@@ -91,12 +91,12 @@ def test_slurm_script(tmp_path):
     from axdsl.codegen.emit_train import emit_slurm
     from axdsl.pipeline import compile_spec
 
-    gpu = emit_slurm(compile_spec(ROOT / "specs" / "tiny_llama.axl", "gpu-h100-16"), "generated.tiny_llama.gpu_h100_16")
+    gpu = emit_slurm(compile_spec(ROOT / "specs" / "tiny_llama.axl", "gpu-h100-16"), "generated.tiny_llama.gpu_h100_16", "tiny_llama")
     assert "#SBATCH --nodes=2\n#SBATCH --ntasks-per-node=1\n#SBATCH --gpus-per-node=8\n" in gpu
     assert 'srun "${PYTHON:-python}" -m generated.tiny_llama.gpu_h100_16.train --out "$RUN_DIR" "$@"' in gpu
 
     script = tmp_path / "slurm.sh"
-    script.write_text(emit_slurm(compile_spec(ROOT / "specs" / "tiny_llama.axl", "cpu"), "generated.tiny_llama.cpu"))
+    script.write_text(emit_slurm(compile_spec(ROOT / "specs" / "tiny_llama.axl", "cpu"), "generated.tiny_llama.cpu", "tiny_llama"))
     srun = tmp_path / "bin" / "srun"
     srun.parent.mkdir()
     srun.write_text('#!/bin/sh\nexec "$@"\n')

@@ -20,7 +20,7 @@ from axdsl.codegen import helpers
 from axdsl.codegen.decode import DecodePath, decode_path
 from axdsl.codegen.emit_objective import objective_code, objective_doc
 from axdsl.codegen.expressions import FunctionEmitter, LayerFunction, dims_text
-from axdsl.codegen.names import EinsumLetters, dim_label, py_str, spec_text
+from axdsl.codegen.names import EinsumLetters, dim_label, py_comment, py_doc, py_str, sh, spec_text
 from axdsl.codegen.pyexpr import py, py_value
 from axdsl.errors import CompileError, Diagnostic, InternalError, filled
 from axdsl.ir import nodes as ir
@@ -62,7 +62,8 @@ def _env() -> jinja2.Environment:
         undefined=jinja2.StrictUndefined,
         autoescape=False,
     )
-    env.filters["pystr"] = py_str
+    # the one way each user value (a path, a name, a data file) is printed in each language
+    env.filters.update(pystr=py_str, py_comment=py_comment, py_doc=py_doc, sh=sh)
     return env
 
 
@@ -358,9 +359,7 @@ def _functions(
         if aux:  # inside the pipeline's stages: the loss's statistics (plan_pipeline)
             loss = "its auxiliary loss's statistics" if shared.staged else "auxiliary loss []"
             result = f"({result}, {loss})"
-        doc_head = (
-            f"{inst.layer} ({inst.layer_span.file}:{inst.layer_span.line}): {sig} -> {result}."
-        )
+        doc_head = f"{_defined_at(inst)}: {sig} -> {result}."
         by_name[name] = LayerFunction(
             name,
             inst.layer,
@@ -383,6 +382,12 @@ def _functions(
         where = ", ".join(f.paths)
         f.doc = f"{f.doc}\n\n    Used at {where}.\n    "
     return out
+
+
+def _defined_at(inst: ir.Instance) -> str:
+    """`Attention (std/transformer.axl:13)` for a layer function's docstring: the file's name
+    escaped (py_doc), for it is the user's."""
+    return f"{inst.layer} ({py_doc(inst.layer_span.file)}:{inst.layer_span.line})"
 
 
 def _split_root(
@@ -430,7 +435,7 @@ def _split_root(
     )
     sig = ", ".join(f"{a.name}: {dims_text(a.dims)}" for a in root.fwd.args)
     hidden = dims_text(root.fwd.result)
-    where = f"{root.layer} ({root.layer_span.file}:{root.layer_span.line})"
+    where = _defined_at(root)
     hidden_fn = LayerFunction(
         f"{root_fn.name}_hidden",
         root.layer,

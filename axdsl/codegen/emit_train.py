@@ -16,7 +16,7 @@ from axdsl import __version__, lora, optim, primitives
 from axdsl.analysis.flops import TrainingFlops
 from axdsl.codegen import runtime_source
 from axdsl.codegen.emit import render_template
-from axdsl.codegen.names import py_str, spec_text
+from axdsl.codegen.names import py_comment, py_str, spec_text
 from axdsl.errors import filled
 from axdsl.ir import nodes as ir
 from axdsl.ir.head import takes_segments
@@ -44,7 +44,8 @@ class Field:
     def fits(self) -> bool:
         """Whether `name: type = default  # comment` fits black's 100 columns (else: comment
         above)."""
-        return len(f"    {self.name}: {self.type} = {self.default}  # {self.comment}") <= 100
+        line = f"    {self.name}: {self.type} = {self.default}  # {py_comment(self.comment)}"
+        return len(line) <= 100
 
 
 def emit_train(module: ir.Module, package: str, flops: list[TrainingFlops]) -> str:
@@ -166,12 +167,12 @@ def uses_dropout(root: ir.Instance) -> bool:
     return tree_has(root, lambda p: primitives.get(p.name).uses_rng)
 
 
-def emit_slurm(module: ir.Module, package: str) -> str:
-    """generated/<spec>/<target>/slurm.sh: a SLURM batch script that runs train.py on every node."""
+def emit_slurm(module: ir.Module, package: str, spec_stem: str) -> str:
+    """generated/<spec>/<target>/slurm.sh: a SLURM batch script that runs train.py on every node
+    (`spec_stem` names its default run directory, runs/<spec_stem>-<target>)."""
     schedule = module.target
     profile = profiles()[schedule.profile]
     per_node = min(schedule.chips, profile.chips_per_host)
-    spec_stem = package.split(".")[-2]
     return render_template(
         "slurm.sh.j2",
         version=__version__,

@@ -11,7 +11,14 @@ import textwrap
 from dataclasses import dataclass, field
 
 from axdsl import primitives
-from axdsl.codegen.names import EinsumLetters, dim_label, distinct_labels, py_str, spec_text
+from axdsl.codegen.names import (
+    EinsumLetters,
+    dim_label,
+    distinct_labels,
+    py_comment,
+    py_str,
+    spec_text,
+)
 from axdsl.codegen.pyexpr import py, py_size, py_value
 from axdsl.codegen.why import (
     kernel_why,
@@ -400,7 +407,7 @@ class FunctionEmitter:
         placed = filled(child.carry_sharding, f"the carry of {child.path}", "shard_activations")
         self.use_helper(primitives.PIPELINE_HELPER.name)
         self.imports.add("from jax.sharding import PartitionSpec as P")
-        self.lines.extend(f"# {line}" for line in pipeline_why(schedule, child))
+        self.lines.extend(f"# {py_comment(line)}" for line in pipeline_why(schedule, child))
         unroll = self._unroll(child)
         name = py_str(child.name)
         self.lines.append(f"with jax.named_scope({name}):")
@@ -490,7 +497,7 @@ class FunctionEmitter:
         """`, unroll=True` for a repeat the target unrolls (after a comment saying so), else ""."""
         if child.unrolled:
             schedule = filled(self.schedule, "the schedule of an unrolled repeat", "unroll_repeats")
-            self.lines.append(f"# {unroll_why(schedule, child)}")
+            self.lines.append(f"# {py_comment(unroll_why(schedule, child))}")
         return ", unroll=True" if child.unrolled else ""
 
     def _remat_decorator(self, child: ir.Instance) -> None:
@@ -498,7 +505,7 @@ class FunctionEmitter:
         if remat_kind(child) is None:
             return
         self.imports.add("import functools")
-        self.lines.append(f"# {remat_why(self.schedule, child)}")
+        self.lines.append(f"# {py_comment(remat_why(self.schedule, child))}")
         self.lines.append(
             "@functools.partial(jax.checkpoint, policy=REMAT_POLICY, prevent_cse=False)"
         )
@@ -509,7 +516,8 @@ class FunctionEmitter:
         placed = child.carry_sharding
         if self.schedule is None or placed is None:
             return
-        self.lines.append(f"    # {sharding_why(self.schedule, placed.logical, placed.mesh)}")
+        why = sharding_why(self.schedule, placed.logical, placed.mesh)
+        self.lines.append(f"    # {py_comment(why)}")
         self.lines.append(f"    h = shard(h, {spec_text(placed.mesh)})")
 
     def _hoist(self, call: ir.CallChild) -> str:
@@ -603,12 +611,12 @@ class FunctionEmitter:
 
     def kernel_comment(self, e: ir.Prim) -> None:
         """`# select_kernels: ...`: which kernel the pass chose for `e`, and why."""
-        self.lines.append(f"# {kernel_why(self.schedule, e)}")
+        self.lines.append(f"# {py_comment(kernel_why(self.schedule, e))}")
 
     def quant_comment(self, fmt: str) -> None:
         """`# quantize_matmuls: ...`, once per function."""
         if not self.quant_noted:
-            self.lines.append(f"# {quant_why(self.schedule, fmt)}")
+            self.lines.append(f"# {py_comment(quant_why(self.schedule, fmt))}")
             self.quant_noted = True
 
     def einsum_spec(self, e: ir.Prim) -> str:

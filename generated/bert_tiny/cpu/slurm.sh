@@ -24,5 +24,5 @@
 #SBATCH --signal=TERM@120
 
 set -euo pipefail
-RUN_DIR="${RUN_DIR:-runs/bert_tiny-cpu}"
+RUN_DIR=${RUN_DIR:-runs/bert_tiny-cpu}
 exec srun "${PYTHON:-python}" -m generated.bert_tiny.cpu.train --out "$RUN_DIR" "$@"

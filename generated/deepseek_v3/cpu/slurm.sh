@@ -24,5 +24,5 @@
 #SBATCH --signal=TERM@120
 
 set -euo pipefail
-RUN_DIR="${RUN_DIR:-runs/deepseek_v3-cpu}"
+RUN_DIR=${RUN_DIR:-runs/deepseek_v3-cpu}
 exec srun "${PYTHON:-python}" -m generated.deepseek_v3.cpu.train --out "$RUN_DIR" "$@"

@@ -24,5 +24,5 @@
 #SBATCH --signal=TERM@120
 
 set -euo pipefail
-RUN_DIR="${RUN_DIR:-runs/gemma2_2b-cpu}"
+RUN_DIR=${RUN_DIR:-runs/gemma2_2b-cpu}
 exec srun "${PYTHON:-python}" -m generated.gemma2_2b.cpu.train --out "$RUN_DIR" "$@"

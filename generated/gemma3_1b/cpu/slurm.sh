@@ -24,5 +24,5 @@
 #SBATCH --signal=TERM@120
 
 set -euo pipefail
-RUN_DIR="${RUN_DIR:-runs/gemma3_1b-cpu}"
+RUN_DIR=${RUN_DIR:-runs/gemma3_1b-cpu}
 exec srun "${PYTHON:-python}" -m generated.gemma3_1b.cpu.train --out "$RUN_DIR" "$@"

@@ -24,5 +24,5 @@
 #SBATCH --signal=TERM@120
 
 set -euo pipefail
-RUN_DIR="${RUN_DIR:-runs/gpt2_medium-cpu}"
+RUN_DIR=${RUN_DIR:-runs/gpt2_medium-cpu}
 exec srun "${PYTHON:-python}" -m generated.gpt2_medium.cpu.train --out "$RUN_DIR" "$@"

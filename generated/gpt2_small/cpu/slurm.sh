@@ -24,5 +24,5 @@
 #SBATCH --signal=TERM@120
 
 set -euo pipefail
-RUN_DIR="${RUN_DIR:-runs/gpt2_small-cpu}"
+RUN_DIR=${RUN_DIR:-runs/gpt2_small-cpu}
 exec srun "${PYTHON:-python}" -m generated.gpt2_small.cpu.train --out "$RUN_DIR" "$@"

@@ -25,5 +25,5 @@
 #SBATCH --signal=TERM@120
 
 set -euo pipefail
-RUN_DIR="${RUN_DIR:-runs/gpt2_small-gpu-h100}"
+RUN_DIR=${RUN_DIR:-runs/gpt2_small-gpu-h100}
 exec srun "${PYTHON:-python}" -m generated.gpt2_small.gpu_h100.train --out "$RUN_DIR" "$@"

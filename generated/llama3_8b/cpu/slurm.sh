@@ -24,5 +24,5 @@
 #SBATCH --signal=TERM@120
 
 set -euo pipefail
-RUN_DIR="${RUN_DIR:-runs/llama3_8b-cpu}"
+RUN_DIR=${RUN_DIR:-runs/llama3_8b-cpu}
 exec srun "${PYTHON:-python}" -m generated.llama3_8b.cpu.train --out "$RUN_DIR" "$@"

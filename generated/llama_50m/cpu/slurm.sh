@@ -24,5 +24,5 @@
 #SBATCH --signal=TERM@120
 
 set -euo pipefail
-RUN_DIR="${RUN_DIR:-runs/llama_50m-cpu}"
+RUN_DIR=${RUN_DIR:-runs/llama_50m-cpu}
 exec srun "${PYTHON:-python}" -m generated.llama_50m.cpu.train --out "$RUN_DIR" "$@"

@@ -24,5 +24,5 @@
 #SBATCH --signal=TERM@120
 
 set -euo pipefail
-RUN_DIR="${RUN_DIR:-runs/mistral_7b-cpu}"
+RUN_DIR=${RUN_DIR:-runs/mistral_7b-cpu}
 exec srun "${PYTHON:-python}" -m generated.mistral_7b.cpu.train --out "$RUN_DIR" "$@"

@@ -25,5 +25,5 @@
 #SBATCH --signal=TERM@120
 
 set -euo pipefail
-RUN_DIR="${RUN_DIR:-runs/mixtral_8x7b-gpu-h100}"
+RUN_DIR=${RUN_DIR:-runs/mixtral_8x7b-gpu-h100}
 exec srun "${PYTHON:-python}" -m generated.mixtral_8x7b.gpu_h100.train --out "$RUN_DIR" "$@"

@@ -17,7 +17,7 @@
 # SIGKILL after the cluster's KillWait. train.py saves a checkpoint after the jitted calls in flight
 # (1 step each, --steps-per-call) and exits 143; srun, exec'd below so that it receives the signals itself, forwards them to the tasks.
 # TPU VMs are not usually managed by SLURM: instead run the same train.py on every worker,
-#     gcloud compute tpus tpu-vm ssh NAME --worker=all --command="python -m generated.mixtral_8x7b.tpu_v5e.train"
+#     gcloud compute tpus tpu-vm ssh NAME --worker=all --command='python -m generated.mixtral_8x7b.tpu_v5e.train'
 #SBATCH --job-name=mixtral_8x7b
 #SBATCH --nodes=1
 #SBATCH --ntasks-per-node=1
@@ -26,5 +26,5 @@
 #SBATCH --signal=TERM@120
 
 set -euo pipefail
-RUN_DIR="${RUN_DIR:-runs/mixtral_8x7b-tpu-v5e}"
+RUN_DIR=${RUN_DIR:-runs/mixtral_8x7b-tpu-v5e}
 exec srun "${PYTHON:-python}" -m generated.mixtral_8x7b.tpu_v5e.train --out "$RUN_DIR" "$@"

@@ -24,5 +24,5 @@
 #SBATCH --signal=TERM@120
 
 set -euo pipefail
-RUN_DIR="${RUN_DIR:-runs/phi2-cpu}"
+RUN_DIR=${RUN_DIR:-runs/phi2-cpu}
 exec srun "${PYTHON:-python}" -m generated.phi2.cpu.train --out "$RUN_DIR" "$@"

@@ -24,5 +24,5 @@
 #SBATCH --signal=TERM@120
 
 set -euo pipefail
-RUN_DIR="${RUN_DIR:-runs/pythia_1_4b-cpu}"
+RUN_DIR=${RUN_DIR:-runs/pythia_1_4b-cpu}
 exec srun "${PYTHON:-python}" -m generated.pythia_1_4b.cpu.train --out "$RUN_DIR" "$@"

@@ -24,5 +24,5 @@
 #SBATCH --signal=TERM@120
 
 set -euo pipefail
-RUN_DIR="${RUN_DIR:-runs/qwen3_30b_a3b-cpu}"
+RUN_DIR=${RUN_DIR:-runs/qwen3_30b_a3b-cpu}
 exec srun "${PYTHON:-python}" -m generated.qwen3_30b_a3b.cpu.train --out "$RUN_DIR" "$@"

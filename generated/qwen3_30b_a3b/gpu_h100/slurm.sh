@@ -25,5 +25,5 @@
 #SBATCH --signal=TERM@120
 
 set -euo pipefail
-RUN_DIR="${RUN_DIR:-runs/qwen3_30b_a3b-gpu-h100}"
+RUN_DIR=${RUN_DIR:-runs/qwen3_30b_a3b-gpu-h100}
 exec srun "${PYTHON:-python}" -m generated.qwen3_30b_a3b.gpu_h100.train --out "$RUN_DIR" "$@"

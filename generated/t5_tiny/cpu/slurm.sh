@@ -24,5 +24,5 @@
 #SBATCH --signal=TERM@120
 
 set -euo pipefail
-RUN_DIR="${RUN_DIR:-runs/t5_tiny-cpu}"
+RUN_DIR=${RUN_DIR:-runs/t5_tiny-cpu}
 exec srun "${PYTHON:-python}" -m generated.t5_tiny.cpu.train --out "$RUN_DIR" "$@"

@@ -24,5 +24,5 @@
 #SBATCH --signal=TERM@120
 
 set -euo pipefail
-RUN_DIR="${RUN_DIR:-runs/tiny_llama-cpu}"
+RUN_DIR=${RUN_DIR:-runs/tiny_llama-cpu}
 exec srun "${PYTHON:-python}" -m generated.tiny_llama.cpu.train --out "$RUN_DIR" "$@"
