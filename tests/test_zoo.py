@@ -118,7 +118,7 @@ def test_stats_command(in_root):
                         "--model", "mixtral_8x7b"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert "46,702,792,704 total" in r.stdout and "12,879,925,248 active per token" in r.stdout
-    assert "optimizer state" in r.stdout and "of 80.00 GiB HBM" in r.stdout
+    assert "optimizer state" in r.stdout and "of 79.11 GiB HBM" in r.stdout  # what CUDA reports
     code = ("import sys; from pathlib import Path; from axdsl import stats; "
             "stats.run(Path('specs/qwen3_30b_a3b.axl'), 'tpu-v5e-256'); assert 'jax' not in sys.modules")
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=120).returncode == 0

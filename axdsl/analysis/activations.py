@@ -36,7 +36,6 @@ from axdsl.errors import filled
 from axdsl.ir import nodes as ir
 from axdsl.ir.nodes import LOSS_CHUNK, HeadSplit
 from axdsl.ir.rewrite import prims_of
-from axdsl.primitives.moe import DENSE
 
 
 @dataclass(frozen=True)
@@ -161,7 +160,7 @@ def _add_block(
     # benchmarks/aot_report.py): next to what remat recomputes, the largest one (the attention
     # probabilities' at long sequences); with remat none nothing is recomputed, but the stacked
     # residuals stay allocated until the scan's backward ends, and the two largest are live at once.
-    dense = [v for v in layer.values if v.label.endswith(DENSE)]  # XLA:GPU's ragged_dot
+    dense = [v for v in layer.values if v.whole]  # XLA:GPU's ragged_dot
     sizes = sorted((t.nbytes(v) for v in layer.values if v.dims and v not in dense), reverse=True)
     cotangents = sum(sizes[:1] if policy.kind is not ir.RematKind.NONE else sizes[:2])
     transient = recompute + cotangents

@@ -34,6 +34,9 @@ class Val:
     point: str | None = None
     dot: bool = False  # a matmul output without batch dims (save_dots keeps these)
     weight: bool = False  # a gathered weight (sized without the batch mesh axes)
+    # a transient the layer backward adds whole, beside its recompute and cotangents (XLA:GPU's
+    # per-expert copies of a grouped matmul; activations.py)
+    whole: bool = False
 
     @property
     def base(self) -> Val:

@@ -359,12 +359,8 @@ def _memory(t, prim: ir.Prim, args, dims, label: str):
         widths = (model_dim,) * wide + (hidden,) * narrow
         for i, d in enumerate(widths):
             rows = (experts, *slot, d)
-            t.internal(rows, x.dtype, f"{label} ragged_dot per expert {i} {DENSE}", (x, logits))
+            t.internal(rows, x.dtype, f"{label} ragged_dot per expert {i}", (x, logits), whole=True)
     return out
-
-
-# The label's end of a transient the layer backward adds whole (activations.py _add_block).
-DENSE = "(dense)"
 
 
 def _unused_params(ctx, prim: ir.Prim) -> int:
