@@ -125,9 +125,14 @@ def test_schedule_matches_closed_form(tmp_path, kind):
 def tiny():
     """tiny_llama's generated train module on an 8-device mesh: a batch of 32, the initial state and
     the jitted step. warmup 0, so that step 0 really updates; eps 1e-4: see the next test."""
-    import jax
-
     from generated.tiny_llama.cpu import train as tm
+
+    return _first_step(tm)
+
+
+def _first_step(tm):
+    """(tm, mesh, tc, batch, initial state, jitted step) of a generated train module."""
+    import jax
 
     mesh = tm.make_mesh()
     assert mesh.size == 8
@@ -185,18 +190,10 @@ def test_microbatches_equal_one_large_batch(tiny):
 def tiny_gpu():
     """tiny_llama's gpu-h100 train module (fp8 matmuls, XLA attention: it computes in f32), on
     the same 8 devices: its step skips a bad update with a select (choose_update_skip)."""
-    import jax
-
     from generated.tiny_llama.gpu_h100 import train as tm
 
     assert "jnp.where(ok, n, o), updated, old)" in Path(tm.__file__).read_text()
-    mesh = tm.make_mesh()
-    tc = dataclasses.replace(tm.TRAIN, batch=32, warmup=0, eps=1e-4)
-    tokens, _ = tm.runtime.split(tm.runtime.stdlib_bytes(1 << 20))
-    with jax.set_mesh(mesh):
-        batch = tm.runtime.get_batch(tokens, tc, 0, tm.batch_sharding(mesh))
-        state = tm.init_state(tm.CONFIGS[tc.model], tc, mesh, jax.random.key(0))
-    return tm, mesh, tc, batch, state, tm.make_train_step(tm.CONFIGS[tc.model], tc, mesh)
+    return _first_step(tm)
 
 
 @pytest.mark.parametrize("setup", ["tiny", "tiny_gpu"])
