@@ -145,6 +145,10 @@ PREFERENCE_LINE = (
     '{"prompt": "...", "chosen": "...", "rejected": "..."} (or "messages" for "prompt")'
 )
 SHOWN = 5  # a chat file's problems listed, of all those found
+TEMPLATE_HINT = (
+    "the data is rendered with the tokenizer's chat template (chat_template.jinja, or "
+    "tokenizer_config.json's chat_template): fix it there, or give another tokenizer"
+)
 
 
 def _chat_problems(
@@ -168,7 +172,10 @@ def _chat_problems(
             )
         ]
     try:
-        chat.load_template(folder)
+        template = chat.load_template(folder)
+        chat.compile_template(template)
+    except chat.TemplateFailure as exc:
+        return [(f"the chat template of {folder} does not compile: {exc}", TEMPLATE_HINT)]
     except ValueError as exc:
         return [(str(exc), "the data is rendered with the tokenizer's own chat template")]
     path, pairs = _resolve(source.path, spec), source.kind is ir.DataKind.PREFERENCES
@@ -191,6 +198,8 @@ def _chat_problems(
     what = "pair" if pairs else "conversation"
     if not found:
         return [(f"{source.kind} data {path} holds no {what}", hint)]
+    if failure := _first_render(found[0], pairs, template, folder):
+        return [(f"{source.kind} data {path}, line {found[0][0]}: {failure}", TEMPLATE_HINT)]
     if settings.get("eval_every") and len(found) < 2:
         return [
             (
@@ -199,6 +208,20 @@ def _chat_problems(
             )
         ]
     return []
+
+
+def _first_render(first: tuple, pairs: bool, template: str, folder: Path) -> str | None:
+    """What is wrong rendering the file's first conversation (a pair's chosen one) with the
+    chat template, as the trainer renders every one (runtime's render_chat, in its sandbox and
+    limits); None when it renders."""
+    from axdsl.runtime import chat
+
+    messages = chat.preference_conversations(first[1])[0] if pairs else first[1]
+    try:
+        chat.render_chat(messages, template, chat.load_special_tokens(folder))
+    except ValueError as exc:
+        return f"the chat template of {folder} fails: {exc}"
+    return None
 
 
 def _npz_headers(path: Path) -> dict | str:

@@ -10,6 +10,8 @@ template of the model. transformers is optional: the comparisons are skipped wit
 from __future__ import annotations
 
 import json
+import re
+import time
 from pathlib import Path
 
 import numpy as np
@@ -371,16 +373,49 @@ def test_environment_matches_transformers(folders):
 
 
 def test_templates_stay_in_the_sandbox():
-    import jinja2
-
-    with pytest.raises(jinja2.TemplateError, match="roles must alternate"):
+    with pytest.raises(
+        chat.TemplateFailure, match="line 15 of the template: Conversation roles must alternate"
+    ):
         chat.render_chat([{"role": "assistant", "content": "x"}], GEMMA3, {})
-    with pytest.raises(jinja2.exceptions.SecurityError):
+    with pytest.raises(chat.TemplateFailure, match="cannot set '_x'"):
         chat.render_chat([], "{% set ns = namespace(_x=1) %}", {})
-    with pytest.raises(jinja2.exceptions.SecurityError):
+    with pytest.raises(chat.TemplateFailure, match="unsafe"):
         chat.render_chat([], "{{ messages.__class__.__subclasses__() }}", {})
-    with pytest.raises(jinja2.exceptions.SecurityError):  # immutable: no list.append
+    with pytest.raises(chat.TemplateFailure, match="unsafe"):  # immutable: no list.append
         chat.render_chat([], "{% set x = [] %}{{ x.append(1) }}", {})
+
+
+@pytest.mark.parametrize(
+    "template, says",
+    [
+        ("a\n{{ 1/0 }}", "line 2 of the template: ZeroDivisionError: division by zero"),
+        ("{% include 'x.jinja' %}", "TypeError: no loader"),
+        ("{{ messages + 1 }}", "TypeError: can only concatenate list"),
+        ("{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}", "RecursionError"),
+        ("{% for i in range(10**9) %}x{% endfor %}", "MAX_RANGE"),
+        ("{{ 'x' * 10**10 }}", "a value of 10,000,000,000 items"),
+        ("{{ 'x'|center(10**10) }}", "a width or count past"),
+        ("{{ 'x'.rjust(10**10) }}", "a width or count past"),
+        ("{{ ('x' * 10**6)|replace('', 'y' * 1000) }}", "a value of 1,001,002,000 items"),
+        ("{{ 'x' * 10**7 }}" * 4, "it renders more than 33,554,432 characters"),
+        ("{{ 7 ** (10**6) }}", "to the power 1000000"),
+        ("{% if %}", "line 1 of the template: syntax error"),
+    ],
+)
+def test_a_failing_template_is_a_template_failure(template, says):
+    with pytest.raises(chat.TemplateFailure, match=re.escape(says)):
+        chat.render_chat([{"role": "user", "content": "hi"}], template, {})
+
+
+def test_a_template_that_runs_too_long_is_stopped(monkeypatch):
+    monkeypatch.setattr(chat, "RENDER_SECONDS", 0.2)
+    loops = (
+        "{% set r = range(100000)|list %}{% for i in r %}{% for j in r %}{% endfor %}{% endfor %}"
+    )
+    start = time.monotonic()
+    with pytest.raises(chat.TemplateFailure, match="line 1 of the template: it renders for"):
+        chat.render_chat([], loops, {})
+    assert time.monotonic() - start < 2
 
 
 def test_load_template_reads_what_transformers_reads(tmp_path):

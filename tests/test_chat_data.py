@@ -106,6 +106,20 @@ def test_check_refuses_a_tokenizer_without_a_chat_template(tmp_path, capsys):
     assert (main(["check", str(spec)]), capsys.readouterr().err) == (0, "")
 
 
+@pytest.mark.parametrize("template, expected", [
+    ("{% if %}", "does not compile: line 1 of the template: syntax error"),
+    ("{% for m in messages %}\n{{ m.content / 0 }}{% endfor %}",
+     "line 1: the chat template of {folder} fails: line 2 of the template: TypeError"),
+])
+def test_check_compiles_the_template_and_renders_the_first_conversation(tmp_path, capsys, template, expected):
+    spec = write_spec(tmp_path, CHAT)
+    (tmp_path / "tokenizer" / "chat_template.jinja").write_text(template)
+    assert main(["check", str(spec)]) == 1
+    err = capsys.readouterr().err
+    assert f"{spec}:8:3: error: " in err and expected.format(folder=tmp_path / "tokenizer") in err, err
+    assert "Traceback" not in err
+
+
 # ----------------------------------------------------------------------------- the rows
 
 
@@ -145,6 +159,23 @@ def test_the_trainer_names_the_bad_line(tmp_path):
     with pytest.raises(SystemExit) as stop:
         load(tmp_path, 47)
     assert str(stop.value.code).startswith(f"error: chat data {tmp_path / 'conversations.jsonl'}: line 1: no assistant")
+
+
+def test_the_trainer_names_the_line_a_template_fails_on(tmp_path):
+    write_spec(tmp_path, CHAT)
+    (tmp_path / "tokenizer" / "chat_template.jinja").write_text(
+        "{% for m in messages %}{{ m.content }}{% if m.content == 'Hi' %}{{ 1/0 }}{% endif %}{% endfor %}"
+    )
+    path = tmp_path / "conversations.jsonl"
+    lines = path.read_text().splitlines()
+    lines[2] = json.dumps({"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "x"}]})
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(SystemExit) as stop:
+        load(tmp_path, 47)
+    assert str(stop.value.code) == (
+        f"error: data {path}, line 3: the chat template of {tmp_path / 'tokenizer'} fails: "
+        "line 1 of the template: ZeroDivisionError: division by zero"
+    )
 
 
 # ----------------------------------------------------------------------------- the loss

@@ -41,9 +41,11 @@ def load_chat(cfg, tc, spec: str, from_flag: bool, run_dir: Path | None = None, 
     rows, tokens and loss tokens there are and how many conversations were cut (run.json). The
     run keeps RUN_DIR/tokenizer.json, which `axdsl sample` decodes with."""
     path, (tokenizer, template, special) = chat_path(tc, spec, from_flag), chat_tokenizer(tc, spec)
+    folder = tokenizer_folder(tc.tokenizer, spec)
     conversations = read_conversations(path)
     encoded = [
-        encode_line(m, n, path, tokenizer, template, special, tc.train_on) for n, m in conversations
+        encode_line(m, n, path, (tokenizer, template, special), tc.train_on, folder)
+        for n, m in conversations
     ]
     check_vocab([ids for ids, _ in encoded], cfg, path)
     width = tc.seq + 1  # a row is seq inputs and, shifted by one, seq labels
@@ -139,14 +141,13 @@ def read_conversations(path: Path, preferences: bool = False) -> list:
     return found
 
 
-def encode_line(messages: list[dict], n: int, path: Path, tokenizer, template, special, train_on):
-    """encode_chat of line `n`'s conversation; exits naming the line when its template fails."""
-    import jinja2
-
+def encode_line(messages: list[dict], n: int, path: Path, chat: tuple, train_on: str, folder: Path):
+    """encode_chat of line `n`'s conversation; exits naming the line and the template when the
+    template fails (render_chat makes whatever it raises a TemplateFailure, a ValueError)."""
     try:
-        return encode_chat(messages, tokenizer, template, special, train_on)
-    except (ValueError, jinja2.TemplateError) as exc:
-        sys.exit(f"error: data {path}, line {n}: the chat template fails: {exc}")
+        return encode_chat(messages, *chat, train_on)
+    except ValueError as exc:
+        sys.exit(f"error: data {path}, line {n}: the chat template of {folder} fails: {exc}")
 
 
 def chat_figures(encoded: list, rows: dict, width: int) -> dict[str, int]:
@@ -193,11 +194,13 @@ def load_preferences(cfg, tc, spec: str, from_flag: bool, run_dir: Path | None =
     are chosen, chosen_mask, rejected, rejected_mask [N, seq + 1] (int32: ids, and 1 on the
     answer's tokens); figures: pairs, and those cut (a side longer than seq + 1 tokens)."""
     path, (tokenizer, template, special) = chat_path(tc, spec, from_flag), chat_tokenizer(tc, spec)
+    folder = tokenizer_folder(tc.tokenizer, spec)
     sides: dict[str, list] = {k: [] for k in ("chosen", "chosen_mask", "rejected", "rejected_mask")}
     for n, obj in read_conversations(path, preferences=True):
         chosen, rejected, turns = preference_conversations(obj)
         for side, messages in (("chosen", chosen), ("rejected", rejected)):
-            ids, mask = encode_line(messages, n, path, tokenizer, template, special, "assistant")
+            chat = (tokenizer, template, special)
+            ids, mask = encode_line(messages, n, path, chat, "assistant", folder)
             sides[side].append(ids)
             sides[f"{side}_mask"].append(answer_mask(mask, turns))
     check_vocab(sides["chosen"] + sides["rejected"], cfg, path)
