@@ -697,6 +697,24 @@ REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
 # Unicode noncharacters: never in real text, and no template strips them (they are not whitespace).
 # Two absent from a conversation's rendering mark where its assistant contents begin and end.
 SENTINELS = tuple(chr(c) for c in range(0xFDD0, 0xFDF0))
+# A chat template is an untrusted program (it comes with a model repository), rendered once or a
+# few times per conversation. Real ones render a conversation in about a millisecond and write
+# less than the conversation's text and its markup; one that runs longer or writes more than
+# these limits is stopped with a TemplateFailure. The time limit is a deadline the sandbox
+# checks at every call, loop step, operator and filter (see chat_environment): it works in any
+# thread, unlike an alarm signal, which only the main thread receives.
+RENDER_SECONDS = 2.0
+RENDER_CHARS = 32 * 2**20  # 32 Mi characters: a hundred times a 128k-token context's text
+RENDERING = threading.local()  # .deadline: the time.monotonic() the current render ends by
+
+
+class TemplateFailure(ValueError):
+    """A chat template that does not compile, or whose rendering raised, ran past RENDER_SECONDS
+    or grew past RENDER_CHARS; the message says what and at which line of the template."""
+
+
+class RenderLimit(Exception):
+    """Raised inside a rendering that reached a limit; render_chat makes it a TemplateFailure."""
 
 
 def load_template(path: str | Path) -> str:
@@ -779,15 +797,84 @@ def render_chat(
     renders them (tokenize=False): the same jinja2 sandbox and globals (see chat_environment), the
     special tokens as variables, `tools` and `documents` None. As transformers does, message
     fields whose value is None are dropped and a message's reasoning is given under every name
-    templates read it by. A template's `raise_exception(...)` is a jinja2 TemplateError."""
+    templates read it by. Any failure (a syntax error, `raise_exception(...)`, an exception
+    the template's code raises, a limit reached) is a TemplateFailure."""
     compiled = compile_template(template)
-    return compiled.render(
-        messages=[chat_message(m) for m in messages],
-        tools=None,
-        documents=None,
-        add_generation_prompt=add_generation_prompt,
+    context = {
+        "messages": [chat_message(m) for m in messages],
+        "tools": None,
+        "documents": None,
+        "add_generation_prompt": add_generation_prompt,
         **special,
-    )
+    }
+    RENDERING.deadline = time.monotonic() + RENDER_SECONDS
+    parts, size = [], 0
+    try:
+        for part in compiled.generate(**context):
+            size += len(part)
+            if size > RENDER_CHARS:
+                raise RenderLimit(f"it renders more than {RENDER_CHARS:,} characters")
+            parts.append(part)
+    except Exception as exc:  # the template is untrusted code: whatever it raises is its failure
+        raise template_failure(exc) from None
+    finally:
+        RENDERING.deadline = None
+    return "".join(parts)
+
+
+def template_failure(exc: Exception) -> TemplateFailure:
+    """`exc`, raised compiling or rendering a chat template, as a TemplateFailure that says what
+    happened and where in the template (jinja2 rewrites a render's traceback to the template's
+    lines, in frames of the file "<template>")."""
+    import jinja2
+
+    if isinstance(exc, TemplateFailure):
+        return exc
+    line = exc.lineno if isinstance(exc, jinja2.TemplateSyntaxError) else None
+    tb = exc.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code.co_filename == "<template>":
+            line = tb.tb_lineno
+        tb = tb.tb_next
+    said = str(exc)[:300]
+    if not isinstance(exc, (jinja2.TemplateError, RenderLimit)) or not said:
+        said = f"{type(exc).__name__}: {said}" if said else type(exc).__name__
+    elif isinstance(exc, jinja2.TemplateSyntaxError):
+        said = f"syntax error: {said}"
+    return TemplateFailure(f"line {line} of the template: {said}" if line else said)
+
+
+def check_deadline() -> None:
+    """Stop the rendering under way when it ran past RENDER_SECONDS."""
+    deadline = getattr(RENDERING, "deadline", None)
+    if deadline is not None and time.monotonic() > deadline:
+        raise RenderLimit(f"it renders for longer than {RENDER_SECONDS:g} s (a limit)")
+
+
+def check_size(value):
+    """`value`, unless it is a string, list or number larger than RENDER_CHARS allows."""
+    if isinstance(value, (str, list, tuple)):
+        check_length(len(value))
+    if isinstance(value, int) and value.bit_length() > 4 * RENDER_CHARS:
+        raise RenderLimit("it makes a number too large to write")
+    return value
+
+
+def check_arguments(value, args: tuple, kwargs: dict) -> None:
+    """Stop a filter or string method that would make a value past RENDER_CHARS before it does:
+    one given a width or count past it (center, indent, ljust, zfill, ...), or replacing a
+    string's parts by text that adds up past it."""
+    given = [*args, *kwargs.values()]
+    if any(isinstance(a, int) and a > RENDER_CHARS for a in given):
+        raise RenderLimit(f"a width or count past {RENDER_CHARS:,} is given to a filter or method")
+    if isinstance(value, str) and len(given) >= 2 and all(isinstance(a, str) for a in given[:2]):
+        check_length(len(value) + (value.count(given[0]) + 1) * len(given[1]))  # replace
+
+
+def check_length(length: int) -> None:
+    """Stop a rendering that makes a string or list of `length` items, past RENDER_CHARS."""
+    if length > RENDER_CHARS:
+        raise RenderLimit(f"it makes a value of {length:,} items (the limit is {RENDER_CHARS:,})")
 
 
 def chat_message(message: dict) -> dict:
@@ -802,8 +889,12 @@ def chat_message(message: dict) -> dict:
 
 @lru_cache(maxsize=16)
 def compile_template(template: str):
-    """The jinja2 Template of a chat template's text, compiled once."""
-    return chat_environment().from_string(template)
+    """The jinja2 Template of a chat template's text, compiled once; a TemplateFailure when it
+    does not compile."""
+    try:
+        return chat_environment().from_string(template)
+    except Exception as exc:  # a syntax error, or what else jinja2 raises of odd text
+        raise template_failure(exc) from None
 
 
 @lru_cache(maxsize=1)
@@ -815,7 +906,8 @@ def chat_environment():
     `strftime_now(format)` (today's date in Llama 3.1's system prompt); `dict` and `namespace`
     that cannot reach Python internals; and a `{% generation %}` block, which marks the assistant
     text for transformers' assistant mask and here only renders its body (encode_chat finds the
-    assistant text without it)."""
+    assistant text without it). The sandbox keeps a rendering within RENDER_SECONDS and
+    RENDER_CHARS (BoundedSandbox)."""
     import jinja2
     import jinja2.ext
     import jinja2.nodes
@@ -866,6 +958,57 @@ def chat_environment():
         def fromkeys(self, *args, **kwargs):
             return dict.fromkeys(*args, **kwargs)
 
+    class BoundedSandbox(ImmutableSandboxedEnvironment):
+        """The sandbox with render_chat's limits checked at every step a template can repeat: a
+        call (macros, recursion included), a loop step (each `for` iterates through `steps`),
+        `*`, `**`, `+` and `%` (whose results are sized, `*` before it is computed) and a
+        filter (whose result is sized)."""
+
+        intercepted_binops = frozenset({"*", "**", "+", "%"})
+
+        def _parse(self, source, name, filename):
+            tree = super()._parse(source, name, filename)
+            for loop in tree.find_all(jinja2.nodes.For):
+                steps = jinja2.nodes.EnvironmentAttribute("steps")
+                loop.iter = jinja2.nodes.Call(steps, [loop.iter], [], None, None)
+                loop.iter.set_lineno(loop.lineno)
+            return tree
+
+        def steps(self, iterable):
+            for item in iterable:
+                check_deadline()
+                yield item
+
+        def call(*args, **kwargs):  # jinja2's (__self, __context, __obj, *args, **kwargs)
+            check_deadline()
+            method = args[2]
+            if isinstance(getattr(method, "__self__", None), str):  # "x".center(10**9), ...
+                check_arguments(method.__self__, args[3:], kwargs)
+            return ImmutableSandboxedEnvironment.call(*args, **kwargs)
+
+        def call_binop(self, context, operator, left, right):
+            check_deadline()
+            if operator == "*" and isinstance(right, int) and isinstance(left, (str, list, tuple)):
+                check_length(len(left) * right)  # before the product is made
+            if operator == "*" and isinstance(left, int) and isinstance(right, (str, list, tuple)):
+                check_length(len(right) * left)
+            if operator == "**" and isinstance(right, (int, float)) and right > 64:
+                if isinstance(left, int) and abs(left) > 1:
+                    raise RenderLimit(f"it raises a number to the power {right}")
+            return check_size(super().call_binop(context, operator, left, right))
+
+    def bounded_filter(function):
+        value = 1 if hasattr(function, "jinja_pass_arg") else 0  # after the context's argument
+
+        def bounded(*args, **kwargs):
+            check_deadline()
+            check_arguments(args[value] if len(args) > value else None, args[value + 1 :], kwargs)
+            return check_size(function(*args, **kwargs))
+
+        if hasattr(function, "jinja_pass_arg"):
+            bounded.jinja_pass_arg = function.jinja_pass_arg  # type: ignore[attr-defined]
+        return bounded
+
     def raise_exception(message):
         raise jinja2.exceptions.TemplateError(message)
 
@@ -881,12 +1024,14 @@ def chat_environment():
     def strftime_now(format):
         return datetime.now().strftime(format)
 
-    environment = ImmutableSandboxedEnvironment(
+    environment = BoundedSandbox(
         trim_blocks=True,
         lstrip_blocks=True,
         extensions=[GenerationBlock, jinja2.ext.loopcontrols],
     )
     environment.filters["tojson"] = tojson
+    for name, function in list(environment.filters.items()):
+        environment.filters[name] = bounded_filter(function)
     environment.globals["raise_exception"] = raise_exception
     environment.globals["strftime_now"] = strftime_now
     environment.globals["dict"] = PlainDict()
@@ -1208,9 +1353,11 @@ def load_chat(cfg, tc, spec: str, from_flag: bool, run_dir: Path | None = None, 
     rows, tokens and loss tokens there are and how many conversations were cut (run.json). The
     run keeps RUN_DIR/tokenizer.json, which `axdsl sample` decodes with."""
     path, (tokenizer, template, special) = chat_path(tc, spec, from_flag), chat_tokenizer(tc, spec)
+    folder = tokenizer_folder(tc.tokenizer, spec)
     conversations = read_conversations(path)
     encoded = [
-        encode_line(m, n, path, tokenizer, template, special, tc.train_on) for n, m in conversations
+        encode_line(m, n, path, (tokenizer, template, special), tc.train_on, folder)
+        for n, m in conversations
     ]
     check_vocab([ids for ids, _ in encoded], cfg, path)
     width = tc.seq + 1  # a row is seq inputs and, shifted by one, seq labels
@@ -1306,14 +1453,13 @@ def read_conversations(path: Path, preferences: bool = False) -> list:
     return found
 
 
-def encode_line(messages: list[dict], n: int, path: Path, tokenizer, template, special, train_on):
-    """encode_chat of line `n`'s conversation; exits naming the line when its template fails."""
-    import jinja2
-
+def encode_line(messages: list[dict], n: int, path: Path, chat: tuple, train_on: str, folder: Path):
+    """encode_chat of line `n`'s conversation; exits naming the line and the template when the
+    template fails (render_chat makes whatever it raises a TemplateFailure, a ValueError)."""
     try:
-        return encode_chat(messages, tokenizer, template, special, train_on)
-    except (ValueError, jinja2.TemplateError) as exc:
-        sys.exit(f"error: data {path}, line {n}: the chat template fails: {exc}")
+        return encode_chat(messages, *chat, train_on)
+    except ValueError as exc:
+        sys.exit(f"error: data {path}, line {n}: the chat template of {folder} fails: {exc}")
 
 
 def chat_figures(encoded: list, rows: dict, width: int) -> dict[str, int]:
@@ -1360,11 +1506,13 @@ def load_preferences(cfg, tc, spec: str, from_flag: bool, run_dir: Path | None =
     are chosen, chosen_mask, rejected, rejected_mask [N, seq + 1] (int32: ids, and 1 on the
     answer's tokens); figures: pairs, and those cut (a side longer than seq + 1 tokens)."""
     path, (tokenizer, template, special) = chat_path(tc, spec, from_flag), chat_tokenizer(tc, spec)
+    folder = tokenizer_folder(tc.tokenizer, spec)
     sides: dict[str, list] = {k: [] for k in ("chosen", "chosen_mask", "rejected", "rejected_mask")}
     for n, obj in read_conversations(path, preferences=True):
         chosen, rejected, turns = preference_conversations(obj)
         for side, messages in (("chosen", chosen), ("rejected", rejected)):
-            ids, mask = encode_line(messages, n, path, tokenizer, template, special, "assistant")
+            chat = (tokenizer, template, special)
+            ids, mask = encode_line(messages, n, path, chat, "assistant", folder)
             sides[side].append(ids)
             sides[f"{side}_mask"].append(answer_mask(mask, turns))
     check_vocab(sides["chosen"] + sides["rejected"], cfg, path)
