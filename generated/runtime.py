@@ -1456,8 +1456,9 @@ def read_conversations(path: Path, preferences: bool = False) -> list:
 def encode_line(messages: list[dict], n: int, path: Path, chat: tuple, train_on: str, folder: Path):
     """encode_chat of line `n`'s conversation; exits naming the line and the template when the
     template fails (render_chat makes whatever it raises a TemplateFailure, a ValueError)."""
+    tokenizer, template, special = chat
     try:
-        return encode_chat(messages, *chat, train_on)
+        return encode_chat(messages, tokenizer, template, special, train_on)
     except ValueError as exc:
         sys.exit(f"error: data {path}, line {n}: the chat template of {folder} fails: {exc}")
 

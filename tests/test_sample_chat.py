@@ -158,10 +158,9 @@ def test_sample_chat_errors_are_located(imported, tmp_path, monkeypatch, capsys)
 
 def test_eval_stops_a_chat_runs_generation_at_the_end_of_turn(tmp_path):
     """`axdsl eval`'s generation tasks on a chat run stop where `sample --chat` does (the run's
-    template's end-of-turn id); other runs keep the stop they had."""
-    from types import SimpleNamespace
-
-    from axdsl.evaluation.command import _chat_end
+    template's end-of-turn id), found the first time a task generates (a .txt task never renders
+    the template); a template that fails is an error naming it."""
+    from axdsl.evaluation.command import EvalError, Text, _chat_end
 
     shutil.copytree(EXAMPLE / "tokenizer", tmp_path / "tokenizer")
     info = {
@@ -171,8 +170,13 @@ def test_eval_stops_a_chat_runs_generation_at_the_end_of_turn(tmp_path):
     }
     (tmp_path / "run.json").write_text(json.dumps(info))
     end = ChatTemplate.load(EXAMPLE / "tokenizer").tokenizer.token_to_id("<|im_end|>")
-    assert _chat_end(tmp_path, SimpleNamespace(data="chat"), None) == end
-    assert _chat_end(tmp_path, SimpleNamespace(data="text"), 7) == 7
+    assert _chat_end(tmp_path, None) == end
+    found = []
+    text = Text(str.split, " ".join, "t", eos=7, find_eos=lambda: found.append(1) or end)
+    assert not found and (text.stop(), text.stop(), found) == (end, end, [1])
+    (tmp_path / "tokenizer" / "chat_template.jinja").write_text("{{ 1/0 }}")
+    with pytest.raises(EvalError, match="line 1 of the template: ZeroDivisionError"):
+        _chat_end(tmp_path, None)
 
 
 def test_a_chat_run_keeps_its_template_and_prompts_with_it_after_the_tokenizer_goes(tmp_path):

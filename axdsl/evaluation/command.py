@@ -37,7 +37,8 @@ class EvalError(Exception):
 class Text:
     """How strings become the model's ids and back, and the ids that frame them: `prefix` is what
     an empty context (or a text's first token) is conditioned on, lm-evaluation-harness's BOS or
-    else EOS (None: nothing, the first token is context only); `eos` stops generation; `limit`
+    else EOS (None: nothing, the first token is context only); `eos` stops generation (`stop()`
+    gives it: `find_eos`, when there is one, finds it the first time a task generates); `limit`
     bounds the ids generation may pick (a byte-level model's 256)."""
 
     encode: Callable[[str], list[int]]
@@ -46,6 +47,13 @@ class Text:
     prefix: int | None = None
     eos: int | None = None
     limit: int | None = None
+    find_eos: Callable[[], int | None] | None = None
+
+    def stop(self) -> int | None:
+        """The id generation stops at (found once, when a task first needs it)."""
+        if self.find_eos is not None:
+            self.eos, self.find_eos = self.find_eos(), None
+        return self.eos
 
 
 @dataclass
@@ -185,7 +193,10 @@ def run_text(run: Path, tc, tokenizer: Path | None) -> Text:
     if codec.kind == "tokenizer":
         text = _tokenizer_codec(codec.tokenizer, str(run / "tokenizer.json"), hf_config(hf_dir))
         # as sample: ids past the tokenizer are untrained
-        return replace(text, limit=codec.limit, eos=_chat_end(run, tc, text.eos))
+        if tc.data not in ("chat", "preferences"):
+            return replace(text, limit=codec.limit)
+        # a chat run stops at its template's end of turn: rendered only when a task generates
+        return replace(text, limit=codec.limit, find_eos=lambda: _chat_end(run, text.eos))
     if hf_dir is not None:
         return hf_text(hf_dir, None)
     raise EvalError(
@@ -194,19 +205,21 @@ def run_text(run: Path, tc, tokenizer: Path | None) -> Text:
     )
 
 
-def _chat_end(run: Path, tc, eos: int | None) -> int | None:
+def _chat_end(run: Path, eos: int | None) -> int | None:
     """A chat run's generation stop: the end-of-turn token of the chat template it trained with
     (as `sample --chat` stops), so that an answer ends where the assistant's turn does; `eos`
-    for other runs, or when the template cannot be read."""
-    if tc.data not in ("chat", "preferences"):
-        return eos
+    when the run keeps no template that can be read. An EvalError when the template fails."""
     from axdsl.sampling import ChatError, run_chat_template
 
     try:
         info = json.loads((run / "run.json").read_text(encoding="utf-8"))
-        stops = run_chat_template(run, info).end_of_turn()
+        chat = run_chat_template(run, info)
     except (ChatError, OSError, ValueError):
         return eos
+    try:
+        stops = chat.end_of_turn()
+    except ChatError as exc:
+        raise EvalError(f"{exc}: a generation task stops at its end-of-turn token") from None
     return stops[0] if stops else eos
 
 
@@ -311,7 +324,7 @@ def generate_task(loaded: Loaded, task: Task) -> dict:
             loaded,
             prompt,
             loaded.max_tokens,
-            t.eos,
+            t.stop(),
             t.limit,
             t.decode,
             item.until,
