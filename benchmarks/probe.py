@@ -189,6 +189,50 @@ def remove(pattern: str) -> Step:
     return step
 
 
+CHAT_EXAMPLE = ROOT / "examples" / "chat"
+CHAT_TRAIN = (
+    'train {\n  batch = 4  seq = 32  steps = 2  eval_every = 0\n'
+    '  data = chat("conversations.jsonl", tokenizer = "tokenizer")\n}\n'
+)
+
+
+def chat_data(template: str) -> Step:
+    """m.axl training on examples/chat's conversations, with their tokenizer's chat template
+    replaced by `template` (issue 51: chat templates are untrusted programs)."""
+
+    def step(here: Path, lab: Lab) -> None:
+        shutil.copytree(CHAT_EXAMPLE / "tokenizer", here / "tokenizer")
+        shutil.copyfile(CHAT_EXAMPLE / "conversations.jsonl", here / "conversations.jsonl")
+        (here / "tokenizer" / "chat_template.jinja").write_text(template)
+        (here / "m.axl").write_text(MODEL + CHAT_TRAIN)
+
+    return step
+
+
+def chat_run(template: str) -> Step:
+    """A copy of the lab's run that keeps a chat template (as a chat run does): `template`,
+    beside examples/chat's tokenizer.json."""
+
+    def step(here: Path, lab: Lab) -> None:
+        shutil.copyfile(CHAT_EXAMPLE / "tokenizer" / "tokenizer.json", here / "run/tokenizer.json")
+        (here / "run" / "chat_template.jinja").write_text(template)
+
+    return step
+
+
+# Hostile chat templates: each fails or stops fast, as a located error
+NESTED_LOOPS = "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}"
+HOSTILE_TEMPLATES = (
+    ("{{ 1/0 }}", "ZeroDivisionError"),
+    ("{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}", "RecursionError"),
+    ("{% for i in range(10**9) %}x{% endfor %}", "MAX_RANGE"),
+    ("{{ 'x' * 10**10 }}", "a value of 10,000,000,000 items"),
+    ("{% include 'other.jinja' %}", "no loader"),
+    ("{{ messages + 1 }}", "TypeError"),
+    (NESTED_LOOPS, "it renders for longer than 2 s"),
+)
+
+
 def spec(setting: str, train: str = "") -> Step:
     """m.axl: the tiny DecoderLM with one more model setting and an optional train block."""
     return write("m.axl", HEAD + (f"  {setting}\n" if setting else "") + "}\n" + train)
@@ -411,6 +455,23 @@ PROBES: list[Probe] = [
     C("data", "check leaves an unreadable data file to the trainer", ("check", "m.axl"), 0,
       ("m.axl: ok (m)",), (spec("", 'train { data = text("t") }\n'), write("t/a.txt", TEXT),
                            symlink("t/b.txt", "/proc/self/mem"))),
+    # issue 51: a chat template is an untrusted program; check compiles it and renders the
+    # first conversation, sample --chat renders it: its failures are located errors
+    *(
+        C("data", f"check a chat template {template}", ("check", "m.axl"), 1,
+          ("m.axl:", "conversations.jsonl, line 1: the chat template of", said),
+          (chat_data(template),))
+        for template, said in HOSTILE_TEMPLATES
+    ),
+    C("data", "check a chat template with a syntax error", ("check", "m.axl"), 1,
+      ("m.axl:", "does not compile: line 2 of the template: syntax error"),
+      (chat_data("{% for m in messages %}\n{% if %}{% endfor %}"),)),
+    *(
+        C("data", f"sample --chat with a chat template {template}",
+          ("sample", "run", "--chat", "Hi"), 1, ("the chat template of", said),
+          (*RUN, chat_run(template)), untouched=("run",))
+        for template, said in HOSTILE_TEMPLATES[:1] + HOSTILE_TEMPLATES[-1:]
+    ),
     # ---------------------------------------------------------------- run directories
     C("rundir", "--out is a file", ("--out", "f"), 1, ("is a file, not a run directory",),
       (write("f", "mine"),), run=T, untouched=("f",), issue=True),
