@@ -33,6 +33,7 @@ from axdsl.codegen.format import checked, formatted
 from axdsl.errors import CompileError
 from axdsl.objectives import batches_of, trainable
 from axdsl.pipeline import run_passes
+from axdsl.runtime.files import replace_file
 from axdsl.syntax.loader import load
 from axdsl.targets import parse_target, target_dir_name
 
@@ -308,9 +309,7 @@ def write_runtime(path: Path) -> None:
     text = runtime_source()
     if path.exists() and path.read_text(encoding="utf-8") == text:
         return
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
+    replace_file(path, text)
 
 
 def _ensure_package_inits(directory: Path) -> None:
@@ -318,8 +317,8 @@ def _ensure_package_inits(directory: Path) -> None:
     imports."""
     for d in (directory, directory.parent):
         init = d / "__init__.py"
-        if d.name and not init.exists():
-            init.write_text(PACKAGE_INIT, encoding="utf-8")
+        if d.name and not init.exists() and not init.is_symlink():
+            replace_file(init, PACKAGE_INIT)
 
 
 def diff_against(out_dir: Path, files: dict[str, str], runtime: bool = True) -> str:

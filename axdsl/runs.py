@@ -29,6 +29,7 @@ import threading
 from pathlib import Path
 
 from axdsl.errors import shorten_words
+from axdsl.runtime.files import replace_file
 
 
 def _error(message: str) -> int:
@@ -260,7 +261,7 @@ def plot(run_dir: Path, out: Path | None = None) -> int:
     except ValueError as exc:  # a suffix matplotlib cannot write (x.foo)
         return _error(f"{out}: {exc}")
     try:  # written here, so that a failed write is an error (a full disk was "wrote", exit 0)
-        out.write_bytes(image.getvalue())
+        replace_file(out, image.getvalue())
     except OSError as exc:
         return _error(f"{out}: {exc.strerror or exc}")
     print(f"wrote {out} ({len(series['loss'])} train and {len(series['eval_loss'])} eval points)")

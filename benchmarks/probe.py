@@ -1,12 +1,11 @@
 """A hostile-input harness (issue 38, item 5): each probe does one thing a user, a script or the
 machine can do wrong, and says what axdsl must do about it.
 
-A probe is data: its class (spec, cli, data, rundir, resume, signal, disk, hf), what is done (an
-argv and the files made before it), and the expected outcome: the exit code, words in the error,
+A probe is data: its class (spec, cli, data, rundir, resume, signal, disk, hf, write), what is done
+(an argv and the files made before it), and the expected outcome: the exit code, words in the error,
 and files that must stay untouched, exist or not exist afterwards. Every probe also holds to what
-the README promises of every command: no Python traceback and no internal error (exit 70). A
-probe whose expected exit is 0 checks words of the right result, so that no case exits 0 while
-wrong.
+the README promises of every command: no Python traceback and no internal error (exit 70). A probe
+whose expected exit is 0 checks words of the right result, so that no case exits 0 while wrong.
 
 Probes run where the work really happens, in this process wherever a process is not the point:
 
@@ -72,6 +71,24 @@ RUN_FLAGS = (
 PROCESS_FLAGS = (*RUN_FLAGS[:-1], "{lab}/cache")
 INTERNAL = 70  # axdsl.cli.EXIT_INTERNAL
 NEWLINE_IMPORT = 'e\nfrom os import system; system("touch X")\n#.axl'  # issue 51's imported file
+UNFORMATTED = MODEL.replace("  dim = 64", "    dim=64")  # what `axdsl fmt` rewrites
+# Run in a tmpfs of its own: the spec goes onto it, a file fills it, then `axdsl fmt` rewrites the
+# spec; a file written in place would be left cut short (issue 51, item 3)
+FMT_ON_FULL_DISK = """
+import shutil, sys
+from axdsl.cli import main
+shutil.copyfile("m.axl", "disk/m.axl")
+with open("disk/fill", "wb", buffering=0) as f:
+    try:
+        while True:
+            f.write(b"x" * 4096)
+    except OSError:
+        pass
+code = main(["fmt", "disk/m.axl"])
+whole = open("disk/m.axl", "rb").read() == open("m.axl", "rb").read()
+print("the spec is whole" if whole else "the spec was cut", file=sys.stderr)
+sys.exit(code)
+"""
 
 
 # ------------------------------------------------------------------------------ the lab
@@ -255,7 +272,7 @@ def _with(info: Any, **changes: Any) -> dict:
 class Probe:
     """One hostile input and what must come of it."""
 
-    cls: str  # spec, cli, data, rundir, resume, signal, disk, hf
+    cls: str  # spec, cli, data, rundir, resume, signal, disk, hf, write
     name: str
     argv: tuple[str, ...]  # axdsl's (or the trainer's) arguments; {root}: the repository,
     # {lab}: the lab's folder
@@ -618,6 +635,37 @@ PROBES: list[Probe] = [
       ("-m", TRAINER, "--out", "disk/run", *PROCESS_FLAGS), 1,
       ("No space left on device", "checkpoint 1 and those before it"),
       (lab_copy("d.txt"),), run="tmpfs", tmpfs_kib=2048, issue=True),
+    C("disk", "fmt on a full disk leaves the spec whole", ("-c", FMT_ON_FULL_DISK), 1,
+      ("No space left on device", "the spec is whole"), (write("m.axl", UNFORMATTED),),
+      run="tmpfs", tmpfs_kib=64),
+    # ---------------------------------------------------------------- writes (issue 51, item 2)
+    # A link planted where a command writes: the command writes nothing through it
+    C("write", "eval: RUN/evals/t.json.partial a link to a user's file",
+      ("eval", "run", "--task", "t.txt"), 0, ("wrote",),
+      (*RUN, write("t.txt", "some text to score\n"), write("mine.txt", "mine"),
+       symlink("run/evals/t.json.partial", "../../mine.txt")),
+      untouched=("mine.txt",), exists=("run/evals/t.json",)),
+    C("write", "eval: RUN/evals/t.json a dangling link", ("eval", "run", "--task", "t.txt"), 0,
+      ("wrote",), (*RUN, write("t.txt", "some text to score\n"),
+                   symlink("run/evals/t.json", "../../outside.json")),
+      absent=("outside.json",)),
+    C("write", "fmt of a spec that is a link", ("fmt", "m.axl"), 1, ("m.axl", "symlink"),
+      (write("real.axl", UNFORMATTED), symlink("m.axl", "real.axl")),
+      untouched=("real.axl", "m.axl")),
+    C("write", "build: a dangling link as g/__init__.py", ("build", "m.axl", "--out", "g"), 0,
+      ("built",), (write("m.axl", MODEL), symlink("g/__init__.py", "../outside.py")),
+      absent=("outside.py",), exists=("g/runtime.py",)),
+    C("write", "build: g/runtime.py a link to a user's file",
+      ("build", "m.axl", "--out", "g"), 1, ("g/runtime.py exists and was not written by axdsl",),
+      (write("m.axl", MODEL), write("mine.py", "mine"), symlink("g/runtime.py", "../mine.py")),
+      untouched=("mine.py", "g/runtime.py")),
+    C("write", "export-hf: OUT/config.json a dangling link",
+      ("export-hf", SPEC_S, "run", "--out", "o"), 0, ("wrote",),
+      (*RUN, symlink("o/config.json", "../outside.json")), absent=("outside.json",)),
+    C("write", "train: RUN/metrics.jsonl a link to a user's file",
+      ("--out", "run", *RUN_FLAGS, "--steps", "3"), 1, ("metrics.jsonl is a symlink",),
+      (*RUN, write("mine.jsonl", "mine\n"), remove("run/metrics.jsonl"),
+       symlink("run/metrics.jsonl", "../mine.jsonl")), untouched=("mine.jsonl",), run=T),
 ]  # fmt: skip
 
 

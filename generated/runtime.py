@@ -15,6 +15,7 @@ import ast
 import atexit
 import dataclasses
 import enum
+import errno
 import fnmatch
 import hashlib
 import inspect
@@ -66,6 +67,72 @@ def check_api(expected: int) -> None:
             f"train.py was written for runtime API {expected}, but {__file__} has API {API}: "
             "rebuild it with `axdsl build SPEC --target T --force` and carry your edits over"
         )
+
+
+# ----------------------------------------------------------- writing files (axdsl/runtime/files.py)
+
+
+class UnsafePathError(OSError):
+    """A file axdsl was about to write is a symlink: it writes nothing through one."""
+
+
+def replace_file(path: Path, data: bytes | str, mode: int | None = None) -> None:
+    """Write `data` (str: UTF-8) to `path` by an exclusive temporary file in its directory, fsync
+    and rename. `mode`: the new file's permissions; by default those of the file it replaces, or
+    0666 less the umask for a new one (tempfile's 0600 is not what a user expects)."""
+    raw = data.encode("utf-8") if isinstance(data, str) else data
+    replace_file_with(path, lambda tmp: tmp.write_bytes(raw), mode)
+
+
+def replace_file_with(path: Path, write: Callable[[Path], object], mode: int | None = None) -> None:
+    """`replace_file` for a writer that takes a file name (safetensors' save_file): `write(tmp)`
+    fills the exclusive temporary file, which is then flushed to disk and renamed onto `path`."""
+    path = Path(path)
+    fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    tmp = Path(name)
+    try:
+        write(tmp)
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        os.chmod(tmp, _mode_for(path) if mode is None else mode)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def _mode_for(path: Path) -> int:
+    try:
+        st = os.lstat(path)
+        if not os.path.islink(path):
+            return st.st_mode & 0o7777
+    except OSError:
+        pass
+    mask = os.umask(0)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
+def open_append(path: Path, binary: bool = False):
+    """`path` opened to append (created if missing); a symlink there is refused (O_NOFOLLOW) with
+    an UnsafePathError naming it, rather than appended through."""
+    flags = os.O_RDWR | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0)
+    try:
+        fd = os.open(path, flags, 0o666)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP or os.path.islink(path):
+            raise UnsafePathError(
+                f"{path} is a symlink; axdsl appends to no file through one"
+            ) from None
+        raise
+    return os.fdopen(fd, "a+b") if binary else os.fdopen(fd, "a+", encoding="utf-8")
+
+
+def refuse_symlink(path: Path) -> None:
+    """Raise UnsafePathError when `path` is a symlink (for a file rewritten in place: fmt)."""
+    if os.path.islink(path):
+        raise UnsafePathError(f"{path} is a symlink; axdsl writes no file through one")
 
 
 # --------------------------------------------------------------------- data (axdsl/runtime/data.py)
@@ -284,7 +351,7 @@ def load_tokenizer(tc, data: np.ndarray, run_dir: Path | None, vocab: int | None
             )
     if kept is not None and is_lead() and not kept.exists():
         kept.parent.mkdir(parents=True, exist_ok=True)
-        write_atomic(kept, content)  # the file as given (or as trained), byte for byte
+        replace_file(kept, content)  # the file as given (or as trained), byte for byte
     return tokenizer
 
 
@@ -344,13 +411,13 @@ def tokenize(tokenizer, text: bytes, source: Path | None, run_dir: Path | None) 
     for cache in places:
         try:
             cache.parent.mkdir(parents=True, exist_ok=True)
-            write_atomic(
+            replace_file(
                 cache.with_name(cache.name + ".sha256"),
                 hashlib.sha256(ids.tobytes()).hexdigest().encode(),
             )
             buffer = io.BytesIO()
             np.save(buffer, ids)
-            write_atomic(cache, buffer.getvalue())
+            replace_file(cache, buffer.getvalue())
             break
         except OSError:
             continue  # a read-only data directory: try the run directory
@@ -377,13 +444,6 @@ def read_cached(cache: Path) -> np.ndarray | None:
         if path.exists():
             os.replace(path, path.with_name(path.name + ".damaged"))
     return None
-
-
-def write_atomic(path: Path, data: bytes) -> None:
-    """Write `data` to `path` so that a reader never sees a partial file."""
-    partial = path.with_name(path.name + f".{os.getpid()}.partial")
-    partial.write_bytes(data)
-    os.replace(partial, path)
 
 
 # ------------------------------------------------------------- examples (axdsl/runtime/examples.py)
@@ -1492,7 +1552,7 @@ def keep_tokenizer(tc, spec: str, template: str, special: dict, run_dir: Path | 
     run_dir.mkdir(parents=True, exist_ok=True)
     for name, content in kept.items():
         if not (run_dir / name).exists():
-            write_atomic(run_dir / name, content())
+            replace_file(run_dir / name, content())
 
 
 # ------------------------------------------------------------------- preference pairs (dpo)
@@ -2736,9 +2796,7 @@ def write_checksums(directory: Path) -> None:
         p for p in directory.rglob("*") if p.is_file() and not p.name.startswith(CHECKSUMS)
     )
     table = {p.relative_to(directory).as_posix(): [p.stat().st_size, sha256(p)] for p in files}
-    partial = directory / (CHECKSUMS + ".partial")
-    partial.write_text(json.dumps({"files": table}, indent=1), encoding="utf-8")
-    os.replace(partial, directory / CHECKSUMS)
+    replace_file(directory / CHECKSUMS, json.dumps({"files": table}, indent=1))
 
 
 def checksum_problem(directory: Path) -> str | None:
@@ -3283,9 +3341,10 @@ def preflight(run_dir: Path, abstract: dict, skip: bool = False) -> None:
 
 def check_run_dir(run_dir: Path, tc) -> None:
     """Before any data or compute: RUN_DIR is absent or a directory, what a run writes there has
-    its kind (a directory of checkpoints, files for metrics.jsonl, run.json and the lock), and a
-    run.json there is one axdsl wrote. Otherwise one line and exit 1, not a traceback at the
-    first save after the whole training, nor the user's run.json replaced."""
+    its kind (a directory of checkpoints, files for metrics.jsonl, run.json and the lock; not a
+    symlink as metrics.jsonl, which is appended to: see open_append), and a run.json there is one
+    axdsl wrote. Otherwise one line and exit 1, not a traceback at the first save after the whole
+    training, nor the user's run.json replaced."""
     problems = []
     if run_dir.exists() and not run_dir.is_dir():
         problems.append(f"--out {run_dir} is a file, not a run directory")
@@ -3300,6 +3359,8 @@ def check_run_dir(run_dir: Path, tc) -> None:
                 problems.append(f"{path} is {got}; a run writes {want} there")
             elif path.exists() and not is_dir and not path.is_file():  # a FIFO blocks the open
                 problems.append(f"{path} is a device or a FIFO; a run writes a file there")
+            elif name == "metrics.jsonl" and path.is_symlink():  # appended to, never through one
+                problems.append(f"{path} is a symlink; a run appends to a file of its own there")
         info = run_dir / "run.json"
         if info.is_file() and not _axdsl_run_json(info):
             problems.append(f"{info} was not written by axdsl")
@@ -3371,7 +3432,9 @@ def start_run(
     earlier = (recorded(run_dir) or {}).get("forced_resumes", [])
     if earlier or forced:
         info["forced_resumes"] = earlier + ([forced] if forced else [])
-    (run_dir / "run.json").write_text(json.dumps(json_safe(info), indent=2, allow_nan=False) + "\n")
+    replace_file(
+        run_dir / "run.json", json.dumps(json_safe(info), indent=2, allow_nan=False) + "\n"
+    )
 
 
 def global_norm(tree, skip=()) -> jax.Array:
@@ -3439,17 +3502,15 @@ def open_metrics(path: Path, start: int = 0):
         lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
         kept = [line for line in lines if (_row_step(line) or 0) <= start]
         if len(kept) < len(lines):
-            tmp = path.with_name(f".{path.name}.tmp")
-            tmp.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
-            os.replace(tmp, path)
-    file = open(path, "a+b")
+            replace_file(path, "".join(line + "\n" for line in kept))
+    file = open_append(path, binary=True)
     file.seek(0, os.SEEK_END)
     if file.tell():
         file.seek(-1, os.SEEK_END)
         if file.read(1) != b"\n":
             file.write(b"\n")
     file.close()
-    return open(path, "a", encoding="utf-8")
+    return open_append(path)
 
 
 def _row_step(line: str) -> int | None:
@@ -3567,7 +3628,10 @@ class MetricsLog:
         self.flops_per_step = flops.per_token(self.per_row) * tc.batch * self.per_row
         self.tc, self.peak_flops, self.run_dir, self.start = tc, peak_flops, args.out, start
         self.mfu_key = "mfu_nominal" if nominal else "mfu"
-        self.file = open_metrics(args.out / "metrics.jsonl", start) if self.lead else None
+        try:
+            self.file = open_metrics(args.out / "metrics.jsonl", start) if self.lead else None
+        except UnsafePathError as exc:
+            sys.exit(f"error: {exc}")
         # Steps after `start` that an earlier process logged are logged again: TensorBoard drops
         # those.
         self.tensorboard = tensorboard_writer(args.out, start + 1) if self.lead else None

@@ -1,12 +1,13 @@
 """The hostile-input harness (benchmarks/probe.py, issue 38 item 5) as tests: one test per probe.
 
 Each probe does one hostile thing (a spec, a command-line value, data, a run directory, a resume
-that changed, a Hugging Face config, a signal, a full disk) and says what must come of it: the
-exit code, words of the error, files left untouched; never a traceback or an internal error
-(exit 70), and no exit 0 without the right result. The probes share one lab (a real 2-step
-tiny_llama run and its Hugging Face export, made once for the module); most run in this process
-through `axdsl.cli.main` or the committed trainer's `main`, a few as real processes where a
-signal or a full disk is the point. `python benchmarks/probe.py` prints them as a table.
+that changed, a Hugging Face config, a signal, a full disk, a link planted where a command writes)
+and says what must come of it: the exit code, words of the error, files left untouched; never a
+traceback or an internal error (exit 70), and no exit 0 without the right result. The probes share
+one lab (a real 2-step tiny_llama run and its Hugging Face export, made once for the module); most
+run in this process through `axdsl.cli.main` or the committed trainer's `main`, a few as real
+processes where a signal or a full disk is the point. `python benchmarks/probe.py` prints them as a
+table.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ def lab(tmp_path_factory) -> Lab:
 
 def test_the_harness_covers_every_class_with_50_cases_beyond_the_issue():
     classes = {p.cls for p in PROBES}
-    assert classes == {"spec", "cli", "data", "rundir", "resume", "hf", "signal", "disk"}
+    assert classes == {"spec", "cli", "data", "rundir", "resume", "hf", "signal", "disk", "write"}
     assert sum(not p.issue for p in PROBES) >= 50
     assert len({p.id for p in PROBES}) == len(PROBES), "two probes with one id"
 

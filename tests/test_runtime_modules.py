@@ -15,7 +15,9 @@ from types import SimpleNamespace
 import numpy as np
 
 from axdsl.codegen import runtime_source
-from axdsl.runtime import api, checkpoints, command_line, data, examples, metrics, tokenizers
+import pytest
+
+from axdsl.runtime import api, checkpoints, command_line, data, examples, files, metrics, tokenizers
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -43,13 +45,50 @@ def test_token_problems_name_ids_past_the_vocab():
 def test_tokenization_cache_round_trips_and_damage_is_set_aside(tmp_path):
     ids = np.array([5, 6, 7], dtype=np.uint16)
     cache = tmp_path / "x.tokens.npy"
-    tokenizers.write_atomic(cache, _npy(ids))
+    files.replace_file(cache, _npy(ids))
     digest = __import__("hashlib").sha256(ids.tobytes()).hexdigest()
-    tokenizers.write_atomic(cache.with_name(cache.name + ".sha256"), digest.encode())
+    files.replace_file(cache.with_name(cache.name + ".sha256"), digest.encode())
     np.testing.assert_array_equal(tokenizers.read_cached(cache), ids)
-    tokenizers.write_atomic(cache, _npy(ids + 1))
+    files.replace_file(cache, _npy(ids + 1))
     assert tokenizers.read_cached(cache) is None
     assert not cache.exists() and any(p.name.endswith(".damaged") for p in tmp_path.iterdir())
+
+
+def test_replace_file_replaces_a_link_and_writes_nothing_through_it(tmp_path):
+    (tmp_path / "mine").write_text("mine")
+    (tmp_path / "out.json").symlink_to("mine")
+    (tmp_path / "out.json.partial").symlink_to("mine")  # a name the old writers used
+    files.replace_file(tmp_path / "out.json", "new\n")
+    assert (tmp_path / "mine").read_text() == "mine"
+    assert not (tmp_path / "out.json").is_symlink()
+    assert (tmp_path / "out.json").read_text() == "new\n"
+
+
+def test_a_failed_write_leaves_the_old_file_whole_and_no_temporary(tmp_path):
+    path = tmp_path / "spec.axl"
+    path.write_text("old\n")
+    path.chmod(0o640)
+
+    def cut_short(tmp: Path) -> None:
+        tmp.write_text("ne")
+        raise OSError(28, "No space left on device")
+
+    with pytest.raises(OSError, match="No space"):
+        files.replace_file_with(path, cut_short)
+    assert path.read_text() == "old\n" and sorted(tmp_path.iterdir()) == [path]
+    files.replace_file(path, "new\n")
+    assert path.read_text() == "new\n" and path.stat().st_mode & 0o777 == 0o640  # mode kept
+
+
+def test_open_append_refuses_a_link(tmp_path):
+    (tmp_path / "mine").write_text("mine\n")
+    (tmp_path / "metrics.jsonl").symlink_to("mine")
+    with pytest.raises(files.UnsafePathError, match="metrics.jsonl is a symlink"):
+        files.open_append(tmp_path / "metrics.jsonl")
+    assert (tmp_path / "mine").read_text() == "mine\n"
+    with files.open_append(tmp_path / "new.jsonl") as f:
+        f.write("{}\n")
+    assert (tmp_path / "new.jsonl").read_text() == "{}\n"
 
 
 def _npy(a: np.ndarray) -> bytes:
@@ -83,13 +122,17 @@ def test_a_failed_saves_tracebacks_are_dropped_from_orbax_and_asyncio_logs(tmp_p
     tc = SimpleNamespace(checkpoint_keep=1, checkpoint_async=True, checkpoint_dir="checkpoints")
     checkpoints.checkpoint_manager(tmp_path, tc).close()
     full = ValueError(
-        'RESOURCE_EXHAUSTED: Error writing "step/0": No space left on device [os_error_code=\'28\']'
+        "RESOURCE_EXHAUSTED: Error writing \"step/0\": No space left on device [os_error_code='28']"
     )
     assert checkpoints.io_failure(full) == "No space left on device"
     for name in checkpoints.QUIETED_LOGS:
         log = logging.getLogger(name)
-        dropped = log.makeRecord(name, logging.ERROR, "f", 1, "failed", (), (ValueError, full, None))
-        kept = log.makeRecord(name, logging.ERROR, "f", 1, "other", (), (KeyError, KeyError(1), None))
+        dropped = log.makeRecord(
+            name, logging.ERROR, "f", 1, "failed", (), (ValueError, full, None)
+        )
+        kept = log.makeRecord(
+            name, logging.ERROR, "f", 1, "other", (), (KeyError, KeyError(1), None)
+        )
         assert not log.filter(dropped), name
         assert log.filter(kept), name
 

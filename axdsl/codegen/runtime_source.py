@@ -46,6 +46,7 @@ class Section:
 
 SECTIONS = (  # the order of runtime.py: what train.py calls first comes first
     Section("api", "interface"),
+    Section("files", "writing files"),
     Section("data", "data"),
     Section("tokenizers", "tokenizers"),
     Section("examples", "examples"),

@@ -55,6 +55,7 @@ def run_fmt(args: argparse.Namespace) -> int:
     """Format, check or diff every file; report unparsable files as located errors and go on."""
     from axdsl.errors import CompileError
     from axdsl.editor.fmt import format_source, unified_diff
+    from axdsl.runtime.files import refuse_symlink, replace_file
 
     if args.files == ["-"]:
         sys.stdout.write(format_source(sys.stdin.read(), "<stdin>"))
@@ -80,7 +81,13 @@ def run_fmt(args: argparse.Namespace) -> int:
             print(f"would reformat {path}", file=sys.stderr)
             status = max(status, EXIT_UNFORMATTED)
         elif not args.diff:
-            path.write_text(after, encoding="utf-8", newline="\n")
+            try:
+                refuse_symlink(path)
+                replace_file(path, after)
+            except OSError as exc:
+                print(f"axdsl: error: {path}: {exc.strerror or exc}", file=sys.stderr)
+                status = EXIT_ERROR
+                continue
             print(f"reformatted {path}", file=sys.stderr)
     return status
 

@@ -22,6 +22,7 @@ from enum import Enum
 from pathlib import Path
 
 from axdsl.editor.vocabulary import Vocabulary, vocabulary
+from axdsl.runtime.files import replace_file
 
 REPO = Path(__file__).resolve().parents[2]
 TEXTMATE_PATH = REPO / "editors" / "vscode" / "syntaxes" / "axl.tmLanguage.json"
@@ -139,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
             )
         return int(stale)
     TEXTMATE_PATH.parent.mkdir(parents=True, exist_ok=True)
-    TEXTMATE_PATH.write_text(fresh, encoding="utf-8")
+    replace_file(TEXTMATE_PATH, fresh)
     print(f"wrote {TEXTMATE_PATH}")
     return 0
 

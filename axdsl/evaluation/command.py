@@ -21,6 +21,7 @@ from typing import Any
 
 from axdsl.errors import shorten_words
 from axdsl.runtime.eval_tasks import Problem, Task, TaskError, TaskKind, read_tasks
+from axdsl.runtime.files import replace_file
 
 WRITTEN_BY = "axdsl eval"  # in every JSON eval writes: only such a file is ever replaced
 RUN_HINT = (
@@ -93,7 +94,11 @@ def evaluate(
         return 1
     print(table(results))
     for result, path in zip(results, targets, strict=True):
-        write_result(path, {"written_by": WRITTEN_BY, **loaded.about, **result})
+        try:
+            write_result(path, {"written_by": WRITTEN_BY, **loaded.about, **result})
+        except OSError as exc:  # a full disk, or a symlink in the way: the old file stays whole
+            print(f"axdsl: error: {path}: {exc.strerror or exc}", file=sys.stderr)
+            return 1
     print(f"wrote {', '.join(str(p) for p in targets)}")
     return 0
 
@@ -397,6 +402,4 @@ def table(results: list[dict]) -> str:
 def write_result(path: Path, result: dict) -> None:
     """The results as JSON, written atomically (a reader never sees half a file)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(path.name + ".partial")
-    partial.write_text(json.dumps(result, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
-    partial.replace(path)
+    replace_file(path, json.dumps(result, indent=1, ensure_ascii=False) + "\n")

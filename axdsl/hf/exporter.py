@@ -7,7 +7,6 @@ per-expert (hub) layout.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +21,7 @@ from axdsl.hf.families import rules
 from axdsl.hf.importer import IMPORT_INFO
 from axdsl.hf.lora_merge import has_adapters, merge, restore_item, scale_of
 from axdsl.hf.safetensors_io import need_safetensors
+from axdsl.runtime.files import replace_file, replace_file_with
 
 
 def export_hf(spec: Path, ckpt_dir: Path, out: Path, model: str | None = None) -> int:
@@ -124,22 +124,16 @@ def _export_hf(spec: Path, ckpt_dir: Path, out: Path, model: str | None) -> None
     if source is not None:
         carried = carry_over(source, cfg, out)
         print(f"from {source}: {', '.join(carried)}" if carried else f"from {source}: nothing")
-    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
-    (out / "model.safetensors").chmod(0o666 & ~_umask())  # safetensors writes 0600; others read it
-    (out / "config.json").write_text(
-        json.dumps(cfg, indent=2, sort_keys=True) + "\n", encoding="utf-8"
+    replace_file_with(  # the new file gets 0666 less the umask (safetensors alone writes 0600)
+        out / "model.safetensors",
+        lambda tmp: save_file(tensors, str(tmp), metadata={"format": "pt"}),
     )
+    replace_file(out / "config.json", json.dumps(cfg, indent=2, sort_keys=True) + "\n")
     n = sum(int(a.size) for a in tensors.values())
     print(
         f"wrote {out / 'config.json'} and {out / 'model.safetensors'}: {n:,} parameters of "
         f"`{arch.name}` as {FAMILIES[family]}"
     )
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
 
 
 # What a config.json's architecture does not say but a user of the exported model needs: its
@@ -188,6 +182,6 @@ def carry_over(source: Path, cfg: dict, out: Path) -> list[str]:
             carried.append(key)
     for name in CARRIED_FILES:
         if (source / name).is_file() and not (out / name).exists():  # never over a user's file
-            (out / name).write_bytes((source / name).read_bytes())
+            replace_file(out / name, (source / name).read_bytes())
             carried.append(name)
     return carried

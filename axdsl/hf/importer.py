@@ -23,6 +23,7 @@ from axdsl.hf.families import get, rules
 from axdsl.hf.family import Family
 from axdsl.hf.layout import BUFFERS, Rule
 from axdsl.hf.safetensors_io import Reader, need_safetensors
+from axdsl.runtime.files import replace_file
 
 
 def import_hf(spec: Path, hf_dir: Path, model: str | None = None, out: Path | None = None) -> int:
@@ -181,7 +182,7 @@ def write_import_info(out: Path, spec: Path, model: str, hf_dir: Path) -> None:
         "hf_dir": str(hf_dir.absolute()),
         "params": out.name,
     }
-    (out.parent / IMPORT_INFO).write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
+    replace_file(out.parent / IMPORT_INFO, json.dumps(info, indent=2) + "\n")
 
 
 def _import_hf(spec: Path, hf_dir: Path, model: str | None, out: Path | None) -> None:

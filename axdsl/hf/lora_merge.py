@@ -30,6 +30,7 @@ from axdsl.hf.checkpoint import (
     save_params,
 )
 from axdsl.hf.errors import HFError, exit_code
+from axdsl.runtime.files import replace_file
 
 
 def has_adapters(meta: dict) -> bool:
@@ -134,8 +135,7 @@ def _export_lora(spec: Path, ckpt: Path, out: Path, merge_weights: bool) -> None
     save_params(out.absolute(), tree)
     if not merge_weights:
         targets = sorted("/".join(k[:-1]) for k in flatten(tree) if k[-1] == "a")
-        (out / "lora.json").write_text(
-            json.dumps({"rank": rank, "alpha": alpha, "targets": targets}, indent=2) + "\n"
-        )
+        lora = {"rank": rank, "alpha": alpha, "targets": targets}
+        replace_file(out / "lora.json", json.dumps(lora, indent=2) + "\n")
     n = sum(int(a.size) for a in flatten(tree).values())
     print(f"wrote {out}: {n:,} parameters, {what}")

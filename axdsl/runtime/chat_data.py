@@ -24,7 +24,8 @@ from axdsl.runtime.chat import (
 from axdsl.runtime.data import data_path
 from axdsl.runtime.examples import pack_examples, split_rows
 from axdsl.runtime.processes import is_lead
-from axdsl.runtime.tokenizers import read_tokenizer, write_atomic
+from axdsl.runtime.files import replace_file
+from axdsl.runtime.tokenizers import read_tokenizer
 
 # data = chat("conversations.jsonl", tokenizer = DIR, train_on = ...): every conversation is
 # encoded (encode_chat) and put in rows of seq + 1 tokens, padded with id 0 and loss mask 0. A
@@ -180,7 +181,7 @@ def keep_tokenizer(tc, spec: str, template: str, special: dict, run_dir: Path | 
     run_dir.mkdir(parents=True, exist_ok=True)
     for name, content in kept.items():
         if not (run_dir / name).exists():
-            write_atomic(run_dir / name, content())
+            replace_file(run_dir / name, content())
 
 
 # ------------------------------------------------------------------- preference pairs (dpo)

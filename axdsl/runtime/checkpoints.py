@@ -17,6 +17,7 @@ import jax
 import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
 
+from axdsl.runtime.files import replace_file
 from axdsl.runtime.processes import is_lead
 
 CHECKSUMS = "axdsl_checksums.json"  # in each step directory: the size and sha256 of its files
@@ -131,9 +132,7 @@ def write_checksums(directory: Path) -> None:
         p for p in directory.rglob("*") if p.is_file() and not p.name.startswith(CHECKSUMS)
     )
     table = {p.relative_to(directory).as_posix(): [p.stat().st_size, sha256(p)] for p in files}
-    partial = directory / (CHECKSUMS + ".partial")
-    partial.write_text(json.dumps({"files": table}, indent=1), encoding="utf-8")
-    os.replace(partial, directory / CHECKSUMS)
+    replace_file(directory / CHECKSUMS, json.dumps({"files": table}, indent=1))
 
 
 def checksum_problem(directory: Path) -> str | None:

@@ -20,6 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 from tqdm import tqdm
 
+from axdsl.runtime.files import UnsafePathError, open_append, replace_file
 from axdsl.runtime.finetune import param_path
 from axdsl.runtime.identity import recorded
 from axdsl.runtime.preemption import RunLock
@@ -28,9 +29,10 @@ from axdsl.runtime.processes import is_lead
 
 def check_run_dir(run_dir: Path, tc) -> None:
     """Before any data or compute: RUN_DIR is absent or a directory, what a run writes there has
-    its kind (a directory of checkpoints, files for metrics.jsonl, run.json and the lock), and a
-    run.json there is one axdsl wrote. Otherwise one line and exit 1, not a traceback at the
-    first save after the whole training, nor the user's run.json replaced."""
+    its kind (a directory of checkpoints, files for metrics.jsonl, run.json and the lock; not a
+    symlink as metrics.jsonl, which is appended to: see open_append), and a run.json there is one
+    axdsl wrote. Otherwise one line and exit 1, not a traceback at the first save after the whole
+    training, nor the user's run.json replaced."""
     problems = []
     if run_dir.exists() and not run_dir.is_dir():
         problems.append(f"--out {run_dir} is a file, not a run directory")
@@ -45,6 +47,8 @@ def check_run_dir(run_dir: Path, tc) -> None:
                 problems.append(f"{path} is {got}; a run writes {want} there")
             elif path.exists() and not is_dir and not path.is_file():  # a FIFO blocks the open
                 problems.append(f"{path} is a device or a FIFO; a run writes a file there")
+            elif name == "metrics.jsonl" and path.is_symlink():  # appended to, never through one
+                problems.append(f"{path} is a symlink; a run appends to a file of its own there")
         info = run_dir / "run.json"
         if info.is_file() and not _axdsl_run_json(info):
             problems.append(f"{info} was not written by axdsl")
@@ -116,7 +120,9 @@ def start_run(
     earlier = (recorded(run_dir) or {}).get("forced_resumes", [])
     if earlier or forced:
         info["forced_resumes"] = earlier + ([forced] if forced else [])
-    (run_dir / "run.json").write_text(json.dumps(json_safe(info), indent=2, allow_nan=False) + "\n")
+    replace_file(
+        run_dir / "run.json", json.dumps(json_safe(info), indent=2, allow_nan=False) + "\n"
+    )
 
 
 def global_norm(tree, skip=()) -> jax.Array:
@@ -184,17 +190,15 @@ def open_metrics(path: Path, start: int = 0):
         lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
         kept = [line for line in lines if (_row_step(line) or 0) <= start]
         if len(kept) < len(lines):
-            tmp = path.with_name(f".{path.name}.tmp")
-            tmp.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
-            os.replace(tmp, path)
-    file = open(path, "a+b")
+            replace_file(path, "".join(line + "\n" for line in kept))
+    file = open_append(path, binary=True)
     file.seek(0, os.SEEK_END)
     if file.tell():
         file.seek(-1, os.SEEK_END)
         if file.read(1) != b"\n":
             file.write(b"\n")
     file.close()
-    return open(path, "a", encoding="utf-8")
+    return open_append(path)
 
 
 def _row_step(line: str) -> int | None:
@@ -312,7 +316,10 @@ class MetricsLog:
         self.flops_per_step = flops.per_token(self.per_row) * tc.batch * self.per_row
         self.tc, self.peak_flops, self.run_dir, self.start = tc, peak_flops, args.out, start
         self.mfu_key = "mfu_nominal" if nominal else "mfu"
-        self.file = open_metrics(args.out / "metrics.jsonl", start) if self.lead else None
+        try:
+            self.file = open_metrics(args.out / "metrics.jsonl", start) if self.lead else None
+        except UnsafePathError as exc:
+            sys.exit(f"error: {exc}")
         # Steps after `start` that an earlier process logged are logged again: TensorBoard drops
         # those.
         self.tensorboard = tensorboard_writer(args.out, start + 1) if self.lead else None

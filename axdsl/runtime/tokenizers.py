@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
+from axdsl.runtime.files import replace_file
 from axdsl.runtime.processes import is_lead
 
 # Text with a tokenizer (tc.tokenizer: a tokenizer.json, or "bpe") becomes token ids once; the ids
@@ -40,7 +41,7 @@ def load_tokenizer(tc, data: np.ndarray, run_dir: Path | None, vocab: int | None
             )
     if kept is not None and is_lead() and not kept.exists():
         kept.parent.mkdir(parents=True, exist_ok=True)
-        write_atomic(kept, content)  # the file as given (or as trained), byte for byte
+        replace_file(kept, content)  # the file as given (or as trained), byte for byte
     return tokenizer
 
 
@@ -100,13 +101,13 @@ def tokenize(tokenizer, text: bytes, source: Path | None, run_dir: Path | None) 
     for cache in places:
         try:
             cache.parent.mkdir(parents=True, exist_ok=True)
-            write_atomic(
+            replace_file(
                 cache.with_name(cache.name + ".sha256"),
                 hashlib.sha256(ids.tobytes()).hexdigest().encode(),
             )
             buffer = io.BytesIO()
             np.save(buffer, ids)
-            write_atomic(cache, buffer.getvalue())
+            replace_file(cache, buffer.getvalue())
             break
         except OSError:
             continue  # a read-only data directory: try the run directory
@@ -133,10 +134,3 @@ def read_cached(cache: Path) -> np.ndarray | None:
         if path.exists():
             os.replace(path, path.with_name(path.name + ".damaged"))
     return None
-
-
-def write_atomic(path: Path, data: bytes) -> None:
-    """Write `data` to `path` so that a reader never sees a partial file."""
-    partial = path.with_name(path.name + f".{os.getpid()}.partial")
-    partial.write_bytes(data)
-    os.replace(partial, path)
