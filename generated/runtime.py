@@ -28,6 +28,7 @@ import re
 import shutil
 import signal
 import socket
+import stat
 import sys
 import sysconfig
 import tempfile
@@ -88,6 +89,9 @@ def replace_file_with(path: Path, write: Callable[[Path], object], mode: int | N
     """`replace_file` for a writer that takes a file name (safetensors' save_file): `write(tmp)`
     fills the exclusive temporary file, which is then flushed to disk and renamed onto `path`."""
     path = Path(path)
+    if _special(path):  # a device or a FIFO: written to, never replaced
+        write(path)
+        return
     fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     os.close(fd)
     tmp = Path(name)
@@ -100,6 +104,15 @@ def replace_file_with(path: Path, write: Callable[[Path], object], mode: int | N
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def _special(path: Path) -> bool:
+    """Whether `path` exists and is neither a regular file, a directory nor a symlink."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    return not (stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode) or stat.S_ISDIR(st.st_mode))
 
 
 def _mode_for(path: Path) -> int:

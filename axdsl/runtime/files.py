@@ -3,13 +3,17 @@
 `replace_file` writes a new file beside the target, created exclusively (tempfile.mkstemp: O_EXCL,
 a name nobody can guess or link in advance), flushes it to disk and renames it over the target: a
 reader, a kill or a full disk leaves either the old file whole or the new one. When the target is
-a symlink, the rename replaces the link itself: nothing is written where it points.
+a symlink, the rename replaces the link itself: nothing is written where it points. A target
+that is neither a regular file nor a link (a device such as /dev/full or /dev/stdout, a FIFO) is
+written as it is: renaming over it would replace the device node itself (as root, `plot --out
+/dev/full` turned /dev/full into a PNG).
 `open_append` opens a log (metrics.jsonl) to append, refusing a symlink (O_NOFOLLOW).
 axdsl's commands (fmt, eval, export, build) import these; the build copies them into runtime.py.
 """
 
 import errno
 import os
+import stat
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -31,6 +35,9 @@ def replace_file_with(path: Path, write: Callable[[Path], object], mode: int | N
     """`replace_file` for a writer that takes a file name (safetensors' save_file): `write(tmp)`
     fills the exclusive temporary file, which is then flushed to disk and renamed onto `path`."""
     path = Path(path)
+    if _special(path):  # a device or a FIFO: written to, never replaced
+        write(path)
+        return
     fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     os.close(fd)
     tmp = Path(name)
@@ -43,6 +50,15 @@ def replace_file_with(path: Path, write: Callable[[Path], object], mode: int | N
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def _special(path: Path) -> bool:
+    """Whether `path` exists and is neither a regular file, a directory nor a symlink."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    return not (stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode) or stat.S_ISDIR(st.st_mode))
 
 
 def _mode_for(path: Path) -> int:
