@@ -197,3 +197,23 @@ def test_building_the_runtime_imports_no_jax():
         "assert 'jax' not in sys.modules and 'numpy' not in sys.modules, 'imported jax'"
     )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
+
+
+def test_replacing_a_fifo_writes_into_it_and_keeps_it(tmp_path):
+    """A target that is not a regular file (a FIFO here; /dev/full or /dev/stdout for a user) is
+    written to, never renamed over: as root, renaming over /dev/full replaced the device node."""
+    import os
+    import stat
+    import threading
+
+    from axdsl.runtime.files import replace_file
+
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    got: list[bytes] = []
+    reader = threading.Thread(target=lambda: got.append(fifo.read_bytes()))
+    reader.start()
+    replace_file(fifo, b"results\n")
+    reader.join(timeout=10)
+    assert got == [b"results\n"] and stat.S_ISFIFO(os.lstat(fifo).st_mode)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["pipe"]  # no temporary file left
