@@ -169,9 +169,7 @@ def analyze(
                 "skipped": "no train.py: the first model fits no objective of the train block"
             }
         else:
-            report.lowering = lower_step(
-                files, spec, target, model, batch, seq, sched.chips, sched.kind, compile
-            )
+            report.lowering = lower_step(files, spec, target, model, batch, seq, sched, compile)
     kernels = report.lowering.get("kernels")
     if kernels is not None:  # the compiled program runs what select_kernels and quantize chose
         report.kernel_problems = missing(kernels, *selected_kernels(m))

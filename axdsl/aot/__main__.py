@@ -37,7 +37,7 @@ def _main(argv: list[str] | None = None) -> int:
     train = module.train
     sched = module.target
     files = build_files(args.spec, args.target)
-    request_devices(sched.chips, schedule_flags(files))
+    request_devices(sched.chips, schedule_flags(sched))
     result = lower_here(
         files,
         args.model or module.models[0].name,

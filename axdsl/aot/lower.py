@@ -48,26 +48,25 @@ def lower_step(
     model: str,
     batch: int,
     seq: int,
-    chips: int,
-    kind: ir.ChipKind,
+    sched: ir.Schedule,
     compile: bool,
 ) -> dict:
-    """Lower the generated step here when jax can have `chips` devices and the schedule's XLA
-    flags (a GPU train.py's: `schedule_flags`), else in a subprocess."""
-    flags = schedule_flags(files)
+    """Lower the generated step here when jax can have `sched.chips` devices and the schedule's
+    XLA flags (`schedule_flags`), else in a subprocess."""
+    flags, chips = schedule_flags(sched), sched.chips
     if _can_run_here(chips, flags):
-        return lower_here(files, model, batch, seq, chips, kind, compile)
+        return lower_here(files, model, batch, seq, chips, sched.kind, compile)
     return _lower_in_subprocess(spec, target, model, batch, seq, chips, compile, flags)
 
 
-def schedule_flags(files: dict[str, str]) -> list[str]:
-    """The XLA flags the generated train.py sets before jax starts (a GPU schedule's, from
+def schedule_flags(sched: ir.Schedule) -> list[str]:
+    """The XLA flags the generated train.py sets before jax starts (a GPU schedule's, recorded by
     choose_xla_flags; none elsewhere). XLA reads its flags once, when its backend starts, and
     train.py sets them only when it loads before jax, so the compile that aot reports on must be
     given them the same way: they change what XLA:GPU compiles (cuBLAS gemms for Triton ones,
     no rematerialization pass)."""
-    m = re.search(r"^XLA_FLAGS = \[\n(.*?)^\]", files.get("train.py", ""), re.S | re.M)
-    return re.findall(r'^\s*"(--[^"]+)",', m.group(1), re.M) if m else []
+    runtime = sched.gpu_runtime
+    return [f.text for f in runtime.flags] if runtime is not None else []
 
 
 def _can_run_here(chips: int, flags: list[str]) -> bool:

@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import hashlib
 import os
-import tempfile
 from pathlib import Path
+
+from axdsl.runtime.files import replace_file
 
 CACHE_ENV = "AXDSL_CACHE_DIR"
 DISABLED = ("", "off")
@@ -67,13 +68,6 @@ def put(kind: str, name: str, text: str) -> None:
     data = f"{hashlib.sha256(text.encode('utf-8')).hexdigest()}\n{text}".encode()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-            os.replace(tmp, path)
-        except BaseException:
-            os.unlink(tmp)
-            raise
+        replace_file(path, data)
     except OSError:
         pass
